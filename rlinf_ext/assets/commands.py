@@ -1,0 +1,53 @@
+"""`rlinf-ext make-tiny-assets --out DIR [--seed N] [--with-sft]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, type=Path, help="Directory to write (reused if its MANIFEST.json matches).")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the invented world, the data splits and the model weights.")
+    parser.add_argument("--with-sft", action="store_true",
+                        help="Also train models/qwen2-tiny-sft, the warm-started model of the tiny experiment (~2 min on CPU).")
+    parser.add_argument("--eval-sft", action="store_true",
+                        help="After --with-sft, print the warm-started model's greedy EM per test file "
+                             "(gold observation / no observation / live BM25 loop).")
+
+
+def _summary(assets) -> str:
+    from rlinf_ext.assets.formats import read_jsonl
+
+    manifest = json.loads(assets.manifest_path.read_text())
+    size = sum((assets.root / rel).stat().st_size for rel in manifest["files"])
+    lines = [f"tiny assets (seed {assets.seed}, generator v{manifest['version']}) in {assets.root}:",
+             f"  corpus      {assets.corpus_path}  ({len(read_jsonl(assets.corpus_path))} passages)",
+             f"  pages       {assets.pages_path}",
+             f"  train       {assets.searchr1_train}  /  {assets.rlinf_train}  ({len(read_jsonl(assets.rlinf_train))} questions)"]
+    for b in assets.benchmarks:
+        lines.append(f"  test {b:<16} {len(read_jsonl(assets.rlinf_test[b]))} questions")
+    lines += [f"  tokenizer   {assets.tokenizer_dir}",
+              f"  models      {assets.qwen2_tiny}, {assets.qwen2_tiny_untied.name}, {assets.bert_encoder.name}"
+              + (f", {assets.qwen2_tiny_sft.name}" if assets.qwen2_tiny_sft else ""),
+              f"  {len(manifest['files'])} files, {size / 1e6:.1f} MB; stage seconds: {manifest.get('timings_s', {})}"]
+    return "\n".join(lines)
+
+
+def run(verb: str, args: argparse.Namespace) -> int:
+    from rlinf_ext.assets.tiny import make_tiny_assets
+
+    if args.eval_sft and not args.with_sft:
+        print("rlinf-ext make-tiny-assets: --eval-sft needs --with-sft (the model it evaluates).")
+        return 2
+    t0 = time.perf_counter()
+    assets = make_tiny_assets(args.out, seed=args.seed, with_sft=args.with_sft, verbose=True)
+    print(_summary(assets))
+    print(f"done in {time.perf_counter() - t0:.1f}s")
+    if args.eval_sft:
+        from rlinf_ext.assets.sft_eval import evaluate_assets, format_table
+
+        print(format_table(evaluate_assets(assets)))
+    return 0

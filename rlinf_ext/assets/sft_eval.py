@@ -1,0 +1,104 @@
+"""Greedy EM of a warm-started model on the test questions, with and without the retrieved documents.
+
+Three settings, all greedy:
+- `gold_obs`: the gold searches and their top-k observations are given; the model writes the final answer.
+- `no_obs`: the same turns, but every observation is an empty `<information></information>` block, so the
+  answer can only come from the weights (should be near 0: the facts are invented).
+- `live`: the model runs the whole loop itself (its own queries, BM25 top-k, up to `max_turns` searches).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf_ext.assets import trajectories
+from rlinf_ext.assets.qa import Question
+from rlinf_ext.assets.sft import chat_prompt
+
+STOPS = ["</search>", "</answer>"]
+EMPTY_OBSERVATION = "\n\n<information></information>\n\n"
+
+
+def greedy_continue(model, tokenizer, text: str, max_new_tokens: int = 48) -> str:
+    """Greedy continuation of `text`, stopped after `</search>` / `</answer>` or at an end-of-turn token."""
+    ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                             stop_strings=STOPS, tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def _search_query(text: str) -> str | None:
+    if "<search>" in text and text.rstrip().endswith("</search>"):
+        return text.rsplit("<search>", 1)[1].rsplit("</search>", 1)[0].strip()
+    return None
+
+
+def answer_with_context(model, tokenizer, q: Question, observations: list[str]) -> str:
+    """Feed the gold turns (with the given observations), let the model write the final turn."""
+    segs = trajectories.trajectory_segments(q, observations)[:-1]
+    return greedy_continue(model, tokenizer, chat_prompt(tokenizer, q.question) + "".join(s.text for s in segs))
+
+
+def answer_live(model, tokenizer, q: Question, retriever: trajectories.LexicalRetriever, topk: int = 3,
+                max_turns: int = 3) -> str:
+    context = chat_prompt(tokenizer, q.question)
+    response = ""
+    for _ in range(max_turns + 1):
+        step = greedy_continue(model, tokenizer, context + response)
+        response += step
+        query = _search_query(step)
+        if query is None:
+            break
+        response += trajectories.format_observation(retriever.search([query], topk)[0])
+    return response
+
+
+def evaluate(model, tokenizer, tests: dict[str, list[Question]], retriever: trajectories.LexicalRetriever,
+             topk: int = 3, modes=("gold_obs", "no_obs", "live")) -> dict[str, dict[str, float]]:
+    """EM per benchmark and mode (plus `avg`), e.g. `{"nq": {"gold_obs": 0.6, ...}, ...}`."""
+    from rlinf_ext.rewards.qa_metrics import exact_match
+
+    model.eval()
+    table: dict[str, dict[str, float]] = {}
+    for bench, qs in tests.items():
+        row = {}
+        for mode in modes:
+            scores = []
+            for q in qs:
+                if mode == "live":
+                    resp = answer_live(model, tokenizer, q, retriever, topk)
+                else:
+                    obs = trajectories.gold_observations(q, retriever, topk)
+                    if mode == "no_obs":
+                        obs = [EMPTY_OBSERVATION] * len(obs)
+                    resp = answer_with_context(model, tokenizer, q, obs)
+                scores.append(exact_match(resp, list(q.answers)))
+            row[mode] = sum(scores) / len(scores)
+        table[bench] = row
+    table["avg"] = {m: sum(table[b][m] for b in tests) / len(tests) for m in modes}
+    return table
+
+
+def evaluate_assets(assets, topk: int = 3, modes=("gold_obs", "no_obs", "live")) -> dict[str, dict[str, float]]:
+    """`evaluate` on a generated asset directory's warm-started model and its seven test files."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlinf_ext.assets.qa import split_questions
+    from rlinf_ext.assets.sft import corpus_retriever
+    from rlinf_ext.assets.world import build_world
+
+    if assets.qwen2_tiny_sft is None:
+        raise ValueError("these assets have no warm-started model; generate them with with_sft=True (--with-sft)")
+    model = AutoModelForCausalLM.from_pretrained(assets.qwen2_tiny_sft)
+    tokenizer = AutoTokenizer.from_pretrained(assets.qwen2_tiny_sft)
+    tests = split_questions(build_world(assets.seed), assets.seed).test
+    return evaluate(model, tokenizer, tests, corpus_retriever(assets.corpus_path), topk, modes)
+
+
+def format_table(table: dict[str, dict[str, float]]) -> str:
+    modes = list(next(iter(table.values())))
+    lines = ["greedy EM   " + "".join(f"{m:>10}" for m in modes)]
+    for bench, row in table.items():
+        lines.append(f"{bench:<12}" + "".join(f"{row[m]:>10.3f}" for m in modes))
+    return "\n".join(lines)

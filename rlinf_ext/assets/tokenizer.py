@@ -1,0 +1,71 @@
+"""A small byte-level BPE tokenizer trained locally, with Qwen2.5's special tokens and chat template.
+
+Layout mirrors Qwen2.5: Qwen's pre-tokenisation regex (digits split one by one) + byte-level BPE, NFC
+normalisation, no BOS, the special tokens after the learned vocabulary, `<|endoftext|>` as pad and EOS
+(Qwen2.5 base). The Search-R1 tags are added as *non-special* tokens: one id each, yet they survive
+`skip_special_tokens` decoding, where the rollout's stop strings are matched.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+# Qwen2's pre-tokenisation pattern (as in its tokenizer.json)
+QWEN_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+TAG_TOKENS = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>")
+DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def qwen2_5_chat_template() -> str:
+    return resources.files("rlinf_ext.assets").joinpath("qwen2_5_chat_template.jinja").read_text(encoding="utf-8")
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = 2000):
+    """Train the BPE on `texts` and wrap it as a `PreTrainedTokenizerFast` (vocab_size counts learned tokens)."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    tok.train_from_iterator(texts, trainer=trainer)
+    # added after training so that, as in Qwen2.5, they follow the learned vocabulary
+    tok.add_tokens([AddedToken(t, special=False, normalized=False, single_word=False, lstrip=False, rstrip=False) for t in TAG_TOKENS])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=ENDOFTEXT,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[IM_START, IM_END],
+        chat_template=qwen2_5_chat_template(),
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+
+
+def tokenizer_training_texts(corpus_contents: list[str], questions: list[str], prompt_example: str,
+                             extra: list[str]) -> list[str]:
+    """What the BPE learns from: the corpus, the questions, the prompt and chat scaffolding, the agent turns."""
+    # special tokens are left out: they are whole tokens anyway and would only waste merges
+    scaffold = f"system\n{DEFAULT_SYSTEM}\nuser\n{prompt_example}\nassistant\n"
+    return list(corpus_contents) + list(questions) + [scaffold] * 20 + list(extra)
+
+
+def save_tokenizer(tokenizer, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(out_dir))

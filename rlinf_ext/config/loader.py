@@ -1,0 +1,76 @@
+"""Public entry points: compose + check an experiment, get the typed config and RLinf's DictConfig."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlinf_ext.config.compose import ComposeError, compose
+from rlinf_ext.config.rules import run_rules
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.config.structure import ConfigIssue, build, check_structure
+
+
+class ConfigError(ValueError):
+    """An experiment config has problems; `issues` lists all of them."""
+
+    def __init__(self, source: str, issues: list[ConfigIssue]):
+        self.source, self.issues = source, issues
+        lines = [f"{source}: {len(issues)} problem(s) in the experiment config"]
+        lines += [f"  - {issue}" for issue in issues]
+        super().__init__("\n".join(lines))
+
+
+@dataclass
+class CheckedConfig:
+    """A composed config with everything found wrong with it."""
+
+    cfg: ExperimentConfig | None  # None when the YAML could not be composed at all
+    issues: list[ConfigIssue] = field(default_factory=list)
+    invalid_keys: set[str] = field(default_factory=set)
+
+    @property
+    def ok(self) -> bool:
+        return not self.issues
+
+
+def check_config(name_or_path: str | Path, overrides: Iterable[str] = (), check_paths: bool = False) -> CheckedConfig:
+    """Compose, check structure and rules; never raises for a bad config (issues are returned)."""
+    try:
+        raw = compose(name_or_path, overrides)
+    except ComposeError as exc:
+        return CheckedConfig(None, [ConfigIssue(e.key, e.reason, e.fix) for e in exc.all])
+    issues, values, bad = check_structure(raw, ExperimentConfig)
+    cfg = build(ExperimentConfig, values)
+    issues += run_rules(cfg, skip=bad, check_paths=check_paths)
+    return CheckedConfig(cfg, issues, bad)
+
+
+def load_config(name_or_path: str | Path, overrides: Iterable[str] = (), strict: bool = True) -> ExperimentConfig:
+    """The typed config of an experiment (a path, or a name under examples/searchr1/config/).
+
+    strict=True raises ConfigError listing every problem; strict=False returns the config anyway (invalid
+    keys keep their schema defaults) and raises only if the YAML cannot be composed.
+    """
+    checked = check_config(name_or_path, overrides)
+    if checked.cfg is None or (strict and checked.issues):
+        raise ConfigError(str(name_or_path), checked.issues)
+    return checked.cfg
+
+
+def validate(cfg: ExperimentConfig, check_paths: bool = False) -> list[ConfigIssue]:
+    """Rule checks of a typed config (and path existence with check_paths=True, as at run start)."""
+    return run_rules(cfg, check_paths=check_paths)
+
+
+def to_dictconfig(cfg: ExperimentConfig) -> DictConfig:
+    """The resolved config as the OmegaConf DictConfig RLinf's workers and runners expect."""
+    return OmegaConf.create(dataclasses.asdict(cfg))
+
+
+def to_yaml(cfg: ExperimentConfig) -> str:
+    return OmegaConf.to_yaml(to_dictconfig(cfg))

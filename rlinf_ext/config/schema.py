@@ -1,0 +1,424 @@
+"""Typed schema of an rlinf_ext experiment (docs/contracts.md §5).
+
+How an experiment config is built
+---------------------------------
+* **One YAML per experiment** in ``examples/searchr1/config/`` (``load_config("tiny-cpu")`` finds
+  ``examples/searchr1/config/tiny-cpu.yaml`` from any working directory; a path works too).
+* **Composition.** A YAML may start with a Hydra-style ``defaults:`` list. Entries are merged in order, then
+  the file itself (``_self_``, last unless placed elsewhere):
+
+  - ``group/name`` or ``{group: name}`` -> ``configs/group/name.yaml`` (model presets ``configs/model/``,
+    cluster profiles ``configs/cluster/``, shared settings ``configs/defaults/``, asset layouts ``configs/assets/``);
+  - ``other.yaml`` / ``./other.yaml`` -> a file next to the current one (an eval YAML builds on its training YAML).
+
+  Pieces may have their own ``defaults``. Mappings merge key by key and lists are replaced, except
+  ``cluster.component_placement``, which a later layer replaces as a whole (so a profile's collocated placement
+  does not leak into a disaggregated experiment).
+* **Overrides.** ``key=value`` arguments (OmegaConf dotlist: values are YAML, so ``data.val_data_paths=[a,b]``,
+  ``rollout.detokenize=false``, ``runner.resume_dir=null``) are applied after all files.
+* **Required values and environment variables.** Nothing points to a made-up path. A value a user must supply
+  is ``???`` or ``${oc.env:VAR}``; ``validate`` reports every one that is missing, naming the variable.
+  Variables used by the shipped YAMLs:
+
+  - ``RLINF_EXT_QWEN25_3B``: Hugging Face directory of Qwen2.5-3B-Instruct (reference run);
+  - ``RLINF_EXT_SEARCHR1_DATA``: directory with ``train.jsonl`` and ``test/<bench>.jsonl`` (RLinf jsonl);
+  - ``RLINF_EXT_RETRIEVER_ADDR``: ``host:port`` of the retrieval server of the reference run;
+  - ``RLINF_EXT_EVAL_MODEL``: converted Hugging Face checkpoint evaluated by ``*-eval.yaml``;
+  - ``RLINF_EXT_TINY_ASSETS``: the tiny offline assets (default ``<repo>/outputs/tiny_assets``,
+    written by ``rlinf-ext make-tiny-assets --out outputs/tiny_assets``).
+
+  ``${rlinf_ext.repo_root:}`` resolves to the repository root.
+* **Validation** (``rlinf_ext.config.validate``) is strict and reports all problems at once: unknown keys
+  (with the closest valid names), wrong types, missing required values, and cross-field rules (batch
+  divisibility, placement vs. cluster, TP vs. attention heads, ...). Paths are checked for existence only with
+  ``check_paths=True`` (the launcher does so when a run starts).
+
+Every field below carries its help text in ``metadata["help"]``; ``REQUIRED`` (``???``) marks values without a
+default. Names follow RLinf 0.3.0 so the resolved DictConfig can be handed to RLinf's workers; sections that RLinf
+reads but rlinf_ext does not tune (``critic``, ``rollout.sglang``, ``rollout.vllm``, ``actor.tokenizer``) exist
+with safe defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+REQUIRED = "???"  # OmegaConf's marker for a value that must be supplied
+
+
+def fld(default: Any, help: str, **meta: Any) -> Any:
+    """A dataclass field with help text. ``path="file"|"dir"|"files"`` marks paths checked by check_paths;
+    ``merge="replace"`` marks a mapping that a later layer replaces instead of merging into."""
+    metadata = {"help": help, **meta}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
+    if isinstance(default, type):  # a nested section
+        return field(default_factory=default, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# --------------------------------------------------------------------------------------------- cluster
+@dataclass
+class ClusterConfig:
+    num_nodes: int = fld(1, "Number of nodes in the Ray cluster.")
+    num_gpus_per_node: int = fld(
+        8, "Accelerators per node. 0 = CPU-only cluster: placement ranks are then worker processes on node 0."
+    )
+    component_placement: dict[str, Any] = fld(
+        {},
+        "Component(s) -> resource ranks, RLinf syntax: {'actor,rollout,reward': 'all'} or {'actor': '0-3', "
+        "'rollout': '4-7'}. Ranks are global GPU ranks (node n holds n*num_gpus_per_node ...).",
+        merge="replace",
+    )
+    node_groups: Optional[list[Any]] = fld(None, "Optional RLinf node groups (heterogeneous clusters).")
+
+
+# --------------------------------------------------------------------------------------------- runner
+@dataclass
+class LoggerConfig:
+    log_path: str = fld("${runner.output_dir}/${runner.experiment_name}", "Directory for logs and tensorboard.")
+    project_name: str = fld("rlinf_ext", "Project name (wandb/tensorboard).")
+    experiment_name: str = fld("${runner.experiment_name}", "Run name shown by the loggers.")
+    logger_backends: list[str] = fld(["tensorboard"], "Any of tensorboard, wandb, swanlab.")
+
+
+@dataclass
+class RunnerConfig:
+    task_type: Literal["reasoning", "reasoning_eval"] = fld(
+        "reasoning", "reasoning = RL training; reasoning_eval = evaluation only (no actor updates)."
+    )
+    experiment_name: str = fld(REQUIRED, "Name of the run; outputs go to output_dir/experiment_name.")
+    output_dir: str = fld("${rlinf_ext.repo_root:}/outputs/runs", "Root directory of run outputs.")
+    seed: int = fld(1234, "Global random seed.")
+    logger: LoggerConfig = fld(LoggerConfig, "Metric logging.")
+    max_epochs: int = fld(1, "Passes over the training data.")
+    max_steps: int = fld(-1, "Stop after this many rollout steps (-1 = run max_epochs).")
+    val_check_interval: int = fld(-1, "Validate every N steps (-1 = never during training).")
+    save_interval: int = fld(-1, "Save a checkpoint every N steps (-1 = only at the end).")
+    seq_length: int = fld(REQUIRED, "Maximum tokens of prompt + whole multi-turn response.")
+    resume_dir: Optional[str] = fld(None, "null = fresh run, 'auto' = latest checkpoint of this run, or a PATH.")
+    rollout_data_dir: Optional[str] = fld(None, "If set, trajectories of every step are dumped here as jsonl.")
+    val_before_train: bool = fld(False, "Run validation once before the first training step.")
+    enable_dynamic_batch_size: bool = fld(False, "RLinf: pack micro-batches by token count.")
+    max_tokens_per_mbs: Optional[int] = fld(None, "RLinf: token budget of a dynamic micro-batch.")
+
+
+# --------------------------------------------------------------------------------------------- algorithm
+@dataclass
+class SamplingParamsConfig:
+    do_sample: bool = fld(True, "Sample (True) or greedy decode (False).")
+    temperature: float = fld(1.0, "Sampling temperature.")
+    top_p: float = fld(1.0, "Nucleus sampling threshold.")
+    top_k: int = fld(-1, "Top-k sampling (-1 or a large number = off).")
+    max_new_tokens: int = fld(500, "Tokens generated per turn at most.")
+    min_new_tokens: int = fld(1, "Tokens generated per turn at least.")
+    stop: list[str] = fld([], "Stop strings; generation ends after the first one (needs rollout.detokenize).")
+    repetition_penalty: float = fld(1.0, "Repetition penalty (1.0 = off).")
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_type: Literal["grpo", "grpo_dynamic"] = fld("grpo", "Advantage estimator.")
+    advantage_mode: Literal["trajectory"] = fld("trajectory", "One advantage per trajectory, broadcast to tokens.")
+    loss_type: str = fld("actor", "RLinf loss type.")
+    group_size: int = fld(REQUIRED, "Responses sampled per prompt (GRPO group).")
+    n_minibatches: int = fld(1, "Optimizer steps per rollout step (the rollout batch is split this many ways).")
+    training_batch_size_per_gpu: int = fld(1, "Micro-batch size per data-parallel rank.")
+    rollout_batch_size_per_gpu: Optional[int] = fld(None, "RLinf: prompts per rollout instance (null = even split).")
+    logprob_forward_micro_batch_size: int = fld(1, "Micro-batch size of the log-prob recomputation.")
+    val_rollout_batch_size_per_gpu: int = fld(1, "RLinf: validation micro-batch per rollout instance.")
+    max_num_gen_batches: int = fld(1, "Generation batches per step (dynamic sampling refills).")
+    kl_beta: float = fld(0.0, "KL penalty weight against the reference policy (0 = off).")
+    kl_penalty_type: Literal["low_var_kl", "kl", "abs", "mse"] = fld("low_var_kl", "KL estimator.")
+    ratio_clip_eps: float = fld(0.2, "PPO ratio clip epsilon.")
+    clip_ratio_low: Optional[float] = fld(None, "Lower clip (null = ratio_clip_eps).")
+    clip_ratio_high: Optional[float] = fld(None, "Upper clip (null = ratio_clip_eps).")
+    clip_ratio_c: Optional[float] = fld(None, "Dual-clip constant (null = off).")
+    entropy_bonus: float = fld(0.0, "Entropy bonus weight.")
+    calculate_entropy: bool = fld(False, "Log the policy entropy.")
+    loss_agg_func: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = fld(
+        "token-mean", "How token losses are aggregated."
+    )
+    recompute_logprobs: bool = fld(True, "Recompute old log-probs with the actor (required for tool use).")
+    shuffle_rollout: bool = fld(False, "Shuffle trajectories before splitting into minibatches.")
+    normalize_advantages: bool = fld(False, "Normalise advantages over the batch.")
+    early_stop_imp_ratio: Optional[float] = fld(5.0, "RLinf: skip updates when the importance ratio exceeds this.")
+    use_valid_token_scale: bool = fld(False, "RLinf: scale the loss by the valid-token count.")
+    sampling_params: SamplingParamsConfig = fld(SamplingParamsConfig, "Rollout sampling parameters.")
+
+
+# --------------------------------------------------------------------------------------------- data
+@dataclass
+class DataConfig:
+    type: Literal["searchr1"] = fld("searchr1", "Dataset format reader.")
+    train_data_paths: list[str] = fld(
+        [], "Training files (RLinf jsonl or Search-R1 parquet); needed to train.", path="files"
+    )
+    val_data_paths: list[str] = fld([], "Validation/test files; evaluation reports one score per file.", path="files")
+    max_prompt_length: int = fld(REQUIRED, "Prompts longer than this (tokens) are dropped.")
+    filter_prompt_by_length: bool = fld(True, "Drop prompts longer than max_prompt_length.")
+    rollout_batch_size: int = fld(REQUIRED, "Prompts per rollout step.")
+    val_rollout_batch_size: Optional[int] = fld(None, "Prompts per validation batch (null = rollout_batch_size).")
+    shuffle: bool = fld(True, "Shuffle training prompts each epoch.")
+    validation_shuffle: bool = fld(False, "Shuffle validation prompts.")
+    seed: int = fld(1234, "Seed of the data order.")
+    num_workers: int = fld(0, "DataLoader worker processes.")
+    data_size: int = fld(-1, "Use only the first N rows of each file (-1 = all).")
+    prompt_key: str = fld("prompt", "Column holding the prompt.")
+    answer_key: str = fld("solutions", "Column holding the gold answers.")
+    apply_chat_template: bool = fld(False, "Apply the tokenizer chat template (False: prompts are pre-formatted).")
+
+
+# --------------------------------------------------------------------------------------------- rollout
+@dataclass
+class RolloutModelConfig:
+    model_path: str = fld(REQUIRED, "Hugging Face model directory served by the rollout engine.", path="dir")
+    model_type: str = fld("qwen2.5", "RLinf model type (SupportedModel), e.g. qwen2.5.")
+    precision: str = fld("${actor.model.precision}", "Rollout dtype (fp16, bf16, fp32).")
+
+
+@dataclass
+class SGLangConfig:
+    attention_backend: str = fld("triton", "SGLang attention backend (triton, flashinfer).")
+    decode_log_interval: int = fld(500000, "Decode steps between SGLang stat logs.")
+    use_torch_compile: bool = fld(False, "torch.compile inside SGLang.")
+    torch_compile_max_bs: int = fld(128, "Largest batch compiled by torch.compile.")
+
+
+@dataclass
+class VLLMConfig:
+    attention_backend: str = fld("FLASH_ATTN", "vLLM attention backend.")
+    enable_chunked_prefill: bool = fld(True, "vLLM chunked prefill.")
+    enable_prefix_caching: bool = fld(True, "vLLM prefix caching.")
+    enable_flash_infer_sampler: bool = fld(True, "vLLM flashinfer sampler.")
+    max_num_batched_tokens: Optional[int] = fld(None, "vLLM token budget per batch (null = vLLM default).")
+    torch_profiler_dir: Optional[str] = fld(None, "Enable vLLM's torch profiler into this directory.")
+
+
+@dataclass
+class HFRolloutConfig:
+    dtype: Literal["float32", "bfloat16", "float16"] = fld("float32", "dtype of the CPU transformers engine.")
+    max_batch_size: int = fld(8, "Sequences generated together by the transformers engine.")
+
+
+@dataclass
+class RolloutConfig:
+    group_name: str = fld("RolloutGroup", "Ray worker group name.")
+    rollout_backend: Literal["sglang", "vllm", "hf"] = fld("sglang", "Generation engine (hf = CPU transformers).")
+    model: RolloutModelConfig = fld(RolloutModelConfig, "Model served by the rollout engine.")
+    tensor_parallel_size: int = fld(1, "Tensor parallel size of one rollout engine.")
+    pipeline_parallel_size: int = fld(1, "Pipeline parallel size of one rollout engine.")
+    detokenize: bool = fld(False, "Engine detokenizes while generating; required for stop strings.")
+    gpu_memory_utilization: float = fld(0.65, "Fraction of GPU memory the engine may take (KV cache).")
+    return_logprobs: bool = fld(False, "Engine returns sampled log-probs (unused when recompute_logprobs).")
+    enforce_eager: bool = fld(False, "Disable CUDA graphs.")
+    distributed_executor_backend: str = fld("mp", "vLLM executor backend (mp, ray).")
+    disable_log_stats: bool = fld(False, "Silence engine stats.")
+    padding: Optional[int] = fld(None, "Pad id (null = tokenizer.pad_token_id).")
+    eos: Optional[int] = fld(None, "EOS id (null = tokenizer.eos_token_id).")
+    max_running_requests: int = fld(128, "Concurrent requests per engine.")
+    cuda_graph_max_bs: int = fld(128, "Largest batch captured in a CUDA graph.")
+    validate_weight: bool = fld(False, "Debug: compare weights after the first sync.")
+    validate_weight_first_sync: bool = fld(False, "Debug: check weight norms at the first sync.")
+    validate_save_dir: Optional[str] = fld(None, "Debug: where weight comparisons are saved.")
+    print_outputs: bool = fld(False, "Print engine outputs (debug).")
+    is_eval: bool = fld(False, "RLinf: engine used for evaluation only.")
+    sglang: SGLangConfig = fld(SGLangConfig, "SGLang engine options.")
+    vllm: VLLMConfig = fld(VLLMConfig, "vLLM engine options.")
+    hf: HFRolloutConfig = fld(HFRolloutConfig, "CPU transformers engine options.")
+
+
+# --------------------------------------------------------------------------------------------- actor
+@dataclass
+class ActorModelConfig:
+    precision: Literal["fp16", "bf16", "fp32"] = fld("bf16", "Training dtype.")
+    tensor_model_parallel_size: int = fld(1, "Megatron tensor parallel size (TP).")
+    pipeline_model_parallel_size: int = fld(1, "Megatron pipeline parallel size (PP).")
+    sequence_parallel: bool = fld(False, "Megatron sequence parallelism (needs TP > 1).")
+    recompute_granularity: Optional[Literal["full", "selective"]] = fld(None, "Activation recomputation.")
+    recompute_method: Optional[Literal["block", "uniform"]] = fld(None, "How layers are recomputed.")
+    recompute_num_layers: Optional[int] = fld(None, "Layers recomputed with recompute_method.")
+    seq_length: int = fld("${runner.seq_length}", "Training sequence length (= runner.seq_length).")
+    encoder_seq_length: int = fld("${runner.seq_length}", "Megatron encoder length (= runner.seq_length).")
+    # Architecture switches read by RLinf's build_transformer_config, whose own defaults (gelu, layernorm, learned
+    # positions, linear biases) are wrong for Qwen2; values here are Qwen2/Qwen2.5's.
+    activation: Literal["swiglu", "gelu", "geglu", "squared-relu"] = fld("swiglu", "MLP activation.")
+    normalization: Literal["rmsnorm", "layernorm"] = fld("rmsnorm", "Normalisation layer.")
+    position_embedding_type: Literal["rope", "learned_absolute", "none"] = fld("rope", "Position embeddings.")
+    add_bias_linear: bool = fld(False, "Biases on linear layers other than qkv.")
+    apply_rope_fusion: bool = fld(False, "Fused RoPE kernel (needs Transformer Engine / apex).")
+    bias_dropout_fusion: bool = fld(False, "Fused bias+dropout kernel.")
+    bias_activation_fusion: bool = fld(False, "Fused bias+activation kernel.")
+    persist_layer_norm: bool = fld(False, "Persistent layer-norm kernel.")
+    attention_softmax_in_fp32: bool = fld(True, "Softmax in fp32 for stability.")
+    variable_seq_lengths: bool = fld(True, "Sequences of different lengths across micro-batches.")
+    gradient_accumulation_fusion: bool = fld(False, "Fused weight-gradient accumulation (needs apex).")
+    use_cpu_initialization: bool = fld(False, "Initialise weights on CPU.")
+    # Model dimensions: RLinf fills them from the HF config.json at run start; presets set them so that
+    # validate can check TP against the attention heads without the checkpoint.
+    num_layers: Optional[int] = fld(None, "Transformer layers (preset or HF config.json).")
+    hidden_size: Optional[int] = fld(None, "Hidden size (preset or HF config.json).")
+    num_attention_heads: Optional[int] = fld(None, "Attention heads (preset or HF config.json).")
+    num_query_groups: Optional[int] = fld(None, "KV groups (num_key_value_heads; preset or HF config.json).")
+    ffn_hidden_size: Optional[int] = fld(None, "MLP intermediate size (preset or HF config.json).")
+    padded_vocab_size: Optional[int] = fld(None, "Vocabulary size (preset or HF config.json).")
+
+
+@dataclass
+class CkptConvertorConfig:
+    model: Optional[str] = fld(None, "RLinf converter model key (e.g. qwen_2.5_3b).")
+    hf_model_path: str = fld("${rollout.model.model_path}", "HF checkpoint converted to Megatron at start.", path="dir")
+    save_path: str = fld(
+        "${runner.output_dir}/${runner.experiment_name}/converted_ckpts/actor", "Where the Megatron copy is written."
+    )
+    tensor_model_parallel_size: int = fld("${actor.model.tensor_model_parallel_size}", "TP of the converted copy.")
+    pipeline_model_parallel_size: int = fld("${actor.model.pipeline_model_parallel_size}", "PP of the copy.")
+
+
+@dataclass
+class MegatronConfig:
+    use_hf_ckpt: bool = fld(True, "Convert the HF checkpoint to Megatron when the run starts.")
+    ckpt_format: str = fld("torch", "Megatron checkpoint format.")
+    distributed_backend: Literal["nccl", "gloo"] = fld("nccl", "torch.distributed backend (gloo on CPU).")
+    distributed_timeout_minutes: int = fld(30, "torch.distributed timeout.")
+    ckpt_convertor: CkptConvertorConfig = fld(CkptConvertorConfig, "HF -> Megatron conversion.")
+
+
+@dataclass
+class OptimConfig:
+    optimizer: Literal["adam", "sgd"] = fld("adam", "Optimizer.")
+    lr: float = fld(1.0e-6, "Peak learning rate.")
+    weight_decay: float = fld(0.01, "Weight decay.")
+    adam_beta1: float = fld(0.9, "Adam beta1.")
+    adam_beta2: float = fld(0.95, "Adam beta2.")
+    adam_eps: float = fld(1.0e-5, "Adam epsilon.")
+    clip_grad: float = fld(1.0, "Gradient-norm clip.")
+    use_distributed_optimizer: bool = fld(True, "Shard optimizer state over DP ranks.")
+    loss_scale: Optional[float] = fld(None, "Static fp16 loss scale (null = dynamic).")
+
+
+@dataclass
+class LRSchedConfig:
+    lr_warmup_fraction: float = fld(0.0, "Fraction of training spent warming up.")
+    lr_decay_style: Literal["constant", "linear", "cosine"] = fld("constant", "Decay after warm-up.")
+    min_lr: float = fld(0.0, "Floor of the learning rate.")
+
+
+@dataclass
+class TokenizerConfig:
+    tokenizer_model: str = fld("${rollout.model.model_path}", "Tokenizer directory.")
+    use_fast: bool = fld(True, "Use the fast tokenizer.")
+    trust_remote_code: bool = fld(False, "Allow custom tokenizer code.")
+    padding_side: Literal["left", "right"] = fld("right", "Padding side for training batches.")
+
+
+@dataclass
+class ActorConfig:
+    group_name: str = fld("ActorGroup", "Ray worker group name.")
+    training_backend: Literal["megatron"] = fld("megatron", "Training engine.")
+    seed: int = fld(1234, "Actor random seed.")
+    micro_batch_size: int = fld("${algorithm.training_batch_size_per_gpu}", "Derived: micro-batch per DP rank.")
+    global_batch_size: Optional[int] = fld(None, "Derived by RLinf: rollout_batch_size*group_size/n_minibatches.")
+    mcore_gpt: bool = fld(True, "RLinf: use Megatron-core's GPT model.")
+    spec_name: Literal["decoder_gpt", "local_gpt"] = fld("decoder_gpt", "RLinf layer spec (decoder_gpt needs TE).")
+    checkpoint_load_path: Optional[str] = fld(None, "RLinf: Megatron checkpoint to start from (null = HF convert).")
+    enable_dp_load_balance: bool = fld(False, "RLinf: balance sequences across DP ranks by length.")
+    calculate_flops: bool = fld(False, "RLinf: log model FLOPs.")
+    offload_optimizer: bool = fld(False, "Offload optimizer state while rolling out (collocated).")
+    offload_weight: bool = fld(False, "Offload weights while rolling out (collocated).")
+    offload_grad: bool = fld(False, "Offload gradients while rolling out (collocated).")
+    model: ActorModelConfig = fld(ActorModelConfig, "Model parallelism and dimensions.")
+    megatron: MegatronConfig = fld(MegatronConfig, "Megatron options.")
+    optim: OptimConfig = fld(OptimConfig, "Optimizer.")
+    lr_sched: LRSchedConfig = fld(LRSchedConfig, "Learning-rate schedule.")
+    tokenizer: TokenizerConfig = fld(TokenizerConfig, "Tokenizer used for training batches.")
+
+
+@dataclass
+class CriticConfig:
+    use_critic_model: bool = fld(False, "GRPO needs no critic; kept for RLinf.")
+
+
+# --------------------------------------------------------------------------------------------- reward
+@dataclass
+class RewardConfig:
+    group_name: str = fld("RewardGroup", "Ray worker group name.")
+    use_reward_model: bool = fld(False, "Rule-based reward only.")
+    reward_type: Literal["searchr1"] = fld("searchr1", "Reward function.")
+    reward_scale: float = fld(1.0, "Multiplier of the reward.")
+    scoring: Literal["em", "subem", "f1", "format"] = fld("em", "em, subem, f1, or the format-aware variant.")
+    answer_tag_limit: int = fld(10, "More <answer> tags than this score 0.25 (reward hacking guard).")
+    search_penalty: float = fld(0.0, "MMSearch-R1: correct answers that searched get (1 - penalty); 0 = off.")
+
+
+# --------------------------------------------------------------------------------------------- agent loop
+@dataclass
+class AgentLoopConfig:
+    group_name: str = fld("AgentLoopGroup", "Ray worker group name.")
+    agent: Literal["searchr1"] = fld("searchr1", "Agent protocol (<search>/<information>/<answer>).")
+    max_turns: int = fld(2, "Search rounds before the answer is forced.")
+    response_length_total: int = fld(4096, "Token budget of the whole multi-turn response.")
+    force_final_answer: bool = fld(True, "After max_turns, one more turn with search disabled.")
+    max_obs_length: int = fld(500, "Observation tokens kept per search (closing tag preserved).")
+    observation_format: Literal["searchr1", "rlinf"] = fld("searchr1", "How retrieved passages are rendered.")
+    print_outputs: bool = fld(False, "Print trajectories (debug).")
+
+
+@dataclass
+class SearchToolConfig:
+    backend: Literal["local", "web", "dummy"] = fld("local", "local = retrieval server over HTTP.")
+    server_addr: Any = fld(
+        None, "host:port, a list of them, or a directory of address files; null = the server launched by retrieval."
+    )
+    topk: int = fld(3, "Passages returned per query.")
+    num_workers: int = fld(8, "Concurrent search requests.")
+    rate_limit: Optional[float] = fld(None, "Requests per second at most (null = unlimited).")
+    default_timeout: float = fld(60.0, "Seconds before a search request times out.")
+    max_retries: int = fld(3, "Retries on connection errors / 5xx.")
+    backoff_base: float = fld(0.5, "Seconds; retry k waits backoff_base * 2**k.")
+    fail_on_search_error: bool = fld(False, "Abort the step on a failed search (False: insert an error text).")
+
+
+@dataclass
+class ToolsConfig:
+    search: SearchToolConfig = fld(SearchToolConfig, "The search tool.")
+
+
+@dataclass
+class RetrievalConfig:
+    launch: bool = fld(False, "Start a local retrieval server for the run (otherwise tools.search.server_addr).")
+    index_dir: Optional[str] = fld(None, "Directory of the built index (rlinf-ext build-index).", path="dir")
+    corpus_path: Optional[str] = fld(None, "Search-R1 corpus jsonl.", path="file")
+    pages_path: Optional[str] = fld(None, "ASearcher pages jsonl for /access (optional).", path="file")
+    retriever: Literal["bm25", "e5", "bge"] = fld("bm25", "Retriever type.")
+    model_path: Optional[str] = fld(None, "Encoder for dense retrieval.", path="dir")
+    host: str = fld("127.0.0.1", "Bind address of a launched server.")
+    port: int = fld(0, "Port of a launched server (0 = a free port).")
+    topk: int = fld(3, "Default top-k of the server.")
+    max_batch_size: int = fld(64, "Queries batched together by the server.")
+    max_wait_ms: float = fld(5.0, "Milliseconds the server waits to fill a batch.")
+
+
+@dataclass
+class PathsConfig:
+    tiny_assets: Optional[str] = fld(
+        None, "Root of the tiny offline assets (contract §1); tiny YAMLs derive paths from it."
+    )
+
+
+# --------------------------------------------------------------------------------------------- root
+@dataclass
+class ExperimentConfig:
+    cluster: ClusterConfig = fld(ClusterConfig, "Nodes, GPUs and component placement.")
+    runner: RunnerConfig = fld(RunnerConfig, "Run control, logging, checkpointing.")
+    algorithm: AlgorithmConfig = fld(AlgorithmConfig, "GRPO settings and sampling.")
+    data: DataConfig = fld(DataConfig, "Datasets and batch size.")
+    rollout: RolloutConfig = fld(RolloutConfig, "Generation engine.")
+    actor: ActorConfig = fld(ActorConfig, "Policy training (Megatron).")
+    critic: CriticConfig = fld(CriticConfig, "Unused by GRPO; present for RLinf.")
+    reward: RewardConfig = fld(RewardConfig, "Reward function.")
+    agentloop: AgentLoopConfig = fld(AgentLoopConfig, "Multi-turn search agent.")
+    tools: ToolsConfig = fld(ToolsConfig, "Tools callable by the agent.")
+    retrieval: RetrievalConfig = fld(RetrievalConfig, "Local retrieval server.")
+    paths: PathsConfig = fld(PathsConfig, "External locations that other keys interpolate.")

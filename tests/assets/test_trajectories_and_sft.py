@@ -1,0 +1,132 @@
+"""Warm-start data: observation text, trajectory turns, loss masks, and a short SFT run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlinf_ext.assets import sft, trajectories
+from rlinf_ext.assets.facts import Fact
+from rlinf_ext.assets.qa import Hop, Question
+
+
+def test_format_observation_is_searchr1_layout():
+    docs = ['"Zorvia"\nZorvia is a country.', '"Brelk"\nBrelk is a city.\nSecond line.']
+    assert trajectories.format_observation(docs) == (
+        '\n\n<information>Doc 1(Title: "Zorvia") Zorvia is a country.\n'
+        'Doc 2(Title: "Brelk") Brelk is a city.\nSecond line.</information>\n\n')
+
+
+def test_two_hop_trajectory_turns():
+    q = Question("Who founded the capital of Zorvia?", ("Ana Vel",),
+                 (Hop("capital of Zorvia", Fact("The capital of Zorvia is", "Brelk")),
+                  Hop("founder of Brelk", Fact("The city of Brelk was founded by", "Ana Vel"))))
+    segs = trajectories.trajectory_segments(q, ["<O1>", "<O2>"])
+    assert [s.trainable for s in segs] == [True, False, True, False, True]
+    assert segs[0].text == "<think> I need to search for capital of Zorvia. </think>\n<search> capital of Zorvia </search>"
+    assert segs[2].text == ("<think> The capital of Zorvia is Brelk. Now I need to search for founder of Brelk. </think>\n"
+                            "<search> founder of Brelk </search>")
+    assert segs[4].text == "<think> The city of Brelk was founded by Ana Vel. </think>\n<answer> Ana Vel </answer><|im_end|>"
+    with pytest.raises(ValueError, match="one observation per hop"):
+        trajectories.trajectory_segments(q, ["<O1>"])
+
+
+def test_loss_mask_covers_exactly_the_generated_text(tiny_assets):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_assets.tokenizer_dir)
+    q = Question("What is the capital of Zorvia?", ("Brelk",), (Hop("capital of Zorvia", Fact("The capital of Zorvia is", "Brelk")),))
+    obs = trajectories.format_observation(['"Zorvia"\nZorvia is a country. The capital of Zorvia is Brelk.'])
+    segs = trajectories.trajectory_segments(q, [obs])
+    prompt = sft.chat_prompt(tok, q.question)
+    ex = sft.encode_trajectory(tok, prompt, segs)
+    assert len(ex.input_ids) == len(ex.loss_mask)
+    n_prompt = len(tok.encode(prompt))
+    assert ex.loss_mask[:n_prompt] == [0] * n_prompt
+    kept = tok.decode([i for i, m in zip(ex.input_ids, ex.loss_mask) if m])
+    assert kept == segs[0].text + segs[2].text
+    masked_after_prompt = tok.decode([i for i, m in zip(ex.input_ids[n_prompt:], ex.loss_mask[n_prompt:]) if not m])
+    assert masked_after_prompt == obs
+    # the end-of-turn token is trained, so the model learns to stop after </answer>
+    assert ex.input_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>") and ex.loss_mask[-1] == 1
+
+
+def test_retrieval_finds_the_gold_passage_for_the_gold_queries(tiny_assets):
+    from rlinf_ext.assets.qa import split_questions
+    from rlinf_ext.assets.world import build_world
+
+    retriever = sft.corpus_retriever(tiny_assets.corpus_path)
+    splits = split_questions(build_world(0), 0)
+    questions = [q for _, q in splits.train] + [q for qs in splits.test.values() for q in qs]
+    hits = sum(sft.observation_has_answers(q, trajectories.gold_observations(q, retriever)) for q in questions)
+    assert hits / len(questions) > 0.9  # BM25 top-3 on the hop queries nearly always holds the fact
+
+
+def test_lr_schedule_warmup_then_cosine_to_a_tenth():
+    cfg = sft.SFTConfig(steps=110, warmup_steps=10, lr=1.0)
+    assert sft.lr_at(0, cfg) == pytest.approx(0.1)
+    assert sft.lr_at(9, cfg) == pytest.approx(1.0)
+    assert sft.lr_at(10, cfg) == pytest.approx(1.0)
+    assert sft.lr_at(60, cfg) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert sft.lr_at(110, cfg) == pytest.approx(0.1)
+
+
+@pytest.mark.timeout(120)
+def test_short_sft_lowers_loss_and_saves_a_loadable_model(tiny_assets, tmp_path):
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlinf_ext.assets.models import TinyQwen2Shape
+    from rlinf_ext.assets.tiny import make_tiny_assets
+
+    root = tmp_path / "a"
+    shutil.copytree(tiny_assets.root, root)
+    assets = make_tiny_assets(root, seed=0)  # reuses the copy
+    cfg = sft.SFTConfig(shape=TinyQwen2Shape(), steps=12, batch_size=4, warmup_steps=2, lr=3e-3)
+    report = sft.build_sft_model(assets, seed=0, log=lambda *a: None, cfg=cfg)
+    assert report["train_examples"] >= 0.9 * report["train_questions"]
+    assert report["last_loss"] < report["first_loss"]
+    out = root / "models" / "qwen2-tiny-sft"
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert json.loads((out / "sft_report.json").read_text())["config"]["steps"] == 12
+    ids = tok("<think>", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits).all()
+
+
+def test_with_sft_reuses_the_base_assets(tiny_assets, tmp_path, monkeypatch):
+    """Asking for the SFT model on an existing directory trains only that model and records it."""
+    import shutil
+
+    import rlinf_ext.assets.generate as generate
+    from rlinf_ext.assets.tiny import make_tiny_assets, read_manifest
+
+    root = tmp_path / "a"
+    shutil.copytree(tiny_assets.root, root)
+    calls = []
+
+    def fake_sft(assets, seed, log, cfg=None):  # the real training is covered above; here only the bookkeeping
+        calls.append(seed)
+        (assets.root / "models" / "qwen2-tiny-sft").mkdir(parents=True)
+        (assets.root / "models" / "qwen2-tiny-sft" / "model.safetensors").write_bytes(b"x")
+
+    monkeypatch.setattr(sft, "build_sft_model", fake_sft)
+    monkeypatch.setattr(generate, "generate_base", lambda *a: pytest.fail("base assets must be reused"))
+    corpus_mtime = (root / "corpus" / "wiki.jsonl").stat().st_mtime_ns
+    assets = make_tiny_assets(root, seed=0, with_sft=True)
+    assert calls == [0] and assets.qwen2_tiny_sft == root / "models" / "qwen2-tiny-sft"
+    assert read_manifest(root)["with_sft"] is True
+    assert "models/qwen2-tiny-sft/model.safetensors" in read_manifest(root)["files"]
+    assert (root / "corpus" / "wiki.jsonl").stat().st_mtime_ns == corpus_mtime
+    # now complete: a second call (with or without SFT) reuses everything
+    assert make_tiny_assets(root, seed=0, with_sft=True) == assets
+    assert calls == [0]
+    assert make_tiny_assets(root, seed=0).qwen2_tiny_sft == assets.qwen2_tiny_sft
+
+
+def test_format_observation_can_keep_the_last_newline():
+    assert trajectories.format_observation(['"A"\na.'], trailing_newline=True) == '\n\n<information>Doc 1(Title: "A") a.\n</information>\n\n'

@@ -1,0 +1,179 @@
+"""Each validation rule: a bad config fails with an issue naming the key and a fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlinf_ext.config import check_config, load_config, validate
+
+
+def issues_for(name, overrides):
+    result = check_config(name, overrides)
+    return {i.key: i for i in result.issues}, result
+
+
+def assert_issue(name, overrides, key, *words):
+    by_key, result = issues_for(name, overrides)
+    assert key in by_key, f"expected an issue on {key}, got {[str(i) for i in result.issues]}"
+    issue = by_key[key]
+    assert issue.fix.strip(), issue
+    text = f"{issue.reason} {issue.fix}"
+    for word in words:
+        assert word in text, (word, str(issue))
+    return issue
+
+
+def test_good_configs_have_no_issue(reference_env):
+    assert check_config("qwen2.5-3b-tool-1node").ok
+    assert check_config("tiny-cpu").ok
+
+
+def test_stop_strings_need_detokenize(reference_env):
+    issue = assert_issue("qwen2.5-3b-tool-1node", ["rollout.detokenize=false"], "rollout.detokenize", "stop")
+    assert "rollout.detokenize=true" in issue.fix
+    # no stop strings: detokenize may be off
+    assert check_config("qwen2.5-3b-tool-1node", ["rollout.detokenize=false", "algorithm.sampling_params.stop=[]"]).ok
+
+
+def test_searchr1_agent_needs_recompute_logprobs(reference_env):
+    issue = assert_issue("tiny-cpu", ["algorithm.recompute_logprobs=false"], "algorithm.recompute_logprobs")
+    assert "algorithm.recompute_logprobs=true" in issue.fix
+
+
+def test_seq_length_must_exceed_prompt_length(reference_env):
+    assert_issue(
+        "qwen2.5-3b-tool-1node", ["runner.seq_length=4096"], "runner.seq_length", "4096", "data.max_prompt_length"
+    )
+
+
+def test_response_budget_fits_sequence(reference_env):
+    assert_issue(
+        "qwen2.5-3b-tool-1node", ["agentloop.response_length_total=4000"], "agentloop.response_length_total", "3000"
+    )
+
+
+def test_grpo_needs_group_larger_than_one(reference_env):
+    assert_issue("qwen2.5-3b-tool-1node", ["algorithm.group_size=1"], "algorithm.group_size", "GRPO", "2 or more")
+
+
+def test_evaluation_needs_group_of_one(reference_env):
+    assert_issue("qwen2.5-3b-tool-1node-eval", ["algorithm.group_size=4"], "algorithm.group_size", "group_size=1")
+
+
+def test_batch_divisible_by_minibatches(reference_env):
+    # 5 x 4 = 20 trajectories cannot split into 3 minibatches
+    assert_issue(
+        "tiny-cpu", ["data.rollout_batch_size=5", "algorithm.n_minibatches=3"], "algorithm.n_minibatches", "20", "3"
+    )
+
+
+def test_batch_divisible_by_data_parallel_size(reference_env):
+    # 6 x 4 = 24 -> 2 minibatches of 12, not divisible by DP=8 on the reference node
+    issue = assert_issue(
+        "qwen2.5-3b-tool-1node", ["data.rollout_batch_size=6"], "data.rollout_batch_size", "data-parallel size 8"
+    )
+    assert "data.rollout_batch_size=8" in issue.fix  # 8 x 4 / 2 = 16 = 2 x DP
+
+
+def test_tp_divides_attention_heads(reference_env):
+    # Qwen2.5-3B: 16 heads, 2 KV groups -> TP=4 divides the heads but not the KV groups
+    issue = assert_issue(
+        "qwen2.5-3b-tool-1node",
+        ["actor.model.tensor_model_parallel_size=4"],
+        "actor.model.tensor_model_parallel_size",
+        "2 KV groups",
+        "[1, 2]",
+    )
+    assert "TP=4" in issue.reason
+    assert_issue(
+        "qwen2.5-3b-tool-1node",
+        ["rollout.tensor_parallel_size=3"],
+        "rollout.tensor_parallel_size",
+        "16 attention heads",
+    )
+
+
+def test_tp_read_from_hf_config_when_no_preset(reference_env, tmp_path):
+    (tmp_path / "config.json").write_text('{"num_attention_heads": 6, "num_key_value_heads": 3}')
+    overrides = [
+        f"rollout.model.model_path={tmp_path}",
+        "actor.model.num_attention_heads=null",
+        "actor.model.tensor_model_parallel_size=2",
+    ]
+    issue = assert_issue("qwen2.5-3b-tool-1node", overrides, "actor.model.tensor_model_parallel_size", "3 KV groups")
+    assert "config.json" in issue.reason
+
+
+def test_tp_times_pp_divides_actor_gpus(reference_env):
+    overrides = ["cluster.component_placement={actor: 0-5, 'rollout,reward': 6-7}", "data.rollout_batch_size=24"]
+    assert check_config("qwen2.5-3b-tool-1node", overrides).ok
+    assert_issue(
+        "qwen2.5-3b-tool-1node",
+        overrides + ["actor.model.pipeline_model_parallel_size=4"],
+        "actor.model.tensor_model_parallel_size",
+        "does not divide the 6 ranks",
+    )
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("0-8", ["rank 8", "8 GPUs"]),
+        ("0-2,4-5", ["not contiguous"]),
+        ("5-2", ["empty"]),
+        ("zero", ["not a rank"]),
+    ],
+)
+def test_placement_ranges(reference_env, spec, words):
+    overrides = [f"cluster.component_placement={{'actor,rollout,reward': '{spec}'}}"]
+    assert_issue("qwen2.5-3b-tool-1node", overrides, "cluster.component_placement.actor,rollout,reward", *words)
+
+
+def test_placement_unknown_and_missing_component(reference_env):
+    by_key, _ = issues_for("qwen2.5-3b-tool-1node", ["cluster.component_placement={'actor,rolout': all}"])
+    assert "did you mean rollout" in by_key["cluster.component_placement.actor,rolout"].fix
+    assert "reward" in by_key["cluster.component_placement"].reason
+
+
+def test_two_nodes_make_room(reference_env):
+    overrides = ["cluster.num_nodes=2", "cluster.component_placement={actor: 0-7, 'rollout,reward': 8-15}"]
+    assert check_config("qwen2.5-3b-tool-1node", overrides).ok
+
+
+def test_cpu_cluster_ranks_are_processes(reference_env):
+    result = check_config(
+        "tiny-cpu",
+        ["cluster.component_placement={actor: 0-1, 'rollout,reward': 2}", "algorithm.training_batch_size_per_gpu=1"],
+    )
+    assert result.ok, [str(i) for i in result.issues]
+
+
+def test_gpu_backend_on_cpu_cluster(reference_env):
+    assert_issue(
+        "tiny-cpu", ["rollout.rollout_backend=sglang"], "rollout.rollout_backend", "rollout.rollout_backend=hf"
+    )
+
+
+def test_search_topk_positive(reference_env):
+    assert_issue("tiny-cpu", ["tools.search.topk=0"], "tools.search.topk", ">= 1")
+
+
+def test_retrieval_source_needed(reference_env):
+    assert_issue("tiny-cpu", ["retrieval.launch=false"], "tools.search.server_addr", "retrieval.launch=true")
+
+
+def test_training_needs_data(reference_env):
+    assert_issue("tiny-cpu", ["data.train_data_paths=[]"], "data.train_data_paths", "at least one")
+
+
+def test_check_paths_only_on_request(reference_env, tmp_path):
+    cfg = load_config("qwen2.5-3b-tool-1node")
+    assert validate(cfg) == []
+    keys = {i.key for i in validate(cfg, check_paths=True)}
+    assert {"rollout.model.model_path", "data.train_data_paths[0]", "data.val_data_paths[1]"} <= keys
+
+
+def test_parallel_sizes_positive(reference_env):
+    assert_issue(
+        "qwen2.5-3b-tool-1node", ["rollout.pipeline_parallel_size=0"], "rollout.pipeline_parallel_size", ">= 1"
+    )
