@@ -47,6 +47,15 @@ class LexicalRetriever:
 class Segment:
     text: str
     trainable: bool
+    # character spans of `text` the model must copy out of an observation (the facts' answers): the SFT
+    # loss weights their tokens up, since that copy is the one skill the format alone does not teach
+    copied: tuple[tuple[int, int], ...] = ()
+
+
+def _think_fact_segment(text: str, fact) -> Segment:
+    """A trainable segment whose text restates `fact`; marks the span of the fact's answer in it."""
+    start = text.index(fact.sentence) + len(fact.prefix) + 1
+    return Segment(text, True, ((start, start + len(fact.answer)),))
 
 
 def trajectory_segments(q: Question, observations: list[str]) -> list[Segment]:
@@ -60,11 +69,13 @@ def trajectory_segments(q: Question, observations: list[str]) -> list[Segment]:
     segs: list[Segment] = []
     lead = f"<think> I need to search for {q.hops[0].query}. </think>\n"
     for k, hop in enumerate(q.hops):
-        segs.append(Segment(f"{lead}<search> {hop.query} </search>", True))
+        text = f"{lead}<search> {hop.query} </search>"
+        segs.append(_think_fact_segment(text, q.hops[k - 1].fact) if k else Segment(text, True))
         segs.append(Segment(observations[k], False))
         if k + 1 < len(q.hops):
             lead = f"<think> {hop.fact.sentence} Now I need to search for {q.hops[k + 1].query}. </think>\n"
-    segs.append(Segment(f"<think> {q.hops[-1].fact.sentence} </think>\n<answer> {q.answers[0]} </answer><|im_end|>", True))
+    segs.append(_think_fact_segment(f"<think> {q.hops[-1].fact.sentence} </think>\n<answer> {q.answers[0]} </answer><|im_end|>",
+                                    q.hops[-1].fact))
     return segs
 
 

@@ -29,6 +29,10 @@ def test_two_hop_trajectory_turns():
     assert segs[2].text == ("<think> The capital of Zorvia is Brelk. Now I need to search for founder of Brelk. </think>\n"
                             "<search> founder of Brelk </search>")
     assert segs[4].text == "<think> The city of Brelk was founded by Ana Vel. </think>\n<answer> Ana Vel </answer><|im_end|>"
+    # the copied spans are the facts' answers where the think step restates them (not the query, not <answer>)
+    assert segs[0].copied == ()
+    assert [segs[2].text[a:b] for a, b in segs[2].copied] == ["Brelk"]
+    assert [segs[4].text[a:b] for a, b in segs[4].copied] == ["Ana Vel"] and segs[4].copied[0][1] < segs[4].text.index("<answer>")
     with pytest.raises(ValueError, match="one observation per hop"):
         trajectories.trajectory_segments(q, ["<O1>"])
 
@@ -49,6 +53,9 @@ def test_loss_mask_covers_exactly_the_generated_text(tiny_assets):
     assert kept == segs[0].text + segs[2].text
     masked_after_prompt = tok.decode([i for i, m in zip(ex.input_ids[n_prompt:], ex.loss_mask[n_prompt:]) if not m])
     assert masked_after_prompt == obs
+    copied = [i for i, c in zip(ex.input_ids, ex.copy_mask) if c]
+    assert tok.decode(copied).strip() == "Brelk"
+    assert all(m for m, c in zip(ex.loss_mask, ex.copy_mask) if c)
     # the end-of-turn token is trained, so the model learns to stop after </answer>
     assert ex.input_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>") and ex.loss_mask[-1] == 1
 
@@ -62,6 +69,18 @@ def test_retrieval_finds_the_gold_passage_for_the_gold_queries(tiny_assets):
     questions = [q for _, q in splits.train] + [q for qs in splits.test.values() for q in qs]
     hits = sum(sft.observation_has_answers(q, trajectories.gold_observations(q, retriever)) for q in questions)
     assert hits / len(questions) > 0.9  # BM25 top-3 on the hop queries nearly always holds the fact
+
+
+def test_weighted_lm_loss_by_hand():
+    # vocab 2, uniform logits: every target costs ln 2, whatever the weights
+    logits = torch.zeros(1, 3, 2)
+    ids = torch.tensor([[0, 1, 0]])
+    assert sft.weighted_lm_loss(logits, ids, torch.tensor([[0.0, 1.0, 5.0]])).item() == pytest.approx(0.6931, abs=1e-4)
+    # position 1 predicted perfectly (loss ~0), position 2 uniform: weights 1 and 3 -> 3*ln2/4
+    logits = torch.tensor([[[0.0, 50.0], [0.0, 0.0], [0.0, 0.0]]])
+    assert sft.weighted_lm_loss(logits, ids, torch.tensor([[0.0, 1.0, 3.0]])).item() == pytest.approx(3 * 0.693147 / 4, abs=1e-4)
+    # the first position is never a target
+    assert sft.weighted_lm_loss(logits, ids, torch.tensor([[100.0, 0.0, 1.0]])).item() == pytest.approx(0.693147, abs=1e-4)
 
 
 def test_lr_schedule_warmup_then_cosine_to_a_tenth():

@@ -1,0 +1,1 @@
+"""QA data preprocessing into RLinf prompt jsonl (`rlinf-ext preprocess`)."""

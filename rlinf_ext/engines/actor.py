@@ -1,0 +1,362 @@
+"""The GRPO policy on Megatron-core, in-process (the Ray worker in ``actor_worker.py`` wraps it).
+
+It follows RLinf's ``MegatronActor`` step by step: weights come from the HF checkpoint through the
+conversion mapping (``use_hf_ckpt``: HF -> Megatron at start), old and reference log-probs are recomputed
+on exactly the trajectory ids (the reference copy is frozen), and one rollout batch gives
+``algorithm.n_minibatches`` optimizer steps, each accumulated over micro-batches of
+``actor.micro_batch_size`` with a token-mean loss, gradient clipping and the LR schedule.
+
+Runs on CUDA when available and on CPU otherwise (fp32 on CPU: CPU bf16 training is slow and lossy).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from rlinf_ext.engines.batching import PackedBatch, gather_logprobs, pack_sequences, response_scatter, response_slice
+from rlinf_ext.engines.lr_schedule import lr_at
+from rlinf_ext.engines.rl_math import LossConfig, compute_advantages, entropy_from_logits, grpo_actor_loss
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Metrics already divided by the mini-batch token count: micro-batch values add up to the mini-batch mean.
+_SUMMED_METRICS = ("loss", "policy_loss", "policy_loss_abs", "kl", "entropy")
+
+
+@dataclass
+class Sample:
+    """One trajectory as the actor sees it (response = generated and observation ids, interleaved)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    reward: float = 0.0
+    old_logprobs: torch.Tensor | None = None  # [len(response_ids)]
+    ref_logprobs: torch.Tensor | None = None  # [len(response_ids)]
+
+
+@dataclass
+class ActorSettings:
+    """What the actor reads from the experiment config (names follow RLinf; see config/schema.py)."""
+
+    group_size: int
+    n_minibatches: int = 1
+    micro_batch_size: int = 1
+    logprob_micro_batch_size: int = 1
+    adv_type: str = "grpo"
+    advantage_mode: str = "trajectory"
+    loss: LossConfig = field(default_factory=LossConfig)
+    shuffle_rollout: bool = False
+    optimizer: str = "adam"
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-5
+    clip_grad: float = 1.0
+    lr_warmup_fraction: float = 0.0
+    lr_decay_style: str = "constant"
+    min_lr: float = 0.0
+    total_train_steps: int = 1  # rollout steps of the run (the LR schedule spans total * n_minibatches)
+    precision: str = "fp32"
+    seed: int = 1234
+    loss_agg_func: str = "token-mean"
+
+    @classmethod
+    def from_config(cls, cfg: Any, total_train_steps: int) -> "ActorSettings":
+        alg, actor = cfg.algorithm, cfg.actor
+        if alg.loss_agg_func != "token-mean":
+            raise ValueError(f"algorithm.loss_agg_func={alg.loss_agg_func!r}: only 'token-mean' is implemented.")
+        if alg.kl_beta > 0 and alg.kl_penalty_type != "low_var_kl":
+            raise ValueError(f"algorithm.kl_penalty_type={alg.kl_penalty_type!r}: only 'low_var_kl' is implemented.")
+        if alg.normalize_advantages:
+            raise ValueError("algorithm.normalize_advantages=True is not supported with GRPO (RLinf asserts it off).")
+        return cls(
+            group_size=int(alg.group_size),
+            n_minibatches=int(alg.n_minibatches),
+            micro_batch_size=int(actor.micro_batch_size),
+            logprob_micro_batch_size=int(alg.logprob_forward_micro_batch_size),
+            adv_type=str(alg.adv_type),
+            advantage_mode=str(alg.advantage_mode),
+            loss=LossConfig(
+                ratio_clip_eps=float(alg.ratio_clip_eps),
+                clip_ratio_c=None if alg.clip_ratio_c is None else float(alg.clip_ratio_c),
+                kl_beta=float(alg.kl_beta),
+                entropy_bonus=float(alg.entropy_bonus),
+            ),
+            shuffle_rollout=bool(alg.shuffle_rollout),
+            optimizer=str(actor.optim.optimizer),
+            lr=float(actor.optim.lr),
+            weight_decay=float(actor.optim.weight_decay),
+            adam_beta1=float(actor.optim.adam_beta1),
+            adam_beta2=float(actor.optim.adam_beta2),
+            adam_eps=float(actor.optim.adam_eps),
+            clip_grad=float(actor.optim.clip_grad),
+            lr_warmup_fraction=float(actor.lr_sched.lr_warmup_fraction),
+            lr_decay_style=str(actor.lr_sched.lr_decay_style),
+            min_lr=float(actor.lr_sched.min_lr),
+            total_train_steps=max(int(total_train_steps), 1),
+            precision=str(actor.model.precision),
+            seed=int(actor.seed),
+        )
+
+
+def load_hf_state_dict(model_path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a HF checkpoint folder (safetensors or pytorch_model.bin, sharded or not)."""
+    path = Path(model_path)
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    files = sorted(path.glob("pytorch_model*.bin"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors or pytorch_model*.bin weights (is it a HF model folder?)")
+    state = {}
+    for f in files:
+        state.update(torch.load(f, map_location="cpu", weights_only=True))
+    return state
+
+
+def capture_rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class MegatronPolicy:
+    """Policy + frozen reference on Megatron-core (TP=PP=1 in this process), with its optimizer."""
+
+    def __init__(self, hf_model_path: str | Path, settings: ActorSettings, *, init_distributed: bool = True):
+        from rlinf_ext.convert.mapping import ConvertSpec, hf_to_megatron
+        from rlinf_ext.engines.megatron.cpu_shims import init_parallel_state
+        from rlinf_ext.engines.megatron.model import build_gpt_model, load_megatron_state_dict
+
+        self.settings = settings
+        self.hf_model_path = str(hf_model_path)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        dtype = _DTYPES[settings.precision] if self.device.type == "cuda" else torch.float32
+        if init_distributed:
+            from megatron.core import parallel_state
+
+            if not parallel_state.model_parallel_is_initialized():
+                init_parallel_state(1, 1, seed=settings.seed)
+        torch.manual_seed(settings.seed)
+        self.spec = ConvertSpec.from_hf_config(self.hf_model_path, te_layernorm_names=False)
+        hf_state = load_hf_state_dict(self.hf_model_path)
+        mg_state = hf_to_megatron(hf_state, self.spec, tp=1, pp=1)[(0, 0)]
+        del hf_state
+
+        def build(trainable: bool):
+            model = build_gpt_model(self.hf_model_path, params_dtype=dtype, init_weights=False)
+            load_megatron_state_dict(model, mg_state, source=f"HF checkpoint {self.hf_model_path}")
+            model.to(self.device)
+            model.requires_grad_(trainable)
+            return model
+
+        self.model = build(True)
+        self.model.train()
+        self.ref_model = None
+        if settings.loss.kl_beta > 0:
+            self.ref_model = build(False)  # frozen: never handed to the optimizer
+            self.ref_model.eval()
+        self.optimizer = self._make_optimizer()
+        self.optimizer_steps = 0
+
+    # ------------------------------------------------------------------ set-up helpers
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        s = self.settings
+        decay = [p for n, p in self.model.named_parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for n, p in self.model.named_parameters() if p.requires_grad and p.ndim < 2]
+        groups = [
+            {"params": decay, "weight_decay": s.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},  # Megatron: no decay on biases and norms
+        ]
+        if s.optimizer == "adam":
+            return torch.optim.AdamW(groups, lr=s.lr, betas=(s.adam_beta1, s.adam_beta2), eps=s.adam_eps)
+        if s.optimizer == "sgd":
+            return torch.optim.SGD(groups, lr=s.lr)
+        raise ValueError(f"actor.optim.optimizer={s.optimizer!r}; use 'adam' or 'sgd'.")
+
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    # ------------------------------------------------------------------ forward passes
+    def _logits(self, model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+        from rlinf_ext.engines.megatron.model import causal_padding_mask
+
+        ids = batch.input_ids.to(self.device)
+        pos = batch.position_ids.to(self.device)
+        b, t = ids.shape
+        # Right padding: the causal mask alone keeps real tokens from seeing padding.
+        mask = None if getattr(model, "uses_te_spec", False) else causal_padding_mask(None, t, b).to(self.device)
+        logits = model(ids, pos, mask, runtime_gather_output=True)
+        return logits[..., : model.hf_vocab_size]
+
+    def _pack(self, samples: Sequence[Sample]) -> PackedBatch:
+        return pack_sequences(
+            [s.prompt_ids for s in samples], [s.response_ids for s in samples], [s.response_mask for s in samples], self.pad_id
+        )
+
+    @torch.no_grad()
+    def compute_logprobs(self, samples: Sequence[Sample], reference: bool = False) -> list[torch.Tensor]:
+        """Log-probs of each response token ``[len(response_ids)]`` under the policy (or the reference)."""
+        model = self.ref_model if reference else self.model
+        if model is None:
+            raise ValueError("reference log-probs requested but algorithm.kl_beta == 0 (no reference model kept).")
+        was_training = model.training
+        model.eval()
+        out: list[torch.Tensor] = []
+        try:
+            mbs = max(self.settings.logprob_micro_batch_size, 1)
+            for i in range(0, len(samples), mbs):
+                chunk = samples[i : i + mbs]
+                batch = self._pack(chunk)
+                lp = gather_logprobs(self._logits(model, batch), batch.input_ids.to(self.device)).float().cpu()
+                resp = response_slice(lp, batch)
+                out.extend(resp[j, : len(s.response_ids)].clone() for j, s in enumerate(chunk))
+        finally:
+            model.train(was_training)
+        return out
+
+    def recompute(self, samples: Sequence[Sample], compute_ref: bool) -> None:
+        """Fill ``old_logprobs`` (and ``ref_logprobs``) of every sample in place."""
+        for s, lp in zip(samples, self.compute_logprobs(samples)):
+            s.old_logprobs = lp
+        if compute_ref:
+            for s, lp in zip(samples, self.compute_logprobs(samples, reference=True)):
+                s.ref_logprobs = lp
+
+    # ------------------------------------------------------------------ training
+    def advantages(self, samples: Sequence[Sample]) -> torch.Tensor:
+        """One GRPO advantage per trajectory ``[N]`` (groups are ``group_size`` consecutive samples)."""
+        rewards = torch.tensor([float(s.reward) for s in samples])
+        ones = torch.ones(len(samples), 1)
+        adv = compute_advantages(
+            rewards, ones, self.settings.group_size, self.settings.adv_type, self.settings.advantage_mode
+        )
+        return adv[:, 0]
+
+    def _micro_loss(self, chunk: Sequence[Sample], chunk_adv: torch.Tensor, num_tokens: float):
+        s = self.settings
+        batch = self._pack(chunk)
+        logits = self._logits(self.model, batch)
+        ids = batch.input_ids.to(self.device)
+        logprobs = gather_logprobs(logits, ids)
+        mask = batch.loss_mask.to(self.device)
+        for i, smp in enumerate(chunk):
+            if smp.old_logprobs is None:
+                raise ValueError("sample has no old_logprobs: run recompute() (algorithm.recompute_logprobs) first.")
+        old = response_scatter(_pad_stack([c.old_logprobs for c in chunk]), batch).to(self.device)
+        ref = None
+        if s.loss.kl_beta > 0:
+            ref = response_scatter(_pad_stack([c.ref_logprobs for c in chunk]), batch).to(self.device)
+        adv = (chunk_adv.to(self.device)[:, None] * mask).float()
+        entropy = entropy_from_logits(logits[:, :-1]) if s.loss.entropy_bonus > 0 else None
+        return grpo_actor_loss(logprobs, old, adv, mask, s.loss, ref_logprobs=ref, entropy=entropy, num_tokens=num_tokens)
+
+    def train_step(self, samples: Sequence[Sample], step: int) -> list[dict[str, float]]:
+        """One rollout step: ``n_minibatches`` optimizer steps; returns one metrics dict per mini-batch."""
+        s = self.settings
+        n = len(samples)
+        if n % s.n_minibatches:
+            raise ValueError(f"{n} trajectories cannot be split into algorithm.n_minibatches={s.n_minibatches} equal parts.")
+        adv = self.advantages(samples)
+        order = list(range(n))
+        if s.shuffle_rollout:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(s.seed + step)).tolist()
+        per_mb = n // s.n_minibatches
+        total_opt_steps = s.total_train_steps * s.n_minibatches
+        results = []
+        self.model.train()
+        for m in range(s.n_minibatches):
+            idx = order[m * per_mb : (m + 1) * per_mb]
+            mb = [samples[i] for i in idx]
+            mb_adv = adv[idx]
+            num_tokens = float(sum(sum(x.response_mask) for x in mb))
+            self.optimizer.zero_grad(set_to_none=True)
+            sums: dict[str, float] = {}
+            for k in range(0, len(mb), s.micro_batch_size):
+                chunk = mb[k : k + s.micro_batch_size]
+                loss, metrics = self._micro_loss(chunk, mb_adv[k : k + s.micro_batch_size], num_tokens)
+                loss.backward()
+                weight = sum(sum(x.response_mask) for x in chunk) / max(num_tokens, 1.0)
+                for key, val in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + (val if key in _SUMMED_METRICS else val * weight)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in self.model.parameters() if p.grad is not None], s.clip_grad
+            )
+            lr = lr_at(self.optimizer_steps, total_opt_steps, s.lr, s.lr_warmup_fraction, s.lr_decay_style, s.min_lr)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            ok = bool(torch.isfinite(grad_norm))
+            if ok:  # like Megatron: a non-finite gradient skips the update instead of poisoning the weights
+                self.optimizer.step()
+            self.optimizer_steps += 1
+            sums.update(
+                {"grad_norm": float(grad_norm), "lr": lr, "update_success": float(ok), "num_tokens": num_tokens,
+                 "advantages_mean": float(mb_adv.mean()), "advantages_max": float(mb_adv.max()),
+                 "advantages_min": float(mb_adv.min())}
+            )
+            results.append(sums)
+        return results
+
+    # ------------------------------------------------------------------ weights and checkpoints
+    def megatron_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items() if torch.is_tensor(v)}
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy weights under HF names (conversion mapping), for the rollout engine."""
+        from rlinf_ext.convert.mapping import megatron_to_hf
+
+        state = {k: v for k, v in self.megatron_state_dict().items() if not k.endswith("._extra_state")}
+        return megatron_to_hf({(0, 0): state}, self.spec)
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(self.megatron_state_dict(), directory / "model.pt")
+        torch.save(self.optimizer.state_dict(), directory / "optim.pt")
+        torch.save(capture_rng_state(), directory / "rng.pt")
+        (directory / "meta.json").write_text(json.dumps({"optimizer_steps": self.optimizer_steps, "format": "megatron-tp1pp1"}))
+
+    def load(self, directory: str | Path) -> None:
+        from rlinf_ext.engines.megatron.model import load_megatron_state_dict
+
+        directory = Path(directory)
+        if not (directory / "model.pt").is_file():
+            raise FileNotFoundError(f"{directory}: no model.pt (not an actor checkpoint written by save_checkpoint).")
+        state = torch.load(directory / "model.pt", map_location="cpu", weights_only=True)
+        load_megatron_state_dict(self.model, state, source=str(directory / "model.pt"))
+        self.optimizer.load_state_dict(torch.load(directory / "optim.pt", map_location=self.device, weights_only=True))
+        restore_rng_state(torch.load(directory / "rng.pt", weights_only=False))
+        self.optimizer_steps = int(json.loads((directory / "meta.json").read_text())["optimizer_steps"])
+
+
+def _pad_stack(rows: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    if any(r is None for r in rows):
+        raise ValueError("missing log-probs for a sample (old or reference); recompute them before training.")
+    width = max(max((len(r) for r in rows), default=0), 1)
+    out = torch.zeros(len(rows), width)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out

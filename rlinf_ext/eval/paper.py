@@ -1,0 +1,34 @@
+"""Published Search-R1 EM rows (paper v5, facts §8) for side-by-side comparison in reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    label: str
+    em: dict[str, float]  # benchmark -> EM; empty when only the average was published
+    avg: float
+
+
+PUBLISHED_ROWS: tuple[PublishedRow, ...] = (
+    PublishedRow(
+        label="Search-R1 paper: Qwen2.5-3B-Instruct GRPO",
+        em={
+            "nq": 0.397,
+            "triviaqa": 0.565,
+            "popqa": 0.391,
+            "hotpotqa": 0.331,
+            "2wikimultihopqa": 0.310,
+            "musique": 0.124,
+            "bamboogle": 0.232,
+        },
+        avg=0.336,
+    ),
+    PublishedRow(label="Search-R1 paper: Qwen2.5-3B-Instruct PPO", em={}, avg=0.325),
+    PublishedRow(label="Search-R1 paper: Qwen2.5-7B-base PPO", em={}, avg=0.431),
+    PublishedRow(label="Search-R1 paper: RAG (3B)", em={}, avg=0.270),
+    PublishedRow(label="Search-R1 paper: IRCoT (3B)", em={}, avg=0.181),
+    PublishedRow(label="Search-R1 paper: Search-o1 (3B)", em={}, avg=0.255),
+)

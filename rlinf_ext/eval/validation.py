@@ -1,0 +1,129 @@
+"""Validation during training: the evaluation on a fixed random subset, returned as flat metrics.
+
+The trainer calls `ValidationPass.run(step)` when `should_validate(cfg, step)` says so (every
+`runner.val_check_interval` steps, and at step 0 when `runner.val_before_train`). The subset is drawn once
+(seeded), so every validation point scores the same questions and the curve is comparable across steps.
+Decoding is greedy unless `do_sample=True` (Search-R1 validates greedily), whatever the training sampling is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+from rlinf_ext.eval.dataset import EvalItem
+from rlinf_ext.eval.generations import GENERATIONS_FILE, GenerationsWriter
+from rlinf_ext.eval.loop import evaluate_items
+from rlinf_ext.eval.runner import eval_concurrency
+from rlinf_ext.eval.scoring import AVERAGED_FIELDS, Aggregate, aggregate
+
+DEFAULT_SAMPLES_PER_BENCHMARK = 64
+# metric name in the logs -> BenchmarkResult field
+_LOGGED = {"em": "em", "subem": "subem", "f1": "f1", "searches": "mean_searches", "turns": "mean_turns",
+           "response_length": "mean_response_length"}
+
+
+def should_validate(cfg: Any, step: int) -> bool:
+    """Step 0 = before the first training step; step N>0 = after training step N."""
+    runner = cfg.runner
+    if step == 0:
+        return bool(runner.val_before_train) and bool(list(cfg.data.val_data_paths))
+    interval = int(runner.val_check_interval)
+    return interval > 0 and step % interval == 0 and bool(list(cfg.data.val_data_paths))
+
+
+def sample_items(items: list[EvalItem], per_benchmark: int | None, seed: int) -> list[EvalItem]:
+    """Up to `per_benchmark` questions of each benchmark, drawn with `seed`, kept in file order."""
+    if per_benchmark is None or per_benchmark < 0:
+        return list(items)
+    rng = random.Random(seed)
+    chosen: set[int] = set()
+    positions: dict[str, list[int]] = {}
+    for pos, item in enumerate(items):
+        positions.setdefault(item.benchmark, []).append(pos)
+    for bench_positions in positions.values():
+        k = min(per_benchmark, len(bench_positions))
+        chosen.update(rng.sample(bench_positions, k))
+    return [items[pos] for pos in sorted(chosen)]
+
+
+def validation_metrics(agg: Aggregate, prefix: str = "val") -> dict[str, float]:
+    """`val/<bench>/em`, ..., `val/avg/<metric>` (mean over benchmarks), `val/all/<metric>` (pooled), `val/n`."""
+    metrics: dict[str, float] = {}
+    for bench, res in agg.benchmarks.items():
+        for name, attr in _LOGGED.items():
+            metrics[f"{prefix}/{bench}/{name}"] = float(getattr(res, attr))
+    for name, attr in _LOGGED.items():
+        if attr in AVERAGED_FIELDS:
+            metrics[f"{prefix}/avg/{name}"] = float(agg.average[attr])
+        metrics[f"{prefix}/all/{name}"] = float(getattr(agg.overall, attr))
+    metrics[f"{prefix}/n"] = float(agg.overall.n)
+    metrics[f"{prefix}/errors"] = float(agg.overall.errors)
+    return metrics
+
+
+class ValidationPass:
+    """Built once by the trainer; `run(step)` / `await arun(step)` evaluate the subset and return metrics.
+
+    Generations of each pass go to `out_dir/global_step_<step>/generations.jsonl` when `out_dir` is set.
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        generator,
+        tokenizer=None,
+        search_tool=None,
+        samples_per_benchmark: int | None = DEFAULT_SAMPLES_PER_BENCHMARK,
+        do_sample: bool = False,
+        out_dir: str | Path | None = None,
+        show_progress: bool = False,
+    ):
+        from rlinf_ext.eval.runner import (
+            items_from_config,
+            load_tokenizer,
+            make_rollout_fn,
+            sampling_params_from_config,
+        )
+        from rlinf_ext.tools import SearchTool
+
+        self.cfg = cfg
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(cfg.rollout.model.model_path))
+        all_items = items_from_config(cfg, self.tokenizer)
+        self.items = sample_items(all_items, samples_per_benchmark, seed=int(cfg.data.seed))
+        tool = search_tool if search_tool is not None else SearchTool(cfg.tools.search, seed=int(cfg.runner.seed))
+        params = sampling_params_from_config(cfg, do_sample=do_sample)
+        self.rollout = make_rollout_fn(cfg, generator, self.tokenizer, tool, params)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.show_progress = show_progress
+
+    async def arun(self, step: int) -> dict[str, float]:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            base = self.out_dir if self.out_dir is not None else Path(tmp)
+            path = base / f"global_step_{step}" / GENERATIONS_FILE
+            if path.exists():
+                path.unlink()  # a pass is one measurement of the current weights, never resumed
+            with GenerationsWriter(path) as writer:
+                records = await evaluate_items(
+                    self.items, self.rollout, self.tokenizer.decode, writer,
+                    concurrency=eval_concurrency(self.cfg), reward_cfg=self.cfg.reward,
+                    show_progress=self.show_progress,
+                )
+        return validation_metrics(aggregate(records))
+
+    def run(self, step: int) -> dict[str, float]:
+        """Synchronous form for callers without a running event loop (closes its HTTP session at the end)."""
+        from rlinf_ext.tools import close_http_session
+
+        async def main() -> dict[str, float]:
+            try:
+                return await self.arun(step)
+            finally:
+                await close_http_session()
+
+        return asyncio.run(main())
+

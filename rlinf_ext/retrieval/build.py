@@ -1,0 +1,33 @@
+"""`build-index`: dispatch to the BM25 or the dense builder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import BuildConfig
+from .corpus import CorpusStore
+from .metadata import IndexMetadata
+
+
+def build_index(cfg: BuildConfig, on_chunk=None) -> IndexMetadata:
+    """Build the index described by ``cfg``; ``on_chunk(rows_done)`` is called after each dense chunk."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = CorpusStore.open(cfg.corpus, cache_dir=out, show_progress=True)
+    try:
+        if cfg.retriever == "bm25":
+            from .bm25 import build_bm25_index
+
+            return build_bm25_index(store, out)
+        if not cfg.model:
+            raise ValueError(f"--retriever {cfg.retriever} is dense and needs --model PATH (an encoder "
+                             "directory in Hugging Face format, e.g. a local copy of intfloat/e5-base-v2)")
+        from .dense import build_dense_index
+        from .encoder import EncoderSpec
+
+        spec = EncoderSpec.for_retriever(cfg.retriever, cfg.model, max_length=cfg.max_length, pooling=cfg.pooling)
+        return build_dense_index(store, out, spec, faiss_type=cfg.faiss_type, batch_size=cfg.batch_size,
+                                 device=cfg.device, gpus=cfg.gpus, keep_embeddings=cfg.keep_embeddings, threads=cfg.threads,
+                                 on_chunk=on_chunk)
+    finally:
+        store.close()

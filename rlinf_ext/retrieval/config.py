@@ -1,0 +1,74 @@
+"""Typed options of the index builder and the retrieval server (the CLI flags are generated from these)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+
+def _opt(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class ServerConfig:
+    index: str = _opt(None, "Index directory written by build-index (holds index_meta.json).", required=True)
+    corpus: str = _opt(None, "Corpus jsonl the index was built from (rows: id, contents[, url, title, text]).",
+                       required=True)
+    pages: str | None = _opt(None, "Pages jsonl (ASearcher wiki_webpages.jsonl) served by POST /access.")
+    model: str | None = _opt(None, "Dense encoder directory; default: the one recorded in the index metadata.")
+    retriever: str | None = _opt(None, "Expected retriever (bm25|e5|bge); refused if the index is another.")
+    host: str = _opt("127.0.0.1", "Bind address. 127.0.0.1 by default; pass 0.0.0.0 explicitly to expose it.")
+    port: int = _opt(8000, "Port; 0 picks a free port (printed and written to the address file).")
+    topk: int = _opt(3, "Default top-k when a request sends topk null or omits it.")
+    max_topk: int = _opt(100, "Largest topk a request may ask for (4xx above).")
+    max_queries: int = _opt(4096, "Most queries in one /retrieve or urls in one /access request (4xx above).")
+    max_query_chars: int = _opt(4096, "Longest query string accepted (4xx above).")
+    max_body_bytes: int = _opt(8 << 20, "Largest request body accepted (413 above).")
+    max_batch_size: int = _opt(512, "Cross-request batching: most queries searched together in one call.")
+    max_wait_ms: float = _opt(2.0, "Cross-request batching: how long the batcher waits to fill a batch.")
+    no_batching: bool = _opt(False, "Serve one request at a time without cross-request batching (comparison).")
+    device: str = _opt("auto", "Dense encoder device: auto (cuda if available), cpu or cuda.")
+    gpus: str | None = _opt(None, "Put the faiss index on GPUs (sharded, fp16): 'all' or a list like 0,1.")
+    threads: int | None = _opt(None, "CPU threads of the dense query encoder (default: torch's default; 1 is "
+                                     "often fastest on a shared, oversubscribed machine).")
+    save_address_to: str | None = _opt(None, "Directory to write this server's address file into "
+                                             "(Host<host>_IP<port>.txt containing host:port; removed on exit).")
+    log_level: str = _opt("warning", "uvicorn log level.")
+
+
+@dataclass
+class BuildConfig:
+    corpus: str = _opt(None, "Corpus jsonl to index.", required=True)
+    out: str = _opt(None, "Output index directory.", required=True)
+    retriever: str = _opt("bm25", "bm25 (sparse, no model), e5 or bge (dense, needs --model).",
+                          choices=["bm25", "e5", "bge"])
+    model: str | None = _opt(None, "Dense encoder directory (HF transformers format).")
+    faiss_type: str = _opt("Flat", "faiss index_factory string: Flat, HNSW64, IVF4096,PQ64, ...")
+    batch_size: int = _opt(64, "Dense: passages per encoder batch.")
+    max_length: int = _opt(256, "Dense: max tokens per passage/query.")
+    pooling: str | None = _opt(None, "Dense pooling (mean|cls); default from the retriever (e5 mean, bge cls).")
+    device: str = _opt("auto", "Encoder device: auto, cpu or cuda.")
+    gpus: str | None = _opt(None, "Encode on these GPUs ('all' or 0,1,...); data-parallel over the visible GPUs.")
+    threads: int | None = _opt(None, "CPU threads of the encoder (default: torch's default).")
+    keep_embeddings: bool = _opt(False, "Dense: keep the passage embedding memmap after the index is written.")
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> None:
+    """One ``--flag`` per field (underscores become dashes), help text and defaults from the dataclass."""
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        meta = dict(f.metadata)
+        help_text = meta.pop("help")
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, dest=f.name, action="store_true", help=help_text)
+            continue
+        base = str(f.type).replace(" | None", "")  # annotations are strings (postponed evaluation)
+        kind = {"int": int, "float": float, "str": str}[base]
+        default = None if meta.get("required") else f.default
+        parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text, **meta)
+
+
+def from_args(cls, args: argparse.Namespace):
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

@@ -1,0 +1,81 @@
+"""Resolve `tools.search.server_addr` into base URLs.
+
+Accepted: "host:port", "http://host:port", a list of those, or a path to a file or directory written by the
+retrieval server's `--save-address-to` (each file holds an address as plain text, or JSON with `url`/`addr`
+or `host`+`port`; a directory contributes every file in it, sorted by name).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def normalize_url(address: str) -> str:
+    address = address.strip().rstrip("/")
+    if not address:
+        raise ValueError("empty search server address")
+    if not address.startswith(("http://", "https://")):
+        address = "http://" + address
+    return address
+
+
+def _addresses_in_file(path: Path) -> list[str]:
+    text = path.read_text().strip()
+    if not text:
+        return []
+    if text.startswith("{") or text.startswith("["):
+        data = json.loads(text)
+        items = data if isinstance(data, list) else [data]
+        found = []
+        for item in items:
+            if isinstance(item, str):
+                found.append(item)
+            elif "url" in item or "addr" in item:
+                found.append(item.get("url") or item["addr"])
+            elif "host" in item and "port" in item:
+                found.append(f"{item['host']}:{item['port']}")
+            else:
+                raise ValueError(f"{path}: address JSON needs 'url', 'addr' or 'host'+'port', got {item}")
+        return found
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _is_address_file(path: Path) -> bool:
+    """Skip hidden, temporary and log files that may sit next to the address files."""
+    return path.is_file() and not path.name.startswith(".") and path.suffix not in (".tmp", ".log", ".lock")
+
+
+def _looks_like_path(value: str) -> bool:
+    return "/" in value and not value.startswith(("http://", "https://")) or Path(value).exists()
+
+
+def resolve_server_urls(server_addr: Any) -> list[str]:
+    """Return the list of base URLs (no trailing slash); raise ValueError with the fix if there are none."""
+    if server_addr is None:
+        raise ValueError("tools.search.server_addr is not set (backend local needs a retrieval server address)")
+    entries = [server_addr] if isinstance(server_addr, (str, Path)) else list(server_addr)
+    if not isinstance(entries, Sequence):
+        raise ValueError(f"tools.search.server_addr must be a string, a list or a path, got {server_addr!r}")
+    urls: list[str] = []
+    for entry in entries:
+        entry = str(entry)
+        if _looks_like_path(entry):
+            path = Path(entry)
+            if path.is_dir():
+                for file in sorted(p for p in path.iterdir() if _is_address_file(p)):
+                    urls.extend(normalize_url(a) for a in _addresses_in_file(file))
+            elif path.is_file():
+                urls.extend(normalize_url(a) for a in _addresses_in_file(path))
+            else:
+                raise ValueError(
+                    f"tools.search.server_addr {entry!r} looks like a path but does not exist; start the "
+                    "retrieval server with --save-address-to there, or give host:port"
+                )
+        else:
+            urls.append(normalize_url(entry))
+    if not urls:
+        raise ValueError(f"no retrieval server address found in tools.search.server_addr={server_addr!r}")
+    return urls

@@ -1,0 +1,126 @@
+"""The search tool client: backends + process-wide rate limit + in-flight cap + bounded retries.
+
+Worst case per call, after the rate-limit slot and in-flight slot are granted:
+    default_timeout * (max_retries + 1) + sum of backoffs (each <= MAX_BACKOFF_S * 1.5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlinf_ext.tools.addresses import resolve_server_urls
+from rlinf_ext.tools.backends import RetryableSearchError, SearchRequestError, make_backend
+from rlinf_ext.tools.config import check_search_config
+from rlinf_ext.tools.documents import Document
+from rlinf_ext.tools.rate_limit import shared_token_bucket
+
+MAX_BACKOFF_S = 30.0
+
+
+class SearchError(RuntimeError):
+    """Raised instead of a failure observation when `tools.search.fail_on_search_error` is true."""
+
+
+@dataclass
+class SearchResult:
+    query: str
+    ok: bool
+    documents: list[Document] = field(default_factory=list)
+    error: str | None = None
+    attempts: int = 0
+    latency_s: float = 0.0  # wall time of the HTTP attempts and backoffs (excludes rate-limit queueing)
+    wait_s: float = 0.0  # time spent waiting for a rate-limit token / in-flight slot
+
+
+@dataclass
+class SearchStats:
+    calls: int = 0
+    failures: int = 0
+    attempts: int = 0
+    retries: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+
+    def record(self, result: SearchResult) -> None:
+        self.calls += 1
+        self.failures += 0 if result.ok else 1
+        self.attempts += result.attempts
+        self.retries += max(0, result.attempts - 1)
+        self.latencies_s.append(result.latency_s)
+
+
+def backoff_delay(attempt: int, base: float, rng: random.Random) -> float:
+    """Exponential backoff with multiplicative jitter in [0.5, 1.5): attempt 0 -> ~base, 1 -> ~2*base, ..."""
+    return min(base * (2**attempt), MAX_BACKOFF_S) * rng.uniform(0.5, 1.5)
+
+
+class SearchTool:
+    """`await tool.search(query) -> SearchResult`. Accepts any object with the `tools.search` attributes."""
+
+    def __init__(self, cfg: Any, seed: int | None = None):
+        check_search_config(cfg)
+        self.cfg = cfg
+        self.backend = make_backend(cfg.backend)
+        self.urls: list[str | None] = resolve_server_urls(cfg.server_addr) if self.backend.needs_server else [None]
+        self._next_url = itertools.count()
+        self._bucket = shared_token_bucket(cfg.rate_limit)
+        self._slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = (
+            weakref.WeakKeyDictionary()
+        )
+        self._rng = random.Random(seed)
+        self.stats = SearchStats()
+
+    @property
+    def max_call_seconds(self) -> float:
+        """Upper bound of one call once it holds its slot (timeouts plus the largest possible backoffs)."""
+        retries = int(self.cfg.max_retries)
+        backoffs = sum(min(self.cfg.backoff_base * 2**k, MAX_BACKOFF_S) * 1.5 for k in range(retries))
+        return float(self.cfg.default_timeout) * (retries + 1) + backoffs
+
+    def _slot(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        slot = self._slots.get(loop)
+        if slot is None:
+            slot = self._slots[loop] = asyncio.Semaphore(int(self.cfg.num_workers))
+        return slot
+
+    async def search(self, query: str) -> SearchResult:
+        queued = time.monotonic()
+        async with self._slot():
+            if self._bucket is not None:
+                await self._bucket.acquire()
+            started = time.monotonic()
+            result = await self._search_with_retries(query)
+            result.wait_s = started - queued
+            result.latency_s = time.monotonic() - started
+        self.stats.record(result)
+        if not result.ok and self.cfg.fail_on_search_error:
+            raise SearchError(
+                f"search for {query!r} failed after {result.attempts} attempt(s): {result.error} "
+                "(set tools.search.fail_on_search_error: false to continue with a failure observation)"
+            )
+        return result
+
+    async def _search_with_retries(self, query: str) -> SearchResult:
+        timeout = float(self.cfg.default_timeout)
+        first = next(self._next_url)
+        error = "no attempt made"
+        for attempt in range(int(self.cfg.max_retries) + 1):
+            url = self.urls[(first + attempt) % len(self.urls)]  # spread retries over the servers
+            try:
+                docs = await asyncio.wait_for(
+                    self.backend.search(query, int(self.cfg.topk), timeout, url), timeout
+                )
+                return SearchResult(query=query, ok=True, documents=docs, attempts=attempt + 1)
+            except SearchRequestError as exc:  # 4xx / malformed: not retried
+                return SearchResult(query=query, ok=False, error=str(exc), attempts=attempt + 1)
+            except (RetryableSearchError, asyncio.TimeoutError) as exc:
+                error = str(exc) or f"timeout after {timeout:g}s"
+            if attempt < int(self.cfg.max_retries):
+                await asyncio.sleep(backoff_delay(attempt, float(self.cfg.backoff_base), self._rng))
+        return SearchResult(query=query, ok=False, error=error, attempts=int(self.cfg.max_retries) + 1)

@@ -1,0 +1,215 @@
+"""Agent loop with a scripted engine: stops, actions, budgets, forced final turn, the loss-mask invariant."""
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from rlinf_ext.agent import AgentLoopConfig, SamplingParams, check_mask_invariant, run_group, run_trajectory
+from rlinf_ext.agent.actions import parse_action
+from rlinf_ext.agent.scripted import CharTokenizer, ScriptedGenerator
+from rlinf_ext.tools import SearchToolConfig, SearchTool
+from rlinf_ext.tools.formatting import CLOSE_TAG, INVALID_ACTION_MESSAGE, OPEN_TAG
+
+TOK = CharTokenizer()
+PROMPT = TOK.encode("Question: capital of France?\n")
+CFG = AgentLoopConfig(max_turns=2, response_length_total=2000, max_obs_length=400)
+
+
+class RecordingSearch:
+    """A search tool stand-in that records queries (the real client has its own tests)."""
+
+    def __init__(self, ok=True):
+        self.queries, self.ok = [], ok
+        self.inner = SearchTool(SearchToolConfig(backend="dummy", topk=2))
+
+    async def search(self, query):
+        self.queries.append(query)
+        result = await self.inner.search(query)
+        if not self.ok:
+            result.ok, result.documents, result.error = False, [], "HTTP 500"
+        return result
+
+
+def run(generator, cfg=CFG, search=None, params=None):
+    search = search or RecordingSearch()
+    traj = asyncio.run(
+        run_trajectory(generator, TOK, PROMPT, ["Paris"], cfg, search, sampling_params=params or SamplingParams())
+    )
+    return traj, search
+
+
+def assert_mask_token_by_token(traj, generator):
+    """Walk the response position by position: each id is either the next sampled id (mask 1) or the next
+    id of that turn's observation (mask 0), in order, and nothing else."""
+    pos = 0
+    for turn, call in zip(traj.turns, generator.calls):
+        assert turn.response_ids == call.result.output_ids  # kept == sampled
+        for token in call.result.output_ids:
+            assert traj.response_ids[pos] == token and traj.response_mask[pos] == 1, pos
+            pos += 1
+        for token in turn.observation_ids:
+            assert traj.response_ids[pos] == token and traj.response_mask[pos] == 0, pos
+            pos += 1
+    assert pos == len(traj.response_ids) == len(traj.response_mask)
+
+
+def test_parse_action_first_complete_block():
+    assert parse_action("<think>x</think><search> eiffel </search>", "stop") == ("search", "eiffel")
+    assert parse_action("<answer> Paris </answer>", "stop") == ("answer", "Paris")
+    assert parse_action("<answer> unclosed <search>q</search>", "stop") == ("search", "q")
+    assert parse_action("just text<eos>", "eos") == ("eos", None)
+    assert parse_action("just text", "length") == ("invalid", None)
+
+
+def test_search_then_answer_stops_in_engine_and_masks_observation():
+    gen = ScriptedGenerator([
+        "<think>need info</think><search> capital of france </search>SHOULD NOT APPEAR",
+        "<think>got it</think><answer> Paris </answer>TRAILING",
+    ])
+    traj, search = run(gen)
+    assert search.queries == ["capital of france"]
+    # the engine was asked to stop at both closing tags, and stopped there
+    assert all({"</search>", "</answer>"} <= set(c.params.stop) for c in gen.calls)
+    assert gen.calls[0].result.finish_reason == "stop" and gen.calls[0].result.matched_stop == "</search>"
+    assert "SHOULD NOT APPEAR" not in traj.response_text and "TRAILING" not in traj.response_text
+    assert [t.action for t in traj.turns] == ["search", "answer"]
+    assert traj.end_reason == "answer"
+    obs_text = TOK.decode(traj.turns[0].observation_ids)
+    assert obs_text.startswith(OPEN_TAG) and obs_text.endswith(CLOSE_TAG)
+    assert 'Doc 1(Title: "Dummy' in obs_text
+    # second turn saw prompt + turn-1 ids + observation ids, unchanged
+    assert gen.calls[1].prompt_ids == PROMPT + gen.calls[0].result.output_ids + traj.turns[0].observation_ids
+    assert_mask_token_by_token(traj, gen)
+    check_mask_invariant(traj)
+    assert traj.metrics["searches"] == 1 and traj.metrics["turns"] == 2
+    assert traj.metrics["generated_tokens"] == traj.metrics["kept_tokens"] == sum(traj.response_mask)
+    assert traj.metrics["observation_tokens"] == len(traj.turns[0].observation_ids)
+    assert traj.rollout_logprobs == [(-0.5 if m else 0.0) for m in traj.response_mask]
+
+
+def test_loop_adds_required_stops_to_configured_ones():
+    gen = ScriptedGenerator(["<answer>Paris</answer>"])
+    run(gen, params=SamplingParams(stop=["<|im_end|>"]))
+    assert gen.calls[0].params.stop == ["<|im_end|>", "</search>", "</answer>"]
+
+
+def test_eos_ends_trajectory_and_is_kept():
+    gen = ScriptedGenerator(["<think>I give up</think><eos>"])
+    traj, _ = run(gen)
+    assert traj.end_reason == "eos"
+    assert traj.response_ids[-1] == TOK.eos_token_id and traj.response_mask[-1] == 1
+    assert_mask_token_by_token(traj, gen)
+
+
+def test_invalid_action_gets_searchr1_message_with_mask_zero():
+    gen = ScriptedGenerator(["<think>hmm</think> rambling", "<answer>Paris</answer>"])
+    traj, search = run(gen, params=SamplingParams(max_new_tokens=len("<think>hmm</think> rambling")))
+    assert traj.turns[0].action == "invalid" and traj.turns[0].finish_reason == "length"
+    assert TOK.decode(traj.turns[0].observation_ids) == INVALID_ACTION_MESSAGE
+    assert "My previous action is invalid" in INVALID_ACTION_MESSAGE
+    assert traj.metrics["invalid_actions"] == 1 and search.queries == []
+    assert traj.end_reason == "answer"
+    assert_mask_token_by_token(traj, gen)
+
+
+def test_max_turns_then_forced_final_turn_with_search_disabled():
+    gen = ScriptedGenerator([f"<search> q{k} </search>" for k in range(5)])
+    traj, search = run(gen, cfg=replace(CFG, max_turns=2, force_final_answer=True))
+    # 2 search turns + 1 final turn whose search is not executed
+    assert search.queries == ["q0", "q1"]
+    assert [t.action for t in traj.turns] == ["search", "search", "search_disabled"]
+    assert traj.turns[-1].observation_ids == []
+    assert traj.end_reason == "max_turns"
+    assert_mask_token_by_token(traj, gen)
+
+
+def test_forced_final_turn_can_answer():
+    gen = ScriptedGenerator(["<search> a </search>", "<answer>Paris</answer>"])
+    traj, _ = run(gen, cfg=replace(CFG, max_turns=1))
+    assert [t.action for t in traj.turns] == ["search", "answer"] and traj.end_reason == "answer"
+
+
+def test_without_forced_final_turn_stops_after_max_turns():
+    gen = ScriptedGenerator([f"<search> q{k} </search>" for k in range(5)])
+    traj, search = run(gen, cfg=replace(CFG, max_turns=2, force_final_answer=False))
+    assert len(gen.calls) == 2 and search.queries == ["q0", "q1"] and traj.end_reason == "max_turns"
+
+
+def test_invalid_in_final_turn_ends_without_message():
+    gen = ScriptedGenerator(["blah<eos>"])
+    traj, _ = run(gen, cfg=replace(CFG, max_turns=0))
+    assert traj.end_reason == "eos"
+    gen = ScriptedGenerator(["blah"])
+    traj, _ = run(gen, cfg=replace(CFG, max_turns=0), params=SamplingParams(max_new_tokens=4))
+    assert traj.end_reason == "no_answer_after_final_turn" and traj.turns[0].observation_ids == []
+
+
+def test_per_turn_max_new_tokens_budget():
+    gen = ScriptedGenerator(["x" * 50, "y" * 50, "z" * 50])
+    traj, _ = run(gen, cfg=replace(CFG, max_turns=2), params=SamplingParams(max_new_tokens=7))
+    assert all(c.params.max_new_tokens == 7 for c in gen.calls)
+    assert [len(t.response_ids) for t in traj.turns] == [7, 7, 7]
+    assert [t.action for t in traj.turns] == ["invalid", "invalid", "invalid"]
+
+
+def test_total_response_budget_caps_generation_and_skips_useless_observation():
+    turn = "<search> q </search>"
+    gen = ScriptedGenerator([turn, turn, turn])
+    obs_len = 60
+    budget = len(turn) + 10  # room for turn 1, not for its observation plus another token
+    traj, search = run(gen, cfg=replace(CFG, response_length_total=budget, max_obs_length=obs_len))
+    assert traj.end_reason == "response_budget"
+    assert traj.turns[0].observation_ids == [] and len(traj.response_ids) <= budget
+    # a bigger budget: the second turn gets only what is left
+    budget = len(turn) + obs_len + 5
+    gen = ScriptedGenerator([turn, turn, turn])
+    traj, _ = run(gen, cfg=replace(CFG, response_length_total=budget, max_obs_length=obs_len))
+    assert gen.calls[1].params.max_new_tokens == budget - len(turn) - len(traj.turns[0].observation_ids)
+    assert len(traj.response_ids) == budget and traj.end_reason == "response_budget"
+    assert_mask_token_by_token(traj, gen)
+
+
+def test_observation_truncated_by_tokens_keeps_closing_tag():
+    gen = ScriptedGenerator(["<search> q </search>", "<answer>Paris</answer>"])
+    traj, _ = run(gen, cfg=replace(CFG, max_obs_length=60))
+    obs = traj.turns[0].observation_ids
+    assert len(obs) == 60
+    assert TOK.decode(obs).endswith("</information>\n\n")
+    assert traj.metrics["truncated_observations"] == 1
+
+
+def test_failed_search_inserts_failure_observation_and_counts():
+    gen = ScriptedGenerator(["<search> q </search>", "<answer>Paris</answer>"])
+    traj, _ = run(gen, search=RecordingSearch(ok=False))
+    assert "The search failed (HTTP 500)" in TOK.decode(traj.turns[0].observation_ids)
+    assert traj.metrics["search_failures"] == 1 and traj.turns[0].search_ok is False
+    assert traj.end_reason == "answer"
+
+
+def test_generator_overrunning_budget_is_an_error():
+    class Overrun(ScriptedGenerator):
+        def emulate_engine(self, text, params):
+            result = super().emulate_engine(text, replace(params, max_new_tokens=10_000))
+            return result
+
+    with pytest.raises(RuntimeError, match="max_new_tokens"):
+        run(Overrun(["x" * 100]), params=SamplingParams(max_new_tokens=5))
+
+
+def test_run_group_concurrent_shared_uid_and_reward():
+    def script(k, context):
+        # each trajectory searches once, then answers
+        return "<answer>Paris</answer>" if "<information>" in context else "<search> france </search>"
+
+    gen = ScriptedGenerator(script, delay_s=0.01)
+    from rlinf_ext.rewards import searchr1_reward
+
+    trajs = asyncio.run(
+        run_group(gen, TOK, PROMPT, ["Paris"], CFG, RecordingSearch(), group_size=5, uid="g1",
+                  reward_fn=lambda t: searchr1_reward(t.response_text, t.answers).score)
+    )
+    assert len(trajs) == 5 and {t.uid for t in trajs} == {"g1"}
+    assert all(t.reward == 1.0 and t.end_reason == "answer" for t in trajs)
+    for t in trajs:
+        check_mask_invariant(t)

@@ -1,0 +1,220 @@
+"""The tiny evaluation end to end on CPU against a real BM25 retrieval server on loopback.
+
+1. In-process: the real agent loop, search tool, server, tokenizer and reward, with a scripted reader as the
+   generator (it searches the question, then answers the gold answer only if the retrieved passages contain
+   it, so the EM depends on what the real server returned). The table is checked against the saved
+   generations recomputed here independently, and resume is checked by growing `data.data_size`.
+2. As a user runs it: `python -m rlinf_ext.eval tiny-cpu-eval ...` with the tiny Qwen2 model on the HF engine.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlinf_ext.agent.types import GenerationResult
+from rlinf_ext.eval.benchmarks import PAPER_ORDER, display_name
+
+ASSISTANT = "<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def retrieval_url(tiny_assets, tmp_path_factory):
+    from rlinf_ext.retrieval.build import build_index
+    from rlinf_ext.retrieval.config import BuildConfig
+    from rlinf_ext.retrieval.launch import RetrievalServerProcess
+
+    index_dir = tmp_path_factory.mktemp("bm25")
+    build_index(BuildConfig(corpus=str(tiny_assets.corpus_path), out=str(index_dir), retriever="bm25"))
+    with RetrievalServerProcess(index_dir, tiny_assets.corpus_path, topk=3, startup_timeout_s=120) as url:
+        yield url
+
+
+class ScriptedReader:
+    """A contract-§2 generator: turn 1 searches the question; turn 2 answers from the observation."""
+
+    def __init__(self, tokenizer, golds_by_question: dict[str, list[str]]):
+        self.tokenizer = tokenizer
+        self.golds = golds_by_question
+        self.questions_started = 0
+
+    async def generate(self, prompt_ids, params) -> GenerationResult:
+        text_so_far = self.tokenizer.decode(prompt_ids)
+        question = re.search(r"Question: (.*?)\n", text_so_far).group(1)
+        response = text_so_far.rsplit(ASSISTANT, 1)[1]
+        if "<information>" not in response:
+            self.questions_started += 1
+            text, stop = f"<search> {question} </search>", "</search>"
+        else:
+            observation = response.rsplit("<information>", 1)[1]
+            found = [g for g in self.golds[question] if g.lower() in observation.lower()]
+            text, stop = f"<answer> {found[0] if found else 'unknown'} </answer>", "</answer>"
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) > params.max_new_tokens:
+            ids = ids[: params.max_new_tokens]
+            return GenerationResult(ids, self.tokenizer.decode(ids), "length")
+        return GenerationResult(ids, self.tokenizer.decode(ids), "stop", matched_stop=stop)
+
+
+# ---- independent recomputation from generations.jsonl (deliberately not using rlinf_ext.rewards) ----
+def _norm(s: str) -> str:
+    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+    return " ".join(w for w in s.split() if w not in ("a", "an", "the"))
+
+
+def _recompute_em(rows: list[dict]) -> dict[str, float]:
+    per: dict[str, list[float]] = {}
+    for row in rows:
+        own_text = "".join(t["output"] for t in row["turns"])
+        answers = re.findall(r"<answer>(.*?)</answer>", own_text, re.DOTALL)
+        hit = bool(answers) and any(_norm(answers[-1]) == _norm(g) for g in row["golden_answers"])
+        per.setdefault(row["benchmark"], []).append(float(hit))
+    return {b: sum(v) / len(v) for b, v in per.items()}
+
+
+def _check_tables_against_generations(run_dir: Path, n_per_bench: int) -> dict[str, float]:
+    rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
+    em = _recompute_em(rows)
+    assert sorted(em) == sorted(PAPER_ORDER) and all(len([r for r in rows if r["benchmark"] == b]) == n_per_bench for b in em)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert list(results["benchmarks"]) == list(PAPER_ORDER)
+    for bench, value in em.items():
+        assert results["benchmarks"][bench]["em"] == pytest.approx(value)
+        assert results["benchmarks"][bench]["n"] == n_per_bench
+    average = sum(em.values()) / len(em)
+    assert results["average"]["em"] == pytest.approx(average)
+    table = list(csv.DictReader((run_dir / "results.csv").open()))
+    assert [r["benchmark"] for r in table] == [display_name(b) for b in PAPER_ORDER] + ["average", "overall"]
+    for r, bench in zip(table, PAPER_ORDER):
+        assert float(r["EM"]) == pytest.approx(em[bench], abs=5e-4) and int(r["n"]) == n_per_bench
+    assert float(table[7]["EM"]) == pytest.approx(average, abs=5e-4)
+    assert f"| EM | {' | '.join(f'{em[b]:.3f}' for b in PAPER_ORDER)} | {average:.3f} |" in (run_dir / "results.md").read_text()
+    return em
+
+
+def _eval_config(tiny_assets, url: str, out: Path, data_size: int, *extra: str):
+    from rlinf_ext.config.loader import load_config
+
+    return load_config(
+        "tiny-cpu-eval",
+        [
+            f"paths.tiny_assets={tiny_assets.root}",
+            f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
+            f"tools.search.server_addr={url.removeprefix('http://')}",
+            "retrieval.launch=false",
+            f"runner.output_dir={out}",
+            f"data.data_size={data_size}",
+            *extra,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def scripted_reader(tiny_assets):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_assets.qwen2_tiny))
+    golds = {}
+    for path in tiny_assets.rlinf_test.values():
+        for line in Path(path).read_text().splitlines():
+            row = json.loads(line)
+            golds[re.search(r"Question: (.*?)\n", row["prompt"]).group(1)] = row["solutions"]
+    return ScriptedReader(tokenizer, golds)
+
+
+@pytest.mark.timeout(180)
+def test_tiny_eval_in_process_real_server_with_resume(tiny_assets, retrieval_url, scripted_reader, tmp_path):
+    from rlinf_ext.eval.runner import EvalError, run_evaluation
+
+    reader = scripted_reader
+    reader.questions_started = 0
+    first = run_evaluation(_eval_config(tiny_assets, retrieval_url, tmp_path, 2), generator=reader, show_progress=False)
+    assert (first.evaluated, first.resumed, first.errors) == (14, 0, 0)
+    assert reader.questions_started == 14
+    _check_tables_against_generations(first.run_dir, 2)
+
+    reader.questions_started = 0
+    second = run_evaluation(_eval_config(tiny_assets, retrieval_url, tmp_path, 4), generator=reader, show_progress=False)
+    assert (second.evaluated, second.resumed) == (14, 14) and reader.questions_started == 14  # only the new ones
+    em = _check_tables_against_generations(second.run_dir, 4)
+    assert 0.0 < sum(em.values()) / len(em) < 1.0  # the real server found some answers and missed others
+
+    rows = [json.loads(line) for line in (second.run_dir / "generations.jsonl").read_text().splitlines()]
+    for row in rows:
+        assert row["num_searches"] == 1 and row["search_failures"] == 0 and row["num_turns"] == 2
+        assert row["turns"][0]["action"] == "search" and "<information>" in row["turns"][0]["observation"]
+        assert row["prompt"].endswith(ASSISTANT) and row["question"] in row["prompt"]
+    # a found answer really came from the server's passages
+    hit = next(r for r in rows if r["scores"]["em"] == 1.0)
+    assert hit["final_answer"].lower() in hit["turns"][0]["observation"].lower()
+    results = json.loads((second.run_dir / "results.json").read_text())
+    assert results["overall"]["mean_searches"] == 1.0 and results["meta"]["do_sample"] is False
+
+    # switching to sampling in the same run directory would mix two decodings in one table: refused
+    sampled = _eval_config(tiny_assets, retrieval_url, tmp_path, 4, "algorithm.sampling_params.do_sample=true",
+                           "algorithm.sampling_params.temperature=1.0")
+    with pytest.raises(EvalError, match="do_sample"):
+        run_evaluation(sampled, generator=reader, show_progress=False)
+
+
+@pytest.mark.timeout(120)
+def test_validation_pass_on_a_fixed_subset(tiny_assets, retrieval_url, scripted_reader, tmp_path):
+    from rlinf_ext.eval.validation import ValidationPass
+
+    # a training-style config: sampling on; the validation pass decodes greedily all the same
+    cfg = _eval_config(tiny_assets, retrieval_url, tmp_path, -1, "algorithm.sampling_params.do_sample=true")
+    seen_do_sample = []
+    original = scripted_reader.generate
+
+    async def spy(prompt_ids, params):
+        seen_do_sample.append(params.do_sample)
+        return await original(prompt_ids, params)
+
+    scripted_reader.generate = spy
+    try:
+        val = ValidationPass(cfg, scripted_reader, samples_per_benchmark=2, out_dir=tmp_path / "val")
+        metrics = val.run(step=5)
+    finally:
+        del scripted_reader.generate
+    assert set(seen_do_sample) == {False}
+    assert metrics["val/n"] == 14.0 and metrics["val/errors"] == 0.0
+    rows = [json.loads(x) for x in (tmp_path / "val" / "global_step_5" / "generations.jsonl").read_text().splitlines()]
+    em = _recompute_em(rows)
+    for bench, value in em.items():
+        assert metrics[f"val/{bench}/em"] == pytest.approx(value)
+        assert metrics[f"val/{bench}/searches"] == 1.0
+    assert metrics["val/avg/em"] == pytest.approx(sum(em.values()) / len(em))
+    assert {r["item_id"] for r in rows} == {it.item_id for it in val.items}  # the same subset every pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tiny_eval_cli_with_the_tiny_model(tiny_assets, retrieval_url, tmp_path):
+    repo = Path(__file__).resolve().parents[2]
+    cmd = [
+        sys.executable, "-m", "rlinf_ext.eval", "tiny-cpu-eval",
+        f"paths.tiny_assets={tiny_assets.root}",
+        f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
+        f"tools.search.server_addr={retrieval_url.removeprefix('http://')}",
+        "retrieval.launch=false",
+        f"runner.output_dir={tmp_path}",
+        "data.data_size=1",
+        "algorithm.sampling_params.max_new_tokens=16",
+        "agentloop.max_turns=1",
+        "--no-progress",
+    ]
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=280, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "searchr1-eval-tiny-cpu"
+    _check_tables_against_generations(run_dir, 1)
+    assert "| metric | NQ | TriviaQA | PopQA | HotpotQA | 2Wiki | MuSiQue | Bamboogle | Avg |" in proc.stdout
+    rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
+    assert all(r["error"] is None and r["turns"] and r["response_length"] > 0 for r in rows)

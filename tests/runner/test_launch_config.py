@@ -1,0 +1,86 @@
+"""An invalid config stops the launcher before anything starts; the entry points pass arguments through."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlinf_ext.runner.launch import LaunchError, run_training
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "examples" / "searchr1" / "run_main_searchr1_single.sh"
+BAD = ["runner.max_stepz=3", "algorithm.group_size=1"]  # a misspelt key and a rule violation
+
+
+def test_invalid_config_reports_every_problem_and_starts_nothing(tmp_path, monkeypatch):
+    import ray
+
+    def must_not_run(*_a, **_k):
+        raise AssertionError("the launcher went past validation")
+
+    for name in ("prepare_tiny_assets", "ensure_index", "retrieval_server", "rlinf_cluster"):
+        monkeypatch.setattr(f"rlinf_ext.runner.launch.{name}", must_not_run)
+    out = tmp_path / "out"
+    with pytest.raises(LaunchError) as info:
+        run_training("tiny-cpu", [*BAD, f"runner.output_dir={out}", f"paths.tiny_assets={tmp_path / 'assets'}"])
+    text = str(info.value)
+    assert "2 problem(s)" in text and "nothing was started" in text
+    assert "runner.max_stepz" in text and "runner.max_steps" in text  # the suggestion
+    assert "algorithm.group_size" in text
+    assert not ray.is_initialized()
+    assert not out.exists() and not (tmp_path / "assets").exists()
+
+
+def _run(cmd, cwd, timeout=60):
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)  # the script must find the repo's .venv or python3 on its own
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(120)
+def test_cli_train_exits_1_with_all_errors(tmp_path):
+    res = _run([sys.executable, "-m", "rlinf_ext.cli", "train", "tiny-cpu", *BAD], cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert "runner.max_stepz" in res.stderr and "algorithm.group_size" in res.stderr
+    assert "Ray cluster up" not in res.stdout
+
+
+@pytest.mark.timeout(120)
+def test_shell_script_runs_from_any_directory(tmp_path):
+    res = _run(["bash", str(SCRIPT), "tiny-cpu", *BAD], cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "runner.max_stepz" in res.stderr
+    # only overrides: the default config is the reference run
+    res = _run(["bash", str(SCRIPT), "runner.max_stepz=1"], cwd=tmp_path)
+    assert res.returncode == 1
+    assert "qwen2.5-3b-tool-1node" in res.stderr and "runner.max_stepz" in res.stderr
+    res = _run(["bash", str(SCRIPT), "--help"], cwd=tmp_path)
+    assert res.returncode == 0 and "CONFIG_NAME" in res.stdout
+
+
+@pytest.mark.timeout(60)
+def test_cli_rejects_a_bare_word_override(tmp_path):
+    res = _run([sys.executable, str(REPO / "launchers" / "train.py"), "tiny-cpu", "max_steps"], cwd=tmp_path)
+    assert res.returncode == 2 and "key=value" in res.stderr
+
+
+def test_options_may_follow_the_overrides():
+    import argparse
+
+    from rlinf_ext.runner.commands import add_arguments, pull_flags
+
+    parser = argparse.ArgumentParser()
+    add_arguments("train", parser)
+    for argv in (["tiny-cpu", "a=1", "--no-eval", "--eval-override", "data.data_size=1", "--no-progress", "b=2"],
+                 ["--no-progress", "--no-eval", "--eval-override", "data.data_size=1", "tiny-cpu", "a=1", "b=2"]):
+        args = parser.parse_args(argv)
+        args.overrides = pull_flags(args, args.overrides)
+        assert args.config == "tiny-cpu" and args.overrides == ["a=1", "b=2"], argv
+        assert args.no_progress and args.evaluate is False and args.eval_override == ["data.data_size=1"], argv
+    args = parser.parse_args(["tiny-cpu"])
+    args.overrides = pull_flags(args, args.overrides)
+    assert args.evaluate is None and args.eval_override == [] and not args.no_progress

@@ -1,0 +1,53 @@
+"""Launcher plumbing: Ray address policy, signal handling, reward summary. (Ray and every other process being
+stopped on Ctrl-C is checked end to end in tests/e2e/test_launcher_interrupt.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from rlinf_ext.runner.launch import (
+    RunInterrupted,
+    RunSummary,
+    ray_address_for,
+    reward_trend,
+    reward_window,
+    stop_on_signals,
+)
+
+
+def test_ray_address_policy():
+    # one node: a private Ray instance, never whatever Ray happens to run on the machine
+    assert ray_address_for(1, {}) == "local"
+    # several nodes: the user's `ray start` cluster (auto-detected by Ray)
+    assert ray_address_for(2, {}) is None
+    # an explicit RAY_ADDRESS always wins
+    assert ray_address_for(1, {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
+
+
+def test_stop_on_signals_turns_sigterm_into_interrupt_and_restores_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RunInterrupted, match="SIGTERM"):
+        with stop_on_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler interrupts this sleep
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_reward_window_never_overlaps():
+    assert [reward_window(n) for n in (1, 2, 3, 4, 5, 6, 20)] == [1, 1, 1, 2, 2, 3, 3]
+
+
+def test_reward_trend_and_summary(tmp_path):
+    rows = [{"step": s, "reward/mean": r} for s, r in enumerate([0.0, 0.1, 0.2, 0.5, 0.6, 0.7], start=1)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps, first, last = reward_trend(tmp_path, window=3)
+    assert steps == 6 and first == pytest.approx(0.1) and last == pytest.approx(0.6)
+    text = RunSummary("tiny", steps=steps, first_reward=first, last_reward=last, log_dir=tmp_path,
+                      wall_time_s=12).format()
+    assert "first 3 vs last 3 step(s): 0.100 -> 0.600 (+0.500)" in text
+    assert f"logs (TB, jsonl) : {tmp_path}" in text and "converted HF     : (none)" in text

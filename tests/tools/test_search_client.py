@@ -1,0 +1,159 @@
+"""Search client against a real local HTTP server: results, faults, retries, bounds, several servers."""
+
+import asyncio
+import time
+
+import pytest
+
+from rlinf_ext.tools import SearchError, SearchTool, SearchToolConfig, close_http_session
+from rlinf_ext.tools.addresses import resolve_server_urls
+from rlinf_ext.tools.search import backoff_delay
+
+from retrieval_stub import StubBehaviour, StubServer, unused_port
+
+
+def search_once(cfg, query="eiffel tower"):
+    async def go():
+        tool = SearchTool(cfg, seed=0)
+        try:
+            started = time.monotonic()
+            result = await tool.search(query)
+            return tool, result, time.monotonic() - started
+        finally:
+            await close_http_session()
+
+    return asyncio.run(go())
+
+
+def cfg_for(url, **kw):
+    base = dict(backend="local", server_addr=url, topk=2, default_timeout=2.0, max_retries=2, backoff_base=0.05)
+    base.update(kw)
+    return SearchToolConfig(**base)
+
+
+@pytest.mark.timeout(30)
+def test_success_parses_scored_documents():
+    with StubServer() as server:
+        tool, result, _ = search_once(cfg_for(server.url))
+    assert result.ok and result.attempts == 1
+    assert [d.title for d in result.documents] == ["Title 0", "Title 1"]
+    assert result.documents[0].text == "Passage 0 about eiffel tower."
+    assert result.documents[1].score == pytest.approx(0.9)
+    assert result.documents[0].url == "https://en.wikipedia.org/wiki/T0"
+    assert tool.stats.calls == 1 and tool.stats.failures == 0
+
+
+@pytest.mark.timeout(30)
+def test_server_down_fails_after_bounded_retries():
+    cfg = cfg_for(f"127.0.0.1:{unused_port()}", max_retries=2)
+    tool, result, elapsed = search_once(cfg)
+    assert not result.ok and result.attempts == 3
+    assert "cannot reach" in result.error
+    assert tool.stats.failures == 1 and tool.stats.retries == 2
+    assert elapsed < tool.max_call_seconds + 0.5  # bounded: no hang (slack for scheduling)
+
+
+@pytest.mark.timeout(30)
+def test_slow_server_times_out_per_attempt():
+    with StubServer(StubBehaviour(delay_s=3.0)) as server:
+        cfg = cfg_for(server.url, default_timeout=0.3, max_retries=1)
+        tool, result, elapsed = search_once(cfg)
+        seen = len(server.behaviour.arrivals)
+    assert not result.ok and result.attempts == 2 and seen == 2
+    assert "timeout" in result.error
+    # two 0.3 s attempts plus one backoff (+ scheduling slack); far below the server's 3 s delay
+    assert tool.max_call_seconds < 1.0 and elapsed < tool.max_call_seconds + 0.5
+
+
+@pytest.mark.timeout(30)
+def test_500s_then_success_is_retried():
+    with StubServer(StubBehaviour(fail_first=2)) as server:
+        tool, result, _ = search_once(cfg_for(server.url, max_retries=3))
+        seen = len(server.behaviour.arrivals)
+    assert result.ok and result.attempts == 3 and seen == 3
+    assert tool.stats.retries == 2 and tool.stats.failures == 0
+
+
+@pytest.mark.timeout(30)
+def test_500s_beyond_retries_fail():
+    with StubServer(StubBehaviour(fail_first=10)) as server:
+        tool, result, _ = search_once(cfg_for(server.url, max_retries=2))
+        seen = len(server.behaviour.arrivals)
+    assert not result.ok and seen == 3 and "HTTP 500" in result.error
+
+
+@pytest.mark.timeout(30)
+def test_4xx_is_not_retried():
+    with StubServer(StubBehaviour(status=422)) as server:
+        tool, result, _ = search_once(cfg_for(server.url, max_retries=3))
+        seen = len(server.behaviour.arrivals)
+    assert not result.ok and result.attempts == 1 and seen == 1
+    assert "HTTP 422" in result.error and tool.stats.failures == 1
+
+
+@pytest.mark.timeout(30)
+def test_fail_on_search_error_raises():
+    with StubServer(StubBehaviour(status=404)) as server:
+        with pytest.raises(SearchError, match="fail_on_search_error"):
+            search_once(cfg_for(server.url, fail_on_search_error=True))
+
+
+@pytest.mark.timeout(30)
+def test_several_servers_share_load_and_cover_a_dead_one(tmp_path):
+    with StubServer() as a, StubServer() as b:
+        # an address directory as written by --save-address-to, plus a dead address in a list
+        (tmp_path / "server-0.addr").write_text(f"127.0.0.1:{a.port}\n")
+        (tmp_path / "server-1.addr").write_text(f'{{"host": "127.0.0.1", "port": {b.port}}}')
+        assert resolve_server_urls(str(tmp_path)) == [a.url, b.url]
+
+        async def many(cfg, n):
+            tool = SearchTool(cfg, seed=0)
+            try:
+                return await asyncio.gather(*(tool.search(f"q{i}") for i in range(n)))
+            finally:
+                await close_http_session()
+
+        results = asyncio.run(many(cfg_for(str(tmp_path)), 10))
+        assert all(r.ok for r in results)
+        assert len(a.behaviour.arrivals) == 5 and len(b.behaviour.arrivals) == 5
+
+        dead = f"127.0.0.1:{unused_port()}"
+        results = asyncio.run(many(cfg_for([dead, a.url], max_retries=1), 6))
+        assert all(r.ok for r in results)  # a retry moves to the next server
+
+
+def test_dummy_backend_is_deterministic():
+    cfg = SearchToolConfig(backend="dummy", topk=3)
+    _, first, _ = search_once(cfg, "who")
+    _, again, _ = search_once(cfg, "who")
+    assert first.ok and len(first.documents) == 3 and first.documents == again.documents
+
+
+def test_web_backend_missing_package_is_a_clear_error():
+    try:
+        import duckduckgo_search  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="duckduckgo"):
+            SearchTool(SearchToolConfig(backend="web"))
+    else:
+        pytest.skip("duckduckgo_search is installed here; the missing-package path cannot be exercised")
+
+
+def test_config_errors_name_the_key(tmp_path):
+    with pytest.raises(ValueError, match="tools.search.server_addr"):
+        SearchTool(SearchToolConfig(backend="local", server_addr=None))
+    with pytest.raises(ValueError, match="tools.search.backend"):
+        SearchTool(SearchToolConfig(backend="bing"))
+    with pytest.raises(ValueError, match="does not exist"):
+        resolve_server_urls(str(tmp_path / "missing" / "dir"))
+    with pytest.raises(ValueError, match="no retrieval server address"):
+        resolve_server_urls(str(tmp_path))  # empty directory
+
+
+def test_backoff_is_exponential_with_bounded_jitter():
+    import random
+
+    rng = random.Random(0)
+    for attempt in range(4):
+        delay = backoff_delay(attempt, 0.5, rng)
+        assert 0.5 * 0.5 * 2**attempt <= delay < 0.5 * 1.5 * 2**attempt
