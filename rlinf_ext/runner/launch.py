@@ -155,12 +155,31 @@ def rlinf_cluster(cfg) -> Iterator[Any]:
             os.environ["RAY_ADDRESS"] = saved_address
 
 
+def join_rlinf_wait_threads(timeout_s: float) -> None:
+    """Let RLinf's result-wait threads finish before Ray goes down.
+
+    Every RLinf ``WorkerGroupFuncResult`` parks a daemon thread in ``ray.get``. Shutting Ray down while one is
+    still inside ``ray.get`` makes Ray's core worker end the whole process with exit code 1 ("The core worker
+    has already been shutdown"), which turns a clean Ctrl-C into a crash. Once the workers are killed those
+    ``ray.get`` calls fail quickly, so a bounded join is enough.
+    """
+    import threading
+
+    deadline = time.monotonic() + timeout_s
+    for thread in threading.enumerate():
+        target = getattr(thread, "_target", None)
+        if thread is threading.current_thread() or getattr(target, "__name__", "") != "_wait_for_results":
+            continue
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
 def shutdown_ray() -> None:
     """Kill this run's actors and disconnect; a Ray instance this driver started goes down with it."""
     import ray
     from rlinf.scheduler import Cluster
 
     if ray.is_initialized():
+        join_rlinf_wait_threads(timeout_s=10.0)
         ray.shutdown()
     # RLinf's Cluster is a process-wide singleton; forget it so that a later run in this process
     # (tests, notebooks) builds a fresh one on the fresh Ray instance.
@@ -476,7 +495,7 @@ def build_datasets(cfg):
 
 def train(cfg, cluster) -> dict:
     """Launch the groups, run the trainer with the metrics sink, return the trainer's summary."""
-    from rlinf_ext.runner.groups import WorkerCallError
+    from rlinf_ext.runner.groups import WorkerCallError, stop_worker_groups
     from rlinf_ext.runner.metrics import sink_from_config
     from rlinf_ext.runner.trainer import SearchR1Trainer
 
@@ -500,6 +519,8 @@ def train(cfg, cluster) -> dict:
         if trainer is not None:
             with contextlib.suppress(Exception):  # workers may already be dead; Ray shutdown follows anyway
                 trainer.shutdown()
+        # kill the workers now so that RLinf's threads still waiting on their calls fail fast before Ray stops
+        stop_worker_groups(worker_groups)
         sink.close()
 
 
