@@ -66,7 +66,10 @@ def test_100_concurrent_trajectories_stay_at_configured_rate():
     measured = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
     print(f"configured {rate}/s, measured {measured:.2f}/s at the server")
     assert measured == pytest.approx(rate, rel=0.15)
-    # no one-second window holds much more than rate (arrival jitter on a shared machine bunches a few)
+    # no two-second window holds much more than 2 x rate. Two seconds, not one: on a loaded 2-core machine the
+    # stub server's event loop is starved now and then and stamps a queue of arrivals at once (52 in one second
+    # was seen once at 40/s); without a limiter all 100 requests land within a fraction of a second.
+    window = 2.0
     for i, t in enumerate(arrivals):
-        in_window = sum(1 for u in arrivals[i:] if u < t + 1.0)
-        assert in_window <= rate * 1.15 + 1
+        in_window = sum(1 for u in arrivals[i:] if u < t + window)
+        assert in_window <= rate * window * 1.2 + 2

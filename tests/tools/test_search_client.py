@@ -50,7 +50,7 @@ def test_server_down_fails_after_bounded_retries():
     assert not result.ok and result.attempts == 3
     assert "cannot reach" in result.error
     assert tool.stats.failures == 1 and tool.stats.retries == 2
-    assert elapsed < tool.max_call_seconds + 0.5  # bounded: no hang (slack for scheduling)
+    assert elapsed < tool.max_call_seconds + 1.0  # bounded: no hang (slack for scheduling on a loaded machine)
 
 
 @pytest.mark.timeout(30)
@@ -62,7 +62,7 @@ def test_slow_server_times_out_per_attempt():
     assert not result.ok and result.attempts == 2 and seen == 2
     assert "timeout" in result.error
     # two 0.3 s attempts plus one backoff (+ scheduling slack); far below the server's 3 s delay
-    assert tool.max_call_seconds < 1.0 and elapsed < tool.max_call_seconds + 0.5
+    assert tool.max_call_seconds < 1.0 and elapsed < tool.max_call_seconds + 1.0  # still < the 3 s delay
 
 
 @pytest.mark.timeout(30)
