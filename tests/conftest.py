@@ -23,7 +23,7 @@ def tiny_assets(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_assets_sft(tiny_assets):
-    """`tiny_assets` plus the warm-started `models/qwen2-tiny-sft` (trained once per session, ~2-4 min on 2 cores;
+    """`tiny_assets` plus the warm-started `models/qwen2-tiny-sft` (trained once per session, ~5-7 min on 2 cores;
     reused from RLINF_EXT_TINY_ASSETS when that directory already has it)."""
     from rlinf_ext.assets.tiny import make_tiny_assets
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from rlinf_ext.assets.qa import BENCHMARKS
 
 # Bump when the generated content changes, so that stale cached directories are regenerated.
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 MANIFEST = "MANIFEST.json"
 
 

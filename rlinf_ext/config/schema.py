@@ -100,6 +100,10 @@ class RunnerConfig:
     resume_dir: Optional[str] = fld(None, "null = fresh run, 'auto' = latest checkpoint of this run, or a PATH.")
     rollout_data_dir: Optional[str] = fld(None, "If set, trajectories of every step are dumped here as jsonl.")
     val_before_train: bool = fld(False, "Run validation once before the first training step.")
+    val_samples_per_benchmark: int = fld(
+        64, "Validation during training: questions per benchmark of data.val_data_paths, a fixed subset drawn "
+        "with data.seed (-1 = all). Decoding is greedy."
+    )
     enable_dynamic_batch_size: bool = fld(False, "RLinf: pack micro-batches by token count.")
     max_tokens_per_mbs: Optional[int] = fld(None, "RLinf: token budget of a dynamic micro-batch.")
 

@@ -179,13 +179,26 @@ def load_rank_file(path: Path) -> dict[str, Any]:
     return ckpt["model"]
 
 
-def save_rank_file(path: Path, state: Mapping[str, Any], iteration: int | None) -> None:
-    """Write one rank in the key layout RLinf's converter and Megatron-LM use."""
+_RESERVED_KEYS = ("model", "checkpoint_version", "iteration")
+
+
+def save_rank_file(
+    path: Path, state: Mapping[str, Any], iteration: int | None, extra: Mapping[str, Any] | None = None
+) -> None:
+    """Write one rank in the key layout RLinf's converter and Megatron-LM use.
+
+    ``extra`` adds the training entries Megatron keeps in the same file (``optimizer``, ``rng_state``,
+    ``opt_param_scheduler``, ...); converters read only ``model``.
+    """
+    clash = sorted(set(extra or {}) & set(_RESERVED_KEYS))
+    if clash:
+        raise ValueError(f"save_rank_file: extra may not set {clash}; pass the model state and iteration as arguments")
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "model": dict(state),
         "checkpoint_version": CHECKPOINT_VERSION,
         "iteration": 0 if iteration is None else iteration,
+        **dict(extra or {}),
     }
     torch.save(payload, path)
 

@@ -6,12 +6,15 @@ on exactly the trajectory ids (the reference copy is frozen), and one rollout ba
 ``algorithm.n_minibatches`` optimizer steps, each accumulated over micro-batches of
 ``actor.micro_batch_size`` with a token-mean loss, gradient clipping and the LR schedule.
 
-Runs on CUDA when available and on CPU otherwise (fp32 on CPU: CPU bf16 training is slow and lossy).
+Runs on CUDA when available and on CPU otherwise. ``actor.model.precision`` bf16/fp16 = mixed precision:
+fp32 master weights stepped by the optimizer, forward/backward under autocast, a loss scaler for fp16, fp32
+log-prob and loss math (``actor_device.MixedPrecision``); the CPU profile uses fp32 (CPU autocast is slow).
+Collocated GPU runs move weights and optimizer state to pinned CPU memory between phases (``offload`` /
+``onload``; no-ops on CPU).
 """
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +23,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from rlinf_ext.engines.actor_device import MixedPrecision, move_module_, move_optimizer_state_, release_device_memory
 from rlinf_ext.engines.batching import PackedBatch, gather_logprobs, pack_sequences, response_scatter, response_slice
 from rlinf_ext.engines.lr_schedule import lr_at
 from rlinf_ext.engines.rl_math import LossConfig, compute_advantages, entropy_from_logits, grpo_actor_loss
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Metrics already divided by the mini-batch token count: micro-batch values add up to the mini-batch mean.
 _SUMMED_METRICS = ("loss", "policy_loss", "policy_loss_abs", "kl", "entropy")
 
@@ -65,6 +68,7 @@ class ActorSettings:
     min_lr: float = 0.0
     total_train_steps: int = 1  # rollout steps of the run (the LR schedule spans total * n_minibatches)
     precision: str = "fp32"
+    loss_scale: float | None = None  # fp16 only: static loss scale (None = dynamic)
     seed: int = 1234
     loss_agg_func: str = "token-mean"
 
@@ -103,6 +107,7 @@ class ActorSettings:
             min_lr=float(actor.lr_sched.min_lr),
             total_train_steps=max(int(total_train_steps), 1),
             precision=str(actor.model.precision),
+            loss_scale=None if actor.optim.loss_scale is None else float(actor.optim.loss_scale),
             seed=int(actor.seed),
         )
 
@@ -128,18 +133,23 @@ def load_hf_state_dict(model_path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def capture_rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's RNG states under Megatron-LM's ``rng_state`` entry names (python, numpy, torch, CUDA)."""
+    state = {
+        "random_rng_state": random.getstate(),
+        "np_rng_state": np.random.get_state(),
+        "torch_rng_state": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda_rng_state"] = torch.cuda.get_rng_state()
     return state
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(state["random_rng_state"])
+    np.random.set_state(state["np_rng_state"])
+    torch.set_rng_state(state["torch_rng_state"])
+    if "cuda_rng_state" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda_rng_state"])
 
 
 class MegatronPolicy:
@@ -153,7 +163,8 @@ class MegatronPolicy:
         self.settings = settings
         self.hf_model_path = str(hf_model_path)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        dtype = _DTYPES[settings.precision] if self.device.type == "cuda" else torch.float32
+        self.amp = MixedPrecision(settings.precision, self.device, settings.loss_scale)
+        self._weights_offloaded = self._optimizer_offloaded = False
         if init_distributed:
             from megatron.core import parallel_state
 
@@ -166,6 +177,9 @@ class MegatronPolicy:
         del hf_state
 
         def build(trainable: bool):
+            # The policy keeps fp32 parameters (the master copy); the frozen reference only runs forward
+            # under autocast, so it is stored in the compute dtype (half the memory).
+            dtype = torch.float32 if trainable else self.amp.compute_dtype
             model = build_gpt_model(self.hf_model_path, params_dtype=dtype, init_weights=False)
             load_megatron_state_dict(model, mg_state, source=f"HF checkpoint {self.hf_model_path}")
             model.to(self.device)
@@ -201,7 +215,8 @@ class MegatronPolicy:
         return 0
 
     # ------------------------------------------------------------------ forward passes
-    def _logits(self, model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    def _logits(self, model: torch.nn.Module, batch: PackedBatch, mixed: bool = True) -> torch.Tensor:
+        """fp32 logits ``[B, T, V]``; the forward runs under autocast unless ``mixed=False`` or fp32."""
         from rlinf_ext.engines.megatron.model import causal_padding_mask
 
         ids = batch.input_ids.to(self.device)
@@ -209,8 +224,9 @@ class MegatronPolicy:
         b, t = ids.shape
         # Right padding: the causal mask alone keeps real tokens from seeing padding.
         mask = None if getattr(model, "uses_te_spec", False) else causal_padding_mask(None, t, b).to(self.device)
-        logits = model(ids, pos, mask, runtime_gather_output=True)
-        return logits[..., : model.hf_vocab_size]
+        with self.amp.autocast() if mixed else torch.autocast(self.device.type, enabled=False):
+            logits = model(ids, pos, mask, runtime_gather_output=True)
+        return logits[..., : model.hf_vocab_size].float()  # log-prob and loss math in fp32
 
     def _pack(self, samples: Sequence[Sample]) -> PackedBatch:
         return pack_sequences(
@@ -223,6 +239,7 @@ class MegatronPolicy:
         model = self.ref_model if reference else self.model
         if model is None:
             raise ValueError("reference log-probs requested but algorithm.kl_beta == 0 (no reference model kept).")
+        self.onload()
         was_training = model.training
         model.eval()
         out: list[torch.Tensor] = []
@@ -287,6 +304,7 @@ class MegatronPolicy:
         per_mb = n // s.n_minibatches
         total_opt_steps = s.total_train_steps * s.n_minibatches
         results = []
+        self.onload()
         self.model.train()
         for m in range(s.n_minibatches):
             idx = order[m * per_mb : (m + 1) * per_mb]
@@ -298,10 +316,11 @@ class MegatronPolicy:
             for k in range(0, len(mb), s.micro_batch_size):
                 chunk = mb[k : k + s.micro_batch_size]
                 loss, metrics = self._micro_loss(chunk, mb_adv[k : k + s.micro_batch_size], num_tokens)
-                loss.backward()
+                self.amp.backward(loss)  # fp16: scaled
                 weight = sum(sum(x.response_mask) for x in chunk) / max(num_tokens, 1.0)
                 for key, val in metrics.items():
                     sums[key] = sums.get(key, 0.0) + (val if key in _SUMMED_METRICS else val * weight)
+            self.amp.unscale_(self.optimizer)  # clip and step on true gradients
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in self.model.parameters() if p.grad is not None], s.clip_grad
             )
@@ -311,45 +330,138 @@ class MegatronPolicy:
             ok = bool(torch.isfinite(grad_norm))
             if ok:  # like Megatron: a non-finite gradient skips the update instead of poisoning the weights
                 self.optimizer.step()
+            self.amp.update()  # fp16: an overflow (skipped step) halves the dynamic scale
             self.optimizer_steps += 1
             sums.update(
                 {"grad_norm": float(grad_norm), "lr": lr, "update_success": float(ok), "num_tokens": num_tokens,
                  "advantages_mean": float(mb_adv.mean()), "advantages_max": float(mb_adv.max()),
                  "advantages_min": float(mb_adv.min())}
             )
+            if self.amp.scaler.is_enabled():
+                sums["loss_scale"] = self.amp.loss_scale()
             results.append(sums)
+        self.optimizer.zero_grad(set_to_none=True)  # free the gradients until the next step
         return results
 
     # ------------------------------------------------------------------ weights and checkpoints
     def megatron_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items() if torch.is_tensor(v)}
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy weights under HF names (conversion mapping), for the rollout engine."""
+    def hf_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The policy weights under HF names (conversion mapping), for the rollout engine; floating-point
+        tensors cast to ``dtype`` (the rollout's) when given, else the fp32 master weights."""
         from rlinf_ext.convert.mapping import megatron_to_hf
 
         state = {k: v for k, v in self.megatron_state_dict().items() if not k.endswith("._extra_state")}
-        return megatron_to_hf({(0, 0): state}, self.spec)
+        hf = megatron_to_hf({(0, 0): state}, self.spec)
+        if dtype is not None:
+            hf = {k: v.to(dtype) if v.is_floating_point() else v for k, v in hf.items()}
+        return hf
 
-    def save(self, directory: str | Path) -> None:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        torch.save(self.megatron_state_dict(), directory / "model.pt")
-        torch.save(self.optimizer.state_dict(), directory / "optim.pt")
-        torch.save(capture_rng_state(), directory / "rng.pt")
-        (directory / "meta.json").write_text(json.dumps({"optimizer_steps": self.optimizer_steps, "format": "megatron-tp1pp1"}))
+    @torch.no_grad()
+    def probe_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[1, L, V]`` of the fp32 master weights on the probe ``ids [1, L]`` (no autocast: the
+        reference the rollout's logits are checked against after a weight sync)."""
+        from rlinf_ext.engines.batching import pack_sequences
 
-    def load(self, directory: str | Path) -> None:
+        batch = pack_sequences([ids[0, :1].tolist()], [ids[0, 1:].tolist()], [[1] * (ids.shape[1] - 1)], 0)
+        offloaded = self._weights_offloaded
+        if offloaded:  # collocated: bring the weights for the probe only, then give the GPU back
+            self._move_weights(self.device, reference=False)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logits = self._logits(self.model, batch, mixed=False).cpu()
+        finally:
+            self.model.train(was_training)
+            if offloaded:
+                self._move_weights(torch.device("cpu"), reference=False)
+                release_device_memory(self.device)
+        return logits
+
+    # ------------------------------------------------------------------ offload (collocated GPU runs)
+    def _move_weights(self, device: torch.device, reference: bool = True) -> None:
+        pin = device.type == "cpu" and self.device.type == "cuda"
+        for model in (self.model, self.ref_model if reference else None):
+            if model is not None:
+                move_module_(model, device, pin_memory=pin)
+
+    def offload(self, weights: bool = True, optimizer: bool = True) -> None:
+        """Move weights (policy + reference) and/or optimizer moments to pinned CPU memory and free the GPU
+        cache. CPU actor: nothing to free, no-op."""
+        if self.device.type != "cuda":
+            return
+        cpu = torch.device("cpu")
+        if weights and not self._weights_offloaded:
+            self._move_weights(cpu)
+            self._weights_offloaded = True
+        if optimizer and not self._optimizer_offloaded:
+            move_optimizer_state_(self.optimizer, cpu, pin_memory=True)
+            self._optimizer_offloaded = True
+        release_device_memory(self.device)
+
+    def onload(self) -> None:
+        """Undo ``offload`` (no-op when nothing is offloaded)."""
+        if self._weights_offloaded:
+            self._move_weights(self.device)
+            self._weights_offloaded = False
+        if self._optimizer_offloaded:
+            move_optimizer_state_(self.optimizer, self.device)
+            self._optimizer_offloaded = False
+
+    @property
+    def offloaded(self) -> bool:
+        return self._weights_offloaded or self._optimizer_offloaded
+
+    def scheduler_state(self) -> dict[str, Any]:
+        """The LR schedule position (Megatron's ``opt_param_scheduler`` entry; steps = optimizer steps)."""
+        s = self.settings
+        total = s.total_train_steps * s.n_minibatches
+        return {
+            "num_steps": self.optimizer_steps,
+            "max_lr": s.lr,
+            "min_lr": s.min_lr,
+            "lr_warmup_steps": round(s.lr_warmup_fraction * total),
+            "lr_decay_steps": total,
+            "lr_decay_style": s.lr_decay_style,
+        }
+
+    def save(self, directory: str | Path, iteration: int) -> Path:
+        """Megatron's legacy layout in ``directory`` (see ``engines/checkpoint.py``); ``iteration`` = rollout step."""
+        from rlinf_ext.engines.checkpoint import save_actor_checkpoint
+
+        return save_actor_checkpoint(
+            directory,
+            iteration,
+            self.megatron_state_dict(),
+            optimizer=self._optimizer_state(),
+            opt_param_scheduler=self.scheduler_state(),
+            rng_state=[capture_rng_state()],  # a list per data-parallel rank, as Megatron; rank 0 saves
+            meta={"hf_model_path": self.hf_model_path},
+        )
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        """torch optimizer state dict; fp16 adds ``grad_scaler`` (Megatron keeps it in the optimizer entry too)."""
+        state = self.optimizer.state_dict()
+        if self.amp.scaler.is_enabled():
+            state = {**state, "grad_scaler": self.amp.scaler.state_dict()}
+        return state
+
+    def load(self, directory: str | Path) -> int:
+        """Restore weights, optimizer, LR-schedule position and RNG; returns the checkpoint's iteration."""
+        from rlinf_ext.engines.checkpoint import load_actor_checkpoint
         from rlinf_ext.engines.megatron.model import load_megatron_state_dict
 
-        directory = Path(directory)
-        if not (directory / "model.pt").is_file():
-            raise FileNotFoundError(f"{directory}: no model.pt (not an actor checkpoint written by save_checkpoint).")
-        state = torch.load(directory / "model.pt", map_location="cpu", weights_only=True)
-        load_megatron_state_dict(self.model, state, source=str(directory / "model.pt"))
-        self.optimizer.load_state_dict(torch.load(directory / "optim.pt", map_location=self.device, weights_only=True))
-        restore_rng_state(torch.load(directory / "rng.pt", weights_only=False))
-        self.optimizer_steps = int(json.loads((directory / "meta.json").read_text())["optimizer_steps"])
+        ckpt = load_actor_checkpoint(directory)
+        load_megatron_state_dict(self.model, ckpt["model"], source=f"{directory} (iteration {ckpt['iteration']})")
+        optim_state = dict(ckpt["optimizer"])
+        scaler_state = optim_state.pop("grad_scaler", None)
+        self.optimizer.load_state_dict(optim_state)  # moves state onto each parameter's device
+        if scaler_state is not None and self.amp.scaler.is_enabled():
+            self.amp.scaler.load_state_dict(scaler_state)
+        self.optimizer_steps = int(ckpt["opt_param_scheduler"]["num_steps"])
+        restore_rng_state(ckpt["rng_state"][0])
+        return int(ckpt["iteration"])
 
 
 def _pad_stack(rows: Sequence[torch.Tensor | None]) -> torch.Tensor:

@@ -2,8 +2,12 @@
 
 ``init_worker``, ``sync_model_to_rollout`` / ``del_reshard_state_dict``, ``run_inference`` (recompute old
 and reference log-probs), ``run_training`` (returns ``(rollout_metrics, training_metrics_list)``),
-``save_checkpoint`` / ``load_checkpoint``, and ``offload_engine`` / ``onload_engine`` (no-ops: the CPU actor
-keeps its weights resident). A threaded (sync) actor, like RLinf's, so calls run in submission order.
+``save_checkpoint`` / ``load_checkpoint``, and ``offload_engine`` / ``onload_engine``: on CUDA they move the
+weights (``actor.offload_weight``: policy + reference) and the optimizer moments (``actor.offload_optimizer``)
+to pinned CPU memory and back — the runner calls them only when the actor shares its GPUs with the rollout
+(collocated); on CPU they are no-ops. Training and log-prob calls onload first if needed. Weights go to the
+rollout in the rollout's dtype (``weight_sync.rollout_dtype``). A threaded (sync) actor, like RLinf's, so
+calls run in submission order.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from rlinf.scheduler import Worker
 
 from rlinf_ext.engines.actor import ActorSettings, MegatronPolicy, Sample
 from rlinf_ext.engines.payloads import SearchRolloutResult, pad_rows
-from rlinf_ext.engines.weight_sync import SyncPayload, probe_ids
+from rlinf_ext.engines.weight_sync import SyncPayload, probe_ids, rollout_dtype
 
 
 def samples_of(results: list[SearchRolloutResult]) -> list[Sample]:
@@ -59,30 +63,25 @@ class MegatronActorWorker(Worker):
                 f"reference={'yes' if self.policy.ref_model is not None else 'no'}"
             )
 
-    def offload_engine(self) -> None:  # CPU: weights stay resident
+    def offload_engine(self) -> None:
+        """Give the GPU to the collocated rollout engine (no-op on CPU, see ``MegatronPolicy.offload``)."""
         with self.worker_timer():
-            pass
+            self.policy.offload(weights=bool(self.cfg.actor.offload_weight),
+                                optimizer=bool(self.cfg.actor.offload_optimizer))
 
     def onload_engine(self) -> None:
         with self.worker_timer():
-            pass
+            self.policy.onload()
 
     # ------------------------------------------------------------------ weight sync (actor side)
     def sync_model_to_rollout(self, verify: bool = True) -> None:
         """Send the HF-named weights (+ probe logits when ``verify``) to every rollout rank."""
         with self.worker_timer():
-            hf_state = self.policy.hf_state_dict()
+            hf_state = self.policy.hf_state_dict(dtype=rollout_dtype(self.cfg))
             payload = SyncPayload(hf_state=hf_state, version=self.policy.optimizer_steps)
             if verify:
-                from rlinf_ext.engines.batching import pack_sequences
-
                 ids = probe_ids(self.policy.model.hf_vocab_size)
-                batch = pack_sequences([ids[0, :1].tolist()], [ids[0, 1:].tolist()], [[1] * (ids.shape[1] - 1)], 0)
-                with torch.no_grad():
-                    self.policy.model.eval()
-                    logits = self.policy._logits(self.policy.model, batch).float().cpu()
-                    self.policy.model.train()
-                payload.probe_ids, payload.probe_logits = ids, logits
+                payload.probe_ids, payload.probe_logits = ids, self.policy.probe_logits(ids)
             self._sync_payload = payload
             if self._rank == 0:  # like RLinf: only the first data-parallel rank sends
                 for dst in range(self._rollout_world_size()):
@@ -145,9 +144,11 @@ class MegatronActorWorker(Worker):
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_path: str, step: int) -> None:
+        """``save_path/iter_{step:07d}/mp_rank_00/model_optim_rng.pt`` + tracker (Megatron's layout, as RLinf
+        saves with ``iteration=step``): mg2hf converts it as is."""
         with self.worker_timer():
             if self._rank == 0:
-                self.policy.save(save_path)
+                self.policy.save(save_path, iteration=step)
 
     def load_checkpoint(self, load_path: str) -> None:
         with self.worker_timer():

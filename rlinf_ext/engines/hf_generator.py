@@ -159,8 +159,8 @@ class HFGenerator:
         if params.do_sample:
             kwargs.update(temperature=params.temperature, top_p=params.top_p,
                           top_k=params.top_k if params.top_k and params.top_k > 0 else 0)
-        else:  # greedy: neutral values silence HF's "flag is set but do_sample=False" warnings
-            kwargs.update(temperature=1.0, top_p=1.0, top_k=0)
+        else:  # greedy: sampling flags are not passed (HF warns "only used in sample-based generation modes")
+            kwargs.update(self._unset_model_sampling_flags())
         if self.logits_processors:
             from transformers import LogitsProcessorList
 
@@ -185,6 +185,19 @@ class HFGenerator:
             self._cut(new_tokens[row], p, None if logprobs is None else logprobs[row])
             for row, p in enumerate(params_list)
         ]
+
+    def _unset_model_sampling_flags(self) -> dict[str, None]:
+        """``None`` for each sampling flag the model's own generation_config sets to a non-neutral value
+        (e.g. Qwen2.5 ships temperature 0.7, top_p 0.8, top_k 20): greedy decoding ignores them, and leaving
+        them set would make HF warn on every call. Neutral or absent flags are simply not passed."""
+        config = getattr(self.model, "generation_config", None)
+        neutral = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}  # HF's defaults: no warning when greedy
+        out: dict[str, None] = {}
+        for flag, value in neutral.items():
+            current = getattr(config, flag, None)
+            if current is not None and current != value:
+                out[flag] = None
+        return out
 
     def _cut(self, ids: list[int], params: SamplingParams, logprobs: list[float] | None) -> GenerationResult:
         """Keep ids up to and including the first EOS / stop-completing token / budget."""

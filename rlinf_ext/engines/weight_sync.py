@@ -28,6 +28,23 @@ class SyncPayload:
     version: int = 0  # actor optimizer steps so far
 
 
+_PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_HF_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def rollout_dtype(cfg) -> torch.dtype:
+    """The dtype the rollout engine holds its weights in, so the actor sends them already cast (half the bytes
+    of fp32 master weights for a bf16/fp16 engine): ``rollout.hf.dtype`` for the CPU transformers engine,
+    ``rollout.model.precision`` for SGLang/vLLM."""
+    rollout = cfg.rollout
+    if str(rollout.rollout_backend) == "hf":
+        return _HF_DTYPES[str(rollout.hf.dtype)]
+    precision = str(rollout.model.precision)
+    if precision not in _PRECISION_DTYPES:
+        raise ValueError(f"rollout.model.precision={precision!r}; use one of {sorted(_PRECISION_DTYPES)}.")
+    return _PRECISION_DTYPES[precision]
+
+
 def probe_ids(vocab_size: int, length: int = PROBE_LENGTH, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (1, length), generator=g)

@@ -2,8 +2,8 @@
 
 On a CPU cluster every group is placed with ``NodePlacementStrategy`` (RLinf's packed strategies refuse
 nodes without accelerators): the HF rollout engine, the Megatron-core actor, the reward worker and the
-agent-loop workers. On GPU nodes the rollout group is RLinf's SGLang/vLLM worker with our stop-string fix
-(``rlinf_ext.engines.gpu_rollout``), imported lazily; the actor is the same Megatron-core actor on CUDA.
+agent-loop workers. On a GPU cluster ``gpu_groups.launch_gpu_groups`` places the SGLang rollout
+(``rlinf_ext.engines.gpu_rollout``) and the actor on GPUs with RLinf's placement (not GPU-verified).
 """
 
 from __future__ import annotations
@@ -94,10 +94,19 @@ def _process_counts(cfg: Any) -> dict[str, int]:
     return counts
 
 
-def _cpu_strategy(n: int):
+def cpu_strategy(n: int):
+    """``n`` processes on node 0, no accelerator."""
     from rlinf.scheduler.placement import NodePlacementStrategy
 
     return NodePlacementStrategy([0] * n)
+
+
+def launch_group(groups: dict[str, Any], cluster: Any, component: str, cls, name: str, strategy, *args, **kwargs) -> None:
+    """``cls.create_group(*args, **kwargs).launch(...)`` into ``groups[component]``; failures name the component."""
+    try:
+        groups[component] = cls.create_group(*args, **kwargs).launch(cluster, placement_strategy=strategy, name=name)
+    except Exception as exc:
+        raise WorkerStartupError(component, exc) from exc
 
 
 def launch_worker_groups(
@@ -111,29 +120,14 @@ def launch_worker_groups(
 ) -> WorkerGroups:
     """Launch the rollout, actor, reward and agent-loop groups (not yet initialised: see the trainer)."""
     quiet_worker_failures()
-    on_gpu = int(getattr(cluster, "num_accelerators", 0) or 0) > 0
+    if int(getattr(cluster, "num_accelerators", 0) or 0) > 0:
+        from rlinf_ext.runner.gpu_groups import launch_gpu_groups
+
+        return launch_gpu_groups(cfg, cluster, total_train_steps=total_train_steps, verify_sync=verify_sync,
+                                 search_server_addr=search_server_addr)
     counts = _process_counts(cfg)
-    if counts["actor"] != 1 and not on_gpu:
+    if counts["actor"] != 1:
         raise WorkerStartupError("actor", f"the CPU actor runs one process (TP=PP=DP=1); placement asks for {counts['actor']}")
-    groups: dict[str, Any] = {}
-
-    def launch(component: str, cls, name: str, n: int, *args, **kwargs):
-        try:
-            groups[component] = cls.create_group(*args, **kwargs).launch(
-                cluster, placement_strategy=_cpu_strategy(n), name=name
-            )
-        except Exception as exc:
-            raise WorkerStartupError(component, exc) from exc
-
-    if on_gpu:
-        from rlinf_ext.engines.gpu_rollout import rollout_worker_class
-
-        rollout_cls = rollout_worker_class(cfg)
-        raise WorkerStartupError(
-            "rollout",
-            f"GPU placement for {rollout_cls.__name__} is composed by RLinf's ModelParallelComponentPlacement; "
-            "this entry point places CPU groups only (not GPU-verified)",
-        )
     from rlinf_ext.engines.actor_worker import MegatronActorWorker
     from rlinf_ext.engines.agent_loop_worker import SearchR1AgentLoopWorker
     from rlinf_ext.engines.reward_worker import SearchR1RewardWorker
@@ -143,12 +137,15 @@ def launch_worker_groups(
         raise WorkerStartupError(
             "rollout", f"rollout.rollout_backend={cfg.rollout.rollout_backend!r} needs GPUs; on CPU set rollout.rollout_backend=hf"
         )
-    launch("rollout", HFRolloutWorker, cfg.rollout.group_name, counts["rollout"], cfg,
-           deterministic=deterministic_rollout, verify_sync=verify_sync)
-    launch("actor", MegatronActorWorker, cfg.actor.group_name, 1, cfg, total_train_steps)
-    launch("reward", SearchR1RewardWorker, cfg.reward.group_name, 1, cfg)
-    launch("agent_loop", SearchR1AgentLoopWorker, cfg.agentloop.group_name, counts["rollout"], cfg,
-           search_server_addr=search_server_addr)
+    groups: dict[str, Any] = {}
+    n_rollout = counts["rollout"]
+    launch_group(groups, cluster, "rollout", HFRolloutWorker, cfg.rollout.group_name, cpu_strategy(n_rollout), cfg,
+                 deterministic=deterministic_rollout, verify_sync=verify_sync)
+    launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name, cpu_strategy(1), cfg,
+                 total_train_steps)
+    launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
+    launch_group(groups, cluster, "agent_loop", SearchR1AgentLoopWorker, cfg.agentloop.group_name,
+                 cpu_strategy(n_rollout), cfg, search_server_addr=search_server_addr)
     placement = Placement(
         is_pipeline=False,
         rollout_dp_size=counts["rollout"],

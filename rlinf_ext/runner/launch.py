@@ -243,7 +243,8 @@ def reward_window(n_steps: int, window: int = REWARD_SUMMARY_WINDOW) -> int:
 
 def reward_trend(log_dir: Path, window: int = REWARD_SUMMARY_WINDOW) -> tuple[int, float | None, float | None]:
     """(steps logged, mean reward of the first ``window`` steps, of the last ``window`` steps) from metrics.jsonl."""
-    rows = read_metrics(Path(log_dir) / METRICS_FILE)
+    # step 0 is the validation before training (no reward): not a training step
+    rows = [r for r in read_metrics(Path(log_dir) / METRICS_FILE) if int(r["step"]) > 0]
     rewards = [r[REWARD_KEY] for r in rows if REWARD_KEY in r]
     if not rewards:
         return len(rows), None, None
@@ -388,42 +389,13 @@ def checkpoints_root(cfg) -> Path:
     return run_dir(cfg) / "checkpoints"
 
 
-def megatron_layout_for(actor_dir: Path, scratch: Path, step: int) -> Path:
-    """The directory mg2hf reads for a saved actor.
-
-    A checkpoint in Megatron's torch layout (``latest_checkpointed_iteration.txt`` + ``iter_N/mp_rank_XX``) is
-    used as is. The CPU actor saves one Megatron-core state dict (``model.pt``, TP=PP=1); its tensors are
-    written into that layout under ``scratch`` (same names, no renaming) so the one mg2hf path converts both.
-    """
-    if megatron_checkpoint_exists(actor_dir):
-        return actor_dir
-    state_file = actor_dir / "model.pt"
-    if not state_file.is_file():
-        raise LaunchError(f"{actor_dir} holds neither a Megatron checkpoint nor the CPU actor's model.pt")
-    import torch
-
-    from rlinf_ext.convert.mg_checkpoint import (
-        RANK_FILE,
-        iteration_dir_name,
-        rank_dir_name,
-        save_rank_file,
-        write_tracker,
-    )
-
-    state = torch.load(state_file, map_location="cpu", weights_only=True)
-    state = {k: v for k, v in state.items() if not k.endswith("._extra_state")}
-    iteration = max(step, 1)
-    save_rank_file(scratch / iteration_dir_name(iteration) / rank_dir_name(0, 0, 1) / RANK_FILE, state, iteration)
-    write_tracker(scratch, iteration)
-    return scratch
-
-
 def convert_last_checkpoint_to_hf(cfg) -> tuple[Path | None, Path | None]:
-    """mg2hf on the newest complete ``global_step_N/actor``; returns (checkpoint dir, HF dir)."""
-    import shutil
-    import tempfile
+    """mg2hf on the newest complete ``global_step_N/actor``; returns (checkpoint dir, HF dir).
 
-    from rlinf_ext.engines.checkpoint import latest_complete_checkpoint, step_of
+    The actor saves in Megatron's torch layout (tracker file + ``iter_N/mp_rank_XX/model_optim_rng.pt``),
+    so the converter reads the checkpoint directory as is.
+    """
+    from rlinf_ext.engines.checkpoint import latest_complete_checkpoint
 
     ckpt = latest_complete_checkpoint(checkpoints_root(cfg))
     if ckpt is None:
@@ -433,14 +405,15 @@ def convert_last_checkpoint_to_hf(cfg) -> tuple[Path | None, Path | None]:
     if (out / "config.json").is_file():
         print(f"[launch] Megatron -> HF: {out} (already converted)", flush=True)
         return ckpt, out
-    scratch = Path(tempfile.mkdtemp(prefix=".mg_layout-", dir=run_dir(cfg)))
-    try:
-        source = megatron_layout_for(ckpt / "actor", scratch, step_of(ckpt))
-        command = cli_command("convert", "mg2hf", "--mg", str(source), "--out", str(out),
-                              "--hf-template", str(cfg.rollout.model.model_path), "--quiet")
-        run_step("Megatron -> HF conversion", command, run_dir(cfg) / "logs" / "convert_mg2hf.log")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    actor_dir = ckpt / "actor"
+    if not megatron_checkpoint_exists(actor_dir):
+        raise LaunchError(
+            f"{actor_dir} is not a Megatron checkpoint (no latest_checkpointed_iteration.txt); it was written by an "
+            "older version (actor/model.pt). Train again, or convert it with an older rlinf_ext."
+        )
+    command = cli_command("convert", "mg2hf", "--mg", str(actor_dir), "--out", str(out),
+                          "--hf-template", str(cfg.rollout.model.model_path), "--quiet")
+    run_step("Megatron -> HF conversion", command, run_dir(cfg) / "logs" / "convert_mg2hf.log")
     return ckpt, out
 
 
@@ -554,7 +527,8 @@ def evaluate_after_training(
     cfg = load_checked_config(eval_yaml, overrides, check_paths=True)
     print(f"[launch] evaluating {hf_dir} with {eval_yaml.name}", flush=True)
     try:
-        result = run_evaluation(cfg, show_progress=show_progress)
+        # print_table=False: run_training prints this table itself at the very end (once)
+        result = run_evaluation(cfg, show_progress=show_progress, print_table=False)
     except Exception as exc:
         raise LaunchError(f"evaluation of {hf_dir} failed: {type(exc).__name__}: {exc}") from exc
     from rlinf_ext.eval.results import RESULTS_MD
@@ -629,12 +603,71 @@ def run_training(
     return summary
 
 
+def check_evaluation_backend(cfg) -> None:
+    """Refuse, before anything starts, a ``rollout.rollout_backend`` that ``rlinf-ext eval`` cannot run here.
+
+    ``hf``: the in-process CPU engine. ``sglang``: an in-process SGLang engine on this node's GPUs
+    (``engines/sglang_generator.py``; needs a CUDA device and the GPU extras). ``vllm``: refused.
+    """
+    backend = str(cfg.rollout.rollout_backend)
+    if backend == "hf":
+        return
+    if backend == "sglang":
+        import torch
+
+        from rlinf_ext.engines.sglang_generator import (
+            GPU_INSTALL_FIX,
+            SGLangUnavailable,
+            engine_kwargs,
+            sglang_installed,
+            usable_gpus,
+        )
+
+        if not torch.cuda.is_available():
+            raise LaunchError(
+                "rollout.rollout_backend='sglang' evaluates on GPUs, but no CUDA device is visible here. Fix: run "
+                f"`rlinf-ext eval` on a GPU node with the GPU extras ({GPU_INSTALL_FIX}), or set "
+                "rollout.rollout_backend=hf to evaluate on CPU."
+            )
+        if not sglang_installed():
+            raise LaunchError(
+                f"rollout.rollout_backend='sglang': sglang is not installed. Fix: {GPU_INSTALL_FIX}, or set "
+                "rollout.rollout_backend=hf to evaluate on CPU."
+            )
+        try:  # GPUs placed vs visible, TP size, precision: known before anything starts
+            engine_kwargs(cfg, usable_gpus(cfg, torch.cuda.device_count()))
+        except SGLangUnavailable as exc:
+            raise LaunchError(f"rollout: {exc}") from exc
+        return
+    raise LaunchError(
+        f"rollout.rollout_backend={backend!r}: `rlinf-ext eval` runs the hf (CPU) or sglang (GPU) engine only; "
+        "vLLM evaluation is not implemented. Fix: set rollout.rollout_backend=sglang (GPU) or hf (CPU)."
+    )
+
+
+def start_evaluation_generator(cfg):
+    """The contract-§2 generator ``rlinf-ext eval`` passes to ``run_evaluation``: None for ``hf`` (it builds
+    the CPU engine itself), a started ``SGLangEngineGenerator`` for ``sglang`` (the caller closes it)."""
+    if str(cfg.rollout.rollout_backend) != "sglang":
+        return None
+    from rlinf_ext.engines.sglang_generator import SGLangEngineGenerator, SGLangUnavailable
+
+    try:
+        return SGLangEngineGenerator.from_config(cfg)
+    except SGLangUnavailable as exc:
+        raise LaunchError(f"rollout: {exc}") from exc
+    except Exception as exc:  # SGLang's own start-up failures (CUDA OOM, bad model dir, ...)
+        raise LaunchError(f"rollout: the SGLang engine failed to start: {type(exc).__name__}: {exc}") from exc
+
+
 def run_evaluation_only(config: str | os.PathLike, overrides: Sequence[str] = (), show_progress: bool = True):
-    """``rlinf-ext eval``: validate, start a retrieval server when the YAML asks, evaluate, stop everything."""
+    """``rlinf-ext eval``: validate, start a retrieval server when the YAML asks, start the generation engine
+    (sglang: in-process on this node's GPUs; hf: built by ``run_evaluation``), evaluate, stop everything."""
     from rlinf_ext.eval.runner import run_evaluation
 
     overrides = list(overrides)
     cfg = load_checked_config(config, overrides, check_paths=False)
+    check_evaluation_backend(cfg)  # before anything is generated or started
     if not show_progress:
         os.environ["TQDM_DISABLE"] = "1"
     print_plan(cfg)
@@ -645,6 +678,9 @@ def run_evaluation_only(config: str | os.PathLike, overrides: Sequence[str] = ()
         if cfg.retrieval.launch:
             server = stack.enter_context(retrieval_server(cfg))
             use_launched_server(cfg, server.address)
-        result = run_evaluation(cfg, show_progress=show_progress)
+        generator = start_evaluation_generator(cfg)
+        if generator is not None:
+            stack.enter_context(generator)  # engine.shutdown() on the way out: success, error or Ctrl-C
+        result = run_evaluation(cfg, generator=generator, show_progress=show_progress)
     print(f"[launch] evaluation results: {result.run_dir}", flush=True)
     return result

@@ -5,6 +5,17 @@ actor -> rollout, agent-loop rollout (generation through the rollout group, sear
 rewards, recompute old/reference log-probs, train, checkpoint — but is our own code, because RLinf's runner
 module imports Megatron-LM's training package at load time (rlinf-protocol.md §10). Worker method names and
 channel payloads are RLinf's, so the same runner drives the CPU workers and RLinf-derived GPU workers.
+
+Validation during training (``rlinf_ext.eval.validation``): before the first step (``runner.val_before_train``)
+and after every ``runner.val_check_interval`` steps, the actor's weights are synced to the rollout group and a
+greedy pass over a fixed subset runs from the driver through the rollout group; its ``val/...`` metrics join
+that step's metrics (step 0: an ``on_step(0, metrics, [])`` call of its own).
+
+Collocated GPU runs (actor and rollout on the same GPUs, ``placement.on_gpu and not is_pipeline``) follow
+RLinf's non-pipelined order so the two never hold the GPU at once: the rollout initialises (and releases its
+memory) before the actor does, and the actor offloads after start-up; each step waits for the whole rollout,
+offloads the rollout engine, onloads the actor, then computes rewards, log-probs and the update, and
+offloads the actor again. CPU and disaggregated runs keep the overlapped order.
 """
 
 from __future__ import annotations
@@ -23,6 +34,15 @@ from rlinf_ext.engines.checkpoint import check_complete, finalize, latest_comple
 from rlinf_ext.runner.groups import WorkerGroups, wait_or_raise
 
 StepCallback = Callable[[int, dict, list], None]
+VALIDATION_DIR = "validation"  # <run_dir>/validation/global_step_<N>/generations.jsonl
+
+
+def validation_enabled(cfg: Any) -> bool:
+    """Whether any step of this run can validate (``rlinf_ext.eval.validation.should_validate`` is true for some
+    step): ``runner.val_before_train`` or ``runner.val_check_interval > 0``, with ``data.val_data_paths`` set."""
+    runner = cfg.runner
+    wanted = bool(runner.val_before_train) or int(runner.val_check_interval) > 0
+    return wanted and bool(list(cfg.data.val_data_paths))
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -115,6 +135,8 @@ class SearchR1Trainer:
                          ("DataLoader", "GenerateInput", "GenerateOutput", "Rollout", "Reward", "Inference")}
         self.resume_dir: Path | None = None
         self._serving = None
+        self._validation = None  # ValidationPass, built on first use (see validation_pass)
+        self.val_history: dict[int, dict[str, float]] = {}  # step -> val/... metrics of that pass
 
     @staticmethod
     def total_steps(cfg: Any, dataset_len: int) -> int:
@@ -143,6 +165,12 @@ class SearchR1Trainer:
                              "Pass another global_step_N directory, 'auto', or null.")
         return path
 
+    @property
+    def collocated_gpu(self) -> bool:
+        """Actor and rollout share GPUs: they take turns (offload/onload) instead of overlapping."""
+        placement = self.groups.placement
+        return bool(placement.on_gpu) and not bool(placement.is_pipeline)
+
     def init_workers(self) -> None:
         g = self.groups
         gen_in, gen_out = self.generate_channels
@@ -150,8 +178,10 @@ class SearchR1Trainer:
             ("rollout", "init_worker", g.rollout.init_worker()),
             ("reward", "init_worker", g.reward.init_worker()),
             ("agent_loop", "init_worker", g.agent_loop.init_worker(gen_in, gen_out)),
-            ("actor", "init_worker", g.actor.init_worker()),
         ]
+        if self.collocated_gpu:  # the rollout releases its GPU memory at the end of its init: wait for it
+            wait_or_raise(handles.pop(0)[2], "rollout", "init_worker", startup=True)
+        handles.append(("actor", "init_worker", g.actor.init_worker()))
         for component, method, handle in handles:
             wait_or_raise(handle, component, method, startup=True)
         wait_or_raise(g.actor.set_rollout_world_size(g.placement.rollout_dp_size), "actor", "set_rollout_world_size")
@@ -163,8 +193,12 @@ class SearchR1Trainer:
             if data_state.is_file():
                 self.dataloader.load_state_dict(torch.load(data_state, weights_only=False))
             print(f"[rlinf_ext] resumed from {self.resume_dir} (step {self.global_step})", flush=True)
+        if self.collocated_gpu:  # the rollout gets the GPU first (weight sync, validation, generation)
+            wait_or_raise(g.actor.offload_engine(), "actor", "offload_engine")
         # Never awaited, like RLinf: the rollout group serves generate requests until shutdown().
         self._serving = g.rollout.rollout_serverless(gen_in, gen_out)
+        # Built now (not at the first validation step) so a bad val file fails at start-up, not hours in.
+        self.validation_pass()
 
     # ------------------------------------------------------------------ one step
     def _put_batch(self, items: list[dict]) -> None:
@@ -200,19 +234,28 @@ class SearchR1Trainer:
         time_sync = time.perf_counter() - t
 
         rollout_h = g.agent_loop.run_agentloop_rollout(ch["DataLoader"], ch["Rollout"])
+        collocated = self.collocated_gpu
+        if collocated:  # RLinf's non-pipelined order: the whole rollout, then the engine gives the GPU back
+            agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
+            wait_or_raise(g.rollout.offload_engine(), "rollout", "offload_engine")
+            wait_or_raise(g.actor.onload_engine(), "actor", "onload_engine")
         reward_h = g.reward.compute_rewards(ch["Rollout"], ch["Reward"], num_results)
         kl = float(self.cfg.algorithm.kl_beta) > 0
         infer_h = g.actor.run_inference(ch["Reward"], ch["Inference"], kl, num_results)
         train_h = g.actor.run_training(ch["Inference"], num_results, self.global_step)
 
-        agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
+        if not collocated:
+            agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
         time_rollout = rollout_h.consume_duration()
         reward_out = wait_or_raise(reward_h, "reward", "compute_rewards")[0]
         wait_or_raise(infer_h, "actor", "run_inference")
         time_recompute = infer_h.consume_duration()
         rollout_metrics, training = wait_or_raise(train_h, "actor", "run_training")[0]
         time_train = train_h.consume_duration()
-        wait_or_raise(g.rollout.offload_engine(), "rollout", "offload_engine")
+        if collocated:  # the next step starts with the weight sync into the rollout engine
+            wait_or_raise(g.actor.offload_engine(), "actor", "offload_engine")
+        else:
+            wait_or_raise(g.rollout.offload_engine(), "rollout", "offload_engine")
         self.global_step += 1
 
         trajectories = [rec for out in agent_out for rec in out["trajectories"]]
@@ -250,6 +293,51 @@ class SearchR1Trainer:
         metrics["actor/optimizer_steps"] = float(len(training))
         return metrics
 
+    # ------------------------------------------------------------------ validation
+    def validation_pass(self):
+        """The run's one ``ValidationPass`` (built on first call), or None when this run never validates.
+
+        It generates through the rollout group's serving loop from the driver (a ``ChannelGenerator`` on the
+        GenerateInput/GenerateOutput channels; replies are keyed by a fresh uuid per request, so they cannot
+        mix with the agent loop's), so it needs ``init_workers()`` first.
+        """
+        if self._validation is None and validation_enabled(self.cfg):
+            if self._serving is None:
+                raise RuntimeError("validation needs the rollout group's serving loop: call init_workers() first.")
+            from rlinf_ext.eval import validation
+            from rlinf_ext.runner.groups import rollout_generator
+
+            per_benchmark = int(self.cfg.runner.val_samples_per_benchmark)
+            if per_benchmark == 0:
+                raise ValueError("runner.val_samples_per_benchmark=0 leaves nothing to validate; "
+                                 "use N > 0 questions per benchmark, or -1 for all of them.")
+            self._validation = validation.ValidationPass(
+                self.cfg, rollout_generator(self.groups, *self.generate_channels),
+                samples_per_benchmark=per_benchmark, do_sample=False,
+                out_dir=self.run_dir / VALIDATION_DIR,
+            )
+        return self._validation
+
+    def validate(self, step: int) -> dict[str, float]:
+        """Validate the actor's current weights: sync actor -> rollout (the step-start sync happened before
+        this step's update), run the pass, release the engine as a step does. Returns val/... + time/validation."""
+        from rlinf_ext.eval.validation import should_validate
+
+        if not should_validate(self.cfg, step):
+            return {}
+        started = time.perf_counter()
+        self._sync_weights()
+        metrics = dict(self.validation_pass().run(step))
+        wait_or_raise(self.groups.rollout.offload_engine(), "rollout", "offload_engine")
+        metrics["time/validation"] = time.perf_counter() - started
+        self.val_history[step] = metrics
+        from tqdm import tqdm
+
+        tqdm.write(f"[rlinf_ext] validation at step {step}: EM avg {metrics.get('val/avg/em', float('nan')):.3f}, "
+              f"pooled {metrics.get('val/all/em', float('nan')):.3f} over {int(metrics.get('val/n', 0))} questions "
+              f"({int(metrics.get('val/errors', 0))} errors, {metrics['time/validation']:.1f} s)")
+        return metrics
+
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
         tmp = staging_dir(self.ckpt_root, self.global_step)
@@ -270,6 +358,10 @@ class SearchR1Trainer:
         last_ckpt: Path | None = None
         if self.global_step >= self.max_steps:
             warnings.warn(f"nothing to do: step {self.global_step} >= max steps {self.max_steps}", RuntimeWarning)
+        if self.global_step == 0:  # before the first step; a resumed run validated its start already
+            before = self.validate(0)
+            if before and self.on_step is not None:
+                self.on_step(0, before, [])  # no trajectories, no reward/...: only the val/... curves get a point
         bar = tqdm(total=self.max_steps, initial=self.global_step, desc="train", unit="step")
         try:
             epoch = self.global_step // max(len(self.dataloader), 1)
@@ -284,6 +376,7 @@ class SearchR1Trainer:
                     last = self.global_step >= self.max_steps
                     if self._save_due(last):
                         last_ckpt = self.save_checkpoint()
+                    metrics.update(self.validate(self.global_step))
                     if self.on_step is not None:
                         self.on_step(self.global_step, metrics, trajectories)
                     bar.update(1)
@@ -300,6 +393,7 @@ class SearchR1Trainer:
             "last_reward": rewards[-1] if rewards else None,
             "checkpoint_dir": str(last_ckpt) if last_ckpt else None,
             "resumed_from": str(self.resume_dir) if self.resume_dir else None,
+            "last_validation": self.val_history[max(self.val_history)] if self.val_history else None,
         }
 
     def shutdown(self) -> None:

@@ -1,6 +1,7 @@
 """Observation text and ids: format retrieved documents, truncate by tokens, keep the closing tag.
 
-Search-R1 style (default):  `\\n\\n<information>Doc 1(Title: T) text\\nDoc 2(Title: T) text\\n</information>\\n\\n`
+Search-R1 style (default):  `\\n\\n<information>Doc 1(Title: T) text\\nDoc 2(Title: T) text</information>\\n\\n`
+(Search-R1 strips the block, so no newline before `</information>`)
 RLinf style:                `\\n\\n<information>[Doc 1](url):\\ntext\\n\\n[Doc 2](url):\\n…</information>\\n\\n`
 Truncation cuts only the body between the tags, so the observation always ends with `</information>`
 (Search-R1 cuts the whole observation to 500 tokens and can drop the tag).
@@ -27,7 +28,8 @@ INVALID_ACTION_MESSAGE = (
 def format_documents(docs: Sequence[Document], style: str = "searchr1") -> str:
     if style == "searchr1":
         # Search-R1 shows the title with the quotes of the corpus contents: Doc 1(Title: "T") text
-        return "".join(f'Doc {i + 1}(Title: "{doc.title}") {doc.text}\n' for i, doc in enumerate(docs))
+        # and strips the joined block, so no newline precedes </information> (search_r1/llm_agent/generation.py)
+        return "\n".join(f'Doc {i + 1}(Title: "{doc.title}") {doc.text}' for i, doc in enumerate(docs)).strip()
     if style == "rlinf":
         return "\n".join(f"[Doc {i + 1}]({doc.url or ''}):\n{doc.text}\n" for i, doc in enumerate(docs))
     raise ValueError(f"agentloop.observation_format must be one of {OBSERVATION_FORMATS}, got {style!r}")

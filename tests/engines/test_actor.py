@@ -115,11 +115,17 @@ def test_train_step_changes_params_and_logprobs_and_checkpoint_roundtrip(tiny_mo
     ref_again = policy.compute_logprobs(samples, reference=True)
     assert all(torch.equal(a, s.ref_logprobs) for a, s in zip(ref_again, samples))
 
-    # save -> fresh policy -> load: identical weights and identical next step
-    policy.save(tmp_path / "actor")
+    # save (Megatron's layout) -> fresh policy -> load: identical weights, optimizer, RNG and next step
+    rank_file = policy.save(tmp_path / "actor", iteration=1)
+    assert rank_file == tmp_path / "actor" / "iter_0000001" / "mp_rank_00" / "model_optim_rng.pt"
+    assert (tmp_path / "actor" / "latest_checkpointed_iteration.txt").read_text() == "1"
+    rng_after_save = torch.rand(3)  # the RNG stream right after the save ...
     other = MegatronPolicy(tiny_model, _settings(lr_warmup_fraction=0.5, lr_decay_style="linear"))
-    other.load(tmp_path / "actor")
+    assert other.load(tmp_path / "actor") == 1
+    assert torch.equal(torch.rand(3), rng_after_save)  # ... continues after the load
+    assert other.optimizer_steps == policy.optimizer_steps == 2
     assert all(torch.equal(v, other.megatron_state_dict()[k]) for k, v in policy.megatron_state_dict().items())
+    assert other.optimizer.state_dict()["state"].keys() == policy.optimizer.state_dict()["state"].keys()
     policy.recompute(samples, True)
     samples2 = [Sample(s.prompt_ids, s.response_ids, s.response_mask, s.reward) for s in samples]
     other.recompute(samples2, True)

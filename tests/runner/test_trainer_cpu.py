@@ -2,108 +2,14 @@
 the search tool against the real retrieval server (BM25) on loopback. One cluster for the module."""
 
 import math
-import os
 import shutil
-import warnings
-from pathlib import Path
 
 import pytest
 import torch
+from trainer_helpers import cluster, retrieval_url  # noqa: F401  (module fixtures)
+from trainer_helpers import kill_groups, make_cfg, make_trainer
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def retrieval_url(tiny_assets, tmp_path_factory):
-    from rlinf_ext.retrieval.build import build_index
-    from rlinf_ext.retrieval.config import BuildConfig
-    from rlinf_ext.retrieval.launch import RetrievalServerProcess
-
-    index_dir = tmp_path_factory.mktemp("bm25")
-    build_index(BuildConfig(corpus=str(tiny_assets.corpus_path), out=str(index_dir), retriever="bm25"))
-    server = RetrievalServerProcess(index_dir, tiny_assets.corpus_path, topk=3, startup_timeout_s=120)
-    url = server.start()
-    try:
-        yield url
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    from rlinf.scheduler import Cluster
-
-    c = Cluster(num_nodes=1)
-    yield c
-    import ray
-
-    ray.shutdown()
-
-
-def _model(tiny_assets):
-    # the warm-started model searches and answers; fall back to the random tiny model if it is not built
-    return tiny_assets.qwen2_tiny_sft or tiny_assets.qwen2_tiny
-
-
-def make_cfg(tiny_assets, out_dir, url, **extra):
-    from rlinf_ext.config.loader import load_config
-
-    overrides = {
-        "paths.tiny_assets": str(tiny_assets.root),
-        "rollout.model.model_path": str(_model(tiny_assets)),
-        "runner.output_dir": str(out_dir),
-        "runner.experiment_name": "t",
-        "runner.max_steps": 1,
-        "runner.save_interval": -1,
-        "data.rollout_batch_size": 2,
-        "data.train_data_paths": [str(tiny_assets.rlinf_train)],
-        "data.val_data_paths": [],
-        "algorithm.group_size": 2,
-        "algorithm.n_minibatches": 2,
-        "algorithm.training_batch_size_per_gpu": 1,
-        "algorithm.logprob_forward_micro_batch_size": 2,
-        "algorithm.kl_beta": 0.01,
-        "algorithm.entropy_bonus": 0.001,
-        "algorithm.sampling_params.max_new_tokens": 24,
-        "agentloop.max_turns": 1,
-        "agentloop.response_length_total": 96,
-        "agentloop.max_obs_length": 48,
-        "actor.optim.lr": 1e-3,
-        "retrieval.launch": False,
-        "tools.search.server_addr": url.removeprefix("http://"),
-        "tools.search.default_timeout": 20.0,
-        "runner.seq_length": 1536,
-        **extra,
-    }
-    return load_config("tiny-cpu", [f"{k}={_yaml(v)}" for k, v in overrides.items()])
-
-
-def _yaml(v):
-    if isinstance(v, list):
-        return "[" + ",".join(f"'{x}'" for x in v) + "]"
-    if v is None:
-        return "null"
-    return str(v)
-
-
-def make_trainer(cfg, cluster, url, on_step=None):
-    from transformers import AutoTokenizer
-
-    from rlinf_ext.runner.groups import launch_worker_groups
-    from rlinf_ext.runner.trainer import PromptDataset, SearchR1Trainer, load_jsonl_prompts
-
-    tok = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path)
-    rows = load_jsonl_prompts(cfg.data.train_data_paths, data_size=16)
-    dataset = PromptDataset(rows, tok, cfg.data.max_prompt_length)
-    total = SearchR1Trainer.total_steps(cfg, len(dataset))
-    groups = launch_worker_groups(cfg, cluster, total_train_steps=total, deterministic_rollout=True)
-    return SearchR1Trainer(cfg, groups, dataset, on_step=on_step)
-
-
-def _kill(groups):
-    from rlinf_ext.runner.groups import stop_worker_groups
-
-    stop_worker_groups(groups)
 
 
 def check_step(metrics, trajectories, group_size=2, batch=2):
@@ -116,7 +22,7 @@ def check_step(metrics, trajectories, group_size=2, batch=2):
     assert any(0 in t["response_mask"] for t in trajectories) == (metrics["agent/searches"] > 0)
 
 
-def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cluster, retrieval_url):
+def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cluster, retrieval_url):  # noqa: F811
     """RLinf-scheduler runner on CPU: steps train (params and logprobs change, loss finite, sync checked);
     3 uninterrupted steps == (2 steps, checkpoint, resume, 1 step); a truncated newest checkpoint is skipped."""
     from rlinf_ext.runner.trainer import SearchR1Trainer
@@ -158,7 +64,7 @@ def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cl
         ckpts_b.mkdir(parents=True)
         for step in (1, 2, 3):
             shutil.copytree(ckpts_a / f"global_step_{step}", ckpts_b / f"global_step_{step}")
-        model_pt = ckpts_b / "global_step_3" / "actor" / "model.pt"
+        model_pt = ckpts_b / "global_step_3" / "actor" / "iter_0000003" / "mp_rank_00" / "model_optim_rng.pt"
         model_pt.write_bytes(model_pt.read_bytes()[:100])
 
         cfg_b = make_cfg(tiny_assets, tmp_path / "b", retrieval_url, **{
@@ -180,4 +86,4 @@ def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cl
         resumed.shutdown()
     finally:
         trainer.shutdown()
-        _kill(groups)
+        kill_groups(groups)

@@ -8,6 +8,9 @@ supports the collectives TP needs in torch 2.13, so those are left alone):
 * the CUDA RNG tracker (``tensor_parallel.random``) stores and swaps CUDA generator states around
   dropout and weight init; on CPU it must swap the CPU generator state instead.
 * ``transformer.utils.get_default_causal_mask`` builds its mask with ``device="cuda"``.
+* the tensor-parallel linear autograd functions are decorated with ``custom_fwd/custom_bwd`` for CUDA
+  autocast only, so under CPU autocast (the actor's bf16/fp16 mixed precision) their backward would mix a
+  bf16 gradient with an fp32 weight; they are re-decorated for CPU autocast.
 
 ``apply_cpu_shims()`` patches exactly these, is idempotent, and does nothing when CUDA is available.
 The actor and the converter's ``--verify`` share it; nothing else in the repo may patch Megatron.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import inspect
 import os
 import socket
 from dataclasses import dataclass
@@ -113,6 +117,13 @@ def apply_cpu_shims() -> bool:
 
     mg_tutils.get_default_causal_mask = _cpu_default_causal_mask
     fused_softmax.get_default_causal_mask = _cpu_default_causal_mask
+
+    from megatron.core.tensor_parallel import layers as mg_layers
+
+    for fn in (mg_layers.LinearWithGradAccumulationAndAsyncCommunication, mg_layers.LinearWithFrozenWeight):
+        # backward re-enters the forward's CPU autocast state (as custom_bwd does for CUDA on GPU)
+        fn.forward = staticmethod(torch.amp.custom_fwd(inspect.unwrap(fn.forward), device_type="cpu"))
+        fn.backward = staticmethod(torch.amp.custom_bwd(inspect.unwrap(fn.backward), device_type="cpu"))
 
     _APPLIED = True
     return True

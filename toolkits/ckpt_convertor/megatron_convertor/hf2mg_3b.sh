@@ -17,11 +17,9 @@ Environment: PYTHON (interpreter with rlinf_ext installed; default: python3).
 USAGE
 }
 
-case "${1:-}" in -h|--help) usage; exit 0 ;; esac
-if [ "$#" -lt 2 ]; then
-    usage >&2
-    exit 2
-fi
+SCRIPT_DIR=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)
+. "$SCRIPT_DIR/convert_common.sh"
+need_args 2 "$@"
 
 HF_DIR=$1
 MG_OUT=$2
@@ -31,9 +29,4 @@ PP=1
 if [ "$#" -gt 0 ]; then case "$1" in -*) ;; *) TP=$1; shift ;; esac; fi
 if [ "$#" -gt 0 ]; then case "$1" in -*) ;; *) PP=$1; shift ;; esac; fi
 
-SCRIPT_DIR=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)
-REPO_ROOT=$(CDPATH= cd -- "$SCRIPT_DIR/../../.." && pwd)
-PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONPATH
-
-exec "${PYTHON:-python3}" -m rlinf_ext.cli convert hf2mg --hf "$HF_DIR" --out "$MG_OUT" --tp "$TP" --pp "$PP" "$@"
+run_convert hf2mg --hf "$HF_DIR" --out "$MG_OUT" --tp "$TP" --pp "$PP" "$@"

@@ -18,21 +18,13 @@ Environment: PYTHON (interpreter with rlinf_ext installed; default: python3).
 USAGE
 }
 
-case "${1:-}" in -h|--help) usage; exit 0 ;; esac
-if [ "$#" -lt 3 ]; then
-    usage >&2
-    exit 2
-fi
+SCRIPT_DIR=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)
+. "$SCRIPT_DIR/convert_common.sh"
+need_args 3 "$@"
 
 MG_DIR=$1
 HF_OUT=$2
 ORIG_HF=$3
 shift 3
 
-# The repository root, so the converter is found even when rlinf_ext is not pip-installed.
-SCRIPT_DIR=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)
-REPO_ROOT=$(CDPATH= cd -- "$SCRIPT_DIR/../../.." && pwd)
-PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONPATH
-
-exec "${PYTHON:-python3}" -m rlinf_ext.cli convert mg2hf --mg "$MG_DIR" --out "$HF_OUT" --hf-template "$ORIG_HF" "$@"
+run_convert mg2hf --mg "$MG_DIR" --out "$HF_OUT" --hf-template "$ORIG_HF" "$@"

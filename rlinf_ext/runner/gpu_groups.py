@@ -1,0 +1,211 @@
+"""Worker groups on a GPU cluster (contract §7; written, NOT GPU-verified).
+
+- rollout: ``SGLangStopWorker`` (``gpu_rollout.rollout_worker_class``) on the rollout GPUs, placed by RLinf's
+  ``ModelParallelComponentPlacement`` exactly as RLinf's runners place it (one engine per
+  ``rollout.tensor_parallel_size`` GPUs; collocated with the actor when both name the same GPUs, else
+  disaggregated);
+- actor: our Megatron-core ``MegatronActorWorker`` on CUDA. It trains with TP=PP=DP=1 (no gradient
+  all-reduce), so ONE actor process runs, on the first actor GPU, however many GPUs the placement gives the
+  actor; the others are left to the rollout (``GpuLayout.idle_actor_gpus``, printed at launch);
+- reward and agent-loop workers: CPU processes on node 0 (``NodePlacementStrategy``), as on a CPU cluster.
+
+``gpu_layout`` is the pure arithmetic (which GPUs each process gets), unit-tested on CPU; it mirrors RLinf's
+mode rules and ``PackedPlacementStrategy`` packing and refuses what this composition cannot run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rlinf_ext.config.placement import PlacementError, parse_ranks, split_components
+
+
+class GpuLayoutError(ValueError):
+    """The placement cannot run on this GPU cluster; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class GpuLayout:
+    num_gpus: int
+    gpus_per_node: int
+    mode: Literal["collocated", "disaggregated"]
+    rollout_gpus: tuple[int, ...]  # the placement's rollout GPUs
+    rollout_tp: int
+    rollout_process_gpus: tuple[tuple[int, ...], ...]  # GPUs of each SGLang engine process (= rollout DP rank)
+    actor_gpus: tuple[int, ...]  # the placement's actor GPUs
+    actor_gpu: int  # where the single actor process runs
+
+    @property
+    def rollout_dp_size(self) -> int:
+        return len(self.rollout_process_gpus)
+
+    @property
+    def idle_actor_gpus(self) -> tuple[int, ...]:
+        """Actor GPUs without an actor process (the actor runs DP=1)."""
+        return tuple(g for g in self.actor_gpus if g != self.actor_gpu)
+
+    def describe(self) -> str:
+        engines = ", ".join("+".join(map(str, p)) for p in self.rollout_process_gpus)
+        text = (f"{self.mode}: {self.rollout_dp_size} SGLang engine(s) on GPUs [{engines}] (TP={self.rollout_tp}); "
+                f"actor: 1 process on GPU {self.actor_gpu}; reward + agent loop: CPU of node 0")
+        if self.idle_actor_gpus:
+            text += (f". NOTE: the placement gives the actor GPUs {list(self.actor_gpus)} but the Megatron-core actor "
+                     f"runs one process (TP=PP=DP=1), so GPUs {list(self.idle_actor_gpus)} train nothing")
+        return text
+
+
+def packed_process_gpus(start: int, end: int, per_process: int = 1, stride: int = 1) -> list[tuple[int, ...]]:
+    """GPUs of each process of ``PackedPlacementStrategy(start, end, per_process, stride)`` (RLinf's packing:
+    each process starts at the lowest unused GPU and takes ``per_process`` GPUs ``stride`` apart)."""
+    total = end - start + 1
+    if total % (per_process * stride):
+        raise GpuLayoutError(
+            f"{total} GPUs ({start}-{end}) cannot be split into processes of {per_process} GPU(s) with stride {stride}."
+        )
+    used: set[int] = set()
+    out: list[tuple[int, ...]] = []
+    while len(used) < total:
+        first = min(g for g in range(start, end + 1) if g not in used)
+        gpus = tuple(range(first, first + per_process * stride, stride))
+        used.update(gpus)
+        out.append(gpus)
+    return out
+
+
+def _component_ranks(cfg: Any, num_gpus: int) -> dict[str, list[int]]:
+    ranks: dict[str, list[int]] = {}
+    placement = cfg.cluster.component_placement
+    for key in placement:
+        spec = placement[key]
+        if isinstance(spec, dict) or hasattr(spec, "keys"):
+            raise GpuLayoutError(
+                f"cluster.component_placement.{key}: node-group mappings are not supported by rlinf_ext's GPU "
+                "composition. Fix: give GPU ranks, e.g. '0-7'."
+            )
+        try:
+            gpus = parse_ranks(spec, num_gpus)
+        except PlacementError as exc:
+            raise GpuLayoutError(f"cluster.component_placement.{key}: {exc}") from exc
+        for name in split_components(key):
+            ranks[name] = gpus
+    return ranks
+
+
+def gpu_layout(cfg: Any, num_gpus: int, gpus_per_node: int | None = None) -> GpuLayout:
+    """Which GPUs the rollout engines and the actor get on a cluster of ``num_gpus`` GPUs (pure)."""
+    if num_gpus <= 0:
+        raise GpuLayoutError("gpu_layout needs a cluster with GPUs; CPU clusters use NodePlacementStrategy.")
+    gpn = int(gpus_per_node or cfg.cluster.num_gpus_per_node or num_gpus)
+    ranks = _component_ranks(cfg, num_gpus)
+    for name in ("actor", "rollout", "reward"):  # RLinf's ModelParallelComponentPlacement requires all three
+        if name not in ranks:
+            raise GpuLayoutError(
+                f"cluster.component_placement places no '{name}'. Fix: add it, e.g. 'actor,rollout,reward: all' "
+                "(the reward worker itself runs on CPU)."
+            )
+    actor_tp, actor_pp = int(cfg.actor.model.tensor_model_parallel_size), int(cfg.actor.model.pipeline_model_parallel_size)
+    if (actor_tp, actor_pp) != (1, 1):
+        raise GpuLayoutError(
+            f"actor.model.tensor_model_parallel_size={actor_tp}, pipeline_model_parallel_size={actor_pp}: the "
+            "Megatron-core actor trains with TP=PP=1 in one process. Fix: set both to 1."
+        )
+    tp, pp = int(cfg.rollout.tensor_parallel_size), int(cfg.rollout.pipeline_parallel_size)
+    if pp != 1:
+        raise GpuLayoutError(f"rollout.pipeline_parallel_size={pp}: SGLang engines run TP only. Fix: set it to 1.")
+    rollout, actor = ranks["rollout"], ranks["actor"]
+    if len(rollout) % tp:
+        raise GpuLayoutError(
+            f"the rollout has {len(rollout)} GPUs, not a multiple of rollout.tensor_parallel_size={tp}. "
+            f"Fix: give the rollout a multiple of {tp} GPUs or change the TP size."
+        )
+    if rollout == actor:
+        mode = "collocated"
+        if bool(cfg.rollout.enforce_eager):
+            raise GpuLayoutError(
+                "rollout.enforce_eager=true with the actor and rollout collocated: SGLang can only release its "
+                "memory for the actor with CUDA graphs on (memory saver). Fix: set rollout.enforce_eager=false."
+            )
+    elif set(rollout).isdisjoint(actor):
+        mode = "disaggregated"
+    else:
+        raise GpuLayoutError(
+            f"actor GPUs {actor} and rollout GPUs {rollout} overlap partly; RLinf supports the same GPUs "
+            "(collocated) or disjoint ones (disaggregated). Fix: make them equal or disjoint."
+        )
+    # RLinf: collocated strides the rollout by actor_tp // rollout_tp (= 1 here, the actor runs TP=1)
+    processes = packed_process_gpus(rollout[0], rollout[-1], per_process=tp, stride=1)
+    for gpus in processes:
+        if len({g // gpn for g in gpus}) != 1:
+            raise GpuLayoutError(
+                f"a TP={tp} SGLang engine would span nodes (GPUs {list(gpus)}, {gpn} GPUs per node). "
+                "Fix: start the rollout range on a node boundary or lower rollout.tensor_parallel_size."
+            )
+    return GpuLayout(num_gpus, gpn, mode, tuple(rollout), tp, tuple(processes), tuple(actor), actor[0])
+
+
+def _as_dictconfig(cfg: Any):
+    """RLinf's objects need an OmegaConf DictConfig (``.get``); ours read the typed config as on CPU."""
+    if dataclasses.is_dataclass(cfg):
+        from rlinf_ext.config import to_dictconfig
+
+        return to_dictconfig(cfg)
+    return cfg
+
+
+def launch_gpu_groups(cfg: Any, cluster: Any, *, total_train_steps: int, verify_sync: bool = True,
+                      search_server_addr: Any = None):
+    """Launch the GPU composition (module docstring); start-up failures raise ``WorkerStartupError``."""
+    from rlinf_ext.runner.groups import (
+        Placement,
+        WorkerGroups,
+        WorkerStartupError,
+        cpu_strategy,
+        launch_group,
+    )
+
+    try:
+        layout = gpu_layout(cfg, int(cluster.num_accelerators))
+    except GpuLayoutError as exc:
+        raise WorkerStartupError("placement", exc) from exc
+    try:
+        from rlinf_ext.engines.gpu_rollout import rollout_worker_class
+
+        rollout_cls = rollout_worker_class(cfg)
+    except Exception as exc:  # vllm/hf backend, or sglang missing (pip install -e ".[gpu]")
+        raise WorkerStartupError("rollout", exc) from exc
+    from rlinf.scheduler import PackedPlacementStrategy
+    from rlinf.utils.placement import ModelParallelComponentPlacement
+
+    from rlinf_ext.engines.actor_worker import MegatronActorWorker
+    from rlinf_ext.engines.agent_loop_worker import SearchR1AgentLoopWorker
+    from rlinf_ext.engines.reward_worker import SearchR1RewardWorker
+
+    print(f"[groups] GPU layout: {layout.describe()}", flush=True)
+    rlinf_cfg = _as_dictconfig(cfg)
+    try:
+        placement = ModelParallelComponentPlacement(rlinf_cfg, cluster)
+    except Exception as exc:
+        raise WorkerStartupError("placement", f"RLinf's ModelParallelComponentPlacement refused the config: {exc}") from exc
+    if placement.rollout_dp_size != layout.rollout_dp_size or placement.is_collocated != (layout.mode == "collocated"):
+        raise WorkerStartupError("placement", f"RLinf's placement (rollout DP {placement.rollout_dp_size}, collocated="
+                                 f"{placement.is_collocated}) disagrees with rlinf_ext's layout ({layout.describe()}).")
+    groups: dict[str, Any] = {}
+    launch_group(groups, cluster, "rollout", rollout_cls, cfg.rollout.group_name, placement.get_strategy("rollout"),
+                 rlinf_cfg, placement, verify_sync=verify_sync)
+    launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name,
+                 PackedPlacementStrategy(layout.actor_gpu, layout.actor_gpu), cfg, total_train_steps)
+    launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
+    launch_group(groups, cluster, "agent_loop", SearchR1AgentLoopWorker, cfg.agentloop.group_name,
+                 cpu_strategy(layout.rollout_dp_size), cfg, search_server_addr=search_server_addr)
+    return WorkerGroups(
+        placement=Placement(
+            is_pipeline=layout.mode == "disaggregated",
+            rollout_dp_size=layout.rollout_dp_size,
+            agent_loop_world_size=layout.rollout_dp_size,
+            actor_world_size=1,
+            on_gpu=True,
+        ),
+        **groups,
+    )

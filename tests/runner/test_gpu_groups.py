@@ -1,0 +1,196 @@
+"""GPU composition arithmetic (pure, CPU): which GPUs the SGLang engines and the actor get, and the refusals.
+
+Expectations are hand-computed from RLinf 0.3.0's rules (ModelParallelComponentPlacement modes,
+PackedPlacementStrategy packing); the GPU launch itself is not verified here (no GPU).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import ClassVar
+
+import pytest
+
+from rlinf_ext.config import load_config
+from rlinf_ext.runner.gpu_groups import GpuLayoutError, gpu_layout, packed_process_gpus
+from rlinf_ext.runner.groups import WorkerStartupError, launch_worker_groups
+
+REFERENCE = "qwen2.5-3b-tool-1node"
+
+
+@pytest.fixture
+def ref_cfg(monkeypatch):
+    """The reference 8-GPU config (env paths need not exist: nothing is read)."""
+    for key, value in {"RLINF_EXT_QWEN25_3B": "/models/qwen2.5-3b", "RLINF_EXT_SEARCHR1_DATA": "/data/searchr1",
+                       "RLINF_EXT_RETRIEVER_ADDR": "127.0.0.1:8000"}.items():
+        monkeypatch.setenv(key, value)
+    return load_config(REFERENCE)
+
+
+def test_packed_process_gpus_matches_rlinf_docstring_examples():
+    assert packed_process_gpus(0, 3) == [(0,), (1,), (2,), (3,)]
+    assert packed_process_gpus(0, 3, per_process=2) == [(0, 1), (2, 3)]
+    assert packed_process_gpus(0, 3, per_process=2, stride=2) == [(0, 2), (1, 3)]
+    assert packed_process_gpus(4, 7, per_process=4) == [(4, 5, 6, 7)]
+    with pytest.raises(GpuLayoutError, match="cannot be split"):
+        packed_process_gpus(0, 2, per_process=2)
+
+
+def test_reference_config_is_collocated_with_eight_engines_and_one_actor_process(ref_cfg):
+    layout = gpu_layout(ref_cfg, 8)
+    assert layout.mode == "collocated"
+    assert layout.rollout_process_gpus == ((0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,))
+    assert layout.rollout_dp_size == 8 and layout.rollout_tp == 1
+    assert layout.actor_gpus == tuple(range(8)) and layout.actor_gpu == 0
+    assert layout.idle_actor_gpus == (1, 2, 3, 4, 5, 6, 7)
+    assert "GPUs [1, 2, 3, 4, 5, 6, 7] train nothing" in layout.describe()
+
+
+def test_collocated_rollout_tp2_packs_pairs(ref_cfg):
+    ref_cfg.rollout.tensor_parallel_size = 2
+    layout = gpu_layout(ref_cfg, 8)
+    assert layout.rollout_process_gpus == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert layout.rollout_dp_size == 4
+
+
+def test_disaggregated_layout(ref_cfg):
+    ref_cfg.cluster.component_placement = {"actor,reward": "0-3", "rollout": "4-7"}
+    ref_cfg.rollout.tensor_parallel_size = 2
+    layout = gpu_layout(ref_cfg, 8)
+    assert layout.mode == "disaggregated"
+    assert layout.rollout_process_gpus == ((4, 5), (6, 7))
+    assert layout.actor_gpu == 0 and layout.idle_actor_gpus == (1, 2, 3)
+
+    ref_cfg.cluster.component_placement = {"actor": "0", "rollout": "1-7", "reward": "0"}
+    ref_cfg.rollout.tensor_parallel_size = 1
+    layout = gpu_layout(ref_cfg, 8)
+    assert layout.mode == "disaggregated" and layout.rollout_dp_size == 7
+    assert layout.rollout_process_gpus[0] == (1,) and layout.idle_actor_gpus == ()
+    assert "NOTE" not in layout.describe()
+
+
+def test_placement_beyond_the_cluster_is_refused_with_the_key_and_fix(ref_cfg):
+    ref_cfg.cluster.component_placement = {"actor,rollout,reward": "0-15"}
+    with pytest.raises(GpuLayoutError) as info:
+        gpu_layout(ref_cfg, 8)
+    text = str(info.value)
+    assert "cluster.component_placement.actor,rollout,reward" in text
+    assert "reaches rank 15" in text and "8 GPUs" in text and "Fix" in text
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda c: setattr(c.cluster, "component_placement", {"actor,reward": "0-3", "rollout": "2-7"}), "overlap partly"),
+        (lambda c: setattr(c.cluster, "component_placement", {"actor,rollout": "all"}), "places no 'reward'"),
+        (lambda c: setattr(c.actor.model, "tensor_model_parallel_size", 2), "TP=PP=1"),
+        (lambda c: setattr(c.rollout, "tensor_parallel_size", 3), "not a multiple of rollout.tensor_parallel_size=3"),
+        (lambda c: setattr(c.rollout, "pipeline_parallel_size", 2), "rollout.pipeline_parallel_size=2"),
+        (lambda c: setattr(c.rollout, "enforce_eager", True), "rollout.enforce_eager"),
+    ],
+)
+def test_layouts_this_composition_cannot_run_are_refused(ref_cfg, change, needle):
+    change(ref_cfg)
+    with pytest.raises(GpuLayoutError, match="Fix") as info:
+        gpu_layout(ref_cfg, 8)
+    assert needle in str(info.value)
+
+
+def test_engine_spanning_two_nodes_is_refused(ref_cfg):
+    ref_cfg.cluster.num_nodes = 2
+    ref_cfg.cluster.component_placement = {"actor,reward": "0-5", "rollout": "6-13"}
+    ref_cfg.rollout.tensor_parallel_size = 4
+    with pytest.raises(GpuLayoutError, match="span nodes"):
+        gpu_layout(ref_cfg, 16)
+    ref_cfg.cluster.component_placement = {"actor,reward": "0-3", "rollout": "4-11"}
+    assert gpu_layout(ref_cfg, 16).rollout_process_gpus == ((4, 5, 6, 7), (8, 9, 10, 11))
+
+
+class FakeGpuCluster:
+    num_accelerators = 8
+
+
+def test_launch_refuses_a_bad_gpu_placement_before_starting_anything(ref_cfg):
+    ref_cfg.cluster.component_placement = {"actor,rollout,reward": "0-15"}
+    with pytest.raises(WorkerStartupError) as info:
+        launch_worker_groups(ref_cfg, FakeGpuCluster())
+    assert info.value.component == "placement" and "reaches rank 15" in str(info.value)
+
+
+def test_launch_names_the_missing_sglang_install(ref_cfg):
+    assert "sglang" not in sys.modules  # not installed on CPU machines: the import must stay lazy
+    with pytest.raises(WorkerStartupError) as info:
+        launch_worker_groups(ref_cfg, FakeGpuCluster())
+    assert info.value.component == "rollout" and "pip install -e '.[gpu]'" in str(info.value)
+
+
+def test_launch_refuses_vllm_on_gpu(ref_cfg):
+    ref_cfg.rollout.rollout_backend = "vllm"
+    with pytest.raises(WorkerStartupError, match="rollout_serverless") as info:
+        launch_worker_groups(ref_cfg, FakeGpuCluster())
+    assert info.value.component == "rollout"
+
+
+class Recorder:
+    """Stands in for a Worker class: records create_group args and the launch placement."""
+
+    launched: ClassVar[dict] = {}
+
+    def __init__(self, name):
+        self.name = name
+
+    def create_group(self, *args, **kwargs):
+        recorder = self
+
+        class Group:
+            def launch(self, cluster, placement_strategy, name):
+                Recorder.launched[recorder.name] = {"args": args, "kwargs": kwargs, "strategy": placement_strategy,
+                                                    "group_name": name}
+                return f"<{recorder.name} group>"
+
+        return Group()
+
+
+class FakeRLinfPlacement:
+    """What launch_gpu_groups reads from RLinf's ModelParallelComponentPlacement."""
+
+    def __init__(self, config, cluster):
+        self.config, self.rollout_dp_size, self.is_collocated = config, 8, True
+
+    def get_strategy(self, name):
+        return f"rlinf-{name}-strategy"
+
+
+def test_gpu_wiring_passes_rlinf_placement_to_the_rollout_and_one_gpu_to_the_actor(ref_cfg, monkeypatch):
+    import rlinf.utils.placement
+    from omegaconf import DictConfig
+
+    import rlinf_ext.engines.actor_worker as actor_mod
+    import rlinf_ext.engines.agent_loop_worker as agent_mod
+    import rlinf_ext.engines.reward_worker as reward_mod
+    from rlinf_ext.engines import gpu_rollout
+
+    Recorder.launched = {}
+    monkeypatch.setattr(gpu_rollout, "rollout_worker_class", lambda cfg: Recorder("rollout"))
+    monkeypatch.setattr(rlinf.utils.placement, "ModelParallelComponentPlacement", FakeRLinfPlacement)
+    monkeypatch.setattr(actor_mod, "MegatronActorWorker", Recorder("actor"))
+    monkeypatch.setattr(reward_mod, "SearchR1RewardWorker", Recorder("reward"))
+    monkeypatch.setattr(agent_mod, "SearchR1AgentLoopWorker", Recorder("agent_loop"))
+
+    groups = launch_worker_groups(ref_cfg, FakeGpuCluster(), total_train_steps=7, search_server_addr="h:1")
+    got = Recorder.launched
+    assert groups.rollout == "<rollout group>" and groups.placement.on_gpu
+    assert groups.placement.rollout_dp_size == 8 and groups.placement.actor_world_size == 1
+    assert not groups.placement.is_pipeline
+    # rollout: RLinf's config object and placement, RLinf's strategy
+    rollout_cfg, placement = got["rollout"]["args"]
+    assert isinstance(rollout_cfg, DictConfig) and rollout_cfg.rollout.gpu_memory_utilization == 0.75
+    assert isinstance(placement, FakeRLinfPlacement) and got["rollout"]["strategy"] == "rlinf-rollout-strategy"
+    # actor: the typed config, one process on GPU 0
+    assert got["actor"]["args"] == (ref_cfg, 7)
+    strategy = got["actor"]["strategy"]
+    assert (strategy._start_hw_rank, strategy._end_hw_rank, strategy._num_hardware_per_process) == (0, 0, 1)
+    # reward and agent loop: CPU processes on node 0, one agent-loop worker per engine
+    assert got["reward"]["strategy"]._node_ranks == [0]
+    assert got["agent_loop"]["strategy"]._node_ranks == [0] * 8
+    assert got["agent_loop"]["kwargs"] == {"search_server_addr": "h:1"}

@@ -1,0 +1,130 @@
+"""The launcher's evaluation wiring: the table is printed once; `rlinf-ext eval` refuses a backend it cannot
+run here before it starts anything, and with sglang runs one engine (a fake here) that it always shuts down."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import rlinf_ext.eval.runner as eval_runner
+from rlinf_ext.agent.types import SamplingParams
+from rlinf_ext.engines import sglang_generator
+from rlinf_ext.runner import launch
+
+REPO = Path(__file__).resolve().parents[2]
+EVAL_YAML = REPO / "examples" / "searchr1" / "config" / "tiny-cpu-eval.yaml"
+
+
+def test_evaluation_after_training_leaves_the_table_to_the_launcher(tiny_assets, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run_evaluation(cfg, generator=None, **kwargs):
+        calls.append(kwargs)
+        out = tmp_path / "eval"
+        out.mkdir(exist_ok=True)
+        (out / "results.md").write_text("| table |\n")
+        return SimpleNamespace(run_dir=out)
+
+    monkeypatch.setattr(eval_runner, "run_evaluation", fake_run_evaluation)
+    table = launch.evaluate_after_training(EVAL_YAML, Path(tiny_assets.qwen2_tiny), "127.0.0.1:1", tmp_path / "eval",
+                                           [f"paths.tiny_assets={tiny_assets.root}"], show_progress=False)
+    assert table == tmp_path / "eval" / "results.md"
+    # run_training prints results.md itself at the end; run_evaluation must not print it a first time
+    assert len(calls) == 1 and calls[0].get("print_table") is False
+
+
+def reference_eval_env(monkeypatch):
+    for var in ("RLINF_EXT_SEARCHR1_DATA", "RLINF_EXT_EVAL_MODEL", "RLINF_EXT_RETRIEVER_ADDR"):
+        monkeypatch.setenv(var, "/nonexistent" if "ADDR" not in var else "127.0.0.1:1")
+
+    def must_not_run(*_a, **_k):
+        raise AssertionError("started preparing the run before refusing the rollout backend")
+
+    monkeypatch.setattr(launch, "prepare_tiny_assets", must_not_run)
+    monkeypatch.setattr(eval_runner, "run_evaluation", must_not_run)
+    monkeypatch.setattr(sglang_generator, "load_engine_class", must_not_run)
+
+
+def test_sglang_eval_without_cuda_is_refused_before_anything_starts(monkeypatch):
+    reference_eval_env(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(launch.LaunchError, match=r"rollout_backend='sglang'.*no CUDA device.*pip install -e '\.\[gpu\]'"):
+        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", show_progress=False)
+
+
+def test_sglang_eval_without_sglang_names_the_install(monkeypatch):
+    reference_eval_env(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: False)
+    with pytest.raises(launch.LaunchError, match=r"sglang is not installed\. Fix: pip install -e '\.\[gpu\]'"):
+        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", show_progress=False)
+
+
+def test_sglang_eval_with_too_few_visible_gpus_is_refused(monkeypatch):
+    reference_eval_env(monkeypatch)  # the reference places the rollout on all 8 GPUs of the node
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: True)
+    with pytest.raises(launch.LaunchError, match=r"GPUs 0-7, but only 4 CUDA device"):
+        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", show_progress=False)
+
+
+def test_vllm_eval_is_refused(monkeypatch):
+    reference_eval_env(monkeypatch)
+    with pytest.raises(launch.LaunchError, match=r"rollout_backend='vllm'.*not implemented"):
+        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=vllm"], show_progress=False)
+
+
+class FakeEngine:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.requests = []
+        self.shutdowns = 0
+
+    async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False):
+        self.requests.append((input_ids, sampling_params))
+        return {"text": "<answer> z</answer>", "output_ids": [2004, 220, 89, 2005],
+                "meta_info": {"finish_reason": {"type": "stop", "matched": "</answer>"}}}
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets, monkeypatch, fails):
+    engines: list[FakeEngine] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: True)
+    monkeypatch.setattr(sglang_generator, "load_engine_class",
+                        lambda: lambda **kw: engines.append(FakeEngine(**kw)) or engines[-1])
+    monkeypatch.setattr(launch, "prepare_tiny_assets", lambda cfg: None)
+    monkeypatch.setattr(launch, "ensure_index", lambda cfg: None)
+    seen = {}
+
+    def fake_run_evaluation(cfg, generator=None, **kwargs):
+        assert isinstance(generator, sglang_generator.SGLangEngineGenerator)
+        assert engines and engines[0].shutdowns == 0  # started before, still running during the evaluation
+        seen["result"] = asyncio.run(generator.generate([1, 2], SamplingParams(do_sample=False, stop=["</answer>"])))
+        if fails:
+            raise RuntimeError("evaluation broke")
+        return SimpleNamespace(run_dir="somewhere")
+
+    monkeypatch.setattr(eval_runner, "run_evaluation", fake_run_evaluation)
+    overrides = [f"paths.tiny_assets={tiny_assets.root}", f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
+                 "rollout.rollout_backend=sglang", "cluster.num_gpus_per_node=2", "retrieval.launch=false",
+                 "tools.search.server_addr=127.0.0.1:1"]
+    if fails:
+        with pytest.raises(RuntimeError, match="evaluation broke"):
+            launch.run_evaluation_only("tiny-cpu-eval", overrides, show_progress=False)
+    else:
+        launch.run_evaluation_only("tiny-cpu-eval", overrides, show_progress=False)
+    assert len(engines) == 1 and engines[0].shutdowns == 1  # shut down on success and on failure
+    assert engines[0].kwargs["model_path"] == str(tiny_assets.qwen2_tiny) and engines[0].kwargs["tp_size"] == 1
+    assert engines[0].kwargs["dp_size"] == 1  # tiny-cpu-eval places the rollout on GPU 0 only
+    assert seen["result"].finish_reason == "stop" and seen["result"].text == "<answer> z</answer>"
+    assert engines[0].requests[0][1]["temperature"] == 0.0 and engines[0].requests[0][1]["stop"] == ["</answer>"]

@@ -1,0 +1,100 @@
+"""Shared set-up of the CPU runner tests (test_trainer_cpu.py, test_trainer_validation.py): a BM25 retrieval
+server and a CPU Ray cluster (module fixtures; import them into the test module), the tiny-cpu config with
+small overrides, and a trainer on freshly launched worker groups. Not a test module itself."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def retrieval_url(tiny_assets, tmp_path_factory):
+    from rlinf_ext.retrieval.build import build_index
+    from rlinf_ext.retrieval.config import BuildConfig
+    from rlinf_ext.retrieval.launch import RetrievalServerProcess
+
+    index_dir = tmp_path_factory.mktemp("bm25")
+    build_index(BuildConfig(corpus=str(tiny_assets.corpus_path), out=str(index_dir), retriever="bm25"))
+    server = RetrievalServerProcess(index_dir, tiny_assets.corpus_path, topk=3, startup_timeout_s=120)
+    url = server.start()
+    try:
+        yield url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from rlinf.scheduler import Cluster
+
+    from rlinf_ext.runner.launch import shutdown_ray
+
+    c = Cluster(num_nodes=1)
+    yield c
+    shutdown_ray()  # also forgets RLinf's Cluster singleton, so the next module gets a fresh Ray instance
+
+
+def model_path(tiny_assets):
+    # the warm-started model searches and answers; fall back to the random tiny model if it is not built
+    return tiny_assets.qwen2_tiny_sft or tiny_assets.qwen2_tiny
+
+
+def make_cfg(tiny_assets, out_dir, url, **extra):
+    from rlinf_ext.config.loader import load_config
+
+    overrides = {
+        "paths.tiny_assets": str(tiny_assets.root),
+        "rollout.model.model_path": str(model_path(tiny_assets)),
+        "runner.output_dir": str(out_dir),
+        "runner.experiment_name": "t",
+        "runner.max_steps": 1,
+        "runner.save_interval": -1,
+        "data.rollout_batch_size": 2,
+        "data.train_data_paths": [str(tiny_assets.rlinf_train)],
+        "data.val_data_paths": [],
+        "algorithm.group_size": 2,
+        "algorithm.n_minibatches": 2,
+        "algorithm.training_batch_size_per_gpu": 1,
+        "algorithm.logprob_forward_micro_batch_size": 2,
+        "algorithm.kl_beta": 0.01,
+        "algorithm.entropy_bonus": 0.001,
+        "algorithm.sampling_params.max_new_tokens": 24,
+        "agentloop.max_turns": 1,
+        "agentloop.response_length_total": 96,
+        "agentloop.max_obs_length": 48,
+        "actor.optim.lr": 1e-3,
+        "retrieval.launch": False,
+        "tools.search.server_addr": url.removeprefix("http://"),
+        "tools.search.default_timeout": 20.0,
+        "runner.seq_length": 1536,
+        **extra,
+    }
+    return load_config("tiny-cpu", [f"{k}={_yaml(v)}" for k, v in overrides.items()])
+
+
+def _yaml(v):
+    if isinstance(v, list):
+        return "[" + ",".join(f"'{x}'" for x in v) + "]"
+    if v is None:
+        return "null"
+    return str(v)
+
+
+def make_trainer(cfg, cluster, url, on_step=None, data_size: int = 16):
+    from transformers import AutoTokenizer
+
+    from rlinf_ext.runner.groups import launch_worker_groups
+    from rlinf_ext.runner.trainer import PromptDataset, SearchR1Trainer, load_jsonl_prompts
+
+    tok = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path)
+    rows = load_jsonl_prompts(cfg.data.train_data_paths, data_size=data_size)
+    dataset = PromptDataset(rows, tok, cfg.data.max_prompt_length)
+    total = SearchR1Trainer.total_steps(cfg, len(dataset))
+    groups = launch_worker_groups(cfg, cluster, total_train_steps=total, deterministic_rollout=True)
+    return SearchR1Trainer(cfg, groups, dataset, on_step=on_step)
+
+
+def kill_groups(groups):
+    from rlinf_ext.runner.groups import stop_worker_groups
+
+    stop_worker_groups(groups)
