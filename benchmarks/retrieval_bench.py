@@ -63,6 +63,25 @@ def default_encoder(work: Path) -> Path:
     return make_tiny_assets(work / "tiny_assets", seed=0).bert_encoder
 
 
+def widened_encoder(base: Path, work: Path, hidden: int, layers: int) -> Path:
+    """A random BERT with the base encoder's vocabulary and e5-base's width (768 -> 768-dim embeddings).
+
+    The tiny encoder's 32-dim embeddings make a 1M-passage Flat index 128 MB, so its search is bound by the
+    top-k pass, not by reading the index; a real e5-base index is 3 GB, read once per faiss call. With
+    `layers=0` the encoder is embeddings + mean pooling (a bag of words): a 1M-passage corpus encodes in minutes
+    on a CPU while the index has the real size (one transformer layer of width 768 would take an hour).
+    """
+    from transformers import BertTokenizerFast
+
+    from rlinf_ext.assets.models import make_bert_encoder, save_hf_model
+
+    out = work / f"encoder_h{hidden}_l{layers}"
+    if not (out / "config.json").is_file():
+        tok = BertTokenizerFast.from_pretrained(str(base))
+        save_hf_model(make_bert_encoder(tok, seed=0, hidden_size=hidden, layers=layers, heads=max(1, hidden // 64)), tok, out)
+    return out
+
+
 def make_queries(corpus: Path, n: int, seed: int = 1) -> list[str]:
     """Queries of 3-8 words taken from random passages (so they have real matches)."""
     rng = random.Random(seed)
@@ -186,6 +205,9 @@ def main(argv=None) -> int:
                    help="Skip dense for larger corpora (encoding 1M passages on 2 CPU cores takes very long).")
     p.add_argument("--work-dir", default="/tmp/retrieval_bench", help="Corpora and indexes are cached here.")
     p.add_argument("--encoder", default=None, help="Encoder dir (default: the tiny assets' bert-tiny-encoder).")
+    p.add_argument("--encoder-hidden", type=int, default=None,
+                   help="Use a random encoder of this width (e.g. 768, e5-base's) with the base encoder's vocabulary.")
+    p.add_argument("--encoder-layers", type=int, default=0, help="Layers of the --encoder-hidden encoder (0: bag of embeddings).")
     p.add_argument("--faiss-type", default="Flat")
     p.add_argument("--clients", type=int, default=64, help="Concurrent single-query clients.")
     p.add_argument("--single-queries", type=int, default=1024, help="Queries sent by the single-query clients.")
@@ -201,6 +223,8 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     encoder = Path(args.encoder) if args.encoder else default_encoder(work)
     words = encoder_words(encoder)
+    if args.encoder_hidden:
+        encoder = widened_encoder(encoder, work, args.encoder_hidden, args.encoder_layers)
     rows = []
     for size in [int(s) for s in args.sizes.split(",")]:
         corpus = work / f"corpus_{size}.jsonl"
@@ -214,7 +238,8 @@ def main(argv=None) -> int:
             if retriever == "dense" and size > args.dense_max_size:
                 print(f"# skipped dense at {size} passages (> --dense-max-size {args.dense_max_size})", flush=True)
                 continue
-            index = work / f"index_{retriever}_{size}"
+            width = f"_h{args.encoder_hidden}_l{args.encoder_layers}" if retriever == "dense" and args.encoder_hidden else ""
+            index = work / f"index_{retriever}{width}_{size}"
             build_s = build_if_needed(corpus, index, retriever, encoder, args)
             print(f"# {retriever} index {size}: built in {build_s:.0f}s (0 = cached)", flush=True)
             on = measure(index, corpus, queries_single, queries_batch, args, no_batching=False)
