@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; the launcher stopped everything it started", file=sys.stderr)
         return 130
     wall = time.monotonic() - started
-    rows = read_metrics(summary.log_dir / METRICS_FILE)
+    all_rows = read_metrics(summary.log_dir / METRICS_FILE)
+    rows = [r for r in all_rows if int(r["step"]) > 0]  # step 0 is the validation before training
+    validations = [(int(r["step"]), r) for r in all_rows if "val/all/em" in r]
     print("\nstep  reward/mean  reward/em  searches  search_failures  time/step")
     for r in rows:
         print(f"{int(r['step']):>4}  {r.get('reward/mean', float('nan')):>11.3f}  {r.get('reward/em', float('nan')):>9.3f}"
@@ -60,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mean of last {k} step(s) : {summary.last_reward}")
     print(f"steps                  : {summary.steps}")
     print(f"wall time (whole run)  : {wall:.0f} s")
+    for step, r in validations:
+        print(f"validation at step {step:<3}: greedy EM {r['val/all/em']:.3f} over {int(r['val/n'])} test questions "
+              f"(avg over benchmarks {r['val/avg/em']:.3f})")
     if summary.eval_table is not None:
         print(f"eval table             : {summary.eval_table}")
     if not args.out and not args.keep:

@@ -159,6 +159,19 @@ def _to_gpus(index: faiss.Index, gpus: str) -> faiss.Index:
     return faiss.index_cpu_to_gpu_multiple_py(resources, index, co=options, gpus=ids)
 
 
+# faiss 1.15 sets `distance_compute_blas_threshold` to 128000, and its exhaustive (Flat) search then scans the
+# whole index once per query for batches below ~threshold / dim queries (measured on 1M x 768, 3 GB: 64 queries
+# took 7.3 s, 16 took 1.9 s, 256 took 1.7 s). With the threshold at faiss's old default of 20, 64 queries are one
+# BLAS product over the index (0.61 s) and one query costs the same as before (0.27 s vs 0.30 s). Cross-request
+# batching only pays when a batch reads the index once, so the server lowers it.
+FLAT_BLAS_THRESHOLD = 20
+
+
+def use_blas_for_batches(threshold: int = FLAT_BLAS_THRESHOLD) -> None:
+    """Set faiss's `distance_compute_blas_threshold` (a process-wide setting) for batched Flat searches."""
+    faiss.cvar.distance_compute_blas_threshold = int(threshold)
+
+
 class DenseSearcher:
     def __init__(self, encoder: TextEncoder, index: faiss.Index, meta: IndexMetadata, query_batch_size: int) -> None:
         self.encoder = encoder
@@ -190,6 +203,7 @@ class DenseSearcher:
             index = faiss.read_index(path)
         if gpus:
             index = _to_gpus(index, gpus)
+        use_blas_for_batches()
         return cls(encoder, index, meta, query_batch_size)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -207,6 +207,7 @@ class RunSummary:
     eval_table: Path | None = None
     wall_time_s: float = 0.0
     reward_window: int = REWARD_SUMMARY_WINDOW  # steps averaged at each end for first/last reward
+    validations: list[tuple[int, float, int]] = field(default_factory=list)  # (step, val/all/em, val/n)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def format(self) -> str:
@@ -224,6 +225,9 @@ class RunSummary:
                 f"  mean reward, first {k} vs last {k} step(s): "
                 f"{self.first_reward:.3f} -> {self.last_reward:.3f} ({delta:+.3f})"
             )
+        if self.validations:
+            points = ", ".join(f"step {step}: {em:.3f}" for step, em, _ in self.validations)
+            lines.append(f"  validation EM (greedy, {self.validations[-1][2]} test questions): {points}")
         lines += [
             f"  checkpoint       : {show(self.checkpoint_dir)}",
             f"  converted HF     : {show(self.hf_model_dir)}",
@@ -250,6 +254,12 @@ def reward_trend(log_dir: Path, window: int = REWARD_SUMMARY_WINDOW) -> tuple[in
         return len(rows), None, None
     first, last = first_last_means(rewards, reward_window(len(rewards), window))
     return len(rows), first, last
+
+
+def validation_trend(log_dir: Path) -> list[tuple[int, float, int]]:
+    """``(step, val/all/em, val/n)`` of every validation pass logged in metrics.jsonl, in step order."""
+    rows = read_metrics(Path(log_dir) / METRICS_FILE)
+    return [(int(r["step"]), float(r["val/all/em"]), int(r.get("val/n", 0))) for r in rows if "val/all/em" in r]
 
 
 # ---------------------------------------------------------------- preparation (tiny assets, index)
@@ -580,6 +590,7 @@ def run_training(
         summary.rollout_data_dir = Path(cfg.runner.rollout_data_dir) if cfg.runner.rollout_data_dir else None
         summary.steps, summary.first_reward, summary.last_reward = reward_trend(summary.log_dir)
         summary.reward_window = reward_window(summary.steps)
+        summary.validations = validation_trend(summary.log_dir)
         eval_yaml = eval_config_for(config)
         if evaluate is None:
             evaluate = eval_yaml is not None and tiny_root is not None

@@ -32,6 +32,7 @@ CI_SIZE = [
     "algorithm.sampling_params.max_new_tokens=32",
     "agentloop.response_length_total=192",
     "runner.save_interval=1",
+    "runner.val_samples_per_benchmark=1",  # the validation before training: one question per benchmark
 ]
 
 
@@ -82,7 +83,12 @@ def test_tiny_experiment_trains_resumes_survives_a_dead_server_and_converts(tiny
     code, log1 = launch(["--no-eval", *common, "runner.max_steps=2"])
     assert code == 0, log1[-4000:]
     rows = metrics_rows(run_dir)
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the validation before training (tiny-cpu.yaml)
+    val = rows[0]
+    assert val["val/n"] == 7 and val["val/errors"] == 0 and math.isfinite(val["val/all/em"]), val
+    assert "reward/mean" not in val
+    assert len((run_dir / "validation" / "global_step_0" / "generations.jsonl").read_text().splitlines()) == 7
+    rows = rows[1:]
     for row in rows:
         for key in ("reward/mean", "actor/loss", "agent/searches", "time/step"):
             assert key in row and math.isfinite(row[key]), (key, row)
@@ -122,7 +128,7 @@ def test_tiny_experiment_trains_resumes_survives_a_dead_server_and_converts(tiny
     assert code == 0, log2[-4000:]
     assert server.get("killed"), "the test never saw step 3 and did not kill the server"
     rows = {r["step"]: r for r in metrics_rows(run_dir)}
-    assert sorted(rows) == [1, 2, 3, 4], "launch 2 did not continue at step 3"
+    assert sorted(rows) == [0, 1, 2, 3, 4], "launch 2 did not continue at step 3 (or validated again at step 0)"
     assert rows[4]["agent/search_failures"] > 0, "searches against a dead server were not counted as failures"
     assert math.isfinite(rows[4]["actor/loss"])
     assert (run_dir / "checkpoints" / "global_step_4").is_dir()

@@ -106,3 +106,24 @@ def test_cli_build_index_bm25_and_errors(retrieval_assets, tmp_path, capsys):
                  "--retriever", "e5", "--model", str(retrieval_assets.encoder), "--faiss-type", "Bogus7",
                  "--threads", "1"]) == 1
     assert "faiss cannot build 'Bogus7'" in capsys.readouterr().err
+
+
+def test_dense_searcher_batches_through_one_blas_product_with_unchanged_answers(dense_index):
+    """Loading a dense index lowers faiss's BLAS threshold (faiss 1.15 scans the index once per query below
+    128000 / dim queries); a batch must still rank exactly as one-query calls do."""
+    from rlinf_ext.retrieval.dense import FLAT_BLAS_THRESHOLD
+    from rlinf_ext.retrieval.searcher import open_searcher
+
+    before = faiss.cvar.distance_compute_blas_threshold
+    try:
+        faiss.cvar.distance_compute_blas_threshold = 128000
+        searcher, _ = open_searcher(dense_index, threads=1)
+        assert faiss.cvar.distance_compute_blas_threshold == FLAT_BLAS_THRESHOLD
+        queries = [f"city river founded {i}" for i in range(40)] + ["capital", "sea of"]
+        scores, rows = searcher.search(queries, 3)
+        for i, q in enumerate(queries):
+            s1, r1 = searcher.search([q], 3)
+            assert r1[0].tolist() == rows[i].tolist(), q
+            assert np.allclose(s1[0], scores[i], atol=1e-5)
+    finally:
+        faiss.cvar.distance_compute_blas_threshold = before

@@ -15,6 +15,7 @@ from rlinf_ext.runner.launch import (
     RunSummary,
     ray_address_for,
     reward_trend,
+    validation_trend,
     reward_window,
     stop_on_signals,
 )
@@ -51,3 +52,16 @@ def test_reward_trend_and_summary(tmp_path):
                       wall_time_s=12).format()
     assert "first 3 vs last 3 step(s): 0.100 -> 0.600 (+0.500)" in text
     assert f"logs (TB, jsonl) : {tmp_path}" in text and "converted HF     : (none)" in text
+
+
+def test_step_zero_validation_is_not_a_training_step(tmp_path):
+    """The validation before training logs a step-0 row without reward: it counts in the validation curve only."""
+    rows = [{"step": 0, "val/all/em": 0.25, "val/n": 8}]
+    rows += [{"step": s, "reward/mean": r} for s, r in enumerate([0.2, 0.4, 0.6, 0.8], start=1)]
+    rows[-1].update({"val/all/em": 0.5, "val/n": 8})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps, first, last = reward_trend(tmp_path, window=2)
+    assert steps == 4 and first == pytest.approx(0.3) and last == pytest.approx(0.7)
+    assert validation_trend(tmp_path) == [(0, 0.25, 8), (4, 0.5, 8)]
+    text = RunSummary("tiny", steps=steps, validations=validation_trend(tmp_path)).format()
+    assert "validation EM (greedy, 8 test questions): step 0: 0.250, step 4: 0.500" in text
