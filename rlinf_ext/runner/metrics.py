@@ -159,10 +159,10 @@ class MetricsSink:
             self._wandb.log(values, step=step)
         self._metrics_file.write(json.dumps({"step": step, **to_jsonable(values)}) + "\n")
         self._metrics_file.flush()
-        if self.rollout_data_dir is not None and trajectories is not None:
+        if self.rollout_data_dir is not None and trajectories:  # none at step 0 (validation before training)
             self.dump_trajectories(step, trajectories)
         self.history.append({"step": float(step), **values})
-        if self._bar is not None:
+        if self._bar is not None and step > 0:  # the bar counts training steps
             if len(self.history) == 1 and step > 1:  # a resumed run: the bar starts where training starts
                 self._bar.n = self._bar.last_print_n = step - 1
             postfix = {k.split("/")[-1]: f"{values[k]:.3f}" for k in (REWARD_KEY, "actor/loss") if k in values}

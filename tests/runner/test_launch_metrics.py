@@ -106,3 +106,13 @@ def test_plot_with_a_smoothed_trend(tmp_path):
     history = [{"step": s, "reward/mean": (s % 3) / 3} for s in range(1, 21)]
     path = plot_reward_curve(history, tmp_path / "r.png", title="t")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_validation_only_step_zero_is_logged_but_not_dumped(tmp_path):
+    """The validation before training reaches the sink as step 0 with no trajectories: a metrics row, no dump file."""
+    with MetricsSink(log_dir=tmp_path / "logs", rollout_data_dir=tmp_path / "rollouts", show_progress=False) as sink:
+        sink(0, {"val/all/em": 0.25}, [])
+        sink(1, {"reward/mean": 0.5}, [{"uid": "q1", "reward": 0.5}])
+    rows = read_metrics(tmp_path / "logs" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1] and rows[0]["val/all/em"] == 0.25
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["step_1.jsonl"]
