@@ -44,6 +44,14 @@ class Sample:
     ref_logprobs: torch.Tensor | None = None  # [len(response_ids)]
 
 
+def sampling_temperature(sampling_params: Any) -> float:
+    """The temperature the rollout samples with (1.0 when decoding is greedy or the temperature is not positive)."""
+    temperature = float(getattr(sampling_params, "temperature", 1.0) or 1.0)
+    if getattr(sampling_params, "do_sample", True) is False or temperature <= 0:
+        return 1.0
+    return temperature
+
+
 @dataclass
 class ActorSettings:
     """What the actor reads from the experiment config (names follow RLinf; see config/schema.py)."""
@@ -71,6 +79,9 @@ class ActorSettings:
     loss_scale: float | None = None  # fp16 only: static loss scale (None = dynamic)
     seed: int = 1234
     loss_agg_func: str = "token-mean"
+    # the rollout's sampling temperature: log-probs are those of the distribution the tokens were sampled from
+    # (logits / temperature), as RLinf's actor computes them; 1.0 for greedy or untempered sampling
+    temperature: float = 1.0
 
     @classmethod
     def from_config(cls, cfg: Any, total_train_steps: int) -> "ActorSettings":
@@ -109,6 +120,7 @@ class ActorSettings:
             precision=str(actor.model.precision),
             loss_scale=None if actor.optim.loss_scale is None else float(actor.optim.loss_scale),
             seed=int(actor.seed),
+            temperature=sampling_temperature(alg.sampling_params),
         )
 
 
@@ -228,6 +240,11 @@ class MegatronPolicy:
             logits = model(ids, pos, mask, runtime_gather_output=True)
         return logits[..., : model.hf_vocab_size].float()  # log-prob and loss math in fp32
 
+    def _policy_logits(self, model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+        """Logits of the sampling distribution (divided by the rollout temperature) for log-probs and losses."""
+        logits = self._logits(model, batch)
+        return logits if self.settings.temperature == 1.0 else logits / self.settings.temperature
+
     def _pack(self, samples: Sequence[Sample]) -> PackedBatch:
         return pack_sequences(
             [s.prompt_ids for s in samples], [s.response_ids for s in samples], [s.response_mask for s in samples], self.pad_id
@@ -248,7 +265,7 @@ class MegatronPolicy:
             for i in range(0, len(samples), mbs):
                 chunk = samples[i : i + mbs]
                 batch = self._pack(chunk)
-                lp = gather_logprobs(self._logits(model, batch), batch.input_ids.to(self.device)).float().cpu()
+                lp = gather_logprobs(self._policy_logits(model, batch), batch.input_ids.to(self.device)).float().cpu()
                 resp = response_slice(lp, batch)
                 out.extend(resp[j, : len(s.response_ids)].clone() for j, s in enumerate(chunk))
         finally:
@@ -276,7 +293,7 @@ class MegatronPolicy:
     def _micro_loss(self, chunk: Sequence[Sample], chunk_adv: torch.Tensor, num_tokens: float):
         s = self.settings
         batch = self._pack(chunk)
-        logits = self._logits(self.model, batch)
+        logits = self._policy_logits(self.model, batch)
         ids = batch.input_ids.to(self.device)
         logprobs = gather_logprobs(logits, ids)
         mask = batch.loss_mask.to(self.device)

@@ -163,3 +163,32 @@ def test_one_step_moves_logprobs_towards_rewarded_trajectories(tiny_model):
 
     margins = [gain(i + 1) - gain(i) for i in range(0, len(samples), 2)]  # rewarded minus unrewarded, per group
     assert all(m > 0 for m in margins), margins
+
+
+def test_sampling_temperature_reading():
+    from types import SimpleNamespace as NS
+
+    from rlinf_ext.engines.actor import sampling_temperature
+
+    assert sampling_temperature(NS(do_sample=True, temperature=0.7)) == 0.7
+    assert sampling_temperature(NS(do_sample=False, temperature=0.7)) == 1.0  # greedy: untempered
+    assert sampling_temperature(NS(do_sample=True, temperature=0.0)) == 1.0
+
+
+@pytest.mark.timeout(120)
+def test_logprobs_are_those_of_the_tempered_sampling_distribution(tiny_model):
+    """With rollout temperature T the actor's log-probs are log_softmax(logits / T), as RLinf computes them."""
+    from transformers import AutoModelForCausalLM
+
+    policy = MegatronPolicy(tiny_model, _settings(temperature=0.5))
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
+    samples = _samples(hf.config.vocab_size)
+    batch = pack_sequences([s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                           [s.response_mask for s in samples], 0)
+    with torch.no_grad():
+        hf_logits = hf(input_ids=batch.input_ids, attention_mask=(batch.input_ids != -1).long()).logits
+    tempered, plain = gather_logprobs(hf_logits / 0.5, batch.input_ids), gather_logprobs(hf_logits, batch.input_ids)
+    for i, (s, lp) in enumerate(zip(samples, policy.compute_logprobs(samples))):
+        p, n = len(s.prompt_ids), len(s.response_ids)
+        assert torch.allclose(lp, tempered[i, p - 1 : p - 1 + n], atol=LOGPROB_ATOL)
+        assert not torch.allclose(lp, plain[i, p - 1 : p - 1 + n], atol=1e-3)
