@@ -154,15 +154,29 @@ def weight_buckets(state: dict[str, torch.Tensor], max_bytes: int = WEIGHT_BUCKE
         yield bucket
 
 
+GPU_INSTALL_FIX = "pip install -e '.[gpu]' (sglang==0.4.6.post5, RLinf's pin)"
+
+
+class SGLangUnavailable(RuntimeError):
+    """SGLang cannot run here (no CUDA device, not installed, or a config it cannot serve); names the fix."""
+
+
+def import_rlinf_sglang(module: str, name: str, alternative: str = ""):
+    """``from <module> import <name>`` for RLinf's SGLang wrappers, with one clear error when SGLang is unusable."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, ValueError) as exc:  # RLinf raises ValueError when sglang is missing or the wrong version
+        raise SGLangUnavailable(
+            f"SGLang is not usable here ({type(exc).__name__}: {exc}). Fix: on the GPU node, {GPU_INSTALL_FIX}"
+            + (f"; or {alternative}." if alternative else ".")
+        ) from exc
+
+
 def make_sglang_stop_worker():
     """The SGLang worker subclass (imports sglang through RLinf; call only on GPU nodes)."""
-    try:
-        from rlinf.workers.rollout.sglang.sglang_worker import SGLangWorker
-    except (ImportError, ValueError) as exc:  # RLinf raises ValueError when sglang is missing or the wrong version
-        raise RuntimeError(
-            f"SGLang is not usable here ({exc}). Fix: on the GPU nodes install the GPU extras, "
-            "pip install -e '.[gpu]' (sglang==0.4.6.post5, RLinf's pin)."
-        ) from exc
+    SGLangWorker = import_rlinf_sglang("rlinf.workers.rollout.sglang.sglang_worker", "SGLangWorker")
 
     from rlinf_ext.engines.rollout_worker import STOP_SERVING
 

@@ -31,14 +31,15 @@ from collections.abc import Callable
 from typing import Any
 
 from rlinf_ext.agent.types import GenerationResult, SamplingParams
-from rlinf_ext.engines.gpu_rollout import sglang_reply, to_sglang_params
+from rlinf_ext.engines.gpu_rollout import (  # noqa: F401  (GPU_INSTALL_FIX, SGLangUnavailable: re-exported)
+    GPU_INSTALL_FIX,
+    SGLangUnavailable,
+    import_rlinf_sglang,
+    sglang_reply,
+    to_sglang_params,
+)
 
-GPU_INSTALL_FIX = "pip install -e '.[gpu]' (sglang==0.4.6.post5, RLinf's pin)"
 SGLANG_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-
-
-class SGLangUnavailable(RuntimeError):
-    """SGLang cannot run here (no CUDA device, not installed, or a config it cannot serve); names the fix."""
 
 
 def usable_gpus(cfg: Any, visible: int) -> list[int]:
@@ -114,14 +115,8 @@ def sglang_installed() -> bool:
 
 def load_engine_class() -> Callable[..., Any]:
     """RLinf's patched SGLang ``Engine`` (see the module docstring); a clear error when SGLang is unusable."""
-    try:
-        from rlinf.workers.rollout.sglang import Engine
-    except (ImportError, ValueError) as exc:  # RLinf raises ValueError when sglang is missing or the wrong version
-        raise SGLangUnavailable(
-            f"SGLang is not usable here ({type(exc).__name__}: {exc}). Fix: on the GPU node, {GPU_INSTALL_FIX}; "
-            "or set rollout.rollout_backend=hf to evaluate on CPU."
-        ) from exc
-    return Engine
+    return import_rlinf_sglang("rlinf.workers.rollout.sglang", "Engine",
+                               "set rollout.rollout_backend=hf to evaluate on CPU")
 
 
 class SGLangEngineGenerator:

@@ -117,3 +117,12 @@ def test_weight_buckets_bound_the_bytes_per_transfer():
     buckets = [[name for name, _ in b] for b in weight_buckets(state, max_bytes=80)]
     assert buckets == [["a", "b"], ["c"], ["d"]]
     assert sum(len(b) for b in weight_buckets(state)) == 4
+
+
+def test_unusable_sglang_import_names_the_fix():
+    from rlinf_ext.engines.gpu_rollout import GPU_INSTALL_FIX, SGLangUnavailable, import_rlinf_sglang
+
+    with pytest.raises(SGLangUnavailable) as err:
+        import_rlinf_sglang("rlinf_ext_no_such_module.sglang", "Engine", "set rollout.rollout_backend=hf")
+    assert GPU_INSTALL_FIX in str(err.value) and "rollout.rollout_backend=hf" in str(err.value)
+    assert isinstance(err.value.__cause__, ImportError)
