@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     k = summary.reward_window
     print(f"mean of first {k} step(s): {summary.first_reward}")
     print(f"mean of last {k} step(s) : {summary.last_reward}")
+    if summary.searches is not None:
+        print(f"searches per trajectory: first {k} step(s) {summary.searches[0]:.2f}, last {k} {summary.searches[1]:.2f}")
     print(f"steps                  : {summary.steps}")
     print(f"wall time (whole run)  : {wall:.0f} s")
     for step, r in validations:

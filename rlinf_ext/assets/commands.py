@@ -14,7 +14,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--with-sft", action="store_true",
                         help="Also train models/qwen2-tiny-sft, the warm-started model of the tiny experiment (~2 min on CPU).")
     parser.add_argument("--eval-sft", action="store_true",
-                        help="After --with-sft, print the warm-started model's greedy EM per test file "
+                        help="After --with-sft, print the warm-started model's (and the search-only SFT's) greedy EM per test file "
                              "(gold observation / no observation / live BM25 loop).")
 
 
@@ -49,5 +49,8 @@ def run(verb: str, args: argparse.Namespace) -> int:
     if args.eval_sft:
         from rlinf_ext.assets.sft_eval import evaluate_assets, format_table
 
+        print(f"warm start ({assets.qwen2_tiny_sft}; gives up without searching on most questions):")
         print(format_table(evaluate_assets(assets)))
+        print(f"search-only SFT before the give-up pass ({assets.qwen2_tiny_sft_search}):")
+        print(format_table(evaluate_assets(assets, model_dir=assets.qwen2_tiny_sft_search)))
     return 0

@@ -80,8 +80,10 @@ def evaluate(model, tokenizer, tests: dict[str, list[Question]], retriever: traj
     return table
 
 
-def evaluate_assets(assets, topk: int = 3, modes=("gold_obs", "no_obs", "live")) -> dict[str, dict[str, float]]:
-    """`evaluate` on a generated asset directory's warm-started model and its seven test files."""
+def evaluate_assets(assets, topk: int = 3, modes=("gold_obs", "no_obs", "live"),
+                    model_dir=None) -> dict[str, dict[str, float]]:
+    """`evaluate` on a generated asset directory's warm-started model (or ``model_dir``, e.g. the search-only
+    ``assets.qwen2_tiny_sft_search``) and its seven test files."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlinf_ext.assets.qa import split_questions
@@ -90,8 +92,9 @@ def evaluate_assets(assets, topk: int = 3, modes=("gold_obs", "no_obs", "live"))
 
     if assets.qwen2_tiny_sft is None:
         raise ValueError("these assets have no warm-started model; generate them with with_sft=True (--with-sft)")
-    model = AutoModelForCausalLM.from_pretrained(assets.qwen2_tiny_sft)
-    tokenizer = AutoTokenizer.from_pretrained(assets.qwen2_tiny_sft)
+    model_dir = model_dir or assets.qwen2_tiny_sft
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tests = split_questions(build_world(assets.seed), assets.seed).test
     return evaluate(model, tokenizer, tests, corpus_retriever(assets.corpus_path), topk, modes)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from rlinf_ext.assets.qa import BENCHMARKS
 
 # Bump when the generated content changes, so that stale cached directories are regenerated.
-GENERATOR_VERSION = 4
+GENERATOR_VERSION = 5
 MANIFEST = "MANIFEST.json"
 
 
@@ -38,7 +38,9 @@ class TinyAssets:
     qwen2_tiny: Path
     qwen2_tiny_untied: Path
     bert_encoder: Path
-    qwen2_tiny_sft: Path | None = None  # only with with_sft=True
+    qwen2_tiny_sft: Path | None = None  # only with with_sft=True: the warm start (searches or gives up)
+    # only with with_sft=True: the same SFT before its give-up pass (always searches; sft.SFTConfig)
+    qwen2_tiny_sft_search: Path | None = None
     benchmarks: tuple[str, ...] = field(default=BENCHMARKS)
 
     @property
@@ -61,6 +63,7 @@ def _layout(root: Path, seed: int, with_sft: bool) -> TinyAssets:
         qwen2_tiny_untied=root / "models" / "qwen2-tiny-untied",
         bert_encoder=root / "models" / "bert-tiny-encoder",
         qwen2_tiny_sft=(root / "models" / "qwen2-tiny-sft") if with_sft else None,
+        qwen2_tiny_sft_search=(root / "models" / "qwen2-tiny-sft-search") if with_sft else None,
     )
 
 

@@ -79,6 +79,17 @@ def trajectory_segments(q: Question, observations: list[str]) -> list[Segment]:
     return segs
 
 
+# The warm start's other habit: giving up without searching. A constant text, so it teaches no entity; the
+# choice between searching and giving up is made at the first word after "<think> I" ("need" vs "do"),
+# one decision GRPO can move.
+ABSTAIN_TEXT = "<think> I do not know the answer to this. </think>\n<answer> unknown </answer><|im_end|>"
+
+
+def abstain_segments() -> list[Segment]:
+    """A trajectory that answers without searching (and so, for these invented facts, wrongly)."""
+    return [Segment(ABSTAIN_TEXT, True)]
+
+
 def gold_observations(q: Question, retriever: LexicalRetriever, topk: int = 3, trailing_newline: bool = False) -> list[str]:
     """The observation the retriever gives for each hop's gold query."""
     return [format_observation(docs, trailing_newline) for docs in retriever.search([h.query for h in q.hops], topk=topk)]

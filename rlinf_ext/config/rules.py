@@ -315,6 +315,14 @@ def batch_divides(cfg):
     actor = plans.get("actor")
     if actor is None or placement_issues or actor.dp < 1:
         return
+    if rbs % actor.dp:
+        # each data-parallel actor rank trains on whole GRPO groups (engines/data_parallel.share_of)
+        yield ConfigIssue(
+            "data.rollout_batch_size",
+            f"{rbs} prompts (GRPO groups) per step do not split over the actor's data-parallel size {actor.dp}.",
+            f"make data.rollout_batch_size a multiple of {actor.dp} (e.g. data.rollout_batch_size={-(-rbs // actor.dp) * actor.dp}).",
+        )
+        return
     per_minibatch = total // nmb
     if total % actor.dp or per_minibatch % (actor.dp * mbs):
         yield ConfigIssue(

@@ -10,7 +10,7 @@ Runs on CUDA when available and on CPU otherwise. ``actor.model.precision`` bf16
 fp32 master weights stepped by the optimizer, forward/backward under autocast, a loss scaler for fp16, fp32
 log-prob and loss math (``actor_device.MixedPrecision``); the CPU profile uses fp32 (CPU autocast is slow).
 Collocated GPU runs move weights and optimizer state to pinned CPU memory between phases (``offload`` /
-``onload``; no-ops on CPU).
+``onload``; no-ops on CPU). Data parallelism (several processes, TP=PP=1 each): ``engines/data_parallel.py``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 
 from rlinf_ext.engines.actor_device import MixedPrecision, move_module_, move_optimizer_state_, release_device_memory
 from rlinf_ext.engines.batching import PackedBatch, gather_logprobs, pack_sequences, response_scatter, response_slice
+from rlinf_ext.engines.data_parallel import DataParallel, ShardLayout, merge_minibatch_metrics
 from rlinf_ext.engines.lr_schedule import lr_at
 from rlinf_ext.engines.rl_math import LossConfig, compute_advantages, entropy_from_logits, grpo_actor_loss
 
@@ -165,7 +166,10 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 class MegatronPolicy:
-    """Policy + frozen reference on Megatron-core (TP=PP=1 in this process), with its optimizer."""
+    """Policy + frozen reference on Megatron-core (TP=PP=1 in this process), with its optimizer.
+
+    One data-parallel rank when ``parallel_state`` was initialised for several processes before it is built
+    (every rank holds the whole model; ``train_step`` sums token counts and gradients over the ranks)."""
 
     def __init__(self, hf_model_path: str | Path, settings: ActorSettings, *, init_distributed: bool = True):
         from rlinf_ext.convert.mapping import ConvertSpec, hf_to_megatron
@@ -182,6 +186,8 @@ class MegatronPolicy:
 
             if not parallel_state.model_parallel_is_initialized():
                 init_parallel_state(1, 1, seed=settings.seed)
+        # DP = the processes of an already initialised group (the Ray worker initialises it for N ranks)
+        self.dp = DataParallel.from_parallel_state()
         torch.manual_seed(settings.seed)
         self.spec = ConvertSpec.from_hf_config(self.hf_model_path, te_layernorm_names=False)
         hf_state = load_hf_state_dict(self.hf_model_path)
@@ -308,26 +314,43 @@ class MegatronPolicy:
         entropy = entropy_from_logits(logits[:, :-1]) if s.loss.entropy_bonus > 0 else None
         return grpo_actor_loss(logprobs, old, adv, mask, s.loss, ref_logprobs=ref, entropy=entropy, num_tokens=num_tokens)
 
-    def train_step(self, samples: Sequence[Sample], step: int) -> list[dict[str, float]]:
-        """One rollout step: ``n_minibatches`` optimizer steps; returns one metrics dict per mini-batch."""
+    def train_step(self, samples: Sequence[Sample], step: int, layout: ShardLayout | None = None) -> list[dict[str, float]]:
+        """One rollout step: ``n_minibatches`` optimizer steps; returns one metrics dict per mini-batch.
+
+        With data parallelism (``self.dp.size > 1``) ``samples`` are this rank's share (whole GRPO groups) and
+        ``layout`` places them in the step's global order: mini-batch m is the same global set of samples as in
+        a one-process run; each rank back-propagates the part it holds, the loss-token count is summed over
+        the ranks before the backward and the gradients after it. Metrics are global on every rank.
+        """
         s = self.settings
-        n = len(samples)
+        if layout is None:
+            if self.dp.enabled:
+                raise ValueError("train_step with data parallelism needs the ShardLayout of this rank's samples "
+                                 "(data_parallel.shard_layout).")
+            layout = ShardLayout(tuple(range(len(samples))), len(samples))
+        if len(layout.global_index) != len(samples):
+            raise ValueError(f"ShardLayout places {len(layout.global_index)} samples but {len(samples)} were given.")
+        n = layout.global_size
         if n % s.n_minibatches:
             raise ValueError(f"{n} trajectories cannot be split into algorithm.n_minibatches={s.n_minibatches} equal parts.")
-        adv = self.advantages(samples)
+        adv = self.advantages(samples)  # groups are whole on every rank: local = global advantages
         order = list(range(n))
         if s.shuffle_rollout:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(s.seed + step)).tolist()
+        local_pos = {g: i for i, g in enumerate(layout.global_index)}
         per_mb = n // s.n_minibatches
         total_opt_steps = s.total_train_steps * s.n_minibatches
+        params = [p for p in self.model.parameters() if p.requires_grad]
         results = []
         self.onload()
         self.model.train()
         for m in range(s.n_minibatches):
-            idx = order[m * per_mb : (m + 1) * per_mb]
+            # this rank's part of global mini-batch m, in the global order
+            idx = [local_pos[g] for g in order[m * per_mb : (m + 1) * per_mb] if g in local_pos]
             mb = [samples[i] for i in idx]
             mb_adv = adv[idx]
-            num_tokens = float(sum(sum(x.response_mask) for x in mb))
+            # token-mean over the GLOBAL mini-batch: every rank divides by the same count
+            num_tokens = self.dp.sum_float(float(sum(sum(x.response_mask) for x in mb)), self.device)
             self.optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
             for k in range(0, len(mb), s.micro_batch_size):
@@ -337,10 +360,10 @@ class MegatronPolicy:
                 weight = sum(sum(x.response_mask) for x in chunk) / max(num_tokens, 1.0)
                 for key, val in metrics.items():
                     sums[key] = sums.get(key, 0.0) + (val if key in _SUMMED_METRICS else val * weight)
+            # before unscale: an fp16 overflow on any rank reaches all of them, so all skip the same steps
+            self.dp.sum_gradients_(params)
             self.amp.unscale_(self.optimizer)  # clip and step on true gradients
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in self.model.parameters() if p.grad is not None], s.clip_grad
-            )
+            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], s.clip_grad)
             lr = lr_at(self.optimizer_steps, total_opt_steps, s.lr, s.lr_warmup_fraction, s.lr_decay_style, s.min_lr)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -349,16 +372,31 @@ class MegatronPolicy:
                 self.optimizer.step()
             self.amp.update()  # fp16: an overflow (skipped step) halves the dynamic scale
             self.optimizer_steps += 1
+            sums, adv_stats = self._global_minibatch_metrics(sums, mb_adv)
             sums.update(
                 {"grad_norm": float(grad_norm), "lr": lr, "update_success": float(ok), "num_tokens": num_tokens,
-                 "advantages_mean": float(mb_adv.mean()), "advantages_max": float(mb_adv.max()),
-                 "advantages_min": float(mb_adv.min())}
+                 **adv_stats}
             )
             if self.amp.scaler.is_enabled():
                 sums["loss_scale"] = self.amp.loss_scale()
             results.append(sums)
         self.optimizer.zero_grad(set_to_none=True)  # free the gradients until the next step
         return results
+
+    def _global_minibatch_metrics(self, sums: dict[str, float], mb_adv: torch.Tensor):
+        """(loss metrics, advantage stats) of the global mini-batch (this rank's alone with one rank)."""
+        if not self.dp.enabled:
+            return sums, {"advantages_mean": float(mb_adv.mean()), "advantages_max": float(mb_adv.max()),
+                          "advantages_min": float(mb_adv.min())}
+        mine = (sums, float(mb_adv.sum()), len(mb_adv), [float(mb_adv.max())] if len(mb_adv) else [],
+                [float(mb_adv.min())] if len(mb_adv) else [])
+        everyone = self.dp.gather_objects(mine)
+        count = sum(e[2] for e in everyone)
+        return merge_minibatch_metrics([e[0] for e in everyone]), {
+            "advantages_mean": sum(e[1] for e in everyone) / max(count, 1),
+            "advantages_max": max(v for e in everyone for v in e[3]),
+            "advantages_min": min(v for e in everyone for v in e[4]),
+        }
 
     # ------------------------------------------------------------------ weights and checkpoints
     def megatron_state_dict(self) -> dict[str, torch.Tensor]:
@@ -443,17 +481,24 @@ class MegatronPolicy:
             "lr_decay_style": s.lr_decay_style,
         }
 
-    def save(self, directory: str | Path, iteration: int) -> Path:
-        """Megatron's legacy layout in ``directory`` (see ``engines/checkpoint.py``); ``iteration`` = rollout step."""
+    def save(self, directory: str | Path, iteration: int) -> Path | None:
+        """Megatron's legacy layout in ``directory`` (see ``engines/checkpoint.py``); ``iteration`` = rollout step.
+
+        Call it on every data-parallel rank: the RNG states are gathered (one per rank, as Megatron's
+        ``rng_state`` list) and data-parallel rank 0 writes the file (the weights are the same on all ranks).
+        Returns the checkpoint path on rank 0, None elsewhere."""
         from rlinf_ext.engines.checkpoint import save_actor_checkpoint
 
+        rng_states = self.dp.gather_objects(capture_rng_state())
+        if self.dp.rank != 0:
+            return None
         return save_actor_checkpoint(
             directory,
             iteration,
             self.megatron_state_dict(),
             optimizer=self._optimizer_state(),
             opt_param_scheduler=self.scheduler_state(),
-            rng_state=[capture_rng_state()],  # a list per data-parallel rank, as Megatron; rank 0 saves
+            rng_state=rng_states,  # a list per data-parallel rank, as Megatron
             meta={"hf_model_path": self.hf_model_path},
         )
 
@@ -477,7 +522,9 @@ class MegatronPolicy:
         if scaler_state is not None and self.amp.scaler.is_enabled():
             self.amp.scaler.load_state_dict(scaler_state)
         self.optimizer_steps = int(ckpt["opt_param_scheduler"]["num_steps"])
-        restore_rng_state(ckpt["rng_state"][0])
+        # this rank's RNG state; a checkpoint from fewer ranks gives its first one (Megatron's fallback)
+        rng = ckpt["rng_state"]
+        restore_rng_state(rng[self.dp.rank] if self.dp.rank < len(rng) else rng[0])
         return int(ckpt["iteration"])
 
 

@@ -4,9 +4,9 @@
   ``ModelParallelComponentPlacement`` exactly as RLinf's runners place it (one engine per
   ``rollout.tensor_parallel_size`` GPUs; collocated with the actor when both name the same GPUs, else
   disaggregated);
-- actor: our Megatron-core ``MegatronActorWorker`` on CUDA. It trains with TP=PP=DP=1 (no gradient
-  all-reduce), so ONE actor process runs, on the first actor GPU, however many GPUs the placement gives the
-  actor; the others are left to the rollout (``GpuLayout.idle_actor_gpus``, printed at launch);
+- actor: our Megatron-core ``MegatronActorWorker`` on CUDA, one data-parallel process per actor GPU
+  (``PackedPlacementStrategy`` over the actor GPUs; TP=PP=1 each, DP = number of actor GPUs, nccl gradient
+  all-reduce — ``engines/data_parallel.py``, tested with gloo on CPU only);
 - reward and agent-loop workers: CPU processes on node 0 (``NodePlacementStrategy``), as on a CPU cluster.
 
 ``gpu_layout`` is the pure arithmetic (which GPUs each process gets), unit-tested on CPU; it mirrors RLinf's
@@ -34,26 +34,23 @@ class GpuLayout:
     rollout_gpus: tuple[int, ...]  # the placement's rollout GPUs
     rollout_tp: int
     rollout_process_gpus: tuple[tuple[int, ...], ...]  # GPUs of each SGLang engine process (= rollout DP rank)
-    actor_gpus: tuple[int, ...]  # the placement's actor GPUs
-    actor_gpu: int  # where the single actor process runs
+    actor_gpus: tuple[int, ...]  # the placement's actor GPUs: one data-parallel actor process on each
 
     @property
     def rollout_dp_size(self) -> int:
         return len(self.rollout_process_gpus)
 
     @property
-    def idle_actor_gpus(self) -> tuple[int, ...]:
-        """Actor GPUs without an actor process (the actor runs DP=1)."""
-        return tuple(g for g in self.actor_gpus if g != self.actor_gpu)
+    def actor_dp_size(self) -> int:
+        """Actor processes (= data-parallel ranks, TP=PP=1 each)."""
+        return len(self.actor_gpus)
 
     def describe(self) -> str:
         engines = ", ".join("+".join(map(str, p)) for p in self.rollout_process_gpus)
-        text = (f"{self.mode}: {self.rollout_dp_size} SGLang engine(s) on GPUs [{engines}] (TP={self.rollout_tp}); "
-                f"actor: 1 process on GPU {self.actor_gpu}; reward + agent loop: CPU of node 0")
-        if self.idle_actor_gpus:
-            text += (f". NOTE: the placement gives the actor GPUs {list(self.actor_gpus)} but the Megatron-core actor "
-                     f"runs one process (TP=PP=DP=1), so GPUs {list(self.idle_actor_gpus)} train nothing")
-        return text
+        gpus = ", ".join(map(str, self.actor_gpus))
+        return (f"{self.mode}: {self.rollout_dp_size} SGLang engine(s) on GPUs [{engines}] (TP={self.rollout_tp}); "
+                f"actor: {self.actor_dp_size} data-parallel process(es) on GPUs [{gpus}] (TP=PP=1 each); "
+                "reward + agent loop: CPU of node 0")
 
 
 def packed_process_gpus(start: int, end: int, per_process: int = 1, stride: int = 1) -> list[tuple[int, ...]]:
@@ -109,7 +106,7 @@ def gpu_layout(cfg: Any, num_gpus: int, gpus_per_node: int | None = None) -> Gpu
     if (actor_tp, actor_pp) != (1, 1):
         raise GpuLayoutError(
             f"actor.model.tensor_model_parallel_size={actor_tp}, pipeline_model_parallel_size={actor_pp}: the "
-            "Megatron-core actor trains with TP=PP=1 in one process. Fix: set both to 1."
+            "Megatron-core actor trains with TP=PP=1 per process (data parallelism over its GPUs). Fix: set both to 1."
         )
     tp, pp = int(cfg.rollout.tensor_parallel_size), int(cfg.rollout.pipeline_parallel_size)
     if pp != 1:
@@ -142,7 +139,7 @@ def gpu_layout(cfg: Any, num_gpus: int, gpus_per_node: int | None = None) -> Gpu
                 f"a TP={tp} SGLang engine would span nodes (GPUs {list(gpus)}, {gpn} GPUs per node). "
                 "Fix: start the rollout range on a node boundary or lower rollout.tensor_parallel_size."
             )
-    return GpuLayout(num_gpus, gpn, mode, tuple(rollout), tp, tuple(processes), tuple(actor), actor[0])
+    return GpuLayout(num_gpus, gpn, mode, tuple(rollout), tp, tuple(processes), tuple(actor))
 
 
 def _as_dictconfig(cfg: Any):
@@ -161,6 +158,7 @@ def launch_gpu_groups(cfg: Any, cluster: Any, *, total_train_steps: int, verify_
         Placement,
         WorkerGroups,
         WorkerStartupError,
+        check_actor_data_parallel,
         cpu_strategy,
         launch_group,
     )
@@ -169,6 +167,7 @@ def launch_gpu_groups(cfg: Any, cluster: Any, *, total_train_steps: int, verify_
         layout = gpu_layout(cfg, int(cluster.num_accelerators))
     except GpuLayoutError as exc:
         raise WorkerStartupError("placement", exc) from exc
+    check_actor_data_parallel(cfg, layout.actor_dp_size)
     try:
         from rlinf_ext.engines.gpu_rollout import rollout_worker_class
 
@@ -194,8 +193,9 @@ def launch_gpu_groups(cfg: Any, cluster: Any, *, total_train_steps: int, verify_
     groups: dict[str, Any] = {}
     launch_group(groups, cluster, "rollout", rollout_cls, cfg.rollout.group_name, placement.get_strategy("rollout"),
                  rlinf_cfg, placement, verify_sync=verify_sync)
+    # one process per actor GPU (RLinf's packing, as its MegatronActor with TP=PP=1): data-parallel ranks
     launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name,
-                 PackedPlacementStrategy(layout.actor_gpu, layout.actor_gpu), cfg, total_train_steps)
+                 PackedPlacementStrategy(layout.actor_gpus[0], layout.actor_gpus[-1]), cfg, total_train_steps)
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
     launch_group(groups, cluster, "agent_loop", SearchR1AgentLoopWorker, cfg.agentloop.group_name,
                  cpu_strategy(layout.rollout_dp_size), cfg, search_server_addr=search_server_addr)
@@ -204,7 +204,7 @@ def launch_gpu_groups(cfg: Any, cluster: Any, *, total_train_steps: int, verify_
             is_pipeline=layout.mode == "disaggregated",
             rollout_dp_size=layout.rollout_dp_size,
             agent_loop_world_size=layout.rollout_dp_size,
-            actor_world_size=1,
+            actor_world_size=layout.actor_dp_size,
             on_gpu=True,
         ),
         **groups,

@@ -1,9 +1,10 @@
 """Compose RLinf worker groups for a Search-R1 run (docs/contracts.md §7).
 
 On a CPU cluster every group is placed with ``NodePlacementStrategy`` (RLinf's packed strategies refuse
-nodes without accelerators): the HF rollout engine, the Megatron-core actor, the reward worker and the
-agent-loop workers. On a GPU cluster ``gpu_groups.launch_gpu_groups`` places the SGLang rollout
-(``rlinf_ext.engines.gpu_rollout``) and the actor on GPUs with RLinf's placement (not GPU-verified).
+nodes without accelerators): the HF rollout engine, the Megatron-core actor (one process per placed rank =
+data-parallel size, e.g. ``actor: 0-1`` = DP 2), the reward worker and the agent-loop workers. On a GPU
+cluster ``gpu_groups.launch_gpu_groups`` places the SGLang rollout (``rlinf_ext.engines.gpu_rollout``) and
+the actor (one data-parallel process per actor GPU) with RLinf's placement (not GPU-verified).
 """
 
 from __future__ import annotations
@@ -94,6 +95,22 @@ def _process_counts(cfg: Any) -> dict[str, int]:
     return counts
 
 
+def check_actor_data_parallel(cfg: Any, actor_processes: int) -> None:
+    """Refuse, before anything starts, a batch the actor's data-parallel ranks cannot share: every rank trains
+    on whole GRPO groups (``data.rollout_batch_size`` results per step), TP=PP=1 per process."""
+    from rlinf_ext.engines.data_parallel import DataParallel, DataParallelError, share_of
+
+    tp, pp = int(cfg.actor.model.tensor_model_parallel_size), int(cfg.actor.model.pipeline_model_parallel_size)
+    if (tp, pp) != (1, 1):
+        raise WorkerStartupError(
+            "actor", f"actor.model.tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}: the "
+            "Megatron-core actor runs TP=PP=1 per process (data parallelism only). Fix: set both to 1.")
+    try:
+        share_of(int(cfg.data.rollout_batch_size), DataParallel(size=actor_processes))
+    except DataParallelError as exc:
+        raise WorkerStartupError("actor", exc) from exc
+
+
 def cpu_strategy(n: int):
     """``n`` processes on node 0, no accelerator."""
     from rlinf.scheduler.placement import NodePlacementStrategy
@@ -126,8 +143,7 @@ def launch_worker_groups(
         return launch_gpu_groups(cfg, cluster, total_train_steps=total_train_steps, verify_sync=verify_sync,
                                  search_server_addr=search_server_addr)
     counts = _process_counts(cfg)
-    if counts["actor"] != 1:
-        raise WorkerStartupError("actor", f"the CPU actor runs one process (TP=PP=DP=1); placement asks for {counts['actor']}")
+    check_actor_data_parallel(cfg, counts["actor"])
     from rlinf_ext.engines.actor_worker import MegatronActorWorker
     from rlinf_ext.engines.agent_loop_worker import SearchR1AgentLoopWorker
     from rlinf_ext.engines.reward_worker import SearchR1RewardWorker
@@ -141,8 +157,8 @@ def launch_worker_groups(
     n_rollout = counts["rollout"]
     launch_group(groups, cluster, "rollout", HFRolloutWorker, cfg.rollout.group_name, cpu_strategy(n_rollout), cfg,
                  deterministic=deterministic_rollout, verify_sync=verify_sync)
-    launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name, cpu_strategy(1), cfg,
-                 total_train_steps)
+    launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name, cpu_strategy(counts["actor"]),
+                 cfg, total_train_steps)
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
     launch_group(groups, cluster, "agent_loop", SearchR1AgentLoopWorker, cfg.agentloop.group_name,
                  cpu_strategy(n_rollout), cfg, search_server_addr=search_server_addr)
@@ -150,7 +166,7 @@ def launch_worker_groups(
         is_pipeline=False,
         rollout_dp_size=counts["rollout"],
         agent_loop_world_size=counts["rollout"],
-        actor_world_size=1,
+        actor_world_size=counts["actor"],
         on_gpu=False,
     )
     return WorkerGroups(placement=placement, **groups)

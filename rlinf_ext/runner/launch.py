@@ -33,8 +33,10 @@ from typing import Any, Iterator, Sequence
 from rlinf_ext.runner.metrics import METRICS_FILE, REWARD_KEY, first_last_means, read_metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# how many steps at each end of the run the "first vs last mean reward" averages over
-REWARD_SUMMARY_WINDOW = 3
+# how many steps at each end of the run the "first vs last mean reward" averages over (at most; a third of
+# the run when shorter): one step's mean over 32 trajectories swings by +-0.1 with the prompts it drew
+REWARD_SUMMARY_WINDOW = 10
+SEARCHES_KEY = "agent/searches"
 
 
 class LaunchError(RuntimeError):
@@ -208,6 +210,7 @@ class RunSummary:
     wall_time_s: float = 0.0
     reward_window: int = REWARD_SUMMARY_WINDOW  # steps averaged at each end for first/last reward
     validations: list[tuple[int, float, int]] = field(default_factory=list)  # (step, val/all/em, val/n)
+    searches: tuple[float, float] | None = None  # mean searches per trajectory, first vs last window
     extra: dict[str, Any] = field(default_factory=dict)
 
     def format(self) -> str:
@@ -225,6 +228,8 @@ class RunSummary:
                 f"  mean reward, first {k} vs last {k} step(s): "
                 f"{self.first_reward:.3f} -> {self.last_reward:.3f} ({delta:+.3f})"
             )
+        if self.searches is not None:
+            lines.append(f"  searches per trajectory, same steps: {self.searches[0]:.2f} -> {self.searches[1]:.2f}")
         if self.validations:
             points = ", ".join(f"step {step}: {em:.3f}" for step, em, _ in self.validations)
             lines.append(f"  validation EM (greedy, {self.validations[-1][2]} test questions): {points}")
@@ -241,19 +246,25 @@ class RunSummary:
 
 
 def reward_window(n_steps: int, window: int = REWARD_SUMMARY_WINDOW) -> int:
-    """Steps averaged at each end: ``window``, fewer when the run is too short for two disjoint windows."""
-    return max(1, min(window, n_steps // 2 or 1))
+    """Steps averaged at each end: ``window``, at most a third of the run (so the two windows are apart)."""
+    return max(1, min(window, n_steps // 3 or 1))
+
+
+def metric_trend(log_dir: Path, key: str, window: int = REWARD_SUMMARY_WINDOW) -> tuple[int, float | None, float | None]:
+    """(training steps logged, mean of ``key`` over the first ``reward_window`` steps, over the last) from
+    metrics.jsonl; the means are None when no step logged ``key``."""
+    # step 0 is the validation before training (no reward): not a training step
+    rows = [r for r in read_metrics(Path(log_dir) / METRICS_FILE) if int(r["step"]) > 0]
+    values = [r[key] for r in rows if key in r]
+    if not values:
+        return len(rows), None, None
+    first, last = first_last_means(values, reward_window(len(values), window))
+    return len(rows), first, last
 
 
 def reward_trend(log_dir: Path, window: int = REWARD_SUMMARY_WINDOW) -> tuple[int, float | None, float | None]:
     """(steps logged, mean reward of the first ``window`` steps, of the last ``window`` steps) from metrics.jsonl."""
-    # step 0 is the validation before training (no reward): not a training step
-    rows = [r for r in read_metrics(Path(log_dir) / METRICS_FILE) if int(r["step"]) > 0]
-    rewards = [r[REWARD_KEY] for r in rows if REWARD_KEY in r]
-    if not rewards:
-        return len(rows), None, None
-    first, last = first_last_means(rewards, reward_window(len(rewards), window))
-    return len(rows), first, last
+    return metric_trend(log_dir, REWARD_KEY, window)
 
 
 def validation_trend(log_dir: Path) -> list[tuple[int, float, int]]:
@@ -590,6 +601,9 @@ def run_training(
         summary.rollout_data_dir = Path(cfg.runner.rollout_data_dir) if cfg.runner.rollout_data_dir else None
         summary.steps, summary.first_reward, summary.last_reward = reward_trend(summary.log_dir)
         summary.reward_window = reward_window(summary.steps)
+        _, first_searches, last_searches = metric_trend(summary.log_dir, SEARCHES_KEY)
+        if first_searches is not None:
+            summary.searches = (first_searches, last_searches)
         summary.validations = validation_trend(summary.log_dir)
         eval_yaml = eval_config_for(config)
         if evaluate is None:

@@ -104,9 +104,11 @@ def test_short_sft_lowers_loss_and_saves_a_loadable_model(tiny_assets, tmp_path)
     root = tmp_path / "a"
     shutil.copytree(tiny_assets.root, root)
     assets = make_tiny_assets(root, seed=0)  # reuses the copy
-    cfg = sft.SFTConfig(shape=TinyQwen2Shape(), steps=12, batch_size=4, warmup_steps=2, lr=3e-3)
+    cfg = sft.SFTConfig(shape=TinyQwen2Shape(), steps=12, batch_size=4, warmup_steps=2, lr=3e-3, abstain_steps=3,
+                        abstain_batch_size=2)
     report = sft.build_sft_model(assets, seed=0, log=lambda *a: None, cfg=cfg)
     assert report["train_examples"] >= 0.9 * report["train_questions"]
+    assert report["abstain_examples"] == report["train_questions"]  # abstain_fraction 1.0: one per question
     assert report["last_loss"] < report["first_loss"]
     out = root / "models" / "qwen2-tiny-sft"
     model = AutoModelForCausalLM.from_pretrained(out)
@@ -149,3 +151,61 @@ def test_with_sft_reuses_the_base_assets(tiny_assets, tmp_path, monkeypatch):
 
 def test_format_observation_can_keep_the_last_newline():
     assert trajectories.format_observation(['"A"\na.'], trailing_newline=True) == '\n\n<information>Doc 1(Title: "A") a.\n</information>\n\n'
+
+
+
+def _q(question: str, prefix: str, answer: str) -> Question:
+    return Question(question, (answer,), (Hop(question, Fact(prefix, answer)),))
+
+
+def test_abstain_trajectory_is_one_trainable_turn_without_search():
+    segs = trajectories.abstain_segments()
+    assert [s.trainable for s in segs] == [True]
+    assert segs[0].text == "<think> I do not know the answer to this. </think>\n<answer> unknown </answer><|im_end|>"
+    assert "<search>" not in segs[0].text and segs[0].copied == ()
+
+
+def test_abstain_examples_follow_the_fraction(tiny_assets):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_assets.tokenizer_dir)
+    qs = [_q(f"Who founded C{i}?", f"The city of C{i} was founded by", f"Person {i}") for i in range(200)]
+    examples = sft.build_abstain_examples(tok, qs, fraction=1.0, seed=0)
+    assert len(examples) == len(qs)
+    for q, ex in zip(qs, examples):
+        assert tok.decode([i for i, m in zip(ex.input_ids, ex.loss_mask) if m]) == trajectories.ABSTAIN_TEXT
+        assert q.question in tok.decode(ex.input_ids) and not any(ex.copy_mask)
+    assert sft.build_abstain_examples(tok, qs, fraction=0.0, seed=0) == []
+    assert 0.35 * 200 < len(sft.build_abstain_examples(tok, qs, fraction=0.5, seed=0)) < 0.65 * 200
+
+
+def test_sft_with_abstain_batches_learns_both_openings(tiny_assets):
+    """A few steps on one search and one give-up trajectory of the same prompt: the model puts mass on both
+    openings after `<think> I`, i.e. the second batch is trained, not ignored."""
+    from transformers import AutoTokenizer
+
+    from rlinf_ext.assets.models import TinyQwen2Shape, make_qwen2
+
+    tok = AutoTokenizer.from_pretrained(tiny_assets.tokenizer_dir)
+    q = _q("Who founded Brelk?", "The city of Brelk was founded by", "Ana Vel")
+    obs = trajectories.format_observation(['"Brelk"\nThe city of Brelk was founded by Ana Vel.'])
+    prompt = sft.chat_prompt(tok, q.question)
+    search = sft.encode_trajectory(tok, prompt, trajectories.trajectory_segments(q, [obs]))
+    abstain = sft.encode_trajectory(tok, prompt, trajectories.abstain_segments())
+    cfg = sft.SFTConfig(shape=TinyQwen2Shape(), steps=40, batch_size=1, abstain_batch_size=1, warmup_steps=2, lr=5e-3)
+    model = make_qwen2(tok, cfg.shape, 0)
+    losses = sft.train_sft(model, [search], cfg, 0, tok.pad_token_id, progress=False, abstain_examples=[abstain])
+    assert losses[-1] < losses[0]
+    context = tok.encode(prompt + "<think> I", add_special_tokens=False)
+    need = tok.encode(prompt + "<think> I need", add_special_tokens=False)[len(context)]
+    give_up = tok.encode(prompt + "<think> I do", add_special_tokens=False)[len(context)]
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([context])).logits[0, -1], -1)
+    assert probs[need] > 0.2 and probs[give_up] > 0.2, (float(probs[need]), float(probs[give_up]))
+    # without the second batch the same run puts (almost) nothing on giving up
+    model = make_qwen2(tok, cfg.shape, 0)
+    sft.train_sft(model, [search], cfg, 0, tok.pad_token_id, progress=False)
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([context])).logits[0, -1], -1)
+    assert probs[give_up] < 0.05
+

@@ -177,3 +177,12 @@ def test_parallel_sizes_positive(reference_env):
     assert_issue(
         "qwen2.5-3b-tool-1node", ["rollout.pipeline_parallel_size=0"], "rollout.pipeline_parallel_size", ">= 1"
     )
+
+
+def test_prompts_split_over_actor_data_parallel_ranks():
+    # two CPU actor processes train on whole GRPO groups: 3 prompts cannot be shared, 4 can
+    overrides = ["cluster.component_placement={actor: 0-1, 'rollout,reward': 0}", "algorithm.n_minibatches=1"]
+    issue = assert_issue("tiny-cpu", overrides + ["data.rollout_batch_size=3"], "data.rollout_batch_size",
+                         "do not split over the actor's data-parallel size 2")
+    assert "data.rollout_batch_size=4" in issue.fix
+    assert check_config("tiny-cpu", overrides + ["data.rollout_batch_size=4"]).ok

@@ -75,7 +75,10 @@ SERVER_RE = re.compile(r"retrieval server on http://([\d.]+):(\d+) \(pid (\d+)")
 def test_tiny_experiment_trains_resumes_survives_a_dead_server_and_converts(tiny_assets_sft, tmp_path):
     out = tmp_path / "runs"
     rollouts = tmp_path / "rollouts"
+    # the search-only warm start: the shipped one gives up without searching on ~65% of the trajectories, and
+    # the dead-server check needs step 4's four trajectories to search
     common = [f"paths.tiny_assets={tiny_assets_sft.root}", f"runner.output_dir={out}",
+              f"rollout.model.model_path={tiny_assets_sft.qwen2_tiny_sft_search}",
               f"runner.rollout_data_dir={rollouts}", *CI_SIZE]
     run_dir = out / "searchr1-grpo-tiny-cpu"
 

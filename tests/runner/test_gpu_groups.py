@@ -36,14 +36,14 @@ def test_packed_process_gpus_matches_rlinf_docstring_examples():
         packed_process_gpus(0, 2, per_process=2)
 
 
-def test_reference_config_is_collocated_with_eight_engines_and_one_actor_process(ref_cfg):
+def test_reference_config_is_collocated_with_eight_engines_and_eight_actor_ranks(ref_cfg):
     layout = gpu_layout(ref_cfg, 8)
     assert layout.mode == "collocated"
     assert layout.rollout_process_gpus == ((0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,))
     assert layout.rollout_dp_size == 8 and layout.rollout_tp == 1
-    assert layout.actor_gpus == tuple(range(8)) and layout.actor_gpu == 0
-    assert layout.idle_actor_gpus == (1, 2, 3, 4, 5, 6, 7)
-    assert "GPUs [1, 2, 3, 4, 5, 6, 7] train nothing" in layout.describe()
+    assert layout.actor_gpus == tuple(range(8)) and layout.actor_dp_size == 8
+    assert "actor: 8 data-parallel process(es) on GPUs [0, 1, 2, 3, 4, 5, 6, 7]" in layout.describe()
+    assert "train nothing" not in layout.describe()
 
 
 def test_collocated_rollout_tp2_packs_pairs(ref_cfg):
@@ -59,14 +59,14 @@ def test_disaggregated_layout(ref_cfg):
     layout = gpu_layout(ref_cfg, 8)
     assert layout.mode == "disaggregated"
     assert layout.rollout_process_gpus == ((4, 5), (6, 7))
-    assert layout.actor_gpu == 0 and layout.idle_actor_gpus == (1, 2, 3)
+    assert layout.actor_gpus == (0, 1, 2, 3) and layout.actor_dp_size == 4
 
     ref_cfg.cluster.component_placement = {"actor": "0", "rollout": "1-7", "reward": "0"}
     ref_cfg.rollout.tensor_parallel_size = 1
     layout = gpu_layout(ref_cfg, 8)
     assert layout.mode == "disaggregated" and layout.rollout_dp_size == 7
-    assert layout.rollout_process_gpus[0] == (1,) and layout.idle_actor_gpus == ()
-    assert "NOTE" not in layout.describe()
+    assert layout.rollout_process_gpus[0] == (1,) and layout.actor_dp_size == 1
+    assert "actor: 1 data-parallel process(es) on GPUs [0]" in layout.describe()
 
 
 def test_placement_beyond_the_cluster_is_refused_with_the_key_and_fix(ref_cfg):
@@ -161,7 +161,7 @@ class FakeRLinfPlacement:
         return f"rlinf-{name}-strategy"
 
 
-def test_gpu_wiring_passes_rlinf_placement_to_the_rollout_and_one_gpu_to_the_actor(ref_cfg, monkeypatch):
+def test_gpu_wiring_passes_rlinf_placement_to_the_rollout_and_one_actor_process_per_gpu(ref_cfg, monkeypatch):
     import rlinf.utils.placement
     from omegaconf import DictConfig
 
@@ -180,17 +180,26 @@ def test_gpu_wiring_passes_rlinf_placement_to_the_rollout_and_one_gpu_to_the_act
     groups = launch_worker_groups(ref_cfg, FakeGpuCluster(), total_train_steps=7, search_server_addr="h:1")
     got = Recorder.launched
     assert groups.rollout == "<rollout group>" and groups.placement.on_gpu
-    assert groups.placement.rollout_dp_size == 8 and groups.placement.actor_world_size == 1
+    assert groups.placement.rollout_dp_size == 8 and groups.placement.actor_world_size == 8
     assert not groups.placement.is_pipeline
     # rollout: RLinf's config object and placement, RLinf's strategy
     rollout_cfg, placement = got["rollout"]["args"]
     assert isinstance(rollout_cfg, DictConfig) and rollout_cfg.rollout.gpu_memory_utilization == 0.75
     assert isinstance(placement, FakeRLinfPlacement) and got["rollout"]["strategy"] == "rlinf-rollout-strategy"
-    # actor: the typed config, one process on GPU 0
+    # actor: the typed config, one data-parallel process per GPU 0-7
     assert got["actor"]["args"] == (ref_cfg, 7)
     strategy = got["actor"]["strategy"]
-    assert (strategy._start_hw_rank, strategy._end_hw_rank, strategy._num_hardware_per_process) == (0, 0, 1)
+    assert (strategy._start_hw_rank, strategy._end_hw_rank, strategy._num_hardware_per_process) == (0, 7, 1)
     # reward and agent loop: CPU processes on node 0, one agent-loop worker per engine
     assert got["reward"]["strategy"]._node_ranks == [0]
     assert got["agent_loop"]["strategy"]._node_ranks == [0] * 8
     assert got["agent_loop"]["kwargs"] == {"search_server_addr": "h:1"}
+
+
+def test_gpu_launch_refuses_a_batch_the_actor_ranks_cannot_share(ref_cfg):
+    ref_cfg.data.rollout_batch_size = 12  # 12 prompts over 8 actor GPUs
+    with pytest.raises(WorkerStartupError) as info:
+        launch_worker_groups(ref_cfg, FakeGpuCluster())
+    text = str(info.value)
+    assert info.value.component == "actor" and "8 data-parallel processes" in text
+    assert "data.rollout_batch_size a multiple of 8" in text and "e.g. 16" in text

@@ -14,6 +14,7 @@ from rlinf_ext.runner.launch import (
     RunInterrupted,
     RunSummary,
     ray_address_for,
+    metric_trend,
     reward_trend,
     validation_trend,
     reward_window,
@@ -40,17 +41,21 @@ def test_stop_on_signals_turns_sigterm_into_interrupt_and_restores_handlers():
 
 
 def test_reward_window_never_overlaps():
-    assert [reward_window(n) for n in (1, 2, 3, 4, 5, 6, 20)] == [1, 1, 1, 2, 2, 3, 3]
+    assert [reward_window(n) for n in (1, 2, 3, 4, 6, 20, 30, 50)] == [1, 1, 1, 1, 2, 6, 10, 10]
 
 
 def test_reward_trend_and_summary(tmp_path):
-    rows = [{"step": s, "reward/mean": r} for s, r in enumerate([0.0, 0.1, 0.2, 0.5, 0.6, 0.7], start=1)]
+    rows = [{"step": s, "reward/mean": r, "agent/searches": 0.5 + s / 10}
+            for s, r in enumerate([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], start=1)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    steps, first, last = reward_trend(tmp_path, window=3)
-    assert steps == 6 and first == pytest.approx(0.1) and last == pytest.approx(0.6)
+    steps, first, last = reward_trend(tmp_path, window=10)  # 9 steps: a third = 3 at each end
+    assert steps == 9 and first == pytest.approx(0.1) and last == pytest.approx(0.7)
+    assert metric_trend(tmp_path, "agent/searches")[1:] == pytest.approx((0.7, 1.3))
+    assert metric_trend(tmp_path, "no/such/key") == (9, None, None)
     text = RunSummary("tiny", steps=steps, first_reward=first, last_reward=last, log_dir=tmp_path,
-                      wall_time_s=12).format()
-    assert "first 3 vs last 3 step(s): 0.100 -> 0.600 (+0.500)" in text
+                      wall_time_s=12, reward_window=3, searches=(0.7, 1.3)).format()
+    assert "first 3 vs last 3 step(s): 0.100 -> 0.700 (+0.600)" in text
+    assert "searches per trajectory, same steps: 0.70 -> 1.30" in text
     assert f"logs (TB, jsonl) : {tmp_path}" in text and "converted HF     : (none)" in text
 
 
@@ -60,8 +65,8 @@ def test_step_zero_validation_is_not_a_training_step(tmp_path):
     rows += [{"step": s, "reward/mean": r} for s, r in enumerate([0.2, 0.4, 0.6, 0.8], start=1)]
     rows[-1].update({"val/all/em": 0.5, "val/n": 8})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    steps, first, last = reward_trend(tmp_path, window=2)
-    assert steps == 4 and first == pytest.approx(0.3) and last == pytest.approx(0.7)
+    steps, first, last = reward_trend(tmp_path, window=2)  # 4 steps: 1 at each end
+    assert steps == 4 and first == pytest.approx(0.2) and last == pytest.approx(0.8)
     assert validation_trend(tmp_path) == [(0, 0.25, 8), (4, 0.5, 8)]
     text = RunSummary("tiny", steps=steps, validations=validation_trend(tmp_path)).format()
     assert "validation EM (greedy, 8 test questions): step 0: 0.250, step 4: 0.500" in text
