@@ -54,7 +54,10 @@ def test_cpu_launch_refuses_a_batch_the_actor_processes_cannot_share(tiny_assets
     from rlinf_ext.runner.groups import WorkerStartupError, launch_worker_groups
 
     cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:1", **DP2,
-                   **{"data.rollout_batch_size": 3, "algorithm.n_minibatches": 1})
+                   **{"data.rollout_batch_size": 4, "algorithm.n_minibatches": 1})
+    # `validate` already refuses 3 prompts on 2 ranks (tests/config/test_rules.py); a config changed after
+    # validation (programmatic use) is still refused here, before any worker starts
+    cfg.data.rollout_batch_size = 3
     with pytest.raises(WorkerStartupError) as info:  # before any worker starts: no Ray needed
         launch_worker_groups(cfg, NoGpuCluster())
     text = str(info.value)
