@@ -1,13 +1,14 @@
-"""What the server needs from an index: ``search(queries, k) -> (scores, rows)``, plus opening one by metadata."""
+"""What the server needs from an index: ``search(queries, k) -> (scores, rows)``, and the shared top-k helper.
+
+Opening an index by its metadata lives in ``retrieval/open.py`` (it imports the concrete searchers, which import
+this module: keeping it here would be an import cycle)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from .metadata import IndexMetadata
 
 
 class Searcher(Protocol):
@@ -38,18 +39,3 @@ def topk_rows(scores: np.ndarray, k: int) -> np.ndarray:
         candidates = np.arange(len(scores))
     order = np.lexsort((candidates, -scores[candidates]))
     return candidates[order].astype(np.int64)
-
-
-def open_searcher(index_dir: str | Path, *, model: str | None = None, device: str = "cpu",
-                  gpus: str | None = None, query_batch_size: int = 256,
-                  threads: int | None = None) -> tuple[Searcher, IndexMetadata]:
-    """Open the index in ``index_dir`` by its metadata (BM25 or dense)."""
-    meta = IndexMetadata.load(index_dir)
-    if meta.retriever == "bm25":
-        from .bm25 import BM25Searcher
-
-        return BM25Searcher.load(index_dir, meta), meta
-    from .dense import DenseSearcher
-
-    return DenseSearcher.load(index_dir, meta, model=model, device=device, gpus=gpus,
-                              query_batch_size=query_batch_size, threads=threads), meta

@@ -33,7 +33,8 @@ from .batching import QueryBatcher
 from .config import ServerConfig
 from .corpus import CorpusStore, PagesStore, file_fingerprint
 from .metadata import IndexMetadata, check_matches, model_fingerprint
-from .searcher import Searcher, open_searcher
+from .open import open_searcher
+from .searcher import Searcher
 
 
 class RetrieveRequest(BaseModel):

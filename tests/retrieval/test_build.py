@@ -112,7 +112,7 @@ def test_dense_searcher_batches_through_one_blas_product_with_unchanged_answers(
     """Loading a dense index lowers faiss's BLAS threshold (faiss 1.15 scans the index once per query below
     128000 / dim queries); a batch must still rank exactly as one-query calls do."""
     from rlinf_ext.retrieval.dense import FLAT_BLAS_THRESHOLD
-    from rlinf_ext.retrieval.searcher import open_searcher
+    from rlinf_ext.retrieval.open import open_searcher
 
     before = faiss.cvar.distance_compute_blas_threshold
     try:
