@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
 
-    from rlinf_ext.runner.launch import LaunchError, run_training
+    from rlinf_ext.runner.errors import LaunchError
+    from rlinf_ext.runner.launch import run_training
     from rlinf_ext.runner.metrics import METRICS_FILE, read_metrics
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tiny_bench_"))

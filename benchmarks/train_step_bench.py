@@ -61,8 +61,9 @@ def make_hf_model(shape: str, out_dir: str) -> str:
 
 
 def bench(shape: str, batch: int, seq: int, steps: int) -> None:
-    from rlinf_ext.engines.actor import ActorSettings, MegatronPolicy, Sample
-    from rlinf_ext.engines.rl_math import LossConfig
+    from rlinf_ext.training.policy import MegatronPolicy, Sample
+    from rlinf_ext.training.rl_math import LossConfig
+    from rlinf_ext.training.settings import ActorSettings
 
     with tempfile.TemporaryDirectory() as tmp:
         path = make_hf_model(shape, tmp)

@@ -8,6 +8,7 @@ runs. A verb module exposes ``add_arguments(verb, parser)`` and ``run(verb, args
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 
@@ -43,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     verb = argv[0]
     if verb not in VERBS:
-        import difflib
-
         close = difflib.get_close_matches(verb, list(VERBS), n=3)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         print(f"rlinf-ext: unknown verb '{verb}'.{hint}\n\n{_top_level_help()}", file=sys.stderr)

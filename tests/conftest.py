@@ -6,11 +6,12 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
-    """The offline tiny assets (docs/contracts.md §1), generated once per session.
+    """The offline tiny assets (docs/contracts.md, "Data and tiny assets"), generated once per session.
 
     Set RLINF_EXT_TINY_ASSETS=DIR to reuse a directory across runs while developing.
     """
@@ -28,3 +29,70 @@ def tiny_assets_sft(tiny_assets):
     from rlinf_ext.assets.tiny import make_tiny_assets
 
     return make_tiny_assets(tiny_assets.root, seed=0, with_sft=True)
+
+
+@pytest.fixture(scope="session")
+def retrieval_url(tiny_assets, tmp_path_factory):
+    """``http://127.0.0.1:PORT`` of one real BM25 retrieval server over the tiny corpus, shared by the session
+    (read-only: tests that stop or break a server start their own)."""
+    from rlinf_ext.retrieval.build import build_index
+    from rlinf_ext.retrieval.config import BuildConfig
+    from rlinf_ext.retrieval.launch import RetrievalServerProcess
+
+    index_dir = tmp_path_factory.mktemp("bm25")
+    build_index(BuildConfig(corpus=str(tiny_assets.corpus_path), out=str(index_dir), retriever="bm25"))
+    with RetrievalServerProcess(index_dir, tiny_assets.corpus_path, topk=3, startup_timeout_s=120) as url:
+        yield url
+
+
+def randomize_qwen2_(model, seed: int = 0):
+    """Every weight of a HF Qwen2 model replaced in place by N(0, 0.1) (norms around 1): the generator's models
+    have zero biases and unit norms, and a comparison must be sensitive to every tensor (a swapped bias or norm
+    changes the output)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            base = 1.0 if name.endswith("norm.weight") else 0.0
+            p.copy_(base + 0.1 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+@pytest.fixture(scope="session")
+def randomized_qwen2():
+    """``randomized_qwen2(model_dir, seed=0)`` -> a fp32 HF ``Qwen2ForCausalLM`` with every weight randomised."""
+    from transformers import Qwen2ForCausalLM
+
+    def load(model_dir, seed: int = 0):
+        model = Qwen2ForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+        return randomize_qwen2_(model, seed)
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def actor_samples():
+    """``actor_samples(vocab, n=4, seed=0)`` -> actor ``Sample``s: prompts of 3+i ids, responses of 5 or 8 ids with
+    an observation (mask 0) at positions 2-3, rewards alternating 0/1 (so GRPO groups of 2 have advantages)."""
+    from rlinf_ext.training.policy import Sample
+
+    def make(vocab: int, n: int = 4, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        out = []
+        for i in range(n):
+            p = torch.randint(3, vocab, (3 + i,), generator=g).tolist()
+            r = torch.randint(3, vocab, (5 + (i % 2) * 3,), generator=g).tolist()
+            m = [1] * len(r)
+            m[2:4] = [0, 0]  # an "observation" in the middle of the response
+            out.append(Sample(p, r, m, reward=float(i % 2)))
+        return out
+
+    return make
+
+
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("gpu")
+    if marker is not None:
+        needed = int(marker.args[0]) if marker.args else 1
+        available = torch.cuda.device_count()
+        if available < needed:
+            pytest.skip(f"needs {needed} CUDA device(s), {available} visible")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Download the Search-R1 / ASearcher retrieval assets from the Hugging Face hub (facts §3).
+"""Download the Search-R1 / ASearcher retrieval assets from the Hugging Face hub (docs/searchr1-facts.md §3).
 
     python examples/searchr1/download.py --save_path DIR [--source searchr1|asearcher] [--what index,corpus,pages,data]
 

@@ -2,13 +2,10 @@
 
 from rlinf_ext.agent.config import AgentLoopConfig
 from rlinf_ext.agent.loop import check_mask_invariant, run_group, run_trajectory, summarize_metrics
-from rlinf_ext.agent.types import GenerationResult, Generator, SamplingParams, Trajectory, TurnRecord
+from rlinf_ext.agent.types import Trajectory, TurnRecord
 
 __all__ = [
     "AgentLoopConfig",
-    "GenerationResult",
-    "Generator",
-    "SamplingParams",
     "Trajectory",
     "TurnRecord",
     "check_mask_invariant",

@@ -1,26 +1,15 @@
-"""`agentloop` settings as a dataclass (the typed experiment schema has the same names and help)."""
+"""`agentloop` settings: the schema's own section class (defaults live only in ``config/schema.py``), and the
+checks the loop runs on it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
+from rlinf_ext.config.schema import AgentLoopConfig
 from rlinf_ext.tools.formatting import OBSERVATION_FORMATS
 
-
-@dataclass
-class AgentLoopConfig:
-    group_name: str = "AgentLoopGroup"
-    agent: str = "searchr1"
-    max_turns: int = 4  # generation turns that may search; a forced final turn may follow
-    response_length_total: int = 4096  # generated + observation tokens of one trajectory
-    force_final_answer: bool = True  # Search-R1: one more turn with search disabled after max_turns
-    max_obs_length: int = 500  # tokens per observation, tags included
-    observation_format: str = "searchr1"  # searchr1: Doc i(Title: T) text | rlinf: [Doc k](url):
-    print_outputs: bool = False
+__all__ = ["AgentLoopConfig", "check_agent_config"]
 
 
-def check_agent_config(cfg: Any) -> None:
+def check_agent_config(cfg: AgentLoopConfig) -> None:
     if int(cfg.max_turns) < 0:
         raise ValueError(f"agentloop.max_turns must be >= 0, got {cfg.max_turns}")
     if int(cfg.response_length_total) < 1:

@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlinf_ext.agent.actions import parse_action, with_required_stops
 from rlinf_ext.agent.config import check_agent_config
-from rlinf_ext.agent.types import Generator, SamplingParams, Trajectory, TurnRecord
+from rlinf_ext.agent.types import Trajectory, TurnRecord
+from rlinf_ext.protocol import metric_keys as mk
+from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams
 from rlinf_ext.tools.formatting import (
     Observation,
     build_invalid_action_observation,
@@ -41,6 +44,115 @@ def check_mask_invariant(trajectory: Trajectory) -> None:
         )
 
 
+@dataclass
+class _Rollout:
+    """What one trajectory has accumulated so far (ids, mask, turns, counters)."""
+
+    budget: int
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = field(default_factory=list)  # None once a turn came without log-probs
+    turns: list[TurnRecord] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: dict(
+        searches=0, search_failures=0, invalid_actions=0, generated_tokens=0, truncated_observations=0))
+    search_latency: float = 0.0
+    end_reason: str = ""
+
+    def append(self, context: list[int], result: GenerationResult, action: str, content: str | None,
+               observation: Observation | None, search_ok: bool | None) -> None:
+        """Add one turn: the sampled ids (mask 1), then the observation (mask 0) if a token still fits after it."""
+        sampled = list(result.output_ids)
+        self.response_ids += sampled
+        self.response_mask += [1] * len(sampled)
+        if self.logprobs is not None and result.logprobs is not None and len(result.logprobs) == len(sampled):
+            self.logprobs += list(result.logprobs)
+        else:
+            self.logprobs = None
+        observation_ids: list[int] = []
+        if observation is not None:
+            # An observation is useful only if at least one token can be generated after it.
+            if len(self.response_ids) + len(observation.ids) >= self.budget:
+                self.end_reason = "response_budget"
+            else:
+                observation_ids = observation.ids
+                self.response_ids += observation_ids
+                self.response_mask += [0] * len(observation_ids)
+                if self.logprobs is not None:
+                    self.logprobs += [0.0] * len(observation_ids)
+        self.turns.append(TurnRecord(
+            prompt_ids=context, response_ids=sampled, observation_ids=observation_ids, text=result.text,
+            action=action, finish_reason=result.finish_reason, matched_stop=result.matched_stop,
+            query=content if action in ("search", "search_disabled") else None, search_ok=search_ok,
+            logprobs=None if result.logprobs is None else list(result.logprobs),
+            generated_tokens=result.generated_tokens,
+        ))
+
+
+def _end_before_turn(cfg: Any, turn_index: int, remaining: int) -> str:
+    """Why no further turn is generated ("" = generate one): the turn limit, or no token budget left."""
+    max_turns = int(cfg.max_turns)
+    if turn_index >= max_turns and (not cfg.force_final_answer or turn_index > max_turns):
+        return "max_turns"
+    return "response_budget" if remaining <= 0 else ""
+
+
+async def _act(action: str, content: str | None, final_turn: bool, cfg: Any, tokenizer: Any, search_tool: Any,
+               state: _Rollout) -> tuple[str, Observation | None, bool | None]:
+    """Carry out a parsed action: ``(action as recorded, observation to append or None, search ok?)``.
+
+    Sets ``state.end_reason`` when the action ends the trajectory (answer, EOS, a search or an invalid turn in
+    the final turn)."""
+    if action == "search" and final_turn:
+        state.end_reason = "max_turns"
+        return "search_disabled", None, None
+    if action == "search":
+        state.counts["searches"] += 1
+        found = await search_tool.search(content)
+        state.search_latency += found.latency_s
+        if found.ok:
+            body = format_documents(found.documents, cfg.observation_format)
+        else:
+            state.counts["search_failures"] += 1
+            body = search_failed_text(found.error)
+        observation = build_observation(tokenizer, body, int(cfg.max_obs_length))
+        state.counts["truncated_observations"] += int(observation.truncated)
+        return action, observation, found.ok
+    if action == "invalid" and final_turn:
+        state.end_reason = "no_answer_after_final_turn"
+        return action, None, None
+    if action == "invalid":
+        state.counts["invalid_actions"] += 1
+        return action, build_invalid_action_observation(tokenizer), None
+    state.end_reason = action  # answer | eos
+    return action, None, None
+
+
+def _finish(state: _Rollout, uid: str | None, prompt_ids: list[int], answers: Any, tokenizer: Any) -> Trajectory:
+    """The ``Trajectory`` with its metrics, checked against the mask invariant."""
+    trajectory = Trajectory(
+        uid=uid or uuid.uuid4().hex,
+        prompt_ids=list(prompt_ids),
+        response_ids=state.response_ids,
+        response_mask=state.response_mask,
+        turns=state.turns,
+        response_text=tokenizer.decode(state.response_ids),
+        answers=answers,
+        rollout_logprobs=state.logprobs,
+        end_reason=state.end_reason,
+    )
+    kept = sum(state.response_mask)
+    trajectory.metrics = {
+        "turns": float(len(state.turns)),
+        **{name: float(value) for name, value in state.counts.items()},
+        "kept_tokens": float(kept),
+        "observation_tokens": float(len(state.response_ids) - kept),
+        "response_length": float(len(state.response_ids)),
+        "search_latency_s": state.search_latency,
+    }
+    check_mask_invariant(trajectory)
+    return trajectory
+
+
 async def run_trajectory(
     generator: Generator,
     tokenizer: Any,
@@ -57,124 +169,32 @@ async def run_trajectory(
     check_agent_config(cfg)
     base = sampling_params or SamplingParams()
     stops = with_required_stops(base.stop)
-    max_turns, budget = int(cfg.max_turns), int(cfg.response_length_total)
-
-    response_ids: list[int] = []
-    response_mask: list[int] = []
-    logprobs: list[float] | None = []
-    turns: list[TurnRecord] = []
-    counts = dict(searches=0, search_failures=0, invalid_actions=0, generated_tokens=0, truncated_observations=0)
-    search_latency = 0.0
-    end_reason = ""
-
+    state = _Rollout(budget=int(cfg.response_length_total))
     turn_index = 0
-    while True:
-        final_turn = turn_index >= max_turns  # search is disabled in this turn
-        if final_turn and (not cfg.force_final_answer or turn_index > max_turns):
-            end_reason = "max_turns"
-            break
-        remaining = budget - len(response_ids)
-        if remaining <= 0:
-            end_reason = "response_budget"
+    while not state.end_reason:
+        remaining = state.budget - len(state.response_ids)
+        state.end_reason = _end_before_turn(cfg, turn_index, remaining)
+        if state.end_reason:
             break
         params = base.with_updates(max_new_tokens=min(base.max_new_tokens, remaining), stop=stops)
-        context = list(prompt_ids) + response_ids
+        context = list(prompt_ids) + state.response_ids
         result = await generator.generate(context, params)
-        sampled = list(result.output_ids)
-        if len(sampled) > params.max_new_tokens:
+        if len(result.output_ids) > params.max_new_tokens:
             raise RuntimeError(
-                f"generator returned {len(sampled)} ids for max_new_tokens={params.max_new_tokens}; "
+                f"generator returned {len(result.output_ids)} ids for max_new_tokens={params.max_new_tokens}; "
                 "it must honour the per-call budget"
             )
-        counts["generated_tokens"] += result.generated_tokens
+        state.counts["generated_tokens"] += result.generated_tokens
         action, content = parse_action(result.text, result.finish_reason)
-
-        observation: Observation | None = None
-        search_ok = None
-        if action == "search" and final_turn:
-            action, end_reason = "search_disabled", "max_turns"
-        elif action == "search":
-            counts["searches"] += 1
-            found = await search_tool.search(content)
-            search_latency += found.latency_s
-            search_ok = found.ok
-            if found.ok:
-                body = format_documents(found.documents, cfg.observation_format)
-            else:
-                counts["search_failures"] += 1
-                body = search_failed_text(found.error)
-            observation = build_observation(tokenizer, body, int(cfg.max_obs_length))
-            counts["truncated_observations"] += int(observation.truncated)
-        elif action == "invalid" and final_turn:
-            end_reason = "no_answer_after_final_turn"
-        elif action == "invalid":
-            counts["invalid_actions"] += 1
-            observation = build_invalid_action_observation(tokenizer)
-        else:
-            end_reason = action  # answer | eos
-
-        response_ids += sampled
-        response_mask += [1] * len(sampled)
-        if logprobs is not None and result.logprobs is not None and len(result.logprobs) == len(sampled):
-            logprobs += list(result.logprobs)
-        else:
-            logprobs = None
-
-        observation_ids: list[int] = []
-        if observation is not None:
-            # An observation is useful only if at least one token can be generated after it.
-            if len(response_ids) + len(observation.ids) >= budget:
-                end_reason = "response_budget"
-            else:
-                observation_ids = observation.ids
-                response_ids += observation_ids
-                response_mask += [0] * len(observation_ids)
-                if logprobs is not None:
-                    logprobs += [0.0] * len(observation_ids)
-        turns.append(
-            TurnRecord(
-                prompt_ids=context,
-                response_ids=sampled,
-                observation_ids=observation_ids,
-                text=result.text,
-                action=action,
-                finish_reason=result.finish_reason,
-                matched_stop=result.matched_stop,
-                query=content if action in ("search", "search_disabled") else None,
-                search_ok=search_ok,
-                logprobs=None if result.logprobs is None else list(result.logprobs),
-                generated_tokens=result.generated_tokens,
-            )
-        )
+        final_turn = turn_index >= int(cfg.max_turns)  # search is disabled in this turn
+        action, observation, search_ok = await _act(action, content, final_turn, cfg, tokenizer, search_tool, state)
+        state.append(context, result, action, content, observation, search_ok)
         turn_index += 1
-        if end_reason:
-            break
-
-    trajectory = Trajectory(
-        uid=uid or uuid.uuid4().hex,
-        prompt_ids=list(prompt_ids),
-        response_ids=response_ids,
-        response_mask=response_mask,
-        turns=turns,
-        response_text=tokenizer.decode(response_ids),
-        answers=answers,
-        rollout_logprobs=logprobs,
-        end_reason=end_reason,
-    )
-    kept = sum(response_mask)
-    trajectory.metrics = {
-        "turns": float(len(turns)),
-        **{name: float(value) for name, value in counts.items()},
-        "kept_tokens": float(kept),
-        "observation_tokens": float(len(response_ids) - kept),
-        "response_length": float(len(response_ids)),
-        "search_latency_s": search_latency,
-    }
-    check_mask_invariant(trajectory)
+    trajectory = _finish(state, uid, prompt_ids, answers, tokenizer)
     if reward_fn is not None:
         trajectory.reward = float(reward_fn(trajectory))
     if cfg.print_outputs:
-        print(f"[agent uid={trajectory.uid} end={end_reason}] {trajectory.response_text}", flush=True)
+        print(f"[agent uid={trajectory.uid} end={trajectory.end_reason}] {trajectory.response_text}", flush=True)
     return trajectory
 
 
@@ -213,12 +233,12 @@ METRIC_KEYS = ("turns", "searches", "search_failures", "invalid_actions", "gener
 
 
 def summarize_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Means over trajectories under `agent/<name>` (the trainer's metric names, docs/contracts.md §7)."""
+    """Means over trajectories under `agent/<name>` (``protocol/metric_keys.py``)."""
     if not trajectories:
         return {}
     n = len(trajectories)
-    summary = {f"agent/{key}": sum(t.metrics[key] for t in trajectories) / n for key in METRIC_KEYS}
-    summary["agent/search_failure_rate"] = (
+    summary = {mk.agent_metric(key): sum(t.metrics[key] for t in trajectories) / n for key in METRIC_KEYS}
+    summary[mk.AGENT_SEARCH_FAILURE_RATE] = (
         sum(t.metrics["search_failures"] for t in trajectories)
         / max(1.0, sum(t.metrics["searches"] for t in trajectories))
     )

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rlinf_ext.agent.types import GenerationResult, SamplingParams
+from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 
 
 class CharTokenizer:

@@ -1,79 +1,16 @@
-"""Data types at the seams of the agent loop (docs/contracts.md §2 and §3).
+"""What the agent loop produces: one ``TurnRecord`` per generation turn, one ``Trajectory`` per rollout.
 
-`Generator` is what the agent loop needs from a rollout engine; `Trajectory` is what it hands to the reward
-and the actor. Kept free of torch so that every package can import them cheaply.
+``Trajectory`` is what the loop hands to the reward and (through ``workers/agent_loop.py``) to the actor. The
+engine side of the loop (``SamplingParams``, ``GenerationResult``, ``Generator``) is ``protocol/generation.py``.
+Kept free of torch so that every package can import it cheaply.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
-FinishReason = Literal["stop", "eos", "length"]
-
-
-@dataclass
-class SamplingParams:
-    """Per-call sampling settings (names follow `algorithm.sampling_params`)."""
-
-    max_new_tokens: int = 500
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1 (or 0) = off
-    do_sample: bool = True
-    stop: list[str] = field(default_factory=list)
-    include_stop_str_in_output: bool = True
-    repetition_penalty: float = 1.0
-
-    @classmethod
-    def from_config(cls, section: Any, **overrides: Any) -> "SamplingParams":
-        """Build from an `algorithm.sampling_params`-like object (attribute access).
-
-        Only names this dataclass knows are read; a missing attribute keeps the dataclass default so a
-        partial section (a test's SimpleNamespace) works too.
-        """
-        values: dict[str, Any] = {}
-        for name in cls.__dataclass_fields__:
-            if hasattr(section, name):
-                value = getattr(section, name)
-                if name == "stop":
-                    value = list(value or [])
-                values[name] = value
-        values.update(overrides)
-        return cls(**values)
-
-    def with_updates(self, **changes: Any) -> "SamplingParams":
-        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        data["stop"] = list(self.stop)
-        data.update(changes)
-        return SamplingParams(**data)
-
-
-@dataclass
-class GenerationResult:
-    """One engine call's outcome.
-
-    `output_ids` are exactly the sampled ids: nothing after the stop string, EOS kept if sampled.
-    `num_generated` is how many tokens the engine actually produced (defaults to len(output_ids));
-    it differs only for engines that generate past a stop and cut afterwards (the benchmark's baseline).
-    """
-
-    output_ids: list[int]
-    text: str
-    finish_reason: FinishReason
-    matched_stop: str | None = None
-    logprobs: list[float] | None = None
-    num_generated: int | None = None
-
-    @property
-    def generated_tokens(self) -> int:
-        return len(self.output_ids) if self.num_generated is None else self.num_generated
-
-
-@runtime_checkable
-class Generator(Protocol):
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams) -> GenerationResult: ...
-
+from rlinf_ext.protocol.generation import FinishReason
 
 Action = Literal["search", "answer", "eos", "invalid", "search_disabled", "truncated"]
 

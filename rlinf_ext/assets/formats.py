@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rlinf_ext.assets.qa import Question
 
-# Search-R1's `base` prompt (searchr1-facts §1); the tags must stay exactly as written.
+# Search-R1's `base` prompt (docs/searchr1-facts.md §1); the tags must stay exactly as written.
 SEARCHR1_PROMPT = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
     "new information. After reasoning, if you find you lack some knowledge, you can call a search engine by "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,9 +104,6 @@ def build_wordpiece(texts: list[str], out_dir: Path, vocab_size: int = 1000):
     run to run: here every character (plain and `##`-continuation) plus the most frequent words, ties
     broken alphabetically, so that the same texts always give the same file.
     """
-    import collections
-    import re
-
     from transformers import BertTokenizerFast
 
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -21,8 +22,10 @@ from typing import Callable
 import torch
 
 from rlinf_ext.assets import trajectories
+from rlinf_ext.assets.formats import read_jsonl, searchr1_prompt
 from rlinf_ext.assets.models import TinyQwen2Shape, make_qwen2, save_hf_model
-from rlinf_ext.assets.qa import Question
+from rlinf_ext.assets.qa import Question, split_questions
+from rlinf_ext.assets.world import build_world
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,6 @@ def encode_trajectory(tokenizer, prompt: str, segments: list[trajectories.Segmen
 
 
 def chat_prompt(tokenizer, question: str) -> str:
-    from rlinf_ext.assets.formats import searchr1_prompt
-
     return tokenizer.apply_chat_template([{"role": "user", "content": searchr1_prompt(question)}],
                                          tokenize=False, add_generation_prompt=True)
 
@@ -104,8 +105,6 @@ def build_examples(tokenizer, questions: list[Question], retriever: trajectories
 
 def build_abstain_examples(tokenizer, questions: list[Question], fraction: float, seed: int) -> list[Example]:
     """For a ``fraction`` of ``questions`` (drawn with ``seed``): the trajectory that gives up without searching."""
-    import random
-
     rng = random.Random(seed)
     return [encode_trajectory(tokenizer, chat_prompt(tokenizer, q.question), trajectories.abstain_segments())
             for q in questions if rng.random() < fraction]
@@ -210,9 +209,6 @@ def build_sft_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig 
     """Train and save `models/qwen2-tiny-sft` from the train split; returns (and saves) a training report."""
     from transformers import AutoTokenizer
 
-    from rlinf_ext.assets.qa import split_questions
-    from rlinf_ext.assets.world import build_world
-
     cfg = cfg or SFTConfig()
     tok = AutoTokenizer.from_pretrained(assets.tokenizer_dir)
     splits = split_questions(build_world(seed), seed)
@@ -244,6 +240,4 @@ def build_sft_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig 
 
 
 def corpus_retriever(corpus_path: Path) -> trajectories.LexicalRetriever:
-    from rlinf_ext.assets.formats import read_jsonl
-
     return trajectories.LexicalRetriever([r["contents"] for r in read_jsonl(corpus_path)])

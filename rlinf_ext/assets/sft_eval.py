@@ -12,8 +12,10 @@ from __future__ import annotations
 import torch
 
 from rlinf_ext.assets import trajectories
-from rlinf_ext.assets.qa import Question
-from rlinf_ext.assets.sft import chat_prompt
+from rlinf_ext.assets.qa import Question, split_questions
+from rlinf_ext.assets.sft import chat_prompt, corpus_retriever
+from rlinf_ext.assets.world import build_world
+from rlinf_ext.rewards.qa_metrics import exact_match
 
 STOPS = ["</search>", "</answer>"]
 EMPTY_OBSERVATION = "\n\n<information></information>\n\n"
@@ -57,8 +59,6 @@ def answer_live(model, tokenizer, q: Question, retriever: trajectories.LexicalRe
 def evaluate(model, tokenizer, tests: dict[str, list[Question]], retriever: trajectories.LexicalRetriever,
              topk: int = 3, modes=("gold_obs", "no_obs", "live")) -> dict[str, dict[str, float]]:
     """EM per benchmark and mode (plus `avg`), e.g. `{"nq": {"gold_obs": 0.6, ...}, ...}`."""
-    from rlinf_ext.rewards.qa_metrics import exact_match
-
     model.eval()
     table: dict[str, dict[str, float]] = {}
     for bench, qs in tests.items():
@@ -85,10 +85,6 @@ def evaluate_assets(assets, topk: int = 3, modes=("gold_obs", "no_obs", "live"),
     """`evaluate` on a generated asset directory's warm-started model (or ``model_dir``, e.g. the search-only
     ``assets.qwen2_tiny_sft_search``) and its seven test files."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rlinf_ext.assets.qa import split_questions
-    from rlinf_ext.assets.sft import corpus_retriever
-    from rlinf_ext.assets.world import build_world
 
     if assets.qwen2_tiny_sft is None:
         raise ValueError("these assets have no warm-started model; generate them with with_sft=True (--with-sft)")

@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlinf_ext.assets.generate import generate_base
 from rlinf_ext.assets.qa import BENCHMARKS
+from rlinf_ext.assets.sft import build_sft_model
 
 # Bump when the generated content changes, so that stale cached directories are regenerated.
 GENERATOR_VERSION = 5
@@ -24,7 +26,7 @@ MANIFEST = "MANIFEST.json"
 
 @dataclass(frozen=True)
 class TinyAssets:
-    """Paths of one generated asset directory (docs/contracts.md §1)."""
+    """Paths of one generated asset directory (docs/contracts.md, "Data and tiny assets")."""
 
     root: Path
     seed: int
@@ -99,7 +101,7 @@ def _reusable(manifest: dict | None, root: Path, seed: int, with_sft: bool) -> b
 
 
 def make_tiny_assets(out_dir, seed: int = 0, with_sft: bool = False, verbose: bool = False) -> TinyAssets:
-    """Generate (or reuse) the tiny assets under `out_dir`; see the module docstring and contracts §1."""
+    """Generate (or reuse) the tiny assets under `out_dir`; see the module docstring and docs/contracts.md, "Data and tiny assets"."""
     root = Path(out_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     log = print if verbose else (lambda *a, **k: None)
@@ -115,13 +117,9 @@ def make_tiny_assets(out_dir, seed: int = 0, with_sft: bool = False, verbose: bo
         timings: dict[str, float] = dict(manifest.get("timings_s", {})) if base_ok else {}
         if not base_ok:
             (root / MANIFEST).unlink(missing_ok=True)  # an interrupted run must not look complete
-            from rlinf_ext.assets.generate import generate_base
-
             timings.update(generate_base(root, seed, log))
         assets = _layout(root, seed, with_sft)
         if with_sft:
-            from rlinf_ext.assets.sft import build_sft_model
-
             t0 = time.perf_counter()
             build_sft_model(assets, seed, log)
             timings["sft"] = round(time.perf_counter() - t0, 2)

@@ -8,7 +8,9 @@ of those. On a GPU cluster ranks are global GPU ranks (node = rank // num_gpus_p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 COMPONENTS = ("actor", "rollout", "reward", "agentloop", "inference")
 
@@ -56,6 +58,46 @@ def parse_ranks(spec: object, total: int | None) -> list[int]:
 
 def split_components(key: str) -> list[str]:
     return [c.strip() for c in str(key).split(",") if c.strip()]
+
+
+@dataclass(frozen=True)
+class PlacementEntry:
+    """One ``cluster.component_placement`` entry, parsed: its components and ranks, or why it cannot be used."""
+
+    key: str
+    components: tuple[str, ...]
+    ranks: tuple[int, ...] = ()
+    error: PlacementError | None = None
+
+
+def placement_entries(placement: Mapping[str, Any], total: int | None) -> list[PlacementEntry]:
+    """Every entry of ``cluster.component_placement`` parsed (the one reader of that key; ``total`` as in
+    ``parse_ranks``). Problems are returned, not raised, so ``validate`` can list them all."""
+    entries = []
+    for key in placement:
+        spec = placement[key]
+        components = tuple(split_components(key))
+        if isinstance(spec, Mapping) or hasattr(spec, "keys"):
+            error = PlacementError("node-group placement mappings are not supported by rlinf_ext's planner.",
+                                   "give GPU ranks directly, e.g. '0-7'.")
+            entries.append(PlacementEntry(str(key), components, error=error))
+            continue
+        try:
+            entries.append(PlacementEntry(str(key), components, tuple(parse_ranks(spec, total))))
+        except PlacementError as exc:
+            entries.append(PlacementEntry(str(key), components, error=exc))
+    return entries
+
+
+def component_ranks(placement: Mapping[str, Any], total: int | None) -> dict[str, list[int]]:
+    """component -> ranks; the first unusable entry raises ``PlacementError`` naming its key."""
+    out: dict[str, list[int]] = {}
+    for entry in placement_entries(placement, total):
+        if entry.error is not None:
+            raise PlacementError(f"cluster.component_placement.{entry.key}: {entry.error.reason}", entry.error.fix)
+        for name in entry.components:
+            out[name] = list(entry.ranks)
+    return out
 
 
 @dataclass(frozen=True)

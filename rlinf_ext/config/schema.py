@@ -1,4 +1,4 @@
-"""Typed schema of an rlinf_ext experiment (docs/contracts.md §5).
+"""Typed schema of an rlinf_ext experiment (docs/contracts.md, "Config").
 
 How an experiment config is built
 ---------------------------------
@@ -147,7 +147,7 @@ class AlgorithmConfig:
     recompute_logprobs: bool = fld(True, "Recompute old log-probs with the actor (required for tool use).")
     shuffle_rollout: bool = fld(False, "Shuffle trajectories before splitting into minibatches.")
     normalize_advantages: bool = fld(False, "Normalise advantages over the batch.")
-    early_stop_imp_ratio: Optional[float] = fld(5.0, "RLinf: skip updates when the importance ratio exceeds this.")
+    early_stop_imp_ratio: Optional[float] = fld(None, "RLinf: skip updates when the importance ratio exceeds this (not implemented by rlinf_ext: null).")
     use_valid_token_scale: bool = fld(False, "RLinf: scale the loss by the valid-token count.")
     sampling_params: SamplingParamsConfig = fld(SamplingParamsConfig, "Rollout sampling parameters.")
 
@@ -407,7 +407,7 @@ class RetrievalConfig:
 @dataclass
 class PathsConfig:
     tiny_assets: Optional[str] = fld(
-        None, "Root of the tiny offline assets (contract §1); tiny YAMLs derive paths from it."
+        None, "Root of the tiny offline assets (rlinf-ext make-tiny-assets); tiny YAMLs derive paths from it."
     )
 
 

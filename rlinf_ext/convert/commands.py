@@ -61,10 +61,11 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 
 
 def run(verb: str, args: argparse.Namespace) -> int:
-    from rlinf_ext.convert.hf_files import DTYPE_BY_NAME
+    # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
     from rlinf_ext.convert.mapping import ConversionError
+    from rlinf_ext.models.dtypes import dtype_of_precision
 
-    dtype = DTYPE_BY_NAME[args.dtype] if args.dtype else None
+    dtype = dtype_of_precision(args.dtype, "--dtype") if args.dtype else None
     try:
         if args.direction == "mg2hf":
             return _run_mg2hf(args, dtype)
@@ -75,6 +76,7 @@ def run(verb: str, args: argparse.Namespace) -> int:
 
 
 def _run_mg2hf(args: argparse.Namespace, dtype) -> int:
+    # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
     from rlinf_ext.convert.mg2hf import convert_mg_to_hf
 
     res = convert_mg_to_hf(
@@ -87,6 +89,7 @@ def _run_mg2hf(args: argparse.Namespace, dtype) -> int:
         f"{res.seconds:.1f}s"
     )
     if args.verify:
+        # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
         from rlinf_ext.convert.verify import DEFAULT_TOLERANCE, verify_conversion
 
         tol = args.verify_tol if args.verify_tol is not None else DEFAULT_TOLERANCE
@@ -101,6 +104,7 @@ def _run_mg2hf(args: argparse.Namespace, dtype) -> int:
 
 
 def _run_hf2mg(args: argparse.Namespace, dtype) -> int:
+    # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
     from rlinf_ext.convert.hf2mg import convert_hf_to_mg
 
     res = convert_hf_to_mg(

@@ -16,6 +16,7 @@ from typing import Iterator
 import torch
 
 from rlinf_ext.convert.mapping import ConversionError
+from rlinf_ext.models.dtypes import hf_name_of
 
 INDEX_FILE = "model.safetensors.index.json"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
@@ -28,8 +29,6 @@ SAFETENSORS_DTYPES = {
     torch.int32: "I32",
     torch.uint8: "U8",
 }
-DTYPE_BY_NAME = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-HF_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 # --------------------------------------------------------------------------- reading
@@ -91,6 +90,13 @@ class HFReader:
             handle = self._safe_open(str(path), framework="pt").__enter__()
             self._handles[path] = handle
         return handle.get_tensor(name)
+
+    def read_all(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the folder by name (what the actor loads at start), then the files are closed."""
+        try:
+            return {name: self.get(name) for name in self.names()}
+        finally:
+            self.close()
 
     def close(self) -> None:
         for h in self._handles.values():
@@ -223,7 +229,7 @@ def copy_template_files(template: Path, out_dir: Path, dtype: torch.dtype | None
     cfg_path = out_dir / "config.json"
     if cfg_path.is_file() and dtype is not None:
         cfg = json.loads(cfg_path.read_text())
-        cfg["torch_dtype"] = HF_DTYPE_NAMES.get(dtype, cfg.get("torch_dtype"))
+        cfg["torch_dtype"] = hf_name_of(dtype) or cfg.get("torch_dtype")
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     return copied
 

@@ -5,7 +5,7 @@ how it is split over tensor-parallel ranks (`Kind`). Everything else — whole-m
 streaming per layer, strict checks — is driven by the table, so adding Qwen3 (q/k layernorms, no qkv
 bias) or Llama (no bias) is adding rows with a ``when`` condition.
 
-Conventions (searchr1-facts §9):
+Conventions (docs/searchr1-facts.md §9):
 * fused QKV is grouped per KV group: ``[q heads of the group | k | v] × head_dim`` rows per group;
 * ``linear_fc1`` is ``[gate; up]`` and each TP rank holds ``[gate_shard; up_shard]``;
 * column-parallel tensors split on dim 0, row-parallel (``linear_proj``, ``linear_fc2``) on dim 1,
@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from rlinf_ext.engines.megatron.model import QwenDims, check_parallel_fits, dims_from_hf_config
+from rlinf_ext.models.qwen2 import QwenDims, check_parallel_fits, dims_from_hf_config
 
 EXTRA_STATE_SUFFIX = "._extra_state"
 
@@ -231,26 +231,6 @@ def mg_name(rule: Rule, local_layer: int | None, te: bool) -> str:
 
 def hf_names(rule: Rule, layer: int | None) -> list[str]:
     return [n.format(i=layer) for n in rule.hf]
-
-
-def adapt_layernorm_names(state: dict[str, Any], to_te: bool) -> dict[str, Any]:
-    """Rename layer norms between TE fused names and local names (other keys untouched)."""
-    out: dict[str, Any] = {}
-    for key, value in state.items():
-        out[_renamed_norm(key, to_te)] = value
-    return out
-
-
-def _renamed_norm(key: str, to_te: bool) -> str:
-    pairs = (
-        (".input_layernorm.weight", ".self_attention.linear_qkv.layer_norm_weight"),
-        (".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight"),
-    )
-    for local, te in pairs:
-        src, dst = (local, te) if to_te else (te, local)
-        if key.startswith("decoder.layers.") and key.endswith(src):
-            return key[: -len(src)] + dst
-    return key
 
 
 # --------------------------------------------------------------------------- tensor math (pure)

@@ -12,6 +12,16 @@ from pathlib import Path
 
 import torch
 
+from rlinf_ext.convert.mapping import merge_megatron_ranks
+from rlinf_ext.convert.mg2hf import open_megatron_checkpoint, spec_for_checkpoint
+from rlinf_ext.models.cpu_shims import parallel_state_session
+from rlinf_ext.models.megatron import (
+    build_gpt_model,
+    default_position_ids,
+    forward_logits,
+    load_megatron_state_dict,
+)
+
 FIXED_PROMPTS = (
     "The capital of France is",
     "Question: who wrote the play Hamlet?\nAnswer:",
@@ -55,16 +65,6 @@ def prompt_batch(hf_dir: Path, vocab_size: int, seq_len: int = 16) -> tuple[torc
 def verify_conversion(mg_dir: str | Path, hf_dir: str | Path, *, tolerance: float = DEFAULT_TOLERANCE) -> VerifyResult:
     """Compare logits; needs memory for two fp32 copies of the model."""
     from transformers import AutoModelForCausalLM
-
-    from rlinf_ext.convert.mapping import merge_megatron_ranks
-    from rlinf_ext.convert.mg2hf import open_megatron_checkpoint, spec_for_checkpoint
-    from rlinf_ext.engines.megatron.cpu_shims import parallel_state_session
-    from rlinf_ext.engines.megatron.model import (
-        build_gpt_model,
-        default_position_ids,
-        forward_logits,
-        load_megatron_state_dict,
-    )
 
     hf_dir = Path(hf_dir)
     layout, states = open_megatron_checkpoint(mg_dir)

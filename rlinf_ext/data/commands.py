@@ -18,6 +18,8 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 
 
 def run(verb: str, args: argparse.Namespace) -> int:
+    # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
+# lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
     from transformers import AutoTokenizer
 
     from rlinf_ext.data.preprocess import PreprocessError, preprocess_files

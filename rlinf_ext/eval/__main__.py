@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     args = parser.parse_args(argv)
 
+    # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
     from rlinf_ext.config.loader import ConfigError, load_config, validate
     from rlinf_ext.eval.runner import EvalError, run_evaluation
 

@@ -1,4 +1,4 @@
-"""Published Search-R1 EM rows (paper v5, facts §8) for side-by-side comparison in reports."""
+"""Published Search-R1 EM rows (paper v5, docs/searchr1-facts.md §8) for side-by-side comparison in reports."""
 
 from __future__ import annotations
 

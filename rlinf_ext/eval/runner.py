@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlinf_ext.agent.loop import run_trajectory
 from rlinf_ext.eval.dataset import EvalItem, load_eval_items
 from rlinf_ext.eval.generations import (
     GENERATIONS_FILE,
@@ -27,8 +28,11 @@ from rlinf_ext.eval.generations import (
 )
 from rlinf_ext.eval.loop import RolloutFn, evaluate_items
 from rlinf_ext.eval.records import GenerationRecord
-from rlinf_ext.eval.results import RESULTS_MD, write_results
+from rlinf_ext.eval.results import RESULTS_MD, markdown_table, paper_table_rows, write_results
 from rlinf_ext.eval.scoring import Aggregate, aggregate
+from rlinf_ext.generation.hf import HFGenerator
+from rlinf_ext.protocol.generation import SamplingParams
+from rlinf_ext.tools import SearchTool, close_http_session
 
 RUN_INFO_FILE = "eval_run.json"
 
@@ -86,13 +90,12 @@ def items_from_config(cfg: Any, tokenizer) -> list[EvalItem]:
 
 
 def build_generator(cfg: Any):
-    """The in-process CPU engine (contract §2); GPU runs pass the rollout group's generator instead."""
+    """The in-process CPU engine (protocol/generation.py); GPU runs pass the rollout group's generator instead."""
     if cfg.rollout.rollout_backend != "hf":
         raise EvalError(
             f"rollout.rollout_backend={cfg.rollout.rollout_backend!r}: run_evaluation builds only the CPU 'hf' "
             "engine itself; pass generator=groups.rollout_generator(groups) (the launcher's `rlinf-ext eval` does)"
         )
-    from rlinf_ext.engines.hf_generator import HFGenerator
 
     hf = cfg.rollout.hf
     return HFGenerator.from_pretrained(
@@ -101,16 +104,12 @@ def build_generator(cfg: Any):
 
 
 def sampling_params_from_config(cfg: Any, do_sample: bool | None = None):
-    from rlinf_ext.agent.types import SamplingParams
-
     overrides = {} if do_sample is None else {"do_sample": bool(do_sample)}
     return SamplingParams.from_config(cfg.algorithm.sampling_params, **overrides)
 
 
 def make_rollout_fn(cfg: Any, generator, tokenizer, search_tool, sampling_params) -> RolloutFn:
     """item -> Trajectory through the same agent loop as training (group of one per question)."""
-    from rlinf_ext.agent.loop import run_trajectory
-
     async def rollout(item: EvalItem):
         prompt_ids = tokenizer(item.prompt, add_special_tokens=False)["input_ids"]
         return await run_trajectory(
@@ -200,12 +199,10 @@ def run_evaluation(
 ) -> EvalSummary:
     """Evaluate `rollout.model.model_path` on `data.val_data_paths`; see the module docstring.
 
-    `cfg` is the validated experiment config (attribute access). `generator` is any contract-§2 generator;
+    `cfg` is the validated experiment config (attribute access). `generator` is any ``protocol.generation.Generator``;
     None builds the CPU `HFGenerator` in-process (only for `rollout.rollout_backend: hf`). The search tool
     is built from `tools.search` unless given. Call from synchronous code (it runs its own event loop).
     """
-    from rlinf_ext.tools import SearchTool
-
     model_path = str(cfg.rollout.model.model_path)
     tokenizer = load_tokenizer(model_path)
     items = items_from_config(cfg, tokenizer)
@@ -229,8 +226,6 @@ def run_evaluation(
     rollout = make_rollout_fn(cfg, generator, tokenizer, tool, params)
 
     async def main() -> EvalSummary:
-        from rlinf_ext.tools import close_http_session
-
         try:
             return await evaluate_async(cfg, items, rollout, tokenizer.decode, out, meta, show_progress)
         finally:
@@ -244,8 +239,6 @@ def run_evaluation(
 
 def format_summary(summary: EvalSummary) -> str:
     """The paper-layout table and where the files are, for the end of a run's output."""
-    from rlinf_ext.eval.results import markdown_table, paper_table_rows
-
     header, rows = paper_table_rows(summary.aggregate)
     lines = [
         "",

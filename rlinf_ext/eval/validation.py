@@ -10,14 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from rlinf_ext.eval.dataset import EvalItem
 from rlinf_ext.eval.generations import GENERATIONS_FILE, GenerationsWriter
 from rlinf_ext.eval.loop import evaluate_items
-from rlinf_ext.eval.runner import eval_concurrency
+from rlinf_ext.eval.runner import (
+    eval_concurrency,
+    items_from_config,
+    load_tokenizer,
+    make_rollout_fn,
+    sampling_params_from_config,
+)
 from rlinf_ext.eval.scoring import AVERAGED_FIELDS, Aggregate, aggregate
+from rlinf_ext.protocol import metric_keys as mk
+from rlinf_ext.tools import SearchTool, close_http_session
 
 DEFAULT_SAMPLES_PER_BENCHMARK = 64
 # metric name in the logs -> BenchmarkResult field
@@ -49,16 +58,16 @@ def sample_items(items: list[EvalItem], per_benchmark: int | None, seed: int) ->
     return [items[pos] for pos in sorted(chosen)]
 
 
-def validation_metrics(agg: Aggregate, prefix: str = "val") -> dict[str, float]:
+def validation_metrics(agg: Aggregate, prefix: str = mk.VAL_PREFIX) -> dict[str, float]:
     """`val/<bench>/em`, ..., `val/avg/<metric>` (mean over benchmarks), `val/all/<metric>` (pooled), `val/n`."""
     metrics: dict[str, float] = {}
     for bench, res in agg.benchmarks.items():
         for name, attr in _LOGGED.items():
-            metrics[f"{prefix}/{bench}/{name}"] = float(getattr(res, attr))
+            metrics[mk.validation_metric(bench, name, prefix)] = float(getattr(res, attr))
     for name, attr in _LOGGED.items():
         if attr in AVERAGED_FIELDS:
-            metrics[f"{prefix}/avg/{name}"] = float(agg.average[attr])
-        metrics[f"{prefix}/all/{name}"] = float(getattr(agg.overall, attr))
+            metrics[mk.validation_metric("avg", name, prefix)] = float(agg.average[attr])
+        metrics[mk.validation_metric("all", name, prefix)] = float(getattr(agg.overall, attr))
     metrics[f"{prefix}/n"] = float(agg.overall.n)
     metrics[f"{prefix}/errors"] = float(agg.overall.errors)
     return metrics
@@ -81,14 +90,6 @@ class ValidationPass:
         out_dir: str | Path | None = None,
         show_progress: bool = False,
     ):
-        from rlinf_ext.eval.runner import (
-            items_from_config,
-            load_tokenizer,
-            make_rollout_fn,
-            sampling_params_from_config,
-        )
-        from rlinf_ext.tools import SearchTool
-
         self.cfg = cfg
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(cfg.rollout.model.model_path))
         all_items = items_from_config(cfg, self.tokenizer)
@@ -100,8 +101,6 @@ class ValidationPass:
         self.show_progress = show_progress
 
     async def arun(self, step: int) -> dict[str, float]:
-        import tempfile
-
         with tempfile.TemporaryDirectory() as tmp:
             base = self.out_dir if self.out_dir is not None else Path(tmp)
             path = base / f"global_step_{step}" / GENERATIONS_FILE
@@ -117,8 +116,6 @@ class ValidationPass:
 
     def run(self, step: int) -> dict[str, float]:
         """Synchronous form for callers without a running event loop (closes its HTTP session at the end)."""
-        from rlinf_ext.tools import close_http_session
-
         async def main() -> dict[str, float]:
             try:
                 return await self.arun(step)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .bm25 import build_bm25_index
 from .config import BuildConfig
 from .corpus import CorpusStore
+from .dense import build_dense_index
+from .encoder import EncoderSpec
 from .metadata import IndexMetadata
 
 
@@ -16,14 +19,10 @@ def build_index(cfg: BuildConfig, on_chunk=None) -> IndexMetadata:
     store = CorpusStore.open(cfg.corpus, cache_dir=out, show_progress=True)
     try:
         if cfg.retriever == "bm25":
-            from .bm25 import build_bm25_index
-
             return build_bm25_index(store, out)
         if not cfg.model:
             raise ValueError(f"--retriever {cfg.retriever} is dense and needs --model PATH (an encoder "
                              "directory in Hugging Face format, e.g. a local copy of intfloat/e5-base-v2)")
-        from .dense import build_dense_index
-        from .encoder import EncoderSpec
 
         spec = EncoderSpec.for_retriever(cfg.retriever, cfg.model, max_length=cfg.max_length, pooling=cfg.pooling)
         return build_dense_index(store, out, spec, faiss_type=cfg.faiss_type, batch_size=cfg.batch_size,

@@ -18,17 +18,20 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 
 
 def run(verb: str, args: argparse.Namespace) -> int:
+    # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
     from .corpus import CorpusError
     from .metadata import IndexMismatchError
 
     try:
         if verb == "build-index":
+            # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
             from .build import build_index
 
             meta = build_index(from_args(BuildConfig, args))
             print(f"index written to {args.out}: {meta.retriever}, {meta.passages} passages"
                   + (f", faiss {meta.faiss_type}, dim {meta.dim}" if meta.dim else ""))
             return 0
+        # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
         from .server import serve
 
         return serve(from_args(ServerConfig, args))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# retriever -> (pooling, query prefix, passage prefix)   (facts §3)
+# retriever -> (pooling, query prefix, passage prefix)   (docs/searchr1-facts.md §3)
 RETRIEVER_DEFAULTS: dict[str, tuple[str, str, str]] = {
     "e5": ("mean", "query: ", "passage: "),
     "bge": ("cls", "Represent this sentence for searching relevant passages: ", ""),

@@ -1,4 +1,4 @@
-"""FastAPI retrieval server: ``POST /retrieve``, ``POST /access``, ``GET /health`` (facts §2 wire format).
+"""FastAPI retrieval server: ``POST /retrieve``, ``POST /access``, ``GET /health`` (docs/searchr1-facts.md §2 wire format).
 
 Requests are validated strictly (unknown fields, wrong types, empty queries, limits) and answered 4xx
 with a message; the search itself goes through the cross-request batcher (``batching.py``) or, with

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlinf_ext.config.schema import RewardConfig  # the `reward` section of the experiment YAML
 from rlinf_ext.rewards.format import is_well_formed
 from rlinf_ext.rewards.qa_metrics import (
     count_answer_tags,
@@ -26,18 +27,6 @@ from rlinf_ext.rewards.qa_metrics import (
 
 SCORINGS = ("em", "subem", "f1", "format")
 TAG_SPAM_FACTOR = 0.25  # RLinf: score / 4 when the answer tag is spammed
-
-
-@dataclass
-class RewardConfig:
-    """Same fields as the `reward` section of the experiment YAML (docs/contracts.md §5)."""
-
-    reward_type: str = "searchr1"
-    reward_scale: float = 1.0
-    scoring: str = "em"
-    answer_tag_limit: int = 10
-    search_penalty: float = 0.0
-    group_name: str = "RewardGroup"
 
 
 @dataclass

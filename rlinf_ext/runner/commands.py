@@ -58,7 +58,9 @@ def run(verb: str, args: argparse.Namespace) -> int:
     if bad:
         print(f"rlinf-ext {verb}: overrides must look like key=value, got {bad}", file=sys.stderr)
         return 2
-    from rlinf_ext.runner.launch import LaunchError, RunInterrupted, run_evaluation_only, run_training
+    # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
+    from rlinf_ext.runner.errors import LaunchError, RunInterrupted
+    from rlinf_ext.runner.launch import run_evaluation_only, run_training
 
     try:
         if verb == "train":

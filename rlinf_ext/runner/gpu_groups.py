@@ -1,12 +1,13 @@
-"""Worker groups on a GPU cluster (contract §7; written, NOT GPU-verified).
+"""Worker groups on a GPU cluster (written, NOT GPU-verified).
 
-- rollout: ``SGLangStopWorker`` (``gpu_rollout.rollout_worker_class``) on the rollout GPUs, placed by RLinf's
+- rollout: ``SGLangStopWorker`` (``workers/rollout_sglang.py:rollout_worker_class``) on the rollout GPUs, placed by
+  RLinf's
   ``ModelParallelComponentPlacement`` exactly as RLinf's runners place it (one engine per
   ``rollout.tensor_parallel_size`` GPUs; collocated with the actor when both name the same GPUs, else
   disaggregated);
 - actor: our Megatron-core ``MegatronActorWorker`` on CUDA, one data-parallel process per actor GPU
   (``PackedPlacementStrategy`` over the actor GPUs; TP=PP=1 each, DP = number of actor GPUs, nccl gradient
-  all-reduce — ``engines/data_parallel.py``, tested with gloo on CPU only);
+  all-reduce — ``training/data_parallel.py``, tested with gloo on CPU only);
 - reward and agent-loop workers: CPU processes on node 0 (``NodePlacementStrategy``), as on a CPU cluster.
 
 ``gpu_layout`` is the pure arithmetic (which GPUs each process gets), unit-tested on CPU; it mirrors RLinf's
@@ -15,11 +16,27 @@ mode rules and ``PackedPlacementStrategy`` packing and refuses what this composi
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rlinf_ext.config.placement import PlacementError, parse_ranks, split_components
+from rlinf.scheduler import PackedPlacementStrategy
+from rlinf.utils.placement import ModelParallelComponentPlacement
+
+from rlinf_ext.config import to_dictconfig
+from rlinf_ext.config.placement import PlacementError, component_ranks
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.runner.groups import (
+    Placement,
+    WorkerGroups,
+    WorkerStartupError,
+    check_actor_data_parallel,
+    cpu_strategy,
+    launch_group,
+)
+from rlinf_ext.workers.actor import MegatronActorWorker
+from rlinf_ext.workers.agent_loop import SearchR1AgentLoopWorker
+from rlinf_ext.workers.reward import SearchR1RewardWorker
+from rlinf_ext.workers.rollout_sglang import rollout_worker_class
 
 
 class GpuLayoutError(ValueError):
@@ -71,44 +88,28 @@ def packed_process_gpus(start: int, end: int, per_process: int = 1, stride: int 
     return out
 
 
-def _component_ranks(cfg: Any, num_gpus: int) -> dict[str, list[int]]:
-    ranks: dict[str, list[int]] = {}
-    placement = cfg.cluster.component_placement
-    for key in placement:
-        spec = placement[key]
-        if isinstance(spec, dict) or hasattr(spec, "keys"):
-            raise GpuLayoutError(
-                f"cluster.component_placement.{key}: node-group mappings are not supported by rlinf_ext's GPU "
-                "composition. Fix: give GPU ranks, e.g. '0-7'."
-            )
-        try:
-            gpus = parse_ranks(spec, num_gpus)
-        except PlacementError as exc:
-            raise GpuLayoutError(f"cluster.component_placement.{key}: {exc}") from exc
-        for name in split_components(key):
-            ranks[name] = gpus
-    return ranks
-
-
-def gpu_layout(cfg: Any, num_gpus: int, gpus_per_node: int | None = None) -> GpuLayout:
+def gpu_layout(cfg: ExperimentConfig, num_gpus: int, gpus_per_node: int | None = None) -> GpuLayout:
     """Which GPUs the rollout engines and the actor get on a cluster of ``num_gpus`` GPUs (pure)."""
     if num_gpus <= 0:
         raise GpuLayoutError("gpu_layout needs a cluster with GPUs; CPU clusters use NodePlacementStrategy.")
     gpn = int(gpus_per_node or cfg.cluster.num_gpus_per_node or num_gpus)
-    ranks = _component_ranks(cfg, num_gpus)
+    try:
+        ranks = component_ranks(cfg.cluster.component_placement, num_gpus)
+    except PlacementError as exc:
+        raise GpuLayoutError(str(exc)) from exc
     for name in ("actor", "rollout", "reward"):  # RLinf's ModelParallelComponentPlacement requires all three
         if name not in ranks:
             raise GpuLayoutError(
                 f"cluster.component_placement places no '{name}'. Fix: add it, e.g. 'actor,rollout,reward: all' "
                 "(the reward worker itself runs on CPU)."
             )
-    actor_tp, actor_pp = int(cfg.actor.model.tensor_model_parallel_size), int(cfg.actor.model.pipeline_model_parallel_size)
+    actor_tp, actor_pp = cfg.actor.model.tensor_model_parallel_size, cfg.actor.model.pipeline_model_parallel_size
     if (actor_tp, actor_pp) != (1, 1):
         raise GpuLayoutError(
             f"actor.model.tensor_model_parallel_size={actor_tp}, pipeline_model_parallel_size={actor_pp}: the "
             "Megatron-core actor trains with TP=PP=1 per process (data parallelism over its GPUs). Fix: set both to 1."
         )
-    tp, pp = int(cfg.rollout.tensor_parallel_size), int(cfg.rollout.pipeline_parallel_size)
+    tp, pp = cfg.rollout.tensor_parallel_size, cfg.rollout.pipeline_parallel_size
     if pp != 1:
         raise GpuLayoutError(f"rollout.pipeline_parallel_size={pp}: SGLang engines run TP only. Fix: set it to 1.")
     rollout, actor = ranks["rollout"], ranks["actor"]
@@ -119,7 +120,7 @@ def gpu_layout(cfg: Any, num_gpus: int, gpus_per_node: int | None = None) -> Gpu
         )
     if rollout == actor:
         mode = "collocated"
-        if bool(cfg.rollout.enforce_eager):
+        if cfg.rollout.enforce_eager:
             raise GpuLayoutError(
                 "rollout.enforce_eager=true with the actor and rollout collocated: SGLang can only release its "
                 "memory for the actor with CUDA graphs on (memory saver). Fix: set rollout.enforce_eager=false."
@@ -142,47 +143,20 @@ def gpu_layout(cfg: Any, num_gpus: int, gpus_per_node: int | None = None) -> Gpu
     return GpuLayout(num_gpus, gpn, mode, tuple(rollout), tp, tuple(processes), tuple(actor))
 
 
-def _as_dictconfig(cfg: Any):
-    """RLinf's objects need an OmegaConf DictConfig (``.get``); ours read the typed config as on CPU."""
-    if dataclasses.is_dataclass(cfg):
-        from rlinf_ext.config import to_dictconfig
-
-        return to_dictconfig(cfg)
-    return cfg
-
-
-def launch_gpu_groups(cfg: Any, cluster: Any, *, total_train_steps: int, verify_sync: bool = True,
-                      search_server_addr: Any = None):
+def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps: int, verify_sync: bool = True,
+                      search_server_addr: Any = None) -> WorkerGroups:
     """Launch the GPU composition (module docstring); start-up failures raise ``WorkerStartupError``."""
-    from rlinf_ext.runner.groups import (
-        Placement,
-        WorkerGroups,
-        WorkerStartupError,
-        check_actor_data_parallel,
-        cpu_strategy,
-        launch_group,
-    )
-
     try:
         layout = gpu_layout(cfg, int(cluster.num_accelerators))
     except GpuLayoutError as exc:
         raise WorkerStartupError("placement", exc) from exc
     check_actor_data_parallel(cfg, layout.actor_dp_size)
     try:
-        from rlinf_ext.engines.gpu_rollout import rollout_worker_class
-
         rollout_cls = rollout_worker_class(cfg)
     except Exception as exc:  # vllm/hf backend, or sglang missing (pip install -e ".[gpu]")
         raise WorkerStartupError("rollout", exc) from exc
-    from rlinf.scheduler import PackedPlacementStrategy
-    from rlinf.utils.placement import ModelParallelComponentPlacement
-
-    from rlinf_ext.engines.actor_worker import MegatronActorWorker
-    from rlinf_ext.engines.agent_loop_worker import SearchR1AgentLoopWorker
-    from rlinf_ext.engines.reward_worker import SearchR1RewardWorker
-
     print(f"[groups] GPU layout: {layout.describe()}", flush=True)
-    rlinf_cfg = _as_dictconfig(cfg)
+    rlinf_cfg = to_dictconfig(cfg)  # RLinf's placement and SGLang worker read a DictConfig
     try:
         placement = ModelParallelComponentPlacement(rlinf_cfg, cluster)
     except Exception as exc:

@@ -1,20 +1,25 @@
-"""Compose RLinf worker groups for a Search-R1 run (docs/contracts.md §7).
+"""What every composition of RLinf worker groups shares: the groups' handle (``WorkerGroups``), the placement
+facts the trainer reads, launching one group with errors that name the component, waiting on a group call with
+the remote error raised, and stopping every worker.
 
-On a CPU cluster every group is placed with ``NodePlacementStrategy`` (RLinf's packed strategies refuse
-nodes without accelerators): the HF rollout engine, the Megatron-core actor (one process per placed rank =
-data-parallel size, e.g. ``actor: 0-1`` = DP 2), the reward worker and the agent-loop workers. On a GPU
-cluster ``gpu_groups.launch_gpu_groups`` places the SGLang rollout (``rlinf_ext.engines.gpu_rollout``) and
-the actor (one data-parallel process per actor GPU) with RLinf's placement (not GPU-verified).
+The compositions themselves: ``runner/compose.py`` (CPU cluster, and the dispatch) and ``runner/gpu_groups.py``
+(GPU cluster).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-COMPONENTS = ("rollout", "actor", "reward", "agent_loop")
+import ray
+from rlinf.scheduler.placement import NodePlacementStrategy
+
+from rlinf_ext.config.placement import component_ranks
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.training.data_parallel import DataParallel, DataParallelError, share_of
 
 
 class WorkerStartupError(RuntimeError):
@@ -58,8 +63,6 @@ def wait_or_raise(handle, component: str, method: str, startup: bool = False):
     """``handle.wait()`` that raises the remote error instead of returning None (see ``quiet_worker_failures``)."""
     results = handle.wait()
     if not handle.done():
-        import ray
-
         try:
             ray.get(handle._remote_results)
         except Exception as exc:  # the remote exception, re-raised with the component named
@@ -80,41 +83,32 @@ def quiet_worker_failures() -> None:
         signal.signal(signal.SIGUSR1, lambda signum, frame: None)
 
 
-def _process_counts(cfg: Any) -> dict[str, int]:
+def cpu_process_counts(cfg: ExperimentConfig) -> dict[str, int]:
     """Processes per component on a CPU cluster: ``cluster.component_placement`` ranks are worker processes
-    on node 0 (``"0"`` = one process, ``"0-1"`` = two; rlinf_ext.config.placement's reading)."""
-    from rlinf_ext.config.placement import parse_ranks, split_components
-
+    on node 0 (``"0"`` = one process, ``"0-1"`` = two; ``config/placement.py``'s reading)."""
     counts = {"rollout": 1, "actor": 1, "reward": 1}
-    placement = cfg.cluster.component_placement
-    for key in placement:
-        n = len(parse_ranks(placement[key], None))
-        for comp in split_components(key):
-            if comp in counts:
-                counts[comp] = n
+    for name, ranks in component_ranks(cfg.cluster.component_placement, None).items():
+        if name in counts:
+            counts[name] = len(ranks)
     return counts
 
 
-def check_actor_data_parallel(cfg: Any, actor_processes: int) -> None:
+def check_actor_data_parallel(cfg: ExperimentConfig, actor_processes: int) -> None:
     """Refuse, before anything starts, a batch the actor's data-parallel ranks cannot share: every rank trains
     on whole GRPO groups (``data.rollout_batch_size`` results per step), TP=PP=1 per process."""
-    from rlinf_ext.engines.data_parallel import DataParallel, DataParallelError, share_of
-
-    tp, pp = int(cfg.actor.model.tensor_model_parallel_size), int(cfg.actor.model.pipeline_model_parallel_size)
+    tp, pp = cfg.actor.model.tensor_model_parallel_size, cfg.actor.model.pipeline_model_parallel_size
     if (tp, pp) != (1, 1):
         raise WorkerStartupError(
             "actor", f"actor.model.tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}: the "
             "Megatron-core actor runs TP=PP=1 per process (data parallelism only). Fix: set both to 1.")
     try:
-        share_of(int(cfg.data.rollout_batch_size), DataParallel(size=actor_processes))
+        share_of(cfg.data.rollout_batch_size, DataParallel(size=actor_processes))
     except DataParallelError as exc:
         raise WorkerStartupError("actor", exc) from exc
 
 
 def cpu_strategy(n: int):
     """``n`` processes on node 0, no accelerator."""
-    from rlinf.scheduler.placement import NodePlacementStrategy
-
     return NodePlacementStrategy([0] * n)
 
 
@@ -126,69 +120,9 @@ def launch_group(groups: dict[str, Any], cluster: Any, component: str, cls, name
         raise WorkerStartupError(component, exc) from exc
 
 
-def launch_worker_groups(
-    cfg: Any,
-    cluster: Any,
-    *,
-    total_train_steps: int = 1,
-    deterministic_rollout: bool = False,
-    verify_sync: bool = True,
-    search_server_addr: Any = None,
-) -> WorkerGroups:
-    """Launch the rollout, actor, reward and agent-loop groups (not yet initialised: see the trainer)."""
-    quiet_worker_failures()
-    if int(getattr(cluster, "num_accelerators", 0) or 0) > 0:
-        from rlinf_ext.runner.gpu_groups import launch_gpu_groups
-
-        return launch_gpu_groups(cfg, cluster, total_train_steps=total_train_steps, verify_sync=verify_sync,
-                                 search_server_addr=search_server_addr)
-    counts = _process_counts(cfg)
-    check_actor_data_parallel(cfg, counts["actor"])
-    from rlinf_ext.engines.actor_worker import MegatronActorWorker
-    from rlinf_ext.engines.agent_loop_worker import SearchR1AgentLoopWorker
-    from rlinf_ext.engines.reward_worker import SearchR1RewardWorker
-    from rlinf_ext.engines.rollout_worker import HFRolloutWorker
-
-    if cfg.rollout.rollout_backend != "hf":
-        raise WorkerStartupError(
-            "rollout", f"rollout.rollout_backend={cfg.rollout.rollout_backend!r} needs GPUs; on CPU set rollout.rollout_backend=hf"
-        )
-    groups: dict[str, Any] = {}
-    n_rollout = counts["rollout"]
-    launch_group(groups, cluster, "rollout", HFRolloutWorker, cfg.rollout.group_name, cpu_strategy(n_rollout), cfg,
-                 deterministic=deterministic_rollout, verify_sync=verify_sync)
-    launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name, cpu_strategy(counts["actor"]),
-                 cfg, total_train_steps)
-    launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
-    launch_group(groups, cluster, "agent_loop", SearchR1AgentLoopWorker, cfg.agentloop.group_name,
-                 cpu_strategy(n_rollout), cfg, search_server_addr=search_server_addr)
-    placement = Placement(
-        is_pipeline=False,
-        rollout_dp_size=counts["rollout"],
-        agent_loop_world_size=counts["rollout"],
-        actor_world_size=counts["actor"],
-        on_gpu=False,
-    )
-    return WorkerGroups(placement=placement, **groups)
-
-
-def rollout_generator(groups: WorkerGroups, input_channel=None, output_channel=None):
-    """A contract-§2 ``Generator`` backed by the running rollout group (evaluation, probes).
-
-    Pass the generate channels the rollout group serves (``SearchR1Trainer.generate_channels``).
-    """
-    from rlinf_ext.engines.agent_loop_worker import ChannelGenerator
-
-    if input_channel is None or output_channel is None:
-        raise ValueError("rollout_generator needs the GenerateInput/GenerateOutput channels the rollout group serves.")
-    return ChannelGenerator(input_channel, output_channel)
-
-
 def stop_worker_groups(groups: WorkerGroups) -> None:
     """Kill every worker process of the groups (the Ray cluster itself stays up)."""
-    import ray
-
-    for component in COMPONENTS:
+    for component in (f.name for f in dataclasses.fields(WorkerGroups) if f.name != "placement"):
         group = getattr(groups, component, None)
         for rank in getattr(group, "_workers", []) or []:
             try:

@@ -1,4 +1,4 @@
-"""The trainer's ``on_step`` sink (docs/contracts.md §7): TensorBoard, optional wandb, a progress bar,
+"""The trainer's ``on_step`` sink (docs/contracts.md, "Runner"): TensorBoard, optional wandb, a progress bar,
 per-step trajectory dumps, a metrics jsonl and, at the end, a reward-curve PNG next to the logs.
 
 ``MetricsSink(...)(step, metrics, trajectories)`` is called once per training step by the trainer.
@@ -7,14 +7,16 @@ per-step trajectory dumps, a metrics jsonl and, at the end, a reward-curve PNG n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-REWARD_KEY = "reward/mean"
+from rlinf_ext.protocol import metric_keys as mk
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "reward_curve.png"
 SMOOTHING_WINDOW = 5  # steps in the trailing mean drawn over the per-step reward
@@ -60,8 +62,6 @@ def to_jsonable(value: Any) -> Any:
     if hasattr(value, "tolist"):  # torch tensors and numpy arrays / scalars
         return to_jsonable(value.tolist())
     if hasattr(value, "__dataclass_fields__"):
-        from dataclasses import asdict
-
         return to_jsonable(asdict(value))
     return str(value)
 
@@ -165,7 +165,7 @@ class MetricsSink:
         if self._bar is not None and step > 0:  # the bar counts training steps
             if len(self.history) == 1 and step > 1:  # a resumed run: the bar starts where training starts
                 self._bar.n = self._bar.last_print_n = step - 1
-            postfix = {k.split("/")[-1]: f"{values[k]:.3f}" for k in (REWARD_KEY, "actor/loss") if k in values}
+            postfix = {k.split("/")[-1]: f"{values[k]:.3f}" for k in (mk.REWARD_MEAN, mk.ACTOR_LOSS) if k in values}
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(1)
 
@@ -179,7 +179,7 @@ class MetricsSink:
         return path
 
     def rewards(self) -> list[float]:
-        return [h[REWARD_KEY] for h in self.history if REWARD_KEY in h]
+        return [h[mk.REWARD_MEAN] for h in self.history if mk.REWARD_MEAN in h]
 
     def close(self) -> Path | None:
         """Flush the writers and write the reward curve; returns the PNG path (None if no reward logged)."""
@@ -193,7 +193,7 @@ class MetricsSink:
         if self._wandb is not None:
             self._wandb.finish()
         history = read_metrics(self.log_dir / METRICS_FILE)  # whole run, earlier launches included
-        if any(REWARD_KEY in h for h in history):
+        if any(mk.REWARD_MEAN in h for h in history):
             self.plot_path = plot_reward_curve(history, self.log_dir / PLOT_FILE, title=self.experiment)
         return self.plot_path
 
@@ -223,7 +223,7 @@ def plot_reward_curve(history: list[dict], out_path: Path, title: str = "") -> P
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for key, label in ((REWARD_KEY, "mean reward"), ("reward/em", "EM")):
+    for key, label in ((mk.REWARD_MEAN, "mean reward"), (mk.REWARD_EM, "EM")):
         points = [(h["step"], h[key]) for h in history if key in h and _finite(h[key])]
         if points:
             steps, values = zip(*points)
@@ -249,7 +249,6 @@ def _finite(value: Any) -> bool:
 def sink_from_config(cfg, total_steps: int | None = None, show_progress: bool = True) -> MetricsSink:
     """Build the sink from ``runner.logger`` and ``runner.rollout_data_dir`` of an experiment config."""
     logger = cfg.runner.logger
-    import dataclasses
 
     run_config = to_jsonable(dataclasses.asdict(cfg)) if dataclasses.is_dataclass(cfg) else None
     return MetricsSink(

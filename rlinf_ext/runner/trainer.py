@@ -1,10 +1,11 @@
-"""Search-R1 GRPO runner on RLinf's scheduler (docs/contracts.md §7).
+"""Search-R1 GRPO runner on RLinf's scheduler.
 
 It follows RLinf's ``AgentRunner`` step by step — put the batch on the ``DataLoader`` channel, sync weights
 actor -> rollout, agent-loop rollout (generation through the rollout group, search through the search tool),
-rewards, recompute old/reference log-probs, train, checkpoint — but is our own code, because RLinf's runner
-module imports Megatron-LM's training package at load time (rlinf-protocol.md §10). Worker method names and
-channel payloads are RLinf's, so the same runner drives the CPU workers and RLinf-derived GPU workers.
+rewards, recompute old/reference log-probs, train, checkpoint — but is our own code, because RLinf 0.3.0's
+``rlinf.runners.agent_runner`` imports Megatron-LM's ``megatron.training`` package at load time, which is not on
+PyPI (only megatron-core is). Worker method names and channel payloads are RLinf's, so the same runner drives the
+CPU workers and RLinf-derived GPU workers.
 
 Validation during training (``rlinf_ext.eval.validation``): before the first step (``runner.val_before_train``)
 and after every ``runner.val_check_interval`` steps, the actor's weights are synced to the rollout group and a
@@ -20,70 +21,39 @@ offloads the actor again. CPU and disaggregated runs keep the overlapped order.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable
 
 import torch
+from rlinf.scheduler import Channel
+from torchdata.stateful_dataloader import StatefulDataLoader
+from tqdm import tqdm
 
-from rlinf_ext.engines.checkpoint import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.eval.validation import ValidationPass, should_validate
+from rlinf_ext.protocol import channels as ch
+from rlinf_ext.protocol import metric_keys as mk
+from rlinf_ext.protocol.channels import KeyedChannel
+from rlinf_ext.protocol.generation import STOP_SERVING, GenerateRequest
+from rlinf_ext.protocol.payloads import SearchRolloutRequest
+from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
 from rlinf_ext.runner.groups import WorkerGroups, wait_or_raise
+from rlinf_ext.workers.agent_loop import ChannelGenerator
 
 StepCallback = Callable[[int, dict, list], None]
 VALIDATION_DIR = "validation"  # <run_dir>/validation/global_step_<N>/generations.jsonl
 
 
-def validation_enabled(cfg: Any) -> bool:
+def validation_enabled(cfg: ExperimentConfig) -> bool:
     """Whether any step of this run can validate (``rlinf_ext.eval.validation.should_validate`` is true for some
     step): ``runner.val_before_train`` or ``runner.val_check_interval > 0``, with ``data.val_data_paths`` set."""
     runner = cfg.runner
-    wanted = bool(runner.val_before_train) or int(runner.val_check_interval) > 0
-    return wanted and bool(list(cfg.data.val_data_paths))
-
-
-# --------------------------------------------------------------------------------------------- data
-def load_jsonl_prompts(paths: Sequence[str | Path], prompt_key: str = "prompt", answer_key: str = "solutions",
-                       data_size: int = -1) -> list[dict]:
-    """RLinf-style jsonl rows ``{prompt, solutions, uid?}`` -> ``[{"prompt", "answers", "uid"}]``."""
-    rows: list[dict] = []
-    for path in paths:
-        with open(path) as f:
-            file_rows = [json.loads(line) for line in f if line.strip()]
-        if data_size >= 0:
-            file_rows = file_rows[:data_size]
-        for i, row in enumerate(file_rows):
-            if prompt_key not in row or answer_key not in row:
-                raise ValueError(f"{path}:{i + 1}: row lacks {prompt_key!r} or {answer_key!r} (data.prompt_key/answer_key).")
-            rows.append({"prompt": row[prompt_key], "answers": row[answer_key], "uid": str(row.get("uid", f"{Path(path).stem}-{i}"))})
-    return rows
-
-
-class PromptDataset(torch.utils.data.Dataset):
-    """Tokenised prompts ``{"prompt_ids", "answers", "uid"}``; over-long prompts are dropped (counted)."""
-
-    def __init__(self, rows: Sequence[dict], tokenizer: Any, max_prompt_length: int):
-        self.items = []
-        self.dropped = 0
-        for row in rows:
-            ids = row.get("prompt_ids")
-            if ids is None:
-                ids = tokenizer.encode(row["prompt"], add_special_tokens=False)
-            if len(ids) > max_prompt_length:
-                self.dropped += 1
-                continue
-            self.items.append({"prompt_ids": list(ids), "answers": row["answers"], "uid": str(row.get("uid", len(self.items)))})
-        if not self.items:
-            raise ValueError(f"no prompt fits data.max_prompt_length={max_prompt_length} ({self.dropped} dropped).")
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> dict:
-        return self.items[i]
+    wanted = runner.val_before_train or runner.val_check_interval > 0
+    return wanted and bool(cfg.data.val_data_paths)
 
 
 def _collate(items: list[dict]) -> list[dict]:
@@ -103,11 +73,8 @@ def split_list(items: list, parts: int) -> list[list]:
 
 # --------------------------------------------------------------------------------------------- runner
 class SearchR1Trainer:
-    def __init__(self, cfg: Any, groups: WorkerGroups, train_dataset, val_dataset=None,
+    def __init__(self, cfg: ExperimentConfig, groups: WorkerGroups, train_dataset, val_dataset=None,
                  on_step: StepCallback | None = None, verify_sync: bool = True):
-        from rlinf.scheduler import Channel
-        from torchdata.stateful_dataloader import StatefulDataLoader
-
         self.cfg = cfg
         self.groups = groups
         self.train_dataset = train_dataset
@@ -116,49 +83,45 @@ class SearchR1Trainer:
         self.verify_sync = verify_sync
         self.global_step = 0
         self.history: list[dict[str, float]] = []
-        batch = int(cfg.data.rollout_batch_size)
+        batch = cfg.data.rollout_batch_size
         if len(train_dataset) < batch:
             raise ValueError(f"data.rollout_batch_size={batch} is larger than the training set ({len(train_dataset)} prompts).")
-        generator = torch.Generator().manual_seed(int(cfg.data.seed))
+        generator = torch.Generator().manual_seed(cfg.data.seed)
         sampler = (torch.utils.data.RandomSampler(train_dataset, generator=generator) if cfg.data.shuffle
                    else torch.utils.data.SequentialSampler(train_dataset))
         self.dataloader = StatefulDataLoader(train_dataset, batch_size=batch, sampler=sampler, drop_last=True,
                                              num_workers=0, collate_fn=_collate)
         self.max_steps = self.total_steps(cfg, len(train_dataset))
-        self.run_dir = Path(cfg.runner.output_dir) / str(cfg.runner.experiment_name)
+        self.run_dir = Path(cfg.runner.output_dir) / cfg.runner.experiment_name
         self.ckpt_root = self.run_dir / "checkpoints"
-        from rlinf_ext.engines.channels import KeyedChannel
-
         # One channel process, one named queue per stage (RLinf's channel names).
         self._channel = Channel.create(f"SearchR1-{cfg.runner.experiment_name}-{uuid.uuid4().hex[:8]}")
-        self.channels = {name: KeyedChannel(self._channel, name) for name in
-                         ("DataLoader", "GenerateInput", "GenerateOutput", "Rollout", "Reward", "Inference")}
+        self.channels = {name: KeyedChannel(self._channel, name) for name in ch.STEP_CHANNELS}
         self.resume_dir: Path | None = None
         self._serving = None
         self._validation = None  # ValidationPass, built on first use (see validation_pass)
         self.val_history: dict[int, dict[str, float]] = {}  # step -> val/... metrics of that pass
 
     @staticmethod
-    def total_steps(cfg: Any, dataset_len: int) -> int:
+    def total_steps(cfg: ExperimentConfig, dataset_len: int) -> int:
         """``len(loader) * max_epochs`` capped by ``runner.max_steps`` (RLinf's ``_set_max_steps``)."""
-        per_epoch = dataset_len // int(cfg.data.rollout_batch_size)
-        steps = per_epoch * int(cfg.runner.max_epochs)
-        if int(cfg.runner.max_steps) >= 0:
-            steps = min(steps, int(cfg.runner.max_steps))
+        steps = (dataset_len // cfg.data.rollout_batch_size) * cfg.runner.max_epochs
+        if cfg.runner.max_steps >= 0:
+            steps = min(steps, cfg.runner.max_steps)
         return steps
 
     @property
     def generate_channels(self):
-        return self.channels["GenerateInput"], self.channels["GenerateOutput"]
+        return self.channels[ch.GENERATE_INPUT], self.channels[ch.GENERATE_OUTPUT]
 
     # ------------------------------------------------------------------ start-up
     def _resolve_resume_dir(self) -> Path | None:
         resume = self.cfg.runner.resume_dir
         if resume is None:
             return None
-        if str(resume) == "auto":
+        if resume == "auto":
             return latest_complete_checkpoint(self.ckpt_root)
-        path = Path(str(resume))
+        path = Path(resume)
         reason = check_complete(path)
         if reason is not None:
             raise ValueError(f"runner.resume_dir={path} is not a complete checkpoint: {reason}. "
@@ -202,14 +165,12 @@ class SearchR1Trainer:
 
     # ------------------------------------------------------------------ one step
     def _put_batch(self, items: list[dict]) -> None:
-        from rlinf_ext.engines.payloads import SearchRolloutRequest
-
         parts = self.groups.placement.agent_loop_world_size
-        seed = int(self.cfg.runner.seed) * 1_000_003 + self.global_step
+        seed = self.cfg.runner.seed * 1_000_003 + self.global_step
         uids = [f"s{self.global_step}-{k:04d}-{it['uid']}" for k, it in enumerate(items)]
         for chunk, chunk_uids in zip(split_list(items, parts), split_list(uids, parts)):
-            self.channels["DataLoader"].put(SearchRolloutRequest(
-                n=int(self.cfg.algorithm.group_size),
+            self.channels[ch.DATALOADER].put(SearchRolloutRequest(
+                n=self.cfg.algorithm.group_size,
                 input_ids=[it["prompt_ids"] for it in chunk],
                 image_data=[[] for _ in chunk],
                 answers=[it["answers"] for it in chunk],
@@ -225,7 +186,7 @@ class SearchR1Trainer:
         wait_or_raise(g.actor.del_reshard_state_dict(), "actor", "del_reshard_state_dict")
 
     def train_step(self, items: list[dict]) -> tuple[dict[str, float], list[dict]]:
-        g, ch = self.groups, self.channels
+        g, q = self.groups, self.channels
         started = time.perf_counter()
         num_results = len(items)
         self._put_batch(items)
@@ -233,16 +194,16 @@ class SearchR1Trainer:
         self._sync_weights()
         time_sync = time.perf_counter() - t
 
-        rollout_h = g.agent_loop.run_agentloop_rollout(ch["DataLoader"], ch["Rollout"])
+        rollout_h = g.agent_loop.run_agentloop_rollout(q[ch.DATALOADER], q[ch.ROLLOUT])
         collocated = self.collocated_gpu
         if collocated:  # RLinf's non-pipelined order: the whole rollout, then the engine gives the GPU back
             agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
             wait_or_raise(g.rollout.offload_engine(), "rollout", "offload_engine")
             wait_or_raise(g.actor.onload_engine(), "actor", "onload_engine")
-        reward_h = g.reward.compute_rewards(ch["Rollout"], ch["Reward"], num_results)
-        kl = float(self.cfg.algorithm.kl_beta) > 0
-        infer_h = g.actor.run_inference(ch["Reward"], ch["Inference"], kl, num_results)
-        train_h = g.actor.run_training(ch["Inference"], num_results, self.global_step)
+        reward_h = g.reward.compute_rewards(q[ch.ROLLOUT], q[ch.REWARD], num_results)
+        kl = self.cfg.algorithm.kl_beta > 0
+        infer_h = g.actor.run_inference(q[ch.REWARD], q[ch.INFERENCE], kl, num_results)
+        train_h = g.actor.run_training(q[ch.INFERENCE], num_results, self.global_step)
 
         if not collocated:
             agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
@@ -266,13 +227,13 @@ class SearchR1Trainer:
         tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in trajectories)
         step_time = time.perf_counter() - started
         metrics.update({
-            "time/rollout": float(time_rollout),
-            "time/tool": max(out["tool_time"] for out in agent_out),
-            "time/recompute": float(time_recompute),
-            "time/train": float(time_train),
-            "time/sync": time_sync,
-            "time/step": step_time,
-            "throughput/tokens_per_s": tokens / max(step_time, 1e-9),
+            mk.TIME_ROLLOUT: float(time_rollout),
+            mk.TIME_TOOL: max(out["tool_time"] for out in agent_out),
+            mk.TIME_RECOMPUTE: float(time_recompute),
+            mk.TIME_TRAIN: float(time_train),
+            mk.TIME_SYNC: time_sync,
+            mk.TIME_STEP: step_time,
+            mk.THROUGHPUT_TOKENS_PER_S: tokens / max(step_time, 1e-9),
         })
         return metrics, trajectories
 
@@ -284,13 +245,14 @@ class SearchR1Trainer:
         for key in keys:  # trajectory-weighted mean over agent-loop ranks
             metrics[key] = sum(out["metrics"].get(key, 0.0) * out["num_trajectories"] for out in agent_out) / total
         for key, value in rollout_metrics.items():
-            metrics[f"rollout/{key}"] = float(value)
+            metrics[mk.prefixed(mk.ROLLOUT_PREFIX, key)] = float(value)
         last = training[-1]
         for key in ("loss", "policy_loss", "kl", "entropy", "grad_norm", "lr", "clip_fraction", "ratio",
                     "approx_kl", "update_success", "advantages_mean", "advantages_max", "advantages_min"):
             if key in last:
-                metrics[f"actor/{key}"] = float(sum(m[key] for m in training) / len(training)) if key != "lr" else float(last[key])
-        metrics["actor/optimizer_steps"] = float(len(training))
+                metrics[mk.prefixed(mk.ACTOR_PREFIX, key)] = (
+                    float(sum(m[key] for m in training) / len(training)) if key != "lr" else float(last[key]))
+        metrics[mk.ACTOR_OPTIMIZER_STEPS] = float(len(training))
         return metrics
 
     # ------------------------------------------------------------------ validation
@@ -304,15 +266,12 @@ class SearchR1Trainer:
         if self._validation is None and validation_enabled(self.cfg):
             if self._serving is None:
                 raise RuntimeError("validation needs the rollout group's serving loop: call init_workers() first.")
-            from rlinf_ext.eval import validation
-            from rlinf_ext.runner.groups import rollout_generator
-
-            per_benchmark = int(self.cfg.runner.val_samples_per_benchmark)
+            per_benchmark = self.cfg.runner.val_samples_per_benchmark
             if per_benchmark == 0:
                 raise ValueError("runner.val_samples_per_benchmark=0 leaves nothing to validate; "
                                  "use N > 0 questions per benchmark, or -1 for all of them.")
-            self._validation = validation.ValidationPass(
-                self.cfg, rollout_generator(self.groups, *self.generate_channels),
+            self._validation = ValidationPass(
+                self.cfg, ChannelGenerator(*self.generate_channels),
                 samples_per_benchmark=per_benchmark, do_sample=False,
                 out_dir=self.run_dir / VALIDATION_DIR,
             )
@@ -321,21 +280,17 @@ class SearchR1Trainer:
     def validate(self, step: int) -> dict[str, float]:
         """Validate the actor's current weights: sync actor -> rollout (the step-start sync happened before
         this step's update), run the pass, release the engine as a step does. Returns val/... + time/validation."""
-        from rlinf_ext.eval.validation import should_validate
-
         if not should_validate(self.cfg, step):
             return {}
         started = time.perf_counter()
         self._sync_weights()
         metrics = dict(self.validation_pass().run(step))
         wait_or_raise(self.groups.rollout.offload_engine(), "rollout", "offload_engine")
-        metrics["time/validation"] = time.perf_counter() - started
+        metrics[mk.TIME_VALIDATION] = time.perf_counter() - started
         self.val_history[step] = metrics
-        from tqdm import tqdm
-
-        tqdm.write(f"[rlinf_ext] validation at step {step}: EM avg {metrics.get('val/avg/em', float('nan')):.3f}, "
-              f"pooled {metrics.get('val/all/em', float('nan')):.3f} over {int(metrics.get('val/n', 0))} questions "
-              f"({int(metrics.get('val/errors', 0))} errors, {metrics['time/validation']:.1f} s)")
+        tqdm.write(f"[rlinf_ext] validation at step {step}: EM avg {metrics.get(mk.VAL_AVG_EM, float('nan')):.3f}, "
+                   f"pooled {metrics.get(mk.VAL_ALL_EM, float('nan')):.3f} over {int(metrics.get(mk.VAL_N, 0))} "
+                   f"questions ({int(metrics.get(mk.VAL_ERRORS, 0))} errors, {metrics[mk.TIME_VALIDATION]:.1f} s)")
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
@@ -344,16 +299,14 @@ class SearchR1Trainer:
         wait_or_raise(self.groups.actor.save_checkpoint(str(tmp / "actor"), self.global_step), "actor", "save_checkpoint")
         (tmp / "data").mkdir()
         torch.save(self.dataloader.state_dict(), tmp / "data" / "data.pt")
-        return finalize(tmp, self.global_step, {"experiment": str(self.cfg.runner.experiment_name)})
+        return finalize(tmp, self.global_step, {"experiment": self.cfg.runner.experiment_name})
 
     def _save_due(self, last: bool) -> bool:
-        interval = int(self.cfg.runner.save_interval)
+        interval = self.cfg.runner.save_interval
         return last or (interval > 0 and self.global_step % interval == 0)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict:
-        from tqdm import tqdm
-
         rewards: list[float] = []
         last_ckpt: Path | None = None
         if self.global_step >= self.max_steps:
@@ -365,14 +318,14 @@ class SearchR1Trainer:
         bar = tqdm(total=self.max_steps, initial=self.global_step, desc="train", unit="step")
         try:
             epoch = self.global_step // max(len(self.dataloader), 1)
-            while self.global_step < self.max_steps and epoch < int(self.cfg.runner.max_epochs):
+            while self.global_step < self.max_steps and epoch < self.cfg.runner.max_epochs:
                 for items in self.dataloader:
                     metrics, trajectories = self.train_step(items)
                     for k, v in metrics.items():
                         if isinstance(v, float) and not math.isfinite(v):
                             warnings.warn(f"step {self.global_step}: metric {k} is {v}", RuntimeWarning)
                     self.history.append(metrics)
-                    rewards.append(metrics["reward/mean"])
+                    rewards.append(metrics[mk.REWARD_MEAN])
                     last = self.global_step >= self.max_steps
                     if self._save_due(last):
                         last_ckpt = self.save_checkpoint()
@@ -380,7 +333,7 @@ class SearchR1Trainer:
                     if self.on_step is not None:
                         self.on_step(self.global_step, metrics, trajectories)
                     bar.update(1)
-                    bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['actor/loss']:.4f}")
+                    bar.set_postfix(reward=f"{metrics[mk.REWARD_MEAN]:.3f}", loss=f"{metrics[mk.ACTOR_LOSS]:.4f}")
                     if last:
                         break
                 epoch += 1
@@ -398,11 +351,10 @@ class SearchR1Trainer:
 
     def shutdown(self) -> None:
         """Stop the serving loops (the Ray cluster itself belongs to the caller)."""
-        from rlinf_ext.engines.rollout_worker import STOP_SERVING
-
         if self._serving is None:
             return
         for _ in range(self.groups.placement.rollout_dp_size):
-            self.channels["GenerateInput"].put({"channel_key": STOP_SERVING})
+            stop: GenerateRequest = {"channel_key": STOP_SERVING}
+            self.channels[ch.GENERATE_INPUT].put(stop)
         self._serving.wait()
         self._serving = None

@@ -1,27 +1,16 @@
-"""`tools.search` settings as a dataclass (the typed experiment schema has the same names and help)."""
+"""`tools.search` settings: the schema's own section class (defaults live only in ``config/schema.py``), and the
+checks the client runs on it before the first request."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import typing
 
-BACKENDS = ("local", "web", "dummy")
+from rlinf_ext.config.schema import SearchToolConfig
 
-
-@dataclass
-class SearchToolConfig:
-    backend: str = "local"  # local (HTTP /retrieve) | web (optional package) | dummy (canned docs)
-    server_addr: Any = None  # "host:port" | ["host:port", ...] | a directory/file written by --save-address-to
-    topk: int = 3
-    num_workers: int = 64  # maximum requests in flight per process
-    rate_limit: float | None = None  # requests per second for the whole process; None/0 = unlimited
-    default_timeout: float = 30.0  # seconds per HTTP attempt
-    max_retries: int = 3  # retries after the first attempt (connection errors, timeouts, 5xx only)
-    backoff_base: float = 0.5  # seconds; attempt k waits backoff_base * 2**k * jitter(0.5..1.5), capped
-    fail_on_search_error: bool = False  # raise instead of inserting a "search failed" observation
+BACKENDS: tuple[str, ...] = typing.get_args(typing.get_type_hints(SearchToolConfig)["backend"])
 
 
-def check_search_config(cfg: Any) -> None:
+def check_search_config(cfg: SearchToolConfig) -> None:
     """Raise ValueError naming the key and the fix for values the client cannot work with."""
     if cfg.backend not in BACKENDS:
         raise ValueError(f"tools.search.backend must be one of {BACKENDS}, got {cfg.backend!r}")

@@ -1,4 +1,4 @@
-"""Parse `/retrieve` responses into `Document`s (both response shapes of searchr1-facts §2)."""
+"""Parse `/retrieve` responses into `Document`s (both response shapes of docs/searchr1-facts.md §2)."""
 
 from __future__ import annotations
 

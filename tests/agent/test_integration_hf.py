@@ -11,24 +11,12 @@ import json
 
 import pytest
 
+from rlinf_ext.agent import AgentLoopConfig, check_mask_invariant, run_group
 from rlinf_ext.agent.scripted import ForcedActions
-from rlinf_ext.agent import AgentLoopConfig, SamplingParams, check_mask_invariant, run_group
-from rlinf_ext.engines.hf_generator import HFGenerator
+from rlinf_ext.generation.hf import HFGenerator
+from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.rewards import searchr1_reward
 from rlinf_ext.tools import SearchTool, SearchToolConfig, close_http_session
-
-
-@pytest.fixture(scope="module")
-def retrieval_url(tiny_assets, tmp_path_factory):
-    from rlinf_ext.retrieval.build import build_index
-    from rlinf_ext.retrieval.config import BuildConfig
-    from rlinf_ext.retrieval.launch import RetrievalServerProcess
-
-    index_dir = tmp_path_factory.mktemp("bm25")
-    build_index(BuildConfig(corpus=str(tiny_assets.corpus_path), out=str(index_dir), retriever="bm25"))
-    server = RetrievalServerProcess(index_dir, tiny_assets.corpus_path, startup_timeout_s=120)
-    with server as url:
-        yield url
 
 
 @pytest.mark.timeout(240)

@@ -123,11 +123,17 @@ def test_with_sft_reuses_the_base_assets(tiny_assets, tmp_path, monkeypatch):
     """Asking for the SFT model on an existing directory trains only that model and records it."""
     import shutil
 
-    import rlinf_ext.assets.generate as generate
+    import rlinf_ext.assets.tiny as tiny
     from rlinf_ext.assets.tiny import make_tiny_assets, read_manifest
 
     root = tmp_path / "a"
     shutil.copytree(tiny_assets.root, root)
+    manifest = read_manifest(root)
+    if manifest.get("with_sft"):  # a reused asset directory may hold the SFT models already: start without them
+        for name in ("qwen2-tiny-sft", "qwen2-tiny-sft-search"):
+            shutil.rmtree(root / "models" / name, ignore_errors=True)
+        manifest["files"] = {k: v for k, v in manifest["files"].items() if "qwen2-tiny-sft" not in k}
+        (root / "MANIFEST.json").write_text(json.dumps({**manifest, "with_sft": False}))
     calls = []
 
     def fake_sft(assets, seed, log, cfg=None):  # the real training is covered above; here only the bookkeeping
@@ -135,8 +141,8 @@ def test_with_sft_reuses_the_base_assets(tiny_assets, tmp_path, monkeypatch):
         (assets.root / "models" / "qwen2-tiny-sft").mkdir(parents=True)
         (assets.root / "models" / "qwen2-tiny-sft" / "model.safetensors").write_bytes(b"x")
 
-    monkeypatch.setattr(sft, "build_sft_model", fake_sft)
-    monkeypatch.setattr(generate, "generate_base", lambda *a: pytest.fail("base assets must be reused"))
+    monkeypatch.setattr(tiny, "build_sft_model", fake_sft)
+    monkeypatch.setattr(tiny, "generate_base", lambda *a: pytest.fail("base assets must be reused"))
     corpus_mtime = (root / "corpus" / "wiki.jsonl").stat().st_mtime_ns
     assets = make_tiny_assets(root, seed=0, with_sft=True)
     assert calls == [0] and assets.qwen2_tiny_sft == root / "models" / "qwen2-tiny-sft"

@@ -1,4 +1,4 @@
-"""Every experiment YAML in the repo validates; the reference values are the ones of facts §7."""
+"""Every experiment YAML in the repo validates; the reference values are the ones of docs/searchr1-facts.md §7."""
 
 from __future__ import annotations
 

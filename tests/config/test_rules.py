@@ -186,3 +186,28 @@ def test_prompts_split_over_actor_data_parallel_ranks():
                          "do not split over the actor's data-parallel size 2")
     assert "data.rollout_batch_size=4" in issue.fix
     assert check_config("tiny-cpu", overrides + ["data.rollout_batch_size=4"]).ok
+
+
+NON_DEFAULT = {
+    "algorithm.sampling_params.min_new_tokens": "5", "algorithm.clip_ratio_low": "0.1",
+    "algorithm.clip_ratio_high": "0.3", "algorithm.early_stop_imp_ratio": "5.0",
+    "algorithm.use_valid_token_scale": "true", "algorithm.calculate_entropy": "true",
+    "algorithm.max_num_gen_batches": "2", "algorithm.rollout_batch_size_per_gpu": "4",
+    "runner.enable_dynamic_batch_size": "true", "runner.max_tokens_per_mbs": "4096",
+    "data.filter_prompt_by_length": "false", "data.apply_chat_template": "true", "data.num_workers": "2",
+    "data.validation_shuffle": "true", "actor.enable_dp_load_balance": "true", "actor.calculate_flops": "true",
+    "actor.checkpoint_load_path": "/ckpt", "actor.model.sequence_parallel": "true",
+}
+
+
+def test_every_unimplemented_key_is_refused_not_ignored():
+    from rlinf_ext.config.rules_support import UNSUPPORTED
+
+    assert {u.key for u in UNSUPPORTED} == set(NON_DEFAULT), "keep NON_DEFAULT in step with the table"
+    by_key, result = issues_for("tiny-cpu", [f"{k}={v}" for k, v in NON_DEFAULT.items()])
+    for key in NON_DEFAULT:
+        assert key in by_key, (key, [str(i) for i in result.issues])
+        assert "does not implement it" in by_key[key].reason and by_key[key].fix.strip()
+    # the values rlinf_ext behaves as pass, and evaluation may render its prompts with the chat template
+    assert check_config("tiny-cpu").ok
+    assert "data.apply_chat_template" not in issues_for("tiny-cpu-eval", ["data.apply_chat_template=true"])[0]

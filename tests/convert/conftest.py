@@ -10,15 +10,8 @@ import pytest
 import torch
 
 
-def write_randomized_copy(src: Path, dst: Path, dtype: torch.dtype, seed: int = 0) -> Path:
-    from transformers import Qwen2ForCausalLM
-
-    model = Qwen2ForCausalLM.from_pretrained(str(src), torch_dtype=torch.float32)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            base = 1.0 if name.endswith("norm.weight") else 0.0
-            p.copy_(base + 0.1 * torch.randn(p.shape, generator=gen))
+def write_randomized_copy(randomized_qwen2, src: Path, dst: Path, dtype: torch.dtype, seed: int = 0) -> Path:
+    model = randomized_qwen2(src, seed)
     model.to(dtype).save_pretrained(str(dst), safe_serialization=True)
     for f in src.iterdir():  # tokenizer + generation config
         if f.is_file() and not (dst / f.name).exists():
@@ -27,13 +20,13 @@ def write_randomized_copy(src: Path, dst: Path, dtype: torch.dtype, seed: int = 
 
 
 @pytest.fixture(scope="session")
-def qwen2_models(tiny_assets, tmp_path_factory):
+def qwen2_models(tiny_assets, tmp_path_factory, randomized_qwen2):
     """{(tie, dtype_name): HF model folder} for tie in {tied, untied}, dtype in {fp32, bf16}."""
     root = tmp_path_factory.mktemp("convert_models")
     out = {}
     for tie, src in (("tied", tiny_assets.qwen2_tiny), ("untied", tiny_assets.qwen2_tiny_untied)):
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            out[(tie, name)] = write_randomized_copy(Path(src), root / f"{tie}-{name}", dtype)
+            out[(tie, name)] = write_randomized_copy(randomized_qwen2, Path(src), root / f"{tie}-{name}", dtype)
     return out
 
 

@@ -1,5 +1,5 @@
 """Logit equality between the HF model and Megatron-core GPTModel loaded from the converted checkpoint:
-TP=2 across two gloo processes (TP=1 in-process is in tests/engines/megatron and the --verify test)."""
+TP=2 across two gloo processes (TP=1 in-process is in tests/models and the --verify test)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rlinf_ext.convert.hf2mg import convert_hf_to_mg
-from rlinf_ext.engines.megatron.cpu_shims import free_port
-from rlinf_ext.engines.megatron.model import default_position_ids
+from rlinf_ext.models.cpu_shims import free_port
+from rlinf_ext.models.megatron import default_position_ids
 
 WORKER = Path(__file__).with_name("tp_logits_worker.py")
 LOGIT_ATOL = 1e-4  # fp32; TP changes only the summation order of the row-parallel all-reduce

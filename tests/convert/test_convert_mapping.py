@@ -12,7 +12,6 @@ from rlinf_ext.convert.mapping import (
     ConversionError,
     ConvertSpec,
     Kind,
-    adapt_layernorm_names,
     grid_of,
     hf_to_megatron,
     megatron_to_hf,
@@ -21,6 +20,7 @@ from rlinf_ext.convert.mapping import (
     preset_hf_config,
     split_for_tp,
 )
+from rlinf_ext.models.qwen2 import adapt_layernorm_names
 
 TOY = dict(model_type="qwen2", num_hidden_layers=2, hidden_size=4, intermediate_size=4, num_attention_heads=4,
            num_key_value_heads=2, head_dim=1, vocab_size=5, tie_word_embeddings=False)
@@ -152,7 +152,7 @@ def test_strictness_of_the_pure_functions():
 
 
 def test_presets_have_the_published_dimensions():
-    from rlinf_ext.engines.megatron.model import dims_from_hf_config
+    from rlinf_ext.models.qwen2 import dims_from_hf_config
 
     d = dims_from_hf_config(preset_hf_config("Qwen2.5-3B"))
     assert (d.num_layers, d.hidden_size, d.num_attention_heads, d.num_query_groups, d.head_dim, d.vocab_size) == (

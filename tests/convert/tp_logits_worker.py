@@ -9,8 +9,8 @@ import sys
 import torch
 
 from rlinf_ext.convert.mg_checkpoint import load_rank_state
-from rlinf_ext.engines.megatron.cpu_shims import parallel_state_session
-from rlinf_ext.engines.megatron.model import build_gpt_model, forward_logits, load_megatron_state_dict
+from rlinf_ext.models.cpu_shims import parallel_state_session
+from rlinf_ext.models.megatron import build_gpt_model, forward_logits, load_megatron_state_dict
 
 
 def main(rank: int, world: int, port: int, batch_path: str, cases: list[str]) -> None:

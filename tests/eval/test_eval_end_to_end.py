@@ -20,26 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from rlinf_ext.agent.types import GenerationResult
 from rlinf_ext.eval.benchmarks import PAPER_ORDER, display_name
+from rlinf_ext.protocol.generation import GenerationResult
 
 ASSISTANT = "<|im_start|>assistant\n"
 
 
-@pytest.fixture(scope="module")
-def retrieval_url(tiny_assets, tmp_path_factory):
-    from rlinf_ext.retrieval.build import build_index
-    from rlinf_ext.retrieval.config import BuildConfig
-    from rlinf_ext.retrieval.launch import RetrievalServerProcess
-
-    index_dir = tmp_path_factory.mktemp("bm25")
-    build_index(BuildConfig(corpus=str(tiny_assets.corpus_path), out=str(index_dir), retriever="bm25"))
-    with RetrievalServerProcess(index_dir, tiny_assets.corpus_path, topk=3, startup_timeout_s=120) as url:
-        yield url
-
-
 class ScriptedReader:
-    """A contract-§2 generator: turn 1 searches the question; turn 2 answers from the observation."""
+    """A ``protocol.generation.Generator``: turn 1 searches the question; turn 2 answers from the observation."""
 
     def __init__(self, tokenizer, golds_by_question: dict[str, list[str]]):
         self.tokenizer = tokenizer

@@ -1,6 +1,6 @@
 """Fixtures for the retrieval tests: the tiny corpus/pages/encoder and indexes built once per session.
 
-The corpus, pages and random BERT encoder come from the repo's tiny assets (contract §1) when the
+The corpus, pages and random BERT encoder come from the repo's tiny assets (docs/contracts.md, "Data and tiny assets") when the
 generator is available; until then (and only then) an equivalent small set is generated here, offline.
 """
 

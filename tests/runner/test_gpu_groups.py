@@ -12,8 +12,9 @@ from typing import ClassVar
 import pytest
 
 from rlinf_ext.config import load_config
+from rlinf_ext.runner.compose import launch_worker_groups
 from rlinf_ext.runner.gpu_groups import GpuLayoutError, gpu_layout, packed_process_gpus
-from rlinf_ext.runner.groups import WorkerStartupError, launch_worker_groups
+from rlinf_ext.runner.groups import WorkerStartupError
 
 REFERENCE = "qwen2.5-3b-tool-1node"
 
@@ -162,20 +163,16 @@ class FakeRLinfPlacement:
 
 
 def test_gpu_wiring_passes_rlinf_placement_to_the_rollout_and_one_actor_process_per_gpu(ref_cfg, monkeypatch):
-    import rlinf.utils.placement
     from omegaconf import DictConfig
 
-    import rlinf_ext.engines.actor_worker as actor_mod
-    import rlinf_ext.engines.agent_loop_worker as agent_mod
-    import rlinf_ext.engines.reward_worker as reward_mod
-    from rlinf_ext.engines import gpu_rollout
+    from rlinf_ext.runner import gpu_groups
 
     Recorder.launched = {}
-    monkeypatch.setattr(gpu_rollout, "rollout_worker_class", lambda cfg: Recorder("rollout"))
-    monkeypatch.setattr(rlinf.utils.placement, "ModelParallelComponentPlacement", FakeRLinfPlacement)
-    monkeypatch.setattr(actor_mod, "MegatronActorWorker", Recorder("actor"))
-    monkeypatch.setattr(reward_mod, "SearchR1RewardWorker", Recorder("reward"))
-    monkeypatch.setattr(agent_mod, "SearchR1AgentLoopWorker", Recorder("agent_loop"))
+    monkeypatch.setattr(gpu_groups, "rollout_worker_class", lambda cfg: Recorder("rollout"))
+    monkeypatch.setattr(gpu_groups, "ModelParallelComponentPlacement", FakeRLinfPlacement)
+    monkeypatch.setattr(gpu_groups, "MegatronActorWorker", Recorder("actor"))
+    monkeypatch.setattr(gpu_groups, "SearchR1RewardWorker", Recorder("reward"))
+    monkeypatch.setattr(gpu_groups, "SearchR1AgentLoopWorker", Recorder("agent_loop"))
 
     groups = launch_worker_groups(ref_cfg, FakeGpuCluster(), total_train_steps=7, search_server_addr="h:1")
     got = Recorder.launched

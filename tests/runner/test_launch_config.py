@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlinf_ext.runner.launch import LaunchError, run_training
+from rlinf_ext.runner.errors import LaunchError
+from rlinf_ext.runner.launch import run_training
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "searchr1" / "run_main_searchr1_single.sh"

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import rlinf_ext.eval.runner as eval_runner
-from rlinf_ext.agent.types import SamplingParams
-from rlinf_ext.engines import sglang_generator
-from rlinf_ext.runner import launch
+from rlinf_ext.generation import sglang as sglang_generator
+from rlinf_ext.protocol.generation import SamplingParams
+from rlinf_ext.runner import launch, services
+from rlinf_ext.runner.errors import LaunchError
 
 REPO = Path(__file__).resolve().parents[2]
 EVAL_YAML = REPO / "examples" / "searchr1" / "config" / "tiny-cpu-eval.yaml"
@@ -29,7 +29,7 @@ def test_evaluation_after_training_leaves_the_table_to_the_launcher(tiny_assets,
         (out / "results.md").write_text("| table |\n")
         return SimpleNamespace(run_dir=out)
 
-    monkeypatch.setattr(eval_runner, "run_evaluation", fake_run_evaluation)
+    monkeypatch.setattr(launch, "run_evaluation", fake_run_evaluation)
     table = launch.evaluate_after_training(EVAL_YAML, Path(tiny_assets.qwen2_tiny), "127.0.0.1:1", tmp_path / "eval",
                                            [f"paths.tiny_assets={tiny_assets.root}"], show_progress=False)
     assert table == tmp_path / "eval" / "results.md"
@@ -45,22 +45,22 @@ def reference_eval_env(monkeypatch):
         raise AssertionError("started preparing the run before refusing the rollout backend")
 
     monkeypatch.setattr(launch, "prepare_tiny_assets", must_not_run)
-    monkeypatch.setattr(eval_runner, "run_evaluation", must_not_run)
+    monkeypatch.setattr(launch, "run_evaluation", must_not_run)
     monkeypatch.setattr(sglang_generator, "load_engine_class", must_not_run)
 
 
 def test_sglang_eval_without_cuda_is_refused_before_anything_starts(monkeypatch):
     reference_eval_env(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(launch.LaunchError, match=r"rollout_backend='sglang'.*no CUDA device.*pip install -e '\.\[gpu\]'"):
+    with pytest.raises(LaunchError, match=r"rollout_backend='sglang'.*no CUDA device.*pip install -e '\.\[gpu\]'"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", show_progress=False)
 
 
 def test_sglang_eval_without_sglang_names_the_install(monkeypatch):
     reference_eval_env(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: False)
-    with pytest.raises(launch.LaunchError, match=r"sglang is not installed\. Fix: pip install -e '\.\[gpu\]'"):
+    monkeypatch.setattr(services, "sglang_installed", lambda: False)
+    with pytest.raises(LaunchError, match=r"sglang is not installed\. Fix: pip install -e '\.\[gpu\]'"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", show_progress=False)
 
 
@@ -68,14 +68,14 @@ def test_sglang_eval_with_too_few_visible_gpus_is_refused(monkeypatch):
     reference_eval_env(monkeypatch)  # the reference places the rollout on all 8 GPUs of the node
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: True)
-    with pytest.raises(launch.LaunchError, match=r"GPUs 0-7, but only 4 CUDA device"):
+    monkeypatch.setattr(services, "sglang_installed", lambda: True)
+    with pytest.raises(LaunchError, match=r"GPUs 0-7, but only 4 CUDA device"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", show_progress=False)
 
 
 def test_vllm_eval_is_refused(monkeypatch):
     reference_eval_env(monkeypatch)
-    with pytest.raises(launch.LaunchError, match=r"rollout_backend='vllm'.*not implemented"):
+    with pytest.raises(LaunchError, match=r"rollout_backend='vllm'.*not implemented"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=vllm"], show_progress=False)
 
 
@@ -99,7 +99,7 @@ def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets, monkeypat
     engines: list[FakeEngine] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: True)
+    monkeypatch.setattr(services, "sglang_installed", lambda: True)
     monkeypatch.setattr(sglang_generator, "load_engine_class",
                         lambda: lambda **kw: engines.append(FakeEngine(**kw)) or engines[-1])
     monkeypatch.setattr(launch, "prepare_tiny_assets", lambda cfg: None)
@@ -114,7 +114,7 @@ def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets, monkeypat
             raise RuntimeError("evaluation broke")
         return SimpleNamespace(run_dir="somewhere")
 
-    monkeypatch.setattr(eval_runner, "run_evaluation", fake_run_evaluation)
+    monkeypatch.setattr(launch, "run_evaluation", fake_run_evaluation)
     overrides = [f"paths.tiny_assets={tiny_assets.root}", f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
                  "rollout.rollout_backend=sglang", "cluster.num_gpus_per_node=2", "retrieval.launch=false",
                  "tools.search.server_addr=127.0.0.1:1"]

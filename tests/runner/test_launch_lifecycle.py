@@ -10,16 +10,9 @@ import time
 
 import pytest
 
-from rlinf_ext.runner.launch import (
-    RunInterrupted,
-    RunSummary,
-    ray_address_for,
-    metric_trend,
-    reward_trend,
-    validation_trend,
-    reward_window,
-    stop_on_signals,
-)
+from rlinf_ext.runner.errors import RunInterrupted
+from rlinf_ext.runner.services import ray_address_for, stop_on_signals
+from rlinf_ext.runner.summary import RunSummary, metric_trend, reward_trend, reward_window, validation_trend
 
 
 def test_ray_address_policy():

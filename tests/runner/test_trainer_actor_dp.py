@@ -1,20 +1,19 @@
 """Data-parallel actor through the CPU runner: ``cluster.component_placement`` with ``actor: 0-1`` starts two
 actor processes (RLinf ranks, gloo) that train one step end to end; a batch they cannot share is refused
-before anything starts. The update itself is checked against one process in tests/engines/test_actor_data_parallel.py."""
+before anything starts. The update itself is checked against one process in tests/training/test_data_parallel.py."""
 
 import math
 
 import pytest
 import torch
-from trainer_helpers import cluster, retrieval_url  # noqa: F401  (module fixtures)
-from trainer_helpers import kill_groups, make_cfg, make_trainer
+from trainer_helpers import cluster, kill_groups, make_cfg, make_trainer  # noqa: F401  (module fixture)
 
 pytestmark = pytest.mark.timeout(600)
 
 DP2 = {"cluster.component_placement": "{actor: 0-1, rollout: 0, reward: 0}"}
 
 
-def test_two_actor_processes_train_a_step(tiny_assets, tmp_path, cluster, retrieval_url):  # noqa: F811
+def test_two_actor_processes_train_a_step(tiny_assets, tmp_path, cluster, retrieval_url):  # noqa: F811  (cluster: module fixture from trainer_helpers)
     cfg = make_cfg(tiny_assets, tmp_path, retrieval_url, **DP2, **{"runner.save_interval": 1})
     seen = {}
     trainer = make_trainer(cfg, cluster, retrieval_url, on_step=lambda s, m, t: seen.update({s: (m, t)}))
@@ -51,7 +50,8 @@ class NoGpuCluster:
 
 
 def test_cpu_launch_refuses_a_batch_the_actor_processes_cannot_share(tiny_assets, tmp_path):
-    from rlinf_ext.runner.groups import WorkerStartupError, launch_worker_groups
+    from rlinf_ext.runner.compose import launch_worker_groups
+    from rlinf_ext.runner.groups import WorkerStartupError
 
     cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:1", **DP2,
                    **{"data.rollout_batch_size": 4, "algorithm.n_minibatches": 1})

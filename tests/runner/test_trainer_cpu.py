@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from trainer_helpers import cluster, retrieval_url  # noqa: F401  (module fixtures)
+from trainer_helpers import cluster  # noqa: F401  (module fixture)
 from trainer_helpers import kill_groups, make_cfg, make_trainer
 
 pytestmark = pytest.mark.timeout(600)
@@ -22,7 +22,7 @@ def check_step(metrics, trajectories, group_size=2, batch=2):
     assert any(0 in t["response_mask"] for t in trajectories) == (metrics["agent/searches"] > 0)
 
 
-def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cluster, retrieval_url):  # noqa: F811
+def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cluster, retrieval_url):  # noqa: F811  (cluster: module fixture from trainer_helpers)
     """RLinf-scheduler runner on CPU: steps train (params and logprobs change, loss finite, sync checked);
     3 uninterrupted steps == (2 steps, checkpoint, resume, 1 step); a truncated newest checkpoint is skipped."""
     from rlinf_ext.runner.trainer import SearchR1Trainer

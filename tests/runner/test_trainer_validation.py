@@ -9,8 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from trainer_helpers import cluster, retrieval_url  # noqa: F401  (module fixtures)
-from trainer_helpers import kill_groups, make_cfg, make_trainer
+from trainer_helpers import cluster, kill_groups, make_cfg, make_trainer  # noqa: F401  (module fixture)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -60,10 +59,10 @@ def test_validation_enabled_matches_should_validate():
 
 
 def test_no_validation_pass_without_validation(monkeypatch, tmp_path):
-    from rlinf_ext.engines.agent_loop_worker import ChannelGenerator
-    from rlinf_ext.eval import validation
+    from rlinf_ext.runner import trainer
+    from rlinf_ext.workers.agent_loop import ChannelGenerator
 
-    monkeypatch.setattr(validation, "ValidationPass", _FakePass)
+    monkeypatch.setattr(trainer, "ValidationPass", _FakePass)
     _FakePass.built.clear()
     off = _bare_trainer(_cfg(-1, False), tmp_path)
     assert off.validation_pass() is None
@@ -82,7 +81,7 @@ def test_no_validation_pass_without_validation(monkeypatch, tmp_path):
 # ---------------------------------------------------------------- CPU cluster: validation at steps 0, 1, 2
 
 
-def test_validation_before_and_after_every_step(tiny_assets, tmp_path, cluster, retrieval_url):  # noqa: F811
+def test_validation_before_and_after_every_step(tiny_assets, tmp_path, cluster, retrieval_url):  # noqa: F811  (cluster: module fixture from trainer_helpers)
     from rlinf_ext.runner.metrics import MetricsSink, read_metrics
 
     cfg = make_cfg(tiny_assets, tmp_path, retrieval_url, **{

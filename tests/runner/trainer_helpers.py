@@ -1,6 +1,6 @@
-"""Shared set-up of the CPU runner tests (test_trainer_cpu.py, test_trainer_validation.py): a BM25 retrieval
-server and a CPU Ray cluster (module fixtures; import them into the test module), the tiny-cpu config with
-small overrides, and a trainer on freshly launched worker groups. Not a test module itself."""
+"""Shared set-up of the CPU runner tests (test_trainer_*.py): a CPU Ray cluster (a module fixture; import it into
+the test module), the tiny-cpu config with small overrides, and a trainer on freshly launched worker groups. The
+retrieval server is tests/conftest.py's ``retrieval_url``. Not a test module itself."""
 
 from __future__ import annotations
 
@@ -8,26 +8,10 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def retrieval_url(tiny_assets, tmp_path_factory):
-    from rlinf_ext.retrieval.build import build_index
-    from rlinf_ext.retrieval.config import BuildConfig
-    from rlinf_ext.retrieval.launch import RetrievalServerProcess
-
-    index_dir = tmp_path_factory.mktemp("bm25")
-    build_index(BuildConfig(corpus=str(tiny_assets.corpus_path), out=str(index_dir), retriever="bm25"))
-    server = RetrievalServerProcess(index_dir, tiny_assets.corpus_path, topk=3, startup_timeout_s=120)
-    url = server.start()
-    try:
-        yield url
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def cluster():
     from rlinf.scheduler import Cluster
 
-    from rlinf_ext.runner.launch import shutdown_ray
+    from rlinf_ext.runner.services import shutdown_ray
 
     c = Cluster(num_nodes=1)
     yield c
@@ -83,8 +67,9 @@ def _yaml(v):
 def make_trainer(cfg, cluster, url, on_step=None, data_size: int = 16):
     from transformers import AutoTokenizer
 
-    from rlinf_ext.runner.groups import launch_worker_groups
-    from rlinf_ext.runner.trainer import PromptDataset, SearchR1Trainer, load_jsonl_prompts
+    from rlinf_ext.data.prompts import PromptDataset, load_jsonl_prompts
+    from rlinf_ext.runner.compose import launch_worker_groups
+    from rlinf_ext.runner.trainer import SearchR1Trainer
 
     tok = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path)
     rows = load_jsonl_prompts(cfg.data.train_data_paths, data_size=data_size)

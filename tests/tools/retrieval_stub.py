@@ -1,6 +1,6 @@
 """A real HTTP retrieval server for client fault tests: FastAPI + uvicorn on 127.0.0.1, in a thread.
 
-It speaks `/retrieve` (searchr1-facts §2) and can be told to be slow, to fail with 5xx a number of times,
+It speaks `/retrieve` (docs/searchr1-facts.md §2) and can be told to be slow, to fail with 5xx a number of times,
 or to answer with a fixed status. It records the arrival time of every request.
 """
 

@@ -1,4 +1,4 @@
-"""The Search-R1 observation layout, character for character (searchr1-facts §4)."""
+"""The Search-R1 observation layout, character for character (docs/searchr1-facts.md §4)."""
 
 from rlinf_ext.assets import trajectories
 from rlinf_ext.tools.documents import document_from_row

@@ -1,7 +1,6 @@
 """Token bucket: hand-computed schedule, process-wide sharing, and the measured rate under 100 trajectories."""
 
 import asyncio
-from dataclasses import replace
 
 import pytest
 

@@ -1,0 +1,226 @@
+"""A CPU ``Generator`` (``protocol/generation.py``) on `transformers` `generate` with engine-side stop strings.
+
+Concurrent `generate` calls (one per trajectory) are queued and served in batches: requests with the same
+sampling settings are left-padded into one `model.generate` call, run in a worker thread so the event loop
+keeps serving search calls meanwhile. Each row is then cut at its own end: the first EOS, the first token
+that completes a stop string, or its own `max_new_tokens` (rows that finished early are padded by HF; those
+pad ids are never returned). The ids returned are exactly the sampled ones; nothing is re-encoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+
+from rlinf_ext.models.dtypes import dtype_of_hf_name
+from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+
+
+def _batch_key(params: SamplingParams) -> tuple:
+    """Requests are batched together only when everything but the token budget agrees."""
+    return (params.do_sample, params.temperature, params.top_p, params.top_k, tuple(params.stop),
+            params.repetition_penalty, params.include_stop_str_in_output)
+
+
+def eos_token_ids(generation_config: Any, tokenizer: Any) -> set[int]:
+    """The ids that end a turn: the generation config's ``eos_token_id`` (one or a list) plus the tokenizer's."""
+    ids: set[int] = set()
+    configured = getattr(generation_config, "eos_token_id", None)
+    if configured is not None:
+        ids.update([configured] if isinstance(configured, int) else configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("neither the model's generation_config nor the tokenizer defines an EOS token id")
+    return ids
+
+
+class HFGenerator:
+    """`await gen.generate(prompt_ids, SamplingParams) -> GenerationResult`, safe from many coroutines."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 16,
+        return_logprobs: bool = False,
+        seed: int | None = None,
+        logits_processors: list[Any] | None = None,
+    ):
+        """`logits_processors`: optional HF `LogitsProcessor`s applied to every call (constrained decoding,
+        scripted dry runs); they change what is sampled, never what is returned."""
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = int(max_batch_size)
+        self.return_logprobs = return_logprobs
+        self.eos_ids = eos_token_ids(getattr(model, "generation_config", None), tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self.pad_id = int(pad)
+        self._seed = seed
+        self.logits_processors = list(logits_processors or [])
+        self._calls = 0
+        self._model_lock = threading.Lock()  # one forward at a time, also across threads / event loops
+        self._pending: list[_Request] = []
+        self._drainer: asyncio.Task | None = None
+        self.batch_sizes: list[int] = []  # observed batch sizes (for benchmarks and tests)
+
+    @classmethod
+    def from_pretrained(cls, model_path: str | Path, tokenizer_path: str | Path | None = None,
+                        dtype: str = "float32", **kwargs: Any) -> "HFGenerator":
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or model_path))
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), torch_dtype=dtype_of_hf_name(dtype, "rollout.hf.dtype"))
+        return cls(model, tokenizer, **kwargs)
+
+    def reseed(self, seed: int | None) -> None:
+        """Restart the per-call seed sequence (call k uses seed + k), for reproducible sampling."""
+        self._seed, self._calls = seed, 0
+
+    # ---- weights (the training side calls these after each actor step) ----
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+        with self._model_lock:
+            self.model.load_state_dict(state_dict, strict=strict)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy (name, tensor) pairs into the model in place; unknown names are an error."""
+        params = dict(self.model.named_parameters())
+        with self._model_lock, torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in params:
+                    raise KeyError(f"update_weights: the rollout model has no parameter {name!r}")
+                params[name].copy_(tensor.to(params[name].dtype))
+
+    # ---- generation ----
+    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams) -> GenerationResult:
+        if not prompt_ids:
+            raise ValueError("generate needs a non-empty prompt")
+        if sampling_params.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
+        loop = asyncio.get_running_loop()
+        request = _Request(list(prompt_ids), sampling_params, loop.create_future())
+        self._pending.append(request)
+        if self._drainer is None or self._drainer.done() or self._drainer.get_loop() is not loop:
+            self._drainer = loop.create_task(self._drain())
+        return await request.future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            await asyncio.sleep(0)  # let coroutines scheduled in the same tick join this batch
+            key = _batch_key(self._pending[0].params)
+            batch = [r for r in self._pending if _batch_key(r.params) == key][: self.max_batch_size]
+            self._pending = [r for r in self._pending if not any(r is b for b in batch)]
+            try:
+                results = await asyncio.to_thread(
+                    self._generate_batch, [r.prompt_ids for r in batch], [r.params for r in batch]
+                )
+            except Exception as exc:  # hand the error to every waiting caller instead of losing it
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
+                continue
+            for request, result in zip(batch, results):
+                if not request.future.done():
+                    request.future.set_result(result)
+
+    def generate_batch_sync(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        """Blocking batch generation (no event loop needed)."""
+        return self._generate_batch(prompts, [params] * len(prompts))
+
+    def _generate_batch(self, prompts: list[list[int]], params_list: list[SamplingParams]) -> list[GenerationResult]:
+        params = params_list[0]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):  # left padding: new tokens line up at column `width`
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            attention[row, width - len(prompt):] = 1
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=max(p.max_new_tokens for p in params_list),
+            do_sample=params.do_sample,
+            eos_token_id=sorted(self.eos_ids),
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_logits=self.return_logprobs,
+            repetition_penalty=params.repetition_penalty,
+        )
+        if params.do_sample:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p,
+                          top_k=params.top_k if params.top_k and params.top_k > 0 else 0)
+        else:  # greedy: sampling flags are not passed (HF warns "only used in sample-based generation modes")
+            kwargs.update(self._unset_model_sampling_flags())
+        if self.logits_processors:
+            kwargs["logits_processor"] = LogitsProcessorList(self.logits_processors)
+        if params.stop:
+            kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        with self._model_lock, torch.no_grad():
+            if self._seed is not None:
+                torch.manual_seed(self._seed + self._calls)
+            self._calls += 1
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+        self.batch_sizes.append(len(prompts))
+        new_tokens = out.sequences[:, width:].tolist()
+        logprobs = None
+        if self.return_logprobs:
+            logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
+            if params.do_sample and params.temperature > 0:
+                logits = logits / params.temperature
+            chosen = out.sequences[:, width:].unsqueeze(-1)
+            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).tolist()
+        return [
+            self._cut(new_tokens[row], p, None if logprobs is None else logprobs[row])
+            for row, p in enumerate(params_list)
+        ]
+
+    def _unset_model_sampling_flags(self) -> dict[str, None]:
+        """``None`` for each sampling flag the model's own generation_config sets to a non-neutral value
+        (e.g. Qwen2.5 ships temperature 0.7, top_p 0.8, top_k 20): greedy decoding ignores them, and leaving
+        them set would make HF warn on every call. Neutral or absent flags are simply not passed."""
+        config = getattr(self.model, "generation_config", None)
+        neutral = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}  # HF's defaults: no warning when greedy
+        out: dict[str, None] = {}
+        for flag, value in neutral.items():
+            current = getattr(config, flag, None)
+            if current is not None and current != value:
+                out[flag] = None
+        return out
+
+    def _cut(self, ids: list[int], params: SamplingParams, logprobs: list[float] | None) -> GenerationResult:
+        """Keep ids up to and including the first EOS / stop-completing token / budget."""
+        longest_stop = max((len(s) for s in params.stop), default=0)
+        end, reason, matched = min(len(ids), params.max_new_tokens), "length", None
+        for n, token in enumerate(ids[: params.max_new_tokens], start=1):
+            if token in self.eos_ids:
+                end, reason = n, "eos"
+                break
+            if longest_stop:
+                # a token decodes to >= 1 character (special ones aside), so this tail covers any newly completed stop
+                tail = self.tokenizer.decode(ids[max(0, n - longest_stop - 4):n], skip_special_tokens=False)
+                hits = [s for s in params.stop if s in tail]
+                if hits:
+                    end, reason, matched = n, "stop", min(hits, key=tail.rfind)
+                    break
+        kept = ids[:end]
+        text = self.tokenizer.decode(kept, skip_special_tokens=False)
+        if reason == "stop" and not params.include_stop_str_in_output:
+            text = text[: text.rfind(matched)]
+        return GenerationResult(
+            output_ids=kept,
+            text=text,
+            finish_reason=reason,
+            matched_stop=matched,
+            logprobs=None if logprobs is None else logprobs[:end],
+        )

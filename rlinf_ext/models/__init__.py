@@ -1,0 +1,3 @@
+"""Facts about the model shared by training and conversion: Qwen2 dimensions and layer-norm names
+(``qwen2``), the Megatron-core ``GPTModel`` builder (``megatron``), the CPU shims Megatron needs without CUDA
+(``cpu_shims``) and the dtype-name table (``dtypes``). Nothing is imported here: ``qwen2`` stays light."""

@@ -1,0 +1,42 @@
+"""Named queues on one RLinf ``Channel``, and the names of the queues a training step uses.
+
+Every ``Channel.create`` starts its own ``ChannelWorker`` process (seconds of start-up each on a small CPU
+machine); RLinf channels already hold one sub-queue per key, so the runner creates a single channel and hands
+each stage a ``KeyedChannel`` view with the ``put``/``get`` signature of a channel.
+
+The names are RLinf's (its ``AgentRunner`` creates channels with them): prompts flow DataLoader -> agent loop ->
+Rollout -> reward -> Reward -> actor log-probs -> Inference -> actor training; GenerateInput/GenerateOutput carry
+``protocol.generation.GenerateRequest`` / ``GenerateReply`` between the agent loop and the rollout engines.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DATALOADER = "DataLoader"
+GENERATE_INPUT = "GenerateInput"
+GENERATE_OUTPUT = "GenerateOutput"
+ROLLOUT = "Rollout"
+REWARD = "Reward"
+INFERENCE = "Inference"
+STEP_CHANNELS = (DATALOADER, GENERATE_INPUT, GENERATE_OUTPUT, ROLLOUT, REWARD, INFERENCE)
+
+
+class KeyedChannel:
+    """``put``/``get`` on sub-queue ``name`` (and ``name/key`` when a key is given) of ``channel``."""
+
+    def __init__(self, channel: Any, name: str):
+        self.channel = channel
+        self.name = name
+
+    def _key(self, key: Any) -> str:
+        return self.name if key is None else f"{self.name}/{key}"
+
+    def put(self, item: Any, weight: int = 0, key: Any = None, async_op: bool = False):
+        return self.channel.put(item, weight=weight, key=self._key(key), async_op=async_op)
+
+    def get(self, key: Any = None, async_op: bool = False):
+        return self.channel.get(key=self._key(key), async_op=async_op)
+
+    def __repr__(self) -> str:
+        return f"KeyedChannel({self.name!r})"

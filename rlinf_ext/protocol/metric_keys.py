@@ -1,0 +1,58 @@
+"""Names of the metrics a training step logs (TensorBoard, wandb, ``metrics.jsonl``), in one place.
+
+Producers: the reward worker (``reward/...``), the agent loop (``agent/...``, ``agent_metric``), the actor
+(``rollout/...`` and ``actor/...`` with the trainer's prefixes), the trainer (``time/...``, ``throughput/...``) and
+validation (``val/<bench>/<metric>``, ``val/avg/...``, ``val/all/...``, ``validation_metric``). Readers: the
+metrics sink, the run summary, benchmarks and tests.
+"""
+
+from __future__ import annotations
+
+# reward worker
+REWARD_MEAN = "reward/mean"
+REWARD_EM = "reward/em"
+REWARD_MAX = "reward/max"
+REWARD_MIN = "reward/min"
+
+# agent loop: means over trajectories of Trajectory.metrics, under agent/<name>
+AGENT_PREFIX = "agent"
+AGENT_SEARCHES = "agent/searches"
+AGENT_SEARCH_FAILURE_RATE = "agent/search_failure_rate"
+
+# actor: RLinf's rollout metrics under rollout/<name>, training metrics under actor/<name>
+ROLLOUT_PREFIX = "rollout"
+ACTOR_PREFIX = "actor"
+ACTOR_LOSS = "actor/loss"
+ACTOR_OPTIMIZER_STEPS = "actor/optimizer_steps"
+
+# trainer: phase times (seconds) and throughput
+TIME_ROLLOUT = "time/rollout"
+TIME_TOOL = "time/tool"
+TIME_RECOMPUTE = "time/recompute"
+TIME_TRAIN = "time/train"
+TIME_SYNC = "time/sync"
+TIME_STEP = "time/step"
+TIME_VALIDATION = "time/validation"
+THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"
+
+# validation
+VAL_PREFIX = "val"
+VAL_ALL_EM = "val/all/em"
+VAL_AVG_EM = "val/avg/em"
+VAL_N = "val/n"
+VAL_ERRORS = "val/errors"
+
+
+def agent_metric(name: str) -> str:
+    """``agent/<name>`` for a ``Trajectory.metrics`` entry."""
+    return f"{AGENT_PREFIX}/{name}"
+
+
+def prefixed(prefix: str, name: str) -> str:
+    """``<prefix>/<name>`` (rollout/..., actor/...)."""
+    return f"{prefix}/{name}"
+
+
+def validation_metric(scope: str, name: str, prefix: str = VAL_PREFIX) -> str:
+    """``val/<scope>/<name>``; scope is a benchmark name, ``avg`` (mean over benchmarks) or ``all`` (pooled)."""
+    return f"{prefix}/{scope}/{name}"

@@ -1,0 +1,46 @@
+"""Channel payloads: RLinf's ``RolloutRequest`` / ``RolloutResult`` plus the fields Search-R1 needs.
+
+The subclasses keep every RLinf field (so RLinf helpers such as ``merge_result_list`` keep working) and add
+the group id, search counts and per-trajectory agent metrics that the reward step and the logs read. The
+agent-loop worker builds results from trajectories (``workers/agent_loop.py:result_from_group``). Importing RLinf's
+``io_struct`` loads the ray package (nothing is started).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from rlinf.data.io_struct import RolloutRequest, RolloutResult
+
+
+@dataclass
+class SearchRolloutRequest(RolloutRequest):
+    """One agent-loop rank's share of a rollout step (``n`` = group size)."""
+
+    uids: list[str] = field(default_factory=list)
+    seed: int = 0  # per-step sampling seed (same seed -> same trajectories)
+
+
+@dataclass(kw_only=True)
+class SearchRolloutResult(RolloutResult):
+    """One GRPO group: ``group_size`` trajectories of one prompt."""
+
+    uid: str = ""
+    generated_texts: list[str] = field(default_factory=list)  # the model's own text (what the reward reads)
+    num_searches: list[int] = field(default_factory=list)
+    end_reasons: list[str] = field(default_factory=list)
+    trajectory_metrics: list[dict[str, float]] = field(default_factory=list)
+
+
+def empty_request(n: int) -> SearchRolloutRequest:
+    return SearchRolloutRequest(n=n, input_ids=[], image_data=[], answers=[], multi_modal_inputs=[], uids=[])
+
+
+def pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Ragged 1-D tensors -> ``[N, max_len]`` zero-padded (RLinf stores logprobs as one tensor per result)."""
+    width = max([len(r) for r in rows] + [1])
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out

@@ -1,0 +1,192 @@
+"""Preparing a run before any worker starts: the config read and validated once, the plan printed, the tiny
+offline assets and the retrieval index built when missing, the datasets tokenised; after training, the last
+checkpoint converted to Hugging Face. Every step that runs a command logs it to ``<run>/logs/`` and fails with a
+``LaunchError`` naming the step, the command and the tail of its log.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from transformers import AutoTokenizer
+
+from rlinf_ext.assets.tiny import make_tiny_assets
+from rlinf_ext.config import check_config
+from rlinf_ext.config.commands import format_plan
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.data.prompts import PromptDataset, load_jsonl_prompts
+from rlinf_ext.retrieval.metadata import METADATA_NAME
+from rlinf_ext.runner.checkpoints import latest_complete_checkpoint
+from rlinf_ext.runner.errors import LaunchError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------- config
+def load_checked_config(config: str | os.PathLike, overrides: Sequence[str] = (),
+                        check_paths: bool = False) -> ExperimentConfig:
+    """Compose and validate a config (a name or a path, ``key=value`` overrides): every problem in one LaunchError."""
+    checked = check_config(str(config), list(overrides), check_paths=check_paths)
+    if checked.issues or checked.cfg is None:
+        lines = "\n".join(f"  - {issue}" for issue in checked.issues)
+        raise LaunchError(
+            f"config {config}: {len(checked.issues)} problem(s); nothing was started:\n{lines}"
+        )
+    return checked.cfg
+
+
+def print_plan(cfg: ExperimentConfig) -> None:
+    """The placement and batch arithmetic, as ``rlinf-ext plan`` prints it."""
+    print("=" * 78)
+    print(f"[launch] experiment {cfg.runner.experiment_name} -> {run_dir(cfg)}")
+    print(format_plan(cfg))
+    print("=" * 78, flush=True)
+
+
+def run_dir(cfg: ExperimentConfig) -> Path:
+    return Path(cfg.runner.output_dir) / cfg.runner.experiment_name
+
+
+def use_launched_server(cfg: ExperimentConfig, address: str) -> None:
+    """Point the search tool at the server this run launched; ``retrieval.launch`` goes off so that no
+    component downstream starts a second one."""
+    cfg.tools.search.server_addr = address
+    cfg.retrieval.launch = False
+
+
+# ---------------------------------------------------------------- tiny assets, index
+def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
+    """Generate the offline tiny assets under ``paths.tiny_assets`` if the config uses them (idempotent).
+
+    The warm-started SFT model is generated only when a model path of the config points at it.
+    """
+    root = cfg.paths.tiny_assets
+    if not root:
+        return None
+    root = Path(root)
+    with_sft = "qwen2-tiny-sft" in str(cfg.rollout.model.model_path)
+    started = time.monotonic()
+    print(f"[launch] tiny assets: {root} (warm-started SFT model: {'yes' if with_sft else 'no'})", flush=True)
+    make_tiny_assets(root, seed=0, with_sft=with_sft)
+    print(f"[launch] tiny assets ready in {time.monotonic() - started:.1f} s", flush=True)
+    return root
+
+
+def cli_command(*args: str) -> list[str]:
+    """``rlinf-ext ARGS`` run with this interpreter (works without the console script on PATH)."""
+    return [sys.executable, "-m", "rlinf_ext.cli", *args]
+
+
+def run_step(what: str, command: list[str], log_path: Path) -> None:
+    """Run one preparation command (index build, conversion) with its output in ``log_path``.
+
+    A failure becomes a LaunchError that names the step, the command and the tail of its output.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(f"[launch] {what}: {' '.join(command[3:] if command[:3] == cli_command() else command)}", flush=True)
+    with open(log_path, "w", encoding="utf-8") as log:
+        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+    if code != 0:
+        tail = "\n".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:])
+        raise LaunchError(f"{what} failed (exit {code}); full log: {log_path}\n{tail}")
+    print(f"[launch] {what}: done in {time.monotonic() - started:.1f} s (log: {log_path})", flush=True)
+
+
+def index_is_built(index_dir: Path) -> bool:
+    """An index counts as built when the builder's metadata file is there (written last, so an interrupted
+    build does not count; the builder resumes it)."""
+    return (index_dir / METADATA_NAME).is_file()
+
+
+def ensure_index(cfg: ExperimentConfig) -> None:
+    """Build ``retrieval.index_dir`` from ``retrieval.corpus_path`` when the run launches a server and it is missing."""
+    r = cfg.retrieval
+    if not r.launch or not r.index_dir:
+        return
+    index_dir = Path(r.index_dir)
+    if index_is_built(index_dir):
+        print(f"[launch] retrieval index: {index_dir} (already built)", flush=True)
+        return
+    command = cli_command("build-index", "--corpus", str(r.corpus_path), "--out", str(index_dir),
+                          "--retriever", r.retriever)
+    if r.model_path:
+        command += ["--model", str(r.model_path)]
+    run_step(f"retrieval index ({r.retriever})", command, run_dir(cfg) / "logs" / "build_index.log")
+
+
+# ---------------------------------------------------------------- data
+def build_datasets(cfg: ExperimentConfig) -> tuple[PromptDataset, PromptDataset | None]:
+    """Tokenised train / validation prompts (the trainer's dataset class); over-long prompts are dropped."""
+    data = cfg.data
+    tokenizer = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path)
+
+    def dataset(paths):
+        rows = load_jsonl_prompts(list(paths), data.prompt_key, data.answer_key, data.data_size)
+        return PromptDataset(rows, tokenizer, data.max_prompt_length)
+
+    try:
+        train_ds = dataset(data.train_data_paths)
+        val_ds = dataset(data.val_data_paths) if data.val_data_paths else None
+    except (ValueError, OSError) as exc:
+        raise LaunchError(f"data: {exc}") from exc
+    print(f"[launch] data: {len(train_ds)} training prompts ({train_ds.dropped} over data.max_prompt_length dropped)"
+          + (f", {len(val_ds)} validation prompts" if val_ds is not None else ""), flush=True)
+    return train_ds, val_ds
+
+
+# ---------------------------------------------------------------- checkpoint conversion
+def megatron_checkpoint_exists(path: Path) -> bool:
+    return (path / "latest_checkpointed_iteration.txt").is_file()
+
+
+def convert_hf_to_megatron(cfg: ExperimentConfig) -> Path | None:
+    """``actor.megatron.use_hf_ckpt``: convert the HF model once; a finished earlier conversion is reused."""
+    mg = cfg.actor.megatron
+    if not mg.use_hf_ckpt:
+        return None
+    conv = mg.ckpt_convertor
+    out = Path(conv.save_path)
+    if megatron_checkpoint_exists(out):
+        print(f"[launch] HF -> Megatron: {out} (already converted)", flush=True)
+        return out
+    command = cli_command("convert", "hf2mg", "--hf", str(conv.hf_model_path), "--out", str(out),
+                          "--tp", str(conv.tensor_model_parallel_size), "--pp", str(conv.pipeline_model_parallel_size),
+                          "--quiet")
+    run_step("HF -> Megatron conversion", command, run_dir(cfg) / "logs" / "convert_hf2mg.log")
+    return out
+
+
+def checkpoints_root(cfg: ExperimentConfig) -> Path:
+    return run_dir(cfg) / "checkpoints"
+
+
+def convert_last_checkpoint_to_hf(cfg: ExperimentConfig) -> tuple[Path | None, Path | None]:
+    """mg2hf on the newest complete ``global_step_N/actor``; returns (checkpoint dir, HF dir).
+
+    The actor saves in Megatron's torch layout (tracker file + ``iter_N/mp_rank_XX/model_optim_rng.pt``),
+    so the converter reads the checkpoint directory as is.
+    """
+    ckpt = latest_complete_checkpoint(checkpoints_root(cfg))
+    if ckpt is None:
+        print(f"[launch] no complete checkpoint under {checkpoints_root(cfg)}; nothing to convert", flush=True)
+        return None, None
+    out = run_dir(cfg) / "hf_model" / ckpt.name
+    if (out / "config.json").is_file():
+        print(f"[launch] Megatron -> HF: {out} (already converted)", flush=True)
+        return ckpt, out
+    actor_dir = ckpt / "actor"
+    if not megatron_checkpoint_exists(actor_dir):
+        raise LaunchError(
+            f"{actor_dir} is not a Megatron checkpoint (no latest_checkpointed_iteration.txt); it was written by an "
+            "older version (actor/model.pt). Train again, or convert it with an older rlinf_ext."
+        )
+    command = cli_command("convert", "mg2hf", "--mg", str(actor_dir), "--out", str(out),
+                          "--hf-template", cfg.rollout.model.model_path, "--quiet")
+    run_step("Megatron -> HF conversion", command, run_dir(cfg) / "logs" / "convert_mg2hf.log")
+    return ckpt, out

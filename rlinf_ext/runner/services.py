@@ -1,0 +1,214 @@
+"""The services a run starts and must stop: signal handling, the Ray cluster through RLinf's ``Cluster``, the
+retrieval server, and the SGLang engine of ``rlinf-ext eval``. Each is a context manager or a check that runs
+before anything starts; every one stops on success, error and Ctrl-C / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import ray
+import torch
+from rlinf.scheduler import Cluster
+
+from rlinf_ext.config import to_dictconfig
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.generation.sglang import (
+    GPU_INSTALL_FIX,
+    SGLangEngineGenerator,
+    SGLangUnavailable,
+    engine_kwargs,
+    sglang_installed,
+    usable_gpus,
+)
+from rlinf_ext.retrieval.launch import RetrievalServerError, RetrievalServerProcess
+from rlinf_ext.runner.errors import LaunchError, RunInterrupted
+
+
+# ---------------------------------------------------------------- signals
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into RunInterrupted for the duration of the run; restore handlers after."""
+
+    def handler(signum, _frame):
+        name = signal.Signals(signum).name
+        print(f"\n[launch] {name} received: stopping workers, retrieval server and Ray ...", file=sys.stderr,
+              flush=True)
+        raise RunInterrupted(name)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def reinstall_signal_handlers() -> None:
+    """ray.init replaces SIGTERM with sys.exit; put our handler back so the message and exit path stay ours."""
+    current = signal.getsignal(signal.SIGINT)
+    if callable(current):
+        signal.signal(signal.SIGTERM, current)
+
+
+# ---------------------------------------------------------------- Ray / RLinf cluster
+def ray_address_for(num_nodes: int, environ: dict[str, str]) -> str | None:
+    """The RAY_ADDRESS the run uses.
+
+    One node and no RAY_ADDRESS set: ``"local"``, a private Ray instance started (and stopped) by this run.
+    RLinf's Cluster otherwise calls ``ray.init(address="auto")``, which joins *any* Ray found on the machine,
+    e.g. another user's. Several nodes: the user's ``ray start`` cluster (RAY_ADDRESS or auto-detection).
+    """
+    if environ.get("RAY_ADDRESS"):
+        return environ["RAY_ADDRESS"]
+    return "local" if num_nodes <= 1 else None
+
+
+@contextlib.contextmanager
+def rlinf_cluster(cfg: ExperimentConfig) -> Iterator[Cluster]:
+    """RLinf's ``Cluster`` for ``cfg.cluster``; on exit the workers are killed and Ray is shut down."""
+    num_nodes = cfg.cluster.num_nodes
+    address = ray_address_for(num_nodes, dict(os.environ))
+    saved_address = os.environ.get("RAY_ADDRESS")
+    if address is not None:
+        os.environ["RAY_ADDRESS"] = address
+    cluster_cfg = to_dictconfig(cfg).cluster
+    started = time.monotonic()
+    try:
+        try:
+            cluster = Cluster(cluster_cfg=cluster_cfg)
+        except Exception as exc:
+            raise LaunchError(
+                f"cluster: could not start Ray for {num_nodes} node(s): {exc}. For several nodes run "
+                f"`ray start --head` on the first node and `ray start --address=HEAD:6379` on the others, "
+                f"then launch from the head node."
+            ) from exc
+        reinstall_signal_handlers()
+        print(f"[launch] Ray cluster up in {time.monotonic() - started:.1f} s "
+              f"({'private local instance' if address == 'local' else 'existing cluster'})", flush=True)
+        yield cluster
+    finally:
+        shutdown_ray()
+        if saved_address is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = saved_address
+
+
+def join_rlinf_wait_threads(timeout_s: float) -> None:
+    """Let RLinf's result-wait threads finish before Ray goes down.
+
+    Every RLinf ``WorkerGroupFuncResult`` parks a daemon thread in ``ray.get``. Shutting Ray down while one is
+    still inside ``ray.get`` makes Ray's core worker end the whole process with exit code 1 ("The core worker
+    has already been shutdown"), which turns a clean Ctrl-C into a crash. Once the workers are killed those
+    ``ray.get`` calls fail quickly, so a bounded join is enough.
+    """
+    deadline = time.monotonic() + timeout_s
+    for thread in threading.enumerate():
+        target = getattr(thread, "_target", None)
+        if thread is threading.current_thread() or getattr(target, "__name__", "") != "_wait_for_results":
+            continue
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def shutdown_ray() -> None:
+    """Kill this run's actors and disconnect; a Ray instance this driver started goes down with it."""
+    if ray.is_initialized():
+        join_rlinf_wait_threads(timeout_s=10.0)
+        ray.shutdown()
+    # RLinf's Cluster is a process-wide singleton; forget it so that a later run in this process
+    # (tests, notebooks) builds a fresh one on the fresh Ray instance.
+    if getattr(Cluster, "_instance", None) is not None:
+        Cluster._instance = None
+        del Cluster._instance
+
+
+# ---------------------------------------------------------------- retrieval server
+@dataclass
+class LaunchedServer:
+    """The retrieval server this run started: where it listens and how to find its process."""
+
+    address: str  # host:port
+    pid: int
+    log_path: Path
+
+
+@contextlib.contextmanager
+def retrieval_server(cfg: ExperimentConfig, log_path: Path, startup_timeout: float = 300.0) -> Iterator[LaunchedServer]:
+    """Serve ``retrieval.index_dir`` on ``retrieval.host`` (a free port when ``retrieval.port`` is 0) for the run,
+    logging to ``log_path``; stopped on exit whatever happens."""
+    r = cfg.retrieval
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    process = RetrievalServerProcess(
+        r.index_dir, r.corpus_path, pages=r.pages_path, host=r.host, port=r.port, topk=r.topk,
+        model=r.model_path, retriever=r.retriever, max_batch_size=r.max_batch_size,
+        max_wait_ms=r.max_wait_ms, startup_timeout_s=startup_timeout, log_path=log_path,
+    )
+    started = time.monotonic()
+    try:
+        try:
+            url = process.start()
+        except RetrievalServerError as exc:
+            raise LaunchError(f"retrieval server failed to start (log: {log_path}): {exc}") from exc
+        server = LaunchedServer(url.removeprefix("http://"), process.pid, log_path)
+        print(f"[launch] retrieval server on {url} (pid {server.pid}, up in {time.monotonic() - started:.1f} s, "
+              f"log: {log_path})", flush=True)
+        yield server
+    finally:
+        process.stop()
+
+
+# ---------------------------------------------------------------- the evaluation engine (rlinf-ext eval)
+def check_evaluation_backend(cfg: ExperimentConfig) -> None:
+    """Refuse, before anything starts, a ``rollout.rollout_backend`` that ``rlinf-ext eval`` cannot run here.
+
+    ``hf``: the in-process CPU engine. ``sglang``: an in-process SGLang engine on this node's GPUs
+    (``generation/sglang.py``; needs a CUDA device and the GPU extras). ``vllm``: refused.
+    """
+    backend = cfg.rollout.rollout_backend
+    if backend == "hf":
+        return
+    if backend == "sglang":
+        if not torch.cuda.is_available():
+            raise LaunchError(
+                "rollout.rollout_backend='sglang' evaluates on GPUs, but no CUDA device is visible here. Fix: run "
+                f"`rlinf-ext eval` on a GPU node with the GPU extras ({GPU_INSTALL_FIX}), or set "
+                "rollout.rollout_backend=hf to evaluate on CPU."
+            )
+        if not sglang_installed():
+            raise LaunchError(
+                f"rollout.rollout_backend='sglang': sglang is not installed. Fix: {GPU_INSTALL_FIX}, or set "
+                "rollout.rollout_backend=hf to evaluate on CPU."
+            )
+        try:  # GPUs placed vs visible, TP size, precision: known before anything starts
+            engine_kwargs(cfg, usable_gpus(cfg, torch.cuda.device_count()))
+        except SGLangUnavailable as exc:
+            raise LaunchError(f"rollout: {exc}") from exc
+        return
+    raise LaunchError(
+        f"rollout.rollout_backend={backend!r}: `rlinf-ext eval` runs the hf (CPU) or sglang (GPU) engine only; "
+        "vLLM evaluation is not implemented. Fix: set rollout.rollout_backend=sglang (GPU) or hf (CPU)."
+    )
+
+
+def start_evaluation_generator(cfg: ExperimentConfig) -> SGLangEngineGenerator | None:
+    """The ``Generator`` ``rlinf-ext eval`` passes to ``run_evaluation``: None for ``hf`` (it builds
+    the CPU engine itself), a started ``SGLangEngineGenerator`` for ``sglang`` (the caller closes it)."""
+    if cfg.rollout.rollout_backend != "sglang":
+        return None
+    try:
+        return SGLangEngineGenerator.from_config(cfg)
+    except SGLangUnavailable as exc:
+        raise LaunchError(f"rollout: {exc}") from exc
+    except Exception as exc:  # SGLang's own start-up failures (CUDA OOM, bad model dir, ...)
+        raise LaunchError(f"rollout: the SGLang engine failed to start: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,197 @@
+"""RLinf worker around the Megatron-core policy, with the method names of RLinf's ``MegatronActor``.
+
+``init_worker``, ``sync_model_to_rollout`` / ``del_reshard_state_dict``, ``run_inference`` (recompute old
+and reference log-probs), ``run_training`` (returns ``(rollout_metrics, training_metrics_list)``),
+``save_checkpoint`` / ``load_checkpoint``, and ``offload_engine`` / ``onload_engine``: on CUDA they move the
+weights (``actor.offload_weight``: policy + reference) and the optimizer moments (``actor.offload_optimizer``)
+to pinned CPU memory and back — the runner calls them only when the actor shares its GPUs with the rollout
+(collocated); on CPU they are no-ops. Training and log-prob calls onload first if needed. Weights go to the
+rollout in the rollout's dtype (``workers/weight_sync.py:rollout_dtype``). A threaded (sync) actor, like RLinf's, so
+calls run in submission order.
+
+Data parallelism: the group's N processes are N data-parallel ranks (TP=PP=1 each; torch.distributed on
+RLinf's ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``, gloo on CPU, nccl on CUDA). The runner calls
+every method on the whole group with the step's total ``num_results``; each rank takes ``num_results / N``
+results (whole GRPO groups) and ``training/data_parallel.py`` makes the update that of one process on the whole
+batch. Rank 0 alone sends weights to the rollout and writes checkpoints; every rank loads them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from rlinf.scheduler import Worker
+
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.models.cpu_shims import env_init_method, init_parallel_state
+from rlinf_ext.protocol.payloads import SearchRolloutResult, pad_rows
+from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
+from rlinf_ext.training.policy import MegatronPolicy, Sample
+from rlinf_ext.training.settings import ActorSettings
+from rlinf_ext.workers.weight_sync import SyncPayload, probe_ids, rollout_dtype
+
+
+def samples_of(results: list[SearchRolloutResult]) -> list[Sample]:
+    """Flatten results (group order kept) into actor samples, with rewards and recomputed log-probs."""
+    out = []
+    for res in results:
+        rewards = res.rewards.tolist() if torch.is_tensor(res.rewards) else list(res.rewards or [0.0] * res.num_sequence)
+        for i in range(res.num_sequence):
+            n = res.response_lengths[i]
+            out.append(
+                Sample(
+                    prompt_ids=res.prompt_ids[i],
+                    response_ids=res.response_ids[i],
+                    response_mask=res.response_mask[i],
+                    reward=float(rewards[i]),
+                    old_logprobs=None if res.recomputed_logprobs is None else res.recomputed_logprobs[i, :n].clone(),
+                    ref_logprobs=None if res.ref_logprobs is None else res.ref_logprobs[i, :n].clone(),
+                )
+            )
+    return out
+
+
+def rollout_metrics(samples: list[Sample], dp: DataParallel) -> dict[str, float]:
+    """RLinf's rollout metrics over the step's GLOBAL batch (every rank's samples)."""
+    mine = [(s.reward, len(s.response_ids), len(s.prompt_ids), sum(s.response_mask)) for s in samples]
+    stats = [row for part in dp.gather_objects(mine) for row in part]
+    rewards = torch.tensor([r for r, _, _, _ in stats], dtype=torch.float64)
+    lengths = torch.tensor([n for _, n, _, _ in stats], dtype=torch.float64)
+    return {
+        "total_num_sequence": float(len(stats)),
+        "reward_scores": float(rewards.mean()),
+        "average_response_length": float(lengths.mean()),
+        "max_of_response_length": float(lengths.max()),
+        "min_of_response_length": float(lengths.min()),
+        "prompt_length": float(sum(p for _, _, p, _ in stats) / len(stats)),
+        "loss_tokens": float(sum(t for _, _, _, t in stats)),
+    }
+
+
+class MegatronActorWorker(Worker):
+    """The policy trainer of one data-parallel rank (TP=PP=1 per process; DP = the group's size)."""
+
+    def __init__(self, cfg: ExperimentConfig, total_train_steps: int):
+        super().__init__()
+        self.cfg = cfg
+        self.settings = ActorSettings.from_config(cfg, total_train_steps)
+        self.policy: MegatronPolicy | None = None
+        self._sync_payload: SyncPayload | None = None
+        self._rollout_ranks = 1  # set by the runner once the rollout group exists
+
+    # ------------------------------------------------------------------ lifecycle
+    def init_worker(self) -> None:
+        with self.worker_timer():
+            torch.set_num_threads(max(torch.get_num_threads(), 1))
+            self._init_data_parallel()
+            self.policy = MegatronPolicy(self.cfg.rollout.model.model_path, self.settings)
+            self.log_info(
+                f"actor rank {self._rank}/{self._world_size} ready on {self.policy.device}: "
+                f"{sum(p.numel() for p in self.policy.model.parameters()):,} params, data-parallel size "
+                f"{self.policy.dp.size}, reference={'yes' if self.policy.ref_model is not None else 'no'}"
+            )
+
+    def _init_data_parallel(self) -> None:
+        """torch.distributed + Megatron parallel_state over this group's processes (TP=PP=1, DP=world size).
+
+        A second ``init_worker`` in the same process (resume tests) reuses the existing process group."""
+        world = max(int(self._world_size), 1)
+        if torch.cuda.is_available():  # NOT GPU-verified: RLinf's LOCAL_RANK is the device of this process
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        init_method = env_init_method() if world > 1 else None
+        if world > 1 and init_method is None:
+            raise RuntimeError("the actor group has several processes but RLinf set no MASTER_ADDR/MASTER_PORT; "
+                               "launch the actor as an RLinf WorkerGroup (runner/compose.py).")
+        init_parallel_state(1, 1, rank=int(self._rank) if world > 1 else 0, world_size=world,
+                            init_method=init_method, seed=self.settings.seed)
+
+    def offload_engine(self) -> None:
+        """Give the GPU to the collocated rollout engine (no-op on CPU, see ``MegatronPolicy.offload``)."""
+        with self.worker_timer():
+            self.policy.offload(weights=bool(self.cfg.actor.offload_weight),
+                                optimizer=bool(self.cfg.actor.offload_optimizer))
+
+    def onload_engine(self) -> None:
+        with self.worker_timer():
+            self.policy.onload()
+
+    # ------------------------------------------------------------------ weight sync (actor side)
+    def sync_model_to_rollout(self, verify: bool = True) -> None:
+        """Send the HF-named weights (+ probe logits when ``verify``) to every rollout rank."""
+        with self.worker_timer():
+            if self._rank != 0:  # like RLinf: only the first data-parallel rank sends (weights equal on all)
+                return
+            hf_state = self.policy.hf_state_dict(dtype=rollout_dtype(self.cfg))
+            payload = SyncPayload(hf_state=hf_state, version=self.policy.optimizer_steps)
+            if verify:
+                ids = probe_ids(self.policy.model.hf_vocab_size)
+                payload.probe_ids, payload.probe_logits = ids, self.policy.probe_logits(ids)
+            self._sync_payload = payload
+            for dst in range(self._rollout_world_size()):
+                self.send(payload, self.cfg.rollout.group_name, dst)
+
+    def _rollout_world_size(self) -> int:
+        return int(self._rollout_ranks)
+
+    def set_rollout_world_size(self, n: int) -> None:
+        self._rollout_ranks = int(n)
+
+    def del_reshard_state_dict(self) -> None:
+        with self.worker_timer():
+            self._sync_payload = None
+
+    # ------------------------------------------------------------------ logprobs and training
+    def run_inference(self, input_channel, output_channel, compute_ref_logprobs: bool, num_results: int) -> None:
+        """Recompute old (and reference) log-probs of exactly the trajectory ids, result by result.
+
+        ``num_results`` is the step's total; each data-parallel rank takes its share (as RLinf's actor takes
+        ``rollout_batch_size * group_size / DP`` sequences), whichever results reach it first."""
+        with self.worker_timer():
+            for _ in range(share_of(num_results, self.policy.dp)):
+                res: SearchRolloutResult = input_channel.get()
+                samples = samples_of([res])
+                self.policy.recompute(samples, compute_ref=compute_ref_logprobs)
+                res.recomputed_logprobs = pad_rows([s.old_logprobs for s in samples])
+                if compute_ref_logprobs:
+                    res.ref_logprobs = pad_rows([s.ref_logprobs for s in samples])
+                output_channel.put(res)
+
+    def run_training(self, input_channel, num_results: int, step: int):
+        """Train on one rollout step. Returns ``(rollout_metrics, training_metrics_list)`` as RLinf does.
+
+        Each data-parallel rank takes ``num_results / N`` results; which ones depends on arrival, the update
+        does not (``data_parallel.shard_layout``: mini-batches follow the global uid order). Every rank returns
+        the same global metrics (the runner reads rank 0's)."""
+        with self.worker_timer():
+            dp = self.policy.dp
+            results = [input_channel.get() for _ in range(share_of(num_results, dp))]
+            results.sort(key=lambda r: r.uid)  # arrival order varies; training order must not
+            samples = samples_of(results)
+            if any(s.old_logprobs is None for s in samples):
+                raise ValueError("run_training got results without recomputed_logprobs; run run_inference first "
+                                 "(algorithm.recompute_logprobs must be true).")
+            layout = shard_layout([r.uid for r in results], [r.num_sequence for r in results], dp)
+            training = self.policy.train_step(samples, step, layout)
+            return rollout_metrics(samples, dp), training
+
+    def compute_logprobs(self, prompt_ids, response_ids, response_masks, reference: bool = False) -> list[list[float]]:
+        """Response log-probs of given sequences under the current policy (or the reference)."""
+        samples = [Sample(p, r, m) for p, r, m in zip(prompt_ids, response_ids, response_masks)]
+        return [lp.tolist() for lp in self.policy.compute_logprobs(samples, reference=reference)]
+
+    def parameter_checksum(self) -> float:
+        """Sum of |w| over all weights (cheap evidence that an update happened)."""
+        return float(sum(p.detach().abs().sum() for p in self.policy.model.parameters()))
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, save_path: str, step: int) -> None:
+        """``save_path/iter_{step:07d}/mp_rank_00/model_optim_rng.pt`` + tracker (Megatron's layout, as RLinf
+        saves with ``iteration=step``): mg2hf converts it as is. Called on every rank (the RNG states are
+        gathered); data-parallel rank 0 writes."""
+        with self.worker_timer():
+            self.policy.save(save_path, iteration=step)
+
+    def load_checkpoint(self, load_path: str) -> None:
+        with self.worker_timer():
+            self.policy.load(load_path)

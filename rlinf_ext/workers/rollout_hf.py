@@ -1,0 +1,127 @@
+"""CPU rollout worker: serves the agent loop's generate requests with ``HFGenerator`` (transformers).
+
+Same protocol as RLinf's ``SGLangWorker`` in serverless mode: an async actor whose
+``rollout_serverless(input_channel, output_channel)`` takes ``GenerateRequest`` dicts and puts the
+``GenerateReply`` under ``key=channel_key`` (``protocol/generation.py``); ``sync_model_from_actor``
+receives the actor's weights (HF names) and checks the logits; ``offload_engine``/``onload_engine`` are no-ops.
+
+Unlike RLinf's workers, ``sampling_params["stop"]`` reaches the engine (generation stops at ``</search>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+from rlinf.scheduler import Worker
+
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.generation.hf import HFGenerator
+from rlinf_ext.protocol.generation import (
+    STOP_SERVING,
+    GenerateReply,
+    GenerateRequest,
+    SamplingParams,
+    reply_of,
+    sampling_params_from_request,
+)
+from rlinf_ext.workers.weight_sync import SyncPayload, check_logits_match, load_into_hf_model
+
+
+class HFRolloutWorker(Worker):
+    """Generation on CPU with transformers; ``deterministic`` seeds every request by its ``seed``.
+
+    Deterministic mode generates requests one at a time (no cross-request batching), so a request's tokens
+    depend only on its prompt, its sampling params and its seed, never on arrival order (used by the
+    resume test and for reproducible runs); the default batches concurrent requests for throughput.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, deterministic: bool = False, verify_sync: bool = True, sync_atol: float = 1e-3):
+        super().__init__()
+        self.cfg = cfg
+        self.deterministic = deterministic
+        self.verify_sync = verify_sync
+        self.sync_atol = sync_atol
+        self.generator = None
+        self.weight_version = -1
+        self.last_sync_logit_diff: float | None = None
+        self.requests_served = 0
+
+    async def init_worker(self) -> None:
+        with self.worker_timer():
+            rollout = self.cfg.rollout
+            torch.manual_seed(int(self.cfg.runner.seed) + self._rank)
+            self.generator = HFGenerator.from_pretrained(
+                rollout.model.model_path,
+                dtype=str(rollout.hf.dtype),
+                max_batch_size=int(rollout.hf.max_batch_size),
+                return_logprobs=bool(rollout.return_logprobs),
+            )
+            self.defaults = SamplingParams.from_config(self.cfg.algorithm.sampling_params)
+
+    async def _generate(self, request: GenerateRequest) -> GenerateReply:
+        params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
+        if self.deterministic:
+            seed = int(request.get("seed", 0))
+
+            def run():
+                torch.manual_seed(seed)
+                return self.generator.generate_batch_sync([request["prompt_ids"]], params)[0]
+
+            result = await asyncio.to_thread(run)
+        else:
+            result = await self.generator.generate(request["prompt_ids"], params)
+        self.requests_served += 1
+        return reply_of(result)
+
+    async def rollout_serverless(self, input_channel, output_channel) -> None:
+        """Serve generate requests until a ``STOP_SERVING`` request arrives (RLinf's loop never ends)."""
+        pending: set[asyncio.Task] = set()
+
+        async def serve(req: GenerateRequest) -> None:
+            try:
+                reply = await self._generate(req)
+            except Exception as exc:  # the agent loop gets the error instead of waiting forever
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
+            await output_channel.put(reply, key=req["channel_key"], async_op=True).async_wait()
+
+        while True:
+            req = await input_channel.get(async_op=True).async_wait()
+            if req.get("channel_key") == STOP_SERVING:
+                break
+            if self.deterministic:
+                await serve(req)  # one at a time: see the class docstring
+            else:
+                task = asyncio.get_running_loop().create_task(serve(req))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.gather(*pending)
+
+    async def sync_model_from_actor(self) -> None:
+        """Receive the actor's weights (HF names), load them, and check the logits against the actor's."""
+        with self.worker_timer():
+            payload: SyncPayload = await self.recv(self.cfg.actor.group_name, 0, async_op=True).async_wait()
+            model = self.generator.model
+            load_into_hf_model(model, payload.hf_state)
+            self.weight_version = payload.version
+            if self.verify_sync and payload.probe_logits is not None:
+                with torch.no_grad():
+                    logits = model(input_ids=payload.probe_ids).logits.float()
+                self.last_sync_logit_diff = check_logits_match(payload.probe_logits, logits, self.sync_atol)
+
+    async def offload_engine(self) -> None:  # CPU engine: nothing to release
+        with self.worker_timer():
+            pass
+
+    async def onload_engine(self) -> None:
+        with self.worker_timer():
+            pass
+
+    async def get_state(self) -> dict:
+        """Version of the loaded weights and the last logits check (for tests and logs)."""
+        return {
+            "weight_version": self.weight_version,
+            "last_sync_logit_diff": self.last_sync_logit_diff,
+            "requests_served": self.requests_served,
+        }

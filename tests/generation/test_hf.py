@@ -1,0 +1,97 @@
+"""HFGenerator on the tiny Qwen2 model: engine-side stops, exact ids, batching of concurrent calls."""
+
+import asyncio
+
+import pytest
+import torch
+
+from rlinf_ext.generation.hf import HFGenerator
+from rlinf_ext.protocol.generation import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def generator(tiny_assets):
+    return HFGenerator.from_pretrained(tiny_assets.qwen2_tiny, tiny_assets.tokenizer_dir, seed=0,
+                                       return_logprobs=True)
+
+
+def prompt(gen, text="Question: who wrote the book?\n"):
+    return gen.tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_stop_string_cuts_exactly_after_completing_token(generator):
+    generator.reseed(0)
+    free = generator.generate_batch_sync([prompt(generator)], SamplingParams(max_new_tokens=40, stop=[]))[0]
+    assert free.finish_reason in ("length", "eos")
+    text = generator.tokenizer.decode(free.output_ids[:-1], skip_special_tokens=False)
+    # a stop string that occurs in the free sample: the same seed and context must stop at/before it
+    stop = text[len(text) // 2:len(text) // 2 + 2] or text[-1]
+    generator.reseed(0)
+    result = generator.generate_batch_sync([prompt(generator)], SamplingParams(max_new_tokens=40, stop=[stop]))[0]
+    assert result.finish_reason == "stop" and result.matched_stop == stop
+    assert stop in result.text
+    # nothing after the completing token: removing the last token loses the stop string
+    shorter = generator.tokenizer.decode(result.output_ids[:-1], skip_special_tokens=False)
+    assert stop not in shorter
+    # the ids are the sampled ones: a prefix of the free-running sample (same seed)
+    assert free.output_ids[: len(result.output_ids)] == result.output_ids
+    assert result.text == generator.tokenizer.decode(result.output_ids, skip_special_tokens=False)
+    assert len(result.logprobs) == len(result.output_ids) and all(lp <= 0 for lp in result.logprobs)
+
+
+def test_length_and_greedy_determinism(generator):
+    params = SamplingParams(max_new_tokens=5, do_sample=False, stop=[])
+    a = generator.generate_batch_sync([prompt(generator)], params)[0]
+    b = generator.generate_batch_sync([prompt(generator)], params)[0]
+    assert a.output_ids == b.output_ids
+    assert (a.finish_reason == "length" and len(a.output_ids) == 5) or a.finish_reason == "eos"
+
+
+def test_eos_kept_and_nothing_after(generator):
+    eos = sorted(generator.eos_ids)[0]
+    # make EOS the overwhelmingly likely next token with a hook on the LM head
+    def push_eos(module, inputs, logits):
+        logits = logits.clone()
+        logits[..., eos] += 1e4
+        return logits
+
+    hook = generator.model.lm_head.register_forward_hook(push_eos)
+    try:
+        result = generator.generate_batch_sync([prompt(generator)], SamplingParams(max_new_tokens=10, stop=["x"]))[0]
+    finally:
+        hook.remove()
+    assert result.output_ids == [eos] and result.finish_reason == "eos"
+
+
+def test_concurrent_calls_are_batched_and_each_cut_to_its_budget(generator):
+    async def many():
+        calls = [generator.generate(prompt(generator, f"Question {i}?\n"),
+                                    SamplingParams(max_new_tokens=3 + i, do_sample=False)) for i in range(6)]
+        return await asyncio.gather(*calls)
+
+    before = len(generator.batch_sizes)
+    results = asyncio.run(many())
+    assert max(generator.batch_sizes[before:]) > 1  # the concurrent calls shared model.generate calls
+    for i, result in enumerate(results):
+        assert len(result.output_ids) <= 3 + i
+        # batched (left-padded) greedy output equals the same request alone
+        alone = generator.generate_batch_sync([prompt(generator, f"Question {i}?\n")],
+                                              SamplingParams(max_new_tokens=3 + i, do_sample=False))[0]
+        assert alone.output_ids == result.output_ids
+
+
+def test_update_weights_changes_outputs_and_rejects_unknown(generator):
+    name, param = next(iter(generator.model.named_parameters()))
+    original = param.detach().clone()
+    generator.update_weights([(name, torch.zeros_like(param))])
+    assert torch.equal(dict(generator.model.named_parameters())[name], torch.zeros_like(param))
+    generator.update_weights([(name, original)])
+    with pytest.raises(KeyError, match="no parameter"):
+        generator.update_weights([("nope.weight", original)])
+
+
+def test_bad_requests(generator):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        asyncio.run(generator.generate([1, 2], SamplingParams(max_new_tokens=0)))
+    with pytest.raises(ValueError, match="non-empty"):
+        asyncio.run(generator.generate([], SamplingParams()))

@@ -1,0 +1,253 @@
+"""`SGLangEngineGenerator` on a fake SGLang engine (CPU; sglang is never imported).
+
+`SimulatedSGLang` follows SGLang 0.4.6's per-token finish check (`Req.check_finished`: token budget first, then
+EOS / `stop_token_ids`, then stop strings in the decoded tail) and its reply shape (RLinf's patched engine:
+`text` + `output_ids` + `meta_info.finish_reason`), on a scripted continuation. The generator's results are
+compared with what `HFGenerator._cut` makes of the same sampled tokens: the two engines must agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlinf_ext.generation.hf import HFGenerator, eos_token_ids
+from rlinf_ext.generation.sglang import (
+    SGLangEngineGenerator,
+    SGLangUnavailable,
+    engine_kwargs,
+    load_engine_class,
+    usable_gpus,
+)
+from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
+
+STOPS = ["</search>", "</answer>", "<|im_end|>"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_assets):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_assets.qwen2_tiny)
+
+
+@pytest.fixture(scope="module")
+def eos_ids(tiny_assets, tokenizer):
+    from transformers import GenerationConfig
+
+    return eos_token_ids(GenerationConfig.from_pretrained(tiny_assets.qwen2_tiny), tokenizer)
+
+
+class SimulatedSGLang:
+    """A fake engine: replays `script` (the tokens the model would sample) under SGLang's stopping rules."""
+
+    def __init__(self, tokenizer, script: list[int], config_eos: int | None = None):
+        self.tokenizer = tokenizer
+        self.script = script
+        self.config_eos = config_eos
+        self.calls: list[dict] = []
+        self.shutdowns = 0
+
+    def _decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=bool(self.params.get("skip_special_tokens", True)))
+
+    async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False, **kwargs):
+        assert not kwargs, f"unexpected engine arguments {kwargs}"
+        self.calls.append({"input_ids": input_ids, "sampling_params": dict(sampling_params),
+                           "return_logprob": return_logprob})
+        self.params = p = sampling_params
+        stop_token_ids = set(p.get("stop_token_ids") or []) | ({self.config_eos} if self.config_eos else set())
+        stops = p.get("stop") or []
+        tail_len = max((len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for s in stops), default=0)
+        out, finish = [], None
+        for token in self.script:
+            out.append(token)
+            if len(out) >= p["max_new_tokens"]:
+                finish = {"type": "length", "length": p["max_new_tokens"]}
+                break
+            if token in stop_token_ids:
+                finish = {"type": "stop", "matched": token}
+                break
+            tail = self.tokenizer.decode(out[-(tail_len + 1):]) if stops else ""
+            hit = next((s for s in stops if s in tail), None)
+            if hit is not None:
+                finish = {"type": "stop", "matched": hit}
+                break
+        assert finish is not None, "the script ran out before the engine stopped"
+        text = self._decode(out)
+        if not p.get("no_stop_trim", False) and isinstance(finish.get("matched"), str):
+            text = text[: text.rfind(finish["matched"])]  # SGLang's detokenizer trims the matched stop string
+        return {"text": text, "output_ids": list(out),
+                "meta_info": {"finish_reason": finish, "prompt_tokens": len(input_ids), "completion_tokens": len(out)}}
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def hf_result(tokenizer, eos_ids, script, params) -> GenerationResult:
+    """What the CPU engine returns for the same sampled tokens (no model involved: `_cut` only)."""
+    hf = HFGenerator.__new__(HFGenerator)
+    hf.tokenizer, hf.eos_ids = tokenizer, set(eos_ids)
+    return hf._cut(list(script), params, None)
+
+
+def generate(gen, prompt, params):
+    return asyncio.run(gen.generate(prompt, params))
+
+
+GREEDY = SamplingParams(max_new_tokens=64, do_sample=False, temperature=0.0, stop=STOPS)
+
+
+@pytest.mark.parametrize(
+    "continuation, budget, reason, matched",
+    [
+        ("<think> a</think>\n<search> x y</search>\n<answer> z", 64, "stop", "</search>"),
+        ("<answer> z</answer> trailing", 64, "stop", "</answer>"),
+        (" z y x<|endoftext|> a a", 64, "eos", None),
+        ("<think> a a a a a a", 4, "length", None),
+        # budget reached on the very token that ends the turn: SGLang says "length", HF (and we) do not
+        ("<search> x</search> a a", 4, "stop", "</search>"),
+        (" a b<|endoftext|> a", 3, "eos", None),
+    ],
+)
+def test_replies_match_the_hf_engine(tokenizer, eos_ids, continuation, budget, reason, matched):
+    script = encode(tokenizer, continuation)
+    params = GREEDY.with_updates(max_new_tokens=budget)
+    engine = SimulatedSGLang(tokenizer, script)
+    gen = SGLangEngineGenerator(engine, lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                                eos_ids=eos_ids, default_stop=STOPS)
+    got = generate(gen, [1, 2, 3], params)
+    assert (got.finish_reason, got.matched_stop) == (reason, matched)
+    assert got == hf_result(tokenizer, eos_ids, script, params)
+
+
+def test_stop_string_kept_in_text_and_ids_cut_there(tokenizer, eos_ids):
+    script = encode(tokenizer, "<search> x y</search>\n<answer> z</answer>")
+    gen = SGLangEngineGenerator(SimulatedSGLang(tokenizer, script), tokenizer.decode, eos_ids=eos_ids)
+    got = generate(gen, [5], GREEDY)
+    assert got.text == "<search> x y</search>" and got.output_ids == encode(tokenizer, "<search> x y</search>")
+    assert got.finish_reason == "stop" and got.matched_stop == "</search>"
+
+
+def test_eos_is_kept_in_ids_and_text(tokenizer, eos_ids):
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in eos_ids  # the tiny model's generation_config lists it (as Qwen2.5-Instruct's does)
+    script = encode(tokenizer, "<answer> z</answer>")[:-1] + [im_end, 7, 7]
+    gen = SGLangEngineGenerator(SimulatedSGLang(tokenizer, script), tokenizer.decode, eos_ids=eos_ids)
+    got = generate(gen, [5], GREEDY.with_updates(stop=["</search>"]))
+    assert got.finish_reason == "eos" and got.matched_stop is None
+    assert got.output_ids[-1] == im_end and got.text.endswith("<|im_end|>")
+
+
+def test_excluded_stop_string_is_cut_from_the_text_only(tokenizer, eos_ids):
+    script = encode(tokenizer, "<search> x</search> a")
+    params = GREEDY.with_updates(include_stop_str_in_output=False)
+    gen = SGLangEngineGenerator(SimulatedSGLang(tokenizer, script), tokenizer.decode, eos_ids=eos_ids)
+    got = generate(gen, [5], params)
+    assert got.text == "<search> x" and got.output_ids == encode(tokenizer, "<search> x</search>")
+    assert got == hf_result(tokenizer, eos_ids, script, params)
+
+
+def test_greedy_and_sampling_params_reach_the_engine(tokenizer, eos_ids):
+    engine = SimulatedSGLang(tokenizer, encode(tokenizer, "<answer> z</answer>"))
+    gen = SGLangEngineGenerator(engine, tokenizer.decode, eos_ids={2010, 2008}, default_stop=STOPS)
+    generate(gen, [9, 8], SamplingParams(max_new_tokens=32, do_sample=False, temperature=0.7, top_p=0.9, stop=STOPS))
+    generate(gen, [9, 8], SamplingParams(max_new_tokens=16, do_sample=True, temperature=0.7, top_p=0.9, top_k=20,
+                                         stop=["</answer>"]))
+    greedy, sampled = engine.calls
+    assert greedy["input_ids"] == [9, 8] and greedy["return_logprob"] is False
+    assert greedy["sampling_params"] == {
+        "max_new_tokens": 32, "temperature": 0.0, "repetition_penalty": 1.0, "skip_special_tokens": False,
+        "stop": STOPS, "no_stop_trim": True, "stop_token_ids": [2008, 2010],
+    }
+    assert sampled["sampling_params"] == {
+        "max_new_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.0,
+        "skip_special_tokens": False, "stop": ["</answer>"], "no_stop_trim": True, "stop_token_ids": [2008, 2010],
+    }
+
+
+def test_abort_and_bad_requests_raise(tokenizer):
+    class Aborting:
+        async def async_generate(self, **_kwargs):
+            return {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "too long"}}}
+
+    gen = SGLangEngineGenerator(Aborting(), tokenizer.decode)
+    with pytest.raises(RuntimeError, match="SGLang aborted the request: too long"):
+        generate(gen, [1], GREEDY)
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        generate(gen, [], GREEDY)
+
+
+def test_close_shuts_the_engine_down_once(tokenizer):
+    engine = SimulatedSGLang(tokenizer, [])
+    with SGLangEngineGenerator(engine, tokenizer.decode) as gen:
+        pass
+    gen.close()
+    assert engine.shutdowns == 1
+    with pytest.raises(RuntimeError, match="after close"):
+        generate(gen, [1], GREEDY)
+
+
+# ------------------------------------------------------------------ engine arguments and start-up
+
+
+def eval_cfg(tiny_assets, *extra):
+    from rlinf_ext.runner.prepare import load_checked_config
+
+    return load_checked_config("tiny-cpu-eval", [
+        f"paths.tiny_assets={tiny_assets.root}", f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
+        "rollout.rollout_backend=sglang", "cluster.num_gpus_per_node=8", "retrieval.launch=false",
+        "tools.search.server_addr=127.0.0.1:1", *extra,
+    ], check_paths=True)
+
+
+def test_engine_kwargs_data_parallel_over_the_rollout_gpus(tiny_assets):
+    cfg = eval_cfg(tiny_assets, "rollout.model.precision=bf16", "rollout.gpu_memory_utilization=0.7")
+    cfg.cluster.component_placement = {"rollout,reward": "2-7"}  # validated configs: TP divides the rollout GPUs
+    cfg.rollout.tensor_parallel_size = 2
+    gpus = usable_gpus(cfg, 8)
+    assert gpus == [2, 3, 4, 5, 6, 7]
+    kwargs = engine_kwargs(cfg, gpus)
+    assert (kwargs["tp_size"], kwargs["dp_size"], kwargs["base_gpu_id"]) == (2, 3, 2)  # one engine, SGLang's DP
+    assert kwargs["model_path"] == str(tiny_assets.qwen2_tiny) and kwargs["dtype"] == "bfloat16"
+    assert kwargs["mem_fraction_static"] == 0.7 and kwargs["skip_tokenizer_init"] is False
+    assert kwargs["random_seed"] == int(cfg.runner.seed)
+    with pytest.raises(SGLangUnavailable, match="tensor_parallel_size=2 needs 2 GPU"):
+        engine_kwargs(cfg, [0])
+    with pytest.raises(SGLangUnavailable, match="GPUs 2-7, but only 4 CUDA device"):
+        usable_gpus(cfg, 4)
+
+
+def test_all_means_every_gpu_of_the_node(tiny_assets):
+    cfg = eval_cfg(tiny_assets)
+    cfg.cluster.component_placement = {"rollout,reward": "all"}
+    assert usable_gpus(cfg, 8) == list(range(8))
+    assert engine_kwargs(cfg, usable_gpus(cfg, 8))["dp_size"] == 8
+
+
+def test_from_config_starts_one_engine_with_the_hf_eos_set(tiny_assets, eos_ids):
+    started = []
+
+    def factory(**kwargs):
+        started.append(kwargs)
+        return SimulatedSGLang(None, [])
+
+    gen = SGLangEngineGenerator.from_config(eval_cfg(tiny_assets), gpus=[0, 1], engine_factory=factory)
+    assert len(started) == 1 and started[0]["dp_size"] == 2 and started[0]["tp_size"] == 1
+    assert set(gen.eos_ids) == set(eos_ids) and gen.default_stop == STOPS
+    assert gen.decode([2003]) == "</search>"
+
+
+def test_without_sglang_the_error_names_the_install():
+    assert "sglang" not in sys.modules
+    with pytest.raises(SGLangUnavailable, match=r"pip install -e '\.\[gpu\]'"):
+        load_engine_class()
+
