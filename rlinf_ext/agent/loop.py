@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlinf_ext.agent.actions import parse_action, with_required_stops
-from rlinf_ext.agent.config import check_agent_config
+from rlinf_ext.agent.config import AgentLoopConfig, check_agent_config
 from rlinf_ext.agent.types import Trajectory, TurnRecord
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams
@@ -88,7 +88,7 @@ class _Rollout:
         ))
 
 
-def _end_before_turn(cfg: Any, turn_index: int, remaining: int) -> str:
+def _end_before_turn(cfg: AgentLoopConfig, turn_index: int, remaining: int) -> str:
     """Why no further turn is generated ("" = generate one): the turn limit, or no token budget left."""
     max_turns = int(cfg.max_turns)
     if turn_index >= max_turns and (not cfg.force_final_answer or turn_index > max_turns):
@@ -96,7 +96,7 @@ def _end_before_turn(cfg: Any, turn_index: int, remaining: int) -> str:
     return "response_budget" if remaining <= 0 else ""
 
 
-async def _act(action: str, content: str | None, final_turn: bool, cfg: Any, tokenizer: Any, search_tool: Any,
+async def _act(action: str, content: str | None, final_turn: bool, cfg: AgentLoopConfig, tokenizer: Any, search_tool: Any,
                state: _Rollout) -> tuple[str, Observation | None, bool | None]:
     """Carry out a parsed action: ``(action as recorded, observation to append or None, search ok?)``.
 
@@ -158,7 +158,7 @@ async def run_trajectory(
     tokenizer: Any,
     prompt_ids: list[int],
     answers: Any,
-    cfg: Any,
+    cfg: AgentLoopConfig,
     search_tool: Any,
     *,
     sampling_params: SamplingParams | None = None,
@@ -203,7 +203,7 @@ async def run_group(
     tokenizer: Any,
     prompt_ids: list[int],
     answers: Any,
-    cfg: Any,
+    cfg: AgentLoopConfig,
     search_tool: Any,
     group_size: int,
     *,

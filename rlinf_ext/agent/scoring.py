@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from rlinf_ext.agent.types import Trajectory
+from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.rewards import get_reward_fn
 
 
-def trajectory_reward_fn(reward_cfg: Any) -> Callable[[Trajectory], float]:
+def trajectory_reward_fn(reward_cfg: RewardConfig) -> Callable[[Trajectory], float]:
     """`fn(trajectory) -> score` reading the response only (observations included for the format check;
     answers inside `<information>` are ignored by the extractor) and the trajectory's search count."""
     fn = get_reward_fn(reward_cfg.reward_type)

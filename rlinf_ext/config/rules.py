@@ -7,6 +7,7 @@ run, so one mistake is reported once.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 # imported for their @rule registrations
@@ -18,7 +19,7 @@ from rlinf_ext.config.structure import ConfigIssue
 
 # ------------------------------------------------------------------------------------------ generation
 @rule("algorithm.sampling_params.stop", "rollout.detokenize")
-def stop_needs_detokenize(cfg):
+def stop_needs_detokenize(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     if cfg.algorithm.sampling_params.stop and not cfg.rollout.detokenize:
         yield ConfigIssue(
             "rollout.detokenize",
@@ -29,7 +30,7 @@ def stop_needs_detokenize(cfg):
 
 
 @rule("agentloop.agent", "algorithm.recompute_logprobs")
-def agent_needs_recompute(cfg):
+def agent_needs_recompute(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     if cfg.agentloop.agent == "searchr1" and not cfg.algorithm.recompute_logprobs:
         yield ConfigIssue(
             "algorithm.recompute_logprobs",
@@ -40,7 +41,7 @@ def agent_needs_recompute(cfg):
 
 
 @rule("runner.seq_length", "data.max_prompt_length")
-def seq_longer_than_prompt(cfg):
+def seq_longer_than_prompt(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     if cfg.runner.seq_length <= cfg.data.max_prompt_length:
         yield ConfigIssue(
             "runner.seq_length",
@@ -51,7 +52,7 @@ def seq_longer_than_prompt(cfg):
 
 
 @rule("algorithm.adv_type", "algorithm.group_size", "runner.task_type")
-def group_size_fits_task(cfg):
+def group_size_fits_task(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     gs = cfg.algorithm.group_size
     if gs < 1:
         yield ConfigIssue("algorithm.group_size", f"must be >= 1, got {gs}.", "set algorithm.group_size to 1 or more.")
@@ -70,7 +71,7 @@ def group_size_fits_task(cfg):
 
 
 @rule("runner.task_type", "data.train_data_paths", "data.val_data_paths")
-def data_files_given(cfg):
+def data_files_given(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     if is_training(cfg) and not cfg.data.train_data_paths:
         yield ConfigIssue(
             "data.train_data_paths",
@@ -91,7 +92,7 @@ def data_files_given(cfg):
     "agentloop.response_length_total",
     "algorithm.sampling_params.max_new_tokens",
 )
-def response_fits_sequence(cfg):
+def response_fits_sequence(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     room = cfg.runner.seq_length - cfg.data.max_prompt_length
     total = cfg.agentloop.response_length_total
     if room > 0 and total > room:
@@ -110,7 +111,7 @@ def response_fits_sequence(cfg):
 
 
 @rule("tools.search.topk")
-def search_topk_positive(cfg):
+def search_topk_positive(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     if cfg.tools.search.topk < 1:
         yield ConfigIssue(
             "tools.search.topk", f"must be >= 1, got {cfg.tools.search.topk}.", "set tools.search.topk=3."
@@ -118,7 +119,7 @@ def search_topk_positive(cfg):
 
 
 @rule("retrieval.launch", "retrieval.index_dir", "retrieval.corpus_path", "tools.search.server_addr")
-def retrieval_source(cfg):
+def retrieval_source(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     if cfg.tools.search.backend != "local":
         return
     if cfg.retrieval.launch:
@@ -138,7 +139,7 @@ def retrieval_source(cfg):
 
 
 @rule("cluster.num_gpus_per_node", "rollout.rollout_backend")
-def backend_fits_hardware(cfg):
+def backend_fits_hardware(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     if cfg.cluster.num_gpus_per_node == 0 and cfg.rollout.rollout_backend != "hf":
         yield ConfigIssue(
             "rollout.rollout_backend",
@@ -148,7 +149,7 @@ def backend_fits_hardware(cfg):
 
 
 @rule("algorithm.n_minibatches", "algorithm.training_batch_size_per_gpu", "data.rollout_batch_size")
-def positive_counts(cfg):
+def positive_counts(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     for key, value in (
         ("algorithm.n_minibatches", cfg.algorithm.n_minibatches),
         ("algorithm.training_batch_size_per_gpu", cfg.algorithm.training_batch_size_per_gpu),

@@ -6,10 +6,11 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 from rlinf_ext.config.placement import COMPONENTS, ComponentPlan, placement_entries, split_components
-from rlinf_ext.config.rule_registry import is_grpo, is_training, rule
+from rlinf_ext.config.rule_registry import is_training, rule
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
 
@@ -96,7 +97,7 @@ def spec_of(cfg: ExperimentConfig, name: str) -> str:
     "rollout.tensor_parallel_size",
     "rollout.pipeline_parallel_size",
 )
-def placement_fits_cluster(cfg):
+def placement_fits_cluster(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     if cfg.cluster.num_nodes < 1 or cfg.cluster.num_gpus_per_node < 0:
         yield ConfigIssue("cluster.num_nodes", "needs >= 1 node and >= 0 GPUs per node.", "fix the cluster profile.")
         return
@@ -115,7 +116,7 @@ def placement_fits_cluster(cfg):
     "actor.model.pipeline_model_parallel_size",
     "runner.task_type",
 )
-def batch_divides(cfg):
+def batch_divides(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     if not is_training(cfg):
         return
     rbs, gs, nmb = cfg.data.rollout_batch_size, cfg.algorithm.group_size, cfg.algorithm.n_minibatches
@@ -182,7 +183,7 @@ def model_dims(cfg: ExperimentConfig) -> tuple[int | None, int | None, str]:
     "actor.model.num_attention_heads",
     "actor.model.num_query_groups",
 )
-def tp_divides_heads(cfg):
+def tp_divides_heads(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     heads, groups, source = model_dims(cfg)
     if heads is None:
         return

@@ -8,6 +8,7 @@ Megatron's actor knobs (``actor.model.recompute_*``, the fusion switches, ``acto
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -87,5 +88,5 @@ def unsupported_issues(cfg: ExperimentConfig) -> list[ConfigIssue]:
 
 
 @rule(*(item.key for item in UNSUPPORTED), "runner.task_type")
-def no_silently_ignored_keys(cfg):
+def no_silently_ignored_keys(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     yield from unsupported_issues(cfg)

@@ -16,17 +16,9 @@ import torch
 from tqdm import tqdm
 
 from rlinf_ext.convert import hf_files
-from rlinf_ext.convert.mapping import (
-    ConversionError,
-    ConvertSpec,
-    check_hf_leftovers,
-    check_parallel,
-    tied_output_copy,
-    unit_stage,
-    unit_to_megatron,
-    units,
-)
-from rlinf_ext.convert.mg_checkpoint import iteration_dir_name, rank_dir_name, save_rank_file, write_tracker, RANK_FILE
+from rlinf_ext.convert.mapping import ConversionError, ConvertSpec, check_parallel, unit_stage, units
+from rlinf_ext.convert.mg_checkpoint import RANK_FILE, iteration_dir_name, rank_dir_name, save_rank_file, write_tracker
+from rlinf_ext.convert.state_dicts import check_hf_leftovers, tied_output_copy, unit_to_megatron
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,10 @@ from rlinf_ext.convert import hf_files
 from rlinf_ext.convert.mapping import (
     ConversionError,
     ConvertSpec,
-    check_mg_leftovers,
     check_parallel,
-    check_tied_copy,
-    expected_hf_shapes,
     hf_names,
     mg_name,
     unit_stage,
-    unit_to_hf_pieces,
     units,
 )
 from rlinf_ext.convert.mg_checkpoint import (
@@ -41,6 +37,8 @@ from rlinf_ext.convert.mg_checkpoint import (
     release_pages,
     resolve_iteration_dir,
 )
+from rlinf_ext.convert.state_dicts import check_mg_leftovers, check_tied_copy, unit_to_hf_pieces
+from rlinf_ext.convert.tensor_math import expected_hf_shapes
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # what transformers' save_pretrained uses
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from rlinf_ext.convert.mapping import merge_megatron_ranks
 from rlinf_ext.convert.mg2hf import open_megatron_checkpoint, spec_for_checkpoint
+from rlinf_ext.convert.state_dicts import merge_megatron_ranks
 from rlinf_ext.models.cpu_shims import parallel_state_session
 from rlinf_ext.models.megatron import (
     build_gpt_model,

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from tqdm.auto import tqdm
 
 from rlinf_ext.agent.types import Trajectory
+from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.eval.benchmarks import display_name, paper_sorted
 from rlinf_ext.eval.dataset import EvalItem
 from rlinf_ext.eval.generations import GenerationsWriter
@@ -27,7 +27,7 @@ RolloutFn = Callable[[EvalItem], Awaitable[Trajectory]]
 Decode = Callable[[list[int]], str]
 
 
-def record_from_trajectory(item: EvalItem, traj: Trajectory, decode: Decode, reward_cfg: Any = None) -> GenerationRecord:
+def record_from_trajectory(item: EvalItem, traj: Trajectory, decode: Decode, reward_cfg: RewardConfig | None = None) -> GenerationRecord:
     """Everything a reader needs about one question: turns with their observations, answer, scores."""
     turns = [
         TurnLog(
@@ -84,7 +84,7 @@ async def evaluate_items(
     writer: GenerationsWriter,
     skip: set[tuple[str, str]] = frozenset(),
     concurrency: int = 8,
-    reward_cfg: Any = None,
+    reward_cfg: RewardConfig | None = None,
     show_progress: bool = True,
 ) -> list[GenerationRecord]:
     """Evaluate the items not in `skip`; every finished record is written before the next one is awaited."""

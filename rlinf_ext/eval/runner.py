@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_ext.agent.loop import run_trajectory
+from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.eval.dataset import EvalItem, load_eval_items
 from rlinf_ext.eval.generations import (
     GENERATIONS_FILE,
@@ -54,7 +55,7 @@ class EvalSummary:
     table_md: str = field(repr=False, default="")
 
 
-def eval_run_dir(cfg: Any) -> Path:
+def eval_run_dir(cfg: ExperimentConfig) -> Path:
     return Path(cfg.runner.output_dir) / cfg.runner.experiment_name
 
 
@@ -77,7 +78,7 @@ def chat_renderer(tokenizer):
     return render
 
 
-def items_from_config(cfg: Any, tokenizer) -> list[EvalItem]:
+def items_from_config(cfg: ExperimentConfig, tokenizer) -> list[EvalItem]:
     data = cfg.data
     return load_eval_items(
         list(data.val_data_paths),
@@ -89,7 +90,7 @@ def items_from_config(cfg: Any, tokenizer) -> list[EvalItem]:
     )
 
 
-def build_generator(cfg: Any):
+def build_generator(cfg: ExperimentConfig) -> HFGenerator:
     """The in-process CPU engine (protocol/generation.py); GPU runs pass the rollout group's generator instead."""
     if cfg.rollout.rollout_backend != "hf":
         raise EvalError(
@@ -103,7 +104,7 @@ def build_generator(cfg: Any):
     )
 
 
-def sampling_params_from_config(cfg: Any, do_sample: bool | None = None):
+def sampling_params_from_config(cfg: ExperimentConfig, do_sample: bool | None = None):
     overrides = {} if do_sample is None else {"do_sample": bool(do_sample)}
     return SamplingParams.from_config(cfg.algorithm.sampling_params, **overrides)
 

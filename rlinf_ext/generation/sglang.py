@@ -43,6 +43,7 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig
 
 from rlinf_ext.config.placement import placement_entries
+from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.hf import eos_token_ids
 from rlinf_ext.models.dtypes import PRECISIONS, hf_name_of_precision
 from rlinf_ext.protocol.generation import GenerateReply, GenerationResult, SamplingParams
@@ -139,7 +140,7 @@ def sglang_reply(
 # ----------------------------------------------------------------------------------- the evaluation engine
 
 
-def usable_gpus(cfg: Any, visible: int) -> list[int]:
+def usable_gpus(cfg: ExperimentConfig, visible: int) -> list[int]:
     """The GPUs of this node the evaluation engine runs on: the ranks ``cluster.component_placement`` gives the
     rollout (``all`` = ``cluster.num_gpus_per_node``); all must be on this node and visible (pure)."""
     per_node = int(cfg.cluster.num_gpus_per_node)
@@ -161,7 +162,7 @@ def usable_gpus(cfg: Any, visible: int) -> list[int]:
     return gpus
 
 
-def engine_kwargs(cfg: Any, gpus: list[int]) -> dict[str, Any]:
+def engine_kwargs(cfg: ExperimentConfig, gpus: list[int]) -> dict[str, Any]:
     """``Engine(**kwargs)`` for evaluating ``rollout.model.model_path`` on the contiguous GPU ids ``gpus`` (pure)."""
     rollout = cfg.rollout
     num_gpus = len(gpus)
@@ -238,7 +239,7 @@ class SGLangEngineGenerator:
     @classmethod
     def from_config(
         cls,
-        cfg: Any,
+        cfg: ExperimentConfig,
         *,
         gpus: list[int] | None = None,
         engine_factory: Callable[..., Any] | None = None,

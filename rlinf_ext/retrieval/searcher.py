@@ -10,7 +10,6 @@ from typing import Protocol
 import numpy as np
 
 
-
 class Searcher(Protocol):
     retriever: str  # bm25 | e5 | bge
     index_type: str  # "bm25" or the faiss factory string

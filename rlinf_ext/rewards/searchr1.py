@@ -51,7 +51,7 @@ class RewardResult:
 
 
 def searchr1_reward(
-    response: str, golden_answers: Any, cfg: Any = None, num_searches: int = 0
+    response: str, golden_answers: Any, cfg: RewardConfig | None = None, num_searches: int = 0
 ) -> RewardResult:
     """Score one response (the model's text, with inserted observations allowed) against the gold answers."""
     cfg = cfg if cfg is not None else RewardConfig()

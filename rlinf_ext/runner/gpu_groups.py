@@ -33,6 +33,7 @@ from rlinf_ext.runner.groups import (
     cpu_strategy,
     launch_group,
 )
+from rlinf_ext.training.data_parallel import unsupported_model_parallelism
 from rlinf_ext.workers.actor import MegatronActorWorker
 from rlinf_ext.workers.agent_loop import SearchR1AgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
@@ -103,12 +104,10 @@ def gpu_layout(cfg: ExperimentConfig, num_gpus: int, gpus_per_node: int | None =
                 f"cluster.component_placement places no '{name}'. Fix: add it, e.g. 'actor,rollout,reward: all' "
                 "(the reward worker itself runs on CPU)."
             )
-    actor_tp, actor_pp = cfg.actor.model.tensor_model_parallel_size, cfg.actor.model.pipeline_model_parallel_size
-    if (actor_tp, actor_pp) != (1, 1):
-        raise GpuLayoutError(
-            f"actor.model.tensor_model_parallel_size={actor_tp}, pipeline_model_parallel_size={actor_pp}: the "
-            "Megatron-core actor trains with TP=PP=1 per process (data parallelism over its GPUs). Fix: set both to 1."
-        )
+    problem = unsupported_model_parallelism(cfg.actor.model.tensor_model_parallel_size,
+                                            cfg.actor.model.pipeline_model_parallel_size)
+    if problem is not None:
+        raise GpuLayoutError(problem)
     tp, pp = cfg.rollout.tensor_parallel_size, cfg.rollout.pipeline_parallel_size
     if pp != 1:
         raise GpuLayoutError(f"rollout.pipeline_parallel_size={pp}: SGLang engines run TP only. Fix: set it to 1.")

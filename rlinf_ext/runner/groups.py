@@ -19,7 +19,7 @@ from rlinf.scheduler.placement import NodePlacementStrategy
 
 from rlinf_ext.config.placement import component_ranks
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.training.data_parallel import DataParallel, DataParallelError, share_of
+from rlinf_ext.training.data_parallel import DataParallel, DataParallelError, share_of, unsupported_model_parallelism
 
 
 class WorkerStartupError(RuntimeError):
@@ -96,11 +96,10 @@ def cpu_process_counts(cfg: ExperimentConfig) -> dict[str, int]:
 def check_actor_data_parallel(cfg: ExperimentConfig, actor_processes: int) -> None:
     """Refuse, before anything starts, a batch the actor's data-parallel ranks cannot share: every rank trains
     on whole GRPO groups (``data.rollout_batch_size`` results per step), TP=PP=1 per process."""
-    tp, pp = cfg.actor.model.tensor_model_parallel_size, cfg.actor.model.pipeline_model_parallel_size
-    if (tp, pp) != (1, 1):
-        raise WorkerStartupError(
-            "actor", f"actor.model.tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}: the "
-            "Megatron-core actor runs TP=PP=1 per process (data parallelism only). Fix: set both to 1.")
+    problem = unsupported_model_parallelism(cfg.actor.model.tensor_model_parallel_size,
+                                            cfg.actor.model.pipeline_model_parallel_size)
+    if problem is not None:
+        raise WorkerStartupError("actor", problem)
     try:
         share_of(cfg.data.rollout_batch_size, DataParallel(size=actor_processes))
     except DataParallelError as exc:

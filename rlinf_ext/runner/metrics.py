@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.protocol import metric_keys as mk
 
 METRICS_FILE = "metrics.jsonl"
@@ -246,7 +247,7 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def sink_from_config(cfg, total_steps: int | None = None, show_progress: bool = True) -> MetricsSink:
+def sink_from_config(cfg: ExperimentConfig, total_steps: int | None = None, show_progress: bool = True) -> MetricsSink:
     """Build the sink from ``runner.logger`` and ``runner.rollout_data_dir`` of an experiment config."""
     logger = cfg.runner.logger
 

@@ -103,6 +103,15 @@ class DataParallel:
                 p.grad = None
 
 
+def unsupported_model_parallelism(tp: int, pp: int) -> str | None:
+    """Why the actor cannot run with this tensor/pipeline parallelism, with the fix (None = it can): the
+    Megatron-core actor runs TP=PP=1 per process and scales by data parallelism only."""
+    if (tp, pp) == (1, 1):
+        return None
+    return (f"actor.model.tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}: the Megatron-core actor "
+            "runs TP=PP=1 per process (data parallelism over its processes/GPUs). Fix: set both to 1.")
+
+
 def share_of(num_results: int, dp: DataParallel) -> int:
     """How many results (whole GRPO groups) each data-parallel rank takes from the channel."""
     if num_results % dp.size:

@@ -24,7 +24,8 @@ import torch
 from megatron.core import parallel_state
 
 from rlinf_ext.convert.hf_files import HFReader
-from rlinf_ext.convert.mapping import ConvertSpec, hf_to_megatron, megatron_to_hf
+from rlinf_ext.convert.mapping import ConvertSpec
+from rlinf_ext.convert.state_dicts import hf_to_megatron, megatron_to_hf
 from rlinf_ext.models.cpu_shims import init_parallel_state
 from rlinf_ext.models.megatron import build_gpt_model, causal_padding_mask, load_megatron_state_dict
 from rlinf_ext.protocol.payloads import pad_rows

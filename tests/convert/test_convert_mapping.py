@@ -7,19 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rlinf_ext.convert.mapping import (
-    QWEN2_TABLE,
-    ConversionError,
-    ConvertSpec,
-    Kind,
-    grid_of,
-    hf_to_megatron,
-    megatron_to_hf,
-    merge_from_tp,
-    merge_megatron_ranks,
-    preset_hf_config,
-    split_for_tp,
-)
+from rlinf_ext.convert.mapping import QWEN2_TABLE, ConversionError, ConvertSpec, Kind, grid_of, preset_hf_config
+from rlinf_ext.convert.state_dicts import hf_to_megatron, megatron_to_hf, merge_megatron_ranks
+from rlinf_ext.convert.tensor_math import merge_from_tp, split_for_tp
 from rlinf_ext.models.qwen2 import adapt_layernorm_names
 
 TOY = dict(model_type="qwen2", num_hidden_layers=2, hidden_size=4, intermediate_size=4, num_attention_heads=4,
@@ -94,7 +84,8 @@ def test_layernorm_names_translate_both_ways():
 
 
 def _random_hf_state(spec: ConvertSpec, dtype=torch.float32) -> dict[str, torch.Tensor]:
-    from rlinf_ext.convert.mapping import expected_hf_shapes, hf_names, units
+    from rlinf_ext.convert.mapping import hf_names, units
+    from rlinf_ext.convert.tensor_math import expected_hf_shapes
 
     gen = torch.Generator().manual_seed(0)
     state = {}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlinf_ext.convert.mapping import ConvertSpec, hf_to_megatron
+from rlinf_ext.convert.mapping import ConvertSpec
+from rlinf_ext.convert.state_dicts import hf_to_megatron
 from rlinf_ext.models.cpu_shims import parallel_state_session
 from rlinf_ext.models.megatron import (
     StateDictMismatch,

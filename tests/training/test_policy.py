@@ -34,7 +34,7 @@ def _settings(**kw):
 def test_megatron_loss_and_grads_match_transformers(tiny_model, actor_samples):
     from transformers import AutoModelForCausalLM
 
-    from rlinf_ext.convert.mapping import megatron_to_hf
+    from rlinf_ext.convert.state_dicts import megatron_to_hf
 
     policy = MegatronPolicy(tiny_model, _settings())
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
