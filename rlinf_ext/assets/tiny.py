@@ -137,9 +137,11 @@ def make_tiny_assets(out_dir, seed: int = 0, with_sft: bool = False, verbose: bo
         if manifest is not None and not base_ok:
             log(f"{root}: MANIFEST is for seed {manifest.get('seed')} / version {manifest.get('version')}; regenerating")
         timings: dict[str, float] = dict(manifest.get("timings_s", {})) if base_ok else {}
-        (root / MANIFEST).unlink(missing_ok=True)  # an interrupted run must not look complete
         if not base_ok:
+            (root / MANIFEST).unlink(missing_ok=True)  # an interrupted run must not look complete
             timings.update(generate_base(root, seed, log))
+        # adding a part keeps the old MANIFEST until the new one is written: it does not claim the part yet, so an
+        # interrupted addition is redone without regenerating what was already complete
         with_sft, with_mm, with_mm_sft = with_sft or sft_ok, with_mm or mm_ok, with_mm_sft or mm_sft_ok
         assets = _layout(root, seed, with_sft, with_mm)
         if with_sft and not sft_ok:
