@@ -29,6 +29,7 @@ CPU_REQUIREMENTS = [
     "psutil",
     "tensorboard",
     "matplotlib",
+    "pillow>=9.1",  # MMSearch-R1 images: canonicalisation, tiny emblems, cache thumbnails (Image.Resampling)
     "pyyaml",
 ]
 

@@ -96,3 +96,19 @@ def pytest_runtest_setup(item):
         available = torch.cuda.device_count()
         if available < needed:
             pytest.skip(f"needs {needed} CUDA device(s), {available} visible")
+
+
+@pytest.fixture(scope="session")
+def tiny_mm_assets(tiny_assets):
+    """`tiny_assets` plus the multimodal world under mm/ (`make-tiny-assets --with-mm`, ~10 s on 2 cores)."""
+    from rlinf_ext.assets.tiny import make_tiny_assets
+
+    return make_tiny_assets(tiny_assets.root, seed=0, with_mm=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_mm_assets_sft(tiny_mm_assets):
+    """`tiny_mm_assets` plus the warm-started `mm/models/qwen2.5-vl-tiny-sft` (trained once per session)."""
+    from rlinf_ext.assets.tiny import make_tiny_assets
+
+    return make_tiny_assets(tiny_mm_assets.root, seed=0, with_mm_sft=True)

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""Download the Search-R1 / ASearcher retrieval assets from the Hugging Face hub (docs/searchr1-facts.md §3).
+"""Download the Search-R1 / ASearcher retrieval assets, or MMSearch-R1's FVQA data, from the Hugging Face hub
+(docs/searchr1-facts.md §3).
 
-    python examples/searchr1/download.py --save_path DIR [--source searchr1|asearcher] [--what index,corpus,pages,data]
+    python examples/searchr1/download.py --save_path DIR [--source searchr1|asearcher|fvqa]
+                                         [--what index,corpus,pages,data,cache,cache_dir]
 
 - Lists the files first and prints the disk space needed (download + what unpacking adds) before starting.
 - Resumable: finished files (size equal to the hub's) are skipped; partial ones resume (hf_hub_download).
@@ -40,6 +42,14 @@ ASSETS: dict[str, dict[str, Asset]] = {
         "corpus": Asset("inclusionAI/ASearcher-Local-Knowledge", ("wiki_corpus.jsonl",)),
         "pages": Asset("inclusionAI/ASearcher-Local-Knowledge", ("wiki_webpages.jsonl",)),
         "data": Asset("RLinf/Search-R1-Data", ("train.jsonl",)),
+    },
+    # MMSearch-R1: FVQA train/test parquets, the released image-search cache pickles (read them with
+    # tools.image_search.backend: cache_pickle, never with pickle.load), and optionally the FVQA_Cache
+    # directory layout (tools.image_search.backend: cache_dir). Layouts not verified against the live hub.
+    "fvqa": {
+        "data": Asset("lmms-lab/FVQA", ("*.parquet",)),
+        "cache": Asset("lmms-lab/FVQA", ("*image_search_results_cache.pkl",)),
+        "cache_dir": Asset("XLDDD/FVQA_Cache", ("*",)),
     },
 }
 
@@ -135,7 +145,7 @@ def download(save_path: str | Path, source: str = "searchr1", what: list[str] | 
              verify_sha256: bool = False, keep_parts: bool = False) -> list[Path]:
     """Fetch, verify and unpack; returns the final paths (index file, corpus jsonl, pages, data files)."""
     save = Path(save_path)
-    what = what or ["index", "corpus"]
+    what = what or (["data", "cache"] if source == "fvqa" else ["index", "corpus"])
     try:
         steps = plan(source, what)
     except DownloadError:
@@ -216,13 +226,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save_path", "--save-path", dest="save_path", required=True, help="Target directory.")
     parser.add_argument("--source", default="searchr1", choices=sorted(ASSETS),
                         help="searchr1: wiki-18 e5 Flat index + corpus (+ NQ/HotpotQA data); asearcher: "
-                             "ASearcher-Local-Knowledge corpus and pages (+ RLinf data).")
-    parser.add_argument("--what", default="index,corpus", help="Comma list of index, corpus, pages, data.")
+                             "ASearcher-Local-Knowledge corpus and pages (+ RLinf data); fvqa: MMSearch-R1's "
+                             "FVQA parquets (data), image-search cache pickles (cache), FVQA_Cache (cache_dir).")
+    parser.add_argument("--what", default=None,
+                        help="Comma list of index, corpus, pages, data, cache, cache_dir "
+                             "(default: index,corpus; for --source fvqa: data,cache).")
     parser.add_argument("--verify-sha256", action="store_true", help="Also check LFS sha256 (reads every byte).")
     parser.add_argument("--keep-parts", action="store_true", help="Keep part_* after concatenating them.")
     args = parser.parse_args(argv)
     try:
-        download(args.save_path, args.source, [w.strip() for w in args.what.split(",") if w.strip()],
+        what = args.what or ("data,cache" if args.source == "fvqa" else "index,corpus")
+        download(args.save_path, args.source, [w.strip() for w in what.split(",") if w.strip()],
                  verify_sha256=args.verify_sha256, keep_parts=args.keep_parts)
     except DownloadError as e:
         print(f"download.py: error: {e}", file=sys.stderr)

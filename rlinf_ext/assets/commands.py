@@ -13,6 +13,12 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="Seed of the invented world, the data splits and the model weights.")
     parser.add_argument("--with-sft", action="store_true",
                         help="Also train models/qwen2-tiny-sft, the warm-started model of the tiny experiment (~2 min on CPU).")
+    parser.add_argument("--with-mm", action="store_true",
+                        help="Also build the multimodal world of MMSearch-R1 (emblems, FVQA parquet, image-search "
+                             "caches, VL tokenizer/processor, tiny Qwen2.5-VL) under mm/.")
+    parser.add_argument("--with-mm-sft", action="store_true",
+                        help="With --with-mm: also train mm/models/qwen2.5-vl-tiny-sft, the warm-started tiny VL model "
+                             "that follows the MMSearch-R1 protocol and over-searches (a few minutes on CPU).")
     parser.add_argument("--eval-sft", action="store_true",
                         help="After --with-sft, print the warm-started model's (and the search-only SFT's) greedy EM per test file "
                              "(gold observation / no observation / live BM25 loop).")
@@ -33,6 +39,8 @@ def _summary(assets) -> str:
     lines += [f"  tokenizer   {assets.tokenizer_dir}",
               f"  models      {assets.qwen2_tiny}, {assets.qwen2_tiny_untied.name}, {assets.bert_encoder.name}"
               + (f", {assets.qwen2_tiny_sft.name}" if assets.qwen2_tiny_sft else ""),
+              *([f"  mm          {assets.mm.fvqa_train.parent} (FVQA), {assets.mm.cache_train.parent} (image search), "
+                 f"{assets.mm.qwen2_5_vl_tiny}"] if assets.mm else []),
               f"  {len(manifest['files'])} files, {size / 1e6:.1f} MB; stage seconds: {manifest.get('timings_s', {})}"]
     return "\n".join(lines)
 
@@ -45,7 +53,8 @@ def run(verb: str, args: argparse.Namespace) -> int:
         print("rlinf-ext make-tiny-assets: --eval-sft needs --with-sft (the model it evaluates).")
         return 2
     t0 = time.perf_counter()
-    assets = make_tiny_assets(args.out, seed=args.seed, with_sft=args.with_sft, verbose=True)
+    assets = make_tiny_assets(args.out, seed=args.seed, with_sft=args.with_sft, with_mm=args.with_mm,
+                              with_mm_sft=args.with_mm_sft, verbose=True)
     print(_summary(assets))
     print(f"done in {time.perf_counter() - t0:.1f}s")
     if args.eval_sft:

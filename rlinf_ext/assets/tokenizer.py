@@ -29,8 +29,13 @@ def qwen2_5_chat_template() -> str:
     return resources.files("rlinf_ext.assets").joinpath("qwen2_5_chat_template.jinja").read_text(encoding="utf-8")
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 2000):
-    """Train the BPE on `texts` and wrap it as a `PreTrainedTokenizerFast` (vocab_size counts learned tokens)."""
+def train_tokenizer(texts: list[str], vocab_size: int = 2000, tags: tuple[str, ...] = TAG_TOKENS,
+                    specials: tuple[str, ...] = SPECIAL_TOKENS, chat_template: str | None = None,
+                    tokenizer_class=None, **wrapper_kwargs):
+    """Train the BPE on `texts` and wrap it as a `PreTrainedTokenizerFast` (vocab_size counts learned tokens).
+
+    `tags` become non-special added tokens, `specials` special ones (the first is EOS and pad); the VL tokenizer
+    passes its own lists, Qwen2.5-VL's chat template and `Qwen2TokenizerFast`, which its processor requires."""
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -44,17 +49,18 @@ def train_tokenizer(texts: list[str], vocab_size: int = 2000):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
     tok.train_from_iterator(texts, trainer=trainer)
     # added after training so that, as in Qwen2.5, they follow the learned vocabulary
-    tok.add_tokens([AddedToken(t, special=False, normalized=False, single_word=False, lstrip=False, rstrip=False) for t in TAG_TOKENS])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    return PreTrainedTokenizerFast(
+    tok.add_tokens([AddedToken(t, special=False, normalized=False, single_word=False, lstrip=False, rstrip=False) for t in tags])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return (tokenizer_class or PreTrainedTokenizerFast)(
         tokenizer_object=tok,
-        eos_token=ENDOFTEXT,
-        pad_token=ENDOFTEXT,
-        additional_special_tokens=[IM_START, IM_END],
-        chat_template=qwen2_5_chat_template(),
+        eos_token=specials[0],
+        pad_token=specials[0],
+        additional_special_tokens=list(specials[1:]),
+        chat_template=chat_template or qwen2_5_chat_template(),
         model_max_length=4096,
         clean_up_tokenization_spaces=False,
         split_special_tokens=False,
+        **wrapper_kwargs,
     )
 
 

@@ -19,6 +19,8 @@ from rlinf_ext.config.schema import ExperimentConfig
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "configs"
 EXPERIMENTS_DIR = REPO_ROOT / "examples" / "searchr1" / "config"
+# experiment names are looked up in these, in order (Search-R1 first, then MMSearch-R1)
+EXPERIMENT_DIRS = (EXPERIMENTS_DIR, REPO_ROOT / "examples" / "mmsearch_r1" / "config")
 
 
 class ComposeError(ValueError):
@@ -58,13 +60,14 @@ def find_experiment(name_or_path: str | Path) -> Path:
     if path.suffix in (".yaml", ".yml") and path.exists():
         return path.resolve()
     stem = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
-    candidate = EXPERIMENTS_DIR / stem
-    if candidate.exists() and len(path.parts) == 1:
-        return candidate
-    known = sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.yaml"))
+    for folder in EXPERIMENT_DIRS:
+        candidate = folder / stem
+        if candidate.exists() and len(path.parts) == 1:
+            return candidate
+    known = sorted(p.stem for folder in EXPERIMENT_DIRS for p in folder.glob("*.yaml"))
     raise ComposeError(
         "CONFIG",
-        f"no experiment YAML '{name_or_path}' (not a file, not a name under {EXPERIMENTS_DIR}).",
+        f"no experiment YAML '{name_or_path}' (not a file, not a name under {' or '.join(map(str, EXPERIMENT_DIRS))}).",
         f"give a path to a .yaml file or one of: {', '.join(known)}.",
     )
 

@@ -70,6 +70,49 @@ def group_size_fits_task(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
+@rule("agentloop.agent", "reward.reward_type", "data.type", "reward.scoring", "runner.task_type")
+def mmsearch_parts_agree(cfg):
+    """MMSearch-R1 is one choice made in three places: the loop, its reward and its data reader."""
+    mm = {"agentloop.agent": cfg.agentloop.agent == "mmsearch", "reward.reward_type": cfg.reward.reward_type == "mmsearch",
+          "data.type": cfg.data.type == "mmsearch"}
+    if any(mm.values()) and not all(mm.values()):
+        for key, is_mm in mm.items():
+            if not is_mm:
+                yield ConfigIssue(key, "MMSearch-R1 needs agentloop.agent, reward.reward_type and data.type all set to "
+                                  "mmsearch; this one is not.", f"set {key}=mmsearch (or set the others back).")
+    if mm["reward.reward_type"] and cfg.reward.scoring not in ("em", "subem"):
+        yield ConfigIssue("reward.scoring", f"reward_type mmsearch scores em or subem, got {cfg.reward.scoring}.",
+                          "set reward.scoring=em (MMSearch-R1's EM) or subem.")
+    if mm["agentloop.agent"] and is_training(cfg):
+        yield ConfigIssue("runner.task_type", "MMSearch-R1 training (the FSDP vision-language actor) is not built yet; "
+                          "this version evaluates MMSearch-R1 models.", "set runner.task_type=reasoning_eval.")
+
+
+@rule("data.image_min_pixels", "data.image_max_pixels", "tools.image_search.thumbnail_min_pixels",
+      "tools.image_search.thumbnail_max_pixels")
+def image_pixel_bounds(cfg):
+    for lo_key, hi_key, lo, hi in (
+        ("data.image_min_pixels", "data.image_max_pixels", cfg.data.image_min_pixels, cfg.data.image_max_pixels),
+        ("tools.image_search.thumbnail_min_pixels", "tools.image_search.thumbnail_max_pixels",
+         cfg.tools.image_search.thumbnail_min_pixels, cfg.tools.image_search.thumbnail_max_pixels),
+    ):
+        if lo < 28 * 28:
+            yield ConfigIssue(lo_key, f"{lo} pixels is below one 28x28 block (784).", f"set {lo_key}>=784.")
+        elif hi < lo:
+            yield ConfigIssue(hi_key, f"{hi} is below {lo_key}={lo}.", f"set {hi_key}>={lo}.")
+
+
+@rule("agentloop.agent", "tools.image_search.backend", "tools.image_search.cache_path", "agentloop.mmsearch.max_gen_round")
+def image_search_source(cfg):
+    if cfg.agentloop.agent != "mmsearch":
+        return
+    if cfg.tools.image_search.backend != "dummy" and not cfg.tools.image_search.cache_path:
+        yield ConfigIssue("tools.image_search.cache_path", f"backend {cfg.tools.image_search.backend} reads a cache, "
+                          "but no path is set.", "set tools.image_search.cache_path=DIR (FVQA_Cache) or FILE.pkl.")
+    if cfg.agentloop.mmsearch.max_gen_round < 1:
+        yield ConfigIssue("agentloop.mmsearch.max_gen_round", "must be >= 1.", "set agentloop.mmsearch.max_gen_round=3.")
+
+
 @rule("runner.task_type", "data.train_data_paths", "data.val_data_paths")
 def data_files_given(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     if is_training(cfg) and not cfg.data.train_data_paths:

@@ -155,7 +155,9 @@ class AlgorithmConfig:
 # --------------------------------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
-    type: Literal["searchr1"] = fld("searchr1", "Dataset format reader.")
+    type: Literal["searchr1", "mmsearch"] = fld(
+        "searchr1", "Dataset format reader: searchr1 (RLinf jsonl / Search-R1 parquet) or mmsearch (FVQA parquet)."
+    )
     train_data_paths: list[str] = fld(
         [], "Training files (RLinf jsonl or Search-R1 parquet); needed to train.", path="files"
     )
@@ -172,6 +174,12 @@ class DataConfig:
     prompt_key: str = fld("prompt", "Column holding the prompt.")
     answer_key: str = fld("solutions", "Column holding the gold answers.")
     apply_chat_template: bool = fld(False, "Apply the tokenizer chat template (False: prompts are pre-formatted).")
+    image_min_pixels: int = fld(
+        262144, "mmsearch: question images are canonicalised to at least this many pixels (512*512, MMSearch-R1)."
+    )
+    image_max_pixels: int = fld(
+        903168, "mmsearch: question images are canonicalised to at most this many pixels (672*672*2, MMSearch-R1)."
+    )
 
 
 # --------------------------------------------------------------------------------------------- rollout
@@ -349,29 +357,69 @@ class CriticConfig:
 class RewardConfig:
     group_name: str = fld("RewardGroup", "Ray worker group name.")
     use_reward_model: bool = fld(False, "Rule-based reward only.")
-    reward_type: Literal["searchr1"] = fld("searchr1", "Reward function.")
+    reward_type: Literal["searchr1", "mmsearch"] = fld(
+        "searchr1", "Reward function: searchr1 (text) or mmsearch (MMSearch-R1: per-turn format + answer)."
+    )
     reward_scale: float = fld(1.0, "Multiplier of the reward.")
-    scoring: Literal["em", "subem", "f1", "format"] = fld("em", "em, subem, f1, or the format-aware variant.")
+    scoring: Literal["em", "subem", "f1", "format"] = fld(
+        "em", "em, subem, f1, or the format-aware variant (mmsearch: em or subem)."
+    )
     answer_tag_limit: int = fld(10, "More <answer> tags than this score 0.25 (reward hacking guard).")
     search_penalty: float = fld(0.0, "MMSearch-R1: correct answers that searched get (1 - penalty); 0 = off.")
+    format_penalty: float = fld(
+        0.0, "mmsearch: reward = (1 - format_penalty) * answer score + format_penalty * format score (MMSearch-R1: 0.1)."
+    )
+    use_search_count_penalty: bool = fld(False, "mmsearch: apply the search penalty once per search (False: once).")
+    search_penalty_warmup_steps: int = fld(
+        0, "mmsearch: ramp the search penalty linearly from -search_penalty to +search_penalty over these steps."
+    )
 
 
 # --------------------------------------------------------------------------------------------- agent loop
 @dataclass
+class MMPromptsConfig:
+    round_1: Optional[str] = fld(None, "First-round instruction before the image and question (null = built-in; "
+                                 "text, a text file path, or a .pkl holding one string such as the official prompts).")
+    after_image_search: Optional[str] = fld(None, "Instruction after image-search results (null = built-in).")
+    after_text_search: Optional[str] = fld(None, "Instruction after text-search results (null = built-in).")
+    image_results_header: Optional[str] = fld(None, "First line of an image-search observation (null = built-in).")
+    text_results_header: Optional[str] = fld(None, "First line of a text-search observation (null = built-in).")
+    search_failed: Optional[str] = fld(None, "Observation of a failed search; {error} is filled in (null = built-in).")
+    observation: Optional[str] = fld(
+        None, "The user turn after a search: {results}, {question}, {instruction} (null = built-in)."
+    )
+
+
+@dataclass
+class MMSearchLoopConfig:
+    max_gen_round: int = fld(3, "Generation turns at most (MMSearch-R1: 3; a search in the last turn ends it).")
+    image_search_limit: int = fld(1, "Image searches per trajectory; one more ends the trajectory.")
+    text_search_limit: int = fld(1, "Text searches per trajectory (official script: 2); one more ends it.")
+    prompts: MMPromptsConfig = fld(MMPromptsConfig, "Texts of the loop (the project's own wording by default).")
+
+
+@dataclass
 class AgentLoopConfig:
     group_name: str = fld("AgentLoopGroup", "Ray worker group name.")
-    agent: Literal["searchr1"] = fld("searchr1", "Agent protocol (<search>/<information>/<answer>).")
+    agent: Literal["searchr1", "mmsearch"] = fld(
+        "searchr1", "Agent protocol: searchr1 (<search>/<information>/<answer>) or mmsearch (MMSearch-R1: image "
+        "search <search><img></search>, <text_search>, <answer>; needs a Qwen2.5-VL model and FVQA data)."
+    )
     max_turns: int = fld(2, "Search rounds before the answer is forced.")
     response_length_total: int = fld(4096, "Token budget of the whole multi-turn response.")
     force_final_answer: bool = fld(True, "After max_turns, one more turn with search disabled.")
     max_obs_length: int = fld(500, "Observation tokens kept per search (closing tag preserved).")
     observation_format: Literal["searchr1", "rlinf"] = fld("searchr1", "How retrieved passages are rendered.")
     print_outputs: bool = fld(False, "Print trajectories (debug).")
+    mmsearch: MMSearchLoopConfig = fld(MMSearchLoopConfig, "MMSearch-R1 loop (agent: mmsearch).")
 
 
 @dataclass
 class SearchToolConfig:
-    backend: Literal["local", "web", "dummy"] = fld("local", "local = retrieval server over HTTP.")
+    backend: Literal["local", "web", "dummy"] = fld(
+        "local", "Text search engine: local = the retrieval server over HTTP (BM25/dense); web = the internet "
+        "through the optional ddgs package (pip install ddgs; off by default); dummy = canned passages (tests)."
+    )
     server_addr: Any = fld(
         None, "host:port, a list of them, or a directory of address files; null = the server launched by retrieval."
     )
@@ -385,8 +433,30 @@ class SearchToolConfig:
 
 
 @dataclass
+class ImageSearchToolConfig:
+    backend: Literal["cache_dir", "cache_pickle", "dummy"] = fld(
+        "cache_dir", "MMSearch-R1 image search: cache_dir (FVQA_Cache layout <cache_path>/<data_id>/meta.json + "
+        "img_000.jpg ...), cache_pickle (the released *_image_search_results_cache.pkl, loaded without running "
+        "code), dummy (canned results for tests)."
+    )
+    cache_path: Optional[str] = fld(None, "The cache directory (cache_dir) or .pkl file (cache_pickle).")
+    topk: int = fld(5, "Results (thumbnail + page title) shown per image search.")
+    thumbnail_min_pixels: int = fld(3136, "Thumbnails are canonicalised to at least this many pixels (4 tokens).")
+    thumbnail_max_pixels: int = fld(
+        200704, "Thumbnails are canonicalised to at most this many pixels (256*28*28: <= 256 tokens each)."
+    )
+    on_missing_image: Literal["title_only", "placeholder", "error"] = fld(
+        "title_only", "A result without a usable thumbnail: show its title only, a grey placeholder image, or "
+        "fail the search."
+    )
+    max_cache_bytes: int = fld(1 << 30, "cache_pickle: refuse pickles larger than this many bytes.")
+    fail_on_miss: bool = fld(False, "Raise on a data_id without cached results (False: a failure observation).")
+
+
+@dataclass
 class ToolsConfig:
     search: SearchToolConfig = fld(SearchToolConfig, "The search tool.")
+    image_search: ImageSearchToolConfig = fld(ImageSearchToolConfig, "The image-search tool (MMSearch-R1).")
 
 
 @dataclass

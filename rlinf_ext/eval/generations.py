@@ -11,8 +11,9 @@ from rlinf_ext.eval.records import GenerationRecord
 GENERATIONS_FILE = "generations.jsonl"
 
 
-def read_generations(path: str | Path) -> list[GenerationRecord]:
-    """Records in file order, the last one winning per (benchmark, item_id).
+def read_generations(path: str | Path, record_cls: type = GenerationRecord) -> list[GenerationRecord]:
+    """Records in file order, the last one winning per (benchmark, item_id); `record_cls` reads each line
+    (`GenerationRecord`, or `MMGenerationRecord` for MMSearch-R1 runs).
 
     A run killed mid-write leaves a partial last line; it is ignored (that question is simply redone).
     A corrupt line anywhere else is an error, since silently dropping it would change the results.
@@ -31,7 +32,7 @@ def read_generations(path: str | Path) -> list[GenerationRecord]:
             if lineno == len(lines):
                 break  # torn write of an interrupted run
             raise ValueError(f"{path}:{lineno} is not valid JSON ({exc}); fix or delete that line") from exc
-        rec = GenerationRecord.from_json(row)
+        rec = record_cls.from_json(row)
         latest.pop(rec.key, None)  # re-insert so the order follows the latest write
         latest[rec.key] = rec
     return list(latest.values())

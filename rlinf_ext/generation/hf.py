@@ -28,6 +28,7 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: asyncio.Future
+    images: list[Any] | None = None  # vision-language engines only (generation/hf_vl.py)
 
 
 def _batch_key(params: SamplingParams) -> tuple:
@@ -105,13 +106,15 @@ class HFGenerator:
                 params[name].copy_(tensor.to(params[name].dtype))
 
     # ---- generation ----
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams) -> GenerationResult:
+    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
+                       images: list[Any] | None = None) -> GenerationResult:
         if not prompt_ids:
             raise ValueError("generate needs a non-empty prompt")
         if sampling_params.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
+        self._check_images(images)
         loop = asyncio.get_running_loop()
-        request = _Request(list(prompt_ids), sampling_params, loop.create_future())
+        request = _Request(list(prompt_ids), sampling_params, loop.create_future(), list(images or []))
         self._pending.append(request)
         if self._drainer is None or self._drainer.done() or self._drainer.get_loop() is not loop:
             self._drainer = loop.create_task(self._drain())
@@ -124,9 +127,7 @@ class HFGenerator:
             batch = [r for r in self._pending if _batch_key(r.params) == key][: self.max_batch_size]
             self._pending = [r for r in self._pending if not any(r is b for b in batch)]
             try:
-                results = await asyncio.to_thread(
-                    self._generate_batch, [r.prompt_ids for r in batch], [r.params for r in batch]
-                )
+                results = await asyncio.to_thread(self._run_batch, batch)
             except Exception as exc:  # hand the error to every waiting caller instead of losing it
                 for request in batch:
                     if not request.future.done():
@@ -136,11 +137,22 @@ class HFGenerator:
                 if not request.future.done():
                     request.future.set_result(result)
 
+    def _check_images(self, images: list[Any] | None) -> None:
+        if images:
+            raise ValueError("this text engine got images; a vision-language model needs generation.hf_vl.HFVLGenerator")
+
+    def _run_batch(self, batch: list[_Request]) -> list[GenerationResult]:
+        return self._generate_batch([r.prompt_ids for r in batch], [r.params for r in batch])
+
     def generate_batch_sync(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
         """Blocking batch generation (no event loop needed)."""
         return self._generate_batch(prompts, [params] * len(prompts))
 
-    def _generate_batch(self, prompts: list[list[int]], params_list: list[SamplingParams]) -> list[GenerationResult]:
+    def _generate_batch(self, prompts: list[list[int]], params_list: list[SamplingParams],
+                        extra_inputs: dict[str, Any] | None = None,
+                        banned_ids: list[int] | None = None) -> list[GenerationResult]:
+        """One left-padded `model.generate`; `extra_inputs` (e.g. pixel values) go to the model as they are and
+        `banned_ids` are never sampled and get log-prob -inf (the distribution actually sampled from)."""
         params = params_list[0]
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -148,8 +160,32 @@ class HFGenerator:
         for row, prompt in enumerate(prompts):  # left padding: new tokens line up at column `width`
             input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
             attention[row, width - len(prompt):] = 1
+        kwargs = self._generate_kwargs(params, max(p.max_new_tokens for p in params_list), banned_ids)
+        with self._model_lock, torch.no_grad():
+            if self._seed is not None:
+                torch.manual_seed(self._seed + self._calls)
+            self._calls += 1
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **(extra_inputs or {}), **kwargs)
+        self.batch_sizes.append(len(prompts))
+        new_tokens = out.sequences[:, width:].tolist()
+        logprobs = None
+        if self.return_logprobs:
+            logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
+            if params.do_sample and params.temperature > 0:
+                logits = logits / params.temperature
+            if banned_ids:
+                logits[..., banned_ids] = float("-inf")
+            chosen = out.sequences[:, width:].unsqueeze(-1)
+            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).tolist()
+        return [
+            self._cut(new_tokens[row], p, None if logprobs is None else logprobs[row])
+            for row, p in enumerate(params_list)
+        ]
+
+    def _generate_kwargs(self, params: SamplingParams, max_new_tokens: int,
+                         banned_ids: list[int] | None) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(
-            max_new_tokens=max(p.max_new_tokens for p in params_list),
+            max_new_tokens=max_new_tokens,
             do_sample=params.do_sample,
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id,
@@ -162,28 +198,13 @@ class HFGenerator:
                           top_k=params.top_k if params.top_k and params.top_k > 0 else 0)
         else:  # greedy: sampling flags are not passed (HF warns "only used in sample-based generation modes")
             kwargs.update(self._unset_model_sampling_flags())
+        if banned_ids:
+            kwargs["suppress_tokens"] = list(banned_ids)
         if self.logits_processors:
             kwargs["logits_processor"] = LogitsProcessorList(self.logits_processors)
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
-        with self._model_lock, torch.no_grad():
-            if self._seed is not None:
-                torch.manual_seed(self._seed + self._calls)
-            self._calls += 1
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
-        self.batch_sizes.append(len(prompts))
-        new_tokens = out.sequences[:, width:].tolist()
-        logprobs = None
-        if self.return_logprobs:
-            logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
-            if params.do_sample and params.temperature > 0:
-                logits = logits / params.temperature
-            chosen = out.sequences[:, width:].unsqueeze(-1)
-            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).tolist()
-        return [
-            self._cut(new_tokens[row], p, None if logprobs is None else logprobs[row])
-            for row, p in enumerate(params_list)
-        ]
+        return kwargs
 
     def _unset_model_sampling_flags(self) -> dict[str, None]:
         """``None`` for each sampling flag the model's own generation_config sets to a non-neutral value

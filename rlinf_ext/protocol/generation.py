@@ -77,7 +77,10 @@ class GenerationResult:
 
 @runtime_checkable
 class Generator(Protocol):
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams) -> GenerationResult: ...
+    """`images`: vision-language engines only; every image of the context, in order of appearance."""
+
+    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
+                       images: list[Any] | None = None) -> GenerationResult: ...
 
 
 # --------------------------------------------------------------------------------------------- over channels

@@ -1,12 +1,14 @@
 """Reward functions by name, for `reward.reward_type` in the YAML.
 
-A reward function is `fn(response: str, golden_answers, cfg, num_searches: int = 0) -> RewardResult`.
+A reward function is `fn(response: str, golden_answers, cfg, num_searches: int = 0, **kw) -> result with .score`;
+`mmsearch` also needs `turns=[turn texts]` (its format rule judges each turn).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlinf_ext.rewards.mmsearch import mmsearch_reward
 from rlinf_ext.rewards.searchr1 import RewardResult, searchr1_reward
 
 RewardFn = Callable[..., RewardResult]
@@ -34,3 +36,4 @@ def reward_names() -> list[str]:
 
 
 register_reward("searchr1", searchr1_reward)
+register_reward("mmsearch", mmsearch_reward)

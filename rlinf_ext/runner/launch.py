@@ -31,7 +31,7 @@ from rlinf.scheduler import Cluster
 from rlinf_ext.config.compose import find_experiment
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.eval.results import RESULTS_MD
-from rlinf_ext.eval.runner import run_evaluation
+from rlinf_ext.eval.entry import run_evaluation
 from rlinf_ext.runner.compose import launch_worker_groups
 from rlinf_ext.runner.errors import LaunchError
 from rlinf_ext.runner.groups import WorkerCallError, WorkerGroups, WorkerStartupError, stop_worker_groups

@@ -63,16 +63,20 @@ def use_launched_server(cfg: ExperimentConfig, address: str) -> None:
 def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
     """Generate the offline tiny assets under ``paths.tiny_assets`` if the config uses them (idempotent).
 
-    The warm-started SFT model is generated only when a model path of the config points at it.
+    The warm-started SFT models are generated only when a model path of the config points at them; the
+    multimodal world when the agent is mmsearch.
     """
     root = cfg.paths.tiny_assets
     if not root:
         return None
     root = Path(root)
     with_sft = "qwen2-tiny-sft" in str(cfg.rollout.model.model_path)
+    with_mm = cfg.agentloop.agent == "mmsearch"
+    with_mm_sft = "qwen2.5-vl-tiny-sft" in str(cfg.rollout.model.model_path)
     started = time.monotonic()
-    print(f"[launch] tiny assets: {root} (warm-started SFT model: {'yes' if with_sft else 'no'})", flush=True)
-    make_tiny_assets(root, seed=0, with_sft=with_sft)
+    print(f"[launch] tiny assets: {root} (warm-started SFT model: {'yes' if with_sft else 'no'}, multimodal world: "
+          f"{'yes' if with_mm else 'no'}{', with its warm start' if with_mm_sft else ''})", flush=True)
+    make_tiny_assets(root, seed=0, with_sft=with_sft, with_mm=with_mm, with_mm_sft=with_mm_sft)
     print(f"[launch] tiny assets ready in {time.monotonic() - started:.1f} s", flush=True)
     return root
 

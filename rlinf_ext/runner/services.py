@@ -176,6 +176,12 @@ def check_evaluation_backend(cfg: ExperimentConfig) -> None:
     (``generation/sglang.py``; needs a CUDA device and the GPU extras). ``vllm``: refused.
     """
     backend = cfg.rollout.rollout_backend
+    if cfg.agentloop.agent == "mmsearch" and backend != "hf":
+        raise LaunchError(
+            f"rollout.rollout_backend={backend!r} with agentloop.agent=mmsearch: the SGLang image path (images in "
+            "each request, banned-token processor) is not built yet, so MMSearch-R1 evaluates on the CPU engine "
+            "only. Fix: set rollout.rollout_backend=hf (tiny models), or wait for the GPU part of MMSearch-R1."
+        )
     if backend == "hf":
         return
     if backend == "sglang":

@@ -73,24 +73,24 @@ class DummyBackend:
 
 
 class WebBackend:
-    """Web search through the optional `duckduckgo_search` package (off by default; needs network)."""
+    """Web search through the optional `ddgs` package (DuckDuckGo and other engines; off by default, needs
+    network). Not a project dependency: `pip install ddgs` where web search is wanted."""
 
     needs_server = False
-    PACKAGE = "duckduckgo_search"
+    PACKAGE = "ddgs"
 
     def __init__(self) -> None:
         try:
             self._module = importlib.import_module(self.PACKAGE)
         except ImportError as exc:
             raise ImportError(
-                f"tools.search.backend=web needs the optional package '{self.PACKAGE}' "
-                f"(pip install duckduckgo-search), or use backend: local with a retrieval server"
+                f"tools.search.backend=web needs the optional package '{self.PACKAGE}' (pip install ddgs), "
+                "or use backend: local with a retrieval server"
             ) from exc
 
     async def search(self, query: str, topk: int, timeout: float, url: str | None) -> list[Document]:
         def run() -> list[dict[str, Any]]:
-            with self._module.DDGS(timeout=timeout) as client:
-                return list(client.text(query, max_results=topk))
+            return list(self._module.DDGS(timeout=timeout).text(query, max_results=topk) or [])
 
         try:
             rows = await asyncio.wait_for(asyncio.to_thread(run), timeout)
@@ -98,7 +98,8 @@ class WebBackend:
             raise RetryableSearchError(f"web search timeout after {timeout:g}s") from exc
         except Exception as exc:  # the package raises its own exception types for rate limits / network
             raise RetryableSearchError(f"web search failed: {type(exc).__name__}: {exc}") from exc
-        return [Document(title=r.get("title", ""), text=r.get("body", ""), url=r.get("href")) for r in rows]
+        return [Document(title=str(r.get("title", "")), text=str(r.get("body", "")), url=r.get("href"))
+                for r in rows[:topk]]
 
 
 def make_backend(name: str):

@@ -9,6 +9,8 @@ REFERENCE_ENV = {
     "RLINF_EXT_SEARCHR1_DATA": "/data/searchr1",
     "RLINF_EXT_RETRIEVER_ADDR": "127.0.0.1:8000",
     "RLINF_EXT_EVAL_MODEL": "/models/searchr1-step-200-hf",
+    "RLINF_EXT_QWEN25_VL_7B": "/models/Qwen2.5-VL-7B-Instruct",
+    "RLINF_EXT_FVQA_DATA": "/data/fvqa",
 }
 
 

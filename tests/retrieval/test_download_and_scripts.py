@@ -44,6 +44,13 @@ def fake_hub(tmp_path, monkeypatch):
     (hub / "PeterJinGo/wiki-18-corpus").mkdir(parents=True)
     with gzip.open(hub / "PeterJinGo/wiki-18-corpus/wiki-18.jsonl.gz", "wb") as f:
         f.write(corpus)
+    fvqa = hub / "lmms-lab/FVQA"
+    fvqa.mkdir(parents=True)
+    fvqa_files = {"fvqa_train.parquet": b"PAR1train", "fvqa_test.parquet": b"PAR1test",
+                  "fvqa_train_image_search_results_cache.pkl": os.urandom(5000),
+                  "fvqa_test_image_search_results_cache.pkl": os.urandom(3000), "README.md": b"card"}
+    for name, data in fvqa_files.items():
+        (fvqa / name).write_bytes(data)
     calls = []
 
     def list_repo_tree(self, repo_id, repo_type=None, recursive=False, **kw):
@@ -66,7 +73,7 @@ def fake_hub(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", list_repo_tree)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
-    return {"index": index_bytes, "corpus": corpus, "calls": calls}
+    return {"index": index_bytes, "corpus": corpus, "calls": calls, "fvqa": fvqa_files}
 
 
 def test_download_concatenates_parts_decompresses_and_resumes(fake_hub, tmp_path, capsys):
@@ -97,6 +104,23 @@ def test_download_detects_wrong_size_and_bad_choices(fake_hub, tmp_path):
         dl.download(save, "searchr1", ["pages"])
     # asearcher's repos are not in the fake hub: the listing fails like an unreachable hub.
     assert dl.main(["--save_path", str(save), "--source", "asearcher", "--what", "corpus"]) == 1
+
+
+def test_download_fvqa_data_and_cache(fake_hub, tmp_path, capsys):
+    dl = _load_download_module()
+    save = tmp_path / "fvqa"
+    assert dl.main(["--save_path", str(save), "--source", "fvqa", "--verify-sha256"]) == 0  # default: data,cache
+    names = sorted(p.name for p in save.iterdir())
+    assert names == sorted(n for n in fake_hub["fvqa"] if n != "README.md")
+    assert all((save / n).read_bytes() == fake_hub["fvqa"][n] for n in names)
+    fake_hub["calls"].clear()
+    dl.download(save, "fvqa", ["data"])
+    assert fake_hub["calls"] == []  # complete files are not fetched again
+    with pytest.raises(dl.DownloadError, match="has no index"):
+        dl.download(save, "fvqa", ["index"])
+    # FVQA_Cache is not in the fake hub: a clear error, as for an unreachable hub
+    assert dl.main(["--save_path", str(save), "--source", "fvqa", "--what", "cache_dir"]) == 1
+    assert "cannot reach the Hugging Face hub" in capsys.readouterr().err
 
 
 def test_download_offline_gives_a_clear_error(tmp_path, monkeypatch, capsys):

@@ -1,7 +1,9 @@
 """Search client against a real local HTTP server: results, faults, retries, bounds, several servers."""
 
 import asyncio
+import sys
 import time
+import types
 
 import pytest
 
@@ -129,14 +131,38 @@ def test_dummy_backend_is_deterministic():
     assert first.ok and len(first.documents) == 3 and first.documents == again.documents
 
 
-def test_web_backend_missing_package_is_a_clear_error():
-    try:
-        import duckduckgo_search  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="duckduckgo"):
-            SearchTool(SearchToolConfig(backend="web"))
-    else:
-        pytest.skip("duckduckgo_search is installed here; the missing-package path cannot be exercised")
+def test_web_backend_missing_package_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ddgs", None)  # as if not installed (it is not a dependency)
+    with pytest.raises(ImportError, match="pip install ddgs"):
+        SearchTool(SearchToolConfig(backend="web"))
+
+
+class _FakeDDGS:
+    """The `ddgs` API surface the web backend uses: DDGS(timeout=...).text(query, max_results=...)."""
+
+    queries: list = []
+
+    def __init__(self, timeout=None):
+        self.timeout = timeout
+
+    def text(self, query, max_results=10):
+        self.queries.append((query, max_results, self.timeout))
+        return [{"title": f"Web {k}", "href": f"https://web.invalid/{k}", "body": f"About {query} ({k})."}
+                for k in range(5)][:max_results]
+
+
+@pytest.mark.timeout(30)
+def test_text_search_backend_is_a_config_switch(monkeypatch):
+    """One key, tools.search.backend, picks the engine; the tool's interface and results stay the same."""
+    monkeypatch.setitem(sys.modules, "ddgs", types.SimpleNamespace(DDGS=_FakeDDGS))
+    with StubServer() as server:
+        local = search_once(cfg_for(server.url), "drelia")[1]
+    web = search_once(SearchToolConfig(backend="web", topk=2, default_timeout=5.0), "drelia")[1]
+    dummy = search_once(SearchToolConfig(backend="dummy", topk=2), "drelia")[1]
+    assert [d.title for d in local.documents] == ["Title 0", "Title 1"]
+    assert [d.title for d in web.documents] == ["Web 0", "Web 1"] and web.documents[0].url == "https://web.invalid/0"
+    assert web.documents[1].text == "About drelia (1)." and _FakeDDGS.queries[-1] == ("drelia", 2, 5.0)
+    assert dummy.ok and len(dummy.documents) == 2 and dummy.documents[0].title.startswith("Dummy")
 
 
 def test_config_errors_name_the_key(tmp_path):

@@ -1,0 +1,56 @@
+"""Reward and metrics of MMSearch-R1 trajectories (metric names are constants, one place)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rlinf_ext.agent.mm_types import MMTrajectory
+from rlinf_ext.rewards.mmsearch import mmsearch_score
+
+ACCURACY, REWARD = "accuracy", "reward"
+IMAGE_SEARCH_RATIO, TEXT_SEARCH_RATIO, MIX_SEARCH_RATIO = "search_ratio_image", "search_ratio_text", "search_ratio_mix"
+ANY_SEARCH_RATIO = "search_ratio_any"
+IMAGE_FAILURE_RATIO, TEXT_FAILURE_RATIO = "image_search_failure_ratio", "text_search_failure_ratio"
+TABLE_COLUMNS = (ACCURACY, REWARD, IMAGE_SEARCH_RATIO, TEXT_SEARCH_RATIO, MIX_SEARCH_RATIO, ANY_SEARCH_RATIO,
+                 IMAGE_FAILURE_RATIO, TEXT_FAILURE_RATIO)
+
+
+def mm_reward_fn(reward_cfg: Any, step: int = 0) -> Callable[[MMTrajectory], float]:
+    """`fn(trajectory) -> score` on the model's own turn texts; the details stay on the trajectory."""
+
+    def score(trajectory: MMTrajectory) -> float:
+        result = mmsearch_score([t.text for t in trajectory.turns], trajectory.answers, reward_cfg, step=step)
+        trajectory.reward_details = result
+        return result.score
+
+    return score
+
+
+def search_kind(image_searches: float, text_searches: float) -> str:
+    """none | image | text | mix, by the searches that actually ran."""
+    if image_searches and text_searches:
+        return "mix"
+    return "image" if image_searches else "text" if text_searches else "none"
+
+
+def mm_summary(rows: Sequence[dict]) -> dict[str, float]:
+    """Table metrics over rows `{correct, reward, image_searches, text_searches, image_search_failures,
+    text_search_failures}` (one per trajectory): accuracy, mean reward, share of trajectories by search kind,
+    and failed searches per search."""
+    n = len(rows)
+    if not n:
+        return {}
+    kinds = [search_kind(r["image_searches"], r["text_searches"]) for r in rows]
+    images = sum(r["image_searches"] for r in rows)
+    texts = sum(r["text_searches"] for r in rows)
+    return {
+        ACCURACY: sum(float(r["correct"]) for r in rows) / n,
+        REWARD: sum(float(r["reward"]) for r in rows) / n,
+        IMAGE_SEARCH_RATIO: kinds.count("image") / n,
+        TEXT_SEARCH_RATIO: kinds.count("text") / n,
+        MIX_SEARCH_RATIO: kinds.count("mix") / n,
+        ANY_SEARCH_RATIO: (n - kinds.count("none")) / n,
+        IMAGE_FAILURE_RATIO: sum(r["image_search_failures"] for r in rows) / images if images else 0.0,
+        TEXT_FAILURE_RATIO: sum(r["text_search_failures"] for r in rows) / texts if texts else 0.0,
+    }

@@ -1,0 +1,127 @@
+"""The tiny offline multimodal world (`make-tiny-assets --with-mm`), built on the text world's seed.
+
+Writes under `<root>/mm/`: emblem specs, FVQA-format train/test parquet (three question kinds), the image-search
+cache in the FVQA_Cache layout for both splits plus the test split as an official-layout pickle, a VL
+tokenizer + processor, and a random tiny Qwen2.5-VL. Test questions use held-out cities and fresh jitters.
+Deterministic for a seed; no network.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from rlinf_ext.agent.mm_prompts import MMPrompts
+from rlinf_ext.assets import corpus as corpus_mod
+from rlinf_ext.assets import mm_models
+from rlinf_ext.assets.mm_paths import mm_layout
+from rlinf_ext.assets.mm_trajectories import scripted_turns
+from rlinf_ext.assets.mm_world import (
+    EmblemSpec,
+    MMQuestion,
+    draw_emblem,
+    emblem_specs,
+    questions_for,
+    search_hits,
+    split_cities,
+)
+from rlinf_ext.assets.world import build_world
+from rlinf_ext.data.fvqa import FVQARow, write_fvqa
+from rlinf_ext.protocol.images import canonicalize, encode_png
+
+TRAIN_PASSES = 2  # each train city is asked about twice per kind, with fresh jitters
+SEARCH_TOPK = 3
+
+
+def _canonical(image):
+    return canonicalize(image, mm_models.TINY_MIN_PIXELS, mm_models.TINY_MIN_PIXELS)
+
+
+def _questions(world, specs, cities: list[str], passes: int, rng: random.Random) -> list[MMQuestion]:
+    out = [q for _ in range(passes) for c in cities for q in questions_for(world, specs, c, rng)]
+    rng.shuffle(out)
+    return out
+
+
+def _write_split(name: str, questions: list[MMQuestion], specs: dict[str, EmblemSpec], rng: random.Random,
+                 fvqa_path: Path, cache_root: Path, paths_file: Path) -> tuple[list[FVQARow], dict]:
+    """FVQA rows plus each question's cached image search (directory layout) and scripted path (jsonl);
+    returns rows and pickle entries."""
+    rows, entries, scripted = [], {}, []
+    for i, q in enumerate(questions):
+        data_id = f"tinymm_{name}_{i:04d}"
+        image = _canonical(draw_emblem(specs[q.city], rng))
+        rows.append(FVQARow(data_id, q.question, [image], q.answers[0], list(q.answers[1:]), q.category,
+                            f"tinymm_{q.kind}"))
+        hits = search_hits(specs, q.city, rng, SEARCH_TOPK)
+        folder = cache_root / data_id
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "meta.json").write_text(json.dumps({"title_list": [h.title for h in hits],
+                                                      "image_urls": [None] * len(hits)}) + "\n")
+        thumbs = [draw_emblem(h, rng) for h in hits]
+        for rank, thumb in enumerate(thumbs):
+            (folder / f"img_{rank:03d}.png").write_bytes(encode_png(thumb))
+        entries[data_id] = (hits, thumbs)
+        scripted.append({"data_id": data_id, "kind": q.kind, "city": q.city, "query": q.query})
+    write_fvqa(rows, fvqa_path)
+    paths_file.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in scripted))
+    return rows, entries
+
+
+def write_cache_pickle(entries: dict, path: Path) -> None:
+    """The official layout: titles plus thumbnails as pickled PIL `PngImageFile` objects."""
+    from PIL import Image
+
+    data = {}
+    for data_id, (hits, thumbs) in entries.items():
+        files = [Image.open(io.BytesIO(encode_png(t))) for t in thumbs]
+        for f in files:
+            f.load()
+        data[data_id] = {"tool_returned_web_title_list": [h.title for h in hits], "tool_returned_images_urls": files}
+    path.write_bytes(pickle.dumps(data, protocol=4))
+
+
+def _tokenizer_texts(world, seed: int, questions: list[MMQuestion], specs) -> list[str]:
+
+    prompts = MMPrompts()
+    passages = [p.contents for p in corpus_mod.build_passages(world, seed)]
+    turns = ["".join(scripted_turns(q, search_colour=True)) for q in questions]
+    frames = [prompts.round_1, prompts.after_image_search, prompts.after_text_search, prompts.image_results_header,
+              prompts.text_results_header, prompts.search_failed] * 20
+    titles = [s.title for s in specs.values()]
+    return passages + [q.question for q in questions] + turns + frames + titles * 3 + ["system\nYou are a helpful assistant.\nuser\nassistant\n"] * 20
+
+
+def generate_mm(root: Path, seed: int, log: Callable[..., None]) -> dict[str, float]:
+    """Write the multimodal world under `root/mm`; returns seconds per stage."""
+    t0 = time.perf_counter()
+    paths = mm_layout(root)
+    world = build_world(seed)
+    specs = emblem_specs(world, seed)
+    train_cities, test_cities = split_cities(world, seed)
+    rng = random.Random(seed + 13)
+    train_q = _questions(world, specs, train_cities, TRAIN_PASSES, rng)
+    test_q = _questions(world, specs, test_cities, 1, rng)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.emblems.write_text(json.dumps({c: asdict(s) for c, s in specs.items()}, indent=1, sort_keys=True) + "\n")
+    _write_split("train", train_q, specs, rng, paths.fvqa_train, paths.cache_train, paths.train_paths)
+    _, test_entries = _write_split("test", test_q, specs, rng, paths.fvqa_test, paths.cache_test, paths.test_paths)
+    write_cache_pickle(test_entries, paths.cache_test_pickle)
+    log(f"mm data: {len(train_q)} train / {len(test_q)} test questions ({len(train_cities)} / {len(test_cities)} "
+        f"cities), image-search caches -> {paths.root}")
+    t1 = time.perf_counter()
+    tokenizer = mm_models.train_vl_tokenizer(_tokenizer_texts(world, seed, train_q + test_q, specs))
+    processor = mm_models.make_processor(tokenizer)
+    processor.save_pretrained(str(paths.processor_dir))
+    model = mm_models.make_qwen2_5_vl(tokenizer, mm_models.TinyVLShape(), seed)
+    mm_models.save_vl_model(model, processor, paths.qwen2_5_vl_tiny)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"mm model: qwen2.5-vl-tiny ({n_params:,} params, vocab {model.config.vocab_size}, tokenizer {len(tokenizer)})")
+    t2 = time.perf_counter()
+    return {"mm_data": round(t1 - t0, 2), "mm_models": round(t2 - t1, 2)}

@@ -1,0 +1,172 @@
+"""The MMSearch-R1 loop on scripted turns over the real tiny VL tokenizer/processor and the tiny image cache."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from dataclasses import replace
+
+import pytest
+from mm_helpers import PX, ScriptedVLGenerator, settings, tools
+
+from rlinf_ext.agent.mm_actions import parse_mm_action
+from rlinf_ext.agent.mm_loop import check_mm_invariants, first_prompt_ids, run_mm_group, run_mm_trajectory
+from rlinf_ext.agent.mm_metrics import mm_reward_fn
+from rlinf_ext.agent.mm_observation import build_mm_observation, image_results_body
+from rlinf_ext.agent.mm_prompts import MMPrompts, read_prompt
+from rlinf_ext.agent.mm_types import MMTask
+from rlinf_ext.config.schema import AgentLoopConfig, RewardConfig
+from rlinf_ext.data.fvqa import read_fvqa
+from rlinf_ext.generation.hf_vl import load_vl_processor
+from rlinf_ext.protocol.vl_tokens import IMAGE_PAD
+
+IMG = "<reason> I look the emblem up. </reason><search><img></search>"
+TXT = "<reason> It is {city}. </reason><text_search> {city} founded year </text_search>"
+ANS = "<reason> Done. </reason><answer> {a} </answer><|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def world(tiny_mm_assets):
+    mm = tiny_mm_assets.mm
+    processor = load_vl_processor(mm.processor_dir)
+    rows = read_fvqa(mm.fvqa_test, PX, PX)
+    return mm, processor, {r.data_source: MMTask.from_row(r) for r in rows}
+
+
+def _run(processor, task, script, cache_dir, **kw):
+    gen = ScriptedVLGenerator(script, tokenizer=processor.tokenizer)
+    traj = asyncio.run(run_mm_trajectory(gen, processor, tools(cache_dir), task, settings(**kw.pop("s", {})), **kw))
+    return gen, traj
+
+
+@pytest.mark.parametrize("n_image_obs", [0, 1, 2])
+def test_invariants_with_0_1_2_image_observations(world, n_image_obs):
+    mm, processor, tasks = world
+    task = tasks["tinymm_attribute"]
+    script = {0: [ANS.format(a="x")], 1: [IMG, TXT.format(city="Drelia"), ANS.format(a="x")],
+              2: [IMG, IMG, ANS.format(a="x")]}[n_image_obs]
+    gen, traj = _run(processor, task, script, mm.cache_test, s={"image_search_limit": 2})
+    check_mm_invariants(traj, processor)  # also checked inside the loop
+    pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    assert len(traj.images) == 1 + 3 * n_image_obs and traj.images[0] == task.images[0]
+    obs_pads = [t for t, m in zip(traj.response_ids, traj.response_mask) if t == pad]
+    assert len(obs_pads) == 4 * 3 * n_image_obs and all(m == 0 for t, m in zip(traj.response_ids, traj.response_mask) if t == pad)
+    assert sum(traj.response_mask) == sum(len(t.response_ids) for t in traj.turns)
+    # every call saw the whole context and every image so far, in order
+    for k, (call, images) in enumerate(zip(gen.calls, gen.images_seen)):
+        assert call.prompt_ids == traj.turns[k].prompt_ids
+        assert images == traj.images[: len(images)] and call.prompt_ids.count(pad) == 4 * len(images)
+    assert traj.end_reason == "answer" and traj.metrics["image_searches"] == n_image_obs
+
+
+def test_observation_ids_equal_a_processor_re_encode(world):
+    mm, processor, tasks = world
+    task = tasks["tinymm_city"]
+    found = asyncio.run(tools(mm.cache_test).image_search.search(task.data_id))
+    prompts = MMPrompts()
+    body, images = image_results_body(prompts, found.hits)
+    obs = build_mm_observation(processor, prompts, body, images, task.question, prompts.after_image_search, False)
+    reference = processor(text=[obs.text], images=[r.to_pil() for r in images], return_tensors="pt").input_ids[0].tolist()
+    assert obs.ids == reference and obs.image_tokens == 12
+    # incremental context == a full re-encode of prompt + sampled + observation
+    prompt_ids = first_prompt_ids(processor, prompts, task)
+    sampled = processor.tokenizer.encode(IMG, add_special_tokens=False)
+    full_text = processor.tokenizer.decode(prompt_ids + sampled).replace("<|image_pad|>" * 4, "<|image_pad|>") + obs.text
+    full = processor(text=[full_text], images=[r.to_pil() for r in [*task.images, *images]], return_tensors="pt")
+    assert prompt_ids + sampled + obs.ids == full.input_ids[0].tolist()
+
+
+def test_question_comes_from_the_row_and_prompts_are_replaceable(world, tmp_path):
+    mm, processor, tasks = world
+    task = replace(tasks["tinymm_city"], question="Which city? (row text)")
+    gen, traj = _run(processor, task, [IMG, ANS.format(a="y")], mm.cache_test)
+    second_context = processor.tokenizer.decode(gen.calls[1].prompt_ids)
+    assert "Question: Which city? (row text)" in second_context and MMPrompts().after_image_search in second_context
+    (tmp_path / "after.txt").write_text("CUSTOM AFTER IMAGE")
+    (tmp_path / "round1.pkl").write_bytes(pickle.dumps("CUSTOM ROUND ONE"))
+    section = AgentLoopConfig().mmsearch.prompts
+    section.after_image_search, section.round_1 = str(tmp_path / "after.txt"), str(tmp_path / "round1.pkl")
+    section.observation = "Found: <information>{results}</information>\n{instruction} Q: {question}"
+    prompts = MMPrompts.from_config(section)
+    gen, _ = _run(processor, task, [IMG, ANS.format(a="y")], mm.cache_test, prompts=prompts)
+    first, second = (processor.tokenizer.decode(c.prompt_ids) for c in gen.calls)
+    assert "CUSTOM ROUND ONE" in first and "CUSTOM AFTER IMAGE Q: Which city? (row text)" in second
+    assert read_prompt("plain text prompt", "k") == "plain text prompt"
+    (tmp_path / "bad.pkl").write_bytes(pickle.dumps(eval))
+    with pytest.raises(pickle.UnpicklingError, match="refused"):
+        read_prompt(str(tmp_path / "bad.pkl"), "k")
+
+
+def test_limits_last_round_and_budget(world):
+    mm, processor, tasks = world
+    task = tasks["tinymm_attribute"]
+    _, twice = _run(processor, task, [IMG, IMG], mm.cache_test)
+    assert [t.action for t in twice.turns] == ["image_search", "search_limit"] and twice.end_reason == "search_limit"
+    assert twice.metrics["image_searches"] == 1 and twice.metrics["search_limit_hits"] == 1
+    _, last = _run(processor, task, [IMG, TXT.format(city="A"), TXT.format(city="B")], mm.cache_test,
+                   s={"text_search_limit": 5})
+    assert last.turns[-1].action == "search_limit" and last.metrics["text_searches"] == 1
+    _, short = _run(processor, task, [IMG, ANS.format(a="z")], mm.cache_test, s={"response_length_total": 40})
+    assert short.end_reason == "response_budget" and len(short.response_ids) <= 40
+    assert short.turns[0].observation_ids == [] and short.images == list(task.images)
+
+
+def test_text_search_observation_is_cut_by_tokens(world):
+    mm, processor, tasks = world
+    task = tasks["tinymm_attribute"]
+    _, full = _run(processor, task, [TXT.format(city="Drelia"), ANS.format(a="z")], mm.cache_test)
+    _, cut = _run(processor, task, [TXT.format(city="Drelia"), ANS.format(a="z")], mm.cache_test,
+                  s={"max_obs_length": 5})
+    assert cut.metrics["truncated_observations"] == 1 and full.metrics["truncated_observations"] == 0
+    assert len(cut.turns[0].observation_ids) < len(full.turns[0].observation_ids)
+    assert cut.turns[0].query == "Drelia founded year" and cut.turns[0].tool == "text"
+
+
+def test_each_trajectory_searches_its_own_data_id(world):
+    mm, processor, tasks = world
+
+    def script(k, context):
+        return IMG if context.count("<|im_start|>assistant") == 1 else ANS.format(a="w")
+
+    async def many():
+        gen = ScriptedVLGenerator(script, tokenizer=processor.tokenizer)
+        t = tools(mm.cache_test)
+        return await asyncio.gather(*(run_mm_group(gen, processor, t, task, settings(), 2) for task in tasks.values()))
+
+    for task, group in zip(tasks.values(), asyncio.run(many())):
+        expected = asyncio.run(tools(mm.cache_test).image_search.search(task.data_id))
+        for traj in group:
+            assert traj.data_id == task.data_id and traj.turns[0].titles == [h.title for h in expected.hits]
+            assert [i.sha1 for i in traj.images[1:]] == [h.image.sha1 for h in expected.hits]
+
+
+def test_banned_ids_from_an_engine_are_dropped_and_invariants_catch_breakage(world):
+    mm, processor, tasks = world
+    task = tasks["tinymm_colour"]
+    _, traj = _run(processor, task, ["<reason> hm <|image_pad|> </reason><answer> red </answer>"], mm.cache_test)
+    assert traj.turns[0].banned_dropped == 1 and traj.turns[0].action == "invalid"
+    pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    assert pad not in traj.response_ids
+    _, good = _run(processor, task, [IMG, ANS.format(a="red")], mm.cache_test)
+    k = good.response_ids.index(pad)
+    flipped = replace(good, response_mask=good.response_mask[:k] + [1] + good.response_mask[k + 1:])
+    with pytest.raises(AssertionError, match="loss-mask invariant"):
+        check_mm_invariants(flipped, processor)
+    with pytest.raises(AssertionError, match="image-pad invariant"):
+        check_mm_invariants(replace(good, images=good.images[:-1]), processor)
+
+
+def test_actions_and_reward_on_a_scripted_three_turn_trajectory(world):
+    mm, processor, tasks = world
+    task = tasks["tinymm_attribute"]
+    gold = task.answers[0]
+    reward = mm_reward_fn(RewardConfig(reward_type="mmsearch", format_penalty=0.1, search_penalty=0.1))
+    gen = ScriptedVLGenerator([IMG, TXT.format(city="X"), ANS.format(a=gold)], tokenizer=processor.tokenizer)
+    traj = asyncio.run(run_mm_trajectory(gen, processor, tools(mm.cache_test), task, settings(), reward_fn=reward))
+    assert [t.action for t in traj.turns] == ["image_search", "text_search", "answer"]
+    assert traj.reward == pytest.approx(0.91) and traj.reward_details.correct
+    assert parse_mm_action("<reason> a </reason><search><img></search> then", "length") == ("invalid", None)
+    assert parse_mm_action("x <text_search> a </text_search> <text_search> b </text_search><|im_end|>", "eos") == \
+        ("text_search", "b")
+    assert parse_mm_action("<text_search>  </text_search>", "stop") == ("invalid", None)
+    assert parse_mm_action("no tags", "eos") == ("eos", None)

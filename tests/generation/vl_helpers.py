@@ -1,0 +1,35 @@
+"""Shared helpers of the vision-language tests: prompts with images and a forcing logits processor."""
+
+from __future__ import annotations
+
+import torch
+
+from rlinf_ext.data.fvqa import read_fvqa
+
+PX = 56 * 56
+
+
+def mm_test_rows(mm, n: int | None = None):
+    return read_fvqa(mm.fvqa_test, PX, PX, limit=n)
+
+
+def chat_prompt_ids(processor, question: str, images) -> list[int]:
+    """The chat template with the images first, pads expanded by the processor itself."""
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": question}]
+    text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+    return processor(text=[text], images=[r.to_pil() for r in images] or None, return_tensors="pt").input_ids[0].tolist()
+
+
+class ForceTokens:
+    """A logits processor that forces `ids` one by one (then leaves the model free): scripted continuations."""
+
+    def __init__(self, ids: list[int], prompt_len: int):
+        self.ids, self.prompt_len = ids, prompt_len
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        step = input_ids.shape[1] - self.prompt_len
+        if 0 <= step < len(self.ids):
+            forced = torch.full_like(scores, float("-inf"))
+            forced[:, self.ids[step]] = 0.0
+            return forced
+        return scores
