@@ -111,6 +111,8 @@ def choose_search_params(index: faiss.Index, vectors: np.ndarray, truth: np.ndar
     """
     ranges = tunable_params(index)
     first, first_values = _values(ranges, PRIMARY_KNOBS)
+    if first == "nprobe":  # faiss's range stops at nlist / 2; every list (exhaustive) is the last resort
+        first_values = sorted(set(first_values) | {float(faiss.extract_index_ivf(index).nlist)})
     second, second_values = _values(ranges, SECONDARY_KNOBS, cap=MAX_K_FACTOR)
     sweep: list[dict] = []
 

@@ -55,10 +55,18 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-def _progress_key(spec: EncoderSpec, corpus_checksum: str, model_checksum: str, passages: int, dim: int) -> dict:
+def progress_key(spec: EncoderSpec, corpus_checksum: str, model_checksum: str, passages: int, dim: int) -> dict:
+    """What an embedding memmap was made from; a resumed build continues it only when this is unchanged."""
     return {"corpus_checksum": corpus_checksum, "model_checksum": model_checksum, "passages": passages,
             "dim": dim, "pooling": spec.pooling, "passage_prefix": spec.passage_prefix,
             "max_length": spec.max_length}
+
+
+def record_progress(out_dir: Path, key: dict, rows_done: int) -> None:
+    """Record that the first ``rows_done`` rows of the embedding memmap in ``out_dir`` are written (atomically)."""
+    tmp = out_dir / (PROGRESS_NAME + ".tmp")
+    tmp.write_text(json.dumps({"key": key, "rows_done": rows_done}))
+    os.replace(tmp, out_dir / PROGRESS_NAME)
 
 
 def encode_corpus(store: CorpusStore, out_dir: Path, encoder: TextEncoder, *, batch_size: int,
@@ -67,7 +75,7 @@ def encode_corpus(store: CorpusStore, out_dir: Path, encoder: TextEncoder, *, ba
     """Fill (or resume filling) the embedding memmap; returns it complete."""
     n, dim = len(store), encoder.dim
     emb_path, progress_path = out_dir / EMBEDDINGS_NAME, out_dir / PROGRESS_NAME
-    key = _progress_key(encoder.spec, corpus_checksum, model_checksum, n, dim)
+    key = progress_key(encoder.spec, corpus_checksum, model_checksum, n, dim)
     done = 0
     if progress_path.exists() and emb_path.exists():
         saved = json.loads(progress_path.read_text())
@@ -87,9 +95,7 @@ def encode_corpus(store: CorpusStore, out_dir: Path, encoder: TextEncoder, *, ba
         stop = min(n, start + chunk_rows)
         emb[start:stop] = encoder.encode(list(store.iter_texts(start, stop)), is_query=False, batch_size=batch_size)
         emb.flush()
-        tmp = progress_path.with_name(PROGRESS_NAME + ".tmp")
-        tmp.write_text(json.dumps({"key": key, "rows_done": stop}))
-        os.replace(tmp, progress_path)  # recorded only after the rows are on disk
+        record_progress(out_dir, key, stop)  # recorded only after the rows are on disk
         if bar is not None:
             bar.update(stop - start)
         if on_chunk is not None:
