@@ -97,7 +97,7 @@ def audit_record(*, k: int, queries: str, recall: float, reference: str, params:
 
 def _values(ranges: dict[str, list[float]], names: tuple[str, ...], cap: float | None = None):
     name = next((n for n in names if n in ranges), None)
-    values = [v for v in ranges.get(name, []) if cap is None or v <= cap]
+    values = [int(v) if float(v).is_integer() else v for v in ranges.get(name, []) if cap is None or v <= cap]
     return name, values
 
 
@@ -112,7 +112,7 @@ def choose_search_params(index: faiss.Index, vectors: np.ndarray, truth: np.ndar
     ranges = tunable_params(index)
     first, first_values = _values(ranges, PRIMARY_KNOBS)
     if first == "nprobe":  # faiss's range stops at nlist / 2; every list (exhaustive) is the last resort
-        first_values = sorted(set(first_values) | {float(faiss.extract_index_ivf(index).nlist)})
+        first_values = sorted(set(first_values) | {faiss.extract_index_ivf(index).nlist})
     second, second_values = _values(ranges, SECONDARY_KNOBS, cap=MAX_K_FACTOR)
     sweep: list[dict] = []
 

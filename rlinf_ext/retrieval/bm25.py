@@ -92,7 +92,6 @@ def numba_kernels():
     bm25s itself compiles them without caching, once per process: 20-60 s on 2 cores at every server start. The
     functions are bm25s's own (same scoring, same top-k); only the compile options differ.
     """
-    import numba
     from bm25s.numba import retrieve_utils
     from bm25s.scoring import _compute_relevance_from_scores_jit_ready
 
@@ -111,7 +110,8 @@ class BM25Searcher:
     retriever = "bm25"
     index_type = "bm25"
 
-    def __init__(self, model: bm25s.BM25, keys: np.ndarray, passages: int, threads: int | None = None) -> None:
+    def __init__(self, model: bm25s.BM25, keys: np.ndarray, passages: int, threads: int | None = None,
+                 memory_mapped: bool = False) -> None:
         self._keys = keys
         self._data = model.scores["data"]
         self._indices = model.scores["indices"]
@@ -121,7 +121,8 @@ class BM25Searcher:
         self._int_dtype = np.dtype(model.int_dtype)
         self.passages = passages
         self.threads = threads
-        self.memory_mapped = False
+        self.memory_mapped = memory_mapped
+        self.search_params: dict = {}  # BM25 has none (faiss's nprobe / efSearch / k_factor_rf are dense-only)
         self._lock = threading.Lock()  # numba's default threading layer must not run two parallel kernels at once
         self._top_k, self._scores = numba_kernels()
         self.search([""], 1)  # compiles (or loads the cached) kernels now, not at the first request
@@ -133,9 +134,7 @@ class BM25Searcher:
         # mmap (default): the score matrix stays on disk and pages in on demand (fast start, small RSS).
         bm25_dir = Path(index_dir) / BM25_SUBDIR
         model = bm25s.BM25.load(bm25_dir, mmap=not in_ram, load_vocab=False, show_progress=False)
-        searcher = cls(model, vocab_keys(bm25_dir), meta.passages, threads=threads)
-        searcher.memory_mapped = not in_ram
-        return searcher
+        return cls(model, vocab_keys(bm25_dir), meta.passages, threads=threads, memory_mapped=not in_ram)
 
     def term_ids(self, query: str) -> list[int]:
         """Vocabulary ids of the query's tokens (unknown tokens dropped, repeats kept)."""

@@ -15,6 +15,7 @@ class Searcher(Protocol):
     index_type: str  # "bm25" or the faiss factory string
     passages: int
     memory_mapped: bool  # the index is read through mmap (page cache), not copied into the process
+    search_params: dict  # faiss search parameters in effect (e.g. {"nprobe": 32}); {} for BM25 and exact types
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` per query: ``scores`` float32 (n, k) best first, ``rows`` int64 (n, k) corpus row numbers

@@ -231,7 +231,7 @@ def create_app(cfg: ServerConfig, backend: Backend, address_file: Path | None = 
             "batches_run": batcher.batches_run if batcher is not None else None,
             "default_topk": cfg.topk,
             "memory_mapped": backend.searcher.memory_mapped,
-            "search_params": getattr(backend.searcher, "search_params", {}),
+            "search_params": backend.searcher.search_params,
             "audit": backend.meta.audit,
             "memory": process_memory(),
         })
