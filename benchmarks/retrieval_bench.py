@@ -344,7 +344,7 @@ def main(argv=None) -> int:
     p.add_argument("--encoder-hidden", type=int, default=768, help="Width of the dense encoder (e5-base: 768).")
     p.add_argument("--max-length", type=int, default=64, help="Tokens per passage / query.")
     p.add_argument("--queries", type=int, default=1024, help="Queries sent by the single-query clients.")
-    p.add_argument("--audit-queries", type=int, default=1000, help="Build-time audit sample (approx).")
+    p.add_argument("--audit-queries", type=int, default=500, help="Build-time audit sample (approx, flat-fp16).")
     p.add_argument("--k", type=int, default=3, help="topk of every request; recall@k against Flat.")
     p.add_argument("--clients", type=int, default=64, help="Concurrent single-query clients.")
     p.add_argument("--in-ram-too", action="store_true", help="Also serve Flat read into RAM (--in-ram).")

@@ -32,7 +32,7 @@ SearchVectors = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
 # value wins, then the smallest second value that still reaches it (other faiss knobs keep their defaults).
 PRIMARY_KNOBS = ("nprobe", "efSearch")
 SECONDARY_KNOBS = ("k_factor_rf",)
-MAX_K_FACTOR = 64  # k * 64 candidates re-scored per query at most
+MAX_K_FACTOR = 256  # k * 256 candidates re-scored per query at most (beyond faiss's range, which stops at 64)
 
 
 def sample_queries(store: CorpusStore, n: int, seed: int = 0) -> list[str]:
@@ -47,7 +47,8 @@ def sample_queries(store: CorpusStore, n: int, seed: int = 0) -> list[str]:
     return queries
 
 
-def exact_search(emb: np.ndarray, vectors: np.ndarray, k: int, chunk_rows: int = 1 << 18) -> tuple[np.ndarray, np.ndarray]:
+def exact_search(emb: np.ndarray, vectors: np.ndarray, k: int,
+                 chunk_rows: int = 1 << 18) -> tuple[np.ndarray, np.ndarray]:
     """Brute-force inner-product top-k over an (N, d) array or memmap (float32 or float16), chunk by chunk."""
     heap = faiss.ResultHeap(len(vectors), k, keep_max=True)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -114,6 +115,8 @@ def choose_search_params(index: faiss.Index, vectors: np.ndarray, truth: np.ndar
     if first == "nprobe":  # faiss's range stops at nlist / 2; every list (exhaustive) is the last resort
         first_values = sorted(set(first_values) | {faiss.extract_index_ivf(index).nlist})
     second, second_values = _values(ranges, SECONDARY_KNOBS, cap=MAX_K_FACTOR)
+    while second_values and second_values[-1] < MAX_K_FACTOR:  # re-scoring is cheap next to scanning lists
+        second_values.append(second_values[-1] * 2)
     sweep: list[dict] = []
 
     def recall_with(params: dict[str, float]) -> float:

@@ -190,9 +190,9 @@ def tune_and_audit(index: faiss.Index, emb: np.ndarray, encoder: TextEncoder, st
     _, truth = exact_search(emb, vectors, spec.k)
     params, sweep = choose_search_params(index, vectors, truth, spec.k, spec.target)
     _, rows = index.search(vectors, spec.k)
-    record = audit_record(k=spec.k, queries=f"{len(queries)} sampled from the corpus", recall=recall_at_k(rows, truth, spec.k),
-                          reference="exact search over the build's embeddings", params=params,
-                          latency=time_batches(index.search, vectors, spec.k, [1, 16, 64]), sweep=sweep)
+    record = audit_record(k=spec.k, queries=f"{len(queries)} sampled from the corpus",
+                          recall=recall_at_k(rows, truth, spec.k), reference="exact search over the build's embeddings",
+                          params=params, latency=time_batches(index.search, vectors, spec.k, [1, 16, 64]), sweep=sweep)
     print(f"audit: recall@{spec.k} {record[AUDIT_RECALL]:.4f} with {params or 'defaults'} "
           f"(target {spec.target})", flush=True)
     return params, record

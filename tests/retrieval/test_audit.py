@@ -56,7 +56,7 @@ def test_choose_search_params_takes_the_cheapest_setting_reaching_the_target():
     params, sweep = choose_search_params(index, queries, truth, 3, target=0.99)
     recall = {tuple(sorted(s["params"].items())): s["recall"] for s in sweep}
     assert recall[tuple(sorted(params.items()))] >= 0.99
-    smaller_nprobe = {"nprobe": params["nprobe"] / 2, "k_factor_rf": 64.0}
+    smaller_nprobe = {"nprobe": params["nprobe"] // 2, "k_factor_rf": 256}
     assert recall[tuple(sorted(smaller_nprobe.items()))] < 0.99  # tried, with the most candidates, and too low
     if params["k_factor_rf"] > 1:
         smaller_k = {"nprobe": params["nprobe"], "k_factor_rf": params["k_factor_rf"] / 2}
@@ -75,7 +75,7 @@ def test_build_records_the_chosen_parameters_and_the_audit(build_dense_variant):
     assert tried[tuple(sorted(meta.search_params.items()))] == meta.audit["recall"]
     # The tiny encoder's vectors are nearly parallel: fp16 re-scoring flips near-ties, so 0.99 is out of reach
     # and the most thorough setting (every list, the most candidates) is kept.
-    assert meta.audit["recall"] < 0.99 and meta.search_params == {"nprobe": 8, "k_factor_rf": 64}
+    assert meta.audit["recall"] < 0.99 and meta.search_params == {"nprobe": 8, "k_factor_rf": 256}
     assert [t["params"]["nprobe"] for t in meta.audit["sweep"]] == [1, 2, 4, 8]
     assert set(meta.audit["latency"]) == {"1", "16", "64"}
 
