@@ -30,8 +30,13 @@ EXACT_TYPE = "Flat"
 
 
 def ivf_lists(passages: int) -> int:
-    """IVF list count: the power of two nearest 4*sqrt(N), with >= 39 training points per list (faiss's minimum)."""
-    target = max(1.0, min(4 * math.sqrt(passages), passages / 39))
+    """IVF list count: the power of two nearest 2*sqrt(N), with >= 39 training points per list (faiss's minimum).
+
+    2*sqrt(N) rather than faiss's usual 4-16*sqrt(N): with fast-scan codes the scan is cheap and the exact re-rank
+    fixes the ranking, so finer lists buy little (1M x 768: nprobe 64 of 2048 lists reached recall@3 0.993), while
+    k-means training costs grow with the list count squared (points per list x lists).
+    """
+    target = max(1.0, min(2 * math.sqrt(passages), passages / 39))
     return 2 ** max(0, round(math.log2(target)))
 
 

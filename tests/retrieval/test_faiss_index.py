@@ -63,10 +63,10 @@ def test_mapped_and_in_ram_indexes_return_identical_results(build_dense_variant,
 def test_presets_resolve_to_factory_strings():
     assert resolve_faiss_type("flat", 1000, 768) == "Flat"
     assert resolve_faiss_type("flat-fp16", 1000, 768) == "SQfp16"
-    assert resolve_faiss_type("approx", 1_000_000, 768) == "IVF4096,PQ384x4fs,Refine(SQfp16)"
+    assert resolve_faiss_type("approx", 1_000_000, 768) == "IVF2048,PQ384x4fs,Refine(SQfp16)"
     assert resolve_faiss_type("HNSW32", 1000, 768) == "HNSW32"
-    # 4*sqrt(N) rounded to a power of two, at most N/39 (faiss's training minimum per list)
-    assert (ivf_lists(1_000_000), ivf_lists(21_015_324), ivf_lists(300), ivf_lists(10)) == (4096, 16384, 8, 1)
+    # 2*sqrt(N) rounded to a power of two, at most N/39 (faiss's training minimum per list)
+    assert (ivf_lists(1_000_000), ivf_lists(21_015_324), ivf_lists(300), ivf_lists(10)) == (2048, 8192, 8, 1)
 
 
 def test_fp16_flat_is_exact_over_fp16_vectors_and_close_to_fp32():
