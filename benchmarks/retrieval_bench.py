@@ -4,7 +4,8 @@
 For each size it builds once (cached in --work-dir) a synthetic corpus, a BM25 index and one dense index per
 --types preset over the same passage embeddings, then starts the real server for each (memory-mapped; with
 --in-ram-too also read into RAM) and measures:
-  - start-up: process start -> first /retrieve answered (page cache warm: the index files are read first);
+  - start-up: process start -> first /retrieve answered (page cache warm: the index files are read first), and
+    the part of it spent opening the searcher (encoder + index: "open s", from /health);
   - RSS when /health first answers ("ready"), after the first answer, and after the load ("warm"), split into the
     process's own memory and mapped file pages (page cache the kernel can evict);
   - queries/s and p50/p99 latency with --clients concurrent clients sending one query per request;
@@ -234,12 +235,13 @@ def measure(index: Path, corpus: Path, queries: list[str], args, *, in_ram: bool
                                     in_ram=in_ram, env=env, startup_timeout_s=1800)
     with server as url:
         ready = process_memory(server.pid)
+        open_s = httpx.get(f"{url}/health", timeout=60).json().get("searcher_open_s")  # None: an older server
         httpx.post(f"{url}/retrieve", json={"queries": [queries[0]], "topk": args.k}, timeout=600).raise_for_status()
         startup = time.perf_counter() - t0
         first = process_memory(server.pid)
         wall, latencies, results = asyncio.run(run_single_query_clients(url, queries, args.clients, args.k))
         warm = process_memory(server.pid)
-    return {"startup_s": startup, "memory_ready": ready, "memory_first_answer": first, "memory_warm": warm,
+    return {"startup_s": startup, "open_s": open_s, "memory_ready": ready, "memory_first_answer": first, "memory_warm": warm,
             "qps": len(queries) / wall, "p50_ms": 1e3 * float(np.percentile(latencies, 50)),
             "p99_ms": 1e3 * float(np.percentile(latencies, 99)), "ids": _ids(results, args.k),
             "scores": [[d["score"] for d in r] for r in results]}
@@ -278,7 +280,7 @@ def compare(rows: list[dict], k: int) -> None:
 
 def print_rows(size: int, rows: list[dict], k: int) -> None:
     print(f"\n== {size:,} passages | RSS MB as total (own/mapped files) | {rows[0]['clients']} single-query clients")
-    print(f"{'index':<11}{'mode':<10}{'index MB':>9}{'start s':>9}{'RSS ready':>18}{'RSS 1st answer':>19}"
+    print(f"{'index':<11}{'mode':<10}{'index MB':>9}{'start s':>9}{'open s':>8}{'RSS ready':>18}{'RSS 1st answer':>19}"
           f"{'RSS warm':>18}{'q/s':>8}{'p50 ms':>8}{'p99 ms':>8}{f'R@{k}':>8}{'ratio':>7}  note")
     for r in rows:
         recall = f"{r['recall_vs_flat']:.4f}" if "recall_vs_flat" in r else "-"
@@ -289,7 +291,8 @@ def print_rows(size: int, rows: list[dict], k: int) -> None:
                 note += f"; {flag.replace('_', ' ')}: {r[flag]}"
         if r.get("search_params"):
             note += f"; {r['search_params']}"
-        print(f"{r['kind']:<11}{r['mode']:<10}{r['index_mb']:>9.0f}{r['startup_s']:>9.2f}"
+        open_s = "-" if r["open_s"] is None else f"{r['open_s']:.2f}"
+        print(f"{r['kind']:<11}{r['mode']:<10}{r['index_mb']:>9.0f}{r['startup_s']:>9.2f}{open_s:>8}"
               f"{_mem(r['memory_ready']):>18}{_mem(r['memory_first_answer']):>19}{_mem(r['memory_warm']):>18}"
               f"{r['qps']:>8.1f}{r['p50_ms']:>8.1f}{r['p99_ms']:>8.1f}{recall:>8}{ratio:>7}  {note}")
     sys.stdout.flush()

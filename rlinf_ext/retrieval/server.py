@@ -65,6 +65,7 @@ class Backend:
     store: CorpusStore
     pages: PagesStore | None
     meta: IndexMetadata
+    searcher_open_s: float = 0.0  # seconds to open the searcher (encoder + index); memory-mapped: the index is ~0 of it
 
 
 def open_backend(cfg: ServerConfig) -> Backend:
@@ -81,10 +82,12 @@ def open_backend(cfg: ServerConfig) -> Backend:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    started = time.perf_counter()
     searcher, _ = open_searcher(cfg.index, model=cfg.model, device=device, gpus=cfg.gpus, threads=cfg.threads,
                                 in_ram=cfg.in_ram, search_params=search_params(cfg))
+    open_s = time.perf_counter() - started
     pages = PagesStore.open(cfg.pages, cache_dir=cfg.index, show_progress=True) if cfg.pages else None
-    return Backend(searcher=searcher, store=store, pages=pages, meta=meta)
+    return Backend(searcher=searcher, store=store, pages=pages, meta=meta, searcher_open_s=open_s)
 
 
 def _json(payload, status: int = 200) -> Response:
@@ -234,6 +237,7 @@ def create_app(cfg: ServerConfig, backend: Backend, address_file: Path | None = 
             "search_params": backend.searcher.search_params,
             "audit": backend.meta.audit,
             "memory": process_memory(),
+            "searcher_open_s": backend.searcher_open_s,
         })
 
     return app
