@@ -17,8 +17,9 @@ CPU_REQUIREMENTS = [
     "omegaconf>=2.3,<2.5",
     "numpy",
     "safetensors",
-    "faiss-cpu>=1.8",
-    "bm25s>=0.2",
+    "faiss-cpu>=1.14.2",  # IO_FLAG_MMAP_IFC (1.11) without the peak-memory spike of mapped IVF lists (1.14.2)
+    "bm25s>=0.3.16,<0.4",  # retrieval/bm25.py compiles bm25s's internal numba kernels with caching
+    "numba>=0.60",  # bm25s's batched, multi-threaded scoring
     "fastapi>=0.110",
     "uvicorn>=0.29",
     "aiohttp>=3.9",
@@ -40,7 +41,7 @@ GPU_REQUIREMENTS = [
     "torch-memory-saver",
     "vllm==0.8.5",
     "transformer-engine[pytorch]",
-    "faiss-gpu-cu12",
+    "faiss-gpu-cu12>=1.11",  # IO_FLAG_MMAP_IFC
     "rlinf_latex2sympy2",
 ]
 

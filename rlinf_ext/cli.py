@@ -20,6 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "make-tiny-assets": ("rlinf_ext.assets.commands", "Generate the offline tiny corpus, QA files, tokenizer and models."),
     "build-index": ("rlinf_ext.retrieval.commands", "Build a BM25 or dense (faiss) index over a jsonl corpus."),
     "serve-retriever": ("rlinf_ext.retrieval.commands", "Serve /retrieve, /access and /health over a built index."),
+    "audit-index": ("rlinf_ext.retrieval.commands", "Recall@k and latency of a dense index against a Flat one."),
     "preprocess": ("rlinf_ext.data.commands", "Turn Search-R1 parquet / RLinf jsonl QA data into prompt jsonl."),
     "convert": ("rlinf_ext.convert.commands", "Convert checkpoints: `convert mg2hf` or `convert hf2mg`."),
     "train": ("rlinf_ext.runner.commands", "Run a training experiment from a YAML (RLinf cluster, rollout, actor)."),

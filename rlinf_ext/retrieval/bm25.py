@@ -1,17 +1,21 @@
-"""Sparse BM25 retrieval with ``bm25s`` (pure Python/numpy, no Java): build, save, memory-mapped load, search.
+"""Sparse BM25 retrieval with ``bm25s`` (no Java): build, save, memory-mapped load, batched search.
 
 bm25s precomputes every (term, doc) BM25 weight into a CSC matrix; a query's scores are the sum of its
-terms' postings (one ``bincount``); ties in the top-k go to the lower row, so answers are deterministic.
+terms' postings, summed by bm25s's numba kernel for a whole batch of queries at once, in parallel; ties in the
+top-k go to the lower row, so answers are deterministic and do not depend on the batch.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
+import threading
 from pathlib import Path
 
 import bm25s
+import numba
 import numpy as np
 from bm25s.stopwords import STOPWORDS_EN
 from bm25s.tokenization import Tokenized
@@ -80,23 +84,57 @@ def build_bm25_index(store: CorpusStore, out_dir: str | Path, *, k1: float = 1.5
     return meta
 
 
+@functools.cache
+def numba_kernels():
+    """bm25s's numba kernels (batched top-k, parallel over queries; one query's scores), compiled with numba's
+    on-disk cache.
+
+    bm25s itself compiles them without caching, once per process: 20-60 s on 2 cores at every server start. The
+    functions are bm25s's own (same scoring, same top-k); only the compile options differ.
+    """
+    from bm25s.numba import retrieve_utils
+    from bm25s.scoring import _compute_relevance_from_scores_jit_ready
+
+    top_k = numba.njit(cache=True, parallel=True)(retrieve_utils._retrieve_internal_jitted)
+    scores = numba.njit(cache=True)(_compute_relevance_from_scores_jit_ready)
+    return top_k, scores
+
+
 class BM25Searcher:
+    """Batched BM25 top-k through bm25s's numba kernel, parallel over the queries of a batch.
+
+    Answers are those of one query scored alone with ties going to the lower row: the kernel returns k+1
+    candidates; when the k-th and (k+1)-th scores tie, that query is re-ranked from its full score vector.
+    """
+
     retriever = "bm25"
     index_type = "bm25"
 
-    def __init__(self, model: bm25s.BM25, keys: np.ndarray, passages: int) -> None:
+    def __init__(self, model: bm25s.BM25, keys: np.ndarray, passages: int, threads: int | None = None,
+                 memory_mapped: bool = False) -> None:
         self._keys = keys
         self._data = model.scores["data"]
         self._indices = model.scores["indices"]
         self._indptr = model.scores["indptr"]
+        self._nonoccurrence = model.nonoccurrence_array
+        self._dtype = np.dtype(model.dtype)
+        self._int_dtype = np.dtype(model.int_dtype)
         self.passages = passages
+        self.threads = threads
+        self.memory_mapped = memory_mapped
+        self.search_params: dict = {}  # BM25 has none (faiss's nprobe / efSearch / k_factor_rf are dense-only)
+        self._lock = threading.Lock()  # numba's default threading layer must not run two parallel kernels at once
+        self._top_k, self._scores = numba_kernels()
+        self.search([""], 1)  # compiles (or loads the cached) kernels now, not at the first request
+        self.search_one([], 1)
 
     @classmethod
-    def load(cls, index_dir: str | Path, meta: IndexMetadata) -> BM25Searcher:
-        # mmap: the score matrix stays on disk and pages in on demand (fast start, small RSS).
+    def load(cls, index_dir: str | Path, meta: IndexMetadata, *, in_ram: bool = False,
+             threads: int | None = None) -> BM25Searcher:
+        # mmap (default): the score matrix stays on disk and pages in on demand (fast start, small RSS).
         bm25_dir = Path(index_dir) / BM25_SUBDIR
-        model = bm25s.BM25.load(bm25_dir, mmap=True, load_vocab=False, show_progress=False)
-        return cls(model, vocab_keys(bm25_dir), meta.passages)
+        model = bm25s.BM25.load(bm25_dir, mmap=not in_ram, load_vocab=False, show_progress=False)
+        return cls(model, vocab_keys(bm25_dir), meta.passages, threads=threads, memory_mapped=not in_ram)
 
     def term_ids(self, query: str) -> list[int]:
         """Vocabulary ids of the query's tokens (unknown tokens dropped, repeats kept)."""
@@ -109,26 +147,38 @@ class BM25Searcher:
                 ids.append(int(self._keys[pos, 1]))
         return ids
 
-    def query_scores(self, query: str) -> np.ndarray:
-        """BM25 score of every passage for ``query`` (float32, length = passages)."""
-        term_ids = self.term_ids(query)
-        if not term_ids:
-            return np.zeros(self.passages, dtype=np.float32)
-        spans = [(int(self._indptr[t]), int(self._indptr[t + 1])) for t in term_ids]
-        rows = np.concatenate([self._indices[s:e] for s, e in spans])
-        weights = np.concatenate([self._data[s:e] for s, e in spans])
-        # One pass over the query's postings; summing in float64 makes the order of terms irrelevant.
-        return np.bincount(rows, weights=weights, minlength=self.passages).astype(np.float32)
+    def query_scores(self, term_ids: list[int]) -> np.ndarray:
+        """BM25 score of every passage for a query's term ids (bm25s' scoring, float32, length = passages)."""
+        with self._lock:
+            return self._scores(self._data, self._indptr, self._indices, self.passages,
+                                np.asarray(term_ids, dtype=self._int_dtype), self._dtype)
 
-    def search_one(self, query: str, k: int) -> tuple[np.ndarray, np.ndarray]:
-        scores = self.query_scores(query)
+    def search_one(self, term_ids: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-``k`` of one query from its full score vector (ties to the lower row)."""
+        scores = self.query_scores(term_ids)
         best = topk_rows(scores, min(k, self.passages))
         return scores[best], best
 
+    def _candidates(self, ids: list[list[int]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """bm25s's batched kernel: the top-``k`` of every query (unsorted), parallel over the queries."""
+        flat = np.asarray([t for q in ids for t in q], dtype=self._int_dtype)
+        pointers = np.cumsum([0] + [len(q) for q in ids]).astype(self._int_dtype)
+        with self._lock:
+            if self.threads:
+                numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+            return self._top_k(flat, pointers, k, False, self._dtype, self._int_dtype, self._data, self._indptr,
+                               self._indices, self.passages, self._nonoccurrence, None)
+
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, self.passages)
+        ids = [self.term_ids(q) for q in queries]
+        cand_scores, cand_rows = self._candidates(ids, min(k + 1, self.passages))
         scores = np.zeros((len(queries), k), dtype=np.float32)
         rows = np.zeros((len(queries), k), dtype=np.int64)
-        for i, q in enumerate(queries):
-            scores[i], rows[i] = self.search_one(q, k)
+        for i in range(len(queries)):
+            order = np.lexsort((cand_rows[i], -cand_scores[i]))
+            q_scores, q_rows = cand_scores[i][order], cand_rows[i][order]
+            if len(q_scores) > k and q_scores[k - 1] == q_scores[k]:
+                q_scores, q_rows = self.search_one(ids[i], k)  # which tied rows make the top-k: the lowest
+            scores[i], rows[i] = q_scores[:k], q_rows[:k]
         return scores, rows

@@ -7,7 +7,7 @@ from pathlib import Path
 from .bm25 import build_bm25_index
 from .config import BuildConfig
 from .corpus import CorpusStore
-from .dense import build_dense_index
+from .dense import AuditSpec, build_dense_index
 from .encoder import EncoderSpec
 from .metadata import IndexMetadata
 
@@ -25,8 +25,9 @@ def build_index(cfg: BuildConfig, on_chunk=None) -> IndexMetadata:
                              "directory in Hugging Face format, e.g. a local copy of intfloat/e5-base-v2)")
 
         spec = EncoderSpec.for_retriever(cfg.retriever, cfg.model, max_length=cfg.max_length, pooling=cfg.pooling)
+        audit = AuditSpec(sample=cfg.audit_sample, k=cfg.audit_k, target=cfg.recall_target)
         return build_dense_index(store, out, spec, faiss_type=cfg.faiss_type, batch_size=cfg.batch_size,
-                                 device=cfg.device, gpus=cfg.gpus, keep_embeddings=cfg.keep_embeddings, threads=cfg.threads,
-                                 on_chunk=on_chunk)
+                                 device=cfg.device, gpus=cfg.gpus, keep_embeddings=cfg.keep_embeddings,
+                                 threads=cfg.threads, audit=audit, on_chunk=on_chunk)
     finally:
         store.close()

@@ -1,20 +1,19 @@
-"""CLI verbs `build-index` and `serve-retriever` (see rlinf_ext/cli.py)."""
+"""CLI verbs `build-index`, `serve-retriever` and `audit-index` (see rlinf_ext/cli.py)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .config import BuildConfig, ServerConfig, add_dataclass_arguments, from_args
+from .config import AuditConfig, BuildConfig, ServerConfig, add_dataclass_arguments, from_args
+
+CONFIGS = {"build-index": BuildConfig, "serve-retriever": ServerConfig, "audit-index": AuditConfig}
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
-    if verb == "build-index":
-        add_dataclass_arguments(parser, BuildConfig)
-    elif verb == "serve-retriever":
-        add_dataclass_arguments(parser, ServerConfig)
-    else:  # pragma: no cover - the verb table only routes these two here
+    if verb not in CONFIGS:  # pragma: no cover - the verb table only routes these here
         raise ValueError(f"unknown verb {verb}")
+    add_dataclass_arguments(parser, CONFIGS[verb])
 
 
 def run(verb: str, args: argparse.Namespace) -> int:
@@ -30,6 +29,12 @@ def run(verb: str, args: argparse.Namespace) -> int:
             meta = build_index(from_args(BuildConfig, args))
             print(f"index written to {args.out}: {meta.retriever}, {meta.passages} passages"
                   + (f", faiss {meta.faiss_type}, dim {meta.dim}" if meta.dim else ""))
+            return 0
+        if verb == "audit-index":
+            # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
+            from .audit_run import audit_index, format_record
+
+            print(format_record(audit_index(from_args(AuditConfig, args)), args.index))
             return 0
         # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
         from .server import serve

@@ -31,8 +31,15 @@ class ServerConfig:
     no_batching: bool = _opt(False, "Serve one request at a time without cross-request batching (comparison).")
     device: str = _opt("auto", "Dense encoder device: auto (cuda if available), cpu or cuda.")
     gpus: str | None = _opt(None, "Put the faiss index on GPUs (sharded, fp16): 'all' or a list like 0,1.")
-    threads: int | None = _opt(None, "CPU threads of the dense query encoder (default: torch's default; 1 is "
-                                     "often fastest on a shared, oversubscribed machine).")
+    threads: int | None = _opt(None, "CPU threads of the dense query encoder and of BM25 scoring (default: "
+                                     "torch's / numba's default; 1 is often fastest on an oversubscribed machine).")
+    in_ram: bool = _opt(False, "Read the index into RAM instead of memory-mapping it (mapped: opens in seconds, "
+                               "its pages are page cache the kernel can evict).")
+    nprobe: int | None = _opt(None, "IVF lists searched per query (default: the index metadata's, chosen by the "
+                                    "build's audit).")
+    ef_search: int | None = _opt(None, "HNSW search breadth efSearch (default: the index metadata's).")
+    k_factor: int | None = _opt(None, "Re-ranking indexes (...,Refine(...)): candidates re-scored exactly = "
+                                      "k_factor x topk (default: the index metadata's).")
     save_address_to: str | None = _opt(None, "Directory to write this server's address file into "
                                              "(Host<host>_IP<port>.txt containing host:port; removed on exit).")
     log_level: str = _opt("warning", "uvicorn log level.")
@@ -45,7 +52,9 @@ class BuildConfig:
     retriever: str = _opt("bm25", "bm25 (sparse, no model), e5 or bge (dense, needs --model).",
                           choices=["bm25", "e5", "bge"])
     model: str | None = _opt(None, "Dense encoder directory (HF transformers format).")
-    faiss_type: str = _opt("Flat", "faiss index_factory string: Flat, HNSW64, IVF4096,PQ64, ...")
+    faiss_type: str = _opt("Flat", "A preset (flat; flat-fp16: exact over fp16 codes; approx: IVF + 4-bit PQ "
+                                   "with exact re-rank over fp16 vectors) or a faiss index_factory string "
+                                   "(HNSW32, IVF4096,PQ96x4fs,Refine(SQfp16), ...).")
     batch_size: int = _opt(64, "Dense: passages per encoder batch.")
     max_length: int = _opt(256, "Dense: max tokens per passage/query.")
     pooling: str | None = _opt(None, "Dense pooling (mean|cls); default from the retriever (e5 mean, bge cls).")
@@ -53,6 +62,47 @@ class BuildConfig:
     gpus: str | None = _opt(None, "Encode on these GPUs ('all' or 0,1,...); data-parallel over the visible GPUs.")
     threads: int | None = _opt(None, "CPU threads of the encoder (default: torch's default).")
     keep_embeddings: bool = _opt(False, "Dense: keep the passage embedding memmap after the index is written.")
+    audit_sample: int = _opt(1000, "Approximate dense types: queries sampled from the corpus to choose nprobe / "
+                                   "efSearch / k_factor by recall against exact search (0: skip, keep faiss's "
+                                   "defaults).")
+    audit_k: int = _opt(3, "Approximate dense types: the k of the recall@k the audit tunes for.")
+    recall_target: float = _opt(0.99, "Approximate dense types: recall@k the chosen search parameters must reach.")
+
+
+@dataclass
+class AuditConfig:
+    index: str = _opt(None, "Index directory to audit (an approximate or fp16 dense index).", required=True)
+    reference: str = _opt(None, "Flat index directory over the same corpus with the same encoder (exact search).",
+                          required=True)
+    queries: str | None = _opt(None, "Query file: one query per line, or jsonl with a 'question' or 'query' field.")
+    sample: int | None = _opt(None, "Instead of --queries: this many queries sampled from the corpus passages.")
+    corpus: str | None = _opt(None, "Corpus to sample from (default: the one recorded in the index metadata).")
+    k: int = _opt(3, "recall@k against the reference.")
+    batch_sizes: str = _opt("1,16,64", "Comma list of batch sizes to time searches at.")
+    latency_calls: int = _opt(50, "Timed search calls per batch size (at most).")
+    model: str | None = _opt(None, "Encoder directory (default: the one recorded in the index metadata).")
+    threads: int | None = _opt(None, "CPU threads of the query encoder.")
+    in_ram: bool = _opt(False, "Read the audited index into RAM instead of memory-mapping it.")
+    nprobe: int | None = _opt(None, "Audit with this nprobe instead of the metadata's.")
+    ef_search: int | None = _opt(None, "Audit with this efSearch instead of the metadata's.")
+    k_factor: int | None = _opt(None, "Audit with this re-rank k_factor instead of the metadata's.")
+    write: bool = _opt(False, "Store the figures in the index metadata (shown by the server's /health).")
+
+
+# Search-parameter options (ServerConfig / AuditConfig field) -> faiss ParameterSpace names.
+SEARCH_PARAM_OPTIONS = {"nprobe": "nprobe", "ef_search": "efSearch", "k_factor": "k_factor_rf"}
+
+
+def search_params(cfg) -> dict[str, int]:
+    """The faiss search parameters a server/audit config sets explicitly (the rest come from the metadata)."""
+    out = {}
+    for option, name in SEARCH_PARAM_OPTIONS.items():
+        value = getattr(cfg, option)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"--{option.replace('_', '-')} must be >= 1, got {value}")
+            out[name] = value
+    return out
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls) -> None:

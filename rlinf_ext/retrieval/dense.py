@@ -2,26 +2,48 @@
 
 Build: passages are encoded in chunks into ``embeddings.f32`` (a float32 memmap, N x dim); after every
 chunk is flushed, ``build_progress.json`` records how many rows are done, so an interrupted build resumes
-from there. Then the faiss index (``index_factory`` string, inner product) is trained if needed, filled
-and written as ``faiss.index``; the metadata file is written last (its presence marks a finished index).
+from there. Then the faiss index (a preset or an ``index_factory`` string, inner product) is trained if
+needed and filled; for an approximate type the search parameters (nprobe, efSearch, k_factor_rf) are chosen on
+sampled queries against exact search over the embeddings (audit.py) and recorded with the figures. It is
+written as ``faiss.index``; the metadata file is written last (its presence marks a finished index).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
 import numpy as np
 
+from .audit import (
+    AUDIT_RECALL,
+    audit_record,
+    choose_search_params,
+    exact_search,
+    recall_at_k,
+    sample_queries,
+    time_batches,
+)
 from .corpus import CorpusStore, file_fingerprint
 from .encoder import EncoderSpec, TextEncoder
-from .metadata import IndexMetadata, IndexMismatchError, model_fingerprint
+from .faiss_index import (
+    EXACT_TYPE,
+    FAISS_NAME,
+    apply_search_params,
+    new_faiss_index,
+    read_faiss_index,
+    resolve_faiss_type,
+    to_gpus,
+    tunable_params,
+    write_faiss_index,
+)
+from .metadata import METADATA_NAME, IndexMetadata, IndexMismatchError, model_fingerprint
 
 EMBEDDINGS_NAME = "embeddings.f32"
 PROGRESS_NAME = "build_progress.json"
-FAISS_NAME = "faiss.index"
 _TRAIN_SAMPLE = 200_000
 
 
@@ -33,10 +55,18 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-def _progress_key(spec: EncoderSpec, corpus_checksum: str, model_checksum: str, passages: int, dim: int) -> dict:
+def progress_key(spec: EncoderSpec, corpus_checksum: str, model_checksum: str, passages: int, dim: int) -> dict:
+    """What an embedding memmap was made from; a resumed build continues it only when this is unchanged."""
     return {"corpus_checksum": corpus_checksum, "model_checksum": model_checksum, "passages": passages,
             "dim": dim, "pooling": spec.pooling, "passage_prefix": spec.passage_prefix,
             "max_length": spec.max_length}
+
+
+def record_progress(out_dir: Path, key: dict, rows_done: int) -> None:
+    """Record that the first ``rows_done`` rows of the embedding memmap in ``out_dir`` are written (atomically)."""
+    tmp = out_dir / (PROGRESS_NAME + ".tmp")
+    tmp.write_text(json.dumps({"key": key, "rows_done": rows_done}))
+    os.replace(tmp, out_dir / PROGRESS_NAME)
 
 
 def encode_corpus(store: CorpusStore, out_dir: Path, encoder: TextEncoder, *, batch_size: int,
@@ -45,7 +75,7 @@ def encode_corpus(store: CorpusStore, out_dir: Path, encoder: TextEncoder, *, ba
     """Fill (or resume filling) the embedding memmap; returns it complete."""
     n, dim = len(store), encoder.dim
     emb_path, progress_path = out_dir / EMBEDDINGS_NAME, out_dir / PROGRESS_NAME
-    key = _progress_key(encoder.spec, corpus_checksum, model_checksum, n, dim)
+    key = progress_key(encoder.spec, corpus_checksum, model_checksum, n, dim)
     done = 0
     if progress_path.exists() and emb_path.exists():
         saved = json.loads(progress_path.read_text())
@@ -65,9 +95,7 @@ def encode_corpus(store: CorpusStore, out_dir: Path, encoder: TextEncoder, *, ba
         stop = min(n, start + chunk_rows)
         emb[start:stop] = encoder.encode(list(store.iter_texts(start, stop)), is_query=False, batch_size=batch_size)
         emb.flush()
-        tmp = progress_path.with_name(PROGRESS_NAME + ".tmp")
-        tmp.write_text(json.dumps({"key": key, "rows_done": stop}))
-        os.replace(tmp, progress_path)  # recorded only after the rows are on disk
+        record_progress(out_dir, key, stop)  # recorded only after the rows are on disk
         if bar is not None:
             bar.update(stop - start)
         if on_chunk is not None:
@@ -77,14 +105,10 @@ def encode_corpus(store: CorpusStore, out_dir: Path, encoder: TextEncoder, *, ba
     return emb
 
 
-def new_faiss_index(dim: int, faiss_type: str) -> faiss.Index:
-    """``index_factory(dim, faiss_type, inner product)`` or a ValueError naming valid strings."""
-    try:
-        return faiss.index_factory(dim, faiss_type, faiss.METRIC_INNER_PRODUCT)
-    except RuntimeError as e:
-        first_line = str(e).strip().splitlines()[-1] if str(e).strip() else ""
-        raise ValueError(f"faiss cannot build '{faiss_type}' for dim {dim} ({first_line}). Use e.g. Flat, "
-                         "HNSW64, IVF4096,Flat or IVF4096,PQ64 (PQ needs dim divisible by the PQ size).") from e
+def _train_sample_size(index: faiss.Index, n: int) -> int:
+    """Training rows: 200k, or 50 per IVF list when that is more (faiss wants >= 39 per list)."""
+    ivf = faiss.try_extract_index_ivf(index)
+    return min(n, max(_TRAIN_SAMPLE, 50 * ivf.nlist if ivf is not None else 0))
 
 
 def make_faiss_index(emb: np.ndarray, faiss_type: str, show_progress: bool = True) -> faiss.Index:
@@ -93,7 +117,7 @@ def make_faiss_index(emb: np.ndarray, faiss_type: str, show_progress: bool = Tru
     index = new_faiss_index(dim, faiss_type)
     if not index.is_trained:
         rng = np.random.default_rng(0)
-        sample = np.sort(rng.choice(n, size=min(n, _TRAIN_SAMPLE), replace=False))
+        sample = np.sort(rng.choice(n, size=_train_sample_size(index, n), replace=False))
         index.train(np.ascontiguousarray(emb[sample]))
     step = 100_000
     iterator = range(0, n, step)
@@ -106,17 +130,29 @@ def make_faiss_index(emb: np.ndarray, faiss_type: str, show_progress: bool = Tru
     return index
 
 
+@dataclass(frozen=True)
+class AuditSpec:
+    """Build-time audit: ``sample`` queries (0 = none), recall@``k`` to reach, ``target`` recall."""
+
+    sample: int = 0
+    k: int = 3
+    target: float = 0.99
+
+
 def build_dense_index(store: CorpusStore, out_dir: str | Path, spec: EncoderSpec, *, faiss_type: str = "Flat",
                       batch_size: int = 64, device: str = "auto", gpus: str | None = None,
                       keep_embeddings: bool = False, chunk_rows: int | None = None, on_chunk=None,
-                      threads: int | None = None, show_progress: bool = True) -> IndexMetadata:
+                      threads: int | None = None, audit: AuditSpec = AuditSpec(),
+                      show_progress: bool = True) -> IndexMetadata:
+    """Encode (resumably), build, write, and for approximate types tune + audit on a query sample."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "index_meta.json").unlink(missing_ok=True)  # unfinished until the end
+    (out_dir / METADATA_NAME).unlink(missing_ok=True)  # unfinished until the end
     device = _resolve_device(device)
     if gpus and device == "cpu":
         raise ValueError("--gpus was given but no CUDA device is visible to torch")
     encoder = TextEncoder(spec, device=device, threads=threads)
+    faiss_type = resolve_faiss_type(faiss_type, len(store), encoder.dim)
     new_faiss_index(encoder.dim, faiss_type)  # a bad factory string fails now, not after hours of encoding
     corpus_checksum = file_fingerprint(store.path)
     model_checksum = model_fingerprint(spec.model_path)
@@ -124,9 +160,6 @@ def build_dense_index(store: CorpusStore, out_dir: str | Path, spec: EncoderSpec
                         model_checksum=model_checksum, chunk_rows=chunk_rows, on_chunk=on_chunk,
                         show_progress=show_progress)
     index = make_faiss_index(emb, faiss_type, show_progress=show_progress)
-    tmp = out_dir / (FAISS_NAME + ".tmp")
-    faiss.write_index(index, str(tmp))
-    os.replace(tmp, out_dir / FAISS_NAME)
     meta = IndexMetadata(
         retriever="e5" if spec.query_prefix == "query: " else "bge", corpus_path=str(store.path.resolve()),
         corpus_size=store.path.stat().st_size, corpus_checksum=corpus_checksum, passages=len(store),
@@ -134,6 +167,13 @@ def build_dense_index(store: CorpusStore, out_dir: str | Path, spec: EncoderSpec
         pooling=spec.pooling, query_prefix=spec.query_prefix, passage_prefix=spec.passage_prefix,
         max_length=spec.max_length, faiss_type=faiss_type,
     )
+    if faiss_type != EXACT_TYPE and audit.sample > 0:
+        meta.search_params, meta.audit = tune_and_audit(index, emb, encoder, store, audit)
+    elif tunable_params(index):
+        print(f"warning: {faiss_type} is approximate and no audit ran (--audit-sample 0), so its search parameters "
+              "stay at faiss's defaults (nprobe 1, efSearch 16); pass --nprobe / --ef-search to serve-retriever",
+              flush=True)
+    meta.faiss_checksum = write_faiss_index(index, out_dir / FAISS_NAME)
     meta.save(out_dir)
     del emb
     if not keep_embeddings:
@@ -142,21 +182,20 @@ def build_dense_index(store: CorpusStore, out_dir: str | Path, spec: EncoderSpec
     return meta
 
 
-def _to_gpus(index: faiss.Index, gpus: str) -> faiss.Index:
-    """Shard the index over the chosen GPUs in fp16 (faiss-GPU), or explain why that is not possible."""
-    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
-        raise ValueError("--gpus asks for faiss-GPU but this faiss has no GPU support or sees no GPU; "
-                         "install faiss-gpu or drop --gpus (faiss-cpu is the default)")
-    if isinstance(index, faiss.IndexHNSW) or "HNSW" in type(index).__name__:
-        raise ValueError("HNSW indexes cannot run on faiss-GPU; serve them on CPU (drop --gpus)")
-    options = faiss.GpuMultipleClonerOptions()
-    options.shard = True
-    options.useFloat16 = True
-    if gpus == "all":
-        return faiss.index_cpu_to_all_gpus(index, co=options)
-    ids = [int(g) for g in gpus.split(",") if g.strip()]
-    resources = [faiss.StandardGpuResources() for _ in ids]
-    return faiss.index_cpu_to_gpu_multiple_py(resources, index, co=options, gpus=ids)
+def tune_and_audit(index: faiss.Index, emb: np.ndarray, encoder: TextEncoder, store: CorpusStore,
+                   spec: AuditSpec) -> tuple[dict, dict]:
+    """Choose the search parameters reaching ``spec.target`` recall@k on sampled queries; returns them + the audit."""
+    queries = sample_queries(store, spec.sample)
+    vectors = encoder.encode(queries, is_query=True, batch_size=64)
+    _, truth = exact_search(emb, vectors, spec.k)
+    params, sweep = choose_search_params(index, vectors, truth, spec.k, spec.target)
+    _, rows = index.search(vectors, spec.k)
+    record = audit_record(k=spec.k, queries=f"{len(queries)} sampled from the corpus",
+                          recall=recall_at_k(rows, truth, spec.k), reference="exact search over the build's embeddings",
+                          params=params, latency=time_batches(index.search, vectors, spec.k, [1, 16, 64]), sweep=sweep)
+    print(f"audit: recall@{spec.k} {record[AUDIT_RECALL]:.4f} with {params or 'defaults'} "
+          f"(target {spec.target})", flush=True)
+    return params, record
 
 
 # faiss 1.15 sets `distance_compute_blas_threshold` to 128000, and its exhaustive (Flat) search then scans the
@@ -172,42 +211,62 @@ def use_blas_for_batches(threshold: int = FLAT_BLAS_THRESHOLD) -> None:
     faiss.cvar.distance_compute_blas_threshold = int(threshold)
 
 
+def load_encoder(meta: IndexMetadata, index_dir: str | Path, *, model: str | None = None, device: str = "cpu",
+                 threads: int | None = None) -> TextEncoder:
+    """The query encoder of a dense index (``model`` overrides the recorded one), checked against its width."""
+    model_path = model or meta.model
+    if not model_path or not Path(model_path).is_dir():
+        source = "--model" if model else "the index metadata"
+        raise IndexMismatchError(f"encoder directory {model_path!r} (from {source}) not found; pass --model "
+                                 "pointing to the encoder the index was built with")
+    spec = EncoderSpec(model_path=str(model_path), pooling=meta.pooling or "mean",
+                       query_prefix=meta.query_prefix, passage_prefix=meta.passage_prefix,
+                       max_length=meta.max_length or 256)
+    encoder = TextEncoder(spec, device=device, threads=threads)
+    if encoder.dim != meta.dim:
+        raise IndexMismatchError(f"encoder {model_path} gives {encoder.dim}-d vectors but the index in "
+                                 f"{index_dir} holds {meta.dim}-d ones; pass the encoder it was built with")
+    return encoder
+
+
+def open_faiss_index(index_dir: str | Path, meta: IndexMetadata, *, in_ram: bool = False, gpus: str | None = None,
+                     search_params: dict | None = None) -> tuple[faiss.Index, bool, dict]:
+    """Read ``faiss.index`` (memory-mapped unless ``in_ram``), put it on GPUs if asked, set its search parameters
+    (the metadata's, updated by ``search_params``); returns ``(index, memory_mapped, params)``."""
+    index, mapped = read_faiss_index(Path(index_dir) / FAISS_NAME, meta, in_ram=in_ram)
+    if gpus:
+        index = to_gpus(index, gpus)
+    params = {**meta.search_params, **(search_params or {})}
+    apply_search_params(index, params, meta.faiss_type or EXACT_TYPE, gpu=bool(gpus))
+    use_blas_for_batches()
+    return index, mapped, params
+
+
 class DenseSearcher:
-    def __init__(self, encoder: TextEncoder, index: faiss.Index, meta: IndexMetadata, query_batch_size: int) -> None:
+    def __init__(self, encoder: TextEncoder, index: faiss.Index, meta: IndexMetadata, query_batch_size: int,
+                 *, memory_mapped: bool = False, search_params: dict | None = None) -> None:
         self.encoder = encoder
         self.index = index
         self.retriever = meta.retriever
-        self.index_type = meta.faiss_type or "Flat"
+        self.index_type = meta.faiss_type or EXACT_TYPE
         self.passages = meta.passages
         self.query_batch_size = query_batch_size
+        self.memory_mapped = memory_mapped
+        self.search_params = dict(search_params or {})
 
     @classmethod
     def load(cls, index_dir: str | Path, meta: IndexMetadata, *, model: str | None = None, device: str = "cpu",
-             gpus: str | None = None, query_batch_size: int = 256, threads: int | None = None) -> DenseSearcher:
-        model_path = model or meta.model
-        if not model_path or not Path(model_path).is_dir():
-            source = "--model" if model else "the index metadata"
-            raise IndexMismatchError(f"encoder directory {model_path!r} (from {source}) not found; pass --model "
-                                     "pointing to the encoder the index was built with")
-        spec = EncoderSpec(model_path=str(model_path), pooling=meta.pooling or "mean",
-                           query_prefix=meta.query_prefix, passage_prefix=meta.passage_prefix,
-                           max_length=meta.max_length or 256)
-        encoder = TextEncoder(spec, device=device, threads=threads)
-        if encoder.dim != meta.dim:
-            raise IndexMismatchError(f"encoder {model_path} gives {encoder.dim}-d vectors but the index in "
-                                     f"{index_dir} holds {meta.dim}-d ones; pass the encoder it was built with")
-        path = str(Path(index_dir) / FAISS_NAME)
-        try:  # memory-map when the index type allows it: fast start, pages shared with the OS cache
-            index = faiss.read_index(path, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
-        except RuntimeError:
-            index = faiss.read_index(path)
-        if gpus:
-            index = _to_gpus(index, gpus)
-        use_blas_for_batches()
-        return cls(encoder, index, meta, query_batch_size)
+             gpus: str | None = None, query_batch_size: int = 256, threads: int | None = None,
+             in_ram: bool = False, search_params: dict | None = None) -> DenseSearcher:
+        encoder = load_encoder(meta, index_dir, model=model, device=device, threads=threads)
+        index, mapped, params = open_faiss_index(index_dir, meta, in_ram=in_ram, gpus=gpus,
+                                                 search_params=search_params)
+        return cls(encoder, index, meta, query_batch_size, memory_mapped=mapped, search_params=params)
+
+    def search_vectors(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` of encoded queries; a row is -1 where an approximate index found fewer than ``k``."""
+        scores, rows = self.index.search(vectors, min(k, self.passages))
+        return scores.astype(np.float32), rows.astype(np.int64)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        k = min(k, self.passages)
-        vectors = self.encoder.encode(queries, is_query=True, batch_size=self.query_batch_size)
-        scores, rows = self.index.search(vectors, k)
-        return scores.astype(np.float32), rows.astype(np.int64)
+        return self.search_vectors(self.encoder.encode(queries, is_query=True, batch_size=self.query_batch_size), k)

@@ -29,7 +29,8 @@ class RetrievalServerProcess:
     def __init__(self, index_dir: str | os.PathLike, corpus: str | os.PathLike, *, pages: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, topk: int = 3, model: str | None = None,
                  retriever: str | None = None, no_batching: bool = False, max_batch_size: int | None = None,
-                 max_wait_ms: float | None = None, threads: int | None = None,
+                 max_wait_ms: float | None = None, threads: int | None = None, in_ram: bool = False,
+                 nprobe: int | None = None, ef_search: int | None = None, k_factor: int | None = None,
                  save_address_to: str | os.PathLike | None = None,
                  extra_args: list[str] | None = None, startup_timeout_s: float = 300.0,
                  env: dict[str, str] | None = None, log_path: str | os.PathLike | None = None) -> None:
@@ -37,11 +38,14 @@ class RetrievalServerProcess:
                 "--topk", str(topk)]
         for flag, value in (("--pages", pages), ("--model", model), ("--retriever", retriever),
                             ("--max-batch-size", max_batch_size), ("--max-wait-ms", max_wait_ms),
-                            ("--threads", threads)):
+                            ("--threads", threads), ("--nprobe", nprobe), ("--ef-search", ef_search),
+                            ("--k-factor", k_factor)):
             if value is not None:
                 args += [flag, str(value)]
         if no_batching:
             args.append("--no-batching")
+        if in_ram:
+            args.append("--in-ram")
         # Private scratch dir for the log (and the address file unless the caller shares a directory:
         # clients read every file in an address directory, so the log never goes there).
         self._scratch = Path(tempfile.mkdtemp(prefix="retriever-"))

@@ -31,6 +31,11 @@ class IndexMetadata:
     passage_prefix: str = ""
     max_length: int | None = None
     faiss_type: str | None = None  # factory string, e.g. Flat, HNSW64, IVF4096,PQ64
+    faiss_checksum: str | None = None  # dense: file_fingerprint of faiss.index (a truncated/swapped file is refused)
+    # dense: faiss ParameterSpace settings the server applies (e.g. {"nprobe": 32, "k_factor_rf": 8}); chosen by
+    # the build's audit so that recall@k against exact search reaches the target; overridable at serve time.
+    search_params: dict = field(default_factory=dict)
+    audit: dict | None = None  # dense: figures of the last audit (recall@k vs exact, latency, memory); see audit.py
     extra: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 

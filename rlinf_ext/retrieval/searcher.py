@@ -14,9 +14,12 @@ class Searcher(Protocol):
     retriever: str  # bm25 | e5 | bge
     index_type: str  # "bm25" or the faiss factory string
     passages: int
+    memory_mapped: bool  # the index is read through mmap (page cache), not copied into the process
+    search_params: dict  # faiss search parameters in effect (e.g. {"nprobe": 32}); {} for BM25 and exact types
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` per query: ``scores`` float32 (n, k) best first, ``rows`` int64 (n, k) corpus row numbers.
+        """Top-``k`` per query: ``scores`` float32 (n, k) best first, ``rows`` int64 (n, k) corpus row numbers
+        (-1 where an approximate index found fewer than ``k``).
 
         Must give each query the same answer whatever other queries share the call (batching relies on it).
         """

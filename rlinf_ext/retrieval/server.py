@@ -30,8 +30,9 @@ from pydantic import (
 )
 
 from .batching import QueryBatcher
-from .config import ServerConfig
+from .config import ServerConfig, search_params
 from .corpus import CorpusStore, PagesStore, file_fingerprint
+from .memory import process_memory
 from .metadata import IndexMetadata, check_matches, model_fingerprint
 from .open import open_searcher
 from .searcher import Searcher
@@ -64,6 +65,7 @@ class Backend:
     store: CorpusStore
     pages: PagesStore | None
     meta: IndexMetadata
+    searcher_open_s: float = 0.0  # seconds to open the searcher (encoder + index); memory-mapped: the index is ~0 of it
 
 
 def open_backend(cfg: ServerConfig) -> Backend:
@@ -80,9 +82,12 @@ def open_backend(cfg: ServerConfig) -> Backend:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    searcher, _ = open_searcher(cfg.index, model=cfg.model, device=device, gpus=cfg.gpus, threads=cfg.threads)
+    started = time.perf_counter()
+    searcher, _ = open_searcher(cfg.index, model=cfg.model, device=device, gpus=cfg.gpus, threads=cfg.threads,
+                                in_ram=cfg.in_ram, search_params=search_params(cfg))
+    open_s = time.perf_counter() - started
     pages = PagesStore.open(cfg.pages, cache_dir=cfg.index, show_progress=True) if cfg.pages else None
-    return Backend(searcher=searcher, store=store, pages=pages, meta=meta)
+    return Backend(searcher=searcher, store=store, pages=pages, meta=meta, searcher_open_s=open_s)
 
 
 def _json(payload, status: int = 200) -> Response:
@@ -192,6 +197,8 @@ def create_app(cfg: ServerConfig, backend: Backend, address_file: Path | None = 
             return _error(500, f"search failed: {type(e).__name__}: {e}")
         result = []
         for q_scores, q_rows in zip(scores, rows):
+            found = q_rows >= 0  # an approximate index marks "fewer than k found" with -1
+            q_scores, q_rows = q_scores[found], q_rows[found]
             docs = backend.store.get_many(q_rows)
             if req.return_scores:
                 result.append([{"document": d, "score": float(s)} for d, s in zip(docs, q_scores)])
@@ -226,6 +233,11 @@ def create_app(cfg: ServerConfig, backend: Backend, address_file: Path | None = 
             "queue_depth": depth,
             "batches_run": batcher.batches_run if batcher is not None else None,
             "default_topk": cfg.topk,
+            "memory_mapped": backend.searcher.memory_mapped,
+            "search_params": backend.searcher.search_params,
+            "audit": backend.meta.audit,
+            "memory": process_memory(),
+            "searcher_open_s": backend.searcher_open_s,
         })
 
     return app
@@ -270,6 +282,7 @@ def serve(cfg: ServerConfig) -> int:
     app.state.port = port
     print(f"retrieval server: {backend.meta.retriever} index over {len(backend.store)} passages, "
           f"listening on http://{cfg.host}:{port} (opened in {time.perf_counter() - t0:.1f}s, "
+          f"{'memory-mapped' if backend.searcher.memory_mapped else 'in RAM'}, "
           f"batching {'off' if cfg.no_batching else 'on'})", flush=True)
     config = uvicorn.Config(app, log_level=cfg.log_level, access_log=False, timeout_keep_alive=30)
     server = uvicorn.Server(config)

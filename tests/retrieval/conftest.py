@@ -80,3 +80,43 @@ def dense_index(retrieval_assets, tmp_path_factory) -> Path:
     build_index(BuildConfig(corpus=str(retrieval_assets.corpus), out=str(out), retriever="e5",
                             model=str(retrieval_assets.encoder), batch_size=16, device="cpu", threads=1))
     return out
+
+
+@pytest.fixture(scope="session")
+def dense_embeddings(retrieval_assets, tmp_path_factory) -> Path:
+    """A directory holding the tiny corpus's finished embedding memmap (+ progress record) for the e5 spec."""
+    from rlinf_ext.retrieval.build import build_index
+    from rlinf_ext.retrieval.config import BuildConfig
+
+    out = tmp_path_factory.mktemp("dense_embeddings")
+    build_index(BuildConfig(corpus=str(retrieval_assets.corpus), out=str(out), retriever="e5",
+                            model=str(retrieval_assets.encoder), batch_size=16, device="cpu", threads=1,
+                            keep_embeddings=True))
+    return out
+
+
+@pytest.fixture(scope="session")
+def build_dense_variant(retrieval_assets, dense_embeddings, tmp_path_factory):
+    """``build(faiss_type, audit_sample=0) -> index dir``: dense indexes of other types over the same embeddings
+    (the build resumes from a copy of the finished memmap, so nothing is encoded again); cached per arguments."""
+    import shutil
+
+    from rlinf_ext.retrieval.build import build_index
+    from rlinf_ext.retrieval.config import BuildConfig
+    from rlinf_ext.retrieval.dense import EMBEDDINGS_NAME, PROGRESS_NAME
+
+    built: dict = {}
+
+    def build(faiss_type: str, audit_sample: int = 0) -> Path:
+        key = (faiss_type, audit_sample)
+        if key not in built:
+            out = tmp_path_factory.mktemp("dense_variant")
+            for name in (EMBEDDINGS_NAME, PROGRESS_NAME):
+                shutil.copy(dense_embeddings / name, out / name)
+            build_index(BuildConfig(corpus=str(retrieval_assets.corpus), out=str(out), retriever="e5",
+                                    model=str(retrieval_assets.encoder), faiss_type=faiss_type, device="cpu",
+                                    threads=1, audit_sample=audit_sample))
+            built[key] = out
+        return built[key]
+
+    return build

@@ -58,3 +58,42 @@ def test_bm25_top_k_matches_brute_force(tmp_path):
         np.testing.assert_allclose(scores[0], expected[order], rtol=1e-5, atol=1e-6)
     # k above the corpus size is clamped, not an error.
     assert searcher.search(["paris"], 50)[1].shape == (1, len(docs))
+
+
+def test_bm25_batched_search_equals_per_query_search_with_ties(tmp_path):
+    """One batched call (bm25s's numba kernel, 2 threads) answers every query exactly as a call with that query
+    alone and as the query's full score vector does, ties included (duplicates, unknown words, one-word queries)."""
+    import json
+
+    words = ["paris", "france", "capital", "river", "mountain", "king", "bridge", "city"]
+    docs = []
+    for i in range(60):
+        text = " ".join(words[(i * 3 + j) % len(words)] for j in range(2 + i % 5))
+        docs.append(f'"D{i}"\n{text}')
+    docs += docs[:12]  # exact duplicates: equal scores for every query
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "contents": d}) + "\n" for i, d in enumerate(docs)))
+    build_bm25_index(CorpusStore.open(corpus), tmp_path / "idx", show_progress=False)
+    searcher = BM25Searcher.load(tmp_path / "idx", IndexMetadata.load(tmp_path / "idx"), threads=2)
+    queries = words + ["paris france", "river river king", "unknownword", "of the", "city bridge mountain paris"]
+    for k in (1, 3, 7, len(docs)):
+        scores, rows = searcher.search(queries, k)
+        for i, q in enumerate(queries):
+            one_scores, one_rows = searcher.search([q], k)
+            exact_scores, exact_rows = searcher.search_one(searcher.term_ids(q), k)
+            assert rows[i].tolist() == one_rows[0].tolist() == exact_rows.tolist(), (q, k)
+            assert scores[i].tolist() == one_scores[0].tolist() == exact_scores.tolist(), (q, k)
+    # Boundary ties are real in this corpus: a duplicate pair straddles the k-th place for some query.
+    full = [searcher.query_scores(searcher.term_ids(q)) for q in queries]
+    assert any(np.sort(s)[::-1][2] == np.sort(s)[::-1][3] for s in full)
+
+
+def test_bm25_batched_equals_per_query_on_the_tiny_corpus(bm25_index, retrieval_assets):
+    from rlinf_ext.retrieval.audit import sample_queries
+
+    searcher = BM25Searcher.load(bm25_index, IndexMetadata.load(bm25_index), threads=2)
+    queries = sample_queries(CorpusStore.open(retrieval_assets.corpus), 200, seed=3)
+    scores, rows = searcher.search(queries, 5)
+    for i, q in enumerate(queries):
+        one_scores, one_rows = searcher.search([q], 5)
+        assert rows[i].tolist() == one_rows[0].tolist() and scores[i].tolist() == one_scores[0].tolist()

@@ -34,6 +34,19 @@ def dense_server(dense_index, retrieval_assets):
         yield url
 
 
+@pytest.fixture(scope="module")
+def approx_server(build_dense_variant, retrieval_assets):
+    """IVF + 4-bit PQ + exact fp16 re-rank, search parameters chosen by the build's audit, memory-mapped."""
+    index = build_dense_variant("approx", audit_sample=40)
+    with RetrievalServerProcess(index, retrieval_assets.corpus, max_wait_ms=5, threads=1) as url:
+        yield url
+
+
+def _server_url(which, request) -> str:
+    url = request.getfixturevalue(f"{which}_server")
+    return url[0] if which == "bm25" else url
+
+
 @pytest.mark.timeout(120)
 def test_health_and_address_file(bm25_server, retrieval_assets):
     url, _, addr = bm25_server
@@ -41,6 +54,8 @@ def test_health_and_address_file(bm25_server, retrieval_assets):
     n = len(_corpus_rows(retrieval_assets.corpus))
     assert health["status"] == "ok" and health["passages"] == n and health["retriever"] == "bm25"
     assert health["index_type"] == "bm25" and health["batching"] is True and "queue_depth" in health
+    assert health["memory_mapped"] is True and health["audit"] is None and health["search_params"] == {}
+    assert health["memory"]["rss_mb"] >= health["memory"]["anon_mb"] > 0
     files = list(addr.glob("Host*_IP*.txt"))
     assert len(files) == 1 and "http://" + files[0].read_text() == url
     assert url.startswith("http://127.0.0.1:")
@@ -106,9 +121,11 @@ BAD_BODIES = [
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("which", ["bm25", "dense"])
 @pytest.mark.parametrize("body,message", BAD_BODIES)
-def test_bad_input_gets_4xx_with_message_and_server_keeps_serving(bm25_server, body, message):
-    url = bm25_server[0]
+def test_bad_input_gets_4xx_with_message_and_server_keeps_serving(which, body, message, request):
+    url = _server_url(which, request)
+    assert httpx.get(f"{url}/health").json()["memory_mapped"] is True
     r = httpx.post(f"{url}/retrieve", content=body, headers={"content-type": "application/json"})
     assert 400 <= r.status_code < 500, r.text
     assert message in r.json()["detail"]
@@ -140,9 +157,10 @@ def _queries(corpus, n=64):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("which", ["bm25", "dense"])
-def test_64_concurrent_clients_get_the_sequential_answers(which, bm25_server, dense_server, retrieval_assets):
-    url = bm25_server[0] if which == "bm25" else dense_server
+@pytest.mark.parametrize("which", ["bm25", "dense", "approx"])
+def test_64_concurrent_clients_get_the_sequential_answers(which, retrieval_assets, request):
+    url = _server_url(which, request)
+    assert httpx.get(f"{url}/health").json()["memory_mapped"] is True
     queries = _queries(retrieval_assets.corpus)
     sequential = [httpx.post(f"{url}/retrieve", json={"queries": [q], "topk": 3, "return_scores": True}).json()
                   ["result"][0] for q in queries]
@@ -200,3 +218,34 @@ def test_wrong_retriever_and_missing_metadata_are_refused(bm25_index, tmp_path, 
         RetrievalServerProcess(bm25_index, retrieval_assets.corpus, retriever="e5", startup_timeout_s=60).start()
     with pytest.raises(RetrievalServerError, match="not a finished index"):
         RetrievalServerProcess(tmp_path, retrieval_assets.corpus, startup_timeout_s=60).start()
+
+
+@pytest.mark.timeout(120)
+def test_health_reports_the_audit_and_search_parameters(approx_server, build_dense_variant):
+    from rlinf_ext.retrieval.metadata import IndexMetadata
+
+    meta = IndexMetadata.load(build_dense_variant("approx", audit_sample=40))
+    health = httpx.get(f"{approx_server}/health").json()
+    assert health["index_type"] == meta.faiss_type and health["memory_mapped"] is True
+    assert health["search_params"] == meta.search_params and health["audit"] == meta.audit
+    assert {"recall", "k", "latency", "search_params"} <= set(health["audit"])
+
+
+@pytest.mark.timeout(240)
+def test_in_ram_and_serve_time_parameters(build_dense_variant, dense_index, dense_server, retrieval_assets):
+    queries = _queries(retrieval_assets.corpus, 16)
+    with RetrievalServerProcess(dense_index, retrieval_assets.corpus, in_ram=True, threads=1) as url:
+        assert httpx.get(f"{url}/health").json()["memory_mapped"] is False
+        body = {"queries": queries, "topk": 5, "return_scores": True}  # one request: the same batch on both
+        assert httpx.post(f"{url}/retrieve", json=body).json() == httpx.post(f"{dense_server}/retrieve",
+                                                                              json=body).json()
+    approx = build_dense_variant("approx", audit_sample=40)
+    with RetrievalServerProcess(approx, retrieval_assets.corpus, nprobe=1, k_factor=2, threads=1) as url:
+        assert httpx.get(f"{url}/health").json()["search_params"] == {"nprobe": 1, "k_factor_rf": 2}
+    with pytest.raises(RetrievalServerError, match=r"efSearch=8 does not apply .*\(it takes: k_factor_rf, nprobe\)"):
+        RetrievalServerProcess(approx, retrieval_assets.corpus, ef_search=8, threads=1, startup_timeout_s=120).start()
+
+@pytest.mark.timeout(120)
+def test_search_parameters_on_a_bm25_index_are_refused(bm25_index, retrieval_assets):
+    with pytest.raises(RetrievalServerError, match=r"search parameters \['nprobe'\] apply to dense"):
+        RetrievalServerProcess(bm25_index, retrieval_assets.corpus, nprobe=4, startup_timeout_s=60).start()
