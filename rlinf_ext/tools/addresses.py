@@ -3,14 +3,20 @@
 Accepted: "host:port", "http://host:port", a list of those, or a path to a file or directory written by the
 retrieval server's `--save-address-to` (each file holds an address as plain text, or JSON with `url`/`addr`
 or `host`+`port`; a directory contributes every file in it, sorted by name).
+
+On a cluster (`urls_for_node`): a client on a node whose IP is not a loopback address never uses a loopback
+server address (it names a server on whichever machine the address was written, not this one), and a server on
+the client's own node comes first.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 
 def normalize_url(address: str) -> str:
@@ -79,3 +85,34 @@ def resolve_server_urls(server_addr: Any) -> list[str]:
     if not urls:
         raise ValueError(f"no retrieval server address found in tools.search.server_addr={server_addr!r}")
     return urls
+
+
+def is_loopback_host(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def urls_for_node(urls: Sequence[str], node_ip: str | None) -> tuple[list[str], list[str]]:
+    """(servers on this node, the other usable servers) for a client on ``node_ip`` (None: not on a cluster,
+    every URL is "other"). Raises ValueError when a non-loopback node is left with only loopback addresses."""
+    if node_ip is None:
+        return [], list(urls)
+    if is_loopback_host(node_ip):
+        usable = list(urls)
+    else:
+        usable = [u for u in urls if not is_loopback_host(urlsplit(u).hostname)]
+        if not usable:
+            raise ValueError(
+                f"tools.search.server_addr {list(urls)} is a loopback address, but this worker runs on node "
+                f"{node_ip}: 127.0.0.1 there is not the machine the server runs on. Fix: retrieval.per_node=true "
+                "(a server on every node), retrieval.host=0.0.0.0 for the launched server, or the address of a "
+                "server every node can reach (host:port)."
+            )
+    local = [u for u in usable if urlsplit(u).hostname == node_ip]
+    return local, [u for u in usable if u not in local]

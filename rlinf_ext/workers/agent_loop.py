@@ -16,6 +16,7 @@ import time
 import uuid
 from typing import Any
 
+import ray
 import torch
 from rlinf.scheduler import Worker
 from transformers import AutoTokenizer
@@ -81,7 +82,9 @@ class SearchR1AgentLoopWorker(Worker):
             search_cfg = self.cfg.tools.search
             if self.search_server_addr is not None:  # a server started by the launcher for this run
                 search_cfg = dataclasses.replace(search_cfg, server_addr=self.search_server_addr)
-            self.search_tool = SearchTool(search_cfg, seed=int(self.cfg.runner.seed) + self._rank)
+            # the node this worker runs on: its own node's server first, never another machine's loopback
+            self.search_tool = SearchTool(search_cfg, seed=int(self.cfg.runner.seed) + self._rank,
+                                          node_ip=ray.util.get_node_ip_address())
             self.sampling_params = SamplingParams.from_config(self.cfg.algorithm.sampling_params)
 
     async def run_agentloop_rollout(self, input_channel, output_channel) -> dict:

@@ -1,4 +1,4 @@
-"""Launcher plumbing: Ray address policy, signal handling, reward summary. (Ray and every other process being
+"""Launcher plumbing: signal handling, reward summary (the Ray address: test_ray_address.py). (Ray and every other process being
 stopped on Ctrl-C is checked end to end in tests/e2e/test_launcher_interrupt.py.)"""
 
 from __future__ import annotations
@@ -11,17 +11,8 @@ import time
 import pytest
 
 from rlinf_ext.runner.errors import RunInterrupted
-from rlinf_ext.runner.services import ray_address_for, stop_on_signals
+from rlinf_ext.runner.services import stop_on_signals
 from rlinf_ext.runner.summary import RunSummary, metric_trend, reward_trend, reward_window, validation_trend
-
-
-def test_ray_address_policy():
-    # one node: a private Ray instance, never whatever Ray happens to run on the machine
-    assert ray_address_for(1, {}) == "local"
-    # several nodes: the user's `ray start` cluster (auto-detected by Ray)
-    assert ray_address_for(2, {}) is None
-    # an explicit RAY_ADDRESS always wins
-    assert ray_address_for(1, {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
 
 
 def test_stop_on_signals_turns_sigterm_into_interrupt_and_restores_handlers():
