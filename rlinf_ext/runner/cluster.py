@@ -58,7 +58,7 @@ class NodeView:
     rlinf_rank: int = -1  # RLinf's node rank (-1 before RLinf's Cluster numbered it)
 
     def label(self) -> str:
-        return f"{self.ip} (Ray node {self.node_id[:8]})"
+        return f"{self.ip}, Ray node {self.node_id[:8]}"
 
 
 def _ip_key(ip: str) -> tuple[int, Any]:
@@ -245,5 +245,5 @@ def describe_lost(lost: list[tuple[int, NodeView]], needs: dict[int, NodeNeed]) 
     parts = []
     for k, node in lost:
         hosted = sorted(set(needs.get(k, NodeNeed()).components))
-        parts.append(f"node {k} ({node.label()})" + (f", which hosted {', '.join(hosted)}" if hosted else ""))
+        parts.append(f"node {k} ({node.label()}" + (f"; it hosted {', '.join(hosted)})" if hosted else ")"))
     return "; ".join(parts)

@@ -42,13 +42,15 @@ def launch_worker_groups(
     verify_sync: bool = True,
     search_server_addr: Any = None,
     node_order: NodeOrder | None = None,
+    launcher_ip: str | None = None,
 ) -> WorkerGroups:
     """Launch the rollout, actor, reward and agent-loop groups (not yet initialised: see the trainer).
-    ``node_order``: the run's nodes (``runner/cluster.py``); None = one node."""
+    ``node_order``: the run's nodes (``runner/cluster.py``); None = one node. ``launcher_ip``: the launcher's
+    node, where a loopback search server address points (agent loops on other nodes never use one)."""
     quiet_worker_failures()
     if int(getattr(cluster, "num_accelerators", 0) or 0) > 0:
         return launch_gpu_groups(cfg, cluster, total_train_steps=total_train_steps, verify_sync=verify_sync,
-                                 search_server_addr=search_server_addr)
+                                 search_server_addr=search_server_addr, launcher_ip=launcher_ip)
     order = node_order or NodeOrder.single()
     try:
         nodes = cpu_process_nodes(cfg)
@@ -67,7 +69,7 @@ def launch_worker_groups(
                  cfg, total_train_steps)
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, strategies["reward"], cfg)
     launch_group(groups, cluster, "agent_loop", SearchR1AgentLoopWorker, cfg.agentloop.group_name,
-                 strategies["agent_loop"], cfg, search_server_addr=search_server_addr)
+                 strategies["agent_loop"], cfg, search_server_addr=search_server_addr, launcher_ip=launcher_ip)
     placement = Placement(
         is_pipeline=False,
         rollout_dp_size=len(nodes["rollout"]),

@@ -30,8 +30,6 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-import ray
-
 from rlinf_ext.config.compose import find_experiment
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.eval.results import RESULTS_MD
@@ -80,7 +78,7 @@ def launch_groups(cfg: ExperimentConfig, joined: JoinedCluster, total_train_step
     try:
         worker_groups = launch_worker_groups(cfg, joined.cluster, total_train_steps=total_train_steps,
                                              search_server_addr=cfg.tools.search.server_addr,
-                                             node_order=joined.order)
+                                             node_order=joined.order, launcher_ip=joined.driver_ip)
     except WorkerStartupError as exc:
         raise LaunchError(f"{exc.component} workers failed to start: {exc.cause}") from exc
     except Exception as exc:
@@ -145,7 +143,7 @@ def serve_retrieval(cfg: ExperimentConfig, joined: JoinedCluster, stack: context
     if cfg.retrieval.launch and cfg.retrieval.per_node:
         use_launched_server(cfg, stack.enter_context(node_retrievers(cfg, joined.order, run_dir(cfg))))
     elif server is not None:
-        cfg.tools.search.server_addr = advertised_address(server.address, ray.util.get_node_ip_address())
+        cfg.tools.search.server_addr = advertised_address(server.address, joined.driver_ip)
 
 
 def train_on_cluster(cfg: ExperimentConfig, server: LaunchedServer | None, stop: StopRequest) -> dict:

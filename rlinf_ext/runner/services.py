@@ -113,11 +113,13 @@ def reinstall_signal_handlers() -> None:
 # ---------------------------------------------------------------- Ray / RLinf cluster
 @dataclass
 class JoinedCluster:
-    """RLinf's ``Cluster`` of the run, its nodes in stable order and the GCS address every worker joins."""
+    """RLinf's ``Cluster`` of the run, its nodes in stable order, the GCS address every worker joins and the IP
+    of the launcher's node."""
 
     cluster: Cluster
     order: NodeOrder
     gcs_address: str
+    driver_ip: str
 
 
 def start_rlinf_cluster(cfg: ExperimentConfig, address: str | None) -> Cluster:
@@ -153,7 +155,7 @@ def rlinf_cluster(cfg: ExperimentConfig) -> Iterator[JoinedCluster]:
         if num_nodes > 1:
             print(f"[launch] nodes (placement node k = k-th in this order):\n{order.table()}", flush=True)
         check_placement_fits(order, cfg)
-        yield JoinedCluster(cluster, order, gcs_address)
+        yield JoinedCluster(cluster, order, gcs_address, ray.util.get_node_ip_address())
     finally:
         shutdown_ray()
         if saved_address is None:

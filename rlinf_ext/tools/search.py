@@ -63,16 +63,16 @@ class SearchTool:
     """`await tool.search(query) -> SearchResult`. Accepts any object with the `tools.search` attributes.
 
     Calls are spread round-robin over the servers of the client's node (``node_ip``: the Ray node a worker runs
-    on), or over all servers when none is on this node; a failed attempt is retried on the next server, the
-    other nodes' servers after this node's (fail-over).
+    on; ``home_ip``: the launcher's node, where loopback addresses point), or over all servers when none is on
+    this node; a failed attempt is retried on the next server, the other nodes' servers after this node's.
     """
 
-    def __init__(self, cfg: Any, seed: int | None = None, node_ip: str | None = None):
+    def __init__(self, cfg: Any, seed: int | None = None, node_ip: str | None = None, home_ip: str | None = None):
         check_search_config(cfg)
         self.cfg = cfg
         self.backend = make_backend(cfg.backend)
         if self.backend.needs_server:
-            self.local_urls, self.other_urls = urls_for_node(resolve_server_urls(cfg.server_addr), node_ip)
+            self.local_urls, self.other_urls = urls_for_node(resolve_server_urls(cfg.server_addr), node_ip, home_ip)
         else:
             self.local_urls, self.other_urls = [], [None]
         self.urls: list[str | None] = [*self.local_urls, *self.other_urls]
