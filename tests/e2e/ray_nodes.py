@@ -4,7 +4,8 @@ venv's ``ray start``, each bound to its own loopback address (127.0.0.2, ...) wi
 Token authentication is on (Ray's default for ``ray start --head``) with a token file of the test's own, every
 port is a free one (several clusters may run on the machine at once), and a node is stopped the way ``ray stop``
 stops one, but only this cluster's processes: SIGTERM to every process under the node's temp dir and to their
-descendants (the workers, renamed ``ray::...``), SIGKILL after a grace period. Not a test module itself.
+descendants (the workers, renamed ``ray::...``), SIGKILL after a grace period (``ray stop`` itself would stop
+every Ray on the machine). Not a test module itself.
 """
 
 from __future__ import annotations
@@ -87,12 +88,16 @@ class LocalRayCluster:
         return sorted(found, key=lambda p: p.pid)
 
     def stop_node(self, name: str, grace_s: float = 10.0) -> None:
+        """Freeze every process of the node at once (SIGSTOP: nothing on it makes progress from this moment, so a
+        test knows which step a run was in), then stop them as ``ray stop`` does: SIGTERM, SIGKILL after
+        ``grace_s``."""
         procs = self.processes(name)
-        for proc in procs:
-            try:
-                proc.terminate()
-            except psutil.NoSuchProcess:
-                pass
+        for send in (psutil.Process.suspend, psutil.Process.terminate, psutil.Process.resume):
+            for proc in procs:
+                try:
+                    send(proc)
+                except psutil.NoSuchProcess:
+                    pass
         _, alive = psutil.wait_procs(procs, timeout=grace_s)
         for proc in alive:
             try:

@@ -87,7 +87,7 @@ def test_two_nodes_run_each_worker_where_the_placement_says(two_nodes, tiny_asse
 @pytest.mark.timeout(900)
 def test_a_lost_node_stops_the_run_naming_it_and_a_resume_finishes(two_nodes, tiny_assets_sft, tmp_path):
     run_dir = tmp_path / "searchr1-grpo-tiny-cpu"
-    args = [*two_node_args(two_nodes, tiny_assets_sft, tmp_path, "LostNode"), "runner.max_steps=4"]
+    args = [*two_node_args(two_nodes, tiny_assets_sft, tmp_path, "LostNode"), "runner.max_steps=3"]
     done = when_step_logged(run_dir, 1, lambda: two_nodes.stop_node("w1"))
     try:
         code, log = launch(args, env=two_nodes.env, timeout=420)
@@ -98,7 +98,7 @@ def test_a_lost_node_stops_the_run_naming_it_and_a_resume_finishes(two_nodes, ti
     assert code == 1, log[-4000:]
     _, worker = node_numbers(two_nodes)
     checkpoint = latest_complete_checkpoint(run_dir / "checkpoints")
-    assert checkpoint is not None and checkpoint.name != "global_step_4", "the run finished before the node stopped"
+    assert checkpoint is not None and checkpoint.name != "global_step_3", "the run finished before the node stopped"
     message = log[log.index("rlinf-ext train: "):]
     assert f"node {worker} ({WORKER_IP}, Ray node" in message and "left the Ray cluster" in message, message
     assert f"resume from {checkpoint} with runner.resume_dir=auto" in message, message
@@ -106,5 +106,5 @@ def test_a_lost_node_stops_the_run_naming_it_and_a_resume_finishes(two_nodes, ti
     code, log = launch([*args, "runner.resume_dir=auto"], env=two_nodes.env, timeout=420)
     assert code == 0, log[-4000:]
     assert f"resumed from {checkpoint}" in log
-    assert [r["step"] for r in metrics_rows(run_dir)] == [1, 2, 3, 4]
-    assert latest_complete_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "global_step_4"
+    assert [r["step"] for r in metrics_rows(run_dir)] == [1, 2, 3]
+    assert latest_complete_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "global_step_3"
