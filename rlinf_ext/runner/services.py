@@ -127,7 +127,11 @@ def start_rlinf_cluster(cfg: ExperimentConfig, address: str | None) -> Cluster:
     try:
         return Cluster(cluster_cfg=to_dictconfig(cfg).cluster)
     except Exception as exc:
-        raise LaunchError(f"cluster: could not start Ray for {cfg.cluster.num_nodes} node(s) at "
+        if address == PRIVATE_INSTANCE:
+            raise LaunchError(f"cluster: could not start this run's private Ray instance: {exc}. Fix: check "
+                              "/tmp/ray/session_latest/logs (raylet.err, gcs_server.err); on a busy machine, "
+                              "retry.") from exc
+        raise LaunchError(f"cluster: could not join Ray for {cfg.cluster.num_nodes} node(s) at "
                           f"{address or 'auto'}: {exc}. Fix: {JOIN_FIX}.") from exc
 
 

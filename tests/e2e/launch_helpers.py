@@ -27,7 +27,7 @@ CI_SIZE = [
 ]
 
 
-def launch(args: list[str], on_line: Callable | None = None, timeout: float = 240,
+def launch(args: list[str], on_line: Callable | None = None, timeout: float = 480,
            env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run `launchers/train.py tiny-cpu --no-progress ARGS`; `on_line(line, proc)` sees each output line as it
     comes. ``env``: the child's environment (default: this one without RAY_ADDRESS)."""
