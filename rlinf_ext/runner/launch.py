@@ -91,9 +91,9 @@ def worker_failure(cfg: ExperimentConfig, joined: JoinedCluster, what: str, exc:
     """The LaunchError for a failed worker call; when nodes of the run left the Ray cluster, it names them and
     the checkpoint to resume from."""
     lost = []
-    for _ in range(10):  # the node's death may reach the GCS a moment after its workers' errors
-        lost = lost_nodes(joined.order, alive_node_ids())
-        if lost or cfg.cluster.num_nodes <= 1:
+    for _ in range(10 if len(joined.order.nodes) > 1 else 0):  # a node's death may reach the GCS after its
+        lost = lost_nodes(joined.order, alive_node_ids())  # workers' errors
+        if lost:
             break
         time.sleep(1.0)
     if not lost:
@@ -151,9 +151,9 @@ def train_on_cluster(cfg: ExperimentConfig, server: LaunchedServer | None, stop:
     with rlinf_cluster(cfg) as joined, contextlib.ExitStack() as stack:
         serve_retrieval(cfg, joined, stack, server)
         result = train(cfg, joined, stop)
-    if result.get("stopped_early"):
-        raise RunPreempted(stop.signal_name or "a stop request", int(result["steps"]),
-                           str(latest_complete_checkpoint(checkpoints_root(cfg)) or "") or None)
+    if result.get("stopped_early"):  # the checkpoint this launch wrote at the stop, else an earlier one
+        ckpt = result.get("checkpoint_dir") or latest_complete_checkpoint(checkpoints_root(cfg))
+        raise RunPreempted(stop.signal_name or "a stop request", int(result["steps"]), str(ckpt) if ckpt else None)
     return result
 
 
