@@ -64,6 +64,7 @@ def make_probe_worker():
     return SpawningWorker
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_process_started_by_a_worker_joins_the_launchers_cluster(tiny_assets, tmp_path, monkeypatch):
     from rlinf.scheduler.placement import NodePlacementStrategy
