@@ -108,3 +108,18 @@ def test_a_lost_node_stops_the_run_naming_it_and_a_resume_finishes(two_nodes, ti
     assert f"resumed from {checkpoint}" in log
     assert [r["step"] for r in metrics_rows(run_dir)] == [1, 2, 3]
     assert latest_complete_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "global_step_3"
+
+
+@pytest.mark.timeout(300)
+def test_joining_waits_for_the_nodes_and_names_those_it_saw(two_nodes):
+    """cluster.num_nodes=3 on a 2-node cluster: RLinf's Cluster would wait forever; the launcher's join gives up
+    after cluster.join_timeout_s with the nodes it saw."""
+    probe = ("from rlinf_ext.runner.cluster import wait_for_nodes\n"
+             "print(len(wait_for_nodes(None, 2, 60)), flush=True)\n"
+             "wait_for_nodes(None, 3, 3)\n")
+    done = subprocess.run([sys.executable, "-c", probe], env=two_nodes.env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode != 0 and done.stdout.strip() == "2", done.stdout + done.stderr[-3000:]
+    error = done.stderr[done.stderr.index("LaunchError"):]
+    assert "cluster.num_nodes=3 but 2 node(s) joined the Ray cluster" in error, error
+    assert two_nodes.nodes["head"] in error and WORKER_IP in error and "ray start --address" in error, error
