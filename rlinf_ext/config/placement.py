@@ -3,7 +3,10 @@
 Placement follows RLinf's `cluster.component_placement` syntax for the subset rlinf_ext uses: a key names one
 or more components (`"actor,rollout,reward"`), a value is `all`, a rank `3`, a range `0-3`, or a comma list
 of those. On a GPU cluster ranks are global GPU ranks (node = rank // num_gpus_per_node). On a CPU cluster
-(`num_gpus_per_node: 0`) ranks are worker processes on node 0 and `all` means one process (rank 0).
+(`num_gpus_per_node: 0`) ranks are worker processes on node 0 and `all` means one process (rank 0); RLinf's
+`NODES:PROCESSES` form places them on other nodes, the processes spread evenly over the nodes in order
+(`"1:0"` = one process on node 1, `"0-1:0-3"` = processes 0-1 on node 0 and 2-3 on node 1). Node numbers are
+positions in the run's stable node order (sorted by IP, then Ray node id: `runner/cluster.py`).
 """
 
 from __future__ import annotations
@@ -68,45 +71,90 @@ class PlacementEntry:
     components: tuple[str, ...]
     ranks: tuple[int, ...] = ()
     error: PlacementError | None = None
+    nodes: tuple[int, ...] = ()  # CPU cluster: the node of each process rank (same length as ranks)
 
 
-def placement_entries(placement: Mapping[str, Any], total: int | None) -> list[PlacementEntry]:
+def parse_cpu_spec(spec: object, num_nodes: int) -> tuple[list[int], list[int]]:
+    """A CPU-cluster value -> (process ranks, node of each process). ``P`` puts processes P on node 0;
+    ``N:P`` spreads processes P evenly over nodes N, in order (RLinf's resource:process form)."""
+    text = str(spec).strip()
+    nodes_text, colon, procs_text = text.partition(":")
+    if not colon:
+        ranks = parse_ranks(text, None)
+        return ranks, [0] * len(ranks)
+    if ":" in procs_text or "," in nodes_text:
+        raise PlacementError(f"'{text}' has more than one NODES:PROCESSES part.",
+                             "write one range of nodes and one range of processes, e.g. 0-1:0-3.")
+    nodes = parse_ranks(nodes_text, None)
+    if nodes[-1] >= num_nodes:
+        raise PlacementError(
+            f"'{text}' puts processes on node {nodes[-1]} but cluster.num_nodes is {num_nodes} "
+            f"(nodes 0-{num_nodes - 1}).", f"use nodes within 0-{num_nodes - 1}, or raise cluster.num_nodes.")
+    ranks = parse_ranks(procs_text, None)
+    if ranks[0] != 0 or len(ranks) % len(nodes):
+        raise PlacementError(
+            f"'{text}': processes {fmt_ranks(ranks)} do not split evenly over {len(nodes)} node(s) starting at 0.",
+            f"give a multiple of {len(nodes)} processes from 0, e.g. {nodes_text}:0-{len(nodes) - 1}.")
+    per_node = len(ranks) // len(nodes)
+    return ranks, [nodes[i // per_node] for i in range(len(ranks))]
+
+
+def placement_entries(placement: Mapping[str, Any], total: int | None, num_nodes: int = 1) -> list[PlacementEntry]:
     """Every entry of ``cluster.component_placement`` parsed (the one reader of that key; ``total`` as in
-    ``parse_ranks``). Problems are returned, not raised, so ``validate`` can list them all."""
+    ``parse_ranks``, ``num_nodes`` bounds a CPU cluster's ``NODES:PROCESSES`` form). Problems are returned, not
+    raised, so ``validate`` can list them all."""
     entries = []
     for key in placement:
         spec = placement[key]
         components = tuple(split_components(key))
         if isinstance(spec, Mapping) or hasattr(spec, "keys"):
             error = PlacementError("node-group placement mappings are not supported by rlinf_ext's planner.",
-                                   "give GPU ranks directly, e.g. '0-7'.")
+                                   "give GPU ranks directly, e.g. '0-7' (CPU cluster: NODES:PROCESSES, e.g. '1:0').")
             entries.append(PlacementEntry(str(key), components, error=error))
             continue
         try:
-            entries.append(PlacementEntry(str(key), components, tuple(parse_ranks(spec, total))))
+            if total is None:
+                ranks, nodes = parse_cpu_spec(spec, num_nodes)
+                entries.append(PlacementEntry(str(key), components, tuple(ranks), nodes=tuple(nodes)))
+            else:
+                entries.append(PlacementEntry(str(key), components, tuple(parse_ranks(spec, total))))
         except PlacementError as exc:
             entries.append(PlacementEntry(str(key), components, error=exc))
     return entries
 
 
-def component_ranks(placement: Mapping[str, Any], total: int | None) -> dict[str, list[int]]:
-    """component -> ranks; the first unusable entry raises ``PlacementError`` naming its key."""
-    out: dict[str, list[int]] = {}
-    for entry in placement_entries(placement, total):
+def checked_entries(placement: Mapping[str, Any], total: int | None, num_nodes: int = 1) -> list[PlacementEntry]:
+    """``placement_entries``; the first unusable entry raises ``PlacementError`` naming its key."""
+    entries = placement_entries(placement, total, num_nodes)
+    for entry in entries:
         if entry.error is not None:
             raise PlacementError(f"cluster.component_placement.{entry.key}: {entry.error.reason}", entry.error.fix)
+    return entries
+
+
+def component_ranks(placement: Mapping[str, Any], total: int | None, num_nodes: int = 1) -> dict[str, list[int]]:
+    """component -> ranks; the first unusable entry raises ``PlacementError`` naming its key."""
+    out: dict[str, list[int]] = {}
+    for entry in checked_entries(placement, total, num_nodes):
         for name in entry.components:
             out[name] = list(entry.ranks)
     return out
 
 
+def component_nodes(placement: Mapping[str, Any], num_nodes: int) -> dict[str, list[int]]:
+    """CPU cluster: component -> the node of each of its processes (``PlacementError`` as ``component_ranks``)."""
+    return {name: list(entry.nodes) for entry in checked_entries(placement, None, num_nodes)
+            for name in entry.components}
+
+
 @dataclass(frozen=True)
 class ComponentPlan:
     name: str
-    ranks: tuple[int, ...]  # global GPU ranks, or process ranks on node 0 for a CPU cluster
+    ranks: tuple[int, ...]  # global GPU ranks, or process ranks for a CPU cluster
     gpus_per_node: int  # 0 = CPU cluster
     tp: int = 1
     pp: int = 1
+    process_nodes: tuple[int, ...] = ()  # CPU cluster: the node of each process (empty = all on node 0)
 
     @property
     def world_size(self) -> int:
@@ -117,10 +165,13 @@ class ComponentPlan:
         return self.world_size // (self.tp * self.pp)
 
     def nodes(self) -> dict[int, list[int]]:
-        """node -> local GPU ranks (CPU cluster: node 0 -> process ranks)."""
-        if self.gpus_per_node == 0:
-            return {0: list(self.ranks)}
+        """node -> local GPU ranks (CPU cluster: node -> process ranks)."""
         out: dict[int, list[int]] = {}
+        if self.gpus_per_node == 0:
+            nodes = self.process_nodes or (0,) * len(self.ranks)
+            for r, node in zip(self.ranks, nodes):
+                out.setdefault(node, []).append(r)
+            return out
         for r in self.ranks:
             out.setdefault(r // self.gpus_per_node, []).append(r % self.gpus_per_node)
         return out

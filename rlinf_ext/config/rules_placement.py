@@ -31,7 +31,7 @@ def placements(cfg: ExperimentConfig) -> tuple[dict[str, ComponentPlan], list[Co
     }
     plans: dict[str, ComponentPlan] = {}
     issues: list[ConfigIssue] = []
-    for entry in placement_entries(cluster.component_placement, total):
+    for entry in placement_entries(cluster.component_placement, total, max(cluster.num_nodes, 1)):
         dotted = f"cluster.component_placement.{entry.key}"
         if entry.error is not None:
             issues.append(ConfigIssue(dotted, entry.error.reason, entry.error.fix))
@@ -49,7 +49,7 @@ def placements(cfg: ExperimentConfig) -> tuple[dict[str, ComponentPlan], list[Co
                 issues.append(ConfigIssue(dotted, f"component '{name}' is placed twice.", "place each component once."))
                 continue
             tp, pp = parallel.get(name, (1, 1))
-            plans[name] = ComponentPlan(name, tuple(ranks), gpn, tp, pp)
+            plans[name] = ComponentPlan(name, tuple(ranks), gpn, tp, pp, process_nodes=entry.nodes)
     for name, (tp, pp) in parallel.items():
         plan = plans.get(name)
         if plan is None:

@@ -68,10 +68,20 @@ class ClusterConfig:
     component_placement: dict[str, Any] = fld(
         {},
         "Component(s) -> resource ranks, RLinf syntax: {'actor,rollout,reward': 'all'} or {'actor': '0-3', "
-        "'rollout': '4-7'}. Ranks are global GPU ranks (node n holds n*num_gpus_per_node ...).",
+        "'rollout': '4-7'}. Ranks are global GPU ranks (node n holds n*num_gpus_per_node ...). CPU cluster: "
+        "worker processes on node 0, or NODES:PROCESSES ({'actor': '0:0', 'rollout,agentloop': '1:0'}), nodes "
+        "numbered in the stable order (by IP, then Ray node id).",
         merge="replace",
     )
     node_groups: Optional[list[Any]] = fld(None, "Optional RLinf node groups (heterogeneous clusters).")
+    ray_address: Optional[str] = fld(
+        None, "Ray cluster to join (HEAD_IP:PORT); null = the RAY_ADDRESS environment variable, else one node: a "
+        "private Ray instance for the run, several nodes: the cluster `ray start` joined on this node."
+    )
+    join_timeout_s: float = fld(
+        300.0, "Several nodes: how long the launcher waits for cluster.num_nodes nodes to join before it stops "
+        "with the list of nodes it saw."
+    )
 
 
 # --------------------------------------------------------------------------------------------- runner
@@ -468,6 +478,10 @@ class RetrievalConfig:
     retriever: Literal["bm25", "e5", "bge"] = fld("bm25", "Retriever type.")
     model_path: Optional[str] = fld(None, "Encoder for dense retrieval.", path="dir")
     host: str = fld("127.0.0.1", "Bind address of a launched server.")
+    per_node: bool = fld(
+        False, "With launch: one server on every node of the cluster (bound to the node's IP, address files in "
+        "RUN_DIR/retrievers/); each agent loop asks its own node's server first and fails over to the others."
+    )
     port: int = fld(0, "Port of a launched server (0 = a free port).")
     topk: int = fld(3, "Default top-k of the server.")
     max_batch_size: int = fld(64, "Queries batched together by the server.")

@@ -62,7 +62,10 @@ class RetrievalServerProcess:
 
     def start(self) -> str:
         """Start the server and return its base URL once GET /health answers."""
-        known = set(self.address_dir.glob("Host*_IP*.txt")) if self.address_dir.exists() else set()
+        # this server's file: its host in the name (servers of other nodes may share a directory and start
+        # at the same moment), and not one that was there before it started
+        pattern = f"Host{self.host}_IP*.txt"
+        known = set(self.address_dir.glob(pattern)) if self.address_dir.exists() else set()
         self.address_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the server process
@@ -75,7 +78,7 @@ class RetrievalServerProcess:
                 raise RetrievalServerError(f"retrieval server exited with code {self.process.returncode}:\n"
                                            f"{output}")
             if self.url is None:
-                new = [p for p in self.address_dir.glob("Host*_IP*.txt") if p not in known]
+                new = [p for p in self.address_dir.glob(pattern) if p not in known]
                 if new:
                     self.url = "http://" + new[0].read_text().strip()
             if self.url is not None:

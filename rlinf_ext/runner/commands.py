@@ -6,6 +6,9 @@ import argparse
 import sys
 
 EXIT_INTERRUPTED = 130
+# SIGTERM while training: the step finished and a checkpoint was written (sysexits' EX_TEMPFAIL: "try again");
+# a cluster script requeues on it and the rerun resumes (runner.resume_dir=auto)
+EXIT_PREEMPTED = 75
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
@@ -59,7 +62,7 @@ def run(verb: str, args: argparse.Namespace) -> int:
         print(f"rlinf-ext {verb}: overrides must look like key=value, got {bad}", file=sys.stderr)
         return 2
     # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
-    from rlinf_ext.runner.errors import LaunchError, RunInterrupted
+    from rlinf_ext.runner.errors import LaunchError, RunInterrupted, RunPreempted
     from rlinf_ext.runner.launch import run_evaluation_only, run_training
 
     try:
@@ -73,6 +76,9 @@ def run(verb: str, args: argparse.Namespace) -> int:
     except LaunchError as exc:
         print(f"\nrlinf-ext {verb}: {exc}", file=sys.stderr)
         return 1
+    except RunPreempted as exc:
+        print(f"rlinf-ext {verb}: {exc}", file=sys.stderr)
+        return EXIT_PREEMPTED
     except RunInterrupted as exc:
         print(f"rlinf-ext {verb}: interrupted ({exc}); everything this run started was stopped.", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -2,8 +2,10 @@
 ``runner/gpu_groups.py``.
 
 On a CPU cluster every group is placed with ``NodePlacementStrategy`` (RLinf's packed strategies refuse nodes
-without accelerators): the HF rollout engine, the Megatron-core actor (one process per placed rank = data-parallel
-size, e.g. ``actor: 0-1`` = DP 2), the reward worker and the agent-loop workers. On a GPU cluster
+without accelerators) on the nodes ``cluster.component_placement`` names (node 0 unless ``NODES:PROCESSES``,
+nodes in the run's stable order: ``runner/cluster.py``): the HF rollout engine, the Megatron-core actor (one
+process per placed rank = data-parallel size, e.g. ``actor: 0-1`` = DP 2), the reward worker and the agent-loop
+workers (one per rollout process, on the rollout's nodes unless ``agentloop`` is placed). On a GPU cluster
 ``gpu_groups.launch_gpu_groups`` places the SGLang rollout and the actor (one data-parallel process per actor GPU)
 with RLinf's placement (not GPU-verified).
 """
@@ -12,16 +14,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlinf_ext.config.placement import PlacementError
 from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.runner.cluster import NodeOrder, cpu_process_nodes
 from rlinf_ext.runner.gpu_groups import launch_gpu_groups
 from rlinf_ext.runner.groups import (
     Placement,
     WorkerGroups,
     WorkerStartupError,
     check_actor_data_parallel,
-    cpu_process_counts,
-    cpu_strategy,
     launch_group,
+    node_strategy,
     quiet_worker_failures,
 )
 from rlinf_ext.workers.actor import MegatronActorWorker
@@ -38,32 +41,40 @@ def launch_worker_groups(
     deterministic_rollout: bool = False,
     verify_sync: bool = True,
     search_server_addr: Any = None,
+    node_order: NodeOrder | None = None,
+    launcher_ip: str | None = None,
 ) -> WorkerGroups:
-    """Launch the rollout, actor, reward and agent-loop groups (not yet initialised: see the trainer)."""
+    """Launch the rollout, actor, reward and agent-loop groups (not yet initialised: see the trainer).
+    ``node_order``: the run's nodes (``runner/cluster.py``); None = one node. ``launcher_ip``: the launcher's
+    node, where a loopback search server address points (agent loops on other nodes never use one)."""
     quiet_worker_failures()
     if int(getattr(cluster, "num_accelerators", 0) or 0) > 0:
         return launch_gpu_groups(cfg, cluster, total_train_steps=total_train_steps, verify_sync=verify_sync,
-                                 search_server_addr=search_server_addr)
-    counts = cpu_process_counts(cfg)
-    check_actor_data_parallel(cfg, counts["actor"])
+                                 search_server_addr=search_server_addr, launcher_ip=launcher_ip)
+    order = node_order or NodeOrder.single()
+    try:
+        nodes = cpu_process_nodes(cfg)
+        strategies = {component: node_strategy(where, order) for component, where in nodes.items()}
+    except PlacementError as exc:
+        raise WorkerStartupError("cluster", exc) from exc
+    check_actor_data_parallel(cfg, len(nodes["actor"]))
     if cfg.rollout.rollout_backend != "hf":
         raise WorkerStartupError(
             "rollout", f"rollout.rollout_backend={cfg.rollout.rollout_backend!r} needs GPUs; "
             "on CPU set rollout.rollout_backend=hf")
     groups: dict[str, Any] = {}
-    n_rollout = counts["rollout"]
-    launch_group(groups, cluster, "rollout", HFRolloutWorker, cfg.rollout.group_name, cpu_strategy(n_rollout), cfg,
+    launch_group(groups, cluster, "rollout", HFRolloutWorker, cfg.rollout.group_name, strategies["rollout"], cfg,
                  deterministic=deterministic_rollout, verify_sync=verify_sync)
-    launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name, cpu_strategy(counts["actor"]),
+    launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name, strategies["actor"],
                  cfg, total_train_steps)
-    launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
+    launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, strategies["reward"], cfg)
     launch_group(groups, cluster, "agent_loop", SearchR1AgentLoopWorker, cfg.agentloop.group_name,
-                 cpu_strategy(n_rollout), cfg, search_server_addr=search_server_addr)
+                 strategies["agent_loop"], cfg, search_server_addr=search_server_addr, launcher_ip=launcher_ip)
     placement = Placement(
         is_pipeline=False,
-        rollout_dp_size=counts["rollout"],
-        agent_loop_world_size=counts["rollout"],
-        actor_world_size=counts["actor"],
+        rollout_dp_size=len(nodes["rollout"]),
+        agent_loop_world_size=len(nodes["agent_loop"]),
+        actor_world_size=len(nodes["actor"]),
         on_gpu=False,
     )
     return WorkerGroups(placement=placement, **groups)

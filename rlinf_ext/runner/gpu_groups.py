@@ -143,7 +143,7 @@ def gpu_layout(cfg: ExperimentConfig, num_gpus: int, gpus_per_node: int | None =
 
 
 def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps: int, verify_sync: bool = True,
-                      search_server_addr: Any = None) -> WorkerGroups:
+                      search_server_addr: Any = None, launcher_ip: str | None = None) -> WorkerGroups:
     """Launch the GPU composition (module docstring); start-up failures raise ``WorkerStartupError``."""
     try:
         layout = gpu_layout(cfg, int(cluster.num_accelerators))
@@ -171,7 +171,8 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
                  PackedPlacementStrategy(layout.actor_gpus[0], layout.actor_gpus[-1]), cfg, total_train_steps)
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
     launch_group(groups, cluster, "agent_loop", SearchR1AgentLoopWorker, cfg.agentloop.group_name,
-                 cpu_strategy(layout.rollout_dp_size), cfg, search_server_addr=search_server_addr)
+                 cpu_strategy(layout.rollout_dp_size), cfg, search_server_addr=search_server_addr,
+                 launcher_ip=launcher_ip)
     return WorkerGroups(
         placement=Placement(
             is_pipeline=layout.mode == "disaggregated",

@@ -17,8 +17,8 @@ from typing import Any
 import ray
 from rlinf.scheduler.placement import NodePlacementStrategy
 
-from rlinf_ext.config.placement import component_ranks
 from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.runner.cluster import NodeOrder
 from rlinf_ext.training.data_parallel import DataParallel, DataParallelError, share_of, unsupported_model_parallelism
 
 
@@ -83,16 +83,6 @@ def quiet_worker_failures() -> None:
         signal.signal(signal.SIGUSR1, lambda signum, frame: None)
 
 
-def cpu_process_counts(cfg: ExperimentConfig) -> dict[str, int]:
-    """Processes per component on a CPU cluster: ``cluster.component_placement`` ranks are worker processes
-    on node 0 (``"0"`` = one process, ``"0-1"`` = two; ``config/placement.py``'s reading)."""
-    counts = {"rollout": 1, "actor": 1, "reward": 1}
-    for name, ranks in component_ranks(cfg.cluster.component_placement, None).items():
-        if name in counts:
-            counts[name] = len(ranks)
-    return counts
-
-
 def check_actor_data_parallel(cfg: ExperimentConfig, actor_processes: int) -> None:
     """Refuse, before anything starts, a batch the actor's data-parallel ranks cannot share: every rank trains
     on whole GRPO groups (``data.rollout_batch_size`` results per step), TP=PP=1 per process."""
@@ -107,8 +97,14 @@ def check_actor_data_parallel(cfg: ExperimentConfig, actor_processes: int) -> No
 
 
 def cpu_strategy(n: int):
-    """``n`` processes on node 0, no accelerator."""
+    """``n`` processes on RLinf's node 0, no accelerator."""
     return NodePlacementStrategy([0] * n)
+
+
+def node_strategy(nodes: list[int], order: NodeOrder):
+    """One process per entry of ``nodes`` (placement nodes, the run's stable order) on RLinf's matching node,
+    no accelerator. RLinf sorts the ranks, so process ranks follow RLinf's node order; per-node counts hold."""
+    return NodePlacementStrategy([order.rlinf_rank(n) for n in nodes])
 
 
 def launch_group(groups: dict[str, Any], cluster: Any, component: str, cls, name: str, strategy, *args, **kwargs) -> None:

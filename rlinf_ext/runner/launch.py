@@ -7,15 +7,19 @@
 2. tiny experiment only: generate the offline assets if missing; build the BM25 index if missing;
 3. re-validate with path checks (paths now exist or are a real error);
 4. start the retrieval server on a free loopback port when ``retrieval.launch`` (its address goes into
-   ``tools.search.server_addr``);
+   ``tools.search.server_addr``); with ``retrieval.per_node`` one per node once Ray is up (``retrievers.py``);
 5. convert HF -> Megatron when ``actor.megatron.use_hf_ckpt`` and no converted checkpoint exists yet;
-6. create RLinf's ``Cluster``, launch the worker groups, run the trainer with the metrics sink;
-7. convert the last checkpoint to HF (mg2hf) and run the evaluation when an eval config is given;
-8. print where everything is and the first-vs-last mean reward.
+6. join or start the Ray cluster through RLinf's ``Cluster`` (several nodes: wait for them, check the placement
+   fits, ``cluster.py``), launch the worker groups, run the trainer with the metrics sink;
+7. convert the last checkpoint to HF (mg2hf) and evaluate it into ``RUN_DIR/eval/global_step_N/`` when an eval
+   config is given;
+8. print where everything is, where the run resumed from and the whole run's reward trend.
 
 The steps live in ``prepare.py`` (config, assets, index, data, conversions), ``services.py`` (signals, Ray,
-retrieval server, SGLang evaluation engine) and ``summary.py``. Every resource started here is stopped on the way
-out, on success, on error and on Ctrl-C / SIGTERM.
+retrieval server, SGLang evaluation engine), ``cluster.py`` (nodes), ``retrievers.py`` and ``summary.py``. Every
+resource started here is stopped on the way out, on success, on error and on Ctrl-C / SIGTERM. SIGTERM while
+training finishes the step, writes a checkpoint and ends the run with ``RunPreempted`` (exit code 75); a node
+lost mid-run ends it with an error naming the node and the checkpoint to resume from.
 """
 
 from __future__ import annotations
@@ -26,18 +30,19 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from rlinf.scheduler import Cluster
-
 from rlinf_ext.config.compose import find_experiment
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.eval.results import RESULTS_MD
 from rlinf_ext.eval.entry import run_evaluation
+from rlinf_ext.runner.checkpoints import latest_complete_checkpoint
+from rlinf_ext.runner.cluster import alive_node_ids, describe_lost, lost_nodes, placement_needs
 from rlinf_ext.runner.compose import launch_worker_groups
-from rlinf_ext.runner.errors import LaunchError
+from rlinf_ext.runner.errors import LaunchError, RunPreempted
 from rlinf_ext.runner.groups import WorkerCallError, WorkerGroups, WorkerStartupError, stop_worker_groups
 from rlinf_ext.runner.metrics import sink_from_config
 from rlinf_ext.runner.prepare import (
     build_datasets,
+    checkpoints_root,
     convert_hf_to_megatron,
     convert_last_checkpoint_to_hf,
     ensure_index,
@@ -47,7 +52,11 @@ from rlinf_ext.runner.prepare import (
     run_dir,
     use_launched_server,
 )
+from rlinf_ext.runner.retrievers import advertised_address, node_retrievers
 from rlinf_ext.runner.services import (
+    JoinedCluster,
+    LaunchedServer,
+    StopRequest,
     check_evaluation_backend,
     retrieval_server,
     rlinf_cluster,
@@ -63,12 +72,13 @@ def server_log(cfg: ExperimentConfig) -> Path:
 
 
 # ---------------------------------------------------------------- training
-def launch_groups(cfg: ExperimentConfig, cluster: Cluster, total_train_steps: int) -> WorkerGroups:
+def launch_groups(cfg: ExperimentConfig, joined: JoinedCluster, total_train_steps: int) -> WorkerGroups:
     """``compose.launch_worker_groups`` with start-up failures turned into one LaunchError."""
     started = time.monotonic()
     try:
-        worker_groups = launch_worker_groups(cfg, cluster, total_train_steps=total_train_steps,
-                                             search_server_addr=cfg.tools.search.server_addr)
+        worker_groups = launch_worker_groups(cfg, joined.cluster, total_train_steps=total_train_steps,
+                                             search_server_addr=cfg.tools.search.server_addr,
+                                             node_order=joined.order, launcher_ip=joined.driver_ip)
     except WorkerStartupError as exc:
         raise LaunchError(f"{exc.component} workers failed to start: {exc.cause}") from exc
     except Exception as exc:
@@ -77,24 +87,46 @@ def launch_groups(cfg: ExperimentConfig, cluster: Cluster, total_train_steps: in
     return worker_groups
 
 
-def train(cfg: ExperimentConfig, cluster: Cluster) -> dict:
-    """Launch the groups, run the trainer with the metrics sink, return the trainer's summary."""
+def worker_failure(cfg: ExperimentConfig, joined: JoinedCluster, what: str, exc: Exception) -> LaunchError:
+    """The LaunchError for a failed worker call; when nodes of the run left the Ray cluster, it names them and
+    the checkpoint to resume from."""
+    lost = []
+    for _ in range(10 if len(joined.order.nodes) > 1 else 0):  # a node's death may reach the GCS after its
+        lost = lost_nodes(joined.order, alive_node_ids())  # workers' errors
+        if lost:
+            break
+        time.sleep(1.0)
+    if not lost:
+        return LaunchError(f"{what}: {exc}")
+    ckpt = latest_complete_checkpoint(checkpoints_root(cfg))
+    resume = (f"resume from {ckpt} with runner.resume_dir=auto" if ckpt is not None
+              else "no checkpoint was written yet; rerun from the start")
+    return LaunchError(f"{what}: {describe_lost(lost, placement_needs(cfg))} left the Ray cluster. Bring the "
+                       f"node back (`ray start --address={joined.gcs_address}`) or lower cluster.num_nodes, then "
+                       f"{resume}.\n(cause: {exc})")
+
+
+def train(cfg: ExperimentConfig, joined: JoinedCluster, stop: StopRequest) -> dict:
+    """Launch the groups, run the trainer with the metrics sink, return the trainer's summary. SIGTERM while
+    training (``stop``) ends the run after the current step and a checkpoint."""
     train_ds, val_ds = build_datasets(cfg)
     total_steps = SearchR1Trainer.total_steps(cfg, len(train_ds))
-    worker_groups = launch_groups(cfg, cluster, total_steps)
+    worker_groups = launch_groups(cfg, joined, total_steps)
     # the trainer draws its own step progress bar; the sink's bar would be a second one
     sink = sink_from_config(cfg, total_steps=total_steps, show_progress=False)
     trainer = None
     try:
-        trainer = SearchR1Trainer(cfg, worker_groups, train_ds, val_ds, on_step=sink)
+        trainer = SearchR1Trainer(cfg, worker_groups, train_ds, val_ds, on_step=sink,
+                                  should_stop=lambda: stop.requested)
         try:
             trainer.init_workers()
         except WorkerCallError as exc:
-            raise LaunchError(f"{exc.component} workers failed to initialise: {exc.cause}") from exc
+            raise worker_failure(cfg, joined, f"{exc.component} workers failed to initialise", exc.cause) from exc
         try:
-            return trainer.run() or {}
+            with stop.defer():
+                return trainer.run() or {}
         except WorkerCallError as exc:
-            raise LaunchError(f"training stopped: {exc}") from exc
+            raise worker_failure(cfg, joined, "training stopped", exc) from exc
     finally:
         if trainer is not None:
             with contextlib.suppress(Exception):  # workers may already be dead; Ray shutdown follows anyway
@@ -102,6 +134,27 @@ def train(cfg: ExperimentConfig, cluster: Cluster) -> dict:
         # kill the workers now so that RLinf's threads still waiting on their calls fail fast before Ray stops
         stop_worker_groups(worker_groups)
         sink.close()
+
+
+def serve_retrieval(cfg: ExperimentConfig, joined: JoinedCluster, stack: contextlib.ExitStack,
+                    server: LaunchedServer | None) -> None:
+    """Point the search tool at this run's servers: one per node (``retrieval.per_node``), or the one launched
+    before Ray, reached through the head's IP when it listens on every interface."""
+    if cfg.retrieval.launch and cfg.retrieval.per_node:
+        use_launched_server(cfg, stack.enter_context(node_retrievers(cfg, joined.order, run_dir(cfg))))
+    elif server is not None:
+        cfg.tools.search.server_addr = advertised_address(server.address, joined.driver_ip)
+
+
+def train_on_cluster(cfg: ExperimentConfig, server: LaunchedServer | None, stop: StopRequest) -> dict:
+    """The Ray part of a run: cluster, retrieval servers per node, groups and trainer; all stopped on exit."""
+    with rlinf_cluster(cfg) as joined, contextlib.ExitStack() as stack:
+        serve_retrieval(cfg, joined, stack, server)
+        result = train(cfg, joined, stop)
+    if result.get("stopped_early"):  # the checkpoint this launch wrote at the stop, else an earlier one
+        ckpt = result.get("checkpoint_dir") or latest_complete_checkpoint(checkpoints_root(cfg))
+        raise RunPreempted(stop.signal_name or "a stop request", int(result["steps"]), str(ckpt) if ckpt else None)
+    return result
 
 
 # ---------------------------------------------------------------- evaluation after training
@@ -159,19 +212,20 @@ def run_training(
         os.environ["TQDM_DISABLE"] = "1"  # every tqdm bar of this process (trainer, evaluation, conversion)
     print_plan(cfg)
     summary = RunSummary(experiment=cfg.runner.experiment_name)
-    with stop_on_signals(), contextlib.ExitStack() as stack:
+    with stop_on_signals() as stop, contextlib.ExitStack() as stack:
         tiny_root = prepare_tiny_assets(cfg)
         ensure_index(cfg)
         cfg = load_checked_config(config, overrides, check_paths=True)  # paths now exist or are real errors
-        server = stack.enter_context(retrieval_server(cfg, server_log(cfg))) if cfg.retrieval.launch else None
-        if server is not None:
+        server = None
+        if cfg.retrieval.launch and not cfg.retrieval.per_node:
+            server = stack.enter_context(retrieval_server(cfg, server_log(cfg)))
             use_launched_server(cfg, server.address)
         convert_hf_to_megatron(cfg)
-        with rlinf_cluster(cfg) as cluster:
-            trainer_summary = train(cfg, cluster)
+        trainer_summary = train_on_cluster(cfg, server, stop)
         summary.extra.update(trainer_summary)
+        summary.resumed_from = Path(trainer_summary["resumed_from"]) if trainer_summary.get("resumed_from") else None
         summary.checkpoint_dir, summary.hf_model_dir = convert_last_checkpoint_to_hf(cfg)
-        fill_from_logs(summary, cfg)
+        fill_from_logs(summary, cfg, last_step=trainer_summary.get("steps"))
         eval_yaml = eval_config_for(config)
         if evaluate is None:
             evaluate = eval_yaml is not None and tiny_root is not None
@@ -180,8 +234,10 @@ def run_training(
             try:
                 if eval_yaml is None:
                     raise LaunchError(f"evaluation asked for, but there is no {Path(str(config)).stem}-eval.yaml")
+                # one directory per checkpoint: extending a finished run evaluates its new model beside the old
                 summary.eval_table = evaluate_after_training(
-                    eval_yaml, summary.hf_model_dir, server.address if server else None, run_dir(cfg) / "eval",
+                    eval_yaml, summary.hf_model_dir, server.address if server else None,
+                    run_dir(cfg) / "eval" / summary.hf_model_dir.name,
                     ([f"paths.tiny_assets={tiny_root}"] if tiny_root else []) + list(eval_overrides), show_progress,
                 )
             except LaunchError as exc:  # training results stand; report them, then the evaluation failure

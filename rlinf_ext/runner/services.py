@@ -30,79 +30,142 @@ from rlinf_ext.generation.sglang import (
     usable_gpus,
 )
 from rlinf_ext.retrieval.launch import RetrievalServerError, RetrievalServerProcess
+from rlinf_ext.runner.cluster import (
+    JOIN_FIX,
+    PRIVATE_INSTANCE,
+    RAY_ADDRESS_ENV,
+    NodeOrder,
+    check_placement_fits,
+    pin_workers_to_cluster,
+    ray_address_for,
+    wait_for_nodes,
+)
 from rlinf_ext.runner.errors import LaunchError, RunInterrupted
 
 
 # ---------------------------------------------------------------- signals
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into RunInterrupted for the duration of the run; restore handlers after."""
+@dataclass
+class StopRequest:
+    """A graceful stop asked for by SIGTERM (what Slurm and Kubernetes send before they kill a job).
 
-    def handler(signum, _frame):
+    While ``deferring`` (the trainer's step loop), the first SIGTERM only sets ``signal_name``: the trainer
+    finishes its step, writes a checkpoint and returns, and the launcher exits with ``EXIT_PREEMPTED``. Outside
+    the loop, a second SIGTERM, or SIGINT (Ctrl-C): ``RunInterrupted`` at once, every clean-up still runs.
+    """
+
+    signal_name: str | None = None
+    deferring: bool = False
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    @contextlib.contextmanager
+    def defer(self) -> Iterator[None]:
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+
+
+_installed: dict[int, object] = {}  # this run's handlers, put back after ray.init replaced them
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[StopRequest]:
+    """SIGINT -> RunInterrupted; SIGTERM -> a StopRequest while deferring, else RunInterrupted. Handlers are
+    restored on exit."""
+    stop = StopRequest()
+
+    def interrupt(signum, _frame):
         name = signal.Signals(signum).name
         print(f"\n[launch] {name} received: stopping workers, retrieval server and Ray ...", file=sys.stderr,
               flush=True)
         raise RunInterrupted(name)
 
+    def terminate(signum, frame):
+        if stop.deferring and not stop.requested:
+            stop.signal_name = signal.Signals(signum).name
+            print(f"\n[launch] {stop.signal_name} received: finishing the current step, writing a checkpoint, then "
+                  "exiting (send it again to stop at once)", file=sys.stderr, flush=True)
+            return
+        interrupt(signum, frame)
+
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in previous:
+    _installed.update({signal.SIGINT: interrupt, signal.SIGTERM: terminate})
+    for s, handler in _installed.items():
         signal.signal(s, handler)
     try:
-        yield
+        yield stop
     finally:
+        _installed.clear()
         for s, h in previous.items():
             signal.signal(s, h)
 
 
 def reinstall_signal_handlers() -> None:
-    """ray.init replaces SIGTERM with sys.exit; put our handler back so the message and exit path stay ours."""
-    current = signal.getsignal(signal.SIGINT)
-    if callable(current):
-        signal.signal(signal.SIGTERM, current)
+    """ray.init replaces SIGTERM with sys.exit; put this run's handlers back so the exit path stays ours."""
+    for s, handler in _installed.items():
+        signal.signal(s, handler)
 
 
 # ---------------------------------------------------------------- Ray / RLinf cluster
-def ray_address_for(num_nodes: int, environ: dict[str, str]) -> str | None:
-    """The RAY_ADDRESS the run uses.
+@dataclass
+class JoinedCluster:
+    """RLinf's ``Cluster`` of the run, its nodes in stable order, the GCS address every worker joins and the IP
+    of the launcher's node."""
 
-    One node and no RAY_ADDRESS set: ``"local"``, a private Ray instance started (and stopped) by this run.
-    RLinf's Cluster otherwise calls ``ray.init(address="auto")``, which joins *any* Ray found on the machine,
-    e.g. another user's. Several nodes: the user's ``ray start`` cluster (RAY_ADDRESS or auto-detection).
-    """
-    if environ.get("RAY_ADDRESS"):
-        return environ["RAY_ADDRESS"]
-    return "local" if num_nodes <= 1 else None
+    cluster: Cluster
+    order: NodeOrder
+    gcs_address: str
+    driver_ip: str
+
+
+def start_rlinf_cluster(cfg: ExperimentConfig, address: str | None) -> Cluster:
+    """RLinf's ``Cluster`` on ``address`` (already in ``RAY_ADDRESS`` when set); failures as LaunchError."""
+    try:
+        return Cluster(cluster_cfg=to_dictconfig(cfg).cluster)
+    except Exception as exc:
+        if address == PRIVATE_INSTANCE:
+            raise LaunchError(f"cluster: could not start this run's private Ray instance: {exc}. Fix: check "
+                              "/tmp/ray/session_latest/logs (raylet.err, gcs_server.err); on a busy machine, "
+                              "retry.") from exc
+        raise LaunchError(f"cluster: could not join Ray for {cfg.cluster.num_nodes} node(s) at "
+                          f"{address or 'auto'}: {exc}. Fix: {JOIN_FIX}.") from exc
 
 
 @contextlib.contextmanager
-def rlinf_cluster(cfg: ExperimentConfig) -> Iterator[Cluster]:
-    """RLinf's ``Cluster`` for ``cfg.cluster``; on exit the workers are killed and Ray is shut down."""
+def rlinf_cluster(cfg: ExperimentConfig) -> Iterator[JoinedCluster]:
+    """Join (several nodes: after they are all there) or start (one node) the run's Ray cluster through RLinf's
+    ``Cluster``, pin its workers to it, check that the placement fits; on exit the workers are killed and Ray is
+    shut down (a private instance goes down with it)."""
     num_nodes = cfg.cluster.num_nodes
-    address = ray_address_for(num_nodes, dict(os.environ))
-    saved_address = os.environ.get("RAY_ADDRESS")
-    if address is not None:
-        os.environ["RAY_ADDRESS"] = address
-    cluster_cfg = to_dictconfig(cfg).cluster
+    address = ray_address_for(num_nodes, dict(os.environ), cfg.cluster.ray_address)
+    saved_address = os.environ.get(RAY_ADDRESS_ENV)
     started = time.monotonic()
     try:
-        try:
-            cluster = Cluster(cluster_cfg=cluster_cfg)
-        except Exception as exc:
-            raise LaunchError(
-                f"cluster: could not start Ray for {num_nodes} node(s): {exc}. For several nodes run "
-                f"`ray start --head` on the first node and `ray start --address=HEAD:6379` on the others, "
-                f"then launch from the head node."
-            ) from exc
+        if num_nodes > 1:
+            wait_for_nodes(address, num_nodes, cfg.cluster.join_timeout_s)
+        if address is not None:
+            os.environ[RAY_ADDRESS_ENV] = address
+        cluster = start_rlinf_cluster(cfg, address)
         reinstall_signal_handlers()
-        print(f"[launch] Ray cluster up in {time.monotonic() - started:.1f} s "
-              f"({'private local instance' if address == 'local' else 'existing cluster'})", flush=True)
-        yield cluster
+        gcs_address = ray.get_runtime_context().gcs_address
+        pin_workers_to_cluster(cluster, gcs_address)
+        order = NodeOrder.of_cluster(cluster)
+        kind = "private local instance" if address == PRIVATE_INSTANCE else f"{num_nodes}-node cluster"
+        print(f"[launch] Ray up in {time.monotonic() - started:.1f} s ({kind}, GCS {gcs_address})", flush=True)
+        if num_nodes > 1:
+            print(f"[launch] nodes (placement node k = k-th in this order):\n{order.table()}", flush=True)
+        check_placement_fits(order, cfg)
+        yield JoinedCluster(cluster, order, gcs_address, ray.util.get_node_ip_address())
     finally:
         shutdown_ray()
         if saved_address is None:
-            os.environ.pop("RAY_ADDRESS", None)
+            os.environ.pop(RAY_ADDRESS_ENV, None)
         else:
-            os.environ["RAY_ADDRESS"] = saved_address
+            os.environ[RAY_ADDRESS_ENV] = saved_address
 
 
 def join_rlinf_wait_threads(timeout_s: float) -> None:

@@ -31,6 +31,7 @@ class RunSummary:
     plot_path: Path | None = None
     rollout_data_dir: Path | None = None
     eval_table: Path | None = None
+    resumed_from: Path | None = None  # the checkpoint this launch started from
     wall_time_s: float = 0.0
     reward_window: int = REWARD_SUMMARY_WINDOW  # steps averaged at each end for first/last reward
     validations: list[tuple[int, float, int]] = field(default_factory=list)  # (step, val/all/em, val/n)
@@ -45,6 +46,8 @@ class RunSummary:
             "=" * 78,
             f"[launch] run '{self.experiment}' finished: {self.steps} step(s) in {self.wall_time_s:.0f} s",
         ]
+        if self.resumed_from is not None:
+            lines.append(f"  resumed from {self.resumed_from}; trends below cover the whole run (metrics.jsonl)")
         if self.first_reward is not None:
             delta = self.last_reward - self.first_reward
             k = self.reward_window
@@ -74,11 +77,20 @@ def reward_window(n_steps: int, window: int = REWARD_SUMMARY_WINDOW) -> int:
     return max(1, min(window, n_steps // 3 or 1))
 
 
-def metric_trend(log_dir: Path, key: str, window: int = REWARD_SUMMARY_WINDOW) -> tuple[int, float | None, float | None]:
+def run_rows(log_dir: Path, last_step: int | None = None) -> list[dict]:
+    """metrics.jsonl of the whole run (every launch), one row per step; with ``last_step``, rows past it are
+    left out (an earlier launch that crashed after its last checkpoint logged steps this run redid or never
+    reached)."""
+    rows = read_metrics(Path(log_dir) / METRICS_FILE)
+    return [r for r in rows if last_step is None or int(r["step"]) <= last_step]
+
+
+def metric_trend(log_dir: Path, key: str, window: int = REWARD_SUMMARY_WINDOW,
+                 last_step: int | None = None) -> tuple[int, float | None, float | None]:
     """(training steps logged, mean of ``key`` over the first ``reward_window`` steps, over the last) from
     metrics.jsonl; the means are None when no step logged ``key``."""
     # step 0 is the validation before training (no reward): not a training step
-    rows = [r for r in read_metrics(Path(log_dir) / METRICS_FILE) if int(r["step"]) > 0]
+    rows = [r for r in run_rows(log_dir, last_step) if int(r["step"]) > 0]
     values = [r[key] for r in rows if key in r]
     if not values:
         return len(rows), None, None
@@ -86,26 +98,28 @@ def metric_trend(log_dir: Path, key: str, window: int = REWARD_SUMMARY_WINDOW) -
     return len(rows), first, last
 
 
-def reward_trend(log_dir: Path, window: int = REWARD_SUMMARY_WINDOW) -> tuple[int, float | None, float | None]:
+def reward_trend(log_dir: Path, window: int = REWARD_SUMMARY_WINDOW,
+                 last_step: int | None = None) -> tuple[int, float | None, float | None]:
     """(steps logged, mean reward of the first ``window`` steps, of the last ``window`` steps) from metrics.jsonl."""
-    return metric_trend(log_dir, mk.REWARD_MEAN, window)
+    return metric_trend(log_dir, mk.REWARD_MEAN, window, last_step)
 
 
-def validation_trend(log_dir: Path) -> list[tuple[int, float, int]]:
+def validation_trend(log_dir: Path, last_step: int | None = None) -> list[tuple[int, float, int]]:
     """``(step, val/all/em, val/n)`` of every validation pass logged in metrics.jsonl, in step order."""
-    rows = read_metrics(Path(log_dir) / METRICS_FILE)
+    rows = run_rows(log_dir, last_step)
     return [(int(r["step"]), float(r[mk.VAL_ALL_EM]), int(r.get(mk.VAL_N, 0))) for r in rows if mk.VAL_ALL_EM in r]
 
 
-def fill_from_logs(summary: RunSummary, cfg: ExperimentConfig) -> None:
-    """Logs, plot, trajectory dumps and the reward / search / validation trends of the run, from its log dir."""
+def fill_from_logs(summary: RunSummary, cfg: ExperimentConfig, last_step: int | None = None) -> None:
+    """Logs, plot, trajectory dumps and the reward / search / validation trends of the whole run (every launch
+    up to ``last_step``), from its log dir."""
     summary.log_dir = Path(cfg.runner.logger.log_path)
     plot = summary.log_dir / PLOT_FILE
     summary.plot_path = plot if plot.exists() else None
     summary.rollout_data_dir = Path(cfg.runner.rollout_data_dir) if cfg.runner.rollout_data_dir else None
-    summary.steps, summary.first_reward, summary.last_reward = reward_trend(summary.log_dir)
+    summary.steps, summary.first_reward, summary.last_reward = reward_trend(summary.log_dir, last_step=last_step)
     summary.reward_window = reward_window(summary.steps)
-    _, first_searches, last_searches = metric_trend(summary.log_dir, mk.AGENT_SEARCHES)
+    _, first_searches, last_searches = metric_trend(summary.log_dir, mk.AGENT_SEARCHES, last_step=last_step)
     if first_searches is not None:
         summary.searches = (first_searches, last_searches)
-    summary.validations = validation_trend(summary.log_dir)
+    summary.validations = validation_trend(summary.log_dir, last_step)

@@ -74,13 +74,17 @@ def split_list(items: list, parts: int) -> list[list]:
 # --------------------------------------------------------------------------------------------- runner
 class SearchR1Trainer:
     def __init__(self, cfg: ExperimentConfig, groups: WorkerGroups, train_dataset, val_dataset=None,
-                 on_step: StepCallback | None = None, verify_sync: bool = True):
+                 on_step: StepCallback | None = None, verify_sync: bool = True,
+                 should_stop: Callable[[], bool] | None = None):
         self.cfg = cfg
         self.groups = groups
         self.train_dataset = train_dataset
         self.val_dataset = val_dataset
         self.on_step = on_step
         self.verify_sync = verify_sync
+        # asked after every step (SIGTERM: runner/services.py StopRequest): checkpoint, then return early
+        self.should_stop = should_stop or (lambda: False)
+        self.stopped_early = False
         self.global_step = 0
         self.history: list[dict[str, float]] = []
         batch = cfg.data.rollout_batch_size
@@ -306,6 +310,21 @@ class SearchR1Trainer:
         return last or (interval > 0 and self.global_step % interval == 0)
 
     # ------------------------------------------------------------------ loop
+    def _finish_step(self, metrics: dict, trajectories: list) -> tuple[bool, Path | None]:
+        """Checkpoint when due (or when a stop was asked for), validate, report the step; returns (stop the
+        loop, the checkpoint written)."""
+        last = self.global_step >= self.max_steps
+        stop = not last and self.should_stop()
+        ckpt = self.save_checkpoint() if self._save_due(last) or stop else None
+        if not stop:
+            metrics.update(self.validate(self.global_step))
+        if self.on_step is not None:
+            self.on_step(self.global_step, metrics, trajectories)
+        if stop:
+            self.stopped_early = True
+            tqdm.write(f"[rlinf_ext] stop asked for: checkpoint {ckpt} written after step {self.global_step}")
+        return last or stop, ckpt
+
     def run(self) -> dict:
         rewards: list[float] = []
         last_ckpt: Path | None = None
@@ -315,10 +334,12 @@ class SearchR1Trainer:
             before = self.validate(0)
             if before and self.on_step is not None:
                 self.on_step(0, before, [])  # no trajectories, no reward/...: only the val/... curves get a point
+        self.stopped_early = self.global_step < self.max_steps and self.should_stop()
         bar = tqdm(total=self.max_steps, initial=self.global_step, desc="train", unit="step")
         try:
             epoch = self.global_step // max(len(self.dataloader), 1)
-            while self.global_step < self.max_steps and epoch < self.cfg.runner.max_epochs:
+            done = self.stopped_early
+            while not done and self.global_step < self.max_steps and epoch < self.cfg.runner.max_epochs:
                 for items in self.dataloader:
                     metrics, trajectories = self.train_step(items)
                     for k, v in metrics.items():
@@ -326,15 +347,11 @@ class SearchR1Trainer:
                             warnings.warn(f"step {self.global_step}: metric {k} is {v}", RuntimeWarning)
                     self.history.append(metrics)
                     rewards.append(metrics[mk.REWARD_MEAN])
-                    last = self.global_step >= self.max_steps
-                    if self._save_due(last):
-                        last_ckpt = self.save_checkpoint()
-                    metrics.update(self.validate(self.global_step))
-                    if self.on_step is not None:
-                        self.on_step(self.global_step, metrics, trajectories)
+                    done, ckpt = self._finish_step(metrics, trajectories)
+                    last_ckpt = ckpt or last_ckpt
                     bar.update(1)
                     bar.set_postfix(reward=f"{metrics[mk.REWARD_MEAN]:.3f}", loss=f"{metrics[mk.ACTOR_LOSS]:.4f}")
-                    if last:
+                    if done:
                         break
                 epoch += 1
         finally:
@@ -347,6 +364,7 @@ class SearchR1Trainer:
             "checkpoint_dir": str(last_ckpt) if last_ckpt else None,
             "resumed_from": str(self.resume_dir) if self.resume_dir else None,
             "last_validation": self.val_history[max(self.val_history)] if self.val_history else None,
+            "stopped_early": self.stopped_early,
         }
 
     def shutdown(self) -> None:

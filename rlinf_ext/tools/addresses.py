@@ -3,14 +3,19 @@
 Accepted: "host:port", "http://host:port", a list of those, or a path to a file or directory written by the
 retrieval server's `--save-address-to` (each file holds an address as plain text, or JSON with `url`/`addr`
 or `host`+`port`; a directory contributes every file in it, sorted by name).
+
+On a cluster (`urls_for_node`): a loopback address names a server on the launcher's node; a client on another
+node (whose IP is not a loopback address) never uses it, and a server on the client's own node comes first.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 
 def normalize_url(address: str) -> str:
@@ -79,3 +84,40 @@ def resolve_server_urls(server_addr: Any) -> list[str]:
     if not urls:
         raise ValueError(f"no retrieval server address found in tools.search.server_addr={server_addr!r}")
     return urls
+
+
+def is_loopback_host(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def urls_for_node(urls: Sequence[str], node_ip: str | None,
+                  home_ip: str | None = None) -> tuple[list[str], list[str]]:
+    """(servers on this node, the other usable servers) for a client on ``node_ip``; ``home_ip`` is the node the
+    addresses were written on (the launcher's), where a loopback address points. A client on another node whose
+    own IP is not a loopback address cannot use a loopback address: ValueError when nothing else is left.
+    ``node_ip`` None (not on a cluster): every URL is usable and none is preferred."""
+    if node_ip is None:
+        return [], list(urls)
+    on_home = home_ip is None or node_ip == home_ip or is_loopback_host(node_ip)
+    usable = list(urls) if on_home else [u for u in urls if not is_loopback_host(urlsplit(u).hostname)]
+    if not usable:
+        raise ValueError(
+            f"tools.search.server_addr {list(urls)} is a loopback address of node {home_ip}, but this worker runs "
+            f"on node {node_ip}, another machine. Fix: retrieval.per_node=true (a server on every node), "
+            "retrieval.host=0.0.0.0 for the launched server, or the address of a server every node can reach "
+            "(host:port)."
+        )
+
+    def here(url: str) -> bool:  # on this node: its own IP, or a loopback address on the launcher's node
+        host = urlsplit(url).hostname
+        return host == node_ip or (node_ip == home_ip and is_loopback_host(host))
+
+    local = [u for u in usable if here(u)]
+    return local, [u for u in usable if u not in local]

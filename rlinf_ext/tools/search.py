@@ -14,7 +14,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlinf_ext.tools.addresses import resolve_server_urls
+from rlinf_ext.tools.addresses import resolve_server_urls, urls_for_node
 from rlinf_ext.tools.backends import RetryableSearchError, SearchRequestError, make_backend
 from rlinf_ext.tools.config import check_search_config
 from rlinf_ext.tools.documents import Document
@@ -60,13 +60,22 @@ def backoff_delay(attempt: int, base: float, rng: random.Random) -> float:
 
 
 class SearchTool:
-    """`await tool.search(query) -> SearchResult`. Accepts any object with the `tools.search` attributes."""
+    """`await tool.search(query) -> SearchResult`. Accepts any object with the `tools.search` attributes.
 
-    def __init__(self, cfg: Any, seed: int | None = None):
+    Calls are spread round-robin over the servers of the client's node (``node_ip``: the Ray node a worker runs
+    on; ``home_ip``: the launcher's node, where loopback addresses point), or over all servers when none is on
+    this node; a failed attempt is retried on the next server, the other nodes' servers after this node's.
+    """
+
+    def __init__(self, cfg: Any, seed: int | None = None, node_ip: str | None = None, home_ip: str | None = None):
         check_search_config(cfg)
         self.cfg = cfg
         self.backend = make_backend(cfg.backend)
-        self.urls: list[str | None] = resolve_server_urls(cfg.server_addr) if self.backend.needs_server else [None]
+        if self.backend.needs_server:
+            self.local_urls, self.other_urls = urls_for_node(resolve_server_urls(cfg.server_addr), node_ip, home_ip)
+        else:
+            self.local_urls, self.other_urls = [], [None]
+        self.urls: list[str | None] = [*self.local_urls, *self.other_urls]
         self._next_url = itertools.count()
         self._bucket = shared_token_bucket(cfg.rate_limit)
         self._slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = (
@@ -106,12 +115,20 @@ class SearchTool:
             )
         return result
 
+    def _attempt_order(self, call: int) -> list[str | None]:
+        """The servers call number ``call`` tries, in order: this node's (rotated by ``call``), then the others
+        (rotated likewise)."""
+        def rotated(urls: list) -> list:
+            return urls[call % len(urls):] + urls[:call % len(urls)] if urls else []
+
+        return rotated(self.local_urls) + rotated(self.other_urls)
+
     async def _search_with_retries(self, query: str) -> SearchResult:
         timeout = float(self.cfg.default_timeout)
-        first = next(self._next_url)
+        order = self._attempt_order(next(self._next_url))
         error = "no attempt made"
         for attempt in range(int(self.cfg.max_retries) + 1):
-            url = self.urls[(first + attempt) % len(self.urls)]  # spread retries over the servers
+            url = order[attempt % len(order)]  # retries move on to the next server
             try:
                 docs = await asyncio.wait_for(
                     self.backend.search(query, int(self.cfg.topk), timeout, url), timeout

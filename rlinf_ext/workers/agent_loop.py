@@ -16,6 +16,7 @@ import time
 import uuid
 from typing import Any
 
+import ray
 import torch
 from rlinf.scheduler import Worker
 from transformers import AutoTokenizer
@@ -68,10 +69,11 @@ def canonical_order(trajectories: list) -> list:
 class SearchR1AgentLoopWorker(Worker):
     """One agent-loop rank; an async actor (the search tool and the generate replies are awaited)."""
 
-    def __init__(self, cfg: ExperimentConfig, search_server_addr: Any = None):
+    def __init__(self, cfg: ExperimentConfig, search_server_addr: Any = None, launcher_ip: str | None = None):
         super().__init__()
         self.cfg = cfg
         self.search_server_addr = search_server_addr
+        self.launcher_ip = launcher_ip  # the node where a loopback server address points
 
     async def init_worker(self, generate_input_channel, generate_output_channel) -> None:
         with self.worker_timer():
@@ -81,7 +83,9 @@ class SearchR1AgentLoopWorker(Worker):
             search_cfg = self.cfg.tools.search
             if self.search_server_addr is not None:  # a server started by the launcher for this run
                 search_cfg = dataclasses.replace(search_cfg, server_addr=self.search_server_addr)
-            self.search_tool = SearchTool(search_cfg, seed=int(self.cfg.runner.seed) + self._rank)
+            # the node this worker runs on: its own node's server first, never another machine's loopback
+            self.search_tool = SearchTool(search_cfg, seed=int(self.cfg.runner.seed) + self._rank,
+                                          node_ip=ray.util.get_node_ip_address(), home_ip=self.launcher_ip)
             self.sampling_params = SamplingParams.from_config(self.cfg.algorithm.sampling_params)
 
     async def run_agentloop_rollout(self, input_channel, output_channel) -> dict:

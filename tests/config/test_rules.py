@@ -148,6 +148,18 @@ def test_cpu_cluster_ranks_are_processes(reference_env):
     assert result.ok, [str(i) for i in result.issues]
 
 
+def test_cpu_cluster_places_processes_on_nodes(reference_env):
+    """RLinf's NODES:PROCESSES form on a CPU cluster: the nodes are checked against cluster.num_nodes."""
+    two_nodes = ["cluster.num_nodes=2", "cluster.component_placement={actor: '0:0', 'rollout,agentloop': '1:0', "
+                 "reward: '0:0'}"]
+    result = check_config("tiny-cpu", two_nodes)
+    assert result.ok, [str(i) for i in result.issues]
+    assert_issue("tiny-cpu", two_nodes[1:], "cluster.component_placement.rollout,agentloop", "node 1",
+                 "cluster.num_nodes is 1")
+    assert_issue("tiny-cpu", ["cluster.num_nodes=2", "cluster.component_placement={'actor,rollout,reward': '0-1:0-2'}"],
+                 "cluster.component_placement.actor,rollout,reward", "do not split evenly over 2 node(s)")
+
+
 def test_gpu_backend_on_cpu_cluster(reference_env):
     assert_issue(
         "tiny-cpu", ["rollout.rollout_backend=sglang"], "rollout.rollout_backend", "rollout.rollout_backend=hf"

@@ -1,9 +1,14 @@
-"""End to end: the tiny experiment through the real launcher, in child processes as a user runs it.
+"""End to end: the tiny experiment through the real launcher, in child processes as a user runs it, and extending
+the finished run (the most common use of resume).
 
 Launch 1 trains 2 steps (checkpoint every step) with a real retrieval server, RLinf's cluster on CPU, HF->Megatron
-at start and Megatron->HF at the end. Launch 2 resumes (`runner.resume_dir=auto`) and trains 2 more steps; after
-its first step the test kills the retrieval server: searches then fail (counted) and training still finishes.
-A shortened config (small batches) keeps this CI-sized; the full experiment is benchmarks/tiny_experiment_bench.py.
+at start, Megatron->HF at the end and the evaluation of that model into ``eval/global_step_2/``. Launch 2 extends
+the finished run: ``runner.max_steps=4 runner.resume_dir=auto`` resumes at step 2 and trains 2 more steps; after
+its first step the test kills the retrieval server: searches then fail (counted) and training still finishes. It
+evaluates the new model into ``eval/global_step_4/`` beside the first (one directory per checkpoint: it used to
+refuse, "eval holds generations of a different setup"), and its summary says where it resumed from and covers
+the whole run's reward history. A shortened config (small batches) keeps this CI-sized; the full experiment is
+benchmarks/tiny_experiment_bench.py.
 """
 
 from __future__ import annotations
@@ -13,66 +18,18 @@ import math
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
 
 import pytest
+from launch_helpers import CI_SIZE, launch, metrics_rows, when_step_logged
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-
-CI_SIZE = [
-    "data.rollout_batch_size=2",
-    "algorithm.group_size=2",
-    "algorithm.n_minibatches=1",
-    "algorithm.training_batch_size_per_gpu=2",
-    "algorithm.sampling_params.max_new_tokens=32",
-    "agentloop.response_length_total=192",
-    "runner.save_interval=1",
-    "runner.val_samples_per_benchmark=1",  # the validation before training: one question per benchmark
-]
-
-
-def launch(args: list[str], on_line=None, timeout: float = 240) -> tuple[int, str]:
-    """Run `launchers/train.py tiny-cpu ARGS`; `on_line(line, proc)` sees each output line as it comes."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "launchers" / "train.py"), "tiny-cpu", "--no-progress", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(REPO),
-    )
-    lines: list[str] = []
-    timer = threading.Timer(timeout, proc.kill)
-    timer.start()
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if on_line is not None:
-                on_line(line, proc)
-        return proc.wait(), "".join(lines)
-    finally:
-        timer.cancel()
-        if proc.poll() is None:
-            proc.kill()
-
-
-def metrics_rows(run_dir: Path) -> list[dict]:
-    rows = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written right now
-            pass
-    return rows
 
 
 SERVER_RE = re.compile(r"retrieval server on http://([\d.]+):(\d+) \(pid (\d+)")
 
 
-@pytest.mark.timeout(600)
-def test_tiny_experiment_trains_resumes_survives_a_dead_server_and_converts(tiny_assets_sft, tmp_path):
+@pytest.mark.timeout(900)
+def test_tiny_experiment_trains_extends_survives_a_dead_server_and_evaluates_each_model(tiny_assets_sft, tmp_path):
     out = tmp_path / "runs"
     rollouts = tmp_path / "rollouts"
     # the search-only warm start: the shipped one gives up without searching on ~65% of the trajectories, and
@@ -82,9 +39,11 @@ def test_tiny_experiment_trains_resumes_survives_a_dead_server_and_converts(tiny
               f"runner.rollout_data_dir={rollouts}", *CI_SIZE]
     run_dir = out / "searchr1-grpo-tiny-cpu"
 
-    # ---- launch 1: two steps from scratch
-    code, log1 = launch(["--no-eval", *common, "runner.max_steps=2"])
+    # ---- launch 1: two steps from scratch, the converted model evaluated (one question per benchmark file)
+    code, log1 = launch(["--eval-override", "data.data_size=1", *common, "runner.max_steps=2"])
     assert code == 0, log1[-4000:]
+    results_2 = json.loads((run_dir / "eval" / "global_step_2" / "results.json").read_text())
+    assert results_2["overall"]["n"] == 7, results_2
     rows = metrics_rows(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the validation before training (tiny-cpu.yaml)
     val = rows[0]
@@ -111,19 +70,11 @@ def test_tiny_experiment_trains_resumes_survives_a_dead_server_and_converts(tiny
         if m := SERVER_RE.search(line):
             server["pid"] = int(m.group(3))
 
-    done = threading.Event()
+    def kill_server():
+        os.kill(server["pid"], signal.SIGKILL)  # the pid line comes long before step 3
+        server["killed"] = True
 
-    def kill_server_after_step_3():  # polls the metrics file: the launcher prints nothing between steps
-        while not done.is_set():
-            metrics = run_dir / "metrics.jsonl"
-            if "pid" in server and metrics.exists() and any(r["step"] == 3 for r in metrics_rows(run_dir)):
-                os.kill(server["pid"], signal.SIGKILL)
-                server["killed"] = True
-                return
-            time.sleep(0.2)
-
-    killer = threading.Thread(target=kill_server_after_step_3, daemon=True)
-    killer.start()
+    done = when_step_logged(run_dir, 3, kill_server)
     # the evaluation (one question per benchmark file) then runs against the dead server too
     code, log2 = launch(["--eval-override", "data.data_size=1", *common, "runner.max_steps=4",
                          "runner.resume_dir=auto"], on_line=note_server_pid)
@@ -135,9 +86,15 @@ def test_tiny_experiment_trains_resumes_survives_a_dead_server_and_converts(tiny
     assert rows[4]["agent/search_failures"] > 0, "searches against a dead server were not counted as failures"
     assert math.isfinite(rows[4]["actor/loss"])
     assert (run_dir / "checkpoints" / "global_step_4").is_dir()
-    results = json.loads((run_dir / "eval" / "results.json").read_text())
+    # the extended run's model is evaluated beside the first one, which stays as it was
+    results = json.loads((run_dir / "eval" / "global_step_4" / "results.json").read_text())
     assert results["overall"]["n"] == 7 and results["overall"]["errors"] == 0  # one question per benchmark
-    assert f"eval table       : {run_dir / 'eval' / 'results.md'}" in log2
+    assert f"eval table       : {run_dir / 'eval' / 'global_step_4' / 'results.md'}" in log2
+    assert json.loads((run_dir / "eval" / "global_step_2" / "results.json").read_text()) == results_2
+    # the summary of launch 2 covers the whole run: 4 steps, step 1's reward (launch 1) as the first window
+    assert f"resumed from {run_dir / 'checkpoints' / 'global_step_2'}" in log2
+    assert "finished: 4 step(s)" in log2
+    assert f"first 1 vs last 1 step(s): {rows[1]['reward/mean']:.3f} -> {rows[4]['reward/mean']:.3f}" in log2
 
     # ---- the converted HF model loads and generates
     hf_dir = run_dir / "hf_model" / "global_step_4"

@@ -1,4 +1,4 @@
-"""Launcher plumbing: Ray address policy, signal handling, reward summary. (Ray and every other process being
+"""Launcher plumbing: signal handling, reward summary (the Ray address: test_ray_address.py). (Ray and every other process being
 stopped on Ctrl-C is checked end to end in tests/e2e/test_launcher_interrupt.py.)"""
 
 from __future__ import annotations
@@ -11,17 +11,8 @@ import time
 import pytest
 
 from rlinf_ext.runner.errors import RunInterrupted
-from rlinf_ext.runner.services import ray_address_for, stop_on_signals
+from rlinf_ext.runner.services import stop_on_signals
 from rlinf_ext.runner.summary import RunSummary, metric_trend, reward_trend, reward_window, validation_trend
-
-
-def test_ray_address_policy():
-    # one node: a private Ray instance, never whatever Ray happens to run on the machine
-    assert ray_address_for(1, {}) == "local"
-    # several nodes: the user's `ray start` cluster (auto-detected by Ray)
-    assert ray_address_for(2, {}) is None
-    # an explicit RAY_ADDRESS always wins
-    assert ray_address_for(1, {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
 
 
 def test_stop_on_signals_turns_sigterm_into_interrupt_and_restores_handlers():
@@ -31,6 +22,22 @@ def test_stop_on_signals_turns_sigterm_into_interrupt_and_restores_handlers():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler interrupts this sleep
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_while_training_asks_for_a_graceful_stop_and_a_second_one_interrupts():
+    with stop_on_signals() as stop:
+        with stop.defer():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler runs between bytecodes; it must not raise
+            assert stop.requested and stop.signal_name == "SIGTERM"
+            with pytest.raises(RunInterrupted, match="SIGTERM"):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+        assert not stop.deferring
+        with pytest.raises(RunInterrupted, match="SIGINT"):  # Ctrl-C never waits for the step
+            with stop.defer():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
 
 
 def test_reward_window_never_overlaps():
@@ -50,6 +57,21 @@ def test_reward_trend_and_summary(tmp_path):
     assert "first 3 vs last 3 step(s): 0.100 -> 0.700 (+0.600)" in text
     assert "searches per trajectory, same steps: 0.70 -> 1.30" in text
     assert f"logs (TB, jsonl) : {tmp_path}" in text and "converted HF     : (none)" in text
+
+
+def test_summary_of_an_extended_run_covers_every_launch(tmp_path):
+    """Launch 1 logged steps 1-3 and crashed after its step-2 checkpoint; launch 2 resumed at 2 and ran 3-4:
+    the summary reads the whole history, the re-done step 3 as launch 2 logged it."""
+    rows = [{"step": 1, "reward/mean": 0.1}, {"step": 2, "reward/mean": 0.2}, {"step": 3, "reward/mean": 0.9},
+            {"step": 3, "reward/mean": 0.3}, {"step": 4, "reward/mean": 0.4}, {"step": 5, "reward/mean": 9.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # step 5: a row an earlier launch logged past where this run ended (resumed from before it)
+    steps, first, last = reward_trend(tmp_path, window=2, last_step=4)
+    assert steps == 4 and first == pytest.approx(0.1) and last == pytest.approx(0.4)
+    text = RunSummary("tiny", steps=steps, first_reward=first, last_reward=last, reward_window=1,
+                      resumed_from=tmp_path / "checkpoints" / "global_step_2").format()
+    assert f"resumed from {tmp_path / 'checkpoints' / 'global_step_2'}; trends below cover the whole run" in text
+    assert "finished: 4 step(s)" in text
 
 
 def test_step_zero_validation_is_not_a_training_step(tmp_path):

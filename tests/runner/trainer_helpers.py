@@ -4,18 +4,34 @@ retrieval server is tests/conftest.py's ``retrieval_url``. Not a test module its
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
 @pytest.fixture(scope="module")
 def cluster():
+    """A private one-node Ray instance, as the launcher starts it (``RAY_ADDRESS=local`` while RLinf's Cluster
+    starts it: its ``address="auto"`` would join any Ray running on the machine; then the workers are pinned to
+    it, ``runner/cluster.py``)."""
+    import ray
     from rlinf.scheduler import Cluster
 
+    from rlinf_ext.runner.cluster import pin_workers_to_cluster
     from rlinf_ext.runner.services import shutdown_ray
 
-    c = Cluster(num_nodes=1)
-    yield c
-    shutdown_ray()  # also forgets RLinf's Cluster singleton, so the next module gets a fresh Ray instance
+    saved = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = "local"
+    try:
+        c = Cluster(num_nodes=1)
+        pin_workers_to_cluster(c, ray.get_runtime_context().gcs_address)
+        yield c
+    finally:
+        shutdown_ray()  # also forgets RLinf's Cluster singleton, so the next module gets a fresh Ray instance
+        if saved is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = saved
 
 
 def model_path(tiny_assets):

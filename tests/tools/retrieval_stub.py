@@ -59,13 +59,13 @@ def make_app(behaviour: StubBehaviour) -> FastAPI:
 class StubServer:
     """`with StubServer() as s: s.url` - serves until the block ends."""
 
-    def __init__(self, behaviour: StubBehaviour | None = None):
+    def __init__(self, behaviour: StubBehaviour | None = None, host: str = "127.0.0.1"):
         self.behaviour = behaviour or StubBehaviour()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((host, 0))  # another loopback address (127.0.0.2) stands for another node's IP
         self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         config = uvicorn.Config(make_app(self.behaviour), log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
@@ -86,8 +86,8 @@ class StubServer:
         self.sock.close()
 
 
-def unused_port() -> int:
+def unused_port(host: str = "127.0.0.1") -> int:
     """A port with nothing listening (bound then released)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]

@@ -183,3 +183,42 @@ def test_backoff_is_exponential_with_bounded_jitter():
     for attempt in range(4):
         delay = backoff_delay(attempt, 0.5, rng)
         assert 0.5 * 0.5 * 2**attempt <= delay < 0.5 * 1.5 * 2**attempt
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_asks_its_own_nodes_server_first_and_fails_over():
+    """Per-node servers (retrieval.per_node): 127.0.0.2 stands for the worker's node, 127.0.0.1 for another."""
+
+    async def many(tool, n):
+        try:
+            return await asyncio.gather(*(tool.search(f"q{i}") for i in range(n)))
+        finally:
+            await close_http_session()
+
+    with StubServer() as other, StubServer(host="127.0.0.2") as own:
+        tool = SearchTool(cfg_for([other.url, own.url]), seed=0, node_ip="127.0.0.2")
+        assert (tool.local_urls, tool.other_urls) == ([own.url], [other.url])
+        assert all(r.ok for r in asyncio.run(many(tool, 6)))
+        assert len(own.behaviour.arrivals) == 6 and not other.behaviour.arrivals
+        # this node's server is down: every call fails over to the other node's on its retry
+        dead_own = f"http://127.0.0.2:{unused_port('127.0.0.2')}"
+        tool = SearchTool(cfg_for([other.url, dead_own], max_retries=1), seed=0, node_ip="127.0.0.2")
+        results = asyncio.run(many(tool, 4))
+        assert all(r.ok and r.attempts == 2 for r in results)
+        assert len(other.behaviour.arrivals) == 4
+
+
+def test_a_worker_on_another_node_never_uses_the_launchers_loopback_address():
+    loopback = SearchToolConfig(backend="local", server_addr=["127.0.0.1:8000", "localhost:8001"])
+    with pytest.raises(ValueError, match=r"loopback address of node 10\.1\.2\.1.*runs on node 10\.1\.2\.3.*"
+                                         r"retrieval\.per_node=true"):
+        SearchTool(loopback, node_ip="10.1.2.3", home_ip="10.1.2.1")
+    mixed = SearchToolConfig(backend="local", server_addr=["127.0.0.1:8000", "10.1.2.4:8000", "10.1.2.3:8000"])
+    tool = SearchTool(mixed, node_ip="10.1.2.3", home_ip="10.1.2.1")
+    assert (tool.local_urls, tool.other_urls) == (["http://10.1.2.3:8000"], ["http://10.1.2.4:8000"])
+    # on the launcher's node the loopback server is this node's; so on a one-machine cluster, and off a cluster
+    tool = SearchTool(mixed, node_ip="10.1.2.1", home_ip="10.1.2.1")
+    assert tool.local_urls == ["http://127.0.0.1:8000"] and len(tool.other_urls) == 2
+    assert SearchTool(loopback, node_ip="127.0.0.2", home_ip="10.1.2.1").urls == ["http://127.0.0.1:8000",
+                                                                                  "http://localhost:8001"]
+    assert SearchTool(loopback).urls == ["http://127.0.0.1:8000", "http://localhost:8001"]

@@ -1,0 +1,81 @@
+"""Running the real launcher in a child process as a user does (``launchers/train.py tiny-cpu ...``), and reading
+what it wrote. Shared by the end-to-end tests; not a test module itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[2]
+
+# a CI-sized tiny experiment: small batches, short generations
+CI_SIZE = [
+    "data.rollout_batch_size=2",
+    "algorithm.group_size=2",
+    "algorithm.n_minibatches=1",
+    "algorithm.training_batch_size_per_gpu=2",
+    "algorithm.sampling_params.max_new_tokens=32",
+    "agentloop.response_length_total=192",
+    "runner.save_interval=1",
+    "runner.val_samples_per_benchmark=1",  # the validation before training: one question per benchmark
+]
+
+
+def launch(args: list[str], on_line: Callable | None = None, timeout: float = 480,
+           env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run `launchers/train.py tiny-cpu --no-progress ARGS`; `on_line(line, proc)` sees each output line as it
+    comes. ``env``: the child's environment (default: this one without RAY_ADDRESS)."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "launchers" / "train.py"), "tiny-cpu", "--no-progress", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(REPO),
+    )
+    lines: list[str] = []
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if on_line is not None:
+                on_line(line, proc)
+        return proc.wait(), "".join(lines)
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    rows = []
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written right now
+            pass
+    return rows
+
+
+def when_step_logged(run_dir: Path, step: int, action: Callable[[], None]) -> threading.Event:
+    """Run ``action`` (in a thread) as soon as metrics.jsonl has ``step``; set the returned event to give up.
+    The launcher prints nothing between steps, so the file is polled."""
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            if any(r.get("step") == step for r in metrics_rows(run_dir)):
+                action()
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return done

@@ -1,0 +1,119 @@
+"""A multi-node Ray cluster on one machine for the multi-node tests: a head and further nodes started with the
+venv's ``ray start``, each bound to its own loopback address (127.0.0.2, ...) with its own CPUs and temp dir.
+
+Token authentication is on (Ray's default for ``ray start --head``) with a token file of the test's own, every
+port is a free one (several clusters may run on the machine at once), and a node is stopped the way ``ray stop``
+stops one, but only this cluster's processes: SIGTERM to every process under the node's temp dir and to their
+descendants (the workers, renamed ``ray::...``), SIGKILL after a grace period (``ray stop`` itself would stop
+every Ray on the machine). Not a test module itself.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+RAY_BIN = Path(sys.executable).with_name("ray")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class LocalRayCluster:
+    """``with LocalRayCluster() as c: c.start_head(2); c.add_node("127.0.0.2", 2)``; ``c.env`` is the environment
+    a driver (the launcher) needs to join it."""
+
+    def __init__(self) -> None:
+        # a short root: Ray's Unix sockets live under it and their paths are limited to 107 characters
+        self.root = Path(tempfile.mkdtemp(prefix="rn", dir="/tmp"))
+        token = self.root / "token"
+        token.write_text(secrets.token_hex(32))
+        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_USAGE_STATS_ENABLED="0")
+        self.address: str | None = None
+        self.nodes: dict[str, str] = {}  # name -> node IP
+
+    def _start(self, name: str, args: list[str], timeout_s: float = 240) -> None:
+        temp_dir = self.root / name
+        command = [str(RAY_BIN), "start", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+                   f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}", *args]
+        log = self.root / f"{name}.log"
+        with open(log, "w") as out:
+            code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT, env=self.env, timeout=timeout_s)
+        if code != 0:
+            raise RuntimeError(f"`{' '.join(command)}` failed ({code}):\n{log.read_text()[-3000:]}")
+
+    def start_head(self, num_cpus: int) -> str:
+        self._start("head", ["--head", "--port=0", f"--num-cpus={num_cpus}", "--include-dashboard=false",
+                             f"--ray-client-server-port={free_port()}"])
+        self.address = (self.root / "head" / "ray_current_cluster").read_text().strip()
+        self.nodes["head"] = self.address.rpartition(":")[0]
+        self.env["RAY_ADDRESS"] = self.address
+        return self.address
+
+    def add_node(self, name: str, ip: str, num_cpus: int) -> None:
+        env_address = self.env.pop("RAY_ADDRESS")  # `ray start --address` names it; the env var would win
+        try:
+            self._start(name, [f"--address={self.address}", f"--node-ip-address={ip}", f"--num-cpus={num_cpus}"])
+        finally:
+            self.env["RAY_ADDRESS"] = env_address
+        self.nodes[name] = ip
+
+    def processes(self, name: str) -> list[psutil.Process]:
+        """Every process of node ``name``: those started with its temp dir, and their descendants."""
+        temp_dir = str(self.root / name)
+        found: set[psutil.Process] = set()
+        for proc in psutil.process_iter(["cmdline"]):
+            if proc.pid == os.getpid():
+                continue
+            args = proc.info["cmdline"] or []
+            if any(a.endswith("=" + temp_dir) or temp_dir + "/" in a for a in args):
+                found.add(proc)
+                try:
+                    found.update(proc.children(recursive=True))
+                except psutil.NoSuchProcess:
+                    pass
+        return sorted(found, key=lambda p: p.pid)
+
+    def stop_node(self, name: str, grace_s: float = 10.0) -> None:
+        """Freeze every process of the node at once (SIGSTOP: nothing on it makes progress from this moment, so a
+        test knows which step a run was in), then stop them as ``ray stop`` does: SIGTERM, SIGKILL after
+        ``grace_s``."""
+        procs = self.processes(name)
+        for send in (psutil.Process.suspend, psutil.Process.terminate, psutil.Process.resume):
+            for proc in procs:
+                try:
+                    send(proc)
+                except psutil.NoSuchProcess:
+                    pass
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=grace_s)
+        self.nodes.pop(name, None)
+
+    def close(self) -> None:
+        for name in sorted(self.nodes, key=lambda n: n == "head"):  # the head last
+            self.stop_node(name)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> "LocalRayCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,125 @@
+"""Two Ray nodes on one machine (tests/e2e/ray_nodes.py: a head on this machine's address, a second raylet on
+127.0.0.2, each with its own CPUs): the tiny experiment with the actor and reward on one node and the rollout and
+agent loop on the other, one retrieval server per node; which node each worker ran on is read from Ray's own
+actor table. Then a node is stopped mid-run: the launcher stops with an error naming the node and the checkpoint,
+and once the node is back a resume finishes the run."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from launch_helpers import launch, metrics_rows, when_step_logged
+from ray_nodes import LocalRayCluster
+
+from rlinf_ext.runner.checkpoints import latest_complete_checkpoint
+from rlinf_ext.runner.cluster import NodeView, stable_order
+
+pytestmark = pytest.mark.slow
+
+WORKER_IP = "127.0.0.2"
+SMALL = [  # the smallest run that still searches and trains: one prompt, a group of two
+    "data.rollout_batch_size=1", "algorithm.group_size=2", "algorithm.n_minibatches=1", "algorithm.training_batch_size_per_gpu=2",
+    "algorithm.sampling_params.max_new_tokens=24", "agentloop.response_length_total=160",
+    "runner.val_before_train=false", "runner.save_interval=1", "--no-eval",
+]
+# Ray's actor table from the GCS (ray.util.state needs the dashboard, which the test cluster does not run)
+ACTOR_TABLE = """
+import json, ray
+from ray._private import state
+ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+print(json.dumps([{"class": a["ActorClassName"], "name": a["Name"], "ip": a["Address"]["IPAddress"]}
+                  for a in state.actors().values()]))
+"""
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    with LocalRayCluster() as cluster:
+        cluster.start_head(num_cpus=2)
+        cluster.add_node("w1", WORKER_IP, num_cpus=2)
+        yield cluster
+
+
+def node_numbers(cluster: LocalRayCluster) -> tuple[int, int]:
+    """(placement node of the head, of the second node): the run's stable order is by IP."""
+    order = [n.ip for n in stable_order([NodeView(cluster.nodes["head"], "h"), NodeView(WORKER_IP, "w")])]
+    return order.index(cluster.nodes["head"]), order.index(WORKER_IP)
+
+
+def two_node_args(cluster: LocalRayCluster, tiny_assets, out, tag: str) -> list[str]:
+    head, worker = node_numbers(cluster)
+    return [f"paths.tiny_assets={tiny_assets.root}", f"runner.output_dir={out}",
+            f"rollout.model.model_path={tiny_assets.qwen2_tiny_sft_search}", *SMALL,
+            "cluster.num_nodes=2", "retrieval.per_node=true",
+            f"cluster.component_placement={{actor: '{head}:0', reward: '{head}:0', 'rollout,agentloop': '{worker}:0'}}",
+            # group names of this test's own, to find its workers in Ray's actor table
+            *(f"{key}.group_name={tag}{key.capitalize()}" for key in ("actor", "reward", "rollout", "agentloop"))]
+
+
+@pytest.mark.timeout(600)
+def test_two_nodes_run_each_worker_where_the_placement_says(two_nodes, tiny_assets_sft, tmp_path):
+    run_dir = tmp_path / "searchr1-grpo-tiny-cpu"
+    code, log = launch([*two_node_args(two_nodes, tiny_assets_sft, tmp_path, "TwoNode"), "runner.max_steps=2"],
+                       env=two_nodes.env, timeout=420)
+    assert code == 0, log[-4000:]
+    rows = metrics_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert sum(r["agent/searches"] for r in rows) > 0 and all(r["agent/search_failures"] == 0 for r in rows), rows
+    assert latest_complete_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "global_step_2"
+    head, worker = node_numbers(two_nodes)
+    head_ip = two_nodes.nodes["head"]
+    # one retrieval server per node, each on its node's address
+    servers = dict(re.findall(r"retrieval server of node (\d): http://([\d.]+):\d+", log))
+    assert servers == {str(head): head_ip, str(worker): WORKER_IP}, log[-4000:]
+
+    table = subprocess.run([sys.executable, "-c", ACTOR_TABLE], env=two_nodes.env, capture_output=True, text=True,
+                           timeout=120)
+    assert table.returncode == 0, table.stderr[-3000:]
+    where = {a["name"]: a["ip"] for a in json.loads(table.stdout.strip().splitlines()[-1])}
+    assert where["TwoNodeActor:0"] == head_ip and where["TwoNodeReward:0"] == head_ip, where
+    assert where["TwoNodeRollout:0"] == WORKER_IP and where["TwoNodeAgentloop:0"] == WORKER_IP, where
+
+
+@pytest.mark.timeout(900)
+def test_a_lost_node_stops_the_run_naming_it_and_a_resume_finishes(two_nodes, tiny_assets_sft, tmp_path):
+    run_dir = tmp_path / "searchr1-grpo-tiny-cpu"
+    args = [*two_node_args(two_nodes, tiny_assets_sft, tmp_path, "LostNode"), "runner.max_steps=3"]
+    done = when_step_logged(run_dir, 1, lambda: two_nodes.stop_node("w1"))
+    try:
+        code, log = launch(args, env=two_nodes.env, timeout=420)
+    finally:
+        done.set()
+        if "w1" not in two_nodes.nodes:  # the node comes back for the resume (and the module's other tests)
+            two_nodes.add_node("w1", WORKER_IP, num_cpus=2)
+    assert code == 1, log[-4000:]
+    _, worker = node_numbers(two_nodes)
+    checkpoint = latest_complete_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None and checkpoint.name != "global_step_3", "the run finished before the node stopped"
+    message = log[log.index("rlinf-ext train: "):]
+    assert f"node {worker} ({WORKER_IP}, Ray node" in message and "left the Ray cluster" in message, message
+    assert f"resume from {checkpoint} with runner.resume_dir=auto" in message, message
+
+    code, log = launch([*args, "runner.resume_dir=auto"], env=two_nodes.env, timeout=420)
+    assert code == 0, log[-4000:]
+    assert f"resumed from {checkpoint}" in log
+    assert [r["step"] for r in metrics_rows(run_dir)] == [1, 2, 3]
+    assert latest_complete_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "global_step_3"
+
+
+@pytest.mark.timeout(300)
+def test_joining_waits_for_the_nodes_and_names_those_it_saw(two_nodes):
+    """cluster.num_nodes=3 on a 2-node cluster: RLinf's Cluster would wait forever; the launcher's join gives up
+    after cluster.join_timeout_s with the nodes it saw."""
+    probe = ("from rlinf_ext.runner.cluster import wait_for_nodes\n"
+             "print(len(wait_for_nodes(None, 2, 60)), flush=True)\n"
+             "wait_for_nodes(None, 3, 3)\n")
+    done = subprocess.run([sys.executable, "-c", probe], env=two_nodes.env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode != 0 and done.stdout.strip() == "2", done.stdout + done.stderr[-3000:]
+    error = done.stderr[done.stderr.index("LaunchError"):]
+    assert "cluster.num_nodes=3 but 2 node(s) joined the Ray cluster" in error, error
+    assert two_nodes.nodes["head"] in error and WORKER_IP in error and "ray start --address" in error, error
