@@ -200,6 +200,7 @@ def init_parallel_state(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         create_gloo_process_groups=not cpu_mode(),  # on CPU the default groups are gloo already
+        distributed_timeout_minutes=max(1, round(timeout_s / 60)),
     )
     model_parallel_cuda_manual_seed(seed)
     return ParallelSetup(tp, pp, dist.get_rank(), dist.get_world_size(), created)
