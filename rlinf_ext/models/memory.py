@@ -116,6 +116,11 @@ def layer_elements_per_token(shape: ModelShape) -> int:
     return 5 * h + (shape.heads + 2 * shape.groups) * shape.head_dim + 3 * shape.ffn
 
 
+def _score_elements(x: ActorMemoryInputs) -> int:
+    """Elements of one layer's ``[b, heads, T, T]`` attention scores."""
+    return x.shape.heads * x.micro_batch_size * x.seq_length**2
+
+
 def attention_bytes_per_layer(x: ActorMemoryInputs) -> int:
     """Local spec only: the ``[heads, T, T]`` probabilities (fp32 softmax output, + its 16-bit copy) and the
     keys/values expanded from ``groups`` to ``heads`` (``dot_product_attention.py``)."""
@@ -123,9 +128,17 @@ def attention_bytes_per_layer(x: ActorMemoryInputs) -> int:
         return 0
     s = x.shape
     tokens = x.micro_batch_size * x.seq_length
-    probs = s.heads * x.micro_batch_size * x.seq_length**2 * (4 + (2 if x.compute_bytes == 2 else 0))
+    probs = _score_elements(x) * (4 + (2 if x.compute_bytes == 2 else 0))
     expanded_kv = 2 * (s.heads - s.groups) * s.head_dim * tokens * x.compute_bytes
     return probs + expanded_kv
+
+
+def attention_backward_bytes(x: ActorMemoryInputs) -> int:
+    """Local spec: the softmax backward holds the gradients of the probabilities and of the scores (fp32) at
+    once, with a masked copy in between: 2.5 fp32 score-sized tensors (measured on CPU, see the calibration)."""
+    if x.flash_attention or x.recompute_granularity == "selective":
+        return 0
+    return int(2.5 * _score_elements(x) * 4)
 
 
 def activation_bytes(x: ActorMemoryInputs) -> dict[str, int]:
@@ -144,8 +157,14 @@ def activation_bytes(x: ActorMemoryInputs) -> dict[str, int]:
         else:  # block: the first n layers
             recomputed, unit = n, 1
     stored = (s.num_layers - recomputed) * full_layer + recomputed * layer_input
-    backward = (unit if recomputed else 0) * full_layer + full_layer  # recomputed unit + one layer of gradients
-    return {"activations (stored)": stored, "activations (backward)": backward}
+    # the recomputed unit, one layer of activation gradients, the attention softmax backward
+    backward = (unit if recomputed else 0) * full_layer + full_layer + attention_backward_bytes(x)
+    items = {"activations (stored)": stored, "activations (backward)": backward}
+    if x.device == "cuda" and not x.flash_attention:
+        # Megatron's global buffer for the raw scores (dot_product_attention.py), kept between calls; on CPU
+        # its pages are never written (baddbmm with beta=0) and so never resident
+        items["attention score buffer"] = _score_elements(x) * x.compute_bytes
+    return items
 
 
 def logits_bytes(x: ActorMemoryInputs) -> int:
