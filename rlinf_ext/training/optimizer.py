@@ -16,11 +16,12 @@ The optimizer depends on the device:
   and Adam moments sharded over the data-parallel ranks, parameters all-gathered after the step. When
   Megatron falls back to torch's AdamW (no TE/apex), it runs ``fused``.
 * CPU, ``TorchStep``: Megatron's optimizers need CUDA: the grad scalers and ``MixedPrecisionOptimizer``
-  allocate ``device='cuda'`` tensors (``optimizer/grad_scaler.py:15``, ``optimizer/optimizer.py:473-485, 907``)
-  and ``DistributedOptimizer`` accepts only ``torch.cuda.*Tensor`` parameters (``distrib_optimizer.py:361,
-  420-436``). The CPU actor therefore keeps fp32 master parameters and steps them with torch: AdamW, its
-  moments sharded over the ranks by ``ZeroRedundancyOptimizer`` when ``use_distributed_optimizer`` and DP > 1
-  (gloo), and ``torch.amp.GradScaler`` for fp16 autocast (``training/precision.py``).
+  allocate ``device='cuda'`` tensors (``megatron/core/optimizer/grad_scaler.py:15``,
+  ``megatron/core/optimizer/optimizer.py:473-485, 907``) and ``DistributedOptimizer`` accepts only
+  ``torch.cuda.*Tensor`` parameters (``megatron/core/optimizer/distrib_optimizer.py:361, 420-436``). The CPU
+  actor therefore keeps fp32 master parameters and steps them with torch: AdamW, its moments sharded over the
+  ranks by ``ZeroRedundancyOptimizer`` when ``use_distributed_optimizer`` and DP > 1 (gloo), and
+  ``torch.amp.GradScaler`` for fp16 autocast (``training/precision.py``).
 """
 
 from __future__ import annotations
