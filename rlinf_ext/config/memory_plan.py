@@ -131,17 +131,18 @@ def format_memory(cfg: ExperimentConfig) -> list[str]:
                  f"DP {x.data_parallel}{', distributed optimizer' if x.distributed_optimizer else ''}, "
                  f"{'TE' if x.flash_attention else 'local'} layers, recompute {recompute}, "
                  f"seq_length {x.seq_length} x micro-batch {x.micro_batch_size}):"]
-    width = max(len(k) for k in plan.actor.items) + 2
-    lines += [f"  actor {k.ljust(width)} {v / GIB:7.2f}" for k, v in plan.actor.items.items()]
-    lines.append(f"  actor {'peak (training step)'.ljust(width)} {plan.actor.peak / GIB:7.2f}")
     gpu = cfg.cluster.gpu_memory_gib
+    rows = [(f"actor {k}", f"{v / GIB:7.2f}") for k, v in plan.actor.items.items()]
+    rows.append(("actor peak (training step)", f"{plan.actor.peak / GIB:7.2f}"))
     if plan.collocated:
-        lines.append(f"  training phase (actor + released rollout engine)  {plan.training_phase / GIB:7.2f} / {gpu:g}")
-        lines.append(f"  rollout phase (engine {cfg.rollout.gpu_memory_utilization:g} x GPU + actor kept on GPU)  "
-                     f"{plan.rollout_phase / GIB:7.2f} / {gpu:g}")
+        rows.append(("GPU, training phase (actor + released engine)", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
+        rows.append((f"GPU, rollout phase (engine {cfg.rollout.gpu_memory_utilization:g} x GPU + actor's rest)",
+                     f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
     else:
-        lines.append(f"  actor GPUs  {plan.training_phase / GIB:7.2f} / {gpu:g}; rollout GPUs "
-                     f"{plan.rollout_phase / GIB:7.2f} / {gpu:g}")
+        rows.append(("actor GPUs", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
+        rows.append(("rollout GPUs", f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
+    width = max(len(label) for label, _ in rows)
+    lines += [f"  {label.ljust(width)}  {value}" for label, value in rows]
     lines.append(f"  fits cluster.gpu_memory_gib={gpu:g}: {'yes' if plan.fits else 'NO'}")
     if not plan.fits:
         lines += [f"  would fit with: {f}" for f in fixes(cfg, x)] or ["  no single change makes it fit"]

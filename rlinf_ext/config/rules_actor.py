@@ -1,7 +1,8 @@
 """Rules on the actor's Megatron knobs, checked before anything starts: the recompute settings Megatron-core's
 ``TransformerConfig`` would reject at build time (``transformer_config.py``: full needs a method and a layer count
 in 1..num_layers, selective takes no count), settings Megatron would ignore silently (a method or count without
-a granularity), and Megatron's ``DistributedOptimizer`` being Adam-only on GPUs.
+a granularity), Megatron's ``DistributedOptimizer`` being Adam-only on GPUs, and the sequence length the actor
+reads (``runner.seq_length``; ``actor.model.seq_length`` / ``encoder_seq_length`` only mirror it).
 """
 
 from __future__ import annotations
@@ -50,3 +51,16 @@ def distributed_optimizer_is_adam(cfg):
             f"Megatron's DistributedOptimizer supports Adam only, and actor.optim.optimizer={a.optimizer!r}.",
             "set actor.optim.use_distributed_optimizer=false (or actor.optim.optimizer=adam).",
         )
+
+
+@rule("actor.model.seq_length", "actor.model.encoder_seq_length", "runner.seq_length")
+def actor_sequence_length_is_the_runners(cfg):
+    for key in ("seq_length", "encoder_seq_length"):
+        value = getattr(cfg.actor.model, key)
+        if value != cfg.runner.seq_length:
+            yield ConfigIssue(
+                f"actor.model.{key}",
+                f"actor.model.{key}={value} differs from runner.seq_length={cfg.runner.seq_length}; the actor (and its "
+                "memory plan) use runner.seq_length.",
+                f"remove actor.model.{key} (it follows runner.seq_length) or set runner.seq_length={value}.",
+            )

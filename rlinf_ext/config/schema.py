@@ -340,7 +340,7 @@ class ActorConfig:
     offload_weight: bool = fld(False, "Offload weights while rolling out (collocated).")
     offload_grad: bool = fld(False, "Offload gradients while rolling out (collocated).")
     logprob_chunk_tokens: int = fld(
-        1024, "Tokens per chunk of the log-prob computation: the fp32 [chunk, vocab] logits are the only "
+        512, "Tokens per chunk of the log-prob computation: the fp32 [chunk, vocab] logits are the only "
         "full-vocabulary tensors the actor holds (lower = less memory, more kernel launches)."
     )
     model: ActorModelConfig = fld(ActorModelConfig, "Model parallelism and dimensions.")

@@ -70,7 +70,7 @@ class ActorMemoryInputs:
     recompute_granularity: str | None = None  # None | full | selective
     recompute_method: str | None = None  # block | uniform
     recompute_num_layers: int | None = None
-    logprob_chunk_tokens: int = 1024
+    logprob_chunk_tokens: int = 512
     entropy: bool = False
 
     @property

@@ -36,7 +36,7 @@ def next_token_logprobs(
     input_ids: torch.Tensor,
     *,
     temperature: float = 1.0,
-    chunk_tokens: int = 1024,
+    chunk_tokens: int = 512,
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(logprobs [B, S-1], entropy [B, S-1] or None)`` of token t+1 given tokens 0..t.

@@ -65,7 +65,7 @@ class ActorSettings:
     offload_weight: bool = False
     offload_optimizer: bool = False
     offload_grad: bool = False
-    logprob_chunk_tokens: int = 1024
+    logprob_chunk_tokens: int = 512
     distributed_timeout_minutes: int = 30
 
     @classmethod

@@ -30,7 +30,7 @@ def test_the_reference_run_fits_80_gib_at_its_seq_length_and_plan_prints_the_fig
     assert plan.collocated and plan.fits and plan.training_phase < 60 * GIB
     text = format_plan(cfg)
     for line in ("memory per GPU", "3.09B params", "recompute full/block/20", "actor optimizer state",
-                 "actor log-prob chunk", "training phase", "rollout phase (engine 0.75", "fits cluster.gpu_memory_gib=80: yes"):
+                 "actor log-prob chunk", "GPU, training phase", "GPU, rollout phase (engine 0.75", "fits cluster.gpu_memory_gib=80: yes"):
         assert line in text, line
 
 
@@ -76,6 +76,7 @@ def test_smaller_gpus_and_cpu_clusters(reference_env):
     (["actor.model.activation=gelu"], "actor.model.activation", "config.json"),
     (["actor.megatron.distributed_backend=gloo"], "actor.megatron.distributed_backend", "nccl"),
     (["actor.megatron.ckpt_format=torch_dist"], "actor.megatron.ckpt_format", "legacy torch layout"),
+    (["actor.model.seq_length=4096"], "actor.model.seq_length", "runner.seq_length=7096"),
 ])
 def test_megatron_knobs_are_checked(reference_env, overrides, key, words):
     issue = issue_on(REFERENCE, overrides, key)
