@@ -1,112 +1,172 @@
-"""Actor throughput: tokens/s and peak memory of the GRPO training step and of log-prob recomputation.
+"""Actor throughput and peak memory per data-parallel rank of the GRPO training step, before vs after.
 
-    python benchmarks/train_step_bench.py --shapes tiny 0.5b [--batch 4 --seq 256 --steps 2]
+    python benchmarks/train_step_bench.py --shapes tiny 0.5b --dp 2 [--batch 4 --seq 512 --steps 2]
+        [--src before=/path/to/an/older/checkout --src after=.]
 
-Shapes: ``tiny`` (the test model: 2 layers, hidden 64) and ``0.5b`` (Qwen2.5-0.5B dimensions, random
-weights). The weights are written once as a HF checkpoint in a temp dir and loaded through the conversion
-mapping like a real run. Runs on CUDA when available (fp32 on CPU). Prints one line per shape and phase.
+Shapes: ``tiny`` (the test model), ``0.5b`` (Qwen2.5-0.5B dimensions), ``0.5b-l4`` (0.5B width and vocabulary,
+4 layers: the 0.5B's per-layer and vocabulary memory at a size two ranks fit in a small machine); random weights
+written once as a HF checkpoint and loaded through the conversion mapping like a real run. Every ``--src`` is a
+source tree holding ``rlinf_ext/`` (default: this checkout as ``after``); each (source, shape) runs in a fresh
+process group of ``--dp`` CPU ranks (gloo), one sequence per micro-batch, with glibc's mmap threshold pinned so
+that freed tensors leave the resident set at once. Per rank: peak RSS above the rank's baseline (after imports)
+during the log-prob pass and during the timed training steps; tokens/s of the best step. Prints one line per run
+and a side-by-side table (ratios = second source / first). CPU only (fp32): the GPU figures are scripts/gpu_smoke.py S5.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
-import psutil
-import torch
+REPO = Path(__file__).resolve().parents[1]
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+EXTRA_SHAPES = {"0.5b-l4": ("0.5b", {"num_hidden_layers": 4})}
 
-SHAPES = {
-    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1472, tie_word_embeddings=True),
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-}
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class PeakRSS:
-    """Peak resident memory (CPU) sampled every 10 ms, or CUDA peak allocated memory."""
+    """Peak resident set size, sampled every millisecond in a thread."""
 
     def __enter__(self):
-        self.proc = psutil.Process(os.getpid())
-        self.peak = self.proc.memory_info().rss
-        self._stop = False
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
+        self.peak, self._stop = rss(), False
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
         return self
 
     def _poll(self):
         while not self._stop:
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(0.01)
+            self.peak = max(self.peak, rss())
+            time.sleep(0.001)
 
     def __exit__(self, *exc):
         self._stop = True
         self.thread.join()
-        self.gpu_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
 
 
-def make_hf_model(shape: str, out_dir: str) -> str:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+# ------------------------------------------------------------------------------------------ one rank (child)
+def rank_main(rank: int, world: int, port: int, model_dir: str, job: dict, out_dir: str) -> None:
+    import torch
 
-    cfg = Qwen2Config(**SHAPES[shape], rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=4096,
-                      torch_dtype="float32")
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(cfg).save_pretrained(out_dir)
-    return out_dir
-
-
-def bench(shape: str, batch: int, seq: int, steps: int) -> None:
+    from rlinf_ext.models.cpu_shims import init_parallel_state
+    from rlinf_ext.training.data_parallel import shard_layout
     from rlinf_ext.training.policy import MegatronPolicy, Sample
     from rlinf_ext.training.rl_math import LossConfig
     from rlinf_ext.training.settings import ActorSettings
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = make_hf_model(shape, tmp)
-        settings = ActorSettings(group_size=2, n_minibatches=1, micro_batch_size=1, logprob_micro_batch_size=batch,
-                                 loss=LossConfig(kl_beta=0.0), lr=1e-6, total_train_steps=steps)
-        policy = MegatronPolicy(path, settings)
-    vocab = policy.model.hf_vocab_size
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    init_parallel_state(1, 1, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}", seed=0)
+    base = rss()
+    batch, seq, steps = job["batch"], job["seq"], job["steps"]
+    settings = ActorSettings(group_size=2, n_minibatches=1, micro_batch_size=1, logprob_micro_batch_size=1,
+                             loss=LossConfig(kl_beta=0.0), lr=1e-6, total_train_steps=steps + 1)
+    policy = MegatronPolicy(model_dir, settings)
+    vocab, prompt = policy.model.hf_vocab_size, seq // 4
     g = torch.Generator().manual_seed(0)
-    prompt = seq // 4
-    samples = [Sample(torch.randint(0, vocab, (prompt,), generator=g).tolist(),
-                      torch.randint(0, vocab, (seq - prompt,), generator=g).tolist(),
-                      [1] * (seq - prompt), reward=float(i % 2)) for i in range(batch)]
-    tokens = batch * seq
-    n_params = sum(p.numel() for p in policy.model.parameters())
-    device = policy.device
-    for phase in ("recompute", "train"):
-        times = []
-        with PeakRSS() as mem:
-            for step in range(steps):
-                t = time.perf_counter()
-                if phase == "recompute":
-                    policy.recompute(samples, compute_ref=False)
-                else:
-                    policy.train_step(samples, step)
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - t)
-        best = min(times)
-        peak = f"gpu_peak={mem.gpu_peak / 2**30:.2f}GiB" if mem.gpu_peak else f"rss_peak={mem.peak / 2**30:.2f}GiB"
-        print(f"shape={shape} params={n_params / 1e6:.1f}M device={device} threads={torch.get_num_threads()} "
-              f"phase={phase} batch={batch} seq={seq} tokens/s={tokens / best:.0f} step_s={best:.2f} {peak}",
-              flush=True)
+    everyone = [Sample(torch.randint(0, vocab, (prompt,), generator=g).tolist(),
+                       torch.randint(0, vocab, (seq - prompt,), generator=g).tolist(), [1] * (seq - prompt),
+                       reward=float(i % 2)) for i in range(batch)]
+    uids = [f"g{k}" for k in range(batch // 2)][rank::world]  # whole GRPO groups per rank
+    samples = [s for u in uids for s in everyone[2 * int(u[1:]) : 2 * int(u[1:]) + 2]]
+    layout = shard_layout(uids, [2] * len(uids), policy.dp)
+    with PeakRSS() as logprob_peak:
+        policy.recompute(samples, compute_ref=False)
+    policy.train_step(samples, 0, layout)  # warm-up: Adam's moments come to life
+    times = []
+    with PeakRSS() as train_peak:
+        for step in range(1, steps + 1):
+            t = time.perf_counter()
+            policy.train_step(samples, step, layout)
+            times.append(time.perf_counter() - t)
+    local_tokens = len(samples) * seq
+    result = {"rank": rank, "params": sum(p.numel() for p in policy.model.parameters()),
+              "logprob_peak": logprob_peak.peak - base, "train_peak": train_peak.peak - base,
+              "tokens_per_s": world * local_tokens / min(times), "step_s": min(times)}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    torch.distributed.barrier()
+
+
+def child_main(model_dir: str, job: dict, out_dir: str) -> None:
+    import torch.multiprocessing as mp
+
+    from rlinf_ext.models.cpu_shims import free_port
+
+    mp.spawn(rank_main, args=(job["dp"], free_port(), model_dir, job, out_dir), nprocs=job["dp"], join=True)
+
+
+# ------------------------------------------------------------------------------------------ driver
+def make_checkpoint(shape: str, out_dir: str) -> str:
+    from rlinf_ext.assets.random_qwen2 import shape_config, write_random_qwen2
+
+    base, changes = EXTRA_SHAPES.get(shape, (shape, {}))
+    write_random_qwen2(out_dir, shape_config(base, **changes))
+    return out_dir
+
+
+def run(src: Path, model_dir: str, job: dict) -> list[dict]:
+    with tempfile.TemporaryDirectory() as out:
+        env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": str(src)}
+        proc = subprocess.run([sys.executable, __file__, "--child", model_dir, json.dumps(job), out], env=env,
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{src} {job}: failed\n{proc.stderr[-4000:]}")
+        return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(job["dp"])]
+
+
+def table(rows: list[dict], names: list[str]) -> None:
+    gib = 2**30
+    print(f"\n{'shape':<8} {'DP':>2} " + " ".join(f"{n + ' train peak/rank':>24} {n + ' tok/s':>12}" for n in names)
+          + (f"  {names[1]}/{names[0]}: peak, tok/s" if len(names) == 2 else ""))
+    for key in sorted({(r["shape"], r["dp"]) for r in rows}, key=lambda k: (k[0], k[1])):
+        got = {r["src"]: r for r in rows if (r["shape"], r["dp"]) == key}
+        if not all(n in got for n in names):
+            continue
+        cells = " ".join(f"{got[n]['train_peak'] / gib:>20.2f} GiB {got[n]['tokens_per_s']:>12.0f}" for n in names)
+        tail = ""
+        if len(names) == 2:  # the second source over the first (--src before=... --src after=...)
+            b, a = got[names[0]], got[names[1]]
+            tail = f"  {a['train_peak'] / b['train_peak']:>10.3f}  {a['tokens_per_s'] / b['tokens_per_s']:>10.3f}"
+        print(f"{key[0]:<8} {key[1]:>2} {cells}{tail}")
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child_main(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="+", default=["tiny", "0.5b"], choices=sorted(SHAPES))
-    ap.add_argument("--batch", type=int, default=4, help="Trajectories per step.")
-    ap.add_argument("--seq", type=int, default=256, help="Tokens per trajectory (prompt + response).")
-    ap.add_argument("--steps", type=int, default=2, help="Timed repetitions per phase (best is reported).")
+    ap.add_argument("--shapes", nargs="+", default=["tiny", "0.5b"], choices=["tiny", "0.5b", "0.5b-l4"])
+    ap.add_argument("--dp", type=int, nargs="+", default=[2], help="data-parallel sizes to run (CPU ranks)")
+    ap.add_argument("--batch", type=int, default=4, help="trajectories per step (GRPO groups of 2)")
+    ap.add_argument("--seq", type=int, default=512, help="tokens per trajectory (prompt + response)")
+    ap.add_argument("--steps", type=int, default=2, help="timed training steps (best is reported)")
+    ap.add_argument("--src", action="append", default=None, help="NAME=DIR of a source tree with rlinf_ext/")
     args = ap.parse_args()
+    sources = dict(s.split("=", 1) for s in (args.src or [f"after={REPO}"]))
+    rows = []
     for shape in args.shapes:
-        bench(shape, args.batch, args.seq, args.steps)
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = make_checkpoint(shape, tmp)
+            for dp in args.dp:
+                job = {"dp": dp, "batch": args.batch, "seq": args.seq, "steps": args.steps}
+                for name, src in sources.items():
+                    ranks = run(Path(src), model_dir, job)
+                    row = {"src": name, "shape": shape, "dp": dp, **job, "params": ranks[0]["params"],
+                           "train_peak": max(r["train_peak"] for r in ranks),
+                           "logprob_peak": max(r["logprob_peak"] for r in ranks),
+                           "tokens_per_s": ranks[0]["tokens_per_s"], "step_s": ranks[0]["step_s"]}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    table(rows, list(sources))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 # imported for their @rule registrations
-from rlinf_ext.config import rules_placement, rules_support  # noqa: F401
+from rlinf_ext.config import memory_plan, rules_actor, rules_placement, rules_support  # noqa: F401
 from rlinf_ext.config.rule_registry import is_grpo, is_training, registered_rules, rule
 from rlinf_ext.config.schema import REQUIRED, ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue

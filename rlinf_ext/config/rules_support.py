@@ -2,8 +2,15 @@
 trainer do not implement. A value other than the one rlinf_ext behaves as is refused by ``validate``, naming the key
 and what to do instead, so that no setting is silently ignored.
 
-Megatron's actor knobs (``actor.model.recompute_*``, the fusion switches, ``actor.offload_grad``,
-``actor.optim.use_distributed_optimizer``, ``actor.spec_name``) are not listed: they are wired into the actor.
+Megatron's actor knobs are not listed because they are wired into the actor: ``actor.model.recompute_*``, the
+fusion switches (``apply_rope_fusion``, ``bias_dropout_fusion``, ``bias_activation_fusion``, ``persist_layer_norm``,
+``gradient_accumulation_fusion``), ``attention_softmax_in_fp32`` and ``use_cpu_initialization`` become Megatron
+``TransformerConfig`` fields (``training/settings.py:TRANSFORMER_CONFIG_KEYS``); ``actor.spec_name`` picks the layer
+spec; ``actor.optim.use_distributed_optimizer`` shards the optimizer state; ``actor.offload_weight / offload_optimizer
+/ offload_grad`` drive the offload; ``actor.megatron.distributed_timeout_minutes`` is the process-group timeout.
+Their consistency is checked in ``config/rules_actor.py``; the fusion switches are refused on CPU clusters only (the
+fused kernels are CUDA's). The Qwen2 architecture switches (``actor.model.activation``...) are refused when they
+differ from Qwen2's: the actor reads the architecture from the checkpoint's config.json.
 """
 
 from __future__ import annotations
@@ -15,6 +22,10 @@ from typing import Any, Callable
 from rlinf_ext.config.rule_registry import is_training, rule
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
+
+
+_ARCH_WHY = ("the actor builds the Qwen2 architecture from the checkpoint's config.json (SwiGLU, RMSNorm, RoPE, "
+             "biases on q/k/v only); RLinf's switch for other models has no effect here.")
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,22 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
                 "use runner.resume_dir=PATH/global_step_N to continue from a checkpoint."),
     Unsupported("actor.model.sequence_parallel", False,
                 "sequence parallelism needs tensor parallelism; the actor runs TP=1 per process.", "set it to false."),
+    *(Unsupported(f"actor.model.{key}", qwen2, _ARCH_WHY, "remove it.") for key, qwen2 in (
+        ("activation", "swiglu"), ("normalization", "rmsnorm"), ("position_embedding_type", "rope"),
+        ("add_bias_linear", False))),
+    Unsupported("actor.model.variable_seq_lengths", True,
+                "micro-batches are right-padded to their longest sequence, whatever the lengths.", "remove it."),
+    Unsupported("actor.mcore_gpt", True, "the actor is Megatron-core's GPTModel.", "remove it."),
+    Unsupported("actor.megatron.ckpt_format", "torch",
+                "actor checkpoints are Megatron's legacy torch layout (what mg2hf and resume read).", "remove it."),
+    Unsupported("actor.megatron.distributed_backend", "gloo", "the CPU actor's collectives run on gloo.",
+                "set actor.megatron.distributed_backend=gloo.", lambda cfg: cfg.cluster.num_gpus_per_node == 0),
+    Unsupported("actor.megatron.distributed_backend", "nccl", "the actor's collectives on GPUs run on nccl.",
+                "set actor.megatron.distributed_backend=nccl.", lambda cfg: cfg.cluster.num_gpus_per_node > 0),
+    *(Unsupported(f"actor.model.{key}", False, "fused kernels are CUDA-only; the CPU actor runs Megatron's unfused "
+                  "path.", f"set actor.model.{key}=false on a CPU cluster.", lambda cfg: cfg.cluster.num_gpus_per_node == 0)
+      for key in ("apply_rope_fusion", "bias_dropout_fusion", "bias_activation_fusion", "persist_layer_norm",
+                  "gradient_accumulation_fusion")),
 )
 
 

@@ -82,6 +82,10 @@ class ClusterConfig:
         300.0, "Several nodes: how long the launcher waits for cluster.num_nodes nodes to join before it stops "
         "with the list of nodes it saw."
     )
+    gpu_memory_gib: float = fld(
+        80.0, "Memory of one GPU in GiB (H100 80GB: 80). `rlinf-ext plan` checks the per-GPU memory estimate against "
+        "it and `validate` refuses a config that does not fit."
+    )
 
 
 # --------------------------------------------------------------------------------------------- runner
@@ -285,6 +289,9 @@ class ActorModelConfig:
     num_query_groups: Optional[int] = fld(None, "KV groups (num_key_value_heads; preset or HF config.json).")
     ffn_hidden_size: Optional[int] = fld(None, "MLP intermediate size (preset or HF config.json).")
     padded_vocab_size: Optional[int] = fld(None, "Vocabulary size (preset or HF config.json).")
+    share_embeddings_and_output_weights: Optional[bool] = fld(
+        None, "Tied input embedding and output layer (preset or HF config.json tie_word_embeddings)."
+    )
 
 
 @dataclass
@@ -350,6 +357,10 @@ class ActorConfig:
     offload_optimizer: bool = fld(False, "Offload optimizer state while rolling out (collocated).")
     offload_weight: bool = fld(False, "Offload weights while rolling out (collocated).")
     offload_grad: bool = fld(False, "Offload gradients while rolling out (collocated).")
+    logprob_chunk_tokens: int = fld(
+        512, "Tokens per chunk of the log-prob computation: the fp32 [chunk, vocab] logits are the only "
+        "full-vocabulary tensors the actor holds (lower = less memory, more kernel launches)."
+    )
     model: ActorModelConfig = fld(ActorModelConfig, "Model parallelism and dimensions.")
     megatron: MegatronConfig = fld(MegatronConfig, "Megatron options.")
     optim: OptimConfig = fld(OptimConfig, "Optimizer.")

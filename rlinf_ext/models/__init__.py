@@ -1,3 +1,4 @@
 """Facts about the model shared by training and conversion: Qwen2 dimensions and layer-norm names
 (``qwen2``), the Megatron-core ``GPTModel`` builder (``megatron``), the CPU shims Megatron needs without CUDA
-(``cpu_shims``) and the dtype-name table (``dtypes``). Nothing is imported here: ``qwen2`` stays light."""
+(``cpu_shims``), the dtype-name table (``dtypes``) and the actor's memory arithmetic (``memory``). Nothing is
+imported here: ``qwen2`` and ``memory`` stay light."""

@@ -6,7 +6,9 @@ supports the collectives TP needs in torch 2.13, so those are left alone):
 * ``torch.cuda.current_device()`` is used as a ``device=`` argument (rotary embeddings, TP buffers);
   on CPU it should name the CPU.
 * the CUDA RNG tracker (``tensor_parallel.random``) stores and swaps CUDA generator states around
-  dropout and weight init; on CPU it must swap the CPU generator state instead.
+  dropout and weight init; on CPU it must swap the CPU generator state instead. Activation recompute
+  (``tensor_parallel.checkpoint``, ``actor.model.recompute_*``) saves and restores the CUDA generator around
+  the recomputed forward; on CPU only the CPU generator (saved beside it) exists.
 * ``transformer.utils.get_default_causal_mask`` builds its mask with ``device="cuda"``.
 * the tensor-parallel linear autograd functions are decorated with ``custom_fwd/custom_bwd`` for CUDA
   autocast only, so under CPU autocast (the actor's bf16/fp16 mixed precision) their backward would mix a
@@ -99,6 +101,9 @@ def apply_cpu_shims() -> bool:
 
     cpu_tracker_cls = _make_cpu_rng_tracker_class(mg_random)
     mg_random.CudaRNGStatesTracker = cpu_tracker_cls
+    # recompute: nothing to save or restore for a CUDA generator that does not exist
+    mg_random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    mg_random._set_cuda_rng_state = lambda *args, **kwargs: None
     # A tracker created before the patch would still swap CUDA states: drop it so the next
     # get_cuda_rng_tracker() builds a CPU one.
     if mg_random._CUDA_RNG_STATE_TRACKER is not None and not isinstance(
@@ -200,6 +205,7 @@ def init_parallel_state(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         create_gloo_process_groups=not cpu_mode(),  # on CPU the default groups are gloo already
+        distributed_timeout_minutes=max(1, round(timeout_s / 60)),
     )
     model_parallel_cuda_manual_seed(seed)
     return ParallelSetup(tp, pp, dist.get_rank(), dist.get_world_size(), created)

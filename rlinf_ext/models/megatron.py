@@ -6,11 +6,17 @@ how a state dict is loaded (strict, with clear errors), and how logits ``[B, S, 
 dimensions come from ``models/qwen2.py``.
 
 Needs ``megatron.core.parallel_state`` initialised first (``models/cpu_shims.init_parallel_state``).
+
+Layer specs (RLinf's ``actor.spec_name``): ``decoder_gpt`` = Transformer Engine's fused layers (flash/fused
+attention: activation memory linear in the sequence length), ``local_gpt`` = Megatron's local layers (attention
+scores ``[heads, T, T]`` materialised). On CPU the local spec is always used (TE is CUDA-only); on CUDA
+``decoder_gpt`` without TE installed is refused rather than silently swapped (``layer_spec_uses_te``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import contextlib
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +46,24 @@ def te_available() -> bool:
     return True
 
 
+SPEC_NAMES = ("decoder_gpt", "local_gpt")
+
+
+def layer_spec_uses_te(spec_name: str) -> bool:
+    """Whether ``actor.spec_name`` means the Transformer-Engine spec on this machine (raises if it cannot)."""
+    if spec_name not in SPEC_NAMES:
+        raise ValueError(f"actor.spec_name={spec_name!r}; use one of {SPEC_NAMES}.")
+    if spec_name == "local_gpt" or cpu_mode():
+        return False
+    if not te_available():
+        raise RuntimeError(
+            "actor.spec_name=decoder_gpt needs Transformer Engine on CUDA, and it does not import. Install the GPU "
+            "extra (pip install -e '.[gpu]'), or set actor.spec_name=local_gpt (Megatron's local layers: attention "
+            "memory grows with the square of the sequence length; check `rlinf-ext plan`)."
+        )
+    return True
+
+
 def transformer_config_from_hf(
     hf_config: Any,
     *,
@@ -49,7 +73,10 @@ def transformer_config_from_hf(
     init_weights: bool = True,
     **overrides: Any,
 ):
-    """The ``TransformerConfig`` for a Qwen2 model; ``overrides`` set any other field (recompute, SP...)."""
+    """The ``TransformerConfig`` for a Qwen2 model; ``overrides`` set any other field (recompute, fusions...).
+
+    The fused kernels default to off (CUDA-only, and they change numerics); ``use_cpu_initialization`` is
+    forced on CPU."""
     dims = dims_from_hf_config(hf_config)
     if tp is None:
         tp = parallel_state.get_tensor_model_parallel_world_size()
@@ -90,6 +117,7 @@ def transformer_config_from_hf(
         gradient_accumulation_fusion=False,
     )
     fields.update(overrides)
+    fields["use_cpu_initialization"] = bool(fields["use_cpu_initialization"]) or on_cpu
     return TransformerConfig(**fields)
 
 
@@ -242,3 +270,30 @@ def forward_logits(
         model.train(was_training)
     vocab = getattr(model, "hf_vocab_size", logits.shape[-1])
     return logits[..., :vocab]
+
+
+@contextlib.contextmanager
+def hidden_states_only(model: torch.nn.Module) -> Iterator[None]:
+    """Inside the block ``model(...)`` returns the decoder's output ``[S, B, H]`` (final norm applied) instead
+    of logits: GPTModel skips its output layer when ``post_process`` is off (``gpt_model.py:_postprocess``),
+    while the decoder keeps its own final norm. The caller projects to the vocabulary itself, in chunks
+    (``training/logprobs.py``), so no full ``[S, B, V]`` tensor is ever made."""
+    previous = model.post_process
+    model.post_process = False
+    try:
+        yield
+    finally:
+        model.post_process = previous
+
+
+def output_projection(model: torch.nn.Module):
+    """``fn(hidden [s, B, H]) -> logits [s, B, V]`` (HF vocabulary, padding trimmed) through the model's own
+    output layer (tied to the input embedding when the model ties them)."""
+    weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+    vocab = getattr(model, "hf_vocab_size", None)
+
+    def project(hidden: torch.Tensor) -> torch.Tensor:
+        logits, _ = model.output_layer(hidden, weight=weight, runtime_gather_output=True)
+        return logits if vocab is None else logits[..., :vocab]
+
+    return project

@@ -6,6 +6,7 @@ mg2hf (ours and RLinf's) and Megatron-LM read the layout as is::
     actor/iter_{N:07d}/mp_rank_00/model_optim_rng.pt
         {"model", "checkpoint_version": 3.0, "iteration": N,          # what the converters read
          "optimizer", "opt_param_scheduler", "rng_state", "rlinf_ext"} # what resume reads
+    actor/iter_{N:07d}/mp_rank_00/distrib_optim.pt   # CUDA distributed optimizer only (Megatron-LM's name)
 
 The run directory around it (``global_step_N``, the completion marker, atomic renames) is
 ``runner/checkpoints.py``.
@@ -69,8 +70,9 @@ def save_actor_checkpoint(
     return path
 
 
-def load_actor_checkpoint(actor_dir: str | Path) -> dict[str, Any]:
-    """The whole rank file of an actor checkpoint (``global_step_N/actor``, or its ``iter_*`` folder)."""
+def locate_actor_rank_file(actor_dir: str | Path) -> Path:
+    """The rank file of an actor checkpoint (``global_step_N/actor``, or its ``iter_*`` folder); files the
+    optimizer writes beside it (``distrib_optim.pt``) live in the same folder."""
     actor_dir = Path(actor_dir)
     if (actor_dir / "model.pt").is_file() and not (actor_dir / TRACKER_FILE).is_file():
         raise FileNotFoundError(
@@ -87,7 +89,12 @@ def load_actor_checkpoint(actor_dir: str | Path) -> dict[str, Any]:
             f"{layout.iter_dir}: checkpoint is TP={layout.tp}, PP={layout.pp}; the actor resumes TP=PP=1 checkpoints "
             "only (convert with `rlinf-ext convert mg2hf` then `hf2mg --tp 1 --pp 1`)"
         )
-    path = layout.rank_file(0, 0)
+    return layout.rank_file(0, 0)
+
+
+def load_actor_checkpoint(actor_dir: str | Path) -> dict[str, Any]:
+    """The whole rank file of an actor checkpoint (``global_step_N/actor``, or its ``iter_*`` folder)."""
+    path = locate_actor_rank_file(actor_dir)
     try:  # our own file: numpy / python RNG states need the full unpickler
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:

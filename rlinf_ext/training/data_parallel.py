@@ -3,10 +3,11 @@
 Every DP rank holds the whole model. A rollout step's results (whole GRPO groups) are shared out over the
 ranks; each mini-batch is the GLOBAL mini-batch of a one-process run (same samples, same order) of which
 each rank back-propagates the samples it holds. Before the backward the ranks add up the mini-batch's
-loss-token count (token-mean over the global mini-batch); after it they add up the gradients, so every rank
-clips on the global gradient norm and takes the same optimizer step: N ranks give the update of one rank on
-the whole batch, up to float summation order. CPU: gloo; CUDA: nccl for tensors and, when Megatron made one,
-the gloo data-parallel group for pickled objects (the CUDA path is written, not GPU-verified).
+loss-token count here (token-mean over the global mini-batch); after it Megatron's DDP sums the gradients
+(``training/optimizer.py``), so every rank clips on the global gradient norm and takes the same optimizer step:
+N ranks give the update of one rank on the whole batch, up to float summation order. CPU: gloo; CUDA: nccl
+for tensors and, when Megatron made one, the gloo data-parallel group for pickled objects (the CUDA path is
+written, not GPU-verified).
 """
 
 from __future__ import annotations
@@ -71,36 +72,6 @@ class DataParallel:
         out: list[Any] = [None] * self.size
         dist.all_gather_object(out, obj, group=self.object_group)
         return out
-
-    def sum_gradients_(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Add up ``.grad`` over the ranks, in one flat buffer per dtype and device.
-
-        A rank that held no sample of the mini-batch has no gradients; it contributes zeros. A parameter left
-        without a gradient on EVERY rank keeps ``grad=None`` (the optimizer skips it, as with one rank)."""
-        if not self.enabled:
-            return
-        params = list(params)
-        if not params:
-            return
-        device = params[0].device
-        had = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device)
-        self.sum_(had)
-        buckets: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            buckets.setdefault((p.grad.dtype, p.grad.device), []).append(p)
-        for bucket in buckets.values():
-            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-            self.sum_(flat)
-            offset = 0
-            for p in bucket:
-                n = p.grad.numel()
-                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-                offset += n
-        for p, flag in zip(params, had.tolist()):
-            if flag == 0:
-                p.grad = None
 
 
 def unsupported_model_parallelism(tp: int, pp: int) -> str | None:

@@ -6,19 +6,21 @@ on exactly the trajectory ids (the reference copy is frozen), and one rollout ba
 ``algorithm.n_minibatches`` optimizer steps, each accumulated over micro-batches of
 ``actor.micro_batch_size`` with a token-mean loss, gradient clipping and the LR schedule.
 
-Runs on CUDA when available and on CPU otherwise. ``actor.model.precision`` bf16/fp16 = mixed precision:
-fp32 master weights stepped by the optimizer, forward/backward under autocast, a loss scaler for fp16, fp32
-log-prob and loss math (``training/precision.py:MixedPrecision``); the CPU profile uses fp32 (CPU autocast is slow).
-Collocated GPU runs move weights and optimizer state to pinned CPU memory between phases (``offload`` /
-``onload``; no-ops on CPU). Data parallelism (several processes, TP=PP=1 each): ``training/data_parallel.py``.
-What it reads from the config: ``training/settings.py:ActorSettings``.
+The model is built with the ``actor.model`` Megatron knobs (recompute, fusions, ``actor.spec_name``); log-probs
+are computed from the decoder's hidden states in chunks (``training/logprobs.py``); gradients are reduced by
+Megatron's DDP and stepped by Megatron's optimizer on CUDA or torch's on CPU (``training/optimizer.py``).
+Precision (``actor.model.precision``): on CUDA Megatron's own mixed precision (16-bit parameters, fp32 main
+parameters in the optimizer, its loss scaler for fp16; NOT GPU-verified); on CPU fp32 master parameters with
+autocast and torch's loss scaler (``training/precision.py``). Collocated GPU runs move weights, optimizer
+state and gradients off the GPU between phases (``offload`` / ``onload``; no-ops on CPU). Data parallelism:
+``training/data_parallel.py``; checkpoints: ``training/policy_io.py``; config: ``training/settings.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from megatron.core import parallel_state
@@ -27,30 +29,24 @@ from rlinf_ext.convert.hf_files import HFReader
 from rlinf_ext.convert.mapping import ConvertSpec
 from rlinf_ext.convert.state_dicts import hf_to_megatron, megatron_to_hf
 from rlinf_ext.models.cpu_shims import init_parallel_state
-from rlinf_ext.models.megatron import build_gpt_model, causal_padding_mask, load_megatron_state_dict
+from rlinf_ext.models.dtypes import autocast_dtype
+from rlinf_ext.models.megatron import (
+    build_gpt_model,
+    causal_padding_mask,
+    hidden_states_only,
+    layer_spec_uses_te,
+    load_megatron_state_dict,
+    output_projection,
+)
 from rlinf_ext.protocol.payloads import pad_rows
-from rlinf_ext.training.batching import (
-    PackedBatch,
-    gather_logprobs,
-    pack_sequences,
-    response_scatter,
-    response_slice,
-)
-from rlinf_ext.training.checkpoint import (
-    capture_rng_state,
-    load_actor_checkpoint,
-    restore_rng_state,
-    save_actor_checkpoint,
-)
+from rlinf_ext.training import policy_io
+from rlinf_ext.training.batching import PackedBatch, pack_sequences, response_scatter, response_slice
 from rlinf_ext.training.data_parallel import DataParallel, ShardLayout, merge_minibatch_metrics
+from rlinf_ext.training.logprobs import next_token_logprobs
 from rlinf_ext.training.lr_schedule import lr_at
-from rlinf_ext.training.precision import (
-    MixedPrecision,
-    move_module_,
-    move_optimizer_state_,
-    release_device_memory,
-)
-from rlinf_ext.training.rl_math import compute_advantages, entropy_from_logits, grpo_actor_loss
+from rlinf_ext.training.optimizer import build_step, offload_weights, wrap_ddp
+from rlinf_ext.training.precision import MixedPrecision, move_module_, release_device_memory
+from rlinf_ext.training.rl_math import compute_advantages, grpo_actor_loss
 from rlinf_ext.training.settings import ActorSettings
 
 # Metrics already divided by the mini-batch token count: micro-batch values add up to the mini-batch mean.
@@ -79,73 +75,68 @@ class MegatronPolicy:
         self.settings = settings
         self.hf_model_path = str(hf_model_path)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.amp = MixedPrecision(settings.precision, self.device, settings.loss_scale)
-        self._weights_offloaded = self._optimizer_offloaded = False
-        if init_distributed:
-            if not parallel_state.model_parallel_is_initialized():
-                init_parallel_state(1, 1, seed=settings.seed)
+        native = self.device.type == "cuda"  # Megatron's mixed precision (16-bit params) on CUDA, autocast on CPU
+        compute_dtype = autocast_dtype(settings.precision) or torch.float32
+        self.params_dtype = compute_dtype if native else torch.float32
+        self.amp = MixedPrecision("fp32" if native else settings.precision, self.device, settings.loss_scale)
+        self._weights_offloaded = False
+        if init_distributed and not parallel_state.model_parallel_is_initialized():
+            init_parallel_state(1, 1, seed=settings.seed)
         # DP = the processes of an already initialised group (the Ray worker initialises it for N ranks)
         self.dp = DataParallel.from_parallel_state()
         torch.manual_seed(settings.seed)
         self.spec = ConvertSpec.from_hf_config(self.hf_model_path, te_layernorm_names=False)
-        hf_state = HFReader(self.hf_model_path).read_all()
-        mg_state = hf_to_megatron(hf_state, self.spec, tp=1, pp=1)[(0, 0)]
-        del hf_state
-
-        def build(trainable: bool):
-            # The policy keeps fp32 parameters (the master copy); the frozen reference only runs forward
-            # under autocast, so it is stored in the compute dtype (half the memory).
-            dtype = torch.float32 if trainable else self.amp.compute_dtype
-            model = build_gpt_model(self.hf_model_path, params_dtype=dtype, init_weights=False)
-            load_megatron_state_dict(model, mg_state, source=f"HF checkpoint {self.hf_model_path}")
-            model.to(self.device)
-            model.requires_grad_(trainable)
-            return model
-
-        self.model = build(True)
-        self.model.train()
+        mg_state = hf_to_megatron(HFReader(self.hf_model_path).read_all(), self.spec, tp=1, pp=1)[(0, 0)]
+        self.model = self._build(mg_state, trainable=True, dtype=self.params_dtype)
+        # the frozen reference only runs forward passes: stored in the compute dtype (half the memory)
         self.ref_model = None
         if settings.loss.kl_beta > 0:
-            self.ref_model = build(False)  # frozen: never handed to the optimizer
-            self.ref_model.eval()
-        self.optimizer = self._make_optimizer()
+            self.ref_model = self._build(mg_state, trainable=False, dtype=compute_dtype)
+        del mg_state
+        self.ddp = wrap_ddp(self.model, settings, self.device)
+        self.step = build_step(self.ddp, settings, self.dp, self.amp, self.device, self.params_dtype)
         self.optimizer_steps = 0
 
-    # ------------------------------------------------------------------ set-up helpers
-    def _make_optimizer(self) -> torch.optim.Optimizer:
-        s = self.settings
-        decay = [p for n, p in self.model.named_parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [p for n, p in self.model.named_parameters() if p.requires_grad and p.ndim < 2]
-        groups = [
-            {"params": decay, "weight_decay": s.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},  # Megatron: no decay on biases and norms
-        ]
-        if s.optimizer == "adam":
-            return torch.optim.AdamW(groups, lr=s.lr, betas=(s.adam_beta1, s.adam_beta2), eps=s.adam_eps)
-        if s.optimizer == "sgd":
-            return torch.optim.SGD(groups, lr=s.lr)
-        raise ValueError(f"actor.optim.optimizer={s.optimizer!r}; use 'adam' or 'sgd'.")
+    def _build(self, mg_state: dict[str, torch.Tensor], trainable: bool, dtype: torch.dtype) -> torch.nn.Module:
+        overrides = dict(self.settings.model_overrides, calculate_per_token_loss=True)  # DDP sums: optimizer.py
+        model = build_gpt_model(self.hf_model_path, params_dtype=dtype, init_weights=False,
+                                use_te=layer_spec_uses_te(self.settings.spec_name), **overrides)
+        load_megatron_state_dict(model, mg_state, source=f"HF checkpoint {self.hf_model_path}")
+        model.to(self.device)
+        model.requires_grad_(trainable)
+        model.train(trainable)
+        return model
+
+    @property
+    def optimizer(self):
+        """The underlying optimizer (torch's on CPU, Megatron's on CUDA)."""
+        return self.step.optimizer
 
     @property
     def pad_id(self) -> int:
         return 0
 
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """This rank's accumulated gradients by Megatron name (DDP keeps them in ``main_grad``)."""
+        return {n: p.main_grad for n, p in self.model.named_parameters() if p.requires_grad}
+
     # ------------------------------------------------------------------ forward passes
-    def _logits(self, model: torch.nn.Module, batch: PackedBatch, mixed: bool = True) -> torch.Tensor:
-        """fp32 logits ``[B, T, V]``; the forward runs under autocast unless ``mixed=False`` or fp32."""
+    def _inputs(self, model: torch.nn.Module, batch: PackedBatch):
         ids = batch.input_ids.to(self.device)
-        pos = batch.position_ids.to(self.device)
         b, t = ids.shape
         # Right padding: the causal mask alone keeps real tokens from seeing padding.
         mask = None if getattr(model, "uses_te_spec", False) else causal_padding_mask(None, t, b).to(self.device)
-        with self.amp.autocast() if mixed else torch.autocast(self.device.type, enabled=False):
-            logits = model(ids, pos, mask, runtime_gather_output=True)
-        return logits[..., : model.hf_vocab_size].float()  # log-prob and loss math in fp32
+        return ids, batch.position_ids.to(self.device), mask
 
-    def _policy_logits(self, model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-        """Logits of the sampling distribution (divided by the rollout temperature) for log-probs and losses."""
-        logits = self._logits(model, batch)
-        return logits if self.settings.temperature == 1.0 else logits / self.settings.temperature
+    def _token_logprobs(self, model: torch.nn.Module, batch: PackedBatch, with_entropy: bool = False):
+        """(log-probs ``[B, T-1]`` of the sampling distribution (logits / temperature), entropy or None), fp32,
+        in chunks of ``actor.logprob_chunk_tokens`` over the sequence."""
+        ids, pos, mask = self._inputs(model, batch)
+        with self.amp.autocast():
+            with hidden_states_only(model):
+                hidden = model(ids, pos, mask)
+            return next_token_logprobs(output_projection(model), hidden, ids, temperature=self.settings.temperature,
+                                       chunk_tokens=self.settings.logprob_chunk_tokens, with_entropy=with_entropy)
 
     def _pack(self, samples: Sequence[Sample]) -> PackedBatch:
         return pack_sequences(
@@ -167,7 +158,7 @@ class MegatronPolicy:
             for i in range(0, len(samples), mbs):
                 chunk = samples[i : i + mbs]
                 batch = self._pack(chunk)
-                lp = gather_logprobs(self._policy_logits(model, batch), batch.input_ids.to(self.device)).float().cpu()
+                lp = self._token_logprobs(model, batch)[0].float().cpu()
                 resp = response_slice(lp, batch)
                 out.extend(resp[j, : len(s.response_ids)].clone() for j, s in enumerate(chunk))
         finally:
@@ -194,20 +185,16 @@ class MegatronPolicy:
 
     def _micro_loss(self, chunk: Sequence[Sample], chunk_adv: torch.Tensor, num_tokens: float):
         s = self.settings
+        if any(smp.old_logprobs is None for smp in chunk):
+            raise ValueError("sample has no old_logprobs: run recompute() (algorithm.recompute_logprobs) first.")
         batch = self._pack(chunk)
-        logits = self._policy_logits(self.model, batch)
-        ids = batch.input_ids.to(self.device)
-        logprobs = gather_logprobs(logits, ids)
+        logprobs, entropy = self._token_logprobs(self.model, batch, with_entropy=s.loss.entropy_bonus > 0)
         mask = batch.loss_mask.to(self.device)
-        for i, smp in enumerate(chunk):
-            if smp.old_logprobs is None:
-                raise ValueError("sample has no old_logprobs: run recompute() (algorithm.recompute_logprobs) first.")
         old = response_scatter(pad_rows([c.old_logprobs for c in chunk]), batch).to(self.device)
         ref = None
         if s.loss.kl_beta > 0:
             ref = response_scatter(pad_rows(_present([c.ref_logprobs for c in chunk])), batch).to(self.device)
         adv = (chunk_adv.to(self.device)[:, None] * mask).float()
-        entropy = entropy_from_logits(logits[:, :-1]) if s.loss.entropy_bonus > 0 else None
         return grpo_actor_loss(logprobs, old, adv, mask, s.loss, ref_logprobs=ref, entropy=entropy, num_tokens=num_tokens)
 
     def train_step(self, samples: Sequence[Sample], step: int, layout: ShardLayout | None = None) -> list[dict[str, float]]:
@@ -216,19 +203,12 @@ class MegatronPolicy:
         With data parallelism (``self.dp.size > 1``) ``samples`` are this rank's share (whole GRPO groups) and
         ``layout`` places them in the step's global order: mini-batch m is the same global set of samples as in
         a one-process run; each rank back-propagates the part it holds, the loss-token count is summed over
-        the ranks before the backward and the gradients after it. Metrics are global on every rank.
+        the ranks before the backward and the gradients (Megatron's DDP) after it. Metrics are global on every
+        rank.
         """
         s = self.settings
-        if layout is None:
-            if self.dp.enabled:
-                raise ValueError("train_step with data parallelism needs the ShardLayout of this rank's samples "
-                                 "(data_parallel.shard_layout).")
-            layout = ShardLayout(tuple(range(len(samples))), len(samples))
-        if len(layout.global_index) != len(samples):
-            raise ValueError(f"ShardLayout places {len(layout.global_index)} samples but {len(samples)} were given.")
+        layout = self._check_layout(samples, layout)
         n = layout.global_size
-        if n % s.n_minibatches:
-            raise ValueError(f"{n} trajectories cannot be split into algorithm.n_minibatches={s.n_minibatches} equal parts.")
         adv = self.advantages(samples)  # groups are whole on every rank: local = global advantages
         order = list(range(n))
         if s.shuffle_rollout:
@@ -236,48 +216,47 @@ class MegatronPolicy:
         local_pos = {g: i for i, g in enumerate(layout.global_index)}
         per_mb = n // s.n_minibatches
         total_opt_steps = s.total_train_steps * s.n_minibatches
-        params = [p for p in self.model.parameters() if p.requires_grad]
         results = []
         self.onload()
         self.model.train()
         for m in range(s.n_minibatches):
             # this rank's part of global mini-batch m, in the global order
             idx = [local_pos[g] for g in order[m * per_mb : (m + 1) * per_mb] if g in local_pos]
-            mb = [samples[i] for i in idx]
-            mb_adv = adv[idx]
+            mb, mb_adv = [samples[i] for i in idx], adv[idx]
             # token-mean over the GLOBAL mini-batch: every rank divides by the same count
             num_tokens = self.dp.sum_float(float(sum(sum(x.response_mask) for x in mb)), self.device)
-            self.optimizer.zero_grad(set_to_none=True)
+            self.step.zero_grad()
             sums: dict[str, float] = {}
             for k in range(0, len(mb), s.micro_batch_size):
                 chunk = mb[k : k + s.micro_batch_size]
                 loss, metrics = self._micro_loss(chunk, mb_adv[k : k + s.micro_batch_size], num_tokens)
-                self.amp.backward(loss)  # fp16: scaled
+                self.step.scale_loss(loss).backward()  # fp16: scaled; DDP accumulates into main_grad
                 weight = sum(sum(x.response_mask) for x in chunk) / max(num_tokens, 1.0)
                 for key, val in metrics.items():
                     sums[key] = sums.get(key, 0.0) + (val if key in _SUMMED_METRICS else val * weight)
-            # before unscale: an fp16 overflow on any rank reaches all of them, so all skip the same steps
-            self.dp.sum_gradients_(params)
-            self.amp.unscale_(self.optimizer)  # clip and step on true gradients
-            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], s.clip_grad)
             lr = lr_at(self.optimizer_steps, total_opt_steps, s.lr, s.lr_warmup_fraction, s.lr_decay_style, s.min_lr)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            ok = bool(torch.isfinite(grad_norm))
-            if ok:  # like Megatron: a non-finite gradient skips the update instead of poisoning the weights
-                self.optimizer.step()
-            self.amp.update()  # fp16: an overflow (skipped step) halves the dynamic scale
+            result = self.step.step(lr)  # reduce over the ranks, unscale, clip, step (skipped if not finite)
             self.optimizer_steps += 1
             sums, adv_stats = self._global_minibatch_metrics(sums, mb_adv)
-            sums.update(
-                {"grad_norm": float(grad_norm), "lr": lr, "update_success": float(ok), "num_tokens": num_tokens,
-                 **adv_stats}
-            )
-            if self.amp.scaler.is_enabled():
-                sums["loss_scale"] = self.amp.loss_scale()
+            sums.update({"grad_norm": result.grad_norm, "lr": lr, "update_success": float(result.ok),
+                         "num_tokens": num_tokens, **adv_stats})
+            if result.loss_scale is not None:
+                sums["loss_scale"] = result.loss_scale
             results.append(sums)
-        self.optimizer.zero_grad(set_to_none=True)  # free the gradients until the next step
         return results
+
+    def _check_layout(self, samples: Sequence[Sample], layout: ShardLayout | None) -> ShardLayout:
+        if layout is None:
+            if self.dp.enabled:
+                raise ValueError("train_step with data parallelism needs the ShardLayout of this rank's samples "
+                                 "(data_parallel.shard_layout).")
+            layout = ShardLayout(tuple(range(len(samples))), len(samples))
+        if len(layout.global_index) != len(samples):
+            raise ValueError(f"ShardLayout places {len(layout.global_index)} samples but {len(samples)} were given.")
+        if layout.global_size % self.settings.n_minibatches:
+            raise ValueError(f"{layout.global_size} trajectories cannot be split into algorithm.n_minibatches="
+                             f"{self.settings.n_minibatches} equal parts.")
+        return layout
 
     def _global_minibatch_metrics(self, sums: dict[str, float], mb_adv: torch.Tensor):
         """(loss metrics, advantage stats) of the global mini-batch (this rank's alone with one rank)."""
@@ -294,13 +273,14 @@ class MegatronPolicy:
             "advantages_min": min(v for e in everyone for v in e[4]),
         }
 
-    # ------------------------------------------------------------------ weights and checkpoints
+    # ------------------------------------------------------------------ weights
     def megatron_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items() if torch.is_tensor(v)}
 
     def hf_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The policy weights under HF names (conversion mapping), for the rollout engine; floating-point
-        tensors cast to ``dtype`` (the rollout's) when given, else the fp32 master weights."""
+        tensors cast to ``dtype`` (the rollout's) when given, else the model's own parameters (fp32 master
+        weights on CPU, the 16-bit weights the optimizer maintains on CUDA)."""
         state = {k: v for k, v in self.megatron_state_dict().items() if not k.endswith("._extra_state")}
         hf = megatron_to_hf({(0, 0): state}, self.spec)
         if dtype is not None:
@@ -309,110 +289,66 @@ class MegatronPolicy:
 
     @torch.no_grad()
     def probe_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """fp32 logits ``[1, L, V]`` of the fp32 master weights on the probe ``ids [1, L]`` (no autocast: the
-        reference the rollout's logits are checked against after a weight sync)."""
+        """fp32 logits ``[1, L, V]`` of the model's own weights without autocast on the probe ``ids [1, L]``:
+        the reference the rollout's logits are checked against after a weight sync."""
         batch = pack_sequences([ids[0, :1].tolist()], [ids[0, 1:].tolist()], [[1] * (ids.shape[1] - 1)], 0)
         offloaded = self._weights_offloaded
         if offloaded:  # collocated: bring the weights for the probe only, then give the GPU back
-            self._move_weights(self.device, reference=False)
+            offload_weights(self.ddp, to_cpu=False, device=self.device)
         was_training = self.model.training
         self.model.eval()
         try:
-            logits = self._logits(self.model, batch, mixed=False).cpu()
+            inputs = self._inputs(self.model, batch)
+            logits = self.model(*inputs, runtime_gather_output=True)
+            logits = logits[..., : self.model.hf_vocab_size].float().cpu()
         finally:
             self.model.train(was_training)
             if offloaded:
-                self._move_weights(torch.device("cpu"), reference=False)
+                offload_weights(self.ddp, to_cpu=True, device=self.device)
                 release_device_memory(self.device)
         return logits
 
     # ------------------------------------------------------------------ offload (collocated GPU runs)
-    def _move_weights(self, device: torch.device, reference: bool = True) -> None:
-        pin = device.type == "cpu" and self.device.type == "cuda"
-        for model in (self.model, self.ref_model if reference else None):
-            if model is not None:
-                move_module_(model, device, pin_memory=pin)
-
-    def offload(self, weights: bool = True, optimizer: bool = True) -> None:
-        """Move weights (policy + reference) and/or optimizer moments to pinned CPU memory and free the GPU
-        cache. CPU actor: nothing to free, no-op."""
+    def offload(self, weights: bool | None = None, optimizer: bool | None = None, grads: bool | None = None) -> None:
+        """Move weights (policy + reference), optimizer state and the gradient buffer off the GPU (defaults:
+        ``actor.offload_weight / offload_optimizer / offload_grad``) and free the cache. CPU actor: no-op."""
         if self.device.type != "cuda":
             return
-        cpu = torch.device("cpu")
+        s = self.settings
+        weights = s.offload_weight if weights is None else weights
         if weights and not self._weights_offloaded:
-            self._move_weights(cpu)
+            offload_weights(self.ddp, to_cpu=True, device=self.device)
+            if self.ref_model is not None:
+                move_module_(self.ref_model, torch.device("cpu"), pin_memory=True)
             self._weights_offloaded = True
-        if optimizer and not self._optimizer_offloaded:
-            move_optimizer_state_(self.optimizer, cpu, pin_memory=True)
-            self._optimizer_offloaded = True
+        self.step.offload(optimizer=s.offload_optimizer if optimizer is None else optimizer,
+                          grads=s.offload_grad if grads is None else grads)
         release_device_memory(self.device)
 
     def onload(self) -> None:
         """Undo ``offload`` (no-op when nothing is offloaded)."""
+        if self.device.type != "cuda":
+            return
         if self._weights_offloaded:
-            self._move_weights(self.device)
+            offload_weights(self.ddp, to_cpu=False, device=self.device)
+            if self.ref_model is not None:
+                move_module_(self.ref_model, self.device)
             self._weights_offloaded = False
-        if self._optimizer_offloaded:
-            move_optimizer_state_(self.optimizer, self.device)
-            self._optimizer_offloaded = False
+        self.step.onload()
 
     @property
     def offloaded(self) -> bool:
-        return self._weights_offloaded or self._optimizer_offloaded
+        return self._weights_offloaded or bool(getattr(self.step, "_offloaded", False))
 
-    def scheduler_state(self) -> dict[str, Any]:
-        """The LR schedule position (Megatron's ``opt_param_scheduler`` entry; steps = optimizer steps)."""
-        s = self.settings
-        total = s.total_train_steps * s.n_minibatches
-        return {
-            "num_steps": self.optimizer_steps,
-            "max_lr": s.lr,
-            "min_lr": s.min_lr,
-            "lr_warmup_steps": round(s.lr_warmup_fraction * total),
-            "lr_decay_steps": total,
-            "lr_decay_style": s.lr_decay_style,
-        }
-
+    # ------------------------------------------------------------------ checkpoints (training/policy_io.py)
     def save(self, directory: str | Path, iteration: int) -> Path | None:
-        """Megatron's legacy layout in ``directory`` (see ``training/checkpoint.py``); ``iteration`` = rollout step.
-
-        Call it on every data-parallel rank: the RNG states are gathered (one per rank, as Megatron's
-        ``rng_state`` list) and data-parallel rank 0 writes the file (the weights are the same on all ranks).
-        Returns the checkpoint path on rank 0, None elsewhere."""
-        rng_states = self.dp.gather_objects(capture_rng_state())
-        if self.dp.rank != 0:
-            return None
-        return save_actor_checkpoint(
-            directory,
-            iteration,
-            self.megatron_state_dict(),
-            optimizer=self._optimizer_state(),
-            opt_param_scheduler=self.scheduler_state(),
-            rng_state=rng_states,  # a list per data-parallel rank, as Megatron
-            meta={"hf_model_path": self.hf_model_path},
-        )
-
-    def _optimizer_state(self) -> dict[str, Any]:
-        """torch optimizer state dict; fp16 adds ``grad_scaler`` (Megatron keeps it in the optimizer entry too)."""
-        state = self.optimizer.state_dict()
-        if self.amp.scaler.is_enabled():
-            state = {**state, "grad_scaler": self.amp.scaler.state_dict()}
-        return state
+        """Megatron's legacy layout in ``directory``; call on every data-parallel rank (rank 0 writes).
+        Returns the rank file on rank 0, None elsewhere."""
+        return policy_io.save_policy(self, directory, iteration)
 
     def load(self, directory: str | Path) -> int:
         """Restore weights, optimizer, LR-schedule position and RNG; returns the checkpoint's iteration."""
-        ckpt = load_actor_checkpoint(directory)
-        load_megatron_state_dict(self.model, ckpt["model"], source=f"{directory} (iteration {ckpt['iteration']})")
-        optim_state = dict(ckpt["optimizer"])
-        scaler_state = optim_state.pop("grad_scaler", None)
-        self.optimizer.load_state_dict(optim_state)  # moves state onto each parameter's device
-        if scaler_state is not None and self.amp.scaler.is_enabled():
-            self.amp.scaler.load_state_dict(scaler_state)
-        self.optimizer_steps = int(ckpt["opt_param_scheduler"]["num_steps"])
-        # this rank's RNG state; a checkpoint from fewer ranks gives its first one (Megatron's fallback)
-        rng = ckpt["rng_state"]
-        restore_rng_state(rng[self.dp.rank] if self.dp.rank < len(rng) else rng[0])
-        return int(ckpt["iteration"])
+        return policy_io.load_policy(self, directory)
 
 
 def _present(rows: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:

@@ -1,14 +1,15 @@
-"""The actor's device-specific code in one place: mixed precision and CPU offload between phases.
+"""Mixed precision of the CPU actor and the tensor-moving helpers of the offload.
 
-Mixed precision (``actor.model.precision``): the model's parameters stay fp32 and are what the optimizer
-steps (the fp32 master copy); forward and backward run under ``torch.autocast`` in bf16/fp16, and fp16
-losses go through a dynamic (or static, ``actor.optim.loss_scale``) loss scaler. A 1e-6 update is far
-below bf16's resolution (~4e-3 relative), so stepping bf16 weights directly would lose most updates.
+Mixed precision on CPU (``actor.model.precision``; on CUDA Megatron's own optimizer does it, see
+``training/optimizer.py``): the model's parameters stay fp32 and are what the optimizer steps (the fp32 master
+copy); forward and backward run under ``torch.autocast`` in bf16/fp16, and fp16 losses go through a dynamic (or
+static, ``actor.optim.loss_scale``) loss scaler. A 1e-6 update is far below bf16's resolution (~4e-3 relative), so
+stepping bf16 weights directly would lose most updates.
 
-Offload (collocated GPU runs, RLinf's ``actor.offload_weight`` / ``actor.offload_optimizer``): parameters,
-the reference model and the optimizer moments move to (pinned) CPU memory while the rollout engine owns the
-GPU, and back before the actor's next phase. Parameters are moved in place (``param.data``), so the
-optimizer's references stay valid. NOT GPU-verified: on CPU these paths run with ``device=cpu``.
+Offload helpers (collocated GPU runs): ``move_module_`` moves parameters (in place, ``param.data``, so optimizer
+references stay valid), gradients and buffers, e.g. the frozen reference model; ``move_optimizer_state_`` moves
+optimizer moments; ``release_device_memory`` hands cached blocks back. NOT GPU-verified: on CPU these paths run with
+``device=cpu``.
 """
 
 from __future__ import annotations

@@ -7,9 +7,17 @@ error names the key). Names follow RLinf (``config/schema.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from rlinf_ext.config.schema import ExperimentConfig, SamplingParamsConfig
+from rlinf_ext.config.schema import ActorModelConfig, ExperimentConfig, SamplingParamsConfig
 from rlinf_ext.training.rl_math import LossConfig
+
+# actor.model keys that are Megatron TransformerConfig fields of the same name, passed through as set
+TRANSFORMER_CONFIG_KEYS = (
+    "recompute_granularity", "recompute_method", "recompute_num_layers",
+    "apply_rope_fusion", "bias_dropout_fusion", "bias_activation_fusion", "persist_layer_norm",
+    "attention_softmax_in_fp32", "gradient_accumulation_fusion", "use_cpu_initialization",
+)
 
 
 def sampling_temperature(sampling_params: SamplingParamsConfig) -> float:
@@ -50,6 +58,15 @@ class ActorSettings:
     # the rollout's sampling temperature: log-probs are those of the distribution the tokens were sampled from
     # (logits / temperature), as RLinf's actor computes them; 1.0 for greedy or untempered sampling
     temperature: float = 1.0
+    # Megatron: TransformerConfig fields (TRANSFORMER_CONFIG_KEYS), layer spec, optimizer sharding, offload
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    spec_name: str = "decoder_gpt"
+    use_distributed_optimizer: bool = True
+    offload_weight: bool = False
+    offload_optimizer: bool = False
+    offload_grad: bool = False
+    logprob_chunk_tokens: int = 512
+    distributed_timeout_minutes: int = 30
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, total_train_steps: int) -> ActorSettings:
@@ -89,4 +106,17 @@ class ActorSettings:
             loss_scale=None if actor.optim.loss_scale is None else float(actor.optim.loss_scale),
             seed=int(actor.seed),
             temperature=sampling_temperature(alg.sampling_params),
+            model_overrides=transformer_overrides(actor.model),
+            spec_name=str(actor.spec_name),
+            use_distributed_optimizer=bool(actor.optim.use_distributed_optimizer),
+            offload_weight=bool(actor.offload_weight),
+            offload_optimizer=bool(actor.offload_optimizer),
+            offload_grad=bool(actor.offload_grad),
+            logprob_chunk_tokens=int(actor.logprob_chunk_tokens),
+            distributed_timeout_minutes=int(actor.megatron.distributed_timeout_minutes),
         )
+
+
+def transformer_overrides(model: ActorModelConfig) -> dict[str, Any]:
+    """The ``actor.model`` keys Megatron's ``TransformerConfig`` takes as they are (recompute, fusions)."""
+    return {key: getattr(model, key) for key in TRANSFORMER_CONFIG_KEYS}

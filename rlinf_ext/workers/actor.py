@@ -3,9 +3,9 @@
 ``init_worker``, ``sync_model_to_rollout`` / ``del_reshard_state_dict``, ``run_inference`` (recompute old
 and reference log-probs), ``run_training`` (returns ``(rollout_metrics, training_metrics_list)``),
 ``save_checkpoint`` / ``load_checkpoint``, and ``offload_engine`` / ``onload_engine``: on CUDA they move the
-weights (``actor.offload_weight``: policy + reference) and the optimizer moments (``actor.offload_optimizer``)
-to pinned CPU memory and back — the runner calls them only when the actor shares its GPUs with the rollout
-(collocated); on CPU they are no-ops. Training and log-prob calls onload first if needed. Weights go to the
+weights (``actor.offload_weight``: policy + reference), the optimizer state (``actor.offload_optimizer``) and
+the gradient buffer (``actor.offload_grad``) off the GPU and back — the runner calls them only when the actor
+shares its GPUs with the rollout (collocated); on CPU they are no-ops. Training and log-prob calls onload first if needed. Weights go to the
 rollout in the rollout's dtype (``workers/weight_sync.py:rollout_dtype``). A threaded (sync) actor, like RLinf's, so
 calls run in submission order.
 
@@ -104,13 +104,13 @@ class MegatronActorWorker(Worker):
             raise RuntimeError("the actor group has several processes but RLinf set no MASTER_ADDR/MASTER_PORT; "
                                "launch the actor as an RLinf WorkerGroup (runner/compose.py).")
         init_parallel_state(1, 1, rank=int(self._rank) if world > 1 else 0, world_size=world,
-                            init_method=init_method, seed=self.settings.seed)
+                            init_method=init_method, seed=self.settings.seed,
+                            timeout_s=60.0 * self.settings.distributed_timeout_minutes)
 
     def offload_engine(self) -> None:
         """Give the GPU to the collocated rollout engine (no-op on CPU, see ``MegatronPolicy.offload``)."""
         with self.worker_timer():
-            self.policy.offload(weights=bool(self.cfg.actor.offload_weight),
-                                optimizer=bool(self.cfg.actor.offload_optimizer))
+            self.policy.offload()  # actor.offload_weight / offload_optimizer / offload_grad (ActorSettings)
 
     def onload_engine(self) -> None:
         with self.worker_timer():

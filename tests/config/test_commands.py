@@ -11,8 +11,8 @@ def plan_rows(out: str) -> dict[str, str]:
     """The batch arithmetic block as label -> value (labels and values are separated by 2+ spaces)."""
     import re
 
-    block = out.split("batch arithmetic (per rollout step):")[1]
-    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in block.strip().splitlines())
+    block = out.split("batch arithmetic (per rollout step):")[1].strip().split("\n\n")[0]  # up to the memory section
+    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in block.splitlines())
 
 
 def placement_rows(out: str) -> list[list[str]]:

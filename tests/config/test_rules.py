@@ -209,6 +209,13 @@ NON_DEFAULT = {
     "data.filter_prompt_by_length": "false", "data.apply_chat_template": "true", "data.num_workers": "2",
     "data.validation_shuffle": "true", "actor.enable_dp_load_balance": "true", "actor.calculate_flops": "true",
     "actor.checkpoint_load_path": "/ckpt", "actor.model.sequence_parallel": "true",
+    "actor.model.activation": "gelu", "actor.model.normalization": "layernorm",
+    "actor.model.position_embedding_type": "learned_absolute", "actor.model.add_bias_linear": "true",
+    "actor.model.variable_seq_lengths": "false", "actor.mcore_gpt": "false", "actor.megatron.ckpt_format": "torch_dist",
+    "actor.megatron.distributed_backend": "nccl",  # tiny-cpu is a CPU cluster: gloo
+    "actor.model.apply_rope_fusion": "true", "actor.model.bias_dropout_fusion": "true",
+    "actor.model.bias_activation_fusion": "true", "actor.model.persist_layer_norm": "true",
+    "actor.model.gradient_accumulation_fusion": "true",
 }
 
 

@@ -3,9 +3,11 @@
 Two processes (torch.multiprocessing spawn) train on halves of the same GRPO groups that one process trains on
 whole; the weights must agree up to float summation order. Two scenarios: (a) groups interleaved over the
 ranks, rollout shuffled, 2 mini-batches; (b) each rank holds one whole mini-batch and nothing of the other
-(a rank with no sample still joins the token count and the gradient sum). The DP2-vs-DP1 difference is ~1e-7
-against weight changes of ~6e-3; checked by hand when this file was written: without the gradient sum it is
-~1x the weight change itself, with per-rank instead of global token counts ~0.4x (the tests fail).
+(a rank with no sample still joins the token count and the gradient sum). The gradients go through Megatron's
+DistributedDataParallel (summed, not averaged); Adam's state is sharded with ZeroRedundancyOptimizer in the first
+scenario and whole in the second. The DP2-vs-DP1 difference is ~1e-7 against weight changes of ~6e-3; checked by
+hand when this file was written: with DDP's default mean instead of the sum (calculate_per_token_loss=False) it
+is 1.3e-3 (0.24x the weight change), with per-rank instead of global token counts 2.0e-3 (0.38x): the tests fail.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ STEPS = 2  # rollout steps (each = 2 optimizer steps): the second one runs on Ad
 REL_TOL = 1e-4
 
 SCENARIOS = {
-    # name: (settings overrides, groups of rank 0, groups of rank 1) -- rank lists deliberately unsorted
+    # name: (settings overrides, groups of rank 0, groups of rank 1) -- rank lists deliberately unsorted;
+    # the first shards Adam's state over the ranks (ZeroRedundancyOptimizer), the second keeps it whole
     "interleaved_shuffled": ({"shuffle_rollout": True}, ["g3", "g0"], ["g2", "g1"]),
-    "one_minibatch_per_rank": ({"shuffle_rollout": False}, ["g0", "g1"], ["g3", "g2"]),
+    "one_minibatch_per_rank": ({"shuffle_rollout": False, "use_distributed_optimizer": False}, ["g0", "g1"],
+                               ["g3", "g2"]),
 }
+OPTIMIZER = {"interleaved_shuffled": "ZeroRedundancyOptimizer", "one_minibatch_per_rank": "AdamW"}
 
 
 def _settings(**kw) -> ActorSettings:
@@ -84,18 +89,26 @@ def _dp_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> 
 
         results = {"dp_world_size": parallel_state.get_data_parallel_world_size(),
                    "dp_rank": parallel_state.get_data_parallel_rank()}
+        policies = {}
         for name, (overrides, rank0, rank1) in SCENARIOS.items():
-            policy, metrics = _train(model_dir, _settings(**overrides), (rank0, rank1)[rank])
-            results[name] = {"state": policy.megatron_state_dict(), "metrics": metrics}
-        # checkpoint: every rank calls save (RNG states gathered), rank 0 writes, every rank loads
+            policies[name], metrics = _train(model_dir, _settings(**overrides), (rank0, rank1)[rank])
+            results[name] = {"state": policies[name].megatron_state_dict(), "metrics": metrics,
+                             "optimizer": type(policies[name].optimizer).__name__}
+        # checkpoint of the sharded (ZeRO) optimizer: every rank calls save (RNG states and Adam shards gathered),
+        # rank 0 writes, every rank loads its part back
+        policy, settings = policies["interleaved_shuffled"], _settings(**SCENARIOS["interleaved_shuffled"][0])
         ckpt = os.path.join(out_dir, "ckpt")
         written = policy.save(ckpt, iteration=STEPS)
         results["wrote_checkpoint"] = written is not None
         torch.distributed.barrier()
-        other = MegatronPolicy(model_dir, _settings(**SCENARIOS["one_minibatch_per_rank"][0]))
+        other = MegatronPolicy(model_dir, settings)
         other.load(ckpt)
         results["loaded_equal"] = all(torch.equal(v, other.megatron_state_dict()[k])
                                       for k, v in policy.megatron_state_dict().items())
+        mine, theirs = policy.step.state_dict(), other.step.state_dict()  # consolidated on rank 0 (collective)
+        if rank == 0:
+            results["optimizer_equal"] = mine["param_groups"] == theirs["param_groups"] and all(
+                torch.equal(mine["state"][i][k], theirs["state"][i][k]) for i in mine["state"] for k in mine["state"][i])
         results["rng_states"] = len(torch.load(written, weights_only=False)["rng_state"]) if written else None
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -132,6 +145,7 @@ def test_two_ranks_give_the_update_of_one_rank_on_the_whole_batch(dp1_results, d
     worst = max(float((dp2_results[0][scenario]["state"][k] - ref[k]).abs().max()) for k in ref)
     print(f"{scenario}: largest weight change {step_size:.3e}, largest DP2-vs-DP1 difference {worst:.3e}")
     assert worst <= REL_TOL * step_size, (worst, step_size)
+    assert dp2_results[0][scenario]["optimizer"] == OPTIMIZER[scenario]
     # both ranks end with identical weights (bit for bit: the summed gradients are the same on every rank)
     for k, v in dp2_results[0][scenario]["state"].items():
         assert torch.equal(v, dp2_results[1][scenario]["state"][k]), k
@@ -153,6 +167,7 @@ def test_dp2_process_group_and_checkpoint(dp2_results):
         assert (res["dp_world_size"], res["dp_rank"]) == (2, rank)
         assert res["loaded_equal"]  # load_checkpoint restores the same weights on every rank
     assert [r["wrote_checkpoint"] for r in dp2_results] == [True, False]  # rank 0 writes
+    assert dp2_results[0]["optimizer_equal"]  # the sharded Adam state went through the file and back
     assert dp2_results[0]["rng_states"] == 2  # one RNG state per data-parallel rank, as Megatron
 
 

@@ -86,32 +86,36 @@ def test_cpu_policy_offload_is_a_no_op(tiny_assets):
 
 @pytest.mark.timeout(300)
 def test_policy_offload_bookkeeping_as_on_cuda(tiny_assets, monkeypatch):
-    """What a CUDA actor would move, recorded instead of done (no GPU here): weights of policy + reference
-    (pinned), optimizer moments only when asked, idempotent, onload restores exactly what was offloaded."""
+    """What a CUDA actor would move, recorded instead of done (no GPU here): the policy's weights (through DDP's
+    buffers when they hold them, training/optimizer.py:offload_weights), the reference's weights (pinned), then
+    the optimizer step object's state and gradients as actor.offload_optimizer / offload_grad say; idempotent;
+    onload restores exactly what was offloaded."""
     from rlinf_ext.training import policy as actor_mod
     from rlinf_ext.training.policy import MegatronPolicy
     from rlinf_ext.training.rl_math import LossConfig
     from rlinf_ext.training.settings import ActorSettings
 
-    policy = MegatronPolicy(tiny_assets.qwen2_tiny, ActorSettings(group_size=2, loss=LossConfig(kl_beta=0.1)))
+    settings = ActorSettings(group_size=2, loss=LossConfig(kl_beta=0.1), offload_weight=True, offload_optimizer=False,
+                             offload_grad=True)
+    policy = MegatronPolicy(tiny_assets.qwen2_tiny, settings)
     calls = []
-    name = {id(policy.model): "policy", id(policy.ref_model): "reference"}
+    monkeypatch.setattr(actor_mod, "offload_weights",
+                        lambda ddp, to_cpu, device: calls.append(("policy", "cpu" if to_cpu else device.type)))
     monkeypatch.setattr(actor_mod, "move_module_",
-                        lambda m, d, pin_memory=False: calls.append((name[id(m)], d.type, pin_memory)))
-    monkeypatch.setattr(actor_mod, "move_optimizer_state_",
-                        lambda o, d, pin_memory=False: calls.append(("optimizer", d.type, pin_memory)))
-    monkeypatch.setattr(actor_mod, "release_device_memory", lambda d: calls.append(("release", d.type, None)))
+                        lambda m, d, pin_memory=False: calls.append(("reference", d.type, pin_memory)))
+    monkeypatch.setattr(actor_mod, "release_device_memory", lambda d: calls.append(("release", d.type)))
+    monkeypatch.setattr(policy.step, "offload", lambda optimizer, grads: calls.append(("step", optimizer, grads)))
+    monkeypatch.setattr(policy.step, "onload", lambda: calls.append(("step-onload",)))
     policy.device = torch.device("cuda", 0)
 
-    policy.offload(weights=True, optimizer=False)
-    assert calls == [("policy", "cpu", True), ("reference", "cpu", True), ("release", "cuda", None)]
+    policy.offload()  # the settings' flags
+    assert calls == [("policy", "cpu"), ("reference", "cpu", True), ("step", False, True), ("release", "cuda")]
     calls.clear()
-    policy.offload(weights=True, optimizer=True)  # weights already off: only the optimizer moves now
-    assert calls == [("optimizer", "cpu", True), ("release", "cuda", None)] and policy.offloaded
-    calls.clear()
-    policy.onload()
-    assert calls == [("policy", "cuda", False), ("reference", "cuda", False), ("optimizer", "cuda", False)]
-    assert not policy.offloaded
+    policy.offload(optimizer=True)  # weights already off: only the step object is asked again
+    assert calls == [("step", True, True), ("release", "cuda")]
     calls.clear()
     policy.onload()
-    assert calls == []
+    assert calls == [("policy", "cuda"), ("reference", "cuda", False), ("step-onload",)]
+    calls.clear()
+    policy.onload()
+    assert calls == [("step-onload",)]  # weights are back; the step object's onload is idempotent itself

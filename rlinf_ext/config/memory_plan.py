@@ -1,0 +1,178 @@
+"""The per-GPU memory plan of an experiment config: ``rlinf-ext plan`` prints it and ``validate`` refuses a GPU
+config whose estimate does not fit ``cluster.gpu_memory_gib``, naming the keys that would make it fit.
+
+The arithmetic is ``models/memory.py``; this module reads the config into its inputs (model dimensions from the
+``actor.model`` preset, else the checkpoint's config.json) and tries the knobs that lower the peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from rlinf_ext.config.rule_registry import is_training, rule
+from rlinf_ext.config.rules_placement import placements
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.config.structure import ConfigIssue
+from rlinf_ext.models.memory import GIB, ActorMemoryInputs, GpuPlan, ModelShape, plan_gpu
+from rlinf_ext.models.qwen2 import dims_from_hf_config
+
+
+def model_shape(cfg: ExperimentConfig) -> tuple[ModelShape | None, str]:
+    """(shape, source): the ``actor.model`` preset when complete, else the HF config.json, else (None, why)."""
+    m = cfg.actor.model
+    preset = (m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.padded_vocab_size)
+    if None not in preset:
+        groups = m.num_query_groups or m.num_attention_heads
+        tied = bool(m.share_embeddings_and_output_weights)  # unknown counts as untied: the larger estimate
+        return ModelShape(m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads, groups,
+                          m.hidden_size // m.num_attention_heads, m.padded_vocab_size, tied), "actor.model (preset)"
+    path = Path(str(cfg.rollout.model.model_path)) / "config.json"
+    if not path.is_file():
+        return None, "model dimensions unknown (no complete actor.model preset, no config.json at rollout.model.model_path)"
+    try:
+        d = dims_from_hf_config(path)
+    except (ValueError, KeyError) as exc:
+        return None, f"{path}: {exc}"
+    return ModelShape(d.num_layers, d.hidden_size, d.ffn_hidden_size, d.num_attention_heads, d.num_query_groups,
+                      d.head_dim, d.vocab_size, d.tie_word_embeddings), str(path)
+
+
+def memory_inputs(cfg: ExperimentConfig) -> tuple[ActorMemoryInputs | None, str]:
+    shape, source = model_shape(cfg)
+    if shape is None:
+        return None, source
+    plans, _ = placements(cfg)
+    actor = plans.get("actor")
+    a, m, gpu = cfg.actor, cfg.actor.model, cfg.cluster.num_gpus_per_node > 0
+    return ActorMemoryInputs(
+        shape, seq_length=int(cfg.runner.seq_length), micro_batch_size=int(cfg.algorithm.training_batch_size_per_gpu),
+        precision=str(m.precision), device="cuda" if gpu else "cpu",
+        data_parallel=max(actor.dp if actor is not None else 1, 1),
+        distributed_optimizer=bool(a.optim.use_distributed_optimizer), optimizer=str(a.optim.optimizer),
+        reference_model=cfg.algorithm.kl_beta > 0, flash_attention=gpu and a.spec_name == "decoder_gpt",
+        recompute_granularity=m.recompute_granularity, recompute_method=m.recompute_method,
+        recompute_num_layers=m.recompute_num_layers, logprob_chunk_tokens=int(a.logprob_chunk_tokens),
+        entropy=cfg.algorithm.entropy_bonus > 0,
+    ), source
+
+
+def collocated(cfg: ExperimentConfig) -> bool:
+    plans, _ = placements(cfg)
+    actor, rollout = plans.get("actor"), plans.get("rollout")
+    return actor is not None and rollout is not None and bool(set(actor.ranks) & set(rollout.ranks))
+
+
+def gpu_plan(cfg: ExperimentConfig, x: ActorMemoryInputs, **offload: bool) -> GpuPlan:
+    a = cfg.actor
+    flags = dict(offload_weight=a.offload_weight, offload_optimizer=a.offload_optimizer, offload_grad=a.offload_grad)
+    flags.update(offload)
+    return plan_gpu(x, gpu_bytes=int(cfg.cluster.gpu_memory_gib * GIB),
+                    rollout_fraction=float(cfg.rollout.gpu_memory_utilization), collocated=collocated(cfg), **flags)
+
+
+def fixes(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[str]:
+    """Changes that each make the plan fit, with the estimate they give (cheapest first)."""
+    tries: list[tuple[str, ActorMemoryInputs, dict]] = [
+        (f"actor.model.recompute_granularity=full actor.model.recompute_method=uniform "
+         f"actor.model.recompute_num_layers=1", replace(x, recompute_granularity="full", recompute_method="uniform",
+                                                       recompute_num_layers=1), {}),
+        ("actor.optim.use_distributed_optimizer=true", replace(x, distributed_optimizer=True), {}),
+        ("actor.spec_name=decoder_gpt", replace(x, flash_attention=True), {}),
+        ("actor.logprob_chunk_tokens=256", replace(x, logprob_chunk_tokens=min(256, x.logprob_chunk_tokens)), {}),
+        ("actor.offload_weight=true actor.offload_optimizer=true actor.offload_grad=true", x,
+         dict(offload_weight=True, offload_optimizer=True, offload_grad=True)),
+        ("algorithm.training_batch_size_per_gpu=1", replace(x, micro_batch_size=1), {}),
+    ]
+    out = []
+    for text, changed, offload in tries:
+        if changed == x and not offload:
+            continue
+        plan = gpu_plan(cfg, changed, **offload)
+        if plan.fits:
+            out.append(f"{text} (est. {plan.peak / GIB:.1f} GiB)")
+    longest = _longest_fitting_sequence(cfg, x)
+    if longest:
+        out.append(f"runner.seq_length={longest} (est. {gpu_plan(cfg, replace(x, seq_length=longest)).peak / GIB:.1f} GiB)")
+    util = _largest_rollout_fraction(cfg, x)
+    if util is not None and util < cfg.rollout.gpu_memory_utilization:
+        out.append(f"rollout.gpu_memory_utilization={util:.2f}")
+    return out
+
+
+def _longest_fitting_sequence(cfg: ExperimentConfig, x: ActorMemoryInputs) -> int | None:
+    best = None
+    for seq in range(256, x.seq_length, 256):
+        if gpu_plan(cfg, replace(x, seq_length=seq)).fits:
+            best = seq
+    return best
+
+
+def _largest_rollout_fraction(cfg: ExperimentConfig, x: ActorMemoryInputs) -> float | None:
+    plan = gpu_plan(cfg, x)
+    if plan.rollout_phase <= plan.gpu_bytes:
+        return None
+    spare = plan.gpu_bytes - (plan.rollout_phase - int(plan.rollout_fraction * plan.gpu_bytes))
+    return round(spare / plan.gpu_bytes - 0.005, 2) if spare > 0.1 * plan.gpu_bytes else None
+
+
+def format_memory(cfg: ExperimentConfig) -> list[str]:
+    """The plan's memory section: the actor's items, both phases against the GPU, what would make it fit."""
+    if cfg.cluster.num_gpus_per_node <= 0 or not is_training(cfg):
+        return []
+    x, source = memory_inputs(cfg)
+    if x is None:
+        return ["", f"memory per GPU: not estimated ({source})"]
+    plan = gpu_plan(cfg, x)
+    recompute = x.recompute_granularity or "off"
+    if x.recompute_granularity == "full":
+        recompute += f"/{x.recompute_method}/{x.recompute_num_layers}"
+    lines = ["", f"memory per GPU (estimate, GiB; {source}; {x.shape.params / 1e9:.2f}B params, {x.precision}, "
+                 f"DP {x.data_parallel}{', distributed optimizer' if x.distributed_optimizer else ''}, "
+                 f"{'TE' if x.flash_attention else 'local'} layers, recompute {recompute}, "
+                 f"seq_length {x.seq_length} x micro-batch {x.micro_batch_size}):"]
+    gpu = cfg.cluster.gpu_memory_gib
+    rows = [(f"actor {k}", f"{v / GIB:7.2f}") for k, v in plan.actor.items.items()]
+    rows.append(("actor peak (training step)", f"{plan.actor.peak / GIB:7.2f}"))
+    if plan.collocated:
+        rows.append(("GPU, training phase (actor + released engine)", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
+        rows.append((f"GPU, rollout phase (engine {cfg.rollout.gpu_memory_utilization:g} x GPU + actor's rest)",
+                     f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
+    else:
+        rows.append(("actor GPUs", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
+        rows.append(("rollout GPUs", f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
+    width = max(len(label) for label, _ in rows)
+    lines += [f"  {label.ljust(width)}  {value}" for label, value in rows]
+    lines.append(f"  fits cluster.gpu_memory_gib={gpu:g}: {'yes' if plan.fits else 'NO'}")
+    if not plan.fits:
+        lines += [f"  would fit with: {f}" for f in fixes(cfg, x)] or ["  no single change makes it fit"]
+    return lines
+
+
+@rule(
+    "cluster.num_gpus_per_node", "cluster.gpu_memory_gib", "cluster.component_placement", "runner.task_type",
+    "runner.seq_length", "algorithm.training_batch_size_per_gpu", "algorithm.kl_beta", "actor.model.precision",
+    "actor.model.recompute_granularity", "actor.model.recompute_method", "actor.model.recompute_num_layers",
+    "actor.spec_name", "actor.optim.use_distributed_optimizer", "actor.logprob_chunk_tokens",
+    "rollout.gpu_memory_utilization", "actor.offload_weight", "actor.offload_optimizer", "actor.offload_grad",
+)
+def actor_fits_gpu_memory(cfg):
+    if cfg.cluster.num_gpus_per_node <= 0 or not is_training(cfg) or placements(cfg)[1]:
+        return
+    x, _ = memory_inputs(cfg)
+    if x is None:
+        return
+    plan = gpu_plan(cfg, x)
+    if plan.fits:
+        return
+    phase = "training" if plan.training_phase >= plan.rollout_phase else "rollout"
+    key = "runner.seq_length" if phase == "training" else "rollout.gpu_memory_utilization"
+    found = fixes(cfg, x)
+    yield ConfigIssue(
+        key,
+        f"the estimated peak per GPU is {plan.peak / GIB:.1f} GiB in the {phase} phase (actor step "
+        f"{plan.actor.peak / GIB:.1f} GiB at runner.seq_length={x.seq_length}), over cluster.gpu_memory_gib="
+        f"{cfg.cluster.gpu_memory_gib:g} (see `rlinf-ext plan`).",
+        ("any of: " + "; ".join(found)) if found else "lower runner.seq_length and turn on full recompute, the "
+        "distributed optimizer and offload together, or use GPUs with more memory (cluster.gpu_memory_gib).",
+    )

@@ -1,0 +1,233 @@
+"""Per-GPU memory of the Megatron-core actor (and the rollout engine beside it), by arithmetic from the model's
+dimensions: what ``rlinf-ext plan`` prints and ``validate`` checks before any worker starts.
+
+Pure arithmetic (no torch), all sizes in bytes. What is counted, for one data-parallel rank:
+
+* static: parameters (16-bit on CUDA, Megatron's mixed precision; fp32 on CPU), the fp32 gradient buffer of
+  Megatron's DDP, the fp32 main parameters (CUDA, 16-bit only) and Adam's two moments, both divided by the
+  data-parallel size under the distributed optimizer (``training/optimizer.py``), and the frozen reference
+  model in the compute dtype (when ``algorithm.kl_beta > 0``);
+* activations of one micro-batch of ``runner.seq_length`` tokens kept for the backward: per layer and token
+  ``5h + (heads + 2*groups)*d + 3*ffn`` elements (layer input, norm outputs, q/k/v, attention output,
+  residual, MLP input/outputs), plus with Megatron's local layer spec the materialised attention
+  probabilities (fp32 softmax output, and its 16-bit copy under 16-bit compute) and the expanded GQA keys and
+  values; a layer under full recompute keeps only its input; the backward adds the recomputed unit and one
+  layer of gradients;
+* the chunked log-prob pass: ``chunk x vocab`` logits in the compute dtype, their fp32 copy, log-softmax and
+  its gradient (``training/logprobs.py``), plus the decoder output;
+* a reserve (CUDA context, allocator fragmentation) on CUDA.
+
+The collocated rollout engine holds ``rollout.gpu_memory_utilization`` of the GPU while it generates and a
+resident share (CUDA graphs, context) while the actor trains. Calibration against measured peaks:
+``benchmarks/actor_memory_calibration.py`` (CPU) and ``scripts/gpu_smoke.py`` stage S5 (one H100).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+GIB = 2**30
+# CUDA: context + cuBLAS workspace outside torch's allocator, and fragmentation of its cached blocks
+CUDA_RESERVE_BYTES = int(1.0 * GIB)
+CUDA_FRAGMENTATION = 0.05
+# a released SGLang engine still holds its CUDA context and graph pool (review R1: 1.5-3 GB)
+ROLLOUT_RESIDENT_BYTES = int(2.5 * GIB)
+# SGLang's activations and CUDA graphs outside its static fraction while it generates
+ROLLOUT_WORKSPACE_BYTES = int(2.0 * GIB)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    groups: int
+    head_dim: int
+    vocab: int
+    tied: bool
+
+    @property
+    def params(self) -> int:
+        """Parameter count of a Qwen2 decoder (q/k/v biases, no other linear bias, RMSNorm)."""
+        h, qkv = self.hidden, (self.heads + 2 * self.groups) * self.head_dim
+        layer = h * qkv + qkv + self.heads * self.head_dim * h + 3 * h * self.ffn + 2 * h
+        return self.vocab * h * (1 if self.tied else 2) + self.num_layers * layer + h
+
+
+@dataclass(frozen=True)
+class ActorMemoryInputs:
+    shape: ModelShape
+    seq_length: int
+    micro_batch_size: int = 1
+    precision: str = "bf16"  # fp32 | bf16 | fp16
+    device: str = "cuda"  # cuda: Megatron's mixed precision and optimizer; cpu: fp32 master weights, torch
+    data_parallel: int = 1
+    distributed_optimizer: bool = True
+    optimizer: str = "adam"
+    reference_model: bool = True
+    flash_attention: bool = True  # Transformer Engine spec (decoder_gpt); False = local spec
+    recompute_granularity: str | None = None  # None | full | selective
+    recompute_method: str | None = None  # block | uniform
+    recompute_num_layers: int | None = None
+    logprob_chunk_tokens: int = 512
+    entropy: bool = False
+
+    @property
+    def compute_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per item (``items``: name -> bytes, in print order) and the peak of a training step."""
+
+    items: dict[str, int]
+
+    @property
+    def static(self) -> int:
+        return sum(v for k, v in self.items.items() if k in STATIC_ITEMS)
+
+    @property
+    def peak(self) -> int:
+        return sum(self.items.values())
+
+
+STATIC_ITEMS = ("weights", "gradients", "main params (fp32)", "optimizer state", "reference model")
+
+
+def static_bytes(x: ActorMemoryInputs) -> dict[str, int]:
+    n = x.shape.params
+    shard = x.data_parallel if x.distributed_optimizer else 1
+    cuda_mixed = x.device == "cuda" and x.precision != "fp32"
+    moments = 8 if x.optimizer == "adam" else 0  # SGD runs without momentum
+    return {
+        "weights": n * (2 if cuda_mixed else 4),
+        "gradients": n * 4,  # DDP's fp32 buffer
+        "main params (fp32)": (n * 4) // shard if cuda_mixed else 0,
+        "optimizer state": (n * moments) // shard,
+        "reference model": n * x.compute_bytes if x.reference_model else 0,
+    }
+
+
+def layer_elements_per_token(shape: ModelShape) -> int:
+    """Activation elements one transformer layer keeps per token for its backward (flash attention)."""
+    h = shape.hidden
+    return 5 * h + (shape.heads + 2 * shape.groups) * shape.head_dim + 3 * shape.ffn
+
+
+def _score_elements(x: ActorMemoryInputs) -> int:
+    """Elements of one layer's ``[b, heads, T, T]`` attention scores."""
+    return x.shape.heads * x.micro_batch_size * x.seq_length**2
+
+
+def attention_bytes_per_layer(x: ActorMemoryInputs) -> int:
+    """Local spec only: the ``[heads, T, T]`` probabilities (fp32 softmax output, + its 16-bit copy) and the
+    keys/values expanded from ``groups`` to ``heads`` (``dot_product_attention.py``)."""
+    if x.flash_attention:
+        return 0
+    s = x.shape
+    tokens = x.micro_batch_size * x.seq_length
+    probs = _score_elements(x) * (4 + (2 if x.compute_bytes == 2 else 0))
+    expanded_kv = 2 * (s.heads - s.groups) * s.head_dim * tokens * x.compute_bytes
+    return probs + expanded_kv
+
+
+def attention_backward_bytes(x: ActorMemoryInputs) -> int:
+    """Local spec: the softmax backward holds the gradients of the probabilities and of the scores (fp32) at
+    once, with a masked copy in between: 2.5 fp32 score-sized tensors (measured on CPU, see the calibration)."""
+    if x.flash_attention or x.recompute_granularity == "selective":
+        return 0
+    return int(2.5 * _score_elements(x) * 4)
+
+
+def activation_bytes(x: ActorMemoryInputs) -> dict[str, int]:
+    s = x.shape
+    tokens = x.micro_batch_size * x.seq_length
+    attention = attention_bytes_per_layer(x)
+    if x.recompute_granularity == "selective":
+        attention = 0  # core attention recomputed (Megatron's default recompute_modules)
+    full_layer = layer_elements_per_token(s) * tokens * x.compute_bytes + attention
+    layer_input = s.hidden * tokens * x.compute_bytes
+    recomputed, unit = 0, 1
+    if x.recompute_granularity == "full":
+        n = min(max(int(x.recompute_num_layers or 1), 1), s.num_layers)
+        if x.recompute_method == "uniform":
+            recomputed, unit = s.num_layers, n  # every layer, in units of n layers
+        else:  # block: the first n layers
+            recomputed, unit = n, 1
+    stored = (s.num_layers - recomputed) * full_layer + recomputed * layer_input
+    # the recomputed unit, one layer of activation gradients, the attention softmax backward
+    backward = (unit if recomputed else 0) * full_layer + full_layer + attention_backward_bytes(x)
+    items = {"activations (stored)": stored, "activations (backward)": backward}
+    if x.device == "cuda" and not x.flash_attention:
+        # Megatron's global buffer for the raw scores (dot_product_attention.py), kept between calls; on CPU
+        # its pages are never written (baddbmm with beta=0) and so never resident
+        items["attention score buffer"] = _score_elements(x) * x.compute_bytes
+    return items
+
+
+def logits_bytes(x: ActorMemoryInputs) -> int:
+    """One log-prob chunk in the backward: logits (compute dtype), fp32 copy (16-bit only), log-softmax and its
+    gradient, the gradient of the logits (fp32, + compute dtype); entropy adds exp and the product."""
+    tokens = min(x.logprob_chunk_tokens, x.micro_batch_size * x.seq_length)
+    per_element = 4 * 3 + x.compute_bytes + (4 + x.compute_bytes if x.compute_bytes == 2 else 0)
+    if x.entropy:
+        per_element += 8
+    decoder_output = x.micro_batch_size * x.seq_length * x.shape.hidden * x.compute_bytes
+    return tokens * x.shape.vocab * per_element + decoder_output
+
+
+def estimate_actor(x: ActorMemoryInputs) -> MemoryEstimate:
+    items = {**static_bytes(x), **activation_bytes(x), "log-prob chunk": logits_bytes(x)}
+    if x.device == "cuda":
+        items["reserve (context, fragmentation)"] = CUDA_RESERVE_BYTES + int(CUDA_FRAGMENTATION * sum(items.values()))
+    return MemoryEstimate(items)
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """Per-GPU peak by phase: training (actor peak + the released engine) and rollout (engine + what the actor
+    keeps on the GPU)."""
+
+    actor: MemoryEstimate
+    collocated: bool
+    rollout_fraction: float
+    gpu_bytes: int
+    actor_resident_during_rollout: int
+
+    @property
+    def training_phase(self) -> int:
+        return self.actor.peak + (ROLLOUT_RESIDENT_BYTES if self.collocated else 0)
+
+    @property
+    def rollout_phase(self) -> int:
+        engine = int(self.rollout_fraction * self.gpu_bytes) + ROLLOUT_WORKSPACE_BYTES
+        return engine + (self.actor_resident_during_rollout if self.collocated else 0)
+
+    @property
+    def peak(self) -> int:
+        return max(self.training_phase, self.rollout_phase)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.gpu_bytes
+
+
+def plan_gpu(x: ActorMemoryInputs, *, gpu_bytes: int, rollout_fraction: float, collocated: bool,
+             offload_weight: bool, offload_optimizer: bool, offload_grad: bool) -> GpuPlan:
+    """The actor on a GPU it shares (collocated) or owns; offloaded parts leave the GPU while the engine runs."""
+    actor = estimate_actor(x)
+    st = actor.items
+    kept = CUDA_RESERVE_BYTES
+    if not offload_weight:
+        kept += st["weights"] + st["reference model"]
+    if not offload_optimizer:
+        kept += st["main params (fp32)"] + st["optimizer state"]
+    if not offload_grad:
+        kept += st["gradients"]
+    return GpuPlan(actor, collocated, rollout_fraction, gpu_bytes, kept)
+
+
+def with_changes(x: ActorMemoryInputs, **changes) -> ActorMemoryInputs:
+    return replace(x, **changes)

@@ -1,0 +1,133 @@
+"""The actor memory estimate (models/memory.py), checked against hand-computed figures."""
+
+import pytest
+
+from rlinf_ext.models.memory import (
+    CUDA_FRAGMENTATION,
+    CUDA_RESERVE_BYTES,
+    GIB,
+    ROLLOUT_RESIDENT_BYTES,
+    ROLLOUT_WORKSPACE_BYTES,
+    ActorMemoryInputs,
+    ModelShape,
+    activation_bytes,
+    estimate_actor,
+    logits_bytes,
+    plan_gpu,
+    static_bytes,
+)
+
+QWEN25_3B = ModelShape(num_layers=36, hidden=2048, ffn=11008, heads=16, groups=2, head_dim=128, vocab=151936, tied=True)
+# small enough to compute by hand: h=8, 2 heads of 4, 1 KV group, ffn 16, vocab 10
+SMALL = ModelShape(num_layers=2, hidden=8, ffn=16, heads=2, groups=1, head_dim=4, vocab=10, tied=False)
+
+
+def test_parameter_counts_are_the_published_ones():
+    # per layer: qkv 2048*2560 + 2560, proj 2048*2048, MLP 3*2048*11008, two norms 2*2048 = 77 076 992
+    assert QWEN25_3B.params == 151936 * 2048 + 36 * 77_076_992 + 2048 == 3_085_938_688  # "3.09B"
+    half = ModelShape(24, 896, 4864, 14, 2, 64, 151936, True)
+    assert half.params == 494_032_768  # Qwen2.5-0.5B: "0.49B"
+    # SMALL: emb 80 + lm head 80; layer: qkv 8*16 + 16, proj 8*8, MLP 3*8*16, norms 16 = 608; final norm 8
+    assert SMALL.params == 80 + 80 + 2 * 608 + 8 == 1384
+
+
+def test_parameter_count_matches_a_real_checkpoint(tiny_assets):
+    from safetensors.torch import load_file
+
+    from rlinf_ext.models.qwen2 import dims_from_hf_config
+
+    d = dims_from_hf_config(tiny_assets.qwen2_tiny)
+    shape = ModelShape(d.num_layers, d.hidden_size, d.ffn_hidden_size, d.num_attention_heads, d.num_query_groups,
+                       d.head_dim, d.vocab_size, d.tie_word_embeddings)
+    tensors = load_file(str(next(tiny_assets.qwen2_tiny.glob("*.safetensors"))))
+    assert shape.params == sum(t.numel() for t in tensors.values())
+
+
+def test_static_memory_on_cuda_with_and_without_the_distributed_optimizer():
+    n = SMALL.params
+    x = ActorMemoryInputs(SMALL, seq_length=4, precision="bf16", data_parallel=8)
+    assert static_bytes(x) == {"weights": 2 * n, "gradients": 4 * n, "main params (fp32)": 4 * n // 8,
+                               "optimizer state": 8 * n // 8, "reference model": 2 * n}
+    whole = static_bytes(ActorMemoryInputs(SMALL, 4, precision="fp16", data_parallel=8, distributed_optimizer=False,
+                                           reference_model=False))
+    assert whole == {"weights": 2 * n, "gradients": 4 * n, "main params (fp32)": 4 * n, "optimizer state": 8 * n,
+                     "reference model": 0}
+    # the reference run: 3.09B params, fp16, DP 8, sharded: 5.75 + 11.50 + 1.44 + 2.87 + 5.75 GiB
+    ref = static_bytes(ActorMemoryInputs(QWEN25_3B, 7096, precision="fp16", data_parallel=8))
+    assert [round(v / GIB, 2) for v in ref.values()] == [5.75, 11.5, 1.44, 2.87, 5.75]
+
+
+def test_static_memory_of_the_cpu_actor():
+    n = SMALL.params
+    x = ActorMemoryInputs(SMALL, 4, precision="fp32", device="cpu", data_parallel=2, reference_model=True)
+    # fp32 master weights, fp32 gradients, Adam moments halved by ZeRO, fp32 reference
+    assert static_bytes(x) == {"weights": 4 * n, "gradients": 4 * n, "main params (fp32)": 0,
+                               "optimizer state": 4 * n, "reference model": 4 * n}
+    sgd = static_bytes(ActorMemoryInputs(SMALL, 4, precision="fp32", device="cpu", optimizer="sgd"))
+    assert sgd["optimizer state"] == 0
+
+
+def test_activations_with_and_without_recompute():
+    # per layer and token: 5h + (heads + 2 groups) d + 3 ffn = 40 + 16 + 48 = 104 elements
+    x = ActorMemoryInputs(SMALL, seq_length=3, micro_batch_size=2, precision="bf16")  # 6 tokens, 2 bytes
+    layer = 104 * 6 * 2
+    assert activation_bytes(x) == {"activations (stored)": 2 * layer, "activations (backward)": layer}
+    block = ActorMemoryInputs(SMALL, 3, 2, "bf16", recompute_granularity="full", recompute_method="block",
+                              recompute_num_layers=1)
+    # layer 1 keeps its input (h per token), layer 2 everything; backward: the recomputed layer + one layer
+    assert activation_bytes(block) == {"activations (stored)": 8 * 6 * 2 + layer, "activations (backward)": 2 * layer}
+    uniform = ActorMemoryInputs(SMALL, 3, 2, "bf16", recompute_granularity="full", recompute_method="uniform",
+                                recompute_num_layers=2)
+    assert activation_bytes(uniform) == {"activations (stored)": 2 * 8 * 6 * 2, "activations (backward)": 3 * layer}
+
+
+def test_local_spec_attention_is_quadratic_and_selective_recompute_drops_it():
+    x = ActorMemoryInputs(SMALL, seq_length=3, micro_batch_size=1, precision="bf16", flash_attention=False)
+    # probabilities: 2 heads * 3 * 3 * (4 fp32 + 2 bf16); keys/values expanded 1 -> 2 heads: 2 * 1 * 4 * 3 * 2 bytes;
+    # backward: 2.5 fp32 probability-sized gradients; on CUDA Megatron's score buffer (2 * 9 elements, bf16)
+    attention = 2 * 9 * 6 + 2 * 1 * 4 * 3 * 2
+    layer = 104 * 3 * 2 + attention
+    assert activation_bytes(x) == {"activations (stored)": 2 * layer,
+                                   "activations (backward)": layer + int(2.5 * 2 * 9 * 4),
+                                   "attention score buffer": 2 * 9 * 2}
+    selective = ActorMemoryInputs(SMALL, 3, 1, "bf16", flash_attention=False, recompute_granularity="selective")
+    assert activation_bytes(selective)["activations (stored)"] == 2 * 104 * 3 * 2
+
+
+def test_logprob_chunk_and_reserve():
+    x = ActorMemoryInputs(SMALL, seq_length=50, micro_batch_size=1, precision="bf16", logprob_chunk_tokens=16)
+    # 16 tokens x 10 vocab x (bf16 logits 2 + fp32 copy 4 + log-softmax 4 + its gradient 4 + fp32 gradient 4 + bf16 2)
+    # + the decoder output 50 x 8 x 2
+    assert logits_bytes(x) == 16 * 10 * 20 + 50 * 8 * 2
+    assert logits_bytes(ActorMemoryInputs(SMALL, 50, 1, "bf16", logprob_chunk_tokens=16, entropy=True)) == \
+        16 * 10 * 28 + 800
+    assert logits_bytes(ActorMemoryInputs(SMALL, 5, 1, "fp32", device="cpu")) == 5 * 10 * 16 + 5 * 8 * 4  # whole seq
+    est = estimate_actor(x)
+    body = sum(v for k, v in est.items.items() if not k.startswith("reserve"))
+    assert est.items["reserve (context, fragmentation)"] == CUDA_RESERVE_BYTES + int(CUDA_FRAGMENTATION * body)
+    assert "reserve (context, fragmentation)" not in estimate_actor(ActorMemoryInputs(SMALL, 5, device="cpu")).items
+
+
+def test_gpu_plan_phases_and_offload():
+    x = ActorMemoryInputs(SMALL, 4, precision="bf16")
+    gpu = 80 * GIB
+    plan = plan_gpu(x, gpu_bytes=gpu, rollout_fraction=0.75, collocated=True, offload_weight=True,
+                    offload_optimizer=True, offload_grad=True)
+    assert plan.training_phase == plan.actor.peak + ROLLOUT_RESIDENT_BYTES
+    assert plan.rollout_phase == int(0.75 * gpu) + ROLLOUT_WORKSPACE_BYTES + CUDA_RESERVE_BYTES
+    kept = plan_gpu(x, gpu_bytes=gpu, rollout_fraction=0.75, collocated=True, offload_weight=False,
+                    offload_optimizer=True, offload_grad=False)
+    st = kept.actor.items
+    assert kept.rollout_phase - plan.rollout_phase == st["weights"] + st["reference model"] + st["gradients"]
+    apart = plan_gpu(x, gpu_bytes=gpu, rollout_fraction=0.75, collocated=False, offload_weight=False,
+                     offload_optimizer=False, offload_grad=False)
+    assert apart.training_phase == apart.actor.peak and apart.fits
+
+
+@pytest.mark.parametrize("seq, fits", [(4096, True), (7096, True)])
+def test_the_reference_run_fits_an_h100_with_transformer_engine(seq, fits):
+    x = ActorMemoryInputs(QWEN25_3B, seq, precision="fp16", data_parallel=8, recompute_granularity="full",
+                          recompute_method="block", recompute_num_layers=20)
+    plan = plan_gpu(x, gpu_bytes=80 * GIB, rollout_fraction=0.75, collocated=True, offload_weight=True,
+                    offload_optimizer=True, offload_grad=True)
+    assert plan.fits is fits
