@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlinf_ext.config.placement import component_ranks
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.runner.gpu_groups import launch_gpu_groups
 from rlinf_ext.runner.groups import (
@@ -28,6 +29,7 @@ from rlinf_ext.workers.actor import MegatronActorWorker
 from rlinf_ext.workers.agent_loop import SearchR1AgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker
+from rlinf_ext.workers.weight_sync import SyncRoutes, sync_mode
 
 
 def launch_worker_groups(
@@ -59,11 +61,15 @@ def launch_worker_groups(
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
     launch_group(groups, cluster, "agent_loop", SearchR1AgentLoopWorker, cfg.agentloop.group_name,
                  cpu_strategy(n_rollout), cfg, search_server_addr=search_server_addr)
+    ranks = component_ranks(cfg.cluster.component_placement, None)
     placement = Placement(
         is_pipeline=False,
         rollout_dp_size=counts["rollout"],
         agent_loop_world_size=counts["rollout"],
         actor_world_size=counts["actor"],
         on_gpu=False,
+        # same process indices = the CPU stand-in of collocated GPUs: shared-memory handles, rank to rank
+        weight_sync=SyncRoutes(sync_mode(ranks.get("actor", [0]), ranks.get("rollout", [0])),
+                               counts["actor"], counts["rollout"]),
     )
     return WorkerGroups(placement=placement, **groups)
