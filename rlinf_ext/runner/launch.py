@@ -3,15 +3,16 @@
 
 ``run_training`` in order:
 
-1. load + validate the config (every error at once) before anything starts; print the plan;
+1. load + validate the config (every error at once) and check the GPU extra on a GPU cluster before anything
+   starts; print the plan;
 2. tiny experiment only: generate the offline assets if missing; build the BM25 index if missing;
 3. re-validate with path checks (paths now exist or are a real error);
 4. start the retrieval server on a free loopback port when ``retrieval.launch`` (its address goes into
    ``tools.search.server_addr``);
-5. convert HF -> Megatron when ``actor.megatron.use_hf_ckpt`` and no converted checkpoint exists yet;
-6. create RLinf's ``Cluster``, launch the worker groups, run the trainer with the metrics sink;
-7. convert the last checkpoint to HF (mg2hf) and run the evaluation when an eval config is given;
-8. print where everything is and the first-vs-last mean reward.
+5. create RLinf's ``Cluster``, launch the worker groups, run the trainer with the metrics sink (the actor reads
+   the HF checkpoint itself: no HF -> Megatron conversion on disk before training);
+6. convert the last checkpoint to HF (mg2hf) and run the evaluation when an eval config is given;
+7. print where everything is and the first-vs-last mean reward.
 
 The steps live in ``prepare.py`` (config, assets, index, data, conversions), ``services.py`` (signals, Ray,
 retrieval server, SGLang evaluation engine) and ``summary.py``. Every resource started here is stopped on the way
@@ -38,7 +39,6 @@ from rlinf_ext.runner.groups import WorkerCallError, WorkerGroups, WorkerStartup
 from rlinf_ext.runner.metrics import sink_from_config
 from rlinf_ext.runner.prepare import (
     build_datasets,
-    convert_hf_to_megatron,
     convert_last_checkpoint_to_hf,
     ensure_index,
     load_checked_config,
@@ -49,6 +49,7 @@ from rlinf_ext.runner.prepare import (
 )
 from rlinf_ext.runner.services import (
     check_evaluation_backend,
+    check_training_backend,
     retrieval_server,
     rlinf_cluster,
     start_evaluation_generator,
@@ -155,6 +156,7 @@ def run_training(
     overrides = list(overrides)
     # every static problem at once, before anything is generated or started
     cfg = load_checked_config(config, overrides, check_paths=False)
+    check_training_backend(cfg)  # the GPU extra on a GPU cluster, before anything starts
     if not show_progress:
         os.environ["TQDM_DISABLE"] = "1"  # every tqdm bar of this process (trainer, evaluation, conversion)
     print_plan(cfg)
@@ -166,7 +168,6 @@ def run_training(
         server = stack.enter_context(retrieval_server(cfg, server_log(cfg))) if cfg.retrieval.launch else None
         if server is not None:
             use_launched_server(cfg, server.address)
-        convert_hf_to_megatron(cfg)
         with rlinf_cluster(cfg) as cluster:
             trainer_summary = train(cfg, cluster)
         summary.extra.update(trainer_summary)
