@@ -145,8 +145,10 @@ def build_dense_index(store: CorpusStore, out_dir: str | Path, spec: EncoderSpec
 def _to_gpus(index: faiss.Index, gpus: str) -> faiss.Index:
     """Shard the index over the chosen GPUs in fp16 (faiss-GPU), or explain why that is not possible."""
     if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
-        raise ValueError("--gpus asks for faiss-GPU but this faiss has no GPU support or sees no GPU; "
-                         "install faiss-gpu or drop --gpus (faiss-cpu is the default)")
+        raise ValueError("--gpus asks for faiss-GPU but this faiss has no GPU support or sees no GPU (faiss-cpu, "
+                         "a base requirement, overwrites faiss-gpu when installed after it); fix: "
+                         "`bash scripts/install.sh --gpu --faiss-gpu` (removes faiss-cpu, then installs "
+                         "faiss-gpu-cu12), or drop --gpus")
     if isinstance(index, faiss.IndexHNSW) or "HNSW" in type(index).__name__:
         raise ValueError("HNSW indexes cannot run on faiss-GPU; serve them on CPU (drop --gpus)")
     options = faiss.GpuMultipleClonerOptions()
