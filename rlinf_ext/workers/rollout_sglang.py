@@ -202,7 +202,6 @@ def make_sglang_stop_worker():
 
             if self._sync_routes is None:
                 raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
-            await self.onload_engine()
             manager = self._engine.tokenizer_manager
             tp = int(self._cfg_rollout.tensor_parallel_size)
             prepare_handles(torch.device("cuda"))  # this process shares the broadcast route's copies
@@ -217,7 +216,8 @@ def make_sglang_stop_worker():
                     raise WeightSyncError(f"SGLang refused the actor's weights: {message}")
 
             headers, stats = await receive_weights(self, self._sync_routes, load, actor_group=self._cfg.actor.group_name,
-                                                   rollout_group=self._cfg_rollout.group_name)
+                                                   rollout_group=self._cfg_rollout.group_name,
+                                                   on_header=self.onload_engine)  # after the actor's probe
             flushed = await manager.flush_cache()
             if not getattr(flushed, "success", True):
                 raise WeightSyncError("SGLang could not flush its prefix cache after the weight sync (requests were "

@@ -10,8 +10,8 @@ cast to the rollout's dtype on the actor's own device, and packs them into bucke
   GPU, exactly what SGLang's ``MultiprocessingSerializer`` sends into ``update_weights_from_tensor``; shared
   memory on CPU), so the weights are never copied through the host or a socket. Actor rank ``r`` feeds rollout
   rank ``r // tp`` as its TP slot ``r % tp`` (RLinf's ``CollocateRankMapper`` for an actor with TP=1): each TP
-  scheduler of an engine opens handles to memory on its own GPU. The rollout acknowledges each bucket; the
-  actor keeps at most two buckets alive (the producer must outlive the consumer's use of a handle).
+  scheduler of an engine opens handles to memory on its own GPU. The rollout acknowledges each bucket, and the
+  actor frees it only then (the producer must outlive the consumer's use of a handle).
 - ``broadcast`` (disjoint ranks: disaggregated GPUs): actor rank 0 broadcasts each bucket to every rollout rank
   with RLinf's ``Worker.broadcast`` (NCCL ring on GPU, parallel gloo sends on CPU); the other actor ranks hold the
   same weights and send nothing.
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
@@ -248,21 +247,18 @@ def send_weights(worker: Any, routes: SyncRoutes, header: SyncHeader, buckets: I
         return stats
     (rollout_rank, _slot), = targets
     worker.send(header, rollout_group, rollout_rank)
-    alive: deque[WeightBucket] = deque()  # sent, not yet acknowledged: the consumer may still read them
     for bucket in buckets:
         message = share_bucket(bucket)
         worker.send(message, rollout_group, rollout_rank)
-        alive.append(bucket)
         stats.buckets += 1
         stats.tensor_bytes += bucket.nbytes
         stats.wire_bytes += message.wire_bytes
-        if len(alive) > 1:  # at most two buckets in flight: convert the next while the engine loads this one
-            _expect_ack(worker.recv(rollout_group, rollout_rank))
-            alive.popleft()
-    worker.send(SYNC_END, rollout_group, rollout_rank)
-    while alive:
+        # the engine reads the bucket through its handles: keep it alive until it says it has loaded it. (No
+        # second bucket in flight: RLinf's sends wait for the matching recv, so a send racing the rollout's
+        # acknowledgement would deadlock.)
         _expect_ack(worker.recv(rollout_group, rollout_rank))
-        alive.popleft()
+        del bucket, message
+    worker.send(SYNC_END, rollout_group, rollout_rank)
     return stats
 
 
@@ -274,11 +270,13 @@ def _expect_ack(message: Any) -> None:
 Load = Callable[[list], Awaitable[None]]
 
 
-async def receive_weights(worker: Any, routes: SyncRoutes, load: Load, *, actor_group: str,
-                          rollout_group: str) -> tuple[list[SyncHeader], SyncStats]:
+async def receive_weights(worker: Any, routes: SyncRoutes, load: Load, *, actor_group: str, rollout_group: str,
+                          on_header: Callable[[], Awaitable[None]] | None = None) -> tuple[list[SyncHeader], SyncStats]:
     """Rollout side (an async RLinf worker): receive what ``send_weights`` sends to this rank and hand every
     bucket to ``load``: a list with one ``HandleBucket`` per TP slot (paired) or one ``WeightBucket``
-    (broadcast). Returns the headers (one per source, in slot order) and what was received."""
+    (broadcast). ``on_header`` runs once the headers are in, before the first bucket: the actor has finished
+    its probe by then (with its weights on the GPU), so a collocated engine takes its memory back only now.
+    Returns the headers (one per source, in slot order) and what was received."""
     stats = SyncStats(routes.mode)
     if routes.mode == "broadcast":
         groups, src = routes.broadcast_groups(actor_group, rollout_group)
@@ -287,6 +285,8 @@ async def receive_weights(worker: Any, routes: SyncRoutes, load: Load, *, actor_
             return await worker.broadcast(None, groups=groups, src=src, async_op=True).async_wait()
 
         headers = [await bcast()]
+        if on_header is not None:
+            await on_header()
         while (message := await bcast()) != SYNC_END:
             await load([message])
             stats.buckets += 1
@@ -299,6 +299,8 @@ async def receive_weights(worker: Any, routes: SyncRoutes, load: Load, *, actor_
         return await worker.recv(actor_group, src, async_op=True).async_wait()
 
     headers = [await recv(src) for src in sources]
+    if on_header is not None:
+        await on_header()
     while True:
         messages = [await recv(src) for src in sources]
         ends = sum(isinstance(m, str) and m == SYNC_END for m in messages)

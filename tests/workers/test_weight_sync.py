@@ -124,3 +124,66 @@ def test_hf_loader_refuses_unknown_names_and_incomplete_syncs(tiny_assets):
     loader.load(list(state.items())[len(state) // 2:])
     loader.finish()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+# ------------------------------------------------------------------------------------------------ receiving
+class _Done:
+    def __init__(self, value=None):
+        self.value = value
+
+    async def async_wait(self):
+        return self.value
+
+
+class ScriptedRollout:
+    """A rollout worker's recv/send over scripted actor messages (no Ray): what receive_weights sees."""
+
+    def __init__(self, rank: int, inbox: dict[int, list], log: list):
+        self._rank, self.inbox, self.log = rank, inbox, log
+
+    def recv(self, group: str, src: int, async_op: bool = False):
+        message = self.inbox[src].pop(0)
+        self.log.append(("recv", src, type(message).__name__ if not isinstance(message, str) else message))
+        return _Done(message)
+
+    def send(self, obj, group: str, dst: int, async_op: bool = False):
+        self.log.append(("send", dst, obj))
+        return _Done()
+
+
+def test_an_engine_of_tp2_loads_slot_by_slot_after_the_probe_and_acknowledges_each_bucket():
+    import asyncio
+
+    from rlinf_ext.workers.weight_sync import SYNC_ACK, SYNC_END, SyncHeader, receive_weights
+
+    prepare_handles(torch.device("cpu"))
+    routes = SyncRoutes("paired", actor_world=4, rollout_dp=2, rollout_tp=2)
+    state = {"a": torch.ones(4), "b": torch.ones(4) * 2}
+
+    def stream(sender):  # what actor rank `sender` sends: header, two buckets, end
+        buckets = [share_bucket(b) for b in pack_buckets(state.items(), max_bytes=16, shared=True)]
+        return [SyncHeader(version=7, sender=sender), *buckets, SYNC_END]
+
+    log: list = []
+    worker = ScriptedRollout(1, {2: stream(2), 3: stream(3)}, log)  # engine 1 = actor ranks 2 and 3
+    loaded = []
+
+    async def load(messages):
+        log.append(("load", [m.names for m in messages]))
+        loaded.append([dict(named_tensors_of(m)) for m in messages])
+
+    async def on_header():
+        log.append(("on_header",))
+
+    headers, stats = asyncio.run(receive_weights(worker, routes, load, actor_group="A", rollout_group="R",
+                                                 on_header=on_header))
+    assert [h.sender for h in headers] == [2, 3] and headers[0].version == 7
+    assert log[:3] == [("recv", 2, "SyncHeader"), ("recv", 3, "SyncHeader"), ("on_header",)]
+    assert ("load", [["a"], ["a"]]) in log and ("load", [["b"], ["b"]]) in log
+    assert [e for e in log if e[0] == "send"] == [("send", 2, SYNC_ACK), ("send", 3, SYNC_ACK)] * 2
+    assert log[-2:] == [("recv", 2, SYNC_END), ("recv", 3, SYNC_END)]
+    assert stats.buckets == 2 and stats.tensor_bytes == 32 and torch.equal(loaded[1][1]["b"], state["b"])
+
+    broken = ScriptedRollout(0, {0: stream(0), 1: stream(1)[:2] + [SYNC_END]}, [])  # rank 1 stops early
+    with pytest.raises(WeightSyncError, match="sent different buckets"):
+        asyncio.run(receive_weights(broken, routes, load, actor_group="A", rollout_group="R"))
