@@ -156,8 +156,9 @@ class MegatronActorWorker(Worker):
                 prepare_handles(self.policy.device)
             stats = send_weights(self, routes, header, self._hf_buckets(shared=paired),
                                  actor_group=self.cfg.actor.group_name, rollout_group=self.cfg.rollout.group_name)
-            if self.policy.device.type == "cuda":
-                torch.cuda.empty_cache()  # the buckets' memory goes back to the collocated engine
+            if self.policy.device.type == "cuda":  # the buckets' memory goes back to the collocated engine
+                torch.cuda.ipc_collect()  # blocks shared through IPC are freed only once the engine let go of them
+                torch.cuda.empty_cache()
             return dataclasses.asdict(stats)
 
     def _hf_buckets(self, shared: bool):

@@ -222,6 +222,7 @@ def make_sglang_stop_worker():
             if not getattr(flushed, "success", True):
                 raise WeightSyncError("SGLang could not flush its prefix cache after the weight sync (requests were "
                                       "running); cached prefixes would hold the old weights' KV")
+            torch.cuda.ipc_collect()  # the broadcast route's copies, shared with the schedulers, can go now
             torch.cuda.empty_cache()  # give the staging copies back (a collocated actor needs the memory)
             self.weight_version = headers[0].version
             self.last_sync = {"sources": [h.sender for h in headers], **vars(stats)}
