@@ -34,16 +34,28 @@ CPU_REQUIREMENTS = [
     "pyyaml",
 ]
 
+# GPU nodes: `bash scripts/install.sh --gpu` (the order matters, see there); `python scripts/check_gpu_extras.py`
+# proves with pip's resolver that these pins resolve together, without installing anything.
 GPU_REQUIREMENTS = [
-    # Same pins as `rlinf[agentic-sglang]` / `rlinf[agentic-vllm]` 0.3.0.
-    "sglang[all]==0.4.6.post5",
-    "sglang-router",
-    "torch-memory-saver",
-    "vllm==0.8.5",
-    "transformer-engine[pytorch]",
-    "faiss-gpu-cu12>=1.11",  # IO_FLAG_MMAP_IFC
-    "rlinf_latex2sympy2",
+    # RLinf's own SGLang stack: sglang[all]==0.4.6.post5 (torch 2.6.0), sglang-router, transformers 4.51.1, ...
+    # vLLM is not here: RLinf 0.3.0's VLLMWorker has no serving loop (`validate` refuses rollout_backend=vllm),
+    # and vllm 0.8.5 pins xgrammar 0.1.18 where sglang 0.4.6.post5 pins 0.1.19 (the two cannot resolve together).
+    "rlinf[agentic-sglang]==0.3.0",
+    # sglang 0.4.6.post5 asks for >=0.0.4; 0.0.6 is the last release before it (2025-05-16 vs 2025-05-24) and has
+    # the region()/pause()/resume()/configure_subprocess() API it calls (later releases add per-CUDA preloads).
+    # A source build: it needs the CUDA toolkit headers on the node.
+    "torch-memory-saver==0.0.6",
+    # Transformer Engine's core library for CUDA 12 (sglang's torch 2.6.0 is cu124); megatron-core 0.16.1 accepts
+    # >=2.9,<2.12. Its PyTorch extension (transformer_engine_torch, same version) is a source build that must
+    # see the installed torch, so install.sh builds it afterwards with --no-build-isolation (pip would otherwise
+    # build it against whatever torch its isolated build environment downloads).
+    "transformer-engine[core_cu12]==2.10.0",
 ]
+TE_TORCH_REQUIREMENT = "transformer_engine_torch==2.10.0"  # built by scripts/install.sh --gpu
+
+# faiss-gpu and faiss-cpu (a base requirement) install the same `faiss` package and overwrite each other, so
+# faiss-gpu is no extra: `bash scripts/install.sh --gpu --faiss-gpu` removes faiss-cpu, then installs this pin.
+FAISS_GPU_REQUIREMENT = "faiss-gpu-cu12==1.14.1.post1"
 
 DEV_REQUIREMENTS = [
     "pytest>=8",

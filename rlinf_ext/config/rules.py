@@ -12,6 +12,7 @@ from pathlib import Path
 
 # imported for their @rule registrations
 from rlinf_ext.config import memory_plan, rules_actor, rules_placement, rules_support  # noqa: F401
+from rlinf_ext.config.placement import PlacementError, component_ranks
 from rlinf_ext.config.rule_registry import is_grpo, is_training, registered_rules, rule
 from rlinf_ext.config.schema import REQUIRED, ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
@@ -181,9 +182,57 @@ def retrieval_source(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
+@rule("rollout.rollout_backend")
+def vllm_cannot_serve(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    if cfg.rollout.rollout_backend == "vllm":
+        yield ConfigIssue(
+            "rollout.rollout_backend",
+            "vllm: RLinf 0.3.0's VLLMWorker has no serving loop (rollout_serverless), so it cannot answer the agent "
+            "loop's multi-turn requests, in training or in evaluation (the GPU extra installs no vLLM either).",
+            "set rollout.rollout_backend=sglang on GPUs (hf on CPU).",
+        )
+
+
+@rule("runner.task_type", "cluster.num_nodes", "cluster.num_gpus_per_node", "cluster.component_placement",
+      "actor.offload_weight", "actor.offload_optimizer")
+def collocated_needs_offload(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """Collocated GPUs: SGLang takes rollout.gpu_memory_utilization of each GPU back at every rollout while the
+    actor still holds whatever it did not offload (fp32 weights, optimizer state: tens of GB for 3B)."""
+    gpn = cfg.cluster.num_gpus_per_node
+    if not is_training(cfg) or gpn < 1:
+        return
+    try:
+        ranks = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * gpn)
+    except PlacementError:  # reported by the placement rule
+        return
+    if "actor" not in ranks or ranks.get("actor") != ranks.get("rollout"):
+        return
+    missing = [f"actor.{k}" for k in ("offload_weight", "offload_optimizer") if not getattr(cfg.actor, k)]
+    if missing:
+        yield ConfigIssue(
+            missing[0],
+            f"{' and '.join(missing)} false with the actor and the rollout on the same GPUs (collocated): SGLang "
+            f"takes back rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} of every GPU at each "
+            "rollout while the actor still holds that state, so the GPUs run out of memory.",
+            f"set {' '.join(k + '=true' for k in missing)}, or place actor and rollout on disjoint GPUs.",
+        )
+
+
+@rule("actor.megatron.ckpt_convertor.hf_model_path", "rollout.model.model_path", "runner.task_type")
+def actor_starts_from_the_rollout_model(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    hf = cfg.actor.megatron.ckpt_convertor.hf_model_path
+    if is_training(cfg) and hf is not None and str(hf) != str(cfg.rollout.model.model_path):
+        yield ConfigIssue(
+            "actor.megatron.ckpt_convertor.hf_model_path",
+            f"{hf} differs from rollout.model.model_path={cfg.rollout.model.model_path}: the actor starts from "
+            "rollout.model.model_path (converted to Megatron in memory), so this path would be ignored.",
+            "remove it (it defaults to rollout.model.model_path), or point rollout.model.model_path at that model.",
+        )
+
+
 @rule("cluster.num_gpus_per_node", "rollout.rollout_backend")
 def backend_fits_hardware(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    if cfg.cluster.num_gpus_per_node == 0 and cfg.rollout.rollout_backend != "hf":
+    if cfg.cluster.num_gpus_per_node == 0 and cfg.rollout.rollout_backend == "sglang":
         yield ConfigIssue(
             "rollout.rollout_backend",
             f"{cfg.rollout.rollout_backend} needs GPUs but the cluster has none (cluster.num_gpus_per_node=0).",
@@ -208,10 +257,6 @@ def path_issues(cfg: ExperimentConfig) -> list[ConfigIssue]:
     checks: list[tuple[str, object, str]] = [("rollout.model.model_path", cfg.rollout.model.model_path, "dir")]
     checks += [(f"data.train_data_paths[{i}]", p, "file") for i, p in enumerate(_as_list(cfg.data.train_data_paths))]
     checks += [(f"data.val_data_paths[{i}]", p, "file") for i, p in enumerate(_as_list(cfg.data.val_data_paths))]
-    if cfg.actor.megatron.use_hf_ckpt and is_training(cfg):
-        checks.append(
-            ("actor.megatron.ckpt_convertor.hf_model_path", cfg.actor.megatron.ckpt_convertor.hf_model_path, "dir")
-        )
     if cfg.retrieval.launch:
         checks.append(("retrieval.corpus_path", cfg.retrieval.corpus_path, "file"))
         if cfg.retrieval.pages_path is not None:

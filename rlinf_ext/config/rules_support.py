@@ -72,6 +72,9 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("actor.checkpoint_load_path", None,
                 "the actor starts from rollout.model.model_path (HF) or resumes with runner.resume_dir.",
                 "use runner.resume_dir=PATH/global_step_N to continue from a checkpoint."),
+    Unsupported("actor.megatron.use_hf_ckpt", True,
+                "the actor always starts from rollout.model.model_path (HF), converted to Megatron in memory.",
+                "set it to true (or remove it); continue from a checkpoint with runner.resume_dir.", is_training),
     Unsupported("actor.model.sequence_parallel", False,
                 "sequence parallelism needs tensor parallelism; the actor runs TP=1 per process.", "set it to false."),
     *(Unsupported(f"actor.model.{key}", qwen2, _ARCH_WHY, "remove it.") for key, qwen2 in (

@@ -297,9 +297,11 @@ class ActorModelConfig:
 @dataclass
 class CkptConvertorConfig:
     model: Optional[str] = fld(None, "RLinf converter model key (e.g. qwen_2.5_3b).")
-    hf_model_path: str = fld("${rollout.model.model_path}", "HF checkpoint converted to Megatron at start.", path="dir")
+    hf_model_path: str = fld("${rollout.model.model_path}", "HF checkpoint the actor starts from (must be "
+                             "rollout.model.model_path; converted in memory, nothing is written).", path="dir")
     save_path: str = fld(
-        "${runner.output_dir}/${runner.experiment_name}/converted_ckpts/actor", "Where the Megatron copy is written."
+        "${runner.output_dir}/${runner.experiment_name}/converted_ckpts/actor",
+        "Accepted for RLinf configs; not written (the actor converts the HF checkpoint in memory)."
     )
     tensor_model_parallel_size: int = fld("${actor.model.tensor_model_parallel_size}", "TP of the converted copy.")
     pipeline_model_parallel_size: int = fld("${actor.model.pipeline_model_parallel_size}", "PP of the copy.")
@@ -307,7 +309,7 @@ class CkptConvertorConfig:
 
 @dataclass
 class MegatronConfig:
-    use_hf_ckpt: bool = fld(True, "Convert the HF checkpoint to Megatron when the run starts.")
+    use_hf_ckpt: bool = fld(True, "Start the actor from the HF checkpoint, converted in memory (false: not implemented).")
     ckpt_format: str = fld("torch", "Megatron checkpoint format.")
     distributed_backend: Literal["nccl", "gloo"] = fld("nccl", "torch.distributed backend (gloo on CPU).")
     distributed_timeout_minutes: int = fld(30, "torch.distributed timeout.")

@@ -5,7 +5,7 @@ same per-layer functions; the actor converts in memory at start and for weight s
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -172,6 +172,16 @@ def megatron_to_hf(
     rank_states: Mapping[tuple[int, int], Mapping[str, Any]], spec: ConvertSpec
 ) -> dict[str, torch.Tensor]:
     """``{(tp_rank, pp_rank): megatron state dict}`` → HF state dict (strict: every tensor used)."""
+    return dict(iter_megatron_to_hf(rank_states, spec))
+
+
+def iter_megatron_to_hf(
+    rank_states: Mapping[tuple[int, int], Mapping[str, Any]], spec: ConvertSpec
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``megatron_to_hf`` one unit (embedding, each layer, final norm and head) at a time, as ``(HF name,
+    tensor)`` pairs: the whole HF state is never held at once (the actor's weight sync streams it into
+    buckets). The strictness checks run once every unit has been yielded. ``rank_states`` values only need
+    ``__getitem__``, ``get`` and ``keys()`` (a view that moves or casts tensors on access works)."""
     tp, pp = grid_of(rank_states.keys())
     check_parallel(spec, tp, pp)
 
@@ -179,17 +189,15 @@ def megatron_to_hf(
         return rank_states[(t, p)][name]
 
     consumed: dict[tuple[int, int], set[str]] = {k: set() for k in rank_states}
-    out: dict[str, torch.Tensor] = {}
     for unit, layer in units(spec):
         tensors, pp_rank, names = unit_to_hf(spec, unit, layer, get_mg, tp, pp)
-        out.update(tensors)
+        yield from tensors.items()
         for t in range(tp):
             consumed[(t, pp_rank)].update(names)
     check_tied_copy(spec, tp, pp, lambda t: rank_states[(t, pp - 1)].get("output_layer.weight"),
                     lambda t: rank_states[(t, 0)]["embedding.word_embeddings.weight"], consumed)
     for key, state in rank_states.items():
         check_mg_leftovers(state.keys(), consumed[key], where=f"tp{key[0]}/pp{key[1]}")
-    return out
 
 
 def check_tied_copy(spec, tp, pp, get_copy, get_embed, consumed) -> None:

@@ -1,31 +1,33 @@
-"""SGLang for generation: request/reply translation shared by every SGLang user, and the evaluation engine.
+"""SGLang for generation: request/reply translation shared by every SGLang user, the engine arguments, and the
+evaluation engines.
 
 Requests and replies (pure, unit-tested on CPU): ``to_sglang_params`` turns our ``SamplingParams`` fields into
-SGLang's ``sampling_params`` (``stop`` included, which RLinf's own worker drops); ``sglang_reply`` turns an
-``async_generate`` result into the ``GenerateReply`` every rollout worker sends (decoded ``text``, ``finish_reason``
-in stop|eos|length, ``matched_stop``, ``logprobs``). The training worker (``workers/rollout_sglang.py``) and the
-evaluation engine below both use them, so their replies mean what ``generation/hf.py``'s do.
+SGLang's ``sampling_params`` (``stop`` included, which RLinf's own worker drops; ``stop_token_ids`` = the HF EOS
+set); ``sglang_reply`` turns an ``async_generate`` result into the ``GenerateReply`` every rollout worker sends
+(decoded ``text``, ``finish_reason`` in stop|eos|length, ``matched_stop``, ``logprobs``). The training worker
+(``workers/rollout_sglang.py``) and the evaluation engines below both use them, and both build their engines
+from ``server_kwargs``, so their replies mean what ``generation/hf.py``'s do.
 
 ``SGLangEngineGenerator`` is a GPU ``Generator`` on SGLang's offline engine, for ``rlinf-ext eval`` with
-``rollout.rollout_backend: sglang`` (NOT GPU-verified); no Ray worker group: one in-process ``Engine`` (its
-scheduler/detokenizer subprocesses own the GPUs) serves every concurrent ``generate`` call.
+``rollout.rollout_backend: sglang`` (NOT GPU-verified); no Ray worker group: in-process engines (their
+scheduler/detokenizer subprocesses own the GPUs) serve every concurrent ``generate`` call.
 
 - Engine class: RLinf's ``rlinf.workers.rollout.sglang.Engine`` (= ``sglang.Engine`` + RLinf's patches), not
   plain ``sglang.Engine``: sglang 0.4.x returns *either* ``text`` (detokenizing) *or* ``output_ids``; RLinf's
   patched tokenizer/detokenizer managers return both, and we need both (stop strings need detokenization, the
   agent loop needs the exact sampled ids). The same class RLinf's ``SGLangWorker`` runs in training.
-- Replies: stop string kept in ``text``, EOS kept in ids and text. Additionally ``stop_token_ids`` = the HF
-  generator's EOS set (generation_config + tokenizer), so both engines end a turn on the same tokens;
-  ``no_stop_trim`` is always on so SGLang never drops the EOS text, and a stop string the caller asked to exclude
-  is cut here, as ``HFGenerator`` does. SGLang checks the token budget before EOS/stop strings, HF after: a turn
-  ending on its last allowed token is classified as HF would (``_end_at_budget``). SGLang also always stops at the
-  ``eos_token_id`` of the model's config.json (normally part of the HF set anyway).
-- GPUs: ONE engine with ``tp_size = rollout.tensor_parallel_size`` and ``dp_size = GPUs // tp_size`` (SGLang's
-  own data-parallel controller spreads requests over the replicas). GPUs = the rollout's ranks in
-  ``cluster.component_placement`` (``all`` = ``cluster.num_gpus_per_node``), on this node, from ``base_gpu_id``.
-- Sampling: the engine's ``random_seed`` = ``runner.seed``; no per-request seeds (evaluation is greedy).
+- Replies: stop string kept in ``text`` unless excluded, EOS kept in ids and text; ``stop_token_ids`` = the HF
+  generator's EOS set (generation_config + tokenizer), so both engines end a turn on the same tokens. SGLang
+  checks the token budget before EOS/stop strings, HF after: a turn ending on its last allowed token is
+  classified as HF would (``_end_at_budget``). SGLang also always stops at config.json's ``eos_token_id``.
+- GPUs: ONE engine per ``rollout.tensor_parallel_size`` GPUs, each with ``dp_size=1`` and ``base_gpu_id`` = its
+  first GPU; requests go to the least busy engine. Not SGLang's ``dp_size``: its data-parallel controller
+  starts the original, unpatched schedulers in a fresh interpreter, whose replies lack ``output_ids``; RLinf's
+  tokenizer manager then raises at the first reply and SGLang kills the whole process. GPUs = the rollout's
+  ranks in ``cluster.component_placement`` (``all`` = ``cluster.num_gpus_per_node``), on this node.
+- Sampling: engine k's ``random_seed`` = ``runner.seed + k``; no per-request seeds (evaluation is greedy).
 - An engine serves ONE event loop (SGLang binds its handle loop to the loop of the first request): build a
-  generator per ``run_evaluation`` call, and ``close()`` it (``engine.shutdown()``) when done.
+  generator per ``run_evaluation`` call, and ``close()`` it (every engine's ``shutdown()``) when done.
 
 sglang itself is imported only inside the functions that start an engine (``import_rlinf_sglang``): it is a GPU
 extra, and importing it initialises CUDA.
@@ -48,7 +50,7 @@ from rlinf_ext.generation.hf import eos_token_ids
 from rlinf_ext.models.dtypes import PRECISIONS, hf_name_of_precision
 from rlinf_ext.protocol.generation import GenerateReply, GenerationResult, SamplingParams
 
-GPU_INSTALL_FIX = "pip install -e '.[gpu]' (sglang==0.4.6.post5, RLinf's pin)"
+GPU_INSTALL_FIX = "bash scripts/install.sh --gpu (sglang==0.4.6.post5 through rlinf[agentic-sglang])"
 
 
 class SGLangUnavailable(RuntimeError):
@@ -67,13 +69,24 @@ def import_rlinf_sglang(module: str, name: str, alternative: str = ""):
 
 
 # ----------------------------------------------------------------------------------- requests and replies (pure)
-def to_sglang_params(params: dict[str, Any], default_stop: list[str] | None = None) -> dict[str, Any]:
-    """Our request ``sampling_params`` -> SGLang ``sampling_params`` (pure; unit-tested on CPU)."""
+def to_sglang_params(params: dict[str, Any], default_stop: list[str] | None = None,
+                     eos_ids: list[int] | tuple[int, ...] = ()) -> dict[str, Any]:
+    """Our request ``sampling_params`` -> SGLang ``sampling_params`` (pure; unit-tested on CPU).
+
+    Only the keys the request names are sent (SGLang's own defaults, or the config's merged in by the caller,
+    stay for the rest): a request without ``temperature`` keeps the configured one. ``eos_ids`` become
+    ``stop_token_ids``, so SGLang ends a turn on every EOS id the HF engine ends on (not only config.json's).
+    ``no_stop_trim`` is always on: SGLang then keeps the matched stop string and the EOS text, and
+    ``sglang_reply`` cuts a stop string the caller asked to exclude, as ``HFGenerator`` does.
+    """
     out: dict[str, Any] = {}
     if "max_new_tokens" in params:
         out["max_new_tokens"] = int(params["max_new_tokens"])
     greedy = params.get("do_sample") is False
-    out["temperature"] = 0.0 if greedy else float(params.get("temperature", 1.0))
+    if greedy:
+        out["temperature"] = 0.0
+    elif "temperature" in params:
+        out["temperature"] = float(params["temperature"])
     if not greedy:
         if "top_p" in params:
             out["top_p"] = float(params["top_p"])
@@ -83,11 +96,12 @@ def to_sglang_params(params: dict[str, Any], default_stop: list[str] | None = No
         out["repetition_penalty"] = float(params["repetition_penalty"])
     # keep <|im_end|> & co in SGLang's text, as the HF worker's decode does (SGLang skips them by default)
     out["skip_special_tokens"] = False
+    out["no_stop_trim"] = True
     stop = list(params.get("stop") or default_stop or [])
     if stop:
         out["stop"] = stop
-        # SGLang trims the matched stop string unless told not to; the agent loop keeps it (protocol/generation.py)
-        out["no_stop_trim"] = bool(params.get("include_stop_str_in_output", True))
+    if eos_ids:
+        out["stop_token_ids"] = sorted(int(i) for i in eos_ids)
     return out
 
 
@@ -122,8 +136,8 @@ def sglang_reply(
     text = result.get("text")
     if not isinstance(text, str):
         text = decode(output_ids)
-        if stop is not None and not include_stop_str_in_output and stop in text:
-            text = text[: text.rfind(stop)]  # what SGLang's own detokenizer does without no_stop_trim
+    if stop is not None and not include_stop_str_in_output and stop in text:
+        text = text[: text.rfind(stop)]  # ids keep every sampled token, the text drops the stop (HFGenerator)
     reply: GenerateReply = {
         "output_ids": output_ids,
         "text": text,
@@ -137,7 +151,53 @@ def sglang_reply(
     return reply
 
 
-# ----------------------------------------------------------------------------------- the evaluation engine
+# ----------------------------------------------------------------------------------- engines
+def hf_eos_ids(model_path: str, tokenizer: Any = None) -> list[int]:
+    """The EOS set the HF engine ends a turn on (generation_config + tokenizer), for ``stop_token_ids``."""
+    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
+    try:
+        generation_config = GenerationConfig.from_pretrained(model_path)
+    except OSError:  # no generation_config.json: the tokenizer's EOS alone
+        generation_config = None
+    return sorted(eos_token_ids(generation_config, tokenizer))
+
+
+def server_kwargs(cfg: ExperimentConfig, *, tp_size: int, base_gpu_id: int = 0, seed: int, load_format: str = "auto",
+                  training: bool = False) -> dict[str, Any]:
+    """``Engine(**kwargs)`` / ``ServerArgs`` of ONE SGLang engine for ``cfg.rollout`` (pure), shared by the
+    training worker and the evaluation engines. ``dp_size`` is always 1: SGLang's data-parallel controller runs
+    unpatched schedulers, whose replies RLinf's tokenizer manager cannot read (one engine per TP group instead).
+    ``load_format="dummy"`` starts with random weights when the first weight sync overwrites them all.
+    Training engines release their memory to a collocated actor (memory saver, as RLinf's) and detokenize only
+    with ``rollout.detokenize``; evaluation engines always detokenize (stop strings) and log less."""
+    rollout = cfg.rollout
+    precision = str(rollout.model.precision)
+    if precision not in PRECISIONS:
+        raise SGLangUnavailable(f"rollout.model.precision={precision!r}: use one of {list(PRECISIONS)}.")
+    max_running = int(rollout.max_running_requests)
+    kwargs = {
+        "model_path": str(rollout.model.model_path),
+        "tp_size": int(tp_size),
+        "dp_size": 1,
+        "base_gpu_id": int(base_gpu_id),
+        "load_format": load_format,
+        "mem_fraction_static": float(rollout.gpu_memory_utilization),
+        "dtype": hf_name_of_precision(precision),
+        "random_seed": int(seed),
+        "max_running_requests": max_running,
+        "disable_cuda_graph": bool(rollout.enforce_eager),
+        "cuda_graph_max_bs": min(int(rollout.cuda_graph_max_bs), max_running),
+        "attention_backend": str(rollout.sglang.attention_backend),
+        "enable_torch_compile": bool(rollout.sglang.use_torch_compile),
+        "torch_compile_max_bs": min(int(rollout.sglang.torch_compile_max_bs), max_running),
+        "decode_log_interval": int(rollout.sglang.decode_log_interval),
+    }
+    if training:
+        kwargs.update(enable_memory_saver=not bool(rollout.enforce_eager),
+                      skip_tokenizer_init=not bool(rollout.detokenize), log_level="info")
+    else:
+        kwargs.update(skip_tokenizer_init=False, log_level="warning")  # stop strings need the detokenizer
+    return kwargs
 
 
 def usable_gpus(cfg: ExperimentConfig, visible: int) -> list[int]:
@@ -162,43 +222,30 @@ def usable_gpus(cfg: ExperimentConfig, visible: int) -> list[int]:
     return gpus
 
 
-def engine_kwargs(cfg: ExperimentConfig, gpus: list[int]) -> dict[str, Any]:
-    """``Engine(**kwargs)`` for evaluating ``rollout.model.model_path`` on the contiguous GPU ids ``gpus`` (pure)."""
+def engine_kwargs(cfg: ExperimentConfig, gpus: list[int]) -> list[dict[str, Any]]:
+    """``Engine(**kwargs)`` of each evaluation engine on the GPU ids ``gpus`` (pure): one engine per
+    ``rollout.tensor_parallel_size`` consecutive GPUs (``base_gpu_id`` = its first), seeds ``runner.seed + k``."""
     rollout = cfg.rollout
-    num_gpus = len(gpus)
     tp = int(rollout.tensor_parallel_size)
     if int(rollout.pipeline_parallel_size) != 1:
         raise SGLangUnavailable(
             f"rollout.pipeline_parallel_size={rollout.pipeline_parallel_size}: SGLang 0.4.6 has no pipeline "
             "parallelism. Fix: set rollout.pipeline_parallel_size=1 (use rollout.tensor_parallel_size instead)."
         )
-    if tp < 1 or num_gpus < tp:
+    if tp < 1 or len(gpus) < tp:
         raise SGLangUnavailable(
-            f"rollout.tensor_parallel_size={tp} needs {tp} GPU(s) per engine, but {num_gpus} are usable here. "
+            f"rollout.tensor_parallel_size={tp} needs {tp} GPU(s) per engine, but {len(gpus)} are usable here. "
             "Fix: lower rollout.tensor_parallel_size or run on a node with more GPUs."
         )
-    precision = str(rollout.model.precision)
-    if precision not in PRECISIONS:
-        raise SGLangUnavailable(f"rollout.model.precision={precision!r}: use one of {list(PRECISIONS)}.")
-    max_running = int(rollout.max_running_requests)
-    return {
-        "model_path": str(rollout.model.model_path),
-        "tp_size": tp,
-        "dp_size": num_gpus // tp,  # GPUs beyond a multiple of tp_size stay idle
-        "base_gpu_id": int(gpus[0]),  # engine replicas take GPUs base_gpu_id, base_gpu_id + 1, ...
-        "mem_fraction_static": float(rollout.gpu_memory_utilization),
-        "dtype": hf_name_of_precision(precision),
-        "skip_tokenizer_init": False,  # stop strings need SGLang's detokenizer (rollout.detokenize is implied)
-        "random_seed": int(cfg.runner.seed),
-        "max_running_requests": max_running,
-        "disable_cuda_graph": bool(rollout.enforce_eager),
-        "cuda_graph_max_bs": min(int(rollout.cuda_graph_max_bs), max_running),
-        "attention_backend": str(rollout.sglang.attention_backend),
-        "enable_torch_compile": bool(rollout.sglang.use_torch_compile),
-        "torch_compile_max_bs": min(int(rollout.sglang.torch_compile_max_bs), max_running),
-        "decode_log_interval": int(rollout.sglang.decode_log_interval),
-        "log_level": "warning",  # keep the evaluation's progress bar readable
-    }
+    groups = [gpus[k:k + tp] for k in range(0, len(gpus) - len(gpus) % tp, tp)]  # leftover GPUs stay idle
+    for group in groups:
+        if group != list(range(group[0], group[0] + tp)):
+            raise SGLangUnavailable(
+                f"the TP group on GPUs {group} is not consecutive; an SGLang engine takes base_gpu_id, "
+                "base_gpu_id+1, ... Fix: give the rollout consecutive GPU ranks in cluster.component_placement."
+            )
+    return [server_kwargs(cfg, tp_size=tp, base_gpu_id=group[0], seed=int(cfg.runner.seed) + k)
+            for k, group in enumerate(groups)]
 
 
 def sglang_installed() -> bool:
@@ -213,24 +260,31 @@ def load_engine_class() -> Callable[..., Any]:
 
 
 class SGLangEngineGenerator:
-    """`await gen.generate(prompt_ids, SamplingParams) -> GenerationResult` on one SGLang engine.
+    """`await gen.generate(prompt_ids, SamplingParams) -> GenerationResult` over one or more SGLang engines.
 
-    ``engine``: anything with ``async_generate(input_ids=, sampling_params=, return_logprob=)`` returning SGLang's
-    result dict, and ``shutdown()`` (tests pass a fake). ``decode`` turns ids into text when the engine returns no
-    ``text``. ``eos_ids`` end a turn as EOS (``stop_token_ids``). ``default_stop``: stop strings for requests
-    that bring none (``algorithm.sampling_params.stop``).
+    ``engines``: one engine or a list (one per TP group); each has ``async_generate(input_ids=,
+    sampling_params=, return_logprob=)`` returning SGLang's result dict, and ``shutdown()`` (tests pass fakes).
+    A request goes to the engine with the fewest requests in flight (the lowest index on a tie), so a long
+    generation does not hold back the requests queued behind it. ``decode`` turns ids into text when the
+    engine returns no ``text``. ``eos_ids`` end a turn as EOS (``stop_token_ids``). ``default_stop``: stop
+    strings for requests that bring none (``algorithm.sampling_params.stop``).
     """
 
     def __init__(
         self,
-        engine: Any,
+        engines: Any,
         decode: Callable[[list[int]], str],
         *,
         eos_ids: set[int] | list[int] | tuple[int, ...] = (),
         default_stop: list[str] | None = None,
         return_logprobs: bool = False,
     ):
-        self.engine = engine
+        self.engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
+        if not self.engines:
+            raise ValueError("SGLangEngineGenerator needs at least one engine")
+        self.in_flight = [0] * len(self.engines)
+        self.served = [0] * len(self.engines)
+        self.closed = False
         self.decode = decode
         self.eos_ids = sorted(int(i) for i in eos_ids)
         self.default_stop = list(default_stop or [])
@@ -244,62 +298,69 @@ class SGLangEngineGenerator:
         gpus: list[int] | None = None,
         engine_factory: Callable[..., Any] | None = None,
     ) -> SGLangEngineGenerator:
-        """Start the engine for ``cfg.rollout`` (blocks until SGLang has loaded the model).
+        """Start one engine per TP group of ``cfg.rollout`` (blocks until every engine has loaded the model).
 
         ``gpus``: None = the rollout's GPUs from ``cluster.component_placement`` (``usable_gpus``).
-        ``engine_factory``: None = RLinf's patched SGLang ``Engine``.
+        ``engine_factory``: None = RLinf's patched SGLang ``Engine``. Engines start one after the other (each
+        binds its ports before the next picks its own); if one fails, those already started are shut down.
         """
         if gpus is None:
             gpus = usable_gpus(cfg, torch.cuda.device_count())
-        kwargs = engine_kwargs(cfg, gpus)
+        all_kwargs = engine_kwargs(cfg, gpus)
         factory = engine_factory if engine_factory is not None else load_engine_class()
-        model_path = kwargs["model_path"]
+        model_path = all_kwargs[0]["model_path"]
         tokenizer = AutoTokenizer.from_pretrained(model_path)
+        print(f"[sglang] starting {len(all_kwargs)} engine(s) with tp_size={all_kwargs[0]['tp_size']} on GPUs "
+              f"{', '.join(str(k['base_gpu_id']) for k in all_kwargs)} (first GPU of each), model {model_path}",
+              flush=True)
+        engines: list[Any] = []
         try:
-            generation_config = GenerationConfig.from_pretrained(model_path)
-        except OSError:  # no generation_config.json: the tokenizer's EOS alone
-            generation_config = None
-        # the same EOS set as the HF engine (generation_config + tokenizer), so both end turns on the same tokens
-        eos_ids = eos_token_ids(generation_config, tokenizer)
-        print(f"[sglang] starting the engine: tp_size={kwargs['tp_size']} dp_size={kwargs['dp_size']} "
-              f"on GPUs {gpus[0]}-{gpus[-1]}, model {model_path}", flush=True)
-        engine = factory(**kwargs)
+            for kwargs in all_kwargs:
+                engines.append(factory(**kwargs))
+        except BaseException:
+            _shutdown_all(engines)
+            raise
         return cls(
-            engine,
+            engines,
             lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
-            eos_ids=eos_ids,
+            eos_ids=hf_eos_ids(model_path, tokenizer),
             default_stop=list(cfg.algorithm.sampling_params.stop or []),
             return_logprobs=bool(cfg.rollout.return_logprobs),
         )
 
     def sglang_params(self, sampling_params: SamplingParams) -> dict[str, Any]:
         """The ``sampling_params`` dict sent to SGLang for one request (pure)."""
-        params = to_sglang_params(dataclasses.asdict(sampling_params), self.default_stop)
-        params["no_stop_trim"] = True  # keep EOS text too (HF keeps it); an excluded stop string is cut in generate
-        if self.eos_ids:
-            params["stop_token_ids"] = list(self.eos_ids)
-        return params
+        return to_sglang_params(dataclasses.asdict(sampling_params), self.default_stop, self.eos_ids)
+
+    def _pick(self) -> int:
+        return min(range(len(self.engines)), key=lambda k: (self.in_flight[k], k))
 
     async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams) -> GenerationResult:
-        if self.engine is None:
+        if self.closed:
             raise RuntimeError("SGLangEngineGenerator.generate after close(): build a new generator")
         if not prompt_ids:
             raise ValueError("generate needs a non-empty prompt")
         if sampling_params.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
-        result = await self.engine.async_generate(
-            input_ids=list(prompt_ids), sampling_params=self.sglang_params(sampling_params),
-            return_logprob=self.return_logprobs,
-        )
-        reply = sglang_reply(result, self.decode, include_stop_str_in_output=True,
+        k = self._pick()
+        self.in_flight[k] += 1
+        try:
+            result = await self.engines[k].async_generate(
+                input_ids=list(prompt_ids), sampling_params=self.sglang_params(sampling_params),
+                return_logprob=self.return_logprobs,
+            )
+        finally:
+            self.in_flight[k] -= 1
+        self.served[k] += 1
+        reply = sglang_reply(result, self.decode, include_stop_str_in_output=sampling_params.include_stop_str_in_output,
                              return_logprobs=self.return_logprobs)
         if "error" in reply:
             raise RuntimeError(f"SGLang failed to generate: {reply['error']}")
         reason, text, stop = reply["finish_reason"], reply["text"], reply["matched_stop"]
         if reason == "length":
             reason, stop = self._end_at_budget(reply["output_ids"], sampling_params.stop or self.default_stop)
-        if stop is not None and not sampling_params.include_stop_str_in_output and stop in text:
-            text = text[: text.rfind(stop)]  # as HFGenerator: ids keep every sampled token, the text drops the stop
+            if stop is not None and not sampling_params.include_stop_str_in_output and stop in text:
+                text = text[: text.rfind(stop)]
         return GenerationResult(
             output_ids=reply["output_ids"],
             text=text,
@@ -324,13 +385,26 @@ class SGLangEngineGenerator:
         return "length", None
 
     def close(self) -> None:
-        """Shut the engine down (its GPU subprocesses exit); safe to call twice."""
-        engine, self.engine = self.engine, None
-        if engine is not None:
-            engine.shutdown()
+        """Shut every engine down (their GPU subprocesses exit), even when one of them fails; safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        _shutdown_all(self.engines)
 
     def __enter__(self) -> SGLangEngineGenerator:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _shutdown_all(engines: list[Any]) -> None:
+    """``shutdown()`` on every engine; the first failure is raised after all were tried."""
+    errors = []
+    for engine in engines:
+        try:
+            engine.shutdown()
+        except Exception as exc:  # the others must still stop
+            errors.append(exc)
+    if errors:
+        raise errors[0]

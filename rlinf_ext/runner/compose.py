@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlinf_ext.config.placement import PlacementError
+from rlinf_ext.config.placement import PlacementError, component_ranks
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.runner.cluster import NodeOrder, cpu_process_nodes
 from rlinf_ext.runner.gpu_groups import launch_gpu_groups
@@ -31,6 +31,7 @@ from rlinf_ext.workers.actor import MegatronActorWorker
 from rlinf_ext.workers.agent_loop import SearchR1AgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker
+from rlinf_ext.workers.weight_sync import SyncRoutes, sync_mode
 
 
 def launch_worker_groups(
@@ -70,11 +71,16 @@ def launch_worker_groups(
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, strategies["reward"], cfg)
     launch_group(groups, cluster, "agent_loop", SearchR1AgentLoopWorker, cfg.agentloop.group_name,
                  strategies["agent_loop"], cfg, search_server_addr=search_server_addr, launcher_ip=launcher_ip)
+    ranks = component_ranks(cfg.cluster.component_placement, None, max(cfg.cluster.num_nodes, 1))
+    # (node, process) pairs: the same pairs = the CPU stand-in of collocated GPUs (shared memory, rank to rank)
+    actor_at = list(zip(nodes["actor"], ranks.get("actor", [0])))
+    rollout_at = list(zip(nodes["rollout"], ranks.get("rollout", [0])))
     placement = Placement(
         is_pipeline=False,
         rollout_dp_size=len(nodes["rollout"]),
         agent_loop_world_size=len(nodes["agent_loop"]),
         actor_world_size=len(nodes["actor"]),
         on_gpu=False,
+        weight_sync=SyncRoutes(sync_mode(actor_at, rollout_at), len(nodes["actor"]), len(nodes["rollout"])),
     )
     return WorkerGroups(placement=placement, **groups)

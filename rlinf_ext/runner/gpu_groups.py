@@ -38,6 +38,7 @@ from rlinf_ext.workers.actor import MegatronActorWorker
 from rlinf_ext.workers.agent_loop import SearchR1AgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
 from rlinf_ext.workers.rollout_sglang import rollout_worker_class
+from rlinf_ext.workers.weight_sync import SyncRoutes
 
 
 class GpuLayoutError(ValueError):
@@ -142,6 +143,13 @@ def gpu_layout(cfg: ExperimentConfig, num_gpus: int, gpus_per_node: int | None =
     return GpuLayout(num_gpus, gpn, mode, tuple(rollout), tp, tuple(processes), tuple(actor))
 
 
+def weight_sync_routes(layout: GpuLayout) -> SyncRoutes:
+    """Collocated: each actor rank hands its weights to the engine on its own GPU (CUDA IPC); disaggregated:
+    actor rank 0 broadcasts them to every engine (``workers/weight_sync.py``)."""
+    mode = "paired" if layout.mode == "collocated" else "broadcast"
+    return SyncRoutes(mode, layout.actor_dp_size, layout.rollout_dp_size, layout.rollout_tp)
+
+
 def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps: int, verify_sync: bool = True,
                       search_server_addr: Any = None, launcher_ip: str | None = None) -> WorkerGroups:
     """Launch the GPU composition (module docstring); start-up failures raise ``WorkerStartupError``."""
@@ -180,6 +188,7 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
             agent_loop_world_size=layout.rollout_dp_size,
             actor_world_size=layout.actor_dp_size,
             on_gpu=True,
+            weight_sync=weight_sync_routes(layout),
         ),
         **groups,
     )

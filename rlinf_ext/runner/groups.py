@@ -20,6 +20,7 @@ from rlinf.scheduler.placement import NodePlacementStrategy
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.runner.cluster import NodeOrder
 from rlinf_ext.training.data_parallel import DataParallel, DataParallelError, share_of, unsupported_model_parallelism
+from rlinf_ext.workers.weight_sync import SyncRoutes
 
 
 class WorkerStartupError(RuntimeError):
@@ -48,6 +49,7 @@ class Placement:
     agent_loop_world_size: int
     actor_world_size: int
     on_gpu: bool
+    weight_sync: SyncRoutes  # who sends the actor's weights to which rollout rank (workers/weight_sync.py)
 
 
 @dataclass
@@ -71,6 +73,22 @@ def wait_or_raise(handle, component: str, method: str, startup: bool = False):
                 raise WorkerStartupError(component, cause) from exc
             raise WorkerCallError(component, method, cause) from exc
     return results
+
+
+def wait_all_or_raise(calls: list[tuple[Any, str, str]]) -> list:
+    """Wait for group calls that wait on each other (a sender and its receiver): the first one to fail is raised
+    at once, naming its component, instead of waiting forever for the partner it left behind.
+    ``calls``: ``(handle, component, method)``; returns each call's results."""
+    pending = {ref: (component, method) for handle, component, method in calls for ref in handle._remote_results}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for ref in ready:
+            component, method = pending.pop(ref)
+            try:
+                ray.get(ref)
+            except Exception as exc:  # the remote exception, re-raised with the component named
+                raise WorkerCallError(component, method, getattr(exc, "cause", None) or exc) from exc
+    return [wait_or_raise(handle, component, method) for handle, component, method in calls]
 
 
 def quiet_worker_failures() -> None:

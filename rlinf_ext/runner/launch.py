@@ -3,17 +3,18 @@
 
 ``run_training`` in order:
 
-1. load + validate the config (every error at once) before anything starts; print the plan;
+1. load + validate the config (every error at once) and check the GPU extra on a GPU cluster before anything
+   starts; print the plan;
 2. tiny experiment only: generate the offline assets if missing; build the BM25 index if missing;
 3. re-validate with path checks (paths now exist or are a real error);
 4. start the retrieval server on a free loopback port when ``retrieval.launch`` (its address goes into
    ``tools.search.server_addr``); with ``retrieval.per_node`` one per node once Ray is up (``retrievers.py``);
-5. convert HF -> Megatron when ``actor.megatron.use_hf_ckpt`` and no converted checkpoint exists yet;
-6. join or start the Ray cluster through RLinf's ``Cluster`` (several nodes: wait for them, check the placement
-   fits, ``cluster.py``), launch the worker groups, run the trainer with the metrics sink;
-7. convert the last checkpoint to HF (mg2hf) and evaluate it into ``RUN_DIR/eval/global_step_N/`` when an eval
+5. join or start the Ray cluster through RLinf's ``Cluster`` (several nodes: wait for them, check the placement
+   fits, ``cluster.py``), launch the worker groups, run the trainer with the metrics sink (the actor reads
+   the HF checkpoint itself: no HF -> Megatron conversion on disk before training);
+6. convert the last checkpoint to HF (mg2hf) and evaluate it into ``RUN_DIR/eval/global_step_N/`` when an eval
    config is given;
-8. print where everything is, where the run resumed from and the whole run's reward trend.
+7. print where everything is, where the run resumed from and the whole run's reward trend.
 
 The steps live in ``prepare.py`` (config, assets, index, data, conversions), ``services.py`` (signals, Ray,
 retrieval server, SGLang evaluation engine), ``cluster.py`` (nodes), ``retrievers.py`` and ``summary.py``. Every
@@ -43,7 +44,6 @@ from rlinf_ext.runner.metrics import sink_from_config
 from rlinf_ext.runner.prepare import (
     build_datasets,
     checkpoints_root,
-    convert_hf_to_megatron,
     convert_last_checkpoint_to_hf,
     ensure_index,
     load_checked_config,
@@ -58,6 +58,7 @@ from rlinf_ext.runner.services import (
     LaunchedServer,
     StopRequest,
     check_evaluation_backend,
+    check_training_backend,
     retrieval_server,
     rlinf_cluster,
     start_evaluation_generator,
@@ -208,6 +209,7 @@ def run_training(
     overrides = list(overrides)
     # every static problem at once, before anything is generated or started
     cfg = load_checked_config(config, overrides, check_paths=False)
+    check_training_backend(cfg)  # the GPU extra on a GPU cluster, before anything starts
     if not show_progress:
         os.environ["TQDM_DISABLE"] = "1"  # every tqdm bar of this process (trainer, evaluation, conversion)
     print_plan(cfg)
@@ -220,7 +222,6 @@ def run_training(
         if cfg.retrieval.launch and not cfg.retrieval.per_node:
             server = stack.enter_context(retrieval_server(cfg, server_log(cfg)))
             use_launched_server(cfg, server.address)
-        convert_hf_to_megatron(cfg)
         trainer_summary = train_on_cluster(cfg, server, stop)
         summary.extra.update(trainer_summary)
         summary.resumed_from = Path(trainer_summary["resumed_from"]) if trainer_summary.get("resumed_from") else None

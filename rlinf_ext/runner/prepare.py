@@ -1,6 +1,7 @@
 """Preparing a run before any worker starts: the config read and validated once, the plan printed, the tiny
 offline assets and the retrieval index built when missing, the datasets tokenised; after training, the last
-checkpoint converted to Hugging Face. Every step that runs a command logs it to ``<run>/logs/`` and fails with a
+checkpoint converted to Hugging Face. (Nothing is converted before training: the actor reads the HF checkpoint
+itself, through the conversion mapping in memory.) Every step that runs a command logs it to ``<run>/logs/`` and fails with a
 ``LaunchError`` naming the step, the command and the tail of its log.
 """
 
@@ -147,23 +148,6 @@ def build_datasets(cfg: ExperimentConfig) -> tuple[PromptDataset, PromptDataset 
 # ---------------------------------------------------------------- checkpoint conversion
 def megatron_checkpoint_exists(path: Path) -> bool:
     return (path / "latest_checkpointed_iteration.txt").is_file()
-
-
-def convert_hf_to_megatron(cfg: ExperimentConfig) -> Path | None:
-    """``actor.megatron.use_hf_ckpt``: convert the HF model once; a finished earlier conversion is reused."""
-    mg = cfg.actor.megatron
-    if not mg.use_hf_ckpt:
-        return None
-    conv = mg.ckpt_convertor
-    out = Path(conv.save_path)
-    if megatron_checkpoint_exists(out):
-        print(f"[launch] HF -> Megatron: {out} (already converted)", flush=True)
-        return out
-    command = cli_command("convert", "hf2mg", "--hf", str(conv.hf_model_path), "--out", str(out),
-                          "--tp", str(conv.tensor_model_parallel_size), "--pp", str(conv.pipeline_model_parallel_size),
-                          "--quiet")
-    run_step("HF -> Megatron conversion", command, run_dir(cfg) / "logs" / "convert_hf2mg.log")
-    return out
 
 
 def checkpoints_root(cfg: ExperimentConfig) -> Path:

@@ -6,6 +6,7 @@ before anything starts; every one stops on success, error and Ctrl-C / SIGTERM.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import sys
@@ -20,6 +21,7 @@ import torch
 from rlinf.scheduler import Cluster
 
 from rlinf_ext.config import to_dictconfig
+from rlinf_ext.config.placement import component_ranks
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.sglang import (
     GPU_INSTALL_FIX,
@@ -206,16 +208,33 @@ class LaunchedServer:
     log_path: Path
 
 
+def retrieval_server_device(cfg: ExperimentConfig) -> tuple[list[str], dict[str, str]]:
+    """Server flags and environment that keep a launched retrieval server off the run's GPUs (pure): on a GPU
+    cluster its encoder takes a GPU of this node that no component is placed on, else the CPU. Left to itself
+    it would pick cuda:0, the GPU of actor rank 0 and SGLang engine 0."""
+    gpn = cfg.cluster.num_gpus_per_node
+    if gpn < 1:
+        return [], {}
+    used = {g for ranks in component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * gpn).values()
+            for g in ranks}
+    free = [g for g in range(gpn) if g not in used]
+    if free:
+        return ["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": str(free[0])}
+    return ["--device", "cpu"], {"CUDA_VISIBLE_DEVICES": ""}
+
+
 @contextlib.contextmanager
 def retrieval_server(cfg: ExperimentConfig, log_path: Path, startup_timeout: float = 300.0) -> Iterator[LaunchedServer]:
     """Serve ``retrieval.index_dir`` on ``retrieval.host`` (a free port when ``retrieval.port`` is 0) for the run,
-    logging to ``log_path``; stopped on exit whatever happens."""
+    logging to ``log_path``, off the run's GPUs (``retrieval_server_device``); stopped on exit whatever happens."""
     r = cfg.retrieval
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    device_args, device_env = retrieval_server_device(cfg)
     process = RetrievalServerProcess(
         r.index_dir, r.corpus_path, pages=r.pages_path, host=r.host, port=r.port, topk=r.topk,
         model=r.model_path, retriever=r.retriever, max_batch_size=r.max_batch_size,
         max_wait_ms=r.max_wait_ms, startup_timeout_s=startup_timeout, log_path=log_path,
+        extra_args=device_args, env=device_env,
     )
     started = time.monotonic()
     try:
@@ -229,6 +248,29 @@ def retrieval_server(cfg: ExperimentConfig, log_path: Path, startup_timeout: flo
         yield server
     finally:
         process.stop()
+
+
+# ---------------------------------------------------------------- the GPU extra
+def missing_gpu_packages(cfg: ExperimentConfig) -> list[str]:
+    """The GPU-extra packages a training run on this config needs and cannot find (none on a CPU cluster).
+    Found without importing them (importing sglang initialises CUDA)."""
+    if cfg.cluster.num_gpus_per_node < 1 or cfg.rollout.rollout_backend != "sglang":
+        return []
+    needed = ["sglang"]
+    if not cfg.rollout.enforce_eager:  # SGLang's memory saver (release/resume for a collocated actor)
+        needed.append("torch_memory_saver")
+    return [name for name in needed if importlib.util.find_spec(name) is None]
+
+
+def check_training_backend(cfg: ExperimentConfig) -> None:
+    """Refuse, before anything starts, a GPU run whose GPU extra is not installed on this node."""
+    missing = missing_gpu_packages(cfg)
+    if missing:
+        raise LaunchError(
+            f"cluster.num_gpus_per_node={cfg.cluster.num_gpus_per_node} with rollout.rollout_backend=sglang needs "
+            f"the GPU extra, but {', '.join(missing)} cannot be imported here. Fix: {GPU_INSTALL_FIX} on every "
+            "node; or use the CPU profile (cluster.num_gpus_per_node=0, rollout.rollout_backend=hf)."
+        )
 
 
 # ---------------------------------------------------------------- the evaluation engine (rlinf-ext eval)

@@ -41,7 +41,7 @@ from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.protocol.generation import STOP_SERVING, GenerateRequest
 from rlinf_ext.protocol.payloads import SearchRolloutRequest
 from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
-from rlinf_ext.runner.groups import WorkerGroups, wait_or_raise
+from rlinf_ext.runner.groups import WorkerGroups, wait_all_or_raise, wait_or_raise
 from rlinf_ext.workers.agent_loop import ChannelGenerator
 
 StepCallback = Callable[[int, dict, list], None]
@@ -105,6 +105,7 @@ class SearchR1Trainer:
         self._serving = None
         self._validation = None  # ValidationPass, built on first use (see validation_pass)
         self.val_history: dict[int, dict[str, float]] = {}  # step -> val/... metrics of that pass
+        self._rollout_current = False  # the rollout engine holds the actor's current weights
 
     @staticmethod
     def total_steps(cfg: ExperimentConfig, dataset_len: int) -> int:
@@ -151,7 +152,9 @@ class SearchR1Trainer:
         handles.append(("actor", "init_worker", g.actor.init_worker()))
         for component, method, handle in handles:
             wait_or_raise(handle, component, method, startup=True)
-        wait_or_raise(g.actor.set_rollout_world_size(g.placement.rollout_dp_size), "actor", "set_rollout_world_size")
+        routes = g.placement.weight_sync
+        wait_or_raise(g.actor.set_weight_sync(routes), "actor", "set_weight_sync")
+        wait_or_raise(g.rollout.set_weight_sync(routes), "rollout", "set_weight_sync")
         self.resume_dir = self._resolve_resume_dir()
         if self.resume_dir is not None:
             self.global_step = step_of(self.resume_dir)
@@ -184,10 +187,20 @@ class SearchR1Trainer:
             ))
 
     def _sync_weights(self) -> None:
+        """Actor -> rollout weight sync (both sides at once: a failure on either is raised, not waited on); skipped
+        when the engine already holds the actor's current weights (validation synced them after the last
+        update and nothing dropped them since)."""
+        if self._rollout_current:
+            return
         g = self.groups
-        g.actor.sync_model_to_rollout(self.verify_sync)  # not awaited: pairs with the rollout's recv
-        wait_or_raise(g.rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor")
-        wait_or_raise(g.actor.del_reshard_state_dict(), "actor", "del_reshard_state_dict")
+        wait_all_or_raise([(g.actor.sync_model_to_rollout(self.verify_sync), "actor", "sync_model_to_rollout"),
+                           (g.rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor")])
+        self._rollout_current = True
+
+    def _offload_rollout(self) -> None:
+        wait_or_raise(self.groups.rollout.offload_engine(), "rollout", "offload_engine")
+        if self.collocated_gpu:  # SGLang's memory saver keeps no copy: the weights are gone until the next sync
+            self._rollout_current = False
 
     def train_step(self, items: list[dict]) -> tuple[dict[str, float], list[dict]]:
         g, q = self.groups, self.channels
@@ -202,7 +215,7 @@ class SearchR1Trainer:
         collocated = self.collocated_gpu
         if collocated:  # RLinf's non-pipelined order: the whole rollout, then the engine gives the GPU back
             agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
-            wait_or_raise(g.rollout.offload_engine(), "rollout", "offload_engine")
+            self._offload_rollout()
             wait_or_raise(g.actor.onload_engine(), "actor", "onload_engine")
         reward_h = g.reward.compute_rewards(q[ch.ROLLOUT], q[ch.REWARD], num_results)
         kl = self.cfg.algorithm.kl_beta > 0
@@ -216,11 +229,12 @@ class SearchR1Trainer:
         wait_or_raise(infer_h, "actor", "run_inference")
         time_recompute = infer_h.consume_duration()
         rollout_metrics, training = wait_or_raise(train_h, "actor", "run_training")[0]
+        self._rollout_current = False  # the actor's weights changed
         time_train = train_h.consume_duration()
         if collocated:  # the next step starts with the weight sync into the rollout engine
             wait_or_raise(g.actor.offload_engine(), "actor", "offload_engine")
         else:
-            wait_or_raise(g.rollout.offload_engine(), "rollout", "offload_engine")
+            self._offload_rollout()
         self.global_step += 1
 
         trajectories = [rec for out in agent_out for rec in out["trajectories"]]
@@ -282,14 +296,15 @@ class SearchR1Trainer:
         return self._validation
 
     def validate(self, step: int) -> dict[str, float]:
-        """Validate the actor's current weights: sync actor -> rollout (the step-start sync happened before
-        this step's update), run the pass, release the engine as a step does. Returns val/... + time/validation."""
+        """Validate the actor's current weights: sync actor -> rollout (the step-start sync happened before this
+        step's update), run the pass. The engine keeps the GPU and these weights afterwards (the actor is
+        offloaded at this point of a collocated run), so the next step starts without a second sync of the same
+        weights. Returns val/... + time/validation."""
         if not should_validate(self.cfg, step):
             return {}
         started = time.perf_counter()
         self._sync_weights()
         metrics = dict(self.validation_pass().run(step))
-        wait_or_raise(self.groups.rollout.offload_engine(), "rollout", "offload_engine")
         metrics[mk.TIME_VALIDATION] = time.perf_counter() - started
         self.val_history[step] = metrics
         tqdm.write(f"[rlinf_ext] validation at step {step}: EM avg {metrics.get(mk.VAL_AVG_EM, float('nan')):.3f}, "

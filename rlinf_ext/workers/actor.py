@@ -1,35 +1,50 @@
 """RLinf worker around the Megatron-core policy, with the method names of RLinf's ``MegatronActor``.
 
-``init_worker``, ``sync_model_to_rollout`` / ``del_reshard_state_dict``, ``run_inference`` (recompute old
+``init_worker``, ``sync_model_to_rollout``, ``run_inference`` (recompute old
 and reference log-probs), ``run_training`` (returns ``(rollout_metrics, training_metrics_list)``),
 ``save_checkpoint`` / ``load_checkpoint``, and ``offload_engine`` / ``onload_engine``: on CUDA they move the
 weights (``actor.offload_weight``: policy + reference), the optimizer state (``actor.offload_optimizer``) and
 the gradient buffer (``actor.offload_grad``) off the GPU and back — the runner calls them only when the actor
-shares its GPUs with the rollout (collocated); on CPU they are no-ops. Training and log-prob calls onload first if needed. Weights go to the
-rollout in the rollout's dtype (``workers/weight_sync.py:rollout_dtype``). A threaded (sync) actor, like RLinf's, so
+shares its GPUs with the rollout (collocated); on CPU they are no-ops. Training and log-prob calls onload first
+if needed. Weights go to the rollout in the rollout's dtype, along the routes of ``workers/weight_sync.py``.
+A threaded (sync) actor, like RLinf's, so
 calls run in submission order.
 
 Data parallelism: the group's N processes are N data-parallel ranks (TP=PP=1 each; torch.distributed on
 RLinf's ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``, gloo on CPU, nccl on CUDA). The runner calls
 every method on the whole group with the step's total ``num_results``; each rank takes ``num_results / N``
 results (whole GRPO groups) and ``training/data_parallel.py`` makes the update that of one process on the whole
-batch. Rank 0 alone sends weights to the rollout and writes checkpoints; every rank loads them.
+batch. Every rank sends its weights to the engine on its own GPU when collocated (rank 0 broadcasts them
+when disaggregated); rank 0 writes checkpoints; every rank loads them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 from rlinf.scheduler import Worker
 
 from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.convert.state_dicts import iter_megatron_to_hf
 from rlinf_ext.models.cpu_shims import env_init_method, init_parallel_state
 from rlinf_ext.protocol.payloads import SearchRolloutResult, pad_rows
 from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
 from rlinf_ext.training.policy import MegatronPolicy, Sample
 from rlinf_ext.training.settings import ActorSettings
-from rlinf_ext.workers.weight_sync import SyncPayload, probe_ids, rollout_dtype
+from rlinf_ext.workers.weight_sync import (
+    BUCKET_BYTES,
+    CastView,
+    SyncHeader,
+    SyncRoutes,
+    SyncStats,
+    pack_buckets,
+    prepare_handles,
+    probe_ids,
+    rollout_dtype,
+    send_weights,
+)
 
 
 def samples_of(results: list[SearchRolloutResult]) -> list[Sample]:
@@ -77,8 +92,8 @@ class MegatronActorWorker(Worker):
         self.cfg = cfg
         self.settings = ActorSettings.from_config(cfg, total_train_steps)
         self.policy: MegatronPolicy | None = None
-        self._sync_payload: SyncPayload | None = None
-        self._rollout_ranks = 1  # set by the runner once the rollout group exists
+        self._sync_routes: SyncRoutes | None = None  # set by the runner once the rollout group exists
+        self._sync_bucket_bytes = BUCKET_BYTES
 
     # ------------------------------------------------------------------ lifecycle
     def init_worker(self) -> None:
@@ -117,29 +132,44 @@ class MegatronActorWorker(Worker):
             self.policy.onload()
 
     # ------------------------------------------------------------------ weight sync (actor side)
-    def sync_model_to_rollout(self, verify: bool = True) -> None:
-        """Send the HF-named weights (+ probe logits when ``verify``) to every rollout rank."""
+    def set_weight_sync(self, routes: SyncRoutes, bucket_bytes: int = BUCKET_BYTES) -> None:
+        """Who receives this rank's weights (``workers/weight_sync.py``); called once by the runner."""
+        self._sync_routes = routes
+        self._sync_bucket_bytes = int(bucket_bytes)
+
+    def sync_model_to_rollout(self, verify: bool = True) -> dict:
+        """Send the weights under HF names, in the rollout's dtype, along the routes (every rank in parallel on
+        the paired route; rank 0 on the broadcast route), with the probe logits when ``verify``. Returns what
+        was sent (``SyncStats`` as a dict)."""
         with self.worker_timer():
-            if self._rank != 0:  # like RLinf: only the first data-parallel rank sends (weights equal on all)
-                return
-            hf_state = self.policy.hf_state_dict(dtype=rollout_dtype(self.cfg))
-            payload = SyncPayload(hf_state=hf_state, version=self.policy.optimizer_steps)
-            if verify:
+            routes = self._sync_routes
+            if routes is None:
+                raise RuntimeError("sync_model_to_rollout before set_weight_sync: the runner sets the routes at start")
+            targets = routes.targets_of(self._rank)
+            if not targets:  # broadcast route: rank 0 sends (every rank holds the same weights)
+                return dataclasses.asdict(SyncStats(routes.mode))
+            header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
+            if verify and targets[0][1] == 0:  # TP slot 0 of an engine carries the probe for that engine
                 ids = probe_ids(self.policy.model.hf_vocab_size)
-                payload.probe_ids, payload.probe_logits = ids, self.policy.probe_logits(ids)
-            self._sync_payload = payload
-            for dst in range(self._rollout_world_size()):
-                self.send(payload, self.cfg.rollout.group_name, dst)
+                header.probe_ids, header.probe_logits = ids, self.policy.probe_logits(ids)
+            paired = routes.mode == "paired"
+            if paired:
+                prepare_handles(self.policy.device)
+            stats = send_weights(self, routes, header, self._hf_buckets(shared=paired),
+                                 actor_group=self.cfg.actor.group_name, rollout_group=self.cfg.rollout.group_name)
+            if self.policy.device.type == "cuda":  # the buckets' memory goes back to the collocated engine
+                torch.cuda.ipc_collect()  # blocks shared through IPC are freed only once the engine let go of them
+                torch.cuda.empty_cache()
+            return dataclasses.asdict(stats)
 
-    def _rollout_world_size(self) -> int:
-        return int(self._rollout_ranks)
-
-    def set_rollout_world_size(self, n: int) -> None:
-        self._rollout_ranks = int(n)
-
-    def del_reshard_state_dict(self) -> None:
-        with self.worker_timer():
-            self._sync_payload = None
+    def _hf_buckets(self, shared: bool):
+        """The policy weights as HF-named buckets in the rollout's dtype, converted one unit at a time on this
+        rank's device (offloaded weights are brought over tensor by tensor, never all at once)."""
+        state = {k: v for k, v in self.policy.model.state_dict().items()
+                 if torch.is_tensor(v) and not k.endswith("._extra_state")}
+        view = CastView(state, self.policy.device, rollout_dtype(self.cfg))
+        named = iter_megatron_to_hf({(0, 0): view}, self.policy.spec)
+        return pack_buckets(named, self._sync_bucket_bytes, shared=shared)
 
     # ------------------------------------------------------------------ logprobs and training
     def run_inference(self, input_channel, output_channel, compute_ref_logprobs: bool, num_results: int) -> None:

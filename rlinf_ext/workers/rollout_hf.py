@@ -3,7 +3,8 @@
 Same protocol as RLinf's ``SGLangWorker`` in serverless mode: an async actor whose
 ``rollout_serverless(input_channel, output_channel)`` takes ``GenerateRequest`` dicts and puts the
 ``GenerateReply`` under ``key=channel_key`` (``protocol/generation.py``); ``sync_model_from_actor``
-receives the actor's weights (HF names) and checks the logits; ``offload_engine``/``onload_engine`` are no-ops.
+receives the actor's weights (HF names, ``workers/weight_sync.py``'s routes: shared-memory handles from the actor
+rank with the same index, or a broadcast from actor rank 0) and checks the logits; ``offload_engine``/``onload_engine`` are no-ops.
 
 Unlike RLinf's workers, ``sampling_params["stop"]`` reaches the engine (generation stops at ``</search>``).
 """
@@ -25,7 +26,13 @@ from rlinf_ext.protocol.generation import (
     reply_of,
     sampling_params_from_request,
 )
-from rlinf_ext.workers.weight_sync import SyncPayload, check_logits_match, load_into_hf_model
+from rlinf_ext.workers.weight_sync import (
+    HFWeightLoader,
+    SyncRoutes,
+    check_logits_match,
+    named_tensors_of,
+    receive_weights,
+)
 
 
 class HFRolloutWorker(Worker):
@@ -45,6 +52,8 @@ class HFRolloutWorker(Worker):
         self.generator = None
         self.weight_version = -1
         self.last_sync_logit_diff: float | None = None
+        self.last_sync: dict | None = None  # sources and sizes of the last weight sync
+        self.sync_routes: SyncRoutes | None = None
         self.requests_served = 0
 
     async def init_worker(self) -> None:
@@ -98,17 +107,31 @@ class HFRolloutWorker(Worker):
         if pending:
             await asyncio.gather(*pending)
 
+    async def set_weight_sync(self, routes: SyncRoutes) -> None:
+        """Who sends this rank its weights (``workers/weight_sync.py``); called once by the runner."""
+        self.sync_routes = routes
+
     async def sync_model_from_actor(self) -> None:
-        """Receive the actor's weights (HF names), load them, and check the logits against the actor's."""
+        """Receive the actor's weights (HF names, bucket by bucket), load them, and check the logits."""
         with self.worker_timer():
-            payload: SyncPayload = await self.recv(self.cfg.actor.group_name, 0, async_op=True).async_wait()
+            if self.sync_routes is None:
+                raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
             model = self.generator.model
-            load_into_hf_model(model, payload.hf_state)
-            self.weight_version = payload.version
-            if self.verify_sync and payload.probe_logits is not None:
+            loader = HFWeightLoader(model)
+
+            async def load(messages):  # one message: the HF engine has no tensor parallelism
+                loader.load(named_tensors_of(messages[0]))
+
+            headers, stats = await receive_weights(self, self.sync_routes, load, actor_group=self.cfg.actor.group_name,
+                                                   rollout_group=self.cfg.rollout.group_name)
+            loader.finish()
+            header = headers[0]
+            self.weight_version = header.version
+            self.last_sync = {"sources": [h.sender for h in headers], **vars(stats)}
+            if self.verify_sync and header.probe_logits is not None:
                 with torch.no_grad():
-                    logits = model(input_ids=payload.probe_ids).logits.float()
-                self.last_sync_logit_diff = check_logits_match(payload.probe_logits, logits, self.sync_atol)
+                    logits = model(input_ids=header.probe_ids).logits.float()
+                self.last_sync_logit_diff = check_logits_match(header.probe_logits, logits, self.sync_atol)
 
     async def offload_engine(self) -> None:  # CPU engine: nothing to release
         with self.worker_timer():
@@ -123,5 +146,6 @@ class HFRolloutWorker(Worker):
         return {
             "weight_version": self.weight_version,
             "last_sync_logit_diff": self.last_sync_logit_diff,
+            "last_sync": self.last_sync,
             "requests_served": self.requests_served,
         }

@@ -1,46 +1,63 @@
 """GPU rollout: RLinf's SGLang worker, fixed for the Search-R1 agent loop (NOT GPU-verified).
 
 What RLinf 0.3.0's ``SGLangWorker`` gets wrong for us, and what ``SGLangStopWorker`` changes:
-- ``get_sampling_param_from_config`` drops ``stop``; requests are merged key by key, so each request's
-  ``SamplingParams`` fields are translated into SGLang's names, ``stop`` included
-  (``generation/sglang.py:to_sglang_params``).
-- the reply has no ``text``/``matched_stop`` and a raw finish reason; ``generation/sglang.py:sglang_reply`` builds
-  the same ``GenerateReply`` as the CPU HF worker (``protocol/generation.py:reply_of``): decoded ``text`` (SGLang's when it detokenizes, else ours),
-  ``finish_reason`` in ``stop|eos|length``, ``matched_stop``, ``logprobs``, ``num_generated``.
+- ``get_sampling_param_from_config`` drops ``stop``; requests are merged into the config's sampling params key
+  by key (as the CPU worker does) and translated into SGLang's names, ``stop`` included, with
+  ``stop_token_ids`` = the HF EOS set (``<|endoftext|>`` as well as ``<|im_end|>``) as the evaluation engine
+  does (``generation/sglang.py:to_sglang_params``).
+- the reply has no ``text``/``matched_stop`` and a raw finish reason; ``generation/sglang.py:sglang_reply``
+  builds the same ``GenerateReply`` as the CPU HF worker (``protocol/generation.py:reply_of``).
 - ``rollout_serverless`` never returns; ours stops on ``STOP_SERVING`` like the CPU worker (the trainer's
   ``shutdown`` waits for it) and answers a failed request with ``{"error": ...}`` instead of hanging the caller.
-- weight sync: RLinf's scheduler receives Megatron buckets from RLinf's actor; our actor sends one
-  ``SyncPayload`` (HF names) per rollout rank, which is loaded with SGLang's ``update_weights_from_tensor``
-  and checked on the probe sequence (``probe_logprob_gap``). The engine therefore runs with RLinf's
-  ``weight_reload=None`` (weights from ``rollout.model.model_path`` at start) and offloads itself only when
-  collocated with the actor.
+- the engine: ``generation/sglang.py:server_kwargs`` (one engine per TP group, ``dp_size=1``) with
+  ``load_format="dummy"``: the first weight sync overwrites every weight, so nothing is read from disk. RLinf's
+  ``weight_reload=None`` keeps its scheduler from expecting RLinf's Megatron buckets.
+- weight sync: our actor's HF-named buckets (``workers/weight_sync.py``) go into SGLang's own
+  ``update_weights_from_tensor``. Collocated, each TP scheduler receives handles to memory on its own GPU from
+  the actor rank on that GPU (SGLang's ``LocalSerializedTensor``, one serialized tensor per TP rank);
+  disaggregated, this worker receives actor rank 0's broadcast on its first GPU, copies each bucket to its
+  other GPUs and passes handles the same way. Then the probe check (``probe_logprob_gap``).
 vLLM: RLinf's ``VLLMWorker`` has no serving loop (``rollout_serverless``), so it cannot serve the agent
-runner (``rollout_worker_class`` refuses it). Imports of sglang stay inside the functions that need it: it is a
-GPU extra and importing it initialises CUDA.
+runner (``validate`` refuses it). Imports of sglang stay inside the functions that need it: it is a GPU
+extra and importing it initialises CUDA.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import dataclasses
+from typing import Any, Callable
 
 import torch
 
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.generation.sglang import import_rlinf_sglang, sglang_reply, to_sglang_params
-from rlinf_ext.protocol.generation import STOP_SERVING
-from rlinf_ext.workers.weight_sync import WeightSyncError
+from rlinf_ext.generation.sglang import (
+    hf_eos_ids,
+    import_rlinf_sglang,
+    server_kwargs,
+    sglang_reply,
+    to_sglang_params,
+)
+from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams, sampling_params_from_request
+from rlinf_ext.workers.weight_sync import (
+    HandleBucket,
+    SyncRoutes,
+    WeightBucket,
+    WeightSyncError,
+    prepare_handles,
+    receive_weights,
+    share_bucket,
+)
 
 # Mean |logprob difference| (nats) allowed between the engine and the actor on the probe after a sync. bf16/fp16
 # engines differ from the actor by rounding (~0.01-0.1); a wrong mapping or a partial load differs by nats.
 GPU_SYNC_MEAN_ATOL = 0.5
-WEIGHT_BUCKET_BYTES = 1 << 30  # weights cross to the engine in ~1 GiB pieces (bounded extra GPU memory)
 
 
 def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input_token_logprobs: list) -> float:
     """Mean |engine - actor| log-prob of the probe's tokens 1..L-1 (pure).
 
-    ``actor_logits`` [1, L, V] from the ``SyncPayload``; ``input_token_logprobs`` = SGLang's
+    ``actor_logits`` [1, L, V] from the ``SyncHeader``; ``input_token_logprobs`` = SGLang's
     ``meta_info["input_token_logprobs"]`` for the probe with ``logprob_start_len=0`` (entries
     ``(logprob, token_id, text)``, the first one ``None``: no context).
     """
@@ -57,19 +74,40 @@ def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input
     return float((expected - torch.tensor(values, dtype=torch.float32)).abs().mean())
 
 
-def weight_buckets(state: dict[str, torch.Tensor], max_bytes: int = WEIGHT_BUCKET_BYTES) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Split a state dict into lists of ``(name, tensor)`` of at most ``max_bytes`` (a bigger tensor goes alone)."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in state.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > max_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
+def request_params(defaults: SamplingParams, request: dict | None, eos_ids: list[int]) -> tuple[dict, SamplingParams]:
+    """SGLang ``sampling_params`` of one generate request (pure): the request merged into the config's sampling
+    params key by key (a request without ``temperature`` keeps the configured one), ``stop`` kept, and
+    ``stop_token_ids`` = the HF EOS set (so ``<|endoftext|>`` ends a training turn as it ends an HF or an
+    evaluation turn). Also returns the merged ``SamplingParams``."""
+    params = sampling_params_from_request(defaults, request)
+    return to_sglang_params(dataclasses.asdict(params), None, eos_ids), params
+
+
+def slot_handles(messages: list, tp: int, to_device: Callable[[torch.Tensor, int], torch.Tensor]
+                 ) -> tuple[list[HandleBucket], list[torch.Tensor]]:
+    """One ``HandleBucket`` per TP slot of an engine (pure but for ``to_device``).
+
+    Paired route: ``messages`` already are the TP slots' handle buckets (each from the actor rank on that slot's
+    GPU). Broadcast route: one received ``WeightBucket`` on this worker's first GPU; ``to_device(flat, slot)``
+    copies it to each slot's GPU, and the copies (returned, to keep alive until the engine has loaded them)
+    are shared as handles, so no scheduler opens memory on another GPU.
+    """
+    if all(isinstance(m, HandleBucket) for m in messages):
+        if len(messages) != tp:
+            raise WeightSyncError(f"{len(messages)} handle bucket(s) for an engine of TP size {tp}")
+        return list(messages), []
+    (bucket,) = messages
+    flats = [to_device(bucket.flat, slot) for slot in range(tp)]
+    return [share_bucket(WeightBucket(flat, bucket.names, bucket.shapes)) for flat in flats], flats
+
+
+def update_request_tensors(slots: list[HandleBucket], local_tensor_cls: Any) -> list[tuple[str, Any]]:
+    """``named_tensors`` of SGLang's ``update_weights_from_tensor``: per name a ``LocalSerializedTensor`` whose
+    value ``k`` is TP rank ``k``'s handle (SGLang's ``_unwrap_tensor`` opens ``values[tp_rank]``)."""
+    names = slots[0].names
+    if any(s.names != names for s in slots):
+        raise WeightSyncError("the TP slots of one engine received different buckets")
+    return [(name, local_tensor_cls(values=[s.handles[i] for s in slots])) for i, name in enumerate(names)]
 
 
 def make_sglang_stop_worker():
@@ -81,12 +119,25 @@ def make_sglang_stop_worker():
 
         def __init__(self, config, placement, weight_reload=None, config_rollout=None, verify_sync: bool = True):
             super().__init__(config, placement, weight_reload=weight_reload, config_rollout=config_rollout)
-            self._default_stop = list(self._cfg.algorithm.sampling_params.stop or [])
+            self._defaults = SamplingParams.from_config(self._cfg.algorithm.sampling_params)
+            self._eos_ids = hf_eos_ids(self._cfg_rollout.model.model_path, self._tokenizer)
             self._verify_sync = verify_sync
             self._offloaded = False
+            self._sync_routes: SyncRoutes | None = None
             self.weight_version = -1
             self.last_sync_logprob_gap: float | None = None
+            self.last_sync: dict | None = None
             self.requests_served = 0
+
+        def _init_engine(self):
+            """RLinf's engine class, started from ``server_kwargs`` (dummy weights: the first sync loads them)."""
+            from rlinf.workers.rollout.sglang import Engine  # lazy: imports sglang (GPU extra, initialises CUDA)
+
+            kwargs = server_kwargs(self._cfg, tp_size=int(self._cfg_rollout.tensor_parallel_size),
+                                   seed=int(self._cfg.runner.seed) + int(self._rank), load_format="dummy",
+                                   training=True)
+            kwargs["dist_init_addr"] = f"127.0.0.1:{self.acquire_free_port()}"
+            self._engine = Engine(**kwargs)
 
         async def init_worker(self):
             await super().init_worker()
@@ -98,17 +149,13 @@ def make_sglang_stop_worker():
             return self._tokenizer.decode(ids, skip_special_tokens=False)
 
         async def generate_and_send(self, output_channel, channel_key, prompt_ids, sampling_params=None):
-            request = dict(sampling_params or {})
             try:
-                params = {**self._sampling_params, **to_sglang_params(request, self._default_stop)}
+                sglang_params, params = request_params(self._defaults, sampling_params, self._eos_ids)
                 result = await self._engine.async_generate(
-                    input_ids=prompt_ids, sampling_params=params, return_logprob=self._return_logprobs
+                    input_ids=prompt_ids, sampling_params=sglang_params, return_logprob=self._return_logprobs,
                 )
-                reply = sglang_reply(
-                    result, self._decode,
-                    include_stop_str_in_output=bool(request.get("include_stop_str_in_output", True)),
-                    return_logprobs=self._return_logprobs,
-                )
+                reply = sglang_reply(result, self._decode, include_stop_str_in_output=params.include_stop_str_in_output,
+                                     return_logprobs=self._return_logprobs)
             except Exception as exc:  # the agent loop gets the error instead of waiting forever
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
             self.requests_served += 1
@@ -130,62 +177,76 @@ def make_sglang_stop_worker():
 
         # -------------------------------------------------------------- memory (collocated only)
         async def offload_engine(self):
-            from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput
+            from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput  # lazy: GPU extra
 
             if self._placement.is_collocated and not self._offloaded:
                 await self._engine.tokenizer_manager.release_memory_occupation(obj=ReleaseMemoryOccupationReqInput())
                 self._offloaded = True
 
         async def onload_engine(self):
-            from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput
+            from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput  # lazy: GPU extra
 
             if self._offloaded:
                 await self._engine.tokenizer_manager.resume_memory_occupation(obj=ResumeMemoryOccupationReqInput())
                 self._offloaded = False
 
         # -------------------------------------------------------------- weight sync (rollout side)
-        async def sync_model_from_actor(self):
-            """Receive the actor's ``SyncPayload``, load it into the engine, check the probe log-probs."""
-            from rlinf.config import torch_dtype_from_precision
-            from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
-            from sglang.srt.utils import MultiprocessingSerializer
+        async def set_weight_sync(self, routes: SyncRoutes) -> None:
+            self._sync_routes = routes
 
-            payload = await self.recv(self._cfg.actor.group_name, 0, async_op=True).async_wait()
-            await self.onload_engine()
-            dtype = torch_dtype_from_precision(self._cfg_rollout.model.precision)
+        async def sync_model_from_actor(self):
+            """Receive the actor's buckets into SGLang's ``update_weights_from_tensor``, then check the probe."""
+            from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput  # lazy: GPU extra
+            from sglang.srt.model_executor.model_runner import LocalSerializedTensor  # lazy: GPU extra
+            from sglang.srt.utils import MultiprocessingSerializer  # lazy: GPU extra
+
+            if self._sync_routes is None:
+                raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
+            manager = self._engine.tokenizer_manager
             tp = int(self._cfg_rollout.tensor_parallel_size)
-            buckets = list(weight_buckets(payload.hf_state))
-            for i, bucket in enumerate(buckets):
-                # CUDA tensors cross to the scheduler processes as IPC handles (SGLang's own Engine path)
-                named = [(k, v.to("cuda", dtype=dtype if v.is_floating_point() else v.dtype)) for k, v in bucket]
-                obj = UpdateWeightsFromTensorReqInput(
-                    serialized_named_tensors=[MultiprocessingSerializer.serialize(named) for _ in range(tp)],
-                    load_format=None, flush_cache=i == len(buckets) - 1,
-                )
-                ok, message = await self._engine.tokenizer_manager.update_weights_from_tensor(obj, None)
-                del named
+            prepare_handles(torch.device("cuda"))  # this process shares the broadcast route's copies
+
+            async def load(messages):
+                slots, keep_alive = slot_handles(messages, tp, lambda flat, slot: flat.to(f"cuda:{slot}"))
+                blob = MultiprocessingSerializer.serialize(update_request_tensors(slots, LocalSerializedTensor))
+                ok, message = await manager.update_weights_from_tensor(UpdateWeightsFromTensorReqInput(
+                    serialized_named_tensors=[blob] * tp, load_format=None, flush_cache=False), None)
+                del keep_alive  # loaded: the copies may go
                 if not ok:
                     raise WeightSyncError(f"SGLang refused the actor's weights: {message}")
-            torch.cuda.empty_cache()  # give the staging buckets back (a collocated actor needs the memory)
-            self.weight_version = payload.version
-            if self._verify_sync and payload.probe_logits is not None:
-                result = await self._engine.async_generate(
-                    input_ids=payload.probe_ids.reshape(-1).tolist(),
-                    sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                    return_logprob=True, logprob_start_len=0,
+
+            headers, stats = await receive_weights(self, self._sync_routes, load, actor_group=self._cfg.actor.group_name,
+                                                   rollout_group=self._cfg_rollout.group_name,
+                                                   on_header=self.onload_engine)  # after the actor's probe
+            flushed = await manager.flush_cache()
+            if not getattr(flushed, "success", True):
+                raise WeightSyncError("SGLang could not flush its prefix cache after the weight sync (requests were "
+                                      "running); cached prefixes would hold the old weights' KV")
+            torch.cuda.ipc_collect()  # the broadcast route's copies, shared with the schedulers, can go now
+            torch.cuda.empty_cache()  # give the staging copies back (a collocated actor needs the memory)
+            self.weight_version = headers[0].version
+            self.last_sync = {"sources": [h.sender for h in headers], **vars(stats)}
+            if self._verify_sync and headers[0].probe_logits is not None:
+                await self._check_probe(headers[0])
+
+        async def _check_probe(self, header) -> None:
+            result = await self._engine.async_generate(
+                input_ids=header.probe_ids.reshape(-1).tolist(),
+                sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                return_logprob=True, logprob_start_len=0,
+            )
+            gap = probe_logprob_gap(header.probe_ids, header.probe_logits, result["meta_info"]["input_token_logprobs"])
+            self.last_sync_logprob_gap = gap
+            if not gap <= GPU_SYNC_MEAN_ATOL:
+                raise WeightSyncError(
+                    f"SGLang's probe log-probs differ from the actor's by {gap:.3g} nats on average (> "
+                    f"{GPU_SYNC_MEAN_ATOL}) after weight sync: the Megatron->HF mapping or the load is wrong. "
+                    "Check rlinf_ext/convert/mapping.py for this model."
                 )
-                gap = probe_logprob_gap(payload.probe_ids, payload.probe_logits, result["meta_info"]["input_token_logprobs"])
-                self.last_sync_logprob_gap = gap
-                if not gap <= GPU_SYNC_MEAN_ATOL:
-                    raise WeightSyncError(
-                        f"SGLang's probe log-probs differ from the actor's by {gap:.3g} nats on average (> "
-                        f"{GPU_SYNC_MEAN_ATOL}) after weight sync: the Megatron->HF mapping or the load is wrong. "
-                        "Check rlinf_ext/convert/mapping.py for this model."
-                    )
 
         async def get_state(self) -> dict:
             return {"weight_version": self.weight_version, "last_sync_logprob_gap": self.last_sync_logprob_gap,
-                    "requests_served": self.requests_served}
+                    "last_sync": self.last_sync, "requests_served": self.requests_served}
 
     return SGLangStopWorker
 
@@ -199,4 +260,4 @@ def rollout_worker_class(cfg: ExperimentConfig):
             "rollout.rollout_backend=vllm: RLinf 0.3.0's VLLMWorker has no rollout_serverless loop, so it cannot "
             "serve the agent loop; use sglang on GPU (or hf on CPU)."
         )
-    raise ValueError(f"rollout.rollout_backend={backend!r} is not a GPU backend (sglang|vllm).")
+    raise ValueError(f"rollout.rollout_backend={backend!r} is not a GPU backend (sglang).")

@@ -166,6 +166,30 @@ def test_gpu_backend_on_cpu_cluster(reference_env):
     )
 
 
+def test_vllm_is_refused_with_the_reason(reference_env):
+    for name in ("qwen2.5-3b-tool-1node", "qwen2.5-3b-tool-1node-eval"):
+        assert_issue(name, ["rollout.rollout_backend=vllm"], "rollout.rollout_backend", "no serving loop",
+                     "rollout.rollout_backend=sglang")
+
+
+def test_collocated_gpus_need_both_offload_flags(reference_env):
+    issue = assert_issue("qwen2.5-3b-tool-1node", ["actor.offload_weight=false", "actor.offload_optimizer=false"],
+                         "actor.offload_weight", "actor.offload_weight and actor.offload_optimizer", "collocated",
+                         "actor.offload_weight=true actor.offload_optimizer=true")
+    assert "gpu_memory_utilization=0.75" in issue.reason
+    assert_issue("qwen2.5-3b-tool-1node", ["actor.offload_optimizer=false"], "actor.offload_optimizer",
+                 "actor.offload_optimizer=true")
+    disaggregated = ["cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}", "actor.offload_weight=false",
+                     "actor.offload_optimizer=false", "data.rollout_batch_size=256"]
+    assert "actor.offload_weight" not in issues_for("qwen2.5-3b-tool-1node", disaggregated)[0]
+    assert check_config("tiny-cpu").ok  # CPU runs never offload
+
+
+def test_the_actor_starts_from_the_rollout_model(reference_env):
+    assert_issue("qwen2.5-3b-tool-1node", ["actor.megatron.ckpt_convertor.hf_model_path=/other/model"],
+                 "actor.megatron.ckpt_convertor.hf_model_path", "rollout.model.model_path", "ignored")
+
+
 def test_search_topk_positive(reference_env):
     assert_issue("tiny-cpu", ["tools.search.topk=0"], "tools.search.topk", ">= 1")
 
@@ -216,6 +240,7 @@ NON_DEFAULT = {
     "actor.model.apply_rope_fusion": "true", "actor.model.bias_dropout_fusion": "true",
     "actor.model.bias_activation_fusion": "true", "actor.model.persist_layer_norm": "true",
     "actor.model.gradient_accumulation_fusion": "true",
+    "actor.megatron.use_hf_ckpt": "false",
 }
 
 

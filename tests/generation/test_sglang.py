@@ -209,19 +209,25 @@ def eval_cfg(tiny_assets, *extra):
     ], check_paths=True)
 
 
-def test_engine_kwargs_data_parallel_over_the_rollout_gpus(tiny_assets):
+def test_one_engine_per_tp_group_never_sglang_data_parallelism(tiny_assets):
+    """D2: SGLang's dp_size > 1 runs unpatched schedulers whose replies RLinf cannot read; each TP group gets its
+    own engine (dp_size 1, base_gpu_id = its first GPU) instead."""
     cfg = eval_cfg(tiny_assets, "rollout.model.precision=bf16", "rollout.gpu_memory_utilization=0.7")
     cfg.cluster.component_placement = {"rollout,reward": "2-7"}  # validated configs: TP divides the rollout GPUs
     cfg.rollout.tensor_parallel_size = 2
     gpus = usable_gpus(cfg, 8)
     assert gpus == [2, 3, 4, 5, 6, 7]
-    kwargs = engine_kwargs(cfg, gpus)
-    assert (kwargs["tp_size"], kwargs["dp_size"], kwargs["base_gpu_id"]) == (2, 3, 2)  # one engine, SGLang's DP
+    engines = engine_kwargs(cfg, gpus)
+    assert [(k["tp_size"], k["dp_size"], k["base_gpu_id"]) for k in engines] == [(2, 1, 2), (2, 1, 4), (2, 1, 6)]
+    assert [k["random_seed"] for k in engines] == [int(cfg.runner.seed) + i for i in range(3)]
+    kwargs = engines[0]
     assert kwargs["model_path"] == str(tiny_assets.qwen2_tiny) and kwargs["dtype"] == "bfloat16"
     assert kwargs["mem_fraction_static"] == 0.7 and kwargs["skip_tokenizer_init"] is False
-    assert kwargs["random_seed"] == int(cfg.runner.seed)
+    assert kwargs["load_format"] == "auto"  # evaluation reads the checkpoint (no sync follows)
     with pytest.raises(SGLangUnavailable, match="tensor_parallel_size=2 needs 2 GPU"):
         engine_kwargs(cfg, [0])
+    with pytest.raises(SGLangUnavailable, match="not consecutive"):
+        engine_kwargs(cfg, [0, 2, 3, 4])
     with pytest.raises(SGLangUnavailable, match="GPUs 2-7, but only 4 CUDA device"):
         usable_gpus(cfg, 4)
 
@@ -230,10 +236,21 @@ def test_all_means_every_gpu_of_the_node(tiny_assets):
     cfg = eval_cfg(tiny_assets)
     cfg.cluster.component_placement = {"rollout,reward": "all"}
     assert usable_gpus(cfg, 8) == list(range(8))
-    assert engine_kwargs(cfg, usable_gpus(cfg, 8))["dp_size"] == 8
+    engines = engine_kwargs(cfg, usable_gpus(cfg, 8))
+    assert [k["base_gpu_id"] for k in engines] == list(range(8)) and {k["dp_size"] for k in engines} == {1}
 
 
-def test_from_config_starts_one_engine_with_the_hf_eos_set(tiny_assets, eos_ids):
+def test_training_engines_start_with_dummy_weights_and_the_memory_saver(tiny_assets):
+    from rlinf_ext.generation.sglang import server_kwargs
+
+    cfg = eval_cfg(tiny_assets)
+    kwargs = server_kwargs(cfg, tp_size=2, seed=5, load_format="dummy", training=True)
+    assert kwargs["load_format"] == "dummy" and kwargs["dp_size"] == 1 and kwargs["tp_size"] == 2
+    assert kwargs["enable_memory_saver"] is (not cfg.rollout.enforce_eager)
+    assert kwargs["skip_tokenizer_init"] is (not cfg.rollout.detokenize)
+
+
+def test_from_config_starts_one_engine_per_gpu_with_the_hf_eos_set(tiny_assets, eos_ids):
     started = []
 
     def factory(**kwargs):
@@ -241,13 +258,73 @@ def test_from_config_starts_one_engine_with_the_hf_eos_set(tiny_assets, eos_ids)
         return SimulatedSGLang(None, [])
 
     gen = SGLangEngineGenerator.from_config(eval_cfg(tiny_assets), gpus=[0, 1], engine_factory=factory)
-    assert len(started) == 1 and started[0]["dp_size"] == 2 and started[0]["tp_size"] == 1
+    assert [(k["base_gpu_id"], k["dp_size"], k["tp_size"]) for k in started] == [(0, 1, 1), (1, 1, 1)]
+    assert len(gen.engines) == 2
     assert set(gen.eos_ids) == set(eos_ids) and gen.default_stop == STOPS
     assert gen.decode([2003]) == "</search>"
 
 
+def test_a_failed_start_stops_the_engines_already_started(tiny_assets):
+    started = []
+
+    def factory(**kwargs):
+        if len(started) == 2:
+            raise RuntimeError("CUDA out of memory on GPU 2")
+        started.append(SimulatedSGLang(None, []))
+        return started[-1]
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        SGLangEngineGenerator.from_config(eval_cfg(tiny_assets), gpus=[0, 1, 2, 3], engine_factory=factory)
+    assert [e.shutdowns for e in started] == [1, 1]
+
+
+class HeldEngine:
+    """An engine whose replies wait until the test releases them (to see where requests go while others run)."""
+
+    def __init__(self, index: int, log: list):
+        self.index, self.log = index, log
+        self.release = asyncio.Event()
+        self.shutdowns = 0
+
+    async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False):
+        self.log.append((self.index, input_ids[0]))
+        await self.release.wait()
+        return {"text": "x", "output_ids": [7], "meta_info": {"finish_reason": {"type": "stop", "matched": 7}}}
+
+    def shutdown(self):
+        self.shutdowns += 1
+        if self.index == 0:
+            raise RuntimeError("engine 0 did not stop cleanly")
+
+
+def test_requests_go_to_the_least_busy_engine_and_all_engines_close(tokenizer):
+    log: list = []
+    engines = [HeldEngine(0, log), HeldEngine(1, log)]
+    gen = SGLangEngineGenerator(engines, tokenizer.decode, eos_ids=[7])
+
+    async def scenario():
+        first = [asyncio.create_task(gen.generate([p], GREEDY)) for p in (10, 11, 12)]
+        await asyncio.sleep(0.05)
+        assert log == [(0, 10), (1, 11), (0, 12)]  # ties go to the lowest index
+        engines[1].release.set()  # engine 1 finishes its request: it is now the less busy one
+        await first[1]
+        more = [asyncio.create_task(gen.generate([p], GREEDY)) for p in (13, 14)]
+        await asyncio.sleep(0.05)
+        assert log[3:] == [(1, 13), (1, 14)]  # engine 0 still holds two requests, engine 1 none
+        engines[0].release.set()
+        return await asyncio.gather(*first, *more)
+
+    results = asyncio.run(scenario())
+    assert all(r.finish_reason == "eos" for r in results) and gen.served == [2, 3] and gen.in_flight == [0, 0]
+    with pytest.raises(RuntimeError, match="engine 0 did not stop"):
+        gen.close()
+    assert [e.shutdowns for e in engines] == [1, 1]  # engine 1 stopped although engine 0 failed
+    gen.close()
+    assert [e.shutdowns for e in engines] == [1, 1]
+
+
 def test_without_sglang_the_error_names_the_install():
     assert "sglang" not in sys.modules
-    with pytest.raises(SGLangUnavailable, match=r"pip install -e '\.\[gpu\]'"):
+    with pytest.raises(SGLangUnavailable, match=r"bash scripts/install.sh --gpu"):
         load_engine_class()
 

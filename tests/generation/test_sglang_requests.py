@@ -44,8 +44,16 @@ def test_sglang_params_forward_stop():
                           "stop": ["</search>", "</answer>"], "include_stop_str_in_output": True})
     assert p == {"max_new_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "skip_special_tokens": False,
                  "stop": ["</search>", "</answer>"], "no_stop_trim": True}
-    greedy = to_sglang_params({"do_sample": False, "temperature": 0.7}, default_stop=["</answer>"])
-    assert greedy == {"temperature": 0.0, "skip_special_tokens": False, "stop": ["</answer>"], "no_stop_trim": True}
+    greedy = to_sglang_params({"do_sample": False, "temperature": 0.7}, default_stop=["</answer>"], eos_ids=(9, 3))
+    assert greedy == {"temperature": 0.0, "skip_special_tokens": False, "stop": ["</answer>"], "no_stop_trim": True,
+                      "stop_token_ids": [3, 9]}
+
+
+def test_sglang_params_name_only_what_the_request_names():
+    """A request without temperature must not send one: the config's temperature (merged in by the caller, or
+    SGLang's) stays. SGLang always keeps the stop string (no_stop_trim); an excluded one is cut from the reply."""
+    p = to_sglang_params({"max_new_tokens": 8, "include_stop_str_in_output": False})
+    assert p == {"max_new_tokens": 8, "skip_special_tokens": False, "no_stop_trim": True}
 
 
 def test_reply_for_a_stop_string_uses_sglang_text_when_detokenizing():
@@ -61,6 +69,14 @@ def test_reply_decodes_output_ids_when_sglang_has_no_text():
     assert sglang_reply(result, decode)["text"] == "<search> q</search>"
     trimmed = sglang_reply(result, decode, include_stop_str_in_output=False)
     assert trimmed["text"] == "<search> q" and trimmed["output_ids"] == ids  # ids keep every sampled token
+
+
+def test_an_excluded_stop_string_is_cut_from_sglang_text_too():
+    """no_stop_trim is always on, so SGLang's own text ends with the stop string; the reply cuts it."""
+    ids = [4, 2, 5]
+    result = sglang_result(ids, {"type": "stop", "matched": "</search>"}, text=decode(ids))
+    reply = sglang_reply(result, must_not_decode, include_stop_str_in_output=False)
+    assert reply["text"] == "<search> q" and reply["output_ids"] == ids
 
 
 def test_reply_for_eos_and_length():

@@ -122,7 +122,7 @@ def test_launch_names_the_missing_sglang_install(ref_cfg):
     assert "sglang" not in sys.modules  # not installed on CPU machines: the import must stay lazy
     with pytest.raises(WorkerStartupError) as info:
         launch_worker_groups(ref_cfg, FakeGpuCluster())
-    assert info.value.component == "rollout" and "pip install -e '.[gpu]'" in str(info.value)
+    assert info.value.component == "rollout" and "bash scripts/install.sh --gpu" in str(info.value)
 
 
 def test_launch_refuses_vllm_on_gpu(ref_cfg):

@@ -85,3 +85,60 @@ def test_options_may_follow_the_overrides():
     args = parser.parse_args(["tiny-cpu"])
     args.overrides = pull_flags(args, args.overrides)
     assert args.evaluate is None and args.eval_override == [] and not args.no_progress
+
+
+def _reference_overrides(tmp_path) -> list[str]:
+    """The 8-GPU reference config with placeholder paths (validation without --check-paths needs no files)."""
+    return [f"rollout.model.model_path={tmp_path / 'model'}", f"data.train_data_paths=[{tmp_path / 'train.jsonl'}]",
+            f"data.val_data_paths=[{tmp_path / 'val.jsonl'}]", "tools.search.server_addr=127.0.0.1:1",
+            f"runner.output_dir={tmp_path / 'out'}"]
+
+
+def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    import importlib.util
+
+    import ray
+
+    from rlinf_ext.runner import services
+
+    def must_not_run(*_a, **_k):
+        raise AssertionError("the launcher went past the GPU-extra check")
+
+    for name in ("prepare_tiny_assets", "ensure_index", "retrieval_server", "rlinf_cluster", "print_plan"):
+        monkeypatch.setattr(f"rlinf_ext.runner.launch.{name}", must_not_run)
+    found = importlib.util.find_spec
+    monkeypatch.setattr(services.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("sglang", "torch_memory_saver") else found(name, *a))
+    with pytest.raises(LaunchError) as info:
+        run_training("qwen2.5-3b-tool-1node", _reference_overrides(tmp_path))
+    text = str(info.value)
+    assert "cluster.num_gpus_per_node=8" in text and "sglang, torch_memory_saver cannot be imported" in text
+    assert "bash scripts/install.sh --gpu" in text
+    assert not ray.is_initialized() and not (tmp_path / "out").exists()
+
+
+def test_the_gpu_extra_check_names_only_what_is_missing(tmp_path, monkeypatch):
+    from rlinf_ext.runner import services
+    from rlinf_ext.runner.prepare import load_checked_config
+
+    cfg = load_checked_config("qwen2.5-3b-tool-1node", _reference_overrides(tmp_path))
+    monkeypatch.setattr(services.importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else object())
+    assert services.missing_gpu_packages(cfg) == ["sglang"]
+    cfg.rollout.enforce_eager = True  # no memory saver needed then
+    monkeypatch.setattr(services.importlib.util, "find_spec", lambda name, *a: None)
+    assert services.missing_gpu_packages(cfg) == ["sglang"]
+    cfg.cluster.num_gpus_per_node = 0  # a CPU cluster needs none of it
+    assert services.missing_gpu_packages(cfg) == []
+
+
+def test_a_launched_retrieval_server_stays_off_the_training_gpus(tmp_path):
+    """R6: left to itself the encoder takes cuda:0, the GPU of actor rank 0 and SGLang engine 0."""
+    from rlinf_ext.runner.prepare import load_checked_config
+    from rlinf_ext.runner.services import retrieval_server_device
+
+    cfg = load_checked_config("qwen2.5-3b-tool-1node", _reference_overrides(tmp_path))
+    assert retrieval_server_device(cfg) == (["--device", "cpu"], {"CUDA_VISIBLE_DEVICES": ""})  # all 8 GPUs used
+    cfg.cluster.component_placement = {"actor,rollout,reward": "0-6"}
+    assert retrieval_server_device(cfg) == (["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": "7"})
+    cfg.cluster.num_gpus_per_node = 0
+    assert retrieval_server_device(cfg) == ([], {})

@@ -52,7 +52,7 @@ def reference_eval_env(monkeypatch):
 def test_sglang_eval_without_cuda_is_refused_before_anything_starts(monkeypatch):
     reference_eval_env(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(LaunchError, match=r"rollout_backend='sglang'.*no CUDA device.*pip install -e '\.\[gpu\]'"):
+    with pytest.raises(LaunchError, match=r"rollout_backend='sglang'.*no CUDA device.*bash scripts/install\.sh --gpu"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", show_progress=False)
 
 
@@ -60,7 +60,7 @@ def test_sglang_eval_without_sglang_names_the_install(monkeypatch):
     reference_eval_env(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(services, "sglang_installed", lambda: False)
-    with pytest.raises(LaunchError, match=r"sglang is not installed\. Fix: pip install -e '\.\[gpu\]'"):
+    with pytest.raises(LaunchError, match=r"sglang is not installed\. Fix: bash scripts/install\.sh --gpu"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", show_progress=False)
 
 
@@ -75,7 +75,7 @@ def test_sglang_eval_with_too_few_visible_gpus_is_refused(monkeypatch):
 
 def test_vllm_eval_is_refused(monkeypatch):
     reference_eval_env(monkeypatch)
-    with pytest.raises(LaunchError, match=r"rollout_backend='vllm'.*not implemented"):
+    with pytest.raises(LaunchError, match=r"rollout.rollout_backend: vllm: RLinf 0.3.0's VLLMWorker has no serving loop"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=vllm"], show_progress=False)
 
 

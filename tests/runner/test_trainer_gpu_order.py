@@ -1,7 +1,8 @@
 """The order in which SearchR1Trainer starts and waits on worker calls, with fake worker groups (no Ray):
 CPU and disaggregated GPU runs keep the overlapped order; collocated GPU runs take turns on the GPU as
 RLinf's AgentRunner does when not pipelined (rollout init before actor init; whole rollout, rollout
-offload, actor onload, then reward/log-probs/training, actor offload)."""
+offload, actor onload, then reward/log-probs/training, actor offload). A weight sync is skipped when the
+engine already holds the actor's current weights (validation synced them and nothing dropped them since)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 
 from rlinf_ext.runner.groups import Placement, WorkerGroups
 from rlinf_ext.runner.trainer import SearchR1Trainer
+from rlinf_ext.workers.weight_sync import SyncRoutes
 
 REPLIES = {
     "agent_loop.run_agentloop_rollout": [{
@@ -21,6 +23,8 @@ REPLIES = {
 
 
 class _Handle:
+    _remote_results: list = []  # no Ray object refs: wait_all_or_raise falls through to wait()
+
     def __init__(self, log: list, name: str):
         self.log, self.name = log, name
 
@@ -54,23 +58,32 @@ class _Channel:
         pass
 
 
-def _trainer(on_gpu: bool, is_pipeline: bool) -> tuple[SearchR1Trainer, list]:
+class _Validation:
+    def run(self, step: int) -> dict:
+        return {"val/n": 1.0}
+
+
+def _trainer(on_gpu: bool, is_pipeline: bool, validate_every: int = -1) -> tuple[SearchR1Trainer, list]:
     log: list = []
+    routes = SyncRoutes("broadcast" if is_pipeline else "paired", 1, 1)
     groups = WorkerGroups(
         **{c: _Group(c, log) for c in ("rollout", "actor", "reward", "agent_loop")},
         placement=Placement(is_pipeline=is_pipeline, rollout_dp_size=1, agent_loop_world_size=1,
-                            actor_world_size=1, on_gpu=on_gpu),
+                            actor_world_size=1, on_gpu=on_gpu, weight_sync=routes),
     )
     trainer = SearchR1Trainer.__new__(SearchR1Trainer)  # no Ray: only what init_workers/train_step read
     trainer.cfg = SimpleNamespace(
-        runner=SimpleNamespace(resume_dir=None, seed=0, val_before_train=False, val_check_interval=-1),
-        data=SimpleNamespace(val_data_paths=[]),
+        runner=SimpleNamespace(resume_dir=None, seed=0, val_before_train=validate_every > 0,
+                               val_check_interval=validate_every),
+        data=SimpleNamespace(val_data_paths=["val.jsonl"] if validate_every > 0 else []),
         algorithm=SimpleNamespace(group_size=1, kl_beta=0.0),
     )
     trainer.groups, trainer.verify_sync, trainer.global_step = groups, True, 0
     trainer.channels = {n: _Channel() for n in ("DataLoader", "GenerateInput", "GenerateOutput", "Rollout",
                                                 "Reward", "Inference")}
-    trainer._serving, trainer._validation, trainer.resume_dir = None, None, None
+    trainer._serving, trainer.resume_dir = None, None
+    trainer._validation = _Validation() if validate_every > 0 else None
+    trainer._rollout_current, trainer.val_history = False, {}
     return trainer, log
 
 
@@ -92,12 +105,14 @@ def w(name):
     return ("wait", name)
 
 
-SYNC = [c("actor.sync_model_to_rollout"), c("rollout.sync_model_from_actor"), w("rollout.sync_model_from_actor"),
-        c("actor.del_reshard_state_dict"), w("actor.del_reshard_state_dict")]
+SYNC = [c("actor.sync_model_to_rollout"), c("rollout.sync_model_from_actor"), w("actor.sync_model_to_rollout"),
+        w("rollout.sync_model_from_actor")]
+SET_ROUTES = [c("actor.set_weight_sync"), w("actor.set_weight_sync"), c("rollout.set_weight_sync"),
+              w("rollout.set_weight_sync")]
 OVERLAPPED_INIT = [
     c("rollout.init_worker"), c("reward.init_worker"), c("agent_loop.init_worker"), c("actor.init_worker"),
     w("rollout.init_worker"), w("reward.init_worker"), w("agent_loop.init_worker"), w("actor.init_worker"),
-    c("actor.set_rollout_world_size"), w("actor.set_rollout_world_size"), c("rollout.rollout_serverless"),
+    *SET_ROUTES, c("rollout.rollout_serverless"),
 ]
 OVERLAPPED_STEP = SYNC + [
     c("agent_loop.run_agentloop_rollout"), c("reward.compute_rewards"), c("actor.run_inference"),
@@ -119,7 +134,7 @@ def test_collocated_gpu_takes_turns_on_the_gpu():
         w("rollout.init_worker"),  # the engine has released its memory before the actor builds its model
         c("actor.init_worker"),
         w("reward.init_worker"), w("agent_loop.init_worker"), w("actor.init_worker"),
-        c("actor.set_rollout_world_size"), w("actor.set_rollout_world_size"),
+        *SET_ROUTES,
         c("actor.offload_engine"), w("actor.offload_engine"),  # the rollout gets the GPU first
         c("rollout.rollout_serverless"),
     ]
@@ -131,3 +146,37 @@ def test_collocated_gpu_takes_turns_on_the_gpu():
         w("reward.compute_rewards"), w("actor.run_inference"), w("actor.run_training"),
         c("actor.offload_engine"), w("actor.offload_engine"),
     ]
+
+
+def _syncs(log: list) -> int:
+    return log.count(c("rollout.sync_model_from_actor"))
+
+
+def test_validation_sync_is_not_repeated_by_the_next_step():
+    """Validation after step N syncs the updated weights; step N+1 starts with the same weights and must not
+    sync them again, whatever the placement. After the update, the next validation syncs anew."""
+    item = [{"prompt_ids": [1, 2], "answers": ["a"], "uid": "q"}]
+    for on_gpu, is_pipeline in ((False, False), (True, True), (True, False)):
+        trainer, log = _trainer(on_gpu, is_pipeline, validate_every=1)
+        trainer.init_workers()
+        log.clear()
+        trainer.validate(0)
+        assert _syncs(log) == 1
+        trainer.train_step(item)  # same weights as validation 0: no second sync
+        assert _syncs(log) == 1, (on_gpu, is_pipeline)
+        trainer.validate(1)  # the update changed them
+        assert _syncs(log) == 2
+        log.clear()
+        trainer.train_step(item)
+        assert _syncs(log) == 0
+        trainer.validate(2)  # step 2's update changed them again
+        assert _syncs(log) == 1
+
+
+def test_without_validation_every_step_syncs():
+    trainer, log = _trainer(on_gpu=True, is_pipeline=False)
+    trainer.init_workers()
+    item = [{"prompt_ids": [1, 2], "answers": ["a"], "uid": "q"}]
+    for _ in range(2):
+        trainer.train_step(item)
+    assert _syncs(log) == 2

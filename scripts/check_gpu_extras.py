@@ -1,0 +1,128 @@
+"""Prove that the GPU extra resolves, with pip's own resolver and without installing anything.
+
+    python scripts/check_gpu_extras.py [--report OUT.json]
+
+Runs ``pip install --dry-run --ignore-installed --report`` for ``.[gpu]`` plus the faiss-gpu pin (needs PyPI;
+a few minutes: pip reads the packages' metadata, it downloads no wheels and changes no environment), then checks
+the resolution against the pins setup.py promises: sglang 0.4.6.post5 on torch 2.6.0, no vLLM, the
+torch-memory-saver and Transformer Engine pins inside the ranges sglang and megatron-core 0.16.1 declare.
+Transformer Engine's PyTorch extension (``transformer_engine_torch``) is a source distribution whose metadata
+needs nvcc, so no CPU machine can resolve it: the script checks that its pinned version is on the index, and
+``scripts/install.sh --gpu`` builds it on the GPU node against the installed torch. Exit status 0 = resolvable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = Path(__file__).resolve().parents[1]
+EXPECTED = {  # what the resolution must contain (and why)
+    "sglang": "0.4.6.post5",  # RLinf 0.3.0's agentic-sglang pin
+    "torch": "2.6.0",  # sglang[srt]'s pin
+    "xgrammar": "0.1.19",  # sglang's pin (vllm 0.8.5's 0.1.18 made the old extra unresolvable)
+    "transformers": "4.51.1",
+    "rlinf": "0.3.0",
+    "megatron-core": "0.16.1",
+}
+FORBIDDEN = ("vllm",)
+
+
+def setup_constants(*names: str) -> dict[str, object]:
+    """Top-level constants of setup.py, read without running it."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in names:
+            found[node.targets[0].id] = ast.literal_eval(node.value)
+    missing = set(names) - set(found)
+    if missing:
+        raise SystemExit(f"setup.py defines no {sorted(missing)}")
+    return found
+
+
+def dry_run(requirements: list[str], report: Path) -> dict:
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--report", str(report), *requirements]
+    print("$ " + " ".join(command), flush=True)
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-25:])
+        raise SystemExit(f"pip could not resolve the GPU extra (exit {done.returncode}):\n{tail}")
+    print(f"resolved in {time.monotonic() - started:.0f} s", flush=True)
+    return json.loads(report.read_text())
+
+
+def on_index(requirement: str) -> bool:
+    """Whether the pinned version of a source-only package is on the index (``pip index versions``)."""
+    req = Requirement(requirement)
+    done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", req.name], capture_output=True, text=True)
+    versions = next((line.split(":", 1)[1] for line in done.stdout.splitlines() if "Available versions" in line), "")
+    return any(req.specifier.contains(v.strip(), prereleases=True) for v in versions.split(","))
+
+
+def accepted_by(resolved: dict, package: str, dependency: str, version: str) -> str | None:
+    """The specifier ``package`` declares for ``dependency`` (any extra) if it accepts ``version``, else None."""
+    for line in resolved[package]["metadata"].get("requires_dist", []):
+        req = Requirement(line)
+        if canonicalize_name(req.name) == canonicalize_name(dependency):
+            return str(req.specifier) if req.specifier.contains(version, prereleases=True) else None
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--report", type=Path, default=None, help="keep pip's JSON report here")
+    args = parser.parse_args()
+    pins = setup_constants("GPU_REQUIREMENTS", "TE_TORCH_REQUIREMENT", "FAISS_GPU_REQUIREMENT")
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = args.report or Path(tmp) / "report.json"
+        report = dry_run([f"{REPO}[gpu]", str(pins["FAISS_GPU_REQUIREMENT"])], report_path)
+    resolved = {canonicalize_name(item["metadata"]["name"]): item for item in report["install"]}
+    version = {name: item["metadata"]["version"] for name, item in resolved.items()}
+    problems = [f"{name}: expected {want}, resolved {version.get(name)}"
+                for name, want in EXPECTED.items() if version.get(name) != want]
+    problems += [f"{name} {version[name]} is in the resolution (it must not be)" for name in FORBIDDEN if name in version]
+    for line in pins["GPU_REQUIREMENTS"] + [pins["FAISS_GPU_REQUIREMENT"]]:
+        req = Requirement(line)
+        got = version.get(canonicalize_name(req.name))
+        if got is None or not req.specifier.contains(got, prereleases=True):
+            problems.append(f"{line}: resolved {got}")
+    tms, te = version.get("torch-memory-saver"), version.get("transformer-engine")
+    ranges = {"sglang -> torch-memory-saver": accepted_by(resolved, "sglang", "torch-memory-saver", tms or "none"),
+              "megatron-core -> transformer-engine": accepted_by(resolved, "megatron-core", "transformer-engine",
+                                                                 te or "none")}
+    problems += [f"{what} does not accept the pinned version" for what, spec in ranges.items() if spec is None]
+    te_torch = str(pins["TE_TORCH_REQUIREMENT"])
+    if not on_index(te_torch):
+        problems.append(f"{te_torch} is not on the index")
+
+    print(f"\n{len(resolved)} distributions would be installed; the key ones:")
+    for name in ("torch", "sglang", "sgl-kernel", "flashinfer-python", "xgrammar", "rlinf", "transformers",
+                 "megatron-core", "torch-memory-saver", "transformer-engine", "transformer-engine-cu12", "numpy",
+                 "faiss-gpu-cu12", "faiss-cpu", "ray", "hydra-core", "omegaconf"):
+        print(f"  {name:26s} {version.get(name, '-')}")
+    for what, spec in ranges.items():
+        print(f"  {what}: declares {spec!r}, pinned version inside")
+    print(f"  {te_torch}: source distribution on the index (built by scripts/install.sh --gpu, not resolvable here)")
+    print("  faiss-cpu (a base requirement) and faiss-gpu-cu12 install the same `faiss` package: "
+          "scripts/install.sh --faiss-gpu removes faiss-cpu before installing faiss-gpu-cu12")
+    if problems:
+        print("\nPROBLEMS:\n  " + "\n  ".join(problems))
+        return 1
+    print("\nOK: the GPU extra resolves (nothing was installed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
