@@ -112,3 +112,16 @@ def tiny_mm_assets_sft(tiny_mm_assets):
     from rlinf_ext.assets.tiny import make_tiny_assets
 
     return make_tiny_assets(tiny_mm_assets.root, seed=0, with_mm_sft=True)
+
+
+# Session fixtures that train a warm start: their first user pays the training inside its own timeout
+# (pytest-timeout counts fixture setup), so that user's hang guard is widened by this budget.
+WARM_START_BUDGET_S = {"tiny_assets_sft": 720, "tiny_mm_assets_sft": 360}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        extra = sum(s for name, s in WARM_START_BUDGET_S.items() if name in getattr(item, "fixturenames", ()))
+        marker = item.get_closest_marker("timeout")
+        if extra and marker is not None and marker.args:
+            item.add_marker(pytest.mark.timeout(float(marker.args[0]) + extra), append=False)
