@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from rlinf_ext.convert.mapping import ConvertSpec, LINEAR_MODULES, mg_name, preset_hf_config, unit_stage, units
-from rlinf_ext.convert.tensor_math import expected_mg_shape
+from rlinf_ext.convert.mapping import LINEAR_MODULES, ConvertSpec, mg_name, preset_hf_config, unit_stage, units
 from rlinf_ext.convert.mg_checkpoint import RANK_FILE, save_rank_file
+from rlinf_ext.convert.tensor_math import expected_mg_shape
 
 RLINF_MODEL_NAMES = {"qwen2.5-1.5b": "Qwen2.5-1.5B", "qwen2.5-3b": "Qwen2.5-3B", "qwen2.5-7b": "Qwen2.5-7B"}
 RLINF_MODULE = "rlinf.utils.ckpt_convertor.megatron_convertor"

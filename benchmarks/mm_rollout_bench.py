@@ -72,11 +72,11 @@ def main(argv=None) -> int:
 
     from rlinf_ext.agent.mm_loop import MMLoopSettings, MMTools
     from rlinf_ext.agent.mm_types import MMTask
-    from rlinf_ext.protocol.generation import SamplingParams
     from rlinf_ext.assets.tiny import make_tiny_assets
     from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
     from rlinf_ext.data.fvqa import read_fvqa
     from rlinf_ext.generation.hf_vl import HFVLGenerator
+    from rlinf_ext.protocol.generation import SamplingParams
     from rlinf_ext.retrieval.build import build_index
     from rlinf_ext.retrieval.config import BuildConfig
     from rlinf_ext.retrieval.launch import RetrievalServerProcess

@@ -77,7 +77,8 @@ def s1_assets(rec: Record, ctx: Context) -> None:
 def s2_converter(rec: Record, ctx: Context) -> None:
     import torch
 
-    from rlinf_ext.convert.mapping import ConvertSpec, hf_to_megatron, megatron_to_hf
+    from rlinf_ext.convert.mapping import ConvertSpec
+    from rlinf_ext.convert.state_dicts import hf_to_megatron, megatron_to_hf
     from rlinf_ext.models.megatron import build_gpt_model, forward_logits, load_megatron_state_dict
 
     init_parallel()

@@ -27,10 +27,10 @@ def _buckets(state: dict, limit: int) -> list[list[tuple[str, object]]]:
 
 def ipc_consumer(model_dir: str, dtype_name: str, device: str, inbox, outbox, ids) -> None:
     """The engine side: rebuild every bucket from its pickled handles, load it, answer with logits."""
-    import torch
-    import torch.multiprocessing  # noqa: F401  (registers the tensor reductions ForkingPickler needs)
     from multiprocessing.reduction import ForkingPickler
 
+    import torch
+    import torch.multiprocessing  # noqa: F401  (registers the tensor reductions ForkingPickler needs)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if device == "cpu":
@@ -50,9 +50,10 @@ def ipc_consumer(model_dir: str, dtype_name: str, device: str, inbox, outbox, id
 
 
 def s4_ipc(rec: Record, ctx: Context) -> None:
+    from multiprocessing.reduction import ForkingPickler
+
     import torch
     import torch.multiprocessing as mp
-    from multiprocessing.reduction import ForkingPickler
 
     model_dir = tiny_model_dir(ctx)
     dtype = torch.float16 if ctx.cuda else torch.bfloat16  # bf16 on CPU: fp16 CPU kernels are incomplete
@@ -127,8 +128,8 @@ def s5_memory(rec: Record, ctx: Context) -> None:
     from rlinf_ext.assets.random_qwen2 import write_random_qwen2
     from rlinf_ext.models.memory import estimate_actor
     from rlinf_ext.training.policy import MegatronPolicy
-    from rlinf_ext.training.settings import ActorSettings
     from rlinf_ext.training.rl_math import LossConfig
+    from rlinf_ext.training.settings import ActorSettings
 
     shape, lengths = ("3b", (1024, 2048, 3072)) if ctx.cuda else ("tiny", (128, 256, 512))
     recompute = dict(recompute_granularity="full", recompute_method="block", recompute_num_layers=20)
@@ -249,15 +250,16 @@ def s6_encoder(rec: Record, ctx: Context) -> None:
             p, q = enc.encode(passages, is_query=False), enc.encode(queries, is_query=True)
             index = faiss.IndexFlatIP(p.shape[1])
             index.add(np.ascontiguousarray(p, dtype=np.float32))
-            found[name] = (p, *index.search(np.ascontiguousarray(q, dtype=np.float32), k))
-        (p32, s32, i32), (pdev, _, idev) = found["fp32 cpu"], found["device"]
+            found[name] = (p, q, *index.search(np.ascontiguousarray(q, dtype=np.float32), k))
+        (p32, q32, s32, i32), (pdev, _, _, idev) = found["fp32 cpu"], found["device"]
         cosine = float((p32 * pdev).sum(1).min())
-        # ranks whose fp32 score is clear of the next one must agree (near-ties may swap): by 1e-3 for fp16,
-        # 1e-2 for bf16 (8 bits of mantissa) on CPU
+        # the device's top-k must be a top-k under the fp32 scores up to a margin (near-ties may swap; a wrong
+        # passage scores far below the k-th): 1e-3 for fp16 on CUDA, 1e-2 for bf16 (8 bits of mantissa) on CPU
         margin, floor = (1e-3, 0.999) if ctx.cuda else (1e-2, 0.99)
-        clear = np.abs(np.diff(s32, axis=1, append=-np.inf)) > margin
-        agree = float((i32 == idev)[clear].mean()) if clear.any() else 1.0
-        rec.figure(f"{pooling} pooling", f"min cosine {cosine:.5f}; top-{k} agreement {agree:.3f} over "
-                                         f"{int(clear.sum())}/{clear.size} clearly separated ranks")
+        fp32_scores_of_device_picks = np.einsum("qd,qkd->qk", q32, p32[idev])
+        valid = fp32_scores_of_device_picks >= s32[:, k - 1:k] - margin
+        rec.figure(f"{pooling} pooling", f"min cosine {cosine:.5f}; device top-{k} picks within {margin:g} of the "
+                                         f"fp32 k-th score: {valid.mean():.3f}; same ids in order: "
+                                         f"{(idev == i32).mean():.3f}")
         rec.check(f"{pooling}: min cosine >= {floor}", cosine >= floor)
-        rec.check(f"{pooling}: identical top-{k} (clearly separated ranks)", agree == 1.0 and clear.sum() >= clear.size // 2)
+        rec.check(f"{pooling}: top-{k} valid under fp32 scores (margin {margin:g})", bool(valid.all()))

@@ -23,7 +23,6 @@ from rlinf_ext.config.rule_registry import is_training, rule
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
 
-
 _ARCH_WHY = ("the actor builds the Qwen2 architecture from the checkpoint's config.json (SwiGLU, RMSNorm, RoPE, "
              "biases on q/k/v only); RLinf's switch for other models has no effect here.")
 

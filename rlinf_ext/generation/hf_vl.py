@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from rlinf_ext.protocol.generation import GenerationResult
 from rlinf_ext.generation.hf import HFGenerator, _Request
+from rlinf_ext.protocol.generation import GenerationResult
 from rlinf_ext.protocol.images import ImageRef
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, banned_token_ids, token_id
 

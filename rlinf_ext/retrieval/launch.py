@@ -67,6 +67,7 @@ class RetrievalServerProcess:
         pattern = f"Host{self.host}_IP*.txt"
         known = set(self.address_dir.glob(pattern)) if self.address_dir.exists() else set()
         self.address_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the server process
         self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)

@@ -64,6 +64,7 @@ def run(verb: str, args: argparse.Namespace) -> int:
     # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
     from rlinf_ext.runner.errors import LaunchError, RunInterrupted, RunPreempted
     from rlinf_ext.runner.launch import run_evaluation_only, run_training
+    from rlinf_ext.runner.services import interrupt_received
 
     try:
         if verb == "train":
@@ -74,6 +75,9 @@ def run(verb: str, args: argparse.Namespace) -> int:
         else:
             raise ValueError(f"rlinf_ext.runner.commands does not implement the verb '{verb}'")
     except LaunchError as exc:
+        if name := interrupt_received():  # a worker call broken by the stop itself: the cause is the signal
+            print(f"\nrlinf-ext {verb}: interrupted ({name}); while stopping: {exc}", file=sys.stderr)
+            return EXIT_INTERRUPTED
         print(f"\nrlinf-ext {verb}: {exc}", file=sys.stderr)
         return 1
     except RunPreempted as exc:
@@ -82,4 +86,10 @@ def run(verb: str, args: argparse.Namespace) -> int:
     except RunInterrupted as exc:
         print(f"rlinf-ext {verb}: interrupted ({exc}); everything this run started was stopped.", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        if name := interrupt_received():
+            print(f"\nrlinf-ext {verb}: interrupted ({name}); while stopping: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
+        raise
     return 0

@@ -72,6 +72,12 @@ class StopRequest:
 
 
 _installed: dict[int, object] = {}  # this run's handlers, put back after ray.init replaced them
+_interrupts: list[str] = []  # signals that interrupted this run (an error raised while stopping must not hide them)
+
+
+def interrupt_received() -> str | None:
+    """The signal that interrupted the current (or last) run, if one did."""
+    return _interrupts[0] if _interrupts else None
 
 
 @contextlib.contextmanager
@@ -82,6 +88,7 @@ def stop_on_signals() -> Iterator[StopRequest]:
 
     def interrupt(signum, _frame):
         name = signal.Signals(signum).name
+        _interrupts.append(name)
         print(f"\n[launch] {name} received: stopping workers, retrieval server and Ray ...", file=sys.stderr,
               flush=True)
         raise RunInterrupted(name)
@@ -95,6 +102,7 @@ def stop_on_signals() -> Iterator[StopRequest]:
         interrupt(signum, frame)
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    _interrupts.clear()
     _installed.update({signal.SIGINT: interrupt, signal.SIGTERM: terminate})
     for s, handler in _installed.items():
         signal.signal(s, handler)
@@ -189,7 +197,7 @@ def join_rlinf_wait_threads(timeout_s: float) -> None:
 def shutdown_ray() -> None:
     """Kill this run's actors and disconnect; a Ray instance this driver started goes down with it."""
     if ray.is_initialized():
-        join_rlinf_wait_threads(timeout_s=10.0)
+        join_rlinf_wait_threads(timeout_s=60.0)  # quick once the workers are gone; 10 s was short on 2 busy cores
         ray.shutdown()
     # RLinf's Cluster is a process-wide singleton; forget it so that a later run in this process
     # (tests, notebooks) builds a fresh one on the fresh Ray instance.
@@ -228,7 +236,6 @@ def retrieval_server(cfg: ExperimentConfig, log_path: Path, startup_timeout: flo
     """Serve ``retrieval.index_dir`` on ``retrieval.host`` (a free port when ``retrieval.port`` is 0) for the run,
     logging to ``log_path``, off the run's GPUs (``retrieval_server_device``); stopped on exit whatever happens."""
     r = cfg.retrieval
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     device_args, device_env = retrieval_server_device(cfg)
     process = RetrievalServerProcess(
         r.index_dir, r.corpus_path, pages=r.pages_path, host=r.host, port=r.port, topk=r.topk,

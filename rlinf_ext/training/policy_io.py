@@ -21,7 +21,6 @@ from rlinf_ext.training.checkpoint import (
     restore_rng_state,
     save_actor_checkpoint,
 )
-
 from rlinf_ext.training.data_parallel import DataParallel
 from rlinf_ext.training.settings import ActorSettings
 

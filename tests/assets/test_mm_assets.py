@@ -8,7 +8,6 @@ import random
 import shutil
 from collections import Counter
 
-
 from rlinf_ext.assets.mm_world import PALETTE, draw_emblem, emblem_specs, search_hits, split_cities
 from rlinf_ext.assets.world import build_world
 from rlinf_ext.config.schema import ImageSearchToolConfig

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from rlinf_ext.config import check_config, load_config, to_dictconfig
 from rlinf_ext.config.compose import REPO_ROOT
 

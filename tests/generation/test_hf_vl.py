@@ -8,9 +8,9 @@ import pytest
 import torch
 from vl_helpers import ForceTokens, chat_prompt_ids, mm_test_rows
 
-from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.generation.hf import HFGenerator
 from rlinf_ext.generation.hf_vl import HFVLGenerator
+from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.protocol.vl_tokens import banned_token_ids, vision_special_ids
 
 

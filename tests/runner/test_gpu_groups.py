@@ -190,7 +190,7 @@ def test_gpu_wiring_passes_rlinf_placement_to_the_rollout_and_one_actor_process_
     # reward and agent loop: CPU processes on node 0, one agent-loop worker per engine
     assert got["reward"]["strategy"]._node_ranks == [0]
     assert got["agent_loop"]["strategy"]._node_ranks == [0] * 8
-    assert got["agent_loop"]["kwargs"] == {"search_server_addr": "h:1"}
+    assert got["agent_loop"]["kwargs"] == {"search_server_addr": "h:1", "launcher_ip": None}
 
 
 def test_gpu_launch_refuses_a_batch_the_actor_ranks_cannot_share(ref_cfg):

@@ -6,8 +6,12 @@ import shutil
 
 import pytest
 import torch
-from trainer_helpers import cluster  # noqa: F401  (module fixture)
-from trainer_helpers import kill_groups, make_cfg, make_trainer
+from trainer_helpers import (
+    cluster,  # noqa: F401  (module fixture)
+    kill_groups,
+    make_cfg,
+    make_trainer,
+)
 
 pytestmark = pytest.mark.timeout(600)
 

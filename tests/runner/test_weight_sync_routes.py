@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 import ray
-from trainer_helpers import cluster, make_cfg  # noqa: F401  (module fixture)
+from trainer_helpers import cluster, make_cfg, model_path  # noqa: F401  (module fixture)
 
 pytestmark = pytest.mark.timeout(600)
 BUCKET = 64 << 10
@@ -49,10 +49,10 @@ def sync(actor, rollout, routes):
 
 @pytest.fixture
 def randomized_model_dir(tiny_assets, tmp_path, randomized_qwen2):
-    """The tiny model with every weight randomised: what the rollout engines start from."""
+    """The actor's model with every weight randomised: what the rollout engines start from."""
     out = tmp_path / "randomized"
-    shutil.copytree(tiny_assets.qwen2_tiny, out)
-    randomized_qwen2(tiny_assets.qwen2_tiny, seed=3).save_pretrained(out)
+    shutil.copytree(model_path(tiny_assets), out)
+    randomized_qwen2(model_path(tiny_assets), seed=3).save_pretrained(out)
     return out
 
 
@@ -105,13 +105,14 @@ def test_a_failed_side_is_raised_instead_of_waiting_for_its_partner(cluster):  #
     """wait_all_or_raise: the receiver fails while its sender would block forever; the failure comes back at once."""
     from rlinf_ext.runner.groups import WorkerCallError, wait_all_or_raise
 
-    @ray.remote
+    # num_cpus=0: both tasks start even when the workers of an earlier test still hold the cluster's CPUs
+    @ray.remote(num_cpus=0)
     def blocked():
         import time
 
         time.sleep(3600)
 
-    @ray.remote
+    @ray.remote(num_cpus=0)
     def refuses():
         raise ValueError("SGLang refused the actor's weights")
 

@@ -3,13 +3,12 @@
 import asyncio
 
 import pytest
+from retrieval_stub import StubServer
 
 from rlinf_ext.agent import AgentLoopConfig, run_trajectory
 from rlinf_ext.agent.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.tools import SearchTool, SearchToolConfig, close_http_session
 from rlinf_ext.tools.rate_limit import TokenBucket, shared_token_bucket
-
-from retrieval_stub import StubServer
 
 
 def test_reservation_schedule_by_hand():

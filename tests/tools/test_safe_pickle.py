@@ -6,6 +6,7 @@ import os
 import pickle
 
 import pytest
+from image_cache_helpers import cache_pickle_bytes, opened
 from PIL import Image
 
 from rlinf_ext.tools.safe_pickle import (
@@ -15,8 +16,6 @@ from rlinf_ext.tools.safe_pickle import (
     image_from_state,
     load_cache_pickle,
 )
-
-from image_cache_helpers import cache_pickle_bytes, opened
 
 
 def _gradient(mode: str) -> Image.Image:

@@ -6,12 +6,11 @@ import time
 import types
 
 import pytest
+from retrieval_stub import StubBehaviour, StubServer, unused_port
 
 from rlinf_ext.tools import SearchError, SearchTool, SearchToolConfig, close_http_session
 from rlinf_ext.tools.addresses import resolve_server_urls
 from rlinf_ext.tools.search import backoff_delay
-
-from retrieval_stub import StubBehaviour, StubServer, unused_port
 
 
 def search_once(cfg, query="eiffel tower"):

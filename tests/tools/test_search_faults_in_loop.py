@@ -4,12 +4,11 @@ import asyncio
 import time
 
 import pytest
+from retrieval_stub import StubBehaviour, StubServer, unused_port
 
 from rlinf_ext.agent import AgentLoopConfig, run_group, summarize_metrics
 from rlinf_ext.agent.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.tools import SearchError, SearchTool, SearchToolConfig, close_http_session
-
-from retrieval_stub import StubBehaviour, StubServer, unused_port
 
 TOK = CharTokenizer()
 
