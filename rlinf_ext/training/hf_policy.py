@@ -32,6 +32,7 @@ from rlinf_ext.models.dtypes import dtype_of_precision
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
 from rlinf_ext.protocol.images import ImageRef
 from rlinf_ext.protocol.vl_tokens import banned_token_ids
+from rlinf_ext.training import hf_policy_io
 from rlinf_ext.training.batching import PackedBatch, pack_sequences
 from rlinf_ext.training.data_parallel import DataParallel
 from rlinf_ext.training.logprobs import next_token_logprobs
@@ -252,13 +253,10 @@ class HFPolicy(GRPOPolicy):
 
     # ------------------------------------------------------------------ checkpoints (training/hf_policy_io.py)
     def save(self, directory: str | Path, iteration: int) -> Path | None:
-        from rlinf_ext.training import hf_policy_io
-
+        """The HF model directory (the export) plus optimizer, schedule and RNG; every DP rank calls it."""
         return hf_policy_io.save_hf_policy(self, directory, iteration)
 
     def load(self, directory: str | Path) -> int:
-        from rlinf_ext.training import hf_policy_io
-
         return hf_policy_io.load_hf_policy(self, directory)
 
 

@@ -7,17 +7,15 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from hf_policy_helpers import dp_worker, mm_trajectories, samples_of, settings
+from hf_policy_helpers import dp_worker, samples_of, settings
 
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD
 from rlinf_ext.training.hf_policy import HFPolicy
 
 
 @pytest.fixture(scope="module")
-def world(tiny_mm_assets_sft):
-    mm = tiny_mm_assets_sft.mm
-    trajs = mm_trajectories(mm, mm.qwen2_5_vl_tiny_sft)
-    return mm, trajs
+def world(vl_world):
+    return vl_world
 
 
 def test_logprobs_equal_the_generators_on_multimodal_trajectories(world):
