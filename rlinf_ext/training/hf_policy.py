@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from rlinf_ext.config.schema import FSDPConfig
 from rlinf_ext.models.dtypes import dtype_of_precision
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
 from rlinf_ext.protocol.images import ImageRef
@@ -50,13 +51,21 @@ class MMSample(Sample):
 
 @dataclass(frozen=True)
 class FSDPSettings:
-    """``actor.fsdp_config`` / ``actor.model`` knobs of the HF actor (see config/schema.py for the defaults)."""
+    """``actor.fsdp_config`` of the HF actor, read once (defaults: ``config/schema.py:FSDPConfig``)."""
 
-    freeze_vision_tower: bool = False
-    gradient_checkpointing: bool = False
-    reshard_after_forward: bool = True
-    param_dtype: str = "fp32"  # GPU: bf16 parameters in compute, fp32 master copy kept by FSDP2
-    reduce_dtype: str = "fp32"
+    freeze_vision_tower: bool
+    gradient_checkpointing: bool
+    reshard_after_forward: bool
+    param_dtype: str  # CUDA only: compute dtype of the parameters; FSDP2 keeps the fp32 shards
+    reduce_dtype: str
+
+    @classmethod
+    def from_config(cls, fsdp: FSDPConfig | None = None) -> FSDPSettings:
+        fsdp = fsdp or FSDPConfig()
+        if fsdp.cpu_offload:
+            raise ValueError("actor.fsdp_config.cpu_offload=true is not implemented for the FSDP2 actor; set it false.")
+        return cls(bool(fsdp.freeze_vision_tower), bool(fsdp.gradient_checkpointing), bool(fsdp.reshard_after_forward),
+                   str(fsdp.mixed_precision.param_dtype), str(fsdp.mixed_precision.reduce_dtype))
 
 
 @dataclass
@@ -133,7 +142,7 @@ class HFPolicy(GRPOPolicy):
 
     def __init__(self, hf_model_path: str | Path, settings: ActorSettings, *, dp: DataParallel | None = None,
                  fsdp: FSDPSettings | None = None, banned_ids: Sequence[int] | None = None):
-        self.settings, self.fsdp = settings, fsdp or FSDPSettings()
+        self.settings, self.fsdp = settings, fsdp or FSDPSettings.from_config()
         self.hf_model_path = str(hf_model_path)
         self.dp = dp or DataParallel()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

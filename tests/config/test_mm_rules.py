@@ -27,3 +27,26 @@ def test_mm_scoring_pixels_cache_and_training(reference_env):
                  "runner.task_type", "reasoning_eval")
     by_key, _ = issues_for("tiny-mm-cpu-eval", ["tools.image_search.backend=dummy", "tools.image_search.cache_path=null"])
     assert "tools.image_search.cache_path" not in by_key
+
+
+def test_vl_actor_backend_rules(reference_env):
+    by_key, result = issues_for("tiny-mm-cpu-eval", ["actor.training_backend=fsdp"])
+    assert result.ok, [str(i) for i in result.issues]
+    training = ["runner.task_type=reasoning", "data.train_data_paths=[x.parquet]"]
+    assert_issue("tiny-mm-cpu-eval", training, "actor.training_backend", "fsdp")
+    by_key, _ = issues_for("tiny-mm-cpu-eval", training + ["actor.training_backend=fsdp"])
+    assert "actor.training_backend" not in by_key
+    assert_issue("tiny-cpu-eval", ["actor.training_backend=fsdp"], "actor.training_backend", "megatron")
+    assert_issue("tiny-mm-cpu-eval", ["actor.training_backend=fsdp", "actor.fsdp_config.cpu_offload=true"],
+                 "actor.fsdp_config.cpu_offload", "false")
+
+
+def test_mm_stops_and_search_limits(reference_env):
+    assert_issue("tiny-mm-cpu-eval", ["algorithm.sampling_params.stop=[</answer>]"], "algorithm.sampling_params.stop",
+                 "</search>", "</text_search>")
+    assert_issue("tiny-mm-cpu-eval", ["agentloop.mmsearch.image_search_limit=3"], "agentloop.mmsearch.image_search_limit",
+                 "max_gen_round=3", "between 0 and 2")
+    assert_issue("tiny-mm-cpu-eval", ["agentloop.mmsearch.max_gen_round=2", "agentloop.mmsearch.text_search_limit=2"],
+                 "agentloop.mmsearch.text_search_limit", "between 0 and 1")
+    by_key, _ = issues_for("tiny-mm-cpu-eval", ["agentloop.mmsearch.image_search_limit=2"])
+    assert "agentloop.mmsearch.image_search_limit" not in by_key
