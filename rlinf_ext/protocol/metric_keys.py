@@ -21,6 +21,7 @@ AGENT_SEARCH_FAILURE_RATE = "agent/search_failure_rate"
 
 # actor: RLinf's rollout metrics under rollout/<name>, training metrics under actor/<name>
 ROLLOUT_PREFIX = "rollout"
+RETOKENIZE_MISMATCH = "rollout/retokenize_mismatch"  # SGLang re-tokenised a multimodal prompt differently
 ACTOR_PREFIX = "actor"
 ACTOR_LOSS = "actor/loss"
 ACTOR_OPTIMIZER_STEPS = "actor/optimizer_steps"
