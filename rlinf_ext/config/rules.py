@@ -85,10 +85,6 @@ def mmsearch_parts_agree(cfg):
     if mm["reward.reward_type"] and cfg.reward.scoring not in ("em", "subem"):
         yield ConfigIssue("reward.scoring", f"reward_type mmsearch scores em or subem, got {cfg.reward.scoring}.",
                           "set reward.scoring=em (MMSearch-R1's EM) or subem.")
-    if mm["agentloop.agent"] and is_training(cfg):
-        yield ConfigIssue("runner.task_type", "MMSearch-R1 training: the FSDP vision-language actor is built "
-                          "(training/hf_policy.py) but its RLinf worker groups are not composed yet; this version "
-                          "evaluates MMSearch-R1 models.", "set runner.task_type=reasoning_eval.")
 
 
 @rule("rollout.model.model_type", "actor.training_backend", "runner.task_type")

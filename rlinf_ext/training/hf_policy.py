@@ -31,8 +31,8 @@ import torch.distributed as dist
 from rlinf_ext.config.schema import FSDPConfig
 from rlinf_ext.models.dtypes import dtype_of_precision
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
-from rlinf_ext.protocol.images import ImageRef
-from rlinf_ext.protocol.vl_tokens import banned_token_ids
+from rlinf_ext.protocol.images import ImageRef, canonicalize
+from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids
 from rlinf_ext.training import hf_policy_io
 from rlinf_ext.training.batching import PackedBatch, pack_sequences
 from rlinf_ext.training.data_parallel import DataParallel
@@ -248,6 +248,20 @@ class HFPolicy(GRPOPolicy):
         finally:
             self.model.train(was_training)
         return out.logits.float().cpu()
+
+    def probe(self, length: int = 24, seed: int = 0) -> tuple[torch.Tensor, list[ImageRef], list[int]]:
+        """The multimodal weight-sync probe: (ids ``[1, L]`` = one fixed image then random allowed text ids, its
+        image, the text positions after the image that are compared)."""
+        from PIL import Image
+
+        tok = self.processor.tokenizer
+        image = canonicalize(Image.linear_gradient("L").resize((56, 56)).convert("RGB"), 56 * 56, 56 * 56, "probe image")
+        start, pad, end = (tok.convert_tokens_to_ids(t) for t in (VISION_START, IMAGE_PAD, VISION_END))
+        allowed = (~self.banned[: len(tok)]).nonzero().flatten()
+        g = torch.Generator().manual_seed(seed)
+        text = allowed[torch.randint(0, len(allowed), (length,), generator=g)].tolist()
+        ids = [start] + [pad] * self.images.tokens(image) + [end] + text
+        return torch.tensor([ids]), [image], list(range(len(ids) - length, len(ids)))
 
     # ------------------------------------------------------------------ offload (collocated GPU runs)
     def offload(self, weights: bool | None = None, optimizer: bool | None = None, grads: bool | None = None) -> None:
