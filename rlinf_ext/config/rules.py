@@ -87,7 +87,8 @@ def mmsearch_parts_agree(cfg):
                           "set reward.scoring=em (MMSearch-R1's EM) or subem.")
 
 
-@rule("rollout.model.model_type", "actor.training_backend", "runner.task_type")
+@rule("rollout.model.model_type", "actor.training_backend", "runner.task_type", "actor.fsdp_config.cpu_offload",
+      "cluster.component_placement", "actor.offload_weight", "actor.offload_optimizer", "actor.offload_grad")
 def vl_model_needs_fsdp(cfg):
     """Megatron-core 0.16.1 has no Qwen2.5-VL; the HF actor loads only Qwen2.5-VL."""
     vl, fsdp = cfg.rollout.model.model_type == "qwen2.5_vl", cfg.actor.training_backend == "fsdp"
@@ -101,6 +102,19 @@ def vl_model_needs_fsdp(cfg):
     if fsdp and cfg.actor.fsdp_config.cpu_offload:
         yield ConfigIssue("actor.fsdp_config.cpu_offload", "CPU offload of the FSDP2 actor is not implemented.",
                           "set actor.fsdp_config.cpu_offload=false.")
+    if fsdp and is_training(cfg) and cfg.cluster.num_gpus_per_node > 0:
+        for key in ("offload_weight", "offload_optimizer", "offload_grad"):
+            if getattr(cfg.actor, key):
+                yield ConfigIssue(f"actor.{key}", "offloading the FSDP2 actor between phases is not implemented.",
+                                  f"set actor.{key}=false and place actor and rollout on disjoint GPUs.")
+        try:
+            ranks = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * cfg.cluster.num_gpus_per_node)
+        except PlacementError:  # reported by the placement rule
+            return
+        if set(ranks.get("actor", [])) & set(ranks.get("rollout", [])):
+            yield ConfigIssue("cluster.component_placement", "the FSDP2 actor cannot give its GPUs to a collocated "
+                              "rollout engine (no offload yet).", "place actor and rollout on disjoint GPUs, e.g. "
+                              "actor: 0-5, rollout: 6-7.")
 
 
 @rule("agentloop.agent", "algorithm.sampling_params.stop")
@@ -245,6 +259,8 @@ def collocated_needs_offload(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     except PlacementError:  # reported by the placement rule
         return
     if "actor" not in ranks or ranks.get("actor") != ranks.get("rollout"):
+        return
+    if cfg.actor.training_backend == "fsdp":  # its own rule: offload is not implemented (vl_model_needs_fsdp)
         return
     missing = [f"actor.{k}" for k in ("offload_weight", "offload_optimizer") if not getattr(cfg.actor, k)]
     if missing:

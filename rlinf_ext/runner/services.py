@@ -263,7 +263,14 @@ def missing_gpu_packages(cfg: ExperimentConfig) -> list[str]:
 
 
 def check_training_backend(cfg: ExperimentConfig) -> None:
-    """Refuse, before anything starts, a GPU run whose GPU extra is not installed on this node."""
+    """Refuse, before anything starts, a GPU run whose GPU extra is not installed on this node, and MMSearch-R1
+    on SGLang (its image path is written as request functions, not wired into the worker nor GPU-verified)."""
+    if cfg.agentloop.agent == "mmsearch" and cfg.rollout.rollout_backend != "hf":
+        raise LaunchError(
+            f"rollout.rollout_backend={cfg.rollout.rollout_backend!r} with agentloop.agent=mmsearch: the SGLang "
+            "worker does not pass images yet (generation/sglang_mm.py builds the requests; NOT GPU-verified), so "
+            "MMSearch-R1 trains on the CPU engine only. Fix: set rollout.rollout_backend=hf (tiny models)."
+        )
     missing = missing_gpu_packages(cfg)
     if missing:
         raise LaunchError(
