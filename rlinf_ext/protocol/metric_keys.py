@@ -54,6 +54,21 @@ def prefixed(prefix: str, name: str) -> str:
     return f"{prefix}/{name}"
 
 
+def mm_category_metric(category: str, name: str, prefix: str = ROLLOUT_PREFIX) -> str:
+    """``rollout/<category>/<name>``: MMSearch-R1 metrics split by FVQA category (search_required, search_free,
+    all); the names are ``agent/mm_metrics.py``'s table columns."""
+    return f"{prefix}/{category}/{name}"
+
+
+# the MMSearch-R1 trends the run summary and the reward plot show: (key, label)
+MM_TRENDS = (
+    ("rollout/search_free/search_ratio_image", "image-search ratio, search_free"),
+    ("rollout/search_free/accuracy", "accuracy, search_free"),
+    ("rollout/search_required/search_ratio_image", "image-search ratio, search_required"),
+    ("rollout/search_required/accuracy", "accuracy, search_required"),
+)
+
+
 def validation_metric(scope: str, name: str, prefix: str = VAL_PREFIX) -> str:
     """``val/<scope>/<name>``; scope is a benchmark name, ``avg`` (mean over benchmarks) or ``all`` (pooled)."""
     return f"{prefix}/{scope}/{name}"
