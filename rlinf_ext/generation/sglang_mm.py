@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from rlinf_ext.protocol.images import ImageRef
-from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH  # noqa: F401  (the metric this module feeds)
 
 # ServerArgs a vision-language rollout engine needs: the slow image processor (the actor's and the CPU
 # engine's: pixel values agree) and per-request logit processors (banned ids)

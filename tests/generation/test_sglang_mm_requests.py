@@ -8,13 +8,13 @@ from vl_helpers import chat_prompt_ids, mm_test_rows
 from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.generation.sglang import sglang_reply
 from rlinf_ext.generation.sglang_mm import (
-    RETOKENIZE_MISMATCH,
     mm_request,
     retokenize_mismatch,
     text_positions_after_images,
     vision_runs,
     vl_server_overrides,
 )
+from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids
 
 
