@@ -56,3 +56,21 @@ def test_tiny_mm_experiment_trains_checkpoints_resumes_and_exports_an_hf_model(t
     model_dir = run_dir / "checkpoints" / "global_step_3" / "actor"
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir)
     assert generate_from_image(model, model_dir, tiny_mm_assets_sft.mm)
+
+
+@pytest.mark.timeout(600)
+def test_tiny_mm_experiment_with_a_two_rank_fsdp2_actor(tiny_mm_assets_sft, tmp_path):
+    """``actor: 0-1``: two actor processes of RLinf's group shard the HF model with FSDP2 over gloo; the weight
+    sync (every rank joins the gathers, rank 0 sends) and the checkpoint (rank 0 writes the full model) work."""
+    out = tmp_path / "runs"
+    code, log = launch([f"paths.tiny_assets={tiny_mm_assets_sft.root}", f"runner.output_dir={out}", "--no-eval",
+                        "cluster.component_placement={actor: 0-1, rollout: 0, reward: 0}", *CI_SIZE,
+                        "runner.max_steps=1"], config="tiny-mm-cpu")
+    assert code == 0, log[-4000:]
+    assert "actor rank 1/2 ready on cpu" in log and "data-parallel size 2" in log
+    run_dir = out / "mmsearch-r1-grpo-tiny-cpu"
+    assert [r["step"] for r in metrics_rows(run_dir)] == [1]
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(run_dir / "checkpoints" / "global_step_1" / "actor")
+    assert sum(p.numel() for p in model.parameters()) > 0
