@@ -1,5 +1,9 @@
 """The GRPO policy on Megatron-core, in-process (the Ray worker in ``workers/actor.py`` wraps it).
 
+``GRPOPolicy`` holds the steps every actor backend shares (log-prob recompute, advantages, the mini-batch loop in
+the global order with the token-mean loss); ``MegatronPolicy`` adds the Megatron-core model, and
+``training/hf_policy.py:HFPolicy`` the vision-language HF model.
+
 It follows RLinf's ``MegatronActor`` step by step: weights come from the HF checkpoint through the
 conversion mapping (``use_hf_ckpt``: HF -> Megatron at start), old and reference log-probs are recomputed
 on exactly the trajectory ids (the reference copy is frozen), and one rollout batch gives
