@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import re
 
-from rlinf_ext.rewards.mmsearch import IMAGE_CALL, clean_turn
-
-MM_STOPS = ("</search>", "</text_search>", "</answer>")
+from rlinf_ext.rewards.mmsearch import IMAGE_CALL, MM_STOPS, clean_turn
 _TEXT_QUERY = re.compile(r"<text_search>(.*?)</text_search>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 

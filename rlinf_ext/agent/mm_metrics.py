@@ -12,6 +12,8 @@ ACCURACY, REWARD = "accuracy", "reward"
 IMAGE_SEARCH_RATIO, TEXT_SEARCH_RATIO, MIX_SEARCH_RATIO = "search_ratio_image", "search_ratio_text", "search_ratio_mix"
 ANY_SEARCH_RATIO = "search_ratio_any"
 IMAGE_FAILURE_RATIO, TEXT_FAILURE_RATIO = "image_search_failure_ratio", "text_search_failure_ratio"
+CATEGORIES = ("search_required", "search_free")  # FVQA's split: does the question need a search?
+ALL = "all"
 TABLE_COLUMNS = (ACCURACY, REWARD, IMAGE_SEARCH_RATIO, TEXT_SEARCH_RATIO, MIX_SEARCH_RATIO, ANY_SEARCH_RATIO,
                  IMAGE_FAILURE_RATIO, TEXT_FAILURE_RATIO)
 
@@ -54,3 +56,15 @@ def mm_summary(rows: Sequence[dict]) -> dict[str, float]:
         IMAGE_FAILURE_RATIO: sum(r["image_search_failures"] for r in rows) / images if images else 0.0,
         TEXT_FAILURE_RATIO: sum(r["text_search_failures"] for r in rows) / texts if texts else 0.0,
     }
+
+
+def mm_summary_by_category(rows: Sequence[dict], prefix: str = "") -> dict[str, float]:
+    """``mm_summary`` of all rows and of each ``row["category"]`` (``search_required`` / ``search_free``, and any
+    other category present), keyed ``[prefix/]<category>/<metric>``: the paper's claim is read per category
+    (fewer searches on ``search_free``, accuracy held on ``search_required``)."""
+    head = f"{prefix}/" if prefix else ""
+    out = {f"{head}{ALL}/{k}": v for k, v in mm_summary(rows).items()}
+    for category in sorted({str(r["category"]) for r in rows}):
+        part = [r for r in rows if str(r["category"]) == category]
+        out.update({f"{head}{category}/{k}": v for k, v in mm_summary(part).items()})
+    return out

@@ -45,6 +45,17 @@ def memory_inputs(cfg: ExperimentConfig) -> tuple[ActorMemoryInputs | None, str]
     plans, _ = placements(cfg)
     actor = plans.get("actor")
     a, m, gpu = cfg.actor, cfg.actor.model, cfg.cluster.num_gpus_per_node > 0
+    if a.training_backend == "fsdp":  # FSDP2: sharded state; HF activation checkpointing = full, per layer
+        checkpointing = a.fsdp_config.gradient_checkpointing
+        return ActorMemoryInputs(
+            shape, seq_length=int(cfg.runner.seq_length), micro_batch_size=int(cfg.algorithm.training_batch_size_per_gpu),
+            precision=str(m.precision), device="cuda" if gpu else "cpu",
+            data_parallel=max(actor.dp if actor is not None else 1, 1), optimizer=str(a.optim.optimizer),
+            reference_model=cfg.algorithm.kl_beta > 0, flash_attention=gpu,
+            recompute_granularity="full" if checkpointing else None, recompute_method="uniform" if checkpointing else None,
+            recompute_num_layers=1 if checkpointing else None, logprob_chunk_tokens=int(a.logprob_chunk_tokens),
+            entropy=cfg.algorithm.entropy_bonus > 0, fsdp=True,
+        ), source
     return ActorMemoryInputs(
         shape, seq_length=int(cfg.runner.seq_length), micro_batch_size=int(cfg.algorithm.training_batch_size_per_gpu),
         precision=str(m.precision), device="cuda" if gpu else "cpu",
@@ -127,9 +138,12 @@ def format_memory(cfg: ExperimentConfig) -> list[str]:
     recompute = x.recompute_granularity or "off"
     if x.recompute_granularity == "full":
         recompute += f"/{x.recompute_method}/{x.recompute_num_layers}"
+    engine = (f"FSDP2 over DP {x.data_parallel} (language model only; the vision tower is not counted), "
+              f"{'SDPA' if x.flash_attention else 'eager'} attention" if x.fsdp else
+              f"DP {x.data_parallel}{', distributed optimizer' if x.distributed_optimizer else ''}, "
+              f"{'TE' if x.flash_attention else 'local'} layers")
     lines = ["", f"memory per GPU (estimate, GiB; {source}; {x.shape.params / 1e9:.2f}B params, {x.precision}, "
-                 f"DP {x.data_parallel}{', distributed optimizer' if x.distributed_optimizer else ''}, "
-                 f"{'TE' if x.flash_attention else 'local'} layers, recompute {recompute}, "
+                 f"{engine}, recompute {recompute}, "
                  f"seq_length {x.seq_length} x micro-batch {x.micro_batch_size}):"]
     gpu = cfg.cluster.gpu_memory_gib
     rows = [(f"actor {k}", f"{v / GIB:7.2f}") for k, v in plan.actor.items.items()]
@@ -155,6 +169,7 @@ def format_memory(cfg: ExperimentConfig) -> list[str]:
     "actor.model.recompute_granularity", "actor.model.recompute_method", "actor.model.recompute_num_layers",
     "actor.spec_name", "actor.optim.use_distributed_optimizer", "actor.logprob_chunk_tokens",
     "rollout.gpu_memory_utilization", "actor.offload_weight", "actor.offload_optimizer", "actor.offload_grad",
+    "actor.training_backend", "actor.fsdp_config.gradient_checkpointing",
 )
 def actor_fits_gpu_memory(cfg):
     if cfg.cluster.num_gpus_per_node <= 0 or not is_training(cfg) or placements(cfg)[1]:

@@ -16,6 +16,7 @@ from rlinf_ext.config.placement import PlacementError, component_ranks
 from rlinf_ext.config.rule_registry import is_grpo, is_training, registered_rules, rule
 from rlinf_ext.config.schema import REQUIRED, ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
+from rlinf_ext.rewards.mmsearch import MM_STOPS
 
 
 # ------------------------------------------------------------------------------------------ generation
@@ -84,9 +85,61 @@ def mmsearch_parts_agree(cfg):
     if mm["reward.reward_type"] and cfg.reward.scoring not in ("em", "subem"):
         yield ConfigIssue("reward.scoring", f"reward_type mmsearch scores em or subem, got {cfg.reward.scoring}.",
                           "set reward.scoring=em (MMSearch-R1's EM) or subem.")
-    if mm["agentloop.agent"] and is_training(cfg):
-        yield ConfigIssue("runner.task_type", "MMSearch-R1 training (the FSDP vision-language actor) is not built yet; "
-                          "this version evaluates MMSearch-R1 models.", "set runner.task_type=reasoning_eval.")
+
+
+@rule("rollout.model.model_type", "actor.training_backend", "runner.task_type", "actor.fsdp_config.cpu_offload",
+      "cluster.component_placement", "actor.offload_weight", "actor.offload_optimizer", "actor.offload_grad")
+def vl_model_needs_fsdp(cfg):
+    """Megatron-core 0.16.1 has no Qwen2.5-VL; the HF actor loads only Qwen2.5-VL."""
+    vl, fsdp = cfg.rollout.model.model_type == "qwen2.5_vl", cfg.actor.training_backend == "fsdp"
+    if vl and not fsdp and is_training(cfg):
+        yield ConfigIssue("actor.training_backend", "rollout.model.model_type=qwen2.5_vl trains with the FSDP2 actor "
+                          "(Megatron-core 0.16.1 has no Qwen2.5-VL model).", "set actor.training_backend=fsdp.")
+    if fsdp and not vl:
+        yield ConfigIssue("actor.training_backend", f"the fsdp actor trains Qwen2.5-VL models only, but "
+                          f"rollout.model.model_type={cfg.rollout.model.model_type}.",
+                          "set actor.training_backend=megatron for text models (or model_type=qwen2.5_vl).")
+    if fsdp and cfg.actor.fsdp_config.cpu_offload:
+        yield ConfigIssue("actor.fsdp_config.cpu_offload", "CPU offload of the FSDP2 actor is not implemented.",
+                          "set actor.fsdp_config.cpu_offload=false.")
+    if fsdp and is_training(cfg) and cfg.cluster.num_gpus_per_node > 0:
+        for key in ("offload_weight", "offload_optimizer", "offload_grad"):
+            if getattr(cfg.actor, key):
+                yield ConfigIssue(f"actor.{key}", "offloading the FSDP2 actor between phases is not implemented.",
+                                  f"set actor.{key}=false and place actor and rollout on disjoint GPUs.")
+        try:
+            ranks = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * cfg.cluster.num_gpus_per_node)
+        except PlacementError:  # reported by the placement rule
+            return
+        if set(ranks.get("actor", [])) & set(ranks.get("rollout", [])):
+            yield ConfigIssue("cluster.component_placement", "the FSDP2 actor cannot give its GPUs to a collocated "
+                              "rollout engine (no offload yet).", "place actor and rollout on disjoint GPUs, e.g. "
+                              "actor: 0-5, rollout: 6-7.")
+
+
+@rule("agentloop.agent", "algorithm.sampling_params.stop")
+def mm_stops_hold_the_action_tags(cfg):
+    """The loop acts when the engine stops at an action's closing tag; without it a turn runs past the action."""
+    if cfg.agentloop.agent != "mmsearch":
+        return
+    missing = [t for t in MM_STOPS if t not in (cfg.algorithm.sampling_params.stop or [])]
+    if missing:
+        yield ConfigIssue("algorithm.sampling_params.stop", f"MMSearch-R1 turns end at {list(MM_STOPS)}; missing "
+                          f"{missing}.", f"set algorithm.sampling_params.stop={list(MM_STOPS)}.")
+
+
+@rule("agentloop.agent", "agentloop.mmsearch.max_gen_round", "agentloop.mmsearch.image_search_limit",
+      "agentloop.mmsearch.text_search_limit")
+def mm_search_limits_fit_the_rounds(cfg):
+    """Each search takes a round and the answer needs one more: a limit at or above max_gen_round is unreachable."""
+    mm = cfg.agentloop.mmsearch
+    if cfg.agentloop.agent != "mmsearch" or mm.max_gen_round < 1:
+        return
+    for key, limit in (("image_search_limit", mm.image_search_limit), ("text_search_limit", mm.text_search_limit)):
+        if limit < 0 or limit > mm.max_gen_round - 1:
+            yield ConfigIssue(f"agentloop.mmsearch.{key}", f"{limit} searches cannot fit max_gen_round="
+                              f"{mm.max_gen_round} (each search takes a round, the answer one more).",
+                              f"set agentloop.mmsearch.{key} between 0 and {max(mm.max_gen_round - 1, 0)}.")
 
 
 @rule("data.image_min_pixels", "data.image_max_pixels", "tools.image_search.thumbnail_min_pixels",
@@ -206,6 +259,8 @@ def collocated_needs_offload(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     except PlacementError:  # reported by the placement rule
         return
     if "actor" not in ranks or ranks.get("actor") != ranks.get("rollout"):
+        return
+    if cfg.actor.training_backend == "fsdp":  # its own rule: offload is not implemented (vl_model_needs_fsdp)
         return
     missing = [f"actor.{k}" for k in ("offload_weight", "offload_optimizer") if not getattr(cfg.actor, k)]
     if missing:

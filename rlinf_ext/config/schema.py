@@ -317,6 +317,27 @@ class MegatronConfig:
 
 
 @dataclass
+class FSDPMixedPrecisionConfig:
+    param_dtype: Literal["fp32", "bf16", "fp16"] = fld("bf16", "fsdp (CUDA): parameter dtype in compute (the "
+                                                       "fp32 master copy stays sharded); CPU runs keep fp32.")
+    reduce_dtype: Literal["fp32", "bf16", "fp16"] = fld("fp32", "fsdp (CUDA): gradient reduce-scatter dtype.")
+    buffer_dtype: Literal["fp32", "bf16", "fp16"] = fld("fp32", "fsdp: buffer dtype (RLinf key; buffers stay fp32).")
+
+
+@dataclass
+class FSDPConfig:
+    """The vision-language actor (actor.training_backend: fsdp): transformers' model sharded by torch FSDP2."""
+
+    strategy: Literal["fsdp2"] = fld("fsdp2", "Sharding: torch FSDP2 (fully_shard per vision block, per decoder "
+                                     "layer, root).")
+    cpu_offload: bool = fld(False, "RLinf key; CPU offload of the FSDP2 actor is not implemented (must be false).")
+    reshard_after_forward: bool = fld(True, "Free the gathered parameters after each forward (less memory).")
+    mixed_precision: FSDPMixedPrecisionConfig = fld(FSDPMixedPrecisionConfig, "FSDP2 MixedPrecisionPolicy.")
+    gradient_checkpointing: bool = fld(True, "Activation checkpointing of the HF model (recompute in backward).")
+    freeze_vision_tower: bool = fld(False, "Do not train the vision tower (model.visual).")
+
+
+@dataclass
 class OptimConfig:
     optimizer: Literal["adam", "sgd"] = fld("adam", "Optimizer.")
     lr: float = fld(1.0e-6, "Peak learning rate.")
@@ -347,7 +368,9 @@ class TokenizerConfig:
 @dataclass
 class ActorConfig:
     group_name: str = fld("ActorGroup", "Ray worker group name.")
-    training_backend: Literal["megatron"] = fld("megatron", "Training engine.")
+    training_backend: Literal["megatron", "fsdp"] = fld(
+        "megatron", "Training engine: megatron (text models, Megatron-core) or fsdp (qwen2.5_vl: transformers' "
+        "model, FSDP2 when data-parallel).")
     seed: int = fld(1234, "Actor random seed.")
     micro_batch_size: int = fld("${algorithm.training_batch_size_per_gpu}", "Derived: micro-batch per DP rank.")
     global_batch_size: Optional[int] = fld(None, "Derived by RLinf: rollout_batch_size*group_size/n_minibatches.")
@@ -365,6 +388,7 @@ class ActorConfig:
     )
     model: ActorModelConfig = fld(ActorModelConfig, "Model parallelism and dimensions.")
     megatron: MegatronConfig = fld(MegatronConfig, "Megatron options.")
+    fsdp_config: FSDPConfig = fld(FSDPConfig, "FSDP2 options (training_backend: fsdp).")
     optim: OptimConfig = fld(OptimConfig, "Optimizer.")
     lr_sched: LRSchedConfig = fld(LRSchedConfig, "Learning-rate schedule.")
     tokenizer: TokenizerConfig = fld(TokenizerConfig, "Tokenizer used for training batches.")

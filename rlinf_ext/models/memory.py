@@ -72,6 +72,10 @@ class ActorMemoryInputs:
     recompute_num_layers: int | None = None
     logprob_chunk_tokens: int = 512
     entropy: bool = False
+    # the HF vision-language actor under FSDP2: parameters, gradients, Adam state and the reference sharded over
+    # the data-parallel ranks (fp32 shards), full logits of a micro-batch (HF computes them all); language
+    # model only (the vision tower, ~0.7B of Qwen2.5-VL-7B, is not in ModelShape)
+    fsdp: bool = False
 
     @property
     def compute_bytes(self) -> int:
@@ -98,6 +102,12 @@ STATIC_ITEMS = ("weights", "gradients", "main params (fp32)", "optimizer state",
 
 def static_bytes(x: ActorMemoryInputs) -> dict[str, int]:
     n = x.shape.params
+    if x.fsdp:
+        dp = max(x.data_parallel, 1)
+        moments = 8 if x.optimizer == "adam" else 0
+        return {"weights": n * 4 // dp, "gradients": n * 4 // dp, "main params (fp32)": 0,
+                "optimizer state": n * moments // dp,
+                "reference model": n * x.compute_bytes // dp if x.reference_model else 0}
     shard = x.data_parallel if x.distributed_optimizer else 1
     cuda_mixed = x.device == "cuda" and x.precision != "fp32"
     moments = 8 if x.optimizer == "adam" else 0  # SGD runs without momentum
@@ -175,6 +185,8 @@ def logits_bytes(x: ActorMemoryInputs) -> int:
     if x.entropy:
         per_element += 8
     decoder_output = x.micro_batch_size * x.seq_length * x.shape.hidden * x.compute_bytes
+    if x.fsdp:  # HF's forward returns every position's logits in the compute dtype
+        decoder_output += x.micro_batch_size * x.seq_length * x.shape.vocab * x.compute_bytes
     return tokens * x.shape.vocab * per_element + decoder_output
 
 

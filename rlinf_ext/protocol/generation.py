@@ -95,6 +95,7 @@ class GenerateRequest(TypedDict, total=False):
     prompt_ids: list[int]
     sampling_params: dict[str, Any]  # SamplingParams fields; absent ones keep the rollout's config defaults
     seed: int  # per-request sampling seed (reproducible rollouts)
+    images: list[Any]  # vision-language engines: every image of the context in order (protocol.images.ImageRef)
 
 
 class GenerateReply(TypedDict, total=False):

@@ -21,6 +21,7 @@ AGENT_SEARCH_FAILURE_RATE = "agent/search_failure_rate"
 
 # actor: RLinf's rollout metrics under rollout/<name>, training metrics under actor/<name>
 ROLLOUT_PREFIX = "rollout"
+RETOKENIZE_MISMATCH = "rollout/retokenize_mismatch"  # SGLang re-tokenised a multimodal prompt differently
 ACTOR_PREFIX = "actor"
 ACTOR_LOSS = "actor/loss"
 ACTOR_OPTIMIZER_STEPS = "actor/optimizer_steps"
@@ -51,6 +52,21 @@ def agent_metric(name: str) -> str:
 def prefixed(prefix: str, name: str) -> str:
     """``<prefix>/<name>`` (rollout/..., actor/...)."""
     return f"{prefix}/{name}"
+
+
+def mm_category_metric(category: str, name: str, prefix: str = ROLLOUT_PREFIX) -> str:
+    """``rollout/<category>/<name>``: MMSearch-R1 metrics split by FVQA category (search_required, search_free,
+    all); the names are ``agent/mm_metrics.py``'s table columns."""
+    return f"{prefix}/{category}/{name}"
+
+
+# the MMSearch-R1 trends the run summary and the reward plot show: (key, label)
+MM_TRENDS = (
+    ("rollout/search_free/search_ratio_image", "image-search ratio, search_free"),
+    ("rollout/search_free/accuracy", "accuracy, search_free"),
+    ("rollout/search_required/search_ratio_image", "image-search ratio, search_required"),
+    ("rollout/search_required/accuracy", "accuracy, search_required"),
+)
 
 
 def validation_metric(scope: str, name: str, prefix: str = VAL_PREFIX) -> str:

@@ -20,6 +20,7 @@ class SearchRolloutRequest(RolloutRequest):
 
     uids: list[str] = field(default_factory=list)
     seed: int = 0  # per-step sampling seed (same seed -> same trajectories)
+    tasks: list = field(default_factory=list)  # MMSearch-R1: one agent.mm_types.MMTask per prompt (else empty)
 
 
 @dataclass(kw_only=True)
@@ -31,6 +32,11 @@ class SearchRolloutResult(RolloutResult):
     num_searches: list[int] = field(default_factory=list)
     end_reasons: list[str] = field(default_factory=list)
     trajectory_metrics: list[dict[str, float]] = field(default_factory=list)
+    # MMSearch-R1 only (empty otherwise): each trajectory's images in order of appearance (protocol.images.ImageRef),
+    # its turn texts (the reward judges each turn) and its FVQA category (metrics are split by it)
+    trajectory_images: list[list] = field(default_factory=list)
+    turn_texts: list[list[str]] = field(default_factory=list)
+    categories: list[str] = field(default_factory=list)
 
 
 def empty_request(n: int) -> SearchRolloutRequest:

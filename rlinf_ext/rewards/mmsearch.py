@@ -25,6 +25,7 @@ from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.rewards.qa_metrics import em_score, golden_list, subem_score
 
 IMAGE_CALL = "<search><img></search>"
+MM_STOPS = ("</search>", "</text_search>", "</answer>")  # the closing tags that end a turn
 _DIRECT_ANSWER = re.compile(r"^<reason>.*</reason>.*<answer>.*</answer>$", re.DOTALL)
 _IMAGE_SEARCH = re.compile(r"^<reason>.*</reason>.*<search><img></search>$", re.DOTALL)
 _TEXT_SEARCH = re.compile(r"^<reason>.*</reason>.*<text_search>.*</text_search>$", re.DOTALL)

@@ -238,7 +238,7 @@ def run_training(
                 # one directory per checkpoint: extending a finished run evaluates its new model beside the old
                 summary.eval_table = evaluate_after_training(
                     eval_yaml, summary.hf_model_dir, server.address if server else None,
-                    run_dir(cfg) / "eval" / summary.hf_model_dir.name,
+                    run_dir(cfg) / "eval" / summary.checkpoint_dir.name,
                     ([f"paths.tiny_assets={tiny_root}"] if tiny_root else []) + list(eval_overrides), show_progress,
                 )
             except LaunchError as exc:  # training results stand; report them, then the evaluation failure

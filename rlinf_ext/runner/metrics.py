@@ -217,14 +217,16 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
 
 
 def plot_reward_curve(history: list[dict], out_path: Path, title: str = "") -> Path:
-    """Reward (and EM when logged) per step, written as a PNG with the Agg backend."""
+    """Reward (and EM, and MMSearch-R1's per-category search ratios when logged) per step, written as a PNG with
+    the Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for key, label in ((mk.REWARD_MEAN, "mean reward"), (mk.REWARD_EM, "EM")):
+    # MMSearch-R1 runs add the search ratios and accuracy per category (on the same 0..1 scale)
+    for key, label in ((mk.REWARD_MEAN, "mean reward"), (mk.REWARD_EM, "EM"), *mk.MM_TRENDS):
         points = [(h["step"], h[key]) for h in history if key in h and _finite(h[key])]
         if points:
             steps, values = zip(*points)
@@ -233,7 +235,7 @@ def plot_reward_curve(history: list[dict], out_path: Path, title: str = "") -> P
                 ax.plot(steps, moving_average(values, SMOOTHING_WINDOW), color=line.get_color(),
                         label=f"{label} ({SMOOTHING_WINDOW}-step mean)")
     ax.set_xlabel("step")
-    ax.set_ylabel("reward")
+    ax.set_ylabel("reward / ratio")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -14,13 +14,19 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import torch
 from transformers import AutoTokenizer
 
+from rlinf_ext.agent.mm_loop import first_prompt_ids
+from rlinf_ext.agent.mm_prompts import MMPrompts
+from rlinf_ext.agent.mm_types import MMTask
 from rlinf_ext.assets.tiny import make_tiny_assets
 from rlinf_ext.config import check_config
 from rlinf_ext.config.commands import format_plan
 from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.data.prompts import PromptDataset, load_jsonl_prompts
+from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.retrieval.metadata import METADATA_NAME
 from rlinf_ext.runner.checkpoints import latest_complete_checkpoint
 from rlinf_ext.runner.errors import LaunchError
@@ -126,9 +132,44 @@ def ensure_index(cfg: ExperimentConfig) -> None:
 
 
 # ---------------------------------------------------------------- data
+class MMTaskDataset(torch.utils.data.Dataset):
+    """FVQA questions ``{"uid", "answers", "prompt_ids", "task"}`` (MMSearch-R1); over-long first prompts dropped."""
+
+    def __init__(self, paths: Sequence[str], cfg: ExperimentConfig):
+        data = cfg.data
+        processor = load_vl_processor(str(cfg.rollout.model.model_path))
+        prompts = MMPrompts.from_config(cfg.agentloop.mmsearch.prompts)
+        limit = None if int(data.data_size) < 0 else int(data.data_size)
+        self.items, self.dropped = [], 0
+        for path in paths:
+            for row in read_fvqa(path, int(data.image_min_pixels), int(data.image_max_pixels), limit=limit):
+                task = MMTask.from_row(row)
+                ids = first_prompt_ids(processor, prompts, task)
+                if len(ids) > data.max_prompt_length:
+                    self.dropped += 1
+                    continue
+                self.items.append({"uid": task.data_id, "answers": list(task.answers), "prompt_ids": ids, "task": task})
+        if not self.items:
+            raise ValueError(f"no question fits data.max_prompt_length={data.max_prompt_length} ({self.dropped} dropped).")
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.items[i]
+
+
 def build_datasets(cfg: ExperimentConfig) -> tuple[PromptDataset, PromptDataset | None]:
     """Tokenised train / validation prompts (the trainer's dataset class); over-long prompts are dropped."""
     data = cfg.data
+    if data.type == "mmsearch":  # validation of MMSearch-R1 runs through the -eval YAML after training
+        try:
+            train_ds = MMTaskDataset(data.train_data_paths, cfg)
+        except (ValueError, OSError) as exc:
+            raise LaunchError(f"data: {exc}") from exc
+        print(f"[launch] data: {len(train_ds)} training questions ({train_ds.dropped} over data.max_prompt_length "
+              "dropped)", flush=True)
+        return train_ds, None
     tokenizer = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path)
 
     def dataset(paths):
@@ -164,6 +205,9 @@ def convert_last_checkpoint_to_hf(cfg: ExperimentConfig) -> tuple[Path | None, P
     if ckpt is None:
         print(f"[launch] no complete checkpoint under {checkpoints_root(cfg)}; nothing to convert", flush=True)
         return None, None
+    if cfg.actor.training_backend == "fsdp":  # the HF actor's checkpoint is an HF model directory already
+        print(f"[launch] HF model: {ckpt / 'actor'} (the fsdp actor saves in HF format; no conversion)", flush=True)
+        return ckpt, ckpt / "actor"
     out = run_dir(cfg) / "hf_model" / ckpt.name
     if (out / "config.json").is_file():
         print(f"[launch] Megatron -> HF: {out} (already converted)", flush=True)

@@ -270,7 +270,11 @@ def missing_gpu_packages(cfg: ExperimentConfig) -> list[str]:
 
 
 def check_training_backend(cfg: ExperimentConfig) -> None:
-    """Refuse, before anything starts, a GPU run whose GPU extra is not installed on this node."""
+    """Refuse, before anything starts, a GPU run whose GPU extra is not installed on this node (and say that
+    MMSearch-R1's GPU path is not GPU-verified)."""
+    if cfg.agentloop.agent == "mmsearch" and cfg.rollout.rollout_backend != "hf":
+        print("[launch] WARNING: MMSearch-R1 on SGLang (images in every request, banned-id logit processor, "
+              "multimodal sync probe) and the FSDP2 actor on CUDA are written but NOT GPU-verified.", flush=True)
     missing = missing_gpu_packages(cfg)
     if missing:
         raise LaunchError(

@@ -36,6 +36,7 @@ class RunSummary:
     reward_window: int = REWARD_SUMMARY_WINDOW  # steps averaged at each end for first/last reward
     validations: list[tuple[int, float, int]] = field(default_factory=list)  # (step, val/all/em, val/n)
     searches: tuple[float, float] | None = None  # mean searches per trajectory, first vs last window
+    mm_trends: list[tuple[str, float, float]] = field(default_factory=list)  # MMSearch-R1: (label, first, last)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def format(self) -> str:
@@ -57,6 +58,8 @@ class RunSummary:
             )
         if self.searches is not None:
             lines.append(f"  searches per trajectory, same steps: {self.searches[0]:.2f} -> {self.searches[1]:.2f}")
+        for label, first, last in self.mm_trends:
+            lines.append(f"  {label}, same steps: {first:.3f} -> {last:.3f} ({last - first:+.3f})")
         if self.validations:
             points = ", ".join(f"step {step}: {em:.3f}" for step, em, _ in self.validations)
             lines.append(f"  validation EM (greedy, {self.validations[-1][2]} test questions): {points}")
@@ -123,3 +126,7 @@ def fill_from_logs(summary: RunSummary, cfg: ExperimentConfig, last_step: int | 
     if first_searches is not None:
         summary.searches = (first_searches, last_searches)
     summary.validations = validation_trend(summary.log_dir, last_step)
+    for key, label in mk.MM_TRENDS:  # MMSearch-R1: logged only by its reward worker
+        _, first, last = metric_trend(summary.log_dir, key, last_step=last_step)
+        if first is not None:
+            summary.mm_trends.append((label, first, last))

@@ -184,6 +184,7 @@ class SearchR1Trainer:
                 multi_modal_inputs=[None for _ in chunk],
                 uids=chunk_uids,
                 seed=seed,
+                tasks=[it["task"] for it in chunk if "task" in it],  # MMSearch-R1 questions with their images
             ))
 
     def _sync_weights(self) -> None:

@@ -1,5 +1,9 @@
 """The GRPO policy on Megatron-core, in-process (the Ray worker in ``workers/actor.py`` wraps it).
 
+``GRPOPolicy`` holds the steps every actor backend shares (log-prob recompute, advantages, the mini-batch loop in
+the global order with the token-mean loss); ``MegatronPolicy`` adds the Megatron-core model, and
+``training/hf_policy.py:HFPolicy`` the vision-language HF model.
+
 It follows RLinf's ``MegatronActor`` step by step: weights come from the HF checkpoint through the
 conversion mapping (``use_hf_ckpt``: HF -> Megatron at start), old and reference log-probs are recomputed
 on exactly the trajectory ids (the reference copy is frozen), and one rollout batch gives
@@ -65,83 +69,17 @@ class Sample:
     ref_logprobs: torch.Tensor | None = None  # [len(response_ids)]
 
 
-class MegatronPolicy:
-    """Policy + frozen reference on Megatron-core (TP=PP=1 in this process), with its optimizer.
+class GRPOPolicy:
+    """The GRPO steps shared by the actor backends: log-prob recompute, advantages and the mini-batch loop.
 
-    One data-parallel rank when ``parallel_state`` was initialised for several processes before it is built
-    (every rank holds the whole model; ``train_step`` sums token counts and gradients over the ranks)."""
-
-    def __init__(self, hf_model_path: str | Path, settings: ActorSettings, *, init_distributed: bool = True):
-        self.settings = settings
-        self.hf_model_path = str(hf_model_path)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        native = self.device.type == "cuda"  # Megatron's mixed precision (16-bit params) on CUDA, autocast on CPU
-        compute_dtype = autocast_dtype(settings.precision) or torch.float32
-        self.params_dtype = compute_dtype if native else torch.float32
-        self.amp = MixedPrecision("fp32" if native else settings.precision, self.device, settings.loss_scale)
-        self._weights_offloaded = False
-        if init_distributed and not parallel_state.model_parallel_is_initialized():
-            init_parallel_state(1, 1, seed=settings.seed)
-        # DP = the processes of an already initialised group (the Ray worker initialises it for N ranks)
-        self.dp = DataParallel.from_parallel_state()
-        torch.manual_seed(settings.seed)
-        self.spec = ConvertSpec.from_hf_config(self.hf_model_path, te_layernorm_names=False)
-        mg_state = hf_to_megatron(HFReader(self.hf_model_path).read_all(), self.spec, tp=1, pp=1)[(0, 0)]
-        self.model = self._build(mg_state, trainable=True, dtype=self.params_dtype)
-        # the frozen reference only runs forward passes: stored in the compute dtype (half the memory)
-        self.ref_model = None
-        if settings.loss.kl_beta > 0:
-            self.ref_model = self._build(mg_state, trainable=False, dtype=compute_dtype)
-        del mg_state
-        self.ddp = wrap_ddp(self.model, settings, self.device)
-        self.step = build_step(self.ddp, settings, self.dp, self.amp, self.device, self.params_dtype)
-        self.optimizer_steps = 0
-
-    def _build(self, mg_state: dict[str, torch.Tensor], trainable: bool, dtype: torch.dtype) -> torch.nn.Module:
-        overrides = dict(self.settings.model_overrides, calculate_per_token_loss=True)  # DDP sums: optimizer.py
-        model = build_gpt_model(self.hf_model_path, params_dtype=dtype, init_weights=False,
-                                use_te=layer_spec_uses_te(self.settings.spec_name), **overrides)
-        load_megatron_state_dict(model, mg_state, source=f"HF checkpoint {self.hf_model_path}")
-        model.to(self.device)
-        model.requires_grad_(trainable)
-        model.train(trainable)
-        return model
+    A backend provides ``model``/``ref_model``, ``settings``, ``dp``, ``device``, ``step`` (``training/optimizer.py``
+    interface: zero_grad, scale_loss, step(lr)), ``optimizer_steps``, ``onload()``, ``_pack(samples)`` and
+    ``_token_logprobs(model, batch, with_entropy)`` -> ``([B, T-1] log-probs, entropy or None)``."""
 
     @property
     def optimizer(self):
         """The underlying optimizer (torch's on CPU, Megatron's on CUDA)."""
         return self.step.optimizer
-
-    @property
-    def pad_id(self) -> int:
-        return 0
-
-    def gradients(self) -> dict[str, torch.Tensor]:
-        """This rank's accumulated gradients by Megatron name (DDP keeps them in ``main_grad``)."""
-        return {n: p.main_grad for n, p in self.model.named_parameters() if p.requires_grad}
-
-    # ------------------------------------------------------------------ forward passes
-    def _inputs(self, model: torch.nn.Module, batch: PackedBatch):
-        ids = batch.input_ids.to(self.device)
-        b, t = ids.shape
-        # Right padding: the causal mask alone keeps real tokens from seeing padding.
-        mask = None if getattr(model, "uses_te_spec", False) else causal_padding_mask(None, t, b).to(self.device)
-        return ids, batch.position_ids.to(self.device), mask
-
-    def _token_logprobs(self, model: torch.nn.Module, batch: PackedBatch, with_entropy: bool = False):
-        """(log-probs ``[B, T-1]`` of the sampling distribution (logits / temperature), entropy or None), fp32,
-        in chunks of ``actor.logprob_chunk_tokens`` over the sequence."""
-        ids, pos, mask = self._inputs(model, batch)
-        with self.amp.autocast():
-            with hidden_states_only(model):
-                hidden = model(ids, pos, mask)
-            return next_token_logprobs(output_projection(model), hidden, ids, temperature=self.settings.temperature,
-                                       chunk_tokens=self.settings.logprob_chunk_tokens, with_entropy=with_entropy)
-
-    def _pack(self, samples: Sequence[Sample]) -> PackedBatch:
-        return pack_sequences(
-            [s.prompt_ids for s in samples], [s.response_ids for s in samples], [s.response_mask for s in samples], self.pad_id
-        )
 
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[Sample], reference: bool = False) -> list[torch.Tensor]:
@@ -272,6 +210,80 @@ class MegatronPolicy:
             "advantages_max": max(v for e in everyone for v in e[3]),
             "advantages_min": min(v for e in everyone for v in e[4]),
         }
+
+
+class MegatronPolicy(GRPOPolicy):
+    """Policy + frozen reference on Megatron-core (TP=PP=1 in this process), with its optimizer.
+
+    One data-parallel rank when ``parallel_state`` was initialised for several processes before it is built
+    (every rank holds the whole model; ``train_step`` sums token counts and gradients over the ranks)."""
+
+    def __init__(self, hf_model_path: str | Path, settings: ActorSettings, *, init_distributed: bool = True):
+        self.settings = settings
+        self.hf_model_path = str(hf_model_path)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        native = self.device.type == "cuda"  # Megatron's mixed precision (16-bit params) on CUDA, autocast on CPU
+        compute_dtype = autocast_dtype(settings.precision) or torch.float32
+        self.params_dtype = compute_dtype if native else torch.float32
+        self.amp = MixedPrecision("fp32" if native else settings.precision, self.device, settings.loss_scale)
+        self._weights_offloaded = False
+        if init_distributed and not parallel_state.model_parallel_is_initialized():
+            init_parallel_state(1, 1, seed=settings.seed)
+        # DP = the processes of an already initialised group (the Ray worker initialises it for N ranks)
+        self.dp = DataParallel.from_parallel_state()
+        torch.manual_seed(settings.seed)
+        self.spec = ConvertSpec.from_hf_config(self.hf_model_path, te_layernorm_names=False)
+        mg_state = hf_to_megatron(HFReader(self.hf_model_path).read_all(), self.spec, tp=1, pp=1)[(0, 0)]
+        self.model = self._build(mg_state, trainable=True, dtype=self.params_dtype)
+        # the frozen reference only runs forward passes: stored in the compute dtype (half the memory)
+        self.ref_model = None
+        if settings.loss.kl_beta > 0:
+            self.ref_model = self._build(mg_state, trainable=False, dtype=compute_dtype)
+        del mg_state
+        self.ddp = wrap_ddp(self.model, settings, self.device)
+        self.step = build_step(self.ddp, settings, self.dp, self.amp, self.device, self.params_dtype)
+        self.optimizer_steps = 0
+
+    def _build(self, mg_state: dict[str, torch.Tensor], trainable: bool, dtype: torch.dtype) -> torch.nn.Module:
+        overrides = dict(self.settings.model_overrides, calculate_per_token_loss=True)  # DDP sums: optimizer.py
+        model = build_gpt_model(self.hf_model_path, params_dtype=dtype, init_weights=False,
+                                use_te=layer_spec_uses_te(self.settings.spec_name), **overrides)
+        load_megatron_state_dict(model, mg_state, source=f"HF checkpoint {self.hf_model_path}")
+        model.to(self.device)
+        model.requires_grad_(trainable)
+        model.train(trainable)
+        return model
+
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """This rank's accumulated gradients by Megatron name (DDP keeps them in ``main_grad``)."""
+        return {n: p.main_grad for n, p in self.model.named_parameters() if p.requires_grad}
+
+    # ------------------------------------------------------------------ forward passes
+    def _inputs(self, model: torch.nn.Module, batch: PackedBatch):
+        ids = batch.input_ids.to(self.device)
+        b, t = ids.shape
+        # Right padding: the causal mask alone keeps real tokens from seeing padding.
+        mask = None if getattr(model, "uses_te_spec", False) else causal_padding_mask(None, t, b).to(self.device)
+        return ids, batch.position_ids.to(self.device), mask
+
+    def _token_logprobs(self, model: torch.nn.Module, batch: PackedBatch, with_entropy: bool = False):
+        """(log-probs ``[B, T-1]`` of the sampling distribution (logits / temperature), entropy or None), fp32,
+        in chunks of ``actor.logprob_chunk_tokens`` over the sequence."""
+        ids, pos, mask = self._inputs(model, batch)
+        with self.amp.autocast():
+            with hidden_states_only(model):
+                hidden = model(ids, pos, mask)
+            return next_token_logprobs(output_projection(model), hidden, ids, temperature=self.settings.temperature,
+                                       chunk_tokens=self.settings.logprob_chunk_tokens, with_entropy=with_entropy)
+
+    def _pack(self, samples: Sequence[Sample]) -> PackedBatch:
+        return pack_sequences(
+            [s.prompt_ids for s in samples], [s.response_ids for s in samples], [s.response_mask for s in samples], self.pad_id
+        )
 
     # ------------------------------------------------------------------ weights
     def megatron_state_dict(self) -> dict[str, torch.Tensor]:

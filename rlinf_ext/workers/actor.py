@@ -1,4 +1,5 @@
-"""RLinf worker around the Megatron-core policy, with the method names of RLinf's ``MegatronActor``.
+"""RLinf worker around the actor's policy, with the method names of RLinf's ``MegatronActor``: the Megatron-core
+policy for text models, or the HF vision-language policy (``actor.training_backend: fsdp``, ``build_policy``).
 
 ``init_worker``, ``sync_model_to_rollout``, ``run_inference`` (recompute old
 and reference log-probs), ``run_training`` (returns ``(rollout_metrics, training_metrics_list)``),
@@ -31,6 +32,7 @@ from rlinf_ext.convert.state_dicts import iter_megatron_to_hf
 from rlinf_ext.models.cpu_shims import env_init_method, init_parallel_state
 from rlinf_ext.protocol.payloads import SearchRolloutResult, pad_rows
 from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
+from rlinf_ext.training.hf_policy import FSDPSettings, HFPolicy, MMSample
 from rlinf_ext.training.policy import MegatronPolicy, Sample
 from rlinf_ext.training.settings import ActorSettings
 from rlinf_ext.workers.weight_sync import (
@@ -48,23 +50,34 @@ from rlinf_ext.workers.weight_sync import (
 
 
 def samples_of(results: list[SearchRolloutResult]) -> list[Sample]:
-    """Flatten results (group order kept) into actor samples, with rewards and recomputed log-probs."""
-    out = []
+    """Flatten results (group order kept) into actor samples, with rewards and recomputed log-probs (and each
+    trajectory's images when the result carries them: ``MMSample`` for the vision-language actor)."""
+    out: list[Sample] = []
     for res in results:
         rewards = res.rewards.tolist() if torch.is_tensor(res.rewards) else list(res.rewards or [0.0] * res.num_sequence)
         for i in range(res.num_sequence):
             n = res.response_lengths[i]
-            out.append(
-                Sample(
-                    prompt_ids=res.prompt_ids[i],
-                    response_ids=res.response_ids[i],
-                    response_mask=res.response_mask[i],
-                    reward=float(rewards[i]),
-                    old_logprobs=None if res.recomputed_logprobs is None else res.recomputed_logprobs[i, :n].clone(),
-                    ref_logprobs=None if res.ref_logprobs is None else res.ref_logprobs[i, :n].clone(),
-                )
+            fields = dict(
+                prompt_ids=res.prompt_ids[i],
+                response_ids=res.response_ids[i],
+                response_mask=res.response_mask[i],
+                reward=float(rewards[i]),
+                old_logprobs=None if res.recomputed_logprobs is None else res.recomputed_logprobs[i, :n].clone(),
+                ref_logprobs=None if res.ref_logprobs is None else res.ref_logprobs[i, :n].clone(),
             )
+            out.append(MMSample(**fields, images=list(res.trajectory_images[i])) if res.trajectory_images
+                       else Sample(**fields))
     return out
+
+
+def build_policy(cfg: ExperimentConfig, settings: ActorSettings) -> MegatronPolicy | HFPolicy:
+    """``actor.training_backend``: megatron (text models) or fsdp (Qwen2.5-VL, transformers' model; FSDP2 over the
+    data-parallel group set up by ``_init_data_parallel``)."""
+    path = cfg.rollout.model.model_path
+    if cfg.actor.training_backend == "fsdp":
+        return HFPolicy(path, settings, dp=DataParallel.from_parallel_state(),
+                        fsdp=FSDPSettings.from_config(cfg.actor.fsdp_config))
+    return MegatronPolicy(path, settings)
 
 
 def rollout_metrics(samples: list[Sample], dp: DataParallel) -> dict[str, float]:
@@ -100,7 +113,7 @@ class MegatronActorWorker(Worker):
         with self.worker_timer():
             torch.set_num_threads(max(torch.get_num_threads(), 1))
             self._init_data_parallel()
-            self.policy = MegatronPolicy(self.cfg.rollout.model.model_path, self.settings)
+            self.policy = build_policy(self.cfg, self.settings)
             self.log_info(
                 f"actor rank {self._rank}/{self._world_size} ready on {self.policy.device}: "
                 f"{sum(p.numel() for p in self.policy.model.parameters()):,} params, data-parallel size "
@@ -146,21 +159,35 @@ class MegatronActorWorker(Worker):
             if routes is None:
                 raise RuntimeError("sync_model_to_rollout before set_weight_sync: the runner sets the routes at start")
             targets = routes.targets_of(self._rank)
+            hf_backend = isinstance(self.policy, HFPolicy)
+            if hf_backend:  # FSDP2: gathering the weights and the probe forward are collective: every rank joins
+                header, buckets = self._hf_policy_payload(verify, shared=routes.mode == "paired")
             if not targets:  # broadcast route: rank 0 sends (every rank holds the same weights)
                 return dataclasses.asdict(SyncStats(routes.mode))
-            header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
-            if verify and targets[0][1] == 0:  # TP slot 0 of an engine carries the probe for that engine
-                ids = probe_ids(self.policy.model.hf_vocab_size)
-                header.probe_ids, header.probe_logits = ids, self.policy.probe_logits(ids)
-            paired = routes.mode == "paired"
-            if paired:
+            if not hf_backend:
+                header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
+                if verify and targets[0][1] == 0:  # TP slot 0 of an engine carries the probe for that engine
+                    ids = probe_ids(self.policy.model.hf_vocab_size)
+                    header.probe_ids, header.probe_logits = ids, self.policy.probe_logits(ids)
+                buckets = self._hf_buckets(shared=routes.mode == "paired")
+            if routes.mode == "paired":
                 prepare_handles(self.policy.device)
-            stats = send_weights(self, routes, header, self._hf_buckets(shared=paired),
+            stats = send_weights(self, routes, header, buckets,
                                  actor_group=self.cfg.actor.group_name, rollout_group=self.cfg.rollout.group_name)
             if self.policy.device.type == "cuda":  # the buckets' memory goes back to the collocated engine
                 torch.cuda.ipc_collect()  # blocks shared through IPC are freed only once the engine let go of them
                 torch.cuda.empty_cache()
             return dataclasses.asdict(stats)
+
+    def _hf_policy_payload(self, verify: bool, shared: bool):
+        """Header (with the multimodal probe) and buckets of the HF actor: its names are the engine's already."""
+        header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
+        if verify:
+            ids, images, positions = self.policy.probe()
+            header.probe_ids, header.probe_images, header.probe_positions = ids, images, positions
+            header.probe_logits = self.policy.probe_logits(ids, images)
+        state = self.policy.hf_state_dict(rollout_dtype(self.cfg))
+        return header, pack_buckets(iter(state.items()), self._sync_bucket_bytes, shared=shared)
 
     def _hf_buckets(self, shared: bool):
         """The policy weights as HF-named buckets in the rollout's dtype, converted one unit at a time on this

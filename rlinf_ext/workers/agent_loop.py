@@ -44,7 +44,8 @@ class ChannelGenerator:
         self.step_seed = step_seed
         self._seen: dict[tuple[int, ...], int] = {}
 
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams) -> GenerationResult:
+    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
+                       images: list[Any] | None = None) -> GenerationResult:
         key = tuple(prompt_ids)
         occurrence = self._seen.get(key, 0)
         self._seen[key] = occurrence + 1
@@ -56,6 +57,8 @@ class ChannelGenerator:
             "sampling_params": params,
             "seed": request_seed(self.step_seed, prompt_ids, occurrence),
         }
+        if images:  # a vision-language context: the engine needs every image so far
+            request["images"] = list(images)
         await self.input_channel.put(request, async_op=True).async_wait()
         reply = await self.output_channel.get(channel_key, async_op=True).async_wait()
         return result_of(reply)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from rlinf.scheduler import Worker
 
+from rlinf_ext.agent.mm_metrics import mm_summary_by_category
 from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.payloads import SearchRolloutResult
@@ -18,14 +19,34 @@ from rlinf_ext.rewards.registry import get_reward_fn
 
 def score_result(result: SearchRolloutResult, reward_cfg: RewardConfig) -> tuple[list[float], list[float]]:
     """``(rewards, em)`` of one group, pure (no worker state)."""
+    rewards, em, _ = score_result_details(result, reward_cfg)
+    return rewards, em
+
+
+def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig):
+    """``(rewards, em, reward results)``; MMSearch-R1 results pass each trajectory's turn texts (``turns=``)."""
     fn = get_reward_fn(str(reward_cfg.reward_type))
     texts = result.generated_texts or result.response_texts
-    rewards, em = [], []
+    rewards, em, details = [], [], []
     for i in range(result.num_sequence):
-        res = fn(texts[i], result.answers[i], reward_cfg, num_searches=result.num_searches[i] if result.num_searches else 0)
+        extra = {"turns": result.turn_texts[i]} if result.turn_texts else {}
+        res = fn(texts[i], result.answers[i], reward_cfg,
+                 num_searches=result.num_searches[i] if result.num_searches else 0, **extra)
         rewards.append(float(res.score))
         em.append(float(res.em))
-    return rewards, em
+        details.append(res)
+    return rewards, em, details
+
+
+def mm_rows(result: SearchRolloutResult, details: list) -> list[dict]:
+    """Per-trajectory rows of ``agent.mm_metrics.mm_summary`` (category, correctness, searches that ran)."""
+    rows = []
+    for i, res in enumerate(details):
+        m = result.trajectory_metrics[i]
+        rows.append({"category": result.categories[i], "correct": float(res.correct), "reward": float(res.score),
+                     **{k: float(m.get(k, 0.0)) for k in ("image_searches", "text_searches", "image_search_failures",
+                                                           "text_search_failures")}})
+    return rows
 
 
 class SearchR1RewardWorker(Worker):
@@ -40,10 +61,12 @@ class SearchR1RewardWorker(Worker):
     def compute_rewards(self, input_channel, output_channel, num_results: int) -> dict:
         """Score ``num_results`` groups; returns ``{"metrics": ..., "rewards": {uid: [..]}}``."""
         with self.worker_timer():
-            all_rewards, all_em, by_uid = [], [], {}
+            all_rewards, all_em, by_uid, rows = [], [], {}, []
             for _ in range(num_results):
                 result: SearchRolloutResult = input_channel.get()
-                rewards, em = score_result(result, self.cfg.reward)
+                rewards, em, details = score_result_details(result, self.cfg.reward)
+                if result.categories:
+                    rows += mm_rows(result, details)
                 result.rewards = torch.tensor(rewards, dtype=torch.float32)
                 by_uid[result.uid] = rewards
                 all_rewards += rewards
@@ -55,5 +78,6 @@ class SearchR1RewardWorker(Worker):
                 mk.REWARD_EM: sum(all_em) / n,
                 mk.REWARD_MAX: max(all_rewards, default=0.0),
                 mk.REWARD_MIN: min(all_rewards, default=0.0),
+                **mm_summary_by_category(rows, prefix=mk.ROLLOUT_PREFIX),  # MMSearch-R1: per FVQA category
             }
             return {"metrics": metrics, "rewards": by_uid}

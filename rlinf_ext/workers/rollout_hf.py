@@ -18,6 +18,7 @@ from rlinf.scheduler import Worker
 
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.hf import HFGenerator
+from rlinf_ext.generation.hf_vl import HFVLGenerator
 from rlinf_ext.protocol.generation import (
     STOP_SERVING,
     GenerateReply,
@@ -60,7 +61,8 @@ class HFRolloutWorker(Worker):
         with self.worker_timer():
             rollout = self.cfg.rollout
             torch.manual_seed(int(self.cfg.runner.seed) + self._rank)
-            self.generator = HFGenerator.from_pretrained(
+            engine = HFVLGenerator if rollout.model.model_type == "qwen2.5_vl" else HFGenerator
+            self.generator = engine.from_pretrained(
                 rollout.model.model_path,
                 dtype=str(rollout.hf.dtype),
                 max_batch_size=int(rollout.hf.max_batch_size),
@@ -70,7 +72,8 @@ class HFRolloutWorker(Worker):
 
     async def _generate(self, request: GenerateRequest) -> GenerateReply:
         params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
-        if self.deterministic:
+        images = request.get("images") or None  # vision-language requests carry every image of the context
+        if self.deterministic and not images:
             seed = int(request.get("seed", 0))
 
             def run():
@@ -78,6 +81,10 @@ class HFRolloutWorker(Worker):
                 return self.generator.generate_batch_sync([request["prompt_ids"]], params)[0]
 
             result = await asyncio.to_thread(run)
+        elif images:
+            if self.deterministic:  # requests are served one at a time (rollout_serverless): the seed holds
+                torch.manual_seed(int(request.get("seed", 0)))
+            result = await self.generator.generate(request["prompt_ids"], params, images=images)
         else:
             result = await self.generator.generate(request["prompt_ids"], params)
         self.requests_served += 1
@@ -130,8 +137,12 @@ class HFRolloutWorker(Worker):
             self.last_sync = {"sources": [h.sender for h in headers], **vars(stats)}
             if self.verify_sync and header.probe_logits is not None:
                 with torch.no_grad():
-                    logits = model(input_ids=header.probe_ids).logits.float()
-                self.last_sync_logit_diff = check_logits_match(header.probe_logits, logits, self.sync_atol)
+                    vision = self.generator.images.batch(header.probe_images) if header.probe_images else {}
+                    logits = model(input_ids=header.probe_ids, **vision).logits.float()
+                expected = header.probe_logits
+                if header.probe_positions is not None:  # multimodal probe: the text after the image
+                    expected, logits = expected[:, header.probe_positions], logits[:, header.probe_positions]
+                self.last_sync_logit_diff = check_logits_match(expected, logits, self.sync_atol)
 
     async def offload_engine(self) -> None:  # CPU engine: nothing to release
         with self.worker_timer():

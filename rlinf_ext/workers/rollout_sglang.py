@@ -38,7 +38,11 @@ from rlinf_ext.generation.sglang import (
     sglang_reply,
     to_sglang_params,
 )
+from rlinf_ext.generation.sglang_mm import disallowed_tokens_processor, mm_request, retokenize_mismatch, vl_server_overrides
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams, sampling_params_from_request
+from rlinf_ext.models.qwen2 import load_hf_config_dict
+from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
+from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids
 from rlinf_ext.workers.weight_sync import (
     HandleBucket,
     SyncRoutes,
@@ -54,8 +58,10 @@ from rlinf_ext.workers.weight_sync import (
 GPU_SYNC_MEAN_ATOL = 0.5
 
 
-def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input_token_logprobs: list) -> float:
-    """Mean |engine - actor| log-prob of the probe's tokens 1..L-1 (pure).
+def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input_token_logprobs: list,
+                      positions: list[int] | None = None) -> float:
+    """Mean |engine - actor| log-prob of the probe's tokens 1..L-1 (pure); ``positions``: only those tokens (the
+    multimodal probe compares the text after its image).
 
     ``actor_logits`` [1, L, V] from the ``SyncHeader``; ``input_token_logprobs`` = SGLang's
     ``meta_info["input_token_logprobs"]`` for the probe with ``logprob_start_len=0`` (entries
@@ -71,7 +77,10 @@ def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input
         )
     expected = torch.log_softmax(actor_logits.reshape(len(ids), -1)[:-1].float(), dim=-1)
     expected = expected.gather(-1, ids[1:, None]).squeeze(-1)
-    return float((expected - torch.tensor(values, dtype=torch.float32)).abs().mean())
+    gaps = (expected - torch.tensor(values, dtype=torch.float32)).abs()  # entry j: token j + 1
+    if positions is not None:
+        gaps = gaps[torch.tensor([p - 1 for p in positions if p >= 1], dtype=torch.long)]
+    return float(gaps.mean())
 
 
 def request_params(defaults: SamplingParams, request: dict | None, eos_ids: list[int]) -> tuple[dict, SamplingParams]:
@@ -128,6 +137,7 @@ def make_sglang_stop_worker():
             self.last_sync_logprob_gap: float | None = None
             self.last_sync: dict | None = None
             self.requests_served = 0
+            self.retokenize_mismatches = 0.0  # rollout/retokenize_mismatch: requests SGLang re-tokenised differently
 
         def _init_engine(self):
             """RLinf's engine class, started from ``server_kwargs`` (dummy weights: the first sync loads them)."""
@@ -136,6 +146,7 @@ def make_sglang_stop_worker():
             kwargs = server_kwargs(self._cfg, tp_size=int(self._cfg_rollout.tensor_parallel_size),
                                    seed=int(self._cfg.runner.seed) + int(self._rank), load_format="dummy",
                                    training=True)
+            kwargs.update(vl_server_overrides(str(self._cfg_rollout.model.model_type)))  # NOT GPU-verified
             kwargs["dist_init_addr"] = f"127.0.0.1:{self.acquire_free_port()}"
             self._engine = Engine(**kwargs)
 
@@ -148,12 +159,28 @@ def make_sglang_stop_worker():
         def _decode(self, ids: list[int]) -> str:
             return self._tokenizer.decode(ids, skip_special_tokens=False)
 
-        async def generate_and_send(self, output_channel, channel_key, prompt_ids, sampling_params=None):
+        def _vl_request(self, prompt_ids, images, sglang_params) -> dict:
+            """Every image of the context plus the banned ids (NOT GPU-verified; ``generation/sglang_mm.py``)."""
+            if not hasattr(self, "_vl"):
+                tok = self._tokenizer
+                ids = tuple(int(tok.convert_tokens_to_ids(t)) for t in (VISION_START, IMAGE_PAD, VISION_END))
+                vocab = int(load_hf_config_dict(self._cfg_rollout.model.model_path)["vocab_size"])  # padded rows
+                self._vl = (ids, banned_token_ids(tok, max(vocab, len(tok))), disallowed_tokens_processor())
+            token_ids, banned, processor = self._vl
+            return mm_request(prompt_ids, images, sglang_params, token_ids=token_ids, banned_ids=banned,
+                              logit_processor=processor)
+
+        async def generate_and_send(self, output_channel, channel_key, prompt_ids, sampling_params=None, images=None):
             try:
                 sglang_params, params = request_params(self._defaults, sampling_params, self._eos_ids)
-                result = await self._engine.async_generate(
-                    input_ids=prompt_ids, sampling_params=sglang_params, return_logprob=self._return_logprobs,
-                )
+                if images:  # vision-language: SGLang re-tokenises the decoded ids with every image
+                    request = self._vl_request(prompt_ids, images, sglang_params)
+                    result = await self._engine.async_generate(**request, return_logprob=self._return_logprobs)
+                    self.retokenize_mismatches += retokenize_mismatch(prompt_ids, result.get("meta_info") or {})
+                else:
+                    result = await self._engine.async_generate(
+                        input_ids=prompt_ids, sampling_params=sglang_params, return_logprob=self._return_logprobs,
+                    )
                 reply = sglang_reply(result, self._decode, include_stop_str_in_output=params.include_stop_str_in_output,
                                      return_logprobs=self._return_logprobs)
             except Exception as exc:  # the agent loop gets the error instead of waiting forever
@@ -168,7 +195,8 @@ def make_sglang_stop_worker():
                 if req.get("channel_key") == STOP_SERVING:
                     break
                 task = asyncio.get_running_loop().create_task(self.generate_and_send(
-                    output_channel, req["channel_key"], req["prompt_ids"], req.get("sampling_params")
+                    output_channel, req["channel_key"], req["prompt_ids"], req.get("sampling_params"),
+                    req.get("images"),
                 ))
                 pending.add(task)  # a reference, or the loop may drop the task
                 task.add_done_callback(pending.discard)
@@ -230,12 +258,14 @@ def make_sglang_stop_worker():
                 await self._check_probe(headers[0])
 
         async def _check_probe(self, header) -> None:
+            ids = header.probe_ids.reshape(-1).tolist()
+            extra = {"image_data": [img.data for img in header.probe_images]} if header.probe_images else {}
             result = await self._engine.async_generate(
-                input_ids=header.probe_ids.reshape(-1).tolist(),
-                sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                return_logprob=True, logprob_start_len=0,
+                input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                return_logprob=True, logprob_start_len=0, **extra,
             )
-            gap = probe_logprob_gap(header.probe_ids, header.probe_logits, result["meta_info"]["input_token_logprobs"])
+            gap = probe_logprob_gap(header.probe_ids, header.probe_logits, result["meta_info"]["input_token_logprobs"],
+                                    header.probe_positions)
             self.last_sync_logprob_gap = gap
             if not gap <= GPU_SYNC_MEAN_ATOL:
                 raise WeightSyncError(
@@ -246,7 +276,8 @@ def make_sglang_stop_worker():
 
         async def get_state(self) -> dict:
             return {"weight_version": self.weight_version, "last_sync_logprob_gap": self.last_sync_logprob_gap,
-                    "last_sync": self.last_sync, "requests_served": self.requests_served}
+                    "last_sync": self.last_sync, "requests_served": self.requests_served,
+                    RETOKENIZE_MISMATCH: self.retokenize_mismatches / max(self.requests_served, 1)}
 
     return SGLangStopWorker
 

@@ -95,6 +95,8 @@ class SyncHeader:
     sender: int  # actor rank
     probe_ids: torch.Tensor | None = None  # [1, L]
     probe_logits: torch.Tensor | None = None  # [1, L, V] actor logits, fp32
+    probe_images: list | None = None  # vision-language probe: its images (protocol.images.ImageRef), in order
+    probe_positions: list[int] | None = None  # the positions compared (text after the image; None = all)
 
 
 @dataclass

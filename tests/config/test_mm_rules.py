@@ -23,7 +23,39 @@ def test_mm_scoring_pixels_cache_and_training(reference_env):
     assert_issue("tiny-mm-cpu-eval", ["tools.image_search.thumbnail_max_pixels=1000"],
                  "tools.image_search.thumbnail_max_pixels", "3136")
     assert_issue("tiny-mm-cpu-eval", ["tools.image_search.cache_path=null"], "tools.image_search.cache_path", "cache")
-    assert_issue("tiny-mm-cpu-eval", ["runner.task_type=reasoning", "data.train_data_paths=[x.parquet]"],
-                 "runner.task_type", "reasoning_eval")
+    by_key, result = issues_for("tiny-mm-cpu", [])  # MMSearch-R1 training validates (it used to be refused)
+    assert result.ok, [str(i) for i in result.issues]
     by_key, _ = issues_for("tiny-mm-cpu-eval", ["tools.image_search.backend=dummy", "tools.image_search.cache_path=null"])
     assert "tools.image_search.cache_path" not in by_key
+
+
+def test_vl_actor_backend_rules(reference_env):
+    by_key, result = issues_for("tiny-mm-cpu-eval", ["actor.training_backend=fsdp"])
+    assert result.ok, [str(i) for i in result.issues]
+    training = ["runner.task_type=reasoning", "data.train_data_paths=[x.parquet]"]
+    assert_issue("tiny-mm-cpu-eval", training, "actor.training_backend", "fsdp")
+    by_key, _ = issues_for("tiny-mm-cpu-eval", training + ["actor.training_backend=fsdp"])
+    assert "actor.training_backend" not in by_key
+    assert_issue("tiny-cpu-eval", ["actor.training_backend=fsdp"], "actor.training_backend", "megatron")
+    assert_issue("tiny-mm-cpu-eval", ["actor.training_backend=fsdp", "actor.fsdp_config.cpu_offload=true"],
+                 "actor.fsdp_config.cpu_offload", "false")
+
+
+def test_mm_stops_and_search_limits(reference_env):
+    assert_issue("tiny-mm-cpu-eval", ["algorithm.sampling_params.stop=[</answer>]"], "algorithm.sampling_params.stop",
+                 "</search>", "</text_search>")
+    assert_issue("tiny-mm-cpu-eval", ["agentloop.mmsearch.image_search_limit=3"], "agentloop.mmsearch.image_search_limit",
+                 "max_gen_round=3", "between 0 and 2")
+    assert_issue("tiny-mm-cpu-eval", ["agentloop.mmsearch.max_gen_round=2", "agentloop.mmsearch.text_search_limit=2"],
+                 "agentloop.mmsearch.text_search_limit", "between 0 and 1")
+    by_key, _ = issues_for("tiny-mm-cpu-eval", ["agentloop.mmsearch.image_search_limit=2"])
+    assert "agentloop.mmsearch.image_search_limit" not in by_key
+
+
+def test_fsdp_actor_on_gpus_needs_its_own_gpus(reference_env):
+    by_key, result = issues_for("qwen2.5-vl-7b-1node", [])
+    assert result.ok, [str(i) for i in result.issues]
+    assert_issue("qwen2.5-vl-7b-1node", ["cluster.component_placement={'actor,rollout,reward': all}"],
+                 "cluster.component_placement", "disjoint")
+    assert_issue("qwen2.5-vl-7b-1node", ["actor.offload_weight=true"], "actor.offload_weight", "not implemented")
+    assert_issue("qwen2.5-vl-7b-1node", ["algorithm.training_batch_size_per_gpu=8"], "runner.seq_length", "GiB")

@@ -28,13 +28,13 @@ CI_SIZE = [
 
 
 def launch(args: list[str], on_line: Callable | None = None, timeout: float = 480,
-           env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run `launchers/train.py tiny-cpu --no-progress ARGS`; `on_line(line, proc)` sees each output line as it
+           env: dict[str, str] | None = None, config: str = "tiny-cpu") -> tuple[int, str]:
+    """Run `launchers/train.py CONFIG --no-progress ARGS`; `on_line(line, proc)` sees each output line as it
     comes. ``env``: the child's environment (default: this one without RAY_ADDRESS)."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "launchers" / "train.py"), "tiny-cpu", "--no-progress", *args],
+        [sys.executable, str(REPO / "launchers" / "train.py"), config, "--no-progress", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(REPO),
     )
     lines: list[str] = []

@@ -131,3 +131,14 @@ def test_the_reference_run_fits_an_h100_with_transformer_engine(seq, fits):
     plan = plan_gpu(x, gpu_bytes=80 * GIB, rollout_fraction=0.75, collocated=True, offload_weight=True,
                     offload_optimizer=True, offload_grad=True)
     assert plan.fits is fits
+
+
+def test_fsdp2_shards_every_static_item_and_counts_the_full_logits():
+    x = ActorMemoryInputs(SMALL, seq_length=4, micro_batch_size=2, precision="bf16", data_parallel=4,
+                          reference_model=True, fsdp=True)
+    # 1384 params: fp32 weights, fp32 gradients, Adam's two fp32 moments, a bf16 reference, each over 4 ranks
+    assert static_bytes(x) == {"weights": 1384, "gradients": 1384, "main params (fp32)": 0, "optimizer state": 2768,
+                               "reference model": 692}
+    # HF's forward returns all 2 x 4 positions' logits over 10 ids in bf16 on top of the chunked log-prob pass
+    unsharded = ActorMemoryInputs(SMALL, seq_length=4, micro_batch_size=2, precision="bf16")
+    assert logits_bytes(x) - logits_bytes(unsharded) == 2 * 4 * 10 * 2

@@ -74,7 +74,8 @@ def test_actor_checkpoint_converts_as_is_to_the_trained_model(tiny_assets, tmp_p
 
     # the launcher converts the same directory (no rewriting step) and gets the same files
     cfg = SimpleNamespace(runner=SimpleNamespace(output_dir=str(tmp_path), experiment_name="run"),
-                          rollout=SimpleNamespace(model=SimpleNamespace(model_path=str(template))))
+                          rollout=SimpleNamespace(model=SimpleNamespace(model_path=str(template))),
+                          actor=SimpleNamespace(training_backend="megatron"))
     found, hf_dir = convert_last_checkpoint_to_hf(cfg)
     assert found == ckpt and hf_dir == tmp_path / "run" / "hf_model" / "global_step_1"
     launched = read_weights_dir(hf_dir)

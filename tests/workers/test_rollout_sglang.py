@@ -25,6 +25,10 @@ def test_probe_logprob_gap_compares_engine_and_actor():
     assert probe_logprob_gap(ids, logits, shifted) == pytest.approx(1.0, abs=1e-5)
     with pytest.raises(WeightSyncError, match="probe log-probs"):
         probe_logprob_gap(ids, logits, entries[:-1])
+    # the multimodal probe compares only the text after its image: a gap on the image's positions is not counted
+    image_off = [entries[0]] + [(lp + (5.0 if k < 2 else 0.0), t, x) for k, (lp, t, x) in enumerate(entries[1:])]
+    assert probe_logprob_gap(ids, logits, image_off, positions=[3, 4, 5]) < 1e-5
+    assert probe_logprob_gap(ids, logits, image_off, positions=[2, 3]) == pytest.approx(2.5, abs=1e-5)
 
 
 @dataclass

@@ -1,0 +1,76 @@
+"""End to end: MMSearch-R1 GRPO on the tiny multimodal world through the real launcher, as a user runs it.
+
+Launch 1 trains 2 steps (checkpoint every step) on RLinf's scheduler on CPU with the real BM25 server, the image
+cache, the VL rollout engine and the HF actor; launch 2 resumes the finished run (``resume_dir=auto``) for one
+more step. The last checkpoint's ``actor/`` is an HF model directory that transformers loads and generates with
+from an image. Evaluation is skipped here (tests/e2e/test_mm_eval.py covers it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from launch_helpers import launch, metrics_rows
+
+pytestmark = pytest.mark.slow
+
+CI_SIZE = ["data.rollout_batch_size=2", "algorithm.group_size=2", "algorithm.n_minibatches=1",
+           "algorithm.training_batch_size_per_gpu=2", "algorithm.sampling_params.max_new_tokens=32",
+           "runner.save_interval=1"]
+
+
+@pytest.mark.timeout(600)
+def test_tiny_mm_experiment_trains_checkpoints_resumes_and_exports_an_hf_model(tiny_mm_assets_sft, tmp_path):
+    out, rollouts = tmp_path / "runs", tmp_path / "rollouts"
+    common = [f"paths.tiny_assets={tiny_mm_assets_sft.root}", f"runner.output_dir={out}",
+              f"runner.rollout_data_dir={rollouts}", "--no-eval", *CI_SIZE]
+    run_dir = out / "mmsearch-r1-grpo-tiny-cpu"
+    code, log1 = launch([*common, "runner.max_steps=2"], config="tiny-mm-cpu")
+    assert code == 0, log1[-4000:]
+    rows = metrics_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    dumped = {r["step"]: [json.loads(line) for line in (rollouts / f"step_{r['step']}.jsonl").read_text().splitlines()]
+              for r in rows}
+    for row in rows:
+        categories = {d["category"] for d in dumped[row["step"]]}  # metrics are split by the step's categories
+        keys = ["reward/mean", "actor/loss", "agent/image_searches", "rollout/all/accuracy",
+                *(f"rollout/{c}/{m}" for c in categories for m in ("accuracy", "reward", "search_ratio_image"))]
+        for key in keys:
+            assert key in row and math.isfinite(row[key]), (key, row)
+    assert sum(r["agent/image_searches"] for r in rows) > 0, "the over-searching warm start never searched images"
+    assert all(len(d["image_sha1s"]) >= 1 and d["category"] for step in dumped.values() for d in step)
+
+    code, log2 = launch([*common, "runner.max_steps=3", "runner.resume_dir=auto"], config="tiny-mm-cpu")
+    assert code == 0, log2[-4000:]
+    assert "resumed from" in log2 and "global_step_2" in log2
+    assert [r["step"] for r in metrics_rows(run_dir)][-1] == 3
+    state = torch.load(run_dir / "checkpoints" / "global_step_3" / "actor" / "training_state.pt", weights_only=False)
+    assert state["iteration"] == 3 and state["opt_param_scheduler"]["num_steps"] == 3
+
+    from transformers import Qwen2_5_VLForConditionalGeneration
+    from vl_helpers_e2e import generate_from_image
+
+    model_dir = run_dir / "checkpoints" / "global_step_3" / "actor"
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir)
+    assert generate_from_image(model, model_dir, tiny_mm_assets_sft.mm)
+
+
+@pytest.mark.timeout(600)
+def test_tiny_mm_experiment_with_a_two_rank_fsdp2_actor(tiny_mm_assets_sft, tmp_path):
+    """``actor: 0-1``: two actor processes of RLinf's group shard the HF model with FSDP2 over gloo; the weight
+    sync (every rank joins the gathers, rank 0 sends) and the checkpoint (rank 0 writes the full model) work."""
+    out = tmp_path / "runs"
+    code, log = launch([f"paths.tiny_assets={tiny_mm_assets_sft.root}", f"runner.output_dir={out}", "--no-eval",
+                        "cluster.component_placement={actor: 0-1, rollout: 0, reward: 0}", *CI_SIZE,
+                        "runner.max_steps=1"], config="tiny-mm-cpu")
+    assert code == 0, log[-4000:]
+    assert "actor rank 1/2 ready on cpu" in log and "data-parallel size 2" in log
+    run_dir = out / "mmsearch-r1-grpo-tiny-cpu"
+    assert [r["step"] for r in metrics_rows(run_dir)] == [1]
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(run_dir / "checkpoints" / "global_step_1" / "actor")
+    assert sum(p.numel() for p in model.parameters()) > 0
