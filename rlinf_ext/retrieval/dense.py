@@ -198,25 +198,6 @@ def tune_and_audit(index: faiss.Index, emb: np.ndarray, encoder: TextEncoder, st
     return params, record
 
 
-def _to_gpus(index: faiss.Index, gpus: str) -> faiss.Index:
-    """Shard the index over the chosen GPUs in fp16 (faiss-GPU), or explain why that is not possible."""
-    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
-        raise ValueError("--gpus asks for faiss-GPU but this faiss has no GPU support or sees no GPU (faiss-cpu, "
-                         "a base requirement, overwrites faiss-gpu when installed after it); fix: "
-                         "`bash scripts/install.sh --gpu --faiss-gpu` (removes faiss-cpu, then installs "
-                         "faiss-gpu-cu12), or drop --gpus")
-    if isinstance(index, faiss.IndexHNSW) or "HNSW" in type(index).__name__:
-        raise ValueError("HNSW indexes cannot run on faiss-GPU; serve them on CPU (drop --gpus)")
-    options = faiss.GpuMultipleClonerOptions()
-    options.shard = True
-    options.useFloat16 = True
-    if gpus == "all":
-        return faiss.index_cpu_to_all_gpus(index, co=options)
-    ids = [int(g) for g in gpus.split(",") if g.strip()]
-    resources = [faiss.StandardGpuResources() for _ in ids]
-    return faiss.index_cpu_to_gpu_multiple_py(resources, index, co=options, gpus=ids)
-
-
 # faiss 1.15 sets `distance_compute_blas_threshold` to 128000, and its exhaustive (Flat) search then scans the
 # whole index once per query for batches below ~threshold / dim queries (measured on 1M x 768, 3 GB: 64 queries
 # took 7.3 s, 16 took 1.9 s, 256 took 1.7 s). With the threshold at faiss's old default of 20, 64 queries are one

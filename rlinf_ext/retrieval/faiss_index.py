@@ -146,8 +146,10 @@ def to_gpus(index: faiss.Index, gpus: str) -> faiss.Index:
     index goes to the GPUs; the exact re-rank reads the mapped vectors on the CPU.
     """
     if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
-        raise ValueError("--gpus asks for faiss-GPU but this faiss has no GPU support or sees no GPU; "
-                         "install faiss-gpu or drop --gpus (faiss-cpu is the default)")
+        raise ValueError("--gpus asks for faiss-GPU but this faiss has no GPU support or sees no GPU (faiss-cpu, "
+                         "a base requirement, overwrites faiss-gpu when installed after it); fix: "
+                         "`bash scripts/install.sh --gpu --faiss-gpu` (removes faiss-cpu, then installs "
+                         "faiss-gpu-cu12), or drop --gpus")
     concrete = faiss.downcast_index(index)
     if isinstance(concrete, faiss.IndexRefine):
         gpu_base = to_gpus(concrete.base_index, gpus)
