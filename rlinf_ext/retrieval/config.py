@@ -7,6 +7,17 @@ import dataclasses
 from dataclasses import dataclass, field
 
 
+def parse_gpu_ids(spec: str, available: int) -> list[int]:
+    """``--gpus`` -> device ids: ``all`` = every visible GPU, else a comma list; an id that is not visible is a
+    ValueError naming it."""
+    ids = list(range(available)) if spec.strip() == "all" else [int(g) for g in spec.split(",") if g.strip()]
+    missing = [g for g in ids if not 0 <= g < available]
+    if not ids or missing:
+        raise ValueError(f"--gpus {spec!r}: {available} GPU(s) visible (ids 0..{available - 1}), asked for "
+                         f"{missing or 'none'}; pass 'all' or ids below {available}")
+    return ids
+
+
 def _opt(default, help: str, **kw):
     return field(default=default, metadata={"help": help, **kw})
 
@@ -59,7 +70,7 @@ class BuildConfig:
     max_length: int = _opt(256, "Dense: max tokens per passage/query.")
     pooling: str | None = _opt(None, "Dense pooling (mean|cls); default from the retriever (e5 mean, bge cls).")
     device: str = _opt("auto", "Encoder device: auto, cpu or cuda.")
-    gpus: str | None = _opt(None, "Encode on these GPUs ('all' or 0,1,...); data-parallel over the visible GPUs.")
+    gpus: str | None = _opt(None, "Encode on these GPUs ('all' or 0,1,...): each batch is split over them (torch DataParallel).")
     threads: int | None = _opt(None, "CPU threads of the encoder (default: torch's default).")
     keep_embeddings: bool = _opt(False, "Dense: keep the passage embedding memmap after the index is written.")
     audit_sample: int = _opt(1000, "Approximate dense types: queries sampled from the corpus to choose nprobe / "

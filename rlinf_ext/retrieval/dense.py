@@ -17,6 +17,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+import torch
 
 from .audit import (
     AUDIT_RECALL,
@@ -27,6 +28,7 @@ from .audit import (
     sample_queries,
     time_batches,
 )
+from .config import parse_gpu_ids
 from .corpus import CorpusStore, file_fingerprint
 from .encoder import EncoderSpec, TextEncoder
 from .faiss_index import (
@@ -151,7 +153,8 @@ def build_dense_index(store: CorpusStore, out_dir: str | Path, spec: EncoderSpec
     device = _resolve_device(device)
     if gpus and device == "cpu":
         raise ValueError("--gpus was given but no CUDA device is visible to torch")
-    encoder = TextEncoder(spec, device=device, threads=threads)
+    gpu_ids = parse_gpu_ids(gpus, torch.cuda.device_count()) if gpus else None
+    encoder = TextEncoder(spec, device=device, threads=threads, gpus=gpu_ids)
     faiss_type = resolve_faiss_type(faiss_type, len(store), encoder.dim)
     new_faiss_index(encoder.dim, faiss_type)  # a bad factory string fails now, not after hours of encoding
     corpus_checksum = file_fingerprint(store.path)

@@ -48,14 +48,17 @@ def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) 
 class TextEncoder:
     """Encode queries or passages into float32 L2-normalised vectors."""
 
-    def __init__(self, spec: EncoderSpec, device: str = "cpu", threads: int | None = None) -> None:
+    def __init__(self, spec: EncoderSpec, device: str = "cpu", threads: int | None = None,
+                 gpus: list[int] | None = None) -> None:
         from transformers import AutoModel, AutoTokenizer
 
         self.spec = spec
-        self.device = torch.device(device)
+        self.device = torch.device(f"cuda:{gpus[0]}") if gpus else torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
         dtype = torch.float16 if self.device.type == "cuda" else torch.float32
         self.model = AutoModel.from_pretrained(spec.model_path, torch_dtype=dtype).to(self.device).eval()
+        # several GPUs: torch's DataParallel splits every batch over them (build-index --gpus; not GPU-verified)
+        self.forward = torch.nn.DataParallel(self.model, device_ids=gpus) if gpus and len(gpus) > 1 else self.model
         self.dim = int(self.model.config.hidden_size)
         # CPU intra-op threads while encoding (None: torch's default). On a shared, oversubscribed machine
         # fewer threads can be much faster (OpenMP workers spin waiting for each other).
@@ -79,6 +82,6 @@ class TextEncoder:
             chunk = [prefix + t for t in texts[start:start + batch_size]]
             batch = self.tokenizer(chunk, max_length=self.spec.max_length, padding=True, truncation=True,
                                    return_tensors="pt").to(self.device)
-            hidden = self.model(**batch).last_hidden_state
+            hidden = self.forward(**batch).last_hidden_state
             out[start:start + len(chunk)] = pool(hidden, batch["attention_mask"], self.spec.pooling).cpu().numpy()
         return out

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import faiss
 
+from .config import parse_gpu_ids
 from .corpus import file_fingerprint
 from .metadata import IndexMetadata, IndexMismatchError
 
@@ -165,7 +166,7 @@ def to_gpus(index: faiss.Index, gpus: str) -> faiss.Index:
     try:
         if gpus == "all":
             return faiss.index_cpu_to_all_gpus(index, co=options)
-        ids = [int(g) for g in gpus.split(",") if g.strip()]
+        ids = parse_gpu_ids(gpus, faiss.get_num_gpus())
         resources = [faiss.StandardGpuResources() for _ in ids]
         return faiss.index_cpu_to_gpu_multiple_py(resources, index, co=options, gpus=ids)
     except RuntimeError as e:

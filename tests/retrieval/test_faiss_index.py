@@ -196,3 +196,13 @@ def test_read_refuses_a_missing_file(tmp_path):
     meta = IndexMetadata(retriever="e5", corpus_path="c", corpus_size=0, corpus_checksum="c", passages=1, dim=4)
     with pytest.raises(IndexMismatchError, match="not found"):
         read_faiss_index(tmp_path / FAISS_NAME, meta)
+
+
+def test_gpu_ids_are_parsed_once_and_unseen_gpus_refused():
+    from rlinf_ext.retrieval.config import parse_gpu_ids
+
+    assert parse_gpu_ids("all", 4) == [0, 1, 2, 3]
+    assert parse_gpu_ids("1, 3", 4) == [1, 3]
+    for bad in ("5", "0,4", "all"):
+        with pytest.raises(ValueError, match="pass 'all' or ids below"):
+            parse_gpu_ids(bad, 4 if bad != "all" else 0)
