@@ -33,8 +33,9 @@ import ray
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step_bench import SHAPES, make_hf_model  # noqa: E402  (the same random shapes as the actor benchmark)
+from train_step_bench import make_checkpoint  # noqa: E402  (the same random shapes as the actor benchmark)
 
+from rlinf_ext.assets.random_qwen2 import QWEN2_SHAPES  # noqa: E402
 from rlinf_ext.runner.groups import cpu_strategy, wait_all_or_raise, wait_or_raise  # noqa: E402
 from rlinf_ext.workers.actor import MegatronActorWorker  # noqa: E402
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker  # noqa: E402
@@ -109,7 +110,7 @@ def one_sync(path: str, actor, rollout) -> tuple[float, dict]:
 
 def bench(shape: str, repeats: int, bucket_bytes: int, dtype: str, tiny_root: Path, cluster) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(make_hf_model(shape, str(Path(tmp) / "model")))
+        model_dir = Path(make_checkpoint(shape, str(Path(tmp) / "model")))
         for name in os.listdir(tiny_root / "models" / "qwen2-tiny"):  # the engines need a tokenizer to start
             if "token" in name or name.endswith(".jinja"):
                 shutil.copy(tiny_root / "models" / "qwen2-tiny" / name, model_dir / name)
@@ -144,7 +145,7 @@ def bench(shape: str, repeats: int, bucket_bytes: int, dtype: str, tiny_root: Pa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", nargs="+", default=["tiny", "0.5b"], choices=sorted(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=["tiny", "0.5b"], choices=sorted(QWEN2_SHAPES))
     ap.add_argument("--repeats", type=int, default=3, help="Timed syncs per path after one warm-up (median).")
     ap.add_argument("--bucket-mb", type=int, default=1024, help="Bucket size of the new routes (1 GiB by default).")
     ap.add_argument("--rollout-dtype", default="bfloat16", choices=["float32", "bfloat16"],
