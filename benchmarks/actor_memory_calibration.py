@@ -20,8 +20,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,32 +34,10 @@ CASES = {
     "0.5b-512": ("0.5b", 512, {}, 0.0),
     "0.5b-512-rc": ("0.5b", 512, FULL_UNIFORM, 0.0),
 }
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakRSS:
-    """Peak resident set size, sampled every millisecond in a thread."""
-
-    def __enter__(self):
-        self.peak, self._stop = rss(), False
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
-        return self
-
-    def _poll(self):
-        while not self._stop:
-            self.peak = max(self.peak, rss())
-            time.sleep(0.001)
-
-    def __exit__(self, *exc):
-        self._stop = True
-        self.thread.join()
-        self.peak = max(self.peak, rss())
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the same pinned allocator and RSS sampling as the train-step benchmark
+from train_step_bench import MALLOC_ENV, PeakRSS, rss  # noqa: E402
 
 
 def estimate(shape: str, seq: int, recompute: dict, kl_beta: float, chunk: int):

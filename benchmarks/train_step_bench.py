@@ -16,12 +16,12 @@ and a side-by-side table (ratios = second source / first). CPU only (fp32): the 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -30,28 +30,16 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131
 EXTRA_SHAPES = {"0.5b-l4": ("0.5b", {"num_hidden_layers": 4})}
 
 
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def _load_rss():
+    """rlinf_ext/models/rss.py of THIS checkout, loaded by path: the ranks import rlinf_ext from --src (maybe an older
+    tree without it), and the measuring code must be the same for every source."""
+    spec = importlib.util.spec_from_file_location("rlinf_ext_rss", REPO / "rlinf_ext" / "models" / "rss.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.rss, module.PeakRSS
 
 
-class PeakRSS:
-    """Peak resident set size, sampled every millisecond in a thread."""
-
-    def __enter__(self):
-        self.peak, self._stop = rss(), False
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
-        return self
-
-    def _poll(self):
-        while not self._stop:
-            self.peak = max(self.peak, rss())
-            time.sleep(0.001)
-
-    def __exit__(self, *exc):
-        self._stop = True
-        self.thread.join()
+rss, PeakRSS = _load_rss()
 
 
 # ------------------------------------------------------------------------------------------ one rank (child)

@@ -3,11 +3,11 @@ against rlinf_ext's estimate, and the fp16 dense encoder."""
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 
 from smoke_common import GIB, Context, Record, actor_samples, hf_model, init_parallel, tiny_model_dir
+
+from rlinf_ext.models.rss import PeakRSS, rss
 
 # ------------------------------------------------------------------------------------------ S4
 BUCKET_BYTES = 64 * 1024  # small buckets so the tiny model needs several
@@ -86,28 +86,6 @@ def s4_ipc(rec: Record, ctx: Context) -> None:
 
 
 # ------------------------------------------------------------------------------------------ S5
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class _PeakRSS:
-    def __enter__(self):
-        self.peak, self._stop = _rss(), False
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
-        return self
-
-    def _poll(self):
-        while not self._stop:
-            self.peak = max(self.peak, _rss())
-            time.sleep(0.001)
-
-    def __exit__(self, *exc):
-        self._stop = True
-        self.thread.join()
-
-
 def _memory_inputs(shape: str, seq: int, ctx: Context, recompute: dict):
     from rlinf_ext.assets.random_qwen2 import shape_config
     from rlinf_ext.models.memory import ActorMemoryInputs, ModelShape
@@ -140,14 +118,14 @@ def s5_memory(rec: Record, ctx: Context) -> None:
         write_random_qwen2(model_dir, shape, dtype="bfloat16" if ctx.cuda else "float32", device=ctx.device)
         if ctx.cuda:
             torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated() if ctx.cuda else _rss()
+    base = torch.cuda.memory_allocated() if ctx.cuda else rss()
     settings = ActorSettings(group_size=2, n_minibatches=1, micro_batch_size=1, logprob_micro_batch_size=1,
                              loss=LossConfig(kl_beta=1e-3), lr=1e-6, total_train_steps=4, spec_name="local_gpt",
                              precision="fp16" if ctx.cuda else "fp32", model_overrides=recompute)
     policy = MegatronPolicy(model_dir, settings)
     ctx.sync()
     rec.figure("set-up (random checkpoint, actor + reference built)", f"{time.perf_counter() - t:.1f} s, "
-               f"{((torch.cuda.memory_allocated() if ctx.cuda else _rss()) - base) / GIB:.2f} GiB")
+               f"{((torch.cuda.memory_allocated() if ctx.cuda else rss()) - base) / GIB:.2f} GiB")
     ratios = []
     for step, seq in enumerate(lengths):
         samples = actor_samples(policy.model.hf_vocab_size, n=2, prompt=seq // 4, response=seq - seq // 4, seed=step)
@@ -185,7 +163,7 @@ def _measured_step(policy, samples, step: int, ctx: Context, base: int) -> tuple
         policy.train_step(samples, step)
         ctx.sync()
         return torch.cuda.max_memory_allocated() - base, time.perf_counter() - t
-    with _PeakRSS() as peak:
+    with PeakRSS() as peak:
         policy.train_step(samples, step)
     return peak.peak - base, time.perf_counter() - t
 
