@@ -38,7 +38,7 @@ class TimedGenerator:
 
 
 async def run_all(generator, processor, tools, tasks, settings, params, group_size):
-    from rlinf_ext.agent.mm_loop import run_mm_group
+    from rlinf_ext.agent.mmsearch.loop import run_mm_group
     from rlinf_ext.tools import close_http_session
 
     try:
@@ -70,8 +70,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
 
-    from rlinf_ext.agent.mm_loop import MMLoopSettings, MMTools
-    from rlinf_ext.agent.mm_types import MMTask
+    from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools
+    from rlinf_ext.agent.mmsearch.types import MMTask
     from rlinf_ext.assets.tiny import make_tiny_assets
     from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
     from rlinf_ext.data.fvqa import read_fvqa

@@ -28,9 +28,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlinf_ext.agent import AgentLoopConfig, run_group
-from rlinf_ext.agent.actions import SEARCHR1_STOPS
-from rlinf_ext.agent.scripted import ForcedActions
+from rlinf_ext.agent.core.config import AgentLoopConfig
+from rlinf_ext.agent.searchr1.loop import run_group
+from rlinf_ext.agent.searchr1.protocol import SEARCHR1_STOPS
+from rlinf_ext.agent.core.scripted import ForcedActions
 from rlinf_ext.generation.hf import HFGenerator
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 from rlinf_ext.tools import SearchTool, SearchToolConfig, close_http_session

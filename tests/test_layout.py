@@ -1,10 +1,13 @@
 """The package's layering: no import cycles, imports only point down, lazy imports only with a reason.
 
 Every import of every module is read, function-local ones too (an import inside a function still makes a
-cycle; it only hides it until that function runs). Layers, from the ground up (a module may import its own
+cycle; it only hides it until that function runs), and an import also runs the ``__init__`` of every package
+above its target, so the graph has those edges too (a cycle through a package's ``__init__`` breaks the first
+import of a module as surely as a direct one). Layers, from the ground up (a module may import its own
 layer and the ones below):
 
-0. ``protocol``, ``models``, ``config``, ``retrieval``, ``tools``, ``rewards`` — types, model facts, leaves
+0. ``protocol``, ``models``, ``config``, ``retrieval``, ``tools``, ``rewards`` — types, model facts, leaves;
+   also the agents' turn protocols and the agent registry (``SUBLAYERS``), which config and rewards read
 1. ``convert``, ``generation``, ``agent``, ``assets``, ``data``
 2. ``training``, ``eval``
 3. ``workers`` — thin RLinf ``Worker`` adapters
@@ -34,6 +37,11 @@ LAYERS = {
     "workers": 3,
     "runner": 4,
     "cli": 5, "__init__": 0,
+}
+
+# modules with a lower layer than their package (longest dotted prefix wins): pure facts that layer-0 code reads
+SUBLAYERS = {
+    "agent.registry": 0, "agent.searchr1.protocol": 0, "agent.mmsearch.protocol": 0,
 }
 
 # third-party packages a function may import lazily, and why
@@ -138,16 +146,31 @@ def _owner(name: str, modules: set[str]) -> str:
 
 def layer_of(module: str, top: str) -> int:
     parts = module.split(".")
+    for k in range(len(parts), 2, -1):
+        sub = ".".join(parts[1:k])
+        if sub in SUBLAYERS:
+            return SUBLAYERS[sub]
     key = parts[1] if len(parts) > 1 else "__init__"
     return LAYERS[key]
+
+
+def packages_run_by(target: str, importer: str, modules: set[str]) -> list[str]:
+    """The packages whose ``__init__`` importing ``target`` runs first: every package above it, except the
+    importer's own ancestors (already initialised, or being, when the importer runs)."""
+    parts = target.split(".")
+    above = [".".join(parts[:k]) for k in range(1, len(parts))]
+    return [p for p in above if p in modules and not importer.startswith(p + ".")]
 
 
 def find_cycles(modules: set[str], imports: list[Import]) -> list[list[str]]:
     """Strongly connected components of more than one module (or a module importing itself)."""
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for imp in imports:
-        if imp.target in modules and imp.target != imp.importer and not imp.importer.startswith(imp.target + "."):
-            graph[imp.importer].add(imp.target)
+        if imp.target not in modules:
+            continue
+        for target in [*packages_run_by(imp.target, imp.importer, modules), imp.target]:
+            if target != imp.importer and not imp.importer.startswith(target + "."):
+                graph[imp.importer].add(target)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -267,6 +290,27 @@ def test_checker_finds_a_cycle_hidden_in_a_function(tmp_path):
     })
     modules, imports = read_imports(pkg)
     assert find_cycles(modules, imports) == [["fakepkg.a.x", "fakepkg.a.y"]]
+
+
+def test_checker_finds_a_cycle_through_a_package_init(tmp_path):
+    """The shape of a real bug: rewards.mm imports config.schema, whose package __init__ imports the rules,
+    which import rewards.mm; no module imports another of the cycle directly."""
+    files = {
+        "__init__.py": "",
+        "config/__init__.py": "from fakepkg.config.loader import load\n",
+        "config/loader.py": "from fakepkg.config import rules\n",
+        "config/rules.py": "from fakepkg.rewards.mm import STOPS\n",
+        "config/schema.py": "",
+        "rewards/__init__.py": "",
+        "rewards/mm.py": "from fakepkg.config.schema import RewardConfig\nSTOPS = ()\n",
+    }
+    modules, imports = read_imports(_write_package(tmp_path / "bad", files))
+    cycles = find_cycles(modules, imports)
+    assert cycles and {"fakepkg.config", "fakepkg.rewards.mm", "fakepkg.config.rules"} <= set(cycles[0])
+    files["config/rules.py"] = "from fakepkg.protocol import STOPS\n"  # the protocol moved out of the reward
+    files["protocol.py"] = "STOPS = ()\n"
+    modules, imports = read_imports(_write_package(tmp_path / "good", files))
+    assert find_cycles(modules, imports) == []
 
 
 def test_checker_finds_upward_and_unexplained_lazy_imports(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """The warm-started tiny Qwen2.5-VL: supervised turns of the three paths, and an over-searching habit.
 
-Each training trajectory is produced by the real MMSearch-R1 loop (`agent.mm_loop`) with a playback engine
+Each training trajectory is produced by the real MMSearch-R1 loop (`agent.mmsearch.loop`) with a playback engine
 that "samples" the scripted turns (`mm_trajectories.scripted_turns`), the train split's image-search cache
 and a BM25 text search over the corpus. So the ids, masks, observations and images are exactly what the
 rollout will produce; the loss is on the mask-1 (model-written) tokens only. On `over_search` of the colour
@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import torch
 
-from rlinf_ext.agent.mm_loop import MMLoopSettings, MMTools, first_prompt_ids, run_mm_trajectory
-from rlinf_ext.agent.mm_prompts import MMPrompts
-from rlinf_ext.agent.mm_types import MMTask, MMTrajectory
+from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools, first_prompt_ids, run_mm_trajectory
+from rlinf_ext.agent.mmsearch.prompts import MMPrompts
+from rlinf_ext.agent.mmsearch.types import MMTask, MMTrajectory
 from rlinf_ext.assets import mm_models
 from rlinf_ext.assets.mm_paths import mm_layout
 from rlinf_ext.assets.mm_trajectories import answer_turn, scripted_turns

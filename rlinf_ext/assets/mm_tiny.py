@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from rlinf_ext.agent.mm_prompts import MMPrompts
+from rlinf_ext.agent.mmsearch.prompts import MMPrompts
 from rlinf_ext.assets import corpus as corpus_mod
 from rlinf_ext.assets import mm_models
 from rlinf_ext.assets.mm_paths import mm_layout

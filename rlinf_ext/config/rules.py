@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 # imported for their @rule registrations
+from rlinf_ext.agent.registry import AGENTS, agent_spec
 from rlinf_ext.config import memory_plan, rules_actor, rules_placement, rules_support  # noqa: F401
 from rlinf_ext.config.placement import PlacementError, component_ranks
 from rlinf_ext.config.rule_registry import is_grpo, is_training, registered_rules, rule
 from rlinf_ext.config.schema import REQUIRED, ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
-from rlinf_ext.rewards.mmsearch import MM_STOPS
 
 
 # ------------------------------------------------------------------------------------------ generation
@@ -32,13 +32,14 @@ def stop_needs_detokenize(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
 
 
 @rule("agentloop.agent", "algorithm.recompute_logprobs")
-def agent_needs_recompute(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    if cfg.agentloop.agent == "searchr1" and not cfg.algorithm.recompute_logprobs:
+def logprobs_are_recomputed(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """The trainer always recomputes the old log-probs: every agent's loop re-tokenises tool text."""
+    if not cfg.algorithm.recompute_logprobs:
         yield ConfigIssue(
             "algorithm.recompute_logprobs",
-            "the Search-R1 agent re-tokenises observations and cut generations, so the engine's log-probs do not "
-            "match the trained tokens.",
-            "set algorithm.recompute_logprobs=true.",
+            f"the {agent_spec(cfg).title} loop re-tokenises tool observations into the response, so the engine's "
+            "sampled log-probs do not cover the trained tokens; the trainer always recomputes them with the actor.",
+            "set algorithm.recompute_logprobs=true (the only supported value).",
         )
 
 
@@ -72,19 +73,25 @@ def group_size_fits_task(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("agentloop.agent", "reward.reward_type", "data.type", "reward.scoring", "runner.task_type")
-def mmsearch_parts_agree(cfg):
-    """MMSearch-R1 is one choice made in three places: the loop, its reward and its data reader."""
-    mm = {"agentloop.agent": cfg.agentloop.agent == "mmsearch", "reward.reward_type": cfg.reward.reward_type == "mmsearch",
-          "data.type": cfg.data.type == "mmsearch"}
-    if any(mm.values()) and not all(mm.values()):
-        for key, is_mm in mm.items():
-            if not is_mm:
-                yield ConfigIssue(key, "MMSearch-R1 needs agentloop.agent, reward.reward_type and data.type all set to "
-                                  "mmsearch; this one is not.", f"set {key}=mmsearch (or set the others back).")
-    if mm["reward.reward_type"] and cfg.reward.scoring not in ("em", "subem"):
-        yield ConfigIssue("reward.scoring", f"reward_type mmsearch scores em or subem, got {cfg.reward.scoring}.",
-                          "set reward.scoring=em (MMSearch-R1's EM) or subem.")
+@rule("agentloop.agent", "reward.reward_type", "data.type", "reward.scoring", "rollout.model.model_type")
+def agent_parts_agree(cfg):
+    """An agent is one choice (agentloop.agent); its data reader, reward and model kind follow from the registry."""
+    spec = agent_spec(cfg)
+    for key, value, wanted in (("data.type", cfg.data.type, spec.data_type),
+                               ("reward.reward_type", cfg.reward.reward_type, spec.reward_type)):
+        if value != wanted:
+            yield ConfigIssue(key, f"agentloop.agent={spec.name} ({spec.title}) reads its data and scores with "
+                              f"{wanted}, but {key}={value}.", f"set {key}={wanted} (or choose another agent: "
+                              f"{sorted(AGENTS)}).")
+    if cfg.reward.reward_type == spec.reward_type and cfg.reward.scoring not in spec.reward_scorings:
+        yield ConfigIssue("reward.scoring", f"the {spec.reward_type} reward scores {list(spec.reward_scorings)}, got "
+                          f"{cfg.reward.scoring}.", f"set reward.scoring to one of {list(spec.reward_scorings)}.")
+    vl = cfg.rollout.model.model_type == "qwen2.5_vl"
+    if spec.vision != vl:
+        need = "a vision-language model (qwen2.5_vl)" if spec.vision else "a text model"
+        yield ConfigIssue("rollout.model.model_type", f"{spec.title} runs on {need}, but rollout.model.model_type="
+                          f"{cfg.rollout.model.model_type}.", "use a model of the agent's kind, or choose the other "
+                          "agent.")
 
 
 @rule("rollout.model.model_type", "actor.training_backend", "runner.task_type", "actor.fsdp_config.cpu_offload",
@@ -102,11 +109,13 @@ def vl_model_needs_fsdp(cfg):
     if fsdp and cfg.actor.fsdp_config.cpu_offload:
         yield ConfigIssue("actor.fsdp_config.cpu_offload", "CPU offload of the FSDP2 actor is not implemented.",
                           "set actor.fsdp_config.cpu_offload=false.")
-    if fsdp and is_training(cfg) and cfg.cluster.num_gpus_per_node > 0:
+    if fsdp and is_training(cfg):
         for key in ("offload_weight", "offload_optimizer", "offload_grad"):
             if getattr(cfg.actor, key):
-                yield ConfigIssue(f"actor.{key}", "offloading the FSDP2 actor between phases is not implemented.",
+                yield ConfigIssue(f"actor.{key}", "offloading the FSDP2 actor between phases is not implemented, "
+                                  "so nothing would be offloaded.",
                                   f"set actor.{key}=false and place actor and rollout on disjoint GPUs.")
+    if fsdp and is_training(cfg) and cfg.cluster.num_gpus_per_node > 0:
         try:
             ranks = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * cfg.cluster.num_gpus_per_node)
         except PlacementError:  # reported by the placement rule
@@ -118,14 +127,15 @@ def vl_model_needs_fsdp(cfg):
 
 
 @rule("agentloop.agent", "algorithm.sampling_params.stop")
-def mm_stops_hold_the_action_tags(cfg):
-    """The loop acts when the engine stops at an action's closing tag; without it a turn runs past the action."""
-    if cfg.agentloop.agent != "mmsearch":
-        return
-    missing = [t for t in MM_STOPS if t not in (cfg.algorithm.sampling_params.stop or [])]
-    if missing:
-        yield ConfigIssue("algorithm.sampling_params.stop", f"MMSearch-R1 turns end at {list(MM_STOPS)}; missing "
-                          f"{missing}.", f"set algorithm.sampling_params.stop={list(MM_STOPS)}.")
+def stops_hold_the_action_tags(cfg):
+    """The loop acts when the engine stops at an action's closing tag. Every request carries the agent's stops
+    (the loop adds them); a configured list that leaves one out says something the run does not do."""
+    spec = agent_spec(cfg)
+    configured = cfg.algorithm.sampling_params.stop or []
+    missing = [t for t in spec.stops if t not in configured]
+    if configured and missing:
+        yield ConfigIssue("algorithm.sampling_params.stop", f"{spec.title} turns end at {list(spec.stops)}; missing "
+                          f"{missing}.", f"add {missing} to algorithm.sampling_params.stop.")
 
 
 @rule("agentloop.agent", "agentloop.mmsearch.max_gen_round", "agentloop.mmsearch.image_search_limit",
@@ -133,7 +143,7 @@ def mm_stops_hold_the_action_tags(cfg):
 def mm_search_limits_fit_the_rounds(cfg):
     """Each search takes a round and the answer needs one more: a limit at or above max_gen_round is unreachable."""
     mm = cfg.agentloop.mmsearch
-    if cfg.agentloop.agent != "mmsearch" or mm.max_gen_round < 1:
+    if not agent_spec(cfg).image_search or mm.max_gen_round < 1:
         return
     for key, limit in (("image_search_limit", mm.image_search_limit), ("text_search_limit", mm.text_search_limit)):
         if limit < 0 or limit > mm.max_gen_round - 1:
@@ -158,7 +168,7 @@ def image_pixel_bounds(cfg):
 
 @rule("agentloop.agent", "tools.image_search.backend", "tools.image_search.cache_path", "agentloop.mmsearch.max_gen_round")
 def image_search_source(cfg):
-    if cfg.agentloop.agent != "mmsearch":
+    if not agent_spec(cfg).image_search:
         return
     if cfg.tools.image_search.backend != "dummy" and not cfg.tools.image_search.cache_path:
         yield ConfigIssue("tools.image_search.cache_path", f"backend {cfg.tools.image_search.backend} reads a cache, "
@@ -271,6 +281,29 @@ def collocated_needs_offload(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
             "rollout while the actor still holds that state, so the GPUs run out of memory.",
             f"set {' '.join(k + '=true' for k in missing)}, or place actor and rollout on disjoint GPUs.",
         )
+
+
+@rule("runner.task_type", "cluster.num_nodes", "cluster.num_gpus_per_node", "cluster.component_placement",
+      "actor.training_backend", "actor.offload_weight", "actor.offload_optimizer", "actor.offload_grad")
+def offload_has_something_to_free(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """actor.offload_* moves actor state off the GPUs it shares with the rollout; elsewhere it would do nothing."""
+    flags = [f"actor.{k}" for k in ("offload_weight", "offload_optimizer", "offload_grad") if getattr(cfg.actor, k)]
+    gpn = cfg.cluster.num_gpus_per_node
+    if not flags or not is_training(cfg) or cfg.actor.training_backend == "fsdp":  # fsdp: vl_model_needs_fsdp
+        return
+    fix = f"set {' '.join(k + '=false' for k in flags)}"
+    if gpn < 1:
+        yield ConfigIssue(flags[0], f"{', '.join(flags)} true on a CPU cluster (cluster.num_gpus_per_node=0): there is "
+                          "no GPU memory to free, so nothing would be offloaded.", fix + ".")
+        return
+    try:
+        ranks = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * gpn)
+    except PlacementError:  # reported by the placement rule
+        return
+    if not set(ranks.get("actor", [])) & set(ranks.get("rollout", [])):
+        yield ConfigIssue(flags[0], f"{', '.join(flags)} true with the actor and the rollout on disjoint GPUs "
+                          "(disaggregated): the runner offloads only for a rollout on the actor's GPUs, so nothing "
+                          "would be offloaded.", fix + " (or collocate actor and rollout).")
 
 
 @rule("actor.megatron.ckpt_convertor.hf_model_path", "rollout.model.model_path", "runner.task_type")

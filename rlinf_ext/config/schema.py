@@ -158,7 +158,8 @@ class AlgorithmConfig:
     loss_agg_func: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = fld(
         "token-mean", "How token losses are aggregated."
     )
-    recompute_logprobs: bool = fld(True, "Recompute old log-probs with the actor (required for tool use).")
+    recompute_logprobs: bool = fld(True, "Recompute old log-probs with the actor; must be true (every agent "
+                                     "re-tokenises tool text, so engine log-probs do not cover the trained tokens).")
     shuffle_rollout: bool = fld(False, "Shuffle trajectories before splitting into minibatches.")
     normalize_advantages: bool = fld(False, "Normalise advantages over the batch.")
     early_stop_imp_ratio: Optional[float] = fld(None, "RLinf: skip updates when the importance ratio exceeds this (not implemented by rlinf_ext: null).")
@@ -237,7 +238,9 @@ class RolloutConfig:
     pipeline_parallel_size: int = fld(1, "Pipeline parallel size of one rollout engine.")
     detokenize: bool = fld(False, "Engine detokenizes while generating; required for stop strings.")
     gpu_memory_utilization: float = fld(0.65, "Fraction of GPU memory the engine may take (KV cache).")
-    return_logprobs: bool = fld(False, "Engine returns sampled log-probs (unused when recompute_logprobs).")
+    return_logprobs: bool = fld(
+        False, "Engine returns the sampled tokens' log-probs; the loop keeps them on each turn and trajectory for "
+        "inspection. Training always uses the actor's recomputed log-probs.")
     enforce_eager: bool = fld(False, "Disable CUDA graphs.")
     distributed_executor_backend: str = fld("mp", "vLLM executor backend (mp, ray).")
     disable_log_stats: bool = fld(False, "Silence engine stats.")
@@ -379,9 +382,9 @@ class ActorConfig:
     checkpoint_load_path: Optional[str] = fld(None, "RLinf: Megatron checkpoint to start from (null = HF convert).")
     enable_dp_load_balance: bool = fld(False, "RLinf: balance sequences across DP ranks by length.")
     calculate_flops: bool = fld(False, "RLinf: log model FLOPs.")
-    offload_optimizer: bool = fld(False, "Offload optimizer state while rolling out (collocated).")
-    offload_weight: bool = fld(False, "Offload weights while rolling out (collocated).")
-    offload_grad: bool = fld(False, "Offload gradients while rolling out (collocated).")
+    offload_optimizer: bool = fld(False, "Offload optimizer state while rolling out (collocated GPUs only; refused elsewhere).")
+    offload_weight: bool = fld(False, "Offload weights while rolling out (collocated GPUs only; refused elsewhere).")
+    offload_grad: bool = fld(False, "Offload gradients while rolling out (collocated GPUs only; refused elsewhere).")
     logprob_chunk_tokens: int = fld(
         512, "Tokens per chunk of the log-prob computation: the fp32 [chunk, vocab] logits are the only "
         "full-vocabulary tensors the actor holds (lower = less memory, more kernel launches)."

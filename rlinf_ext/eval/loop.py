@@ -1,6 +1,6 @@
 """The evaluation loop: roll out each question, score it, append it to generations.jsonl as it finishes.
 
-The rollout is a callable `item -> Trajectory` (``agent/types.py:Trajectory``), so the loop does not care whether the agent
+The rollout is a callable `item -> Trajectory` (``agent/core/types.py:Trajectory``), so the loop does not care whether the agent
 runs in-process on CPU or through a rollout group on GPUs. Benchmarks are run one after another with one
 tqdm bar each; questions of a benchmark run concurrently, at most `concurrency` at a time.
 """
@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from tqdm.auto import tqdm
 
-from rlinf_ext.agent.types import Trajectory
+from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.eval.benchmarks import display_name, paper_sorted
 from rlinf_ext.eval.dataset import EvalItem

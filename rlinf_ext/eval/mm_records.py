@@ -57,7 +57,7 @@ class MMGenerationRecord:
         return cls(**row)
 
     def table_row(self) -> dict[str, float]:
-        """The per-question numbers the results table averages (`agent.mm_metrics.mm_summary`)."""
+        """The per-question numbers the results table averages (`agent.mmsearch.metrics.mm_summary`)."""
         return {"correct": self.scores.get("correct", 0.0), "reward": self.scores.get("reward", 0.0),
                 "image_searches": self.image_searches, "text_searches": self.text_searches,
                 "image_search_failures": self.image_search_failures, "text_search_failures": self.text_search_failures}

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlinf_ext.agent.mm_metrics import TABLE_COLUMNS, mm_summary
+from rlinf_ext.agent.mmsearch.metrics import TABLE_COLUMNS, mm_summary
 from rlinf_ext.eval.mm_records import MMGenerationRecord
 
 ALL = "all"

@@ -18,10 +18,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from rlinf_ext.agent.mm_loop import MMLoopSettings, MMTools, first_prompt_ids, run_mm_trajectory
-from rlinf_ext.agent.mm_metrics import mm_reward_fn
-from rlinf_ext.agent.mm_prompts import MMPrompts
-from rlinf_ext.agent.mm_types import MMTask, MMTrajectory
+from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools, first_prompt_ids, run_mm_trajectory
+from rlinf_ext.agent.mmsearch.metrics import mm_reward_fn
+from rlinf_ext.agent.mmsearch.prompts import MMPrompts
+from rlinf_ext.agent.mmsearch.types import MMTask, MMTrajectory
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.eval.generations import GENERATIONS_FILE, GenerationsWriter, completed_keys, read_generations
 from rlinf_ext.eval.mm_records import MMGenerationRecord, MMTurnLog

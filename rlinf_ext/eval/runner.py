@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlinf_ext.agent.loop import run_trajectory
+from rlinf_ext.agent.searchr1.loop import run_trajectory
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.eval.dataset import EvalItem, load_eval_items
 from rlinf_ext.eval.generations import (

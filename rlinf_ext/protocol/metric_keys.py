@@ -56,7 +56,7 @@ def prefixed(prefix: str, name: str) -> str:
 
 def mm_category_metric(category: str, name: str, prefix: str = ROLLOUT_PREFIX) -> str:
     """``rollout/<category>/<name>``: MMSearch-R1 metrics split by FVQA category (search_required, search_free,
-    all); the names are ``agent/mm_metrics.py``'s table columns."""
+    all); the names are ``agent/mmsearch/metrics.py``'s table columns."""
     return f"{prefix}/{category}/{name}"
 
 

@@ -2,7 +2,7 @@
 
 The subclasses keep every RLinf field (so RLinf helpers such as ``merge_result_list`` keep working) and add
 the group id, search counts and per-trajectory agent metrics that the reward step and the logs read. The
-agent-loop worker builds results from trajectories (``workers/agent_loop.py:result_from_group``). Importing RLinf's
+agent-loop worker builds results from trajectories (``agent/core/results.py:result_from_group``). Importing RLinf's
 ``io_struct`` loads the ray package (nothing is started).
 """
 
@@ -20,7 +20,7 @@ class SearchRolloutRequest(RolloutRequest):
 
     uids: list[str] = field(default_factory=list)
     seed: int = 0  # per-step sampling seed (same seed -> same trajectories)
-    tasks: list = field(default_factory=list)  # MMSearch-R1: one agent.mm_types.MMTask per prompt (else empty)
+    tasks: list = field(default_factory=list)  # MMSearch-R1: one agent.mmsearch.types.MMTask per prompt (else empty)
 
 
 @dataclass(kw_only=True)

@@ -21,22 +21,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from rlinf_ext.agent.mmsearch.protocol import IMAGE_CALL, clean_turn
 from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.rewards.qa_metrics import em_score, golden_list, subem_score
 
-IMAGE_CALL = "<search><img></search>"
-MM_STOPS = ("</search>", "</text_search>", "</answer>")  # the closing tags that end a turn
 _DIRECT_ANSWER = re.compile(r"^<reason>.*</reason>.*<answer>.*</answer>$", re.DOTALL)
 _IMAGE_SEARCH = re.compile(r"^<reason>.*</reason>.*<search><img></search>$", re.DOTALL)
 _TEXT_SEARCH = re.compile(r"^<reason>.*</reason>.*<text_search>.*</text_search>$", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_TRAILING_SPECIAL = re.compile(r"(?:\s*<\|(?:im_end|endoftext)\|>)+\s*$")
 MM_SCORINGS = ("em", "subem")
-
-
-def clean_turn(text: str) -> str:
-    """A turn's text without trailing `<|im_end|>` / `<|endoftext|>` and surrounding whitespace."""
-    return _TRAILING_SPECIAL.sub("", text).strip()
 
 
 def _one_reason(turn: str) -> bool:

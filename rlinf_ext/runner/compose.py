@@ -28,8 +28,7 @@ from rlinf_ext.runner.groups import (
     quiet_worker_failures,
 )
 from rlinf_ext.workers.actor import MegatronActorWorker
-from rlinf_ext.workers.agent_loop import SearchR1AgentLoopWorker
-from rlinf_ext.workers.agent_loop_mm import MMSearchAgentLoopWorker
+from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker
 from rlinf_ext.workers.weight_sync import SyncRoutes, sync_mode
@@ -70,8 +69,7 @@ def launch_worker_groups(
     launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name, strategies["actor"],
                  cfg, total_train_steps)
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, strategies["reward"], cfg)
-    agent_loop = MMSearchAgentLoopWorker if cfg.agentloop.agent == "mmsearch" else SearchR1AgentLoopWorker
-    launch_group(groups, cluster, "agent_loop", agent_loop, cfg.agentloop.group_name,
+    launch_group(groups, cluster, "agent_loop", AgentLoopWorker, cfg.agentloop.group_name,
                  strategies["agent_loop"], cfg, search_server_addr=search_server_addr, launcher_ip=launcher_ip)
     ranks = component_ranks(cfg.cluster.component_placement, None, max(cfg.cluster.num_nodes, 1))
     # (node, process) pairs: the same pairs = the CPU stand-in of collocated GPUs (shared memory, rank to rank)

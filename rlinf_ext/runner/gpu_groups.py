@@ -35,8 +35,7 @@ from rlinf_ext.runner.groups import (
 )
 from rlinf_ext.training.data_parallel import unsupported_model_parallelism
 from rlinf_ext.workers.actor import MegatronActorWorker
-from rlinf_ext.workers.agent_loop import SearchR1AgentLoopWorker
-from rlinf_ext.workers.agent_loop_mm import MMSearchAgentLoopWorker
+from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
 from rlinf_ext.workers.rollout_sglang import rollout_worker_class
 from rlinf_ext.workers.weight_sync import SyncRoutes
@@ -179,8 +178,7 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
     launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name,
                  PackedPlacementStrategy(layout.actor_gpus[0], layout.actor_gpus[-1]), cfg, total_train_steps)
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
-    agent_loop = MMSearchAgentLoopWorker if cfg.agentloop.agent == "mmsearch" else SearchR1AgentLoopWorker
-    launch_group(groups, cluster, "agent_loop", agent_loop, cfg.agentloop.group_name,
+    launch_group(groups, cluster, "agent_loop", AgentLoopWorker, cfg.agentloop.group_name,
                  cpu_strategy(layout.rollout_dp_size), cfg, search_server_addr=search_server_addr,
                  launcher_ip=launcher_ip)
     return WorkerGroups(

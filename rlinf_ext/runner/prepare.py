@@ -17,9 +17,10 @@ from typing import Sequence
 import torch
 from transformers import AutoTokenizer
 
-from rlinf_ext.agent.mm_loop import first_prompt_ids
-from rlinf_ext.agent.mm_prompts import MMPrompts
-from rlinf_ext.agent.mm_types import MMTask
+from rlinf_ext.agent.mmsearch.loop import first_prompt_ids
+from rlinf_ext.agent.registry import agent_spec
+from rlinf_ext.agent.mmsearch.prompts import MMPrompts
+from rlinf_ext.agent.mmsearch.types import MMTask
 from rlinf_ext.assets.tiny import make_tiny_assets
 from rlinf_ext.config import check_config
 from rlinf_ext.config.commands import format_plan
@@ -78,7 +79,7 @@ def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
         return None
     root = Path(root)
     with_sft = "qwen2-tiny-sft" in str(cfg.rollout.model.model_path)
-    with_mm = cfg.agentloop.agent == "mmsearch"
+    with_mm = agent_spec(cfg).vision
     with_mm_sft = "qwen2.5-vl-tiny-sft" in str(cfg.rollout.model.model_path)
     started = time.monotonic()
     print(f"[launch] tiny assets: {root} (warm-started SFT model: {'yes' if with_sft else 'no'}, multimodal world: "
@@ -162,7 +163,7 @@ class MMTaskDataset(torch.utils.data.Dataset):
 def build_datasets(cfg: ExperimentConfig) -> tuple[PromptDataset, PromptDataset | None]:
     """Tokenised train / validation prompts (the trainer's dataset class); over-long prompts are dropped."""
     data = cfg.data
-    if data.type == "mmsearch":  # validation of MMSearch-R1 runs through the -eval YAML after training
+    if agent_spec(cfg).vision:  # validation of MMSearch-R1 runs through the -eval YAML after training
         try:
             train_ds = MMTaskDataset(data.train_data_paths, cfg)
         except (ValueError, OSError) as exc:

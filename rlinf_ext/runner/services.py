@@ -20,6 +20,7 @@ import ray
 import torch
 from rlinf.scheduler import Cluster
 
+from rlinf_ext.agent.registry import agent_spec
 from rlinf_ext.config import to_dictconfig
 from rlinf_ext.config.placement import component_ranks
 from rlinf_ext.config.schema import ExperimentConfig
@@ -272,7 +273,7 @@ def missing_gpu_packages(cfg: ExperimentConfig) -> list[str]:
 def check_training_backend(cfg: ExperimentConfig) -> None:
     """Refuse, before anything starts, a GPU run whose GPU extra is not installed on this node (and say that
     MMSearch-R1's GPU path is not GPU-verified)."""
-    if cfg.agentloop.agent == "mmsearch" and cfg.rollout.rollout_backend != "hf":
+    if agent_spec(cfg).vision and cfg.rollout.rollout_backend != "hf":
         print("[launch] WARNING: MMSearch-R1 on SGLang (images in every request, banned-id logit processor, "
               "multimodal sync probe) and the FSDP2 actor on CUDA are written but NOT GPU-verified.", flush=True)
     missing = missing_gpu_packages(cfg)
@@ -292,14 +293,18 @@ def check_evaluation_backend(cfg: ExperimentConfig) -> None:
     (``generation/sglang.py``; needs a CUDA device and the GPU extras). ``vllm``: refused.
     """
     backend = cfg.rollout.rollout_backend
-    if cfg.agentloop.agent == "mmsearch" and backend != "hf":
+    if backend not in ("hf", "sglang"):
         raise LaunchError(
-            f"rollout.rollout_backend={backend!r} with agentloop.agent=mmsearch: the SGLang image path (images in "
-            "each request, banned-token processor) is not built yet, so MMSearch-R1 evaluates on the CPU engine "
-            "only. Fix: set rollout.rollout_backend=hf (tiny models), or wait for the GPU part of MMSearch-R1."
+            f"rollout.rollout_backend={backend!r}: `rlinf-ext eval` runs the hf (CPU) or sglang (GPU) engine only; "
+            "vLLM evaluation is not implemented. Fix: set rollout.rollout_backend=sglang (GPU) or hf (CPU)."
         )
-    if backend == "hf":
-        return
+    spec = agent_spec(cfg)
+    if backend not in spec.eval_backends:
+        raise LaunchError(
+            f"rollout.rollout_backend={backend!r} with agentloop.agent={spec.name}: `rlinf-ext eval` runs "
+            f"{spec.title} on {', '.join(spec.eval_backends)} only. Fix: set rollout.rollout_backend="
+            f"{spec.eval_backends[0]}."
+        )
     if backend == "sglang":
         if not torch.cuda.is_available():
             raise LaunchError(
@@ -316,11 +321,6 @@ def check_evaluation_backend(cfg: ExperimentConfig) -> None:
             engine_kwargs(cfg, usable_gpus(cfg, torch.cuda.device_count()))
         except SGLangUnavailable as exc:
             raise LaunchError(f"rollout: {exc}") from exc
-        return
-    raise LaunchError(
-        f"rollout.rollout_backend={backend!r}: `rlinf-ext eval` runs the hf (CPU) or sglang (GPU) engine only; "
-        "vLLM evaluation is not implemented. Fix: set rollout.rollout_backend=sglang (GPU) or hf (CPU)."
-    )
 
 
 def start_evaluation_generator(cfg: ExperimentConfig) -> SGLangEngineGenerator | None:

@@ -130,12 +130,6 @@ class FSDPStep:
             self.optimizer.step()
         return StepResult(ok, float(norm), None)
 
-    def offload(self, optimizer: bool, grads: bool) -> None:
-        """Nothing to do on CPU; GPU offload of the FSDP2 actor is not implemented (NOT GPU-verified)."""
-
-    def onload(self) -> None:
-        pass
-
 
 class HFPolicy(GRPOPolicy):
     """Policy (+ frozen reference when ``kl_beta > 0``) as a transformers Qwen2.5-VL model, with its optimizer."""
@@ -265,7 +259,12 @@ class HFPolicy(GRPOPolicy):
 
     # ------------------------------------------------------------------ offload (collocated GPU runs)
     def offload(self, weights: bool | None = None, optimizer: bool | None = None, grads: bool | None = None) -> None:
-        """CPU actor: no-op. Collocated GPU offload of the FSDP2 actor is not implemented (NOT GPU-verified)."""
+        """The FSDP2 actor keeps its state where it is (no offload is implemented; `validate` refuses
+        actor.offload_* for it). Asking for an offload raises rather than silently keeping the memory."""
+        if weights or optimizer or grads:
+            raise NotImplementedError("offloading the FSDP2 actor is not implemented; set actor.offload_weight, "
+                                      "offload_optimizer and offload_grad to false and place actor and rollout on "
+                                      "disjoint GPUs.")
 
     def onload(self) -> None:
         pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from rlinf.scheduler import Worker
 
-from rlinf_ext.agent.mm_metrics import mm_summary_by_category
+from rlinf_ext.agent.mmsearch.metrics import mm_summary_by_category
 from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.payloads import SearchRolloutResult
@@ -39,7 +39,7 @@ def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig):
 
 
 def mm_rows(result: SearchRolloutResult, details: list) -> list[dict]:
-    """Per-trajectory rows of ``agent.mm_metrics.mm_summary`` (category, correctness, searches that ran)."""
+    """Per-trajectory rows of ``agent.mmsearch.metrics.mm_summary`` (category, correctness, searches that ran)."""
     rows = []
     for i, res in enumerate(details):
         m = result.trajectory_metrics[i]

@@ -11,8 +11,10 @@ import json
 
 import pytest
 
-from rlinf_ext.agent import AgentLoopConfig, check_mask_invariant, run_group
-from rlinf_ext.agent.scripted import ForcedActions
+from rlinf_ext.agent.core.config import AgentLoopConfig
+from rlinf_ext.agent.core.response import check_mask_invariant
+from rlinf_ext.agent.searchr1.loop import run_group
+from rlinf_ext.agent.core.scripted import ForcedActions
 from rlinf_ext.generation.hf import HFGenerator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.rewards import searchr1_reward

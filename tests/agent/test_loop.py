@@ -5,9 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from rlinf_ext.agent import AgentLoopConfig, check_mask_invariant, run_group, run_trajectory
-from rlinf_ext.agent.actions import parse_action
-from rlinf_ext.agent.scripted import CharTokenizer, ScriptedGenerator
+from rlinf_ext.agent.core.config import AgentLoopConfig
+from rlinf_ext.agent.core.response import check_mask_invariant
+from rlinf_ext.agent.searchr1.loop import run_group, run_trajectory
+from rlinf_ext.agent.searchr1.protocol import parse_action
+from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.tools import SearchTool, SearchToolConfig
 from rlinf_ext.tools.formatting import CLOSE_TAG, INVALID_ACTION_MESSAGE, OPEN_TAG

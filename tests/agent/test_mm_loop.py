@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 from mm_helpers import PX, ScriptedVLGenerator, settings, tools
 
-from rlinf_ext.agent.mm_actions import parse_mm_action
-from rlinf_ext.agent.mm_loop import check_mm_invariants, first_prompt_ids, run_mm_group, run_mm_trajectory
-from rlinf_ext.agent.mm_metrics import mm_reward_fn
-from rlinf_ext.agent.mm_observation import build_mm_observation, image_results_body
-from rlinf_ext.agent.mm_prompts import MMPrompts, read_prompt
-from rlinf_ext.agent.mm_types import MMTask
+from rlinf_ext.agent.mmsearch.protocol import parse_mm_action
+from rlinf_ext.agent.mmsearch.loop import check_mm_invariants, first_prompt_ids, run_mm_group, run_mm_trajectory
+from rlinf_ext.agent.mmsearch.metrics import mm_reward_fn
+from rlinf_ext.agent.mmsearch.observation import build_mm_observation, image_results_body
+from rlinf_ext.agent.mmsearch.prompts import MMPrompts, read_prompt
+from rlinf_ext.agent.mmsearch.types import MMTask
 from rlinf_ext.config.schema import AgentLoopConfig, RewardConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import load_vl_processor

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlinf_ext.agent.mm_metrics import mm_summary_by_category
+from rlinf_ext.agent.mmsearch.metrics import mm_summary_by_category
 
 
 def _row(category, correct, image, text, image_fail=0, text_fail=0, reward=None):

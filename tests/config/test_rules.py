@@ -105,7 +105,8 @@ def test_tp_read_from_hf_config_when_no_preset(reference_env, tmp_path):
 
 
 def test_tp_times_pp_divides_actor_gpus(reference_env):
-    overrides = ["cluster.component_placement={actor: 0-5, 'rollout,reward': 6-7}", "data.rollout_batch_size=24"]
+    overrides = ["cluster.component_placement={actor: 0-5, 'rollout,reward': 6-7}", "data.rollout_batch_size=24",
+                 *NO_OFFLOAD]
     assert check_config("qwen2.5-3b-tool-1node", overrides).ok
     assert_issue(
         "qwen2.5-3b-tool-1node",
@@ -137,7 +138,33 @@ def test_placement_unknown_and_missing_component(reference_env):
 
 def test_two_nodes_make_room(reference_env):
     overrides = ["cluster.num_nodes=2", "cluster.component_placement={actor: 0-7, 'rollout,reward': 8-15}"]
-    assert check_config("qwen2.5-3b-tool-1node", overrides).ok
+    assert check_config("qwen2.5-3b-tool-1node", overrides + NO_OFFLOAD).ok
+
+
+NO_OFFLOAD = ["actor.offload_weight=false", "actor.offload_optimizer=false", "actor.offload_grad=false"]
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["cluster.num_nodes=2", "cluster.component_placement={actor: 0-7, 'rollout,reward': 8-15}"], "disjoint GPUs"),
+    (["cluster.component_placement={actor: 0-5, 'rollout,reward': 6-7}", "data.rollout_batch_size=24"],
+     "disjoint GPUs"),
+])
+def test_offload_refused_where_nothing_is_offloaded(reference_env, overrides, words):
+    """The reference config offloads for its collocated rollout; on disaggregated GPUs the same keys would do nothing."""
+    issue = assert_issue("qwen2.5-3b-tool-1node", overrides, "actor.offload_weight", words)
+    assert "actor.offload_weight=false" in issue.fix
+
+
+def test_offload_refused_on_a_cpu_cluster():
+    issue = assert_issue("tiny-cpu", ["actor.offload_weight=true"], "actor.offload_weight", "CPU cluster")
+    assert "actor.offload_weight=false" in issue.fix
+
+
+def test_recompute_logprobs_false_is_refused_for_every_agent():
+    for name in ("tiny-cpu", "tiny-mm-cpu"):
+        issue = assert_issue(name, ["algorithm.recompute_logprobs=false"], "algorithm.recompute_logprobs",
+                             "re-tokenises")
+        assert "recompute_logprobs=true" in issue.fix
 
 
 def test_cpu_cluster_ranks_are_processes(reference_env):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlinf_ext.agent.types import Trajectory, TurnRecord
+from rlinf_ext.agent.core.types import Trajectory, TurnRecord
 
 
 def make_trajectory(turn_texts: list[str], searches_ok: list[bool] | None = None, obs_len: int = 3) -> Trajectory:

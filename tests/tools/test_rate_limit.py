@@ -5,8 +5,9 @@ import asyncio
 import pytest
 from retrieval_stub import StubServer
 
-from rlinf_ext.agent import AgentLoopConfig, run_trajectory
-from rlinf_ext.agent.scripted import CharTokenizer, ScriptedGenerator
+from rlinf_ext.agent.core.config import AgentLoopConfig
+from rlinf_ext.agent.searchr1.loop import run_trajectory
+from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.tools import SearchTool, SearchToolConfig, close_http_session
 from rlinf_ext.tools.rate_limit import TokenBucket, shared_token_bucket
 

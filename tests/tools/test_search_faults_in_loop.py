@@ -6,8 +6,9 @@ import time
 import pytest
 from retrieval_stub import StubBehaviour, StubServer, unused_port
 
-from rlinf_ext.agent import AgentLoopConfig, run_group, summarize_metrics
-from rlinf_ext.agent.scripted import CharTokenizer, ScriptedGenerator
+from rlinf_ext.agent.core.config import AgentLoopConfig
+from rlinf_ext.agent.searchr1.loop import run_group, summarize_metrics
+from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.tools import SearchError, SearchTool, SearchToolConfig, close_http_session
 
 TOK = CharTokenizer()

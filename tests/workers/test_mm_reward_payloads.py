@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rlinf_ext.agent.mm_types import MMTrajectory, MMTurnRecord
+from rlinf_ext.agent.mmsearch.types import MMTrajectory, MMTurnRecord
 from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.protocol.images import ImageRef
-from rlinf_ext.workers.agent_loop_mm import mm_agent_metrics, mm_result_from_group, mm_trajectory_records
+from rlinf_ext.agent.mmsearch.rollout import mm_agent_metrics, mm_result_from_group, mm_trajectory_records
 from rlinf_ext.workers.reward import mm_rows, score_result_details
 
 IMG = ImageRef("ab" * 20, b"png", 56, 56)

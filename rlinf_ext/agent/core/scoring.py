@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlinf_ext.agent.types import Trajectory
+from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.rewards import get_reward_fn
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlinf_ext.agent.mm_types import MMTrajectory
+from rlinf_ext.agent.mmsearch.types import MMTrajectory
 from rlinf_ext.rewards.mmsearch import mmsearch_score
 
 ACCURACY, REWARD = "accuracy", "reward"

@@ -16,22 +16,24 @@ images' token counts, in order; (3) no vision special id and no id >= len(tokeni
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_ext.agent.loop import check_mask_invariant
-from rlinf_ext.agent.mm_actions import parse_mm_action, with_mm_stops
-from rlinf_ext.agent.mm_observation import (
+from rlinf_ext.config.schema import AgentLoopConfig
+from rlinf_ext.agent.core.response import ResponseBuffer, check_mask_invariant
+from rlinf_ext.agent.mmsearch.protocol import parse_mm_action, with_mm_stops
+from rlinf_ext.agent.mmsearch.observation import (
     MMObservation,
     build_mm_observation,
     failure_body,
     image_results_body,
     text_results_body,
 )
-from rlinf_ext.agent.mm_prompts import MMPrompts
-from rlinf_ext.agent.mm_types import TOOL_IMAGE, TOOL_TEXT, MMTask, MMTrajectory, MMTurnRecord
+from rlinf_ext.agent.mmsearch.prompts import MMPrompts
+from rlinf_ext.agent.mmsearch.types import TOOL_IMAGE, TOOL_TEXT, MMTask, MMTrajectory, MMTurnRecord
 from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams
 from rlinf_ext.protocol.images import image_pad_count
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_START, token_id, vision_special_ids
@@ -39,12 +41,19 @@ from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_START, token_id, visi
 
 @dataclass(frozen=True)
 class MMLoopSettings:
-    max_gen_round: int = 3
-    image_search_limit: int = 1
-    text_search_limit: int = 1
-    response_length_total: int = 8192
-    max_obs_length: int = 1024
+    """The loop's knobs; their defaults live only in the schema (``with_defaults``)."""
+
+    max_gen_round: int
+    image_search_limit: int
+    text_search_limit: int
+    response_length_total: int
+    max_obs_length: int
     print_outputs: bool = False
+
+    @classmethod
+    def with_defaults(cls, **overrides: Any) -> "MMLoopSettings":
+        """The schema's `agentloop` defaults with `overrides`."""
+        return dataclasses.replace(cls.from_config(AgentLoopConfig()), **overrides)
 
     @classmethod
     def from_config(cls, agentloop: Any) -> "MMLoopSettings":
@@ -104,16 +113,14 @@ def _drop_banned(result: GenerationResult, tokenizer: Any, banned: set[int]) -> 
                             result.generated_tokens), dropped
 
 
-class _Run:
+class _Run(ResponseBuffer):
     """The mutable state of one trajectory (ids, mask, counters) and its turn steps."""
 
     def __init__(self, generator, processor, tools, task, settings, prompts, prompt_ids):
+        super().__init__()
         self.g, self.p, self.tools, self.task, self.s, self.prompts = generator, processor, tools, task, settings, prompts
         self.prompt_ids = prompt_ids
         self.images = list(task.images)
-        self.response_ids: list[int] = []
-        self.mask: list[int] = []
-        self.logprobs: list[float] | None = []
         self.turns: list[MMTurnRecord] = []
         self.counts = dict(image_searches=0, text_searches=0, image_search_failures=0, text_search_failures=0,
                            missing_images=0, search_limit_hits=0, generated_tokens=0, image_pad_tokens=0,
@@ -153,19 +160,11 @@ class _Run:
                                     self.prompts.after_text_search, after_im_end, truncated)
 
     def append(self, sampled: list[int], logprobs: list[float] | None, obs: MMObservation | None) -> None:
-        self.response_ids += sampled
-        self.mask += [1] * len(sampled)
-        if self.logprobs is not None and logprobs is not None and len(logprobs) == len(sampled):
-            self.logprobs += list(logprobs)
-        else:
-            self.logprobs = None
+        self.add_sampled(sampled, logprobs)
         if obs is not None:
-            self.response_ids += obs.ids
-            self.mask += [0] * len(obs.ids)
+            self.add_observation(obs.ids)
             self.images += obs.images
             self.counts["image_pad_tokens"] += obs.image_tokens
-            if self.logprobs is not None:
-                self.logprobs += [0.0] * len(obs.ids)
 
 
 async def _turn(run: _Run, base: SamplingParams, turn_index: int) -> str:
@@ -234,13 +233,11 @@ def _finish(run: _Run, uid: str | None, end_reason: str) -> MMTrajectory:
     task = run.task
     trajectory = MMTrajectory(
         uid=uid or uuid.uuid4().hex, prompt_ids=list(run.prompt_ids), response_ids=run.response_ids,
-        response_mask=run.mask, turns=run.turns, response_text=run.p.tokenizer.decode(run.response_ids),
+        response_mask=run.response_mask, turns=run.turns, response_text=run.p.tokenizer.decode(run.response_ids),
         answers=list(task.answers), rollout_logprobs=run.logprobs, end_reason=end_reason, images=run.images,
         data_id=task.data_id, category=task.category, data_source=task.data_source, question=task.question)
-    kept = sum(run.mask)
     trajectory.metrics = {"turns": float(len(run.turns)), **{k: float(v) for k, v in run.counts.items()},
-                          "kept_tokens": float(kept), "observation_tokens": float(len(run.response_ids) - kept),
-                          "response_length": float(len(run.response_ids))}
+                          **run.length_metrics()}
     return trajectory
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rlinf_ext.agent.types import Trajectory, TurnRecord
+from rlinf_ext.agent.core.types import Trajectory, TurnRecord
 from rlinf_ext.protocol.images import ImageRef
 
 MMAction = Literal["image_search", "text_search", "answer", "eos", "invalid", "search_limit"]

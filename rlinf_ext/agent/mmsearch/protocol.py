@@ -1,12 +1,20 @@
-"""What one MMSearch-R1 turn asks for (pure function), anchored at the end of the turn's own text."""
+"""The MMSearch-R1 turn protocol (pure): its action tags, the stop strings that end a turn, and what one turn asks
+for, anchored at the end of the turn's own text. The reward, the config rules and the loop read it from here."""
 
 from __future__ import annotations
 
 import re
 
-from rlinf_ext.rewards.mmsearch import IMAGE_CALL, MM_STOPS, clean_turn
+IMAGE_CALL = "<search><img></search>"
+MM_STOPS = ("</search>", "</text_search>", "</answer>")  # the closing tags that end a turn
+_TRAILING_SPECIAL = re.compile(r"(?:\s*<\|(?:im_end|endoftext)\|>)+\s*$")
 _TEXT_QUERY = re.compile(r"<text_search>(.*?)</text_search>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def clean_turn(text: str) -> str:
+    """A turn's text without trailing `<|im_end|>` / `<|endoftext|>` and surrounding whitespace."""
+    return _TRAILING_SPECIAL.sub("", text).strip()
 
 
 def parse_mm_action(text: str, finish_reason: str | None) -> tuple[str, str | None]:

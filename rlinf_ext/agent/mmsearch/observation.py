@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_ext.agent.mm_prompts import MMPrompts
+from rlinf_ext.agent.mmsearch.prompts import MMPrompts
 from rlinf_ext.protocol.images import ImageRef, image_pad_count
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, IMAGE_PLACEHOLDER, expand_image_pads, token_id
 

@@ -4,9 +4,8 @@ Each turn generates with the engine's own stop strings (`</search>`, `</answer>`
 exactly the ids sampled. A search appends an `<information>` observation, an invalid turn appends
 Search-R1's invalid-action message; both are environment text with loss mask 0.
 
-INVARIANT (checked by `check_mask_invariant` on every trajectory): `response_ids` is the concatenation over
-turns of (sampled ids, observation ids), and `response_mask` is 1 on exactly the sampled ids and 0 on
-exactly the observation ids.
+Ids, mask and log-probs accumulate in the shared ``agent/core/response.py`` buffer (its invariant is checked on
+every trajectory).
 """
 
 from __future__ import annotations
@@ -17,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlinf_ext.agent.actions import parse_action, with_required_stops
-from rlinf_ext.agent.config import AgentLoopConfig, check_agent_config
-from rlinf_ext.agent.types import Trajectory, TurnRecord
+from rlinf_ext.agent.searchr1.protocol import parse_action, with_required_stops
+from rlinf_ext.agent.core.config import AgentLoopConfig, check_agent_config
+from rlinf_ext.agent.core.response import ResponseBuffer, check_mask_invariant
+from rlinf_ext.agent.core.types import Trajectory, TurnRecord
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams
 from rlinf_ext.tools.formatting import (
@@ -31,27 +31,11 @@ from rlinf_ext.tools.formatting import (
 )
 
 
-def check_mask_invariant(trajectory: Trajectory) -> None:
-    """Raise AssertionError unless ids and mask are exactly the turns' sampled (1) and observation (0) ids."""
-    expected_ids: list[int] = []
-    expected_mask: list[int] = []
-    for turn in trajectory.turns:
-        expected_ids += turn.response_ids + turn.observation_ids
-        expected_mask += [1] * len(turn.response_ids) + [0] * len(turn.observation_ids)
-    if trajectory.response_ids != expected_ids or trajectory.response_mask != expected_mask:
-        raise AssertionError(
-            "loss-mask invariant broken: response ids/mask differ from the turns' sampled+observation ids"
-        )
-
-
 @dataclass
-class _Rollout:
+class _Rollout(ResponseBuffer):
     """What one trajectory has accumulated so far (ids, mask, turns, counters)."""
 
-    budget: int
-    response_ids: list[int] = field(default_factory=list)
-    response_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = field(default_factory=list)  # None once a turn came without log-probs
+    budget: int = 0
     turns: list[TurnRecord] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: dict(
         searches=0, search_failures=0, invalid_actions=0, generated_tokens=0, truncated_observations=0))
@@ -62,12 +46,7 @@ class _Rollout:
                observation: Observation | None, search_ok: bool | None) -> None:
         """Add one turn: the sampled ids (mask 1), then the observation (mask 0) if a token still fits after it."""
         sampled = list(result.output_ids)
-        self.response_ids += sampled
-        self.response_mask += [1] * len(sampled)
-        if self.logprobs is not None and result.logprobs is not None and len(result.logprobs) == len(sampled):
-            self.logprobs += list(result.logprobs)
-        else:
-            self.logprobs = None
+        self.add_sampled(sampled, result.logprobs)
         observation_ids: list[int] = []
         if observation is not None:
             # An observation is useful only if at least one token can be generated after it.
@@ -75,10 +54,7 @@ class _Rollout:
                 self.end_reason = "response_budget"
             else:
                 observation_ids = observation.ids
-                self.response_ids += observation_ids
-                self.response_mask += [0] * len(observation_ids)
-                if self.logprobs is not None:
-                    self.logprobs += [0.0] * len(observation_ids)
+                self.add_observation(observation_ids)
         self.turns.append(TurnRecord(
             prompt_ids=context, response_ids=sampled, observation_ids=observation_ids, text=result.text,
             action=action, finish_reason=result.finish_reason, matched_stop=result.matched_stop,
@@ -140,13 +116,10 @@ def _finish(state: _Rollout, uid: str | None, prompt_ids: list[int], answers: An
         rollout_logprobs=state.logprobs,
         end_reason=state.end_reason,
     )
-    kept = sum(state.response_mask)
     trajectory.metrics = {
         "turns": float(len(state.turns)),
         **{name: float(value) for name, value in state.counts.items()},
-        "kept_tokens": float(kept),
-        "observation_tokens": float(len(state.response_ids) - kept),
-        "response_length": float(len(state.response_ids)),
+        **state.length_metrics(),
         "search_latency_s": state.search_latency,
     }
     check_mask_invariant(trajectory)

@@ -1,0 +1,28 @@
+"""The contract between the agent-loop worker and an agent (``AgentRollout``): the worker owns the channels, the
+text-search tool and the timing; the agent turns one request into prompt groups and one group into a result.
+The registry names each agent's implementation (``agent/*/rollout.py``)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from rlinf_ext.agent.core.types import Trajectory
+from rlinf_ext.protocol.generation import Generator
+from rlinf_ext.protocol.payloads import SearchRolloutRequest, SearchRolloutResult
+
+
+class AgentRollout(Protocol):
+    """Built as ``cls(cfg, text_search)`` on the agent-loop worker (``cfg``: the experiment config)."""
+
+    def groups(self, request: SearchRolloutRequest) -> list[tuple[Any, str]]:
+        """(task, uid) of every prompt group in the request."""
+
+    async def run_group(self, generator: Generator, task: Any, group_size: int,
+                        uid: str) -> tuple[SearchRolloutResult, list[Trajectory]]:
+        """Roll out one group: its result for the trainer and its trajectories."""
+
+    def metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """Agent metrics (``agent/<name>``) averaged over a request's trajectories."""
+
+    def records(self, result: SearchRolloutResult) -> list[dict[str, Any]]:
+        """Plain per-trajectory records of a result (rollout dumps)."""
