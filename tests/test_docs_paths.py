@@ -1,5 +1,7 @@
 """Documentation names files that exist: every repository path written in a module docstring, a comment, the
-README or docs/*.md resolves (against the repository root, ``rlinf_ext/`` or ``tests/``)."""
+README or docs/*.md resolves (against the repository root, ``rlinf_ext/`` or ``tests/``); README and docs/*.md
+name no missing module or folder even without an extension; nothing in the repository points to notes outside it;
+docs/status.md keeps its three status values; the README stays a front page (<= 10 KiB)."""
 
 from __future__ import annotations
 
@@ -42,3 +44,103 @@ def test_every_documented_path_exists():
                 continue
             missing.append(f"{path.relative_to(REPO)}: {rel}")
     assert not missing, "paths named in documentation that do not exist:\n" + "\n".join(sorted(missing))
+
+
+# --- extension-less references: `rlinf_ext/agent/mm_loop`, `scripts/install`, a folder that is not there ---------
+# a path anchored at a top-level folder of this repository, with or without an extension; it stops at characters
+# that start placeholders or globs (`<bench>`, `*.yaml`, `{a,b}`), so what is left must exist as written
+ROOTED = re.compile(
+    r"(?<![\w./-])((?:rlinf_ext|scripts|docs|examples|configs|tests|benchmarks|toolkits|launchers)/[\w./-]*)"
+)
+
+
+def _markdown_docs():
+    yield REPO / "README.md"
+    yield from sorted((REPO / "docs").glob("*.md"))
+    yield from sorted((REPO / "examples").glob("*/README.md"))
+
+
+def rooted_paths_missing(text: str) -> list[str]:
+    """Repository-rooted paths in ``text`` that do not exist (file or folder), extension or not."""
+    missing = []
+    for rel in set(ROOTED.findall(text)):
+        rel = rel.rstrip(".")  # end of a sentence
+        if not GENERATED.search(rel) and not (REPO / rel).exists():
+            missing.append(rel)
+    return sorted(missing)
+
+
+def test_rooted_paths_in_markdown_exist_even_without_an_extension():
+    missing = []
+    for path in _markdown_docs():
+        if path.name == "searchr1-facts.md":  # describes the peer repositories' files, not ours
+            continue
+        missing += [f"{path.relative_to(REPO)}: {rel}" for rel in rooted_paths_missing(path.read_text())]
+    assert not missing, "paths named in README/docs that do not exist (a module without .py, a moved folder?):\n" + (
+        "\n".join(missing)
+    )
+
+
+def test_the_rooted_path_check_can_fail():
+    text = ("see `rlinf_ext/agent/no_such_module`, `scripts/install` and rlinf_ext/no_such_package/; "
+            "`rlinf_ext/runner/launch.py`, `rlinf_ext/agent/` and `examples/searchr1/config/*.yaml` exist.")
+    assert rooted_paths_missing(text) == ["rlinf_ext/agent/no_such_module", "rlinf_ext/no_such_package/",
+                                          "scripts/install"]
+
+
+# --- nothing points outside the repository: notes, reviews and design documents the reader does not have -------
+OUTSIDE = re.compile(
+    r"mmsearch-r1-design|gpu-path-review|rlinf-protocol|engine-stack|retrieval-scale|architecture\.md"
+    r"|\.\./shared|(?<![\w-])reference/|\breview (?:R\d|§|D\d)|\bGPU review\b|design notes"
+    r"|(?<!docs/)searchr1-facts"  # docs/searchr1-facts.md is in this repository; any other spelling is not
+)
+SCANNED = ("README.md", "docs", "rlinf_ext", "scripts", "benchmarks", "tests", "launchers", "examples", "configs",
+           "toolkits", ".ci")
+TEXT_SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".txt", ".sbatch", ".jinja", ".ini", ".toml", ""}
+
+
+def outside_references(text: str) -> list[str]:
+    return sorted({m.group(0) for m in OUTSIDE.finditer(text)})
+
+
+def test_no_reference_to_material_outside_the_repository():
+    found = []
+    for top in SCANNED:
+        root = REPO / top
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            if path == Path(__file__).resolve() or path.suffix not in TEXT_SUFFIXES or "__pycache__" in path.parts:
+                continue
+            try:
+                text = path.read_text()
+            except UnicodeDecodeError:
+                continue
+            found += [f"{path.relative_to(REPO)}: {hit}" for hit in outside_references(text)]
+    assert not found, "references to documents outside the repository (state the fact instead):\n" + "\n".join(found)
+
+
+def test_the_outside_reference_check_can_fail():
+    assert outside_references("see gpu-path-review §4 and review R1; docs/searchr1-facts.md §2 is ours") == [
+        "gpu-path-review", "review R1"]
+    assert outside_references("(searchr1-facts §3, ../shared/x)") == ["../shared", "searchr1-facts"]
+
+
+# --- docs/status.md: one status value per capability, short cells ----------------------------------------------
+STATUS_VALUES = {"working", "written, not GPU-verified", "—"}
+
+
+def test_status_table_uses_the_three_values_and_short_cells():
+    bad = []
+    for line in (REPO / "docs" / "status.md").read_text().splitlines():
+        if not line.startswith("|") or line.startswith("|---") or line.startswith("| capability |"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or cells[1] not in STATUS_VALUES or any(len(c) > 150 for c in cells):
+            bad.append(line)
+    assert not bad, "status rows need: capability | working / written, not GPU-verified / — | notes (<= 150 chars):\n" + (
+        "\n".join(bad)
+    )
+
+
+def test_readme_is_a_front_page():
+    assert len((REPO / "README.md").read_bytes()) <= 10 * 1024

@@ -55,7 +55,7 @@ def register_resolvers() -> None:
 
 
 def find_experiment(name_or_path: str | Path) -> Path:
-    """A path to a YAML, or a name (with or without `.yaml`) under `examples/searchr1/config/`."""
+    """A path to a YAML, or a bare name (with or without `.yaml`) looked up in `EXPERIMENT_DIRS`, in order."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") and path.exists():
         return path.resolve()

@@ -51,7 +51,8 @@ def check_config(name_or_path: str | Path, overrides: Iterable[str] = (), check_
 
 
 def load_config(name_or_path: str | Path, overrides: Iterable[str] = (), strict: bool = True) -> ExperimentConfig:
-    """The typed config of an experiment (a path, or a name under examples/searchr1/config/).
+    """The typed config of an experiment (a .yaml path, or a name looked up in examples/searchr1/config/, then
+    examples/mmsearch_r1/config/).
 
     strict=True raises ConfigError listing every problem; strict=False returns the config anyway (invalid
     keys keep their schema defaults) and raises only if the YAML cannot be composed.

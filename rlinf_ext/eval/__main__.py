@@ -12,7 +12,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlinf_ext.eval", description=__doc__.splitlines()[0])
-    parser.add_argument("config", help="eval YAML: a path or a name under examples/searchr1/config/")
+    parser.add_argument("config", help="eval YAML: a path or a name under examples/searchr1/config/ or examples/mmsearch_r1/config/")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. data.data_size=4")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """SGLang 0.4.6.post5 requests with images (pure functions; the engine needs a GPU, NOT GPU-verified).
 
-What SGLang does with a multimodal request (read from the wheel, ``mmsearch-r1-design`` §1.6): every turn is a
+What SGLang does with a multimodal request (read from the 0.4.6.post5 wheel's sources): every turn is a
 new request carrying the whole context ids and EVERY image so far, in order of appearance; SGLang decodes the
 ids to text, collapses each ``<|vision_start|><|image_pad|>+<|vision_end|>`` run to one image, and re-tokenises
 with the processor. So the ids must hold exactly one vision run per image, and the engine's prompt may differ

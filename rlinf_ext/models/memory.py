@@ -30,7 +30,7 @@ GIB = 2**30
 # CUDA: context + cuBLAS workspace outside torch's allocator, and fragmentation of its cached blocks
 CUDA_RESERVE_BYTES = int(1.0 * GIB)
 CUDA_FRAGMENTATION = 0.05
-# a released SGLang engine still holds its CUDA context and graph pool (review R1: 1.5-3 GB)
+# a released SGLang engine still holds its CUDA context and graph pool (1.5-3 GB)
 ROLLOUT_RESIDENT_BYTES = int(2.5 * GIB)
 # SGLang's activations and CUDA graphs outside its static fraction while it generates
 ROLLOUT_WORKSPACE_BYTES = int(2.0 * GIB)

@@ -1,5 +1,5 @@
 """The launcher's Ray cluster and ``RAY_ADDRESS`` (docs/contracts.md, "Runner"): the address policy, and the
-start-up hang of the GPU review's D1. The one-node launcher used to leave ``RAY_ADDRESS=local`` in every worker's
+start-up hang it prevents (a second Ray instance). The one-node launcher used to leave ``RAY_ADDRESS=local`` in every worker's
 environment; RLinf's non-actor ``Worker`` (built inside each SGLang scheduler process) calls
 ``ray.init(address="auto")``, which then started a second Ray instance and waited forever for RLinf's managers.
 The regression test reproduces that pattern on CPU: inside a worker of a cluster started by the launcher's code
