@@ -15,7 +15,8 @@ from typing import Any
 
 from rlinf_ext.tools.documents import Document
 
-OBSERVATION_FORMATS = ("searchr1", "rlinf")
+SEARCHR1_STYLE, RLINF_STYLE = "searchr1", "rlinf"  # agentloop.observation_format
+OBSERVATION_FORMATS = (SEARCHR1_STYLE, RLINF_STYLE)
 OPEN_TAG = "\n\n<information>"
 CLOSE_TAG = "</information>\n\n"
 INVALID_ACTION_MESSAGE = (
@@ -25,12 +26,12 @@ INVALID_ACTION_MESSAGE = (
 )
 
 
-def format_documents(docs: Sequence[Document], style: str = "searchr1") -> str:
-    if style == "searchr1":
+def format_documents(docs: Sequence[Document], style: str = SEARCHR1_STYLE) -> str:
+    if style == SEARCHR1_STYLE:
         # Search-R1 shows the title with the quotes of the corpus contents: Doc 1(Title: "T") text
         # and strips the joined block, so no newline precedes </information> (search_r1/llm_agent/generation.py)
         return "\n".join(f'Doc {i + 1}(Title: "{doc.title}") {doc.text}' for i, doc in enumerate(docs)).strip()
-    if style == "rlinf":
+    if style == RLINF_STYLE:
         return "\n".join(f"[Doc {i + 1}]({doc.url or ''}):\n{doc.text}\n" for i, doc in enumerate(docs))
     raise ValueError(f"agentloop.observation_format must be one of {OBSERVATION_FORMATS}, got {style!r}")
 
