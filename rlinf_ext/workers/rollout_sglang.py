@@ -2,11 +2,12 @@
 
 What RLinf 0.3.0's ``SGLangWorker`` gets wrong for us, and what ``SGLangStopWorker`` changes:
 - ``get_sampling_param_from_config`` drops ``stop``; requests are merged into the config's sampling params key
-  by key (as the CPU worker does) and translated into SGLang's names, ``stop`` included, with
+  by key (as the CPU worker does; ``stop`` is the request's own) and translated into SGLang's names, with
   ``stop_token_ids`` = the HF EOS set (``<|endoftext|>`` as well as ``<|im_end|>``) as the evaluation engine
   does (``generation/sglang.py:to_sglang_params``).
 - the reply has no ``text``/``matched_stop`` and a raw finish reason; ``generation/sglang.py:sglang_reply``
-  builds the same ``GenerateReply`` as the CPU HF worker (``protocol/generation.py:reply_of``).
+  builds the same ``GenerateReply`` as the CPU HF worker (``protocol/generation.py:reply_of``), the turn's end
+  classified as every engine's (``generation/turn_end.py``).
 - ``rollout_serverless`` never returns; ours stops on ``STOP_SERVING`` like the CPU worker (the trainer's
   ``shutdown`` waits for it) and answers a failed request with ``{"error": ...}`` instead of hanging the caller.
 - the engine: ``generation/sglang.py:server_kwargs`` (one engine per TP group, ``dp_size=1``) with
@@ -85,11 +86,11 @@ def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input
 
 def request_params(defaults: SamplingParams, request: dict | None, eos_ids: list[int]) -> tuple[dict, SamplingParams]:
     """SGLang ``sampling_params`` of one generate request (pure): the request merged into the config's sampling
-    params key by key (a request without ``temperature`` keeps the configured one), ``stop`` kept, and
+    params key by key (a request without ``temperature`` keeps the configured one), the request's ``stop``, and
     ``stop_token_ids`` = the HF EOS set (so ``<|endoftext|>`` ends a training turn as it ends an HF or an
     evaluation turn). Also returns the merged ``SamplingParams``."""
     params = sampling_params_from_request(defaults, request)
-    return to_sglang_params(dataclasses.asdict(params), None, eos_ids), params
+    return to_sglang_params(dataclasses.asdict(params), eos_ids), params
 
 
 def slot_handles(messages: list, tp: int, to_device: Callable[[torch.Tensor, int], torch.Tensor]
@@ -181,8 +182,7 @@ def make_sglang_stop_worker():
                     result = await self._engine.async_generate(
                         input_ids=prompt_ids, sampling_params=sglang_params, return_logprob=self._return_logprobs,
                     )
-                reply = sglang_reply(result, self._decode, include_stop_str_in_output=params.include_stop_str_in_output,
-                                     return_logprobs=self._return_logprobs)
+                reply = sglang_reply(result, self._decode, params, self._eos_ids, return_logprobs=self._return_logprobs)
             except Exception as exc:  # the agent loop gets the error instead of waiting forever
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
             self.requests_served += 1
