@@ -4,13 +4,13 @@ What RLinf 0.3.0's ``SGLangWorker`` gets wrong for us, and what ``SGLangStopWork
 - ``get_sampling_param_from_config`` drops ``stop``; requests are merged into the config's sampling params key
   by key (as the CPU worker does; ``stop`` is the request's own) and translated into SGLang's names, with
   ``stop_token_ids`` = the HF EOS set (``<|endoftext|>`` as well as ``<|im_end|>``) as the evaluation engine
-  does (``generation/sglang.py:to_sglang_params``).
-- the reply has no ``text``/``matched_stop`` and a raw finish reason; ``generation/sglang.py:sglang_reply``
+  does (``generation/sglang_wire.py:to_sglang_params``).
+- the reply has no ``text``/``matched_stop`` and a raw finish reason; ``generation/sglang_wire.py:sglang_reply``
   builds the same ``GenerateReply`` as the CPU HF worker (``protocol/generation.py:reply_of``), the turn's end
   classified as every engine's (``generation/turn_end.py``).
 - ``rollout_serverless`` never returns; ours stops on ``STOP_SERVING`` like the CPU worker (the trainer's
   ``shutdown`` waits for it) and answers a failed request with ``{"error": ...}`` instead of hanging the caller.
-- the engine: ``generation/sglang.py:server_kwargs`` (one engine per TP group, ``dp_size=1``) with
+- the engine: ``generation/sglang_engine.py:server_kwargs`` (one engine per TP group, ``dp_size=1``) with
   ``load_format="dummy"``: the first weight sync overwrites every weight, so nothing is read from disk. RLinf's
   ``weight_reload=None`` keeps its scheduler from expecting RLinf's Megatron buckets.
 - weight sync: our actor's HF-named buckets (``workers/weight_sync.py``) go into SGLang's own
@@ -32,13 +32,8 @@ from typing import Any, Callable
 import torch
 
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.generation.sglang import (
-    hf_eos_ids,
-    import_rlinf_sglang,
-    server_kwargs,
-    sglang_reply,
-    to_sglang_params,
-)
+from rlinf_ext.generation.sglang_engine import import_rlinf_sglang, server_kwargs
+from rlinf_ext.generation.sglang_wire import hf_eos_ids, sglang_reply, to_sglang_params
 from rlinf_ext.generation.sglang_mm import disallowed_tokens_processor, mm_request, retokenize_mismatch, vl_server_overrides
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams, sampling_params_from_request
 from rlinf_ext.models.qwen2 import load_hf_config_dict

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlinf_ext.generation.hf import HFGenerator, eos_token_ids
-from rlinf_ext.generation.sglang import (
+from rlinf_ext.generation.sglang_engine import (
     SGLangEngineGenerator,
     SGLangUnavailable,
     engine_kwargs,
@@ -241,7 +241,7 @@ def test_all_means_every_gpu_of_the_node(tiny_assets):
 
 
 def test_training_engines_start_with_dummy_weights_and_the_memory_saver(tiny_assets):
-    from rlinf_ext.generation.sglang import server_kwargs
+    from rlinf_ext.generation.sglang_engine import server_kwargs
 
     cfg = eval_cfg(tiny_assets)
     kwargs = server_kwargs(cfg, tp_size=2, seed=5, load_format="dummy", training=True)

@@ -7,13 +7,8 @@ import dataclasses
 
 import pytest
 
-from rlinf_ext.generation.sglang import (
-    GPU_INSTALL_FIX,
-    SGLangUnavailable,
-    import_rlinf_sglang,
-    sglang_reply,
-    to_sglang_params,
-)
+from rlinf_ext.generation.sglang_engine import GPU_INSTALL_FIX, SGLangUnavailable, import_rlinf_sglang
+from rlinf_ext.generation.sglang_wire import sglang_reply, to_sglang_params
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams, reply_of
 
 VOCAB = {1: "<think>", 2: " q", 3: "</think>", 4: "<search>", 5: "</search>", 6: "\n", 7: "<|im_end|>", 8: " ans"}
