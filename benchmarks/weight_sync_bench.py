@@ -1,5 +1,5 @@
 """Actor -> rollout weight sync: bytes and seconds per sync, the old serial path vs the two routes of
-``workers/weight_sync.py``, with 2 data-parallel actor processes and 2 rollout engines on a CPU Ray cluster.
+``sync/weight_sync.py``, with 2 data-parallel actor processes and 2 rollout engines on a CPU Ray cluster.
 
     python benchmarks/weight_sync_bench.py [--shapes tiny 0.5b --repeats 3 --bucket-mb 1024 --rollout-dtype bfloat16]
 
@@ -39,7 +39,7 @@ from rlinf_ext.assets.random_qwen2 import QWEN2_SHAPES  # noqa: E402
 from rlinf_ext.runner.groups import cpu_strategy, wait_all_or_raise, wait_or_raise  # noqa: E402
 from rlinf_ext.workers.actor import MegatronActorWorker  # noqa: E402
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker  # noqa: E402
-from rlinf_ext.workers.weight_sync import (  # noqa: E402
+from rlinf_ext.sync.weight_sync import (  # noqa: E402
     HFWeightLoader,
     SyncRoutes,
     check_logits_match,

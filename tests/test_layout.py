@@ -5,7 +5,7 @@ cycle; it only hides it until that function runs). Layers, from the ground up (a
 layer and the ones below):
 
 0. ``protocol``, ``models``, ``config``, ``retrieval``, ``tools``, ``rewards`` — types, model facts, leaves
-1. ``convert``, ``generation``, ``agent``, ``assets``, ``data``
+1. ``convert``, ``generation``, ``agent``, ``assets``, ``data``, ``sync``
 2. ``training``, ``eval``
 3. ``workers`` — thin RLinf ``Worker`` adapters
 4. ``runner`` — composition, trainer, launcher
@@ -29,7 +29,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "rlinf_ext"
 
 LAYERS = {
     "protocol": 0, "models": 0, "config": 0, "retrieval": 0, "tools": 0, "rewards": 0,
-    "convert": 1, "generation": 1, "agent": 1, "assets": 1, "data": 1,
+    "convert": 1, "generation": 1, "agent": 1, "assets": 1, "data": 1, "sync": 1,
     "training": 2, "eval": 2,
     "workers": 3,
     "runner": 4,

@@ -32,7 +32,7 @@ from rlinf_ext.workers.agent_loop import SearchR1AgentLoopWorker
 from rlinf_ext.workers.agent_loop_mm import MMSearchAgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker
-from rlinf_ext.workers.weight_sync import SyncRoutes, sync_mode
+from rlinf_ext.sync.weight_sync import SyncRoutes, sync_mode
 
 
 def launch_worker_groups(

@@ -39,7 +39,7 @@ from rlinf_ext.workers.agent_loop import SearchR1AgentLoopWorker
 from rlinf_ext.workers.agent_loop_mm import MMSearchAgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
 from rlinf_ext.workers.rollout_sglang import rollout_worker_class
-from rlinf_ext.workers.weight_sync import SyncRoutes
+from rlinf_ext.sync.weight_sync import SyncRoutes
 
 
 class GpuLayoutError(ValueError):
@@ -146,7 +146,7 @@ def gpu_layout(cfg: ExperimentConfig, num_gpus: int, gpus_per_node: int | None =
 
 def weight_sync_routes(layout: GpuLayout) -> SyncRoutes:
     """Collocated: each actor rank hands its weights to the engine on its own GPU (CUDA IPC); disaggregated:
-    actor rank 0 broadcasts them to every engine (``workers/weight_sync.py``)."""
+    actor rank 0 broadcasts them to every engine (``sync/weight_sync.py``)."""
     mode = "paired" if layout.mode == "collocated" else "broadcast"
     return SyncRoutes(mode, layout.actor_dp_size, layout.rollout_dp_size, layout.rollout_tp)
 

@@ -13,7 +13,7 @@ What RLinf 0.3.0's ``SGLangWorker`` gets wrong for us, and what ``SGLangStopWork
 - the engine: ``generation/sglang_engine.py:server_kwargs`` (one engine per TP group, ``dp_size=1``) with
   ``load_format="dummy"``: the first weight sync overwrites every weight, so nothing is read from disk. RLinf's
   ``weight_reload=None`` keeps its scheduler from expecting RLinf's Megatron buckets.
-- weight sync: our actor's HF-named buckets (``workers/weight_sync.py``) go into SGLang's own
+- weight sync: our actor's HF-named buckets (``sync/weight_sync.py``) go into SGLang's own
   ``update_weights_from_tensor``. Collocated, each TP scheduler receives handles to memory on its own GPU from
   the actor rank on that GPU (SGLang's ``LocalSerializedTensor``, one serialized tensor per TP rank);
   disaggregated, this worker receives actor rank 0's broadcast on its first GPU, copies each bucket to its
@@ -39,7 +39,7 @@ from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams, sampling
 from rlinf_ext.models.qwen2 import load_hf_config_dict
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids
-from rlinf_ext.workers.weight_sync import (
+from rlinf_ext.sync.weight_sync import (
     HandleBucket,
     SyncRoutes,
     WeightBucket,

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from rlinf_ext.runner.groups import Placement, WorkerGroups
 from rlinf_ext.runner.trainer import SearchR1Trainer
-from rlinf_ext.workers.weight_sync import SyncRoutes
+from rlinf_ext.sync.weight_sync import SyncRoutes
 
 REPLIES = {
     "agent_loop.run_agentloop_rollout": [{

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlinf_ext.workers.rollout_sglang import probe_logprob_gap, slot_handles, update_request_tensors
-from rlinf_ext.workers.weight_sync import WeightSyncError, pack_buckets, prepare_handles, share_bucket
+from rlinf_ext.sync.weight_sync import WeightSyncError, pack_buckets, prepare_handles, share_bucket
 
 
 def test_probe_logprob_gap_compares_engine_and_actor():
