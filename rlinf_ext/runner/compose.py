@@ -27,7 +27,7 @@ from rlinf_ext.runner.groups import (
     node_strategy,
     quiet_worker_failures,
 )
-from rlinf_ext.workers.actor import MegatronActorWorker
+from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import SearchR1AgentLoopWorker
 from rlinf_ext.workers.agent_loop_mm import MMSearchAgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
@@ -67,7 +67,7 @@ def launch_worker_groups(
     groups: dict[str, Any] = {}
     launch_group(groups, cluster, "rollout", HFRolloutWorker, cfg.rollout.group_name, strategies["rollout"], cfg,
                  deterministic=deterministic_rollout, verify_sync=verify_sync)
-    launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name, strategies["actor"],
+    launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name, strategies["actor"],
                  cfg, total_train_steps)
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, strategies["reward"], cfg)
     agent_loop = MMSearchAgentLoopWorker if cfg.agentloop.agent == "mmsearch" else SearchR1AgentLoopWorker

@@ -5,7 +5,7 @@
   ``ModelParallelComponentPlacement`` exactly as RLinf's runners place it (one engine per
   ``rollout.tensor_parallel_size`` GPUs; collocated with the actor when both name the same GPUs, else
   disaggregated);
-- actor: our Megatron-core ``MegatronActorWorker`` on CUDA, one data-parallel process per actor GPU
+- actor: our Megatron-core ``ActorWorker`` on CUDA, one data-parallel process per actor GPU
   (``PackedPlacementStrategy`` over the actor GPUs; TP=PP=1 each, DP = number of actor GPUs, nccl gradient
   all-reduce — ``training/data_parallel.py``, tested with gloo on CPU only);
 - reward and agent-loop workers: CPU processes on node 0 (``NodePlacementStrategy``), as on a CPU cluster.
@@ -34,7 +34,7 @@ from rlinf_ext.runner.groups import (
     launch_group,
 )
 from rlinf_ext.training.data_parallel import unsupported_model_parallelism
-from rlinf_ext.workers.actor import MegatronActorWorker
+from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import SearchR1AgentLoopWorker
 from rlinf_ext.workers.agent_loop_mm import MMSearchAgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
@@ -176,7 +176,7 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
     launch_group(groups, cluster, "rollout", rollout_cls, cfg.rollout.group_name, placement.get_strategy("rollout"),
                  rlinf_cfg, placement, verify_sync=verify_sync)
     # one process per actor GPU (RLinf's packing, as its MegatronActor with TP=PP=1): data-parallel ranks
-    launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name,
+    launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name,
                  PackedPlacementStrategy(layout.actor_gpus[0], layout.actor_gpus[-1]), cfg, total_train_steps)
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
     agent_loop = MMSearchAgentLoopWorker if cfg.agentloop.agent == "mmsearch" else SearchR1AgentLoopWorker

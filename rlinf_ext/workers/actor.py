@@ -98,14 +98,14 @@ def rollout_metrics(samples: list[Sample], dp: DataParallel) -> dict[str, float]
     }
 
 
-class MegatronActorWorker(Worker):
+class ActorWorker(Worker):
     """The policy trainer of one data-parallel rank (TP=PP=1 per process; DP = the group's size)."""
 
     def __init__(self, cfg: ExperimentConfig, total_train_steps: int):
         super().__init__()
         self.cfg = cfg
         self.settings = ActorSettings.from_config(cfg, total_train_steps)
-        self.policy: MegatronPolicy | None = None
+        self.policy: MegatronPolicy | HFPolicy | None = None
         self._sync_routes: SyncRoutes | None = None  # set by the runner once the rollout group exists
         self._sync_bucket_bytes = BUCKET_BYTES
 

@@ -23,11 +23,11 @@ BUCKET = 64 << 10
 def launch_pair(cfg, rollout_cfg, cluster):  # noqa: F811
     from rlinf_ext.config.placement import component_ranks
     from rlinf_ext.runner.groups import cpu_strategy, wait_or_raise
-    from rlinf_ext.workers.actor import MegatronActorWorker
+    from rlinf_ext.workers.actor import ActorWorker
     from rlinf_ext.workers.rollout_hf import HFRolloutWorker
 
     placement = component_ranks(cfg.cluster.component_placement, None)
-    actor = MegatronActorWorker.create_group(cfg, 1).launch(cluster, placement_strategy=cpu_strategy(2),
+    actor = ActorWorker.create_group(cfg, 1).launch(cluster, placement_strategy=cpu_strategy(2),
                                                             name=cfg.actor.group_name)
     rollout = HFRolloutWorker.create_group(rollout_cfg).launch(cluster, placement_strategy=cpu_strategy(2),
                                                                name=cfg.rollout.group_name)
