@@ -58,7 +58,8 @@ def run_case(name: str, model_dir: str) -> dict:
     import torch
 
     from rlinf_ext.models.cpu_shims import init_parallel_state
-    from rlinf_ext.training.policy import MegatronPolicy, Sample
+    from rlinf_ext.training.grpo_policy import Sample
+    from rlinf_ext.training.megatron_policy import MegatronPolicy
     from rlinf_ext.training.rl_math import LossConfig
     from rlinf_ext.training.settings import ActorSettings
 

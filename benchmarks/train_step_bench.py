@@ -48,7 +48,8 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, job: dict, out_d
 
     from rlinf_ext.models.cpu_shims import init_parallel_state
     from rlinf_ext.training.data_parallel import shard_layout
-    from rlinf_ext.training.policy import MegatronPolicy, Sample
+    from rlinf_ext.training.grpo_policy import Sample
+    from rlinf_ext.training.megatron_policy import MegatronPolicy
     from rlinf_ext.training.rl_math import LossConfig
     from rlinf_ext.training.settings import ActorSettings
 

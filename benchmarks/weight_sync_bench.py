@@ -1,9 +1,9 @@
 """Actor -> rollout weight sync: bytes and seconds per sync, the old serial path vs the two routes of
-``workers/weight_sync.py``, with 2 data-parallel actor processes and 2 rollout engines on a CPU Ray cluster.
+``sync/weight_sync.py``, with 2 data-parallel actor processes and 2 rollout engines on a CPU Ray cluster.
 
     python benchmarks/weight_sync_bench.py [--shapes tiny 0.5b --repeats 3 --bucket-mb 1024 --rollout-dtype bfloat16]
 
-Real RLinf workers (``MegatronActorWorker`` DP=2 with fp32 master weights, ``HFRolloutWorker`` x2 holding bf16
+Real RLinf workers (``ActorWorker`` DP=2 with fp32 master weights, ``HFRolloutWorker`` x2 holding bf16
 weights as a GPU engine would, gloo) on random weights of the given shape (``tiny``: 2 layers, hidden 64; ``0.5b``: Qwen2.5-0.5B dimensions), written once as a HF checkpoint in a
 temp dir and read by both sides like a real run; the probe check runs in every path. Paths:
   old        what this project did before: actor rank 0 converts the whole state, then sends it to each rollout
@@ -37,9 +37,9 @@ from train_step_bench import make_checkpoint  # noqa: E402  (the same random sha
 
 from rlinf_ext.assets.random_qwen2 import QWEN2_SHAPES  # noqa: E402
 from rlinf_ext.runner.groups import cpu_strategy, wait_all_or_raise, wait_or_raise  # noqa: E402
-from rlinf_ext.workers.actor import MegatronActorWorker  # noqa: E402
+from rlinf_ext.workers.actor import ActorWorker  # noqa: E402
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker  # noqa: E402
-from rlinf_ext.workers.weight_sync import (  # noqa: E402
+from rlinf_ext.sync.weight_sync import (  # noqa: E402
     HFWeightLoader,
     SyncRoutes,
     check_logits_match,
@@ -61,7 +61,7 @@ class LegacyPayload:  # the old SyncPayload: the whole HF state in one message
     version: int = 0
 
 
-class BenchActor(MegatronActorWorker):
+class BenchActor(ActorWorker):
     def legacy_sync(self, n_rollout: int) -> dict:
         """The serial path this project used before: rank 0 converts everything, then sends to each engine in turn."""
         if self._rank != 0:

@@ -160,7 +160,7 @@ def hf_model(model_dir: Path, ctx: Context, dtype):
 def actor_samples(vocab: int, n: int = 4, prompt: int = 6, response: int = 10, seed: int = 0):
     import torch
 
-    from rlinf_ext.training.policy import Sample
+    from rlinf_ext.training.grpo_policy import Sample
 
     g = torch.Generator().manual_seed(seed)
     out = []

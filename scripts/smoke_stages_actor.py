@@ -51,7 +51,7 @@ def s0_environment(rec: Record, ctx: Context) -> None:
     rec.check("transformers 4.51.x first on the path (the stack's pin)", transformers.__version__.startswith("4.51"))
     importlib.import_module("rlinf.algorithms")
     rec.check("import rlinf.algorithms (rlinf.scheduler and ray stubbed)", True)
-    for name in ("rlinf_ext.training.policy", "rlinf_ext.convert.mapping", "rlinf_ext.retrieval.dense"):
+    for name in ("rlinf_ext.training.megatron_policy", "rlinf_ext.convert.mapping", "rlinf_ext.retrieval.dense"):
         importlib.import_module(name)
         rec.check(f"import {name}", True)
     from rlinf_ext.models.megatron import te_available
@@ -169,7 +169,8 @@ def _s3_offload(rec, ctx, policy, samples) -> None:
 def _s3_save_load(rec, ctx, label, policy, samples, settings, model_dir) -> None:
     import torch
 
-    from rlinf_ext.training.policy import MegatronPolicy, Sample
+    from rlinf_ext.training.grpo_policy import Sample
+    from rlinf_ext.training.megatron_policy import MegatronPolicy
 
     ckpt = ctx.work / "s3_checkpoints" / label.replace(" ", "_")
     policy.save(ckpt, iteration=4)
@@ -186,7 +187,7 @@ def _s3_save_load(rec, ctx, label, policy, samples, settings, model_dir) -> None
 def s3_actor(rec: Record, ctx: Context) -> None:
     import torch
 
-    from rlinf_ext.training.policy import MegatronPolicy
+    from rlinf_ext.training.megatron_policy import MegatronPolicy
 
     init_parallel()
     model_dir = tiny_model_dir(ctx)

@@ -105,7 +105,7 @@ def s5_memory(rec: Record, ctx: Context) -> None:
 
     from rlinf_ext.assets.random_qwen2 import write_random_qwen2
     from rlinf_ext.models.memory import estimate_actor
-    from rlinf_ext.training.policy import MegatronPolicy
+    from rlinf_ext.training.megatron_policy import MegatronPolicy
     from rlinf_ext.training.rl_math import LossConfig
     from rlinf_ext.training.settings import ActorSettings
 

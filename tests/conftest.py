@@ -73,7 +73,7 @@ def randomized_qwen2():
 def actor_samples():
     """``actor_samples(vocab, n=4, seed=0)`` -> actor ``Sample``s: prompts of 3+i ids, responses of 5 or 8 ids with
     an observation (mask 0) at positions 2-3, rewards alternating 0/1 (so GRPO groups of 2 have advantages)."""
-    from rlinf_ext.training.policy import Sample
+    from rlinf_ext.training.grpo_policy import Sample
 
     def make(vocab: int, n: int = 4, seed: int = 0):
         g = torch.Generator().manual_seed(seed)

@@ -8,7 +8,7 @@ layer and the ones below):
 
 0. ``protocol``, ``models``, ``config``, ``retrieval``, ``tools``, ``rewards`` — types, model facts, leaves;
    also the agents' turn protocols and the agent registry (``SUBLAYERS``), which config and rewards read
-1. ``convert``, ``generation``, ``agent``, ``assets``, ``data``
+1. ``convert``, ``generation``, ``agent``, ``assets``, ``data``, ``sync``
 2. ``training``, ``eval``
 3. ``workers`` — thin RLinf ``Worker`` adapters
 4. ``runner`` — composition, trainer, launcher
@@ -32,7 +32,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "rlinf_ext"
 
 LAYERS = {
     "protocol": 0, "models": 0, "config": 0, "retrieval": 0, "tools": 0, "rewards": 0,
-    "convert": 1, "generation": 1, "agent": 1, "assets": 1, "data": 1,
+    "convert": 1, "generation": 1, "agent": 1, "assets": 1, "data": 1, "sync": 1,
     "training": 2, "eval": 2,
     "workers": 3,
     "runner": 4,

@@ -2,9 +2,9 @@
 
 Concurrent `generate` calls (one per trajectory) are queued and served in batches: requests with the same
 sampling settings are left-padded into one `model.generate` call, run in a worker thread so the event loop
-keeps serving search calls meanwhile. Each row is then cut at its own end: the first EOS, the first token
-that completes a stop string, or its own `max_new_tokens` (rows that finished early are padded by HF; those
-pad ids are never returned). The ids returned are exactly the sampled ones; nothing is re-encoded.
+keeps serving search calls meanwhile. Each row is then cut at its own end (``generation/turn_end.py``: the
+first EOS, the first token that completes a stop string, or its own `max_new_tokens`; rows that finished early
+are padded by HF, and those pad ids are never returned). The ids returned are exactly the sampled ones; nothing is re-encoded.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
 
+from rlinf_ext.generation.turn_end import turn_end
 from rlinf_ext.models.dtypes import dtype_of_hf_name
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 
@@ -177,10 +178,19 @@ class HFGenerator:
                 logits[..., banned_ids] = float("-inf")
             chosen = out.sequences[:, width:].unsqueeze(-1)
             logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).tolist()
-        return [
-            self._cut(new_tokens[row], p, None if logprobs is None else logprobs[row])
-            for row, p in enumerate(params_list)
-        ]
+        return [self._result(new_tokens[row], p, None if logprobs is None else logprobs[row])
+                for row, p in enumerate(params_list)]
+
+    def _result(self, ids: list[int], params: SamplingParams, logprobs: list[float] | None) -> GenerationResult:
+        """One row cut at its own end (``turn_end``: HF pads rows that ended early, the budget is the batch's)."""
+        end = turn_end(ids, self.decode, eos_ids=self.eos_ids, stop=params.stop, max_new_tokens=params.max_new_tokens,
+                       include_stop_str_in_output=params.include_stop_str_in_output)
+        kept = len(end.output_ids)
+        return GenerationResult(output_ids=end.output_ids, text=end.text, finish_reason=end.finish_reason,
+                                matched_stop=end.matched_stop, logprobs=None if logprobs is None else logprobs[:kept])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _generate_kwargs(self, params: SamplingParams, max_new_tokens: int,
                          banned_ids: list[int] | None) -> dict[str, Any]:
@@ -218,30 +228,3 @@ class HFGenerator:
             if current is not None and current != value:
                 out[flag] = None
         return out
-
-    def _cut(self, ids: list[int], params: SamplingParams, logprobs: list[float] | None) -> GenerationResult:
-        """Keep ids up to and including the first EOS / stop-completing token / budget."""
-        longest_stop = max((len(s) for s in params.stop), default=0)
-        end, reason, matched = min(len(ids), params.max_new_tokens), "length", None
-        for n, token in enumerate(ids[: params.max_new_tokens], start=1):
-            if token in self.eos_ids:
-                end, reason = n, "eos"
-                break
-            if longest_stop:
-                # a token decodes to >= 1 character (special ones aside), so this tail covers any newly completed stop
-                tail = self.tokenizer.decode(ids[max(0, n - longest_stop - 4):n], skip_special_tokens=False)
-                hits = [s for s in params.stop if s in tail]
-                if hits:
-                    end, reason, matched = n, "stop", min(hits, key=tail.rfind)
-                    break
-        kept = ids[:end]
-        text = self.tokenizer.decode(kept, skip_special_tokens=False)
-        if reason == "stop" and not params.include_stop_str_in_output:
-            text = text[: text.rfind(matched)]
-        return GenerationResult(
-            output_ids=kept,
-            text=text,
-            finish_reason=reason,
-            matched_stop=matched,
-            logprobs=None if logprobs is None else logprobs[:end],
-        )

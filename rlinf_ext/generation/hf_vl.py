@@ -2,10 +2,11 @@
 
 `await gen.generate(prompt_ids, sampling_params, images=[ImageRef, ...])`: `images` are every image of the
 context in order of appearance, and `prompt_ids` already hold each image's expanded `<|image_pad|>` run. The
-batching, stop strings, `_cut` and weight updates are `HFGenerator`'s: concurrent calls with equal sampling
-settings are left-padded into one `generate`, the rows' `pixel_values` concatenated in row order. Banned ids
-(vision special tokens, padded vocabulary rows) are suppressed at sampling and get log-prob -inf, so the
-returned log-probs are those of the distribution sampled from. Preprocessed images are cached by sha1.
+batching, stop strings, turn ends (`generation/turn_end.py`) and weight updates are `HFGenerator`'s: concurrent
+calls with equal sampling settings are left-padded into one `generate`, the rows' `pixel_values` concatenated in
+row order. Banned ids (vision special tokens, padded vocabulary rows) are suppressed at sampling and get log-prob
+-inf, so the returned log-probs are those of the distribution sampled from. Preprocessed images are cached by
+sha1.
 """
 
 from __future__ import annotations

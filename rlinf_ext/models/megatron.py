@@ -1,6 +1,6 @@
 """Megatron-core ``GPTModel`` for Qwen2 / Qwen2.5 built from a Hugging Face ``config.json``.
 
-Shared by the Megatron actor (``training/policy.py``) and by ``rlinf-ext convert ... --verify``: one place
+Shared by the Megatron actor (``training/megatron_policy.py``) and by ``rlinf-ext convert ... --verify``: one place
 decides the Megatron configuration (RMSNorm, SwiGLU, RoPE base, GQA, qkv bias, tied embeddings, padded vocab),
 how a state dict is loaded (strict, with clear errors), and how logits ``[B, S, V]`` come out. The model's
 dimensions come from ``models/qwen2.py``.

@@ -93,7 +93,8 @@ class GenerateRequest(TypedDict, total=False):
 
     channel_key: str  # the reply goes to the output channel under this key
     prompt_ids: list[int]
-    sampling_params: dict[str, Any]  # SamplingParams fields; absent ones keep the rollout's config defaults
+    sampling_params: dict[str, Any]  # SamplingParams fields; absent ones keep the rollout's config defaults, but
+    # `stop` is the request's alone (sampling_params_from_request)
     seed: int  # per-request sampling seed (reproducible rollouts)
     images: list[Any]  # vision-language engines: every image of the context in order (protocol.images.ImageRef)
 
@@ -111,13 +112,14 @@ class GenerateReply(TypedDict, total=False):
 
 
 def sampling_params_from_request(defaults: SamplingParams, overrides: dict | None) -> SamplingParams:
-    """Config defaults overridden key by key by the request (RLinf's rule), ``stop`` included."""
-    if not overrides:
-        return defaults
+    """Config defaults overridden key by key by the request (RLinf's rule), except ``stop``: the request's alone
+    (none when it names none). The agent loop sends its stop list with every turn, so one filled in from the
+    config could only hide a request that lost it."""
+    overrides = dict(overrides or {})
     unknown = set(overrides) - set(SamplingParams.__dataclass_fields__)
     if unknown:
         raise ValueError(f"unknown sampling params in a generate request: {sorted(unknown)}")
-    return defaults.with_updates(**overrides)
+    return defaults.with_updates(**{"stop": [], **overrides})
 
 
 def reply_of(result: GenerationResult) -> GenerateReply:

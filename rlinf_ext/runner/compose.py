@@ -27,11 +27,11 @@ from rlinf_ext.runner.groups import (
     node_strategy,
     quiet_worker_failures,
 )
-from rlinf_ext.workers.actor import MegatronActorWorker
+from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker
-from rlinf_ext.workers.weight_sync import SyncRoutes, sync_mode
+from rlinf_ext.sync.weight_sync import SyncRoutes, sync_mode
 
 
 def launch_worker_groups(
@@ -66,7 +66,7 @@ def launch_worker_groups(
     groups: dict[str, Any] = {}
     launch_group(groups, cluster, "rollout", HFRolloutWorker, cfg.rollout.group_name, strategies["rollout"], cfg,
                  deterministic=deterministic_rollout, verify_sync=verify_sync)
-    launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name, strategies["actor"],
+    launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name, strategies["actor"],
                  cfg, total_train_steps)
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, strategies["reward"], cfg)
     launch_group(groups, cluster, "agent_loop", AgentLoopWorker, cfg.agentloop.group_name,

@@ -5,7 +5,7 @@
   ``ModelParallelComponentPlacement`` exactly as RLinf's runners place it (one engine per
   ``rollout.tensor_parallel_size`` GPUs; collocated with the actor when both name the same GPUs, else
   disaggregated);
-- actor: our Megatron-core ``MegatronActorWorker`` on CUDA, one data-parallel process per actor GPU
+- actor: our Megatron-core ``ActorWorker`` on CUDA, one data-parallel process per actor GPU
   (``PackedPlacementStrategy`` over the actor GPUs; TP=PP=1 each, DP = number of actor GPUs, nccl gradient
   all-reduce — ``training/data_parallel.py``, tested with gloo on CPU only);
 - reward and agent-loop workers: CPU processes on node 0 (``NodePlacementStrategy``), as on a CPU cluster.
@@ -34,11 +34,11 @@ from rlinf_ext.runner.groups import (
     launch_group,
 )
 from rlinf_ext.training.data_parallel import unsupported_model_parallelism
-from rlinf_ext.workers.actor import MegatronActorWorker
+from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.reward import SearchR1RewardWorker
 from rlinf_ext.workers.rollout_sglang import rollout_worker_class
-from rlinf_ext.workers.weight_sync import SyncRoutes
+from rlinf_ext.sync.weight_sync import SyncRoutes
 
 
 class GpuLayoutError(ValueError):
@@ -145,7 +145,7 @@ def gpu_layout(cfg: ExperimentConfig, num_gpus: int, gpus_per_node: int | None =
 
 def weight_sync_routes(layout: GpuLayout) -> SyncRoutes:
     """Collocated: each actor rank hands its weights to the engine on its own GPU (CUDA IPC); disaggregated:
-    actor rank 0 broadcasts them to every engine (``workers/weight_sync.py``)."""
+    actor rank 0 broadcasts them to every engine (``sync/weight_sync.py``)."""
     mode = "paired" if layout.mode == "collocated" else "broadcast"
     return SyncRoutes(mode, layout.actor_dp_size, layout.rollout_dp_size, layout.rollout_tp)
 
@@ -175,7 +175,7 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
     launch_group(groups, cluster, "rollout", rollout_cls, cfg.rollout.group_name, placement.get_strategy("rollout"),
                  rlinf_cfg, placement, verify_sync=verify_sync)
     # one process per actor GPU (RLinf's packing, as its MegatronActor with TP=PP=1): data-parallel ranks
-    launch_group(groups, cluster, "actor", MegatronActorWorker, cfg.actor.group_name,
+    launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name,
                  PackedPlacementStrategy(layout.actor_gpus[0], layout.actor_gpus[-1]), cfg, total_train_steps)
     launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
     launch_group(groups, cluster, "agent_loop", AgentLoopWorker, cfg.agentloop.group_name,

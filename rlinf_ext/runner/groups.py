@@ -20,7 +20,7 @@ from rlinf.scheduler.placement import NodePlacementStrategy
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.runner.cluster import NodeOrder
 from rlinf_ext.training.data_parallel import DataParallel, DataParallelError, share_of, unsupported_model_parallelism
-from rlinf_ext.workers.weight_sync import SyncRoutes
+from rlinf_ext.sync.weight_sync import SyncRoutes
 
 
 class WorkerStartupError(RuntimeError):
@@ -49,7 +49,7 @@ class Placement:
     agent_loop_world_size: int
     actor_world_size: int
     on_gpu: bool
-    weight_sync: SyncRoutes  # who sends the actor's weights to which rollout rank (workers/weight_sync.py)
+    weight_sync: SyncRoutes  # who sends the actor's weights to which rollout rank (sync/weight_sync.py)
 
 
 @dataclass

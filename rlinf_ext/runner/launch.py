@@ -65,7 +65,7 @@ from rlinf_ext.runner.services import (
     stop_on_signals,
 )
 from rlinf_ext.runner.summary import RunSummary, fill_from_logs
-from rlinf_ext.runner.trainer import SearchR1Trainer
+from rlinf_ext.runner.trainer import GRPOTrainer
 
 
 def server_log(cfg: ExperimentConfig) -> Path:
@@ -111,13 +111,13 @@ def train(cfg: ExperimentConfig, joined: JoinedCluster, stop: StopRequest) -> di
     """Launch the groups, run the trainer with the metrics sink, return the trainer's summary. SIGTERM while
     training (``stop``) ends the run after the current step and a checkpoint."""
     train_ds, val_ds = build_datasets(cfg)
-    total_steps = SearchR1Trainer.total_steps(cfg, len(train_ds))
+    total_steps = GRPOTrainer.total_steps(cfg, len(train_ds))
     worker_groups = launch_groups(cfg, joined, total_steps)
     # the trainer draws its own step progress bar; the sink's bar would be a second one
     sink = sink_from_config(cfg, total_steps=total_steps, show_progress=False)
     trainer = None
     try:
-        trainer = SearchR1Trainer(cfg, worker_groups, train_ds, val_ds, on_step=sink,
+        trainer = GRPOTrainer(cfg, worker_groups, train_ds, val_ds, on_step=sink,
                                   should_stop=lambda: stop.requested)
         try:
             trainer.init_workers()

@@ -24,7 +24,7 @@ from rlinf_ext.agent.registry import agent_spec
 from rlinf_ext.config import to_dictconfig
 from rlinf_ext.config.placement import component_ranks
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.generation.sglang import (
+from rlinf_ext.generation.sglang_engine import (
     GPU_INSTALL_FIX,
     SGLangEngineGenerator,
     SGLangUnavailable,
@@ -290,7 +290,7 @@ def check_evaluation_backend(cfg: ExperimentConfig) -> None:
     """Refuse, before anything starts, a ``rollout.rollout_backend`` that ``rlinf-ext eval`` cannot run here.
 
     ``hf``: the in-process CPU engine. ``sglang``: an in-process SGLang engine on this node's GPUs
-    (``generation/sglang.py``; needs a CUDA device and the GPU extras). ``vllm``: refused.
+    (``generation/sglang_engine.py``; needs a CUDA device and the GPU extras). ``vllm``: refused.
     """
     backend = cfg.rollout.rollout_backend
     if backend not in ("hf", "sglang"):

@@ -1,4 +1,4 @@
-"""Search-R1 GRPO runner on RLinf's scheduler.
+"""The GRPO runner on RLinf's scheduler, for both agents (Search-R1 text, MMSearch-R1 vision-language).
 
 It follows RLinf's ``AgentRunner`` step by step — put the batch on the ``DataLoader`` channel, sync weights
 actor -> rollout, agent-loop rollout (generation through the rollout group, search through the search tool),
@@ -72,7 +72,7 @@ def split_list(items: list, parts: int) -> list[list]:
 
 
 # --------------------------------------------------------------------------------------------- runner
-class SearchR1Trainer:
+class GRPOTrainer:
     def __init__(self, cfg: ExperimentConfig, groups: WorkerGroups, train_dataset, val_dataset=None,
                  on_step: StepCallback | None = None, verify_sync: bool = True,
                  should_stop: Callable[[], bool] | None = None):

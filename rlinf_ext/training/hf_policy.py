@@ -2,7 +2,7 @@
 
 Megatron-core 0.16.1 has no Qwen2.5-VL model, so the VL actor is the HF model itself (``actor.training_backend:
 fsdp``); the names of its weights are those of the rollout engines, so a weight sync needs no conversion. The GRPO
-steps (recompute, advantages, mini-batches in the global order, token-mean loss) are ``training/policy.py``'s
+steps (recompute, advantages, mini-batches in the global order, token-mean loss) are ``training/grpo_policy.py``'s
 ``GRPOPolicy``; this module supplies the forward pass:
 
 - positions are the model's own 3-D mrope positions (``get_rope_index`` over the whole trajectory, every image
@@ -38,7 +38,7 @@ from rlinf_ext.training.batching import PackedBatch, pack_sequences
 from rlinf_ext.training.data_parallel import DataParallel
 from rlinf_ext.training.logprobs import next_token_logprobs
 from rlinf_ext.training.optimizer import StepResult, decay_groups
-from rlinf_ext.training.policy import GRPOPolicy, Sample
+from rlinf_ext.training.grpo_policy import GRPOPolicy, Sample
 from rlinf_ext.training.settings import ActorSettings
 
 

@@ -26,7 +26,7 @@ from rlinf_ext.training.settings import ActorSettings
 
 
 class MegatronPolicy(Protocol):
-    """What this module reads of ``training/policy.py:MegatronPolicy`` (which imports this module)."""
+    """What this module reads of ``training/megatron_policy.py:MegatronPolicy`` (which imports this module)."""
 
     settings: ActorSettings
     dp: DataParallel

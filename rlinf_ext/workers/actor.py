@@ -7,7 +7,7 @@ and reference log-probs), ``run_training`` (returns ``(rollout_metrics, training
 weights (``actor.offload_weight``: policy + reference), the optimizer state (``actor.offload_optimizer``) and
 the gradient buffer (``actor.offload_grad``) off the GPU and back — the runner calls them only when the actor
 shares its GPUs with the rollout (collocated); on CPU they are no-ops. Training and log-prob calls onload first
-if needed. Weights go to the rollout in the rollout's dtype, along the routes of ``workers/weight_sync.py``.
+if needed. Weights go to the rollout in the rollout's dtype, along the routes of ``sync/weight_sync.py``.
 A threaded (sync) actor, like RLinf's, so
 calls run in submission order.
 
@@ -33,9 +33,10 @@ from rlinf_ext.models.cpu_shims import env_init_method, init_parallel_state
 from rlinf_ext.protocol.payloads import SearchRolloutResult, pad_rows
 from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
 from rlinf_ext.training.hf_policy import FSDPSettings, HFPolicy, MMSample
-from rlinf_ext.training.policy import MegatronPolicy, Sample
+from rlinf_ext.training.grpo_policy import Sample
+from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.settings import ActorSettings
-from rlinf_ext.workers.weight_sync import (
+from rlinf_ext.sync.weight_sync import (
     BUCKET_BYTES,
     CastView,
     SyncHeader,
@@ -97,14 +98,14 @@ def rollout_metrics(samples: list[Sample], dp: DataParallel) -> dict[str, float]
     }
 
 
-class MegatronActorWorker(Worker):
+class ActorWorker(Worker):
     """The policy trainer of one data-parallel rank (TP=PP=1 per process; DP = the group's size)."""
 
     def __init__(self, cfg: ExperimentConfig, total_train_steps: int):
         super().__init__()
         self.cfg = cfg
         self.settings = ActorSettings.from_config(cfg, total_train_steps)
-        self.policy: MegatronPolicy | None = None
+        self.policy: MegatronPolicy | HFPolicy | None = None
         self._sync_routes: SyncRoutes | None = None  # set by the runner once the rollout group exists
         self._sync_bucket_bytes = BUCKET_BYTES
 
@@ -146,7 +147,7 @@ class MegatronActorWorker(Worker):
 
     # ------------------------------------------------------------------ weight sync (actor side)
     def set_weight_sync(self, routes: SyncRoutes, bucket_bytes: int = BUCKET_BYTES) -> None:
-        """Who receives this rank's weights (``workers/weight_sync.py``); called once by the runner."""
+        """Who receives this rank's weights (``sync/weight_sync.py``); called once by the runner."""
         self._sync_routes = routes
         self._sync_bucket_bytes = int(bucket_bytes)
 

@@ -3,7 +3,7 @@
 Same protocol as RLinf's ``SGLangWorker`` in serverless mode: an async actor whose
 ``rollout_serverless(input_channel, output_channel)`` takes ``GenerateRequest`` dicts and puts the
 ``GenerateReply`` under ``key=channel_key`` (``protocol/generation.py``); ``sync_model_from_actor``
-receives the actor's weights (HF names, ``workers/weight_sync.py``'s routes: shared-memory handles from the actor
+receives the actor's weights (HF names, ``sync/weight_sync.py``'s routes: shared-memory handles from the actor
 rank with the same index, or a broadcast from actor rank 0) and checks the logits; ``offload_engine``/``onload_engine`` are no-ops.
 
 Unlike RLinf's workers, ``sampling_params["stop"]`` reaches the engine (generation stops at ``</search>``).
@@ -27,7 +27,7 @@ from rlinf_ext.protocol.generation import (
     reply_of,
     sampling_params_from_request,
 )
-from rlinf_ext.workers.weight_sync import (
+from rlinf_ext.sync.weight_sync import (
     HFWeightLoader,
     SyncRoutes,
     check_logits_match,
@@ -115,7 +115,7 @@ class HFRolloutWorker(Worker):
             await asyncio.gather(*pending)
 
     async def set_weight_sync(self, routes: SyncRoutes) -> None:
-        """Who sends this rank its weights (``workers/weight_sync.py``); called once by the runner."""
+        """Who sends this rank its weights (``sync/weight_sync.py``); called once by the runner."""
         self.sync_routes = routes
 
     async def sync_model_from_actor(self) -> None:

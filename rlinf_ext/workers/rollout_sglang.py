@@ -2,17 +2,18 @@
 
 What RLinf 0.3.0's ``SGLangWorker`` gets wrong for us, and what ``SGLangStopWorker`` changes:
 - ``get_sampling_param_from_config`` drops ``stop``; requests are merged into the config's sampling params key
-  by key (as the CPU worker does) and translated into SGLang's names, ``stop`` included, with
+  by key (as the CPU worker does; ``stop`` is the request's own) and translated into SGLang's names, with
   ``stop_token_ids`` = the HF EOS set (``<|endoftext|>`` as well as ``<|im_end|>``) as the evaluation engine
-  does (``generation/sglang.py:to_sglang_params``).
-- the reply has no ``text``/``matched_stop`` and a raw finish reason; ``generation/sglang.py:sglang_reply``
-  builds the same ``GenerateReply`` as the CPU HF worker (``protocol/generation.py:reply_of``).
+  does (``generation/sglang_wire.py:to_sglang_params``).
+- the reply has no ``text``/``matched_stop`` and a raw finish reason; ``generation/sglang_wire.py:sglang_reply``
+  builds the same ``GenerateReply`` as the CPU HF worker (``protocol/generation.py:reply_of``), the turn's end
+  classified as every engine's (``generation/turn_end.py``).
 - ``rollout_serverless`` never returns; ours stops on ``STOP_SERVING`` like the CPU worker (the trainer's
   ``shutdown`` waits for it) and answers a failed request with ``{"error": ...}`` instead of hanging the caller.
-- the engine: ``generation/sglang.py:server_kwargs`` (one engine per TP group, ``dp_size=1``) with
+- the engine: ``generation/sglang_engine.py:server_kwargs`` (one engine per TP group, ``dp_size=1``) with
   ``load_format="dummy"``: the first weight sync overwrites every weight, so nothing is read from disk. RLinf's
   ``weight_reload=None`` keeps its scheduler from expecting RLinf's Megatron buckets.
-- weight sync: our actor's HF-named buckets (``workers/weight_sync.py``) go into SGLang's own
+- weight sync: our actor's HF-named buckets (``sync/weight_sync.py``) go into SGLang's own
   ``update_weights_from_tensor``. Collocated, each TP scheduler receives handles to memory on its own GPU from
   the actor rank on that GPU (SGLang's ``LocalSerializedTensor``, one serialized tensor per TP rank);
   disaggregated, this worker receives actor rank 0's broadcast on its first GPU, copies each bucket to its
@@ -31,19 +32,14 @@ from typing import Any, Callable
 import torch
 
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.generation.sglang import (
-    hf_eos_ids,
-    import_rlinf_sglang,
-    server_kwargs,
-    sglang_reply,
-    to_sglang_params,
-)
+from rlinf_ext.generation.sglang_engine import import_rlinf_sglang, server_kwargs
+from rlinf_ext.generation.sglang_wire import hf_eos_ids, sglang_reply, to_sglang_params
 from rlinf_ext.generation.sglang_mm import disallowed_tokens_processor, mm_request, retokenize_mismatch, vl_server_overrides
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams, sampling_params_from_request
 from rlinf_ext.models.qwen2 import load_hf_config_dict
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids
-from rlinf_ext.workers.weight_sync import (
+from rlinf_ext.sync.weight_sync import (
     HandleBucket,
     SyncRoutes,
     WeightBucket,
@@ -85,11 +81,11 @@ def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input
 
 def request_params(defaults: SamplingParams, request: dict | None, eos_ids: list[int]) -> tuple[dict, SamplingParams]:
     """SGLang ``sampling_params`` of one generate request (pure): the request merged into the config's sampling
-    params key by key (a request without ``temperature`` keeps the configured one), ``stop`` kept, and
+    params key by key (a request without ``temperature`` keeps the configured one), the request's ``stop``, and
     ``stop_token_ids`` = the HF EOS set (so ``<|endoftext|>`` ends a training turn as it ends an HF or an
     evaluation turn). Also returns the merged ``SamplingParams``."""
     params = sampling_params_from_request(defaults, request)
-    return to_sglang_params(dataclasses.asdict(params), None, eos_ids), params
+    return to_sglang_params(dataclasses.asdict(params), eos_ids), params
 
 
 def slot_handles(messages: list, tp: int, to_device: Callable[[torch.Tensor, int], torch.Tensor]
@@ -181,8 +177,7 @@ def make_sglang_stop_worker():
                     result = await self._engine.async_generate(
                         input_ids=prompt_ids, sampling_params=sglang_params, return_logprob=self._return_logprobs,
                     )
-                reply = sglang_reply(result, self._decode, include_stop_str_in_output=params.include_stop_str_in_output,
-                                     return_logprobs=self._return_logprobs)
+                reply = sglang_reply(result, self._decode, params, self._eos_ids, return_logprobs=self._return_logprobs)
             except Exception as exc:  # the agent loop gets the error instead of waiting forever
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
             self.requests_served += 1

@@ -3,7 +3,7 @@
 `SimulatedSGLang` follows SGLang 0.4.6's per-token finish check (`Req.check_finished`: token budget first, then
 EOS / `stop_token_ids`, then stop strings in the decoded tail) and its reply shape (RLinf's patched engine:
 `text` + `output_ids` + `meta_info.finish_reason`), on a scripted continuation. The generator's results are
-compared with what `HFGenerator._cut` makes of the same sampled tokens: the two engines must agree.
+compared with what `HFGenerator` makes of the same sampled tokens: the two engines must agree.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlinf_ext.generation.hf import HFGenerator, eos_token_ids
-from rlinf_ext.generation.sglang import (
+from rlinf_ext.generation.sglang_engine import (
     SGLangEngineGenerator,
     SGLangUnavailable,
     engine_kwargs,
@@ -93,10 +93,10 @@ def encode(tokenizer, text: str) -> list[int]:
 
 
 def hf_result(tokenizer, eos_ids, script, params) -> GenerationResult:
-    """What the CPU engine returns for the same sampled tokens (no model involved: `_cut` only)."""
+    """What the CPU engine returns for the same sampled tokens (no model involved: the row's cut only)."""
     hf = HFGenerator.__new__(HFGenerator)
     hf.tokenizer, hf.eos_ids = tokenizer, set(eos_ids)
-    return hf._cut(list(script), params, None)
+    return hf._result(list(script), params, None)
 
 
 def generate(gen, prompt, params):
@@ -122,8 +122,7 @@ def test_replies_match_the_hf_engine(tokenizer, eos_ids, continuation, budget, r
     script = encode(tokenizer, continuation)
     params = GREEDY.with_updates(max_new_tokens=budget)
     engine = SimulatedSGLang(tokenizer, script)
-    gen = SGLangEngineGenerator(engine, lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
-                                eos_ids=eos_ids, default_stop=STOPS)
+    gen = SGLangEngineGenerator(engine, lambda ids: tokenizer.decode(ids, skip_special_tokens=False), eos_ids=eos_ids)
     got = generate(gen, [1, 2, 3], params)
     assert (got.finish_reason, got.matched_stop) == (reason, matched)
     assert got == hf_result(tokenizer, eos_ids, script, params)
@@ -158,7 +157,7 @@ def test_excluded_stop_string_is_cut_from_the_text_only(tokenizer, eos_ids):
 
 def test_greedy_and_sampling_params_reach_the_engine(tokenizer, eos_ids):
     engine = SimulatedSGLang(tokenizer, encode(tokenizer, "<answer> z</answer>"))
-    gen = SGLangEngineGenerator(engine, tokenizer.decode, eos_ids={2010, 2008}, default_stop=STOPS)
+    gen = SGLangEngineGenerator(engine, tokenizer.decode, eos_ids={2010, 2008})
     generate(gen, [9, 8], SamplingParams(max_new_tokens=32, do_sample=False, temperature=0.7, top_p=0.9, stop=STOPS))
     generate(gen, [9, 8], SamplingParams(max_new_tokens=16, do_sample=True, temperature=0.7, top_p=0.9, top_k=20,
                                          stop=["</answer>"]))
@@ -242,7 +241,7 @@ def test_all_means_every_gpu_of_the_node(tiny_assets):
 
 
 def test_training_engines_start_with_dummy_weights_and_the_memory_saver(tiny_assets):
-    from rlinf_ext.generation.sglang import server_kwargs
+    from rlinf_ext.generation.sglang_engine import server_kwargs
 
     cfg = eval_cfg(tiny_assets)
     kwargs = server_kwargs(cfg, tp_size=2, seed=5, load_format="dummy", training=True)
@@ -261,7 +260,7 @@ def test_from_config_starts_one_engine_per_gpu_with_the_hf_eos_set(tiny_assets, 
     gen = SGLangEngineGenerator.from_config(eval_cfg(tiny_assets), gpus=[0, 1], engine_factory=factory)
     assert [(k["base_gpu_id"], k["dp_size"], k["tp_size"]) for k in started] == [(0, 1, 1), (1, 1, 1)]
     assert len(gen.engines) == 2
-    assert set(gen.eos_ids) == set(eos_ids) and gen.default_stop == STOPS
+    assert set(gen.eos_ids) == set(eos_ids)
     assert gen.decode([2003]) == "</search>"
 
 

@@ -6,7 +6,7 @@ import pytest
 from vl_helpers import chat_prompt_ids, mm_test_rows
 
 from rlinf_ext.generation.hf_vl import load_vl_processor
-from rlinf_ext.generation.sglang import sglang_reply
+from rlinf_ext.generation.sglang_wire import sglang_reply
 from rlinf_ext.generation.sglang_mm import (
     mm_request,
     retokenize_mismatch,
@@ -14,6 +14,7 @@ from rlinf_ext.generation.sglang_mm import (
     vision_runs,
     vl_server_overrides,
 )
+from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids
 
@@ -63,7 +64,8 @@ def test_reply_parsing_and_retokenize_mismatch(vl):
     out = processor.tokenizer.encode("<reason> x </reason><search><img></search>", add_special_tokens=False)
     result = {"output_ids": out, "meta_info": {"finish_reason": {"type": "stop", "matched": "</search>"},
                                                "prompt_tokens": len(ids)}}
-    reply = sglang_reply(result, processor.tokenizer.decode)
+    params = SamplingParams(stop=["</search>", "</answer>"])
+    reply = sglang_reply(result, processor.tokenizer.decode, params, [processor.tokenizer.eos_token_id])
     assert reply["matched_stop"] == "</search>" and reply["text"].endswith("<search><img></search>")
     assert retokenize_mismatch(ids, result["meta_info"]) == 0.0
     assert retokenize_mismatch(ids, {"prompt_tokens": len(ids) + 1}) == 1.0

@@ -7,14 +7,9 @@ import dataclasses
 
 import pytest
 
-from rlinf_ext.generation.sglang import (
-    GPU_INSTALL_FIX,
-    SGLangUnavailable,
-    import_rlinf_sglang,
-    sglang_reply,
-    to_sglang_params,
-)
-from rlinf_ext.protocol.generation import GenerationResult, reply_of
+from rlinf_ext.generation.sglang_engine import GPU_INSTALL_FIX, SGLangUnavailable, import_rlinf_sglang
+from rlinf_ext.generation.sglang_wire import sglang_reply, to_sglang_params
+from rlinf_ext.protocol.generation import GenerationResult, SamplingParams, reply_of
 
 VOCAB = {1: "<think>", 2: " q", 3: "</think>", 4: "<search>", 5: "</search>", 6: "\n", 7: "<|im_end|>", 8: " ans"}
 EOS = 7
@@ -22,6 +17,12 @@ EOS = 7
 
 def decode(ids: list[int]) -> str:
     return "".join(VOCAB[i] for i in ids)
+
+
+def reply_for(result, decode_fn, budget=64, include_stop_str_in_output=True, return_logprobs=False):
+    """``sglang_reply`` for a request stopping at ``</search>`` with ``budget`` new tokens."""
+    params = SamplingParams(max_new_tokens=budget, stop=["</search>"], include_stop_str_in_output=include_stop_str_in_output)
+    return sglang_reply(result, decode_fn, params, [EOS], return_logprobs=return_logprobs)
 
 
 def must_not_decode(ids: list[int]) -> str:
@@ -44,7 +45,7 @@ def test_sglang_params_forward_stop():
                           "stop": ["</search>", "</answer>"], "include_stop_str_in_output": True})
     assert p == {"max_new_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "skip_special_tokens": False,
                  "stop": ["</search>", "</answer>"], "no_stop_trim": True}
-    greedy = to_sglang_params({"do_sample": False, "temperature": 0.7}, default_stop=["</answer>"], eos_ids=(9, 3))
+    greedy = to_sglang_params({"do_sample": False, "temperature": 0.7, "stop": ["</answer>"]}, eos_ids=(9, 3))
     assert greedy == {"temperature": 0.0, "skip_special_tokens": False, "stop": ["</answer>"], "no_stop_trim": True,
                       "stop_token_ids": [3, 9]}
 
@@ -58,7 +59,7 @@ def test_sglang_params_name_only_what_the_request_names():
 
 def test_reply_for_a_stop_string_uses_sglang_text_when_detokenizing():
     ids = [1, 2, 3, 6, 4, 2, 5]
-    reply = sglang_reply(sglang_result(ids, {"type": "stop", "matched": "</search>"}, text=decode(ids)), must_not_decode)
+    reply = reply_for(sglang_result(ids, {"type": "stop", "matched": "</search>"}, text=decode(ids)), must_not_decode)
     assert reply == {"output_ids": ids, "text": "<think> q</think>\n<search> q</search>", "finish_reason": "stop",
                      "matched_stop": "</search>", "logprobs": None, "num_generated": 7}
 
@@ -66,8 +67,8 @@ def test_reply_for_a_stop_string_uses_sglang_text_when_detokenizing():
 def test_reply_decodes_output_ids_when_sglang_has_no_text():
     ids = [4, 2, 5]
     result = sglang_result(ids, {"type": "stop", "matched": "</search>"})
-    assert sglang_reply(result, decode)["text"] == "<search> q</search>"
-    trimmed = sglang_reply(result, decode, include_stop_str_in_output=False)
+    assert reply_for(result, decode)["text"] == "<search> q</search>"
+    trimmed = reply_for(result, decode, include_stop_str_in_output=False)
     assert trimmed["text"] == "<search> q" and trimmed["output_ids"] == ids  # ids keep every sampled token
 
 
@@ -75,30 +76,41 @@ def test_an_excluded_stop_string_is_cut_from_sglang_text_too():
     """no_stop_trim is always on, so SGLang's own text ends with the stop string; the reply cuts it."""
     ids = [4, 2, 5]
     result = sglang_result(ids, {"type": "stop", "matched": "</search>"}, text=decode(ids))
-    reply = sglang_reply(result, must_not_decode, include_stop_str_in_output=False)
+    reply = reply_for(result, must_not_decode, include_stop_str_in_output=False)
     assert reply["text"] == "<search> q" and reply["output_ids"] == ids
 
 
 def test_reply_for_eos_and_length():
-    eos = sglang_reply(sglang_result([8, EOS], {"type": "stop", "matched": EOS}), decode)
+    eos = reply_for(sglang_result([8, EOS], {"type": "stop", "matched": EOS}), decode)
     assert eos["finish_reason"] == "eos" and eos["matched_stop"] is None
     assert eos["output_ids"] == [8, EOS] and eos["text"] == " ans<|im_end|>"  # EOS kept, like the HF worker
-    length = sglang_reply(sglang_result([1, 2, 2], {"type": "length", "length": 3}), decode)
+    length = reply_for(sglang_result([1, 2, 2], {"type": "length", "length": 3}), decode, budget=3)
     assert length["finish_reason"] == "length" and length["matched_stop"] is None and length["text"] == "<think> q q"
 
 
+def test_a_length_reply_ending_on_eos_or_a_stop_string_is_eos_or_stop():
+    """SGLang checks the budget first: its last allowed token may be EOS or complete the stop string, and SGLang
+    still says "length". The reply says what HF would: eos / stop (the ids and text stay as sampled)."""
+    eos = reply_for(sglang_result([8, EOS], {"type": "length", "length": 2}), decode, budget=2)
+    assert (eos["finish_reason"], eos["matched_stop"], eos["output_ids"]) == ("eos", None, [8, EOS])
+    stop = reply_for(sglang_result([4, 2, 5], {"type": "length", "length": 3}, text="<search> q</search>"),
+                     decode, budget=3, include_stop_str_in_output=False)
+    assert (stop["finish_reason"], stop["matched_stop"], stop["output_ids"]) == ("stop", "</search>", [4, 2, 5])
+    assert stop["text"] == "<search> q"
+
+
 def test_reply_logprobs_and_abort():
-    reply = sglang_reply(sglang_result([8, EOS], {"type": "stop", "matched": EOS}, logprobs=[-0.5, -0.25]), decode,
-                         return_logprobs=True)
+    reply = reply_for(sglang_result([8, EOS], {"type": "stop", "matched": EOS}, logprobs=[-0.5, -0.25]), decode,
+                      return_logprobs=True)
     assert reply["logprobs"] == [-0.5, -0.25]
-    aborted = sglang_reply(sglang_result([], {"type": "abort", "message": "input is longer than the context"}), decode)
+    aborted = reply_for(sglang_result([], {"type": "abort", "message": "input is longer than the context"}), decode)
     assert set(aborted) == {"error"} and "input is longer than the context" in aborted["error"]
 
 
 def test_reply_has_the_cpu_workers_fields():
     """Same keys as ``protocol.generation.reply_of`` (the CPU worker's reply), and the agent loop can rebuild its GenerationResult from it."""
     ids = [4, 2, 5]
-    reply = sglang_reply(sglang_result(ids, {"type": "stop", "matched": "</search>"}), decode)
+    reply = reply_for(sglang_result(ids, {"type": "stop", "matched": "</search>"}), decode)
     cpu = reply_of(GenerationResult(output_ids=ids, text=decode(ids), finish_reason="stop", matched_stop="</search>",
                                     logprobs=None))
     assert set(reply) == set(cpu)

@@ -20,7 +20,7 @@ def test_request_overrides_defaults_key_by_key():
     merged = sampling_params_from_request(defaults, {"max_new_tokens": 7, "stop": ["</answer>"]})
     assert (merged.max_new_tokens, merged.temperature, merged.stop) == (7, 1.0, ["</answer>"])
     assert defaults.stop == ["</search>"] and defaults.max_new_tokens == 500  # the defaults are not touched
-    assert sampling_params_from_request(defaults, None) is defaults
+    assert sampling_params_from_request(defaults, None) == defaults.with_updates(stop=[])
     with pytest.raises(ValueError, match=r"unknown sampling params.*\['temprature'\]"):
         sampling_params_from_request(defaults, {"temprature": 0.5})
 
@@ -45,3 +45,11 @@ def test_error_reply_raises_and_unknown_finish_reason_ends_the_turn():
 def test_stop_serving_is_not_a_plausible_channel_key():
     # channel keys are uuid4 hex strings; the stop marker can never collide with one
     assert STOP_SERVING.startswith("__") and len(STOP_SERVING) != 32
+
+
+def test_the_stop_list_is_the_requests_alone():
+    """Configured stop strings never reach an engine: a request naming none has none."""
+    defaults = SamplingParams(temperature=0.6, stop=["</search>", "</answer>"])
+    assert sampling_params_from_request(defaults, {"stop": ["</x>"]}).stop == ["</x>"]
+    assert sampling_params_from_request(defaults, {"temperature": 1.0}).stop == []
+    assert sampling_params_from_request(defaults, {}).stop == []

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlinf_ext.generation import sglang as sglang_generator
+from rlinf_ext.generation import sglang_engine as sglang_generator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.runner import launch, services
 from rlinf_ext.runner.errors import LaunchError

@@ -29,7 +29,7 @@ def check_step(metrics, trajectories, group_size=2, batch=2):
 def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cluster, retrieval_url):  # noqa: F811  (cluster: module fixture from trainer_helpers)
     """RLinf-scheduler runner on CPU: steps train (params and logprobs change, loss finite, sync checked);
     3 uninterrupted steps == (2 steps, checkpoint, resume, 1 step); a truncated newest checkpoint is skipped."""
-    from rlinf_ext.runner.trainer import SearchR1Trainer
+    from rlinf_ext.runner.trainer import GRPOTrainer
 
     cfg = make_cfg(tiny_assets, tmp_path / "a", retrieval_url, **{
         "runner.max_steps": 3, "runner.save_interval": 1, "algorithm.n_minibatches": 1,
@@ -75,7 +75,7 @@ def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cl
             "runner.max_steps": 3, "runner.save_interval": 1, "algorithm.n_minibatches": 1,
             "algorithm.training_batch_size_per_gpu": 2, "runner.resume_dir": "auto"})
         metrics_b = {}
-        resumed = SearchR1Trainer(cfg_b, groups, trainer.train_dataset,
+        resumed = GRPOTrainer(cfg_b, groups, trainer.train_dataset,
                                   on_step=lambda s, m, t: metrics_b.setdefault(s, m))
         with pytest.warns(RuntimeWarning, match="global_step_3"):
             resumed.init_workers()  # same worker processes, re-initialised from HF, then the checkpoint

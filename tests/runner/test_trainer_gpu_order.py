@@ -1,4 +1,4 @@
-"""The order in which SearchR1Trainer starts and waits on worker calls, with fake worker groups (no Ray):
+"""The order in which GRPOTrainer starts and waits on worker calls, with fake worker groups (no Ray):
 CPU and disaggregated GPU runs keep the overlapped order; collocated GPU runs take turns on the GPU as
 RLinf's AgentRunner does when not pipelined (rollout init before actor init; whole rollout, rollout
 offload, actor onload, then reward/log-probs/training, actor offload). A weight sync is skipped when the
@@ -9,8 +9,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from rlinf_ext.runner.groups import Placement, WorkerGroups
-from rlinf_ext.runner.trainer import SearchR1Trainer
-from rlinf_ext.workers.weight_sync import SyncRoutes
+from rlinf_ext.runner.trainer import GRPOTrainer
+from rlinf_ext.sync.weight_sync import SyncRoutes
 
 REPLIES = {
     "agent_loop.run_agentloop_rollout": [{
@@ -63,7 +63,7 @@ class _Validation:
         return {"val/n": 1.0}
 
 
-def _trainer(on_gpu: bool, is_pipeline: bool, validate_every: int = -1) -> tuple[SearchR1Trainer, list]:
+def _trainer(on_gpu: bool, is_pipeline: bool, validate_every: int = -1) -> tuple[GRPOTrainer, list]:
     log: list = []
     routes = SyncRoutes("broadcast" if is_pipeline else "paired", 1, 1)
     groups = WorkerGroups(
@@ -71,7 +71,7 @@ def _trainer(on_gpu: bool, is_pipeline: bool, validate_every: int = -1) -> tuple
         placement=Placement(is_pipeline=is_pipeline, rollout_dp_size=1, agent_loop_world_size=1,
                             actor_world_size=1, on_gpu=on_gpu, weight_sync=routes),
     )
-    trainer = SearchR1Trainer.__new__(SearchR1Trainer)  # no Ray: only what init_workers/train_step read
+    trainer = GRPOTrainer.__new__(GRPOTrainer)  # no Ray: only what init_workers/train_step read
     trainer.cfg = SimpleNamespace(
         runner=SimpleNamespace(resume_dir=None, seed=0, val_before_train=validate_every > 0,
                                val_check_interval=validate_every),

@@ -37,9 +37,9 @@ class _FakePass:
 
 def _bare_trainer(cfg, tmp_path):
     """A trainer object without Ray: only what validation_pass/validate read."""
-    from rlinf_ext.runner.trainer import SearchR1Trainer
+    from rlinf_ext.runner.trainer import GRPOTrainer
 
-    trainer = SearchR1Trainer.__new__(SearchR1Trainer)
+    trainer = GRPOTrainer.__new__(GRPOTrainer)
     trainer.cfg, trainer.groups, trainer.run_dir = cfg, None, tmp_path / "run"
     trainer.channels = {"GenerateInput": object(), "GenerateOutput": object()}
     trainer._serving, trainer._validation, trainer.val_history = object(), None, {}

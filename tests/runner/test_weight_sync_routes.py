@@ -23,11 +23,11 @@ BUCKET = 64 << 10
 def launch_pair(cfg, rollout_cfg, cluster):  # noqa: F811
     from rlinf_ext.config.placement import component_ranks
     from rlinf_ext.runner.groups import cpu_strategy, wait_or_raise
-    from rlinf_ext.workers.actor import MegatronActorWorker
+    from rlinf_ext.workers.actor import ActorWorker
     from rlinf_ext.workers.rollout_hf import HFRolloutWorker
 
     placement = component_ranks(cfg.cluster.component_placement, None)
-    actor = MegatronActorWorker.create_group(cfg, 1).launch(cluster, placement_strategy=cpu_strategy(2),
+    actor = ActorWorker.create_group(cfg, 1).launch(cluster, placement_strategy=cpu_strategy(2),
                                                             name=cfg.actor.group_name)
     rollout = HFRolloutWorker.create_group(rollout_cfg).launch(cluster, placement_strategy=cpu_strategy(2),
                                                                name=cfg.rollout.group_name)
@@ -84,7 +84,7 @@ def test_each_engine_gets_the_actor_weights_along_its_route(tiny_assets, tmp_pat
     same four processes (a CPU worker does not care where the placement put it). The first sync replaces the
     engines' random weights; the second (broadcast) must deliver every weight again, intact."""
     from rlinf_ext.config.placement import component_ranks
-    from rlinf_ext.workers.weight_sync import SyncRoutes, sync_mode
+    from rlinf_ext.sync.weight_sync import SyncRoutes, sync_mode
 
     assert sync_mode(*component_ranks({"actor": "0-1", "rollout": "2-3"}, None).values()) == "broadcast"
     cfg, rollout_cfg = configs(tiny_assets, tmp_path, "{actor: 0-1, rollout: 0-1, reward: 0}", randomized_model_dir)

@@ -85,14 +85,14 @@ def make_trainer(cfg, cluster, url, on_step=None, data_size: int = 16):
 
     from rlinf_ext.data.prompts import PromptDataset, load_jsonl_prompts
     from rlinf_ext.runner.compose import launch_worker_groups
-    from rlinf_ext.runner.trainer import SearchR1Trainer
+    from rlinf_ext.runner.trainer import GRPOTrainer
 
     tok = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path)
     rows = load_jsonl_prompts(cfg.data.train_data_paths, data_size=data_size)
     dataset = PromptDataset(rows, tok, cfg.data.max_prompt_length)
-    total = SearchR1Trainer.total_steps(cfg, len(dataset))
+    total = GRPOTrainer.total_steps(cfg, len(dataset))
     groups = launch_worker_groups(cfg, cluster, total_train_steps=total, deterministic_rollout=True)
-    return SearchR1Trainer(cfg, groups, dataset, on_step=on_step)
+    return GRPOTrainer(cfg, groups, dataset, on_step=on_step)
 
 
 def kill_groups(groups):

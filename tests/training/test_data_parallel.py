@@ -20,7 +20,8 @@ import torch
 import torch.multiprocessing as mp
 
 from rlinf_ext.training.data_parallel import DataParallel, DataParallelError, ShardLayout, shard_layout, share_of
-from rlinf_ext.training.policy import MegatronPolicy, Sample
+from rlinf_ext.training.grpo_policy import Sample
+from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.rl_math import LossConfig
 from rlinf_ext.training.settings import ActorSettings
 

@@ -76,7 +76,7 @@ def test_no_grad_runs_without_checkpointing_and_refuses_a_bad_chunk():
 def test_policy_chunked_logprobs_and_gradients_do_not_depend_on_the_chunk(tiny_assets, actor_samples):
     """The real actor with 2-token chunks (every sequence split many times) gives the log-probs, loss and
     gradients of one chunk per sequence."""
-    from rlinf_ext.training.policy import MegatronPolicy
+    from rlinf_ext.training.megatron_policy import MegatronPolicy
     from rlinf_ext.training.rl_math import LossConfig
     from rlinf_ext.training.settings import ActorSettings
 

@@ -7,7 +7,8 @@ import torch
 
 from rlinf_ext.models import megatron as mg
 from rlinf_ext.training.optimizer import use_fused_adamw
-from rlinf_ext.training.policy import MegatronPolicy, Sample
+from rlinf_ext.training.grpo_policy import Sample
+from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.rl_math import LossConfig
 from rlinf_ext.training.settings import ActorSettings, transformer_overrides
 

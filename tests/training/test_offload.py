@@ -73,7 +73,7 @@ def test_module_round_trip_moves_params_grads_and_buffers():
 
 @pytest.mark.timeout(300)
 def test_cpu_policy_offload_is_a_no_op(tiny_assets):
-    from rlinf_ext.training.policy import MegatronPolicy
+    from rlinf_ext.training.megatron_policy import MegatronPolicy
     from rlinf_ext.training.settings import ActorSettings
 
     policy = MegatronPolicy(tiny_assets.qwen2_tiny, ActorSettings(group_size=2))
@@ -90,8 +90,8 @@ def test_policy_offload_bookkeeping_as_on_cuda(tiny_assets, monkeypatch):
     buffers when they hold them, training/optimizer.py:offload_weights), the reference's weights (pinned), then
     the optimizer step object's state and gradients as actor.offload_optimizer / offload_grad say; idempotent;
     onload restores exactly what was offloaded."""
-    from rlinf_ext.training import policy as actor_mod
-    from rlinf_ext.training.policy import MegatronPolicy
+    from rlinf_ext.training import megatron_policy as actor_mod
+    from rlinf_ext.training.megatron_policy import MegatronPolicy
     from rlinf_ext.training.rl_math import LossConfig
     from rlinf_ext.training.settings import ActorSettings
 

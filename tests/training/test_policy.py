@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rlinf_ext.training.batching import gather_logprobs, pack_sequences, response_scatter
-from rlinf_ext.training.policy import MegatronPolicy, Sample
+from rlinf_ext.training.grpo_policy import Sample
+from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.rl_math import LossConfig, grpo_actor_loss
 from rlinf_ext.training.settings import ActorSettings
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlinf_ext.runner.checkpoints import check_complete, finalize, staging_dir
-from rlinf_ext.training.policy import MegatronPolicy, Sample
+from rlinf_ext.training.grpo_policy import Sample
+from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.rl_math import LossConfig
 from rlinf_ext.training.settings import ActorSettings
 

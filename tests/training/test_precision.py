@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlinf_ext.training.policy import MegatronPolicy
+from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.precision import MixedPrecision
 from rlinf_ext.training.rl_math import LossConfig
 from rlinf_ext.training.settings import ActorSettings
-from rlinf_ext.workers.weight_sync import rollout_dtype
+from rlinf_ext.sync.weight_sync import rollout_dtype
 
 pytestmark = pytest.mark.timeout(300)
 

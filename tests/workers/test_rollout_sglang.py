@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlinf_ext.workers.rollout_sglang import probe_logprob_gap, slot_handles, update_request_tensors
-from rlinf_ext.workers.weight_sync import WeightSyncError, pack_buckets, prepare_handles, share_bucket
+from rlinf_ext.sync.weight_sync import WeightSyncError, pack_buckets, prepare_handles, share_bucket
 
 
 def test_probe_logprob_gap_compares_engine_and_actor():
@@ -90,14 +90,18 @@ def test_a_broadcast_bucket_is_copied_to_every_tp_device_before_sharing():
 
 def test_training_requests_keep_the_config_temperature_and_stop_at_every_eos():
     """R11: a request that names no temperature samples at the configured one (not SGLang's 1.0); R8: the HF EOS
-    set (<|im_end|> and <|endoftext|>) reaches the engine as stop_token_ids, as in evaluation."""
+    set (<|im_end|> and <|endoftext|>) reaches the engine as stop_token_ids, as in evaluation. The stop strings
+    are the request's, never the config's."""
     from rlinf_ext.protocol.generation import SamplingParams
     from rlinf_ext.workers.rollout_sglang import request_params
 
-    defaults = SamplingParams(max_new_tokens=500, temperature=0.6, top_p=0.95, stop=["</search>"])
-    sent, merged = request_params(defaults, {"max_new_tokens": 64}, eos_ids=[151645, 151643])
+    defaults = SamplingParams(max_new_tokens=500, temperature=0.6, top_p=0.95, stop=["</answer>"])
+    sent, merged = request_params(defaults, {"max_new_tokens": 64, "stop": ["</search>"]}, eos_ids=[151645, 151643])
     assert sent["temperature"] == 0.6 and sent["top_p"] == 0.95 and sent["max_new_tokens"] == 64
     assert sent["stop"] == ["</search>"] and sent["stop_token_ids"] == [151643, 151645]
+    assert merged.stop == ["</search>"]
+    unstopped, merged = request_params(defaults, {"max_new_tokens": 64}, eos_ids=[7])
+    assert "stop" not in unstopped and merged.stop == []
     assert merged.include_stop_str_in_output is True
     hot, _ = request_params(defaults, {"temperature": 1.2}, eos_ids=[7])
     assert hot["temperature"] == 1.2

@@ -1,12 +1,6 @@
-"""SGLang for generation: request/reply translation shared by every SGLang user, the engine arguments, and the
-evaluation engines.
-
-Requests and replies (pure, unit-tested on CPU): ``to_sglang_params`` turns our ``SamplingParams`` fields into
-SGLang's ``sampling_params`` (``stop`` included, which RLinf's own worker drops; ``stop_token_ids`` = the HF EOS
-set); ``sglang_reply`` turns an ``async_generate`` result into the ``GenerateReply`` every rollout worker sends
-(decoded ``text``, ``finish_reason`` in stop|eos|length, ``matched_stop``, ``logprobs``). The training worker
-(``workers/rollout_sglang.py``) and the evaluation engines below both use them, and both build their engines
-from ``server_kwargs``, so their replies mean what ``generation/hf.py``'s do.
+"""SGLang engines: the engine arguments (``server_kwargs``, shared with the training worker
+``workers/rollout_sglang.py``), and the evaluation engines. Requests and replies go through
+``generation/sglang_wire.py``.
 
 ``SGLangEngineGenerator`` is a GPU ``Generator`` on SGLang's offline engine, for ``rlinf-ext eval`` with
 ``rollout.rollout_backend: sglang`` (NOT GPU-verified); no Ray worker group: in-process engines (their
@@ -16,10 +10,6 @@ scheduler/detokenizer subprocesses own the GPUs) serve every concurrent ``genera
   plain ``sglang.Engine``: sglang 0.4.x returns *either* ``text`` (detokenizing) *or* ``output_ids``; RLinf's
   patched tokenizer/detokenizer managers return both, and we need both (stop strings need detokenization, the
   agent loop needs the exact sampled ids). The same class RLinf's ``SGLangWorker`` runs in training.
-- Replies: stop string kept in ``text`` unless excluded, EOS kept in ids and text; ``stop_token_ids`` = the HF
-  generator's EOS set (generation_config + tokenizer), so both engines end a turn on the same tokens. SGLang
-  checks the token budget before EOS/stop strings, HF after: a turn ending on its last allowed token is
-  classified as HF would (``_end_at_budget``). SGLang also always stops at config.json's ``eos_token_id``.
 - GPUs: ONE engine per ``rollout.tensor_parallel_size`` GPUs, each with ``dp_size=1`` and ``base_gpu_id`` = its
   first GPU; requests go to the least busy engine. Not SGLang's ``dp_size``: its data-parallel controller
   starts the original, unpatched schedulers in a fresh interpreter, whose replies lack ``output_ids``; RLinf's
@@ -42,13 +32,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig
+from transformers import AutoTokenizer
 
 from rlinf_ext.config.placement import placement_entries
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.generation.hf import eos_token_ids
+from rlinf_ext.generation.sglang_wire import hf_eos_ids, sglang_reply, to_sglang_params
 from rlinf_ext.models.dtypes import PRECISIONS, hf_name_of_precision
-from rlinf_ext.protocol.generation import GenerateReply, GenerationResult, SamplingParams
+from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 
 GPU_INSTALL_FIX = "bash scripts/install.sh --gpu (sglang==0.4.6.post5 through rlinf[agentic-sglang])"
 
@@ -66,100 +56,6 @@ def import_rlinf_sglang(module: str, name: str, alternative: str = ""):
             f"SGLang is not usable here ({type(exc).__name__}: {exc}). Fix: on the GPU node, {GPU_INSTALL_FIX}"
             + (f"; or {alternative}." if alternative else ".")
         ) from exc
-
-
-# ----------------------------------------------------------------------------------- requests and replies (pure)
-def to_sglang_params(params: dict[str, Any], default_stop: list[str] | None = None,
-                     eos_ids: list[int] | tuple[int, ...] = ()) -> dict[str, Any]:
-    """Our request ``sampling_params`` -> SGLang ``sampling_params`` (pure; unit-tested on CPU).
-
-    Only the keys the request names are sent (SGLang's own defaults, or the config's merged in by the caller,
-    stay for the rest): a request without ``temperature`` keeps the configured one. ``eos_ids`` become
-    ``stop_token_ids``, so SGLang ends a turn on every EOS id the HF engine ends on (not only config.json's).
-    ``no_stop_trim`` is always on: SGLang then keeps the matched stop string and the EOS text, and
-    ``sglang_reply`` cuts a stop string the caller asked to exclude, as ``HFGenerator`` does.
-    """
-    out: dict[str, Any] = {}
-    if "max_new_tokens" in params:
-        out["max_new_tokens"] = int(params["max_new_tokens"])
-    greedy = params.get("do_sample") is False
-    if greedy:
-        out["temperature"] = 0.0
-    elif "temperature" in params:
-        out["temperature"] = float(params["temperature"])
-    if not greedy:
-        if "top_p" in params:
-            out["top_p"] = float(params["top_p"])
-        if "top_k" in params:
-            out["top_k"] = int(params["top_k"]) if int(params["top_k"]) > 0 else -1
-    if "repetition_penalty" in params:
-        out["repetition_penalty"] = float(params["repetition_penalty"])
-    # keep <|im_end|> & co in SGLang's text, as the HF worker's decode does (SGLang skips them by default)
-    out["skip_special_tokens"] = False
-    out["no_stop_trim"] = True
-    stop = list(params.get("stop") or default_stop or [])
-    if stop:
-        out["stop"] = stop
-    if eos_ids:
-        out["stop_token_ids"] = sorted(int(i) for i in eos_ids)
-    return out
-
-
-def sglang_reply(
-    result: dict[str, Any],
-    decode: Callable[[list[int]], str],
-    *,
-    include_stop_str_in_output: bool = True,
-    return_logprobs: bool = False,
-) -> GenerateReply:
-    """One SGLang ``async_generate`` result -> the generate reply the agent loop reads (pure).
-
-    Same keys and meanings as the CPU worker's ``reply_of``. SGLang's ``meta_info.finish_reason`` is
-    ``{"type": "stop", "matched": "</search>"}`` for a stop string, ``{"type": "stop", "matched": <token id>}``
-    for EOS, ``{"type": "length", ...}`` at the budget and ``{"type": "abort", "message": ...}`` on failure.
-    ``text`` exists only when the engine detokenizes (``rollout.detokenize``); otherwise ``decode(output_ids)``.
-    """
-    meta = result.get("meta_info") or {}
-    finish = meta.get("finish_reason") or {}
-    kind = finish.get("type") if isinstance(finish, dict) else finish
-    matched = finish.get("matched") if isinstance(finish, dict) else None
-    if kind == "abort":
-        message = finish.get("message") if isinstance(finish, dict) else None
-        return {"error": f"SGLang aborted the request: {message or finish}"}
-    output_ids = [int(t) for t in result["output_ids"]]
-    if kind == "length":
-        reason, stop = "length", None
-    elif kind == "stop" and isinstance(matched, str):
-        reason, stop = "stop", matched
-    else:  # a matched token id (EOS or a stop token) ends the turn like EOS
-        reason, stop = "eos", None
-    text = result.get("text")
-    if not isinstance(text, str):
-        text = decode(output_ids)
-    if stop is not None and not include_stop_str_in_output and stop in text:
-        text = text[: text.rfind(stop)]  # ids keep every sampled token, the text drops the stop (HFGenerator)
-    reply: GenerateReply = {
-        "output_ids": output_ids,
-        "text": text,
-        "finish_reason": reason,
-        "matched_stop": stop,
-        "logprobs": None,
-        "num_generated": len(output_ids),
-    }
-    if return_logprobs:
-        reply["logprobs"] = [float(item[0]) for item in meta["output_token_logprobs"]]
-    return reply
-
-
-# ----------------------------------------------------------------------------------- engines
-def hf_eos_ids(model_path: str, tokenizer: Any = None) -> list[int]:
-    """The EOS set the HF engine ends a turn on (generation_config + tokenizer), for ``stop_token_ids``."""
-    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
-    try:
-        generation_config = GenerationConfig.from_pretrained(model_path)
-    except OSError:  # no generation_config.json: the tokenizer's EOS alone
-        generation_config = None
-    return sorted(eos_token_ids(generation_config, tokenizer))
 
 
 def server_kwargs(cfg: ExperimentConfig, *, tp_size: int, base_gpu_id: int = 0, seed: int, load_format: str = "auto",
@@ -266,8 +162,8 @@ class SGLangEngineGenerator:
     sampling_params=, return_logprob=)`` returning SGLang's result dict, and ``shutdown()`` (tests pass fakes).
     A request goes to the engine with the fewest requests in flight (the lowest index on a tie), so a long
     generation does not hold back the requests queued behind it. ``decode`` turns ids into text when the
-    engine returns no ``text``. ``eos_ids`` end a turn as EOS (``stop_token_ids``). ``default_stop``: stop
-    strings for requests that bring none (``algorithm.sampling_params.stop``).
+    engine returns no ``text``. ``eos_ids`` end a turn as EOS (``stop_token_ids``); stop strings are each
+    request's own.
     """
 
     def __init__(
@@ -276,7 +172,6 @@ class SGLangEngineGenerator:
         decode: Callable[[list[int]], str],
         *,
         eos_ids: set[int] | list[int] | tuple[int, ...] = (),
-        default_stop: list[str] | None = None,
         return_logprobs: bool = False,
     ):
         self.engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
@@ -287,7 +182,6 @@ class SGLangEngineGenerator:
         self.closed = False
         self.decode = decode
         self.eos_ids = sorted(int(i) for i in eos_ids)
-        self.default_stop = list(default_stop or [])
         self.return_logprobs = return_logprobs
 
     @classmethod
@@ -324,13 +218,12 @@ class SGLangEngineGenerator:
             engines,
             lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             eos_ids=hf_eos_ids(model_path, tokenizer),
-            default_stop=list(cfg.algorithm.sampling_params.stop or []),
             return_logprobs=bool(cfg.rollout.return_logprobs),
         )
 
     def sglang_params(self, sampling_params: SamplingParams) -> dict[str, Any]:
         """The ``sampling_params`` dict sent to SGLang for one request (pure)."""
-        return to_sglang_params(dataclasses.asdict(sampling_params), self.default_stop, self.eos_ids)
+        return to_sglang_params(dataclasses.asdict(sampling_params), self.eos_ids)
 
     def _pick(self) -> int:
         return min(range(len(self.engines)), key=lambda k: (self.in_flight[k], k))
@@ -352,37 +245,17 @@ class SGLangEngineGenerator:
         finally:
             self.in_flight[k] -= 1
         self.served[k] += 1
-        reply = sglang_reply(result, self.decode, include_stop_str_in_output=sampling_params.include_stop_str_in_output,
-                             return_logprobs=self.return_logprobs)
+        reply = sglang_reply(result, self.decode, sampling_params, self.eos_ids, return_logprobs=self.return_logprobs)
         if "error" in reply:
             raise RuntimeError(f"SGLang failed to generate: {reply['error']}")
-        reason, text, stop = reply["finish_reason"], reply["text"], reply["matched_stop"]
-        if reason == "length":
-            reason, stop = self._end_at_budget(reply["output_ids"], sampling_params.stop or self.default_stop)
-            if stop is not None and not sampling_params.include_stop_str_in_output and stop in text:
-                text = text[: text.rfind(stop)]
         return GenerationResult(
             output_ids=reply["output_ids"],
-            text=text,
-            finish_reason=reason,
-            matched_stop=stop,
+            text=reply["text"],
+            finish_reason=reply["finish_reason"],
+            matched_stop=reply["matched_stop"],
             logprobs=reply["logprobs"],
             num_generated=None,  # = len(output_ids): SGLang never samples past the end (as HFGenerator)
         )
-
-    def _end_at_budget(self, ids: list[int], stops: list[str]) -> tuple[str, str | None]:
-        """Finish reason when SGLang says ``length``. SGLang checks the budget before EOS and stop strings, HF
-        after: a turn whose LAST allowed token is EOS or completes a stop string is ``eos``/``stop`` for
-        ``HFGenerator``, so it is here too (same tail test as ``HFGenerator._cut``)."""
-        if ids and ids[-1] in self.eos_ids:
-            return "eos", None
-        longest = max((len(s) for s in stops), default=0)
-        if ids and longest:
-            tail = self.decode(ids[max(0, len(ids) - longest - 4):])
-            hits = [s for s in stops if s in tail]
-            if hits:
-                return "stop", min(hits, key=tail.rfind)
-        return "length", None
 
     def close(self) -> None:
         """Shut every engine down (their GPU subprocesses exit), even when one of them fails; safe to call twice."""

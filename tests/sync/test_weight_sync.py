@@ -13,7 +13,7 @@ import torch
 
 from rlinf_ext.convert.mapping import ConvertSpec
 from rlinf_ext.convert.state_dicts import iter_megatron_to_hf, megatron_to_hf
-from rlinf_ext.workers.weight_sync import (
+from rlinf_ext.sync.weight_sync import (
     CastView,
     HandleBucket,
     HFWeightLoader,
@@ -77,7 +77,7 @@ def test_handles_open_in_an_unrelated_process_without_copying_the_weights():
     assert message.wire_bytes < 2000 < bucket.nbytes
     script = textwrap.dedent("""
         import pickle, sys
-        from rlinf_ext.workers.weight_sync import named_tensors_of
+        from rlinf_ext.sync.weight_sync import named_tensors_of
         named = dict(named_tensors_of(pickle.loads(sys.stdin.buffer.read())))
         print(float(named["w"].sum()), float(named["b"].sum()), tuple(named["w"].shape))
     """)
@@ -154,7 +154,7 @@ class ScriptedRollout:
 def test_an_engine_of_tp2_loads_slot_by_slot_after_the_probe_and_acknowledges_each_bucket():
     import asyncio
 
-    from rlinf_ext.workers.weight_sync import SYNC_ACK, SYNC_END, SyncHeader, receive_weights
+    from rlinf_ext.sync.weight_sync import SYNC_ACK, SYNC_END, SyncHeader, receive_weights
 
     prepare_handles(torch.device("cpu"))
     routes = SyncRoutes("paired", actor_world=4, rollout_dp=2, rollout_tp=2)

@@ -1,8 +1,5 @@
-"""The GRPO policy on Megatron-core, in-process (the Ray worker in ``workers/actor.py`` wraps it).
-
-``GRPOPolicy`` holds the steps every actor backend shares (log-prob recompute, advantages, the mini-batch loop in
-the global order with the token-mean loss); ``MegatronPolicy`` adds the Megatron-core model, and
-``training/hf_policy.py:HFPolicy`` the vision-language HF model.
+"""The GRPO policy on Megatron-core, in-process (the Ray worker in ``workers/actor.py`` wraps it): the Megatron
+model under ``training/grpo_policy.py:GRPOPolicy``'s steps.
 
 It follows RLinf's ``MegatronActor`` step by step: weights come from the HF checkpoint through the
 conversion mapping (``use_hf_ckpt``: HF -> Megatron at start), old and reference log-probs are recomputed
@@ -22,7 +19,6 @@ state and gradients off the GPU between phases (``offload`` / ``onload``; no-ops
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -42,174 +38,14 @@ from rlinf_ext.models.megatron import (
     load_megatron_state_dict,
     output_projection,
 )
-from rlinf_ext.protocol.payloads import pad_rows
 from rlinf_ext.training import policy_io
-from rlinf_ext.training.batching import PackedBatch, pack_sequences, response_scatter, response_slice
-from rlinf_ext.training.data_parallel import DataParallel, ShardLayout, merge_minibatch_metrics
+from rlinf_ext.training.batching import PackedBatch, pack_sequences
+from rlinf_ext.training.data_parallel import DataParallel
+from rlinf_ext.training.grpo_policy import GRPOPolicy, Sample
 from rlinf_ext.training.logprobs import next_token_logprobs
-from rlinf_ext.training.lr_schedule import lr_at
 from rlinf_ext.training.optimizer import build_step, offload_weights, wrap_ddp
 from rlinf_ext.training.precision import MixedPrecision, move_module_, release_device_memory
-from rlinf_ext.training.rl_math import compute_advantages, grpo_actor_loss
 from rlinf_ext.training.settings import ActorSettings
-
-# Metrics already divided by the mini-batch token count: micro-batch values add up to the mini-batch mean.
-_SUMMED_METRICS = ("loss", "policy_loss", "policy_loss_abs", "kl", "entropy")
-
-
-@dataclass
-class Sample:
-    """One trajectory as the actor sees it (response = generated and observation ids, interleaved)."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    reward: float = 0.0
-    old_logprobs: torch.Tensor | None = None  # [len(response_ids)]
-    ref_logprobs: torch.Tensor | None = None  # [len(response_ids)]
-
-
-class GRPOPolicy:
-    """The GRPO steps shared by the actor backends: log-prob recompute, advantages and the mini-batch loop.
-
-    A backend provides ``model``/``ref_model``, ``settings``, ``dp``, ``device``, ``step`` (``training/optimizer.py``
-    interface: zero_grad, scale_loss, step(lr)), ``optimizer_steps``, ``onload()``, ``_pack(samples)`` and
-    ``_token_logprobs(model, batch, with_entropy)`` -> ``([B, T-1] log-probs, entropy or None)``."""
-
-    @property
-    def optimizer(self):
-        """The underlying optimizer (torch's on CPU, Megatron's on CUDA)."""
-        return self.step.optimizer
-
-    @torch.no_grad()
-    def compute_logprobs(self, samples: Sequence[Sample], reference: bool = False) -> list[torch.Tensor]:
-        """Log-probs of each response token ``[len(response_ids)]`` under the policy (or the reference)."""
-        model = self.ref_model if reference else self.model
-        if model is None:
-            raise ValueError("reference log-probs requested but algorithm.kl_beta == 0 (no reference model kept).")
-        self.onload()
-        was_training = model.training
-        model.eval()
-        out: list[torch.Tensor] = []
-        try:
-            mbs = max(self.settings.logprob_micro_batch_size, 1)
-            for i in range(0, len(samples), mbs):
-                chunk = samples[i : i + mbs]
-                batch = self._pack(chunk)
-                lp = self._token_logprobs(model, batch)[0].float().cpu()
-                resp = response_slice(lp, batch)
-                out.extend(resp[j, : len(s.response_ids)].clone() for j, s in enumerate(chunk))
-        finally:
-            model.train(was_training)
-        return out
-
-    def recompute(self, samples: Sequence[Sample], compute_ref: bool) -> None:
-        """Fill ``old_logprobs`` (and ``ref_logprobs``) of every sample in place."""
-        for s, lp in zip(samples, self.compute_logprobs(samples)):
-            s.old_logprobs = lp
-        if compute_ref:
-            for s, lp in zip(samples, self.compute_logprobs(samples, reference=True)):
-                s.ref_logprobs = lp
-
-    # ------------------------------------------------------------------ training
-    def advantages(self, samples: Sequence[Sample]) -> torch.Tensor:
-        """One GRPO advantage per trajectory ``[N]`` (groups are ``group_size`` consecutive samples)."""
-        rewards = torch.tensor([float(s.reward) for s in samples])
-        ones = torch.ones(len(samples), 1)
-        adv = compute_advantages(
-            rewards, ones, self.settings.group_size, self.settings.adv_type, self.settings.advantage_mode
-        )
-        return adv[:, 0]
-
-    def _micro_loss(self, chunk: Sequence[Sample], chunk_adv: torch.Tensor, num_tokens: float):
-        s = self.settings
-        if any(smp.old_logprobs is None for smp in chunk):
-            raise ValueError("sample has no old_logprobs: run recompute() (algorithm.recompute_logprobs) first.")
-        batch = self._pack(chunk)
-        logprobs, entropy = self._token_logprobs(self.model, batch, with_entropy=s.loss.entropy_bonus > 0)
-        mask = batch.loss_mask.to(self.device)
-        old = response_scatter(pad_rows([c.old_logprobs for c in chunk]), batch).to(self.device)
-        ref = None
-        if s.loss.kl_beta > 0:
-            ref = response_scatter(pad_rows(_present([c.ref_logprobs for c in chunk])), batch).to(self.device)
-        adv = (chunk_adv.to(self.device)[:, None] * mask).float()
-        return grpo_actor_loss(logprobs, old, adv, mask, s.loss, ref_logprobs=ref, entropy=entropy, num_tokens=num_tokens)
-
-    def train_step(self, samples: Sequence[Sample], step: int, layout: ShardLayout | None = None) -> list[dict[str, float]]:
-        """One rollout step: ``n_minibatches`` optimizer steps; returns one metrics dict per mini-batch.
-
-        With data parallelism (``self.dp.size > 1``) ``samples`` are this rank's share (whole GRPO groups) and
-        ``layout`` places them in the step's global order: mini-batch m is the same global set of samples as in
-        a one-process run; each rank back-propagates the part it holds, the loss-token count is summed over
-        the ranks before the backward and the gradients (Megatron's DDP) after it. Metrics are global on every
-        rank.
-        """
-        s = self.settings
-        layout = self._check_layout(samples, layout)
-        n = layout.global_size
-        adv = self.advantages(samples)  # groups are whole on every rank: local = global advantages
-        order = list(range(n))
-        if s.shuffle_rollout:
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(s.seed + step)).tolist()
-        local_pos = {g: i for i, g in enumerate(layout.global_index)}
-        per_mb = n // s.n_minibatches
-        total_opt_steps = s.total_train_steps * s.n_minibatches
-        results = []
-        self.onload()
-        self.model.train()
-        for m in range(s.n_minibatches):
-            # this rank's part of global mini-batch m, in the global order
-            idx = [local_pos[g] for g in order[m * per_mb : (m + 1) * per_mb] if g in local_pos]
-            mb, mb_adv = [samples[i] for i in idx], adv[idx]
-            # token-mean over the GLOBAL mini-batch: every rank divides by the same count
-            num_tokens = self.dp.sum_float(float(sum(sum(x.response_mask) for x in mb)), self.device)
-            self.step.zero_grad()
-            sums: dict[str, float] = {}
-            for k in range(0, len(mb), s.micro_batch_size):
-                chunk = mb[k : k + s.micro_batch_size]
-                loss, metrics = self._micro_loss(chunk, mb_adv[k : k + s.micro_batch_size], num_tokens)
-                self.step.scale_loss(loss).backward()  # fp16: scaled; DDP accumulates into main_grad
-                weight = sum(sum(x.response_mask) for x in chunk) / max(num_tokens, 1.0)
-                for key, val in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + (val if key in _SUMMED_METRICS else val * weight)
-            lr = lr_at(self.optimizer_steps, total_opt_steps, s.lr, s.lr_warmup_fraction, s.lr_decay_style, s.min_lr)
-            result = self.step.step(lr)  # reduce over the ranks, unscale, clip, step (skipped if not finite)
-            self.optimizer_steps += 1
-            sums, adv_stats = self._global_minibatch_metrics(sums, mb_adv)
-            sums.update({"grad_norm": result.grad_norm, "lr": lr, "update_success": float(result.ok),
-                         "num_tokens": num_tokens, **adv_stats})
-            if result.loss_scale is not None:
-                sums["loss_scale"] = result.loss_scale
-            results.append(sums)
-        return results
-
-    def _check_layout(self, samples: Sequence[Sample], layout: ShardLayout | None) -> ShardLayout:
-        if layout is None:
-            if self.dp.enabled:
-                raise ValueError("train_step with data parallelism needs the ShardLayout of this rank's samples "
-                                 "(data_parallel.shard_layout).")
-            layout = ShardLayout(tuple(range(len(samples))), len(samples))
-        if len(layout.global_index) != len(samples):
-            raise ValueError(f"ShardLayout places {len(layout.global_index)} samples but {len(samples)} were given.")
-        if layout.global_size % self.settings.n_minibatches:
-            raise ValueError(f"{layout.global_size} trajectories cannot be split into algorithm.n_minibatches="
-                             f"{self.settings.n_minibatches} equal parts.")
-        return layout
-
-    def _global_minibatch_metrics(self, sums: dict[str, float], mb_adv: torch.Tensor):
-        """(loss metrics, advantage stats) of the global mini-batch (this rank's alone with one rank)."""
-        if not self.dp.enabled:
-            return sums, {"advantages_mean": float(mb_adv.mean()), "advantages_max": float(mb_adv.max()),
-                          "advantages_min": float(mb_adv.min())}
-        mine = (sums, float(mb_adv.sum()), len(mb_adv), [float(mb_adv.max())] if len(mb_adv) else [],
-                [float(mb_adv.min())] if len(mb_adv) else [])
-        everyone = self.dp.gather_objects(mine)
-        count = sum(e[2] for e in everyone)
-        return merge_minibatch_metrics([e[0] for e in everyone]), {
-            "advantages_mean": sum(e[1] for e in everyone) / max(count, 1),
-            "advantages_max": max(v for e in everyone for v in e[3]),
-            "advantages_min": min(v for e in everyone for v in e[4]),
-        }
 
 
 class MegatronPolicy(GRPOPolicy):
@@ -361,9 +197,3 @@ class MegatronPolicy(GRPOPolicy):
     def load(self, directory: str | Path) -> int:
         """Restore weights, optimizer, LR-schedule position and RNG; returns the checkpoint's iteration."""
         return policy_io.load_policy(self, directory)
-
-
-def _present(rows: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
-    if any(r is None for r in rows):
-        raise ValueError("missing log-probs for a sample (old or reference); recompute them before training.")
-    return list(rows)
