@@ -29,7 +29,7 @@ from rlinf_ext.runner.groups import (
 )
 from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
-from rlinf_ext.workers.reward import SearchR1RewardWorker
+from rlinf_ext.workers.reward import RewardWorker
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker
 from rlinf_ext.sync.weight_sync import SyncRoutes, sync_mode
 
@@ -68,7 +68,7 @@ def launch_worker_groups(
                  deterministic=deterministic_rollout, verify_sync=verify_sync)
     launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name, strategies["actor"],
                  cfg, total_train_steps)
-    launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, strategies["reward"], cfg)
+    launch_group(groups, cluster, "reward", RewardWorker, cfg.reward.group_name, strategies["reward"], cfg)
     launch_group(groups, cluster, "agent_loop", AgentLoopWorker, cfg.agentloop.group_name,
                  strategies["agent_loop"], cfg, search_server_addr=search_server_addr, launcher_ip=launcher_ip)
     ranks = component_ranks(cfg.cluster.component_placement, None, max(cfg.cluster.num_nodes, 1))

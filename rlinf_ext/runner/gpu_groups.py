@@ -36,7 +36,7 @@ from rlinf_ext.runner.groups import (
 from rlinf_ext.training.data_parallel import unsupported_model_parallelism
 from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
-from rlinf_ext.workers.reward import SearchR1RewardWorker
+from rlinf_ext.workers.reward import RewardWorker
 from rlinf_ext.workers.rollout_sglang import rollout_worker_class
 from rlinf_ext.sync.weight_sync import SyncRoutes
 
@@ -177,7 +177,7 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
     # one process per actor GPU (RLinf's packing, as its MegatronActor with TP=PP=1): data-parallel ranks
     launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name,
                  PackedPlacementStrategy(layout.actor_gpus[0], layout.actor_gpus[-1]), cfg, total_train_steps)
-    launch_group(groups, cluster, "reward", SearchR1RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
+    launch_group(groups, cluster, "reward", RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
     launch_group(groups, cluster, "agent_loop", AgentLoopWorker, cfg.agentloop.group_name,
                  cpu_strategy(layout.rollout_dp_size), cfg, search_server_addr=search_server_addr,
                  launcher_ip=launcher_ip)

@@ -5,7 +5,7 @@ wraps a backend's policy).
 in the global order (``algorithm.n_minibatches`` optimizer steps per rollout batch, each accumulated over
 micro-batches of ``actor.micro_batch_size`` with a token-mean loss, gradient clipping and the LR schedule);
 ``Sample`` is one trajectory as the actor sees it. Backends: ``training/megatron_policy.py:MegatronPolicy``
-(Megatron-core, the text model) and ``training/hf_policy.py:HFPolicy`` (the vision-language HF model, FSDP2).
+(Megatron-core, the text model) and ``training/fsdp_policy.py:FSDPPolicy`` (the vision-language HF model, FSDP2).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from rlinf_ext.convert.state_dicts import iter_megatron_to_hf
 from rlinf_ext.models.cpu_shims import env_init_method, init_parallel_state
 from rlinf_ext.protocol.payloads import SearchRolloutResult, pad_rows
 from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
-from rlinf_ext.training.hf_policy import FSDPSettings, HFPolicy, MMSample
+from rlinf_ext.training.fsdp_policy import FSDPSettings, FSDPPolicy, MMSample
 from rlinf_ext.training.grpo_policy import Sample
 from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.settings import ActorSettings
@@ -71,12 +71,12 @@ def samples_of(results: list[SearchRolloutResult]) -> list[Sample]:
     return out
 
 
-def build_policy(cfg: ExperimentConfig, settings: ActorSettings) -> MegatronPolicy | HFPolicy:
+def build_policy(cfg: ExperimentConfig, settings: ActorSettings) -> MegatronPolicy | FSDPPolicy:
     """``actor.training_backend``: megatron (text models) or fsdp (Qwen2.5-VL, transformers' model; FSDP2 over the
     data-parallel group set up by ``_init_data_parallel``)."""
     path = cfg.rollout.model.model_path
     if cfg.actor.training_backend == "fsdp":
-        return HFPolicy(path, settings, dp=DataParallel.from_parallel_state(),
+        return FSDPPolicy(path, settings, dp=DataParallel.from_parallel_state(),
                         fsdp=FSDPSettings.from_config(cfg.actor.fsdp_config))
     return MegatronPolicy(path, settings)
 
@@ -105,7 +105,7 @@ class ActorWorker(Worker):
         super().__init__()
         self.cfg = cfg
         self.settings = ActorSettings.from_config(cfg, total_train_steps)
-        self.policy: MegatronPolicy | HFPolicy | None = None
+        self.policy: MegatronPolicy | FSDPPolicy | None = None
         self._sync_routes: SyncRoutes | None = None  # set by the runner once the rollout group exists
         self._sync_bucket_bytes = BUCKET_BYTES
 
@@ -160,9 +160,9 @@ class ActorWorker(Worker):
             if routes is None:
                 raise RuntimeError("sync_model_to_rollout before set_weight_sync: the runner sets the routes at start")
             targets = routes.targets_of(self._rank)
-            hf_backend = isinstance(self.policy, HFPolicy)
+            hf_backend = isinstance(self.policy, FSDPPolicy)
             if hf_backend:  # FSDP2: gathering the weights and the probe forward are collective: every rank joins
-                header, buckets = self._hf_policy_payload(verify, shared=routes.mode == "paired")
+                header, buckets = self._fsdp_policy_payload(verify, shared=routes.mode == "paired")
             if not targets:  # broadcast route: rank 0 sends (every rank holds the same weights)
                 return dataclasses.asdict(SyncStats(routes.mode))
             if not hf_backend:
@@ -180,7 +180,7 @@ class ActorWorker(Worker):
                 torch.cuda.empty_cache()
             return dataclasses.asdict(stats)
 
-    def _hf_policy_payload(self, verify: bool, shared: bool):
+    def _fsdp_policy_payload(self, verify: bool, shared: bool):
         """Header (with the multimodal probe) and buckets of the HF actor: its names are the engine's already."""
         header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
         if verify:

@@ -49,7 +49,7 @@ def mm_rows(result: SearchRolloutResult, details: list) -> list[dict]:
     return rows
 
 
-class SearchR1RewardWorker(Worker):
+class RewardWorker(Worker):
     def __init__(self, cfg: ExperimentConfig):
         super().__init__()
         self.cfg = cfg

@@ -34,7 +34,7 @@ import torch
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.sglang_engine import import_rlinf_sglang, server_kwargs
 from rlinf_ext.generation.sglang_wire import hf_eos_ids, sglang_reply, to_sglang_params
-from rlinf_ext.generation.sglang_mm import disallowed_tokens_processor, mm_request, retokenize_mismatch, vl_server_overrides
+from rlinf_ext.generation.sglang_vl import disallowed_tokens_processor, mm_request, retokenize_mismatch, vl_server_overrides
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams, sampling_params_from_request
 from rlinf_ext.models.qwen2 import load_hf_config_dict
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
@@ -156,7 +156,7 @@ def make_sglang_stop_worker():
             return self._tokenizer.decode(ids, skip_special_tokens=False)
 
         def _vl_request(self, prompt_ids, images, sglang_params) -> dict:
-            """Every image of the context plus the banned ids (NOT GPU-verified; ``generation/sglang_mm.py``)."""
+            """Every image of the context plus the banned ids (NOT GPU-verified; ``generation/sglang_vl.py``)."""
             if not hasattr(self, "_vl"):
                 tok = self._tokenizer
                 ids = tuple(int(tok.convert_tokens_to_ids(t)) for t in (VISION_START, IMAGE_PAD, VISION_END))

@@ -171,7 +171,7 @@ def test_gpu_wiring_passes_rlinf_placement_to_the_rollout_and_one_actor_process_
     monkeypatch.setattr(gpu_groups, "rollout_worker_class", lambda cfg: Recorder("rollout"))
     monkeypatch.setattr(gpu_groups, "ModelParallelComponentPlacement", FakeRLinfPlacement)
     monkeypatch.setattr(gpu_groups, "ActorWorker", Recorder("actor"))
-    monkeypatch.setattr(gpu_groups, "SearchR1RewardWorker", Recorder("reward"))
+    monkeypatch.setattr(gpu_groups, "RewardWorker", Recorder("reward"))
     monkeypatch.setattr(gpu_groups, "AgentLoopWorker", Recorder("agent_loop"))
 
     groups = launch_worker_groups(ref_cfg, FakeGpuCluster(), total_train_steps=7, search_server_addr="h:1")

@@ -7,10 +7,10 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from hf_policy_helpers import dp_worker, samples_of, settings
+from fsdp_policy_helpers import dp_worker, samples_of, settings
 
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD
-from rlinf_ext.training.hf_policy import HFPolicy
+from rlinf_ext.training.fsdp_policy import FSDPPolicy
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def world(vl_world):
 def test_logprobs_equal_the_generators_on_multimodal_trajectories(world):
     mm, trajs = world
     assert any(len(t.images) > 1 for t in trajs), "no trajectory searched images: the test would not cover them"
-    policy = HFPolicy(mm.qwen2_5_vl_tiny_sft, settings())
+    policy = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings())
     samples = samples_of(trajs)
     got = policy.compute_logprobs(samples)
     worst = 0.0
@@ -45,7 +45,7 @@ def test_logprobs_equal_the_generators_on_multimodal_trajectories(world):
 def test_masked_tokens_get_exactly_zero_gradient(world):
     mm, trajs = world
     traj = next(t for t in trajs if len(t.images) > 1)  # observation text and image pads, mask 0
-    policy = HFPolicy(mm.qwen2_5_vl_tiny_sft, settings(group_size=2))
+    policy = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings(group_size=2))
     samples = samples_of([traj, traj], rewards=[1.0, 0.0])
     policy.recompute(samples, compute_ref=False)
     captured = {}
@@ -71,7 +71,7 @@ def _sum_logprob(policy, sample) -> float:
 def test_grpo_step_moves_towards_the_rewarded_trajectory(world):
     mm, trajs = world
     a, b = trajs[0], next(t for t in trajs[1:] if t.response_ids != trajs[0].response_ids)
-    policy = HFPolicy(mm.qwen2_5_vl_tiny_sft, settings(optimizer="adam", lr=1e-3, clip_grad=1.0))
+    policy = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings(optimizer="adam", lr=1e-3, clip_grad=1.0))
     samples = samples_of([a, b], rewards=[1.0, 0.0])
     before = [_sum_logprob(policy, s) for s in samples]
     policy.recompute(samples, compute_ref=False)
@@ -99,7 +99,7 @@ def _dp_run(mm, tmp_path, samples, scale_loss: bool) -> dict[str, torch.Tensor]:
 def test_fsdp2_over_two_gloo_ranks_equals_one_process(world, tmp_path):
     mm, trajs = world
     samples = samples_of(trajs[:4], rewards=[1.0, 0.0, 0.0, 1.0])  # two GRPO groups of 2
-    one = HFPolicy(mm.qwen2_5_vl_tiny_sft, settings())
+    one = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings())
     before = one.hf_state_dict()
     one.recompute(samples, compute_ref=False)
     one.train_step(samples, step=0)

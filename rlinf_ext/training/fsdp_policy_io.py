@@ -1,4 +1,4 @@
-"""Saving and restoring an ``HFPolicy``: the HF model directory is the checkpoint's weights and the export.
+"""Saving and restoring an ``FSDPPolicy``: the HF model directory is the checkpoint's weights and the export.
 
 Layout of ``<global_step_N>/actor/`` (the run directory around it, its completion marker over every file and
 the atomic rename, is ``runner/checkpoints.py``)::
@@ -39,13 +39,13 @@ ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-class HFPolicy(Protocol):
-    """What this module reads of ``training/hf_policy.py:HFPolicy`` (which imports this module)."""
+class FSDPPolicy(Protocol):
+    """What this module reads of ``training/fsdp_policy.py:FSDPPolicy`` (which imports this module)."""
 
     settings: ActorSettings
     dp: DataParallel
     model: torch.nn.Module
-    step: Any  # hf_policy.FSDPStep
+    step: Any  # fsdp_policy.FSDPStep
     processor: Any
     optimizer_steps: int
     hf_model_path: str
@@ -59,7 +59,7 @@ def _atomic_torch_save(obj: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def save_hf_policy(policy: HFPolicy, directory: str | Path, iteration: int) -> Path | None:
+def save_fsdp_policy(policy: FSDPPolicy, directory: str | Path, iteration: int) -> Path | None:
     """Write the HF model directory plus training state into ``directory``; returns it on rank 0."""
     if int(iteration) < 1:
         raise ValueError(f"actor checkpoint iteration must be >= 1 (the rollout step), got {iteration}")
@@ -98,7 +98,7 @@ def _check_dir(directory: Path) -> dict[str, Any]:
     return marker
 
 
-def load_hf_policy(policy: HFPolicy, directory: str | Path) -> int:
+def load_fsdp_policy(policy: FSDPPolicy, directory: str | Path) -> int:
     """Restore weights, optimizer, LR-schedule position and RNG; returns the checkpoint's iteration."""
     from safetensors.torch import load_file
 

@@ -33,7 +33,7 @@ from rlinf_ext.models.dtypes import dtype_of_precision
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
 from rlinf_ext.protocol.images import ImageRef, canonicalize
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids
-from rlinf_ext.training import hf_policy_io
+from rlinf_ext.training import fsdp_policy_io
 from rlinf_ext.training.batching import PackedBatch, pack_sequences
 from rlinf_ext.training.data_parallel import DataParallel
 from rlinf_ext.training.logprobs import next_token_logprobs
@@ -131,7 +131,7 @@ class FSDPStep:
         return StepResult(ok, float(norm), None)
 
 
-class HFPolicy(GRPOPolicy):
+class FSDPPolicy(GRPOPolicy):
     """Policy (+ frozen reference when ``kl_beta > 0``) as a transformers Qwen2.5-VL model, with its optimizer."""
 
     def __init__(self, hf_model_path: str | Path, settings: ActorSettings, *, dp: DataParallel | None = None,
@@ -273,13 +273,13 @@ class HFPolicy(GRPOPolicy):
     def offloaded(self) -> bool:
         return False
 
-    # ------------------------------------------------------------------ checkpoints (training/hf_policy_io.py)
+    # ------------------------------------------------------------------ checkpoints (training/fsdp_policy_io.py)
     def save(self, directory: str | Path, iteration: int) -> Path | None:
         """The HF model directory (the export) plus optimizer, schedule and RNG; every DP rank calls it."""
-        return hf_policy_io.save_hf_policy(self, directory, iteration)
+        return fsdp_policy_io.save_fsdp_policy(self, directory, iteration)
 
     def load(self, directory: str | Path) -> int:
-        return hf_policy_io.load_hf_policy(self, directory)
+        return fsdp_policy_io.load_fsdp_policy(self, directory)
 
 
 def init_gloo_dp() -> DataParallel:

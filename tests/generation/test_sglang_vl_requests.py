@@ -7,7 +7,7 @@ from vl_helpers import chat_prompt_ids, mm_test_rows
 
 from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.generation.sglang_wire import sglang_reply
-from rlinf_ext.generation.sglang_mm import (
+from rlinf_ext.generation.sglang_vl import (
     mm_request,
     retokenize_mismatch,
     text_positions_after_images,

@@ -17,7 +17,7 @@ from rlinf_ext.generation.hf_vl import HFVLGenerator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.tools.image_search import ImageSearchTool
 from rlinf_ext.tools.search import SearchTool
-from rlinf_ext.training.hf_policy import HFPolicy, MMSample
+from rlinf_ext.training.fsdp_policy import FSDPPolicy, MMSample
 from rlinf_ext.training.settings import ActorSettings
 
 PX = 56 * 56
@@ -56,7 +56,7 @@ def settings(**kw) -> ActorSettings:
 def dp_worker(rank: int, world: int, port: int, model_dir: str, payload: str, out: str, scale_loss: bool) -> None:
     """One gloo rank: FSDP2 policy, this rank's GRPO groups, one step; rank 0 writes the full weights."""
     from rlinf_ext.training.data_parallel import ShardLayout
-    from rlinf_ext.training.hf_policy import FSDPStep, init_gloo_dp
+    from rlinf_ext.training.fsdp_policy import FSDPStep, init_gloo_dp
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -64,7 +64,7 @@ def dp_worker(rank: int, world: int, port: int, model_dir: str, payload: str, ou
     samples, group_size = torch.load(payload, weights_only=False)
     share = len(samples) // world
     mine = list(range(rank * share, (rank + 1) * share))
-    policy = HFPolicy(model_dir, settings(group_size=group_size), dp=dp)
+    policy = FSDPPolicy(model_dir, settings(group_size=group_size), dp=dp)
     if not scale_loss:
         FSDPStep.scale_loss = lambda self, loss: loss  # the bug the scaling prevents (averaged gradients)
     policy.train_step([samples[i] for i in mine], step=0, layout=ShardLayout(tuple(mine), len(samples)))
