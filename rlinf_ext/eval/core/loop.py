@@ -26,7 +26,7 @@ from rlinf_ext.eval.core.runner import EvalSummary
 
 logger = logging.getLogger(__name__)
 
-I = TypeVar("I")  # one question, as the agent's data reader gives it  # noqa: E741
+Item = TypeVar("Item")  # one question, as the agent's data reader gives it
 R = TypeVar("R", bound=EvalRecord)
 
 
@@ -36,18 +36,18 @@ def one_bar(label: str) -> Callable[[list[Any]], list[tuple[str, list[Any]]]]:
 
 
 @dataclass(frozen=True)
-class Evaluator(Generic[I, R]):
+class Evaluator(Generic[Item, R]):
     """One agent's part of the loop."""
 
     record_type: type[R]
-    key: Callable[[I], tuple[str, str]]  # (benchmark, item_id): the resume key
-    rollout: Callable[[I], Awaitable[Any]]  # the agent's trajectory for a question; may raise (-> error record)
-    record: Callable[[I, Any], R]  # the record of a question and its trajectory
-    error_record: Callable[[I, BaseException], R]  # the record of a question whose rollout raised
-    bars: Callable[[list[I]], list[tuple[str, list[I]]]] = one_bar("eval")  # (label, questions) per progress bar
+    key: Callable[[Item], tuple[str, str]]  # (benchmark, item_id): the resume key
+    rollout: Callable[[Item], Awaitable[Any]]  # the agent's trajectory for a question; may raise (-> error record)
+    record: Callable[[Item, Any], R]  # the record of a question and its trajectory
+    error_record: Callable[[Item, BaseException], R]  # the record of a question whose rollout raised
+    bars: Callable[[list[Item]], list[tuple[str, list[Item]]]] = one_bar("eval")  # (label, questions) per progress bar
     postfix: Callable[[list[R]], dict[str, str]] | None = None  # shown on a bar, from its records so far
 
-    async def evaluate_one(self, item: I, semaphore: asyncio.Semaphore) -> R:
+    async def evaluate_one(self, item: Item, semaphore: asyncio.Semaphore) -> R:
         async with semaphore:
             try:
                 traj = await self.rollout(item)
@@ -59,8 +59,8 @@ class Evaluator(Generic[I, R]):
 
 
 async def evaluate_items(
-    items: Sequence[I],
-    evaluator: Evaluator[I, R],
+    items: Sequence[Item],
+    evaluator: Evaluator[Item, R],
     writer: GenerationsWriter,
     skip: set[tuple[str, str]] = frozenset(),
     concurrency: int = 8,
@@ -100,8 +100,8 @@ Tabulate = Callable[[Path, list[R], dict[str, Any]], tuple[Any, dict[str, Path],
 
 
 async def evaluate_run(
-    items: Sequence[I],
-    evaluator: Evaluator[I, R],
+    items: Sequence[Item],
+    evaluator: Evaluator[Item, R],
     tabulate: Tabulate,
     run_dir: Path,
     meta: dict[str, Any],
