@@ -46,14 +46,14 @@ AGENTS: dict[str, AgentSpec] = {
         reward_scorings=("em", "subem", "f1", "format"), vision=False, image_search=False,
         eval_backends=("hf", "sglang"),
         rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
-        evaluation="rlinf_ext.eval.runner:run_evaluation",
+        evaluation="rlinf_ext.eval.searchr1.runner:run_evaluation",
     ),
     MMSEARCH: AgentSpec(
         name=MMSEARCH, title="MMSearch-R1", stops=MM_STOPS, data_type="mmsearch", reward_type="mmsearch",
         reward_scorings=("em", "subem"), vision=True, image_search=True,
         eval_backends=("hf",),
         rollout="rlinf_ext.agent.mmsearch.rollout:MMSearchRollout",
-        evaluation="rlinf_ext.eval.mm_runner:run_mm_evaluation",
+        evaluation="rlinf_ext.eval.mmsearch.runner:run_mm_evaluation",
     ),
 }
 

@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
     from rlinf_ext.config.loader import ConfigError, load_config, validate
-    from rlinf_ext.eval.runner import EvalError, run_evaluation
+    from rlinf_ext.eval.core.runner import EvalError
+    from rlinf_ext.eval.entry import run_evaluation
 
     try:
         cfg = load_config(args.config, args.overrides)

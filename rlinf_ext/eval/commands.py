@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlinf_ext.eval.report import METRICS, render_report
+from rlinf_ext.eval.searchr1.report import METRICS, render_report
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:

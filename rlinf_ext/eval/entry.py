@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from rlinf_ext.agent.registry import agent_spec
-from rlinf_ext.eval.runner import EvalSummary
+from rlinf_ext.eval.core.runner import EvalSummary
 
 
 def run_evaluation(cfg: Any, generator=None, **kwargs: Any) -> EvalSummary:
-    """Evaluate as `cfg.agentloop.agent` says; keyword arguments as `eval.runner.run_evaluation`'s."""
+    """Evaluate as `cfg.agentloop.agent` says; keyword arguments as the agent's runner takes them
+    (`eval.searchr1.runner.run_evaluation`, `eval.mmsearch.runner.run_mm_evaluation`)."""
     return agent_spec(cfg).load("evaluation")(cfg, generator, **kwargs)

@@ -34,7 +34,7 @@ from typing import Sequence
 from rlinf_ext.config.compose import find_experiment
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.eval.entry import run_evaluation
-from rlinf_ext.eval.results import RESULTS_MD
+from rlinf_ext.eval.core.results import RESULTS_MD
 from rlinf_ext.runner.checkpoints import latest_complete_checkpoint
 from rlinf_ext.runner.cluster import alive_node_ids, describe_lost, lost_nodes, placement_needs
 from rlinf_ext.runner.compose import launch_worker_groups

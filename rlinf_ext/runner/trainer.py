@@ -7,7 +7,7 @@ rewards, recompute old/reference log-probs, train, checkpoint — but is our own
 PyPI (only megatron-core is). Worker method names and channel payloads are RLinf's, so the same runner drives the
 CPU workers and RLinf-derived GPU workers.
 
-Validation during training (``rlinf_ext.eval.validation``): before the first step (``runner.val_before_train``)
+Validation during training (``rlinf_ext.eval.searchr1.validation``): before the first step (``runner.val_before_train``)
 and after every ``runner.val_check_interval`` steps, the actor's weights are synced to the rollout group and a
 greedy pass over a fixed subset runs from the driver through the rollout group; its ``val/...`` metrics join
 that step's metrics (step 0: an ``on_step(0, metrics, [])`` call of its own).
@@ -34,7 +34,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from tqdm import tqdm
 
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.eval.validation import ValidationPass, should_validate
+from rlinf_ext.eval.searchr1.validation import ValidationPass, should_validate
 from rlinf_ext.protocol import channels as ch
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.channels import KeyedChannel
@@ -49,8 +49,8 @@ VALIDATION_DIR = "validation"  # <run_dir>/validation/global_step_<N>/generation
 
 
 def validation_enabled(cfg: ExperimentConfig) -> bool:
-    """Whether any step of this run can validate (``rlinf_ext.eval.validation.should_validate`` is true for some
-    step): ``runner.val_before_train`` or ``runner.val_check_interval > 0``, with ``data.val_data_paths`` set."""
+    """Whether any step of this run can validate (``rlinf_ext.eval.searchr1.validation.should_validate`` is true
+    for some step): ``runner.val_before_train`` or ``runner.val_check_interval > 0``, with ``data.val_data_paths`` set."""
     runner = cfg.runner
     wanted = runner.val_before_train or runner.val_check_interval > 0
     return wanted and bool(cfg.data.val_data_paths)

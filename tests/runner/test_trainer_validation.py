@@ -47,7 +47,7 @@ def _bare_trainer(cfg, tmp_path):
 
 
 def test_validation_enabled_matches_should_validate():
-    from rlinf_ext.eval.validation import should_validate
+    from rlinf_ext.eval.searchr1.validation import should_validate
     from rlinf_ext.runner.trainer import validation_enabled
 
     for interval in (-1, 0, 1, 3):

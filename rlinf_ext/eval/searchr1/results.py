@@ -1,18 +1,14 @@
-"""Writers for results.json, results.md and results.csv in a run directory."""
+"""The Search-R1 results: per-benchmark detail rows and the paper-layout score table in results.{json,md,csv}."""
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 from typing import Any
 
-from rlinf_ext.eval.benchmarks import display_name
-from rlinf_ext.eval.scoring import Aggregate, BenchmarkResult
-
-RESULTS_JSON = "results.json"
-RESULTS_MD = "results.md"
-RESULTS_CSV = "results.csv"
+from rlinf_ext.eval.core.results import RESULTS_MD, markdown_table, write_result_files
+from rlinf_ext.eval.searchr1.benchmarks import display_name
+from rlinf_ext.eval.searchr1.records import GenerationRecord
+from rlinf_ext.eval.searchr1.scoring import Aggregate, aggregate
 
 # (column header, BenchmarkResult field, format) for the detail tables.
 DETAIL_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -57,44 +53,20 @@ def paper_table_rows(agg: Aggregate) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def write_results(run_dir: str | Path, agg: Aggregate, meta: dict[str, Any]) -> dict[str, Path]:
     """Write the three result files; `meta` (model, config, sampling, ...) goes into results.json and the md."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    paths = {name: run_dir / name for name in (RESULTS_JSON, RESULTS_MD, RESULTS_CSV)}
-
-    payload = {"meta": meta, **agg.to_json()}
-    paths[RESULTS_JSON].write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
     detail_header = ["benchmark"] + [h for h, _, _ in DETAIL_COLUMNS]
-    with paths[RESULTS_CSV].open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(detail_header)
-        writer.writerows(detail_rows(agg))
-
     header, rows = paper_table_rows(agg)
     md = [f"# Evaluation: {meta.get('experiment_name', run_dir.name)}", ""]
     md += [f"- {k}: `{v}`" for k, v in meta.items() if not isinstance(v, (dict, list))]
     md += ["", "## Scores (paper layout; Avg = mean over benchmarks)", "", markdown_table(header, rows)]
     md += ["", "## Per benchmark", "", markdown_table(detail_header, detail_rows(agg)), ""]
-    paths[RESULTS_MD].write_text("\n".join(md), encoding="utf-8")
-    return paths
+    return write_result_files(run_dir, {"meta": meta, **agg.to_json()}, "\n".join(md), detail_header, detail_rows(agg))
 
 
-def load_results(run_dir: str | Path) -> dict[str, Any]:
-    path = Path(run_dir) / RESULTS_JSON
-    if not path.exists():
-        raise FileNotFoundError(
-            f"{path} not found: RUN_DIR must be an evaluation run directory (run `rlinf-ext eval` first)"
-        )
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def benchmark_result_from_json(row: dict) -> BenchmarkResult:
-    return BenchmarkResult(**row)
+def tabulate(run_dir: Path, records: list[GenerationRecord], meta: dict[str, Any]) -> tuple[Aggregate, dict[str, Path], str]:
+    """The run's `Tabulate` (``eval.core.loop``): aggregate, result files, and results.md as the table."""
+    agg = aggregate(records)
+    paths = write_results(run_dir, agg, meta)
+    return agg, paths, paths[RESULTS_MD].read_text(encoding="utf-8")

@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 from eval_helpers import decode_stub, make_trajectory
 
-from rlinf_ext.eval.dataset import EvalItem
-from rlinf_ext.eval.generations import read_generations
-from rlinf_ext.eval.runner import evaluate_async
+from rlinf_ext.eval.core.generations import read_generations
+from rlinf_ext.eval.searchr1.dataset import EvalItem
+from rlinf_ext.eval.searchr1.records import GenerationRecord
+from rlinf_ext.eval.searchr1.runner import evaluate_async
 
 
 class Killed(BaseException):
@@ -61,7 +62,7 @@ def test_interrupted_run_resumes_without_redoing(tmp_path, concurrency):
     first_calls: list[str] = []
     with pytest.raises(Killed):
         _run(items, _scripted_rollout(first_calls, kill_at=5), tmp_path, concurrency)
-    saved = read_generations(tmp_path / "generations.jsonl")
+    saved = read_generations(tmp_path / "generations.jsonl", GenerationRecord)
     assert 1 <= len(saved) <= 4  # whatever finished before the kill, and nothing else
     assert not (tmp_path / "results.json").exists()
 
@@ -77,7 +78,7 @@ def test_interrupted_run_resumes_without_redoing(tmp_path, concurrency):
     assert res["benchmarks"]["popqa"]["em"] == pytest.approx(3 / 6)
     assert res["benchmarks"]["nq"]["em"] == pytest.approx(2 / 4)
     assert res["overall"]["n"] == 10 and res["overall"]["em"] == pytest.approx(5 / 10)
-    assert len(read_generations(tmp_path / "generations.jsonl")) == 10
+    assert len(read_generations(tmp_path / "generations.jsonl", GenerationRecord)) == 10
 
 
 @pytest.mark.timeout(60)

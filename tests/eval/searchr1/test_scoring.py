@@ -8,10 +8,10 @@ import json
 import pytest
 from eval_helpers import decode_stub, make_trajectory
 
-from rlinf_ext.eval.dataset import EvalItem
-from rlinf_ext.eval.loop import error_record, record_from_trajectory
-from rlinf_ext.eval.results import write_results
-from rlinf_ext.eval.scoring import aggregate
+from rlinf_ext.eval.searchr1.dataset import EvalItem
+from rlinf_ext.eval.searchr1.records import error_record, record_from_trajectory
+from rlinf_ext.eval.searchr1.results import write_results
+from rlinf_ext.eval.searchr1.scoring import aggregate
 
 
 def _item(bench: str, i: int, golds: list[str]) -> EvalItem:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlinf_ext.eval.benchmarks import PAPER_ORDER, display_name, paper_sorted
-from rlinf_ext.eval.paper import PUBLISHED_ROWS
-from rlinf_ext.eval.results import load_results, markdown_table
+from rlinf_ext.eval.core.results import load_results, markdown_table
+from rlinf_ext.eval.searchr1.benchmarks import PAPER_ORDER, display_name, paper_sorted
+from rlinf_ext.eval.searchr1.paper import PUBLISHED_ROWS
 
 METRICS = ("em", "subem", "f1")
 

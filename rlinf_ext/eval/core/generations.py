@@ -6,14 +6,14 @@ import json
 import os
 from pathlib import Path
 
-from rlinf_ext.eval.records import GenerationRecord
+from rlinf_ext.eval.core.records import EvalRecord
 
 GENERATIONS_FILE = "generations.jsonl"
 
 
-def read_generations(path: str | Path, record_cls: type = GenerationRecord) -> list[GenerationRecord]:
-    """Records in file order, the last one winning per (benchmark, item_id); `record_cls` reads each line
-    (`GenerationRecord`, or `MMGenerationRecord` for MMSearch-R1 runs).
+def read_generations(path: str | Path, record_cls: type[EvalRecord]) -> list[EvalRecord]:
+    """Records in file order, the last one winning per (benchmark, item_id); `record_cls` (the agent's record,
+    an `EvalRecord`) reads each line.
 
     A run killed mid-write leaves a partial last line; it is ignored (that question is simply redone).
     A corrupt line anywhere else is an error, since silently dropping it would change the results.
@@ -22,7 +22,7 @@ def read_generations(path: str | Path, record_cls: type = GenerationRecord) -> l
     if not path.exists():
         return []
     lines = path.read_text(encoding="utf-8").splitlines()
-    latest: dict[tuple[str, str], GenerationRecord] = {}
+    latest: dict[tuple[str, str], EvalRecord] = {}
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -38,7 +38,7 @@ def read_generations(path: str | Path, record_cls: type = GenerationRecord) -> l
     return list(latest.values())
 
 
-def completed_keys(records: list[GenerationRecord]) -> set[tuple[str, str]]:
+def completed_keys(records: list[EvalRecord]) -> set[tuple[str, str]]:
     """Questions a rerun can skip: those finished without an error (errored ones are retried)."""
     return {r.key for r in records if r.error is None}
 
@@ -62,7 +62,7 @@ class GenerationsWriter:
             with self.path.open("r+b") as fh:
                 fh.truncate(cut)
 
-    def write(self, record: GenerationRecord) -> None:
+    def write(self, record: EvalRecord) -> None:
         self._fh.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())

@@ -1,62 +1,38 @@
-"""`run_evaluation(cfg, generator=None)`: evaluate a model on every benchmark file of an eval config.
+"""`run_evaluation(cfg, generator=None)`: evaluate a model on every Search-R1 benchmark file of an eval config.
 
 Flow: read the benchmark files (`data.val_data_paths`, `data.data_size` per file) -> skip the questions
 already in `RUN_DIR/generations.jsonl` -> roll out the rest with the training agent loop, search tool and
-reward -> aggregate every saved generation of this question set -> write results.{json,md,csv}.
-RUN_DIR is `runner.output_dir/runner.experiment_name`, the same place the launcher reports.
-
-Decoding follows `algorithm.sampling_params` (the eval YAMLs set `do_sample: false`, Search-R1's greedy
-validation); `do_sample=` overrides it for one call.
+reward (one progress bar per benchmark, in the paper's order) -> aggregate every saved generation of this
+question set -> write results.{json,md,csv}. The loop, resume and run directory are `eval.core`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.agent.searchr1.loop import run_trajectory
-from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.eval.dataset import EvalItem, load_eval_items
-from rlinf_ext.eval.generations import (
-    GENERATIONS_FILE,
-    GenerationsWriter,
-    completed_keys,
-    read_generations,
+from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
+from rlinf_ext.eval.core.loop import Evaluator, evaluate_run
+from rlinf_ext.eval.core.results import RESULTS_MD, markdown_table
+from rlinf_ext.eval.core.runner import (
+    EvalError,
+    EvalSummary,
+    check_same_setup,
+    eval_concurrency,
+    eval_run_dir,
+    needs_rollouts,
+    run_with_http_session,
+    sampling_params_from_config,
 )
-from rlinf_ext.eval.loop import RolloutFn, evaluate_items
-from rlinf_ext.eval.records import GenerationRecord
-from rlinf_ext.eval.results import RESULTS_MD, markdown_table, paper_table_rows, write_results
-from rlinf_ext.eval.scoring import Aggregate, aggregate
+from rlinf_ext.eval.searchr1.benchmarks import display_name, paper_sorted
+from rlinf_ext.eval.searchr1.dataset import EvalItem, load_eval_items
+from rlinf_ext.eval.searchr1.records import Decode, GenerationRecord, error_record, record_from_trajectory
+from rlinf_ext.eval.searchr1.results import paper_table_rows, tabulate
 from rlinf_ext.generation.hf import HFGenerator
-from rlinf_ext.protocol.generation import SamplingParams
-from rlinf_ext.tools import SearchTool, close_http_session
-
-RUN_INFO_FILE = "eval_run.json"
-
-
-class EvalError(RuntimeError):
-    """The evaluation cannot start or its results would be wrong; the message says why and what to do."""
-
-
-@dataclass
-class EvalSummary:
-    run_dir: Path
-    aggregate: Aggregate
-    result_files: dict[str, Path]
-    generations_path: Path
-    evaluated: int  # questions rolled out by this call
-    resumed: int  # questions taken from an earlier run's generations.jsonl
-    errors: int  # questions whose rollout raised in this call (retried by the next run)
-    seconds: float
-    table_md: str = field(repr=False, default="")
-
-
-def eval_run_dir(cfg: ExperimentConfig) -> Path:
-    return Path(cfg.runner.output_dir) / cfg.runner.experiment_name
+from rlinf_ext.tools import SearchTool
 
 
 def load_tokenizer(model_path: str):
@@ -104,14 +80,12 @@ def build_generator(cfg: ExperimentConfig) -> HFGenerator:
     )
 
 
-def sampling_params_from_config(cfg: ExperimentConfig, do_sample: bool | None = None):
-    overrides = {} if do_sample is None else {"do_sample": bool(do_sample)}
-    return SamplingParams.from_config(cfg.algorithm.sampling_params, **overrides)
+RolloutFn = Callable[[EvalItem], Awaitable[Trajectory]]
 
 
 def make_rollout_fn(cfg: Any, generator, tokenizer, search_tool, sampling_params) -> RolloutFn:
     """item -> Trajectory through the same agent loop as training (group of one per question)."""
-    async def rollout(item: EvalItem):
+    async def rollout(item: EvalItem) -> Trajectory:
         prompt_ids = tokenizer(item.prompt, add_special_tokens=False)["input_ids"]
         return await run_trajectory(
             generator,
@@ -127,65 +101,44 @@ def make_rollout_fn(cfg: Any, generator, tokenizer, search_tool, sampling_params
     return rollout
 
 
-def _check_same_model(run_dir: Path, info: dict[str, Any]) -> None:
-    """Refuse to mix generations of two models (or decodings) in one generations.jsonl."""
-    path = run_dir / RUN_INFO_FILE
-    generations = run_dir / GENERATIONS_FILE
-    if path.exists() and generations.exists() and generations.stat().st_size > 0:
-        before = json.loads(path.read_text(encoding="utf-8"))
-        changed = {k: (before.get(k), v) for k, v in info.items() if before.get(k) != v}
-        if changed:
-            details = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
-            raise EvalError(
-                f"{run_dir} holds generations of a different setup ({details}); resuming would mix them. "
-                "Use another runner.experiment_name, or delete that directory to start over."
-            )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+def _by_benchmark(items: list[EvalItem]) -> list[tuple[str, list[EvalItem]]]:
+    """One progress bar per benchmark, in the paper's order."""
+    by_bench: dict[str, list[EvalItem]] = {}
+    for item in items:
+        by_bench.setdefault(item.benchmark, []).append(item)
+    return [(f"eval {display_name(b)}", by_bench[b]) for b in paper_sorted(by_bench)]
 
 
-def eval_concurrency(cfg: Any) -> int:
-    """Questions in flight: `data.val_rollout_batch_size` (null = `data.rollout_batch_size`)."""
-    data = cfg.data
-    size = data.val_rollout_batch_size if data.val_rollout_batch_size is not None else data.rollout_batch_size
-    return max(1, int(size))
+def _running_em(records: list[GenerationRecord]) -> dict[str, str]:
+    em = [r.scores.get("em", 0.0) for r in records]
+    return {"em": f"{sum(em) / len(em) if em else 0.0:.3f}"}
+
+
+def evaluator(rollout_fn: RolloutFn, decode: Decode, reward_cfg: RewardConfig | None = None) -> Evaluator:
+    """The Search-R1 part of the evaluation loop: items keyed by (benchmark, item_id), scored with the reward."""
+    return Evaluator(
+        record_type=GenerationRecord,
+        key=lambda item: (item.benchmark, item.item_id),
+        rollout=rollout_fn,
+        record=lambda item, traj: record_from_trajectory(item, traj, decode, reward_cfg),
+        error_record=error_record,
+        bars=_by_benchmark,
+        postfix=_running_em,
+    )
 
 
 async def evaluate_async(
     cfg: Any,
     items: list[EvalItem],
     rollout_fn: RolloutFn,
-    decode,
+    decode: Decode,
     run_dir: Path,
     meta: dict[str, Any],
     show_progress: bool = True,
 ) -> EvalSummary:
     """Resume-aware evaluation of `items` into `run_dir` with any rollout function (the testable core)."""
-    started = time.monotonic()
-    gen_path = run_dir / GENERATIONS_FILE
-    skip = completed_keys(read_generations(gen_path))
-    wanted = {(it.benchmark, it.item_id) for it in items}
-    resumed = len(skip & wanted)
-    with GenerationsWriter(gen_path) as writer:
-        new = await evaluate_items(
-            items, rollout_fn, decode, writer, skip=skip, concurrency=eval_concurrency(cfg),
-            reward_cfg=cfg.reward, show_progress=show_progress,
-        )
-    # The file is the source of truth: score every saved generation of this question set, old and new.
-    records: list[GenerationRecord] = [r for r in read_generations(gen_path) if r.key in wanted]
-    agg = aggregate(records)
-    paths = write_results(run_dir, agg, {**meta, "questions": len(items), "resumed": resumed})
-    return EvalSummary(
-        run_dir=run_dir,
-        aggregate=agg,
-        result_files=paths,
-        generations_path=gen_path,
-        evaluated=len(new),
-        resumed=resumed,
-        errors=sum(1 for r in new if r.error is not None),
-        seconds=time.monotonic() - started,
-        table_md=paths[RESULTS_MD].read_text(encoding="utf-8"),
-    )
+    return await evaluate_run(items, evaluator(rollout_fn, decode, cfg.reward), tabulate, run_dir, meta,
+                              concurrency=eval_concurrency(cfg), show_progress=show_progress)
 
 
 def run_evaluation(
@@ -209,10 +162,8 @@ def run_evaluation(
     items = items_from_config(cfg, tokenizer)
     params = sampling_params_from_config(cfg, do_sample)
     out = Path(run_dir) if run_dir is not None else eval_run_dir(cfg)
-    info = {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature}
-    _check_same_model(out, info)
-    done = completed_keys(read_generations(out / GENERATIONS_FILE))
-    if generator is None and any((it.benchmark, it.item_id) not in done for it in items):
+    check_same_setup(out, {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature})
+    if generator is None and needs_rollouts(out, GenerationRecord, ((it.benchmark, it.item_id) for it in items)):
         generator = build_generator(cfg)  # not loaded at all when a rerun finds every question done
     tool = search_tool if search_tool is not None else SearchTool(cfg.tools.search, seed=int(cfg.runner.seed))
     meta = {
@@ -225,14 +176,8 @@ def run_evaluation(
         "data_size": int(cfg.data.data_size),
     }
     rollout = make_rollout_fn(cfg, generator, tokenizer, tool, params)
-
-    async def main() -> EvalSummary:
-        try:
-            return await evaluate_async(cfg, items, rollout, tokenizer.decode, out, meta, show_progress)
-        finally:
-            await close_http_session()
-
-    summary = asyncio.run(main())
+    summary = run_with_http_session(
+        lambda: evaluate_async(cfg, items, rollout, tokenizer.decode, out, meta, show_progress))
     if print_table:
         print(format_summary(summary), flush=True)
     return summary

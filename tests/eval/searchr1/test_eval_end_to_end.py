@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rlinf_ext.eval.benchmarks import PAPER_ORDER, display_name
+from rlinf_ext.eval.searchr1.benchmarks import PAPER_ORDER, display_name
 from rlinf_ext.protocol.generation import GenerationResult
 
 ASSISTANT = "<|im_start|>assistant\n"
@@ -120,7 +120,8 @@ def scripted_reader(tiny_assets):
 
 @pytest.mark.timeout(180)
 def test_tiny_eval_in_process_real_server_with_resume(tiny_assets, retrieval_url, scripted_reader, tmp_path):
-    from rlinf_ext.eval.runner import EvalError, run_evaluation
+    from rlinf_ext.eval.core.runner import EvalError
+    from rlinf_ext.eval.searchr1.runner import run_evaluation
 
     reader = scripted_reader
     reader.questions_started = 0
@@ -155,7 +156,7 @@ def test_tiny_eval_in_process_real_server_with_resume(tiny_assets, retrieval_url
 
 @pytest.mark.timeout(120)
 def test_validation_pass_on_a_fixed_subset(tiny_assets, retrieval_url, scripted_reader, tmp_path):
-    from rlinf_ext.eval.validation import ValidationPass
+    from rlinf_ext.eval.searchr1.validation import ValidationPass
 
     # a training-style config: sampling on; the validation pass decodes greedily all the same
     cfg = _eval_config(tiny_assets, retrieval_url, tmp_path, -1, "algorithm.sampling_params.do_sample=true")
@@ -186,7 +187,7 @@ def test_validation_pass_on_a_fixed_subset(tiny_assets, retrieval_url, scripted_
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tiny_eval_cli_with_the_tiny_model(tiny_assets, retrieval_url, tmp_path):
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     cmd = [
         sys.executable, "-m", "rlinf_ext.eval", "tiny-cpu-eval",
         f"paths.tiny_assets={tiny_assets.root}",

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rlinf_ext.agent.mmsearch.metrics import TABLE_COLUMNS, mm_summary
-from rlinf_ext.eval.mm_records import MMGenerationRecord
+from rlinf_ext.eval.core.results import markdown_table, write_result_files
+from rlinf_ext.eval.mmsearch.records import MMGenerationRecord
 
 ALL = "all"
-RESULTS_JSON, RESULTS_MD, RESULTS_CSV = "results.json", "results.md", "results.csv"
+COLUMNS = ("data_source", "category", "n", *TABLE_COLUMNS)
 
 
 def mm_table(records: Sequence[MMGenerationRecord]) -> list[dict[str, Any]]:
@@ -33,20 +32,16 @@ def _row(source: str, category: str, records: list[MMGenerationRecord]) -> dict[
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     header = ["data source", "category", "n", *TABLE_COLUMNS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        cells = [row["data_source"], row["category"], str(row["n"])] + [f"{row[c]:.3f}" for c in TABLE_COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    cells = [[row["data_source"], row["category"], str(row["n"])] + [f"{row[c]:.3f}" for c in TABLE_COLUMNS] for row in rows]
+    return markdown_table(header, cells) + "\n"
 
 
 def write_mm_results(run_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Path]:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    paths = {name: run_dir / name for name in (RESULTS_JSON, RESULTS_MD, RESULTS_CSV)}
-    paths[RESULTS_JSON].write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n", encoding="utf-8")
-    paths[RESULTS_MD].write_text(markdown(rows), encoding="utf-8")
-    with paths[RESULTS_CSV].open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=["data_source", "category", "n", *TABLE_COLUMNS])
-        writer.writeheader()
-        writer.writerows(rows)
-    return paths
+    return write_result_files(run_dir, {"meta": meta, "rows": rows}, markdown(rows), COLUMNS,
+                              ([row[c] for c in COLUMNS] for row in rows))
+
+
+def tabulate(run_dir: Path, records: list[MMGenerationRecord], meta: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Path], str]:
+    """The run's `Tabulate` (``eval.core.loop``): the rows, the result files, the rows in markdown."""
+    rows = mm_table(records)
+    return rows, write_mm_results(run_dir, rows, meta), markdown(rows)

@@ -8,21 +8,21 @@ import pytest
 from test_scoring import hand_made_records
 
 from rlinf_ext.cli import main as cli_main
-from rlinf_ext.eval.benchmarks import (
-    benchmark_from_path,
-    canonical_benchmark,
-    paper_sorted,
-)
-from rlinf_ext.eval.dataset import load_eval_items
-from rlinf_ext.eval.generations import (
+from rlinf_ext.eval.core.generations import (
     GenerationsWriter,
     completed_keys,
     read_generations,
 )
-from rlinf_ext.eval.loop import error_record
-from rlinf_ext.eval.report import comparison_table
-from rlinf_ext.eval.results import write_results
-from rlinf_ext.eval.scoring import aggregate
+from rlinf_ext.eval.searchr1.benchmarks import (
+    benchmark_from_path,
+    canonical_benchmark,
+    paper_sorted,
+)
+from rlinf_ext.eval.searchr1.dataset import load_eval_items
+from rlinf_ext.eval.searchr1.records import GenerationRecord, error_record
+from rlinf_ext.eval.searchr1.report import comparison_table
+from rlinf_ext.eval.searchr1.results import write_results
+from rlinf_ext.eval.searchr1.scoring import aggregate
 
 
 def test_round_trip_latest_record_wins_and_errors_are_not_completed(tmp_path):
@@ -33,7 +33,7 @@ def test_round_trip_latest_record_wins_and_errors_are_not_completed(tmp_path):
         for r in records:
             w.write(r)
         w.write(failed)
-    back = read_generations(path)
+    back = read_generations(path, GenerationRecord)
     assert [r.key for r in back] == [r.key for r in records] + [failed.key]
     assert back[1].turns[0].observation == records[1].turns[0].observation
     assert failed.key not in completed_keys(back)
@@ -43,7 +43,7 @@ def test_round_trip_latest_record_wins_and_errors_are_not_completed(tmp_path):
     redone = records[0].__class__(**{**records[0].__dict__, "item_id": "9"})
     with GenerationsWriter(path) as w:
         w.write(redone)
-    back = read_generations(path)
+    back = read_generations(path, GenerationRecord)
     assert len(back) == len(records) + 1
     assert back[-1].error is None and back[-1].key == failed.key
 
@@ -55,10 +55,10 @@ def test_torn_last_line_is_ignored_and_cut_before_appending(tmp_path):
         w.write(records[0])
     with path.open("a") as fh:
         fh.write('{"benchmark": "nq", "item_id"')  # killed mid-write
-    assert [r.key for r in read_generations(path)] == [records[0].key]
+    assert [r.key for r in read_generations(path, GenerationRecord)] == [records[0].key]
     with GenerationsWriter(path) as w:
         w.write(records[1])
-    assert [r.key for r in read_generations(path)] == [records[0].key, records[1].key]
+    assert [r.key for r in read_generations(path, GenerationRecord)] == [records[0].key, records[1].key]
 
 
 def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
@@ -66,7 +66,7 @@ def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
     good = json.dumps(hand_made_records()[0].to_json())
     path.write_text(good + "\nnot json\n" + good + "\n")
     with pytest.raises(ValueError, match="generations.jsonl:2"):
-        read_generations(path)
+        read_generations(path, GenerationRecord)
 
 
 def test_benchmark_names():
@@ -100,7 +100,7 @@ def test_eval_report_side_by_side_with_paper(tmp_path, capsys):
 
 
 def test_run_labels_tell_same_named_runs_apart(tmp_path):
-    from rlinf_ext.eval.report import run_labels
+    from rlinf_ext.eval.searchr1.report import run_labels
 
     assert run_labels([tmp_path / "x" / "eval", tmp_path / "y" / "eval"]) == ["x/eval", "y/eval"]
     assert run_labels([tmp_path / "x", tmp_path / "y"]) == ["x", "y"]

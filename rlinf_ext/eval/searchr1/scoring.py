@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from rlinf_ext.eval.benchmarks import paper_sorted
-from rlinf_ext.eval.records import SCORE_NAMES, GenerationRecord
+from rlinf_ext.eval.searchr1.benchmarks import paper_sorted
+from rlinf_ext.eval.searchr1.records import SCORE_NAMES, GenerationRecord
 
 
 @dataclass

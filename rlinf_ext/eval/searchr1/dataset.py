@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlinf_ext.eval.benchmarks import benchmark_from_path, canonical_benchmark
+from rlinf_ext.eval.searchr1.benchmarks import benchmark_from_path, canonical_benchmark
 from rlinf_ext.rewards import golden_list
 
 _QUESTION_RE = re.compile(r"Question:\s*(.*?)\s*(?:<\|im_end\|>|$)", re.DOTALL)

@@ -8,25 +8,19 @@ Decoding is greedy unless `do_sample=True` (Search-R1 validates greedily), whate
 
 from __future__ import annotations
 
-import asyncio
 import random
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from rlinf_ext.eval.dataset import EvalItem
-from rlinf_ext.eval.generations import GENERATIONS_FILE, GenerationsWriter
-from rlinf_ext.eval.loop import evaluate_items
-from rlinf_ext.eval.runner import (
-    eval_concurrency,
-    items_from_config,
-    load_tokenizer,
-    make_rollout_fn,
-    sampling_params_from_config,
-)
-from rlinf_ext.eval.scoring import AVERAGED_FIELDS, Aggregate, aggregate
+from rlinf_ext.eval.core.generations import GENERATIONS_FILE, GenerationsWriter
+from rlinf_ext.eval.core.loop import evaluate_items
+from rlinf_ext.eval.core.runner import eval_concurrency, run_with_http_session, sampling_params_from_config
+from rlinf_ext.eval.searchr1.dataset import EvalItem
+from rlinf_ext.eval.searchr1.runner import evaluator, items_from_config, load_tokenizer, make_rollout_fn
+from rlinf_ext.eval.searchr1.scoring import AVERAGED_FIELDS, Aggregate, aggregate
 from rlinf_ext.protocol import metric_keys as mk
-from rlinf_ext.tools import SearchTool, close_http_session
+from rlinf_ext.tools import SearchTool
 
 DEFAULT_SAMPLES_PER_BENCHMARK = 64
 # metric name in the logs -> BenchmarkResult field
@@ -108,19 +102,11 @@ class ValidationPass:
                 path.unlink()  # a pass is one measurement of the current weights, never resumed
             with GenerationsWriter(path) as writer:
                 records = await evaluate_items(
-                    self.items, self.rollout, self.tokenizer.decode, writer,
-                    concurrency=eval_concurrency(self.cfg), reward_cfg=self.cfg.reward,
-                    show_progress=self.show_progress,
+                    self.items, evaluator(self.rollout, self.tokenizer.decode, self.cfg.reward), writer,
+                    concurrency=eval_concurrency(self.cfg), show_progress=self.show_progress,
                 )
         return validation_metrics(aggregate(records))
 
     def run(self, step: int) -> dict[str, float]:
         """Synchronous form for callers without a running event loop (closes its HTTP session at the end)."""
-        async def main() -> dict[str, float]:
-            try:
-                return await self.arun(step)
-            finally:
-                await close_http_session()
-
-        return asyncio.run(main())
-
+        return run_with_http_session(lambda: self.arun(step))

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from rlinf_ext.eval.generations import GenerationsWriter, completed_keys, read_generations
-from rlinf_ext.eval.mm_records import MMGenerationRecord, MMTurnLog
-from rlinf_ext.eval.mm_results import mm_table, write_mm_results
+from rlinf_ext.eval.core.generations import GenerationsWriter, completed_keys, read_generations
+from rlinf_ext.eval.mmsearch.records import MMGenerationRecord, MMTurnLog
+from rlinf_ext.eval.mmsearch.results import mm_table, write_mm_results
 
 
 def rec(item, source, category, correct, reward, image=0, text=0, image_fail=0, error=None):

@@ -1,0 +1,109 @@
+"""`run_mm_evaluation(cfg)`: evaluate a Qwen2.5-VL model on FVQA-format files with the MMSearch-R1 loop.
+
+Flow: read `data.val_data_paths` (FVQA parquet, images canonicalised by `data.image_{min,max}_pixels`,
+`data.data_size` per file) -> skip questions already in `RUN_DIR/generations.jsonl` -> roll out the rest with the
+same loop, tools and reward as training (one progress bar) -> append each record as it finishes -> score every
+saved record of this question set -> results.{json,md,csv}: a row per data source and category (accuracy, mean
+reward, image/text/mixed search ratios, search failure ratios). The loop, resume and run directory are
+`eval.core`'s; `eval.entry.run_evaluation` dispatches here for agent mmsearch (the agent registry says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools, first_prompt_ids, run_mm_trajectory
+from rlinf_ext.agent.mmsearch.metrics import mm_reward_fn
+from rlinf_ext.agent.mmsearch.prompts import MMPrompts
+from rlinf_ext.agent.mmsearch.types import MMTask, MMTrajectory
+from rlinf_ext.data.fvqa import read_fvqa
+from rlinf_ext.eval.core.loop import Evaluator, evaluate_run, one_bar
+from rlinf_ext.eval.core.results import RESULTS_MD
+from rlinf_ext.eval.core.runner import (
+    EvalError,
+    EvalSummary,
+    check_same_setup,
+    eval_concurrency,
+    eval_run_dir,
+    needs_rollouts,
+    run_with_http_session,
+    sampling_params_from_config,
+)
+from rlinf_ext.eval.mmsearch.records import MMGenerationRecord, error_record, record_of
+from rlinf_ext.eval.mmsearch.results import tabulate
+from rlinf_ext.generation.hf_vl import HFVLGenerator, load_vl_processor
+from rlinf_ext.tools import SearchTool
+from rlinf_ext.tools.image_search import ImageSearchTool
+
+MMItem = tuple[str, MMTask]  # (benchmark = the file's stem, task)
+
+
+def load_mm_tasks(cfg: Any) -> list[MMItem]:
+    """(benchmark = file stem, task) for every row of every `data.val_data_paths` file."""
+    data = cfg.data
+    limit = None if int(data.data_size) < 0 else int(data.data_size)
+    out = []
+    for path in data.val_data_paths:
+        rows = read_fvqa(path, int(data.image_min_pixels), int(data.image_max_pixels), limit=limit)
+        out += [(Path(path).stem, MMTask.from_row(r)) for r in rows]
+    return out
+
+
+def build_vl_generator(cfg: Any):
+    if cfg.rollout.rollout_backend != "hf":
+        raise EvalError(f"rollout.rollout_backend={cfg.rollout.rollout_backend!r}: the MMSearch-R1 evaluation runs the "
+                        "CPU 'hf' engine here; the SGLang image path is part of the GPU work (not built yet)")
+
+    hf = cfg.rollout.hf
+    return HFVLGenerator.from_pretrained(str(cfg.rollout.model.model_path), dtype=hf.dtype, num_threads=1,
+                                         max_batch_size=int(hf.max_batch_size), seed=int(cfg.runner.seed))
+
+
+def evaluator(rollout: Callable[[MMTask], Awaitable[MMTrajectory]], decode: Callable[[list[int]], str]) -> Evaluator:
+    """The MMSearch-R1 part of the evaluation loop: (benchmark, task) items keyed by (benchmark, data_id)."""
+    return Evaluator(
+        record_type=MMGenerationRecord,
+        key=lambda item: (item[0], item[1].data_id),
+        rollout=lambda item: rollout(item[1]),
+        record=lambda item, traj: record_of(item[0], item[1], traj, decode),
+        error_record=lambda item, exc: error_record(item[0], item[1], exc),
+        bars=one_bar("eval mmsearch"),
+    )
+
+
+def run_mm_evaluation(cfg: Any, generator=None, *, run_dir: str | Path | None = None, do_sample: bool | None = None,
+                      tools: MMTools | None = None, show_progress: bool = True, print_table: bool = True) -> EvalSummary:
+    """Evaluate `rollout.model.model_path` on the FVQA files of `data.val_data_paths` (module docstring)."""
+    model_path = str(cfg.rollout.model.model_path)
+    try:
+        processor = load_vl_processor(model_path)
+    except (OSError, ValueError) as exc:
+        raise EvalError(f"rollout.model.model_path={model_path!r}: no Qwen2.5-VL processor could be loaded ({exc})") from exc
+    tasks = load_mm_tasks(cfg)
+    params = sampling_params_from_config(cfg, do_sample)
+    out = Path(run_dir) if run_dir is not None else eval_run_dir(cfg)
+    check_same_setup(out, {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature})
+    if generator is None and needs_rollouts(out, MMGenerationRecord, ((b, t.data_id) for b, t in tasks)):
+        generator = build_vl_generator(cfg)  # not loaded at all when a rerun finds every question done
+    tools = tools or MMTools(ImageSearchTool(cfg.tools.image_search), SearchTool(cfg.tools.search, seed=int(cfg.runner.seed)))
+    settings, prompts = MMLoopSettings.from_config(cfg.agentloop), MMPrompts.from_config(cfg.agentloop.mmsearch.prompts)
+    reward = mm_reward_fn(cfg.reward)
+
+    async def rollout(task: MMTask) -> MMTrajectory:
+        ids = first_prompt_ids(processor, prompts, task)
+        return await run_mm_trajectory(generator, processor, tools, task, settings, prompts=prompts,
+                                       sampling_params=params, uid=task.data_id, prompt_ids=ids, reward_fn=reward)
+
+    meta = {"experiment_name": str(cfg.runner.experiment_name), "model_path": model_path, "do_sample": params.do_sample,
+            "temperature": params.temperature, "image_search": tools.image_search.metadata(),
+            "text_search_backend": str(cfg.tools.search.backend), "max_gen_round": settings.max_gen_round}
+    summary = run_with_http_session(lambda: evaluate_run(
+        tasks, evaluator(rollout, lambda ids: processor.tokenizer.decode(ids)), tabulate, out, meta,
+        concurrency=eval_concurrency(cfg), show_progress=show_progress))
+    if print_table:
+        print("\n" + summary.table_md + f"[eval] {summary.evaluated} question(s) evaluated, {summary.resumed} resumed, "
+              f"{summary.errors} failed; table {summary.result_files[RESULTS_MD]}; generations {summary.generations_path}",
+              flush=True)
+    return summary

@@ -1,0 +1,86 @@
+"""One evaluated Search-R1 question as saved in ``generations.jsonl`` (one JSON object per line), and how it is
+made from the agent loop's trajectory (scored with the training reward)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rlinf_ext.agent.core.types import Trajectory
+from rlinf_ext.config.schema import RewardConfig
+from rlinf_ext.eval.core.records import EvalRecord
+from rlinf_ext.eval.searchr1.dataset import EvalItem
+from rlinf_ext.rewards import searchr1_reward
+
+SCORE_NAMES: tuple[str, ...] = ("em", "subem", "f1")
+Decode = Callable[[list[int]], str]
+
+
+@dataclass
+class TurnLog:
+    """One model turn: what it generated, what the tool answered (None when no search ran)."""
+
+    output: str
+    observation: str | None = None
+    action: str | None = None  # "search" | "answer" | "invalid" | None (as reported by the agent loop)
+
+
+@dataclass
+class GenerationRecord(EvalRecord):
+    TURN = TurnLog
+    REQUIRED = ("benchmark", "item_id", "question", "prompt", "golden_answers")
+
+    benchmark: str
+    item_id: str  # stable id of the question inside its benchmark (resume key together with benchmark)
+    question: str
+    prompt: str
+    golden_answers: list[str]
+    turns: list[TurnLog] = field(default_factory=list)
+    response: str = ""
+    final_answer: str | None = None
+    scores: dict[str, float] = field(default_factory=dict)  # em, subem, f1 in [0, 1]
+    num_turns: int = 0
+    num_searches: int = 0
+    search_failures: int = 0
+    response_length: int = 0  # response tokens (generated + observation)
+    error: str | None = None  # set when the rollout raised; the question scores 0 and is retried on resume
+
+
+def record_from_trajectory(item: EvalItem, traj: Trajectory, decode: Decode, reward_cfg: RewardConfig | None = None) -> GenerationRecord:
+    """Everything a reader needs about one question: turns with their observations, answer, scores."""
+    turns = [
+        TurnLog(
+            output=t.text,
+            observation=decode(list(t.observation_ids)) if t.observation_ids else None,
+            action=t.action,
+        )
+        for t in traj.turns
+    ]
+    num_searches = sum(1 for t in traj.turns if t.action == "search")
+    result = searchr1_reward(traj.generated_text, item.golden_answers, reward_cfg, num_searches=num_searches)
+    return GenerationRecord(
+        benchmark=item.benchmark,
+        item_id=item.item_id,
+        question=item.question,
+        prompt=item.prompt,
+        golden_answers=list(item.golden_answers),
+        turns=turns,
+        response=traj.response_text,
+        final_answer=result.answer,
+        scores={"em": result.em, "subem": result.subem, "f1": result.f1, "reward": result.score},
+        num_turns=len(traj.turns),
+        num_searches=num_searches,
+        search_failures=sum(1 for t in traj.turns if t.action == "search" and t.search_ok is False),
+        response_length=len(traj.response_ids),
+    )
+
+
+def error_record(item: EvalItem, exc: BaseException) -> GenerationRecord:
+    return GenerationRecord(
+        benchmark=item.benchmark,
+        item_id=item.item_id,
+        question=item.question,
+        prompt=item.prompt,
+        golden_answers=list(item.golden_answers),
+        error=f"{type(exc).__name__}: {exc}",
+    )
