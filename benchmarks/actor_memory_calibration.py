@@ -41,7 +41,7 @@ from train_step_bench import MALLOC_ENV, PeakRSS, rss  # noqa: E402
 
 
 def estimate(shape: str, seq: int, recompute: dict, kl_beta: float, chunk: int):
-    from rlinf_ext.assets.random_qwen2 import shape_config
+    from rlinf_ext.assets.core.random_qwen2 import shape_config
     from rlinf_ext.models.memory import ActorMemoryInputs, ModelShape, estimate_actor
 
     c = shape_config(shape)
@@ -93,7 +93,7 @@ def run_case(name: str, model_dir: str) -> dict:
 
 def measure(name: str) -> dict:
     """Run one case in a fresh process (pinned malloc thresholds) and return its figures."""
-    from rlinf_ext.assets.random_qwen2 import write_random_qwen2
+    from rlinf_ext.assets.core.random_qwen2 import write_random_qwen2
 
     with tempfile.TemporaryDirectory() as tmp:
         write_random_qwen2(tmp, CASES[name][0])

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
 
     from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools
     from rlinf_ext.agent.mmsearch.types import MMTask
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
     from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
     from rlinf_ext.data.fvqa import read_fvqa
     from rlinf_ext.generation.hf_vl import HFVLGenerator

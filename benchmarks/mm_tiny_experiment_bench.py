@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="training YAML overrides")
     args = parser.parse_args(argv)
 
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
     from rlinf_ext.runner.launch import run_evaluation_only, run_training
     from rlinf_ext.runner.metrics import METRICS_FILE, read_metrics
 

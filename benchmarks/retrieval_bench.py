@@ -83,7 +83,7 @@ def default_encoder(work: Path) -> Path:
     cached = os.environ.get("RLINF_EXT_TINY_ASSETS")
     if cached and (Path(cached) / "models" / "bert-tiny-encoder").is_dir():
         return Path(cached) / "models" / "bert-tiny-encoder"
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
 
     return make_tiny_assets(work / "tiny_assets", seed=0).bert_encoder
 
@@ -94,7 +94,7 @@ def bow_encoder(base: Path, work: Path, hidden: int) -> Path:
     import torch
     from transformers import BertTokenizerFast
 
-    from rlinf_ext.assets.models import make_bert_encoder, save_hf_model
+    from rlinf_ext.assets.core.models import make_bert_encoder, save_hf_model
 
     out = work / f"encoder_bow_h{hidden}"
     if not (out / "config.json").is_file():

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
 
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
     from rlinf_ext.retrieval.build import build_index
     from rlinf_ext.retrieval.config import BuildConfig
     from rlinf_ext.retrieval.launch import RetrievalServerProcess

@@ -95,7 +95,7 @@ def child_main(model_dir: str, job: dict, out_dir: str) -> None:
 
 # ------------------------------------------------------------------------------------------ driver
 def make_checkpoint(shape: str, out_dir: str) -> str:
-    from rlinf_ext.assets.random_qwen2 import shape_config, write_random_qwen2
+    from rlinf_ext.assets.core.random_qwen2 import shape_config, write_random_qwen2
 
     base, changes = EXTRA_SHAPES.get(shape, (shape, {}))
     write_random_qwen2(out_dir, shape_config(base, **changes))

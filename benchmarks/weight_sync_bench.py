@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_step_bench import make_checkpoint  # noqa: E402  (the same random shapes as the actor benchmark)
 
-from rlinf_ext.assets.random_qwen2 import QWEN2_SHAPES  # noqa: E402
+from rlinf_ext.assets.core.random_qwen2 import QWEN2_SHAPES  # noqa: E402
 from rlinf_ext.runner.groups import cpu_strategy, wait_all_or_raise, wait_or_raise  # noqa: E402
 from rlinf_ext.workers.actor import ActorWorker  # noqa: E402
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker  # noqa: E402
@@ -153,7 +153,7 @@ def main() -> None:
     args = ap.parse_args()
     from rlinf.scheduler import Cluster
 
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
     from rlinf_ext.runner.services import shutdown_ray
 
     tiny_root = Path(os.environ.get("RLINF_EXT_TINY_ASSETS") or Path(tempfile.gettempdir()) / "rlinf_ext_tiny_assets")

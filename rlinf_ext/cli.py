@@ -17,7 +17,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "validate": ("rlinf_ext.config.commands", "Check an experiment YAML (all errors at once); exit 1 if invalid."),
     "show": ("rlinf_ext.config.commands", "Print the fully resolved experiment YAML."),
     "plan": ("rlinf_ext.config.commands", "Print the placement and the batch arithmetic of an experiment."),
-    "make-tiny-assets": ("rlinf_ext.assets.commands", "Generate the offline tiny corpus, QA files, tokenizer and models."),
+    "make-tiny-assets": ("rlinf_ext.assets.core.commands", "Generate the offline tiny corpus, QA files, tokenizer and models."),
     "build-index": ("rlinf_ext.retrieval.commands", "Build a BM25 or dense (faiss) index over a jsonl corpus."),
     "serve-retriever": ("rlinf_ext.retrieval.commands", "Serve /retrieve, /access and /health over a built index."),
     "audit-index": ("rlinf_ext.retrieval.commands", "Recall@k and latency of a dense index against a Flat one."),

@@ -135,7 +135,7 @@ def tiny_model_dir(ctx: Context) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlinf_ext.assets.random_qwen2 import write_random_qwen2
+    from rlinf_ext.assets.core.random_qwen2 import write_random_qwen2
 
     out = ctx.work / "qwen2-tiny-random"
     if (out / "config.json").is_file():

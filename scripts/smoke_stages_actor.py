@@ -64,7 +64,7 @@ def s1_assets(rec: Record, ctx: Context) -> None:
     if missing:
         raise SkipStage(f"rlinf_ext's tiny-asset generator needs {', '.join(missing)} (lexical retriever, parquet "
                         "files), not installed here; stages S2-S6 build their own random models instead")
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
 
     t = time.perf_counter()
     assets = make_tiny_assets(ctx.work / "tiny_assets", seed=0)

@@ -87,7 +87,7 @@ def s4_ipc(rec: Record, ctx: Context) -> None:
 
 # ------------------------------------------------------------------------------------------ S5
 def _memory_inputs(shape: str, seq: int, ctx: Context, recompute: dict):
-    from rlinf_ext.assets.random_qwen2 import shape_config
+    from rlinf_ext.assets.core.random_qwen2 import shape_config
     from rlinf_ext.models.memory import ActorMemoryInputs, ModelShape
 
     c = shape_config(shape)
@@ -103,7 +103,7 @@ def s5_memory(rec: Record, ctx: Context) -> None:
     this machine has no TE), one data-parallel rank: measured peak vs models/memory.py's estimate."""
     import torch
 
-    from rlinf_ext.assets.random_qwen2 import write_random_qwen2
+    from rlinf_ext.assets.core.random_qwen2 import write_random_qwen2
     from rlinf_ext.models.memory import estimate_actor
     from rlinf_ext.training.megatron_policy import MegatronPolicy
     from rlinf_ext.training.rl_math import LossConfig
@@ -191,7 +191,7 @@ def _bert_encoder(ctx: Context):
     import torch
     from transformers import BertConfig, BertModel
 
-    from rlinf_ext.assets.models import build_wordpiece
+    from rlinf_ext.assets.core.models import build_wordpiece
 
     topics = ["river", "castle", "violin", "glacier", "harbor", "orchard", "comet", "lantern", "meadow", "quarry"]
     passages = [f"passage {i} tells of the {topics[i % 10]} near the {topics[(3 * i) % 10]} in year {1800 + i}"

@@ -15,7 +15,7 @@ def tiny_assets(tmp_path_factory):
 
     Set RLINF_EXT_TINY_ASSETS=DIR to reuse a directory across runs while developing.
     """
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
 
     cached = os.environ.get("RLINF_EXT_TINY_ASSETS")
     out = Path(cached) if cached else tmp_path_factory.mktemp("tiny_assets")
@@ -26,7 +26,7 @@ def tiny_assets(tmp_path_factory):
 def tiny_assets_sft(tiny_assets):
     """`tiny_assets` plus the warm-started `models/qwen2-tiny-sft` (trained once per session, ~5-7 min on 2 cores;
     reused from RLINF_EXT_TINY_ASSETS when that directory already has it)."""
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
 
     return make_tiny_assets(tiny_assets.root, seed=0, with_sft=True)
 
@@ -101,7 +101,7 @@ def pytest_runtest_setup(item):
 @pytest.fixture(scope="session")
 def tiny_mm_assets(tiny_assets):
     """`tiny_assets` plus the multimodal world under mm/ (`make-tiny-assets --with-mm`, ~10 s on 2 cores)."""
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
 
     return make_tiny_assets(tiny_assets.root, seed=0, with_mm=True)
 
@@ -109,7 +109,7 @@ def tiny_mm_assets(tiny_assets):
 @pytest.fixture(scope="session")
 def tiny_mm_assets_sft(tiny_mm_assets):
     """`tiny_mm_assets` plus the warm-started `mm/models/qwen2.5-vl-tiny-sft` (trained once per session)."""
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
 
     return make_tiny_assets(tiny_mm_assets.root, seed=0, with_mm_sft=True)
 

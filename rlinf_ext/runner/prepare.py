@@ -21,7 +21,7 @@ from rlinf_ext.agent.mmsearch.loop import first_prompt_ids
 from rlinf_ext.agent.registry import agent_spec
 from rlinf_ext.agent.mmsearch.prompts import MMPrompts
 from rlinf_ext.agent.mmsearch.types import MMTask
-from rlinf_ext.assets.tiny import make_tiny_assets
+from rlinf_ext.assets.core.tiny import make_tiny_assets
 from rlinf_ext.config import check_config
 from rlinf_ext.config.commands import format_plan
 from rlinf_ext.config.schema import ExperimentConfig

@@ -8,8 +8,8 @@ import random
 import shutil
 from collections import Counter
 
-from rlinf_ext.assets.mm_world import PALETTE, draw_emblem, emblem_specs, search_hits, split_cities
-from rlinf_ext.assets.world import build_world
+from rlinf_ext.assets.core.world import build_world
+from rlinf_ext.assets.mmsearch.world import PALETTE, draw_emblem, emblem_specs, search_hits, split_cities
 from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.tools.image_search import ImageSearchTool
@@ -101,7 +101,7 @@ def test_vl_stack_builds_saves_reloads_and_generates(tiny_mm_assets):
 
 
 def test_mm_world_is_added_to_an_existing_directory_and_is_deterministic(tiny_mm_assets, tmp_path):
-    from rlinf_ext.assets.tiny import make_tiny_assets, read_manifest
+    from rlinf_ext.assets.core.tiny import make_tiny_assets, read_manifest
 
     out = tmp_path / "assets"
     shutil.copytree(tiny_mm_assets.root, out, ignore=shutil.ignore_patterns("mm", "MANIFEST.json"))

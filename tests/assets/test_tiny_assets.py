@@ -10,10 +10,11 @@ import pandas as pd
 import pytest
 import torch
 
-from rlinf_ext.assets.formats import read_jsonl, searchr1_prompt
-from rlinf_ext.assets.qa import BENCHMARKS
-from rlinf_ext.assets.tiny import GENERATOR_VERSION, make_tiny_assets, read_manifest, sha256_file
-from rlinf_ext.assets.tokenizer import TAG_TOKENS
+from rlinf_ext.assets.core.formats import read_jsonl
+from rlinf_ext.assets.core.tiny import GENERATOR_VERSION, make_tiny_assets, read_manifest, sha256_file
+from rlinf_ext.assets.core.tokenizer import TAG_TOKENS
+from rlinf_ext.assets.searchr1.qa import BENCHMARKS
+from rlinf_ext.assets.searchr1.rows import searchr1_prompt
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,7 @@ def test_bert_encoder_loads_and_encodes(tiny_assets):
 
 
 def test_manifest_reuse_does_not_regenerate_or_rewrite(tiny_assets, monkeypatch):
-    import rlinf_ext.assets.generate as generate
+    import rlinf_ext.assets.core.generate as generate
 
     def fail(*args, **kwargs):
         raise AssertionError("a matching MANIFEST.json must be reused, not regenerated")

@@ -7,9 +7,17 @@ import json
 import pytest
 import torch
 
-from rlinf_ext.assets import sft, trajectories
-from rlinf_ext.assets.facts import Fact
-from rlinf_ext.assets.qa import Hop, Question
+from rlinf_ext.assets.core import sft as sft_loop
+from rlinf_ext.assets.core.facts import Fact
+from rlinf_ext.assets.core.search import CorpusTextSearch, LexicalRetriever, corpus_retriever
+from rlinf_ext.assets.searchr1 import sft, trajectories
+from rlinf_ext.assets.searchr1.qa import Hop, Question
+from rlinf_ext.assets.searchr1.rows import chat_prompt
+
+
+def _search(*docs: str) -> CorpusTextSearch:
+    """The loop's search tool over just `docs` (corpus contents), top-1."""
+    return CorpusTextSearch(LexicalRetriever(list(docs)), 1)
 
 
 def test_format_observation_is_searchr1_layout():
@@ -38,33 +46,36 @@ def test_two_hop_trajectory_turns():
 
 
 def test_loss_mask_covers_exactly_the_generated_text(tiny_assets):
+    """The warm-start row is the Search-R1 loop's own trajectory of the planned turns."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_assets.tokenizer_dir)
     q = Question("What is the capital of Zorvia?", ("Brelk",), (Hop("capital of Zorvia", Fact("The capital of Zorvia is", "Brelk")),))
-    obs = trajectories.format_observation(['"Zorvia"\nZorvia is a country. The capital of Zorvia is Brelk.'])
+    doc = '"Zorvia"\nZorvia is a country. The capital of Zorvia is Brelk.'
+    obs = trajectories.format_observation([doc])
     segs = trajectories.trajectory_segments(q, [obs])
-    prompt = sft.chat_prompt(tok, q.question)
-    ex = sft.encode_trajectory(tok, prompt, segs)
-    assert len(ex.input_ids) == len(ex.loss_mask)
-    n_prompt = len(tok.encode(prompt))
-    assert ex.loss_mask[:n_prompt] == [0] * n_prompt
-    kept = tok.decode([i for i, m in zip(ex.input_ids, ex.loss_mask) if m])
+    [ex] = sft.build_examples(tok, [q], _search(doc), copy_weight=5.0)
+    prompt = chat_prompt(tok, q.question)
+    assert ex.prompt_ids == tok.encode(prompt, add_special_tokens=False)
+    assert len(ex.response_ids) == len(ex.weights)
+    kept = tok.decode([i for i, w in zip(ex.response_ids, ex.weights) if w])
     assert kept == segs[0].text + segs[2].text
-    masked_after_prompt = tok.decode([i for i, m in zip(ex.input_ids[n_prompt:], ex.loss_mask[n_prompt:]) if not m])
-    assert masked_after_prompt == obs
-    copied = [i for i, c in zip(ex.input_ids, ex.copy_mask) if c]
+    assert tok.decode([i for i, w in zip(ex.response_ids, ex.weights) if not w]) == obs
+    assert tok.decode(ex.input_ids) == prompt + "".join(s.text for s in segs)
+    copied = [i for i, w in zip(ex.response_ids, ex.weights) if w == 5.0]
     assert tok.decode(copied).strip() == "Brelk"
-    assert all(m for m, c in zip(ex.loss_mask, ex.copy_mask) if c)
+    assert set(ex.weights) == {0.0, 1.0, 5.0}
     # the end-of-turn token is trained, so the model learns to stop after </answer>
-    assert ex.input_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>") and ex.loss_mask[-1] == 1
+    assert ex.input_ids[-1] == tok.convert_tokens_to_ids("<|im_end|>") and ex.loss_weights[-1] == 1.0
+    # a trajectory whose observation misses the hop's fact is left out
+    assert sft.build_examples(tok, [q], _search('"Zorvia"\nZorvia is a country.'), copy_weight=5.0) == []
 
 
 def test_retrieval_finds_the_gold_passage_for_the_gold_queries(tiny_assets):
-    from rlinf_ext.assets.qa import split_questions
-    from rlinf_ext.assets.world import build_world
+    from rlinf_ext.assets.core.world import build_world
+    from rlinf_ext.assets.searchr1.qa import split_questions
 
-    retriever = sft.corpus_retriever(tiny_assets.corpus_path)
+    retriever = corpus_retriever(tiny_assets.corpus_path)
     splits = split_questions(build_world(0), 0)
     questions = [q for _, q in splits.train] + [q for qs in splits.test.values() for q in qs]
     hits = sum(sft.observation_has_answers(q, trajectories.gold_observations(q, retriever)) for q in questions)
@@ -75,21 +86,21 @@ def test_weighted_lm_loss_by_hand():
     # vocab 2, uniform logits: every target costs ln 2, whatever the weights
     logits = torch.zeros(1, 3, 2)
     ids = torch.tensor([[0, 1, 0]])
-    assert sft.weighted_lm_loss(logits, ids, torch.tensor([[0.0, 1.0, 5.0]])).item() == pytest.approx(0.6931, abs=1e-4)
+    assert sft_loop.weighted_lm_loss(logits, ids, torch.tensor([[0.0, 1.0, 5.0]])).item() == pytest.approx(0.6931, abs=1e-4)
     # position 1 predicted perfectly (loss ~0), position 2 uniform: weights 1 and 3 -> 3*ln2/4
     logits = torch.tensor([[[0.0, 50.0], [0.0, 0.0], [0.0, 0.0]]])
-    assert sft.weighted_lm_loss(logits, ids, torch.tensor([[0.0, 1.0, 3.0]])).item() == pytest.approx(3 * 0.693147 / 4, abs=1e-4)
+    assert sft_loop.weighted_lm_loss(logits, ids, torch.tensor([[0.0, 1.0, 3.0]])).item() == pytest.approx(3 * 0.693147 / 4, abs=1e-4)
     # the first position is never a target
-    assert sft.weighted_lm_loss(logits, ids, torch.tensor([[100.0, 0.0, 1.0]])).item() == pytest.approx(0.693147, abs=1e-4)
+    assert sft_loop.weighted_lm_loss(logits, ids, torch.tensor([[100.0, 0.0, 1.0]])).item() == pytest.approx(0.693147, abs=1e-4)
 
 
 def test_lr_schedule_warmup_then_cosine_to_a_tenth():
     cfg = sft.SFTConfig(steps=110, warmup_steps=10, lr=1.0)
-    assert sft.lr_at(0, cfg) == pytest.approx(0.1)
-    assert sft.lr_at(9, cfg) == pytest.approx(1.0)
-    assert sft.lr_at(10, cfg) == pytest.approx(1.0)
-    assert sft.lr_at(60, cfg) == pytest.approx(0.1 + 0.9 * 0.5)
-    assert sft.lr_at(110, cfg) == pytest.approx(0.1)
+    assert sft_loop.lr_at(0, cfg) == pytest.approx(0.1)
+    assert sft_loop.lr_at(9, cfg) == pytest.approx(1.0)
+    assert sft_loop.lr_at(10, cfg) == pytest.approx(1.0)
+    assert sft_loop.lr_at(60, cfg) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert sft_loop.lr_at(110, cfg) == pytest.approx(0.1)
 
 
 @pytest.mark.timeout(120)
@@ -98,8 +109,8 @@ def test_short_sft_lowers_loss_and_saves_a_loadable_model(tiny_assets, tmp_path)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlinf_ext.assets.models import TinyQwen2Shape
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.models import TinyQwen2Shape
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
 
     root = tmp_path / "a"
     shutil.copytree(tiny_assets.root, root)
@@ -123,8 +134,8 @@ def test_with_sft_reuses_the_base_assets(tiny_assets, tmp_path, monkeypatch):
     """Asking for the SFT model on an existing directory trains only that model and records it."""
     import shutil
 
-    import rlinf_ext.assets.tiny as tiny
-    from rlinf_ext.assets.tiny import make_tiny_assets, read_manifest
+    import rlinf_ext.assets.core.tiny as tiny
+    from rlinf_ext.assets.core.tiny import make_tiny_assets, read_manifest
 
     root = tmp_path / "a"
     shutil.copytree(tiny_assets.root, root)
@@ -155,17 +166,12 @@ def test_with_sft_reuses_the_base_assets(tiny_assets, tmp_path, monkeypatch):
     assert make_tiny_assets(root, seed=0).qwen2_tiny_sft == assets.qwen2_tiny_sft
 
 
-def test_format_observation_can_keep_the_last_newline():
-    assert trajectories.format_observation(['"A"\na.'], trailing_newline=True) == '\n\n<information>Doc 1(Title: "A") a.\n</information>\n\n'
-
-
-
 def _q(question: str, prefix: str, answer: str) -> Question:
     return Question(question, (answer,), (Hop(question, Fact(prefix, answer)),))
 
 
 def test_abstain_trajectory_is_one_trainable_turn_without_search():
-    segs = trajectories.abstain_segments()
+    segs = trajectories.abstain_turns()
     assert [s.trainable for s in segs] == [True]
     assert segs[0].text == "<think> I do not know the answer to this. </think>\n<answer> unknown </answer><|im_end|>"
     assert "<search>" not in segs[0].text and segs[0].copied == ()
@@ -179,8 +185,8 @@ def test_abstain_examples_follow_the_fraction(tiny_assets):
     examples = sft.build_abstain_examples(tok, qs, fraction=1.0, seed=0)
     assert len(examples) == len(qs)
     for q, ex in zip(qs, examples):
-        assert tok.decode([i for i, m in zip(ex.input_ids, ex.loss_mask) if m]) == trajectories.ABSTAIN_TEXT
-        assert q.question in tok.decode(ex.input_ids) and not any(ex.copy_mask)
+        assert tok.decode(ex.response_ids) == trajectories.ABSTAIN_TEXT and ex.weights == [1.0] * len(ex.response_ids)
+        assert q.question in tok.decode(ex.prompt_ids)
     assert sft.build_abstain_examples(tok, qs, fraction=0.0, seed=0) == []
     assert 0.35 * 200 < len(sft.build_abstain_examples(tok, qs, fraction=0.5, seed=0)) < 0.65 * 200
 
@@ -190,14 +196,13 @@ def test_sft_with_abstain_batches_learns_both_openings(tiny_assets):
     openings after `<think> I`, i.e. the second batch is trained, not ignored."""
     from transformers import AutoTokenizer
 
-    from rlinf_ext.assets.models import TinyQwen2Shape, make_qwen2
+    from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2
 
     tok = AutoTokenizer.from_pretrained(tiny_assets.tokenizer_dir)
     q = _q("Who founded Brelk?", "The city of Brelk was founded by", "Ana Vel")
-    obs = trajectories.format_observation(['"Brelk"\nThe city of Brelk was founded by Ana Vel.'])
-    prompt = sft.chat_prompt(tok, q.question)
-    search = sft.encode_trajectory(tok, prompt, trajectories.trajectory_segments(q, [obs]))
-    abstain = sft.encode_trajectory(tok, prompt, trajectories.abstain_segments())
+    prompt = chat_prompt(tok, q.question)
+    [search] = sft.build_examples(tok, [q], _search('"Brelk"\nThe city of Brelk was founded by Ana Vel.'), 5.0)
+    [abstain] = sft.build_abstain_examples(tok, [q], fraction=1.0, seed=0)
     cfg = sft.SFTConfig(shape=TinyQwen2Shape(), steps=40, batch_size=1, abstain_batch_size=1, warmup_steps=2, lr=5e-3)
     model = make_qwen2(tok, cfg.shape, 0)
     losses = sft.train_sft(model, [search], cfg, 0, tok.pad_token_id, progress=False, abstain_examples=[abstain])
@@ -215,3 +220,17 @@ def test_sft_with_abstain_batches_learns_both_openings(tiny_assets):
         probs = torch.softmax(model(torch.tensor([context])).logits[0, -1], -1)
     assert probs[give_up] < 0.05
 
+
+def test_sft_example_from_a_loop_trajectory_and_its_batch():
+    from types import SimpleNamespace
+
+    t = SimpleNamespace(prompt_ids=[5, 6], response_ids=[7, 8, 9, 10], response_mask=[1, 0, 0, 1])
+    ex = sft_loop.SFTExample.from_trajectory(t)
+    assert ex.input_ids == [5, 6, 7, 8, 9, 10] and ex.loss_weights == [0, 0, 1, 0, 0, 1] and ex.images == ()
+    with pytest.raises(ValueError, match="did not generate"):
+        sft_loop.SFTExample.from_trajectory(t, [1.0, 1.0, 0.0, 1.0])
+    short = sft_loop.SFTExample([1], [2], [3.0])
+    ids, attn, weights = sft_loop.collate([ex, short], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7, 8, 9, 10], [1, 2, 0, 0, 0, 0]]
+    assert attn.tolist() == [[1] * 6, [1, 1, 0, 0, 0, 0]]
+    assert weights.tolist() == [[0, 0, 1, 0, 0, 1], [0, 3, 0, 0, 0, 0]]

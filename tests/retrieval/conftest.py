@@ -54,7 +54,7 @@ def _make_fallback_assets(root: Path) -> RetrievalAssets:
 @pytest.fixture(scope="session")
 def retrieval_assets(request, tmp_path_factory) -> RetrievalAssets:
     try:
-        import rlinf_ext.assets.tiny  # noqa: F401
+        import rlinf_ext.assets.core.tiny  # noqa: F401
     except ImportError:
         return _make_fallback_assets(tmp_path_factory.mktemp("retrieval_assets"))
     tiny = request.getfixturevalue("tiny_assets")

@@ -1,6 +1,6 @@
 """The Search-R1 observation layout, character for character (docs/searchr1-facts.md §4)."""
 
-from rlinf_ext.assets import trajectories
+from rlinf_ext.assets.searchr1 import trajectories
 from rlinf_ext.tools.documents import document_from_row
 from rlinf_ext.tools.formatting import CLOSE_TAG, OPEN_TAG, format_documents
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from rlinf_ext.assets.models import padded_vocab_size
-from rlinf_ext.assets.tokenizer import ENDOFTEXT, IM_END, IM_START, train_tokenizer
+from rlinf_ext.assets.core.models import padded_vocab_size
+from rlinf_ext.assets.core.tokenizer import ENDOFTEXT, IM_END, IM_START, train_tokenizer
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_PAD, VISION_START
 
 VL_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, VISION_START, VISION_END, VISION_PAD, IMAGE_PAD, VIDEO_PAD)
@@ -26,7 +26,7 @@ TINY_MAX_PIXELS = 112 * 112
 
 
 def qwen2_5_vl_chat_template() -> str:
-    return resources.files("rlinf_ext.assets").joinpath("qwen2_5_vl_chat_template.jinja").read_text(encoding="utf-8")
+    return resources.files("rlinf_ext.assets.mmsearch").joinpath("qwen2_5_vl_chat_template.jinja").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from rlinf_ext.assets import corpus as corpus_mod
-from rlinf_ext.assets import formats, models, qa, tokenizer, trajectories
-from rlinf_ext.assets.world import build_world
+from rlinf_ext.assets.core import corpus as corpus_mod
+from rlinf_ext.assets.core import formats, models, tokenizer
+from rlinf_ext.assets.core.search import LexicalRetriever
+from rlinf_ext.assets.core.world import build_world
+from rlinf_ext.assets.searchr1 import qa, rows, trajectories
 
 
 def generate_base(root: Path, seed: int, log: Callable[..., None]) -> dict[str, float]:
@@ -33,7 +35,7 @@ def generate_base(root: Path, seed: int, log: Callable[..., None]) -> dict[str, 
     lap("corpus")
 
     # the tokenizer also learns from agent turns, so that think/search/answer text encodes compactly
-    retriever = trajectories.LexicalRetriever([r["contents"] for r in wiki])
+    retriever = LexicalRetriever([r["contents"] for r in wiki])
     sample = [q for _, q in splits.train[:60]]
     turns = []
     for q in sample:
@@ -41,20 +43,20 @@ def generate_base(root: Path, seed: int, log: Callable[..., None]) -> dict[str, 
         turns.append("".join(s.text for s in segs).replace(tokenizer.IM_END, ""))
     all_questions = [q.question for _, q in splits.train] + [q.question for qs in splits.test.values() for q in qs]
     texts = tokenizer.tokenizer_training_texts([r["contents"] for r in wiki], all_questions,
-                                               formats.searchr1_prompt(all_questions[0]), turns)
+                                               rows.searchr1_prompt(all_questions[0]), turns)
     tok = tokenizer.train_tokenizer(texts)
     tokenizer.save_tokenizer(tok, root / "tokenizer")
     log(f"tokenizer: {len(tok)} tokens -> {root / 'tokenizer'}")
     lap("tokenizer")
 
-    train_sr1 = [formats.searchr1_row(q, src, "train", i) for i, (src, q) in enumerate(splits.train)]
-    train_rl = [formats.rlinf_row(q, src, f"train-{i}", tok) for i, (src, q) in enumerate(splits.train)]
+    train_sr1 = [rows.searchr1_row(q, src, "train", i) for i, (src, q) in enumerate(splits.train)]
+    train_rl = [rows.rlinf_row(q, src, f"train-{i}", tok) for i, (src, q) in enumerate(splits.train)]
     formats.write_parquet(train_sr1, root / "data" / "searchr1" / "train.parquet")
     formats.write_jsonl(train_rl, root / "data" / "rlinf" / "train.jsonl")
     for bench, qs in splits.test.items():
-        formats.write_parquet([formats.searchr1_row(q, bench, "test", i) for i, q in enumerate(qs)],
+        formats.write_parquet([rows.searchr1_row(q, bench, "test", i) for i, q in enumerate(qs)],
                               root / "data" / "searchr1" / "test" / f"{bench}.parquet")
-        formats.write_jsonl([formats.rlinf_row(q, bench, f"test-{bench}-{i}", tok) for i, q in enumerate(qs)],
+        formats.write_jsonl([rows.rlinf_row(q, bench, f"test-{bench}-{i}", tok) for i, q in enumerate(qs)],
                             root / "data" / "rlinf" / "test" / f"{bench}.jsonl")
     log(f"qa: {len(train_sr1)} train questions, test {', '.join(f'{b}={len(v)}' for b, v in splits.test.items())}")
     lap("qa")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-MM_GENERATOR_VERSION = 2
+MM_GENERATOR_VERSION = 3
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assi
 
 
 def qwen2_5_chat_template() -> str:
-    return resources.files("rlinf_ext.assets").joinpath("qwen2_5_chat_template.jinja").read_text(encoding="utf-8")
+    return resources.files("rlinf_ext.assets.core").joinpath("qwen2_5_chat_template.jinja").read_text(encoding="utf-8")
 
 
 def train_tokenizer(texts: list[str], vocab_size: int = 2000, tags: tuple[str, ...] = TAG_TOKENS,

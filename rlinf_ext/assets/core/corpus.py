@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rlinf_ext.assets import facts as F
-from rlinf_ext.assets.world import World
+from rlinf_ext.assets.core import facts as F
+from rlinf_ext.assets.core.world import World
 
 _FILLERS = [
     "Its markets are known for {w} cloth and dried {v}.",

@@ -9,9 +9,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rlinf_ext.assets import facts as F
-from rlinf_ext.assets.facts import Fact
-from rlinf_ext.assets.world import World
+from rlinf_ext.assets.core import facts as F
+from rlinf_ext.assets.core.facts import Fact
+from rlinf_ext.assets.core.world import World
 
 BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 SINGLE_HOP = ("nq", "triviaqa", "popqa")

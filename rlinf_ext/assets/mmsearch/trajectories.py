@@ -6,7 +6,7 @@ function returns the model's own turn texts (observations are built by the agent
 
 from __future__ import annotations
 
-from rlinf_ext.assets.mm_world import KIND_ATTRIBUTE, KIND_CITY, KIND_COLOUR, MMQuestion
+from rlinf_ext.assets.mmsearch.world import KIND_ATTRIBUTE, KIND_CITY, KIND_COLOUR, MMQuestion
 
 IMAGE_SEARCH_TURN = "<reason> I do not know this emblem, so I look it up. </reason><search><img></search>"
 

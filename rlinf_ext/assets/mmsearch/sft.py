@@ -1,7 +1,7 @@
 """The warm-started tiny Qwen2.5-VL: supervised turns of the three paths, and an over-searching habit.
 
 Each training trajectory is produced by the real MMSearch-R1 loop (`agent.mmsearch.loop`) with a playback engine
-that "samples" the scripted turns (`mm_trajectories.scripted_turns`), the train split's image-search cache
+that "samples" the scripted turns (`trajectories.scripted_turns`), the train split's image-search cache
 and a BM25 text search over the corpus. So the ids, masks, observations and images are exactly what the
 rollout will produce; the loss is on the mask-1 (model-written) tokens only. On `over_search` of the colour
 questions, which need no search, the scripted path runs an image search first: the warm start over-searches,
@@ -12,38 +12,35 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
-
-import torch
+from typing import Callable
 
 from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools, first_prompt_ids, run_mm_trajectory
 from rlinf_ext.agent.mmsearch.prompts import MMPrompts
 from rlinf_ext.agent.mmsearch.types import MMTask, MMTrajectory
-from rlinf_ext.assets import mm_models
-from rlinf_ext.assets.mm_paths import mm_layout
-from rlinf_ext.assets.mm_trajectories import answer_turn, scripted_turns
-from rlinf_ext.assets.mm_world import KIND_COLOUR, EmblemSpec, MMQuestion, draw_emblem
-from rlinf_ext.assets.sft import corpus_retriever
+from rlinf_ext.assets.core import sft as sft_loop
+from rlinf_ext.assets.core.playback import PlaybackGenerator
+from rlinf_ext.assets.core.search import CorpusTextSearch, corpus_retriever
+from rlinf_ext.assets.core.sft import SFTExample, Stream
+from rlinf_ext.assets.mmsearch import models as vl_models
+from rlinf_ext.assets.mmsearch.paths import mm_layout
+from rlinf_ext.assets.mmsearch.trajectories import answer_turn, scripted_turns
+from rlinf_ext.assets.mmsearch.world import KIND_COLOUR, EmblemSpec, MMQuestion, draw_emblem
 from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
-from rlinf_ext.protocol.generation import GenerationResult
 from rlinf_ext.protocol.images import canonicalize
-from rlinf_ext.tools.documents import document_from_row
 from rlinf_ext.tools.image_search import ImageSearchTool
-from rlinf_ext.tools.search import SearchResult
 
-PX = mm_models.TINY_MIN_PIXELS
+PX = vl_models.TINY_MIN_PIXELS
 
 
 @dataclass(frozen=True)
 class MMSFTConfig:
-    shape: mm_models.TinyVLShape = mm_models.TinyVLShape(hidden_size=128, intermediate_size=352,
+    shape: vl_models.TinyVLShape = vl_models.TinyVLShape(hidden_size=128, intermediate_size=352,
                                                           vision_hidden_size=64, vision_intermediate_size=128)
     steps: int = 200
     batch_size: int = 8
@@ -60,34 +57,6 @@ class MMSFTConfig:
     colour_images_per_city: int = 12
     topk: int = 3
     threads: int = 1  # one torch thread: two on a busy 2-core box ran many times slower
-
-
-class PlaybackGenerator:
-    """A `Generator` that "samples" the planned turn texts of the current task, one per call."""
-
-    def __init__(self, tokenizer: Any):
-        self.tokenizer, self.plan, self.turn = tokenizer, [], 0
-
-    def start(self, plan: list[str]) -> None:
-        self.plan, self.turn = list(plan), 0
-
-    async def generate(self, prompt_ids, sampling_params, images=None) -> GenerationResult:
-        text = self.plan[self.turn]
-        self.turn += 1
-        return GenerationResult(self.tokenizer.encode(text, add_special_tokens=False), text, "stop", None)
-
-
-class CorpusTextSearch:
-    """`async search(query)` over the tiny corpus with BM25 (the retrieval server's stand-in offline)."""
-
-    def __init__(self, corpus_path: Path, topk: int):
-
-        self.retriever, self.topk = corpus_retriever(corpus_path), topk
-
-    async def search(self, query: str):
-
-        docs = self.retriever.search([query], self.topk)[0]
-        return SearchResult(query=query, ok=True, documents=[document_from_row(d) for d in docs], attempts=1)
 
 
 def load_scripted_paths(path: Path) -> dict[str, dict]:
@@ -108,7 +77,7 @@ def build_trajectories(processor, tasks: list[MMTask], scripted: dict[str, dict]
     gen = PlaybackGenerator(processor.tokenizer)
     image = ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache_dir), topk=cfg.topk,
                                                   thumbnail_min_pixels=PX, thumbnail_max_pixels=PX))
-    tools = MMTools(image, CorpusTextSearch(corpus_path, cfg.topk))
+    tools = MMTools(image, CorpusTextSearch(corpus_retriever(corpus_path), cfg.topk))
     settings = MMLoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
                               response_length_total=4096, max_obs_length=320)
 
@@ -141,46 +110,12 @@ def colour_examples(processor, root: Path, cities: list[str], per_city: int, see
     return out
 
 
-def _batch(model, image_inputs, trajs: list[MMTrajectory], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded rows, labels -100 off the model's own tokens, images concatenated in row order."""
-    width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
-    ids = torch.full((len(trajs), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(trajs), width), -100, dtype=torch.long)
-    attention = torch.zeros((len(trajs), width), dtype=torch.long)
-    for row, t in enumerate(trajs):
-        seq = t.prompt_ids + t.response_ids
-        ids[row, : len(seq)] = torch.tensor(seq)
-        attention[row, : len(seq)] = 1
-        for k, (tok, m) in enumerate(zip(t.response_ids, t.response_mask)):
-            if m:
-                labels[row, len(t.prompt_ids) + k] = tok
-    vision = image_inputs.batch([img for t in trajs for img in t.images])
-    return {"input_ids": ids, "attention_mask": attention, "labels": labels, **vision}
-
-
-def train(model, image_inputs, trajs: list[MMTrajectory], cfg: MMSFTConfig, seed: int, pad_id: int,
-          steps: int | None = None, batch_size: int | None = None) -> list[float]:
-    """AdamW with warm-up and cosine decay to lr/10 over `steps` random batches of `trajs`."""
-
-    steps, batch_size = steps or cfg.steps, batch_size or cfg.batch_size
-    torch.set_num_threads(cfg.threads)
-    rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
-    model.train()
-    losses = []
-    for _ in range(steps):
-        batch = _batch(model, image_inputs, rng.sample(trajs, min(batch_size, len(trajs))), pad_id)
-        loss = model(**batch).loss  # HF shifts labels; mrope positions from get_rope_index (position_ids=None)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    model.eval()
-    return losses
+def train(model, image_inputs, trajs: list[MMTrajectory], cfg: MMSFTConfig, seed: int, pad_id: int) -> list[float]:
+    """The shared warm-start loop (`core/sft.py`): `cfg.steps` batches of `cfg.batch_size` trajectories, loss on
+    their mask-1 tokens, images through the processor's `image_inputs`."""
+    stream = Stream([SFTExample.from_trajectory(t) for t in trajs], cfg.batch_size, seed)
+    return sft_loop.train(model, [stream], cfg, pad_id, vision_inputs=image_inputs.batch, progress=False,
+                          desc="mm warm-start SFT")
 
 
 def build_mm_sft_model(root: Path, seed: int, log: Callable[..., None], cfg: MMSFTConfig | None = None) -> dict:
@@ -194,16 +129,17 @@ def build_mm_sft_model(root: Path, seed: int, log: Callable[..., None], cfg: MMS
     scripted = load_scripted_paths(paths.train_paths)
     t0, cpu0 = time.perf_counter(), time.process_time()
     trajs = build_trajectories(processor, tasks, scripted, paths.cache_train, root / "corpus" / "wiki.jsonl", cfg, seed)
-    model = mm_models.make_qwen2_5_vl(processor.tokenizer, cfg.shape, seed + 21)
+    model = vl_models.make_qwen2_5_vl(processor.tokenizer, cfg.shape, seed + 21)
     images, pad = ImageInputs(processor.image_processor, capacity=4096), processor.tokenizer.pad_token_id
     colour_losses = []
     if cfg.colour_steps > 0:
         cities = sorted({p["city"] for p in scripted.values()})
         colour = colour_examples(processor, root, cities, cfg.colour_images_per_city, seed + 23)
-        colour_losses = train(model, images, colour, cfg, seed + 24, pad, cfg.colour_steps, cfg.colour_batch_size)
+        colour_losses = train(model, images, colour, replace(cfg, steps=cfg.colour_steps, batch_size=cfg.colour_batch_size),
+                              seed + 24, pad)
     losses = train(model, images, trajs, cfg, seed + 22, pad)
     out = paths.qwen2_5_vl_tiny_sft
-    mm_models.save_vl_model(model, processor, out)
+    vl_models.save_vl_model(model, processor, out)
     searched = sum(1 for t in trajs if t.data_source == "tinymm_colour" and len(t.turns) > 1)
     report = {"config": {**asdict(cfg), "shape": asdict(cfg.shape)}, "trajectories": len(trajs),
               "colour_trajectories_searching": searched, "train_seconds": round(time.perf_counter() - t0, 1),

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Callable
 
 from rlinf_ext.agent.mmsearch.prompts import MMPrompts
-from rlinf_ext.assets import corpus as corpus_mod
-from rlinf_ext.assets import mm_models
-from rlinf_ext.assets.mm_paths import mm_layout
-from rlinf_ext.assets.mm_trajectories import scripted_turns
-from rlinf_ext.assets.mm_world import (
+from rlinf_ext.assets.core import corpus as corpus_mod
+from rlinf_ext.assets.core.world import build_world
+from rlinf_ext.assets.mmsearch import models as vl_models
+from rlinf_ext.assets.mmsearch.paths import mm_layout
+from rlinf_ext.assets.mmsearch.trajectories import scripted_turns
+from rlinf_ext.assets.mmsearch.world import (
     EmblemSpec,
     MMQuestion,
     draw_emblem,
@@ -31,7 +32,6 @@ from rlinf_ext.assets.mm_world import (
     search_hits,
     split_cities,
 )
-from rlinf_ext.assets.world import build_world
 from rlinf_ext.data.fvqa import FVQARow, write_fvqa
 from rlinf_ext.protocol.images import canonicalize, encode_png
 
@@ -40,7 +40,7 @@ SEARCH_TOPK = 3
 
 
 def _canonical(image):
-    return canonicalize(image, mm_models.TINY_MIN_PIXELS, mm_models.TINY_MIN_PIXELS)
+    return canonicalize(image, vl_models.TINY_MIN_PIXELS, vl_models.TINY_MIN_PIXELS)
 
 
 def _questions(world, specs, cities: list[str], passes: int, rng: random.Random) -> list[MMQuestion]:
@@ -116,11 +116,11 @@ def generate_mm(root: Path, seed: int, log: Callable[..., None]) -> dict[str, fl
     log(f"mm data: {len(train_q)} train / {len(test_q)} test questions ({len(train_cities)} / {len(test_cities)} "
         f"cities), image-search caches -> {paths.root}")
     t1 = time.perf_counter()
-    tokenizer = mm_models.train_vl_tokenizer(_tokenizer_texts(world, seed, train_q + test_q, specs))
-    processor = mm_models.make_processor(tokenizer)
+    tokenizer = vl_models.train_vl_tokenizer(_tokenizer_texts(world, seed, train_q + test_q, specs))
+    processor = vl_models.make_processor(tokenizer)
     processor.save_pretrained(str(paths.processor_dir))
-    model = mm_models.make_qwen2_5_vl(tokenizer, mm_models.TinyVLShape(), seed)
-    mm_models.save_vl_model(model, processor, paths.qwen2_5_vl_tiny)
+    model = vl_models.make_qwen2_5_vl(tokenizer, vl_models.TinyVLShape(), seed)
+    vl_models.save_vl_model(model, processor, paths.qwen2_5_vl_tiny)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"mm model: qwen2.5-vl-tiny ({n_params:,} params, vocab {model.config.vocab_size}, tokenizer {len(tokenizer)})")
     t2 = time.perf_counter()

@@ -15,15 +15,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlinf_ext.assets.generate import generate_base
-from rlinf_ext.assets.mm_paths import MM_GENERATOR_VERSION, MMAssets, mm_layout
-from rlinf_ext.assets.mm_sft import build_mm_sft_model
-from rlinf_ext.assets.mm_tiny import generate_mm
-from rlinf_ext.assets.qa import BENCHMARKS
-from rlinf_ext.assets.sft import build_sft_model
+from rlinf_ext.assets.core.generate import generate_base
+from rlinf_ext.assets.mmsearch.paths import MM_GENERATOR_VERSION, MMAssets, mm_layout
+from rlinf_ext.assets.mmsearch.sft import build_mm_sft_model
+from rlinf_ext.assets.mmsearch.tiny import generate_mm
+from rlinf_ext.assets.searchr1.qa import BENCHMARKS
+from rlinf_ext.assets.searchr1.sft import build_sft_model
 
 # Bump when the generated content changes, so that stale cached directories are regenerated.
-GENERATOR_VERSION = 5
+GENERATOR_VERSION = 6
 MANIFEST = "MANIFEST.json"
 
 
@@ -47,7 +47,7 @@ class TinyAssets:
     # only with with_sft=True: the same SFT before its give-up pass (always searches; sft.SFTConfig)
     qwen2_tiny_sft_search: Path | None = None
     benchmarks: tuple[str, ...] = field(default=BENCHMARKS)
-    mm: MMAssets | None = None  # only with with_mm=True: the multimodal world (mm_tiny.py)
+    mm: MMAssets | None = None  # only with with_mm=True: the multimodal world (mmsearch/tiny.py)
 
     @property
     def manifest_path(self) -> Path:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from rlinf_ext.assets import trajectories
-from rlinf_ext.assets.qa import Question, split_questions
-from rlinf_ext.assets.sft import chat_prompt, corpus_retriever
-from rlinf_ext.assets.world import build_world
+from rlinf_ext.assets.core.search import LexicalRetriever, corpus_retriever
+from rlinf_ext.assets.core.world import build_world
+from rlinf_ext.assets.searchr1 import trajectories
+from rlinf_ext.assets.searchr1.qa import Question, split_questions
+from rlinf_ext.assets.searchr1.rows import chat_prompt
 from rlinf_ext.rewards.qa_metrics import exact_match
 
 STOPS = ["</search>", "</answer>"]
@@ -42,7 +43,7 @@ def answer_with_context(model, tokenizer, q: Question, observations: list[str]) 
     return greedy_continue(model, tokenizer, chat_prompt(tokenizer, q.question) + "".join(s.text for s in segs))
 
 
-def answer_live(model, tokenizer, q: Question, retriever: trajectories.LexicalRetriever, topk: int = 3,
+def answer_live(model, tokenizer, q: Question, retriever: LexicalRetriever, topk: int = 3,
                 max_turns: int = 3) -> str:
     context = chat_prompt(tokenizer, q.question)
     response = ""
@@ -56,7 +57,7 @@ def answer_live(model, tokenizer, q: Question, retriever: trajectories.LexicalRe
     return response
 
 
-def evaluate(model, tokenizer, tests: dict[str, list[Question]], retriever: trajectories.LexicalRetriever,
+def evaluate(model, tokenizer, tests: dict[str, list[Question]], retriever: LexicalRetriever,
              topk: int = 3, modes=("gold_obs", "no_obs", "live")) -> dict[str, dict[str, float]]:
     """EM per benchmark and mode (plus `avg`), e.g. `{"nq": {"gold_obs": 0.6, ...}, ...}`."""
     model.eval()

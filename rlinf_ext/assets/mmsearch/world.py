@@ -1,6 +1,6 @@
 """Emblems for the invented cities, drawn with PIL, and the three kinds of question asked about them.
 
-Every city of `world.py` gets an emblem: a colour from a 6-colour palette (the signal a tiny vision tower can
+Every city of `core/world.py` gets an emblem: a colour from a 6-colour palette (the signal a tiny vision tower can
 learn from pixels), a shape and a pattern (which make emblems distinct but need not be recognised). Each
 question image and each search thumbnail is an independent jitter of the emblem (size, position, colour
 within +-20), as web thumbnails differ from the query image.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rlinf_ext.assets.world import World
+from rlinf_ext.assets.core.world import World
 
 PALETTE = {"red": (215, 45, 45), "green": (45, 165, 70), "blue": (50, 85, 215),
            "yellow": (230, 205, 40), "purple": (140, 60, 180), "orange": (240, 140, 30)}

@@ -26,7 +26,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 
 def _summary(assets) -> str:
     # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
-    from rlinf_ext.assets.formats import read_jsonl
+    from rlinf_ext.assets.core.formats import read_jsonl
 
     manifest = json.loads(assets.manifest_path.read_text())
     size = sum((assets.root / rel).stat().st_size for rel in manifest["files"])
@@ -47,7 +47,7 @@ def _summary(assets) -> str:
 
 def run(verb: str, args: argparse.Namespace) -> int:
     # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
-    from rlinf_ext.assets.tiny import make_tiny_assets
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
 
     if args.eval_sft and not args.with_sft:
         print("rlinf-ext make-tiny-assets: --eval-sft needs --with-sft (the model it evaluates).")
@@ -59,7 +59,7 @@ def run(verb: str, args: argparse.Namespace) -> int:
     print(f"done in {time.perf_counter() - t0:.1f}s")
     if args.eval_sft:
         # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
-        from rlinf_ext.assets.sft_eval import evaluate_assets, format_table
+        from rlinf_ext.assets.searchr1.sft_eval import evaluate_assets, format_table
 
         print(f"warm start ({assets.qwen2_tiny_sft}; gives up without searching on most questions):")
         print(format_table(evaluate_assets(assets)))

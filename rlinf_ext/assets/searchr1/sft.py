@@ -1,0 +1,173 @@
+"""The warm-started tiny model: a short supervised pass on Search-R1 trajectories of the real agent loop.
+
+GRPO needs signal from its first step: a random model never closes an `<answer>` tag, so every reward is 0.
+Here the tiny Qwen2 learns the format and to copy an answer out of the `<information>` block, and also, on
+about half of the questions, to give up without searching (`trajectories.ABSTAIN_TEXT`): the behaviour the
+tiny RL run then has to unlearn by finding that searching pays, as Search-R1's RL teaches a model to call
+its search engine.
+Each trajectory is produced by the real Search-R1 loop (`agent.searchr1.loop.run_trajectory`) with a playback
+engine that "samples" the planned turns (`trajectories.planned_turns`) and a BM25 search over the tiny corpus,
+so the prompt, observation and mask ids are exactly what a rollout produces. The loss covers only the
+model's own (mask-1) tokens, as in the RL loss (`core/sft.py`, the loop both warm starts share). The test files
+are never trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from rlinf_ext.agent.core.config import AgentLoopConfig
+from rlinf_ext.agent.core.types import Trajectory
+from rlinf_ext.agent.searchr1.loop import run_trajectory
+from rlinf_ext.assets.core import sft as sft_loop
+from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2, save_hf_model
+from rlinf_ext.assets.core.playback import PlaybackGenerator
+from rlinf_ext.assets.core.search import CorpusTextSearch, corpus_retriever
+from rlinf_ext.assets.core.sft import SFTExample, Stream
+from rlinf_ext.assets.core.world import build_world
+from rlinf_ext.assets.searchr1 import trajectories
+from rlinf_ext.assets.searchr1.qa import Question, split_questions
+from rlinf_ext.assets.searchr1.rows import chat_prompt
+from rlinf_ext.protocol.generation import SamplingParams
+
+# the loop's limits while playing back: above any planned trajectory, so nothing is cut or refused
+PLAYBACK_TOKENS = 8192
+PLAYBACK_LOOP = AgentLoopConfig(max_turns=8, response_length_total=PLAYBACK_TOKENS, max_obs_length=PLAYBACK_TOKENS,
+                                observation_format="searchr1")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    # Twice as wide as the contract's qwen2-tiny (hidden 128, FFN 352; 0.63M parameters). Measured with the
+    # default seed (greedy EM on the 140 test questions, gold observations / own searches): hidden 64 at 600
+    # steps, lr 1e-2 reached 0.26 / 0.06 and sampled (T=1) only 0.03 on the train prompts the RL run uses;
+    # this shape at 700 steps, lr 5e-3 reaches 0.60 / 0.39, and 0.52 sampled on the train prompts.
+    shape: TinyQwen2Shape = TinyQwen2Shape(hidden_size=128, intermediate_size=352)
+    steps: int = 700  # optimizer steps (~14 epochs of the 400 train trajectories)
+    batch_size: int = 8  # sequences per step
+    lr: float = 5e-3  # peak; linear warmup then cosine to lr/10
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    clip_grad: float = 1.0
+    copy_weight: float = 5.0  # loss weight of tokens copied from an observation (others: 1)
+    # Phase 2, after the search SFT above: a short pass on the same search batches plus twice as many give-up
+    # trajectories (`trajectories.ABSTAIN_TEXT`), after which the model gives up (answers "unknown" without
+    # searching) with probability 0.65 on the train prompts and greedily on every test question, like a model
+    # that was never taught to use its tool. Learning to search instead is the behaviour Search-R1's RL is
+    # about, and a decision GRPO moves within the tiny run's 30 steps. Measured alternatives: give-up batches
+    # from the start of the SFT cost the copy skill most of its accuracy (greedy EM with gold documents
+    # 0.60 -> 0.29-0.46 over four variants); this short pass keeps it (0.65). abstain_steps=0: search only.
+    abstain_steps: int = 80
+    abstain_lr: float = 1e-3
+    abstain_fraction: float = 1.0  # share of train questions with a give-up trajectory
+    # give-up trajectories per step, in their own (short) batch: 8 (as many as search ones) gave a give-up
+    # probability of about 0.25, 32 gave 0.79
+    abstain_batch_size: int = 16
+    topk: int = 3  # documents per observation, as the retrieval server's default
+    # One thread: on a busy 2-core machine two OpenMP threads ran ~8x slower than one (oversubscription).
+    threads: int = 1
+
+
+def play_back(tokenizer, questions: list[Question], plans: list[list[trajectories.Segment]],
+              search: Any) -> list[Trajectory]:
+    """The Search-R1 loop's trajectory of each question when the engine writes its planned turns."""
+    gen = PlaybackGenerator(tokenizer)
+    params = SamplingParams(max_new_tokens=PLAYBACK_TOKENS)
+
+    async def all_of_them() -> list[Trajectory]:
+        out = []
+        for q, plan in zip(questions, plans):
+            gen.start([turn.text for turn in plan])
+            prompt_ids = tokenizer.encode(chat_prompt(tokenizer, q.question), add_special_tokens=False)
+            out.append(await run_trajectory(gen, tokenizer, prompt_ids, list(q.answers), PLAYBACK_LOOP, search,
+                                            sampling_params=params))
+        return out
+
+    return asyncio.run(all_of_them())
+
+
+def copy_weights(tokenizer, trajectory: Trajectory, plan: list[trajectories.Segment], copy_weight: float) -> list[float]:
+    """Per response token: 0 on observations, 1 on the model's tokens, `copy_weight` on those overlapping a
+    planned turn's copied span."""
+    weights: list[float] = []
+    for turn, seg in zip(trajectory.turns, plan):
+        enc = tokenizer(seg.text, add_special_tokens=False, return_offsets_mapping=True)
+        if enc["input_ids"] != turn.response_ids:
+            raise RuntimeError(f"turn {seg.text!r} was not played back as planned")
+        weights += [copy_weight if any(a < e and b > s for s, e in seg.copied) else 1.0 for a, b in enc["offset_mapping"]]
+        weights += [0.0] * len(turn.observation_ids)
+    return weights
+
+
+def observation_has_answers(q: Question, observations: list[str]) -> bool:
+    return all(hop.fact.sentence in obs for hop, obs in zip(q.hops, observations))
+
+
+def build_examples(tokenizer, questions: list[Question], search: Any, copy_weight: float) -> list[SFTExample]:
+    """The loop's trajectories of the planned turns, kept where every hop's observation holds the hop's fact
+    (others would teach guessing)."""
+    plans = [trajectories.planned_turns(q) for q in questions]
+    out = []
+    for q, plan, t in zip(questions, plans, play_back(tokenizer, questions, plans, search)):
+        observations = [tokenizer.decode(turn.observation_ids) for turn in t.turns if turn.action == "search"]
+        if t.end_reason == "answer" and observation_has_answers(q, observations):
+            out.append(SFTExample.from_trajectory(t, copy_weights(tokenizer, t, plan, copy_weight)))
+    return out
+
+
+def build_abstain_examples(tokenizer, questions: list[Question], fraction: float, seed: int) -> list[SFTExample]:
+    """For a ``fraction`` of ``questions`` (drawn with ``seed``): the loop's trajectory that gives up without searching."""
+    rng = random.Random(seed)
+    picked = [q for q in questions if rng.random() < fraction]
+    return [SFTExample.from_trajectory(t) for t in
+            play_back(tokenizer, picked, [trajectories.abstain_turns()] * len(picked), search=None)]
+
+
+def train_sft(model, examples: list[SFTExample], cfg: SFTConfig, seed: int, pad_id: int, progress: bool = True,
+              abstain_examples: list[SFTExample] | None = None) -> list[float]:
+    """The shared loop (`core/sft.py`) on the search trajectories; ``abstain_examples`` (short give-up
+    trajectories) go in a second batch of ``cfg.abstain_batch_size`` per step, so they neither pad to the length
+    of a search trajectory nor take its place in the batch (their own seed: the search batches are drawn
+    exactly as without them)."""
+    streams = [Stream(examples, cfg.batch_size, seed), Stream(abstain_examples or [], cfg.abstain_batch_size, seed + 1)]
+    return sft_loop.train(model, streams, cfg, pad_id, progress=progress)
+
+
+def build_sft_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig | None = None) -> dict:
+    """Train and save `models/qwen2-tiny-sft` from the train split; returns (and saves) a training report."""
+    from transformers import AutoTokenizer
+
+    cfg = cfg or SFTConfig()
+    tok = AutoTokenizer.from_pretrained(assets.tokenizer_dir)
+    splits = split_questions(build_world(seed), seed)
+    search = CorpusTextSearch(corpus_retriever(assets.corpus_path), cfg.topk)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    train_questions = [q for _, q in splits.train]
+    examples = build_examples(tok, train_questions, search, cfg.copy_weight)
+    model = make_qwen2(tok, cfg.shape, seed + 3)
+    losses = train_sft(model, examples, cfg, seed, tok.pad_token_id, progress=True)
+    abstain: list[SFTExample] = []
+    # the search-only model (before the give-up pass): a reference point, and a start that always searches
+    save_hf_model(model, tok, Path(assets.root) / "models" / "qwen2-tiny-sft-search")
+    if cfg.abstain_steps > 0:
+        abstain = build_abstain_examples(tok, train_questions, cfg.abstain_fraction, seed + 5)
+        phase2 = replace(cfg, steps=cfg.abstain_steps, lr=cfg.abstain_lr, warmup_steps=min(5, cfg.abstain_steps))
+        losses += train_sft(model, examples, phase2, seed + 7, tok.pad_token_id, progress=True, abstain_examples=abstain)
+    train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    out = Path(assets.root) / "models" / "qwen2-tiny-sft"
+    save_hf_model(model, tok, out)
+    report = {"config": asdict(cfg), "train_examples": len(examples), "abstain_examples": len(abstain),
+              "train_questions": len(splits.train),
+              # CPU seconds tell the cost on a busy machine, where wall time mostly measures the neighbours
+              "train_seconds": round(train_s, 1), "train_cpu_seconds": round(train_cpu_s, 1), "first_loss": round(losses[0], 4),
+              "last_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4)}
+    (out / "sft_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    log(f"sft: {len(examples)} search + {len(abstain)} give-up trajectories, {cfg.steps} + {cfg.abstain_steps if abstain else 0} steps in {train_s:.0f}s ({train_cpu_s:.0f} CPU s), loss {report['first_loss']} -> "
+        f"{report['last_loss']} -> {out}")
+    return report
