@@ -1,6 +1,6 @@
 """The one supervised warm-start loop, shared by the Search-R1 and the MMSearch-R1 warm starts.
 
-Both train on trajectories the real agent loop produced (`core/playback.py`): the prompt and the environment's
+Both train on trajectories the real agent loop produced (`assets/core/playback.py`): the prompt and the environment's
 observations carry no loss, the model's own (mask-1) tokens do, with a per-token weight (the Search-R1 warm
 start weights tokens copied out of an observation up). Every step draws one batch from each `Stream` (e.g.
 search trajectories plus short give-up ones, each padded only to its own batch's length) and takes one

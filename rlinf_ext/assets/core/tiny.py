@@ -47,7 +47,7 @@ class TinyAssets:
     # only with with_sft=True: the same SFT before its give-up pass (always searches; sft.SFTConfig)
     qwen2_tiny_sft_search: Path | None = None
     benchmarks: tuple[str, ...] = field(default=BENCHMARKS)
-    mm: MMAssets | None = None  # only with with_mm=True: the multimodal world (mmsearch/tiny.py)
+    mm: MMAssets | None = None  # only with with_mm=True: the multimodal world (assets/mmsearch/tiny.py)
 
     @property
     def manifest_path(self) -> Path:

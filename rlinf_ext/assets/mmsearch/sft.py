@@ -111,7 +111,7 @@ def colour_examples(processor, root: Path, cities: list[str], per_city: int, see
 
 
 def train(model, image_inputs, trajs: list[MMTrajectory], cfg: MMSFTConfig, seed: int, pad_id: int) -> list[float]:
-    """The shared warm-start loop (`core/sft.py`): `cfg.steps` batches of `cfg.batch_size` trajectories, loss on
+    """The shared warm-start loop (`assets/core/sft.py`): `cfg.steps` batches of `cfg.batch_size` trajectories, loss on
     their mask-1 tokens, images through the processor's `image_inputs`."""
     stream = Stream([SFTExample.from_trajectory(t) for t in trajs], cfg.batch_size, seed)
     return sft_loop.train(model, [stream], cfg, pad_id, vision_inputs=image_inputs.batch, progress=False,

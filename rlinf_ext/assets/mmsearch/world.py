@@ -1,6 +1,6 @@
 """Emblems for the invented cities, drawn with PIL, and the three kinds of question asked about them.
 
-Every city of `core/world.py` gets an emblem: a colour from a 6-colour palette (the signal a tiny vision tower can
+Every city of `assets/core/world.py` gets an emblem: a colour from a 6-colour palette (the signal a tiny vision tower can
 learn from pixels), a shape and a pattern (which make emblems distinct but need not be recognised). Each
 question image and each search thumbnail is an independent jitter of the emblem (size, position, colour
 within +-20), as web thumbnails differ from the query image.

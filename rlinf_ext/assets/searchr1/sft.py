@@ -8,7 +8,7 @@ its search engine.
 Each trajectory is produced by the real Search-R1 loop (`agent.searchr1.loop.run_trajectory`) with a playback
 engine that "samples" the planned turns (`trajectories.planned_turns`) and a BM25 search over the tiny corpus,
 so the prompt, observation and mask ids are exactly what a rollout produces. The loss covers only the
-model's own (mask-1) tokens, as in the RL loss (`core/sft.py`, the loop both warm starts share). The test files
+model's own (mask-1) tokens, as in the RL loss (`assets/core/sft.py`, the loop both warm starts share). The test files
 are never trained on.
 """
 
@@ -131,7 +131,7 @@ def build_abstain_examples(tokenizer, questions: list[Question], fraction: float
 
 def train_sft(model, examples: list[SFTExample], cfg: SFTConfig, seed: int, pad_id: int, progress: bool = True,
               abstain_examples: list[SFTExample] | None = None) -> list[float]:
-    """The shared loop (`core/sft.py`) on the search trajectories; ``abstain_examples`` (short give-up
+    """The shared loop (`assets/core/sft.py`) on the search trajectories; ``abstain_examples`` (short give-up
     trajectories) go in a second batch of ``cfg.abstain_batch_size`` per step, so they neither pad to the length
     of a search trajectory nor take its place in the batch (their own seed: the search batches are drawn
     exactly as without them)."""
