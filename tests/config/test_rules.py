@@ -193,6 +193,15 @@ def test_gpu_backend_on_cpu_cluster(reference_env):
     )
 
 
+def test_sglang_is_refused_until_its_current_profile_is_built(reference_env):
+    # the GPU extra no longer installs SGLang (the 2025 sglang 0.4.6.post5 stack needs transformers 4.51)
+    for name in ("qwen2.5-3b-tool-1node", "qwen2.5-3b-tool-1node-eval"):
+        issue = assert_issue(name, ["rollout.rollout_backend=sglang"], "rollout.rollout_backend",
+                             "SGLang profile on its current release", "not installed or built yet")
+        assert "rollout.rollout_backend=vllm" in issue.fix
+    assert "SGLang profile" not in " ".join(str(i) for i in check_config("tiny-cpu").issues)
+
+
 def test_vllm_is_refused_with_the_reason(reference_env):
     for name in ("qwen2.5-3b-tool-1node", "qwen2.5-3b-tool-1node-eval"):
         assert_issue(name, ["rollout.rollout_backend=vllm"], "rollout.rollout_backend", "no serving loop",
