@@ -34,6 +34,7 @@ from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
 from rlinf_ext.protocol.generation import GenerationResult
 from rlinf_ext.protocol.images import canonicalize
+from rlinf_ext.protocol.vl_tokens import mm_token_type_ids
 from rlinf_ext.tools.documents import document_from_row
 from rlinf_ext.tools.image_search import ImageSearchTool
 from rlinf_ext.tools.search import SearchResult
@@ -155,7 +156,8 @@ def _batch(model, image_inputs, trajs: list[MMTrajectory], pad_id: int) -> dict[
             if m:
                 labels[row, len(t.prompt_ids) + k] = tok
     vision = image_inputs.batch([img for t in trajs for img in t.images])
-    return {"input_ids": ids, "attention_mask": attention, "labels": labels, **vision}
+    types = mm_token_type_ids(ids, model.config.image_token_id)  # transformers 5: else text-only positions
+    return {"input_ids": ids, "attention_mask": attention, "labels": labels, "mm_token_type_ids": types, **vision}
 
 
 def train(model, image_inputs, trajs: list[MMTrajectory], cfg: MMSFTConfig, seed: int, pad_id: int,
