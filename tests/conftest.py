@@ -63,7 +63,7 @@ def randomized_qwen2():
     from transformers import Qwen2ForCausalLM
 
     def load(model_dir, seed: int = 0):
-        model = Qwen2ForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+        model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
         return randomize_qwen2_(model, seed)
 
     return load

@@ -85,7 +85,7 @@ class HFGenerator:
     def from_pretrained(cls, model_path: str | Path, tokenizer_path: str | Path | None = None,
                         dtype: str = "float32", **kwargs: Any) -> "HFGenerator":
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or model_path))
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), torch_dtype=dtype_of_hf_name(dtype, "rollout.hf.dtype"))
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype_of_hf_name(dtype, "rollout.hf.dtype"))
         return cls(model, tokenizer, **kwargs)
 
     def reseed(self, seed: int | None) -> None:

@@ -88,7 +88,7 @@ def test_vl_stack_builds_saves_reloads_and_generates(tiny_mm_assets):
     config = json.loads((mm.qwen2_5_vl_tiny / "config.json").read_text())
     assert config["rope_scaling"]["mrope_section"] == [2, 3, 3] and config["rope_scaling"]["type"] == "default"
     assert config["text_config"]["vocab_size"] > len(processor.tokenizer)  # padded rows exist (and are banned at sampling)
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(mm.qwen2_5_vl_tiny, torch_dtype=torch.float32)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(mm.qwen2_5_vl_tiny, dtype=torch.float32)
     assert type(AutoModelForImageTextToText.from_pretrained(mm.qwen2_5_vl_tiny)).__name__ == type(model).__name__
     row = read_fvqa(mm.fvqa_test, PX, PX)[0]
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": row.question}]}]
