@@ -89,6 +89,16 @@ def actor_samples():
     return make
 
 
+@pytest.fixture
+def sglang_rules_lifted(monkeypatch):
+    """Validation without its refusal of rollout_backend=sglang (config/rules.py `sglang_profile_not_built`): the
+    SGLang engine code stays for the next SGLang profile, and these tests keep its wiring honest meanwhile."""
+    from rlinf_ext.config import rule_registry
+    from rlinf_ext.config.rules import sglang_profile_not_built
+
+    monkeypatch.setattr(rule_registry, "_RULES", [r for r in rule_registry._RULES if r[1] is not sglang_profile_not_built])
+
+
 def pytest_runtest_setup(item):
     marker = item.get_closest_marker("gpu")
     if marker is not None:
