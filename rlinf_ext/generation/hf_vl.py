@@ -26,7 +26,7 @@ from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, banned_token_ids, mm_token_t
 def load_vl_processor(path: str | Path):
     """The fast tokenizer with the slow image processor (the one the actor and SGLang's
     `disable_fast_image_processor` use; the fast one needs torchvision and differs slightly)."""
-    from rlinf_ext.generation.vl_processor import load_image_only_processor
+    from rlinf_ext.generation.vl_processor import load_image_only_processor  # lazy: imports transformers
 
     # transformers 5's Qwen2_5_VLProcessor needs a video processor, hence torchvision: images only here
     return load_image_only_processor(path)

@@ -6,6 +6,10 @@ import pytest
 
 from rlinf_ext.config import check_config, load_config, validate
 
+# Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
+# refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
+pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+
 
 def issues_for(name, overrides):
     result = check_config(name, overrides)
@@ -191,15 +195,6 @@ def test_gpu_backend_on_cpu_cluster(reference_env):
     assert_issue(
         "tiny-cpu", ["rollout.rollout_backend=sglang"], "rollout.rollout_backend", "rollout.rollout_backend=hf"
     )
-
-
-def test_sglang_is_refused_until_its_current_profile_is_built(reference_env):
-    # the GPU extra no longer installs SGLang (the 2025 sglang 0.4.6.post5 stack needs transformers 4.51)
-    for name in ("qwen2.5-3b-tool-1node", "qwen2.5-3b-tool-1node-eval"):
-        issue = assert_issue(name, ["rollout.rollout_backend=sglang"], "rollout.rollout_backend",
-                             "SGLang profile on its current release", "not installed or built yet")
-        assert "rollout.rollout_backend=vllm" in issue.fix
-    assert "SGLang profile" not in " ".join(str(i) for i in check_config("tiny-cpu").issues)
 
 
 def test_vllm_is_refused_with_the_reason(reference_env):
