@@ -127,3 +127,30 @@ def test_image_rows_get_mrope_positions_not_text_only(vl):
     assert torch.allclose(right, typed, atol=1e-5)
     assert not torch.allclose(right, untyped, atol=1e-4)  # the silent fallback this guards against
     assert gen._model_inputs(full, vision)["mm_token_type_ids"].sum() == (full == gen.image_pad_id).sum()
+
+
+def test_the_image_only_processor_round_trips_under_the_stock_name(vl, tmp_path):
+    """transformers 5's Qwen2_5_VLProcessor requires a video processor, and video processors need torchvision
+    (not installable beside the CPU torch): rlinf_ext's processor has none, expands image pads like the stock one
+    and saves as `Qwen2_5_VLProcessor` so that the directory stays loadable wherever torchvision exists."""
+    import json
+
+    from rlinf_ext.generation.hf_vl import load_vl_processor
+    from rlinf_ext.generation.vl_processor import ImageOnlyQwen2_5_VLProcessor
+
+    gen, rows = vl
+    processor = gen.processor
+    assert isinstance(processor, ImageOnlyQwen2_5_VLProcessor) and not hasattr(processor, "video_processor")
+    processor.save_pretrained(tmp_path)
+    saved = {**json.loads((tmp_path / "processor_config.json").read_text()),
+             **json.loads((tmp_path / "tokenizer_config.json").read_text())}
+    assert saved["processor_class"] == "Qwen2_5_VLProcessor"
+    again = load_vl_processor(tmp_path)
+    image = rows[0].images[0]
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q"}]}],
+                                         add_generation_prompt=True)
+    a = processor(text=[text], images=[image.to_pil()], return_tensors="pt")
+    b = again(text=[text], images=[image.to_pil()], return_tensors="pt")
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.image_grid_thw, b.image_grid_thw)
+    assert int((a.input_ids == gen.image_pad_id).sum()) == int(a.image_grid_thw.prod()) // 4
+    assert torch.equal(a.mm_token_type_ids, mm_token_type_ids(a.input_ids, gen.image_pad_id))
