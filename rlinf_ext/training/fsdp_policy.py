@@ -32,7 +32,14 @@ from rlinf_ext.config.schema import FSDPConfig
 from rlinf_ext.models.dtypes import dtype_of_precision
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
 from rlinf_ext.protocol.images import ImageRef, canonicalize
-from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, mrope_positions, text_vocab_size
+from rlinf_ext.protocol.vl_tokens import (
+    IMAGE_PAD,
+    VISION_END,
+    VISION_START,
+    banned_token_ids,
+    mrope_positions,
+    text_vocab_size,
+)
 from rlinf_ext.training import fsdp_policy_io
 from rlinf_ext.training.batching import PackedBatch, pack_sequences
 from rlinf_ext.training.data_parallel import DataParallel
