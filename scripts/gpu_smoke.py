@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """One-GPU smoke test of rlinf_ext's GPU path (stages S0-S6), for a machine with one H100, torch with
-CUDA, and a few small wheels (megatron-core 0.16.1, rlinf 0.3.0, transformers 4.51.1 + tokenizers + huggingface_hub
+CUDA, and a few small wheels (megatron-core 0.16.1, rlinf 0.3.0, transformers 5.19.0 + tokenizers + huggingface_hub
 first on PYTHONPATH, omegaconf, antlr4, hydra-core, faiss-cpu). No Ray, no SGLang, no Transformer Engine: Ray and
 ``rlinf.scheduler`` are stubbed inside this script only, and the actor uses Megatron's local layer spec.
 

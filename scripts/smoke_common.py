@@ -141,7 +141,7 @@ def tiny_model_dir(ctx: Context) -> Path:
     if (out / "config.json").is_file():
         return out
     write_random_qwen2(out, "tiny", seed=0)
-    model = AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -153,7 +153,7 @@ def tiny_model_dir(ctx: Context) -> Path:
 def hf_model(model_dir: Path, ctx: Context, dtype):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, attn_implementation="eager").to(
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").to(
         ctx.torch_device).eval()
 
 

@@ -48,7 +48,7 @@ def s0_environment(rec: Record, ctx: Context) -> None:
         rec.check(f"import {name}", name in imported)
     import transformers
 
-    rec.check("transformers 4.51.x first on the path (the stack's pin)", transformers.__version__.startswith("4.51"))
+    rec.check("transformers 5.19.x first on the path (the stack's pin)", transformers.__version__.startswith("5.19"))
     importlib.import_module("rlinf.algorithms")
     rec.check("import rlinf.algorithms (rlinf.scheduler and ray stubbed)", True)
     for name in ("rlinf_ext.training.megatron_policy", "rlinf_ext.convert.mapping", "rlinf_ext.retrieval.dense"):

@@ -36,7 +36,7 @@ def ipc_consumer(model_dir: str, dtype_name: str, device: str, inbox, outbox, id
     if device == "cpu":
         torch.multiprocessing.set_sharing_strategy("file_system")
     dtype = getattr(torch, dtype_name)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), torch_dtype=dtype,
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype,
                                              attn_implementation="eager").to(device).eval()
     loaded = set()
     while (blob := inbox.get()) is not None:

@@ -63,7 +63,7 @@ def randomized_qwen2():
     from transformers import Qwen2ForCausalLM
 
     def load(model_dir, seed: int = 0):
-        model = Qwen2ForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+        model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
         return randomize_qwen2_(model, seed)
 
     return load
@@ -87,6 +87,16 @@ def actor_samples():
         return out
 
     return make
+
+
+@pytest.fixture
+def sglang_rules_lifted(monkeypatch):
+    """Validation without its refusal of rollout_backend=sglang (config/rules.py `sglang_profile_not_built`): the
+    SGLang engine code stays for the next SGLang profile, and these tests keep its wiring honest meanwhile."""
+    from rlinf_ext.config import rule_registry
+    from rlinf_ext.config.rules import sglang_profile_not_built
+
+    monkeypatch.setattr(rule_registry, "_RULES", [r for r in rule_registry._RULES if r[1] is not sglang_profile_not_built])
 
 
 def pytest_runtest_setup(item):

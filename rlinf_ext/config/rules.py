@@ -256,6 +256,20 @@ def vllm_cannot_serve(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
+@rule("rollout.rollout_backend")
+def sglang_profile_not_built(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """The 2025 SGLang stack (sglang 0.4.6.post5 on torch 2.6 and transformers 4.51) is gone from the GPU extra;
+    the SGLang profile on its current release (sglang 0.5.23 on torch 2.14.1) is not installed or built yet."""
+    if cfg.rollout.rollout_backend == "sglang":
+        yield ConfigIssue(
+            "rollout.rollout_backend",
+            "sglang: the SGLang profile on its current release (sglang 0.5.23, torch 2.14.1, transformers 5.19.0) is "
+            "not installed or built yet; the gpu extra installs vLLM 0.32.0 (torch 2.13.0), and the old SGLang stack "
+            "(sglang 0.4.6.post5 on torch 2.6.0 and transformers 4.51.1) cannot run beside transformers 5.",
+            "set rollout.rollout_backend=vllm on GPUs (rollout.rollout_backend=hf on CPU).",
+        )
+
+
 @rule("runner.task_type", "cluster.num_nodes", "cluster.num_gpus_per_node", "cluster.component_placement",
       "actor.offload_weight", "actor.offload_optimizer")
 def collocated_needs_offload(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:

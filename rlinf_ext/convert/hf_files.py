@@ -218,7 +218,8 @@ def is_weight_file(name: str) -> bool:
 def copy_template_files(template: Path, out_dir: Path, dtype: torch.dtype | None) -> list[str]:
     """Copy config, generation config, tokenizer and other small files — never weight files.
 
-    ``config.json`` gets ``torch_dtype`` set to the written dtype.
+    ``config.json`` gets ``dtype`` (transformers 5's key, which wins over ``torch_dtype`` when both are there) and
+    ``torch_dtype`` (4.x's key, for older readers) set to the written dtype.
     """
     copied = []
     for src in sorted(template.iterdir()):
@@ -229,7 +230,8 @@ def copy_template_files(template: Path, out_dir: Path, dtype: torch.dtype | None
     cfg_path = out_dir / "config.json"
     if cfg_path.is_file() and dtype is not None:
         cfg = json.loads(cfg_path.read_text())
-        cfg["torch_dtype"] = hf_name_of(dtype) or cfg.get("torch_dtype")
+        name = hf_name_of(dtype) or cfg.get("dtype") or cfg.get("torch_dtype")
+        cfg["dtype"] = cfg["torch_dtype"] = name
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     return copied
 

@@ -70,7 +70,7 @@ def verify_conversion(mg_dir: str | Path, hf_dir: str | Path, *, tolerance: floa
     layout, states = open_megatron_checkpoint(mg_dir)
     spec = spec_for_checkpoint(hf_dir, layout, states)
     merged = {k: v.float() for k, v in merge_megatron_ranks(states, spec).items()}
-    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), torch_dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     ids, mask = prompt_batch(hf_dir, spec.dims.vocab_size)
     positions = default_position_ids(mask, *ids.shape)
     with torch.no_grad():

@@ -85,7 +85,7 @@ class HFGenerator:
     def from_pretrained(cls, model_path: str | Path, tokenizer_path: str | Path | None = None,
                         dtype: str = "float32", **kwargs: Any) -> "HFGenerator":
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or model_path))
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), torch_dtype=dtype_of_hf_name(dtype, "rollout.hf.dtype"))
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype_of_hf_name(dtype, "rollout.hf.dtype"))
         return cls(model, tokenizer, **kwargs)
 
     def reseed(self, seed: int | None) -> None:
@@ -149,6 +149,10 @@ class HFGenerator:
         """Blocking batch generation (no event loop needed)."""
         return self._generate_batch(prompts, [params] * len(prompts))
 
+    def _model_inputs(self, input_ids: torch.Tensor, extra_inputs: dict[str, Any] | None) -> dict[str, Any]:
+        """What `generate` gets beside the left-padded ids and their mask (the VL generator adds modality ids)."""
+        return dict(extra_inputs or {})
+
     def _generate_batch(self, prompts: list[list[int]], params_list: list[SamplingParams],
                         extra_inputs: dict[str, Any] | None = None,
                         banned_ids: list[int] | None = None) -> list[GenerationResult]:
@@ -166,7 +170,8 @@ class HFGenerator:
             if self._seed is not None:
                 torch.manual_seed(self._seed + self._calls)
             self._calls += 1
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **(extra_inputs or {}), **kwargs)
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention,
+                                      **self._model_inputs(input_ids, extra_inputs), **kwargs)
         self.batch_sizes.append(len(prompts))
         new_tokens = out.sequences[:, width:].tolist()
         logprobs = None

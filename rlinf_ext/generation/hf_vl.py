@@ -20,16 +20,16 @@ import torch
 from rlinf_ext.generation.hf import HFGenerator, _Request
 from rlinf_ext.protocol.generation import GenerationResult
 from rlinf_ext.protocol.images import ImageRef
-from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, banned_token_ids, token_id
+from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, banned_token_ids, mm_token_type_ids, text_vocab_size, token_id
 
 
 def load_vl_processor(path: str | Path):
     """The fast tokenizer with the slow image processor (the one the actor and SGLang's
     `disable_fast_image_processor` use; the fast one needs torchvision and differs slightly)."""
-    from transformers import AutoProcessor, AutoTokenizer
+    from rlinf_ext.generation.vl_processor import load_image_only_processor  # lazy: imports transformers
 
-    # use_fast=False would also pick the slow tokenizer: the fast one is passed in explicitly
-    return AutoProcessor.from_pretrained(str(path), use_fast=False, tokenizer=AutoTokenizer.from_pretrained(str(path)))
+    # transformers 5's Qwen2_5_VLProcessor needs a video processor, hence torchvision: images only here
+    return load_image_only_processor(path)
 
 
 class ImageInputs:
@@ -74,7 +74,7 @@ class HFVLGenerator(HFGenerator):
                          return_logprobs=return_logprobs, seed=seed, logits_processors=logits_processors)
         self.processor = processor
         self.image_pad_id = token_id(processor.tokenizer, IMAGE_PAD)
-        self.banned_ids = (banned_token_ids(processor.tokenizer, int(model.config.vocab_size))
+        self.banned_ids = (banned_token_ids(processor.tokenizer, text_vocab_size(model.config))
                            if banned_ids is None else sorted(banned_ids))
         self.images = ImageInputs(processor.image_processor, image_cache_size)
 
@@ -87,13 +87,19 @@ class HFVLGenerator(HFGenerator):
 
         if num_threads is not None:
             torch.set_num_threads(int(num_threads))
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(model_path), torch_dtype=getattr(torch, dtype))
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(model_path), dtype=getattr(torch, dtype))
         return cls(model, load_vl_processor(model_path), **kwargs)
 
     def _check_images(self, images: list[Any] | None) -> None:
         bad = [type(i).__name__ for i in images or [] if not isinstance(i, ImageRef)]
         if bad:
             raise TypeError(f"images must be protocol.images.ImageRef objects, got {bad}")
+
+    def _model_inputs(self, input_ids: torch.Tensor, extra_inputs: dict[str, Any] | None) -> dict[str, Any]:
+        inputs = super()._model_inputs(input_ids, extra_inputs)
+        if "image_grid_thw" in inputs:  # transformers 5: without them `generate` uses text-only positions
+            inputs["mm_token_type_ids"] = mm_token_type_ids(input_ids, self.image_pad_id)
+        return inputs
 
     def _run_batch(self, batch: list[_Request]) -> list[GenerationResult]:
         refs: list[ImageRef] = []

@@ -40,7 +40,8 @@ from rlinf_ext.generation.sglang_wire import hf_eos_ids, sglang_reply, to_sglang
 from rlinf_ext.models.dtypes import PRECISIONS, hf_name_of_precision
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 
-GPU_INSTALL_FIX = "bash scripts/install.sh --gpu (sglang==0.4.6.post5 through rlinf[agentic-sglang])"
+GPU_INSTALL_FIX = ("bash scripts/install.sh --gpu (the gpu extra: vllm 0.32.0, Transformer Engine; the SGLang profile "
+                   "on its current release, sglang 0.5.23, is not built yet)")
 
 
 class SGLangUnavailable(RuntimeError):

@@ -54,6 +54,17 @@ def load_hf_config_dict(hf_config: Any) -> dict:
     raise TypeError(f"cannot read a HF config from {type(hf_config).__name__}")
 
 
+def rope_theta_of(cfg: Mapping) -> float:
+    """RoPE base of a HF config dict: transformers 5 writes it under ``rope_parameters`` (and reads the top-level
+    ``rope_theta`` of 4.x files into it); a 5.x config has no top-level key, so reading only that would silently
+    give the 10000 default for a model built with 1e6."""
+    params = cfg.get("rope_parameters") or {}
+    for value in (params.get("rope_theta"), cfg.get("rope_theta")):
+        if value is not None:
+            return float(value)
+    return 10000.0
+
+
 def dims_from_hf_config(hf_config: Any) -> QwenDims:
     """Read and check the dimensions of a Qwen2/Qwen2.5 config (errors name the offending field)."""
     cfg = load_hf_config_dict(hf_config)
@@ -81,7 +92,7 @@ def dims_from_hf_config(hf_config: Any) -> QwenDims:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=True,  # Qwen2 always has q/k/v biases and no other linear bias
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        rope_theta=rope_theta_of(cfg),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
     )
 

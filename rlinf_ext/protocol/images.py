@@ -59,7 +59,7 @@ def open_image(data: bytes, what: str = "image"):
 
 def canonical_size(width: int, height: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """(width, height) after transformers' Qwen2-VL `smart_resize` with factor 28."""
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize  # no torchvision
 
     check_pixel_bounds(min_pixels, max_pixels)
     try:
@@ -112,11 +112,13 @@ def canonicalize(image: Any, min_pixels: int, max_pixels: int, what: str = "imag
 def image_pad_count(image_processor: Any, image: ImageRef) -> int:
     """`<|image_pad|>` tokens a Qwen2-VL image processor gives `image`: its resize (`smart_resize` with
     factor patch*merge and the processor's pixel bounds), one token per (patch*merge)^2 pixels."""
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize  # no torchvision
 
     factor = int(image_processor.patch_size) * int(image_processor.merge_size)
+    # transformers 5 keeps the pixel bounds only in `size` (no `min_pixels` / `max_pixels` attributes)
     size = getattr(image_processor, "size", None) or {}
-    low = size.get("shortest_edge", image_processor.min_pixels)
-    high = size.get("longest_edge", image_processor.max_pixels)
+    low, high = size.get("shortest_edge"), size.get("longest_edge")
+    low = getattr(image_processor, "min_pixels") if low is None else low
+    high = getattr(image_processor, "max_pixels") if high is None else high
     h, w = smart_resize(image.height, image.width, factor=factor, min_pixels=low, max_pixels=high)
     return (h // factor) * (w // factor)

@@ -43,3 +43,29 @@ def expand_image_pads(ids: Sequence[int], image_pad_id: int, pads_per_image: Seq
     if k != len(pads_per_image):
         raise ValueError(f"the text has {k} image placeholders for {len(pads_per_image)} images")
     return out
+
+
+def mm_token_type_ids(input_ids: Any, image_pad_id: int) -> Any:
+    """transformers 5's modality ids of a ``[B, T]`` id tensor (0 text, 1 image). A Qwen2.5-VL forward or
+    ``generate`` computes its 3-D mrope positions only when these are passed: without them it silently falls
+    back to text-only positions (no error, different logits)."""
+    return (input_ids == int(image_pad_id)).int()
+
+
+def mrope_positions(model: Any, input_ids: Any, image_grid_thw: Any, attention_mask: Any = None) -> Any:
+    """``[3, B, T]`` mrope positions from the model's own ``get_rope_index`` (images in row order). transformers 5
+    moved it from ``Qwen2_5_VLForConditionalGeneration`` to its ``.model`` and made the modality ids its second
+    argument; the image pad id comes from the model's config."""
+    inner = getattr(model, "model", model)
+    types = mm_token_type_ids(input_ids, model.config.image_token_id)
+    positions, _ = inner.get_rope_index(input_ids, types, image_grid_thw=image_grid_thw,
+                                        attention_mask=attention_mask)
+    return positions
+
+
+def text_vocab_size(config: Any) -> int:
+    """Embedding rows of a Qwen2.5-VL config (a ``PretrainedConfig`` or a config.json dict): transformers 5 keeps
+    ``vocab_size`` only in ``text_config`` (4.x also had it at the top level)."""
+    if isinstance(config, dict):
+        return int(config.get("vocab_size") or config["text_config"]["vocab_size"])
+    return int(config.get_text_config().vocab_size)

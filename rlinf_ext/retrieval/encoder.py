@@ -56,7 +56,7 @@ class TextEncoder:
         self.device = torch.device(f"cuda:{gpus[0]}") if gpus else torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
         dtype = torch.float16 if self.device.type == "cuda" else torch.float32
-        self.model = AutoModel.from_pretrained(spec.model_path, torch_dtype=dtype).to(self.device).eval()
+        self.model = AutoModel.from_pretrained(spec.model_path, dtype=dtype).to(self.device).eval()
         # several GPUs: torch's DataParallel splits every batch over them (build-index --gpus; not GPU-verified)
         self.forward = torch.nn.DataParallel(self.model, device_ids=gpus) if gpus and len(gpus) > 1 else self.model
         self.dim = int(self.model.config.hidden_size)

@@ -32,7 +32,14 @@ from rlinf_ext.config.schema import FSDPConfig
 from rlinf_ext.models.dtypes import dtype_of_precision
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
 from rlinf_ext.protocol.images import ImageRef, canonicalize
-from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids
+from rlinf_ext.protocol.vl_tokens import (
+    IMAGE_PAD,
+    VISION_END,
+    VISION_START,
+    banned_token_ids,
+    mrope_positions,
+    text_vocab_size,
+)
 from rlinf_ext.training import fsdp_policy_io
 from rlinf_ext.training.batching import PackedBatch, pack_sequences
 from rlinf_ext.training.data_parallel import DataParallel
@@ -77,7 +84,7 @@ class MMPackedBatch(PackedBatch):
 def load_vl_model(path: str | Path, dtype: torch.dtype = torch.float32):
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(path), torch_dtype=dtype, attn_implementation="sdpa")
+    return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
 
 
 def shard_fsdp2(model: torch.nn.Module, dp: DataParallel, fsdp: FSDPSettings, device: torch.device) -> None:
@@ -144,7 +151,7 @@ class FSDPPolicy(GRPOPolicy):
         self.processor = load_vl_processor(self.hf_model_path)
         self.model = self._build(trainable=True)
         self.ref_model = self._build(trainable=False) if settings.loss.kl_beta > 0 else None
-        vocab = int(self.model.config.vocab_size)
+        vocab = text_vocab_size(self.model.config)
         ids = banned_token_ids(self.processor.tokenizer, vocab) if banned_ids is None else list(banned_ids)
         self.banned = torch.zeros(vocab, dtype=torch.bool)
         self.banned[ids] = True
@@ -191,9 +198,7 @@ class FSDPPolicy(GRPOPolicy):
 
     def rope_positions(self, batch: MMPackedBatch) -> torch.Tensor:
         """``[3, B, T]`` mrope positions from the model's own ``get_rope_index`` (images in row order)."""
-        grid = batch.vision.get("image_grid_thw")
-        pos, _ = self.model.get_rope_index(batch.input_ids, grid, None, None, batch.attention_mask)
-        return pos
+        return mrope_positions(self.model, batch.input_ids, batch.vision.get("image_grid_thw"), batch.attention_mask)
 
     def _project(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float() + self._bias  # banned ids: -inf before the log-softmax

@@ -98,6 +98,27 @@ def _check_dir(directory: Path) -> dict[str, Any]:
     return marker
 
 
+def to_module_names(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoint names -> the model's parameter names. transformers 5's ``save_pretrained`` writes Qwen2.5-VL in
+    the checkpoint layout (``visual.*``, ``model.layers.*``) while the module holds ``model.visual.*`` and
+    ``model.language_model.*``; ``from_pretrained`` renames on load with the model's own conversion mapping, and
+    so does this (renamings only: a mapping that also transforms tensors is refused)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, rename_source_key
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    if len(renamings) != len(transforms):
+        raise NotImplementedError(f"{type(model).__name__}: its checkpoint conversion transforms tensors, "
+                                  "not only names; load it with from_pretrained")
+    return {rename_source_key(name, renamings, [])[0]: tensor for name, tensor in weights.items()}
+
+
+def _embedding_name(model: torch.nn.Module) -> str:
+    embedding = model.get_input_embeddings()
+    return next(n for n, m in model.named_modules() if m is embedding) + ".weight"
+
+
 def load_fsdp_policy(policy: FSDPPolicy, directory: str | Path) -> int:
     """Restore weights, optimizer, LR-schedule position and RNG; returns the checkpoint's iteration."""
     from safetensors.torch import load_file
@@ -107,8 +128,9 @@ def load_fsdp_policy(policy: FSDPPolicy, directory: str | Path) -> int:
     weights: dict[str, torch.Tensor] = {}
     for shard in sorted(directory.glob("*.safetensors")):
         weights.update(load_file(shard))
+    weights = to_module_names(policy.model, weights)
     if "lm_head.weight" not in weights and policy.model.config.tie_word_embeddings:
-        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]  # tied: saved once
+        weights["lm_head.weight"] = weights[_embedding_name(policy.model)]  # tied: saved once
     set_model_state_dict(policy.model, weights, options=StateDictOptions(full_state_dict=True))
     state = torch.load(directory / TRAINING_STATE, weights_only=False, map_location="cpu")
     set_optimizer_state_dict(policy.model, policy.step.optimizer, state["optimizer"],

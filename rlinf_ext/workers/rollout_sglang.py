@@ -38,7 +38,7 @@ from rlinf_ext.generation.sglang_vl import disallowed_tokens_processor, mm_reque
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams, sampling_params_from_request
 from rlinf_ext.models.qwen2 import load_hf_config_dict
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
-from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids
+from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size
 from rlinf_ext.sync.weight_sync import (
     HandleBucket,
     SyncRoutes,
@@ -160,7 +160,7 @@ def make_sglang_stop_worker():
             if not hasattr(self, "_vl"):
                 tok = self._tokenizer
                 ids = tuple(int(tok.convert_tokens_to_ids(t)) for t in (VISION_START, IMAGE_PAD, VISION_END))
-                vocab = int(load_hf_config_dict(self._cfg_rollout.model.model_path)["vocab_size"])  # padded rows
+                vocab = text_vocab_size(load_hf_config_dict(self._cfg_rollout.model.model_path))  # padded rows
                 self._vl = (ids, banned_token_ids(tok, max(vocab, len(tok))), disallowed_tokens_processor())
             token_ids, banned, processor = self._vl
             return mm_request(prompt_ids, images, sglang_params, token_ids=token_ids, banned_ids=banned,

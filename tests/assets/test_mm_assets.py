@@ -78,23 +78,31 @@ def test_caches_agree_between_directory_and_pickle(tiny_mm_assets):
 
 def test_vl_stack_builds_saves_reloads_and_generates(tiny_mm_assets):
     import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoModelForImageTextToText, Qwen2_5_VLForConditionalGeneration
+
+    from rlinf_ext.generation.hf_vl import load_vl_processor
 
     mm = tiny_mm_assets.mm
-    processor = AutoProcessor.from_pretrained(mm.qwen2_5_vl_tiny)
-    assert type(processor).__name__ == "Qwen2_5_VLProcessor"
-    assert type(processor.tokenizer).__name__ == "Qwen2TokenizerFast"
-    assert type(processor.image_processor).__name__ == "Qwen2VLImageProcessor"
+    # saved under the stock names (AutoProcessor loads it where torchvision exists); loaded here without a video
+    # processor, which transformers 5 builds only with torchvision (generation/vl_processor.py)
+    saved = json.loads((mm.qwen2_5_vl_tiny / "processor_config.json").read_text())
+    assert saved["processor_class"] == "Qwen2_5_VLProcessor"
+    assert saved["image_processor"]["image_processor_type"] == "Qwen2VLImageProcessor"
+    processor = load_vl_processor(mm.qwen2_5_vl_tiny)
+    assert isinstance(processor, __import__("transformers").Qwen2_5_VLProcessor)
+    assert type(processor.tokenizer).__name__ in ("Qwen2TokenizerFast", "Qwen2Tokenizer")
+    assert type(processor.image_processor).__name__.startswith("Qwen2VLImageProcessor")
     config = json.loads((mm.qwen2_5_vl_tiny / "config.json").read_text())
-    assert config["rope_scaling"]["mrope_section"] == [2, 3, 3] and config["rope_scaling"]["type"] == "default"
-    assert config["vocab_size"] > len(processor.tokenizer)  # padded rows exist (and are banned at sampling)
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(mm.qwen2_5_vl_tiny, torch_dtype=torch.float32)
+    rope = config["text_config"]["rope_parameters"]  # transformers 5: rope_scaling folded into rope_parameters
+    assert rope["mrope_section"] == [2, 3, 3] and rope["rope_type"] == "default"
+    assert config["text_config"]["vocab_size"] > len(processor.tokenizer)  # padded rows exist (and are banned at sampling)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(mm.qwen2_5_vl_tiny, dtype=torch.float32)
     assert type(AutoModelForImageTextToText.from_pretrained(mm.qwen2_5_vl_tiny)).__name__ == type(model).__name__
     row = read_fvqa(mm.fvqa_test, PX, PX)[0]
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": row.question}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = processor(text=[text], images=[row.images[0].to_pil()], return_tensors="pt")
-    assert inputs.image_grid_thw.tolist() == [[1, 4, 4]]
+    inputs = processor(text=[text], images=[row.images[0].to_pil()], return_tensors="pt")  # + mm_token_type_ids
+    assert inputs.image_grid_thw.tolist() == [[1, 4, 4]] and int(inputs.mm_token_type_ids.sum()) == 4
     assert int((inputs.input_ids == model.config.image_token_id).sum()) == 4
     out = model.generate(**inputs, max_new_tokens=5, do_sample=False)
     assert out.shape[1] == inputs.input_ids.shape[1] + 5 or int(out[0, -1]) in model.generation_config.eos_token_id

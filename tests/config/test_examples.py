@@ -7,6 +7,12 @@ from pathlib import Path
 from rlinf_ext.config import check_config, load_config, to_dictconfig
 from rlinf_ext.config.compose import REPO_ROOT
 
+import pytest
+
+# Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
+# refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
+pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+
 EXAMPLE_YAMLS = sorted((REPO_ROOT / "examples").rglob("*.yaml"))
 EXPERIMENT_YAMLS = [p for p in EXAMPLE_YAMLS if p.parent.name == "config"]
 

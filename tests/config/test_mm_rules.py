@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from test_rules import assert_issue, issues_for
 
+import pytest
+
+# Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
+# refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
+pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+
 
 def test_mm_eval_configs_are_clean(reference_env):
     for name in ("tiny-mm-cpu-eval", "qwen2.5-vl-7b-eval"):

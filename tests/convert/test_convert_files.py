@@ -58,8 +58,12 @@ def test_output_is_a_loadable_sharded_hf_model_with_template_files(qwen2_models,
     assert not (out / "stale-copy.bin").exists() and not (out / "model.safetensors").exists()
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (out / name).is_file(), name
-    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    model = AutoModelForCausalLM.from_pretrained(str(out), torch_dtype="auto")
+    # transformers 5 writes (and prefers) `dtype`: the fp32 template has it, so the bf16 output must rewrite it,
+    # or the converted model silently loads in fp32
+    assert json.loads((src / "config.json").read_text())["dtype"] == "float32"
+    written = json.loads((out / "config.json").read_text())
+    assert written["dtype"] == written["torch_dtype"] == "bfloat16"
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype="auto")
     assert model.dtype == torch.bfloat16
     ref = read_weights(src)
     assert torch.equal(model.state_dict()["lm_head.weight"], ref["lm_head.weight"].to(torch.bfloat16))

@@ -48,7 +48,7 @@ def test_tp2_logits_in_two_gloo_processes_match_hf(qwen2_models, tmp_path):
                 p.wait()
     assert all(p.returncode == 0 for p in procs), "\n".join(outs)[-4000:]
     for tie in ("tied", "untied"):
-        hf = AutoModelForCausalLM.from_pretrained(str(qwen2_models[(tie, "fp32")]), torch_dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(str(qwen2_models[(tie, "fp32")]), dtype=torch.float32).eval()
         assert hf.config.vocab_size > 1000
         with torch.no_grad():
             hf_logits = hf(input_ids=ids, attention_mask=mask, position_ids=default_position_ids(mask, 2, 11)).logits

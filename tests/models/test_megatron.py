@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -95,3 +97,36 @@ def test_load_rejects_missing_and_misshaped_tensors(tiny_assets):
         sd["decoder.layers.9.mlp.linear_fc2.weight"] = torch.ones(1)
         with pytest.raises(StateDictMismatch, match="unexpected keys"):
             load_megatron_state_dict(model, sd)
+
+
+@pytest.mark.timeout(180)
+def test_rope_theta_1e6_reaches_megatron_and_the_converter(tiny_assets, randomized_qwen2, tmp_path):
+    """transformers 5 writes the RoPE base under `rope_parameters` (no top-level `rope_theta`): a model built with
+    1e6 must convert and run with 1e6, not silently with the 10000 default."""
+    from transformers import AutoConfig, Qwen2ForCausalLM
+
+    from rlinf_ext.convert.mapping import preset_hf_config
+
+    cfg = AutoConfig.from_pretrained(tiny_assets.qwen2_tiny)
+    cfg.rope_parameters = {**(cfg.rope_parameters or {}), "rope_type": "default", "rope_theta": 1e6}
+    Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "theta1e6")
+    hf = randomized_qwen2(tmp_path / "theta1e6", 3)
+    assert hf.config.rope_parameters["rope_theta"] == 1e6
+
+    written = json.loads((tmp_path / "theta1e6" / "config.json").read_text())
+    assert written.get("rope_theta") is None and written["rope_parameters"]["rope_theta"] == 1e6  # the 5.x layout
+    for source in (tmp_path / "theta1e6", hf.config, written):
+        assert dims_from_hf_config(source).rope_theta == 1e6, source
+    assert dims_from_hf_config({**written, "rope_parameters": None, "rope_theta": 5e5}).rope_theta == 5e5  # 4.x file
+    assert dims_from_hf_config(preset_hf_config("qwen2.5-3b")).rope_theta == 1e6
+    spec = ConvertSpec.from_hf_config(tmp_path / "theta1e6")
+    assert spec.dims.rope_theta == 1e6
+    ranks = hf_to_megatron(hf.state_dict(), spec, tp=1, pp=1)
+    ids = torch.randint(0, 500, (2, 48), generator=torch.Generator().manual_seed(2))
+    with parallel_state_session(1, 1):
+        model = build_gpt_model(tmp_path / "theta1e6", init_weights=False)
+        load_megatron_state_dict(model, ranks[(0, 0)])
+        mg_logits = forward_logits(model, ids)
+    with torch.no_grad():
+        hf_logits = hf(input_ids=ids).logits
+    assert (mg_logits - hf_logits).abs().max().item() < LOGIT_ATOL

@@ -48,3 +48,20 @@ def test_bad_images_and_bounds_are_named():
         canonical_size(100, 100, min_pixels=4000, max_pixels=3136)
     with pytest.raises(ImageError, match="cannot be canonicalised"):
         canonicalize(Image.new("RGB", (10000, 10)), 3136, 12544)
+
+
+@pytest.mark.parametrize("size", [(30, 30), (200, 150), (900, 700)])
+def test_image_pad_count_reads_the_processors_own_pixel_bounds(size):
+    """transformers 5 keeps the pixel bounds only in the image processor's `size` (`shortest_edge` /
+    `longest_edge`; no `min_pixels` attribute): the pad count must follow the processor's bounds, not a default."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    from rlinf_ext.protocol.images import image_pad_count
+
+    processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56 * 4, max_pixels=28 * 28 * 64, patch_size=14,
+                                         temporal_patch_size=2, merge_size=2)
+    ref = canonicalize(_jpeg(size), min_pixels=28 * 28, max_pixels=1000 * 1000)
+    grid = processor(images=[ref.to_pil()], return_tensors="pt")["image_grid_thw"][0]
+    assert image_pad_count(processor, ref) == int(grid.prod()) // 4
+    count = image_pad_count(processor, ref)
+    assert 16 <= count <= 64 and (count == 16 if size == (30, 30) else True)  # 56*56*4 px = 16 tokens at least

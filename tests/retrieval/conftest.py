@@ -41,7 +41,8 @@ def _make_fallback_assets(root: Path) -> RetrievalAssets:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "query", ":", "passage", '"', "topic"] + words \
         + [str(i) for i in range(10)] + list("abcdefghijklmnopqrstuvwxyz")
     (enc / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    BertTokenizerFast(vocab_file=str(enc / "vocab.txt")).save_pretrained(enc)
+    # transformers 5: the vocabulary is `vocab` (a `vocab_file` argument is ignored: a 5-token vocabulary)
+    BertTokenizerFast(vocab={t: i for i, t in enumerate(dict.fromkeys(vocab))}).save_pretrained(enc)
     import torch
 
     torch.manual_seed(0)

@@ -38,7 +38,7 @@ def test_megatron_loss_and_grads_match_transformers(tiny_model, actor_samples):
     from rlinf_ext.convert.state_dicts import megatron_to_hf
 
     policy = MegatronPolicy(tiny_model, _settings())
-    hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="eager")
     vocab = hf.config.vocab_size
     samples = actor_samples(vocab)
     batch = pack_sequences([s.prompt_ids for s in samples], [s.response_ids for s in samples],
@@ -173,7 +173,7 @@ def test_logprobs_are_those_of_the_tempered_sampling_distribution(tiny_model, ac
     from transformers import AutoModelForCausalLM
 
     policy = MegatronPolicy(tiny_model, _settings(temperature=0.5))
-    hf = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32, attn_implementation="eager")
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="eager")
     samples = actor_samples(hf.config.vocab_size)
     batch = pack_sequences([s.prompt_ids for s in samples], [s.response_ids for s in samples],
                            [s.response_mask for s in samples], 0)

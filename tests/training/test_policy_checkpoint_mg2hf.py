@@ -33,7 +33,7 @@ def _train_one_step(model_dir) -> MegatronPolicy:
 def _hf_logits(path, ids):
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     with torch.no_grad():
         return hf(input_ids=ids).logits
 

@@ -115,4 +115,4 @@ def build_wordpiece(texts: list[str], out_dir: Path, vocab_size: int = 1000):
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab_file = out_dir / "vocab.txt"
     vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    return BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True, model_max_length=512)
+    return BertTokenizerFast(vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=True, model_max_length=512)

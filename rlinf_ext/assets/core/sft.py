@@ -112,11 +112,11 @@ class _Sampler:
 
 
 def train(model, streams: list[Stream], cfg: LoopSettings, pad_id: int, *,
-          vision_inputs: Callable[[list], dict[str, torch.Tensor]] | None = None, progress: bool = True,
+          vision_inputs: Callable[[torch.Tensor, list], dict[str, torch.Tensor]] | None = None, progress: bool = True,
           desc: str = "warm-start SFT") -> list[float]:
     """`cfg.steps` optimizer steps on one batch of every (non-empty) stream each; returns every step's loss.
 
-    `vision_inputs(images)` -> the extra model inputs of a batch's images (pixel values, grid sizes), for
+    `vision_inputs(input_ids, images)` -> the extra model inputs of a batch (pixel values, grid sizes, modality ids), for
     vision-language models; the model gets `input_ids`, `attention_mask` and those, and its logits are scored here.
     """
     from tqdm import tqdm
@@ -141,7 +141,7 @@ def train(model, streams: list[Stream], cfg: LoopSettings, pad_id: int, *,
             for stream, sampler in zip(active, samplers):
                 batch = [stream.examples[i] for i in sampler.take(stream.batch_size)]
                 ids, attn, weights = collate(batch, pad_id)
-                extra = vision_inputs([img for e in batch for img in e.images]) if vision_inputs else {}
+                extra = vision_inputs(ids, [img for e in batch for img in e.images]) if vision_inputs else {}
                 logits = model(input_ids=ids, attention_mask=attn, **extra).logits
                 total = total + weighted_lm_loss(logits, ids, weights) * weights[:, 1:].sum()
                 weight_sum += float(weights[:, 1:].sum())

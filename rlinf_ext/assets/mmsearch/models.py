@@ -61,7 +61,9 @@ def train_vl_tokenizer(texts: list[str], vocab_size: int = 2000):
 
 
 def make_processor(tokenizer, min_pixels: int = TINY_MIN_PIXELS, max_pixels: int = TINY_MAX_PIXELS):
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor
+    from transformers import Qwen2VLImageProcessorPil as Qwen2VLImageProcessor  # the PIL one: no torchvision
+
+    from rlinf_ext.generation.vl_processor import ImageOnlyQwen2_5_VLProcessor as Qwen2_5_VLProcessor  # lazy: heavy
 
     image_processor = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=14,
                                             temporal_patch_size=2, merge_size=2)

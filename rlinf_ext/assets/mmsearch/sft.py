@@ -33,6 +33,7 @@ from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
 from rlinf_ext.protocol.images import canonicalize
+from rlinf_ext.protocol.vl_tokens import mm_token_type_ids
 from rlinf_ext.tools.image_search import ImageSearchTool
 
 PX = vl_models.TINY_MIN_PIXELS
@@ -114,7 +115,10 @@ def train(model, image_inputs, trajs: list[MMTrajectory], cfg: MMSFTConfig, seed
     """The shared warm-start loop (`assets/core/sft.py`): `cfg.steps` batches of `cfg.batch_size` trajectories, loss on
     their mask-1 tokens, images through the processor's `image_inputs`."""
     stream = Stream([SFTExample.from_trajectory(t) for t in trajs], cfg.batch_size, seed)
-    return sft_loop.train(model, [stream], cfg, pad_id, vision_inputs=image_inputs.batch, progress=False,
+    def vision_inputs(ids, images):  # transformers 5: without modality ids the positions are text-only
+        return {**image_inputs.batch(images), "mm_token_type_ids": mm_token_type_ids(ids, model.config.image_token_id)}
+
+    return sft_loop.train(model, [stream], cfg, pad_id, vision_inputs=vision_inputs, progress=False,
                           desc="mm warm-start SFT")
 
 

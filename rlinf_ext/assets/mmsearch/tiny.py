@@ -122,6 +122,6 @@ def generate_mm(root: Path, seed: int, log: Callable[..., None]) -> dict[str, fl
     model = vl_models.make_qwen2_5_vl(tokenizer, vl_models.TinyVLShape(), seed)
     vl_models.save_vl_model(model, processor, paths.qwen2_5_vl_tiny)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"mm model: qwen2.5-vl-tiny ({n_params:,} params, vocab {model.config.vocab_size}, tokenizer {len(tokenizer)})")
+    log(f"mm model: qwen2.5-vl-tiny ({n_params:,} params, vocab {model.config.text_config.vocab_size}, tokenizer {len(tokenizer)})")
     t2 = time.perf_counter()
     return {"mm_data": round(t1 - t0, 2), "mm_models": round(t2 - t1, 2)}
