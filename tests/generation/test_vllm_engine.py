@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,27 +20,9 @@ pytestmark = pytest.mark.timeout(300)
 GREEDY = dict(do_sample=False)
 
 
-def make_model_dir(tokenizer_dir: Path, out: Path, randomize, seed: int) -> Path:
-    """A tiny Qwen2 of head size 32 (hidden 64, 2 heads, 1 KV head) with every weight randomised."""
-    from transformers import AutoTokenizer
-
-    from rlinf_ext.assets.models import TinyQwen2Shape, make_qwen2, save_hf_model
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    model = make_qwen2(tok, TinyQwen2Shape(hidden_size=64, intermediate_size=128, num_attention_heads=2,
-                                           num_key_value_heads=1), seed=seed)
-    randomize(model, seed)
-    save_hf_model(model, tok, out)
-    return out
-
-
 @pytest.fixture(scope="module")
-def model_dirs(tiny_assets, tmp_path_factory):
-    from conftest import randomize_qwen2_
-
-    root = tmp_path_factory.mktemp("vllm_models")
-    return (make_model_dir(tiny_assets.tokenizer_dir, root / "a", randomize_qwen2_, 1),
-            make_model_dir(tiny_assets.tokenizer_dir, root / "b", randomize_qwen2_, 2))
+def model_dirs(qwen2_head32_dirs):
+    return qwen2_head32_dirs
 
 
 @pytest.fixture(scope="module")
