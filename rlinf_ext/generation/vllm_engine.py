@@ -28,14 +28,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import pickle
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rlinf_ext.generation.sglang_wire import hf_eos_ids
 from rlinf_ext.generation.turn_end import turn_end
+from rlinf_ext.models.dtypes import hf_name_of_precision
 from rlinf_ext.protocol.generation import FinishReason, GenerationResult, SamplingParams
+from rlinf_ext.sync.weight_sync import serialize_handle
 
 WORKER_EXTENSION = "rlinf_ext.generation.vllm_engine.WeightLoadExtension"
 
@@ -104,8 +108,6 @@ def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) ->
     ``kv_cache_memory_bytes``; on GPUs ``AsyncLLM`` with the config's executor, attention backend, CUDA graphs
     unless ``enforce_eager``, and the weight-transfer backend of the placement (``ipc`` collocated, ``nccl``
     disaggregated: ``rollout.vllm.weight_transfer_backend``)."""
-    from rlinf_ext.models.dtypes import hf_name_of_precision
-
     if cuda is None:
         import torch
 
@@ -299,7 +301,7 @@ def start_engine(options: VLLMEngineOptions) -> Any:
 # ------------------------------------------------------------------------------------------------ worker side
 class WeightLoadExtension:
     """Mixed into vLLM's worker (``worker_extension_cls``): ``Worker.reload_weights``'s body (vLLM's layerwise
-    in-place reload, ``model_executor/model_loader/reload/inplace.py``) split in three, so the weights can arrive
+    in-place reload, ``vllm/model_executor/model_loader/reload/inplace.py``) split in three, so the weights can arrive
     bucket by bucket. Tensors come as they are (in process) or as ``ForkingPickler`` handle blobs (bytes) from
     another process (``sync/weight_sync.py:serialize_handle``)."""
 
@@ -311,8 +313,6 @@ class WeightLoadExtension:
             initialize_layerwise_reload(self.model_runner.get_model())
 
     def rlinf_load_weights(self, names: list[str], tensors: list) -> int:
-        import pickle
-
         from vllm.config import set_current_vllm_config
 
         opened = [(n, pickle.loads(t) if isinstance(t, (bytes, bytearray)) else t) for n, t in zip(names, tensors)]
@@ -354,8 +354,6 @@ class VLLMGenerator:
     def start(cls, options: VLLMEngineOptions, *, return_logprobs: bool = False,
               seed: int | None = None) -> "VLLMGenerator":
         from transformers import AutoTokenizer
-
-        from rlinf_ext.generation.sglang_wire import hf_eos_ids
 
         tokenizer = AutoTokenizer.from_pretrained(str(options.tokenizer_path or options.model_path))
         eos = hf_eos_ids(str(options.model_path), tokenizer)
@@ -432,8 +430,6 @@ class VLLMGenerator:
     async def load_weight_bucket(self, named: Iterable[tuple[str, Any]]) -> None:
         """One bucket of ``(HF name, tensor)`` pairs into the paused engine: the tensors themselves in process,
         shared-memory handles to a separate engine process."""
-        from rlinf_ext.sync.weight_sync import serialize_handle
-
         names, tensors = [], []
         for name, tensor in named:
             names.append(name)
@@ -472,7 +468,7 @@ class VLLMGenerator:
 def ipc_update_info(named: list[tuple[str, Any]], gpu_uuid: str, reduce_tensor=None) -> dict[str, Any]:
     """vLLM's ``IPCWeightTransferUpdateInfo`` (unpacked) of tensors on this GPU: per tensor a dict from the
     physical GPU's UUID to ``rebuild_cuda_tensor``'s args (``torch.multiprocessing.reductions.reduce_tensor``),
-    as ``distributed/weight_transfer/ipc_engine.py`` reads them. Pure given ``reduce_tensor``."""
+    as ``vllm/distributed/weight_transfer/ipc_engine.py`` reads them. Pure given ``reduce_tensor``."""
     if reduce_tensor is None:
         from torch.multiprocessing.reductions import reduce_tensor
     handles = []

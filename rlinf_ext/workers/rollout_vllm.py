@@ -21,6 +21,7 @@ from rlinf_ext.generation.vllm_engine import VLLMGenerator, VLLMGpuSync, options
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
 from rlinf_ext.sync.weight_sync import DEFAULT_ATOL, SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
 from rlinf_ext.workers.rollout_serving import serve_requests
+from rlinf_ext.workers.rollout_sglang import probe_logprob_gap
 
 
 class VLLMRolloutState:
@@ -86,8 +87,6 @@ class VLLMRolloutState:
         self.weight_version = header.version
         self.last_sync = {"sources": [h.sender for h in headers], "load_s": gen.last_load_s, **vars(stats)}
         if self.verify_sync and header.probe_logits is not None:
-            from rlinf_ext.workers.rollout_sglang import probe_logprob_gap
-
             entries = await gen.prompt_logprobs(header.probe_ids.reshape(-1).tolist())
             gap = probe_logprob_gap(header.probe_ids, header.probe_logits, entries, header.probe_positions)
             self.last_sync_logprob_gap = gap
