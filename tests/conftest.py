@@ -135,3 +135,22 @@ def pytest_collection_modifyitems(items):
         marker = item.get_closest_marker("timeout")
         if extra and marker is not None and marker.args:
             item.add_marker(pytest.mark.timeout(float(marker.args[0]) + extra), append=False)
+
+
+@pytest.fixture(scope="session")
+def qwen2_head32_dirs(tiny_assets, tmp_path_factory):
+    """Two tiny Qwen2 checkpoints of head size 32 (hidden 64, 2 heads, 1 KV head; vLLM's CPU attention refuses the
+    tiny model's 16), every weight randomised (seeds 1 and 2), with the tiny tokenizer: the vLLM tests' models."""
+    from transformers import AutoTokenizer
+
+    from rlinf_ext.assets.models import TinyQwen2Shape, make_qwen2, save_hf_model
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_assets.tokenizer_dir))
+    root = tmp_path_factory.mktemp("qwen2_head32")
+    out = []
+    for seed in (1, 2):
+        model = make_qwen2(tok, TinyQwen2Shape(hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                                               num_key_value_heads=1), seed=seed)
+        save_hf_model(randomize_qwen2_(model, seed), tok, root / f"seed{seed}")
+        out.append(root / f"seed{seed}")
+    return tuple(out)

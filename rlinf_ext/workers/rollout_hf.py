@@ -20,7 +20,6 @@ from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.hf import HFGenerator
 from rlinf_ext.generation.hf_vl import HFVLGenerator
 from rlinf_ext.protocol.generation import (
-    STOP_SERVING,
     GenerateReply,
     GenerateRequest,
     SamplingParams,
@@ -34,6 +33,7 @@ from rlinf_ext.sync.weight_sync import (
     named_tensors_of,
     receive_weights,
 )
+from rlinf_ext.workers.rollout_serving import serve_requests
 
 
 class HFRolloutWorker(Worker):
@@ -91,28 +91,9 @@ class HFRolloutWorker(Worker):
         return reply_of(result)
 
     async def rollout_serverless(self, input_channel, output_channel) -> None:
-        """Serve generate requests until a ``STOP_SERVING`` request arrives (RLinf's loop never ends)."""
-        pending: set[asyncio.Task] = set()
-
-        async def serve(req: GenerateRequest) -> None:
-            try:
-                reply = await self._generate(req)
-            except Exception as exc:  # the agent loop gets the error instead of waiting forever
-                reply = {"error": f"{type(exc).__name__}: {exc}"}
-            await output_channel.put(reply, key=req["channel_key"], async_op=True).async_wait()
-
-        while True:
-            req = await input_channel.get(async_op=True).async_wait()
-            if req.get("channel_key") == STOP_SERVING:
-                break
-            if self.deterministic:
-                await serve(req)  # one at a time: see the class docstring
-            else:
-                task = asyncio.get_running_loop().create_task(serve(req))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-        if pending:
-            await asyncio.gather(*pending)
+        """Serve generate requests until a ``STOP_SERVING`` request arrives (RLinf's loop never ends); deterministic
+        mode one at a time (see the class docstring)."""
+        await serve_requests(input_channel, output_channel, self._generate, one_at_a_time=self.deterministic)
 
     async def set_weight_sync(self, routes: SyncRoutes) -> None:
         """Who sends this rank its weights (``sync/weight_sync.py``); called once by the runner."""

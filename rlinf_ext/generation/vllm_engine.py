@@ -1,0 +1,541 @@
+"""A ``Generator`` (``protocol/generation.py``) on vLLM 0.32: token ids in; ids, text, sampled log-probs, finish
+reason and matched stop string out, meaning exactly what ``generation/hf.py``'s replies mean.
+
+- Requests: ``{"prompt_token_ids": ...}`` (nothing is re-tokenised), stop strings checked by the engine
+  (``include_stop_str_in_output``: the ids keep the stop string's tokens), ``stop_token_ids`` = the HF EOS set
+  (``generation/hf.py:eos_token_ids``), a per-request ``seed``, ``logprobs=0`` (the sampled token's log-prob of
+  the raw distribution: equal to HF's for greedy and temperature-1 sampling), ``output_kind=FINAL_ONLY``.
+- Replies: the turn's end is ``generation/turn_end.py``'s, told what vLLM decided (vLLM checks EOS and stop ids
+  before the token budget, stop strings after it: a stop string completed by the last allowed token is
+  classified ``stop`` as on every engine); the text is the HF tokenizer's decoding of the kept ids.
+- Engines (one API, ``AsyncLLM``'s subset used here): on GPUs vLLM's ``AsyncLLM`` (engine core in its own
+  process); on CPU (``in_process``, the default without CUDA) ``InprocVLLMEngine``: vLLM's ``LLMEngine``
+  in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``, eager), stepped
+  in a worker thread; it starts in ~3 s where ``AsyncLLM`` takes ~50 s on a 2-core CPU.
+- Weights without restart (``load_weights``): pause (in-flight requests finish first), vLLM's layerwise in-place
+  reload fed bucket by bucket through ``WeightLoadExtension`` (a ``worker_extension_cls``; the body of
+  ``Worker.reload_weights`` split into begin / load / finish), prefix-cache reset, resume. In process the
+  tensors are handed over as they are; to a separate engine process as shared-memory handles
+  (``sync/weight_sync.py``'s ``ForkingPickler`` blobs: ``collective_rpc`` turns tensors into lists).
+- GPU routes (``VLLMGpuSync``, NOT GPU-verified, written against vllm 0.32.0's sources): collocated =
+  ``sleep(level=2)`` after rollout, ``wake_up(["weights"])``, vLLM's weight-transfer API (``ipc`` backend:
+  ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``), ``wake_up(["kv_cache"])``, prefix
+  cache reset; disaggregated = the ``nccl`` backend (the trainer joins vLLM's NCCL group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import pickle
+import threading
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rlinf_ext.generation.sglang_wire import hf_eos_ids
+from rlinf_ext.generation.turn_end import turn_end
+from rlinf_ext.models.dtypes import hf_name_of_precision
+from rlinf_ext.protocol.generation import FinishReason, GenerationResult, SamplingParams
+from rlinf_ext.sync.weight_sync import serialize_handle
+
+WORKER_EXTENSION = "rlinf_ext.generation.vllm_engine.WeightLoadExtension"
+
+
+# ------------------------------------------------------------------------------------------------ options (pure)
+@dataclass
+class VLLMEngineOptions:
+    """What starts one engine; ``engine_args`` turns it into ``AsyncEngineArgs``/``EngineArgs`` keywords."""
+
+    model_path: str
+    tokenizer_path: str | None = None
+    dtype: str = "float32"  # Hugging Face spelling (float32, bfloat16, float16)
+    seed: int = 0
+    in_process: bool = True  # InprocVLLMEngine (CPU, CI); False = AsyncLLM (engine core in its own process)
+    enforce_eager: bool = True
+    gpu_memory_utilization: float = 0.65
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = "uni"
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    kv_cache_memory_bytes: int | None = None  # CPU: vLLM reserves VLLM_CPU_KVCACHE_SPACE otherwise
+    attention_backend: str | None = None  # None = vLLM's choice (CPU has one)
+    enable_sleep_mode: bool = False  # GPU collocated route
+    weight_transfer_backend: Literal["ipc", "nccl"] | None = None  # GPU routes
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def engine_args(options: VLLMEngineOptions) -> dict[str, Any]:
+    """``EngineArgs`` keywords of ``options`` (pure)."""
+    kwargs: dict[str, Any] = dict(
+        model=str(options.model_path),
+        tokenizer=str(options.tokenizer_path or options.model_path),
+        dtype=options.dtype,
+        seed=int(options.seed),
+        enforce_eager=bool(options.enforce_eager),
+        gpu_memory_utilization=float(options.gpu_memory_utilization),
+        tensor_parallel_size=int(options.tensor_parallel_size),
+        enable_prefix_caching=bool(options.enable_prefix_caching),
+        enable_chunked_prefill=bool(options.enable_chunked_prefill),
+        max_num_seqs=int(options.max_num_seqs),
+        worker_extension_cls=WORKER_EXTENSION,
+        disable_log_stats=True,
+    )
+    if options.distributed_executor_backend:
+        kwargs["distributed_executor_backend"] = options.distributed_executor_backend
+    for key in ("max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes", "attention_backend"):
+        value = getattr(options, key)
+        if value is not None:
+            kwargs[key] = value
+    if options.enable_sleep_mode:
+        kwargs["enable_sleep_mode"] = True
+    if options.weight_transfer_backend:
+        kwargs["weight_transfer_config"] = {"backend": options.weight_transfer_backend}
+    kwargs.update(options.extra)
+    return kwargs
+
+
+def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) -> VLLMEngineOptions:
+    """The engine of ``cfg.rollout`` (``rollout.model``, ``rollout.*`` engine keys, ``rollout.vllm``).
+
+    dtype = ``rollout.model.precision``; on CPU (``cuda`` False, the default without a CUDA device) the engine
+    runs in process and eager with the ``uni`` executor, vLLM's CPU attention and ``rollout.vllm``'s
+    ``kv_cache_memory_bytes``; on GPUs ``AsyncLLM`` with the config's executor, attention backend, CUDA graphs
+    unless ``enforce_eager``, and the weight-transfer backend of the placement (``ipc`` collocated, ``nccl``
+    disaggregated: ``rollout.vllm.weight_transfer_backend``)."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    rollout = cfg.rollout
+    vcfg = rollout.vllm
+    in_process = getattr(vcfg, "in_process", None)
+    in_process = (not cuda) if in_process is None else bool(in_process)
+    return VLLMEngineOptions(
+        model_path=str(rollout.model.model_path),
+        dtype=hf_name_of_precision(str(rollout.model.precision), "rollout.model.precision"),
+        seed=int(cfg.runner.seed) + int(rank),
+        in_process=in_process,
+        enforce_eager=True if not cuda else bool(rollout.enforce_eager),
+        gpu_memory_utilization=float(rollout.gpu_memory_utilization),
+        tensor_parallel_size=int(rollout.tensor_parallel_size),
+        distributed_executor_backend="uni" if (in_process or not cuda) else str(rollout.distributed_executor_backend),
+        enable_prefix_caching=bool(vcfg.enable_prefix_caching),
+        enable_chunked_prefill=bool(vcfg.enable_chunked_prefill),
+        max_num_seqs=int(rollout.max_running_requests),
+        max_num_batched_tokens=vcfg.max_num_batched_tokens,
+        kv_cache_memory_bytes=getattr(vcfg, "kv_cache_memory_bytes", None) if not cuda else None,
+        attention_backend=str(vcfg.attention_backend) if cuda and vcfg.attention_backend else None,
+        enable_sleep_mode=bool(cuda),
+        weight_transfer_backend=getattr(vcfg, "weight_transfer_backend", None) if cuda else None,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ wire (pure)
+def to_vllm_params(params: SamplingParams, eos_ids: Iterable[int], *, seed: int | None = None,
+                   return_logprobs: bool = False) -> dict[str, Any]:
+    """``vllm.SamplingParams`` keywords of one request (pure). Greedy = temperature 0; top-k <= 0 = off;
+    ``skip_special_tokens=False`` as the HF decode; stop strings always kept in the output (``turn_end`` cuts the
+    text when the caller excludes them, as for HF)."""
+    greedy = not params.do_sample or params.temperature <= 0
+    out: dict[str, Any] = dict(
+        max_tokens=int(params.max_new_tokens),
+        temperature=0.0 if greedy else float(params.temperature),
+        top_p=1.0 if greedy else float(params.top_p),
+        top_k=0 if greedy or not params.top_k or params.top_k < 0 else int(params.top_k),
+        repetition_penalty=float(params.repetition_penalty),
+        stop=list(params.stop),
+        stop_token_ids=sorted(int(i) for i in eos_ids),
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        ignore_eos=False,
+        detokenize=bool(params.stop),  # stop strings need the engine's incremental detokenizer
+    )
+    if seed is not None:
+        out["seed"] = int(seed)
+    if return_logprobs:
+        out["logprobs"] = 0
+    return out
+
+
+def engine_reason(finish_reason: str | None, stop_reason: int | str | None) -> tuple[FinishReason, str | None]:
+    """vLLM's ``finish_reason``/``stop_reason`` -> ``turn_end``'s ``engine_reason``/``engine_stop`` (pure):
+    ``stop`` with a string = a stop string, ``stop`` with an id or None = EOS, ``length`` = the budget."""
+    if finish_reason == "stop":
+        return ("stop", stop_reason) if isinstance(stop_reason, str) else ("eos", None)
+    if finish_reason == "length":
+        return "length", None
+    raise RuntimeError(f"vLLM ended the request with finish_reason={finish_reason!r} (stop_reason={stop_reason!r})")
+
+
+def result_of_output(output: Any, decode, params: SamplingParams, eos_ids: Iterable[int],
+                     return_logprobs: bool = False) -> GenerationResult:
+    """One ``vllm.CompletionOutput`` -> ``GenerationResult`` (pure but for ``decode``)."""
+    ids = [int(t) for t in output.token_ids]
+    reason, stop = engine_reason(output.finish_reason, output.stop_reason)
+    end = turn_end(ids, decode, eos_ids=set(eos_ids), stop=params.stop, max_new_tokens=params.max_new_tokens,
+                   include_stop_str_in_output=params.include_stop_str_in_output, engine_reason=reason,
+                   engine_stop=stop)
+    logprobs = None
+    if return_logprobs and output.logprobs is not None:
+        logprobs = [float(step[tok].logprob) for tok, step in zip(ids, output.logprobs)][: len(end.output_ids)]
+    return GenerationResult(output_ids=end.output_ids, text=end.text, finish_reason=end.finish_reason,
+                            matched_stop=end.matched_stop, logprobs=logprobs)
+
+
+# ------------------------------------------------------------------------------------------------ engines
+class InprocVLLMEngine:
+    """vLLM's ``LLMEngine`` in this process behind the part of ``AsyncLLM``'s API the generator uses.
+
+    One step loop task per event loop runs ``LLMEngine.step`` in a worker thread while requests are unfinished;
+    every engine call holds ``_lock`` (the engine is not thread-safe). ``pause_generation(mode="wait")`` holds
+    new requests back and returns once the running ones have finished."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._waiting: dict[str, asyncio.Future] = {}
+        self._stepper: asyncio.Task | None = None
+        self._paused = False
+        self._resumed: asyncio.Event | None = None
+
+    @classmethod
+    def from_engine_args(cls, kwargs: dict[str, Any]) -> "InprocVLLMEngine":
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine is built: InprocClient
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        return cls(LLMEngine.from_engine_args(EngineArgs(**kwargs)))
+
+    async def generate(self, prompt: dict, sampling_params: Any, request_id: str) -> AsyncIterator[Any]:
+        while self._paused:
+            await self._resume_event().wait()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._waiting[request_id] = future  # in flight from here on: a pause waits for it
+        try:
+            await asyncio.to_thread(self._locked, self.engine.add_request, request_id, prompt, sampling_params)
+            if self._stepper is None or self._stepper.done():
+                self._stepper = loop.create_task(self._step_loop())
+            yield await future
+        except BaseException:
+            if self._waiting.pop(request_id, None) is not None:
+                await asyncio.to_thread(self._locked, self.engine.abort_request, [request_id])
+            raise
+
+    def _locked(self, fn, *args, **kwargs):
+        with self._lock:
+            return fn(*args, **kwargs)
+
+    async def _step_loop(self) -> None:
+        while self._waiting:
+            try:
+                outputs = await asyncio.to_thread(self._locked, self.engine.step)
+            except Exception as exc:  # every waiting caller gets the error instead of hanging
+                for future in self._waiting.values():
+                    if not future.done():
+                        future.set_exception(exc)
+                self._waiting.clear()
+                return
+            for out in outputs:
+                if out.finished and out.request_id in self._waiting:
+                    future = self._waiting.pop(out.request_id)
+                    if not future.done():
+                        future.set_result(out)
+
+    def _resume_event(self) -> asyncio.Event:
+        if self._resumed is None:
+            self._resumed = asyncio.Event()
+        return self._resumed
+
+    async def pause_generation(self, *, mode: str = "wait", clear_cache: bool = True) -> None:
+        if mode != "wait":
+            raise ValueError(f"InprocVLLMEngine pauses with mode='wait' only, got {mode!r}")
+        self._paused = True
+        self._resume_event().clear()
+        while self._waiting:  # requests already accepted finish on the current weights
+            await asyncio.sleep(0.005)
+
+    async def resume_generation(self) -> None:
+        self._paused = False
+        self._resume_event().set()
+
+    async def is_paused(self) -> bool:
+        return self._paused
+
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
+                             kwargs: dict | None = None) -> list:
+        return await asyncio.to_thread(self._locked, self.engine.collective_rpc, method, timeout, args, kwargs)
+
+    async def reset_prefix_cache(self, *args: Any) -> bool:
+        return await asyncio.to_thread(self._locked, self.engine.reset_prefix_cache, *args)
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        await asyncio.to_thread(self._locked, self.engine.sleep, level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await asyncio.to_thread(self._locked, self.engine.wake_up, tags)
+
+    def shutdown(self) -> None:
+        core = getattr(self.engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
+
+
+def start_engine(options: VLLMEngineOptions) -> Any:
+    """``InprocVLLMEngine`` or vLLM's ``AsyncLLM`` (``options.in_process``)."""
+    kwargs = engine_args(options)
+    if options.in_process:
+        return InprocVLLMEngine.from_engine_args(kwargs)
+    from vllm import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+
+# ------------------------------------------------------------------------------------------------ worker side
+class WeightLoadExtension:
+    """Mixed into vLLM's worker (``worker_extension_cls``): ``Worker.reload_weights``'s body (vLLM's layerwise
+    in-place reload, ``vllm/model_executor/model_loader/reload/inplace.py``) split in three, so the weights can arrive
+    bucket by bucket. Tensors come as they are (in process) or as ``ForkingPickler`` handle blobs (bytes) from
+    another process (``sync/weight_sync.py:serialize_handle``)."""
+
+    def rlinf_begin_weight_load(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.model_runner.get_model())
+
+    def rlinf_load_weights(self, names: list[str], tensors: list) -> int:
+        from vllm.config import set_current_vllm_config
+
+        opened = [(n, pickle.loads(t) if isinstance(t, (bytes, bytearray)) else t) for n, t in zip(names, tensors)]
+        with set_current_vllm_config(self.vllm_config):
+            loaded = self.model_runner.get_model().load_weights(iter(opened))
+        return len(loaded or ())
+
+    def rlinf_finish_weight_load(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        runner = self.model_runner
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(runner.get_model(), self.vllm_config.model_config)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            if hasattr(runner, reset):
+                getattr(runner, reset)()
+
+
+# ------------------------------------------------------------------------------------------------ generator
+class VLLMGenerator:
+    """``await gen.generate(prompt_ids, SamplingParams, seed=...) -> GenerationResult``, safe from many coroutines
+    (vLLM batches them continuously). ``seed`` None: ``base seed + call index`` when the generator has one."""
+
+    def __init__(self, engine: Any, tokenizer: Any, eos_ids: Iterable[int], *, return_logprobs: bool = False,
+                 seed: int | None = None, in_process: bool = True):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.eos_ids = set(int(i) for i in eos_ids)
+        self.return_logprobs = return_logprobs
+        self.in_process = in_process
+        self._seed = seed
+        self._calls = itertools.count()
+        self._ids = itertools.count()
+        self.last_load_s: float | None = None
+        self.start_s: float | None = None
+
+    @classmethod
+    def start(cls, options: VLLMEngineOptions, *, return_logprobs: bool = False,
+              seed: int | None = None) -> "VLLMGenerator":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(options.tokenizer_path or options.model_path))
+        eos = hf_eos_ids(str(options.model_path), tokenizer)
+        t0 = time.perf_counter()
+        engine = start_engine(options)
+        gen = cls(engine, tokenizer, eos, return_logprobs=return_logprobs, seed=seed, in_process=options.in_process)
+        gen.start_s = time.perf_counter() - t0
+        return gen
+
+    @classmethod
+    def from_config(cls, cfg: Any, rank: int = 0, **kwargs: Any) -> "VLLMGenerator":
+        return cls.start(options_from_config(cfg, rank), return_logprobs=bool(cfg.rollout.return_logprobs), **kwargs)
+
+    def reseed(self, seed: int | None) -> None:
+        self._seed, self._calls = seed, itertools.count()
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
+                       images: list[Any] | None = None, *, seed: int | None = None) -> GenerationResult:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if not prompt_ids:
+            raise ValueError("generate needs a non-empty prompt")
+        if sampling_params.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
+        if images:
+            raise ValueError("VLLMGenerator is a text engine; it got images")
+        call = next(self._calls)
+        if seed is None and self._seed is not None:
+            seed = self._seed + call
+        params = VSamplingParams(**to_vllm_params(sampling_params, self.eos_ids, seed=seed,
+                                                  return_logprobs=self.return_logprobs),
+                                 output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for out in self.engine.generate({"prompt_token_ids": [int(t) for t in prompt_ids]}, params,
+                                              f"rlinf-{next(self._ids)}"):
+            final = out
+        if final is None or not final.outputs:
+            raise RuntimeError("vLLM returned no output for a generate request")
+        return result_of_output(final.outputs[0], self.decode, sampling_params, self.eos_ids, self.return_logprobs)
+
+    async def prompt_logprobs(self, ids: list[int]) -> list[tuple[float | None, int, None]]:
+        """vLLM's log-prob of every prompt token given the ones before (``prompt_logprobs=0``), as SGLang's
+        ``input_token_logprobs`` entries ``(logprob, token_id, None)`` (the first ``None``): the post-sync probe
+        (``workers/rollout_sglang.py:probe_logprob_gap``)."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
+                                 output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for out in self.engine.generate({"prompt_token_ids": [int(t) for t in ids]}, params,
+                                              f"rlinf-probe-{next(self._ids)}"):
+            final = out
+        entries: list[tuple[float | None, int, None]] = [(None, int(ids[0]), None)]
+        for tok, step in zip(ids[1:], final.prompt_logprobs[1:]):
+            entries.append((float(step[int(tok)].logprob), int(tok), None))
+        return entries
+
+    # ---- weights (CPU route; the GPU routes are VLLMGpuSync's) ----
+    async def begin_weight_load(self) -> None:
+        """Pause (running requests finish, new ones wait), then open vLLM's layerwise reload."""
+        self._load_t0 = time.perf_counter()
+        await self.engine.pause_generation(mode="wait")
+        try:
+            await self.engine.collective_rpc("rlinf_begin_weight_load")
+        except BaseException:
+            await self.engine.resume_generation()
+            raise
+
+    async def load_weight_bucket(self, named: Iterable[tuple[str, Any]]) -> None:
+        """One bucket of ``(HF name, tensor)`` pairs into the paused engine: the tensors themselves in process,
+        shared-memory handles to a separate engine process."""
+        names, tensors = [], []
+        for name, tensor in named:
+            names.append(name)
+            if self.in_process:
+                tensors.append(tensor)
+            else:
+                if tensor.device.type == "cpu" and not tensor.is_shared():
+                    tensor = tensor.clone().share_memory_()
+                tensors.append(serialize_handle(tensor))
+        await self.engine.collective_rpc("rlinf_load_weights", args=(names, tensors))
+
+    async def finish_weight_load(self) -> None:
+        """Finish the layerwise reload, reset the prefix cache (cached KV of the old weights), resume."""
+        try:
+            await self.engine.collective_rpc("rlinf_finish_weight_load")
+            await self.engine.reset_prefix_cache()
+        finally:
+            await self.engine.resume_generation()
+        self.last_load_s = time.perf_counter() - self._load_t0
+
+    async def load_weights(self, named: Iterable[tuple[str, Any]]) -> None:
+        """All of a state dict (HF names) into the running engine, as one bucket."""
+        await self.begin_weight_load()
+        try:
+            await self.load_weight_bucket(list(named))
+        except BaseException:
+            await self.finish_weight_load()
+            raise
+        await self.finish_weight_load()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------ GPU routes
+def ipc_update_info(named: list[tuple[str, Any]], gpu_uuid: str, reduce_tensor=None) -> dict[str, Any]:
+    """vLLM's ``IPCWeightTransferUpdateInfo`` (unpacked) of tensors on this GPU: per tensor a dict from the
+    physical GPU's UUID to ``rebuild_cuda_tensor``'s args (``torch.multiprocessing.reductions.reduce_tensor``),
+    as ``vllm/distributed/weight_transfer/ipc_engine.py`` reads them. Pure given ``reduce_tensor``."""
+    if reduce_tensor is None:
+        from torch.multiprocessing.reductions import reduce_tensor
+    handles = []
+    for _, tensor in named:
+        _rebuild, args = reduce_tensor(tensor)
+        handles.append({gpu_uuid: args})
+    return {"names": [n for n, _ in named], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
+            "shapes": [list(t.shape) for _, t in named], "ipc_handles": handles}
+
+
+def nccl_update_info(named: list[tuple[str, Any]]) -> dict[str, Any]:
+    """vLLM's ``NCCLWeightTransferUpdateInfo``: names, dtypes and shapes; the tensors follow over NCCL."""
+    return {"names": [n for n, _ in named], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
+            "shapes": [list(t.shape) for _, t in named]}
+
+
+class VLLMGpuSync:
+    """The GPU weight routes on an ``AsyncLLM`` (NOT GPU-verified; call order tested with a recording engine).
+
+    collocated (``ipc``): ``after_rollout`` -> ``sleep(level=2)`` (weights and KV cache released for training);
+    ``begin`` -> ``wake_up(["weights"])`` + ``init_weight_transfer_engine`` (once) + ``start_weight_update``;
+    ``load_bucket`` -> ``update_weights`` with CUDA IPC handles of the received bucket;
+    ``finish`` -> ``finish_weight_update`` + ``wake_up(["kv_cache"])`` + ``reset_prefix_cache``.
+    disaggregated (``nccl``): the trainer (actor rank 0) joins the engine's NCCL group (``init_info``: master
+    address/port, rank offset, world size); each bucket's names/dtypes/shapes go by ``update_weights`` while the
+    trainer broadcasts the tensors; no sleep (the engine owns its GPUs).
+    """
+
+    def __init__(self, engine: Any, backend: Literal["ipc", "nccl"], *, gpu_uuid: str | None = None,
+                 init_info: dict[str, Any] | None = None):
+        self.engine, self.backend, self.gpu_uuid = engine, backend, gpu_uuid
+        self.init_info = dict(init_info or ({"packed": False} if backend == "ipc" else {}))
+        self._initialised = False
+        self.sleeping = False
+
+    async def after_rollout(self) -> None:
+        if self.backend == "ipc":
+            await self.engine.sleep(level=2, mode="wait")  # no request in flight while memory goes (vLLM #28714)
+            self.sleeping = True
+
+    async def begin(self) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        if self.sleeping:
+            await self.engine.wake_up(tags=["weights"])
+        else:
+            await self.engine.pause_generation(mode="wait")
+        if not self._initialised:
+            await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=self.init_info))
+            self._initialised = True
+        await self.engine.start_weight_update()
+
+    async def load_bucket(self, named: list[tuple[str, Any]]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        info = ipc_update_info(named, self.gpu_uuid) if self.backend == "ipc" else nccl_update_info(named)
+        await self.engine.update_weights(WeightTransferUpdateRequest(update_info=info))
+
+    async def finish(self, version: int | None = None) -> None:
+        await self.engine.finish_weight_update(None if version is None else str(version))
+        if self.sleeping:
+            await self.engine.wake_up(tags=["kv_cache"])
+            self.sleeping = False
+        await self.engine.reset_prefix_cache()  # vLLM #46125: not reset automatically after an update
+        await self.engine.resume_generation()
+
+
+__all__ = ["VLLMEngineOptions", "VLLMGenerator", "InprocVLLMEngine", "VLLMGpuSync", "WeightLoadExtension",
+           "engine_args", "options_from_config", "to_vllm_params", "engine_reason", "result_of_output",
+           "ipc_update_info", "nccl_update_info"]

