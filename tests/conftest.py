@@ -130,6 +130,10 @@ WARM_START_BUDGET_S = {"tiny_assets_sft": 720, "tiny_mm_assets_sft": 360}
 
 
 def pytest_collection_modifyitems(items):
+    # In-process vLLM engines first: vLLM 0.32's CPU platform scans every loaded module when an engine starts and
+    # fails on llvmlite's lazy ffi object, which `import bm25s` (numba) loads; the tiny assets import bm25s.
+    # The launcher's and the rollout worker's processes never import it (tests/workers/test_rollout_vllm.py checks).
+    items.sort(key=lambda item: "qwen2_head32_dirs" not in getattr(item, "fixturenames", ()))
     for item in items:
         extra = sum(s for name, s in WARM_START_BUDGET_S.items() if name in getattr(item, "fixturenames", ()))
         marker = item.get_closest_marker("timeout")
@@ -138,14 +142,17 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def qwen2_head32_dirs(tiny_assets, tmp_path_factory):
+def qwen2_head32_dirs(tmp_path_factory):
     """Two tiny Qwen2 checkpoints of head size 32 (hidden 64, 2 heads, 1 KV head; vLLM's CPU attention refuses the
-    tiny model's 16), every weight randomised (seeds 1 and 2), with the tiny tokenizer: the vLLM tests' models."""
-    from transformers import AutoTokenizer
+    tiny model's 16), every weight randomised (seeds 1 and 2), with a tokenizer of the tiny assets' kind trained on
+    a few sentences: the vLLM tests' models. Built without the tiny assets, whose BM25 step loads numba (see
+    ``pytest_collection_modifyitems``)."""
+    from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2, save_hf_model
+    from rlinf_ext.assets.core.tokenizer import train_tokenizer
 
-    from rlinf_ext.assets.models import TinyQwen2Shape, make_qwen2, save_hf_model
-
-    tok = AutoTokenizer.from_pretrained(str(tiny_assets.tokenizer_dir))
+    texts = [f"Question {i}: which city is the capital of country {i % 17}? <search> capital of country {i % 17} "
+             f"</search> <answer> city {i * 7 % 23} </answer>" for i in range(400)]
+    tok = train_tokenizer(texts, vocab_size=800)
     root = tmp_path_factory.mktemp("qwen2_head32")
     out = []
     for seed in (1, 2):

@@ -44,7 +44,7 @@ AGENTS: dict[str, AgentSpec] = {
     SEARCHR1: AgentSpec(
         name=SEARCHR1, title="Search-R1", stops=SEARCHR1_STOPS, data_type="searchr1", reward_type="searchr1",
         reward_scorings=("em", "subem", "f1", "format"), vision=False, image_search=False,
-        eval_backends=("hf", "sglang"),
+        eval_backends=("vllm", "hf", "sglang"),
         rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
         evaluation="rlinf_ext.eval.searchr1.runner:run_evaluation",
     ),

@@ -245,14 +245,16 @@ def retrieval_source(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("rollout.rollout_backend")
-def vllm_cannot_serve(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    if cfg.rollout.rollout_backend == "vllm":
+@rule("agentloop.agent", "rollout.rollout_backend")
+def vllm_serves_text_agents(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """vLLM serves the text agent (generation/vllm_engine.py); the vision-language rollout on vLLM is not built."""
+    spec = agent_spec(cfg)
+    if cfg.rollout.rollout_backend == "vllm" and spec.vision:
         yield ConfigIssue(
             "rollout.rollout_backend",
-            "vllm: RLinf 0.3.0's VLLMWorker has no serving loop (rollout_serverless), so it cannot answer the agent "
-            "loop's multi-turn requests, in training or in evaluation (the GPU extra installs no vLLM either).",
-            "set rollout.rollout_backend=sglang on GPUs (hf on CPU).",
+            f"vllm with agentloop.agent={spec.name}: the {spec.title} vision-language rollout (images in every "
+            "request) runs on the transformers engine only so far.",
+            "set rollout.rollout_backend=hf.",
         )
 
 

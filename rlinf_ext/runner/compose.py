@@ -31,6 +31,7 @@ from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.reward import RewardWorker
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker
+from rlinf_ext.workers.rollout_vllm import VLLMRolloutWorker
 from rlinf_ext.sync.weight_sync import SyncRoutes, sync_mode
 
 
@@ -59,13 +60,18 @@ def launch_worker_groups(
     except PlacementError as exc:
         raise WorkerStartupError("cluster", exc) from exc
     check_actor_data_parallel(cfg, len(nodes["actor"]))
-    if cfg.rollout.rollout_backend != "hf":
+    backend = cfg.rollout.rollout_backend
+    if backend not in ("hf", "vllm"):
         raise WorkerStartupError(
-            "rollout", f"rollout.rollout_backend={cfg.rollout.rollout_backend!r} needs GPUs; "
-            "on CPU set rollout.rollout_backend=hf")
+            "rollout", f"rollout.rollout_backend={backend!r} needs GPUs; on CPU set rollout.rollout_backend=vllm "
+            "(or hf)")
     groups: dict[str, Any] = {}
-    launch_group(groups, cluster, "rollout", HFRolloutWorker, cfg.rollout.group_name, strategies["rollout"], cfg,
-                 deterministic=deterministic_rollout, verify_sync=verify_sync)
+    if backend == "vllm":  # per-request seeds: reproducible without serving one request at a time
+        launch_group(groups, cluster, "rollout", VLLMRolloutWorker, cfg.rollout.group_name, strategies["rollout"],
+                     cfg, verify_sync=verify_sync)
+    else:
+        launch_group(groups, cluster, "rollout", HFRolloutWorker, cfg.rollout.group_name, strategies["rollout"], cfg,
+                     deterministic=deterministic_rollout, verify_sync=verify_sync)
     launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name, strategies["actor"],
                  cfg, total_train_steps)
     launch_group(groups, cluster, "reward", RewardWorker, cfg.reward.group_name, strategies["reward"], cfg)

@@ -38,6 +38,7 @@ from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.reward import RewardWorker
 from rlinf_ext.workers.rollout_sglang import rollout_worker_class
+from rlinf_ext.workers.rollout_vllm import VLLMRolloutWorker
 from rlinf_ext.sync.weight_sync import SyncRoutes
 
 
@@ -158,9 +159,10 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
     except GpuLayoutError as exc:
         raise WorkerStartupError("placement", exc) from exc
     check_actor_data_parallel(cfg, layout.actor_dp_size)
+    vllm = cfg.rollout.rollout_backend == "vllm"
     try:
-        rollout_cls = rollout_worker_class(cfg)
-    except Exception as exc:  # vllm/hf backend, or sglang missing (pip install -e ".[gpu]")
+        rollout_cls = VLLMRolloutWorker if vllm else rollout_worker_class(cfg)
+    except Exception as exc:  # hf backend, or sglang missing
         raise WorkerStartupError("rollout", exc) from exc
     print(f"[groups] GPU layout: {layout.describe()}", flush=True)
     rlinf_cfg = to_dictconfig(cfg)  # RLinf's placement and SGLang worker read a DictConfig
@@ -172,8 +174,10 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
         raise WorkerStartupError("placement", f"RLinf's placement (rollout DP {placement.rollout_dp_size}, collocated="
                                  f"{placement.is_collocated}) disagrees with rlinf_ext's layout ({layout.describe()}).")
     groups: dict[str, Any] = {}
+    # the vLLM worker reads the experiment config; the SGLang worker RLinf's DictConfig and placement
+    engine_args = (cfg,) if vllm else (rlinf_cfg, placement)
     launch_group(groups, cluster, "rollout", rollout_cls, cfg.rollout.group_name, placement.get_strategy("rollout"),
-                 rlinf_cfg, placement, verify_sync=verify_sync)
+                 *engine_args, verify_sync=verify_sync)
     # one process per actor GPU (RLinf's packing, as its MegatronActor with TP=PP=1): data-parallel ranks
     launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name,
                  PackedPlacementStrategy(layout.actor_gpus[0], layout.actor_gpus[-1]), cfg, total_train_steps)

@@ -262,10 +262,11 @@ def retrieval_server(cfg: ExperimentConfig, log_path: Path, startup_timeout: flo
 def missing_gpu_packages(cfg: ExperimentConfig) -> list[str]:
     """The GPU-extra packages a training run on this config needs and cannot find (none on a CPU cluster).
     Found without importing them (importing sglang initialises CUDA)."""
-    if cfg.cluster.num_gpus_per_node < 1 or cfg.rollout.rollout_backend != "sglang":
+    backend = cfg.rollout.rollout_backend
+    if cfg.cluster.num_gpus_per_node < 1 or backend not in ("sglang", "vllm"):
         return []
-    needed = ["sglang"]
-    if not cfg.rollout.enforce_eager:  # SGLang's memory saver (release/resume for a collocated actor)
+    needed = [backend]
+    if backend == "sglang" and not cfg.rollout.enforce_eager:  # SGLang's memory saver (collocated actor)
         needed.append("torch_memory_saver")
     return [name for name in needed if importlib.util.find_spec(name) is None]
 
@@ -279,7 +280,8 @@ def check_training_backend(cfg: ExperimentConfig) -> None:
     missing = missing_gpu_packages(cfg)
     if missing:
         raise LaunchError(
-            f"cluster.num_gpus_per_node={cfg.cluster.num_gpus_per_node} with rollout.rollout_backend=sglang needs "
+            f"cluster.num_gpus_per_node={cfg.cluster.num_gpus_per_node} with rollout.rollout_backend="
+            f"{cfg.rollout.rollout_backend} needs "
             f"the GPU extra, but {', '.join(missing)} cannot be imported here. Fix: {GPU_INSTALL_FIX} on every "
             "node; or use the CPU profile (cluster.num_gpus_per_node=0, rollout.rollout_backend=hf)."
         )
@@ -289,15 +291,11 @@ def check_training_backend(cfg: ExperimentConfig) -> None:
 def check_evaluation_backend(cfg: ExperimentConfig) -> None:
     """Refuse, before anything starts, a ``rollout.rollout_backend`` that ``rlinf-ext eval`` cannot run here.
 
-    ``hf``: the in-process CPU engine. ``sglang``: an in-process SGLang engine on this node's GPUs
-    (``generation/sglang_engine.py``; needs a CUDA device and the GPU extras). ``vllm``: refused.
+    ``vllm``: vLLM in this process (the rollout's engine; CPU or this node's GPUs). ``hf``: the in-process CPU
+    transformers engine. ``sglang``: an in-process SGLang engine on this node's GPUs (``generation/sglang_engine.py``;
+    needs a CUDA device and the GPU extras).
     """
     backend = cfg.rollout.rollout_backend
-    if backend not in ("hf", "sglang"):
-        raise LaunchError(
-            f"rollout.rollout_backend={backend!r}: `rlinf-ext eval` runs the hf (CPU) or sglang (GPU) engine only; "
-            "vLLM evaluation is not implemented. Fix: set rollout.rollout_backend=sglang (GPU) or hf (CPU)."
-        )
     spec = agent_spec(cfg)
     if backend not in spec.eval_backends:
         raise LaunchError(

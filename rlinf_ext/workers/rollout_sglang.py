@@ -281,9 +281,4 @@ def rollout_worker_class(cfg: ExperimentConfig):
     backend = cfg.rollout.rollout_backend
     if backend == "sglang":
         return make_sglang_stop_worker()
-    if backend == "vllm":
-        raise NotImplementedError(
-            "rollout.rollout_backend=vllm: RLinf 0.3.0's VLLMWorker has no rollout_serverless loop, so it cannot "
-            "serve the agent loop; use sglang on GPU (or hf on CPU)."
-        )
     raise ValueError(f"rollout.rollout_backend={backend!r} is not a GPU backend (sglang).")

@@ -129,13 +129,6 @@ def test_launch_names_the_missing_sglang_install(ref_cfg):
     assert info.value.component == "rollout" and "bash scripts/install.sh --gpu" in str(info.value)
 
 
-def test_launch_refuses_vllm_on_gpu(ref_cfg):
-    ref_cfg.rollout.rollout_backend = "vllm"
-    with pytest.raises(WorkerStartupError, match="rollout_serverless") as info:
-        launch_worker_groups(ref_cfg, FakeGpuCluster())
-    assert info.value.component == "rollout"
-
-
 class Recorder:
     """Stands in for a Worker class: records create_group args and the launch placement."""
 
@@ -195,6 +188,22 @@ def test_gpu_wiring_passes_rlinf_placement_to_the_rollout_and_one_actor_process_
     assert got["reward"]["strategy"]._node_ranks == [0]
     assert got["agent_loop"]["strategy"]._node_ranks == [0] * 8
     assert got["agent_loop"]["kwargs"] == {"search_server_addr": "h:1", "launcher_ip": None}
+
+
+def test_gpu_wiring_gives_the_vllm_worker_the_experiment_config(ref_cfg, monkeypatch):
+    from rlinf_ext.runner import gpu_groups
+
+    Recorder.launched = {}
+    ref_cfg.rollout.rollout_backend = "vllm"
+    monkeypatch.setattr(gpu_groups, "rollout_worker_class", lambda cfg: pytest.fail("the SGLang class was asked for"))
+    monkeypatch.setattr(gpu_groups, "VLLMRolloutWorker", Recorder("rollout"))
+    monkeypatch.setattr(gpu_groups, "ModelParallelComponentPlacement", FakeRLinfPlacement)
+    for name in ("ActorWorker", "RewardWorker", "AgentLoopWorker"):
+        monkeypatch.setattr(gpu_groups, name, Recorder(name))
+    launch_worker_groups(ref_cfg, FakeGpuCluster(), total_train_steps=7)
+    rollout = Recorder.launched["rollout"]
+    assert rollout["args"] == (ref_cfg,) and rollout["kwargs"] == {"verify_sync": True}
+    assert rollout["strategy"] == "rlinf-rollout-strategy"
 
 
 def test_gpu_launch_refuses_a_batch_the_actor_ranks_cannot_share(ref_cfg):

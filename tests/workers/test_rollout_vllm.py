@@ -119,7 +119,8 @@ def test_serving_loop_answers_every_request_and_stops(generator):
 def sync_messages(state: dict, probe_model=None, version=3, bucket_bytes=16 << 10):
     prepare_handles(torch.device("cpu"))
     buckets = [share_bucket(b) for b in pack_buckets(state.items(), max_bytes=bucket_bytes, shared=True)]
-    ids = torch.randint(0, 500, (1, 12), generator=torch.Generator().manual_seed(0))
+    vocab = state["model.embed_tokens.weight"].shape[0]
+    ids = torch.randint(0, min(500, vocab), (1, 12), generator=torch.Generator().manual_seed(0))
     logits = None
     if probe_model is not None:
         with torch.no_grad():
@@ -203,3 +204,16 @@ def test_gpu_disaggregated_route_call_order():
     asyncio.run(go())
     assert eng.calls == ["pause_generation", "init_weight_transfer_engine", "start_weight_update", "update_weights",
                          "finish_weight_update", "reset_prefix_cache", "resume_generation"]
+
+
+def test_processes_that_start_vllm_do_not_load_numba():
+    """vLLM's CPU engine start fails once llvmlite (numba, via bm25s) is loaded in its process: the rollout
+    worker, the launcher and the evaluation runner must not import it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rlinf_ext.workers.rollout_vllm, rlinf_ext.runner.launch, rlinf_ext.eval.searchr1.runner; "
+            "print(sorted(m for m in ('numba', 'llvmlite', 'bm25s') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

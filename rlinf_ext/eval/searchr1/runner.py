@@ -32,6 +32,7 @@ from rlinf_ext.eval.searchr1.dataset import EvalItem, load_eval_items
 from rlinf_ext.eval.searchr1.records import Decode, GenerationRecord, error_record, record_from_trajectory
 from rlinf_ext.eval.searchr1.results import paper_table_rows, tabulate
 from rlinf_ext.generation.hf import HFGenerator
+from rlinf_ext.generation.vllm_engine import VLLMGenerator, options_from_config
 from rlinf_ext.tools import SearchTool
 
 
@@ -66,12 +67,16 @@ def items_from_config(cfg: ExperimentConfig, tokenizer) -> list[EvalItem]:
     )
 
 
-def build_generator(cfg: ExperimentConfig) -> HFGenerator:
-    """The in-process CPU engine (protocol/generation.py); GPU runs pass the rollout group's generator instead."""
-    if cfg.rollout.rollout_backend != "hf":
+def build_generator(cfg: ExperimentConfig) -> HFGenerator | VLLMGenerator:
+    """The in-process engine of `rollout.rollout_backend`: vLLM (the training rollout's engine) or transformers;
+    SGLang runs pass their started generator instead (the launcher's `rlinf-ext eval` does)."""
+    backend = cfg.rollout.rollout_backend
+    if backend == "vllm":
+        return VLLMGenerator.start(options_from_config(cfg, 0))
+    if backend != "hf":
         raise EvalError(
-            f"rollout.rollout_backend={cfg.rollout.rollout_backend!r}: run_evaluation builds only the CPU 'hf' "
-            "engine itself; pass generator=groups.rollout_generator(groups) (the launcher's `rlinf-ext eval` does)"
+            f"rollout.rollout_backend={backend!r}: run_evaluation builds the vllm or hf engine itself; pass a "
+            "started generator for any other (the launcher's `rlinf-ext eval` does)"
         )
 
     hf = cfg.rollout.hf
