@@ -221,6 +221,9 @@ class VLLMConfig:
     enable_prefix_caching: bool = fld(True, "vLLM prefix caching.")
     enable_flash_infer_sampler: bool = fld(True, "vLLM flashinfer sampler.")
     max_num_batched_tokens: Optional[int] = fld(None, "vLLM token budget per batch (null = vLLM default).")
+    kv_cache_memory_bytes: Optional[int] = fld(
+        None, "KV cache bytes of one engine; null = 512 MiB on CPU (vLLM would otherwise reserve "
+        "rollout.gpu_memory_utilization of the machine's RAM) and rollout.gpu_memory_utilization on GPUs.")
     torch_profiler_dir: Optional[str] = fld(None, "Enable vLLM's torch profiler into this directory.")
 
 

@@ -100,6 +100,9 @@ def engine_args(options: VLLMEngineOptions) -> dict[str, Any]:
     return kwargs
 
 
+CPU_KV_CACHE_BYTES = 512 << 20
+
+
 def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) -> VLLMEngineOptions:
     """The engine of ``cfg.rollout`` (``rollout.model``, ``rollout.*`` engine keys, ``rollout.vllm``).
 
@@ -129,7 +132,9 @@ def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) ->
         enable_chunked_prefill=bool(vcfg.enable_chunked_prefill),
         max_num_seqs=int(rollout.max_running_requests),
         max_num_batched_tokens=vcfg.max_num_batched_tokens,
-        kv_cache_memory_bytes=getattr(vcfg, "kv_cache_memory_bytes", None) if not cuda else None,
+        kv_cache_memory_bytes=(vcfg.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES) if not cuda
+        else vcfg.kv_cache_memory_bytes,
+        max_model_len=int(cfg.runner.seq_length),
         attention_backend=str(vcfg.attention_backend) if cuda and vcfg.attention_backend else None,
         enable_sleep_mode=bool(cuda),
         weight_transfer_backend=getattr(vcfg, "weight_transfer_backend", None) if cuda else None,
