@@ -14,11 +14,18 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(900)
-def test_tiny_experiment_on_vllm_trains_syncs_and_evaluates(tiny_assets, qwen2_head32_dirs, tmp_path):
+def test_tiny_experiment_on_vllm_trains_syncs_and_evaluates(tiny_assets, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2, save_hf_model
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_assets.tokenizer_dir))  # the tiny prompts fit its vocabulary
+    model_dir = tmp_path / "qwen2-tiny-head32"
+    save_hf_model(make_qwen2(tok, TinyQwen2Shape(num_attention_heads=2, num_key_value_heads=1), seed=0), tok, model_dir)
     out = tmp_path / "runs"
     code, log = launch(["--eval-override", "data.data_size=1", "--eval-override", "rollout.rollout_backend=vllm",
                         f"paths.tiny_assets={tiny_assets.root}", f"runner.output_dir={out}",
-                        f"rollout.model.model_path={qwen2_head32_dirs[0]}", "rollout.rollout_backend=vllm",
+                        f"rollout.model.model_path={model_dir}", "rollout.rollout_backend=vllm",
                         *CI_SIZE, "runner.max_steps=2"])
     assert code == 0, log[-4000:]
     run_dir = out / "searchr1-grpo-tiny-cpu"
