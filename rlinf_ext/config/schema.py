@@ -341,7 +341,7 @@ class FSDPConfig:
     reshard_after_forward: bool = fld(True, "Free the gathered parameters after each forward (less memory).")
     mixed_precision: FSDPMixedPrecisionConfig = fld(FSDPMixedPrecisionConfig, "FSDP2 MixedPrecisionPolicy.")
     gradient_checkpointing: bool = fld(True, "Activation checkpointing of the HF model (recompute in backward).")
-    freeze_vision_tower: bool = fld(False, "Do not train the vision tower (model.visual).")
+    freeze_vision_tower: bool = fld(False, "Do not train the vision tower (model.model.visual).")
 
 
 @dataclass

@@ -87,6 +87,12 @@ def load_vl_model(path: str | Path, dtype: torch.dtype = torch.float32):
     return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
 
 
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
+    """The ViT of a ``Qwen2_5_VLForConditionalGeneration``: ``model.model.visual`` in transformers 5 (the
+    ``model.visual`` of 4.x was moved under the inner model)."""
+    return model.model.visual
+
+
 def shard_fsdp2(model: torch.nn.Module, dp: DataParallel, fsdp: FSDPSettings, device: torch.device) -> None:
     """``fully_shard`` each vision block, each decoder layer, then the root (FSDP2's recommended nesting)."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -98,9 +104,9 @@ def shard_fsdp2(model: torch.nn.Module, dp: DataParallel, fsdp: FSDPSettings, de
         key = "actor.fsdp_config.mixed_precision."
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype_of_precision(fsdp.param_dtype, key + "param_dtype"),
                                                reduce_dtype=dtype_of_precision(fsdp.reduce_dtype, key + "reduce_dtype"))
-    for block in model.visual.blocks:
+    for block in vision_tower(model).blocks:
         fully_shard(block, **kw)
-    for layer in model.model.layers:
+    for layer in model.model.language_model.layers:  # transformers 5: the decoder is `model.language_model`
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
 
@@ -164,7 +170,7 @@ class FSDPPolicy(GRPOPolicy):
         model = load_vl_model(self.hf_model_path).to(self.device)
         model.requires_grad_(trainable)
         if trainable and self.fsdp.freeze_vision_tower:
-            model.visual.requires_grad_(False)
+            vision_tower(model).requires_grad_(False)
         if trainable and self.fsdp.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.dp.enabled:

@@ -19,6 +19,7 @@ from rlinf.scheduler import Worker
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.hf import HFGenerator
 from rlinf_ext.generation.hf_vl import HFVLGenerator
+from rlinf_ext.protocol.vl_tokens import mm_token_type_ids
 from rlinf_ext.protocol.generation import (
     GenerateReply,
     GenerateRequest,
@@ -119,6 +120,8 @@ class HFRolloutWorker(Worker):
             if self.verify_sync and header.probe_logits is not None:
                 with torch.no_grad():
                     vision = self.generator.images.batch(header.probe_images) if header.probe_images else {}
+                    if vision:  # transformers 5: mrope positions only with the modality ids (else text-only)
+                        vision["mm_token_type_ids"] = mm_token_type_ids(header.probe_ids, self.generator.image_pad_id)
                     logits = model(input_ids=header.probe_ids, **vision).logits.float()
                 expected = header.probe_logits
                 if header.probe_positions is not None:  # multimodal probe: the text after the image

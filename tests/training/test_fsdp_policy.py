@@ -110,3 +110,17 @@ def test_fsdp2_over_two_gloo_ranks_equals_one_process(world, tmp_path):
     assert max(float((two[k] - expected[k]).abs().max()) for k in expected) < 1e-5
     averaged = _dp_run(mm, tmp_path, samples, scale_loss=False)  # FSDP2's mean over ranks: half the update
     assert max(float((averaged[k] - expected[k]).abs().max()) for k in expected) > 0.1 * moved
+
+
+def test_freeze_vision_tower_freezes_exactly_the_vit(world):
+    """transformers 5 moved the ViT from `model.visual` to `model.model.visual` (and the decoder under
+    `model.model.language_model`): the freeze must still find it and leave the language model trainable."""
+    from rlinf_ext.training.fsdp_policy import FSDPSettings
+
+    mm, _ = world
+    fsdp = FSDPSettings(freeze_vision_tower=True, gradient_checkpointing=False, reshard_after_forward=True,
+                        param_dtype="bf16", reduce_dtype="fp32")
+    policy = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings(), fsdp=fsdp)
+    frozen = {n for n, p in policy.model.named_parameters() if not p.requires_grad}
+    assert frozen and all(".visual." in f".{n}" for n in frozen)
+    assert frozen == {n for n, _ in policy.model.named_parameters() if n.startswith("model.visual.")}
