@@ -46,7 +46,7 @@ def test_reference_values(reference_env):
     cfg = load_config("qwen2.5-3b-tool-1node")
     assert cfg.cluster.component_placement == {"actor,rollout,reward": "all"}
     assert cfg.cluster.num_nodes == 1 and cfg.cluster.num_gpus_per_node == 8
-    assert cfg.rollout.rollout_backend == "sglang" and cfg.rollout.detokenize is True
+    assert cfg.rollout.rollout_backend == "vllm" and cfg.rollout.detokenize is True
     assert {"</search>", "</answer>", "<|im_end|>"} <= set(cfg.algorithm.sampling_params.stop)
     assert (cfg.actor.model.tensor_model_parallel_size, cfg.actor.model.pipeline_model_parallel_size) == (1, 1)
     assert cfg.algorithm.adv_type == "grpo" and cfg.algorithm.group_size == 4 and cfg.algorithm.n_minibatches == 2

@@ -124,6 +124,7 @@ def test_launch_refuses_a_bad_gpu_placement_before_starting_anything(ref_cfg):
 
 def test_launch_names_the_missing_sglang_install(ref_cfg):
     assert "sglang" not in sys.modules  # not installed on CPU machines: the import must stay lazy
+    ref_cfg.rollout.rollout_backend = "sglang"
     with pytest.raises(WorkerStartupError) as info:
         launch_worker_groups(ref_cfg, FakeGpuCluster())
     assert info.value.component == "rollout" and "bash scripts/install.sh --gpu" in str(info.value)
@@ -165,6 +166,7 @@ def test_gpu_wiring_passes_rlinf_placement_to_the_rollout_and_one_actor_process_
     from rlinf_ext.runner import gpu_groups
 
     Recorder.launched = {}
+    ref_cfg.rollout.rollout_backend = "sglang"
     monkeypatch.setattr(gpu_groups, "rollout_worker_class", lambda cfg: Recorder("rollout"))
     monkeypatch.setattr(gpu_groups, "ModelParallelComponentPlacement", FakeRLinfPlacement)
     monkeypatch.setattr(gpu_groups, "ActorWorker", Recorder("actor"))

@@ -112,11 +112,12 @@ def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(t
         monkeypatch.setattr(f"rlinf_ext.runner.launch.{name}", must_not_run)
     found = importlib.util.find_spec
     monkeypatch.setattr(services.importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("sglang", "torch_memory_saver") else found(name, *a))
+                        lambda name, *a: None if name == "vllm" else found(name, *a))
     with pytest.raises(LaunchError) as info:
         run_training("qwen2.5-3b-tool-1node", _reference_overrides(tmp_path))
     text = str(info.value)
-    assert "cluster.num_gpus_per_node=8" in text and "sglang, torch_memory_saver cannot be imported" in text
+    assert "cluster.num_gpus_per_node=8" in text and "rollout_backend=vllm" in text
+    assert "vllm cannot be imported" in text
     assert "bash scripts/install.sh --gpu" in text
     assert not ray.is_initialized() and not (tmp_path / "out").exists()
 
@@ -126,11 +127,13 @@ def test_the_gpu_extra_check_names_only_what_is_missing(tmp_path, monkeypatch):
     from rlinf_ext.runner.prepare import load_checked_config
 
     cfg = load_checked_config("qwen2.5-3b-tool-1node", _reference_overrides(tmp_path))
-    monkeypatch.setattr(services.importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else object())
-    assert services.missing_gpu_packages(cfg) == ["sglang"]
-    cfg.rollout.enforce_eager = True  # no memory saver needed then
     monkeypatch.setattr(services.importlib.util, "find_spec", lambda name, *a: None)
-    assert services.missing_gpu_packages(cfg) == ["sglang"]
+    assert services.missing_gpu_packages(cfg) == ["vllm"]
+    monkeypatch.setattr(services.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else object())
+    assert services.missing_gpu_packages(cfg) == ["vllm"]
+    monkeypatch.setattr(services.importlib.util, "find_spec", lambda name, *a: object())
+    assert services.missing_gpu_packages(cfg) == []
+    monkeypatch.setattr(services.importlib.util, "find_spec", lambda name, *a: None)
     cfg.cluster.num_gpus_per_node = 0  # a CPU cluster needs none of it
     assert services.missing_gpu_packages(cfg) == []
 

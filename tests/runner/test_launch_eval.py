@@ -57,7 +57,7 @@ def test_sglang_eval_without_cuda_is_refused_before_anything_starts(monkeypatch)
     reference_eval_env(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(LaunchError, match=r"rollout_backend='sglang'.*no CUDA device.*bash scripts/install\.sh --gpu"):
-        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", show_progress=False)
+        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
 
 
 def test_sglang_eval_without_sglang_names_the_install(monkeypatch):
@@ -65,7 +65,7 @@ def test_sglang_eval_without_sglang_names_the_install(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(services, "sglang_installed", lambda: False)
     with pytest.raises(LaunchError, match=r"sglang is not installed\. Fix: bash scripts/install\.sh --gpu"):
-        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", show_progress=False)
+        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
 
 
 def test_sglang_eval_with_too_few_visible_gpus_is_refused(monkeypatch):
@@ -74,7 +74,7 @@ def test_sglang_eval_with_too_few_visible_gpus_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(services, "sglang_installed", lambda: True)
     with pytest.raises(LaunchError, match=r"GPUs 0-7, but only 4 CUDA device"):
-        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", show_progress=False)
+        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
 
 
 def test_vllm_eval_is_refused_for_the_vision_language_agent():
