@@ -49,7 +49,7 @@ LAZY_THIRD_PARTY = {
     "torch": "heavy: CLI verbs that do not need it stay instant",
     "transformers": "heavy", "megatron": "heavy", "ray": "heavy", "rlinf": "heavy (imports ray)",
     "sglang": "GPU extra; importing it initialises CUDA", "transformer_engine": "GPU extra",
-    "faiss": "heavy", "bm25s": "heavy", "safetensors": "heavy", "huggingface_hub": "optional network client",
+    "faiss": "heavy", "bm25s": "heavy (loads numba, beside which vLLM cannot start on CPU)", "numba": "heavy", "safetensors": "heavy", "huggingface_hub": "optional network client",
     "matplotlib": "heavy, only for plots", "tensorboard": "heavy", "torch_tensorboard": "heavy", "wandb": "optional",
     "tqdm": "progress bars only where drawn", "pandas": "heavy", "pyarrow": "heavy", "numpy": "heavy",
     "PIL": "heavy", "uvicorn": "server only", "fastapi": "server only", "psutil": "optional",

@@ -13,19 +13,24 @@ import json
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
-import bm25s
-import numba
 import numpy as np
-from bm25s.stopwords import STOPWORDS_EN
-from bm25s.tokenization import Tokenized
 
 from .corpus import CorpusStore, file_fingerprint
 from .metadata import IndexMetadata
 from .searcher import topk_rows
 
 _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")  # bm25s' default splitter
-_STOPWORDS = frozenset(STOPWORDS_EN)
+
+
+@functools.cache
+def _stopwords() -> frozenset[str]:
+    # bm25s and numba are imported where used: `import bm25s` loads numba's llvmlite, beside which an in-process
+    # vLLM 0.32 engine cannot start on CPU (its kernel registration scans every loaded module)
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return frozenset(STOPWORDS_EN)
 BM25_SUBDIR = "bm25"
 VOCAB_KEYS_NAME = "vocab_keys.npy"  # sorted [[token_hash, term_id], ...]: the vocabulary without a Python dict
 
@@ -54,7 +59,8 @@ def vocab_keys(bm25_dir: Path) -> np.ndarray:
 
 def bm25_tokenize(text: str) -> list[str]:
     """Lower-case word tokens of 2+ characters without English stopwords (same for passages and queries)."""
-    return [t for t in _TOKEN_RE.findall(text.lower()) if t not in _STOPWORDS]
+    stopwords = _stopwords()
+    return [t for t in _TOKEN_RE.findall(text.lower()) if t not in stopwords]
 
 
 def build_bm25_index(store: CorpusStore, out_dir: str | Path, *, k1: float = 1.5, b: float = 0.75,
@@ -71,6 +77,9 @@ def build_bm25_index(store: CorpusStore, out_dir: str | Path, *, k1: float = 1.5
         texts = tqdm(texts, total=len(store), desc="tokenising passages", unit="doc")
     for text in texts:
         ids.append([vocab.setdefault(tok, len(vocab)) for tok in bm25_tokenize(text)])
+    import bm25s
+    from bm25s.tokenization import Tokenized
+
     retriever = bm25s.BM25(k1=k1, b=b)
     retriever.index(Tokenized(ids=ids, vocab=vocab), show_progress=show_progress)
     retriever.save(out_dir / BM25_SUBDIR, show_progress=False)
@@ -92,6 +101,7 @@ def numba_kernels():
     bm25s itself compiles them without caching, once per process: 20-60 s on 2 cores at every server start. The
     functions are bm25s's own (same scoring, same top-k); only the compile options differ.
     """
+    import numba
     from bm25s.numba import retrieve_utils
     from bm25s.scoring import _compute_relevance_from_scores_jit_ready
 
@@ -110,7 +120,7 @@ class BM25Searcher:
     retriever = "bm25"
     index_type = "bm25"
 
-    def __init__(self, model: bm25s.BM25, keys: np.ndarray, passages: int, threads: int | None = None,
+    def __init__(self, model: Any, keys: np.ndarray, passages: int, threads: int | None = None,
                  memory_mapped: bool = False) -> None:
         self._keys = keys
         self._data = model.scores["data"]
@@ -133,6 +143,8 @@ class BM25Searcher:
              threads: int | None = None) -> BM25Searcher:
         # mmap (default): the score matrix stays on disk and pages in on demand (fast start, small RSS).
         bm25_dir = Path(index_dir) / BM25_SUBDIR
+        import bm25s
+
         model = bm25s.BM25.load(bm25_dir, mmap=not in_ram, load_vocab=False, show_progress=False)
         return cls(model, vocab_keys(bm25_dir), meta.passages, threads=threads, memory_mapped=not in_ram)
 
@@ -165,6 +177,8 @@ class BM25Searcher:
         pointers = np.cumsum([0] + [len(q) for q in ids]).astype(self._int_dtype)
         with self._lock:
             if self.threads:
+                import numba
+
                 numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
             return self._top_k(flat, pointers, k, False, self._dtype, self._int_dtype, self._data, self._indptr,
                                self._indices, self.passages, self._nonoccurrence, None)

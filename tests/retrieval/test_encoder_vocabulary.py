@@ -26,7 +26,7 @@ def test_the_tiny_encoder_keeps_its_whole_vocabulary(retrieval_assets):
 
 
 def test_build_wordpiece_keeps_its_vocabulary(tmp_path):
-    from rlinf_ext.assets.models import build_wordpiece
+    from rlinf_ext.assets.core.models import build_wordpiece
 
     texts = ["Paris is the capital of France.", "The river Seine flows through Paris."] * 3
     tok = build_wordpiece(texts, tmp_path / "wp", vocab_size=200)

@@ -144,9 +144,7 @@ def test_weight_sync_paired_route_loads_and_checks_probe(generator, model_dirs):
     print(f"vLLM sync of {len(buckets)} buckets: {state['last_sync']['load_s'] * 1000:.0f} ms")
 
     # a sync whose weights do not reproduce the actor's probe is refused (here: the actor is the old model)
-    from conftest import randomize_qwen2_
-
-    other = randomize_qwen2_(AutoModelForCausalLM.from_pretrained(str(model_dirs[1]), dtype=torch.float32), 7)
+    other = AutoModelForCausalLM.from_pretrained(str(model_dirs[0]), dtype=torch.float32)  # the engine's first weights
     messages, _ = sync_messages(dict(new.state_dict()), probe_model=other.eval(), version=4)
     w = worker(generator, messages)
     asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
