@@ -30,7 +30,9 @@ def test_logprobs_equal_the_generators_on_multimodal_trajectories(world):
         ref = torch.tensor(t.rollout_logprobs)
         assert torch.isfinite(lp).all()
         worst = max(worst, float((lp[mask] - ref[mask]).abs().max()))
-    assert worst < 1e-5, worst
+    # fp32, the engine's incremental KV-cache passes vs one full forward: 1.0e-5 measured at worst on the tiny VL
+    # warm start under transformers 5.19 (a position bug costs > 1e-3, see below)
+    assert worst < 5e-5, worst
     # the positions are mrope's (images take 2-D positions), not an arange
     batch = policy._pack(samples[:1])
     pos = policy.rope_positions(batch)
