@@ -59,11 +59,7 @@ def record_from_trajectory(item: EvalItem, traj: Trajectory, decode: Decode, rew
     num_searches = sum(1 for t in traj.turns if t.action == "search")
     result = searchr1_reward(traj.generated_text, item.golden_answers, reward_cfg, num_searches=num_searches)
     return GenerationRecord(
-        benchmark=item.benchmark,
-        item_id=item.item_id,
-        question=item.question,
-        prompt=item.prompt,
-        golden_answers=list(item.golden_answers),
+        **_question_fields(item),
         turns=turns,
         response=traj.response_text,
         final_answer=result.answer,
@@ -76,11 +72,10 @@ def record_from_trajectory(item: EvalItem, traj: Trajectory, decode: Decode, rew
 
 
 def error_record(item: EvalItem, exc: BaseException) -> GenerationRecord:
-    return GenerationRecord(
-        benchmark=item.benchmark,
-        item_id=item.item_id,
-        question=item.question,
-        prompt=item.prompt,
-        golden_answers=list(item.golden_answers),
-        error=f"{type(exc).__name__}: {exc}",
-    )
+    return GenerationRecord(**_question_fields(item), error=f"{type(exc).__name__}: {exc}")
+
+
+def _question_fields(item: EvalItem) -> dict:
+    """The fields every record of a question carries, rolled out or not."""
+    return dict(benchmark=item.benchmark, item_id=item.item_id, question=item.question, prompt=item.prompt,
+                golden_answers=list(item.golden_answers))
