@@ -234,9 +234,13 @@ def engine_run(spec: dict) -> dict:
     if name == "vllm":
         from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator
 
+        # no chunked prefill: vLLM 0.32 rewinds a seeded request's generator after a partial prefill with
+        # Generator.set_offset, which CPU generators lack ("CPU Generator does not use offset"); whole prompts
+        # only, in a budget that holds the longest context
         options = VLLMEngineOptions(model_path=model_dir, dtype=spec["dtype"], seed=spec["seed"],
                                     max_num_seqs=max(n_seqs, 1), max_model_len=spec["max_model_len"],
-                                    kv_cache_memory_bytes=spec["kv_cache_bytes"])
+                                    kv_cache_memory_bytes=spec["kv_cache_bytes"], enable_chunked_prefill=False,
+                                    max_num_batched_tokens=max(8192, spec["max_model_len"]))
         generator = VLLMGenerator.start(options, seed=spec["seed"])
     elif name == "hf":
         from rlinf_ext.generation.hf import HFGenerator
