@@ -74,19 +74,21 @@ def final_norm_scale(hidden_size: int, logit_std: float = LOGIT_STD, init_std: f
     return logit_std / (init_std * hidden_size ** 0.5)
 
 
-def ratio_rows(results: dict[str, dict], baseline: str) -> list[tuple[str, float, float]]:
-    """(engine, tokens/s, ratio to ``baseline``'s tokens/s) per engine, in the given order."""
-    base = results[baseline]["tokens_per_s"]
-    return [(name, r["tokens_per_s"], r["tokens_per_s"] / base if base else float("nan")) for name, r in results.items()]
+def ratio_rows(results: dict[str, dict], baseline: str, key: str = "tokens_per_s") -> list[tuple[str, float, float]]:
+    """(engine, figure ``key``, ratio to ``baseline``'s) per engine, in the given order."""
+    base = results[baseline][key]
+    return [(name, r[key], r[key] / base if base else float("nan")) for name, r in results.items()]
 
 
 def format_engine_table(results: dict[str, dict], baseline: str) -> str:
     lines = [f"{'engine':<6} {'start s':>8} {'rollout s':>10} {'tokens':>8} {'turns':>6} {'tokens/s':>10} "
-             f"{'vs ' + baseline:>8}"]
+             f"{'vs ' + baseline:>8} {'CPU s':>8} {'tokens/CPU-s':>13} {'vs ' + baseline:>8}"]
+    per_cpu = {name: (value, ratio) for name, value, ratio in ratio_rows(results, baseline, "tokens_per_cpu_s")}
     for name, tps, ratio in ratio_rows(results, baseline):
         r = results[name]
         lines.append(f"{name:<6} {r['start_s']:>8.2f} {r['seconds']:>10.2f} {r['generated_tokens']:>8d} "
-                     f"{r['turns']:>6d} {tps:>10.1f} {ratio:>7.2f}x")
+                     f"{r['turns']:>6d} {tps:>10.1f} {ratio:>7.2f}x {r['cpu_s']:>8.2f} {per_cpu[name][0]:>13.1f} "
+                     f"{per_cpu[name][1]:>7.2f}x")
     return "\n".join(lines)
 
 
@@ -274,9 +276,9 @@ def engine_run(spec: dict) -> dict:
         else:
             timers.wrap(generator.model, "generate", "generate")
             generator.batch_sizes.clear()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         groups = asyncio.run(rollout())
-        seconds = time.perf_counter() - t1
+        seconds, cpu_s = time.perf_counter() - t1, time.process_time() - c1
     finally:
         if name == "vllm":
             generator.shutdown()
@@ -286,6 +288,7 @@ def engine_run(spec: dict) -> dict:
         "engine": name, "start_s": start_s, "seconds": seconds,
         "generated_tokens": sum(per_turn), "turns": len(per_turn),
         "tokens_per_s": sum(per_turn) / seconds,
+        "cpu_s": cpu_s, "tokens_per_cpu_s": sum(per_turn) / cpu_s,  # this process's CPU time: less load-bound
         "turn_tokens": dict(Counter(per_turn)),
         "finish_reasons": dict(Counter(t.finish_reason for traj in trajectories for t in traj.turns)),
         "searches": sum(t.metrics["searches"] for t in trajectories),

@@ -44,6 +44,8 @@ def test_ratio_rows_against_the_last_engine():
     rows = bench.ratio_rows({"vllm": {"tokens_per_s": 300.0}, "hf": {"tokens_per_s": 100.0}}, "hf")
     assert rows == [("vllm", 300.0, 3.0), ("hf", 100.0, 1.0)]
     assert math.isnan(bench.ratio_rows({"hf": {"tokens_per_s": 0.0}}, "hf")[0][2])
+    per_cpu = {"vllm": {"tokens_per_cpu_s": 50.0}, "hf": {"tokens_per_cpu_s": 20.0}}
+    assert bench.ratio_rows(per_cpu, "hf", "tokens_per_cpu_s") == [("vllm", 50.0, 2.5), ("hf", 20.0, 1.0)]
 
 
 def test_bad_engine_name_is_refused_naming_the_choices(tmp_path):
@@ -73,7 +75,7 @@ def test_script_runs_both_engines_with_equal_token_counts(tmp_path, tiny_assets)
         turns = r["turns"]
         assert turns % 4 == 0 and turns >= 4, (name, r)  # 2 prompts x 2, every trajectory the same number of turns
         assert r["turn_tokens"] == {"8": turns}, (name, r)  # every turn ran to max_new_tokens
-        assert r["generated_tokens"] == 8 * turns and r["tokens_per_s"] > 0
+        assert r["generated_tokens"] == 8 * turns and r["tokens_per_s"] > 0 and r["tokens_per_cpu_s"] > 0
         assert set(r["finish_reasons"]) == {"length"} and r["searches"] == 0
     assert set(results["vllm"]["time_s"]) == {"schedule", "forward", "sample", "update", "outputs"}
     assert results["vllm"]["calls"]["forward"] >= 8  # at least one step per generated token of a turn
