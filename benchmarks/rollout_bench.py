@@ -6,9 +6,11 @@ generate-then-cut on the HF engine.
 each engine of --engines, on a random-weight Qwen2 of --shape ("tiny": 2 layers, hidden 128, head size 32, the
 tiny tokenizer's vocabulary; "0.5b": Qwen2.5-0.5B's dimensions and 151936-entry vocabulary), same dtype on both.
 Every engine runs in its own fresh process (vLLM's CPU platform binds threads; neither engine inherits the other's
-state); the start-up is timed apart, a short warm-up call precedes the timed rollout. Printed: tokens/s side by
-side with the ratio to the last engine, and where each engine's time goes (vLLM: scheduler, forward, sampler,
-output processing, and the rest = our async wrapper and the agent loop; HF: time inside `generate`).
+state); the start-up is timed apart, a short warm-up call precedes the timed rollout. Printed: tokens/s and tokens
+per CPU-second of the engine's process (on a shared, oversubscribed CPU the wall time depends on the other load
+while each engine runs; the CPU time much less), each with the ratio to the last engine, and where each engine's
+time goes (vLLM: scheduler, forward, sampler, scheduler update, output processing, and the rest = our async
+wrapper, the agent loop and tokenisation; HF: time inside `generate`).
 
 Fairness: random weights would end turns at random places (EOS, a stop string) and differently on each engine.
 The benchmark's checkpoint makes that impossible without touching an engine: the tied embedding rows of the EOS
@@ -41,6 +43,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import queue
 import statistics
 import sys
 import tempfile
@@ -104,13 +107,20 @@ def format_breakdown(name: str, result: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ set-up (children)
 def run_in_child(fn, *args) -> Any:
-    """``fn(*args)`` in a fresh spawned process (neither bm25s nor an engine's thread binding leaks back)."""
+    """``fn(*args)`` in a fresh spawned process (neither bm25s nor vLLM's process-wide changes, such as its
+    replacement of ``torch.set_num_threads``, reach the other engine)."""
     ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(queue, fn, args))  # not a pool: its daemonic workers may not fork
+    results = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(results, fn, args))  # not a pool: its daemonic workers may not fork
     proc.start()
     try:
-        ok, value = queue.get()
+        while True:
+            try:
+                ok, value = results.get(timeout=5)
+                break
+            except queue.Empty:
+                if not proc.is_alive():  # killed (out of memory, a signal) before it could answer
+                    raise RuntimeError(f"{fn.__name__}: its child process died with exit code {proc.exitcode}")
     finally:
         proc.join()
     if not ok:
@@ -118,13 +128,13 @@ def run_in_child(fn, *args) -> Any:
     return value
 
 
-def _child(queue, fn, args) -> None:
+def _child(results, fn, args) -> None:
     import traceback
 
     try:
-        queue.put((True, fn(*args)))
+        results.put((True, fn(*args)))
     except BaseException:
-        queue.put((False, traceback.format_exc()))
+        results.put((False, traceback.format_exc()))
 
 
 def prepare_assets(root: str) -> tuple[str, str, str, str]:
