@@ -218,7 +218,7 @@ class GRPOTrainer:
             agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
             self._offload_rollout()
             wait_or_raise(g.actor.onload_engine(), "actor", "onload_engine")
-        reward_h = g.reward.compute_rewards(q[ch.ROLLOUT], q[ch.REWARD], num_results)
+        reward_h = g.reward.compute_rewards(q[ch.ROLLOUT], q[ch.REWARD], num_results, self.global_step)
         kl = self.cfg.algorithm.kl_beta > 0
         infer_h = g.actor.run_inference(q[ch.REWARD], q[ch.INFERENCE], kl, num_results)
         train_h = g.actor.run_training(q[ch.INFERENCE], num_results, self.global_step)
