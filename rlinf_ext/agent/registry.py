@@ -2,7 +2,8 @@
 
 An entry holds the agent's facts (the stop strings its loop acts on, the data reader, the reward, whether it
 needs a vision-language model, which evaluation engines it runs on) and names its components by import path:
-the rollout (the loop behind the agent-loop worker), the evaluation, the trajectory metrics and records. The
+the rollout (the loop behind the agent-loop worker), the evaluation, the validation pass during training, the
+trajectory metrics and records. The
 components are imported only when asked for (``load``), so config validation reads the facts without importing
 torch or the loops. Nothing outside this module compares ``agentloop.agent`` with an agent's name.
 """
@@ -33,6 +34,7 @@ class AgentSpec:
     eval_backends: tuple[str, ...]  # rollout.rollout_backend values `rlinf-ext eval` runs this agent on
     rollout: str  # "module:attr" of the rollout class the agent-loop worker drives (agent/*/rollout.py)
     evaluation: str  # "module:attr" of its `run_evaluation(cfg, generator=None, **kwargs)`
+    validation: str  # "module:attr" of its validation pass during training (`eval/core/validation.py`)
 
     def load(self, component: str) -> Any:
         """The object a component field names (``spec.load("rollout")``), imported now."""
@@ -47,6 +49,7 @@ AGENTS: dict[str, AgentSpec] = {
         eval_backends=("vllm", "hf", "sglang"),
         rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
         evaluation="rlinf_ext.eval.searchr1.runner:run_evaluation",
+        validation="rlinf_ext.eval.searchr1.validation:ValidationPass",
     ),
     MMSEARCH: AgentSpec(
         name=MMSEARCH, title="MMSearch-R1", stops=MM_STOPS, data_type="mmsearch", reward_type="mmsearch",
@@ -54,6 +57,7 @@ AGENTS: dict[str, AgentSpec] = {
         eval_backends=("hf",),
         rollout="rlinf_ext.agent.mmsearch.rollout:MMSearchRollout",
         evaluation="rlinf_ext.eval.mmsearch.runner:run_mm_evaluation",
+        validation="rlinf_ext.eval.mmsearch.validation:MMValidationPass",
     ),
 }
 

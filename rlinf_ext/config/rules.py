@@ -94,8 +94,7 @@ def agent_parts_agree(cfg):
                           "agent.")
 
 
-@rule("rollout.model.model_type", "actor.training_backend", "runner.task_type", "actor.fsdp_config.cpu_offload",
-      "cluster.component_placement", "actor.offload_weight", "actor.offload_optimizer", "actor.offload_grad")
+@rule("rollout.model.model_type", "actor.training_backend", "runner.task_type", "actor.fsdp_config.cpu_offload")
 def vl_model_needs_fsdp(cfg):
     """Megatron-core 0.16.1 has no Qwen2.5-VL; the HF actor loads only Qwen2.5-VL."""
     vl, fsdp = cfg.rollout.model.model_type == "qwen2.5_vl", cfg.actor.training_backend == "fsdp"
@@ -107,23 +106,10 @@ def vl_model_needs_fsdp(cfg):
                           f"rollout.model.model_type={cfg.rollout.model.model_type}.",
                           "set actor.training_backend=megatron for text models (or model_type=qwen2.5_vl).")
     if fsdp and cfg.actor.fsdp_config.cpu_offload:
-        yield ConfigIssue("actor.fsdp_config.cpu_offload", "CPU offload of the FSDP2 actor is not implemented.",
-                          "set actor.fsdp_config.cpu_offload=false.")
-    if fsdp and is_training(cfg):
-        for key in ("offload_weight", "offload_optimizer", "offload_grad"):
-            if getattr(cfg.actor, key):
-                yield ConfigIssue(f"actor.{key}", "offloading the FSDP2 actor between phases is not implemented, "
-                                  "so nothing would be offloaded.",
-                                  f"set actor.{key}=false and place actor and rollout on disjoint GPUs.")
-    if fsdp and is_training(cfg) and cfg.cluster.num_gpus_per_node > 0:
-        try:
-            ranks = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * cfg.cluster.num_gpus_per_node)
-        except PlacementError:  # reported by the placement rule
-            return
-        if set(ranks.get("actor", [])) & set(ranks.get("rollout", [])):
-            yield ConfigIssue("cluster.component_placement", "the FSDP2 actor cannot give its GPUs to a collocated "
-                              "rollout engine (no offload yet).", "place actor and rollout on disjoint GPUs, e.g. "
-                              "actor: 0-5, rollout: 6-7.")
+        yield ConfigIssue("actor.fsdp_config.cpu_offload", "FSDP2's CPUOffloadPolicy (parameters kept on CPU, the "
+                          "optimizer step on CPU) is not implemented for the FSDP2 actor.",
+                          "set actor.fsdp_config.cpu_offload=false; actor.offload_weight / offload_optimizer free "
+                          "the GPUs for a collocated rollout between phases.")
 
 
 @rule("agentloop.agent", "algorithm.sampling_params.stop")
@@ -275,8 +261,9 @@ def sglang_profile_not_built(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
 @rule("runner.task_type", "cluster.num_nodes", "cluster.num_gpus_per_node", "cluster.component_placement",
       "actor.offload_weight", "actor.offload_optimizer")
 def collocated_needs_offload(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    """Collocated GPUs: SGLang takes rollout.gpu_memory_utilization of each GPU back at every rollout while the
-    actor still holds whatever it did not offload (fp32 weights, optimizer state: tens of GB for 3B)."""
+    """Collocated GPUs: the rollout engine takes rollout.gpu_memory_utilization of each GPU back at every rollout
+    while the actor still holds whatever it did not offload (fp32 weights, optimizer state: tens of GB for 3B).
+    Both actors offload (Megatron's buffers; the FSDP2 actor's shards, training/fsdp_policy_offload.py)."""
     gpn = cfg.cluster.num_gpus_per_node
     if not is_training(cfg) or gpn < 1:
         return
@@ -286,14 +273,12 @@ def collocated_needs_offload(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         return
     if "actor" not in ranks or ranks.get("actor") != ranks.get("rollout"):
         return
-    if cfg.actor.training_backend == "fsdp":  # its own rule: offload is not implemented (vl_model_needs_fsdp)
-        return
     missing = [f"actor.{k}" for k in ("offload_weight", "offload_optimizer") if not getattr(cfg.actor, k)]
     if missing:
         yield ConfigIssue(
             missing[0],
-            f"{' and '.join(missing)} false with the actor and the rollout on the same GPUs (collocated): SGLang "
-            f"takes back rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} of every GPU at each "
+            f"{' and '.join(missing)} false with the actor and the rollout on the same GPUs (collocated): the "
+            f"rollout engine takes back rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} of every GPU at each "
             "rollout while the actor still holds that state, so the GPUs run out of memory.",
             f"set {' '.join(k + '=true' for k in missing)}, or place actor and rollout on disjoint GPUs.",
         )
@@ -305,7 +290,7 @@ def offload_has_something_to_free(cfg: ExperimentConfig) -> Iterator[ConfigIssue
     """actor.offload_* moves actor state off the GPUs it shares with the rollout; elsewhere it would do nothing."""
     flags = [f"actor.{k}" for k in ("offload_weight", "offload_optimizer", "offload_grad") if getattr(cfg.actor, k)]
     gpn = cfg.cluster.num_gpus_per_node
-    if not flags or not is_training(cfg) or cfg.actor.training_backend == "fsdp":  # fsdp: vl_model_needs_fsdp
+    if not flags or not is_training(cfg):
         return
     fix = f"set {' '.join(k + '=false' for k in flags)}"
     if gpn < 1:

@@ -494,6 +494,10 @@ class ImageSearchToolConfig:
         "code), dummy (canned results for tests)."
     )
     cache_path: Optional[str] = fld(None, "The cache directory (cache_dir) or .pkl file (cache_pickle).")
+    val_cache_path: Optional[str] = fld(
+        None, "Validation during training: the cache (same backend) holding the questions of data.val_data_paths, "
+        "when cache_path holds only the training questions (null = cache_path)."
+    )
     topk: int = fld(5, "Results (thumbnail + page title) shown per image search.")
     thumbnail_min_pixels: int = fld(3136, "Thumbnails are canonicalised to at least this many pixels (4 tokens).")
     thumbnail_max_pixels: int = fld(

@@ -2,7 +2,8 @@
 
 Producers: the reward worker (``reward/...``), the agent loop (``agent/...``, ``agent_metric``), the actor
 (``rollout/...`` and ``actor/...`` with the trainer's prefixes), the trainer (``time/...``, ``throughput/...``) and
-validation (``val/<bench>/<metric>``, ``val/avg/...``, ``val/all/...``, ``validation_metric``). Readers: the
+validation (Search-R1: ``val/<bench>/<metric>``, ``val/avg/...``, ``val/all/...``, ``validation_metric``;
+MMSearch-R1: ``val/<category>/<column>``, ``mm_category_metric(..., VAL_PREFIX)``). Readers: the
 metrics sink, the run summary, benchmarks and tests.
 """
 
@@ -18,6 +19,10 @@ REWARD_MIN = "reward/min"
 AGENT_PREFIX = "agent"
 AGENT_SEARCHES = "agent/searches"
 AGENT_SEARCH_FAILURE_RATE = "agent/search_failure_rate"
+# MMSearch-R1: share of the step's trajectories whose ids (image pad runs) differ from what the actor's processor
+# makes of the same conversation (agent/mmsearch/retokenize.py)
+AGENT_RETOKENIZE_MISMATCH = "agent/retokenize_mismatch"
+AGENT_IMAGE_PAD_MISMATCH = "agent/image_pad_mismatch"
 
 # actor: RLinf's rollout metrics under rollout/<name>, training metrics under actor/<name>
 ROLLOUT_PREFIX = "rollout"
@@ -66,6 +71,15 @@ MM_TRENDS = (
     ("rollout/search_free/accuracy", "accuracy, search_free"),
     ("rollout/search_required/search_ratio_image", "image-search ratio, search_required"),
     ("rollout/search_required/accuracy", "accuracy, search_required"),
+)
+
+
+# MMSearch-R1 validation during training: the same trends on the validation questions, greedy, step's weights
+MM_VAL_TRENDS = (
+    ("val/search_free/search_ratio_image", "validation image-search ratio, search_free"),
+    ("val/search_free/accuracy", "validation accuracy, search_free"),
+    ("val/search_required/search_ratio_image", "validation image-search ratio, search_required"),
+    ("val/search_required/accuracy", "validation accuracy, search_required"),
 )
 
 

@@ -163,7 +163,7 @@ class MMTaskDataset(torch.utils.data.Dataset):
 def build_datasets(cfg: ExperimentConfig) -> tuple[PromptDataset, PromptDataset | None]:
     """Tokenised train / validation prompts (the trainer's dataset class); over-long prompts are dropped."""
     data = cfg.data
-    if agent_spec(cfg).vision:  # validation of MMSearch-R1 runs through the -eval YAML after training
+    if agent_spec(cfg).vision:  # MMSearch-R1 validation reads its FVQA files itself (eval/mmsearch/validation.py)
         try:
             train_ds = MMTaskDataset(data.train_data_paths, cfg)
         except (ValueError, OSError) as exc:

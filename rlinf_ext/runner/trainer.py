@@ -7,7 +7,8 @@ rewards, recompute old/reference log-probs, train, checkpoint — but is our own
 PyPI (only megatron-core is). Worker method names and channel payloads are RLinf's, so the same runner drives the
 CPU workers and RLinf-derived GPU workers.
 
-Validation during training (``rlinf_ext.eval.searchr1.validation``): before the first step (``runner.val_before_train``)
+Validation during training (``rlinf_ext.eval.core.validation``; the agent's pass is the registry's ``validation``:
+Search-R1's per benchmark, MMSearch-R1's per FVQA category): before the first step (``runner.val_before_train``)
 and after every ``runner.val_check_interval`` steps, the actor's weights are synced to the rollout group and a
 greedy pass over a fixed subset runs from the driver through the rollout group; its ``val/...`` metrics join
 that step's metrics (step 0: an ``on_step(0, metrics, [])`` call of its own).
@@ -33,8 +34,9 @@ from rlinf.scheduler import Channel
 from torchdata.stateful_dataloader import StatefulDataLoader
 from tqdm import tqdm
 
+from rlinf_ext.agent.registry import agent_spec
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.eval.searchr1.validation import ValidationPass, should_validate
+from rlinf_ext.eval.core.validation import should_validate
 from rlinf_ext.protocol import channels as ch
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.channels import KeyedChannel
@@ -49,11 +51,16 @@ VALIDATION_DIR = "validation"  # <run_dir>/validation/global_step_<N>/generation
 
 
 def validation_enabled(cfg: ExperimentConfig) -> bool:
-    """Whether any step of this run can validate (``rlinf_ext.eval.searchr1.validation.should_validate`` is true
+    """Whether any step of this run can validate (``rlinf_ext.eval.core.validation.should_validate`` is true
     for some step): ``runner.val_before_train`` or ``runner.val_check_interval > 0``, with ``data.val_data_paths`` set."""
     runner = cfg.runner
     wanted = runner.val_before_train or runner.val_check_interval > 0
     return wanted and bool(cfg.data.val_data_paths)
+
+
+def validation_pass_class(cfg: ExperimentConfig) -> type:
+    """The agent's validation pass (``agent/registry.py``: ``validation``)."""
+    return agent_spec(cfg).load("validation")
 
 
 def _collate(items: list[dict]) -> list[dict]:
@@ -218,7 +225,7 @@ class GRPOTrainer:
             agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
             self._offload_rollout()
             wait_or_raise(g.actor.onload_engine(), "actor", "onload_engine")
-        reward_h = g.reward.compute_rewards(q[ch.ROLLOUT], q[ch.REWARD], num_results)
+        reward_h = g.reward.compute_rewards(q[ch.ROLLOUT], q[ch.REWARD], num_results, self.global_step)
         kl = self.cfg.algorithm.kl_beta > 0
         infer_h = g.actor.run_inference(q[ch.REWARD], q[ch.INFERENCE], kl, num_results)
         train_h = g.actor.run_training(q[ch.INFERENCE], num_results, self.global_step)
@@ -276,7 +283,7 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ validation
     def validation_pass(self):
-        """The run's one ``ValidationPass`` (built on first call), or None when this run never validates.
+        """The run's one validation pass (the agent's, built on first call), or None when this run never validates.
 
         It generates through the rollout group's serving loop from the driver (a ``ChannelGenerator`` on the
         GenerateInput/GenerateOutput channels; replies are keyed by a fresh uuid per request, so they cannot
@@ -289,7 +296,7 @@ class GRPOTrainer:
             if per_benchmark == 0:
                 raise ValueError("runner.val_samples_per_benchmark=0 leaves nothing to validate; "
                                  "use N > 0 questions per benchmark, or -1 for all of them.")
-            self._validation = ValidationPass(
+            self._validation = validation_pass_class(self.cfg)(
                 self.cfg, ChannelGenerator(*self.generate_channels),
                 samples_per_benchmark=per_benchmark, do_sample=False,
                 out_dir=self.run_dir / VALIDATION_DIR,
@@ -308,9 +315,8 @@ class GRPOTrainer:
         metrics = dict(self.validation_pass().run(step))
         metrics[mk.TIME_VALIDATION] = time.perf_counter() - started
         self.val_history[step] = metrics
-        tqdm.write(f"[rlinf_ext] validation at step {step}: EM avg {metrics.get(mk.VAL_AVG_EM, float('nan')):.3f}, "
-                   f"pooled {metrics.get(mk.VAL_ALL_EM, float('nan')):.3f} over {int(metrics.get(mk.VAL_N, 0))} "
-                   f"questions ({int(metrics.get(mk.VAL_ERRORS, 0))} errors, {metrics[mk.TIME_VALIDATION]:.1f} s)")
+        tqdm.write(f"[rlinf_ext] validation at step {step} ({metrics[mk.TIME_VALIDATION]:.1f} s): "
+                   f"{self.validation_pass().summary(metrics)}")
         return metrics
 
     # ------------------------------------------------------------------ checkpoints

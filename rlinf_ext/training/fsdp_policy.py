@@ -15,8 +15,9 @@ steps (recompute, advantages, mini-batches in the global order, token-mean loss)
 Data parallelism: each rank holds a ``fully_shard``-ed copy (FSDP2: per vision block, per decoder layer, root).
 FSDP2 *averages* gradients over the ranks while the loss is a token-mean over the GLOBAL mini-batch, so the loss is
 multiplied by the DP size (``set_gradient_divide_factor(1.0)`` would say it directly, but gloo has no PREMUL_SUM).
+Offload between phases (collocated GPUs): ``training/fsdp_policy_offload.py``.
 CPU-tested with one process and two gloo ranks; the CUDA path (bf16 parameters with fp32 reduce, activation
-checkpointing) is written the same way and is NOT GPU-verified.
+checkpointing, offload to CPU) is written the same way and is NOT GPU-verified.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from rlinf_ext.protocol.vl_tokens import (
     text_vocab_size,
 )
 from rlinf_ext.training import fsdp_policy_io
+from rlinf_ext.training.fsdp_policy_offload import FSDPOffload
 from rlinf_ext.training.batching import PackedBatch, pack_sequences
 from rlinf_ext.training.data_parallel import DataParallel
 from rlinf_ext.training.logprobs import next_token_logprobs
@@ -70,7 +72,9 @@ class FSDPSettings:
     def from_config(cls, fsdp: FSDPConfig | None = None) -> FSDPSettings:
         fsdp = fsdp or FSDPConfig()
         if fsdp.cpu_offload:
-            raise ValueError("actor.fsdp_config.cpu_offload=true is not implemented for the FSDP2 actor; set it false.")
+            raise ValueError("actor.fsdp_config.cpu_offload=true (FSDP2's CPUOffloadPolicy: parameters always on CPU) "
+                             "is not implemented; set it false (actor.offload_* moves the actor off the GPUs between "
+                             "phases instead).")
         return cls(bool(fsdp.freeze_vision_tower), bool(fsdp.gradient_checkpointing), bool(fsdp.reshard_after_forward),
                    str(fsdp.mixed_precision.param_dtype), str(fsdp.mixed_precision.reduce_dtype))
 
@@ -165,6 +169,7 @@ class FSDPPolicy(GRPOPolicy):
         self.images = ImageInputs(self.processor.image_processor)
         self.step = FSDPStep(self.model, settings, self.dp)
         self.optimizer_steps = 0
+        self._offload = FSDPOffload(self.model, self.ref_model, self.step.optimizer, self.device)
 
     def _build(self, trainable: bool) -> torch.nn.Module:
         model = load_vl_model(self.hf_model_path).to(self.device)
@@ -231,28 +236,32 @@ class FSDPPolicy(GRPOPolicy):
         """The full policy weights under HF names (collective under FSDP2: call on every rank)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        if self.dp.enabled:
-            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        else:
-            state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        with self._offload.on_device(optimizer=False):  # the gathers run on the device's process group
+            if self.dp.enabled:
+                state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            else:
+                state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         if dtype is not None:
             state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
         return state
 
     @torch.no_grad()
     def probe_logits(self, ids: torch.Tensor, images: Sequence[ImageRef] = ()) -> torch.Tensor:
-        """fp32 logits ``[1, L, V]`` of the policy on the probe ``ids [1, L]`` (with its images)."""
+        """fp32 logits ``[1, L, V]`` of the policy on the probe ``ids [1, L]`` (with its images); an offloaded
+        policy is brought to the device for this forward only."""
         sample = MMSample(ids[0, :1].tolist(), ids[0, 1:].tolist(), [1] * (ids.shape[1] - 1), images=list(images))
         batch = self._pack([sample])
         was_training = self.model.training
         self.model.eval()
         try:
-            vision = {k: v.to(self.device) for k, v in batch.vision.items()}
-            out = self.model(input_ids=batch.input_ids.to(self.device), attention_mask=batch.attention_mask.to(self.device),
-                             position_ids=self.rope_positions(batch).to(self.device), use_cache=False, **vision)
+            with self._offload.on_device(optimizer=False):
+                vision = {k: v.to(self.device) for k, v in batch.vision.items()}
+                out = self.model(input_ids=batch.input_ids.to(self.device),
+                                 attention_mask=batch.attention_mask.to(self.device),
+                                 position_ids=self.rope_positions(batch).to(self.device), use_cache=False, **vision)
+                return out.logits.float().cpu()
         finally:
             self.model.train(was_training)
-        return out.logits.float().cpu()
 
     def probe(self, length: int = 24, seed: int = 0) -> tuple[torch.Tensor, list[ImageRef], list[int]]:
         """The multimodal weight-sync probe: (ids ``[1, L]`` = one fixed image then random allowed text ids, its
@@ -270,27 +279,36 @@ class FSDPPolicy(GRPOPolicy):
 
     # ------------------------------------------------------------------ offload (collocated GPU runs)
     def offload(self, weights: bool | None = None, optimizer: bool | None = None, grads: bool | None = None) -> None:
-        """The FSDP2 actor keeps its state where it is (no offload is implemented; `validate` refuses
-        actor.offload_* for it). Asking for an offload raises rather than silently keeping the memory."""
-        if weights or optimizer or grads:
-            raise NotImplementedError("offloading the FSDP2 actor is not implemented; set actor.offload_weight, "
-                                      "offload_optimizer and offload_grad to false and place actor and rollout on "
-                                      "disjoint GPUs.")
+        """Move weights (policy + reference) and optimizer state to CPU and free the gradients (defaults:
+        ``actor.offload_weight / offload_optimizer / offload_grad``), with FSDP2's own module move
+        (``training/fsdp_policy_offload.py``). Training and log-prob calls onload first; a weight sync or a
+        checkpoint brings the state for its call only."""
+        s = self.settings
+        self._offload.offload(weights=s.offload_weight if weights is None else weights,
+                              optimizer=s.offload_optimizer if optimizer is None else optimizer,
+                              grads=s.offload_grad if grads is None else grads)
 
     def onload(self) -> None:
-        pass
+        """Undo ``offload`` (no-op when nothing is offloaded)."""
+        self._offload.onload()
 
     @property
     def offloaded(self) -> bool:
-        return False
+        return self._offload.offloaded
+
+    def weights_on_device(self):
+        """A context with the weights on the device (one weight sync: its probe and its gathers move them once)."""
+        return self._offload.on_device(optimizer=False)
 
     # ------------------------------------------------------------------ checkpoints (training/fsdp_policy_io.py)
     def save(self, directory: str | Path, iteration: int) -> Path | None:
         """The HF model directory (the export) plus optimizer, schedule and RNG; every DP rank calls it."""
-        return fsdp_policy_io.save_fsdp_policy(self, directory, iteration)
+        with self._offload.on_device():
+            return fsdp_policy_io.save_fsdp_policy(self, directory, iteration)
 
     def load(self, directory: str | Path) -> int:
-        return fsdp_policy_io.load_fsdp_policy(self, directory)
+        with self._offload.on_device():  # the optimizer state is loaded next to the parameters
+            return fsdp_policy_io.load_fsdp_policy(self, directory)
 
 
 def init_gloo_dp() -> DataParallel:

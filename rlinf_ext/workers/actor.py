@@ -183,11 +183,12 @@ class ActorWorker(Worker):
     def _fsdp_policy_payload(self, verify: bool, shared: bool):
         """Header (with the multimodal probe) and buckets of the HF actor: its names are the engine's already."""
         header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
-        if verify:
-            ids, images, positions = self.policy.probe()
-            header.probe_ids, header.probe_images, header.probe_positions = ids, images, positions
-            header.probe_logits = self.policy.probe_logits(ids, images)
-        state = self.policy.hf_state_dict(rollout_dtype(self.cfg))
+        with self.policy.weights_on_device():  # offloaded (collocated): brought once for the probe and the gathers
+            if verify:
+                ids, images, positions = self.policy.probe()
+                header.probe_ids, header.probe_images, header.probe_positions = ids, images, positions
+                header.probe_logits = self.policy.probe_logits(ids, images)
+            state = self.policy.hf_state_dict(rollout_dtype(self.cfg))
         return header, pack_buckets(iter(state.items()), self._sync_bucket_bytes, shared=shared)
 
     def _hf_buckets(self, shared: bool):

@@ -2,7 +2,8 @@
 
 RLinf's ``RewardWorker`` is not importable without torchvision/vision models; this worker keeps its method
 (``compute_rewards(input_channel, output_channel)``) and payload (``RolloutResult.rewards``) and scores the
-model's own text (observations excluded) against the gold answers.
+model's own text (observations excluded) against the gold answers. The runner passes the step being trained
+(``step``: 0 for the first), which the MMSearch-R1 reward needs for ``reward.search_penalty_warmup_steps``.
 """
 
 from __future__ import annotations
@@ -17,19 +18,20 @@ from rlinf_ext.protocol.payloads import SearchRolloutResult
 from rlinf_ext.rewards.registry import get_reward_fn
 
 
-def score_result(result: SearchRolloutResult, reward_cfg: RewardConfig) -> tuple[list[float], list[float]]:
+def score_result(result: SearchRolloutResult, reward_cfg: RewardConfig, step: int = 0) -> tuple[list[float], list[float]]:
     """``(rewards, em)`` of one group, pure (no worker state)."""
-    rewards, em, _ = score_result_details(result, reward_cfg)
+    rewards, em, _ = score_result_details(result, reward_cfg, step)
     return rewards, em
 
 
-def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig):
-    """``(rewards, em, reward results)``; MMSearch-R1 results pass each trajectory's turn texts (``turns=``)."""
+def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig, step: int = 0):
+    """``(rewards, em, reward results)``; MMSearch-R1 results pass each trajectory's turn texts (``turns=``) and the
+    training step (``step=``: where the search penalty's warm-up stands)."""
     fn = get_reward_fn(str(reward_cfg.reward_type))
     texts = result.generated_texts or result.response_texts
     rewards, em, details = [], [], []
     for i in range(result.num_sequence):
-        extra = {"turns": result.turn_texts[i]} if result.turn_texts else {}
+        extra = {"turns": result.turn_texts[i], "step": int(step)} if result.turn_texts else {}
         res = fn(texts[i], result.answers[i], reward_cfg,
                  num_searches=result.num_searches[i] if result.num_searches else 0, **extra)
         rewards.append(float(res.score))
@@ -58,13 +60,14 @@ class RewardWorker(Worker):
         with self.worker_timer():
             get_reward_fn(str(self.cfg.reward.reward_type))  # unknown names fail at start, not mid-run
 
-    def compute_rewards(self, input_channel, output_channel, num_results: int) -> dict:
-        """Score ``num_results`` groups; returns ``{"metrics": ..., "rewards": {uid: [..]}}``."""
+    def compute_rewards(self, input_channel, output_channel, num_results: int, step: int) -> dict:
+        """Score ``num_results`` groups of training step ``step`` (0 = the first); returns ``{"metrics": ...,
+        "rewards": {uid: [..]}}``."""
         with self.worker_timer():
             all_rewards, all_em, by_uid, rows = [], [], {}, []
             for _ in range(num_results):
                 result: SearchRolloutResult = input_channel.get()
-                rewards, em, details = score_result_details(result, self.cfg.reward)
+                rewards, em, details = score_result_details(result, self.cfg.reward, step)
                 if result.categories:
                     rows += mm_rows(result, details)
                 result.rewards = torch.tensor(rewards, dtype=torch.float32)

@@ -30,6 +30,8 @@ def test_every_component_loads(name):
         assert callable(getattr(rollout, method)), f"{spec.rollout} lacks {method} ({AgentRollout.__name__})"
     assert inspect.iscoroutinefunction(rollout.run_group)
     assert callable(spec.load("evaluation"))
+    validation = spec.load("validation")  # what the trainer builds and calls
+    assert callable(validation.run) and callable(validation.summary)
     assert spec.stops and all(tag.startswith("</") for tag in spec.stops)
 
 

@@ -58,10 +58,18 @@ def test_mm_stops_and_search_limits(reference_env):
     assert "agentloop.mmsearch.image_search_limit" not in by_key
 
 
-def test_fsdp_actor_on_gpus_needs_its_own_gpus(reference_env):
+def test_fsdp_actor_collocates_with_offload(reference_env):
+    """The FSDP2 actor offloads like the Megatron one: collocated GPUs need both offload flags; on disjoint GPUs
+    the flags would free nothing."""
     by_key, result = issues_for("qwen2.5-vl-7b-1node", [])
     assert result.ok, [str(i) for i in result.issues]
-    assert_issue("qwen2.5-vl-7b-1node", ["cluster.component_placement={'actor,rollout,reward': all}"],
-                 "cluster.component_placement", "disjoint")
-    assert_issue("qwen2.5-vl-7b-1node", ["actor.offload_weight=true"], "actor.offload_weight", "not implemented")
+    collocated = ["cluster.component_placement={'actor,rollout,reward': all}"]
+    assert_issue("qwen2.5-vl-7b-1node", collocated, "actor.offload_weight", "collocated",
+                 "actor.offload_weight=true actor.offload_optimizer=true")
+    _, result = issues_for("qwen2.5-vl-7b-1node", collocated + ["actor.offload_weight=true",
+                                                                "actor.offload_optimizer=true", "actor.offload_grad=true"])
+    assert not [i for i in result.issues if i.key.startswith(("actor.offload", "cluster.component_placement"))], \
+        [str(i) for i in result.issues]
+    assert_issue("qwen2.5-vl-7b-1node", ["actor.offload_weight=true"], "actor.offload_weight", "disjoint GPUs")
+    assert_issue("tiny-mm-cpu", ["actor.offload_weight=true"], "actor.offload_weight", "CPU cluster")
     assert_issue("qwen2.5-vl-7b-1node", ["algorithm.training_batch_size_per_gpu=8"], "runner.seq_length", "GiB")

@@ -1,8 +1,8 @@
 """End to end: MMSearch-R1 GRPO on the tiny multimodal world through the real launcher, as a user runs it.
 
 Launch 1 trains 2 steps (checkpoint every step) on RLinf's scheduler on CPU with the real BM25 server, the image
-cache, the VL rollout engine and the HF actor; launch 2 resumes the finished run (``resume_dir=auto``) for one
-more step. The last checkpoint's ``actor/`` is an HF model directory that transformers loads and generates with
+cache, the VL rollout engine and the HF actor, validating (greedy, 4 test questions, their own image cache) before
+training and after step 2; launch 2 resumes the finished run (``resume_dir=auto``) for one more step. The last checkpoint's ``actor/`` is an HF model directory that transformers loads and generates with
 from an image. Evaluation is skipped here (tests/e2e/test_mm_eval.py covers it).
 """
 
@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 CI_SIZE = ["data.rollout_batch_size=2", "algorithm.group_size=2", "algorithm.n_minibatches=1",
            "algorithm.training_batch_size_per_gpu=2", "algorithm.sampling_params.max_new_tokens=32",
            "runner.save_interval=1"]
+VAL_QUESTIONS = 4
 
 
 @pytest.mark.timeout(600)
@@ -28,10 +29,29 @@ def test_tiny_mm_experiment_trains_checkpoints_resumes_and_exports_an_hf_model(t
     common = [f"paths.tiny_assets={tiny_mm_assets_sft.root}", f"runner.output_dir={out}",
               f"runner.rollout_data_dir={rollouts}", "--no-eval", *CI_SIZE]
     run_dir = out / "mmsearch-r1-grpo-tiny-cpu"
-    code, log1 = launch([*common, "runner.max_steps=2"], config="tiny-mm-cpu")
+    code, log1 = launch([*common, "runner.max_steps=2", "runner.val_check_interval=2",
+                         f"runner.val_samples_per_benchmark={VAL_QUESTIONS}"], config="tiny-mm-cpu")
     assert code == 0, log1[-4000:]
     rows = metrics_rows(run_dir)
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the validation before training (tiny-mm-cpu.yaml)
+    assert "reward/mean" not in rows[0]
+    val_sets = []
+    for row in (rows[0], rows[2]):  # the per-category table of the MM evaluation, with the step's weights
+        assert row["val/n"] == VAL_QUESTIONS and row["val/errors"] == 0, row
+        categories = [k.split("/")[1] for k in row if k.startswith("val/") and k.endswith("/accuracy")]
+        assert "all" in categories and len(categories) >= 2, row
+        for c in categories:
+            for m in ("accuracy", "reward", "search_ratio_image", "search_ratio_text"):
+                assert math.isfinite(row[f"val/{c}/{m}"]), (c, m, row)
+        records = [json.loads(line) for line in (run_dir / "validation" / f"global_step_{row['step']}"
+                                                 / "generations.jsonl").read_text().splitlines()]
+        assert len(records) == VAL_QUESTIONS and all(r["error"] is None for r in records)
+        assert not any(t["tool"] == "image" and t["search_ok"] is False for r in records for t in r["turns"]), \
+            "an image search of a test question missed: the validation cache was not used"
+        val_sets.append({r["item_id"] for r in records})
+    assert val_sets[0] == val_sets[1]  # the same fixed questions at every pass
+    assert "validation at step 2" in log1 and "| data source | category |" in log1
+    rows = rows[1:]
     dumped = {r["step"]: [json.loads(line) for line in (rollouts / f"step_{r['step']}.jsonl").read_text().splitlines()]
               for r in rows}
     for row in rows:
@@ -65,7 +85,7 @@ def test_tiny_mm_experiment_with_a_two_rank_fsdp2_actor(tiny_mm_assets_sft, tmp_
     out = tmp_path / "runs"
     code, log = launch([f"paths.tiny_assets={tiny_mm_assets_sft.root}", f"runner.output_dir={out}", "--no-eval",
                         "cluster.component_placement={actor: 0-1, rollout: 0, reward: 0}", *CI_SIZE,
-                        "runner.max_steps=1"], config="tiny-mm-cpu")
+                        "runner.max_steps=1", "runner.val_before_train=false"], config="tiny-mm-cpu")
     assert code == 0, log[-4000:]
     assert "actor rank 1/2 ready on cpu" in log and "data-parallel size 2" in log
     run_dir = out / "mmsearch-r1-grpo-tiny-cpu"

@@ -1,6 +1,7 @@
 """MMSearch-R1 behind the agent-loop worker (``agent/core/rollout.py:AgentRollout``): one FVQA question (with its
 images) per group, the vision-language loop with the image-search cache and the text search, and the shared result
-plus what the VL actor and the mmsearch reward need (images, turn texts, category)."""
+plus what the VL actor and the mmsearch reward need (images, turn texts, category), and each trajectory's
+retokenisation check against the actor's processor (``retokenize.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from rlinf_ext.agent.core.results import canonical_order, result_from_group, trajectory_records
 from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools, run_mm_group
 from rlinf_ext.agent.mmsearch.prompts import MMPrompts
+from rlinf_ext.agent.mmsearch.retokenize import mark_retokenize_mismatches
 from rlinf_ext.agent.mmsearch.types import MMTrajectory
 from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.protocol import metric_keys as mk
@@ -65,6 +67,7 @@ class MMSearchRollout:
         group = await run_mm_group(generator, self.processor, self.tools, task, self.settings, group_size,
                                    prompts=self.prompts, sampling_params=self.sampling_params, uid=uid)
         group = canonical_order(group)
+        mark_retokenize_mismatches(self.processor, group)  # training only: agent/retokenize_mismatch per step
         return mm_result_from_group(group, self.processor.tokenizer.decode(group[0].prompt_ids)), group
 
     def metrics(self, trajectories: list[MMTrajectory]) -> dict[str, float]:

@@ -34,6 +34,7 @@ from rlinf_ext.eval.core.runner import (
 from rlinf_ext.eval.mmsearch.records import MMGenerationRecord, error_record, record_of
 from rlinf_ext.eval.mmsearch.results import tabulate
 from rlinf_ext.generation.hf_vl import HFVLGenerator, load_vl_processor
+from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.tools import SearchTool
 from rlinf_ext.tools.image_search import ImageSearchTool
 
@@ -59,6 +60,29 @@ def build_vl_generator(cfg: Any):
     hf = cfg.rollout.hf
     return HFVLGenerator.from_pretrained(str(cfg.rollout.model.model_path), dtype=hf.dtype, num_threads=1,
                                          max_batch_size=int(hf.max_batch_size), seed=int(cfg.runner.seed))
+
+
+def mm_tools(cfg: Any, image_search: Any = None) -> MMTools:
+    """The two search tools of `cfg.tools` (`image_search`: another `tools.image_search` section, e.g. the
+    validation questions' cache)."""
+    return MMTools(ImageSearchTool(image_search if image_search is not None else cfg.tools.image_search),
+                   SearchTool(cfg.tools.search, seed=int(cfg.runner.seed)))
+
+
+MMRolloutFn = Callable[[MMTask], Awaitable[MMTrajectory]]
+
+
+def make_mm_rollout_fn(cfg: Any, generator, processor, tools: MMTools, params: SamplingParams) -> MMRolloutFn:
+    """task -> scored trajectory through the training loop, tools and reward (one trajectory per question)."""
+    settings, prompts = MMLoopSettings.from_config(cfg.agentloop), MMPrompts.from_config(cfg.agentloop.mmsearch.prompts)
+    reward = mm_reward_fn(cfg.reward)
+
+    async def rollout(task: MMTask) -> MMTrajectory:
+        ids = first_prompt_ids(processor, prompts, task)
+        return await run_mm_trajectory(generator, processor, tools, task, settings, prompts=prompts,
+                                       sampling_params=params, uid=task.data_id, prompt_ids=ids, reward_fn=reward)
+
+    return rollout
 
 
 def evaluator(rollout: Callable[[MMTask], Awaitable[MMTrajectory]], decode: Callable[[list[int]], str]) -> Evaluator:
@@ -87,18 +111,11 @@ def run_mm_evaluation(cfg: Any, generator=None, *, run_dir: str | Path | None = 
     check_same_setup(out, {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature})
     if generator is None and needs_rollouts(out, MMGenerationRecord, ((b, t.data_id) for b, t in tasks)):
         generator = build_vl_generator(cfg)  # not loaded at all when a rerun finds every question done
-    tools = tools or MMTools(ImageSearchTool(cfg.tools.image_search), SearchTool(cfg.tools.search, seed=int(cfg.runner.seed)))
-    settings, prompts = MMLoopSettings.from_config(cfg.agentloop), MMPrompts.from_config(cfg.agentloop.mmsearch.prompts)
-    reward = mm_reward_fn(cfg.reward)
-
-    async def rollout(task: MMTask) -> MMTrajectory:
-        ids = first_prompt_ids(processor, prompts, task)
-        return await run_mm_trajectory(generator, processor, tools, task, settings, prompts=prompts,
-                                       sampling_params=params, uid=task.data_id, prompt_ids=ids, reward_fn=reward)
-
+    tools = tools or mm_tools(cfg)
+    rollout = make_mm_rollout_fn(cfg, generator, processor, tools, params)
     meta = {"experiment_name": str(cfg.runner.experiment_name), "model_path": model_path, "do_sample": params.do_sample,
             "temperature": params.temperature, "image_search": tools.image_search.metadata(),
-            "text_search_backend": str(cfg.tools.search.backend), "max_gen_round": settings.max_gen_round}
+            "text_search_backend": str(cfg.tools.search.backend), "max_gen_round": int(cfg.agentloop.mmsearch.max_gen_round)}
     summary = run_with_http_session(lambda: evaluate_run(
         tasks, evaluator(rollout, lambda ids: processor.tokenizer.decode(ids)), tabulate, out, meta,
         concurrency=eval_concurrency(cfg), show_progress=show_progress))

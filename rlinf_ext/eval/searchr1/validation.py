@@ -1,6 +1,6 @@
 """Validation during training: the evaluation on a fixed random subset, returned as flat metrics.
 
-The trainer calls `ValidationPass.run(step)` when `should_validate(cfg, step)` says so (every
+The trainer calls `ValidationPass.run(step)` when `eval.core.validation.should_validate(cfg, step)` says so (every
 `runner.val_check_interval` steps, and at step 0 when `runner.val_before_train`). The subset is drawn once
 (seeded), so every validation point scores the same questions and the curve is comparable across steps.
 Decoding is greedy unless `do_sample=True` (Search-R1 validates greedily), whatever the training sampling is.
@@ -8,15 +8,11 @@ Decoding is greedy unless `do_sample=True` (Search-R1 validates greedily), whate
 
 from __future__ import annotations
 
-import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from rlinf_ext.eval.core.generations import GENERATIONS_FILE, GenerationsWriter
-from rlinf_ext.eval.core.loop import evaluate_items
 from rlinf_ext.eval.core.runner import eval_concurrency, run_with_http_session, sampling_params_from_config
-from rlinf_ext.eval.searchr1.dataset import EvalItem
+from rlinf_ext.eval.core.validation import sample_items, validation_records
 from rlinf_ext.eval.searchr1.runner import evaluator, items_from_config, load_tokenizer, make_rollout_fn
 from rlinf_ext.eval.searchr1.scoring import AVERAGED_FIELDS, Aggregate, aggregate
 from rlinf_ext.protocol import metric_keys as mk
@@ -26,30 +22,6 @@ DEFAULT_SAMPLES_PER_BENCHMARK = 64
 # metric name in the logs -> BenchmarkResult field
 _LOGGED = {"em": "em", "subem": "subem", "f1": "f1", "searches": "mean_searches", "turns": "mean_turns",
            "response_length": "mean_response_length"}
-
-
-def should_validate(cfg: Any, step: int) -> bool:
-    """Step 0 = before the first training step; step N>0 = after training step N."""
-    runner = cfg.runner
-    if step == 0:
-        return bool(runner.val_before_train) and bool(list(cfg.data.val_data_paths))
-    interval = int(runner.val_check_interval)
-    return interval > 0 and step % interval == 0 and bool(list(cfg.data.val_data_paths))
-
-
-def sample_items(items: list[EvalItem], per_benchmark: int | None, seed: int) -> list[EvalItem]:
-    """Up to `per_benchmark` questions of each benchmark, drawn with `seed`, kept in file order."""
-    if per_benchmark is None or per_benchmark < 0:
-        return list(items)
-    rng = random.Random(seed)
-    chosen: set[int] = set()
-    positions: dict[str, list[int]] = {}
-    for pos, item in enumerate(items):
-        positions.setdefault(item.benchmark, []).append(pos)
-    for bench_positions in positions.values():
-        k = min(per_benchmark, len(bench_positions))
-        chosen.update(rng.sample(bench_positions, k))
-    return [items[pos] for pos in sorted(chosen)]
 
 
 def validation_metrics(agg: Aggregate, prefix: str = mk.VAL_PREFIX) -> dict[str, float]:
@@ -95,18 +67,17 @@ class ValidationPass:
         self.show_progress = show_progress
 
     async def arun(self, step: int) -> dict[str, float]:
-        with tempfile.TemporaryDirectory() as tmp:
-            base = self.out_dir if self.out_dir is not None else Path(tmp)
-            path = base / f"global_step_{step}" / GENERATIONS_FILE
-            if path.exists():
-                path.unlink()  # a pass is one measurement of the current weights, never resumed
-            with GenerationsWriter(path) as writer:
-                records = await evaluate_items(
-                    self.items, evaluator(self.rollout, self.tokenizer.decode, self.cfg.reward), writer,
-                    concurrency=eval_concurrency(self.cfg), show_progress=self.show_progress,
-                )
+        records = await validation_records(
+            self.items, evaluator(self.rollout, self.tokenizer.decode, self.cfg.reward), self.out_dir, step,
+            concurrency=eval_concurrency(self.cfg), show_progress=self.show_progress)
         return validation_metrics(aggregate(records))
 
     def run(self, step: int) -> dict[str, float]:
         """Synchronous form for callers without a running event loop (closes its HTTP session at the end)."""
         return run_with_http_session(lambda: self.arun(step))
+
+    @staticmethod
+    def summary(metrics: dict[str, float]) -> str:
+        """The trainer's one-line report of a pass."""
+        return (f"EM avg {metrics.get(mk.VAL_AVG_EM, float('nan')):.3f}, pooled {metrics.get(mk.VAL_ALL_EM, float('nan')):.3f} "
+                f"over {int(metrics.get(mk.VAL_N, 0))} questions ({int(metrics.get(mk.VAL_ERRORS, 0))} errors)")

@@ -9,7 +9,8 @@ from test_scoring import hand_made_records
 
 from rlinf_ext.eval.searchr1.dataset import EvalItem
 from rlinf_ext.eval.searchr1.scoring import aggregate
-from rlinf_ext.eval.searchr1.validation import sample_items, should_validate, validation_metrics
+from rlinf_ext.eval.core.validation import sample_items, should_validate
+from rlinf_ext.eval.searchr1.validation import validation_metrics
 
 
 def _cfg(interval: int, before: bool, paths=("x.jsonl",)):

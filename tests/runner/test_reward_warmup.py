@@ -1,0 +1,125 @@
+"""The search-penalty warm-up through the trainer -> reward-worker seam (no Ray): the runner hands the step it is
+training to ``RewardWorker.compute_rewards``, so ``reward.search_penalty_warmup_steps`` ramps the penalty over the
+steps instead of scoring every step as step 0.
+
+The trainer is GRPOTrainer itself (bare, without Ray); the reward group runs the real ``RewardWorker.compute_rewards``
+on in-memory channels; the agent loop puts the same MMSearch-R1 group every step: one correct answer after an
+image search (penalised) and one correct direct answer (never penalised)."""
+
+from __future__ import annotations
+
+import queue
+from types import SimpleNamespace
+
+import pytest
+
+from rlinf_ext.agent.mmsearch.rollout import mm_result_from_group
+from rlinf_ext.agent.mmsearch.types import MMTrajectory, MMTurnRecord
+from rlinf_ext.config.schema import RewardConfig
+from rlinf_ext.protocol.images import ImageRef
+from rlinf_ext.runner.groups import Placement, WorkerGroups
+from rlinf_ext.runner.trainer import GRPOTrainer
+from rlinf_ext.sync.weight_sync import SyncRoutes
+from rlinf_ext.workers.reward import RewardWorker
+
+SEARCH = "<reason> look it up </reason><search><img></search>"
+ANSWER = "<reason> it is red </reason><answer> red </answer>"
+IMG = ImageRef("ab" * 20, b"png", 56, 56)
+
+
+def _traj(turn_texts: list[str], image_searches: int) -> MMTrajectory:
+    turns = [MMTurnRecord(prompt_ids=[1], response_ids=[2], observation_ids=[], text=t, action="answer")
+             for t in turn_texts]
+    return MMTrajectory(uid="u", prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 1], turns=turns,
+                        response_text="".join(turn_texts), answers=["red"], images=[IMG] * (1 + image_searches),
+                        category="search_free", metrics={"image_searches": float(image_searches), "text_searches": 0.0,
+                                                         "image_search_failures": 0.0, "text_search_failures": 0.0})
+
+
+class _Queue:
+    """An RLinf channel's put/get, in memory."""
+
+    def __init__(self):
+        self.q = queue.Queue()
+
+    def put(self, item) -> None:
+        self.q.put(item)
+
+    def get(self):
+        return self.q.get_nowait()
+
+
+class _Done:
+    _remote_results: list = []
+
+    def __init__(self, value):
+        self.value = value
+
+    def wait(self):
+        return [self.value]
+
+    def done(self) -> bool:
+        return True
+
+    def consume_duration(self) -> float:
+        return 0.0
+
+
+class _AgentLoop:
+    def run_agentloop_rollout(self, input_channel, output_channel):
+        input_channel.get()  # the step's request
+        output_channel.put(mm_result_from_group([_traj([SEARCH, ANSWER], 1), _traj([ANSWER], 0)], "prompt"))
+        records = [{"uid": "u", "index": i, "prompt_ids": [1, 2], "response_ids": [3, 4]} for i in range(2)]
+        return _Done({"trajectories": records, "metrics": {}, "num_trajectories": 2, "tool_time": 0.0})
+
+
+class _Reward:
+    """The reward group: the real worker method, called in-process."""
+
+    def __init__(self, reward_cfg: RewardConfig):
+        self.worker = RewardWorker.__new__(RewardWorker)  # no Ray actor; only what compute_rewards reads
+        self.worker.cfg, self.worker._timer_metrics = SimpleNamespace(reward=reward_cfg), {}
+
+    def compute_rewards(self, *args, **kwargs):
+        return _Done(self.worker.compute_rewards(*args, **kwargs))
+
+
+class _Actor:
+    def __getattr__(self, method):
+        reply = ({"reward_scores": 0.0}, [{"loss": 0.0, "lr": 0.0}]) if method == "run_training" else None
+        return lambda *args, **kwargs: _Done(reply)
+
+
+def _trainer(reward_cfg: RewardConfig) -> GRPOTrainer:
+    groups = WorkerGroups(rollout=_Actor(), actor=_Actor(), reward=_Reward(reward_cfg), agent_loop=_AgentLoop(),
+                          placement=Placement(is_pipeline=False, rollout_dp_size=1, agent_loop_world_size=1,
+                                              actor_world_size=1, on_gpu=False, weight_sync=SyncRoutes("paired", 1, 1)))
+    trainer = GRPOTrainer.__new__(GRPOTrainer)  # no Ray: only what train_step reads
+    trainer.cfg = SimpleNamespace(runner=SimpleNamespace(seed=0), algorithm=SimpleNamespace(group_size=2, kl_beta=0.0))
+    trainer.groups, trainer.verify_sync, trainer.global_step, trainer._rollout_current = groups, False, 0, True
+    trainer.channels = {name: _Queue() for name in ("DataLoader", "Rollout", "Reward", "Inference")}
+    return trainer
+
+
+def _rewards_per_step(reward_cfg: RewardConfig, steps: int) -> list[list[float]]:
+    trainer = _trainer(reward_cfg)
+    out = []
+    for _ in range(steps):
+        _, trajectories = trainer.train_step([{"prompt_ids": [1, 2], "answers": ["red"], "uid": "q"}])
+        out.append([t["reward"] for t in sorted(trajectories, key=lambda t: t["index"])])
+    return out
+
+
+def test_search_penalty_ramps_over_the_training_steps():
+    """warm-up 2, penalty 0.1 (``penalty_at``: -0.1 at step 0, 0 at step 1, +0.1 from step 2): the searching
+    trajectory scores 1.1, 1.0, 0.9, 0.9; the direct answer 1.0 throughout. Scoring every step as step 0 (the old
+    seam) gave 1.1 forever."""
+    cfg = RewardConfig(reward_type="mmsearch", scoring="em", search_penalty=0.1, search_penalty_warmup_steps=2)
+    rewards = _rewards_per_step(cfg, 4)
+    assert [r[0] for r in rewards] == pytest.approx([1.1, 1.0, 0.9, 0.9])
+    assert [r[1] for r in rewards] == pytest.approx([1.0] * 4)
+
+
+def test_without_warmup_the_penalty_holds_from_the_first_step():
+    cfg = RewardConfig(reward_type="mmsearch", scoring="em", search_penalty=0.1)
+    assert [r[0] for r in _rewards_per_step(cfg, 2)] == pytest.approx([0.9, 0.9])
