@@ -11,7 +11,7 @@ Banned ids (vision special tokens, padded vocabulary rows, as ``generation/hf_vl
 (``logprobs_mode="processed_logprobs"``: the allowed-ids mask and the temperature applied, as HF's VL engine).
 Replies go through the text engine's ``result_of_output`` (``generation/turn_end.py``).
 
-Engine on CPU (``VL_CPU_ENGINE_ARGS``): vLLM's own Qwen2.5-VL module (``models/qwen2_vl.py``) imports
+Engine on CPU (``VL_CPU_ENGINE_ARGS``): vLLM's own Qwen2.5-VL module (``vllm.model_executor.models.qwen2_vl``, line 43) imports
 ``smart_resize`` from transformers' torchvision image processor, and PyPI's torchvision builds are CUDA-only, so
 on a CPU torch it cannot be imported. vLLM's Transformers modeling backend (``model_impl="transformers"``) runs
 transformers' own ``Qwen2_5_VLForConditionalGeneration`` under vLLM's scheduler, KV cache and attention, and
@@ -24,12 +24,15 @@ checkpoint carries the image-only processor as custom code (``generation/vl_proc
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rlinf_ext.generation.sglang_vl import vision_runs
-from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator, result_of_output, to_vllm_params
+from rlinf_ext.generation.sglang_wire import hf_eos_ids
+from rlinf_ext.generation.vllm_engine import (VLLMEngineOptions, VLLMGenerator, result_of_output, start_engine,
+                                              to_vllm_params)
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 from rlinf_ext.protocol.images import ImageRef
 from rlinf_ext.protocol.vl_tokens import (IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size,
@@ -139,12 +142,7 @@ class VLLMVLGenerator(VLLMGenerator):
     @classmethod
     def start(cls, options: VLLMEngineOptions, *, return_logprobs: bool = False, seed: int | None = None,
               cuda: bool | None = None, banned_ids: Sequence[int] | None = None) -> "VLLMVLGenerator":
-        import time
-
         from transformers import AutoTokenizer
-
-        from rlinf_ext.generation.sglang_wire import hf_eos_ids
-        from rlinf_ext.generation.vllm_engine import start_engine
 
         if cuda is None:
             import torch
