@@ -129,11 +129,14 @@ def tiny_mm_assets_sft(tiny_mm_assets):
 WARM_START_BUDGET_S = {"tiny_assets_sft": 720, "tiny_mm_assets_sft": 360}
 
 
+VLLM_MODEL_FIXTURES = ("qwen2_head32_dirs", "qwen2_5_vl_head32_dirs")  # the in-process vLLM tests' models
+
+
 def pytest_collection_modifyitems(items):
     # In-process vLLM engines first: vLLM 0.32's CPU platform scans every loaded module when an engine starts and
     # fails on llvmlite's lazy ffi object, which `import bm25s` (numba) loads; the tiny assets import bm25s.
     # The launcher's and the rollout worker's processes never import it (tests/workers/test_rollout_vllm.py checks).
-    items.sort(key=lambda item: "qwen2_head32_dirs" not in getattr(item, "fixturenames", ()))
+    items.sort(key=lambda item: not set(VLLM_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())))
     for item in items:
         extra = sum(s for name, s in WARM_START_BUDGET_S.items() if name in getattr(item, "fixturenames", ()))
         marker = item.get_closest_marker("timeout")
@@ -159,5 +162,33 @@ def qwen2_head32_dirs(tmp_path_factory):
         model = make_qwen2(tok, TinyQwen2Shape(hidden_size=64, intermediate_size=128, num_attention_heads=2,
                                                num_key_value_heads=1), seed=seed)
         save_hf_model(randomize_qwen2_(model, seed), tok, root / f"seed{seed}")
+        out.append(root / f"seed{seed}")
+    return tuple(out)
+
+
+@pytest.fixture(scope="session")
+def qwen2_5_vl_head32_dirs(tmp_path_factory):
+    """Two tiny Qwen2.5-VL checkpoints of head size 32 (hidden 64, 2 heads, 1 KV head; vLLM's CPU attention refuses
+    the tiny VL model's 16), every weight randomised (seeds 1 and 2; norms around 1), with a VL tokenizer trained on
+    a few sentences and the image-only processor (registered for AutoProcessor): the vLLM VL tests' models. Built
+    without the tiny assets (see ``pytest_collection_modifyitems``)."""
+    from rlinf_ext.assets.mmsearch import models as vl_models
+
+    texts = [f"Question {i}: which city shows this emblem? <reason> the colour is {('red', 'blue')[i % 2]} </reason> "
+             f"<search><img></search> <text_search> city {i % 13} </text_search> <answer> city {i * 7 % 23} </answer>"
+             for i in range(300)]
+    tok = vl_models.train_vl_tokenizer(texts, vocab_size=600)
+    processor = vl_models.make_processor(tok)
+    shape = vl_models.TinyVLShape(hidden_size=64, num_attention_heads=2, num_key_value_heads=1)
+    root = tmp_path_factory.mktemp("qwen2_5_vl_head32")
+    out = []
+    for seed in (1, 2):
+        model = vl_models.make_qwen2_5_vl(tok, shape, seed)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                base = 1.0 if "norm" in name.rsplit(".", 2)[-2] or name.endswith("ln_q.weight") else 0.0
+                p.copy_(base + 0.1 * torch.randn(p.shape, generator=gen))
+        vl_models.save_vl_model(model, processor, root / f"seed{seed}")
         out.append(root / f"seed{seed}")
     return tuple(out)

@@ -54,7 +54,7 @@ AGENTS: dict[str, AgentSpec] = {
     MMSEARCH: AgentSpec(
         name=MMSEARCH, title="MMSearch-R1", stops=MM_STOPS, data_type="mmsearch", reward_type="mmsearch",
         reward_scorings=("em", "subem"), vision=True, image_search=True,
-        eval_backends=("hf",),
+        eval_backends=("vllm", "hf"),  # vLLM: generation/vllm_vl.py
         rollout="rlinf_ext.agent.mmsearch.rollout:MMSearchRollout",
         evaluation="rlinf_ext.eval.mmsearch.runner:run_mm_evaluation",
         validation="rlinf_ext.eval.mmsearch.validation:MMValidationPass",

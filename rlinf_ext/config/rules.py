@@ -231,19 +231,6 @@ def retrieval_source(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("agentloop.agent", "rollout.rollout_backend")
-def vllm_serves_text_agents(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    """vLLM serves the text agent (generation/vllm_engine.py); the vision-language rollout on vLLM is not built."""
-    spec = agent_spec(cfg)
-    if cfg.rollout.rollout_backend == "vllm" and spec.vision:
-        yield ConfigIssue(
-            "rollout.rollout_backend",
-            f"vllm with agentloop.agent={spec.name}: the {spec.title} vision-language rollout (images in every "
-            "request) runs on the transformers engine only so far.",
-            "set rollout.rollout_backend=hf.",
-        )
-
-
 @rule("rollout.rollout_backend")
 def sglang_profile_not_built(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """The 2025 SGLang stack (sglang 0.4.6.post5 on torch 2.6 and transformers 4.51) is gone from the GPU extra;

@@ -5,7 +5,10 @@ torchvision, which cannot be installed beside the CPU build of torch (PyPI only 
 scripts/install.sh). rlinf_ext sends only images, so this subclass drops the video processor and keeps everything
 else: the same token expansion (``<|image_pad|>`` repeated per image grid), ``mm_token_type_ids``, chat template,
 and the slow (PIL) image processor. It saves under the stock name ``Qwen2_5_VLProcessor``, so a directory it
-writes loads with ``AutoProcessor`` wherever torchvision is installed (a GPU node, vLLM).
+writes loads with ``AutoProcessor`` wherever torchvision is installed (a GPU node, vLLM). It is also registered
+for ``AutoProcessor`` as custom code (transformers' ``register_for_auto_class``: the directory gets this module and
+an ``auto_map``), so where torchvision is missing ``AutoProcessor.from_pretrained(DIR, trust_remote_code=True)``
+loads this class: how vLLM on a CPU torch loads the processor (``generation/vllm_vl.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
         self.tokenizer._set_processor_class(STOCK_NAME)  # ProcessorMixin recorded this class's own name
         self.tokenizer.save_pretrained(save_directory)
         return saved
+
+
+ImageOnlyQwen2_5_VLProcessor.register_for_auto_class("AutoProcessor")
 
 
 def load_image_only_processor(path: str | Path) -> ImageOnlyQwen2_5_VLProcessor:

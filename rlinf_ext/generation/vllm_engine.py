@@ -14,7 +14,7 @@ reason and matched stop string out, meaning exactly what ``generation/hf.py``'s 
   in a worker thread; it starts in ~3 s where ``AsyncLLM`` takes ~50 s on a 2-core CPU.
 - Weights without restart (``load_weights``): pause (in-flight requests finish first), vLLM's layerwise in-place
   reload fed bucket by bucket through ``WeightLoadExtension`` (a ``worker_extension_cls``; the body of
-  ``Worker.reload_weights`` split into begin / load / finish), prefix-cache reset, resume. In process the
+  ``Worker.reload_weights`` split into begin / load / finish), prefix- and encoder-cache reset, resume. In process the
   tensors are handed over as they are; to a separate engine process as shared-memory handles
   (``sync/weight_sync.py``'s ``ForkingPickler`` blobs: ``collective_rpc`` turns tensors into lists).
 - GPU routes (``VLLMGpuSync``, NOT GPU-verified, written against vllm 0.32.0's sources): collocated =
@@ -280,6 +280,9 @@ class InprocVLLMEngine:
     async def reset_prefix_cache(self, *args: Any) -> bool:
         return await asyncio.to_thread(self._locked, self.engine.reset_prefix_cache, *args)
 
+    async def reset_encoder_cache(self) -> None:
+        await asyncio.to_thread(self._locked, self.engine.reset_encoder_cache)
+
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
         await asyncio.to_thread(self._locked, self.engine.sleep, level)
 
@@ -332,7 +335,9 @@ class WeightLoadExtension:
         runner = self.model_runner
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(runner.get_model(), self.vllm_config.model_config)
-        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+        # the encoder cache is reset from the engine (``reset_encoder_cache``): the scheduler tracks it too, and a
+        # worker-only reset leaves it expecting vision embeddings that are gone ("Encoder cache miss")
+        for reset in ("reset_lora_state", "reset_mm_cache"):
             if hasattr(runner, reset):
                 getattr(runner, reset)()
 
@@ -451,6 +456,7 @@ class VLLMGenerator:
         try:
             await self.engine.collective_rpc("rlinf_finish_weight_load")
             await self.engine.reset_prefix_cache()
+            await self.engine.reset_encoder_cache()  # vision embeddings of the old weights (VL models)
         finally:
             await self.engine.resume_generation()
         self.last_load_s = time.perf_counter() - self._load_t0
@@ -538,6 +544,7 @@ class VLLMGpuSync:
             await self.engine.wake_up(tags=["kv_cache"])
             self.sleeping = False
         await self.engine.reset_prefix_cache()  # vLLM #46125: not reset automatically after an update
+        await self.engine.reset_encoder_cache()  # vision embeddings of the old weights (VL models)
         await self.engine.resume_generation()
 
 

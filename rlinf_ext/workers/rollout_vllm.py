@@ -4,6 +4,8 @@ Same protocol as ``workers/rollout_hf.py`` (``rollout_serverless`` = ``workers/r
 ``GenerateReply``), same weight-sync receive side (``sync/weight_sync.py:receive_weights``: shared-memory handles
 from the paired actor rank, or actor rank 0's broadcast), then a probe check: vLLM returns no logits, so the
 probe's prompt log-probs are compared with the actor's logits (``workers/rollout_sglang.py:probe_logprob_gap``).
+Qwen2.5-VL (``rollout.model.model_type: qwen2.5_vl``): ``generation/vllm_vl.py:VLLMVLGenerator`` (images with every
+request and with the multimodal probe; the rate of prompts whose image expansion differed is in ``get_state``).
 
 CPU (in process): generation pauses once the sync's headers are in (running requests finish on the old weights),
 every bucket goes into vLLM's layerwise in-place reload, then the prefix cache is reset and generation resumes.
@@ -18,7 +20,9 @@ import torch
 from rlinf.scheduler import Worker
 
 from rlinf_ext.generation.vllm_engine import VLLMGenerator, VLLMGpuSync, options_from_config
+from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
+from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
 from rlinf_ext.sync.weight_sync import DEFAULT_ATOL, SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
 from rlinf_ext.workers.rollout_serving import serve_requests
 from rlinf_ext.workers.rollout_sglang import probe_logprob_gap
@@ -87,7 +91,9 @@ class VLLMRolloutState:
         self.weight_version = header.version
         self.last_sync = {"sources": [h.sender for h in headers], "load_s": gen.last_load_s, **vars(stats)}
         if self.verify_sync and header.probe_logits is not None:
-            entries = await gen.prompt_logprobs(header.probe_ids.reshape(-1).tolist())
+            ids = header.probe_ids.reshape(-1).tolist()
+            entries = await (gen.prompt_logprobs(ids, images=header.probe_images) if header.probe_images
+                             else gen.prompt_logprobs(ids))  # the multimodal probe carries its images
             gap = probe_logprob_gap(header.probe_ids, header.probe_logits, entries, header.probe_positions)
             self.last_sync_logprob_gap = gap
             if not gap <= self.sync_atol:
@@ -96,8 +102,11 @@ class VLLMRolloutState:
                     "after weight sync: the Megatron->HF mapping or the load is wrong.")
 
     async def get_state(self) -> dict:
-        return {"weight_version": self.weight_version, "last_sync_logprob_gap": self.last_sync_logprob_gap,
-                "last_sync": self.last_sync, "requests_served": self.requests_served}
+        state = {"weight_version": self.weight_version, "last_sync_logprob_gap": self.last_sync_logprob_gap,
+                 "last_sync": self.last_sync, "requests_served": self.requests_served}
+        if isinstance(self.generator, VLLMVLGenerator):  # vLLM expanded an image differently from the actor's ids
+            state[RETOKENIZE_MISMATCH] = self.generator.mismatch_rate
+        return state
 
 
 class VLLMRolloutWorker(VLLMRolloutState, Worker):
@@ -110,7 +119,8 @@ class VLLMRolloutWorker(VLLMRolloutState, Worker):
     async def init_worker(self) -> None:
         with self.worker_timer():
             options = options_from_config(self.cfg, self._rank)
-            generator = VLLMGenerator.start(options, return_logprobs=bool(self.cfg.rollout.return_logprobs))
+            engine = VLLMVLGenerator if self.cfg.rollout.model.model_type == "qwen2.5_vl" else VLLMGenerator
+            generator = engine.start(options, return_logprobs=bool(self.cfg.rollout.return_logprobs))
             generator.options = options
             self._attach(generator, SamplingParams.from_config(self.cfg.algorithm.sampling_params))
 

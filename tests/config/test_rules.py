@@ -197,15 +197,10 @@ def test_gpu_backend_on_cpu_cluster(reference_env):
     )
 
 
-def test_vllm_serves_the_text_agent(reference_env):
-    for name in ("qwen2.5-3b-tool-1node", "qwen2.5-3b-tool-1node-eval", "tiny-cpu"):
+def test_vllm_serves_both_agents(reference_env):
+    for name in ("qwen2.5-3b-tool-1node", "qwen2.5-3b-tool-1node-eval", "tiny-cpu", "tiny-mm-cpu", "tiny-mm-cpu-eval"):
         result = check_config(name, ["rollout.rollout_backend=vllm"])
         assert not [i for i in result.issues if i.key == "rollout.rollout_backend"], result.issues
-
-
-def test_vllm_is_refused_for_the_vision_language_agent():
-    assert_issue("tiny-mm-cpu", ["rollout.rollout_backend=vllm"], "rollout.rollout_backend", "vision-language",
-                 "rollout.rollout_backend=hf")
 
 
 def test_collocated_gpus_need_both_offload_flags(reference_env):

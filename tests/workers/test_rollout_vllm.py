@@ -185,7 +185,8 @@ def test_gpu_collocated_route_call_order():
     asyncio.run(go())
     assert eng.calls[:7] == [("sleep", 2), ("wake_up", ["weights"]), "init_weight_transfer_engine",
                              "start_weight_update", "update_weights", "finish_weight_update", ("wake_up", ["kv_cache"])]
-    assert eng.calls[7:] == ["reset_prefix_cache", "resume_generation", "pause_generation", "start_weight_update"]
+    assert eng.calls[7:] == ["reset_prefix_cache", "reset_encoder_cache", "resume_generation", "pause_generation",
+                             "start_weight_update"]
     info = ve.ipc_update_info([("a", torch.zeros(2, 3))], "GPU-0", reduce_tensor=fake_reduce)
     assert info == {"names": ["a"], "dtype_names": ["float32"], "shapes": [[2, 3]], "ipc_handles": [{"GPU-0": ("args", (2, 3))}]}
 
@@ -201,7 +202,7 @@ def test_gpu_disaggregated_route_call_order():
         await sync.finish()
     asyncio.run(go())
     assert eng.calls == ["pause_generation", "init_weight_transfer_engine", "start_weight_update", "update_weights",
-                         "finish_weight_update", "reset_prefix_cache", "resume_generation"]
+                         "finish_weight_update", "reset_prefix_cache", "reset_encoder_cache", "resume_generation"]
 
 
 def test_processes_that_start_vllm_do_not_load_numba():

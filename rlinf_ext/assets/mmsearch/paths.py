@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-MM_GENERATOR_VERSION = 3
+MM_GENERATOR_VERSION = 4  # 4: the processor directories carry the image-only processor for AutoProcessor (vLLM on CPU)
 
 
 @dataclass(frozen=True)

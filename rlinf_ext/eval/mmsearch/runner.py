@@ -35,6 +35,8 @@ from rlinf_ext.eval.mmsearch.records import MMGenerationRecord, error_record, re
 from rlinf_ext.eval.mmsearch.results import tabulate
 from rlinf_ext.generation.hf_vl import HFVLGenerator, load_vl_processor
 from rlinf_ext.protocol.generation import SamplingParams
+from rlinf_ext.generation.vllm_engine import options_from_config
+from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 from rlinf_ext.tools import SearchTool
 from rlinf_ext.tools.image_search import ImageSearchTool
 
@@ -53,9 +55,13 @@ def load_mm_tasks(cfg: Any) -> list[MMItem]:
 
 
 def build_vl_generator(cfg: Any):
-    if cfg.rollout.rollout_backend != "hf":
-        raise EvalError(f"rollout.rollout_backend={cfg.rollout.rollout_backend!r}: the MMSearch-R1 evaluation runs the "
-                        "CPU 'hf' engine here; the SGLang image path is part of the GPU work (not built yet)")
+    """The VL engine of ``rollout.rollout_backend``: vLLM (``generation/vllm_vl.py``) or the CPU HF engine."""
+    backend = cfg.rollout.rollout_backend
+    if backend == "vllm":
+        return VLLMVLGenerator.start(options_from_config(cfg, 0), seed=int(cfg.runner.seed))
+    if backend != "hf":
+        raise EvalError(f"rollout.rollout_backend={backend!r}: the MMSearch-R1 evaluation runs on vllm or hf; the "
+                        "SGLang image path is not built. Fix: set rollout.rollout_backend=vllm (or hf).")
 
     hf = cfg.rollout.hf
     return HFVLGenerator.from_pretrained(str(cfg.rollout.model.model_path), dtype=hf.dtype, num_threads=1,
