@@ -8,7 +8,7 @@ import pytest
 
 # Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
 # refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
-pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 
 def test_mm_eval_configs_are_clean(reference_env):

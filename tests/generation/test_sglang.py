@@ -28,7 +28,7 @@ STOPS = ["</search>", "</answer>", "<|im_end|>"]
 REPO = Path(__file__).resolve().parents[2]
 # validate refuses rollout_backend=sglang until the SGLang profile on its current release is built; the engine
 # code these tests cover stays for it
-pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from rlinf_ext.runner.groups import WorkerStartupError
 
 # Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
 # refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
-pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 REFERENCE = "qwen2.5-3b-tool-1node"
 

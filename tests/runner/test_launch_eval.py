@@ -17,7 +17,7 @@ from rlinf_ext.runner.errors import LaunchError
 
 # Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
 # refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
-pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 REPO = Path(__file__).resolve().parents[2]
 EVAL_YAML = REPO / "examples" / "searchr1" / "config" / "tiny-cpu-eval.yaml"
