@@ -127,7 +127,7 @@ def test_launch_names_the_missing_sglang_install(ref_cfg):
     ref_cfg.rollout.rollout_backend = "sglang"
     with pytest.raises(WorkerStartupError) as info:
         launch_worker_groups(ref_cfg, FakeGpuCluster())
-    assert info.value.component == "rollout" and "bash scripts/install.sh --gpu" in str(info.value)
+    assert info.value.component == "rollout" and "bash scripts/install.sh --sglang" in str(info.value)
 
 
 class Recorder:
