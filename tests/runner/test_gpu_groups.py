@@ -16,8 +16,8 @@ from rlinf_ext.runner.compose import launch_worker_groups
 from rlinf_ext.runner.gpu_groups import GpuLayoutError, gpu_layout, packed_process_gpus
 from rlinf_ext.runner.groups import WorkerStartupError
 
-# Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
-# refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
+# The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
+# where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
 pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 REFERENCE = "qwen2.5-3b-tool-1node"

@@ -12,8 +12,8 @@ import pytest
 from rlinf_ext.runner.errors import LaunchError
 from rlinf_ext.runner.launch import run_training
 
-# Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
-# refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
+# The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
+# where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
 pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 REPO = Path(__file__).resolve().parents[2]
