@@ -2,7 +2,7 @@
 ``hf_eos_ids``; unit-tested on CPU with replies in 0.5.23's shapes).
 
 Read from sglang 0.5.23's sources (``sglang/srt/managers/tokenizer_manager.py``, ``schedule_batch.py``,
-``sampling/sampling_params.py``):
+``sampling_params.py``):
 - Request: ``Engine.async_generate(input_ids=[...], sampling_params={...}, return_logprob=...)``; nothing is
   re-tokenised for a text prompt. ``to_sglang_params`` = ``turn_end.engine_sampling`` in SGLang's names, with
   ``no_stop_trim`` (the matched stop string and EOS stay in the text, as vLLM's ``include_stop_str_in_output``)
