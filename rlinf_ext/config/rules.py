@@ -7,6 +7,7 @@ run, so one mistake is reported once.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -231,17 +232,35 @@ def retrieval_source(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
+# The SGLang profile: the release the SGLang code is written against (generation/sglang_*.py,
+# workers/rollout_sglang.py) and the command that installs it (setup.py's `sglang` extra)
+SGLANG_VERSION = "0.5.23"
+SGLANG_INSTALL = "bash scripts/install.sh --sglang"
+
+
+def installed_sglang() -> str | None:
+    """The installed sglang's version, read from its metadata (importing sglang initialises CUDA); None if absent."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 @rule("rollout.rollout_backend")
-def sglang_profile_not_built(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    """The 2025 SGLang stack (sglang 0.4.6.post5 on torch 2.6 and transformers 4.51) is gone from the GPU extra;
-    the SGLang profile on its current release (sglang 0.5.23 on torch 2.14.1) is not installed or built yet."""
-    if cfg.rollout.rollout_backend == "sglang":
+def sglang_profile_installed(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """``rollout_backend: sglang`` needs the SGLang profile (sglang 0.5.23 on torch 2.14.1) on this machine: the
+    SGLang code speaks that release's ``Engine`` API, and the vLLM profile (torch 2.13.0) cannot hold it."""
+    if cfg.rollout.rollout_backend != "sglang":
+        return
+    found = installed_sglang()
+    if found != SGLANG_VERSION:
+        have = "sglang is not installed here" if found is None else f"sglang {found} is installed here"
         yield ConfigIssue(
             "rollout.rollout_backend",
-            "sglang: the SGLang profile on its current release (sglang 0.5.23, torch 2.14.1, transformers 5.19.0) is "
-            "not installed or built yet; the gpu extra installs vLLM 0.32.0 (torch 2.13.0), and the old SGLang stack "
-            "(sglang 0.4.6.post5 on torch 2.6.0 and transformers 4.51.1) cannot run beside transformers 5.",
-            "set rollout.rollout_backend=vllm on GPUs (rollout.rollout_backend=hf on CPU).",
+            f"sglang needs the SGLang profile (sglang {SGLANG_VERSION} on torch 2.14.1, transformers 5.19.0), but "
+            f"{have}.",
+            f"on the GPU node run `{SGLANG_INSTALL}` (into its own virtual environment: it replaces vLLM's torch "
+            "2.13.0), or set rollout.rollout_backend=vllm on GPUs (rollout.rollout_backend=hf on CPU).",
         )
 
 

@@ -1,31 +1,29 @@
-"""SGLang engines: the engine arguments (``server_kwargs``, shared with the training worker
+"""SGLang 0.5.23 engines: the engine arguments (``server_kwargs``, shared with the training worker
 ``workers/rollout_sglang.py``), and the evaluation engines. Requests and replies go through
 ``generation/sglang_wire.py``.
 
 ``SGLangEngineGenerator`` is a GPU ``Generator`` on SGLang's offline engine, for ``rlinf-ext eval`` with
-``rollout.rollout_backend: sglang`` (NOT GPU-verified); no Ray worker group: in-process engines (their
-scheduler/detokenizer subprocesses own the GPUs) serve every concurrent ``generate`` call.
+``rollout.rollout_backend: sglang`` (written against sglang 0.5.23's sources, NOT GPU-verified); no Ray worker
+group: in-process engines (their scheduler/detokenizer subprocesses own the GPUs) serve every concurrent
+``generate`` call.
 
-- Engine class: RLinf's ``rlinf.workers.rollout.sglang.Engine`` (= ``sglang.Engine`` + RLinf's patches), not
-  plain ``sglang.Engine``: sglang 0.4.x returns *either* ``text`` (detokenizing) *or* ``output_ids``; RLinf's
-  patched tokenizer/detokenizer managers return both, and we need both (stop strings need detokenization, the
-  agent loop needs the exact sampled ids). The same class RLinf's ``SGLangWorker`` runs in training.
+- Engine class: SGLang's own ``sglang.srt.entrypoints.engine.Engine``: 0.5.23 returns ``text`` and the exact
+  ``output_ids`` together, so no patched tokenizer/detokenizer managers are needed.
 - GPUs: ONE engine per ``rollout.tensor_parallel_size`` GPUs, each with ``dp_size=1`` and ``base_gpu_id`` = its
-  first GPU; requests go to the least busy engine. Not SGLang's ``dp_size``: its data-parallel controller
-  starts the original, unpatched schedulers in a fresh interpreter, whose replies lack ``output_ids``; RLinf's
-  tokenizer manager then raises at the first reply and SGLang kills the whole process. GPUs = the rollout's
-  ranks in ``cluster.component_placement`` (``all`` = ``cluster.num_gpus_per_node``), on this node.
-- Sampling: engine k's ``random_seed`` = ``runner.seed + k``; no per-request seeds (evaluation is greedy).
+  first GPU (the training worker's layout: SGLang's weight updates refuse ``dp_size > 1``); requests go to the
+  least busy engine. GPUs = the rollout's ranks in ``cluster.component_placement`` (``all`` =
+  ``cluster.num_gpus_per_node``), on this node.
+- Sampling: engine k's ``random_seed`` = ``runner.seed + k``; no per-request seeds (SGLang honours
+  ``sampling_seed`` only with deterministic inference; evaluation is greedy).
 - An engine serves ONE event loop (SGLang binds its handle loop to the loop of the first request): build a
   generator per ``run_evaluation`` call, and ``close()`` it (every engine's ``shutdown()``) when done.
 
-sglang itself is imported only inside the functions that start an engine (``import_rlinf_sglang``): it is a GPU
-extra, and importing it initialises CUDA.
+sglang itself is imported only inside the functions that start an engine (``load_engine_class``): it is the
+SGLang profile's package (``bash scripts/install.sh --sglang``), and importing it initialises CUDA.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 from collections.abc import Callable
@@ -35,38 +33,41 @@ import torch
 from transformers import AutoTokenizer
 
 from rlinf_ext.config.placement import placement_entries
+from rlinf_ext.config.rules import SGLANG_INSTALL, SGLANG_VERSION
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.generation.sglang_wire import hf_eos_ids, sglang_reply, to_sglang_params
+from rlinf_ext.generation.sglang_wire import hf_eos_ids, result_of_sglang, to_sglang_params
 from rlinf_ext.models.dtypes import PRECISIONS, hf_name_of_precision
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 
-GPU_INSTALL_FIX = ("bash scripts/install.sh --gpu (the gpu extra: vllm 0.32.0, Transformer Engine; the SGLang profile "
-                   "on its current release, sglang 0.5.23, is not built yet)")
+GPU_INSTALL_FIX = "bash scripts/install.sh --gpu (the gpu extra: vllm 0.32.0, Transformer Engine)"
+SGLANG_INSTALL_FIX = (f"{SGLANG_INSTALL} (the SGLang profile: sglang {SGLANG_VERSION} on torch 2.14.1, "
+                      "Transformer Engine)")
 
 
 class SGLangUnavailable(RuntimeError):
     """SGLang cannot run here (no CUDA device, not installed, or a config it cannot serve); names the fix."""
 
 
-def import_rlinf_sglang(module: str, name: str, alternative: str = ""):
-    """``from <module> import <name>`` for RLinf's SGLang wrappers, with one clear error when SGLang is unusable."""
+def import_sglang(module: str, name: str, alternative: str = ""):
+    """``from <module> import <name>`` from sglang, with one clear error when SGLang is unusable."""
     try:
         return getattr(importlib.import_module(module), name)
-    except (ImportError, ValueError) as exc:  # RLinf raises ValueError when sglang is missing or the wrong version
+    except ImportError as exc:
         raise SGLangUnavailable(
-            f"SGLang is not usable here ({type(exc).__name__}: {exc}). Fix: on the GPU node, {GPU_INSTALL_FIX}"
+            f"SGLang is not usable here ({type(exc).__name__}: {exc}). Fix: on the GPU node, {SGLANG_INSTALL_FIX}"
             + (f"; or {alternative}." if alternative else ".")
         ) from exc
 
 
 def server_kwargs(cfg: ExperimentConfig, *, tp_size: int, base_gpu_id: int = 0, seed: int, load_format: str = "auto",
-                  training: bool = False) -> dict[str, Any]:
-    """``Engine(**kwargs)`` / ``ServerArgs`` of ONE SGLang engine for ``cfg.rollout`` (pure), shared by the
-    training worker and the evaluation engines. ``dp_size`` is always 1: SGLang's data-parallel controller runs
-    unpatched schedulers, whose replies RLinf's tokenizer manager cannot read (one engine per TP group instead).
-    ``load_format="dummy"`` starts with random weights when the first weight sync overwrites them all.
-    Training engines release their memory to a collocated actor (memory saver, as RLinf's) and detokenize only
-    with ``rollout.detokenize``; evaluation engines always detokenize (stop strings) and log less."""
+                  training: bool = False, memory_saver: bool = False) -> dict[str, Any]:
+    """``Engine(**kwargs)`` (sglang 0.5.23's ``ServerArgs`` fields) of ONE SGLang engine for ``cfg.rollout``
+    (pure), shared by the training worker and the evaluation engines. ``dp_size`` is always 1 (one engine per TP
+    group: SGLang's weight updates refuse data-parallel replicas). ``load_format="dummy"`` starts with random
+    weights when the first weight sync overwrites them all. Training engines release their memory to a
+    collocated actor (``memory_saver``: SGLang's ``enable_memory_saver``) and detokenize only with
+    ``rollout.detokenize`` (stop strings need the scheduler's tokenizer); evaluation engines always detokenize and
+    log less."""
     rollout = cfg.rollout
     precision = str(rollout.model.precision)
     if precision not in PRECISIONS:
@@ -83,15 +84,15 @@ def server_kwargs(cfg: ExperimentConfig, *, tp_size: int, base_gpu_id: int = 0, 
         "random_seed": int(seed),
         "max_running_requests": max_running,
         "disable_cuda_graph": bool(rollout.enforce_eager),
-        "cuda_graph_max_bs": min(int(rollout.cuda_graph_max_bs), max_running),
+        "cuda_graph_max_bs_decode": min(int(rollout.cuda_graph_max_bs), max_running),
         "attention_backend": str(rollout.sglang.attention_backend),
         "enable_torch_compile": bool(rollout.sglang.use_torch_compile),
         "torch_compile_max_bs": min(int(rollout.sglang.torch_compile_max_bs), max_running),
         "decode_log_interval": int(rollout.sglang.decode_log_interval),
     }
     if training:
-        kwargs.update(enable_memory_saver=not bool(rollout.enforce_eager),
-                      skip_tokenizer_init=not bool(rollout.detokenize), log_level="info")
+        kwargs.update(enable_memory_saver=bool(memory_saver), skip_tokenizer_init=not bool(rollout.detokenize),
+                      log_level="info")
     else:
         kwargs.update(skip_tokenizer_init=False, log_level="warning")  # stop strings need the detokenizer
     return kwargs
@@ -126,8 +127,8 @@ def engine_kwargs(cfg: ExperimentConfig, gpus: list[int]) -> list[dict[str, Any]
     tp = int(rollout.tensor_parallel_size)
     if int(rollout.pipeline_parallel_size) != 1:
         raise SGLangUnavailable(
-            f"rollout.pipeline_parallel_size={rollout.pipeline_parallel_size}: SGLang 0.4.6 has no pipeline "
-            "parallelism. Fix: set rollout.pipeline_parallel_size=1 (use rollout.tensor_parallel_size instead)."
+            f"rollout.pipeline_parallel_size={rollout.pipeline_parallel_size}: rlinf_ext starts SGLang engines with "
+            "tensor parallelism only. Fix: set rollout.pipeline_parallel_size=1 (use rollout.tensor_parallel_size)."
         )
     if tp < 1 or len(gpus) < tp:
         raise SGLangUnavailable(
@@ -151,9 +152,8 @@ def sglang_installed() -> bool:
 
 
 def load_engine_class() -> Callable[..., Any]:
-    """RLinf's patched SGLang ``Engine`` (see the module docstring); a clear error when SGLang is unusable."""
-    return import_rlinf_sglang("rlinf.workers.rollout.sglang", "Engine",
-                               "set rollout.rollout_backend=hf to evaluate on CPU")
+    """SGLang's own ``Engine``; a clear error when SGLang is unusable."""
+    return import_sglang("sglang.srt.entrypoints.engine", "Engine", "set rollout.rollout_backend=hf to evaluate on CPU")
 
 
 class SGLangEngineGenerator:
@@ -196,7 +196,7 @@ class SGLangEngineGenerator:
         """Start one engine per TP group of ``cfg.rollout`` (blocks until every engine has loaded the model).
 
         ``gpus``: None = the rollout's GPUs from ``cluster.component_placement`` (``usable_gpus``).
-        ``engine_factory``: None = RLinf's patched SGLang ``Engine``. Engines start one after the other (each
+        ``engine_factory``: None = SGLang's ``Engine``. Engines start one after the other (each
         binds its ports before the next picks its own); if one fails, those already started are shut down.
         """
         if gpus is None:
@@ -224,18 +224,21 @@ class SGLangEngineGenerator:
 
     def sglang_params(self, sampling_params: SamplingParams) -> dict[str, Any]:
         """The ``sampling_params`` dict sent to SGLang for one request (pure)."""
-        return to_sglang_params(dataclasses.asdict(sampling_params), self.eos_ids)
+        return to_sglang_params(sampling_params, self.eos_ids)
 
     def _pick(self) -> int:
         return min(range(len(self.engines)), key=lambda k: (self.in_flight[k], k))
 
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams) -> GenerationResult:
+    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
+                       images: list[Any] | None = None) -> GenerationResult:
         if self.closed:
             raise RuntimeError("SGLangEngineGenerator.generate after close(): build a new generator")
         if not prompt_ids:
             raise ValueError("generate needs a non-empty prompt")
         if sampling_params.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
+        if images:
+            raise ValueError("SGLangEngineGenerator evaluates text agents; it got images")
         k = self._pick()
         self.in_flight[k] += 1
         try:
@@ -246,17 +249,8 @@ class SGLangEngineGenerator:
         finally:
             self.in_flight[k] -= 1
         self.served[k] += 1
-        reply = sglang_reply(result, self.decode, sampling_params, self.eos_ids, return_logprobs=self.return_logprobs)
-        if "error" in reply:
-            raise RuntimeError(f"SGLang failed to generate: {reply['error']}")
-        return GenerationResult(
-            output_ids=reply["output_ids"],
-            text=reply["text"],
-            finish_reason=reply["finish_reason"],
-            matched_stop=reply["matched_stop"],
-            logprobs=reply["logprobs"],
-            num_generated=None,  # = len(output_ids): SGLang never samples past the end (as HFGenerator)
-        )
+        return result_of_sglang(result, self.decode, sampling_params, self.eos_ids,
+                                return_logprobs=self.return_logprobs)
 
     def close(self) -> None:
         """Shut every engine down (their GPU subprocesses exit), even when one of them fails; safe to call twice."""

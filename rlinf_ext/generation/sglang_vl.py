@@ -1,12 +1,13 @@
-"""SGLang 0.4.6.post5 requests with images (pure functions; the engine needs a GPU, NOT GPU-verified).
+"""SGLang 0.5.23 requests with images (pure functions; the engine needs a GPU, NOT GPU-verified).
 
-What SGLang does with a multimodal request (read from the 0.4.6.post5 wheel's sources): every turn is a
-new request carrying the whole context ids and EVERY image so far, in order of appearance; SGLang decodes the
-ids to text, collapses each ``<|vision_start|><|image_pad|>+<|vision_end|>`` run to one image, and re-tokenises
-with the processor. So the ids must hold exactly one vision run per image, and the engine's prompt may differ
-from the agent loop's ids when they are not canonical (``retokenize_mismatch`` counts that). Banned ids
-(vision special tokens, padded vocabulary rows) are refused at sampling with SGLang's
-``DisallowedTokensLogitsProcessor`` (every request of a batch must carry the same list).
+What SGLang does with a multimodal request (read from sglang 0.5.23's
+``sglang/srt/multimodal/processors/base_processor.py:load_mm_data`` and ``qwen_vl.py``): every turn is a new
+request carrying the whole context ids and EVERY image so far, in order of appearance (raw bytes: ``image_data``);
+SGLang decodes the ids to text, takes each ``<|vision_start|>(<|image_pad|>)+<|vision_end|>`` run as one image
+(Qwen-VL's ``image_token_regex``), and re-tokenises with the processor. So the ids must hold exactly one vision run
+per image, and the engine's prompt may differ from the agent loop's ids when they are not canonical
+(``retokenize_mismatch`` counts that). Banned ids (vision special tokens, padded vocabulary rows) are refused at
+sampling with SGLang's ``DisallowedTokensLogitsProcessor`` (every request of a batch must carry the same list).
 """
 
 from __future__ import annotations

@@ -1,111 +1,88 @@
-"""SGLang's wire format, shared by every SGLang user (pure but for ``hf_eos_ids``; unit-tested on CPU).
+"""SGLang 0.5.23's request and reply, shared by the rollout worker and the evaluation engines (pure but for
+``hf_eos_ids``; unit-tested on CPU with replies in 0.5.23's shapes).
 
-``to_sglang_params`` turns our ``SamplingParams`` fields into SGLang's ``sampling_params`` (``stop`` included,
-which RLinf's own worker drops; ``stop_token_ids`` = the HF EOS set); ``sglang_reply`` turns an
-``async_generate`` result into the ``GenerateReply`` every rollout worker sends (decoded ``text``,
-``finish_reason`` in stop|eos|length, ``matched_stop``, ``logprobs``). The training worker
-(``workers/rollout_sglang.py``) and the evaluation engines (``generation/sglang_engine.py``) both use them, so
-their replies mean what ``generation/hf.py``'s do.
-
-- Replies: stop string kept in ``text`` unless excluded, EOS kept in ids and text; ``stop_token_ids`` = the HF
-  generator's EOS set (generation_config + tokenizer), so both engines end a turn on the same tokens. SGLang
-  checks the token budget before EOS/stop strings, HF after: ``generation/turn_end.py`` classifies a turn
-  ending on its last allowed token the same for both. SGLang also always stops at config.json's ``eos_token_id``.
+Read from sglang 0.5.23's sources (``sglang/srt/managers/tokenizer_manager.py``, ``schedule_batch.py``,
+``sampling_params.py``):
+- Request: ``Engine.async_generate(input_ids=[...], sampling_params={...}, return_logprob=...)``; nothing is
+  re-tokenised for a text prompt. ``to_sglang_params`` = ``turn_end.engine_sampling`` in SGLang's names, with
+  ``no_stop_trim`` (the matched stop string and EOS stay in the text, as vLLM's ``include_stop_str_in_output``)
+  and ``skip_special_tokens=False`` (as the HF decode).
+- Reply (non-streaming, one request): ``{"text": ..., "output_ids": [...], "meta_info": {...}}``; the scheduler
+  sends ``output_ids`` through the stop position whether or not the engine detokenizes (no ``text`` with
+  ``skip_tokenizer_init``). ``meta_info["finish_reason"]`` is ``{"type": "stop", "matched": "</search>"}`` (stop
+  string), ``{"type": "stop", "matched": <id>}`` (EOS / a stop id), ``{"type": "length", "length": n}`` or
+  ``{"type": "abort", "message": ...}``; with ``return_logprob`` ``meta_info["output_token_logprobs"]`` holds one
+  ``(logprob, token_id, text|None)`` per output id. 0.5.23 checks stop strings, then EOS, then the budget at
+  every token (``Req.update_finish_state``).
+- ``result_of_sglang`` reads that reply as every engine's ``GenerationResult`` (``turn_end``, the text = the HF
+  tokenizer's decoding of the kept ids, as for vLLM); the sampled ids must equal the log-prob entries' ids.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from transformers import AutoTokenizer, GenerationConfig
 
 from rlinf_ext.generation.hf import eos_token_ids
-from rlinf_ext.generation.turn_end import turn_end
-from rlinf_ext.protocol.generation import GenerateReply, SamplingParams
+from rlinf_ext.generation.turn_end import engine_finish, engine_sampling, turn_end
+from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
+
+# meta_info keys of an SGLang 0.5.23 reply
+FINISH_REASON = "finish_reason"
+OUTPUT_TOKEN_LOGPROBS = "output_token_logprobs"
+INPUT_TOKEN_LOGPROBS = "input_token_logprobs"
+PROMPT_TOKENS = "prompt_tokens"
 
 
-def to_sglang_params(params: dict[str, Any], eos_ids: list[int] | tuple[int, ...] = ()) -> dict[str, Any]:
-    """Our request ``sampling_params`` -> SGLang ``sampling_params`` (pure; unit-tested on CPU).
-
-    Only the keys the request names are sent (SGLang's own defaults, or the config's merged in by the caller,
-    stay for the rest): a request without ``temperature`` keeps the configured one; ``stop`` is the request's.
-    ``eos_ids`` become ``stop_token_ids``, so SGLang ends a turn on every EOS id the HF engine ends on (not only
-    config.json's).
-    ``no_stop_trim`` is always on: SGLang then keeps the matched stop string and the EOS text, and
-    ``sglang_reply`` cuts a stop string the caller asked to exclude, as ``HFGenerator`` does.
-    """
-    out: dict[str, Any] = {}
-    if "max_new_tokens" in params:
-        out["max_new_tokens"] = int(params["max_new_tokens"])
-    greedy = params.get("do_sample") is False
-    if greedy:
-        out["temperature"] = 0.0
-    elif "temperature" in params:
-        out["temperature"] = float(params["temperature"])
-    if not greedy:
-        if "top_p" in params:
-            out["top_p"] = float(params["top_p"])
-        if "top_k" in params:
-            out["top_k"] = int(params["top_k"]) if int(params["top_k"]) > 0 else -1
-    if "repetition_penalty" in params:
-        out["repetition_penalty"] = float(params["repetition_penalty"])
-    # keep <|im_end|> & co in SGLang's text, as the HF worker's decode does (SGLang skips them by default)
-    out["skip_special_tokens"] = False
-    out["no_stop_trim"] = True
-    stop = list(params.get("stop") or [])
-    if stop:
-        out["stop"] = stop
-    if eos_ids:
-        out["stop_token_ids"] = sorted(int(i) for i in eos_ids)
+def to_sglang_params(params: SamplingParams, eos_ids: Iterable[int]) -> dict[str, Any]:
+    """SGLang's ``sampling_params`` of one request (pure): greedy = temperature 0 (SGLang then samples with
+    top-k 1), top-k off = -1, ``stop_token_ids`` = the HF EOS set (SGLang also stops at config.json's EOS)."""
+    shared = engine_sampling(params, eos_ids)
+    out: dict[str, Any] = {
+        "max_new_tokens": shared.max_new_tokens,
+        "temperature": shared.temperature,
+        "top_p": shared.top_p,
+        "top_k": shared.top_k if shared.top_k > 0 else -1,
+        "repetition_penalty": shared.repetition_penalty,
+        "stop_token_ids": shared.stop_token_ids,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+    }
+    if shared.stop:
+        out["stop"] = shared.stop
     return out
 
 
-def sglang_reply(
-    result: dict[str, Any],
-    decode: Callable[[list[int]], str],
-    params: SamplingParams,
-    eos_ids: Collection[int],
-    *,
-    return_logprobs: bool = False,
-) -> GenerateReply:
-    """One SGLang ``async_generate`` result for a request with ``params`` -> the generate reply the agent loop
-    reads (pure).
-
-    Same keys and meanings as the CPU worker's ``reply_of``; the turn's end is ``generation/turn_end.py``'s.
-    SGLang's ``meta_info.finish_reason`` is ``{"type": "stop", "matched": "</search>"}`` for a stop string,
-    ``{"type": "stop", "matched": <token id>}`` for EOS, ``{"type": "length", ...}`` at the budget and
-    ``{"type": "abort", "message": ...}`` on failure. ``text`` exists only when the engine detokenizes
-    (``rollout.detokenize``); otherwise ``decode(output_ids)``.
-    """
+def result_of_sglang(result: dict[str, Any], decode: Callable[[list[int]], str], params: SamplingParams,
+                     eos_ids: Iterable[int], *, return_logprobs: bool = False) -> GenerationResult:
+    """One ``async_generate`` reply for a request with ``params`` -> ``GenerationResult`` (pure but for
+    ``decode``). An aborted request, or log-probs that do not belong to the returned ids, raise."""
     meta = result.get("meta_info") or {}
-    finish = meta.get("finish_reason") or {}
-    kind = finish.get("type") if isinstance(finish, dict) else finish
-    matched = finish.get("matched") if isinstance(finish, dict) else None
-    if kind == "abort":
-        message = finish.get("message") if isinstance(finish, dict) else None
-        return {"error": f"SGLang aborted the request: {message or finish}"}
-    if kind == "length":
-        reason, stop = "length", None
-    elif kind == "stop" and isinstance(matched, str):
-        reason, stop = "stop", matched
-    else:  # a matched token id (EOS or a stop token) ends the turn like EOS
-        reason, stop = "eos", None
-    text = result.get("text")
-    end = turn_end(result["output_ids"], decode, eos_ids=eos_ids, stop=params.stop,
-                   max_new_tokens=params.max_new_tokens, include_stop_str_in_output=params.include_stop_str_in_output,
-                   engine_reason=reason, engine_stop=stop, text=text if isinstance(text, str) else None)
-    reply: GenerateReply = {
-        "output_ids": end.output_ids,
-        "text": end.text,
-        "finish_reason": end.finish_reason,
-        "matched_stop": end.matched_stop,
-        "logprobs": None,
-        "num_generated": len(end.output_ids),
-    }
+    finish = meta.get(FINISH_REASON)
+    if not isinstance(finish, dict):
+        raise RuntimeError(f"SGLang returned no finish reason for a finished request (meta_info={meta!r})")
+    if finish.get("type") == "abort":
+        raise RuntimeError(f"SGLang aborted the request: {finish.get('message') or finish}")
+    reason, stop = engine_finish(finish.get("type"), finish.get("matched"), "SGLang")
+    ids = [int(t) for t in result["output_ids"]]
+    logprobs = None
     if return_logprobs:
-        reply["logprobs"] = [float(item[0]) for item in meta["output_token_logprobs"]]
-    return reply
+        entries = meta.get(OUTPUT_TOKEN_LOGPROBS)
+        if entries is None or [int(e[1]) for e in entries] != ids:
+            raise RuntimeError(
+                f"SGLang's output log-probs do not match its {len(ids)} output ids "
+                f"({'none returned' if entries is None else f'{len(entries)} entries'}); the request needs "
+                "return_logprob=True"
+            )
+        logprobs = [float(e[0]) for e in entries]
+    end = turn_end(ids, decode, eos_ids=set(int(i) for i in eos_ids), stop=params.stop,
+                   max_new_tokens=params.max_new_tokens, include_stop_str_in_output=params.include_stop_str_in_output,
+                   engine_reason=reason, engine_stop=stop)
+    return GenerationResult(output_ids=end.output_ids, text=end.text, finish_reason=end.finish_reason,
+                            matched_stop=end.matched_stop,
+                            logprobs=None if logprobs is None else logprobs[: len(end.output_ids)])
 
 
 def hf_eos_ids(model_path: str, tokenizer: Any = None) -> list[int]:

@@ -7,18 +7,23 @@ ids, minus the matched stop string when ``include_stop_str_in_output`` is off (t
 Engines differ in what they already decided, told by ``engine_reason``:
 - ``None``: nothing (HF ``generate`` pads rows that ended early and runs to the batch's largest budget), so
   every token up to the budget is checked.
-- ``"eos"`` / ``"stop"`` (with ``engine_stop``): the engine stopped there itself (SGLang); kept as it is.
-- ``"length"``: the engine checked every token but the last (SGLang checks the budget before EOS and stop
-  strings), so only the last one is checked: a turn whose last allowed token is EOS or completes a stop
-  string ends as ``eos``/``stop`` on every engine.
+- ``"eos"`` / ``"stop"`` (with ``engine_stop``): the engine stopped there itself (vLLM, SGLang); kept as it is.
+- ``"length"``: the engine ran to the budget; only the last token is checked again (vLLM checks stop strings
+  after the budget), so a turn whose last allowed token is EOS or completes a stop string ends as
+  ``eos``/``stop`` on every engine.
+
+What the serving engines share (pure, unit-tested): ``engine_sampling`` turns our ``SamplingParams`` and the
+EOS set into the sampling terms both engines take (each engine module only renames them), and
+``engine_finish`` reads the finish reason both report the same way (``stop`` with the matched string = a stop
+string, ``stop`` with a token id or nothing = EOS, ``length`` = the budget).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from rlinf_ext.protocol.generation import FinishReason
+from rlinf_ext.protocol.generation import FinishReason, SamplingParams
 
 # extra tokens decoded before the stop-string window: a token decodes to >= 1 character (special ones aside),
 # so `longest stop + 4` tokens cover any stop string the last of them completes
@@ -81,3 +86,43 @@ def turn_end(
     if matched is not None and not include_stop_str_in_output and matched in out_text:
         out_text = out_text[: out_text.rfind(matched)]
     return TurnEnd(kept, out_text, reason, matched)
+
+
+# ------------------------------------------------------------------------------------------ shared by the engines
+@dataclass(frozen=True)
+class EngineSampling:
+    """One request's sampling in the terms vLLM and SGLang share (their own names are the engine modules')."""
+
+    max_new_tokens: int
+    temperature: float  # 0.0 = greedy (both engines then take the arg-max)
+    top_p: float  # 1.0 = off
+    top_k: int  # 0 = off
+    repetition_penalty: float
+    stop: list[str]  # stop strings: the engine keeps them in the ids and the text (turn_end cuts the text)
+    stop_token_ids: list[int]  # the HF EOS set, so every engine ends a turn on the same ids
+
+
+def engine_sampling(params: SamplingParams, eos_ids: Iterable[int]) -> EngineSampling:
+    """Our ``SamplingParams`` + EOS ids -> ``EngineSampling`` (pure). Greedy (``do_sample`` off or temperature
+    <= 0) = temperature 0 with top-p/top-k off; top-k <= 0 = off."""
+    greedy = not params.do_sample or params.temperature <= 0
+    return EngineSampling(
+        max_new_tokens=int(params.max_new_tokens),
+        temperature=0.0 if greedy else float(params.temperature),
+        top_p=1.0 if greedy else float(params.top_p),
+        top_k=0 if greedy or not params.top_k or params.top_k < 0 else int(params.top_k),
+        repetition_penalty=float(params.repetition_penalty),
+        stop=list(params.stop),
+        stop_token_ids=sorted({int(i) for i in eos_ids}),
+    )
+
+
+def engine_finish(kind: str | None, matched: int | str | None, engine: str) -> tuple[FinishReason, str | None]:
+    """An engine's finish reason -> ``turn_end``'s ``engine_reason``/``engine_stop`` (pure): ``stop`` with a string
+    = that stop string, ``stop`` with a token id or None = EOS, ``length`` = the budget; anything else (an abort)
+    raises, naming ``engine``."""
+    if kind == "stop":
+        return ("stop", matched) if isinstance(matched, str) else ("eos", None)
+    if kind == "length":
+        return "length", None
+    raise RuntimeError(f"{engine} ended the request with finish reason {kind!r} ({matched!r})")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlinf_ext.generation.sglang_wire import hf_eos_ids
-from rlinf_ext.generation.turn_end import turn_end
+from rlinf_ext.generation.turn_end import engine_finish, engine_sampling, turn_end
 from rlinf_ext.models.dtypes import hf_name_of_precision
 from rlinf_ext.protocol.generation import FinishReason, GenerationResult, SamplingParams
 from rlinf_ext.sync.weight_sync import serialize_handle
@@ -144,22 +144,22 @@ def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) ->
 # ------------------------------------------------------------------------------------------------ wire (pure)
 def to_vllm_params(params: SamplingParams, eos_ids: Iterable[int], *, seed: int | None = None,
                    return_logprobs: bool = False) -> dict[str, Any]:
-    """``vllm.SamplingParams`` keywords of one request (pure). Greedy = temperature 0; top-k <= 0 = off;
+    """``vllm.SamplingParams`` keywords of one request (pure): ``turn_end.engine_sampling`` in vLLM's names;
     ``skip_special_tokens=False`` as the HF decode; stop strings always kept in the output (``turn_end`` cuts the
     text when the caller excludes them, as for HF)."""
-    greedy = not params.do_sample or params.temperature <= 0
+    shared = engine_sampling(params, eos_ids)
     out: dict[str, Any] = dict(
-        max_tokens=int(params.max_new_tokens),
-        temperature=0.0 if greedy else float(params.temperature),
-        top_p=1.0 if greedy else float(params.top_p),
-        top_k=0 if greedy or not params.top_k or params.top_k < 0 else int(params.top_k),
-        repetition_penalty=float(params.repetition_penalty),
-        stop=list(params.stop),
-        stop_token_ids=sorted(int(i) for i in eos_ids),
+        max_tokens=shared.max_new_tokens,
+        temperature=shared.temperature,
+        top_p=shared.top_p,
+        top_k=shared.top_k,
+        repetition_penalty=shared.repetition_penalty,
+        stop=shared.stop,
+        stop_token_ids=shared.stop_token_ids,
         include_stop_str_in_output=True,
         skip_special_tokens=False,
         ignore_eos=False,
-        detokenize=bool(params.stop),  # stop strings need the engine's incremental detokenizer
+        detokenize=bool(shared.stop),  # stop strings need the engine's incremental detokenizer
     )
     if seed is not None:
         out["seed"] = int(seed)
@@ -169,13 +169,10 @@ def to_vllm_params(params: SamplingParams, eos_ids: Iterable[int], *, seed: int 
 
 
 def engine_reason(finish_reason: str | None, stop_reason: int | str | None) -> tuple[FinishReason, str | None]:
-    """vLLM's ``finish_reason``/``stop_reason`` -> ``turn_end``'s ``engine_reason``/``engine_stop`` (pure):
-    ``stop`` with a string = a stop string, ``stop`` with an id or None = EOS, ``length`` = the budget."""
-    if finish_reason == "stop":
-        return ("stop", stop_reason) if isinstance(stop_reason, str) else ("eos", None)
-    if finish_reason == "length":
-        return "length", None
-    raise RuntimeError(f"vLLM ended the request with finish_reason={finish_reason!r} (stop_reason={stop_reason!r})")
+    """vLLM's ``finish_reason``/``stop_reason`` -> ``turn_end``'s ``engine_reason``/``engine_stop`` (pure; the
+    shared reading, ``turn_end.engine_finish``): ``stop`` with a string = a stop string, ``stop`` with an id or
+    None = EOS, ``length`` = the budget."""
+    return engine_finish(finish_reason, stop_reason, "vLLM")
 
 
 def result_of_output(output: Any, decode, params: SamplingParams, eos_ids: Iterable[int],

@@ -1,7 +1,7 @@
 """Worker groups on a GPU cluster (written, NOT GPU-verified).
 
-- rollout: ``SGLangStopWorker`` (``workers/rollout_sglang.py:rollout_worker_class``) on the rollout GPUs, placed by
-  RLinf's
+- rollout: ``VLLMRolloutWorker`` (``workers/rollout_vllm.py``) or ``SGLangRolloutWorker``
+  (``workers/rollout_sglang.py:rollout_worker_class``) on the rollout GPUs, placed by RLinf's
   ``ModelParallelComponentPlacement`` exactly as RLinf's runners place it (one engine per
   ``rollout.tensor_parallel_size`` GPUs; collocated with the actor when both name the same GPUs, else
   disaggregated);
@@ -165,7 +165,7 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
     except Exception as exc:  # hf backend, or sglang missing
         raise WorkerStartupError("rollout", exc) from exc
     print(f"[groups] GPU layout: {layout.describe()}", flush=True)
-    rlinf_cfg = to_dictconfig(cfg)  # RLinf's placement and SGLang worker read a DictConfig
+    rlinf_cfg = to_dictconfig(cfg)  # RLinf's placement reads a DictConfig
     try:
         placement = ModelParallelComponentPlacement(rlinf_cfg, cluster)
     except Exception as exc:
@@ -174,10 +174,9 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
         raise WorkerStartupError("placement", f"RLinf's placement (rollout DP {placement.rollout_dp_size}, collocated="
                                  f"{placement.is_collocated}) disagrees with rlinf_ext's layout ({layout.describe()}).")
     groups: dict[str, Any] = {}
-    # the vLLM worker reads the experiment config; the SGLang worker RLinf's DictConfig and placement
-    engine_args = (cfg,) if vllm else (rlinf_cfg, placement)
+    # both rollout workers read the experiment config (the SGLang one derives collocation from the placement)
     launch_group(groups, cluster, "rollout", rollout_cls, cfg.rollout.group_name, placement.get_strategy("rollout"),
-                 *engine_args, verify_sync=verify_sync)
+                 cfg, verify_sync=verify_sync)
     # one process per actor GPU (RLinf's packing, as its MegatronActor with TP=PP=1): data-parallel ranks
     launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name,
                  PackedPlacementStrategy(layout.actor_gpus[0], layout.actor_gpus[-1]), cfg, total_train_steps)

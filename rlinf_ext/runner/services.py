@@ -26,6 +26,7 @@ from rlinf_ext.config.placement import component_ranks
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.sglang_engine import (
     GPU_INSTALL_FIX,
+    SGLANG_INSTALL_FIX,
     SGLangEngineGenerator,
     SGLangUnavailable,
     engine_kwargs,
@@ -282,7 +283,8 @@ def check_training_backend(cfg: ExperimentConfig) -> None:
         raise LaunchError(
             f"cluster.num_gpus_per_node={cfg.cluster.num_gpus_per_node} with rollout.rollout_backend="
             f"{cfg.rollout.rollout_backend} needs "
-            f"the GPU extra, but {', '.join(missing)} cannot be imported here. Fix: {GPU_INSTALL_FIX} on every "
+            f"its GPU profile, but {', '.join(missing)} cannot be imported here. Fix: "
+            f"{SGLANG_INSTALL_FIX if cfg.rollout.rollout_backend == 'sglang' else GPU_INSTALL_FIX} on every "
             "node; or use the CPU profile (cluster.num_gpus_per_node=0, rollout.rollout_backend=hf)."
         )
 
@@ -307,12 +309,12 @@ def check_evaluation_backend(cfg: ExperimentConfig) -> None:
         if not torch.cuda.is_available():
             raise LaunchError(
                 "rollout.rollout_backend='sglang' evaluates on GPUs, but no CUDA device is visible here. Fix: run "
-                f"`rlinf-ext eval` on a GPU node with the GPU extras ({GPU_INSTALL_FIX}), or set "
+                f"`rlinf-ext eval` on a GPU node with the SGLang profile ({SGLANG_INSTALL_FIX}), or set "
                 "rollout.rollout_backend=hf to evaluate on CPU."
             )
         if not sglang_installed():
             raise LaunchError(
-                f"rollout.rollout_backend='sglang': sglang is not installed. Fix: {GPU_INSTALL_FIX}, or set "
+                f"rollout.rollout_backend='sglang': sglang is not installed. Fix: {SGLANG_INSTALL_FIX}, or set "
                 "rollout.rollout_backend=hf to evaluate on CPU."
             )
         try:  # GPUs placed vs visible, TP size, precision: known before anything starts

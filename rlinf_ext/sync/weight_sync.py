@@ -153,7 +153,7 @@ def prepare_handles(device: torch.device) -> None:
     differently). CPU: shared-memory files, which an unrelated process can open (the default file-descriptor
     passing needs a multiprocessing parent)."""
     if device.type == "cuda":
-        from sglang.srt.patch_torch import monkey_patch_torch_reductions  # lazy: GPU extra (only on GPU nodes)
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions  # lazy: the SGLang profile (0.5.23)
 
         monkey_patch_torch_reductions()
     else:

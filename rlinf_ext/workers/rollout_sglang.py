@@ -1,57 +1,59 @@
-"""GPU rollout: RLinf's SGLang worker, fixed for the Search-R1 agent loop (NOT GPU-verified).
+"""SGLang rollout worker on sglang 0.5.23's own ``Engine`` (written against its sources, NOT GPU-verified).
 
-What RLinf 0.3.0's ``SGLangWorker`` gets wrong for us, and what ``SGLangStopWorker`` changes:
-- ``get_sampling_param_from_config`` drops ``stop``; requests are merged into the config's sampling params key
-  by key (as the CPU worker does; ``stop`` is the request's own) and translated into SGLang's names, with
-  ``stop_token_ids`` = the HF EOS set (``<|endoftext|>`` as well as ``<|im_end|>``) as the evaluation engine
-  does (``generation/sglang_wire.py:to_sglang_params``).
-- the reply has no ``text``/``matched_stop`` and a raw finish reason; ``generation/sglang_wire.py:sglang_reply``
-  builds the same ``GenerateReply`` as the CPU HF worker (``protocol/generation.py:reply_of``), the turn's end
-  classified as every engine's (``generation/turn_end.py``).
-- ``rollout_serverless`` never returns; ours stops on ``STOP_SERVING`` like the CPU worker (the trainer's
-  ``shutdown`` waits for it) and answers a failed request with ``{"error": ...}`` instead of hanging the caller.
-- the engine: ``generation/sglang_engine.py:server_kwargs`` (one engine per TP group, ``dp_size=1``) with
-  ``load_format="dummy"``: the first weight sync overwrites every weight, so nothing is read from disk. RLinf's
-  ``weight_reload=None`` keeps its scheduler from expecting RLinf's Megatron buckets.
-- weight sync: our actor's HF-named buckets (``sync/weight_sync.py``) go into SGLang's own
-  ``update_weights_from_tensor``. Collocated, each TP scheduler receives handles to memory on its own GPU from
-  the actor rank on that GPU (SGLang's ``LocalSerializedTensor``, one serialized tensor per TP rank);
-  disaggregated, this worker receives actor rank 0's broadcast on its first GPU, copies each bucket to its
-  other GPUs and passes handles the same way. Then the probe check (``probe_logprob_gap``).
-vLLM: RLinf's ``VLLMWorker`` has no serving loop (``rollout_serverless``), so it cannot serve the agent
-runner (``validate`` refuses it). Imports of sglang stay inside the functions that need it: it is a GPU
-extra and importing it initialises CUDA.
+Same protocol as ``workers/rollout_hf.py`` and ``workers/rollout_vllm.py``: ``rollout_serverless`` is
+``workers/rollout_serving.py``'s loop, replies are ``protocol/generation.py:reply_of`` of the shared
+``GenerationResult`` (``generation/sglang_wire.py:result_of_sglang``), and the weight-sync receive side is
+``sync/weight_sync.py:receive_weights`` followed by the probe check (``probe_logprob_gap``).
+
+One engine per worker = per TP group (``generation/sglang_engine.py:server_kwargs``, ``dp_size=1``,
+``load_format="dummy"``: the first sync overwrites every weight). What the worker asks of the engine, in order
+(``SGLangControl``: 0.5.23's ``TokenizerManager`` calls; the order is tested with a recording control):
+- collocated, after the rollout: ``release_memory_occupation`` (weights, KV cache, CUDA graphs), refused while
+  requests are in flight (SGLang's scheduler asserts it is idle);
+- each sync, once the actor's headers are in (the actor has finished its probe): ``resume_memory_occupation``
+  of the weights, ``begin_weight_update``, one ``update_weights_from_tensor`` per bucket (no flush per bucket),
+  ``end_weight_update``, resume of the KV cache and CUDA graphs, ``flush_cache`` (cached prefixes hold the old
+  weights' KV), then the probe.
+- the buckets: collocated, each TP rank of the engine gets its own payload (SGLang's per-rank
+  ``serialized_named_tensors``) made of the handles the actor rank on its GPU sent; the handles are re-pickled
+  without being opened here (``reduction_of``), so no GPU memory of the actor is mapped into this process.
+  Disaggregated, actor rank 0's broadcast arrives on this worker's first GPU and is copied to each TP GPU, then
+  shared the same way. (SGLang's ``update_weights_from_distributed``, where the trainer joins the engine's NCCL
+  group, would need the actor side to join that group: not built.)
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-from typing import Any, Callable
+import functools
+import io
+import pickle
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from rlinf.scheduler import Worker
 
+from rlinf_ext.config.placement import component_ranks
+from rlinf_ext.config.rules import SGLANG_VERSION, installed_sglang
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.generation.sglang_engine import import_rlinf_sglang, server_kwargs
-from rlinf_ext.generation.sglang_wire import hf_eos_ids, sglang_reply, to_sglang_params
+from rlinf_ext.generation.sglang_engine import SGLANG_INSTALL_FIX, SGLangUnavailable, load_engine_class, server_kwargs
 from rlinf_ext.generation.sglang_vl import disallowed_tokens_processor, mm_request, retokenize_mismatch, vl_server_overrides
-from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams, sampling_params_from_request
+from rlinf_ext.generation.sglang_wire import INPUT_TOKEN_LOGPROBS, hf_eos_ids, result_of_sglang, to_sglang_params
 from rlinf_ext.models.qwen2 import load_hf_config_dict
+from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size
-from rlinf_ext.sync.weight_sync import (
-    HandleBucket,
-    SyncRoutes,
-    WeightBucket,
-    WeightSyncError,
-    prepare_handles,
-    receive_weights,
-    share_bucket,
-)
+from rlinf_ext.sync.weight_sync import HandleBucket, SyncRoutes, WeightBucket, WeightSyncError, receive_weights
+from rlinf_ext.workers.rollout_serving import serve_requests
 
 # Mean |logprob difference| (nats) allowed between the engine and the actor on the probe after a sync. bf16/fp16
 # engines differ from the actor by rounding (~0.01-0.1); a wrong mapping or a partial load differs by nats.
 GPU_SYNC_MEAN_ATOL = 0.5
+
+# sglang 0.5.23's memory tags (sglang/srt/constants.py): weights come back first (the update writes them), the
+# KV cache and the CUDA graphs after the update
+WEIGHTS_TAGS = ["weights"]
+CACHE_TAGS = ["kv_cache", "cuda_graph"]
 
 
 def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input_token_logprobs: list,
@@ -79,206 +81,312 @@ def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input
     return float(gaps.mean())
 
 
-def request_params(defaults: SamplingParams, request: dict | None, eos_ids: list[int]) -> tuple[dict, SamplingParams]:
-    """SGLang ``sampling_params`` of one generate request (pure): the request merged into the config's sampling
-    params key by key (a request without ``temperature`` keeps the configured one), the request's ``stop``, and
-    ``stop_token_ids`` = the HF EOS set (so ``<|endoftext|>`` ends a training turn as it ends an HF or an
-    evaluation turn). Also returns the merged ``SamplingParams``."""
-    params = sampling_params_from_request(defaults, request)
-    return to_sglang_params(dataclasses.asdict(params), eos_ids), params
+# ------------------------------------------------------------------------------------------------ payloads (pure)
+class _Reduced:
+    """A pickled reduction ``fn(*args)`` kept as it is: pickling it again writes the same ``fn`` and ``args``."""
+
+    def __init__(self, fn: Callable, *args: Any):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
 
 
-def slot_handles(messages: list, tp: int, to_device: Callable[[torch.Tensor, int], torch.Tensor]
-                 ) -> tuple[list[HandleBucket], list[torch.Tensor]]:
-    """One ``HandleBucket`` per TP slot of an engine (pure but for ``to_device``).
+# where torch's tensor/storage rebuild functions live (and SGLang's patch of the CUDA one, which names the GPU by UUID)
+_REBUILD_MODULES = ("torch.multiprocessing.reductions", "sglang.srt.utils.patch_torch")
 
-    Paired route: ``messages`` already are the TP slots' handle buckets (each from the actor rank on that slot's
-    GPU). Broadcast route: one received ``WeightBucket`` on this worker's first GPU; ``to_device(flat, slot)``
-    copies it to each slot's GPU, and the copies (returned, to keep alive until the engine has loaded them)
-    are shared as handles, so no scheduler opens memory on another GPU.
+
+class _ReductionReader(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        found = super().find_class(module, name)
+        return functools.partial(_Reduced, found) if module in _REBUILD_MODULES else found
+
+
+def reduction_of(blob: bytes) -> _Reduced:
+    """A tensor handle (``sync/weight_sync.py:serialize_handle``, a ``ForkingPickler`` dump) read back WITHOUT
+    rebuilding the tensor: no CUDA IPC handle is opened in this process; pickling the result again gives the
+    same handle (pure)."""
+    reduced = _ReductionReader(io.BytesIO(blob)).load()
+    if not isinstance(reduced, _Reduced):
+        raise WeightSyncError(f"a weight handle rebuilt as {type(reduced).__name__}, not through torch's reductions")
+    return reduced
+
+
+def rank_payloads(messages: list, tp: int, to_device: Callable[[torch.Tensor, int], torch.Tensor],
+                  serialize: Callable[[Any], bytes]) -> tuple[list[bytes], list[torch.Tensor]]:
+    """SGLang's ``serialized_named_tensors`` for one bucket: one payload per TP rank of the engine, each a
+    serialized ``[(HF name, tensor on that rank's GPU), ...]`` (sglang 0.5.23: ``TpModelWorker.deserialize_own_rank``
+    opens entry ``tp_rank`` only). Pure but for ``to_device`` and ``serialize``.
+
+    Paired route: ``messages`` are the TP slots' handle buckets (each from the actor rank on that slot's GPU),
+    re-pickled unopened. Broadcast route: one received ``WeightBucket`` on this worker's first GPU;
+    ``to_device(flat, rank)`` copies it to each rank's GPU; the copies are returned, to be kept alive until the
+    engine has loaded them.
     """
-    if all(isinstance(m, HandleBucket) for m in messages):
+    if messages and all(isinstance(m, HandleBucket) for m in messages):
         if len(messages) != tp:
             raise WeightSyncError(f"{len(messages)} handle bucket(s) for an engine of TP size {tp}")
-        return list(messages), []
+        names = messages[0].names
+        if any(m.names != names for m in messages):
+            raise WeightSyncError("the TP slots of one engine received different buckets")
+        return [serialize([(n, reduction_of(h)) for n, h in zip(m.names, m.handles)]) for m in messages], []
+    if len(messages) != 1 or not isinstance(messages[0], WeightBucket):
+        raise WeightSyncError(f"expected TP handle buckets or one broadcast bucket, got {[type(m).__name__ for m in messages]}")
     (bucket,) = messages
-    flats = [to_device(bucket.flat, slot) for slot in range(tp)]
-    return [share_bucket(WeightBucket(flat, bucket.names, bucket.shapes)) for flat in flats], flats
+    flats = [to_device(bucket.flat, rank) for rank in range(tp)]
+    return [serialize(WeightBucket(flat, bucket.names, bucket.shapes).named_tensors()) for flat in flats], flats
 
 
-def update_request_tensors(slots: list[HandleBucket], local_tensor_cls: Any) -> list[tuple[str, Any]]:
-    """``named_tensors`` of SGLang's ``update_weights_from_tensor``: per name a ``LocalSerializedTensor`` whose
-    value ``k`` is TP rank ``k``'s handle (SGLang's ``_unwrap_tensor`` opens ``values[tp_rank]``)."""
-    names = slots[0].names
-    if any(s.names != names for s in slots):
-        raise WeightSyncError("the TP slots of one engine received different buckets")
-    return [(name, local_tensor_cls(values=[s.handles[i] for s in slots])) for i, name in enumerate(names)]
+def is_collocated(cfg: ExperimentConfig) -> bool:
+    """Actor and rollout on the same GPUs (``cluster.component_placement``): the engine gives its memory back."""
+    ranks = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * cfg.cluster.num_gpus_per_node)
+    return bool(ranks.get("actor")) and ranks.get("actor") == ranks.get("rollout")
 
 
-def make_sglang_stop_worker():
-    """The SGLang worker subclass (imports sglang through RLinf; call only on GPU nodes)."""
-    SGLangWorker = import_rlinf_sglang("rlinf.workers.rollout.sglang.sglang_worker", "SGLangWorker")
+# ------------------------------------------------------------------------------------------------ the engine
+class SGLangControl:
+    """The calls this worker makes into one sglang 0.5.23 ``Engine`` (its ``TokenizerManager``'s async methods:
+    the ``Engine``'s own wrappers run their own event loop, which an async worker cannot). GPU only, NOT
+    GPU-verified; ``SGLangRolloutState`` is tested with a recording stand-in of this class."""
 
-    class SGLangStopWorker(SGLangWorker):
-        """``SGLangWorker(cfg, placement, weight_reload=None)`` + the fixes listed in the module docstring."""
+    def __init__(self, engine: Any):
+        from sglang.srt.managers import io_struct  # lazy: the SGLang profile only (importing it initialises CUDA)
+        from sglang.srt.utils import MultiprocessingSerializer
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
-        def __init__(self, config, placement, weight_reload=None, config_rollout=None, verify_sync: bool = True):
-            super().__init__(config, placement, weight_reload=weight_reload, config_rollout=config_rollout)
-            self._defaults = SamplingParams.from_config(self._cfg.algorithm.sampling_params)
-            self._eos_ids = hf_eos_ids(self._cfg_rollout.model.model_path, self._tokenizer)
-            self._verify_sync = verify_sync
-            self._offloaded = False
-            self._sync_routes: SyncRoutes | None = None
-            self.weight_version = -1
-            self.last_sync_logprob_gap: float | None = None
-            self.last_sync: dict | None = None
-            self.requests_served = 0
-            self.retokenize_mismatches = 0.0  # rollout/retokenize_mismatch: requests SGLang re-tokenised differently
+        monkey_patch_torch_reductions()  # handles made here name their GPU by UUID (the broadcast route's copies)
+        self.engine, self.io, self.serializer = engine, io_struct, MultiprocessingSerializer
+        self.manager = engine.tokenizer_manager
 
-        def _init_engine(self):
-            """RLinf's engine class, started from ``server_kwargs`` (dummy weights: the first sync loads them)."""
-            from rlinf.workers.rollout.sglang import Engine  # lazy: imports sglang (GPU extra, initialises CUDA)
+    async def generate(self, **request: Any) -> dict:
+        return await self.engine.async_generate(**request)
 
-            kwargs = server_kwargs(self._cfg, tp_size=int(self._cfg_rollout.tensor_parallel_size),
-                                   seed=int(self._cfg.runner.seed) + int(self._rank), load_format="dummy",
-                                   training=True)
-            kwargs.update(vl_server_overrides(str(self._cfg_rollout.model.model_type)))  # NOT GPU-verified
-            kwargs["dist_init_addr"] = f"127.0.0.1:{self.acquire_free_port()}"
-            self._engine = Engine(**kwargs)
+    async def release(self) -> None:
+        await self.manager.release_memory_occupation(self.io.ReleaseMemoryOccupationReqInput(tags=None), None)
 
-        async def init_worker(self):
-            await super().init_worker()
-            if self._placement.is_collocated:  # as RLinf: the actor initialises next on the same GPUs
-                await self.offload_engine()
+    async def resume(self, tags: list[str]) -> None:
+        await self.manager.resume_memory_occupation(self.io.ResumeMemoryOccupationReqInput(tags=list(tags)), None)
 
-        # -------------------------------------------------------------- generation
-        def _decode(self, ids: list[int]) -> str:
-            return self._tokenizer.decode(ids, skip_special_tokens=False)
+    async def begin_update(self) -> None:
+        _check(await self.manager.begin_weight_update(self.io.BeginWeightUpdateReqInput(), None), "begin_weight_update")
 
-        def _vl_request(self, prompt_ids, images, sglang_params) -> dict:
-            """Every image of the context plus the banned ids (NOT GPU-verified; ``generation/sglang_vl.py``)."""
-            if not hasattr(self, "_vl"):
-                tok = self._tokenizer
-                ids = tuple(int(tok.convert_tokens_to_ids(t)) for t in (VISION_START, IMAGE_PAD, VISION_END))
-                vocab = text_vocab_size(load_hf_config_dict(self._cfg_rollout.model.model_path))  # padded rows
-                self._vl = (ids, banned_token_ids(tok, max(vocab, len(tok))), disallowed_tokens_processor())
-            token_ids, banned, processor = self._vl
-            return mm_request(prompt_ids, images, sglang_params, token_ids=token_ids, banned_ids=banned,
-                              logit_processor=processor)
+    async def update(self, payloads: list[bytes]) -> None:
+        request = self.io.UpdateWeightsFromTensorReqInput(serialized_named_tensors=payloads, load_format=None,
+                                                          flush_cache=False)
+        _check(await self.manager.update_weights_from_tensor(request, None), "update_weights_from_tensor")
 
-        async def generate_and_send(self, output_channel, channel_key, prompt_ids, sampling_params=None, images=None):
-            try:
-                sglang_params, params = request_params(self._defaults, sampling_params, self._eos_ids)
-                if images:  # vision-language: SGLang re-tokenises the decoded ids with every image
-                    request = self._vl_request(prompt_ids, images, sglang_params)
-                    result = await self._engine.async_generate(**request, return_logprob=self._return_logprobs)
-                    self.retokenize_mismatches += retokenize_mismatch(prompt_ids, result.get("meta_info") or {})
-                else:
-                    result = await self._engine.async_generate(
-                        input_ids=prompt_ids, sampling_params=sglang_params, return_logprob=self._return_logprobs,
-                    )
-                reply = sglang_reply(result, self._decode, params, self._eos_ids, return_logprobs=self._return_logprobs)
-            except Exception as exc:  # the agent loop gets the error instead of waiting forever
-                reply = {"error": f"{type(exc).__name__}: {exc}"}
-            self.requests_served += 1
-            await output_channel.put(reply, key=channel_key, async_op=True).async_wait()
+    async def end_update(self) -> None:
+        _check(await self.manager.end_weight_update(self.io.EndWeightUpdateReqInput(), None), "end_weight_update")
 
-        async def rollout_serverless(self, input_channel, output_channel):
-            pending: set[asyncio.Task] = set()
-            while True:
-                req = await input_channel.get(async_op=True).async_wait()
-                if req.get("channel_key") == STOP_SERVING:
-                    break
-                task = asyncio.get_running_loop().create_task(self.generate_and_send(
-                    output_channel, req["channel_key"], req["prompt_ids"], req.get("sampling_params"),
-                    req.get("images"),
-                ))
-                pending.add(task)  # a reference, or the loop may drop the task
-                task.add_done_callback(pending.discard)
-            if pending:
-                await asyncio.gather(*pending)
+    async def flush(self) -> bool:
+        return bool((await self.manager.flush_cache()).success)
 
-        # -------------------------------------------------------------- memory (collocated only)
-        async def offload_engine(self):
-            from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqInput  # lazy: GPU extra
+    def serialize(self, named: Any) -> bytes:
+        return self.serializer.serialize(named)
 
-            if self._placement.is_collocated and not self._offloaded:
-                await self._engine.tokenizer_manager.release_memory_occupation(obj=ReleaseMemoryOccupationReqInput())
-                self._offloaded = True
+    def shutdown(self) -> None:
+        self.engine.shutdown()
 
-        async def onload_engine(self):
-            from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqInput  # lazy: GPU extra
 
-            if self._offloaded:
-                await self._engine.tokenizer_manager.resume_memory_occupation(obj=ResumeMemoryOccupationReqInput())
-                self._offloaded = False
+def _check(reply: tuple[bool, str], what: str) -> None:
+    ok, message = reply
+    if not ok:
+        raise WeightSyncError(f"SGLang's {what} failed: {message}")
 
-        # -------------------------------------------------------------- weight sync (rollout side)
-        async def set_weight_sync(self, routes: SyncRoutes) -> None:
-            self._sync_routes = routes
 
-        async def sync_model_from_actor(self):
-            """Receive the actor's buckets into SGLang's ``update_weights_from_tensor``, then check the probe."""
-            from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput  # lazy: GPU extra
-            from sglang.srt.model_executor.model_runner import LocalSerializedTensor  # lazy: GPU extra
-            from sglang.srt.utils import MultiprocessingSerializer  # lazy: GPU extra
+# ------------------------------------------------------------------------------------------------ the worker
+class SGLangRolloutState:
+    """The worker's logic without RLinf's ``Worker`` (tests drive it with a recording control and fake channels)."""
 
-            if self._sync_routes is None:
-                raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
-            manager = self._engine.tokenizer_manager
-            tp = int(self._cfg_rollout.tensor_parallel_size)
-            prepare_handles(torch.device("cuda"))  # this process shares the broadcast route's copies
+    def _setup(self, cfg: ExperimentConfig, verify_sync: bool = True, sync_atol: float = GPU_SYNC_MEAN_ATOL,
+               collocated: bool | None = None) -> None:
+        self.cfg = cfg
+        self.verify_sync, self.sync_atol = verify_sync, sync_atol
+        self.collocated = is_collocated(cfg) if collocated is None else collocated
+        self.tp = int(cfg.rollout.tensor_parallel_size)
+        self.control: Any = None
+        self.decode: Callable[[list[int]], str] = lambda ids: ""
+        self.eos_ids: list[int] = []
+        self.defaults = SamplingParams()
+        self.vl: tuple | None = None  # (vision token ids, banned ids, serialised logit processor)
+        self.released = False
+        self.in_flight = 0
+        self.sync_routes: SyncRoutes | None = None
+        self.weight_version = -1
+        self.last_sync_logprob_gap: float | None = None
+        self.last_sync: dict | None = None
+        self.requests_served = 0
+        self.retokenize_mismatches = 0.0  # rollout/retokenize_mismatch: requests SGLang re-tokenised differently
 
-            async def load(messages):
-                slots, keep_alive = slot_handles(messages, tp, lambda flat, slot: flat.to(f"cuda:{slot}"))
-                blob = MultiprocessingSerializer.serialize(update_request_tensors(slots, LocalSerializedTensor))
-                ok, message = await manager.update_weights_from_tensor(UpdateWeightsFromTensorReqInput(
-                    serialized_named_tensors=[blob] * tp, load_format=None, flush_cache=False), None)
-                del keep_alive  # loaded: the copies may go
-                if not ok:
-                    raise WeightSyncError(f"SGLang refused the actor's weights: {message}")
+    def _attach(self, control: Any, decode: Callable[[list[int]], str], eos_ids: list[int],
+                defaults: SamplingParams, vl: tuple | None = None) -> None:
+        self.control, self.decode, self.eos_ids, self.defaults, self.vl = control, decode, list(eos_ids), defaults, vl
 
-            headers, stats = await receive_weights(self, self._sync_routes, load, actor_group=self._cfg.actor.group_name,
-                                                   rollout_group=self._cfg_rollout.group_name,
-                                                   on_header=self.onload_engine)  # after the actor's probe
-            flushed = await manager.flush_cache()
-            if not getattr(flushed, "success", True):
-                raise WeightSyncError("SGLang could not flush its prefix cache after the weight sync (requests were "
-                                      "running); cached prefixes would hold the old weights' KV")
-            torch.cuda.ipc_collect()  # the broadcast route's copies, shared with the schedulers, can go now
-            torch.cuda.empty_cache()  # give the staging copies back (a collocated actor needs the memory)
-            self.weight_version = headers[0].version
-            self.last_sync = {"sources": [h.sender for h in headers], **vars(stats)}
-            if self._verify_sync and headers[0].probe_logits is not None:
-                await self._check_probe(headers[0])
+    @property
+    def return_logprobs(self) -> bool:
+        return bool(self.cfg.rollout.return_logprobs)
 
-        async def _check_probe(self, header) -> None:
-            ids = header.probe_ids.reshape(-1).tolist()
-            extra = {"image_data": [img.data for img in header.probe_images]} if header.probe_images else {}
-            result = await self._engine.async_generate(
-                input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                return_logprob=True, logprob_start_len=0, **extra,
+    # ---- generation
+    async def _generate(self, request: GenerateRequest) -> GenerateReply:
+        if self.released:
+            raise RuntimeError("a generate request reached the SGLang engine while its memory is released "
+                               "(between offload_engine and the next weight sync)")
+        params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
+        body: dict[str, Any] = {"input_ids": [int(t) for t in request["prompt_ids"]],
+                                "sampling_params": to_sglang_params(params, self.eos_ids)}
+        images = request.get("images")
+        if images:  # vision-language: every image of the context, the banned ids (generation/sglang_vl.py)
+            if self.vl is None:
+                raise ValueError("images sent to a text SGLang engine (rollout.model.model_type is not qwen2.5_vl)")
+            token_ids, banned, processor = self.vl
+            body = mm_request(body["input_ids"], images, body["sampling_params"], token_ids=token_ids,
+                              banned_ids=banned, logit_processor=processor)
+        self.in_flight += 1
+        try:
+            result = await self.control.generate(**body, return_logprob=self.return_logprobs)
+        finally:
+            self.in_flight -= 1
+        if images:
+            self.retokenize_mismatches += retokenize_mismatch(body["input_ids"], result.get("meta_info") or {})
+        self.requests_served += 1
+        return reply_of(result_of_sglang(result, self.decode, params, self.eos_ids,
+                                         return_logprobs=self.return_logprobs))
+
+    async def rollout_serverless(self, input_channel, output_channel) -> None:
+        """Serve generate requests until a ``STOP_SERVING`` request arrives."""
+        await serve_requests(input_channel, output_channel, self._generate)
+
+    # ---- memory (collocated only)
+    async def _release(self) -> None:
+        if not self.collocated or self.released:
+            return
+        if self.in_flight:
+            raise RuntimeError(f"offload_engine with {self.in_flight} generate request(s) in flight: SGLang releases "
+                               "its memory only when idle (the rollout must finish before the engine is offloaded)")
+        await self.control.release()
+        self.released = True
+
+    # ---- weight sync (rollout side)
+    async def set_weight_sync(self, routes: SyncRoutes) -> None:
+        self.sync_routes = routes
+
+    async def _receive_and_load(self, to_device: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+        if self.sync_routes is None:
+            raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
+        control, begun = self.control, False
+
+        async def begin():  # the actor's probe is done: the engine may take its weight memory back
+            nonlocal begun
+            if self.released:
+                await control.resume(WEIGHTS_TAGS)
+            await control.begin_update()
+            begun = True
+
+        async def load(messages):
+            payloads, keep_alive = rank_payloads(messages, self.tp, to_device, control.serialize)
+            await control.update(payloads)
+            del keep_alive  # loaded: the broadcast route's copies may go
+
+        try:
+            headers, stats = await receive_weights(self, self.sync_routes, load, actor_group=self.cfg.actor.group_name,
+                                                   rollout_group=self.cfg.rollout.group_name, on_header=begin)
+        finally:
+            if begun:  # close the update and give the engine its cache back even when the sync broke off
+                await control.end_update()
+                if self.released:
+                    await control.resume(CACHE_TAGS)
+                    self.released = False
+        if not await control.flush():
+            raise WeightSyncError("SGLang could not flush its prefix cache after the weight sync (requests were "
+                                  "running); cached prefixes would hold the old weights' KV")
+        header = headers[0]
+        self.weight_version = header.version
+        self.last_sync = {"sources": [h.sender for h in headers], **vars(stats)}
+        if self.verify_sync and header.probe_logits is not None:
+            await self._check_probe(header)
+
+    async def _check_probe(self, header) -> None:
+        ids = header.probe_ids.reshape(-1).tolist()
+        extra = {"image_data": [img.data for img in header.probe_images]} if header.probe_images else {}
+        result = await self.control.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                                             return_logprob=True, logprob_start_len=0, **extra)
+        gap = probe_logprob_gap(header.probe_ids, header.probe_logits, result["meta_info"][INPUT_TOKEN_LOGPROBS],
+                                header.probe_positions)
+        self.last_sync_logprob_gap = gap
+        if not gap <= self.sync_atol:
+            raise WeightSyncError(
+                f"SGLang's probe log-probs differ from the actor's by {gap:.3g} nats on average (> {self.sync_atol}) "
+                "after weight sync: the Megatron->HF mapping or the load is wrong. Check rlinf_ext/convert/mapping.py "
+                "for this model."
             )
-            gap = probe_logprob_gap(header.probe_ids, header.probe_logits, result["meta_info"]["input_token_logprobs"],
-                                    header.probe_positions)
-            self.last_sync_logprob_gap = gap
-            if not gap <= GPU_SYNC_MEAN_ATOL:
-                raise WeightSyncError(
-                    f"SGLang's probe log-probs differ from the actor's by {gap:.3g} nats on average (> "
-                    f"{GPU_SYNC_MEAN_ATOL}) after weight sync: the Megatron->HF mapping or the load is wrong. "
-                    "Check rlinf_ext/convert/mapping.py for this model."
-                )
 
-        async def get_state(self) -> dict:
-            return {"weight_version": self.weight_version, "last_sync_logprob_gap": self.last_sync_logprob_gap,
-                    "last_sync": self.last_sync, "requests_served": self.requests_served,
-                    RETOKENIZE_MISMATCH: self.retokenize_mismatches / max(self.requests_served, 1)}
+    async def get_state(self) -> dict:
+        return {"weight_version": self.weight_version, "last_sync_logprob_gap": self.last_sync_logprob_gap,
+                "last_sync": self.last_sync, "requests_served": self.requests_served,
+                RETOKENIZE_MISMATCH: self.retokenize_mismatches / max(self.requests_served, 1)}
 
-    return SGLangStopWorker
+
+def vl_request_parts(tokenizer: Any, model_path: str) -> tuple:
+    """What a vision-language request needs: the vision token ids, the banned ids (vision specials, padded
+    vocabulary rows) and SGLang's serialised disallowed-tokens processor (``generation/sglang_vl.py``)."""
+    ids = tuple(int(tokenizer.convert_tokens_to_ids(t)) for t in (VISION_START, IMAGE_PAD, VISION_END))
+    vocab = text_vocab_size(load_hf_config_dict(model_path))
+    return ids, banned_token_ids(tokenizer, max(vocab, len(tokenizer))), disallowed_tokens_processor()
+
+
+class SGLangRolloutWorker(SGLangRolloutState, Worker):
+    """The RLinf worker (an async actor) around ``SGLangRolloutState``: one SGLang engine on this worker's TP GPUs."""
+
+    def __init__(self, cfg: ExperimentConfig, verify_sync: bool = True, sync_atol: float = GPU_SYNC_MEAN_ATOL):
+        Worker.__init__(self)
+        self._setup(cfg, verify_sync, sync_atol)
+
+    async def init_worker(self) -> None:
+        from transformers import AutoTokenizer
+
+        with self.worker_timer():
+            rollout = self.cfg.rollout
+            model_path = str(rollout.model.model_path)
+            kwargs = server_kwargs(self.cfg, tp_size=self.tp, seed=int(self.cfg.runner.seed) + int(self._rank),
+                                   load_format="dummy", training=True, memory_saver=self.collocated)
+            kwargs.update(vl_server_overrides(str(rollout.model.model_type)))
+            engine = load_engine_class()(**kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            vl = vl_request_parts(tokenizer, model_path) if str(rollout.model.model_type) == "qwen2.5_vl" else None
+            self._attach(SGLangControl(engine), lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                         hf_eos_ids(model_path, tokenizer), SamplingParams.from_config(self.cfg.algorithm.sampling_params),
+                         vl)
+            if self.collocated:  # as RLinf: the actor initialises next on the same GPUs
+                await self._release()
+
+    async def sync_model_from_actor(self) -> None:
+        """Receive the actor's weights (HF names, bucket by bucket) into the engine and check the probe."""
+        with self.worker_timer():
+            await self._receive_and_load(lambda flat, rank: flat.to(f"cuda:{rank}"))
+            torch.cuda.ipc_collect()  # handles the engine has let go of can be freed on the actor's side
+            torch.cuda.empty_cache()  # the broadcast route's staging copies
+
+    async def offload_engine(self) -> None:
+        """Collocated: release weights, KV cache and CUDA graphs for training (the next sync brings them back)."""
+        with self.worker_timer():
+            await self._release()
+
+    async def onload_engine(self) -> None:  # the next weight sync resumes the engine (weights, then the cache)
+        with self.worker_timer():
+            pass
+
+    def shutdown_engine(self) -> None:
+        if self.control is not None:
+            self.control.shutdown()
 
 
 def rollout_worker_class(cfg: ExperimentConfig):
+    """The SGLang rollout worker class, refused where the SGLang profile is not installed (names the install)."""
     backend = cfg.rollout.rollout_backend
-    if backend == "sglang":
-        return make_sglang_stop_worker()
-    raise ValueError(f"rollout.rollout_backend={backend!r} is not a GPU backend (sglang).")
+    if backend != "sglang":
+        raise ValueError(f"rollout.rollout_backend={backend!r} is not SGLang (the vLLM worker is workers/rollout_vllm.py).")
+    found = installed_sglang()
+    if found != SGLANG_VERSION:
+        raise SGLangUnavailable(f"rollout.rollout_backend=sglang needs sglang {SGLANG_VERSION}, found "
+                                f"{found or 'none'}. Fix: on every GPU node, {SGLANG_INSTALL_FIX}.")
+    return SGLangRolloutWorker

@@ -9,9 +9,9 @@ from rlinf_ext.config.compose import REPO_ROOT
 
 import pytest
 
-# Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
-# refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
-pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+# The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
+# where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 EXAMPLE_YAMLS = sorted((REPO_ROOT / "examples").rglob("*.yaml"))
 EXPERIMENT_YAMLS = [p for p in EXAMPLE_YAMLS if p.parent.name == "config"]

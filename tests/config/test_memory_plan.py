@@ -11,9 +11,9 @@ from rlinf_ext.config.commands import format_plan
 from rlinf_ext.config.memory_plan import gpu_plan, memory_inputs
 from rlinf_ext.models.memory import GIB
 
-# Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
-# refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
-pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+# The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
+# where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 REFERENCE = "qwen2.5-3b-tool-1node"
 

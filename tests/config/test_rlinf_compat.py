@@ -7,9 +7,9 @@ from omegaconf import OmegaConf
 
 from rlinf_ext.config import load_config, to_dictconfig
 
-# Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
-# refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
-pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+# The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
+# where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 
 @pytest.mark.timeout(120)

@@ -1,37 +1,69 @@
-"""`rollout.rollout_backend=sglang` is refused until the SGLang profile on its current release is built.
+"""`rollout.rollout_backend=sglang` validates where the SGLang profile (sglang 0.5.23) is installed, and is refused
+with the install command where it is not (config/rules.py `sglang_profile_installed`).
 
-The GPU extra installs vLLM 0.32.0 (torch 2.13.0, transformers 5.19.0); the 2025 SGLang stack (sglang 0.4.6.post5
-on torch 2.6.0 and transformers 4.51.1) is gone, and sglang 0.5.23 (torch 2.14.1) is not installed or built yet.
-These tests run without the `sglang_rules_lifted` fixture other modules use for the SGLang code kept meanwhile.
+The installed version is read from sglang's metadata (`installed_sglang`); these tests set what it reports.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from rlinf_ext.config import check_config
+from rlinf_ext.config import check_config, rules
+
+SGLANG_CONFIGS = ("qwen2.5-3b-tool-1node", "qwen2.5-3b-tool-1node-eval", "qwen2.5-vl-7b-1node", "qwen2.5-vl-7b-eval")
 
 
-def test_sglang_is_refused_until_its_current_profile_is_built(reference_env):
-    for name in ("qwen2.5-3b-tool-1node", "qwen2.5-3b-tool-1node-eval", "qwen2.5-vl-7b-1node"):
-        issues = [i for i in check_config(name, ["rollout.rollout_backend=sglang"]).issues
-                  if i.key == "rollout.rollout_backend"]
+def backend_issues(name: str, overrides=()) -> list:
+    return [i for i in check_config(name, ["rollout.rollout_backend=sglang", *overrides]).issues
+            if i.key == "rollout.rollout_backend"]
+
+
+@pytest.mark.parametrize("reported", [None, "0.4.6.post5", "0.5.24"])
+def test_sglang_is_refused_with_the_install_command_without_the_profile(reference_env, monkeypatch, reported):
+    monkeypatch.setattr(rules, "installed_sglang", lambda: reported)
+    for name in SGLANG_CONFIGS:
+        issues = backend_issues(name)
         assert len(issues) == 1, [str(i) for i in issues]
-        text = f"{issues[0].reason} {issues[0].fix}"
-        assert "SGLang profile on its current release" in text and "not installed or built yet" in text
-        assert "rollout.rollout_backend=vllm" in issues[0].fix
+        assert "bash scripts/install.sh --sglang" in issues[0].fix
+        assert "sglang 0.5.23" in issues[0].reason
+        assert ("not installed" in issues[0].reason) == (reported is None)
+        if reported is not None:
+            assert f"sglang {reported} is installed" in issues[0].reason
     assert check_config("tiny-cpu").ok  # the CPU profile (hf) is untouched
+
+
+def test_both_agents_validate_on_sglang_with_the_profile(reference_env, monkeypatch):
+    """The Search-R1 and MMSearch-R1 GPU configs (RLinf's seed values) validate unchanged on sglang."""
+    monkeypatch.setattr(rules, "installed_sglang", lambda: rules.SGLANG_VERSION)
+    for name in SGLANG_CONFIGS:
+        report = check_config(name, ["rollout.rollout_backend=sglang"])
+        assert report.ok, (name, [str(i) for i in report.issues])
+
+
+def test_installed_sglang_reads_the_metadata(monkeypatch):
+    import importlib.metadata
+
+    def version(name):
+        assert name == "sglang"
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert rules.installed_sglang() is None
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.23")
+    assert rules.installed_sglang() == "0.5.23"
 
 
 def test_the_launcher_refuses_sglang_before_starting_anything(reference_env, monkeypatch):
     from rlinf_ext.runner import launch
     from rlinf_ext.runner.errors import LaunchError
 
+    monkeypatch.setattr(rules, "installed_sglang", lambda: None)
+
     def must_not_run(*_a, **_k):
         raise AssertionError("started preparing the run before refusing the rollout backend")
 
     monkeypatch.setattr(launch, "prepare_tiny_assets", must_not_run)
     monkeypatch.setattr(launch, "run_evaluation", must_not_run)
-    with pytest.raises(LaunchError, match=r"rollout.rollout_backend: sglang: the SGLang profile on its current"):
+    with pytest.raises(LaunchError, match=r"rollout.rollout_backend: sglang needs the SGLang profile"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"],
                                    show_progress=False)

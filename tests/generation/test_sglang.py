@@ -1,8 +1,9 @@
 """`SGLangEngineGenerator` on a fake SGLang engine (CPU; sglang is never imported).
 
-`SimulatedSGLang` follows SGLang 0.4.6's per-token finish check (`Req.check_finished`: token budget first, then
-EOS / `stop_token_ids`, then stop strings in the decoded tail) and its reply shape (RLinf's patched engine:
-`text` + `output_ids` + `meta_info.finish_reason`), on a scripted continuation. The generator's results are
+`SimulatedSGLang` follows sglang 0.5.23's per-token finish check (`Req.update_finish_state`: stop strings in the
+decoded tail first, then EOS / `stop_token_ids`, then the token budget) and its reply shape (`text` +
+`output_ids` + `meta_info` with `finish_reason` and, with `return_logprob`, `output_token_logprobs` entries
+`(logprob, token_id, text)`), on a scripted continuation. The generator's results are
 compared with what `HFGenerator` makes of the same sampled tokens: the two engines must agree.
 """
 
@@ -26,9 +27,8 @@ from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 
 STOPS = ["</search>", "</answer>", "<|im_end|>"]
 REPO = Path(__file__).resolve().parents[2]
-# validate refuses rollout_backend=sglang until the SGLang profile on its current release is built; the engine
-# code these tests cover stays for it
-pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+# validate accepts rollout_backend=sglang where the SGLang profile is installed: these configs validate as there
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 
 @pytest.fixture(scope="module")
@@ -69,23 +69,25 @@ class SimulatedSGLang:
         out, finish = [], None
         for token in self.script:
             out.append(token)
-            if len(out) >= p["max_new_tokens"]:
-                finish = {"type": "length", "length": p["max_new_tokens"]}
-                break
-            if token in stop_token_ids:
-                finish = {"type": "stop", "matched": token}
-                break
             tail = self.tokenizer.decode(out[-(tail_len + 1):]) if stops else ""
             hit = next((s for s in stops if s in tail), None)
             if hit is not None:
                 finish = {"type": "stop", "matched": hit}
                 break
+            if token in stop_token_ids:
+                finish = {"type": "stop", "matched": token}
+                break
+            if len(out) >= p["max_new_tokens"]:
+                finish = {"type": "length", "length": p["max_new_tokens"]}
+                break
         assert finish is not None, "the script ran out before the engine stopped"
         text = self._decode(out)
         if not p.get("no_stop_trim", False) and isinstance(finish.get("matched"), str):
             text = text[: text.rfind(finish["matched"])]  # SGLang's detokenizer trims the matched stop string
-        return {"text": text, "output_ids": list(out),
-                "meta_info": {"finish_reason": finish, "prompt_tokens": len(input_ids), "completion_tokens": len(out)}}
+        meta = {"id": "rid", "finish_reason": finish, "prompt_tokens": len(input_ids), "weight_version": "default"}
+        if return_logprob:
+            meta["output_token_logprobs"] = [(-0.5 - i, t, None) for i, t in enumerate(out)]
+        return {"text": text, "output_ids": list(out), "meta_info": meta}
 
     def shutdown(self):
         self.shutdowns += 1
@@ -116,7 +118,7 @@ GREEDY = SamplingParams(max_new_tokens=64, do_sample=False, temperature=0.0, sto
         ("<answer> z</answer> trailing", 64, "stop", "</answer>"),
         (" z y x<|endoftext|> a a", 64, "eos", None),
         ("<think> a a a a a a", 4, "length", None),
-        # budget reached on the very token that ends the turn: SGLang says "length", HF (and we) do not
+        # budget reached on the very token that ends the turn: it ends the turn (0.5.23 checks the budget last)
         ("<search> x</search> a a", 4, "stop", "</search>"),
         (" a b<|endoftext|> a", 3, "eos", None),
     ],
@@ -167,13 +169,23 @@ def test_greedy_and_sampling_params_reach_the_engine(tokenizer, eos_ids):
     greedy, sampled = engine.calls
     assert greedy["input_ids"] == [9, 8] and greedy["return_logprob"] is False
     assert greedy["sampling_params"] == {
-        "max_new_tokens": 32, "temperature": 0.0, "repetition_penalty": 1.0, "skip_special_tokens": False,
-        "stop": STOPS, "no_stop_trim": True, "stop_token_ids": [2008, 2010],
+        "max_new_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0,
+        "skip_special_tokens": False, "stop": STOPS, "no_stop_trim": True, "stop_token_ids": [2008, 2010],
     }
     assert sampled["sampling_params"] == {
         "max_new_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.0,
         "skip_special_tokens": False, "stop": ["</answer>"], "no_stop_trim": True, "stop_token_ids": [2008, 2010],
     }
+
+
+def test_logprobs_come_with_the_kept_ids(tokenizer, eos_ids):
+    script = encode(tokenizer, "<search> x</search> a b")
+    engine = SimulatedSGLang(tokenizer, script)
+    gen = SGLangEngineGenerator(engine, tokenizer.decode, eos_ids=eos_ids, return_logprobs=True)
+    got = generate(gen, [5], GREEDY)
+    assert engine.calls[0]["return_logprob"] is True
+    assert got.output_ids == encode(tokenizer, "<search> x</search>")
+    assert got.logprobs == [-0.5 - i for i in range(len(got.output_ids))]
 
 
 def test_abort_and_bad_requests_raise(tokenizer):
@@ -213,8 +225,8 @@ def eval_cfg(tiny_assets, *extra):
 
 
 def test_one_engine_per_tp_group_never_sglang_data_parallelism(tiny_assets):
-    """D2: SGLang's dp_size > 1 runs unpatched schedulers whose replies RLinf cannot read; each TP group gets its
-    own engine (dp_size 1, base_gpu_id = its first GPU) instead."""
+    """Each TP group gets its own engine (dp_size 1, base_gpu_id = its first GPU), as the training worker: SGLang's
+    weight updates refuse data-parallel replicas."""
     cfg = eval_cfg(tiny_assets, "rollout.model.precision=bf16", "rollout.gpu_memory_utilization=0.7")
     cfg.cluster.component_placement = {"rollout,reward": "2-7"}  # validated configs: TP divides the rollout GPUs
     cfg.rollout.tensor_parallel_size = 2
@@ -247,10 +259,17 @@ def test_training_engines_start_with_dummy_weights_and_the_memory_saver(tiny_ass
     from rlinf_ext.generation.sglang_engine import server_kwargs
 
     cfg = eval_cfg(tiny_assets)
-    kwargs = server_kwargs(cfg, tp_size=2, seed=5, load_format="dummy", training=True)
+    kwargs = server_kwargs(cfg, tp_size=2, seed=5, load_format="dummy", training=True, memory_saver=True)
     assert kwargs["load_format"] == "dummy" and kwargs["dp_size"] == 1 and kwargs["tp_size"] == 2
-    assert kwargs["enable_memory_saver"] is (not cfg.rollout.enforce_eager)
+    assert kwargs["enable_memory_saver"] is True
+    assert server_kwargs(cfg, tp_size=2, seed=5, training=True)["enable_memory_saver"] is False  # disaggregated
     assert kwargs["skip_tokenizer_init"] is (not cfg.rollout.detokenize)
+    # sglang 0.5.23's ServerArgs field names (arg_groups/fields/*.py): an unknown keyword fails Engine(**kwargs)
+    assert set(kwargs) == {
+        "model_path", "tp_size", "dp_size", "base_gpu_id", "load_format", "mem_fraction_static", "dtype",
+        "random_seed", "max_running_requests", "disable_cuda_graph", "cuda_graph_max_bs_decode", "attention_backend",
+        "enable_torch_compile", "torch_compile_max_bs", "decode_log_interval", "enable_memory_saver",
+        "skip_tokenizer_init", "log_level"}
 
 
 def test_from_config_starts_one_engine_per_gpu_with_the_hf_eos_set(tiny_assets, eos_ids):
@@ -328,6 +347,6 @@ def test_requests_go_to_the_least_busy_engine_and_all_engines_close(tokenizer):
 
 def test_without_sglang_the_error_names_the_install():
     assert "sglang" not in sys.modules
-    with pytest.raises(SGLangUnavailable, match=r"bash scripts/install.sh --gpu"):
+    with pytest.raises(SGLangUnavailable, match=r"bash scripts/install.sh --sglang"):
         load_engine_class()
 

@@ -1,126 +1,151 @@
-"""SGLang request/reply translation (pure; the engine itself needs a GPU): what ``to_sglang_params`` sends and
-what ``sglang_reply`` makes of SGLang 0.4.6's ``async_generate`` results."""
+"""The request/reply translation shared by vLLM and SGLang (``generation/turn_end.py:engine_sampling`` /
+``engine_finish``) and SGLang 0.5.23's own (``generation/sglang_wire.py``), on hand-built replies in 0.5.23's
+shapes (``{"text", "output_ids", "meta_info": {"finish_reason", "prompt_tokens", "output_token_logprobs", ...}}``).
+Pure: no engine, no model."""
 
 from __future__ import annotations
 
-import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
-from rlinf_ext.generation.sglang_engine import GPU_INSTALL_FIX, SGLangUnavailable, import_rlinf_sglang
-from rlinf_ext.generation.sglang_wire import sglang_reply, to_sglang_params
+from rlinf_ext.generation.sglang_engine import SGLANG_INSTALL_FIX, SGLangUnavailable, import_sglang
+from rlinf_ext.generation.sglang_wire import result_of_sglang, to_sglang_params
+from rlinf_ext.generation.turn_end import EngineSampling, engine_finish, engine_sampling
+from rlinf_ext.generation.vllm_engine import engine_reason, result_of_output, to_vllm_params
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams, reply_of
 
 VOCAB = {1: "<think>", 2: " q", 3: "</think>", 4: "<search>", 5: "</search>", 6: "\n", 7: "<|im_end|>", 8: " ans"}
 EOS = 7
+STOP = SamplingParams(max_new_tokens=64, stop=["</search>"])
 
 
 def decode(ids: list[int]) -> str:
     return "".join(VOCAB[i] for i in ids)
 
 
-def reply_for(result, decode_fn, budget=64, include_stop_str_in_output=True, return_logprobs=False):
-    """``sglang_reply`` for a request stopping at ``</search>`` with ``budget`` new tokens."""
-    params = SamplingParams(max_new_tokens=budget, stop=["</search>"], include_stop_str_in_output=include_stop_str_in_output)
-    return sglang_reply(result, decode_fn, params, [EOS], return_logprobs=return_logprobs)
-
-
-def must_not_decode(ids: list[int]) -> str:
-    raise AssertionError("SGLang's own text must be used when present")
-
-
-def sglang_result(ids, finish, text=None, logprobs=None):
-    """What SGLang 0.4.6's async_generate returns for one prompt (text only when detokenize is on)."""
-    meta = {"finish_reason": finish, "prompt_tokens": 11, "completion_tokens": len(ids)}
+def sglang_result(ids, finish, text="(SGLang's own text, not used)", logprobs=None):
+    """One finished non-streaming reply of sglang 0.5.23's ``Engine.async_generate`` (tokenizer_manager.py)."""
+    meta = {"id": "8c1f", "finish_reason": finish, "prompt_tokens": 11, "weight_version": "default",
+            "num_retractions": 0}
     if logprobs is not None:
         meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(logprobs, ids)]
-    out = {"output_ids": list(ids), "meta_info": meta}
-    if text is not None:
-        out["text"] = text
-    return out
+        meta["input_token_logprobs"] = [(None, 3, None)]
+        meta["output_token_logprobs_length"] = len(ids)
+    return {"text": text, "output_ids": list(ids), "meta_info": meta}
 
 
-def test_sglang_params_forward_stop():
-    p = to_sglang_params({"max_new_tokens": 32, "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": -1,
-                          "stop": ["</search>", "</answer>"], "include_stop_str_in_output": True})
-    assert p == {"max_new_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "skip_special_tokens": False,
-                 "stop": ["</search>", "</answer>"], "no_stop_trim": True}
-    greedy = to_sglang_params({"do_sample": False, "temperature": 0.7, "stop": ["</answer>"]}, eos_ids=(9, 3))
-    assert greedy == {"temperature": 0.0, "skip_special_tokens": False, "stop": ["</answer>"], "no_stop_trim": True,
-                      "stop_token_ids": [3, 9]}
+# ------------------------------------------------------------------------------------------------ shared
+def test_engine_sampling_greedy_sampled_and_off_values():
+    greedy = engine_sampling(SamplingParams(max_new_tokens=9, do_sample=False, temperature=0.7, top_p=0.5, top_k=5,
+                                            stop=["</a>"]), [7, 3, 7])
+    assert greedy == EngineSampling(max_new_tokens=9, temperature=0.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
+                                    stop=["</a>"], stop_token_ids=[3, 7])
+    assert engine_sampling(SamplingParams(temperature=0.0), []).temperature == 0.0  # temperature 0 = greedy too
+    sampled = engine_sampling(SamplingParams(temperature=0.7, top_p=0.9, top_k=20, repetition_penalty=1.1), [2])
+    assert (sampled.temperature, sampled.top_p, sampled.top_k, sampled.repetition_penalty) == (0.7, 0.9, 20, 1.1)
+    assert engine_sampling(SamplingParams(top_k=-1), []).top_k == 0 and engine_sampling(SamplingParams(top_k=0), []).top_k == 0
 
 
-def test_sglang_params_name_only_what_the_request_names():
-    """A request without temperature must not send one: the config's temperature (merged in by the caller, or
-    SGLang's) stays. SGLang always keeps the stop string (no_stop_trim); an excluded one is cut from the reply."""
-    p = to_sglang_params({"max_new_tokens": 8, "include_stop_str_in_output": False})
-    assert p == {"max_new_tokens": 8, "skip_special_tokens": False, "no_stop_trim": True}
+def test_engine_finish_reads_both_engines_the_same():
+    assert engine_finish("stop", "</search>", "X") == ("stop", "</search>")
+    assert engine_finish("stop", 7, "X") == ("eos", None)  # SGLang: the matched EOS id
+    assert engine_finish("stop", None, "X") == ("eos", None)  # vLLM: EOS has no stop_reason
+    assert engine_finish("length", None, "X") == ("length", None)
+    with pytest.raises(RuntimeError, match="SGLang ended the request with finish reason 'abort'"):
+        engine_finish("abort", None, "SGLang")
+    assert engine_reason("stop", "</answer>") == ("stop", "</answer>") and engine_reason("stop", 151645) == ("eos", None)
 
 
-def test_reply_for_a_stop_string_uses_sglang_text_when_detokenizing():
-    ids = [1, 2, 3, 6, 4, 2, 5]
-    reply = reply_for(sglang_result(ids, {"type": "stop", "matched": "</search>"}, text=decode(ids)), must_not_decode)
-    assert reply == {"output_ids": ids, "text": "<think> q</think>\n<search> q</search>", "finish_reason": "stop",
-                     "matched_stop": "</search>", "logprobs": None, "num_generated": 7}
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=32, do_sample=False, stop=["</search>", "</answer>"]),
+    SamplingParams(max_new_tokens=16, temperature=0.8, top_p=0.95, top_k=40, repetition_penalty=1.05),
+    SamplingParams(max_new_tokens=8, temperature=1.0, top_k=-1),
+])
+def test_vllm_and_sglang_requests_mean_the_same(params):
+    v, s = to_vllm_params(params, [151643, 151645]), to_sglang_params(params, [151645, 151643])
+    assert (v["max_tokens"], v["stop_token_ids"], v["stop"]) == (s["max_new_tokens"], s["stop_token_ids"], s.get("stop", []))
+    assert (v["temperature"], v["top_p"], v["repetition_penalty"]) == (s["temperature"], s["top_p"], s["repetition_penalty"])
+    assert v["top_k"] == (s["top_k"] if s["top_k"] > 0 else 0)  # off: vLLM 0, SGLang -1
+    # both keep the stop string in the ids and the text, and special tokens in the text
+    assert v["include_stop_str_in_output"] and s["no_stop_trim"]
+    assert v["skip_special_tokens"] is False and s["skip_special_tokens"] is False
 
 
-def test_reply_decodes_output_ids_when_sglang_has_no_text():
-    ids = [4, 2, 5]
-    result = sglang_result(ids, {"type": "stop", "matched": "</search>"})
-    assert reply_for(result, decode)["text"] == "<search> q</search>"
-    trimmed = reply_for(result, decode, include_stop_str_in_output=False)
-    assert trimmed["text"] == "<search> q" and trimmed["output_ids"] == ids  # ids keep every sampled token
+def test_vllm_and_sglang_replies_give_the_same_result():
+    """The same sampled ids, finished the same way, read from each engine's reply shape."""
+    ids = [1, 2, 3, 4, 8, 5]
+    params = SamplingParams(max_new_tokens=64, stop=["</search>"], include_stop_str_in_output=False)
+    vllm_out = SimpleNamespace(token_ids=ids, finish_reason="stop", stop_reason="</search>",
+                               logprobs=[{t: SimpleNamespace(logprob=-0.1 * k)} for k, t in enumerate(ids)])
+    got_v = result_of_output(vllm_out, decode, params, [EOS], return_logprobs=True)
+    got_s = result_of_sglang(sglang_result(ids, {"type": "stop", "matched": "</search>"},
+                                           logprobs=[-0.1 * k for k in range(len(ids))]),
+                             decode, params, [EOS], return_logprobs=True)
+    assert got_v == got_s
+    assert got_s.text == "<think> q</think><search> ans" and got_s.output_ids == ids
 
 
-def test_an_excluded_stop_string_is_cut_from_sglang_text_too():
-    """no_stop_trim is always on, so SGLang's own text ends with the stop string; the reply cuts it."""
-    ids = [4, 2, 5]
-    result = sglang_result(ids, {"type": "stop", "matched": "</search>"}, text=decode(ids))
-    reply = reply_for(result, must_not_decode, include_stop_str_in_output=False)
-    assert reply["text"] == "<search> q" and reply["output_ids"] == ids
+# ------------------------------------------------------------------------------------------------ SGLang's own
+def test_sglang_params_in_sglangs_names():
+    greedy = to_sglang_params(SamplingParams(max_new_tokens=12, do_sample=False, stop=["</search>"]), [EOS, 2])
+    assert greedy == {"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0,
+                      "stop_token_ids": [2, EOS], "skip_special_tokens": False, "no_stop_trim": True,
+                      "stop": ["</search>"]}
+    assert "stop" not in to_sglang_params(SamplingParams(), [EOS])  # no stop strings: no detokenizing check
 
 
-def test_reply_for_eos_and_length():
-    eos = reply_for(sglang_result([8, EOS], {"type": "stop", "matched": EOS}), decode)
-    assert eos["finish_reason"] == "eos" and eos["matched_stop"] is None
-    assert eos["output_ids"] == [8, EOS] and eos["text"] == " ans<|im_end|>"  # EOS kept, like the HF worker
-    length = reply_for(sglang_result([1, 2, 2], {"type": "length", "length": 3}), decode, budget=3)
-    assert length["finish_reason"] == "length" and length["matched_stop"] is None and length["text"] == "<think> q q"
+def test_stop_string_reply():
+    got = result_of_sglang(sglang_result([1, 2, 3, 4, 8, 5], {"type": "stop", "matched": "</search>"}), decode,
+                           STOP, [EOS])
+    assert got == GenerationResult([1, 2, 3, 4, 8, 5], "<think> q</think><search> ans</search>", "stop", "</search>")
 
 
-def test_a_length_reply_ending_on_eos_or_a_stop_string_is_eos_or_stop():
-    """SGLang checks the budget first: its last allowed token may be EOS or complete the stop string, and SGLang
-    still says "length". The reply says what HF would: eos / stop (the ids and text stay as sampled)."""
-    eos = reply_for(sglang_result([8, EOS], {"type": "length", "length": 2}), decode, budget=2)
-    assert (eos["finish_reason"], eos["matched_stop"], eos["output_ids"]) == ("eos", None, [8, EOS])
-    stop = reply_for(sglang_result([4, 2, 5], {"type": "length", "length": 3}, text="<search> q</search>"),
-                     decode, budget=3, include_stop_str_in_output=False)
-    assert (stop["finish_reason"], stop["matched_stop"], stop["output_ids"]) == ("stop", "</search>", [4, 2, 5])
-    assert stop["text"] == "<search> q"
+def test_eos_and_length_replies():
+    eos = result_of_sglang(sglang_result([8, 7], {"type": "stop", "matched": 7}), decode, STOP, [EOS])
+    assert (eos.finish_reason, eos.matched_stop, eos.output_ids, eos.text) == ("eos", None, [8, 7], " ans<|im_end|>")
+    length = result_of_sglang(sglang_result([2, 2, 2], {"type": "length", "length": 3}), decode,
+                              STOP.with_updates(max_new_tokens=3), [EOS])
+    assert (length.finish_reason, length.output_ids) == ("length", [2, 2, 2])
 
 
-def test_reply_logprobs_and_abort():
-    reply = reply_for(sglang_result([8, EOS], {"type": "stop", "matched": EOS}, logprobs=[-0.5, -0.25]), decode,
-                      return_logprobs=True)
-    assert reply["logprobs"] == [-0.5, -0.25]
-    aborted = reply_for(sglang_result([], {"type": "abort", "message": "input is longer than the context"}), decode)
-    assert set(aborted) == {"error"} and "input is longer than the context" in aborted["error"]
+def test_a_length_reply_whose_last_token_ends_the_turn_is_eos():
+    """0.5.23 checks EOS before the budget, so this only comes from an engine that did not: the shared rule holds."""
+    got = result_of_sglang(sglang_result([8, 7], {"type": "length", "length": 2}), decode,
+                           STOP.with_updates(max_new_tokens=2), [EOS])
+    assert got.finish_reason == "eos"
+
+
+def test_logprobs_must_belong_to_the_output_ids():
+    got = result_of_sglang(sglang_result([4, 8, 5], {"type": "stop", "matched": "</search>"}, logprobs=[-1, -2, -3]),
+                           decode, STOP, [EOS], return_logprobs=True)
+    assert got.logprobs == [-1.0, -2.0, -3.0]
+    bad = sglang_result([4, 8, 5], {"type": "stop", "matched": "</search>"}, logprobs=[-1, -2, -3])
+    bad["meta_info"]["output_token_logprobs"][1] = (-2.0, 6, None)
+    with pytest.raises(RuntimeError, match="do not match its 3 output ids"):
+        result_of_sglang(bad, decode, STOP, [EOS], return_logprobs=True)
+    with pytest.raises(RuntimeError, match="none returned"):
+        result_of_sglang(sglang_result([4], {"type": "length"}), decode, STOP, [EOS], return_logprobs=True)
+
+
+def test_abort_and_missing_finish_raise():
+    with pytest.raises(RuntimeError, match="SGLang aborted the request: prompt too long"):
+        result_of_sglang(sglang_result([], {"type": "abort", "message": "prompt too long", "status_code": 400}),
+                         decode, STOP, [EOS])
+    with pytest.raises(RuntimeError, match="no finish reason"):
+        result_of_sglang({"output_ids": [1], "meta_info": {"finish_reason": None}}, decode, STOP, [EOS])
 
 
 def test_reply_has_the_cpu_workers_fields():
-    """Same keys as ``protocol.generation.reply_of`` (the CPU worker's reply), and the agent loop can rebuild its GenerationResult from it."""
-    ids = [4, 2, 5]
-    reply = reply_for(sglang_result(ids, {"type": "stop", "matched": "</search>"}), decode)
-    cpu = reply_of(GenerationResult(output_ids=ids, text=decode(ids), finish_reason="stop", matched_stop="</search>",
-                                    logprobs=None))
-    assert set(reply) == set(cpu)
-    assert reply == cpu
-    fields = {f.name for f in dataclasses.fields(GenerationResult)}
-    assert GenerationResult(**{k: v for k, v in reply.items() if k in fields}).finish_reason == "stop"
+    reply = reply_of(result_of_sglang(sglang_result([4, 5], {"type": "stop", "matched": "</search>"}), decode,
+                                      STOP, [EOS]))
+    assert set(reply) == {"output_ids", "text", "finish_reason", "matched_stop", "logprobs", "num_generated"}
+    assert reply["num_generated"] == 2
 
 
 def test_unusable_sglang_import_names_the_fix():
     with pytest.raises(SGLangUnavailable) as err:
-        import_rlinf_sglang("rlinf_ext_no_such_module.sglang", "Engine", "set rollout.rollout_backend=hf")
-    assert GPU_INSTALL_FIX in str(err.value) and "rollout.rollout_backend=hf" in str(err.value)
+        import_sglang("rlinf_ext_no_such_module.sglang", "Engine", "set rollout.rollout_backend=hf")
+    assert SGLANG_INSTALL_FIX in str(err.value) and "rollout.rollout_backend=hf" in str(err.value)
+    assert "bash scripts/install.sh --sglang" in SGLANG_INSTALL_FIX
     assert isinstance(err.value.__cause__, ImportError)

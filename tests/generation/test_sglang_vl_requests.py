@@ -6,7 +6,7 @@ import pytest
 from vl_helpers import chat_prompt_ids, mm_test_rows
 
 from rlinf_ext.generation.hf_vl import load_vl_processor
-from rlinf_ext.generation.sglang_wire import sglang_reply
+from rlinf_ext.generation.sglang_wire import result_of_sglang
 from rlinf_ext.generation.sglang_vl import (
     mm_request,
     retokenize_mismatch,
@@ -65,8 +65,8 @@ def test_reply_parsing_and_retokenize_mismatch(vl):
     result = {"output_ids": out, "meta_info": {"finish_reason": {"type": "stop", "matched": "</search>"},
                                                "prompt_tokens": len(ids)}}
     params = SamplingParams(stop=["</search>", "</answer>"])
-    reply = sglang_reply(result, processor.tokenizer.decode, params, [processor.tokenizer.eos_token_id])
-    assert reply["matched_stop"] == "</search>" and reply["text"].endswith("<search><img></search>")
+    got = result_of_sglang(result, processor.tokenizer.decode, params, [processor.tokenizer.eos_token_id])
+    assert got.matched_stop == "</search>" and got.text.endswith("<search><img></search>")
     assert retokenize_mismatch(ids, result["meta_info"]) == 0.0
     assert retokenize_mismatch(ids, {"prompt_tokens": len(ids) + 1}) == 1.0
     with pytest.raises(ValueError, match="prompt_tokens"):

@@ -16,9 +16,9 @@ from rlinf_ext.runner.compose import launch_worker_groups
 from rlinf_ext.runner.gpu_groups import GpuLayoutError, gpu_layout, packed_process_gpus
 from rlinf_ext.runner.groups import WorkerStartupError
 
-# Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
-# refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
-pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+# The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
+# where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 REFERENCE = "qwen2.5-3b-tool-1node"
 
@@ -127,7 +127,7 @@ def test_launch_names_the_missing_sglang_install(ref_cfg):
     ref_cfg.rollout.rollout_backend = "sglang"
     with pytest.raises(WorkerStartupError) as info:
         launch_worker_groups(ref_cfg, FakeGpuCluster())
-    assert info.value.component == "rollout" and "bash scripts/install.sh --gpu" in str(info.value)
+    assert info.value.component == "rollout" and "bash scripts/install.sh --sglang" in str(info.value)
 
 
 class Recorder:
@@ -160,9 +160,7 @@ class FakeRLinfPlacement:
         return f"rlinf-{name}-strategy"
 
 
-def test_gpu_wiring_passes_rlinf_placement_to_the_rollout_and_one_actor_process_per_gpu(ref_cfg, monkeypatch):
-    from omegaconf import DictConfig
-
+def test_gpu_wiring_places_the_sglang_rollout_and_one_actor_process_per_gpu(ref_cfg, monkeypatch):
     from rlinf_ext.runner import gpu_groups
 
     Recorder.launched = {}
@@ -178,10 +176,8 @@ def test_gpu_wiring_passes_rlinf_placement_to_the_rollout_and_one_actor_process_
     assert groups.rollout == "<rollout group>" and groups.placement.on_gpu
     assert groups.placement.rollout_dp_size == 8 and groups.placement.actor_world_size == 8
     assert not groups.placement.is_pipeline
-    # rollout: RLinf's config object and placement, RLinf's strategy
-    rollout_cfg, placement = got["rollout"]["args"]
-    assert isinstance(rollout_cfg, DictConfig) and rollout_cfg.rollout.gpu_memory_utilization == 0.75
-    assert isinstance(placement, FakeRLinfPlacement) and got["rollout"]["strategy"] == "rlinf-rollout-strategy"
+    # rollout: the typed config (the SGLang worker derives collocation from it), RLinf's strategy
+    assert got["rollout"]["args"] == (ref_cfg,) and got["rollout"]["strategy"] == "rlinf-rollout-strategy"
     # actor: the typed config, one data-parallel process per GPU 0-7
     assert got["actor"]["args"] == (ref_cfg, 7)
     strategy = got["actor"]["strategy"]

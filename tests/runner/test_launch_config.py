@@ -12,9 +12,9 @@ import pytest
 from rlinf_ext.runner.errors import LaunchError
 from rlinf_ext.runner.launch import run_training
 
-# Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
-# refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
-pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+# The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
+# where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "searchr1" / "run_main_searchr1_single.sh"

@@ -15,9 +15,9 @@ from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.runner import launch, services
 from rlinf_ext.runner.errors import LaunchError
 
-# Transitional: the GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate
-# refuses until the SGLang profile on its current release is built (tests/config/test_sglang_profile.py).
-pytestmark = pytest.mark.usefixtures("sglang_rules_lifted")
+# The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
+# where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 REPO = Path(__file__).resolve().parents[2]
 EVAL_YAML = REPO / "examples" / "searchr1" / "config" / "tiny-cpu-eval.yaml"
@@ -56,7 +56,7 @@ def reference_eval_env(monkeypatch):
 def test_sglang_eval_without_cuda_is_refused_before_anything_starts(monkeypatch):
     reference_eval_env(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(LaunchError, match=r"rollout_backend='sglang'.*no CUDA device.*bash scripts/install\.sh --gpu"):
+    with pytest.raises(LaunchError, match=r"rollout_backend='sglang'.*no CUDA device.*bash scripts/install\.sh --sglang"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
 
 
@@ -64,7 +64,7 @@ def test_sglang_eval_without_sglang_names_the_install(monkeypatch):
     reference_eval_env(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(services, "sglang_installed", lambda: False)
-    with pytest.raises(LaunchError, match=r"sglang is not installed\. Fix: bash scripts/install\.sh --gpu"):
+    with pytest.raises(LaunchError, match=r"sglang is not installed\. Fix: bash scripts/install\.sh --sglang"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
 
 

@@ -1,17 +1,47 @@
-"""The SGLang rollout worker's CPU-testable parts (the worker itself needs a GPU): the post-sync probe check, and how
-received buckets become SGLang's ``update_weights_from_tensor`` request, checked by opening the handles the way
-SGLang's scheduler does (``_unwrap_tensor``: ``LocalSerializedTensor.values[tp_rank]``)."""
+"""The SGLang rollout worker's logic on CPU without Ray or sglang (the engine needs a GPU): the post-sync probe
+check; how received buckets become sglang 0.5.23's per-TP-rank ``serialized_named_tensors`` (checked by loading
+each payload the way a TP scheduler does: ``TpModelWorker.deserialize_own_rank`` opens entry ``tp_rank``); and the
+order of the engine calls (release / resume / begin / update / end / flush / probe) against a recording control,
+fed by the real ``sync/weight_sync.py`` paired and broadcast routes over a fake transport."""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import pickle
-from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from rlinf_ext.workers.rollout_sglang import probe_logprob_gap, slot_handles, update_request_tensors
-from rlinf_ext.sync.weight_sync import WeightSyncError, pack_buckets, prepare_handles, share_bucket
+from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams
+from rlinf_ext.sync.weight_sync import (
+    SYNC_ACK,
+    SYNC_END,
+    SyncHeader,
+    SyncRoutes,
+    WeightSyncError,
+    pack_buckets,
+    prepare_handles,
+    serialize_handle,
+    share_bucket,
+)
+from rlinf_ext.workers.rollout_sglang import (
+    CACHE_TAGS,
+    WEIGHTS_TAGS,
+    SGLangRolloutState,
+    probe_logprob_gap,
+    rank_payloads,
+    reduction_of,
+    rollout_worker_class,
+)
+
+
+def forking_serialize(obj) -> bytes:  # SGLang's MultiprocessingSerializer.serialize: a ForkingPickler dump
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(obj)
+    return buf.getvalue()
 
 
 def test_probe_logprob_gap_compares_engine_and_actor():
@@ -31,81 +61,270 @@ def test_probe_logprob_gap_compares_engine_and_actor():
     assert probe_logprob_gap(ids, logits, image_off, positions=[2, 3]) == pytest.approx(2.5, abs=1e-5)
 
 
-@dataclass
-class LocalSerializedTensor:  # SGLang 0.4.6.post5's class, field for field (model_runner.py)
-    values: list[bytes]
-
-    def get(self, rank: int):
-        return pickle.loads(self.values[rank])
+# ------------------------------------------------------------------------------------------------ payloads
+def buckets_of(state: dict[str, torch.Tensor], max_bytes: int = 1 << 20):
+    return list(pack_buckets(state.items(), max_bytes=max_bytes, shared=True))
 
 
-def scheduler_view(named, tp_rank: int) -> dict[str, torch.Tensor]:
-    """What SGLang's TP scheduler ``tp_rank`` loads: the request round-trips through pickle (its
-    MultiprocessingSerializer), then each LocalSerializedTensor is opened at the scheduler's rank."""
-    received = pickle.loads(pickle.dumps(named))
-    return {name: value.get(tp_rank) for name, value in received}
+def test_a_handle_is_repickled_without_being_opened():
+    prepare_handles(torch.device("cpu"))
+    tensor = torch.arange(5.0).share_memory_()
+    blob = serialize_handle(tensor)
+    reduced = reduction_of(blob)
+    assert not isinstance(reduced, torch.Tensor)  # nothing was rebuilt here
+    again = pickle.loads(forking_serialize([("w", reduced)]))
+    assert again[0][0] == "w" and torch.equal(again[0][1], tensor)
+    tensor[0] = 42.0  # the same shared memory, not a copy
+    assert again[0][1][0] == 42.0
+    with pytest.raises(WeightSyncError, match="not through torch's reductions"):
+        reduction_of(pickle.dumps([1, 2]))
 
 
-def buckets_of(state: dict[str, torch.Tensor]):
-    return list(pack_buckets(state.items(), max_bytes=1 << 20, shared=True))
-
-
-def test_each_tp_scheduler_opens_the_handle_of_its_own_slot():
-    """Paired route, an engine of TP 2: slot k's handles come from the actor rank on GPU k, and TP rank k opens
-    exactly those (marked here by giving each slot different values)."""
+def test_each_tp_rank_gets_the_payload_of_its_own_slot():
+    """Paired route, an engine of TP 2: slot k's handles come from the actor rank on GPU k, and TP rank k loads
+    exactly those (each slot has different values here)."""
     prepare_handles(torch.device("cpu"))
     slot0 = share_bucket(buckets_of({"a": torch.zeros(3), "b": torch.zeros(2, 2)})[0])
     slot1 = share_bucket(buckets_of({"a": torch.ones(3), "b": torch.ones(2, 2)})[0])
-    slots, keep_alive = slot_handles([slot0, slot1], 2, to_device=None)
-    assert slots == [slot0, slot1] and keep_alive == []
-    named = update_request_tensors(slots, LocalSerializedTensor)
-    assert [n for n, _ in named] == ["a", "b"]
+    payloads, keep_alive = rank_payloads([slot0, slot1], 2, to_device=None, serialize=forking_serialize)
+    assert len(payloads) == 2 and keep_alive == []
     for rank, fill in ((0, 0.0), (1, 1.0)):
-        view = scheduler_view(named, rank)
-        assert torch.equal(view["a"], torch.full((3,), fill)) and torch.equal(view["b"], torch.full((2, 2), fill))
+        loaded = dict(pickle.loads(payloads[rank]))  # deserialize_own_rank: entry tp_rank only
+        assert list(loaded) == ["a", "b"]
+        assert torch.equal(loaded["a"], torch.full((3,), fill)) and torch.equal(loaded["b"], torch.full((2, 2), fill))
     with pytest.raises(WeightSyncError, match="TP size 3"):
-        slot_handles([slot0, slot1], 3, to_device=None)
+        rank_payloads([slot0, slot1], 3, None, forking_serialize)
     other = share_bucket(buckets_of({"c": torch.zeros(3)})[0])
     with pytest.raises(WeightSyncError, match="different buckets"):
-        update_request_tensors([slot0, other], LocalSerializedTensor)
+        rank_payloads([slot0, other], 2, None, forking_serialize)
 
 
-def test_a_broadcast_bucket_is_copied_to_every_tp_device_before_sharing():
-    """Broadcast route: the bucket arrives once (on the worker's first GPU); each TP slot gets its own copy
-    (``to_device(flat, slot)``), so no scheduler opens memory on another GPU."""
-    prepare_handles(torch.device("cpu"))
+def test_a_broadcast_bucket_is_copied_to_every_tp_device():
+    """Broadcast route: the bucket arrives once (on the worker's first GPU); each TP rank gets its own copy
+    (``to_device(flat, rank)``), kept alive until the engine has loaded it."""
     bucket = buckets_of({"w": torch.arange(6.0).view(2, 3), "bias": torch.arange(2.0)})[0]
     moved = []
 
-    def to_device(flat, slot):
-        moved.append(slot)
-        return (flat + slot * 100).share_memory_()  # stands in for flat.to(f"cuda:{slot}")
+    def to_device(flat, rank):
+        moved.append(rank)
+        return (flat + rank * 100).share_memory_()  # stands in for flat.to(f"cuda:{rank}")
 
-    slots, keep_alive = slot_handles([bucket], 2, to_device)
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    payloads, keep_alive = rank_payloads([bucket], 2, to_device, forking_serialize)
     assert moved == [0, 1] and len(keep_alive) == 2
-    named = update_request_tensors(slots, LocalSerializedTensor)
-    assert torch.equal(scheduler_view(named, 0)["w"], torch.arange(6.0).view(2, 3))
-    assert torch.equal(scheduler_view(named, 1)["bias"], torch.arange(2.0) + 100)
+    assert torch.equal(dict(pickle.loads(payloads[0]))["w"], torch.arange(6.0).view(2, 3))
+    assert torch.equal(dict(pickle.loads(payloads[1]))["bias"], torch.arange(2.0) + 100)
 
 
-def test_training_requests_keep_the_config_temperature_and_stop_at_every_eos():
-    """R11: a request that names no temperature samples at the configured one (not SGLang's 1.0); R8: the HF EOS
-    set (<|im_end|> and <|endoftext|>) reaches the engine as stop_token_ids, as in evaluation. The stop strings
-    are the request's, never the config's."""
-    from rlinf_ext.protocol.generation import SamplingParams
-    from rlinf_ext.workers.rollout_sglang import request_params
+# ------------------------------------------------------------------------------------------------ call order
+class Op:
+    def __init__(self, value=None, coro=None):
+        self.value, self.coro = value, coro
 
-    defaults = SamplingParams(max_new_tokens=500, temperature=0.6, top_p=0.95, stop=["</answer>"])
-    sent, merged = request_params(defaults, {"max_new_tokens": 64, "stop": ["</search>"]}, eos_ids=[151645, 151643])
-    assert sent["temperature"] == 0.6 and sent["top_p"] == 0.95 and sent["max_new_tokens"] == 64
-    assert sent["stop"] == ["</search>"] and sent["stop_token_ids"] == [151643, 151645]
-    assert merged.stop == ["</search>"]
-    unstopped, merged = request_params(defaults, {"max_new_tokens": 64}, eos_ids=[7])
-    assert "stop" not in unstopped and merged.stop == []
-    assert merged.include_stop_str_in_output is True
-    hot, _ = request_params(defaults, {"temperature": 1.2}, eos_ids=[7])
-    assert hot["temperature"] == 1.2
-    greedy, _ = request_params(defaults, {"do_sample": False}, eos_ids=[7])
-    assert greedy["temperature"] == 0.0 and "top_p" not in greedy
-    with pytest.raises(ValueError, match="unknown sampling params"):
-        request_params(defaults, {"temprature": 1.0}, eos_ids=[7])
+    async def async_wait(self):
+        return await self.coro if self.coro is not None else self.value
+
+
+class Channel:
+    def __init__(self):
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.items: dict = {}
+
+    def get(self, async_op=True):
+        return Op(coro=self.queue.get())
+
+    def put(self, item, key=None, async_op=True):
+        self.items[key] = item
+        return Op()
+
+
+class RecordingControl:
+    """Stands in for ``SGLangControl``: records every engine call; generate answers in sglang 0.5.23's shape."""
+
+    def __init__(self, fail_update: bool = False, probe_gap: float = 0.0):
+        self.calls: list = []
+        self.loaded: dict[str, torch.Tensor] = {}
+        self.fail_update, self.probe_gap = fail_update, probe_gap
+        self.hold: asyncio.Event | None = None
+        self.probe_logits = None
+
+    async def generate(self, **request):
+        if request.get("logprob_start_len") == 0:  # the post-sync probe: exact log-probs (+ probe_gap)
+            self.calls.append("probe")
+            ids = torch.tensor(request["input_ids"])
+            lp = torch.log_softmax(self.probe_logits[0, :-1].float(), -1).gather(-1, ids[1:, None]).squeeze(-1)
+            entries = [(None, int(ids[0]), None)] + [(float(v) + self.probe_gap, int(t), None) for v, t in zip(lp, ids[1:])]
+            return {"output_ids": [1], "meta_info": {"finish_reason": {"type": "length"}, "input_token_logprobs": entries}}
+        self.calls.append(("generate", tuple(request["input_ids"])))
+        if self.hold is not None:
+            await self.hold.wait()
+        return {"text": "x", "output_ids": [4, 7], "meta_info": {"finish_reason": {"type": "stop", "matched": 7},
+                                                               "prompt_tokens": len(request["input_ids"])}}
+
+    async def release(self):
+        self.calls.append("release")
+
+    async def resume(self, tags):
+        self.calls.append(("resume", tuple(tags)))
+
+    async def begin_update(self):
+        self.calls.append("begin")
+
+    async def update(self, payloads):
+        self.calls.append(("update", len(payloads)))
+        if self.fail_update:
+            raise WeightSyncError("SGLang's update_weights_from_tensor failed: shape mismatch")
+        self.loaded.update(dict(pickle.loads(payloads[0])))
+
+    async def end_update(self):
+        self.calls.append("end")
+
+    async def flush(self):
+        self.calls.append("flush")
+        return True
+
+    def serialize(self, named):
+        return forking_serialize(named)
+
+
+CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
+                      rollout=SimpleNamespace(group_name="RolloutGroup", tensor_parallel_size=1, return_logprobs=False))
+
+
+class FakeWorker(SGLangRolloutState):
+    """The worker without Ray: ``receive_weights`` calls recv/send (paired) or broadcast on it."""
+
+    def __init__(self, control, collocated: bool, messages=(), broadcast=False):
+        self._rank = 0
+        self.inbox, self.acks, self.broadcast_mode = list(messages), 0, broadcast
+        self._setup(CFG, verify_sync=True, sync_atol=1e-3, collocated=collocated)
+        self._attach(control, lambda ids: "".join(f"<{i}>" for i in ids), [7], SamplingParams(max_new_tokens=8))
+
+    def recv(self, group, src, async_op=True):
+        return Op(self.inbox.pop(0))
+
+    def send(self, obj, group, dst, async_op=True):
+        assert obj == SYNC_ACK
+        self.acks += 1
+        return Op()
+
+    def broadcast(self, obj, groups=None, src=None, async_op=True):
+        return Op(self.inbox.pop(0))
+
+
+def sync_messages(state, version=3, broadcast=False):
+    prepare_handles(torch.device("cpu"))
+    buckets = buckets_of(state, max_bytes=64)
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    header = SyncHeader(version=version, sender=0, probe_ids=ids, probe_logits=torch.randn(1, 5, 8))
+    body = buckets if broadcast else [share_bucket(b) for b in buckets]
+    return [header] + body + [SYNC_END], header, len(buckets)
+
+
+STATE = {"model.embed_tokens.weight": torch.arange(16.0).view(4, 4), "lm_head.weight": torch.ones(4, 4),
+         "model.norm.weight": torch.full((4,), 2.0)}
+
+
+def run_sync(worker, route):
+    asyncio.run(worker.set_weight_sync(route))
+    return asyncio.run(worker._receive_and_load(lambda flat, rank: flat))
+
+
+def test_collocated_order_release_then_weights_update_end_cache_flush_probe():
+    control = RecordingControl()
+    messages, header, n = sync_messages(STATE)
+    control.probe_logits = header.probe_logits
+    w = FakeWorker(control, collocated=True, messages=messages)
+    asyncio.run(w._release())  # end of init_worker (collocated): the actor initialises next
+    asyncio.run(w._release())  # a second offload does nothing
+    with pytest.raises(RuntimeError, match="memory is released"):
+        asyncio.run(w._generate({"channel_key": "k", "prompt_ids": [1, 2]}))
+    run_sync(w, SyncRoutes("paired", actor_world=1, rollout_dp=1))
+    assert control.calls == (["release", ("resume", tuple(WEIGHTS_TAGS)), "begin"] + [("update", 1)] * n
+                             + ["end", ("resume", tuple(CACHE_TAGS)), "flush", "probe"])
+    assert WEIGHTS_TAGS == ["weights"] and CACHE_TAGS == ["kv_cache", "cuda_graph"]
+    assert all(torch.equal(control.loaded[k], v) for k, v in STATE.items()) and w.acks == n
+    state = asyncio.run(w.get_state())
+    assert state["weight_version"] == 3 and state["last_sync_logprob_gap"] < 1e-5 and not w.released
+
+
+def test_disaggregated_sync_neither_releases_nor_resumes():
+    control = RecordingControl()
+    messages, header, n = sync_messages(STATE, broadcast=True)
+    control.probe_logits = header.probe_logits
+    w = FakeWorker(control, collocated=False, messages=messages, broadcast=True)
+    asyncio.run(w._release())  # the trainer offloads every step; a disaggregated engine keeps its GPUs
+    run_sync(w, SyncRoutes("broadcast", actor_world=1, rollout_dp=1))
+    assert control.calls == ["begin"] + [("update", 1)] * n + ["end", "flush", "probe"]
+    assert torch.equal(control.loaded["model.norm.weight"], STATE["model.norm.weight"])
+
+
+def test_no_release_with_requests_in_flight():
+    control = RecordingControl()
+    w = FakeWorker(control, collocated=True)
+
+    async def go():
+        control.hold = asyncio.Event()
+        pending = asyncio.create_task(w._generate({"channel_key": "k", "prompt_ids": [1, 2]}))
+        await asyncio.sleep(0.01)
+        with pytest.raises(RuntimeError, match="1 generate request"):
+            await w._release()
+        control.hold.set()
+        reply = await pending
+        await w._release()  # idle now
+        return reply
+
+    reply = asyncio.run(go())
+    assert reply["output_ids"] == [4, 7] and reply["finish_reason"] == "eos"
+    assert control.calls == [("generate", (1, 2)), "release"]
+
+
+def test_a_failed_update_still_ends_the_session_and_resumes_the_cache():
+    control = RecordingControl(fail_update=True)
+    messages, header, _ = sync_messages(STATE)
+    w = FakeWorker(control, collocated=True, messages=messages)
+    asyncio.run(w._release())
+    with pytest.raises(WeightSyncError, match="shape mismatch"):
+        run_sync(w, SyncRoutes("paired", actor_world=1, rollout_dp=1))
+    assert control.calls == ["release", ("resume", ("weights",)), "begin", ("update", 1), "end",
+                             ("resume", tuple(CACHE_TAGS))]  # no flush, no probe: the sync failed
+
+
+def test_a_probe_mismatch_refuses_the_weights():
+    control = RecordingControl(probe_gap=0.7)
+    messages, header, _ = sync_messages(STATE)
+    control.probe_logits = header.probe_logits
+    w = FakeWorker(control, collocated=False, messages=messages)
+    with pytest.raises(WeightSyncError, match="differ from the actor's by 0.7"):
+        run_sync(w, SyncRoutes("paired", actor_world=1, rollout_dp=1))
+
+
+def test_serving_loop_sends_the_shared_reply_and_merges_the_config():
+    control = RecordingControl()
+    w = FakeWorker(control, collocated=False)
+
+    async def go():
+        inp, out = Channel(), Channel()
+        for r in ({"channel_key": "a", "prompt_ids": [1, 2], "sampling_params": {"stop": ["</search>"]}},
+                  {"channel_key": "b", "prompt_ids": [3], "sampling_params": {"temprature": 1.0}},
+                  {"channel_key": STOP_SERVING}):
+            inp.queue.put_nowait(r)
+        await w.rollout_serverless(inp, out)
+        return out.items
+
+    items = asyncio.run(go())
+    assert items["a"] == {"output_ids": [4, 7], "text": "<4><7>", "finish_reason": "eos", "matched_stop": None,
+                          "logprobs": None, "num_generated": 2}
+    assert "unknown sampling params" in items["b"]["error"] and w.requests_served == 1
+
+
+def test_the_worker_class_needs_the_sglang_profile(monkeypatch):
+    from rlinf_ext.config import rules
+    from rlinf_ext.generation.sglang_engine import SGLangUnavailable
+
+    cfg = SimpleNamespace(rollout=SimpleNamespace(rollout_backend="sglang"))
+    monkeypatch.setattr("rlinf_ext.workers.rollout_sglang.installed_sglang", lambda: None)
+    with pytest.raises(SGLangUnavailable, match="bash scripts/install.sh --sglang"):
+        rollout_worker_class(cfg)
+    monkeypatch.setattr("rlinf_ext.workers.rollout_sglang.installed_sglang", lambda: rules.SGLANG_VERSION)
+    assert rollout_worker_class(cfg).__name__ == "SGLangRolloutWorker"
