@@ -225,6 +225,10 @@ class VLLMConfig:
         None, "KV cache bytes of one engine; null = 512 MiB on CPU (vLLM would otherwise reserve "
         "rollout.gpu_memory_utilization of the machine's RAM) and rollout.gpu_memory_utilization on GPUs.")
     torch_profiler_dir: Optional[str] = fld(None, "Enable vLLM's torch profiler into this directory.")
+    sleep_level: Literal[1, 2] = fld(
+        2, "GPU, actor and rollout on the same GPUs: how the engine releases its GPU for training. 2 = weights and "
+        "KV cache discarded (the next weight sync refills them); 1 = weights kept in host RAM (`rlinf-ext plan` "
+        "counts it per node), KV cache discarded.")
 
 
 @dataclass
