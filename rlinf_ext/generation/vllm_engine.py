@@ -3,8 +3,13 @@ reason and matched stop string out, meaning exactly what ``generation/hf.py``'s 
 
 - Requests: ``{"prompt_token_ids": ...}`` (nothing is re-tokenised), stop strings checked by the engine
   (``include_stop_str_in_output``: the ids keep the stop string's tokens), ``stop_token_ids`` = the HF EOS set
-  (``generation/hf.py:eos_token_ids``), a per-request ``seed``, ``logprobs=0`` (the sampled token's log-prob of
-  the raw distribution: equal to HF's for greedy and temperature-1 sampling), ``output_kind=FINAL_ONLY``.
+  (``generation/hf.py:eos_token_ids``), a per-request ``seed``, ``logprobs=0`` (the sampled token's log-prob),
+  ``output_kind=FINAL_ONLY``.
+- Log-probs mean what the actor recomputes as the old log-probs (``training/logprobs.py``: log-softmax of
+  logits / temperature) and what ``generation/hf.py`` returns: the engine runs with
+  ``logprobs_mode="processed_logprobs"`` (vLLM's default ``raw_logprobs`` is taken before temperature scaling, so
+  at temperature 0.7 it would differ from the actor's). vLLM's processed values also follow top-k / top-p /
+  penalties; ``validate`` refuses ``rollout.return_logprobs`` with those on (``config/rules.py``).
 - Replies: the turn's end is ``generation/turn_end.py``'s, told what vLLM decided (vLLM checks EOS and stop ids
   before the token budget, stop strings after it: a stop string completed by the last allowed token is
   classified ``stop`` as on every engine); the text is the HF tokenizer's decoding of the kept ids.
@@ -42,6 +47,8 @@ from rlinf_ext.protocol.generation import FinishReason, GenerationResult, Sampli
 from rlinf_ext.sync.weight_sync import serialize_handle
 
 WORKER_EXTENSION = "rlinf_ext.generation.vllm_engine.WeightLoadExtension"
+# the sampled token's log-prob after temperature scaling, as the actor computes it (vllm/config/model.py)
+LOGPROBS_MODE = "processed_logprobs"
 
 
 # ------------------------------------------------------------------------------------------------ options (pure)
@@ -85,6 +92,7 @@ def engine_args(options: VLLMEngineOptions) -> dict[str, Any]:
         max_num_seqs=int(options.max_num_seqs),
         worker_extension_cls=WORKER_EXTENSION,
         disable_log_stats=True,
+        logprobs_mode=LOGPROBS_MODE,
     )
     if options.distributed_executor_backend:
         kwargs["distributed_executor_backend"] = options.distributed_executor_backend
