@@ -194,7 +194,9 @@ class ActorWorker(Worker):
         disaggregated), the probe header first. NOT GPU-verified."""
         if isinstance(self.policy, FSDPPolicy):  # the gather and the probe are collective: every rank joins
             header, state = self._fsdp_policy_payload(verify)
-            passes = lambda: iter(state.items())  # noqa: E731
+            # the full state dict is gathered to host RAM; NCCL and CUDA IPC send from the GPU, a tensor at a time
+            device = self.policy.device
+            passes = lambda: ((n, t.to(device)) for n, t in state.items())  # noqa: E731
         else:
             header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
             if verify and self._rank == 0:
