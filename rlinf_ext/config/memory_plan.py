@@ -151,8 +151,8 @@ def engines_per_node(cfg: ExperimentConfig) -> int:
 def fixes(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[str]:
     """Changes that each make the plan fit, with the estimate they give (cheapest first)."""
     tries: list[tuple[str, ActorMemoryInputs, dict]] = [
-        (f"actor.model.recompute_granularity=full actor.model.recompute_method=uniform "
-         f"actor.model.recompute_num_layers=1", replace(x, recompute_granularity="full", recompute_method="uniform",
+        ("actor.model.recompute_granularity=full actor.model.recompute_method=uniform "
+         "actor.model.recompute_num_layers=1", replace(x, recompute_granularity="full", recompute_method="uniform",
                                                        recompute_num_layers=1), {}),
         ("actor.optim.use_distributed_optimizer=true", replace(x, distributed_optimizer=True), {}),
         ("actor.spec_name=decoder_gpt", replace(x, flash_attention=True), {}),
@@ -217,8 +217,8 @@ def format_memory(cfg: ExperimentConfig) -> list[str]:
     rows.append(("actor peak (training step)", f"{plan.actor.peak / GIB:7.2f}"))
     rows += _engine_rows(cfg, x)
     if plan.collocated:
-        rows.append((f"GPU, training phase (actor peak + engine asleep)", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
-        rows.append((f"GPU, rollout phase (engine + what the actor keeps)", f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
+        rows.append(("GPU, training phase (actor peak + engine asleep)", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
+        rows.append(("GPU, rollout phase (engine + what the actor keeps)", f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
     else:
         rows.append(("actor GPUs", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
         rows.append(("rollout GPUs", f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))

@@ -245,7 +245,10 @@ class RolloutConfig:
     tensor_parallel_size: int = fld(1, "Tensor parallel size of one rollout engine.")
     pipeline_parallel_size: int = fld(1, "Pipeline parallel size of one rollout engine.")
     detokenize: bool = fld(False, "Engine detokenizes while generating; required for stop strings.")
-    gpu_memory_utilization: float = fld(0.65, "Fraction of GPU memory the engine may take (KV cache).")
+    gpu_memory_utilization: float = fld(
+        0.65, "Fraction of each of its GPUs the engine takes: vLLM holds its weights, runtime and KV cache in it "
+        "(`rlinf-ext plan` shows the split; validate refuses a fraction that cannot cache one runner.seq_length "
+        "sequence).")
     return_logprobs: bool = fld(
         False, "Engine returns the sampled tokens' log-probs; the loop keeps them on each turn and trajectory for "
         "inspection. Training always uses the actor's recomputed log-probs.")

@@ -21,7 +21,6 @@ pytest.importorskip("vllm")
 from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerWeightTransferEngine  # noqa: E402
 from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo, worker_init_payload  # noqa: E402
 from vllm.distributed.weight_transfer.nccl_engine import (  # noqa: E402
-    NCCLTrainerInitInfo,
     NCCLTrainerWeightTransferEngine,
 )
 
