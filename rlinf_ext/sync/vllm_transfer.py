@@ -65,7 +65,8 @@ class EngineReply:
 # ------------------------------------------------------------------------------------------------ choices (pure)
 def transfer_backend(cfg: Any, cuda: bool) -> TransferBackend | None:
     """vLLM's backend for this run: ``ipc`` when actor and rollout share GPUs, ``nccl`` when they are apart, None
-    off GPUs or for another engine (the RLinf routes of ``sync/weight_sync.py`` and vLLM's in-place reload)."""
+    off GPUs, for another engine (the RLinf routes of ``sync/weight_sync.py`` and vLLM's in-place reload) or
+    without an actor (evaluation)."""
     if not cuda or str(cfg.rollout.rollout_backend) != "vllm":
         return None
     gpus = cfg.cluster.num_nodes * cfg.cluster.num_gpus_per_node
@@ -73,7 +74,9 @@ def transfer_backend(cfg: Any, cuda: bool) -> TransferBackend | None:
         ranks = component_ranks(cfg.cluster.component_placement, gpus)
     except PlacementError:
         return None  # validate reports the placement
-    return "ipc" if ranks.get("actor") == ranks.get("rollout") else "nccl"
+    if "actor" not in ranks:  # evaluation: no weights ever arrive
+        return None
+    return "ipc" if ranks["actor"] == ranks.get("rollout") else "nccl"
 
 
 def nccl_world_size(routes: SyncRoutes) -> int:

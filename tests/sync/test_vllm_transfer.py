@@ -53,6 +53,7 @@ def test_backend_follows_the_placement_and_the_engine():
     assert transfer_backend(cfg_of({"actor": "0-3", "rollout,reward": "4-7"}), cuda=True) == "nccl"
     assert transfer_backend(cfg_of({"actor,rollout,reward": "all"}), cuda=False) is None  # CPU: in-place reload
     assert transfer_backend(cfg_of({"actor,rollout,reward": "all"}, backend="sglang"), cuda=True) is None
+    assert transfer_backend(cfg_of({"rollout,reward": "all"}), cuda=True) is None  # evaluation: no actor
 
 
 def test_each_engine_gets_its_own_nccl_ranks():
