@@ -2,7 +2,10 @@
 config whose estimate does not fit ``cluster.gpu_memory_gib``, naming the keys that would make it fit.
 
 The arithmetic is ``models/memory.py``; this module reads the config into its inputs (model dimensions from the
-``actor.model`` preset, else the checkpoint's config.json) and tries the knobs that lower the peak.
+``actor.model`` preset, else the checkpoint's config.json; a Qwen2.5-VL model's vision tower from its
+config.json, else the tower every Qwen2.5-VL size shares) and tries the knobs that lower the peak. The rollout
+engine is vLLM's (``rollout.gpu_memory_utilization`` of each of its GPUs: weights, runtime, KV cache; asleep
+while a collocated actor trains, ``rollout.vllm.sleep_level``) or SGLang's figures for ``rollout_backend=sglang``.
 """
 
 from __future__ import annotations
@@ -14,12 +17,33 @@ from rlinf_ext.config.rule_registry import is_training, rule
 from rlinf_ext.config.rules_placement import placements
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
-from rlinf_ext.models.memory import GIB, ActorMemoryInputs, GpuPlan, ModelShape, plan_gpu
-from rlinf_ext.models.qwen2 import dims_from_hf_config
+from rlinf_ext.models.dtypes import dtype_of_precision
+from rlinf_ext.models.memory import (
+    GIB,
+    ActorMemoryInputs,
+    EngineMemory,
+    GpuPlan,
+    ModelShape,
+    engine_memory,
+    plan_gpu,
+    vision_tower_params,
+)
+from rlinf_ext.models.qwen2 import dims_from_hf_config, load_hf_config_dict
+
+VL_MODEL_TYPE = "qwen2.5_vl"
 
 
 def model_shape(cfg: ExperimentConfig) -> tuple[ModelShape | None, str]:
-    """(shape, source): the ``actor.model`` preset when complete, else the HF config.json, else (None, why)."""
+    """(shape, source): the ``actor.model`` preset when complete, else the HF config.json, else (None, why); with
+    the vision tower's parameters for a vision-language model."""
+    shape, source = _language_model_shape(cfg)
+    if shape is None:
+        return None, source
+    vision = vision_params(cfg, shape.hidden)
+    return (replace(shape, vision_params=vision) if vision else shape), source
+
+
+def _language_model_shape(cfg: ExperimentConfig) -> tuple[ModelShape | None, str]:
     m = cfg.actor.model
     preset = (m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.padded_vocab_size)
     if None not in preset:
@@ -36,6 +60,22 @@ def model_shape(cfg: ExperimentConfig) -> tuple[ModelShape | None, str]:
         return None, f"{path}: {exc}"
     return ModelShape(d.num_layers, d.hidden_size, d.ffn_hidden_size, d.num_attention_heads, d.num_query_groups,
                       d.head_dim, d.vocab_size, d.tie_word_embeddings), str(path)
+
+
+def vision_params(cfg: ExperimentConfig, text_hidden: int) -> int:
+    """The vision tower's parameters: config.json's ``vision_config`` when the checkpoint is there, else (a
+    Qwen2.5-VL preset) the tower every Qwen2.5-VL size shares with ``text_hidden`` as its output; 0 for text."""
+    path = Path(str(cfg.rollout.model.model_path)) / "config.json"
+    vc = load_hf_config_dict(path).get("vision_config") if path.is_file() else None
+    if vc:
+        return vision_tower_params(
+            depth=int(vc.get("depth", 32)), hidden=int(vc.get("hidden_size", 1280)),
+            ffn=int(vc.get("intermediate_size", 3420)), out_hidden=int(vc.get("out_hidden_size", text_hidden)),
+            patch=int(vc.get("patch_size", 14)), temporal_patch=int(vc.get("temporal_patch_size", 2)),
+            in_channels=int(vc.get("in_channels", 3)), spatial_merge=int(vc.get("spatial_merge_size", 2)))
+    if str(cfg.rollout.model.model_type) == VL_MODEL_TYPE:
+        return vision_tower_params(out_hidden=text_hidden)
+    return 0
 
 
 def memory_inputs(cfg: ExperimentConfig) -> tuple[ActorMemoryInputs | None, str]:
@@ -74,19 +114,45 @@ def collocated(cfg: ExperimentConfig) -> bool:
     return actor is not None and rollout is not None and bool(set(actor.ranks) & set(rollout.ranks))
 
 
+def engine_plan(cfg: ExperimentConfig, shape: ModelShape, fraction: float | None = None) -> EngineMemory:
+    """One rollout engine's GPU: ``rollout.gpu_memory_utilization`` (or ``fraction``) of it, the model in
+    ``rollout.model.precision`` over ``rollout.tensor_parallel_size`` GPUs, asleep at ``rollout.vllm.sleep_level``."""
+    r = cfg.rollout
+    dtype_bytes = dtype_of_precision(str(r.model.precision), "rollout.model.precision").itemsize
+    return engine_memory(shape, gpu_bytes=int(cfg.cluster.gpu_memory_gib * GIB),
+                         fraction=float(r.gpu_memory_utilization if fraction is None else fraction),
+                         dtype_bytes=dtype_bytes, tensor_parallel=int(r.tensor_parallel_size),
+                         backend="sglang" if r.rollout_backend == "sglang" else "vllm",
+                         sleep_level=int(r.vllm.sleep_level))
+
+
 def gpu_plan(cfg: ExperimentConfig, x: ActorMemoryInputs, **offload: bool) -> GpuPlan:
     a = cfg.actor
     flags = dict(offload_weight=a.offload_weight, offload_optimizer=a.offload_optimizer, offload_grad=a.offload_grad)
     flags.update(offload)
     return plan_gpu(x, gpu_bytes=int(cfg.cluster.gpu_memory_gib * GIB),
-                    rollout_fraction=float(cfg.rollout.gpu_memory_utilization), collocated=collocated(cfg), **flags)
+                    rollout_fraction=float(cfg.rollout.gpu_memory_utilization), collocated=collocated(cfg),
+                    engine=engine_plan(cfg, x.shape), **flags)
+
+
+def engines_per_node(cfg: ExperimentConfig) -> int:
+    """Rollout GPUs on the busiest node (each holds one engine's share)."""
+    plans, _ = placements(cfg)
+    rollout = plans.get("rollout")
+    gpn = max(cfg.cluster.num_gpus_per_node, 1)
+    if rollout is None:
+        return 0
+    counts: dict[int, int] = {}
+    for rank in rollout.ranks:
+        counts[rank // gpn] = counts.get(rank // gpn, 0) + 1
+    return max(counts.values(), default=0)
 
 
 def fixes(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[str]:
     """Changes that each make the plan fit, with the estimate they give (cheapest first)."""
     tries: list[tuple[str, ActorMemoryInputs, dict]] = [
-        (f"actor.model.recompute_granularity=full actor.model.recompute_method=uniform "
-         f"actor.model.recompute_num_layers=1", replace(x, recompute_granularity="full", recompute_method="uniform",
+        ("actor.model.recompute_granularity=full actor.model.recompute_method=uniform "
+         "actor.model.recompute_num_layers=1", replace(x, recompute_granularity="full", recompute_method="uniform",
                                                        recompute_num_layers=1), {}),
         ("actor.optim.use_distributed_optimizer=true", replace(x, distributed_optimizer=True), {}),
         ("actor.spec_name=decoder_gpt", replace(x, flash_attention=True), {}),
@@ -128,7 +194,8 @@ def _largest_rollout_fraction(cfg: ExperimentConfig, x: ActorMemoryInputs) -> fl
 
 
 def format_memory(cfg: ExperimentConfig) -> list[str]:
-    """The plan's memory section: the actor's items, both phases against the GPU, what would make it fit."""
+    """The plan's memory section: the actor's items, the engine's share, both phases against the GPU, what would
+    make it fit."""
     if cfg.cluster.num_gpus_per_node <= 0 or not is_training(cfg):
         return []
     x, source = memory_inputs(cfg)
@@ -138,29 +205,81 @@ def format_memory(cfg: ExperimentConfig) -> list[str]:
     recompute = x.recompute_granularity or "off"
     if x.recompute_granularity == "full":
         recompute += f"/{x.recompute_method}/{x.recompute_num_layers}"
-    engine = (f"FSDP2 over DP {x.data_parallel} (language model only; the vision tower is not counted), "
-              f"{'SDPA' if x.flash_attention else 'eager'} attention" if x.fsdp else
+    vision = (f" + vision tower {x.shape.vision_params / 1e9:.2f}B" if x.shape.vision_params else "")
+    engine = (f"FSDP2 over DP {x.data_parallel}, {'SDPA' if x.flash_attention else 'eager'} attention" if x.fsdp else
               f"DP {x.data_parallel}{', distributed optimizer' if x.distributed_optimizer else ''}, "
               f"{'TE' if x.flash_attention else 'local'} layers")
-    lines = ["", f"memory per GPU (estimate, GiB; {source}; {x.shape.params / 1e9:.2f}B params, {x.precision}, "
-                 f"{engine}, recompute {recompute}, "
+    lines = ["", f"memory per GPU (estimate, GiB; {source}; {x.shape.params / 1e9:.2f}B params{vision}, "
+                 f"{x.precision}, {engine}, recompute {recompute}, "
                  f"seq_length {x.seq_length} x micro-batch {x.micro_batch_size}):"]
     gpu = cfg.cluster.gpu_memory_gib
     rows = [(f"actor {k}", f"{v / GIB:7.2f}") for k, v in plan.actor.items.items()]
     rows.append(("actor peak (training step)", f"{plan.actor.peak / GIB:7.2f}"))
+    rows += _engine_rows(cfg, x)
     if plan.collocated:
-        rows.append(("GPU, training phase (actor + released engine)", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
-        rows.append((f"GPU, rollout phase (engine {cfg.rollout.gpu_memory_utilization:g} x GPU + actor's rest)",
-                     f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
+        rows.append(("GPU, training phase (actor peak + engine asleep)", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
+        rows.append(("GPU, rollout phase (engine + what the actor keeps)", f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
     else:
         rows.append(("actor GPUs", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
         rows.append(("rollout GPUs", f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
     width = max(len(label) for label, _ in rows)
     lines += [f"  {label.ljust(width)}  {value}" for label, value in rows]
-    lines.append(f"  fits cluster.gpu_memory_gib={gpu:g}: {'yes' if plan.fits else 'NO'}")
+    host = _host_ram_line(cfg, x)
+    if host:
+        lines.append(f"  {host}")
+    lines.append(f"  fits cluster.gpu_memory_gib={gpu:g}: {'yes' if plan.fits and _engine_fits(cfg, x) else 'NO'}")
     if not plan.fits:
         lines += [f"  would fit with: {f}" for f in fixes(cfg, x)] or ["  no single change makes it fit"]
+    elif not _engine_fits(cfg, x):
+        lines.append(f"  would fit with: {_engine_fix(cfg, x)}")
     return lines
+
+
+def _engine_rows(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[tuple[str, str]]:
+    """The engine's share of one of its GPUs: what its fraction holds (vLLM), or the fraction and workspace."""
+    e, r = engine_plan(cfg, x.shape), cfg.rollout
+    tp = f", TP {r.tensor_parallel_size}" if r.tensor_parallel_size > 1 else ""
+    rows = [(f"engine share ({r.rollout_backend}: {r.gpu_memory_utilization:g} x {cfg.cluster.gpu_memory_gib:g}{tp})",
+             f"{e.budget / GIB:7.2f}"),
+            (f"  engine weights ({r.model.precision})", f"{e.weights / GIB:7.2f}")]
+    if r.rollout_backend != "sglang":
+        seqs = e.kv_tokens / max(int(cfg.runner.seq_length), 1)
+        rows += [("  engine runtime (activations, CUDA graphs)", f"{e.runtime / GIB:7.2f}"),
+                 (f"  engine KV cache ({e.kv_tokens:,} tokens = {seqs:.0f} x runner.seq_length)",
+                  f"{max(e.kv_cache, 0) / GIB:7.2f}")]
+    else:
+        rows.append(("  engine workspace (outside its fraction)", f"{e.outside / GIB:7.2f}"))
+    if collocated(cfg):
+        level = f", sleep level {r.vllm.sleep_level}" if r.rollout_backend != "sglang" else ""
+        rows.append((f"engine asleep (while the actor trains{level})", f"{e.asleep / GIB:7.2f}"))
+    return rows
+
+
+def _host_ram_line(cfg: ExperimentConfig, x: ActorMemoryInputs) -> str | None:
+    if not collocated(cfg) or cfg.rollout.rollout_backend == "sglang":
+        return None
+    e, n = engine_plan(cfg, x.shape), engines_per_node(cfg)
+    if cfg.rollout.vllm.sleep_level == 1:
+        return (f"host RAM per node while the engines sleep (level 1 keeps the weights): {n} x "
+                f"{e.host_asleep / GIB:.2f} = {n * e.host_asleep / GIB:.2f} GiB")
+    return "host RAM per node while the engines sleep: none (level 2 discards the weights; each sync refills them)"
+
+
+def _engine_fits(cfg: ExperimentConfig, x: ActorMemoryInputs) -> bool:
+    """vLLM's KV cache holds at least one sequence of ``runner.seq_length`` (its max_model_len) tokens."""
+    if cfg.rollout.rollout_backend == "sglang":
+        return True
+    return engine_plan(cfg, x.shape).kv_tokens >= int(cfg.runner.seq_length)
+
+
+def _engine_fix(cfg: ExperimentConfig, x: ActorMemoryInputs) -> str:
+    need = engine_plan(cfg, x.shape).min_fraction(int(cfg.runner.seq_length))
+    out = []
+    if need <= 0.95:
+        out.append(f"rollout.gpu_memory_utilization={need:.2f}")
+    out.append(f"rollout.tensor_parallel_size={2 * int(cfg.rollout.tensor_parallel_size)} (the weights split over "
+               "twice the GPUs)")
+    return ", or ".join(out)
 
 
 @rule(
@@ -169,7 +288,8 @@ def format_memory(cfg: ExperimentConfig) -> list[str]:
     "actor.model.recompute_granularity", "actor.model.recompute_method", "actor.model.recompute_num_layers",
     "actor.spec_name", "actor.optim.use_distributed_optimizer", "actor.logprob_chunk_tokens",
     "rollout.gpu_memory_utilization", "actor.offload_weight", "actor.offload_optimizer", "actor.offload_grad",
-    "actor.training_backend", "actor.fsdp_config.gradient_checkpointing",
+    "actor.training_backend", "actor.fsdp_config.gradient_checkpointing", "rollout.rollout_backend",
+    "rollout.vllm.sleep_level",
 )
 def actor_fits_gpu_memory(cfg):
     if cfg.cluster.num_gpus_per_node <= 0 or not is_training(cfg) or placements(cfg)[1]:
@@ -183,11 +303,39 @@ def actor_fits_gpu_memory(cfg):
     phase = "training" if plan.training_phase >= plan.rollout_phase else "rollout"
     key = "runner.seq_length" if phase == "training" else "rollout.gpu_memory_utilization"
     found = fixes(cfg, x)
+    if phase == "training":
+        detail = (f"actor step {plan.actor.peak / GIB:.1f} GiB at runner.seq_length={x.seq_length}"
+                  + (f" + {plan.engine_asleep / GIB:.1f} GiB the sleeping engine keeps" if plan.collocated else ""))
+    else:
+        detail = (f"the engine's {cfg.rollout.gpu_memory_utilization:g} x {cfg.cluster.gpu_memory_gib:g} GiB"
+                  + (f" + {plan.actor_resident_during_rollout / GIB:.1f} GiB the actor keeps" if plan.collocated else ""))
     yield ConfigIssue(
         key,
-        f"the estimated peak per GPU is {plan.peak / GIB:.1f} GiB in the {phase} phase (actor step "
-        f"{plan.actor.peak / GIB:.1f} GiB at runner.seq_length={x.seq_length}), over cluster.gpu_memory_gib="
-        f"{cfg.cluster.gpu_memory_gib:g} (see `rlinf-ext plan`).",
+        f"the estimated peak per GPU is {plan.peak / GIB:.1f} GiB in the {phase} phase ({detail}), over "
+        f"cluster.gpu_memory_gib={cfg.cluster.gpu_memory_gib:g} (see `rlinf-ext plan`).",
         ("any of: " + "; ".join(found)) if found else "lower runner.seq_length and turn on full recompute, the "
         "distributed optimizer and offload together, or use GPUs with more memory (cluster.gpu_memory_gib).",
+    )
+
+
+@rule("cluster.num_gpus_per_node", "cluster.gpu_memory_gib", "runner.task_type", "runner.seq_length",
+      "rollout.rollout_backend", "rollout.gpu_memory_utilization", "rollout.tensor_parallel_size",
+      "rollout.model.precision", "rollout.model.model_type")
+def engine_has_room_for_kv_cache(cfg):
+    """vLLM refuses to start when its fraction of the GPU, after the weights and its runtime, cannot cache one
+    sequence of its max_model_len (``runner.seq_length``): caught here, before the launch."""
+    if cfg.cluster.num_gpus_per_node <= 0 or not is_training(cfg) or placements(cfg)[1]:
+        return
+    x, _ = memory_inputs(cfg)
+    if x is None or _engine_fits(cfg, x):
+        return
+    e = engine_plan(cfg, x.shape)
+    yield ConfigIssue(
+        "rollout.gpu_memory_utilization",
+        f"vLLM takes rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization:g} of the "
+        f"{cfg.cluster.gpu_memory_gib:g} GiB GPU ({e.budget / GIB:.1f} GiB): its weights ({e.weights / GIB:.1f} GiB) "
+        f"and runtime (~{e.runtime / GIB:.1f} GiB) leave {max(e.kv_cache, 0) / GIB:.2f} GiB of KV cache, less than one "
+        f"sequence of runner.seq_length={cfg.runner.seq_length} tokens "
+        f"({cfg.runner.seq_length * e.kv_per_token / GIB:.2f} GiB): the engine would not start.",
+        f"set {_engine_fix(cfg, x)}.",
     )

@@ -32,6 +32,25 @@ def stop_needs_detokenize(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
+@rule("rollout.return_logprobs", "rollout.rollout_backend", "algorithm.sampling_params.top_p",
+      "algorithm.sampling_params.top_k", "algorithm.sampling_params.repetition_penalty")
+def engine_logprobs_mean_the_actors(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """Engine log-probs mean log-softmax(logits / temperature), as the actor recomputes them. vLLM returns them
+    after its processors (``generation/vllm_engine.py:LOGPROBS_MODE``), so with top-k / top-p / a repetition
+    penalty on they would be those of the truncated, penalised distribution instead."""
+    sp = cfg.algorithm.sampling_params
+    on = [k for k, off in (("top_p", sp.top_p >= 1.0), ("top_k", sp.top_k is None or sp.top_k <= 0),
+                           ("repetition_penalty", sp.repetition_penalty == 1.0)) if not off]
+    if cfg.rollout.return_logprobs and cfg.rollout.rollout_backend == "vllm" and sp.do_sample and on:
+        yield ConfigIssue(
+            "rollout.return_logprobs",
+            f"vLLM would return log-probs after {', '.join('algorithm.sampling_params.' + k for k in on)}, not those "
+            "of logits / temperature that the actor computes, so the kept engine log-probs would not be comparable.",
+            "set rollout.return_logprobs=false (training uses the actor's recomputed log-probs), or turn "
+            + " and ".join(on) + " off.",
+        )
+
+
 @rule("agentloop.agent", "algorithm.recompute_logprobs")
 def logprobs_are_recomputed(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """The trainer always recomputes the old log-probs: every agent's loop re-tokenises tool text."""

@@ -225,6 +225,10 @@ class VLLMConfig:
         None, "KV cache bytes of one engine; null = 512 MiB on CPU (vLLM would otherwise reserve "
         "rollout.gpu_memory_utilization of the machine's RAM) and rollout.gpu_memory_utilization on GPUs.")
     torch_profiler_dir: Optional[str] = fld(None, "Enable vLLM's torch profiler into this directory.")
+    sleep_level: Literal[1, 2] = fld(
+        2, "GPU, actor and rollout on the same GPUs: how the engine releases its GPU for training. 2 = weights and "
+        "KV cache discarded (the next weight sync refills them); 1 = weights kept in host RAM (`rlinf-ext plan` "
+        "counts it per node), KV cache discarded.")
 
 
 @dataclass
@@ -241,7 +245,10 @@ class RolloutConfig:
     tensor_parallel_size: int = fld(1, "Tensor parallel size of one rollout engine.")
     pipeline_parallel_size: int = fld(1, "Pipeline parallel size of one rollout engine.")
     detokenize: bool = fld(False, "Engine detokenizes while generating; required for stop strings.")
-    gpu_memory_utilization: float = fld(0.65, "Fraction of GPU memory the engine may take (KV cache).")
+    gpu_memory_utilization: float = fld(
+        0.65, "Fraction of each of its GPUs the engine takes: vLLM holds its weights, runtime and KV cache in it "
+        "(`rlinf-ext plan` shows the split; validate refuses a fraction that cannot cache one runner.seq_length "
+        "sequence).")
     return_logprobs: bool = fld(
         False, "Engine returns the sampled tokens' log-probs; the loop keeps them on each turn and trajectory for "
         "inspection. Training always uses the actor's recomputed log-probs.")

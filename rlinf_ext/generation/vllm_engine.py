@@ -3,8 +3,13 @@ reason and matched stop string out, meaning exactly what ``generation/hf.py``'s 
 
 - Requests: ``{"prompt_token_ids": ...}`` (nothing is re-tokenised), stop strings checked by the engine
   (``include_stop_str_in_output``: the ids keep the stop string's tokens), ``stop_token_ids`` = the HF EOS set
-  (``generation/hf.py:eos_token_ids``), a per-request ``seed``, ``logprobs=0`` (the sampled token's log-prob of
-  the raw distribution: equal to HF's for greedy and temperature-1 sampling), ``output_kind=FINAL_ONLY``.
+  (``generation/hf.py:eos_token_ids``), a per-request ``seed``, ``logprobs=0`` (the sampled token's log-prob),
+  ``output_kind=FINAL_ONLY``.
+- Log-probs mean what the actor recomputes as the old log-probs (``training/logprobs.py``: log-softmax of
+  logits / temperature) and what ``generation/hf.py`` returns: the engine runs with
+  ``logprobs_mode="processed_logprobs"`` (vLLM's default ``raw_logprobs`` is taken before temperature scaling, so
+  at temperature 0.7 it would differ from the actor's). vLLM's processed values also follow top-k / top-p /
+  penalties; ``validate`` refuses ``rollout.return_logprobs`` with those on (``config/rules.py``).
 - Replies: the turn's end is ``generation/turn_end.py``'s, told what vLLM decided (vLLM checks EOS and stop ids
   before the token budget, stop strings after it: a stop string completed by the last allowed token is
   classified ``stop`` as on every engine); the text is the HF tokenizer's decoding of the kept ids.
@@ -17,10 +22,11 @@ reason and matched stop string out, meaning exactly what ``generation/hf.py``'s 
   ``Worker.reload_weights`` split into begin / load / finish), prefix- and encoder-cache reset, resume. In process the
   tensors are handed over as they are; to a separate engine process as shared-memory handles
   (``sync/weight_sync.py``'s ``ForkingPickler`` blobs: ``collective_rpc`` turns tensors into lists).
-- GPU routes (``VLLMGpuSync``, NOT GPU-verified, written against vllm 0.32.0's sources): collocated =
-  ``sleep(level=2)`` after rollout, ``wake_up(["weights"])``, vLLM's weight-transfer API (``ipc`` backend:
-  ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``), ``wake_up(["kv_cache"])``, prefix
-  cache reset; disaggregated = the ``nccl`` backend (the trainer joins vLLM's NCCL group).
+- GPU routes (``VLLMGpuSync``, NOT GPU-verified, written against vllm 0.32.0's sources): the engine side of vLLM's
+  weight-transfer API, driven by the actor's vLLM trainer engine (``sync/vllm_transfer.py``). Collocated =
+  ``sleep(level=rollout.vllm.sleep_level)`` after rollout, ``wake_up(["weights"])``, the ``ipc`` backend's
+  ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``, ``wake_up(["kv_cache"])``, prefix
+  cache reset; disaggregated = the ``nccl`` backend (the actor's rank 0 joins the engines' NCCL group).
 """
 
 from __future__ import annotations
@@ -39,9 +45,12 @@ from rlinf_ext.generation.sglang_wire import hf_eos_ids
 from rlinf_ext.generation.turn_end import engine_finish, engine_sampling, turn_end
 from rlinf_ext.models.dtypes import hf_name_of_precision
 from rlinf_ext.protocol.generation import FinishReason, GenerationResult, SamplingParams
+from rlinf_ext.sync.vllm_transfer import transfer_backend
 from rlinf_ext.sync.weight_sync import serialize_handle
 
 WORKER_EXTENSION = "rlinf_ext.generation.vllm_engine.WeightLoadExtension"
+# the sampled token's log-prob after temperature scaling, as the actor computes it (vllm/config/model.py)
+LOGPROBS_MODE = "processed_logprobs"
 
 
 # ------------------------------------------------------------------------------------------------ options (pure)
@@ -85,6 +94,7 @@ def engine_args(options: VLLMEngineOptions) -> dict[str, Any]:
         max_num_seqs=int(options.max_num_seqs),
         worker_extension_cls=WORKER_EXTENSION,
         disable_log_stats=True,
+        logprobs_mode=LOGPROBS_MODE,
     )
     if options.distributed_executor_backend:
         kwargs["distributed_executor_backend"] = options.distributed_executor_backend
@@ -109,14 +119,15 @@ def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) ->
     dtype = ``rollout.model.precision``; on CPU (``cuda`` False, the default without a CUDA device) the engine
     runs in process and eager with the ``uni`` executor, vLLM's CPU attention and ``rollout.vllm``'s
     ``kv_cache_memory_bytes``; on GPUs ``AsyncLLM`` with the config's executor, attention backend, CUDA graphs
-    unless ``enforce_eager``, and the weight-transfer backend of the placement (``ipc`` collocated, ``nccl``
-    disaggregated: ``rollout.vllm.weight_transfer_backend``)."""
+    unless ``enforce_eager``, and the weight-transfer backend of the placement (``ipc`` collocated, with sleep
+    mode; ``nccl`` disaggregated: ``sync/vllm_transfer.py:transfer_backend``)."""
     if cuda is None:
         import torch
 
         cuda = torch.cuda.is_available()
     rollout = cfg.rollout
     vcfg = rollout.vllm
+    backend = transfer_backend(cfg, cuda)
     in_process = getattr(vcfg, "in_process", None)
     in_process = (not cuda) if in_process is None else bool(in_process)
     return VLLMEngineOptions(
@@ -136,8 +147,8 @@ def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) ->
         else vcfg.kv_cache_memory_bytes,
         max_model_len=int(cfg.runner.seq_length),
         attention_backend=str(vcfg.attention_backend) if cuda and vcfg.attention_backend else None,
-        enable_sleep_mode=bool(cuda),
-        weight_transfer_backend=getattr(vcfg, "weight_transfer_backend", None) if cuda else None,
+        enable_sleep_mode=backend == "ipc",  # only a collocated engine sleeps (CuMem allocator)
+        weight_transfer_backend=backend,
     )
 
 
@@ -473,78 +484,69 @@ class VLLMGenerator:
 
 
 # ------------------------------------------------------------------------------------------------ GPU routes
-def ipc_update_info(named: list[tuple[str, Any]], gpu_uuid: str, reduce_tensor=None) -> dict[str, Any]:
-    """vLLM's ``IPCWeightTransferUpdateInfo`` (unpacked) of tensors on this GPU: per tensor a dict from the
-    physical GPU's UUID to ``rebuild_cuda_tensor``'s args (``torch.multiprocessing.reductions.reduce_tensor``),
-    as ``vllm/distributed/weight_transfer/ipc_engine.py`` reads them. Pure given ``reduce_tensor``."""
-    if reduce_tensor is None:
-        from torch.multiprocessing.reductions import reduce_tensor
-    handles = []
-    for _, tensor in named:
-        _rebuild, args = reduce_tensor(tensor)
-        handles.append({gpu_uuid: args})
-    return {"names": [n for n, _ in named], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
-            "shapes": [list(t.shape) for _, t in named], "ipc_handles": handles}
-
-
-def nccl_update_info(named: list[tuple[str, Any]]) -> dict[str, Any]:
-    """vLLM's ``NCCLWeightTransferUpdateInfo``: names, dtypes and shapes; the tensors follow over NCCL."""
-    return {"names": [n for n, _ in named], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
-            "shapes": [list(t.shape) for _, t in named]}
-
-
 class VLLMGpuSync:
-    """The GPU weight routes on an ``AsyncLLM`` (NOT GPU-verified; call order tested with a recording engine).
+    """The engine side of vLLM's weight-transfer API on an ``AsyncLLM`` (NOT GPU-verified; call order tested with
+    recording engines): answers the trainer's control calls (``sync/vllm_transfer.py:EngineCall``) in order.
 
-    collocated (``ipc``): ``after_rollout`` -> ``sleep(level=2)`` (weights and KV cache released for training);
-    ``begin`` -> ``wake_up(["weights"])`` + ``init_weight_transfer_engine`` (once) + ``start_weight_update``;
-    ``load_bucket`` -> ``update_weights`` with CUDA IPC handles of the received bucket;
-    ``finish`` -> ``finish_weight_update`` + ``wake_up(["kv_cache"])`` + ``reset_prefix_cache``.
-    disaggregated (``nccl``): the trainer (actor rank 0) joins the engine's NCCL group (``init_info``: master
-    address/port, rank offset, world size); each bucket's names/dtypes/shapes go by ``update_weights`` while the
-    trainer broadcasts the tensors; no sleep (the engine owns its GPUs).
-    """
+    collocated (``ipc``): ``after_rollout`` -> ``sleep(level, mode="wait")`` (requests in flight finish first,
+    vLLM #28714; weights and KV cache leave the GPU for training); ``init_weight_transfer_engine`` once;
+    ``start_weight_update`` -> ``wake_up(["weights"])`` + start; ``update_weights`` -> the trainer's CUDA IPC
+    handles; ``finish_weight_update`` -> finish + ``wake_up(["kv_cache"])`` + ``reset_prefix_cache``.
+    disaggregated (``nccl``): never sleeps; start pauses generation (``mode="wait"``), each ``update_weights``
+    receives the trainer's broadcast, finish resets the prefix cache and resumes."""
 
-    def __init__(self, engine: Any, backend: Literal["ipc", "nccl"], *, gpu_uuid: str | None = None,
-                 init_info: dict[str, Any] | None = None):
-        self.engine, self.backend, self.gpu_uuid = engine, backend, gpu_uuid
-        self.init_info = dict(init_info or ({"packed": False} if backend == "ipc" else {}))
-        self._initialised = False
+    def __init__(self, engine: Any, backend: Literal["ipc", "nccl"], *, sleep_level: int = 2):
+        self.engine, self.backend, self.sleep_level = engine, backend, int(sleep_level)
         self.sleeping = False
+        self.updating = False
 
     async def after_rollout(self) -> None:
-        if self.backend == "ipc":
-            await self.engine.sleep(level=2, mode="wait")  # no request in flight while memory goes (vLLM #28714)
+        if self.backend == "ipc" and not self.sleeping:
+            await self.engine.sleep(level=self.sleep_level, mode="wait")
             self.sleeping = True
 
-    async def begin(self) -> None:
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+    async def handle(self, call: Any) -> None:
+        """One ``EngineCall`` (method + payload) from the trainer."""
+        from vllm.distributed.weight_transfer.base import (  # lazy: vllm is slow to import
+            WeightTransferInitRequest,
+            WeightTransferUpdateRequest,
+        )
 
+        if call.method == "init_weight_transfer_engine":
+            await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(call.payload)))
+        elif call.method == "start_weight_update":
+            await self.begin()
+        elif call.method == "update_weights":
+            if not self.updating:
+                raise RuntimeError("update_weights before start_weight_update")
+            await self.engine.update_weights(WeightTransferUpdateRequest(update_info=call.payload))
+        elif call.method == "finish_weight_update":
+            await self.finish(call.payload)
+        else:
+            raise ValueError(f"unknown weight-transfer call {call.method!r}")
+
+    async def begin(self) -> None:
         if self.sleeping:
             await self.engine.wake_up(tags=["weights"])
         else:
             await self.engine.pause_generation(mode="wait")
-        if not self._initialised:
-            await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=self.init_info))
-            self._initialised = True
+        self.updating = True
         await self.engine.start_weight_update()
 
-    async def load_bucket(self, named: list[tuple[str, Any]]) -> None:
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        info = ipc_update_info(named, self.gpu_uuid) if self.backend == "ipc" else nccl_update_info(named)
-        await self.engine.update_weights(WeightTransferUpdateRequest(update_info=info))
-
-    async def finish(self, version: int | None = None) -> None:
-        await self.engine.finish_weight_update(None if version is None else str(version))
-        if self.sleeping:
-            await self.engine.wake_up(tags=["kv_cache"])
-            self.sleeping = False
-        await self.engine.reset_prefix_cache()  # vLLM #46125: not reset automatically after an update
-        await self.engine.reset_encoder_cache()  # vision embeddings of the old weights (VL models)
-        await self.engine.resume_generation()
+    async def finish(self, version: str | None = None) -> None:
+        """Always leaves the engine serving (also after a failed transfer: the probe then refuses the weights)."""
+        try:
+            if self.updating:
+                await self.engine.finish_weight_update(version)
+        finally:
+            self.updating = False
+            if self.sleeping:
+                await self.engine.wake_up(tags=["kv_cache"])
+                self.sleeping = False
+            await self.engine.reset_prefix_cache()  # vLLM #46125: not reset automatically after an update
+            await self.engine.reset_encoder_cache()  # vision embeddings of the old weights (VL models)
+            await self.engine.resume_generation()
 
 
 __all__ = ["VLLMEngineOptions", "VLLMGenerator", "InprocVLLMEngine", "VLLMGpuSync", "WeightLoadExtension",
-           "engine_args", "options_from_config", "to_vllm_params", "engine_reason", "result_of_output",
-           "ipc_update_info", "nccl_update_info"]
+           "engine_args", "options_from_config", "to_vllm_params", "engine_reason", "result_of_output"]

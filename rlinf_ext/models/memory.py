@@ -17,9 +17,13 @@ Pure arithmetic (no torch), all sizes in bytes. What is counted, for one data-pa
   its gradient (``training/logprobs.py``), plus the decoder output;
 * a reserve (CUDA context, allocator fragmentation) on CUDA.
 
-The collocated rollout engine holds ``rollout.gpu_memory_utilization`` of the GPU while it generates and a
-resident share (CUDA graphs, context) while the actor trains. Calibration against measured peaks:
-``benchmarks/actor_memory_calibration.py`` (CPU) and ``scripts/gpu_smoke.py`` stage S5 (one H100).
+The rollout engine (``EngineMemory``): vLLM takes ``rollout.gpu_memory_utilization`` of the GPU for weights,
+its runtime (activations, CUDA graphs) and the KV cache (the rest); asleep (collocated, ``sleep(level=1|2)``)
+its CuMem pool is off the GPU (weights to host RAM at level 1, discarded at level 2; KV cache discarded) and it
+keeps its CUDA context and communicators. SGLang takes its fraction plus workspace and keeps more when
+released. A vision-language model's vision tower (``vision_tower_params``) counts in the actor's state and in
+the engine's weights. Calibration against measured peaks: ``benchmarks/actor_memory_calibration.py`` (CPU) and
+``scripts/gpu_smoke.py`` stage S5 (one H100); the engine figures are read from vLLM 0.32's sources, not measured.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ CUDA_FRAGMENTATION = 0.05
 ROLLOUT_RESIDENT_BYTES = int(2.5 * GIB)
 # SGLang's activations and CUDA graphs outside its static fraction while it generates
 ROLLOUT_WORKSPACE_BYTES = int(2.0 * GIB)
+# a sleeping vLLM engine: CUDA context, NCCL communicators and allocations outside its CuMem pool (its weights,
+# KV cache, runtime and CUDA-graph pools leave the GPU: vllm/device_allocator/sleep_mode_backend.py)
+VLLM_ASLEEP_RESIDENT_BYTES = int(1.0 * GIB)
+# inside vLLM's fraction besides weights and KV cache: the profiled forward's activations, CUDA graphs, sampler
+VLLM_RUNTIME_BYTES = int(2.0 * GIB)
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,34 @@ class ModelShape:
         layer = h * qkv + qkv + self.heads * self.head_dim * h + 3 * h * self.ffn + 2 * h
         return self.vocab * h * (1 if self.tied else 2) + self.num_layers * layer + h
 
+    @property
+    def all_params(self) -> int:
+        """Language model + vision tower."""
+        return self.params + self.vision_params
+
+    def kv_bytes_per_token(self, dtype_bytes: int, tensor_parallel: int = 1) -> int:
+        """KV cache bytes of one token on one GPU of an engine (keys and values of every layer; KV heads split
+        over TP, replicated when there are fewer heads than GPUs)."""
+        heads = max(self.groups // max(tensor_parallel, 1), 1)
+        return 2 * self.num_layers * heads * self.head_dim * dtype_bytes
+
+    vision_params: int = 0  # a vision-language model's vision tower (``vision_tower_params``)
+
+
+def vision_tower_params(depth: int = 32, hidden: int = 1280, ffn: int = 3420, out_hidden: int = 3584,
+                        patch: int = 14, temporal_patch: int = 2, in_channels: int = 3, spatial_merge: int = 2) -> int:
+    """Parameters of Qwen2.5-VL's vision tower (transformers' ``Qwen2_5_VisionTransformerPretrainedModel``):
+    the patch embedding (a bias-free 3D convolution), ``depth`` blocks (two RMSNorms, qkv and output projections
+    with biases, a gated MLP with biases) and the merger (RMSNorm, then an MLP from ``spatial_merge**2`` patches
+    to the language model's hidden size). The defaults are the tower every Qwen2.5-VL size shares (3B: out 2048,
+    7B: 3584)."""
+    patch_embed = in_channels * temporal_patch * patch * patch * hidden
+    block = 2 * hidden + (3 * hidden * hidden + 3 * hidden) + (hidden * hidden + hidden) \
+        + 3 * hidden * ffn + 2 * ffn + hidden
+    merged = hidden * spatial_merge * spatial_merge
+    merger = hidden + merged * merged + merged + merged * out_hidden + out_hidden
+    return patch_embed + depth * block + merger
+
 
 @dataclass(frozen=True)
 class ActorMemoryInputs:
@@ -73,8 +110,8 @@ class ActorMemoryInputs:
     logprob_chunk_tokens: int = 512
     entropy: bool = False
     # the HF vision-language actor under FSDP2: parameters, gradients, Adam state and the reference sharded over
-    # the data-parallel ranks (fp32 shards), full logits of a micro-batch (HF computes them all); language
-    # model only (the vision tower, ~0.7B of Qwen2.5-VL-7B, is not in ModelShape)
+    # the data-parallel ranks (fp32 shards; the vision tower's included), full logits of a micro-batch (HF
+    # computes them all); the vision tower's activations are not counted
     fsdp: bool = False
 
     @property
@@ -101,7 +138,7 @@ STATIC_ITEMS = ("weights", "gradients", "main params (fp32)", "optimizer state",
 
 
 def static_bytes(x: ActorMemoryInputs) -> dict[str, int]:
-    n = x.shape.params
+    n = x.shape.all_params
     if x.fsdp:
         dp = max(x.data_parallel, 1)
         moments = 8 if x.optimizer == "adam" else 0
@@ -198,23 +235,73 @@ def estimate_actor(x: ActorMemoryInputs) -> MemoryEstimate:
 
 
 @dataclass(frozen=True)
+class EngineMemory:
+    """One rollout engine's GPU, vLLM's way: ``fraction`` of the GPU holds the weights (this GPU's share under TP),
+    the runtime and the KV cache, which gets the rest. ``outside`` is what the engine takes beyond its fraction
+    while it generates (SGLang's workspace; 0 for vLLM), ``asleep`` what it keeps on the GPU while released, and
+    ``host_asleep`` the host RAM its sleep takes (vLLM level 1 keeps the weights there)."""
+
+    gpu_bytes: int
+    fraction: float
+    weights: int
+    runtime: int
+    kv_per_token: int
+    outside: int = 0
+    asleep: int = 0
+    host_asleep: int = 0
+
+    @property
+    def budget(self) -> int:
+        return int(self.fraction * self.gpu_bytes)
+
+    @property
+    def kv_cache(self) -> int:
+        return self.budget - self.weights - self.runtime
+
+    @property
+    def kv_tokens(self) -> int:
+        return max(self.kv_cache, 0) // max(self.kv_per_token, 1)
+
+    def min_fraction(self, tokens: int) -> float:
+        """The smallest fraction whose KV cache holds ``tokens`` tokens (rounded up to 0.01)."""
+        need = self.weights + self.runtime + tokens * self.kv_per_token
+        return -(-100 * need // self.gpu_bytes) / 100
+
+
+def engine_memory(shape: ModelShape, *, gpu_bytes: int, fraction: float, dtype_bytes: int,
+                  tensor_parallel: int = 1, backend: str = "vllm", sleep_level: int = 2) -> EngineMemory:
+    """The engine of ``shape`` (vision tower included) on one of its GPUs."""
+    tp = max(tensor_parallel, 1)
+    weights = shape.all_params * dtype_bytes // tp
+    kv = shape.kv_bytes_per_token(dtype_bytes, tp)
+    if backend == "sglang":
+        return EngineMemory(gpu_bytes, fraction, weights, 0, kv, outside=ROLLOUT_WORKSPACE_BYTES,
+                            asleep=ROLLOUT_RESIDENT_BYTES)
+    return EngineMemory(gpu_bytes, fraction, weights, VLLM_RUNTIME_BYTES, kv, asleep=VLLM_ASLEEP_RESIDENT_BYTES,
+                        host_asleep=weights if sleep_level == 1 else 0)
+
+
+@dataclass(frozen=True)
 class GpuPlan:
     """Per-GPU peak by phase: training (actor peak + the released engine) and rollout (engine + what the actor
-    keeps on the GPU)."""
+    keeps on the GPU). Apart (disaggregated), the training phase is the actor's GPUs and the rollout phase the
+    engine's."""
 
     actor: MemoryEstimate
     collocated: bool
     rollout_fraction: float
     gpu_bytes: int
     actor_resident_during_rollout: int
+    engine_outside: int = ROLLOUT_WORKSPACE_BYTES
+    engine_asleep: int = ROLLOUT_RESIDENT_BYTES
 
     @property
     def training_phase(self) -> int:
-        return self.actor.peak + (ROLLOUT_RESIDENT_BYTES if self.collocated else 0)
+        return self.actor.peak + (self.engine_asleep if self.collocated else 0)
 
     @property
     def rollout_phase(self) -> int:
-        engine = int(self.rollout_fraction * self.gpu_bytes) + ROLLOUT_WORKSPACE_BYTES
+        engine = int(self.rollout_fraction * self.gpu_bytes) + self.engine_outside
         return engine + (self.actor_resident_during_rollout if self.collocated else 0)
 
     @property
@@ -227,8 +314,10 @@ class GpuPlan:
 
 
 def plan_gpu(x: ActorMemoryInputs, *, gpu_bytes: int, rollout_fraction: float, collocated: bool,
-             offload_weight: bool, offload_optimizer: bool, offload_grad: bool) -> GpuPlan:
-    """The actor on a GPU it shares (collocated) or owns; offloaded parts leave the GPU while the engine runs."""
+             offload_weight: bool, offload_optimizer: bool, offload_grad: bool,
+             engine: EngineMemory | None = None) -> GpuPlan:
+    """The actor on a GPU it shares (collocated) or owns; offloaded parts leave the GPU while the engine runs.
+    ``engine``: what the engine takes beyond its fraction and keeps asleep (None: SGLang's figures)."""
     actor = estimate_actor(x)
     st = actor.items
     kept = CUDA_RESERVE_BYTES
@@ -238,7 +327,9 @@ def plan_gpu(x: ActorMemoryInputs, *, gpu_bytes: int, rollout_fraction: float, c
         kept += st["main params (fp32)"] + st["optimizer state"]
     if not offload_grad:
         kept += st["gradients"]
-    return GpuPlan(actor, collocated, rollout_fraction, gpu_bytes, kept)
+    if engine is None:
+        return GpuPlan(actor, collocated, rollout_fraction, gpu_bytes, kept)
+    return GpuPlan(actor, collocated, rollout_fraction, gpu_bytes, kept, engine.outside, engine.asleep)
 
 
 def with_changes(x: ActorMemoryInputs, **changes) -> ActorMemoryInputs:

@@ -48,6 +48,7 @@ from rlinf_ext.sync.weight_sync import (
     rollout_dtype,
     send_weights,
 )
+from rlinf_ext.sync.vllm_transfer import VLLMTransferSender, transfer_backend
 
 
 def samples_of(results: list[SearchRolloutResult]) -> list[Sample]:
@@ -108,6 +109,7 @@ class ActorWorker(Worker):
         self.policy: MegatronPolicy | FSDPPolicy | None = None
         self._sync_routes: SyncRoutes | None = None  # set by the runner once the rollout group exists
         self._sync_bucket_bytes = BUCKET_BYTES
+        self._vllm_sender: VLLMTransferSender | None = None  # GPU + vLLM: vLLM's weight-transfer API
 
     # ------------------------------------------------------------------ lifecycle
     def init_worker(self) -> None:
@@ -150,6 +152,10 @@ class ActorWorker(Worker):
         """Who receives this rank's weights (``sync/weight_sync.py``); called once by the runner."""
         self._sync_routes = routes
         self._sync_bucket_bytes = int(bucket_bytes)
+        backend = transfer_backend(self.cfg, self.policy.device.type == "cuda")
+        if backend is not None:
+            self._vllm_sender = VLLMTransferSender(self, backend, routes, rollout_group=self.cfg.rollout.group_name,
+                                                   bucket_bytes=self._sync_bucket_bytes)
 
     def sync_model_to_rollout(self, verify: bool = True) -> dict:
         """Send the weights under HF names, in the rollout's dtype, along the routes (every rank in parallel on
@@ -159,10 +165,13 @@ class ActorWorker(Worker):
             routes = self._sync_routes
             if routes is None:
                 raise RuntimeError("sync_model_to_rollout before set_weight_sync: the runner sets the routes at start")
+            if self._vllm_sender is not None:
+                return self._sync_through_vllm(verify)
             targets = routes.targets_of(self._rank)
             hf_backend = isinstance(self.policy, FSDPPolicy)
             if hf_backend:  # FSDP2: gathering the weights and the probe forward are collective: every rank joins
-                header, buckets = self._fsdp_policy_payload(verify, shared=routes.mode == "paired")
+                header, state = self._fsdp_policy_payload(verify)
+                buckets = pack_buckets(iter(state.items()), self._sync_bucket_bytes, shared=routes.mode == "paired")
             if not targets:  # broadcast route: rank 0 sends (every rank holds the same weights)
                 return dataclasses.asdict(SyncStats(routes.mode))
             if not hf_backend:
@@ -180,25 +189,47 @@ class ActorWorker(Worker):
                 torch.cuda.empty_cache()
             return dataclasses.asdict(stats)
 
-    def _fsdp_policy_payload(self, verify: bool, shared: bool):
-        """Header (with the multimodal probe) and buckets of the HF actor: its names are the engine's already."""
+    def _sync_through_vllm(self, verify: bool) -> dict:
+        """GPU rollout on vLLM: its own weight-transfer API (``sync/vllm_transfer.py``: CUDA IPC collocated, NCCL
+        disaggregated), the probe header first. NOT GPU-verified."""
+        if isinstance(self.policy, FSDPPolicy):  # the gather and the probe are collective: every rank joins
+            header, state = self._fsdp_policy_payload(verify)
+            # the full state dict is gathered to host RAM; NCCL and CUDA IPC send from the GPU, a tensor at a time
+            device = self.policy.device
+            passes = lambda: ((n, t.to(device)) for n, t in state.items())  # noqa: E731
+        else:
+            header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
+            if verify and self._rank == 0:
+                ids = probe_ids(self.policy.model.hf_vocab_size)
+                header.probe_ids, header.probe_logits = ids, self.policy.probe_logits(ids)
+            passes = self._hf_named
+        self._vllm_sender.sync(header, passes)
+        if self.policy.device.type == "cuda":  # the transfer buffers go back to a collocated engine
+            torch.cuda.ipc_collect()
+            torch.cuda.empty_cache()
+        return {"mode": self._vllm_sender.backend, "version": header.version}
+
+    def _fsdp_policy_payload(self, verify: bool):
+        """Header (with the multimodal probe) and state dict of the HF actor: its names are the engine's already."""
         header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
-        with self.policy.weights_on_device():  # offloaded (collocated): brought once for the probe and the gathers
+        with self.policy.weights_on_device():  # offloaded (collocated): brought once for the probe and the gather
             if verify:
                 ids, images, positions = self.policy.probe()
                 header.probe_ids, header.probe_images, header.probe_positions = ids, images, positions
                 header.probe_logits = self.policy.probe_logits(ids, images)
             state = self.policy.hf_state_dict(rollout_dtype(self.cfg))
-        return header, pack_buckets(iter(state.items()), self._sync_bucket_bytes, shared=shared)
+        return header, state
 
-    def _hf_buckets(self, shared: bool):
-        """The policy weights as HF-named buckets in the rollout's dtype, converted one unit at a time on this
-        rank's device (offloaded weights are brought over tensor by tensor, never all at once)."""
+    def _hf_named(self):
+        """The policy weights under HF names in the rollout's dtype, converted one unit at a time on this rank's
+        device (offloaded weights are brought over tensor by tensor, never all at once)."""
         state = {k: v for k, v in self.policy.model.state_dict().items()
                  if torch.is_tensor(v) and not k.endswith("._extra_state")}
         view = CastView(state, self.policy.device, rollout_dtype(self.cfg))
-        named = iter_megatron_to_hf({(0, 0): view}, self.policy.spec)
-        return pack_buckets(named, self._sync_bucket_bytes, shared=shared)
+        return iter_megatron_to_hf({(0, 0): view}, self.policy.spec)
+
+    def _hf_buckets(self, shared: bool):
+        return pack_buckets(self._hf_named(), self._sync_bucket_bytes, shared=shared)
 
     # ------------------------------------------------------------------ logprobs and training
     def run_inference(self, input_channel, output_channel, compute_ref_logprobs: bool, num_results: int) -> None:

@@ -9,20 +9,22 @@ request and with the multimodal probe; the rate of prompts whose image expansion
 
 CPU (in process): generation pauses once the sync's headers are in (running requests finish on the old weights),
 every bucket goes into vLLM's layerwise in-place reload, then the prefix cache is reset and generation resumes.
-GPU (``AsyncLLM``, NOT GPU-verified): ``offload_engine`` sleeps at level 2, the buckets go through vLLM's weight
-transfer API (``VLLMGpuSync``: ``ipc`` collocated, ``nccl`` disaggregated). Each request's ``seed`` is vLLM's
+GPU (``AsyncLLM``, NOT GPU-verified): vLLM's weight-transfer API, driven by the actor's vLLM trainer engine
+(``sync/vllm_transfer.py``): this worker answers its control calls (``serve_engine_calls``) with
+``VLLMGpuSync`` (``ipc`` collocated: the engine sleeps at ``rollout.vllm.sleep_level`` at the end of its start and
+after each rollout, requests in flight finishing first; ``nccl`` disaggregated). Each request's ``seed`` is vLLM's
 per-request seed, so sampling is reproducible without serving requests one at a time.
 """
 
 from __future__ import annotations
 
-import torch
 from rlinf.scheduler import Worker
 
 from rlinf_ext.generation.vllm_engine import VLLMGenerator, VLLMGpuSync, options_from_config
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
+from rlinf_ext.sync.vllm_transfer import serve_engine_calls
 from rlinf_ext.sync.weight_sync import DEFAULT_ATOL, SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
 from rlinf_ext.workers.rollout_serving import serve_requests
 from rlinf_ext.workers.rollout_sglang import probe_logprob_gap
@@ -49,7 +51,7 @@ class VLLMRolloutState:
         options = getattr(generator, "options", None)
         if not generator.in_process and options is not None and options.weight_transfer_backend:
             self.gpu_sync = VLLMGpuSync(generator.engine, options.weight_transfer_backend,
-                                        gpu_uuid=str(torch.cuda.get_device_properties(0).uuid))
+                                        sleep_level=int(self.cfg.rollout.vllm.sleep_level))
 
     async def _generate(self, request: GenerateRequest) -> GenerateReply:
         params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
@@ -70,26 +72,43 @@ class VLLMRolloutState:
         if self.sync_routes is None:
             raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
         gen, gpu = self.generator, self.gpu_sync
-        begun = False
+        if gpu is not None:
+            header = await self._serve_transfer(gpu)
+            self.weight_version = header.version
+            self.last_sync = {"sources": [header.sender], "backend": gpu.backend}
+            await self._check_probe(header)
+            return
+        begun = False  # CPU: vLLM's in-place reload, fed by the RLinf routes
 
         async def begin():
             nonlocal begun
-            await (gpu.begin() if gpu is not None else gen.begin_weight_load())
+            await gen.begin_weight_load()
             begun = True
 
-        async def load(messages):  # one message: one engine per rollout rank (TP inside vLLM)
-            named = named_tensors_of(messages[0])
-            await (gpu.load_bucket(named) if gpu is not None else gen.load_weight_bucket(named))
+        async def load(messages):  # one message: one engine per rollout rank
+            await gen.load_weight_bucket(named_tensors_of(messages[0]))
 
         try:
             headers, stats = await receive_weights(self, self.sync_routes, load, actor_group=self.cfg.actor.group_name,
                                                    rollout_group=self.cfg.rollout.group_name, on_header=begin)
         finally:
             if begun:  # resume serving even when the sync broke off (the probe below then refuses the weights)
-                await (gpu.finish() if gpu is not None else gen.finish_weight_load())
+                await gen.finish_weight_load()
         header = headers[0]
         self.weight_version = header.version
         self.last_sync = {"sources": [h.sender for h in headers], "load_s": gen.last_load_s, **vars(stats)}
+        await self._check_probe(header)
+
+    async def _serve_transfer(self, gpu: VLLMGpuSync):
+        """GPU: answer the actor's vLLM transfer calls; the engine serves again whatever happened."""
+        try:
+            return await serve_engine_calls(self, gpu.handle, actor_group=self.cfg.actor.group_name)
+        finally:
+            if gpu.updating:  # the transfer broke off between start and finish
+                await gpu.finish()
+
+    async def _check_probe(self, header) -> None:
+        gen = self.generator
         if self.verify_sync and header.probe_logits is not None:
             ids = header.probe_ids.reshape(-1).tolist()
             entries = await (gen.prompt_logprobs(ids, images=header.probe_images) if header.probe_images
@@ -123,6 +142,8 @@ class VLLMRolloutWorker(VLLMRolloutState, Worker):
             generator = engine.start(options, return_logprobs=bool(self.cfg.rollout.return_logprobs))
             generator.options = options
             self._attach(generator, SamplingParams.from_config(self.cfg.algorithm.sampling_params))
+            if self.gpu_sync is not None:  # collocated: the actor starts on this GPU next (the first sync wakes it)
+                await self.gpu_sync.after_rollout()
 
     async def sync_model_from_actor(self) -> None:
         """Receive the actor's weights (HF names, bucket by bucket) into the running engine and check the probe."""
@@ -130,7 +151,8 @@ class VLLMRolloutWorker(VLLMRolloutState, Worker):
             await self._receive_and_load()
 
     async def offload_engine(self) -> None:
-        """GPU collocated: release weights and KV cache for training (sleep level 2); CPU: nothing."""
+        """GPU collocated: release the GPU for training (``rollout.vllm.sleep_level``, after the requests in flight);
+        disaggregated and CPU: nothing."""
         with self.worker_timer():
             if self.gpu_sync is not None:
                 await self.gpu_sync.after_rollout()

@@ -8,14 +8,27 @@ import pytest
 
 from rlinf_ext.config import check_config, load_config
 from rlinf_ext.config.commands import format_plan
-from rlinf_ext.config.memory_plan import gpu_plan, memory_inputs
-from rlinf_ext.models.memory import GIB
+from rlinf_ext.config.memory_plan import engine_plan, gpu_plan, memory_inputs, model_shape
+from rlinf_ext.models.memory import (
+    GIB,
+    VLLM_ASLEEP_RESIDENT_BYTES,
+    VLLM_RUNTIME_BYTES,
+    ModelShape,
+    engine_memory,
+    vision_tower_params,
+)
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
 # where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
 pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 REFERENCE = "qwen2.5-3b-tool-1node"
+VL_REFERENCE = "qwen2.5-vl-7b-1node"
+QWEN25_3B = ModelShape(num_layers=36, hidden=2048, ffn=11008, heads=16, groups=2, head_dim=128, vocab=151936, tied=True)
+# Qwen2.5-VL's vision tower, by hand: patch embedding 3*2*14*14*1280 = 1,505,280; a block 2*1280 (norms)
+# + 1280*3840+3840 (qkv) + 1280*1280+1280 (proj) + 3*1280*3420+2*3420+1280 (gated MLP) = 19,702,200, x 32;
+# merger 1280 (norm) + 5120*5120+5120 + 5120*3584+3584 = 44,574,464
+QWEN25_VL_7B_VISION = 1_505_280 + 32 * 19_702_200 + 44_574_464  # 676,550,144
 
 
 def issue_on(name, overrides, key):
@@ -34,7 +47,10 @@ def test_the_reference_run_fits_80_gib_at_its_seq_length_and_plan_prints_the_fig
     assert plan.collocated and plan.fits and plan.training_phase < 60 * GIB
     text = format_plan(cfg)
     for line in ("memory per GPU", "3.09B params", "recompute full/block/20", "actor optimizer state",
-                 "actor log-prob chunk", "GPU, training phase", "GPU, rollout phase (engine 0.75", "fits cluster.gpu_memory_gib=80: yes"):
+                 "actor log-prob chunk", "engine share (vllm: 0.75 x 80)", "engine KV cache",
+                 "engine asleep (while the actor trains, sleep level 2)", "GPU, training phase (actor peak + engine asleep)",
+                 "GPU, rollout phase (engine + what the actor keeps)", "level 2 discards the weights",
+                 "fits cluster.gpu_memory_gib=80: yes"):
         assert line in text, line
 
 
@@ -92,3 +108,89 @@ def test_fused_kernels_are_refused_on_a_cpu_cluster_only(reference_env):
     assert "CUDA-only" in issue.reason
     assert check_config(REFERENCE, ["actor.model.bias_activation_fusion=true"]).ok
     assert check_config("tiny-cpu", ["actor.optim.optimizer=sgd"]).ok  # ZeRO shards SGD on CPU
+
+
+# ------------------------------------------------------------------------------------------ the engine's share
+def test_vllm_engine_share_by_hand():
+    gpu = 80 * GIB
+    e = engine_memory(QWEN25_3B, gpu_bytes=gpu, fraction=0.75, dtype_bytes=2)
+    assert e.budget == 60 * GIB and e.weights == QWEN25_3B.params * 2 and e.runtime == VLLM_RUNTIME_BYTES
+    assert e.kv_per_token == 2 * 36 * 2 * 128 * 2  # K and V, 36 layers, 2 KV heads of 128, fp16: 36 KiB
+    assert e.kv_cache == 60 * GIB - QWEN25_3B.params * 2 - VLLM_RUNTIME_BYTES
+    assert e.kv_tokens == e.kv_cache // 36864 and e.asleep == VLLM_ASLEEP_RESIDENT_BYTES and e.host_asleep == 0
+    # TP 2: half the weights and one KV head per GPU; sleep level 1 keeps this GPU's weights in host RAM
+    e2 = engine_memory(QWEN25_3B, gpu_bytes=gpu, fraction=0.75, dtype_bytes=2, tensor_parallel=2, sleep_level=1)
+    assert e2.weights == QWEN25_3B.params and e2.kv_per_token == 36864 // 2 and e2.host_asleep == e2.weights
+    # 4 KV-replicating GPUs for 2 heads: still one head each
+    assert engine_memory(QWEN25_3B, gpu_bytes=gpu, fraction=0.75, dtype_bytes=2, tensor_parallel=4).kv_per_token == 18432
+    # smallest fraction that caches 10,000 tokens: (weights + runtime + 10,000 x 36 KiB) / 80 GiB, rounded up
+    need = (QWEN25_3B.params * 2 + VLLM_RUNTIME_BYTES + 10_000 * 36864) / gpu
+    assert e.min_fraction(10_000) == pytest.approx(-(-need * 100 // 1) / 100) and e.min_fraction(10_000) >= need
+
+
+def test_vision_tower_count_matches_transformers():
+    assert vision_tower_params() == QWEN25_VL_7B_VISION == 676_550_144
+    assert vision_tower_params(out_hidden=2048) == QWEN25_VL_7B_VISION - 5120 * 1536 - 1536  # 3B: merger to 2048
+    torch = pytest.importorskip("torch")
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    with torch.device("meta"):
+        tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(Qwen2_5_VLVisionConfig(
+            depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584))
+    assert sum(p.numel() for p in tower.parameters()) == QWEN25_VL_7B_VISION
+
+
+def test_vl_plan_counts_the_vision_tower_and_the_engine_share(reference_env):
+    cfg = load_config(VL_REFERENCE, ["rollout.rollout_backend=vllm"], strict=False)
+    shape, source = model_shape(cfg)
+    assert source == "actor.model (preset)" and shape.vision_params == QWEN25_VL_7B_VISION
+    x, _ = memory_inputs(cfg)
+    # FSDP2 over 4 ranks: fp32 weights, gradients and Adam moments of language model + vision tower, sharded
+    total = shape.params + QWEN25_VL_7B_VISION
+    plan = gpu_plan(cfg, x)
+    assert plan.actor.items["weights"] == total * 4 // 4 and plan.actor.items["optimizer state"] == total * 8 // 4
+    e = engine_plan(cfg, shape)
+    # the engine on a GPU of its own: 0.6 x 80 GiB for bf16 weights of both towers, runtime and the KV cache of
+    # 28 layers x 4 KV heads x 128
+    assert e.budget == int(0.6 * 80 * GIB) and e.weights == total * 2 and e.kv_per_token == 2 * 28 * 4 * 128 * 2
+    assert not plan.collocated and plan.rollout_phase == e.budget
+    text = format_plan(cfg)
+    for line in ("7.62B params + vision tower 0.68B", "engine share (vllm: 0.6 x 80)", "engine weights (bf16)",
+                 f"{total * 2 / GIB:7.2f}", f"engine KV cache ({e.kv_tokens:,} tokens", "rollout GPUs"):
+        assert line in text, line
+    assert "engine asleep" not in text and "host RAM" not in text  # disaggregated: the engine never sleeps
+
+
+def test_collocated_refused_when_actor_peak_and_the_sleeping_engine_exceed_the_gpu(reference_env):
+    cfg = load_config(REFERENCE)
+    peak = gpu_plan(cfg, memory_inputs(cfg)[0]).actor.peak
+    # a GPU the actor's step fits alone but not beside what the sleeping engine keeps (1 GiB)
+    gib = (peak + VLLM_ASLEEP_RESIDENT_BYTES // 2) / GIB
+    assert peak / GIB < gib < (peak + VLLM_ASLEEP_RESIDENT_BYTES) / GIB
+    issue = issue_on(REFERENCE, [f"cluster.gpu_memory_gib={gib:.4f}"], "runner.seq_length")
+    assert "training phase" in issue.reason and "GiB the sleeping engine keeps" in issue.reason
+    small = load_config(REFERENCE, [f"cluster.gpu_memory_gib={gib:.4f}"], strict=False)
+    plan = gpu_plan(small, memory_inputs(small)[0])
+    assert plan.training_phase == peak + VLLM_ASLEEP_RESIDENT_BYTES and plan.rollout_phase < plan.gpu_bytes
+
+
+def test_sleep_level_1_counts_host_ram_per_node(reference_env):
+    cfg = load_config(REFERENCE, ["rollout.vllm.sleep_level=1"])
+    e = engine_plan(cfg, model_shape(cfg)[0])
+    assert e.host_asleep == e.weights
+    text = format_plan(cfg)
+    assert f"8 x {e.weights / GIB:.2f} = {8 * e.weights / GIB:.2f} GiB" in text and "level 1 keeps the weights" in text
+
+
+def test_an_engine_fraction_without_room_for_one_sequence_is_refused_with_the_fraction_that_fits(reference_env):
+    overrides = ["rollout.rollout_backend=vllm", "rollout.gpu_memory_utilization=0.2"]
+    issue = issue_on(VL_REFERENCE, overrides, "rollout.gpu_memory_utilization")
+    assert "the engine would not start" in issue.reason and "runner.seq_length=10240" in issue.reason
+    cfg = load_config(VL_REFERENCE, overrides, strict=False)
+    e = engine_plan(cfg, model_shape(cfg)[0])
+    # (bf16 weights + runtime + 10240 tokens x 56 KiB) / 80 GiB = 0.2249...: 0.23
+    assert e.weights + e.runtime + 10240 * 57344 == pytest.approx(0.2249 * 80 * GIB, rel=1e-3)
+    assert "rollout.gpu_memory_utilization=0.23" in issue.fix and "rollout.tensor_parallel_size=2" in issue.fix
+    fixed = check_config(VL_REFERENCE, ["rollout.rollout_backend=vllm", "rollout.gpu_memory_utilization=0.23"])
+    assert "rollout.gpu_memory_utilization" not in {i.key for i in fixed.issues}

@@ -44,6 +44,17 @@ def test_searchr1_agent_needs_recompute_logprobs(reference_env):
     assert "algorithm.recompute_logprobs=true" in issue.fix
 
 
+def test_vllm_logprobs_with_truncating_sampling_are_refused(reference_env):
+    on = ["rollout.return_logprobs=true", "algorithm.sampling_params.top_p=0.9", "algorithm.sampling_params.top_k=20"]
+    issue = assert_issue("qwen2.5-3b-tool-1node", on, "rollout.return_logprobs", "algorithm.sampling_params.top_p",
+                         "algorithm.sampling_params.top_k", "rollout.return_logprobs=false")
+    assert "repetition_penalty" not in issue.reason
+    # temperature alone is what the actor scales by; without kept log-probs any sampling is fine
+    assert check_config("qwen2.5-3b-tool-1node", ["rollout.return_logprobs=true",
+                                                  "algorithm.sampling_params.temperature=0.7"]).ok
+    assert check_config("qwen2.5-3b-tool-1node", on[1:]).ok
+
+
 def test_seq_length_must_exceed_prompt_length(reference_env):
     assert_issue(
         "qwen2.5-3b-tool-1node", ["runner.seq_length=4096"], "runner.seq_length", "4096", "data.max_prompt_length"

@@ -58,6 +58,28 @@ def test_greedy_equals_hf_with_logprobs(engine, hf):
         assert max(abs(a - b) for a, b in zip(ours.logprobs, ref.logprobs)) < 1e-4
 
 
+def test_sampled_logprobs_are_those_of_the_tempered_distribution_like_hf_and_the_actor(engine, hf):
+    """At temperature 0.7 every engine's sampled-token log-probs are log-softmax(logits / 0.7), what the actor
+    recomputes as the old log-probs (training/logprobs.py); vLLM's default (raw_logprobs, before temperature)
+    is ~0.1 nats away and fails here."""
+    temperature = 0.7
+    params = SamplingParams(max_new_tokens=12, temperature=temperature, stop=[])
+
+    def forward_logprobs(prompt, ids, scale):
+        with torch.no_grad():
+            logits = hf.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
+        return torch.log_softmax(logits / scale, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+
+    raw_gaps = []
+    for i, p in enumerate(prompts(hf.tokenizer, 3)):
+        for gen in (run(engine.generate(p, params, seed=100 + i)), hf.generate_batch_sync([p], params)[0]):
+            assert len(gen.logprobs) == len(gen.output_ids) > 0
+            ours = torch.tensor(gen.logprobs)
+            assert (ours - forward_logprobs(p, gen.output_ids, temperature)).abs().max() < 1e-4
+            raw_gaps.append(float((ours - forward_logprobs(p, gen.output_ids, 1.0)).abs().max()))
+    assert min(raw_gaps) > 1e-2  # the untempered values are far: the comparison above tells the two apart
+
+
 def test_stop_string_and_matched_stop_like_hf(engine, hf):
     p = prompts(hf.tokenizer)[0]
     free = run(engine.generate(p, SamplingParams(max_new_tokens=16, stop=[], **GREEDY)))

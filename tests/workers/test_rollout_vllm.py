@@ -1,7 +1,7 @@
 """The vLLM rollout worker's logic on CPU without Ray: the serving loop over fake channels (the same replies as
 the generator), and the weight-sync receive side fed by the real ``sync/weight_sync.py`` paired route (shared-
-memory handle buckets, acknowledgements, ``SYNC_END``) with the probe check; GPU routes: call order against a
-recording engine."""
+memory handle buckets, acknowledgements, ``SYNC_END``) with the probe check; the GPU engines' options (the GPU
+routes' call order: tests/sync/test_vllm_transfer.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator, VLLMGpuSync  # noqa: E402
+from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator  # noqa: E402
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams  # noqa: E402
 from rlinf_ext.sync.weight_sync import (  # noqa: E402
     SYNC_ACK,
@@ -155,54 +155,26 @@ def test_weight_sync_paired_route_loads_and_checks_probe(generator, model_dirs):
     assert len(out.output_ids) >= 1
 
 
-class Recorder:
-    def __init__(self):
-        self.calls = []
+def test_gpu_engine_options_follow_the_placement(qwen2_head32_dirs):
+    """GPU engines: sleep mode and vLLM's ipc transfer when collocated, nccl without sleep mode when apart; the
+    CPU engine needs neither (in-place reload). Log-probs after temperature on every engine."""
+    from rlinf_ext.config import load_config
+    from rlinf_ext.generation.vllm_engine import LOGPROBS_MODE, engine_args, options_from_config
 
-    def __getattr__(self, name):
-        async def record(*args, **kwargs):
-            self.calls.append(name if name not in ("wake_up", "sleep") else (name, kwargs.get("tags", kwargs.get("level"))))
-        return record
-
-
-def test_gpu_collocated_route_call_order():
-    eng = Recorder()
-    sync = VLLMGpuSync(eng, "ipc", gpu_uuid="GPU-0")
-    fake_reduce = lambda t: (None, ("args", tuple(t.shape)))  # noqa: E731
-    import rlinf_ext.generation.vllm_engine as ve
-
-    async def go():
-        await sync.after_rollout()
-        await sync.begin()
-        orig = ve.ipc_update_info
-        ve.ipc_update_info = lambda named, uuid: orig(named, uuid, reduce_tensor=fake_reduce)
-        try:
-            await sync.load_bucket([("a", torch.zeros(2, 3))])
-        finally:
-            ve.ipc_update_info = orig
-        await sync.finish()
-        await sync.begin()  # the second sync does not initialise the transfer engine again
-    asyncio.run(go())
-    assert eng.calls[:7] == [("sleep", 2), ("wake_up", ["weights"]), "init_weight_transfer_engine",
-                             "start_weight_update", "update_weights", "finish_weight_update", ("wake_up", ["kv_cache"])]
-    assert eng.calls[7:] == ["reset_prefix_cache", "reset_encoder_cache", "resume_generation", "pause_generation",
-                             "start_weight_update"]
-    info = ve.ipc_update_info([("a", torch.zeros(2, 3))], "GPU-0", reduce_tensor=fake_reduce)
-    assert info == {"names": ["a"], "dtype_names": ["float32"], "shapes": [[2, 3]], "ipc_handles": [{"GPU-0": ("args", (2, 3))}]}
-
-
-def test_gpu_disaggregated_route_call_order():
-    eng = Recorder()
-    sync = VLLMGpuSync(eng, "nccl", init_info={"master_address": "h", "master_port": 1, "rank_offset": 1, "world_size": 2})
-
-    async def go():
-        await sync.after_rollout()  # no sleep: the engine owns its GPUs
-        await sync.begin()
-        await sync.load_bucket([("a", torch.zeros(2))])
-        await sync.finish()
-    asyncio.run(go())
-    assert eng.calls == ["pause_generation", "init_weight_transfer_engine", "start_weight_update", "update_weights",
-                         "finish_weight_update", "reset_prefix_cache", "reset_encoder_cache", "resume_generation"]
+    path = f"rollout.model.model_path={qwen2_head32_dirs[0]}"
+    collocated = load_config("tiny-cpu", [path, "rollout.rollout_backend=vllm"], strict=False)
+    collocated.cluster.num_gpus_per_node = 8
+    collocated.cluster.component_placement = {"actor,rollout,reward": "all"}
+    apart = load_config("tiny-cpu", [path, "rollout.rollout_backend=vllm"], strict=False)
+    apart.cluster.num_gpus_per_node = 8
+    apart.cluster.component_placement = {"actor": "0-3", "rollout,reward": "4-7"}
+    on = engine_args(options_from_config(collocated, cuda=True))
+    assert on["enable_sleep_mode"] and on["weight_transfer_config"] == {"backend": "ipc"}
+    off = engine_args(options_from_config(apart, cuda=True))
+    assert "enable_sleep_mode" not in off and off["weight_transfer_config"] == {"backend": "nccl"}
+    cpu = engine_args(options_from_config(collocated, cuda=False))
+    assert "enable_sleep_mode" not in cpu and "weight_transfer_config" not in cpu
+    assert on["logprobs_mode"] == off["logprobs_mode"] == cpu["logprobs_mode"] == LOGPROBS_MODE == "processed_logprobs"
 
 
 def test_processes_that_start_vllm_do_not_load_numba():
