@@ -217,7 +217,8 @@ class SGLangConfig:
 @dataclass
 class VLLMConfig:
     attention_backend: str = fld("FLASH_ATTN", "vLLM attention backend.")
-    enable_chunked_prefill: bool = fld(True, "vLLM chunked prefill.")
+    enable_chunked_prefill: bool = fld(True, "vLLM chunked prefill (GPU engines; always off on CPU, where vLLM 0.32 fails on a seeded "
+                                                 "request prefilled in parts).")
     enable_prefix_caching: bool = fld(True, "vLLM prefix caching.")
     enable_flash_infer_sampler: bool = fld(True, "vLLM flashinfer sampler.")
     max_num_batched_tokens: Optional[int] = fld(None, "vLLM token budget per batch (null = vLLM default).")

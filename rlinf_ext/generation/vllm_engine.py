@@ -111,6 +111,15 @@ def engine_args(options: VLLMEngineOptions) -> dict[str, Any]:
 
 
 CPU_KV_CACHE_BYTES = 512 << 20
+# CPU: no chunked prefill (vLLM 0.32's CPU model runner raises "CPU Generator does not use offset" when a seeded
+# request is prefilled in parts), so a step's token budget must hold whole prompts: at least this, and the context
+CPU_MIN_BATCHED_TOKENS = 8192
+
+
+def cpu_batched_tokens(configured: int | None, seq_length: int) -> int:
+    """The CPU engine's token budget per step without chunked prefill (pure): the configured budget, raised to a
+    whole context and to ``CPU_MIN_BATCHED_TOKENS``."""
+    return max(int(configured or 0), int(seq_length), CPU_MIN_BATCHED_TOKENS)
 
 
 def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) -> VLLMEngineOptions:
@@ -140,9 +149,10 @@ def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) ->
         tensor_parallel_size=int(rollout.tensor_parallel_size),
         distributed_executor_backend="uni" if (in_process or not cuda) else str(rollout.distributed_executor_backend),
         enable_prefix_caching=bool(vcfg.enable_prefix_caching),
-        enable_chunked_prefill=bool(vcfg.enable_chunked_prefill),
+        enable_chunked_prefill=bool(vcfg.enable_chunked_prefill) if cuda else False,
         max_num_seqs=int(rollout.max_running_requests),
-        max_num_batched_tokens=vcfg.max_num_batched_tokens,
+        max_num_batched_tokens=vcfg.max_num_batched_tokens if cuda
+        else cpu_batched_tokens(vcfg.max_num_batched_tokens, cfg.runner.seq_length),
         kv_cache_memory_bytes=(vcfg.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES) if not cuda
         else vcfg.kv_cache_memory_bytes,
         max_model_len=int(cfg.runner.seq_length),

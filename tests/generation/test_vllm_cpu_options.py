@@ -1,0 +1,57 @@
+"""The CPU engine's options from a config: no chunked prefill (vLLM 0.32's CPU runner fails on a seeded request
+whose prompt is prefilled in parts), a step budget that holds whole prompts; a real engine serves a burst of
+seeded requests whose prompts together exceed vLLM's default budget."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from rlinf_ext.config import load_config  # noqa: E402
+from rlinf_ext.generation.vllm_engine import (  # noqa: E402
+    CPU_MIN_BATCHED_TOKENS,
+    VLLMGenerator,
+    cpu_batched_tokens,
+    engine_args,
+    options_from_config,
+)
+from rlinf_ext.protocol.generation import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_cpu_batched_tokens_holds_whole_contexts():
+    assert cpu_batched_tokens(None, 1024) == CPU_MIN_BATCHED_TOKENS
+    assert cpu_batched_tokens(4096, 16384) == 16384
+    assert cpu_batched_tokens(20000, 1024) == 20000
+
+
+def test_seeded_burst_beyond_the_default_budget(qwen2_head32_dirs):
+    from transformers import AutoTokenizer
+
+    model = str(qwen2_head32_dirs[0])
+    cfg = load_config("tiny-cpu", [f"rollout.model.model_path={model}", "rollout.rollout_backend=vllm",
+                                   "runner.seq_length=512"], strict=False)
+    options = options_from_config(cfg, cuda=False)
+    args = engine_args(options)
+    assert args["enable_chunked_prefill"] is False and args["max_num_batched_tokens"] >= CPU_MIN_BATCHED_TOKENS
+    options.kv_cache_memory_bytes = 64 << 20
+    tok = AutoTokenizer.from_pretrained(model)
+    words = " ".join(f"capital of country {i}" for i in range(40))
+    prompt = tok.encode(words, add_special_tokens=False)[:300]
+    n = 12  # 12 x 300 prompt tokens: more than vLLM's default step budget on CPU (2048)
+    assert n * len(prompt) > 2048
+    gen = VLLMGenerator.start(options)
+    try:
+        params = SamplingParams(max_new_tokens=2, temperature=1.0, stop=[])
+
+        async def burst():
+            return await asyncio.gather(*(gen.generate(prompt, params, seed=i) for i in range(n)))
+
+        results = asyncio.run(burst())
+    finally:
+        gen.shutdown()
+    assert [len(r.output_ids) for r in results] == [2] * n
