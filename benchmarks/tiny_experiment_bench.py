@@ -1,75 +1,185 @@
-"""Run the whole tiny CPU experiment once and print first/last-step mean reward and the wall time.
+"""Run the whole tiny CPU experiment on one or more rollout engines and print their figures side by side.
 
-    python benchmarks/tiny_experiment_bench.py [--out DIR] [--keep] [key=value ...]
+    python benchmarks/tiny_experiment_bench.py [--backends vllm,hf] [--assets DIR] [--out DIR] [--keep]
+                                               [--no-eval] [key=value ...]
 
-Not a test: it measures. Each run starts from an empty output directory (a temporary one unless --out is
-given) so no checkpoint is resumed; the tiny assets are reused from $RLINF_EXT_TINY_ASSETS or generated.
+Not a test: it measures. The tiny assets (with the warm start) are built once, in a child process, and shared by
+every engine's run ($RLINF_EXT_TINY_ASSETS or --assets when given, else under the output directory). Each engine
+then runs the whole pipeline (launcher, Ray, retrieval server, training, conversion, evaluation) in its own child
+process from an empty output directory, so no checkpoint is resumed and no engine starts beside the numba the
+asset generator loads (an in-process vLLM engine cannot). Printed per engine: the pipeline's wall time, the
+rollout engine's start-up (``time/rollout_start``), the mean weight sync and rollout time per step, the mean
+reward and searches per trajectory over the first vs the last 10 steps, and the greedy validation EM before
+training and after the last step.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import math
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from rlinf_ext.protocol import metric_keys as mk  # noqa: E402
+
+BACKENDS = ("vllm", "hf")
+WINDOW = 10  # steps averaged at each end (as the run summary's REWARD_SUMMARY_WINDOW)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="tiny-cpu", help="experiment YAML (default tiny-cpu)")
-    parser.add_argument("--out", help="output root (default: a fresh temporary directory)")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary output directory")
-    parser.add_argument("--no-eval", action="store_true", help="skip the evaluation of the converted model")
-    parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args(argv)
+# ------------------------------------------------------------------------------------------------ figures (pure)
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return sum(values) / len(values) if values else float("nan")
 
+
+def run_figures(rows: list[dict], wall_s: float, window: int = WINDOW) -> dict:
+    """The figures of one run from its ``metrics.jsonl`` rows (step 0: the validation before training)."""
+    steps = [r for r in rows if int(r["step"]) > 0 and mk.REWARD_MEAN in r]
+    k = max(1, min(window, len(steps) // 2)) if steps else 0
+    vals = [r for r in rows if mk.VAL_ALL_EM in r]
+    start = next((r[mk.TIME_ROLLOUT_START] for r in rows if mk.TIME_ROLLOUT_START in r), float("nan"))
+    first, last = steps[:k], steps[-k:] if k else []
+    return {
+        "steps": len(steps),
+        "window": k,
+        "wall_s": wall_s,
+        "rollout_start_s": start,
+        "sync_s": _mean([r[mk.TIME_SYNC] for r in steps if mk.TIME_SYNC in r]),  # steps that synced
+        "rollout_s": _mean([r.get(mk.TIME_ROLLOUT) for r in steps]),
+        "step_s": _mean([r.get(mk.TIME_STEP) for r in steps]),
+        "reward_first": _mean([r[mk.REWARD_MEAN] for r in first]),
+        "reward_last": _mean([r[mk.REWARD_MEAN] for r in last]),
+        "searches_first": _mean([r.get(mk.AGENT_SEARCHES) for r in first]),
+        "searches_last": _mean([r.get(mk.AGENT_SEARCHES) for r in last]),
+        "val_em_before": vals[0][mk.VAL_ALL_EM] if vals and int(vals[0]["step"]) == 0 else float("nan"),
+        "val_em_after": vals[-1][mk.VAL_ALL_EM] if vals and int(vals[-1]["step"]) > 0 else float("nan"),
+        "val_n": int(vals[-1][mk.VAL_N]) if vals else 0,
+    }
+
+
+ROWS = (  # (label, key, format)
+    ("whole pipeline (s)", "wall_s", "{:.0f}"),
+    ("rollout engine start-up (s)", "rollout_start_s", "{:.1f}"),
+    ("weight sync per step, mean (s)", "sync_s", "{:.2f}"),
+    ("rollout per step, mean (s)", "rollout_s", "{:.1f}"),
+    ("training step, mean (s)", "step_s", "{:.1f}"),
+    ("reward, first {k} steps", "reward_first", "{:.3f}"),
+    ("reward, last {k} steps", "reward_last", "{:.3f}"),
+    ("searches/trajectory, first {k}", "searches_first", "{:.2f}"),
+    ("searches/trajectory, last {k}", "searches_last", "{:.2f}"),
+    ("greedy val EM before training", "val_em_before", "{:.3f}"),
+    ("greedy val EM after last step", "val_em_after", "{:.3f}"),
+)
+
+
+def side_by_side(figures: dict[str, dict]) -> str:
+    """A plain-text table: one row per figure, one column per engine (+ the ratio of the first two engines' wall
+    and rollout times)."""
+    names = list(figures)
+    k = next(iter(figures.values()))["window"] if figures else WINDOW
+    lines = [f"{'':<34}" + "".join(f"{n:>12}" for n in names)]
+    for label, key, fmt in ROWS:
+        lines.append(f"{label.format(k=k):<34}" + "".join(f"{fmt.format(figures[n][key]):>12}" for n in names))
+    if len(names) >= 2:
+        a, b = figures[names[0]], figures[names[1]]
+        for label, key in (("whole pipeline", "wall_s"), ("rollout per step", "rollout_s")):
+            lines.append(f"{label} {names[1]} / {names[0]}: {b[key] / a[key]:.2f}x")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ one engine
+def run_one(backend: str, out: Path, overrides: list[str], no_eval: bool, result: Path) -> int:
+    """One whole pipeline in this process (the child's side); the figures go to ``result`` as JSON."""
     from rlinf_ext.runner.errors import LaunchError
     from rlinf_ext.runner.launch import run_training
     from rlinf_ext.runner.metrics import METRICS_FILE, read_metrics
 
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tiny_bench_"))
-    if out.exists() and any(out.iterdir()):
-        print(f"--out {out} is not empty; give an empty or new directory (a run there would resume)", file=sys.stderr)
-        return 2
     started = time.monotonic()
     try:
-        summary = run_training(args.config, [f"runner.output_dir={out}", *args.overrides], show_progress=False,
-                               evaluate=False if args.no_eval else None)
+        summary = run_training("tiny-cpu", [f"runner.output_dir={out}", f"rollout.rollout_backend={backend}",
+                                            *overrides],
+                               show_progress=False, evaluate=False if no_eval else None,
+                               eval_overrides=[f"rollout.rollout_backend={backend}"])
     except LaunchError as exc:
-        print(f"tiny experiment failed: {exc}", file=sys.stderr)
+        print(f"tiny experiment on {backend} failed: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted; the launcher stopped everything it started", file=sys.stderr)
-        return 130
     wall = time.monotonic() - started
-    all_rows = read_metrics(summary.log_dir / METRICS_FILE)
-    rows = [r for r in all_rows if int(r["step"]) > 0]  # step 0 is the validation before training
-    validations = [(int(r["step"]), r) for r in all_rows if "val/all/em" in r]
-    print("\nstep  reward/mean  reward/em  searches  search_failures  time/step")
+    rows = read_metrics(summary.log_dir / METRICS_FILE)
+    figures = run_figures(rows, wall)
+    figures["eval_table"] = str(summary.eval_table) if summary.eval_table else None
+    result.write_text(json.dumps(figures))
+    print(f"\n[{backend}] step  reward/mean  searches  time/rollout  time/sync  time/step")
     for r in rows:
-        print(f"{int(r['step']):>4}  {r.get('reward/mean', float('nan')):>11.3f}  {r.get('reward/em', float('nan')):>9.3f}"
-              f"  {r.get('agent/searches', float('nan')):>8.2f}  {r.get('agent/search_failures', float('nan')):>15.0f}"
-              f"  {r.get('time/step', float('nan')):>9.1f}")
-    first_step = rows[0].get("reward/mean") if rows else None
-    last_step = rows[-1].get("reward/mean") if rows else None
-    print(f"\nfirst step reward      : {first_step}")
-    print(f"last step reward       : {last_step}")
-    k = summary.reward_window
-    print(f"mean of first {k} step(s): {summary.first_reward}")
-    print(f"mean of last {k} step(s) : {summary.last_reward}")
-    if summary.searches is not None:
-        print(f"searches per trajectory: first {k} step(s) {summary.searches[0]:.2f}, last {k} {summary.searches[1]:.2f}")
-    print(f"steps                  : {summary.steps}")
-    print(f"wall time (whole run)  : {wall:.0f} s")
-    for step, r in validations:
-        print(f"validation at step {step:<3}: greedy EM {r['val/all/em']:.3f} over {int(r['val/n'])} test questions "
-              f"(avg over benchmarks {r['val/avg/em']:.3f})")
-    if summary.eval_table is not None:
-        print(f"eval table             : {summary.eval_table}")
+        if mk.REWARD_MEAN in r:
+            print(f"[{backend}] {int(r['step']):>4}  {r[mk.REWARD_MEAN]:>11.3f}  {r.get(mk.AGENT_SEARCHES, math.nan):>8.2f}"
+                  f"  {r.get(mk.TIME_ROLLOUT, math.nan):>12.1f}  {r.get(mk.TIME_SYNC, math.nan):>9.2f}"
+                  f"  {r.get(mk.TIME_STEP, math.nan):>9.1f}")
+    return 0
+
+
+def build_assets(root: Path) -> float:
+    """The tiny assets with the warm start, in a child process (the generator loads numba); seconds taken."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "rlinf_ext.cli", "make-tiny-assets", "--out", str(root), "--with-sft"],
+                   check=True, cwd=str(REPO))
+    return time.monotonic() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="vllm", help="rollout engines, comma-separated (vllm, hf; default vllm)")
+    parser.add_argument("--assets", help="tiny assets directory (default $RLINF_EXT_TINY_ASSETS, else under --out)")
+    parser.add_argument("--out", help="output root (default: a fresh temporary directory)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary output directory")
+    parser.add_argument("--no-eval", action="store_true", help="skip the evaluation of the converted model")
+    parser.add_argument("--run-one", help=argparse.SUPPRESS)  # child: run this engine, write --result
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_args(argv)
+
+    if args.run_one:
+        return run_one(args.run_one, Path(args.out), args.overrides, args.no_eval, Path(args.result))
+
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown or not backends or len(set(backends)) != len(backends):
+        print(f"--backends {args.backends}: give distinct engines among {', '.join(BACKENDS)}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tiny_bench_"))
+    if out.exists() and any(p.name != "assets" for p in out.iterdir()):
+        print(f"--out {out} holds earlier runs; give an empty or new directory (a run there would resume)",
+              file=sys.stderr)
+        return 2
+    assets = Path(args.assets or os.environ.get("RLINF_EXT_TINY_ASSETS") or out / "assets").resolve()
+    assets_s = build_assets(assets)
+    print(f"tiny assets: {assets} ({assets_s:.0f} s, reused when already built)", flush=True)
+
+    figures: dict[str, dict] = {}
+    for backend in backends:
+        result = out / f"{backend}.json"
+        command = [sys.executable, str(Path(__file__).resolve()), "--run-one", backend, "--out", str(out / backend),
+                   "--result", str(result), *(["--no-eval"] if args.no_eval else []),
+                   f"paths.tiny_assets={assets}", *args.overrides]
+        print(f"\n===== {backend}: {' '.join(command[1:])}", flush=True)
+        code = subprocess.run(command, cwd=str(REPO)).returncode
+        if code != 0:
+            print(f"the run on {backend} failed (exit {code}); its output is above", file=sys.stderr)
+            return code
+        figures[backend] = json.loads(result.read_text())
+
+    print(f"\n{side_by_side(figures)}")
+    for backend, fig in figures.items():
+        if fig.get("eval_table"):
+            print(f"eval table ({backend}): {fig['eval_table']}")
     if not args.out and not args.keep:
         shutil.rmtree(out, ignore_errors=True)
     return 0

@@ -145,8 +145,8 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def qwen2_head32_dirs(tmp_path_factory):
-    """Two tiny Qwen2 checkpoints of head size 32 (hidden 64, 2 heads, 1 KV head; vLLM's CPU attention refuses the
-    tiny model's 16), every weight randomised (seeds 1 and 2), with a tokenizer of the tiny assets' kind trained on
+    """Two tiny Qwen2 checkpoints of the contract's tiny shape (``TinyQwen2Shape()``: head size 32, which vLLM's CPU
+    attention takes), every weight randomised (seeds 1 and 2), with a tokenizer of the tiny assets' kind trained on
     a few sentences: the vLLM tests' models. Built without the tiny assets, whose BM25 step loads numba (see
     ``pytest_collection_modifyitems``)."""
     from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2, save_hf_model
@@ -158,8 +158,7 @@ def qwen2_head32_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen2_head32")
     out = []
     for seed in (1, 2):
-        model = make_qwen2(tok, TinyQwen2Shape(hidden_size=64, intermediate_size=128, num_attention_heads=2,
-                                               num_key_value_heads=1), seed=seed)
+        model = make_qwen2(tok, TinyQwen2Shape(), seed=seed)
         save_hf_model(randomize_qwen2_(model, seed), tok, root / f"seed{seed}")
         out.append(root / f"seed{seed}")
     return tuple(out)

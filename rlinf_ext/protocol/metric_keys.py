@@ -36,7 +36,9 @@ TIME_ROLLOUT = "time/rollout"
 TIME_TOOL = "time/tool"
 TIME_RECOMPUTE = "time/recompute"
 TIME_TRAIN = "time/train"
-TIME_SYNC = "time/sync"
+TIME_SYNC = "time/sync"  # actor -> rollout weight sync; absent on a step whose engine already held the weights
+TIME_ROLLOUT_START = "time/rollout_start"  # rollout engine start-up with its model load (max over ranks); once
+#                                            per launch, in the launch's first row
 TIME_STEP = "time/step"
 TIME_VALIDATION = "time/validation"
 THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"

@@ -113,6 +113,7 @@ class GRPOTrainer:
         self._validation = None  # ValidationPass, built on first use (see validation_pass)
         self.val_history: dict[int, dict[str, float]] = {}  # step -> val/... metrics of that pass
         self._rollout_current = False  # the rollout engine holds the actor's current weights
+        self._launch_metrics: dict[str, float] = {}  # logged once, in this launch's first row
 
     @staticmethod
     def total_steps(cfg: ExperimentConfig, dataset_len: int) -> int:
@@ -154,11 +155,13 @@ class GRPOTrainer:
             ("reward", "init_worker", g.reward.init_worker()),
             ("agent_loop", "init_worker", g.agent_loop.init_worker(gen_in, gen_out)),
         ]
+        rollout_init = handles[0][2]
         if self.collocated_gpu:  # the rollout releases its GPU memory at the end of its init: wait for it
             wait_or_raise(handles.pop(0)[2], "rollout", "init_worker", startup=True)
         handles.append(("actor", "init_worker", g.actor.init_worker()))
         for component, method, handle in handles:
             wait_or_raise(handle, component, method, startup=True)
+        self._launch_metrics = {mk.TIME_ROLLOUT_START: float(rollout_init.consume_duration())}
         routes = g.placement.weight_sync
         wait_or_raise(g.actor.set_weight_sync(routes), "actor", "set_weight_sync")
         wait_or_raise(g.rollout.set_weight_sync(routes), "rollout", "set_weight_sync")
@@ -194,16 +197,17 @@ class GRPOTrainer:
                 tasks=[it["task"] for it in chunk if "task" in it],  # MMSearch-R1 questions with their images
             ))
 
-    def _sync_weights(self) -> None:
+    def _sync_weights(self) -> bool:
         """Actor -> rollout weight sync (both sides at once: a failure on either is raised, not waited on); skipped
         when the engine already holds the actor's current weights (validation synced them after the last
         update and nothing dropped them since)."""
         if self._rollout_current:
-            return
+            return False
         g = self.groups
         wait_all_or_raise([(g.actor.sync_model_to_rollout(self.verify_sync), "actor", "sync_model_to_rollout"),
                            (g.rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor")])
         self._rollout_current = True
+        return True
 
     def _offload_rollout(self) -> None:
         wait_or_raise(self.groups.rollout.offload_engine(), "rollout", "offload_engine")
@@ -216,7 +220,7 @@ class GRPOTrainer:
         num_results = len(items)
         self._put_batch(items)
         t = time.perf_counter()
-        self._sync_weights()
+        synced = self._sync_weights()
         time_sync = time.perf_counter() - t
 
         rollout_h = g.agent_loop.run_agentloop_rollout(q[ch.DATALOADER], q[ch.ROLLOUT])
@@ -257,10 +261,11 @@ class GRPOTrainer:
             mk.TIME_TOOL: max(out["tool_time"] for out in agent_out),
             mk.TIME_RECOMPUTE: float(time_recompute),
             mk.TIME_TRAIN: float(time_train),
-            mk.TIME_SYNC: time_sync,
             mk.TIME_STEP: step_time,
             mk.THROUGHPUT_TOKENS_PER_S: tokens / max(step_time, 1e-9),
         })
+        if synced:  # a skipped sync is no 0-second sync: it would pull the mean sync time down
+            metrics[mk.TIME_SYNC] = time_sync
         return metrics, trajectories
 
     @staticmethod
@@ -347,6 +352,10 @@ class GRPOTrainer:
             tqdm.write(f"[rlinf_ext] stop asked for: checkpoint {ckpt} written after step {self.global_step}")
         return last or stop, ckpt
 
+    def _take_launch_metrics(self) -> dict[str, float]:
+        taken, self._launch_metrics = self._launch_metrics, {}
+        return taken
+
     def run(self) -> dict:
         rewards: list[float] = []
         last_ckpt: Path | None = None
@@ -354,6 +363,8 @@ class GRPOTrainer:
             warnings.warn(f"nothing to do: step {self.global_step} >= max steps {self.max_steps}", RuntimeWarning)
         if self.global_step == 0:  # before the first step; a resumed run validated its start already
             before = self.validate(0)
+            if before:
+                before = {**before, **self._take_launch_metrics()}
             if before and self.on_step is not None:
                 self.on_step(0, before, [])  # no trajectories, no reward/...: only the val/... curves get a point
         self.stopped_early = self.global_step < self.max_steps and self.should_stop()
@@ -364,6 +375,7 @@ class GRPOTrainer:
             while not done and self.global_step < self.max_steps and epoch < self.cfg.runner.max_epochs:
                 for items in self.dataloader:
                     metrics, trajectories = self.train_step(items)
+                    metrics.update(self._take_launch_metrics())
                     for k, v in metrics.items():
                         if isinstance(v, float) and not math.isfinite(v):
                             warnings.warn(f"step {self.global_step}: metric {k} is {v}", RuntimeWarning)

@@ -175,7 +175,7 @@ def test_qwen2_models_load_and_give_finite_logits(tiny_assets, which, tied):
     tok = AutoTokenizer.from_pretrained(path)
     cfg = model.config
     assert cfg.model_type == "qwen2" and cfg.architectures == ["Qwen2ForCausalLM"]
-    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (2, 64, 4, 2)
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (2, 64, 2, 1)
     assert cfg.tie_word_embeddings is tied and cfg.vocab_size % 64 == 0 and cfg.vocab_size >= len(tok)
     assert model.model.layers[0].self_attn.q_proj.bias is not None  # qkv bias, as Qwen2
     assert (model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()) is tied

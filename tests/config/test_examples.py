@@ -110,12 +110,19 @@ def test_tiny_config_resolves_with_real_assets(tiny_assets, monkeypatch):
     overrides = [f"rollout.model.model_path={root}/models/qwen2-tiny"]
     result = check_config("tiny-cpu-eval", overrides, check_paths=True)
     assert result.ok, "\n".join(str(i) for i in result.issues)
-    # model dims come from the preset; the HF config.json agrees with them
+    # the model preset's dims agree with the generated model's config.json (tiny-cpu.yaml overrides them with the
+    # warm start's, its default model)
     import json
 
+    import yaml
+
     hf = json.loads((root / "models" / "qwen2-tiny" / "config.json").read_text())
-    assert hf["num_attention_heads"] == result.cfg.actor.model.num_attention_heads
-    assert hf["num_key_value_heads"] == result.cfg.actor.model.num_query_groups
+    preset = yaml.safe_load((REPO_ROOT / "configs" / "model" / "qwen2-tiny.yaml").read_text())["actor"]["model"]
+    assert (hf["num_attention_heads"], hf["num_key_value_heads"], hf["hidden_size"]) == (
+        preset["num_attention_heads"], preset["num_query_groups"], preset["hidden_size"])
+    cfg = result.cfg.actor.model
+    assert hf["hidden_size"] // hf["num_attention_heads"] == 32  # vLLM's CPU attention refuses 16
+    assert (cfg.hidden_size // cfg.num_attention_heads, cfg.num_query_groups) == (32, 2)  # the warm start's
 
 
 def test_resolved_dictconfig_for_rlinf(reference_env):

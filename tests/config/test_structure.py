@@ -180,7 +180,7 @@ def test_defaults_mapping_form_and_group_path(tmp_path):
 
     (tmp_path / "x.yaml").write_text("defaults:\n  - cluster: cpu\n  - /model/qwen2-tiny\nrunner:\n  seed: 7\n")
     cfg = compose(tmp_path / "x.yaml")
-    assert cfg.cluster.num_gpus_per_node == 0 and cfg.actor.model.num_attention_heads == 4
+    assert cfg.cluster.num_gpus_per_node == 0 and cfg.actor.model.num_attention_heads == 2
     assert cfg.runner.seed == 7
 
 

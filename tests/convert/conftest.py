@@ -1,5 +1,6 @@
-"""Tiny Qwen2 checkpoints for the conversion tests: the generator's models with every weight randomised
-(biases and norms included, so a swapped or dropped tensor cannot go unnoticed), in fp32 and bf16."""
+"""Tiny Qwen2 checkpoints for the conversion tests: the generator's tiny models (at 4 heads, see ``TP2_HEADS``) with
+every weight randomised (biases and norms included, so a swapped or dropped tensor cannot go unnoticed), in fp32
+and bf16."""
 
 from __future__ import annotations
 
@@ -19,14 +20,26 @@ def write_randomized_copy(randomized_qwen2, src: Path, dst: Path, dtype: torch.d
     return dst
 
 
+# The tests split checkpoints over TP=2, which needs at least two KV groups: the contract's qwen2-tiny has one
+# (head size 32 for vLLM), so these models keep its widths and tokenizer with 4 heads in 2 KV groups.
+TP2_HEADS = dict(num_attention_heads=4, num_key_value_heads=2)
+
+
 @pytest.fixture(scope="session")
 def qwen2_models(tiny_assets, tmp_path_factory, randomized_qwen2):
     """{(tie, dtype_name): HF model folder} for tie in {tied, untied}, dtype in {fp32, bf16}."""
+    from transformers import AutoTokenizer
+
+    from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2, save_hf_model
+
     root = tmp_path_factory.mktemp("convert_models")
+    tok = AutoTokenizer.from_pretrained(str(tiny_assets.tokenizer_dir))
     out = {}
-    for tie, src in (("tied", tiny_assets.qwen2_tiny), ("untied", tiny_assets.qwen2_tiny_untied)):
+    for tie in ("tied", "untied"):
+        src = root / f"{tie}-init"
+        save_hf_model(make_qwen2(tok, TinyQwen2Shape(tie_word_embeddings=tie == "tied", **TP2_HEADS), seed=0), tok, src)
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            out[(tie, name)] = write_randomized_copy(randomized_qwen2, Path(src), root / f"{tie}-{name}", dtype)
+            out[(tie, name)] = write_randomized_copy(randomized_qwen2, src, root / f"{tie}-{name}", dtype)
     return out
 
 

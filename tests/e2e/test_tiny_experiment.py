@@ -1,5 +1,7 @@
 """End to end: the tiny experiment through the real launcher, in child processes as a user runs it, and extending
-the finished run (the most common use of resume).
+the finished run (the most common use of resume). On tiny-cpu.yaml's engine, vLLM: in process and eager inside the
+rollout worker for training (weights synced into the running engine), in the launcher's process for the evaluation;
+tests/e2e/test_tiny_experiment_hf.py runs the transformers fallback.
 
 Launch 1 trains 2 steps (checkpoint every step) with a real retrieval server, RLinf's cluster on CPU, HF->Megatron
 at start, Megatron->HF at the end and the evaluation of that model into ``eval/global_step_2/``. Launch 2 extends
@@ -62,6 +64,9 @@ def test_tiny_experiment_trains_extends_survives_a_dead_server_and_evaluates_eac
     traj = json.loads((rollouts / "step_1.jsonl").read_text().splitlines()[0])
     assert traj["response_text"] and "reward" in traj
     assert "finished: 2 step(s)" in log1 and "converted HF     : " in log1
+    # vLLM: each weight sync resets the engine's prefix cache (step 2's, after step 1's update, at least)
+    assert "Successfully reset prefix cache" in log1
+    assert math.isfinite(val["time/rollout_start"]) and rows[1]["time/sync"] > 0
 
     # ---- launch 2: resume, and kill the retrieval server once step 3 is logged
     server: dict = {}

@@ -26,7 +26,7 @@ LOGIT_ATOL = 1e-4
 
 def test_dims_from_tiny_config(tiny_assets):
     d = dims_from_hf_config(tiny_assets.qwen2_tiny)
-    assert (d.num_layers, d.hidden_size, d.num_attention_heads, d.num_query_groups, d.head_dim) == (2, 64, 4, 2, 16)
+    assert (d.num_layers, d.hidden_size, d.num_attention_heads, d.num_query_groups, d.head_dim) == (2, 64, 2, 1, 32)
     assert d.q_per_group == 2 and d.tie_word_embeddings and d.qkv_bias
     assert not dims_from_hf_config(tiny_assets.qwen2_tiny_untied).tie_word_embeddings
 

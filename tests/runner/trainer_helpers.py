@@ -67,6 +67,9 @@ def make_cfg(tiny_assets, out_dir, url, **extra):
         "tools.search.server_addr": url.removeprefix("http://"),
         "tools.search.default_timeout": 20.0,
         "runner.seq_length": 1536,
+        # the HF fallback engine: these tests check its exact logits after each sync and compare runs token for
+        # token; the runner on tiny-cpu's vLLM is tests/e2e/test_tiny_experiment.py
+        "rollout.rollout_backend": "hf",
         **extra,
     }
     return load_config("tiny-cpu", [f"{k}={_yaml(v)}" for k, v in overrides.items()])

@@ -12,13 +12,17 @@ import torch
 
 @dataclass(frozen=True)
 class TinyQwen2Shape:
-    """Qwen2 architecture knobs; the defaults are the contract's `qwen2-tiny`."""
+    """Qwen2 architecture knobs; the defaults are the contract's `qwen2-tiny`.
+
+    Head size 32 (hidden 64 over 2 heads, 1 KV head): vLLM's CPU attention takes head sizes 32, 64, 80, ...
+    and refuses 16, so the tiny model runs on the same rollout engine as the real ones.
+    """
 
     num_hidden_layers: int = 2
     hidden_size: int = 64
     intermediate_size: int = 176
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = True
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 # config.json fields of the shapes (Qwen2.5 dimensions; "tiny" = the test model's)
 QWEN2_SHAPES: dict[str, dict] = {
-    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1472, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=1472, tie_word_embeddings=True),
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
     "3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,

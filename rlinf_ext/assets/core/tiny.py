@@ -23,7 +23,7 @@ from rlinf_ext.assets.searchr1.qa import BENCHMARKS
 from rlinf_ext.assets.searchr1.sft import build_sft_model
 
 # Bump when the generated content changes, so that stale cached directories are regenerated.
-GENERATOR_VERSION = 6
+GENERATOR_VERSION = 7  # 7: qwen2-tiny at head size 32 (2 heads, 1 KV head)
 MANIFEST = "MANIFEST.json"
 
 

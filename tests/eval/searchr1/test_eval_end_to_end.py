@@ -4,7 +4,8 @@
    generator (it searches the question, then answers the gold answer only if the retrieved passages contain
    it, so the EM depends on what the real server returned). The table is checked against the saved
    generations recomputed here independently, and resume is checked by growing `data.data_size`.
-2. As a user runs it: `python -m rlinf_ext.eval tiny-cpu-eval ...` with the tiny Qwen2 model on the HF engine.
+2. As a user runs it: `python -m rlinf_ext.eval tiny-cpu-eval ...` with the tiny Qwen2 model on tiny-cpu-eval.yaml's
+   engine (vLLM).
 """
 
 from __future__ import annotations
