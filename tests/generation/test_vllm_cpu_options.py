@@ -40,16 +40,16 @@ def test_seeded_burst_beyond_the_default_budget(qwen2_head32_dirs):
     assert args["enable_chunked_prefill"] is False and args["max_num_batched_tokens"] >= CPU_MIN_BATCHED_TOKENS
     options.kv_cache_memory_bytes = 64 << 20
     tok = AutoTokenizer.from_pretrained(model)
-    words = " ".join(f"capital of country {i}" for i in range(40))
-    prompt = tok.encode(words, add_special_tokens=False)[:300]
-    n = 12  # 12 x 300 prompt tokens: more than vLLM's default step budget on CPU (2048)
-    assert n * len(prompt) > 2048
+    n = 12  # 12 distinct prompts of 300 tokens (no shared prefix to cache): more than vLLM's default CPU budget (2048)
+    prompts = [tok.encode(" ".join(f"capital of country {i * 7 + j}" for i in range(60)), add_special_tokens=False)[:300]
+               for j in range(n)]
+    assert sum(map(len, prompts)) > 2048
     gen = VLLMGenerator.start(options)
     try:
         params = SamplingParams(max_new_tokens=2, temperature=1.0, stop=[])
 
         async def burst():
-            return await asyncio.gather(*(gen.generate(prompt, params, seed=i) for i in range(n)))
+            return await asyncio.gather(*(gen.generate(p, params, seed=i) for i, p in enumerate(prompts)))
 
         results = asyncio.run(burst())
     finally:
