@@ -206,7 +206,8 @@ def copy_parts(root: Path, parts: Parts, seed: int = 0, log: Callable[..., None]
     entry = cached_tiny_assets(want, seed, log).root
     manifest = read_manifest(entry)
     files = {rel: h for rel, h in manifest["files"].items() if want.has(part_of_file(rel))}
-    new_manifest = {**manifest, **want.manifest_fields(), "files": files}
+    claims = {k for k in Parts.of(sft=True, mm_sft=True).manifest_fields()}  # the entry's: replaced by the copy's
+    new_manifest = {**{k: v for k, v in manifest.items() if k not in claims}, **want.manifest_fields(), "files": files}
     if same_code:
         for rel in files:
             if not (root / rel).is_file():
