@@ -126,3 +126,24 @@ def test_a_directory_of_other_code_is_replaced_whole(fake_generators, tmp_path):
     cache.copy_parts(root, Parts(), log=lambda *a: None)
     assert not (root / "index").exists() and read_manifest(root)["cache_key"] == cache.cache_key()
     assert not [p for p in root.parent.iterdir() if p.name != "tiny_assets"]  # no temporary left beside
+
+
+@pytest.mark.parametrize("model, vision, parts", [
+    ("models/qwen2-tiny", False, Parts()),
+    ("models/qwen2-tiny-sft-search", False, Parts.of(sft_search=True)),  # the search phase only
+    ("models/qwen2-tiny-sft", False, Parts.of(sft=True)),  # both phases: the tiny experiment's model
+    ("mm/models/qwen2.5-vl-tiny", True, Parts.of(mm=True)),
+    ("mm/models/qwen2.5-vl-tiny-sft", True, Parts.of(mm_sft=True)),
+])
+def test_the_launcher_copies_the_parts_its_model_needs(monkeypatch, tmp_path, model, vision, parts):
+    from types import SimpleNamespace
+
+    import rlinf_ext.runner.prepare as prepare
+
+    asked = []
+    monkeypatch.setattr(prepare, "copy_parts", lambda root, p, seed, log: asked.append((root, p)))
+    monkeypatch.setattr(prepare, "agent_spec", lambda cfg: SimpleNamespace(vision=vision))
+    cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(tmp_path)),
+                          rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{tmp_path}/{model}")))
+    assert prepare.prepare_tiny_assets(cfg) == tmp_path
+    assert asked == [(tmp_path, parts)]
