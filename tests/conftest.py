@@ -1,34 +1,34 @@
-"""Shared fixtures. Tiny assets are generated once per test session, offline, by the repo's own code."""
+"""Shared fixtures. The tiny assets are copied per session from the tiny-asset cache (built offline, by the repo's own code)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
 import torch
 
 
+def _session_assets(tmp_path_factory, **parts):
+    """The session's asset directory with ``parts`` added, copied from the tiny-asset cache (assets/core/cache.py;
+    `rlinf-ext make-tiny-assets` fills it before the tests in CI, and a missing part is built here otherwise).
+    A copy: tests and the launcher write beside the assets (an index), and the cache entry stays as built."""
+    from rlinf_ext.assets.core.cache import copy_parts
+    from rlinf_ext.assets.core.tiny import Parts
+
+    return copy_parts(tmp_path_factory.getbasetemp() / "tiny_assets", Parts.of(**parts), seed=0)
+
+
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
-    """The offline tiny assets (docs/contracts.md, "Data and tiny assets"), generated once per session.
-
-    Set RLINF_EXT_TINY_ASSETS=DIR to reuse a directory across runs while developing.
-    """
-    from rlinf_ext.assets.core.tiny import make_tiny_assets
-
-    cached = os.environ.get("RLINF_EXT_TINY_ASSETS")
-    out = Path(cached) if cached else tmp_path_factory.mktemp("tiny_assets")
-    return make_tiny_assets(out, seed=0)
+    """The offline tiny assets (docs/contracts.md, "Data and tiny assets"): the base, no warm start."""
+    return _session_assets(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def tiny_assets_sft(tiny_assets):
-    """`tiny_assets` plus the warm-started `models/qwen2-tiny-sft` (trained once per session, ~5-7 min on 2 cores;
-    reused from RLINF_EXT_TINY_ASSETS when that directory already has it)."""
-    from rlinf_ext.assets.core.tiny import make_tiny_assets
-
-    return make_tiny_assets(tiny_assets.root, seed=0, with_sft=True)
+def tiny_assets_sft(tiny_assets, tmp_path_factory):
+    """`tiny_assets` plus the text warm start's search phase, `models/qwen2-tiny-sft-search` (~5 min on 2 cores
+    when the cache lacks it). The give-up phase (`qwen2-tiny-sft`, the tiny experiment's model) is used by no
+    test, and not built for them."""
+    return _session_assets(tmp_path_factory, sft_search=True)
 
 
 @pytest.fixture(scope="session")
@@ -108,23 +108,21 @@ def pytest_runtest_setup(item):
 
 
 @pytest.fixture(scope="session")
-def tiny_mm_assets(tiny_assets):
+def tiny_mm_assets(tiny_assets, tmp_path_factory):
     """`tiny_assets` plus the multimodal world under mm/ (`make-tiny-assets --with-mm`, ~10 s on 2 cores)."""
-    from rlinf_ext.assets.core.tiny import make_tiny_assets
-
-    return make_tiny_assets(tiny_assets.root, seed=0, with_mm=True)
+    return _session_assets(tmp_path_factory, mm=True)
 
 
 @pytest.fixture(scope="session")
-def tiny_mm_assets_sft(tiny_mm_assets):
-    """`tiny_mm_assets` plus the warm-started `mm/models/qwen2.5-vl-tiny-sft` (trained once per session)."""
-    from rlinf_ext.assets.core.tiny import make_tiny_assets
+def tiny_mm_assets_sft(tiny_mm_assets, tmp_path_factory):
+    """`tiny_mm_assets` plus the warm-started `mm/models/qwen2.5-vl-tiny-sft` (~3.5 min on 2 cores when the cache
+    lacks it)."""
+    return _session_assets(tmp_path_factory, mm_sft=True)
 
-    return make_tiny_assets(tiny_mm_assets.root, seed=0, with_mm_sft=True)
 
-
-# Session fixtures that train a warm start: their first user pays the training inside its own timeout
-# (pytest-timeout counts fixture setup), so that user's hang guard is widened by this budget.
+# Session fixtures that train a warm start when the cache lacks it: their first user then pays the training
+# inside its own timeout (pytest-timeout counts fixture setup), so every user's hang guard is widened by this
+# budget (CI fills the cache before the tests, so there it is never spent).
 WARM_START_BUDGET_S = {"tiny_assets_sft": 720, "tiny_mm_assets_sft": 360}
 
 

@@ -21,7 +21,10 @@ from rlinf_ext.agent.mmsearch.loop import first_prompt_ids
 from rlinf_ext.agent.registry import agent_spec
 from rlinf_ext.agent.mmsearch.prompts import MMPrompts
 from rlinf_ext.agent.mmsearch.types import MMTask
-from rlinf_ext.assets.core.tiny import make_tiny_assets
+from rlinf_ext.assets.core.cache import copy_parts
+from rlinf_ext.assets.core.tiny import Parts
+from rlinf_ext.assets.searchr1.sft import GIVE_UP_DIR, SEARCH_DIR
+from rlinf_ext.assets.mmsearch.paths import mm_layout
 from rlinf_ext.config import check_config
 from rlinf_ext.config.commands import format_plan
 from rlinf_ext.config.schema import ExperimentConfig
@@ -69,22 +72,23 @@ def use_launched_server(cfg: ExperimentConfig, address: str) -> None:
 
 # ---------------------------------------------------------------- tiny assets, index
 def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
-    """Generate the offline tiny assets under ``paths.tiny_assets`` if the config uses them (idempotent).
+    """Fill ``paths.tiny_assets`` from the tiny-asset cache if the config uses it (assets/core/cache.py: built
+    there first when missing, by the code of this checkout).
 
-    The warm-started SFT models are generated only when a model path of the config points at them; the
-    multimodal world when the agent is mmsearch.
+    A warm start is copied (and trained, when the cache lacks it) only when the rollout model is it: the
+    search phase for `qwen2-tiny-sft-search`, both phases for `qwen2-tiny-sft`; the multimodal world when the
+    agent is mmsearch, with its warm start for `qwen2.5-vl-tiny-sft`.
     """
     root = cfg.paths.tiny_assets
     if not root:
         return None
     root = Path(root)
-    with_sft = "qwen2-tiny-sft" in str(cfg.rollout.model.model_path)
-    with_mm = agent_spec(cfg).vision
-    with_mm_sft = "qwen2.5-vl-tiny-sft" in str(cfg.rollout.model.model_path)
+    model = Path(str(cfg.rollout.model.model_path)).name
+    parts = Parts.of(sft_search=model == SEARCH_DIR, sft=model == GIVE_UP_DIR, mm=agent_spec(cfg).vision,
+                     mm_sft=model == mm_layout(root).qwen2_5_vl_tiny_sft.name)
     started = time.monotonic()
-    print(f"[launch] tiny assets: {root} (warm-started SFT model: {'yes' if with_sft else 'no'}, multimodal world: "
-          f"{'yes' if with_mm else 'no'}{', with its warm start' if with_mm_sft else ''})", flush=True)
-    make_tiny_assets(root, seed=0, with_sft=with_sft, with_mm=with_mm, with_mm_sft=with_mm_sft)
+    print(f"[launch] tiny assets: {root} ({parts.describe()})", flush=True)
+    copy_parts(root, parts, seed=0, log=lambda *a: print(*a, flush=True))
     print(f"[launch] tiny assets ready in {time.monotonic() - started:.1f} s", flush=True)
     return root
 

@@ -130,6 +130,34 @@ def test_short_sft_lowers_loss_and_saves_a_loadable_model(tiny_assets, tmp_path)
         assert torch.isfinite(model(ids).logits).all()
 
 
+@pytest.mark.timeout(180)
+def test_give_up_phase_on_the_saved_search_model_equals_the_two_phases_in_one_run(tiny_assets, tmp_path):
+    """The cache builds the give-up phase apart (only the experiment needs it): same weights as in one run."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from rlinf_ext.assets.core.models import TinyQwen2Shape
+    from rlinf_ext.assets.core.tiny import make_tiny_assets
+
+    cfg = sft.SFTConfig(shape=TinyQwen2Shape(), steps=6, batch_size=4, warmup_steps=2, lr=3e-3, abstain_steps=3,
+                        abstain_batch_size=2)
+    dirs = []
+    for name in ("one", "two"):
+        shutil.copytree(tiny_assets.root, tmp_path / name)
+        dirs.append(make_tiny_assets(tmp_path / name, seed=0))
+    sft.build_sft_model(dirs[0], seed=0, log=lambda *a: None, cfg=cfg)
+    sft.build_sft_search_model(dirs[1], seed=0, log=lambda *a: None, cfg=cfg)
+    assert not (tmp_path / "two" / "models" / "qwen2-tiny-sft").exists()
+    report = sft.build_give_up_model(dirs[1], seed=0, log=lambda *a: None, cfg=cfg)
+    assert report["abstain_examples"] == report["train_questions"]
+    for model in ("qwen2-tiny-sft-search", "qwen2-tiny-sft"):
+        one, two = (load_file(tmp_path / d / "models" / model / "model.safetensors") for d in ("one", "two"))
+        assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one), model
+    search = load_file(tmp_path / "two" / "models" / "qwen2-tiny-sft-search" / "model.safetensors")
+    assert any(not torch.equal(search[k], two[k]) for k in search)  # the give-up phase did train
+
+
 def test_with_sft_reuses_the_base_assets(tiny_assets, tmp_path, monkeypatch):
     """Asking for the SFT model on an existing directory trains only that model and records it."""
     import shutil

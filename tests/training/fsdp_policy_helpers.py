@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from rlinf_ext.agent.core.scripted import ForcedFirstTurn
 from rlinf_ext.agent.mmsearch.protocol import MM_STOPS
 from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools, run_mm_group
 from rlinf_ext.agent.mmsearch.types import MMTask
@@ -24,9 +25,12 @@ PX = 56 * 56
 TEMPERATURE = 1.3
 
 
-def mm_trajectories(mm, model_dir: Path, n_tasks: int = 3, group: int = 4, seed: int = 0):
-    """`group` sampled trajectories per task from the real MM loop, the CPU VL engine and the tiny image cache."""
+def mm_trajectories(mm, model_dir: Path, n_tasks: int = 3, group: int = 4, seed: int = 0, first_turn: str | None = None):
+    """`group` sampled trajectories per task from the real MM loop, the CPU VL engine and the tiny image cache;
+    ``first_turn``: every trajectory's first turn is forced to this text (`ForcedFirstTurn`), the rest sampled."""
     gen = HFVLGenerator.from_pretrained(model_dir, num_threads=None, return_logprobs=True, seed=seed)
+    if first_turn is not None:
+        gen.logits_processors = [ForcedFirstTurn(gen.processor.tokenizer, first_turn)]
     tools = MMTools(ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(mm.cache_train), topk=2,
                                                           thumbnail_min_pixels=PX, thumbnail_max_pixels=PX)),
                     SearchTool(SearchToolConfig(backend="dummy", topk=1)))

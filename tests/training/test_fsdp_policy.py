@@ -21,7 +21,7 @@ def world(vl_world):
 def test_logprobs_equal_the_generators_on_multimodal_trajectories(world):
     mm, trajs = world
     assert any(len(t.images) > 1 for t in trajs), "no trajectory searched images: the test would not cover them"
-    policy = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings())
+    policy = FSDPPolicy(mm.qwen2_5_vl_tiny, settings())
     samples = samples_of(trajs)
     got = policy.compute_logprobs(samples)
     worst = 0.0
@@ -31,7 +31,7 @@ def test_logprobs_equal_the_generators_on_multimodal_trajectories(world):
         assert torch.isfinite(lp).all()
         worst = max(worst, float((lp[mask] - ref[mask]).abs().max()))
     # fp32, the engine's incremental KV-cache passes vs one full forward: 1.0e-5 measured at worst on the tiny VL
-    # warm start under transformers 5.19 (a position bug costs > 1e-3, see below)
+    # warm start, 4.8e-7 on the random tiny VL model, under transformers 5.19 (a position bug costs > 1e-3, see below)
     assert worst < 5e-5, worst
     # the positions are mrope's (images take 2-D positions), not an arange
     batch = policy._pack(samples[:1])
@@ -47,7 +47,7 @@ def test_logprobs_equal_the_generators_on_multimodal_trajectories(world):
 def test_masked_tokens_get_exactly_zero_gradient(world):
     mm, trajs = world
     traj = next(t for t in trajs if len(t.images) > 1)  # observation text and image pads, mask 0
-    policy = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings(group_size=2))
+    policy = FSDPPolicy(mm.qwen2_5_vl_tiny, settings(group_size=2))
     samples = samples_of([traj, traj], rewards=[1.0, 0.0])
     policy.recompute(samples, compute_ref=False)
     captured = {}
@@ -73,7 +73,7 @@ def _sum_logprob(policy, sample) -> float:
 def test_grpo_step_moves_towards_the_rewarded_trajectory(world):
     mm, trajs = world
     a, b = trajs[0], next(t for t in trajs[1:] if t.response_ids != trajs[0].response_ids)
-    policy = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings(optimizer="adam", lr=1e-3, clip_grad=1.0))
+    policy = FSDPPolicy(mm.qwen2_5_vl_tiny, settings(optimizer="adam", lr=1e-3, clip_grad=1.0))
     samples = samples_of([a, b], rewards=[1.0, 0.0])
     before = [_sum_logprob(policy, s) for s in samples]
     policy.recompute(samples, compute_ref=False)
@@ -92,7 +92,7 @@ def _free_port() -> int:
 def _dp_run(mm, tmp_path, samples, scale_loss: bool) -> dict[str, torch.Tensor]:
     payload, out = tmp_path / "samples.pt", tmp_path / f"dp2-{scale_loss}.pt"
     torch.save((samples, 2), payload)
-    mp.spawn(dp_worker, args=(2, _free_port(), str(mm.qwen2_5_vl_tiny_sft), str(payload), str(out), scale_loss),
+    mp.spawn(dp_worker, args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(out), scale_loss),
              nprocs=2, join=True)
     return torch.load(out)
 
@@ -101,7 +101,7 @@ def _dp_run(mm, tmp_path, samples, scale_loss: bool) -> dict[str, torch.Tensor]:
 def test_fsdp2_over_two_gloo_ranks_equals_one_process(world, tmp_path):
     mm, trajs = world
     samples = samples_of(trajs[:4], rewards=[1.0, 0.0, 0.0, 1.0])  # two GRPO groups of 2
-    one = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings())
+    one = FSDPPolicy(mm.qwen2_5_vl_tiny, settings())
     before = one.hf_state_dict()
     one.recompute(samples, compute_ref=False)
     one.train_step(samples, step=0)
@@ -122,7 +122,7 @@ def test_freeze_vision_tower_freezes_exactly_the_vit(world):
     mm, _ = world
     fsdp = FSDPSettings(freeze_vision_tower=True, gradient_checkpointing=False, reshard_after_forward=True,
                         param_dtype="bf16", reduce_dtype="fp32")
-    policy = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings(), fsdp=fsdp)
+    policy = FSDPPolicy(mm.qwen2_5_vl_tiny, settings(), fsdp=fsdp)
     frozen = {n for n, p in policy.model.named_parameters() if not p.requires_grad}
     assert frozen and all(".visual." in f".{n}" for n in frozen)
     assert frozen == {n for n, _ in policy.model.named_parameters() if n.startswith("model.visual.")}

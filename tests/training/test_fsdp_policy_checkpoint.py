@@ -32,14 +32,14 @@ def _save(policy, root, step):
 def test_resume_two_plus_one_equals_three(vl_world, tmp_path):
     mm, trajs = vl_world
     samples = samples_of(trajs[:4], rewards=[1.0, 0.0, 0.0, 1.0])
-    straight = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, _settings())
+    straight = FSDPPolicy(mm.qwen2_5_vl_tiny, _settings())
     for step in range(3):
         _step(straight, samples, step)
-    first = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, _settings())
+    first = FSDPPolicy(mm.qwen2_5_vl_tiny, _settings())
     for step in range(2):
         _step(first, samples, step)
     ckpt = _save(first, tmp_path / "checkpoints", 2)
-    resumed = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, _settings())
+    resumed = FSDPPolicy(mm.qwen2_5_vl_tiny, _settings())
     assert resumed.load(ckpt / "actor") == 2 and resumed.optimizer_steps == 2
     _step(resumed, samples, 2)
     a, b = straight.hf_state_dict(), resumed.hf_state_dict()
@@ -55,7 +55,7 @@ def test_resume_two_plus_one_equals_three(vl_world, tmp_path):
 
 def test_truncated_or_unmarked_checkpoints_are_skipped_or_refused(vl_world, tmp_path):
     mm, trajs = vl_world
-    policy = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, _settings())
+    policy = FSDPPolicy(mm.qwen2_5_vl_tiny, _settings())
     root = tmp_path / "checkpoints"
     good = _save(policy, root, 1)
     bad = _save(policy, root, 2)

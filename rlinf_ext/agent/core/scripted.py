@@ -116,3 +116,34 @@ class ForcedActions:
             forced[row] = torch.full_like(scores[row], float("-inf"))
             forced[row, plan[step]] = 0.0
         return forced
+
+
+class ForcedFirstTurn:
+    """A transformers `LogitsProcessor` that makes any (even random) model open its first assistant turn with
+    ``text`` (e.g. MMSearch-R1's image-search call), then leaves sampling free, later turns included: a random
+    model's trajectories that take a chosen first action, for tests that need such trajectories and not a
+    trained model. The first turn is a sequence with no more turn markers than the fewest seen so far (the
+    prompt's; each observation adds a user and an assistant turn). For one chat layout of prompts per instance."""
+
+    def __init__(self, tokenizer, text: str, turn_marker: str = "<|im_start|>"):
+        self.marker = tokenizer.convert_tokens_to_ids(turn_marker)
+        self.plan = tokenizer.encode(text, add_special_tokens=False)
+        self.prompt_markers: int | None = None
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        rows = input_ids.tolist()
+        fewest = min(seq.count(self.marker) for seq in rows)
+        self.prompt_markers = fewest if self.prompt_markers is None else min(self.prompt_markers, fewest)
+        forced = scores.clone()
+        for row, seq in enumerate(rows):
+            if seq.count(self.marker) > self.prompt_markers:
+                continue  # a later turn: free
+            turn = seq[len(seq) - seq[::-1].index(self.marker):] if self.marker in seq else seq
+            done = next((k for k in range(len(self.plan), -1, -1) if k == 0 or turn[-k:] == self.plan[:k]))
+            if done == len(self.plan):
+                continue  # the call is out: free sampling (the engine's stop string ends the turn)
+            forced[row] = torch.full_like(scores[row], float("-inf"))
+            forced[row, self.plan[done]] = 0.0
+        return forced

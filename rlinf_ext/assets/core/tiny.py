@@ -3,7 +3,8 @@
 Everything is derived from the seed by code in this package, with no network. The output directory holds a
 `MANIFEST.json` (seed, generator version, files with their sha256); a later call with the same seed and version
 reuses the directory instead of regenerating it. A file lock makes concurrent callers (parallel test sessions)
-wait for one generator instead of racing.
+wait for one generator instead of racing. The tests and the tiny experiments do not call this on their own
+directories: they copy from the cache of generated directories (`assets/core/cache.py`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import fcntl
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 
 from rlinf_ext.assets.core.generate import generate_base
@@ -20,11 +21,71 @@ from rlinf_ext.assets.mmsearch.paths import MM_GENERATOR_VERSION, MMAssets, mm_l
 from rlinf_ext.assets.mmsearch.sft import build_mm_sft_model
 from rlinf_ext.assets.mmsearch.tiny import generate_mm
 from rlinf_ext.assets.searchr1.qa import BENCHMARKS
-from rlinf_ext.assets.searchr1.sft import build_sft_model
+from rlinf_ext.assets.searchr1.sft import build_give_up_model, build_sft_model, build_sft_search_model
 
 # Bump when the generated content changes, so that stale cached directories are regenerated.
 GENERATOR_VERSION = 7  # 7: qwen2-tiny at head size 32 (2 heads, 1 KV head)
 MANIFEST = "MANIFEST.json"
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The optional parts of an asset directory beyond the base (corpus, QA, tokenizer, random models).
+
+    ``sft_search``: the text warm start's search phase (`models/qwen2-tiny-sft-search`, always searches);
+    ``sft``: its give-up phase on top (`models/qwen2-tiny-sft`, the tiny experiment's model; implies sft_search);
+    ``mm``: the multimodal world (`mm/`); ``mm_sft``: the VL warm start (`mm/models/qwen2.5-vl-tiny-sft`,
+    implies mm). Use `Parts.of` (it adds the implied parts)."""
+
+    sft_search: bool = False
+    sft: bool = False
+    mm: bool = False
+    mm_sft: bool = False
+
+    @staticmethod
+    def of(sft_search: bool = False, sft: bool = False, mm: bool = False, mm_sft: bool = False) -> "Parts":
+        return Parts(sft_search=sft_search or sft, sft=sft, mm=mm or mm_sft, mm_sft=mm_sft)
+
+    @staticmethod
+    def of_manifest(manifest: dict | None) -> "Parts":
+        """The parts a MANIFEST.json claims (older manifests: `with_sft` meant both text warm starts)."""
+        if not manifest:
+            return Parts()
+        mm = manifest.get("mm_version") == MM_GENERATOR_VERSION
+        return Parts.of(sft_search=bool(manifest.get("with_sft_search")), sft=bool(manifest.get("with_sft")), mm=mm,
+                        mm_sft=mm and bool(manifest.get("with_mm_sft")))
+
+    def union(self, other: "Parts") -> "Parts":
+        return Parts.of(*(a or b for a, b in zip(astuple(self), astuple(other))))
+
+    def covers(self, other: "Parts") -> bool:
+        return all(a or not b for a, b in zip(astuple(self), astuple(other)))
+
+    def has(self, part: str) -> bool:
+        """``part``: "base" (always) or a field name (`part_of_file`)."""
+        return part == "base" or getattr(self, part)
+
+    def describe(self) -> str:
+        return "base" + "".join(f" + {f.name}" for f in fields(self) if getattr(self, f.name))
+
+    def manifest_fields(self) -> dict:
+        out = {"with_sft_search": self.sft_search, "with_sft": self.sft}
+        if self.mm:
+            out.update(mm_version=MM_GENERATOR_VERSION, with_mm_sft=self.mm_sft)
+        return out
+
+
+SFT_SEARCH_DIR = "models/qwen2-tiny-sft-search/"
+SFT_DIR = "models/qwen2-tiny-sft/"
+MM_SFT_DIR = "mm/models/qwen2.5-vl-tiny-sft/"
+
+
+def part_of_file(rel: str) -> str:
+    """The part (a `Parts` field, or "base") a file of an asset directory belongs to, by its relative path."""
+    for prefix, part in ((SFT_SEARCH_DIR, "sft_search"), (SFT_DIR, "sft"), (MM_SFT_DIR, "mm_sft"), ("mm/", "mm")):
+        if rel.startswith(prefix):
+            return part
+    return "base"
 
 
 @dataclass(frozen=True)
@@ -43,20 +104,20 @@ class TinyAssets:
     qwen2_tiny: Path
     qwen2_tiny_untied: Path
     bert_encoder: Path
-    qwen2_tiny_sft: Path | None = None  # only with with_sft=True: the warm start (searches or gives up)
-    # only with with_sft=True: the same SFT before its give-up pass (always searches; sft.SFTConfig)
+    qwen2_tiny_sft: Path | None = None  # only with the sft part: the warm start (searches or gives up)
+    # only with the sft_search part: the same SFT before its give-up pass (always searches; sft.SFTConfig)
     qwen2_tiny_sft_search: Path | None = None
     benchmarks: tuple[str, ...] = field(default=BENCHMARKS)
-    mm: MMAssets | None = None  # only with with_mm=True: the multimodal world (assets/mmsearch/tiny.py)
+    mm: MMAssets | None = None  # only with the mm part: the multimodal world (assets/mmsearch/tiny.py)
 
     @property
     def manifest_path(self) -> Path:
         return self.root / MANIFEST
 
 
-def _layout(root: Path, seed: int, with_sft: bool, with_mm: bool = False) -> TinyAssets:
+def _layout(root: Path, seed: int, parts: Parts) -> TinyAssets:
     return TinyAssets(
-        mm=mm_layout(root) if with_mm else None,
+        mm=mm_layout(root) if parts.mm else None,
         root=root,
         seed=seed,
         corpus_path=root / "corpus" / "wiki.jsonl",
@@ -69,8 +130,8 @@ def _layout(root: Path, seed: int, with_sft: bool, with_mm: bool = False) -> Tin
         qwen2_tiny=root / "models" / "qwen2-tiny",
         qwen2_tiny_untied=root / "models" / "qwen2-tiny-untied",
         bert_encoder=root / "models" / "bert-tiny-encoder",
-        qwen2_tiny_sft=(root / "models" / "qwen2-tiny-sft") if with_sft else None,
-        qwen2_tiny_sft_search=(root / "models" / "qwen2-tiny-sft-search") if with_sft else None,
+        qwen2_tiny_sft=(root / SFT_DIR) if parts.sft else None,
+        qwen2_tiny_sft_search=(root / SFT_SEARCH_DIR) if parts.sft_search else None,
     )
 
 
@@ -97,66 +158,80 @@ def read_manifest(root: Path) -> dict | None:
         return None
 
 
-def _reusable(manifest: dict | None, root: Path, seed: int, with_sft: bool, with_mm: bool = False,
-              with_mm_sft: bool = False) -> bool:
+def _valid_parts(manifest: dict | None, root: Path, seed: int) -> Parts | None:
+    """The parts of ``root`` its MANIFEST claims and whose files are all there; None if the base is not (another
+    seed or generator version, a missing file)."""
     if not manifest or manifest.get("seed") != seed or manifest.get("version") != GENERATOR_VERSION:
-        return False
-    if with_sft and not manifest.get("with_sft"):
-        return False
-    if (with_mm or with_mm_sft) and manifest.get("mm_version") != MM_GENERATOR_VERSION:
-        return False
-    if with_mm_sft and not manifest.get("with_mm_sft"):
-        return False
-    with_mm = with_mm or with_mm_sft
-    # the multimodal world is checked only when asked for: a damaged mm/ does not force the base to rebuild
-    return all((root / rel).is_file() for rel in manifest.get("files", {}) if with_mm or not rel.startswith("mm/"))
+        return None
+    present: dict[str, bool] = {}
+    for rel in manifest.get("files", {}):
+        part = part_of_file(rel)
+        present[part] = present.get(part, True) and (root / rel).is_file()
+    if not present.get("base", False):
+        return None
+    claimed = Parts.of_manifest(manifest)
+    # a part counts only with its files (and the parts it builds on): a damaged mm/ does not force the base to rebuild
+    ok = {f.name: getattr(claimed, f.name) and present.get(f.name, True) for f in fields(claimed)}
+    ok["sft"] = ok["sft"] and ok["sft_search"]
+    ok["mm_sft"] = ok["mm_sft"] and ok["mm"]
+    return Parts(**ok)
+
+
+def complete_assets(root: Path, seed: int, parts: Parts) -> TinyAssets | None:
+    """The layout of ``root`` (every part it holds) when it holds the base and ``parts`` for ``seed``, else None.
+    Reads only (no lock): a MANIFEST is written last, so a half-written directory is not claimed complete."""
+    root = Path(root)
+    have = _valid_parts(read_manifest(root), root, seed)
+    return _layout(root, seed, have) if have is not None and have.covers(parts) else None
 
 
 def make_tiny_assets(out_dir, seed: int = 0, with_sft: bool = False, verbose: bool = False,
-                     with_mm: bool = False, with_mm_sft: bool = False) -> TinyAssets:
-    """Generate (or reuse) the tiny assets under `out_dir`; see the module docstring and docs/contracts.md,
-    "Data and tiny assets".
+                     with_mm: bool = False, with_mm_sft: bool = False, with_sft_search: bool = False,
+                     parts: Parts | None = None) -> TinyAssets:
+    """Generate (or reuse) the tiny assets under `out_dir` with the optional ``parts`` (or the ``with_*`` flags);
+    see the module docstring and docs/contracts.md, "Data and tiny assets".
 
     Parts already present for this seed and generator version are kept: asking for `with_mm` on a directory
     that has the warm start only adds the multimodal world, and the other way round."""
+    want = (parts or Parts()).union(Parts.of(sft_search=with_sft_search, sft=with_sft, mm=with_mm, mm_sft=with_mm_sft))
     root = Path(out_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     log = print if verbose else (lambda *a, **k: None)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         manifest = read_manifest(root)
-        with_mm = with_mm or with_mm_sft
-        if _reusable(manifest, root, seed, with_sft, with_mm, with_mm_sft):
-            log(f"reusing {root} (seed {seed}, version {GENERATOR_VERSION})")
-            return _layout(root, seed, with_sft or bool(manifest.get("with_sft")),
-                           with_mm or manifest.get("mm_version") == MM_GENERATOR_VERSION)
-        base_ok = _reusable(manifest, root, seed, with_sft=False)
-        sft_ok = base_ok and _reusable(manifest, root, seed, with_sft=True)
-        mm_ok = base_ok and _reusable(manifest, root, seed, with_sft=False, with_mm=True)
-        mm_sft_ok = mm_ok and _reusable(manifest, root, seed, with_sft=False, with_mm_sft=True)
-        if manifest is not None and not base_ok:
+        have = _valid_parts(manifest, root, seed)
+        if have is not None and have.covers(want):
+            log(f"reusing {root} (seed {seed}, version {GENERATOR_VERSION}, {have.describe()})")
+            return _layout(root, seed, have)
+        if manifest is not None and have is None:
             log(f"{root}: MANIFEST is for seed {manifest.get('seed')} / version {manifest.get('version')}; regenerating")
-        timings: dict[str, float] = dict(manifest.get("timings_s", {})) if base_ok else {}
-        if not base_ok:
+        timings: dict[str, float] = dict(manifest.get("timings_s", {})) if have is not None else {}
+        if have is None:
             (root / MANIFEST).unlink(missing_ok=True)  # an interrupted run must not look complete
             timings.update(generate_base(root, seed, log))
+            have = Parts()
         # adding a part keeps the old MANIFEST until the new one is written: it does not claim the part yet, so an
         # interrupted addition is redone without regenerating what was already complete
-        with_sft, with_mm, with_mm_sft = with_sft or sft_ok, with_mm or mm_ok, with_mm_sft or mm_sft_ok
-        assets = _layout(root, seed, with_sft, with_mm)
-        if with_sft and not sft_ok:
-            t0 = time.perf_counter()
-            build_sft_model(assets, seed, log)
+        done = have.union(want)
+        assets = _layout(root, seed, done)
+        t0 = time.perf_counter()
+        if done.sft and not have.sft_search:
+            build_sft_model(assets, seed, log)  # both phases in one run
             timings["sft"] = round(time.perf_counter() - t0, 2)
-        if with_mm and not mm_ok:
+        elif done.sft_search and not have.sft_search:
+            build_sft_search_model(assets, seed, log)
+            timings["sft_search"] = round(time.perf_counter() - t0, 2)
+        elif done.sft and not have.sft:
+            build_give_up_model(assets, seed, log)
+            timings["sft_give_up"] = round(time.perf_counter() - t0, 2)
+        if done.mm and not have.mm:
             timings.update(generate_mm(root, seed, log))
-        if with_mm_sft and not mm_sft_ok:
+        if done.mm_sft and not have.mm_sft:
             t0 = time.perf_counter()
             build_mm_sft_model(root, seed, log)
             timings["mm_sft"] = round(time.perf_counter() - t0, 2)
-        new_manifest = {"seed": seed, "version": GENERATOR_VERSION, "with_sft": with_sft,
+        new_manifest = {"seed": seed, "version": GENERATOR_VERSION, **done.manifest_fields(),
                         "timings_s": timings, "files": _file_hashes(root)}
-        if with_mm:
-            new_manifest.update(mm_version=MM_GENERATOR_VERSION, with_mm_sft=with_mm_sft)
         (root / MANIFEST).write_text(json.dumps(new_manifest, indent=1, sort_keys=True) + "\n")
         return assets

@@ -36,6 +36,9 @@ from rlinf_ext.assets.searchr1.qa import Question, split_questions
 from rlinf_ext.assets.searchr1.rows import chat_prompt
 from rlinf_ext.protocol.generation import SamplingParams
 
+SEARCH_DIR = "qwen2-tiny-sft-search"  # under models/: the search phase
+GIVE_UP_DIR = "qwen2-tiny-sft"  # under models/: after the give-up phase
+
 # the loop's limits while playing back: above any planned trajectory, so nothing is cut or refused
 PLAYBACK_TOKENS = 8192
 PLAYBACK_LOOP = AgentLoopConfig(max_turns=8, response_length_total=PLAYBACK_TOKENS, max_obs_length=PLAYBACK_TOKENS,
@@ -141,35 +144,84 @@ def train_sft(model, examples: list[SFTExample], cfg: SFTConfig, seed: int, pad_
     return sft_loop.train(model, streams, cfg, pad_id, progress=progress)
 
 
-def build_sft_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig | None = None) -> dict:
-    """Train and save `models/qwen2-tiny-sft` from the train split; returns (and saves) a training report."""
-    from transformers import AutoTokenizer
+def _search_examples(assets, seed: int, cfg: SFTConfig):
+    from transformers import AutoTokenizer  # lazy: transformers is heavy to import
 
-    cfg = cfg or SFTConfig()
     tok = AutoTokenizer.from_pretrained(assets.tokenizer_dir)
     splits = split_questions(build_world(seed), seed)
     search = CorpusTextSearch(corpus_retriever(assets.corpus_path), cfg.topk)
-    t0, cpu0 = time.perf_counter(), time.process_time()
     train_questions = [q for _, q in splits.train]
-    examples = build_examples(tok, train_questions, search, cfg.copy_weight)
+    return tok, train_questions, build_examples(tok, train_questions, search, cfg.copy_weight)
+
+
+def _report(cfg: SFTConfig, examples, abstain, n_questions: int, t0: float, cpu0: float, losses: list[float]) -> dict:
+    return {"config": asdict(cfg), "train_examples": len(examples), "abstain_examples": len(abstain),
+            "train_questions": n_questions,
+            # CPU seconds tell the cost on a busy machine, where wall time mostly measures the neighbours
+            "train_seconds": round(time.perf_counter() - t0, 1), "train_cpu_seconds": round(time.process_time() - cpu0, 1),
+            "first_loss": round(losses[0], 4), "last_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4)}
+
+
+def _search_phase(assets, seed: int, cfg: SFTConfig):
+    tok, train_questions, examples = _search_examples(assets, seed, cfg)
     model = make_qwen2(tok, cfg.shape, seed + 3)
     losses = train_sft(model, examples, cfg, seed, tok.pad_token_id, progress=True)
-    abstain: list[SFTExample] = []
     # the search-only model (before the give-up pass): a reference point, and a start that always searches
-    save_hf_model(model, tok, Path(assets.root) / "models" / "qwen2-tiny-sft-search")
-    if cfg.abstain_steps > 0:
-        abstain = build_abstain_examples(tok, train_questions, cfg.abstain_fraction, seed + 5)
-        phase2 = replace(cfg, steps=cfg.abstain_steps, lr=cfg.abstain_lr, warmup_steps=min(5, cfg.abstain_steps))
-        losses += train_sft(model, examples, phase2, seed + 7, tok.pad_token_id, progress=True, abstain_examples=abstain)
-    train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
-    out = Path(assets.root) / "models" / "qwen2-tiny-sft"
+    save_hf_model(model, tok, Path(assets.root) / "models" / SEARCH_DIR)
+    return tok, train_questions, examples, model, losses
+
+
+def _give_up_phase(model, tok, train_questions, examples, seed: int, cfg: SFTConfig) -> tuple[list, list[float]]:
+    if cfg.abstain_steps <= 0:
+        return [], []
+    abstain = build_abstain_examples(tok, train_questions, cfg.abstain_fraction, seed + 5)
+    phase2 = replace(cfg, steps=cfg.abstain_steps, lr=cfg.abstain_lr, warmup_steps=min(5, cfg.abstain_steps))
+    return abstain, train_sft(model, examples, phase2, seed + 7, tok.pad_token_id, progress=True, abstain_examples=abstain)
+
+
+def _save_sft(model, tok, assets, report: dict, log: Callable[..., None], cfg: SFTConfig) -> dict:
+    out = Path(assets.root) / "models" / GIVE_UP_DIR
     save_hf_model(model, tok, out)
-    report = {"config": asdict(cfg), "train_examples": len(examples), "abstain_examples": len(abstain),
-              "train_questions": len(splits.train),
-              # CPU seconds tell the cost on a busy machine, where wall time mostly measures the neighbours
-              "train_seconds": round(train_s, 1), "train_cpu_seconds": round(train_cpu_s, 1), "first_loss": round(losses[0], 4),
-              "last_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4)}
     (out / "sft_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    log(f"sft: {len(examples)} search + {len(abstain)} give-up trajectories, {cfg.steps} + {cfg.abstain_steps if abstain else 0} steps in {train_s:.0f}s ({train_cpu_s:.0f} CPU s), loss {report['first_loss']} -> "
-        f"{report['last_loss']} -> {out}")
+    log(f"sft: {report['train_examples']} search + {report['abstain_examples']} give-up trajectories, {cfg.steps} + "
+        f"{cfg.abstain_steps if report['abstain_examples'] else 0} steps in {report['train_seconds']:.0f}s "
+        f"({report['train_cpu_seconds']:.0f} CPU s), loss {report['first_loss']} -> {report['last_loss']} -> {out}")
     return report
+
+
+def build_sft_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig | None = None) -> dict:
+    """Train and save `models/qwen2-tiny-sft-search` and then `models/qwen2-tiny-sft` (both phases) from the train
+    split; returns (and saves) a training report."""
+    cfg = cfg or SFTConfig()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    tok, train_questions, examples, model, losses = _search_phase(assets, seed, cfg)
+    abstain, more = _give_up_phase(model, tok, train_questions, examples, seed, cfg)
+    report = _report(cfg, examples, abstain, len(train_questions), t0, cpu0, losses + more)
+    return _save_sft(model, tok, assets, report, log, cfg)
+
+
+def build_sft_search_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig | None = None) -> dict:
+    """Only the search phase: `models/qwen2-tiny-sft-search` (what the end-to-end tests start from)."""
+    cfg = cfg or SFTConfig()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    _, train_questions, examples, _, losses = _search_phase(assets, seed, cfg)
+    report = _report(cfg, examples, [], len(train_questions), t0, cpu0, losses)
+    log(f"sft (search phase): {len(examples)} trajectories, {cfg.steps} steps in {report['train_seconds']:.0f}s, "
+        f"loss {report['first_loss']} -> {report['last_loss']}")
+    return report
+
+
+def build_give_up_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig | None = None) -> dict:
+    """The give-up phase on a saved `models/qwen2-tiny-sft-search` (`build_sft_search_model`): the same weights
+    as `build_sft_model`'s, which continues from the model in memory (fp32 both ways; each phase has its own
+    optimizer and seeded batches)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    cfg = cfg or SFTConfig()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    tok, train_questions, examples = _search_examples(assets, seed, cfg)
+    model = Qwen2ForCausalLM.from_pretrained(str(Path(assets.root) / "models" / SEARCH_DIR), dtype=torch.float32)
+    abstain, losses = _give_up_phase(model, tok, train_questions, examples, seed, cfg)
+    report = _report(cfg, examples, abstain, len(train_questions), t0, cpu0, losses or [float("nan")])
+    return _save_sft(model, tok, assets, report, log, cfg)

@@ -1,0 +1,149 @@
+"""The tiny-asset cache (assets/core/cache.py): its key follows the generating code and pins, entries are
+published whole, and copies hold exactly the parts asked for. The generators are replaced by writers of one
+small file per part (the real generation is covered by test_tiny_assets.py and test_trajectories_and_sft.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import rlinf_ext.assets.core.cache as cache
+import rlinf_ext.assets.core.tiny as tiny
+from rlinf_ext.assets.core.tiny import Parts, read_manifest
+
+
+@pytest.fixture
+def fake_generators(monkeypatch, tmp_path):
+    """Generators that write one file per part and count their calls; the cache in tmp_path/cache."""
+    calls: list[str] = []
+
+    def writer(name, rel):
+        def write(root_or_assets, seed, log, *a, **k):
+            root = root_or_assets if isinstance(root_or_assets, Path) else root_or_assets.root
+            calls.append(name)
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(f"{name} {seed}\n")
+            return {}
+        return write
+
+    monkeypatch.setattr(tiny, "generate_base", writer("base", "corpus/wiki.jsonl"))
+    monkeypatch.setattr(tiny, "build_sft_search_model", writer("sft_search", "models/qwen2-tiny-sft-search/w"))
+    monkeypatch.setattr(tiny, "build_give_up_model", writer("sft", "models/qwen2-tiny-sft/w"))
+    both = [writer("sft_search", "models/qwen2-tiny-sft-search/w"), writer("sft", "models/qwen2-tiny-sft/w")]
+    monkeypatch.setattr(tiny, "build_sft_model", lambda *a, **k: [w(*a, **k) for w in both])
+    monkeypatch.setattr(tiny, "generate_mm", writer("mm", "mm/emblems.json"))
+    monkeypatch.setattr(tiny, "build_mm_sft_model", writer("mm_sft", "mm/models/qwen2.5-vl-tiny-sft/w"))
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
+    return calls
+
+
+def test_the_key_covers_the_generators_sources_and_the_pins():
+    inputs = cache.key_inputs()
+    for rel in ("rlinf_ext/assets/core/tiny.py", "rlinf_ext/assets/core/models.py", "rlinf_ext/assets/searchr1/sft.py",
+                "rlinf_ext/assets/mmsearch/sft.py", "rlinf_ext/agent/searchr1/loop.py",  # imported by the SFT
+                "rlinf_ext/assets/core/qwen2_5_chat_template.jinja"):
+        assert rel in inputs["files"], rel
+    for dist in ("torch", "transformers", "tokenizers", "numpy", "safetensors"):
+        assert dist in inputs["distributions"], dist
+    assert "rlinf_ext/runner/launch.py" not in inputs["files"]  # not generating code: editing it keeps the cache
+
+
+def test_the_key_changes_when_a_generating_source_changes(tmp_path, monkeypatch):
+    pkg = tmp_path / "rlinf_ext"
+    shutil.copytree(cache._package_dir(), pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cache, "_package_dir", lambda: pkg)
+    before = cache.cache_key()
+    assert before == cache.cache_key()  # stable
+    models = pkg / "assets" / "core" / "models.py"
+    models.write_text(models.read_text() + "\n# another shape\n")
+    assert cache.cache_key() != before
+    monkeypatch.setattr(cache, "_distribution_versions", lambda top: {"torch": "0.0"})
+    models.write_text(models.read_text().removesuffix("\n# another shape\n"))
+    assert cache.cache_key() != before  # same sources, other pins
+
+
+def test_the_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "c"))
+    assert cache.cache_dir() == tmp_path / "c"
+    monkeypatch.delenv(cache.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert cache.cache_dir() == tmp_path / "x" / "rlinf_ext" / "tiny_assets"
+
+
+def test_an_entry_is_built_once_and_grows_by_new_versions(fake_generators):
+    calls = fake_generators
+    a = cache.cached_tiny_assets(Parts(), log=lambda *a: None)
+    assert calls == ["base"] and a.qwen2_tiny_sft_search is None
+    assert read_manifest(a.root)["cache_key"] == cache.cache_key()
+    assert cache.cached_tiny_assets(Parts(), log=lambda *a: None) == a and calls == ["base"]  # reused
+    b = cache.cached_tiny_assets(Parts.of(sft_search=True), log=lambda *a: None)
+    assert calls == ["base", "sft_search"] and b.root != a.root  # a new version beside the old one
+    assert (a.root / "corpus" / "wiki.jsonl").is_file() and not (a.root / "models").exists()  # the old is untouched
+    assert cache.entry_path().resolve() == b.root
+    c = cache.cached_tiny_assets(Parts.of(sft=True), log=lambda *a: None)
+    assert calls == ["base", "sft_search", "sft"] and c.qwen2_tiny_sft is not None  # the search phase reused
+    assert not list(cache.cache_dir().glob(".tmp-*"))
+
+
+def test_an_interrupted_build_publishes_nothing(fake_generators, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(tiny, "generate_mm", broken)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        cache.cached_tiny_assets(Parts.of(mm=True), log=lambda *a: None)
+    assert not cache.entry_path().exists() and not list(cache.cache_dir().glob(".tmp-*"))
+
+
+def test_a_copy_holds_the_parts_asked_for_and_keeps_what_was_written_beside(fake_generators, tmp_path):
+    calls = fake_generators
+    cache.cached_tiny_assets(Parts.of(sft=True, mm_sft=True), log=lambda *a: None)
+    built = list(calls)
+    root = tmp_path / "session"
+    a = cache.copy_parts(root, Parts(), log=lambda *a: None)
+    assert a.qwen2_tiny_sft_search is None and a.mm is None and not (root / "models").exists()
+    assert calls == built  # copied, not generated
+    (root / "index").mkdir()
+    (root / "index" / "bm25").write_text("built by a test")
+    b = cache.copy_parts(root, Parts.of(sft_search=True), log=lambda *a: None)
+    assert b.qwen2_tiny_sft_search == root / "models" / "qwen2-tiny-sft-search" and b.qwen2_tiny_sft is None
+    assert (root / "index" / "bm25").read_text() == "built by a test"  # same code: only added to
+    files = read_manifest(root)["files"]
+    assert "models/qwen2-tiny-sft-search/w" in files and not any(k.startswith(("mm/", "models/qwen2-tiny-sft/")) for k in files)
+    assert cache.copy_parts(root, Parts(), log=lambda *a: None) == b  # keeps the parts it holds
+
+
+def test_a_directory_of_other_code_is_replaced_whole(fake_generators, tmp_path):
+    root = tmp_path / "outputs" / "tiny_assets"
+    cache.copy_parts(root, Parts(), log=lambda *a: None)
+    (root / "index").mkdir()
+    (root / "index" / "bm25").write_text("an index of an older corpus")
+    manifest = read_manifest(root)
+    (root / "MANIFEST.json").write_text(json.dumps({**manifest, "cache_key": "older code"}))
+    cache.copy_parts(root, Parts(), log=lambda *a: None)
+    assert not (root / "index").exists() and read_manifest(root)["cache_key"] == cache.cache_key()
+    assert not [p for p in root.parent.iterdir() if p.name != "tiny_assets"]  # no temporary left beside
+
+
+@pytest.mark.parametrize("model, vision, parts", [
+    ("models/qwen2-tiny", False, Parts()),
+    ("models/qwen2-tiny-sft-search", False, Parts.of(sft_search=True)),  # the search phase only
+    ("models/qwen2-tiny-sft", False, Parts.of(sft=True)),  # both phases: the tiny experiment's model
+    ("mm/models/qwen2.5-vl-tiny", True, Parts.of(mm=True)),
+    ("mm/models/qwen2.5-vl-tiny-sft", True, Parts.of(mm_sft=True)),
+])
+def test_the_launcher_copies_the_parts_its_model_needs(monkeypatch, tmp_path, model, vision, parts):
+    from types import SimpleNamespace
+
+    import rlinf_ext.runner.prepare as prepare
+
+    asked = []
+    monkeypatch.setattr(prepare, "copy_parts", lambda root, p, seed, log: asked.append((root, p)))
+    monkeypatch.setattr(prepare, "agent_spec", lambda cfg: SimpleNamespace(vision=vision))
+    cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(tmp_path)),
+                          rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{tmp_path}/{model}")))
+    assert prepare.prepare_tiny_assets(cfg) == tmp_path
+    assert asked == [(tmp_path, parts)]
