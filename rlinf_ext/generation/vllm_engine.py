@@ -212,6 +212,14 @@ def result_of_output(output: Any, decode, params: SamplingParams, eos_ids: Itera
 
 
 # ------------------------------------------------------------------------------------------------ engines
+def check_generate_args(prompt_ids: list[int], sampling_params: SamplingParams) -> None:
+    """What every vLLM generate call refuses before it reaches the engine."""
+    if not prompt_ids:
+        raise ValueError("generate needs a non-empty prompt")
+    if sampling_params.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
+
+
 class InprocVLLMEngine:
     """vLLM's ``LLMEngine`` in this process behind the part of ``AsyncLLM``'s API the generator uses.
 
@@ -426,10 +434,7 @@ class VLLMGenerator:
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if not prompt_ids:
-            raise ValueError("generate needs a non-empty prompt")
-        if sampling_params.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
+        check_generate_args(prompt_ids, sampling_params)
         if images:
             raise ValueError("VLLMGenerator is a text engine; it got images")
         call = next(self._calls)

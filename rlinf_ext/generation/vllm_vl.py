@@ -31,8 +31,8 @@ from typing import Any
 
 from rlinf_ext.generation.sglang_vl import vision_runs
 from rlinf_ext.generation.sglang_wire import hf_eos_ids
-from rlinf_ext.generation.vllm_engine import (VLLMEngineOptions, VLLMGenerator, result_of_output, start_engine,
-                                              to_vllm_params)
+from rlinf_ext.generation.vllm_engine import (VLLMEngineOptions, VLLMGenerator, check_generate_args, result_of_output,
+                                              start_engine, to_vllm_params)
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 from rlinf_ext.protocol.images import ImageRef
 from rlinf_ext.protocol.vl_tokens import (IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size,
@@ -192,10 +192,7 @@ class VLLMVLGenerator(VLLMGenerator):
 
     async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
                        images: list[Any] | None = None, *, seed: int | None = None) -> GenerationResult:
-        if not prompt_ids:
-            raise ValueError("generate needs a non-empty prompt")
-        if sampling_params.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
+        check_generate_args(prompt_ids, sampling_params)
         request = mm_request(prompt_ids, list(images or []), self.token_ids)
         call = next(self._calls)
         if seed is None and self._seed is not None:

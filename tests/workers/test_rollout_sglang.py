@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from channel_fakes import Channel, Op  # noqa: E402
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams
 from rlinf_ext.sync.weight_sync import (
     SYNC_ACK,
@@ -117,27 +118,6 @@ def test_a_broadcast_bucket_is_copied_to_every_tp_device():
 
 
 # ------------------------------------------------------------------------------------------------ call order
-class Op:
-    def __init__(self, value=None, coro=None):
-        self.value, self.coro = value, coro
-
-    async def async_wait(self):
-        return await self.coro if self.coro is not None else self.value
-
-
-class Channel:
-    def __init__(self):
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.items: dict = {}
-
-    def get(self, async_op=True):
-        return Op(coro=self.queue.get())
-
-    def put(self, item, key=None, async_op=True):
-        self.items[key] = item
-        return Op()
-
-
 class RecordingControl:
     """Stands in for ``SGLangControl``: records every engine call; generate answers in sglang 0.5.23's shape."""
 

@@ -13,6 +13,7 @@ import torch
 
 pytest.importorskip("vllm")
 
+from channel_fakes import Channel, Op  # noqa: E402
 from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator  # noqa: E402
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams  # noqa: E402
 from rlinf_ext.sync.weight_sync import (  # noqa: E402
@@ -28,27 +29,6 @@ from rlinf_ext.sync.weight_sync import (  # noqa: E402
 from rlinf_ext.workers.rollout_vllm import VLLMRolloutState  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Op:
-    def __init__(self, value=None, coro=None):
-        self.value, self.coro = value, coro
-
-    async def async_wait(self):
-        return await self.coro if self.coro is not None else self.value
-
-
-class Channel:
-    def __init__(self):
-        self.queue: asyncio.Queue | None = None
-        self.items: dict = {}
-
-    def get(self, async_op=True):
-        return Op(coro=self.queue.get())
-
-    def put(self, item, key=None, async_op=True):
-        self.items[key] = item
-        return Op()
 
 
 class FakeTransport(VLLMRolloutState):
