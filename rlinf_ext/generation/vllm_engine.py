@@ -521,7 +521,7 @@ class VLLMGenerator:
 # ------------------------------------------------------------------------------------------------ GPU routes
 class VLLMGpuSync:
     """The engine side of vLLM's weight-transfer API on an ``AsyncLLM`` (NOT GPU-verified; call order tested with
-    recording engines): answers the trainer's control calls (``sync/vllm_transfer.py:EngineCall``) in order.
+    recording engines): answers the trainer's control calls (``sync/engine_calls.py:EngineCall``) in order.
 
     collocated (``ipc``): ``after_rollout`` -> ``sleep(level, mode="wait")`` (requests in flight finish first,
     vLLM #28714; weights and KV cache leave the GPU for training); ``init_weight_transfer_engine`` once;

@@ -25,22 +25,23 @@ trainer engine's rendezvous and send in a watchdog thread; a timeout raises ``We
 
 from __future__ import annotations
 
-import asyncio
-import os
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from rlinf_ext.config.placement import PlacementError, component_ranks
-from rlinf_ext.sync.weight_sync import BUCKET_BYTES, SYNC_END, SyncHeader, SyncRoutes, WeightSyncError
+from rlinf_ext.sync.engine_calls import (
+    SYNC_TIMEOUT_S,
+    EngineCallClient,
+    engine_init_info,
+    engine_placement,
+    nccl_rendezvous,
+    nccl_world_size,
+    run_with_timeout,
+)
+from rlinf_ext.sync.weight_sync import BUCKET_BYTES, SYNC_END, SyncHeader, SyncRoutes
 
 TransferBackend = Literal["ipc", "nccl"]
-SYNC_TIMEOUT_S = 600.0  # one whole transfer (rendezvous, wake-up, every bucket) or one control call
 INIT = "init_weight_transfer_engine"
 START = "start_weight_update"
 UPDATE = "update_weights"
@@ -48,111 +49,26 @@ FINISH = "finish_weight_update"
 ENGINE_CALLS = (INIT, START, UPDATE, FINISH)
 
 
-@dataclass
-class EngineCall:
-    """One control call for the rollout's engine: ``payload`` is the init info, the update info or the version."""
-
-    method: str
-    payload: Any = None
-
-
-@dataclass
-class EngineReply:
-    method: str
-    error: str | None = None
-
-
 # ------------------------------------------------------------------------------------------------ choices (pure)
 def transfer_backend(cfg: Any, cuda: bool) -> TransferBackend | None:
     """vLLM's backend for this run: ``ipc`` when actor and rollout share GPUs, ``nccl`` when they are apart, None
     off GPUs, for another engine (the RLinf routes of ``sync/weight_sync.py`` and vLLM's in-place reload) or
     without an actor (evaluation)."""
-    if not cuda or str(cfg.rollout.rollout_backend) != "vllm":
-        return None
-    gpus = cfg.cluster.num_nodes * cfg.cluster.num_gpus_per_node
-    try:
-        ranks = component_ranks(cfg.cluster.component_placement, gpus)
-    except PlacementError:
-        return None  # validate reports the placement
-    if "actor" not in ranks:  # evaluation: no weights ever arrive
-        return None
-    return "ipc" if ranks["actor"] == ranks.get("rollout") else "nccl"
-
-
-def nccl_world_size(routes: SyncRoutes) -> int:
-    """Actor rank 0 plus every GPU of every engine."""
-    return 1 + routes.rollout_dp * routes.rollout_tp
-
-
-def engine_init_info(init_info: dict[str, Any], rollout_rank: int, rollout_tp: int) -> dict[str, Any]:
-    """The init info one engine gets (pure). vLLM's NCCL trainer offsets every worker by 1 (the trainer is rank 0)
-    and each worker adds its data-parallel index x TP + its rank; our engines are separate ``AsyncLLM``s
-    (data-parallel index 0 each), so engine ``e`` starts at ``1 + e x TP``."""
-    if "rank_offset" not in init_info:
-        return dict(init_info)
-    return {**init_info, "rank_offset": int(init_info["rank_offset"]) + rollout_rank * rollout_tp}
-
-
-# ------------------------------------------------------------------------------------------------ waits
-def wait_work(work: Any, timeout_s: float, what: str) -> Any:
-    """``work.wait()`` of an RLinf ``AsyncWork``, polled so it gives up after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not work.done():
-        if time.monotonic() > deadline:
-            raise WeightSyncError(f"{what} did not complete within {timeout_s:g} s; the other side is gone or stuck "
-                                  "(check the rollout workers' logs).")
-        time.sleep(0.002)
-    return work.wait()
-
-
-def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """``fn()`` in a daemon thread, waited at most ``timeout_s``: vLLM's NCCL rendezvous, broadcast and stream
-    synchronisation block without a timeout. On timeout the thread is left behind (a blocked NCCL call cannot be
-    cancelled) and the transfer group is unusable: restart the run."""
-    box: dict[str, Any] = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # re-raised in the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"rlinf-ext {what}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise WeightSyncError(f"{what} did not finish within {timeout_s:g} s (an engine did not join the transfer, "
-                              "or the NCCL group hangs); restart the run and check the rollout workers' logs.")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    placed = engine_placement(cfg, cuda, "vllm")
+    return None if placed is None else ("ipc" if placed == "collocated" else "nccl")
 
 
 # ------------------------------------------------------------------------------------------------ actor side
-class RolloutEngineClient:
-    """vLLM's ``VLLMWeightSyncClient`` (structural) over RLinf: each call goes from actor rank 0 to every rollout
-    rank and returns once every rank has answered (a rank's error is raised here). ``version`` is passed to
+class RolloutEngineClient(EngineCallClient):
+    """vLLM's ``VLLMWeightSyncClient`` (structural) over RLinf (``sync/engine_calls.py:EngineCallClient``): each call
+    goes from actor rank 0 to every rollout rank and returns once every rank has answered. ``version`` is passed to
     ``finish_weight_update`` (vLLM's trainer engines call it without one)."""
 
-    def __init__(self, worker: Any, rollout_group: str, routes: SyncRoutes, timeout_s: float = SYNC_TIMEOUT_S):
-        self.worker, self.rollout_group, self.routes, self.timeout_s = worker, rollout_group, routes, timeout_s
-        self.version: int | None = None
+    engine_name = "vLLM"
 
-    def _call(self, method: str, payloads: list[Any]) -> None:
-        ranks = range(self.routes.rollout_dp)
-        for rank, payload in zip(ranks, payloads):
-            wait_work(self.worker.send(EngineCall(method, payload), self.rollout_group, rank, async_op=True),
-                      self.timeout_s, f"sending {method} to rollout rank {rank}")
-        errors = []
-        for rank in ranks:
-            reply = wait_work(self.worker.recv(self.rollout_group, rank, async_op=True), self.timeout_s,
-                              f"rollout rank {rank}'s answer to {method}")
-            if not isinstance(reply, EngineReply) or reply.method != method:
-                raise WeightSyncError(f"rollout rank {rank} answered {method} with {reply!r}")
-            if reply.error:
-                errors.append(f"rank {rank}: {reply.error}")
-        if errors:
-            raise WeightSyncError(f"vLLM refused {method}: " + "; ".join(errors))
+    def __init__(self, worker: Any, rollout_group: str, routes: SyncRoutes, timeout_s: float = SYNC_TIMEOUT_S):
+        super().__init__(worker, rollout_group, routes, timeout_s)
+        self.version: int | None = None
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         tp = self.routes.rollout_tp
@@ -191,14 +107,6 @@ class HFWeightSource:
 
     def held_names(self) -> None:
         return None  # every data-parallel rank holds the whole model
-
-
-def nccl_rendezvous() -> tuple[str, int]:
-    """Actor rank 0's address (RLinf's ``MASTER_ADDR`` of the actor group, else this host) and a free port."""
-    host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return host, int(s.getsockname()[1])
 
 
 def trainer_init_info(backend: TransferBackend, routes: SyncRoutes, rank: int, bucket_bytes: int = BUCKET_BYTES,
@@ -264,40 +172,9 @@ class VLLMTransferSender:
             self._to_every_rollout_rank(SYNC_END, "the end of the sync")
 
     def _to_every_rollout_rank(self, message: Any, what: str) -> None:
-        for rank in range(self.routes.rollout_dp):
-            wait_work(self.worker.send(message, self.client.rollout_group, rank, async_op=True), self.timeout_s,
-                      f"sending {what} to rollout rank {rank}")
+        self.client.to_every_rollout_rank([message] * self.routes.rollout_dp, what)
 
     def shutdown(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
-
-
-# ------------------------------------------------------------------------------------------------ rollout side
-async def serve_engine_calls(worker: Any, handle: Callable[[EngineCall], Any], *, actor_group: str,
-                             timeout_s: float = SYNC_TIMEOUT_S) -> SyncHeader:
-    """Rollout side (an async RLinf worker): the header from actor rank 0, then every ``EngineCall`` handed to
-    ``handle`` (the engine side) and answered with an ``EngineReply`` until ``SYNC_END``. A failed call is
-    answered with its error (the actor raises it) and raised here after the answer; an engine call that does not
-    finish within ``timeout_s`` fails the same way."""
-    async def recv():
-        return await worker.recv(actor_group, 0, async_op=True).async_wait()
-
-    header = await recv()
-    if not isinstance(header, SyncHeader):
-        raise WeightSyncError(f"the actor began a vLLM weight transfer with {header!r} instead of a SyncHeader")
-    while (message := await recv()) != SYNC_END:
-        if not isinstance(message, EngineCall) or message.method not in ENGINE_CALLS:
-            raise WeightSyncError(f"unexpected message during a vLLM weight transfer: {message!r}")
-        error: BaseException | None = None
-        try:
-            await asyncio.wait_for(handle(message), timeout_s)
-        except Exception as exc:  # answered first: the actor must not wait for a reply that never comes
-            error = exc if not isinstance(exc, asyncio.TimeoutError) else WeightSyncError(
-                f"vLLM's {message.method} did not finish within {timeout_s:g} s")
-        await worker.send(EngineReply(message.method, None if error is None else f"{type(error).__name__}: {error}"),
-                          actor_group, 0, async_op=True).async_wait()
-        if error is not None:
-            raise error
-    return header

@@ -24,7 +24,8 @@ from rlinf_ext.generation.vllm_engine import VLLMGenerator, VLLMGpuSync, options
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
-from rlinf_ext.sync.vllm_transfer import serve_engine_calls
+from rlinf_ext.sync.engine_calls import serve_engine_calls
+from rlinf_ext.sync.vllm_transfer import ENGINE_CALLS
 from rlinf_ext.sync.weight_sync import DEFAULT_ATOL, SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
 from rlinf_ext.workers.rollout_serving import serve_requests
 from rlinf_ext.workers.rollout_sglang import probe_logprob_gap
@@ -102,7 +103,8 @@ class VLLMRolloutState:
     async def _serve_transfer(self, gpu: VLLMGpuSync):
         """GPU: answer the actor's vLLM transfer calls; the engine serves again whatever happened."""
         try:
-            return await serve_engine_calls(self, gpu.handle, actor_group=self.cfg.actor.group_name)
+            return await serve_engine_calls(self, gpu.handle, actor_group=self.cfg.actor.group_name,
+                                            methods=ENGINE_CALLS)
         finally:
             if gpu.updating:  # the transfer broke off between start and finish
                 await gpu.finish()

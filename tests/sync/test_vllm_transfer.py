@@ -25,15 +25,12 @@ from vllm.distributed.weight_transfer.nccl_engine import (  # noqa: E402
 )
 
 from rlinf_ext.generation.vllm_engine import VLLMGpuSync  # noqa: E402
+from rlinf_ext.sync.engine_calls import EngineCall, engine_init_info, run_with_timeout, wait_work  # noqa: E402
 from rlinf_ext.sync.vllm_transfer import (  # noqa: E402
-    EngineCall,
     RolloutEngineClient,
     VLLMTransferSender,
-    engine_init_info,
-    run_with_timeout,
     trainer_init_info,
     transfer_backend,
-    wait_work,
 )
 from rlinf_ext.sync.weight_sync import SyncHeader, SyncRoutes, WeightSyncError  # noqa: E402
 from rlinf_ext.workers.rollout_vllm import VLLMRolloutState  # noqa: E402
