@@ -48,6 +48,7 @@ from rlinf_ext.sync.weight_sync import (
     rollout_dtype,
     send_weights,
 )
+from rlinf_ext.sync.sglang_transfer import SGLangDistributedSender, uses_sglang_distributed
 from rlinf_ext.sync.vllm_transfer import VLLMTransferSender, transfer_backend
 
 
@@ -109,7 +110,8 @@ class ActorWorker(Worker):
         self.policy: MegatronPolicy | FSDPPolicy | None = None
         self._sync_routes: SyncRoutes | None = None  # set by the runner once the rollout group exists
         self._sync_bucket_bytes = BUCKET_BYTES
-        self._vllm_sender: VLLMTransferSender | None = None  # GPU + vLLM: vLLM's weight-transfer API
+        # GPU routes through an engine's own API: vLLM's weight transfer, SGLang's distributed update (disaggregated)
+        self._engine_sender: VLLMTransferSender | SGLangDistributedSender | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def init_worker(self) -> None:
@@ -152,10 +154,14 @@ class ActorWorker(Worker):
         """Who receives this rank's weights (``sync/weight_sync.py``); called once by the runner."""
         self._sync_routes = routes
         self._sync_bucket_bytes = int(bucket_bytes)
-        backend = transfer_backend(self.cfg, self.policy.device.type == "cuda")
+        cuda = self.policy.device.type == "cuda"
+        backend = transfer_backend(self.cfg, cuda)
         if backend is not None:
-            self._vllm_sender = VLLMTransferSender(self, backend, routes, rollout_group=self.cfg.rollout.group_name,
-                                                   bucket_bytes=self._sync_bucket_bytes)
+            self._engine_sender = VLLMTransferSender(self, backend, routes, rollout_group=self.cfg.rollout.group_name,
+                                                     bucket_bytes=self._sync_bucket_bytes)
+        elif uses_sglang_distributed(self.cfg, cuda):
+            self._engine_sender = SGLangDistributedSender(self, routes, rollout_group=self.cfg.rollout.group_name,
+                                                          bucket_bytes=self._sync_bucket_bytes)
 
     def sync_model_to_rollout(self, verify: bool = True) -> dict:
         """Send the weights under HF names, in the rollout's dtype, along the routes (every rank in parallel on
@@ -165,8 +171,8 @@ class ActorWorker(Worker):
             routes = self._sync_routes
             if routes is None:
                 raise RuntimeError("sync_model_to_rollout before set_weight_sync: the runner sets the routes at start")
-            if self._vllm_sender is not None:
-                return self._sync_through_vllm(verify)
+            if self._engine_sender is not None:
+                return self._sync_through_engine(verify)
             targets = routes.targets_of(self._rank)
             hf_backend = isinstance(self.policy, FSDPPolicy)
             if hf_backend:  # FSDP2: gathering the weights and the probe forward are collective: every rank joins
@@ -189,9 +195,10 @@ class ActorWorker(Worker):
                 torch.cuda.empty_cache()
             return dataclasses.asdict(stats)
 
-    def _sync_through_vllm(self, verify: bool) -> dict:
-        """GPU rollout on vLLM: its own weight-transfer API (``sync/vllm_transfer.py``: CUDA IPC collocated, NCCL
-        disaggregated), the probe header first. NOT GPU-verified."""
+    def _sync_through_engine(self, verify: bool) -> dict:
+        """GPU rollout through the engine's own API, the probe header first: vLLM's weight transfer
+        (``sync/vllm_transfer.py``: CUDA IPC collocated, NCCL disaggregated) or SGLang's weight-update group
+        (``sync/sglang_transfer.py``, disaggregated). NOT GPU-verified."""
         if isinstance(self.policy, FSDPPolicy):  # the gather and the probe are collective: every rank joins
             header, state = self._fsdp_policy_payload(verify)
             # the full state dict is gathered to host RAM; NCCL and CUDA IPC send from the GPU, a tensor at a time
@@ -203,11 +210,11 @@ class ActorWorker(Worker):
                 ids = probe_ids(self.policy.model.hf_vocab_size)
                 header.probe_ids, header.probe_logits = ids, self.policy.probe_logits(ids)
             passes = self._hf_named
-        self._vllm_sender.sync(header, passes)
+        self._engine_sender.sync(header, passes)
         if self.policy.device.type == "cuda":  # the transfer buffers go back to a collocated engine
             torch.cuda.ipc_collect()
             torch.cuda.empty_cache()
-        return {"mode": self._vllm_sender.backend, "version": header.version}
+        return {"mode": self._engine_sender.backend, "version": header.version}
 
     def _fsdp_policy_payload(self, verify: bool):
         """Header (with the multimodal probe) and state dict of the HF actor: its names are the engine's already."""

@@ -17,9 +17,12 @@ One engine per worker = per TP group (``generation/sglang_engine.py:server_kwarg
 - the buckets: collocated, each TP rank of the engine gets its own payload (SGLang's per-rank
   ``serialized_named_tensors``) made of the handles the actor rank on its GPU sent; the handles are re-pickled
   without being opened here (``reduction_of``), so no GPU memory of the actor is mapped into this process.
-  Disaggregated, actor rank 0's broadcast arrives on this worker's first GPU and is copied to each TP GPU, then
-  shared the same way. (SGLang's ``update_weights_from_distributed``, where the trainer joins the engine's NCCL
-  group, would need the actor side to join that group: not built.)
+  On CPU-driven routes without an engine group, actor rank 0's broadcast bucket is copied to each TP GPU, then
+  shared the same way.
+- disaggregated on GPUs (``sync/sglang_transfer.py``): actor rank 0 joins the engine's own weight-update group;
+  this worker answers its control calls (``sync/engine_calls.py:serve_engine_calls``): ``init_weights_update_group``
+  once, then per bucket ``update_weights_from_distributed`` (no flush per bucket), the first one after
+  ``begin_weight_update``; then ``end_weight_update``, ``flush_cache`` and the probe, as above.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from rlinf_ext.models.qwen2 import load_hf_config_dict
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size
+from rlinf_ext.sync.engine_calls import EngineCall, serve_engine_calls
+from rlinf_ext.sync.sglang_transfer import INIT_GROUP, SGLANG_CALLS, UPDATE_DISTRIBUTED, uses_sglang_distributed
 from rlinf_ext.sync.weight_sync import HandleBucket, SyncRoutes, WeightBucket, WeightSyncError, receive_weights
 from rlinf_ext.workers.rollout_serving import serve_requests
 
@@ -175,6 +180,14 @@ class SGLangControl:
                                                           flush_cache=False)
         _check(await self.manager.update_weights_from_tensor(request, None), "update_weights_from_tensor")
 
+    async def init_group(self, info: dict) -> None:
+        _check(await self.manager.init_weights_update_group(self.io.InitWeightsUpdateGroupReqInput(**info), None),
+               "init_weights_update_group")
+
+    async def update_distributed(self, request: dict) -> None:
+        _check(await self.manager.update_weights_from_distributed(
+            self.io.UpdateWeightsFromDistributedReqInput(**request), None), "update_weights_from_distributed")
+
     async def end_update(self) -> None:
         _check(await self.manager.end_weight_update(self.io.EndWeightUpdateReqInput(), None), "end_weight_update")
 
@@ -199,10 +212,12 @@ class SGLangRolloutState:
     """The worker's logic without RLinf's ``Worker`` (tests drive it with a recording control and fake channels)."""
 
     def _setup(self, cfg: ExperimentConfig, verify_sync: bool = True, sync_atol: float = GPU_SYNC_MEAN_ATOL,
-               collocated: bool | None = None) -> None:
+               collocated: bool | None = None, distributed: bool | None = None) -> None:
         self.cfg = cfg
         self.verify_sync, self.sync_atol = verify_sync, sync_atol
         self.collocated = is_collocated(cfg) if collocated is None else collocated
+        # disaggregated on GPUs: SGLang's own weight-update group (sync/sglang_transfer.py)
+        self.distributed = uses_sglang_distributed(cfg, cuda=True) if distributed is None else distributed
         self.tp = int(cfg.rollout.tensor_parallel_size)
         self.control: Any = None
         self.decode: Callable[[list[int]], str] = lambda ids: ""
@@ -270,6 +285,38 @@ class SGLangRolloutState:
     async def set_weight_sync(self, routes: SyncRoutes) -> None:
         self.sync_routes = routes
 
+    async def _receive_distributed(self) -> None:
+        """The actor drives the transfer (``sync/sglang_transfer.py``): its calls are answered in order; the update
+        session opens at the first bucket and closes whatever happened."""
+        control, begun = self.control, False
+
+        async def handle(call: EngineCall) -> None:
+            nonlocal begun
+            if call.method == INIT_GROUP:
+                await control.init_group(call.payload)
+            elif call.method == UPDATE_DISTRIBUTED:
+                if not begun:
+                    await control.begin_update()
+                    begun = True
+                await control.update_distributed(call.payload)
+
+        try:
+            header = await serve_engine_calls(self, handle, actor_group=self.cfg.actor.group_name,
+                                              methods=SGLANG_CALLS)
+        finally:
+            if begun:
+                await control.end_update()
+        await self._after_load(header, {"sources": [header.sender], "mode": "sglang_distributed"})
+
+    async def _after_load(self, header, last_sync: dict) -> None:
+        if not await self.control.flush():
+            raise WeightSyncError("SGLang could not flush its prefix cache after the weight sync (requests were "
+                                  "running); cached prefixes would hold the old weights' KV")
+        self.weight_version = header.version
+        self.last_sync = last_sync
+        if self.verify_sync and header.probe_logits is not None:
+            await self._check_probe(header)
+
     async def _receive_and_load(self, to_device: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
         if self.sync_routes is None:
             raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
@@ -296,14 +343,7 @@ class SGLangRolloutState:
                 if self.released:
                     await control.resume(CACHE_TAGS)
                     self.released = False
-        if not await control.flush():
-            raise WeightSyncError("SGLang could not flush its prefix cache after the weight sync (requests were "
-                                  "running); cached prefixes would hold the old weights' KV")
-        header = headers[0]
-        self.weight_version = header.version
-        self.last_sync = {"sources": [h.sender for h in headers], **vars(stats)}
-        if self.verify_sync and header.probe_logits is not None:
-            await self._check_probe(header)
+        await self._after_load(headers[0], {"sources": [h.sender for h in headers], **vars(stats)})
 
     async def _check_probe(self, header) -> None:
         ids = header.probe_ids.reshape(-1).tolist()
@@ -362,7 +402,10 @@ class SGLangRolloutWorker(SGLangRolloutState, Worker):
     async def sync_model_from_actor(self) -> None:
         """Receive the actor's weights (HF names, bucket by bucket) into the engine and check the probe."""
         with self.worker_timer():
-            await self._receive_and_load(lambda flat, rank: flat.to(f"cuda:{rank}"))
+            if self.distributed:
+                await self._receive_distributed()
+            else:
+                await self._receive_and_load(lambda flat, rank: flat.to(f"cuda:{rank}"))
             torch.cuda.ipc_collect()  # handles the engine has let go of can be freed on the actor's side
             torch.cuda.empty_cache()  # the broadcast route's staging copies
 

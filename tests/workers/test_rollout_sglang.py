@@ -177,7 +177,7 @@ class FakeWorker(SGLangRolloutState):
     def __init__(self, control, collocated: bool, messages=(), broadcast=False):
         self._rank = 0
         self.inbox, self.acks, self.broadcast_mode = list(messages), 0, broadcast
-        self._setup(CFG, verify_sync=True, sync_atol=1e-3, collocated=collocated)
+        self._setup(CFG, verify_sync=True, sync_atol=1e-3, collocated=collocated, distributed=False)
         self._attach(control, lambda ids: "".join(f"<{i}>" for i in ids), [7], SamplingParams(max_new_tokens=8))
 
     def recv(self, group, src, async_op=True):
