@@ -17,8 +17,6 @@ One engine per worker = per TP group (``generation/sglang_engine.py:server_kwarg
 - the buckets: collocated, each TP rank of the engine gets its own payload (SGLang's per-rank
   ``serialized_named_tensors``) made of the handles the actor rank on its GPU sent; the handles are re-pickled
   without being opened here (``reduction_of``), so no GPU memory of the actor is mapped into this process.
-  On CPU-driven routes without an engine group, actor rank 0's broadcast bucket is copied to each TP GPU, then
-  shared the same way.
 - disaggregated on GPUs (``sync/sglang_transfer.py``): actor rank 0 joins the engine's own weight-update group;
   this worker answers its control calls (``sync/engine_calls.py:serve_engine_calls``): ``init_weights_update_group``
   once, then per bucket ``update_weights_from_distributed`` (no flush per bucket), the first one after
@@ -48,7 +46,7 @@ from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size
 from rlinf_ext.sync.engine_calls import EngineCall, serve_engine_calls
 from rlinf_ext.sync.sglang_transfer import INIT_GROUP, SGLANG_CALLS, UPDATE_DISTRIBUTED, uses_sglang_distributed
-from rlinf_ext.sync.weight_sync import HandleBucket, SyncRoutes, WeightBucket, WeightSyncError, receive_weights
+from rlinf_ext.sync.weight_sync import HandleBucket, SyncRoutes, WeightSyncError, receive_weights
 from rlinf_ext.workers.rollout_serving import serve_requests
 
 # Mean |logprob difference| (nats) allowed between the engine and the actor on the probe after a sync. bf16/fp16
@@ -117,29 +115,20 @@ def reduction_of(blob: bytes) -> _Reduced:
     return reduced
 
 
-def rank_payloads(messages: list, tp: int, to_device: Callable[[torch.Tensor, int], torch.Tensor],
-                  serialize: Callable[[Any], bytes]) -> tuple[list[bytes], list[torch.Tensor]]:
-    """SGLang's ``serialized_named_tensors`` for one bucket: one payload per TP rank of the engine, each a
-    serialized ``[(HF name, tensor on that rank's GPU), ...]`` (sglang 0.5.23: ``TpModelWorker.deserialize_own_rank``
-    opens entry ``tp_rank`` only). Pure but for ``to_device`` and ``serialize``.
-
-    Paired route: ``messages`` are the TP slots' handle buckets (each from the actor rank on that slot's GPU),
-    re-pickled unopened. Broadcast route: one received ``WeightBucket`` on this worker's first GPU;
-    ``to_device(flat, rank)`` copies it to each rank's GPU; the copies are returned, to be kept alive until the
-    engine has loaded them.
-    """
-    if messages and all(isinstance(m, HandleBucket) for m in messages):
-        if len(messages) != tp:
-            raise WeightSyncError(f"{len(messages)} handle bucket(s) for an engine of TP size {tp}")
-        names = messages[0].names
-        if any(m.names != names for m in messages):
-            raise WeightSyncError("the TP slots of one engine received different buckets")
-        return [serialize([(n, reduction_of(h)) for n, h in zip(m.names, m.handles)]) for m in messages], []
-    if len(messages) != 1 or not isinstance(messages[0], WeightBucket):
-        raise WeightSyncError(f"expected TP handle buckets or one broadcast bucket, got {[type(m).__name__ for m in messages]}")
-    (bucket,) = messages
-    flats = [to_device(bucket.flat, rank) for rank in range(tp)]
-    return [serialize(WeightBucket(flat, bucket.names, bucket.shapes).named_tensors()) for flat in flats], flats
+def rank_payloads(messages: list, tp: int, serialize: Callable[[Any], bytes]) -> list[bytes]:
+    """SGLang's ``serialized_named_tensors`` for one bucket of the collocated route: one payload per TP rank of the
+    engine, each a serialized ``[(HF name, tensor on that rank's GPU), ...]`` (sglang 0.5.23:
+    ``TpModelWorker.deserialize_own_rank`` opens entry ``tp_rank`` only) made of the handle bucket of that TP slot
+    (from the actor rank on its GPU), re-pickled unopened. Pure but for ``serialize``."""
+    if not messages or not all(isinstance(m, HandleBucket) for m in messages):
+        raise WeightSyncError(f"expected one handle bucket per TP slot (the collocated route), got "
+                              f"{[type(m).__name__ for m in messages]}")
+    if len(messages) != tp:
+        raise WeightSyncError(f"{len(messages)} handle bucket(s) for an engine of TP size {tp}")
+    names = messages[0].names
+    if any(m.names != names for m in messages):
+        raise WeightSyncError("the TP slots of one engine received different buckets")
+    return [serialize([(n, reduction_of(h)) for n, h in zip(m.names, m.handles)]) for m in messages]
 
 
 def is_collocated(cfg: ExperimentConfig) -> bool:
@@ -157,9 +146,7 @@ class SGLangControl:
     def __init__(self, engine: Any):
         from sglang.srt.managers import io_struct  # lazy: the SGLang profile only (importing it initialises CUDA)
         from sglang.srt.utils import MultiprocessingSerializer
-        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
-        monkey_patch_torch_reductions()  # handles made here name their GPU by UUID (the broadcast route's copies)
         self.engine, self.io, self.serializer = engine, io_struct, MultiprocessingSerializer
         self.manager = engine.tokenizer_manager
 
@@ -317,7 +304,7 @@ class SGLangRolloutState:
         if self.verify_sync and header.probe_logits is not None:
             await self._check_probe(header)
 
-    async def _receive_and_load(self, to_device: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+    async def _receive_and_load(self) -> None:
         if self.sync_routes is None:
             raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
         control, begun = self.control, False
@@ -330,9 +317,7 @@ class SGLangRolloutState:
             begun = True
 
         async def load(messages):
-            payloads, keep_alive = rank_payloads(messages, self.tp, to_device, control.serialize)
-            await control.update(payloads)
-            del keep_alive  # loaded: the broadcast route's copies may go
+            await control.update(rank_payloads(messages, self.tp, control.serialize))
 
         try:
             headers, stats = await receive_weights(self, self.sync_routes, load, actor_group=self.cfg.actor.group_name,
@@ -405,9 +390,8 @@ class SGLangRolloutWorker(SGLangRolloutState, Worker):
             if self.distributed:
                 await self._receive_distributed()
             else:
-                await self._receive_and_load(lambda flat, rank: flat.to(f"cuda:{rank}"))
+                await self._receive_and_load()
             torch.cuda.ipc_collect()  # handles the engine has let go of can be freed on the actor's side
-            torch.cuda.empty_cache()  # the broadcast route's staging copies
 
     async def offload_engine(self) -> None:
         """Collocated: release weights, KV cache and CUDA graphs for training (the next sync brings them back)."""

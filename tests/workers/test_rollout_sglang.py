@@ -2,7 +2,8 @@
 check; how received buckets become sglang 0.5.23's per-TP-rank ``serialized_named_tensors`` (checked by loading
 each payload the way a TP scheduler does: ``TpModelWorker.deserialize_own_rank`` opens entry ``tp_rank``); and the
 order of the engine calls (release / resume / begin / update / end / flush / probe) against a recording control,
-fed by the real ``sync/weight_sync.py`` paired and broadcast routes over a fake transport."""
+fed by the real ``sync/weight_sync.py`` paired route over a fake transport (the disaggregated route:
+tests/sync/test_sglang_transfer.py)."""
 
 from __future__ import annotations
 
@@ -87,34 +88,23 @@ def test_each_tp_rank_gets_the_payload_of_its_own_slot():
     prepare_handles(torch.device("cpu"))
     slot0 = share_bucket(buckets_of({"a": torch.zeros(3), "b": torch.zeros(2, 2)})[0])
     slot1 = share_bucket(buckets_of({"a": torch.ones(3), "b": torch.ones(2, 2)})[0])
-    payloads, keep_alive = rank_payloads([slot0, slot1], 2, to_device=None, serialize=forking_serialize)
-    assert len(payloads) == 2 and keep_alive == []
+    payloads = rank_payloads([slot0, slot1], 2, serialize=forking_serialize)
+    assert len(payloads) == 2
     for rank, fill in ((0, 0.0), (1, 1.0)):
         loaded = dict(pickle.loads(payloads[rank]))  # deserialize_own_rank: entry tp_rank only
         assert list(loaded) == ["a", "b"]
         assert torch.equal(loaded["a"], torch.full((3,), fill)) and torch.equal(loaded["b"], torch.full((2, 2), fill))
     with pytest.raises(WeightSyncError, match="TP size 3"):
-        rank_payloads([slot0, slot1], 3, None, forking_serialize)
+        rank_payloads([slot0, slot1], 3, forking_serialize)
     other = share_bucket(buckets_of({"c": torch.zeros(3)})[0])
     with pytest.raises(WeightSyncError, match="different buckets"):
-        rank_payloads([slot0, other], 2, None, forking_serialize)
+        rank_payloads([slot0, other], 2, forking_serialize)
 
 
-def test_a_broadcast_bucket_is_copied_to_every_tp_device():
-    """Broadcast route: the bucket arrives once (on the worker's first GPU); each TP rank gets its own copy
-    (``to_device(flat, rank)``), kept alive until the engine has loaded it."""
-    bucket = buckets_of({"w": torch.arange(6.0).view(2, 3), "bias": torch.arange(2.0)})[0]
-    moved = []
-
-    def to_device(flat, rank):
-        moved.append(rank)
-        return (flat + rank * 100).share_memory_()  # stands in for flat.to(f"cuda:{rank}")
-
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    payloads, keep_alive = rank_payloads([bucket], 2, to_device, forking_serialize)
-    assert moved == [0, 1] and len(keep_alive) == 2
-    assert torch.equal(dict(pickle.loads(payloads[0]))["w"], torch.arange(6.0).view(2, 3))
-    assert torch.equal(dict(pickle.loads(payloads[1]))["bias"], torch.arange(2.0) + 100)
+def test_a_broadcast_bucket_is_refused():
+    """A whole bucket is the RLinf broadcast route's, which SGLang no longer takes (sync/sglang_transfer.py)."""
+    with pytest.raises(WeightSyncError, match="one handle bucket per TP slot"):
+        rank_payloads(buckets_of({"w": torch.zeros(2)}), 1, forking_serialize)
 
 
 # ------------------------------------------------------------------------------------------------ call order
@@ -172,11 +162,11 @@ CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
 
 
 class FakeWorker(SGLangRolloutState):
-    """The worker without Ray: ``receive_weights`` calls recv/send (paired) or broadcast on it."""
+    """The worker without Ray: ``receive_weights`` calls recv/send (paired) on it."""
 
-    def __init__(self, control, collocated: bool, messages=(), broadcast=False):
+    def __init__(self, control, collocated: bool, messages=()):
         self._rank = 0
-        self.inbox, self.acks, self.broadcast_mode = list(messages), 0, broadcast
+        self.inbox, self.acks = list(messages), 0
         self._setup(CFG, verify_sync=True, sync_atol=1e-3, collocated=collocated, distributed=False)
         self._attach(control, lambda ids: "".join(f"<{i}>" for i in ids), [7], SamplingParams(max_new_tokens=8))
 
@@ -188,16 +178,13 @@ class FakeWorker(SGLangRolloutState):
         self.acks += 1
         return Op()
 
-    def broadcast(self, obj, groups=None, src=None, async_op=True):
-        return Op(self.inbox.pop(0))
 
-
-def sync_messages(state, version=3, broadcast=False):
+def sync_messages(state, version=3):
     prepare_handles(torch.device("cpu"))
     buckets = buckets_of(state, max_bytes=64)
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     header = SyncHeader(version=version, sender=0, probe_ids=ids, probe_logits=torch.randn(1, 5, 8))
-    body = buckets if broadcast else [share_bucket(b) for b in buckets]
+    body = [share_bucket(b) for b in buckets]
     return [header] + body + [SYNC_END], header, len(buckets)
 
 
@@ -207,7 +194,7 @@ STATE = {"model.embed_tokens.weight": torch.arange(16.0).view(4, 4), "lm_head.we
 
 def run_sync(worker, route):
     asyncio.run(worker.set_weight_sync(route))
-    return asyncio.run(worker._receive_and_load(lambda flat, rank: flat))
+    return asyncio.run(worker._receive_and_load())
 
 
 def test_collocated_order_release_then_weights_update_end_cache_flush_probe():
@@ -228,15 +215,11 @@ def test_collocated_order_release_then_weights_update_end_cache_flush_probe():
     assert state["weight_version"] == 3 and state["last_sync_logprob_gap"] < 1e-5 and not w.released
 
 
-def test_disaggregated_sync_neither_releases_nor_resumes():
+def test_a_disaggregated_engine_is_never_released():
     control = RecordingControl()
-    messages, header, n = sync_messages(STATE, broadcast=True)
-    control.probe_logits = header.probe_logits
-    w = FakeWorker(control, collocated=False, messages=messages, broadcast=True)
+    w = FakeWorker(control, collocated=False)
     asyncio.run(w._release())  # the trainer offloads every step; a disaggregated engine keeps its GPUs
-    run_sync(w, SyncRoutes("broadcast", actor_world=1, rollout_dp=1))
-    assert control.calls == ["begin"] + [("update", 1)] * n + ["end", "flush", "probe"]
-    assert torch.equal(control.loaded["model.norm.weight"], STATE["model.norm.weight"])
+    assert control.calls == [] and not w.released
 
 
 def test_no_release_with_requests_in_flight():
