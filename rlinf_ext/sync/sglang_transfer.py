@@ -1,6 +1,6 @@
 """Actor -> SGLang weight sync for disaggregated engines through sglang 0.5.23's own
 ``init_weights_update_group`` + ``update_weights_from_distributed`` (read from its sources:
-``srt/model_executor/model_runner_components/weight_updater.py``). NOT GPU-verified: the call order is tested on CPU
+``sglang/srt/model_executor/model_runner_components/weight_updater.py``, the TP workers' side). NOT GPU-verified: the call order is tested on CPU
 with recording fakes for the process group and the broadcast (tests/sync/test_sglang_transfer.py).
 
 SGLang's side: each engine's TP worker joins a process group of ``world_size`` ranks as ``rank_offset + tp_rank``
