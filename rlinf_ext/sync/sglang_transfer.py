@@ -78,8 +78,9 @@ def update_request(bucket: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ GPU parts (thin)
 def sglang_init_group(*, master_address: str, master_port: int, world_size: int, rank: int, group_name: str) -> Any:
-    """The group as SGLang's TP workers make it (``init_custom_process_group``, NCCL, TCP rendezvous)."""
-    from sglang.srt.utils import init_custom_process_group  # lazy: the SGLang profile only
+    """The group as SGLang's TP workers make it (``init_custom_process_group``, NCCL, TCP rendezvous); sglang is
+    imported here only: the SGLang profile's."""
+    from sglang.srt.utils import init_custom_process_group
 
     host = f"[{master_address}]" if ":" in master_address else master_address
     return init_custom_process_group(backend="nccl", init_method=f"tcp://{host}:{master_port}",
