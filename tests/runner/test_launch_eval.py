@@ -77,9 +77,25 @@ def test_sglang_eval_with_too_few_visible_gpus_is_refused(monkeypatch):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
 
 
-def test_vllm_eval_is_refused_for_the_vision_language_agent():
-    with pytest.raises(LaunchError, match="vision-language"):
-        launch.run_evaluation_only("tiny-mm-cpu-eval", ["rollout.rollout_backend=vllm"], show_progress=False)
+def test_vllm_eval_of_the_vision_language_agent_starts_the_vl_engine(monkeypatch):
+    """``rollout_backend: vllm`` evaluates MMSearch-R1 on vLLM's VL engine (``generation/vllm_vl.py``), SGLang is
+    refused with the fix. The engine start is recorded, not run: this process has loaded bm25s (numba), beside
+    which vLLM's CPU engine cannot start; the real start is in tests/generation/test_vllm_vl.py."""
+    from rlinf_ext.config import load_config
+    from rlinf_ext.eval.core.runner import EvalError
+    from rlinf_ext.eval.mmsearch import runner as mm_runner
+
+    started = []
+    monkeypatch.setattr(mm_runner.VLLMVLGenerator, "start",
+                        staticmethod(lambda options, **kw: started.append((options, kw)) or "engine"))
+    cfg = load_config("tiny-mm-cpu-eval", ["rollout.rollout_backend=vllm", "rollout.model.model_path=/m/vl"],
+                      strict=False)
+    assert mm_runner.build_vl_generator(cfg) == "engine"
+    (options, kw), = started
+    assert options.model_path == "/m/vl" and options.in_process and kw == {"seed": int(cfg.runner.seed)}
+    cfg.rollout.rollout_backend = "sglang"
+    with pytest.raises(EvalError, match="rollout_backend=vllm"):
+        mm_runner.build_vl_generator(cfg)
 
 
 class FakeEngine:
