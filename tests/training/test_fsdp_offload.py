@@ -40,21 +40,24 @@ def snapshot(policy: FSDPPolicy) -> dict[str, torch.Tensor]:
     return out
 
 
-def storages(policy: FSDPPolicy) -> set[int]:
-    params = [_local(p).untyped_storage().data_ptr() for p in policy.model.parameters()]
-    states = [_local(v).untyped_storage().data_ptr() for s in policy.optimizer.state.values() for v in s.values()
-              if torch.is_tensor(v) and v.dim() > 0]
-    return set(params + states)
+def storages(policy: FSDPPolicy) -> tuple[set[int], list]:
+    """Addresses of the storages of every parameter shard and optimizer state tensor, and the storages themselves:
+    the caller holds them while it compares, so a freed block reused by a new tensor cannot look "left in place"."""
+    held = [_local(p).untyped_storage() for p in policy.model.parameters()]
+    held += [_local(v).untyped_storage() for s in policy.optimizer.state.values() for v in s.values()
+             if torch.is_tensor(v) and v.dim() > 0]
+    return {h.data_ptr() for h in held}, held
 
 
 def round_trip(policy: FSDPPolicy) -> None:
     """offload (weights, optimizer, gradients) + onload, checking what each half did."""
     params = list(policy.model.parameters())
     keyed = set(map(id, policy.optimizer.state))
-    before, where = snapshot(policy), storages(policy)
+    before, (where, held) = snapshot(policy), storages(policy)
     policy.offload(weights=True, optimizer=True, grads=True)
     assert policy.offloaded and all(p.grad is None for p in params)
-    assert not (storages(policy) & where), "offload left state in place"
+    assert not (storages(policy)[0] & where), "offload left state in place"
+    del held
     policy.onload()
     assert not policy.offloaded
     assert [id(p) for p in policy.model.parameters()] == list(map(id, params)) and set(map(id, policy.optimizer.state)) == keyed
@@ -67,8 +70,8 @@ def round_trip(policy: FSDPPolicy) -> None:
 def test_round_trip_is_bit_exact_and_the_next_step_equals_one_without(world):
     mm, trajs = world
     samples = samples_of(trajs[:4], rewards=REWARDS)
-    a = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings(**ADAM))
-    b = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings(**ADAM))
+    a = FSDPPolicy(mm.qwen2_5_vl_tiny, settings(**ADAM))
+    b = FSDPPolicy(mm.qwen2_5_vl_tiny, settings(**ADAM))
     for policy in (a, b):
         policy.recompute(samples, compute_ref=False)
         policy.train_step(samples, step=0)  # AdamW state exists from here on
@@ -85,7 +88,7 @@ def test_round_trip_is_bit_exact_and_the_next_step_equals_one_without(world):
 def test_an_offloaded_policy_syncs_and_saves_and_stays_offloaded(world, tmp_path):
     """The weight sync's probe and gathers and a checkpoint bring the state for their call only."""
     mm, trajs = world
-    policy = FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings(**ADAM))
+    policy = FSDPPolicy(mm.qwen2_5_vl_tiny, settings(**ADAM))
     ids, images, _ = policy.probe()
     expected, weights = policy.probe_logits(ids, images), policy.hf_state_dict()
     policy.offload(weights=True, optimizer=True, grads=True)
@@ -138,10 +141,10 @@ def dp_offload_worker(rank: int, world: int, port: int, model_dir: str, payload:
 def test_fsdp2_round_trip_over_two_gloo_ranks(world, tmp_path):
     mm, trajs = world
     samples = samples_of(trajs[:4], rewards=REWARDS)
-    FSDPPolicy(mm.qwen2_5_vl_tiny_sft, settings(**ADAM)).recompute(samples, compute_ref=False)
+    FSDPPolicy(mm.qwen2_5_vl_tiny, settings(**ADAM)).recompute(samples, compute_ref=False)
     payload, out = tmp_path / "samples.pt", tmp_path / "states.pt"
     torch.save(samples, payload)
-    mp.spawn(dp_offload_worker, args=(2, _free_port(), str(mm.qwen2_5_vl_tiny_sft), str(payload), str(out)),
+    mp.spawn(dp_offload_worker, args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(out)),
              nprocs=2, join=True)
     sa, sb = torch.load(out)
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sb)
