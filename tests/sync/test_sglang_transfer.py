@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from transfer_fakes import Done, Op, Pending  # noqa: E402
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.sync.engine_calls import EngineCall
 from rlinf_ext.sync.sglang_transfer import (
@@ -58,36 +59,6 @@ def test_the_update_request_names_sglang_dtypes_and_shapes():
 
 
 # ------------------------------------------------------------------------------------------------ fakes
-class Done:
-    def __init__(self, value=None):
-        self.value = value
-
-    def done(self):
-        return True
-
-    def wait(self):
-        return self.value
-
-
-class Pending:
-    def __init__(self, q: queue.Queue):
-        self.q = q
-
-    def done(self):
-        return not self.q.empty()
-
-    def wait(self):
-        return self.q.get_nowait()
-
-
-class Op:
-    def __init__(self, coro=None):
-        self.coro = coro
-
-    async def async_wait(self):
-        return await self.coro if self.coro is not None else None
-
-
 class Wire:
     """RLinf's messages between actor rank 0 and the rollout ranks, as queues."""
 

@@ -24,6 +24,7 @@ from vllm.distributed.weight_transfer.nccl_engine import (  # noqa: E402
     NCCLTrainerWeightTransferEngine,
 )
 
+from transfer_fakes import Done, Op, Pending  # noqa: E402
 from rlinf_ext.generation.vllm_engine import VLLMGpuSync  # noqa: E402
 from rlinf_ext.sync.engine_calls import EngineCall, engine_init_info, run_with_timeout, wait_work  # noqa: E402
 from rlinf_ext.sync.vllm_transfer import (  # noqa: E402
@@ -84,38 +85,6 @@ def test_every_wait_gives_up_after_its_timeout():
 
 
 # ------------------------------------------------------------------------------------------------ fakes
-class Done:
-    def __init__(self, value=None):
-        self.value = value
-
-    def done(self):
-        return True
-
-    def wait(self):
-        return self.value
-
-
-class Pending:
-    """An RLinf receive on the actor side: done once a message is queued."""
-
-    def __init__(self, q: queue.Queue):
-        self.q = q
-
-    def done(self):
-        return not self.q.empty()
-
-    def wait(self):
-        return self.q.get_nowait()
-
-
-class Op:
-    def __init__(self, coro=None):
-        self.coro = coro
-
-    async def async_wait(self):
-        return await self.coro if self.coro is not None else None
-
-
 class Wire:
     """RLinf's point-to-point messages between actor ranks and rollout ranks, as queues."""
 
