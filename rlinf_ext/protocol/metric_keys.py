@@ -51,6 +51,12 @@ VAL_N = "val/n"
 VAL_ERRORS = "val/errors"
 
 
+def rollout_start_part(name: str) -> str:
+    """``time/rollout_start/<name>``: one part of the rollout engine's start-up (``generation/vllm_engine.py``'s
+    ``START_*``: tokenizer, import, config, engine), max over ranks; in the launch's first row."""
+    return f"{TIME_ROLLOUT_START}/{name}"
+
+
 def agent_metric(name: str) -> str:
     """``agent/<name>`` for a ``Trajectory.metrics`` entry."""
     return f"{AGENT_PREFIX}/{name}"

@@ -67,6 +67,17 @@ def _collate(items: list[dict]) -> list[dict]:
     return items
 
 
+def rollout_start_parts(rank_results: list) -> dict[str, float]:
+    """``time/rollout_start/<part>`` metrics from the rollout ranks' ``init_worker`` returns (pure): each rank may
+    return a dict of start-up parts in seconds (the vLLM worker does, the HF one returns None); max over ranks."""
+    out: dict[str, float] = {}
+    for parts in rank_results or ():
+        for name, seconds in (parts or {}).items():
+            key = mk.rollout_start_part(name)
+            out[key] = max(out.get(key, 0.0), float(seconds))
+    return out
+
+
 def split_list(items: list, parts: int) -> list[list]:
     """Contiguous chunks whose sizes differ by at most one (RLinf's ``split_list``)."""
     q, r = divmod(len(items), parts)
@@ -156,12 +167,14 @@ class GRPOTrainer:
             ("agent_loop", "init_worker", g.agent_loop.init_worker(gen_in, gen_out)),
         ]
         rollout_init = handles[0][2]
+        results = {}
         if self.collocated_gpu:  # the rollout releases its GPU memory at the end of its init: wait for it
-            wait_or_raise(handles.pop(0)[2], "rollout", "init_worker", startup=True)
+            results["rollout"] = wait_or_raise(handles.pop(0)[2], "rollout", "init_worker", startup=True)
         handles.append(("actor", "init_worker", g.actor.init_worker()))
         for component, method, handle in handles:
-            wait_or_raise(handle, component, method, startup=True)
-        self._launch_metrics = {mk.TIME_ROLLOUT_START: float(rollout_init.consume_duration())}
+            results[component] = wait_or_raise(handle, component, method, startup=True)
+        self._launch_metrics = {mk.TIME_ROLLOUT_START: float(rollout_init.consume_duration()),
+                                **rollout_start_parts(results["rollout"])}
         routes = g.placement.weight_sync
         wait_or_raise(g.actor.set_weight_sync(routes), "actor", "set_weight_sync")
         wait_or_raise(g.rollout.set_weight_sync(routes), "rollout", "set_weight_sync")

@@ -27,10 +27,14 @@ def model_dirs(qwen2_head32_dirs):
 
 @pytest.fixture(scope="module")
 def engine(model_dirs):
+    from torch._dynamo.utils import counters
+
+    frames = counters["frames"]["total"]  # frames compiled before this module's engine
     gen = VLLMGenerator.start(VLLMEngineOptions(model_path=str(model_dirs[0]), dtype="float32", max_model_len=512,
                                                 kv_cache_memory_bytes=32 << 20, max_num_seqs=16),
                               return_logprobs=True)
-    print(f"vLLM engine start: {gen.start_s:.2f} s")
+    print(f"vLLM engine start: {gen.start_s:.2f} s, parts {gen.start_parts}")
+    gen.frames_before = frames
     yield gen
     gen.shutdown()
 
@@ -185,3 +189,18 @@ def test_weight_reload_matches_fresh_engine_on_new_weights(engine, hf, model_dir
     # and back: the original weights give the original outputs again
     run(engine.load_weights(list(hf.model.state_dict().items())))
     assert [run(engine.generate(p, params)).output_ids for p in ps] == before
+
+
+def test_helper_ops_run_eager_in_process_and_start_up_parts_are_timed(engine, hf):
+    """vLLM torch.compiles helper ops (the log-prob ranks; top-k/top-p) with inductor: in process they run eager,
+    since the first log-prob request otherwise waits for a C++ build (10.8 s cold on 2 cores). No frame is
+    compiled by any request of this module's engine (sampled log-probs, top-k, prompt log-probs)."""
+    from torch._dynamo.utils import counters
+
+    p = prompts(hf.tokenizer, 2)
+    run(engine.generate(p[0], SamplingParams(max_new_tokens=6, temperature=0.7, top_k=5, stop=[]), seed=3))
+    run(engine.prompt_logprobs(p[1]))
+    assert counters["frames"]["total"] == engine.frames_before
+    assert engine.engine.eager_helpers
+    assert set(engine.start_parts) == {"tokenizer", "import", "config", "engine"}
+    assert all(v >= 0 for v in engine.start_parts.values()) and engine.start_parts["engine"] > 0

@@ -137,7 +137,7 @@ def test_weight_sync_paired_route_loads_and_checks_probe(generator, model_dirs):
 
 def test_gpu_engine_options_follow_the_placement(qwen2_head32_dirs):
     """GPU engines: sleep mode and vLLM's ipc transfer when collocated, nccl without sleep mode when apart; the
-    CPU engine needs neither (in-place reload). Log-probs after temperature on every engine."""
+    CPU engine needs neither (in-place reload). Log-probs after temperature on every engine; helper ops eager on CPU."""
     from rlinf_ext.config import load_config
     from rlinf_ext.generation.vllm_engine import LOGPROBS_MODE, engine_args, options_from_config
 
@@ -155,6 +155,9 @@ def test_gpu_engine_options_follow_the_placement(qwen2_head32_dirs):
     cpu = engine_args(options_from_config(collocated, cuda=False))
     assert "enable_sleep_mode" not in cpu and "weight_transfer_config" not in cpu
     assert on["logprobs_mode"] == off["logprobs_mode"] == cpu["logprobs_mode"] == LOGPROBS_MODE == "processed_logprobs"
+    # helper ops eager only on CPU (on GPUs their compiled kernels are worth the build)
+    assert options_from_config(collocated, cuda=False).eager_helper_ops
+    assert not options_from_config(collocated, cuda=True).eager_helper_ops
 
 
 def test_processes_that_start_vllm_do_not_load_numba():

@@ -1,0 +1,77 @@
+"""The vLLM rollout worker's start-up bookkeeping without an engine: vLLM's import runs ahead in a background
+thread (``ImportPrefetch``), a failed import is raised at ``init_worker`` with the fix, and the ranks' start-up
+parts become ``time/rollout_start/<part>`` metrics (max over ranks), which the tiny-experiment benchmark prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlinf_ext.generation.vllm_engine import ENGINE_MODULES, ImportPrefetch
+from rlinf_ext.protocol import metric_keys as mk
+from rlinf_ext.runner.trainer import rollout_start_parts
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_prefetch_imports_in_the_background_and_wait_returns_once_done():
+    prefetch = ImportPrefetch(["json", "rlinf_ext.protocol.metric_keys"])
+    waited = prefetch.wait()
+    assert waited >= 0.0 and prefetch.seconds is not None and prefetch.error is None
+    assert prefetch._thread.name == "rlinf-vllm-import" and not prefetch._thread.is_alive()
+    assert "json" in sys.modules
+
+
+def test_prefetch_failure_is_raised_at_wait_with_the_fix():
+    prefetch = ImportPrefetch(["rlinf_ext_no_such_engine_module"])
+    with pytest.raises(RuntimeError, match=r"rlinf_ext_no_such_engine_module failed.*install\.sh.*rollout_backend=hf"):
+        prefetch.wait()
+    assert isinstance(prefetch.error, ModuleNotFoundError)
+
+
+def test_prefetched_modules_are_those_the_engine_start_imports():
+    import inspect
+
+    from rlinf_ext.generation import vllm_engine
+
+    inproc = inspect.getsource(vllm_engine.InprocVLLMEngine.from_engine_args)
+    remote = inspect.getsource(vllm_engine.start_engine)
+    for module in ENGINE_MODULES[True][1:]:
+        assert f"from {module} import" in inproc
+    assert "from vllm.v1.engine.async_llm import" in remote and "vllm.v1.engine.async_llm" in ENGINE_MODULES[False]
+
+
+def test_start_parts_become_metrics_max_over_ranks():
+    ranks = [{"import": 7.5, "engine": 3.0}, {"import": 6.0, "engine": 3.5, "tokenizer": 0.25}, None]
+    assert rollout_start_parts(ranks) == {"time/rollout_start/import": 7.5, "time/rollout_start/engine": 3.5,
+                                          "time/rollout_start/tokenizer": 0.25}
+    assert rollout_start_parts([None, None]) == {}  # the HF worker returns nothing
+    assert mk.rollout_start_part("import") == f"{mk.TIME_ROLLOUT_START}/import"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("tiny_experiment_bench", REPO / "benchmarks" / "tiny_experiment_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_prints_start_parts_and_sync_per_step():
+    bench = load_bench()
+    first = {"step": 0, mk.VAL_ALL_EM: 0.0, mk.VAL_N: 14, mk.TIME_ROLLOUT_START: 12.0,
+             mk.rollout_start_part("import"): 8.0, mk.rollout_start_part("engine"): 3.5}
+    steps = [{"step": s, mk.REWARD_MEAN: 0.1 * s, mk.TIME_ROLLOUT: 2.0, mk.TIME_STEP: 5.0} for s in (1, 2, 3)]
+    steps[1][mk.TIME_SYNC], steps[2][mk.TIME_SYNC] = 0.25, 0.75  # step 1 skipped its sync (validation did it)
+    vllm = bench.run_figures([first, *steps], wall_s=100.0)
+    assert vllm["start_parts"] == {"import": 8.0, "engine": 3.5}
+    assert vllm["sync_per_step"] == [0.25, 0.75] and vllm["sync_s"] == pytest.approx(0.5)
+    hf = bench.run_figures([{**{k: v for k, v in first.items() if "/rollout_start/" not in k},
+                             mk.TIME_ROLLOUT_START: 2.0}, *steps], wall_s=90.0)
+    assert hf["start_parts"] == {}
+    table = bench.side_by_side({"vllm": vllm, "hf": hf})
+    assert "start-up: import (s)" in table and "start-up: engine (s)" in table
+    row = next(line for line in table.splitlines() if "start-up: import" in line).split()
+    assert row[-2:] == ["8.0", "nan"]
