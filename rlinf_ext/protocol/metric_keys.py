@@ -57,6 +57,12 @@ def rollout_start_part(name: str) -> str:
     return f"{TIME_ROLLOUT_START}/{name}"
 
 
+def sync_part(name: str) -> str:
+    """``time/sync/<name>``: one part of a weight sync on the rollout side (``workers/rollout_vllm.py``'s
+    ``SYNC_*``), max over ranks; on the steps that synced."""
+    return f"{TIME_SYNC}/{name}"
+
+
 def agent_metric(name: str) -> str:
     """``agent/<name>`` for a ``Trajectory.metrics`` entry."""
     return f"{AGENT_PREFIX}/{name}"

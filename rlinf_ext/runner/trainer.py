@@ -67,13 +67,14 @@ def _collate(items: list[dict]) -> list[dict]:
     return items
 
 
-def rollout_start_parts(rank_results: list) -> dict[str, float]:
-    """``time/rollout_start/<part>`` metrics from the rollout ranks' ``init_worker`` returns (pure): each rank may
-    return a dict of start-up parts in seconds (the vLLM worker does, the HF one returns None); max over ranks."""
+def part_metrics(rank_results: list, key_of: Callable[[str], str]) -> dict[str, float]:
+    """Metrics from the rollout ranks' returns of a timed call (pure): each rank may return a dict of parts in
+    seconds (the vLLM worker does for ``init_worker`` and ``sync_model_from_actor``, the HF one returns None);
+    ``key_of(part)`` names the metric; max over ranks."""
     out: dict[str, float] = {}
     for parts in rank_results or ():
         for name, seconds in (parts or {}).items():
-            key = mk.rollout_start_part(name)
+            key = key_of(name)
             out[key] = max(out.get(key, 0.0), float(seconds))
     return out
 
@@ -124,6 +125,7 @@ class GRPOTrainer:
         self._validation = None  # ValidationPass, built on first use (see validation_pass)
         self.val_history: dict[int, dict[str, float]] = {}  # step -> val/... metrics of that pass
         self._rollout_current = False  # the rollout engine holds the actor's current weights
+        self._sync_parts: dict[str, float] = {}  # the last sync's rollout-side parts (time/sync/<part>)
         self._launch_metrics: dict[str, float] = {}  # logged once, in this launch's first row
 
     @staticmethod
@@ -174,7 +176,7 @@ class GRPOTrainer:
         for component, method, handle in handles:
             results[component] = wait_or_raise(handle, component, method, startup=True)
         self._launch_metrics = {mk.TIME_ROLLOUT_START: float(rollout_init.consume_duration()),
-                                **rollout_start_parts(results["rollout"])}
+                                **part_metrics(results["rollout"], mk.rollout_start_part)}
         routes = g.placement.weight_sync
         wait_or_raise(g.actor.set_weight_sync(routes), "actor", "set_weight_sync")
         wait_or_raise(g.rollout.set_weight_sync(routes), "rollout", "set_weight_sync")
@@ -217,8 +219,10 @@ class GRPOTrainer:
         if self._rollout_current:
             return False
         g = self.groups
-        wait_all_or_raise([(g.actor.sync_model_to_rollout(self.verify_sync), "actor", "sync_model_to_rollout"),
-                           (g.rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor")])
+        _, received = wait_all_or_raise([
+            (g.actor.sync_model_to_rollout(self.verify_sync), "actor", "sync_model_to_rollout"),
+            (g.rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor")])
+        self._sync_parts = part_metrics(received, mk.sync_part)
         self._rollout_current = True
         return True
 
@@ -279,6 +283,7 @@ class GRPOTrainer:
         })
         if synced:  # a skipped sync is no 0-second sync: it would pull the mean sync time down
             metrics[mk.TIME_SYNC] = time_sync
+            metrics.update(self._sync_parts)
         return metrics, trajectories
 
     @staticmethod

@@ -18,6 +18,8 @@ per-request seed, so sampling is reproducible without serving requests one at a 
 
 from __future__ import annotations
 
+import time
+
 from rlinf.scheduler import Worker
 
 from rlinf_ext.generation.vllm_engine import (
@@ -37,6 +39,11 @@ from rlinf_ext.sync.vllm_transfer import ENGINE_CALLS
 from rlinf_ext.sync.weight_sync import DEFAULT_ATOL, SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
 from rlinf_ext.workers.rollout_serving import serve_requests
 from rlinf_ext.workers.rollout_sglang import probe_logprob_gap
+
+# the parts of one weight sync on this side (seconds), logged as time/sync/<part> (metric_keys.sync_part)
+SYNC_HEADER_WAIT = "header_wait"  # until the actor's header is in (its probe forward, the first conversion)
+SYNC_LOAD = "load"  # pause, the buckets' transfer and load, layerwise finish, cache resets, resume
+SYNC_PROBE = "probe"  # the probe's prompt log-probs through the engine and the comparison
 
 
 class VLLMRolloutState:
@@ -77,20 +84,26 @@ class VLLMRolloutState:
     async def set_weight_sync(self, routes: SyncRoutes) -> None:
         self.sync_routes = routes
 
-    async def _receive_and_load(self) -> None:
+    async def _receive_and_load(self) -> dict[str, float]:
+        """Returns the sync's parts in seconds (``SYNC_*``): the wait for the actor's header (its conversion
+        starts and its probe forward), the transfer and load, the probe."""
         if self.sync_routes is None:
             raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
         gen, gpu = self.generator, self.gpu_sync
+        t0 = time.perf_counter()
         if gpu is not None:
             header = await self._serve_transfer(gpu)
             self.weight_version = header.version
             self.last_sync = {"sources": [header.sender], "backend": gpu.backend}
+            t1 = time.perf_counter()
             await self._check_probe(header)
-            return
+            return {SYNC_LOAD: t1 - t0, SYNC_PROBE: time.perf_counter() - t1}
         begun = False  # CPU: vLLM's in-place reload, fed by the RLinf routes
+        t_header = t0
 
         async def begin():
-            nonlocal begun
+            nonlocal begun, t_header
+            t_header = time.perf_counter()
             await gen.begin_weight_load()
             begun = True
 
@@ -106,7 +119,9 @@ class VLLMRolloutState:
         header = headers[0]
         self.weight_version = header.version
         self.last_sync = {"sources": [h.sender for h in headers], "load_s": gen.last_load_s, **vars(stats)}
+        t1 = time.perf_counter()
         await self._check_probe(header)
+        return {SYNC_HEADER_WAIT: t_header - t0, SYNC_LOAD: t1 - t_header, SYNC_PROBE: time.perf_counter() - t1}
 
     async def _serve_transfer(self, gpu: VLLMGpuSync):
         """GPU: answer the actor's vLLM transfer calls; the engine serves again whatever happened."""
@@ -164,10 +179,11 @@ class VLLMRolloutWorker(VLLMRolloutState, Worker):
         parts[START_IMPORT_BACKGROUND] = float(self._prefetch.seconds or 0.0)
         return parts
 
-    async def sync_model_from_actor(self) -> None:
-        """Receive the actor's weights (HF names, bucket by bucket) into the running engine and check the probe."""
+    async def sync_model_from_actor(self) -> dict[str, float]:
+        """Receive the actor's weights (HF names, bucket by bucket) into the running engine and check the probe;
+        returns the sync's parts in seconds (the trainer logs them as ``time/sync/<part>``)."""
         with self.worker_timer():
-            await self._receive_and_load()
+            return await self._receive_and_load()
 
     async def offload_engine(self) -> None:
         """GPU collocated: release the GPU for training (``rollout.vllm.sleep_level``, after the requests in flight);

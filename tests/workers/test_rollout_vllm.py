@@ -117,11 +117,13 @@ def test_weight_sync_paired_route_loads_and_checks_probe(generator, model_dirs):
     assert len(buckets) > 3
     w = worker(generator, messages)
     asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
-    asyncio.run(w._receive_and_load())
+    parts = asyncio.run(w._receive_and_load())
     state = asyncio.run(w.get_state())
     assert state["weight_version"] == 3 and state["last_sync_logprob_gap"] < 1e-4
     assert state["last_sync"]["buckets"] == len(buckets) == w.acks
-    print(f"vLLM sync of {len(buckets)} buckets: {state['last_sync']['load_s'] * 1000:.0f} ms")
+    assert set(parts) == {"header_wait", "load", "probe"} and all(v >= 0 for v in parts.values())
+    assert parts["load"] >= state["last_sync"]["load_s"]  # the load part holds the engine's own load time
+    print(f"vLLM sync of {len(buckets)} buckets: {state['last_sync']['load_s'] * 1000:.0f} ms; parts {parts}")
 
     # a sync whose weights do not reproduce the actor's probe is refused (here: the actor is the old model)
     other = AutoModelForCausalLM.from_pretrained(str(model_dirs[0]), dtype=torch.float32)  # the engine's first weights

@@ -12,7 +12,7 @@ import pytest
 
 from rlinf_ext.generation.vllm_engine import ENGINE_MODULES, ImportPrefetch
 from rlinf_ext.protocol import metric_keys as mk
-from rlinf_ext.runner.trainer import rollout_start_parts
+from rlinf_ext.runner.trainer import part_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,12 +44,15 @@ def test_prefetched_modules_are_those_the_engine_start_imports():
     assert "from vllm.v1.engine.async_llm import" in remote and "vllm.v1.engine.async_llm" in ENGINE_MODULES[False]
 
 
-def test_start_parts_become_metrics_max_over_ranks():
+def test_start_and_sync_parts_become_metrics_max_over_ranks():
     ranks = [{"import": 7.5, "engine": 3.0}, {"import": 6.0, "engine": 3.5, "tokenizer": 0.25}, None]
-    assert rollout_start_parts(ranks) == {"time/rollout_start/import": 7.5, "time/rollout_start/engine": 3.5,
-                                          "time/rollout_start/tokenizer": 0.25}
-    assert rollout_start_parts([None, None]) == {}  # the HF worker returns nothing
+    assert part_metrics(ranks, mk.rollout_start_part) == {
+        "time/rollout_start/import": 7.5, "time/rollout_start/engine": 3.5, "time/rollout_start/tokenizer": 0.25}
+    assert part_metrics([None, None], mk.rollout_start_part) == {}  # the HF worker returns nothing
+    assert part_metrics([{"load": 0.5, "probe": 0.125}], mk.sync_part) == {"time/sync/load": 0.5,
+                                                                           "time/sync/probe": 0.125}
     assert mk.rollout_start_part("import") == f"{mk.TIME_ROLLOUT_START}/import"
+    assert mk.sync_part("load") == f"{mk.TIME_SYNC}/load"
 
 
 def load_bench():
