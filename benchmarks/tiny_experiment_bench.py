@@ -48,7 +48,7 @@ def run_figures(rows: list[dict], wall_s: float, window: int = WINDOW) -> dict:
     k = max(1, min(window, len(steps) // 2)) if steps else 0
     vals = [r for r in rows if mk.VAL_ALL_EM in r]
     start = next((r[mk.TIME_ROLLOUT_START] for r in rows if mk.TIME_ROLLOUT_START in r), float("nan"))
-    part_prefix = mk.rollout_start_part("")
+    part_prefix = mk.prefixed(mk.TIME_ROLLOUT_START, "")
     parts = next(({k[len(part_prefix):]: v for k, v in r.items() if k.startswith(part_prefix)}
                   for r in rows if mk.TIME_ROLLOUT_START in r), {})
     syncs = [r[mk.TIME_SYNC] for r in steps if mk.TIME_SYNC in r]

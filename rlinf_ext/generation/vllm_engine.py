@@ -52,7 +52,7 @@ from rlinf_ext.sync.weight_sync import serialize_handle
 
 WORKER_EXTENSION = "rlinf_ext.generation.vllm_engine.WeightLoadExtension"
 # the parts of an engine's start-up (``VLLMGenerator.start_parts``, seconds): the rollout worker logs them as
-# ``time/rollout_start/<part>`` (``protocol/metric_keys.py:rollout_start_part``)
+# ``time/rollout_start/<part>`` (``runner/trainer.py:part_metrics``)
 START_TOKENIZER = "tokenizer"  # the HF tokenizer and EOS set
 START_IMPORT = "import"  # importing vLLM's engine modules (the first import in the process pays it)
 START_CONFIG = "config"  # EngineArgs -> VllmConfig (HF config, platform, scheduler settings)

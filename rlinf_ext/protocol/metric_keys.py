@@ -51,18 +51,6 @@ VAL_N = "val/n"
 VAL_ERRORS = "val/errors"
 
 
-def rollout_start_part(name: str) -> str:
-    """``time/rollout_start/<name>``: one part of the rollout engine's start-up (``generation/vllm_engine.py``'s
-    ``START_*``: tokenizer, import, config, engine), max over ranks; in the launch's first row."""
-    return f"{TIME_ROLLOUT_START}/{name}"
-
-
-def sync_part(name: str) -> str:
-    """``time/sync/<name>``: one part of a weight sync on the rollout side (``workers/rollout_vllm.py``'s
-    ``SYNC_*``), max over ranks; on the steps that synced."""
-    return f"{TIME_SYNC}/{name}"
-
-
 def agent_metric(name: str) -> str:
     """``agent/<name>`` for a ``Trajectory.metrics`` entry."""
     return f"{AGENT_PREFIX}/{name}"

@@ -67,14 +67,14 @@ def _collate(items: list[dict]) -> list[dict]:
     return items
 
 
-def part_metrics(rank_results: list, key_of: Callable[[str], str]) -> dict[str, float]:
-    """Metrics from the rollout ranks' returns of a timed call (pure): each rank may return a dict of parts in
-    seconds (the vLLM worker does for ``init_worker`` and ``sync_model_from_actor``, the HF one returns None);
-    ``key_of(part)`` names the metric; max over ranks."""
+def part_metrics(rank_results: list, prefix: str) -> dict[str, float]:
+    """``<prefix>/<part>`` metrics from the rollout ranks' returns of a timed call (pure): each rank may return a
+    dict of parts in seconds (the vLLM worker does for ``init_worker``, under ``time/rollout_start``, and
+    ``sync_model_from_actor``, under ``time/sync``; the HF one returns None); max over ranks."""
     out: dict[str, float] = {}
     for parts in rank_results or ():
         for name, seconds in (parts or {}).items():
-            key = key_of(name)
+            key = mk.prefixed(prefix, name)
             out[key] = max(out.get(key, 0.0), float(seconds))
     return out
 
@@ -176,7 +176,7 @@ class GRPOTrainer:
         for component, method, handle in handles:
             results[component] = wait_or_raise(handle, component, method, startup=True)
         self._launch_metrics = {mk.TIME_ROLLOUT_START: float(rollout_init.consume_duration()),
-                                **part_metrics(results["rollout"], mk.rollout_start_part)}
+                                **part_metrics(results["rollout"], mk.TIME_ROLLOUT_START)}
         routes = g.placement.weight_sync
         wait_or_raise(g.actor.set_weight_sync(routes), "actor", "set_weight_sync")
         wait_or_raise(g.rollout.set_weight_sync(routes), "rollout", "set_weight_sync")
@@ -222,7 +222,7 @@ class GRPOTrainer:
         _, received = wait_all_or_raise([
             (g.actor.sync_model_to_rollout(self.verify_sync), "actor", "sync_model_to_rollout"),
             (g.rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor")])
-        self._sync_parts = part_metrics(received, mk.sync_part)
+        self._sync_parts = part_metrics(received, mk.TIME_SYNC)
         self._rollout_current = True
         return True
 

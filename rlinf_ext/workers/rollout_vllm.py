@@ -40,7 +40,7 @@ from rlinf_ext.sync.weight_sync import DEFAULT_ATOL, SyncRoutes, WeightSyncError
 from rlinf_ext.workers.rollout_serving import serve_requests
 from rlinf_ext.workers.rollout_sglang import probe_logprob_gap
 
-# the parts of one weight sync on this side (seconds), logged as time/sync/<part> (metric_keys.sync_part)
+# the parts of one weight sync on this side (seconds), logged as time/sync/<part> (runner/trainer.py:part_metrics)
 SYNC_HEADER_WAIT = "header_wait"  # until the actor's header is in (its probe forward, the first conversion)
 SYNC_LOAD = "load"  # pause, the buckets' transfer and load, layerwise finish, cache resets, resume
 SYNC_PROBE = "probe"  # the probe's prompt log-probs through the engine and the comparison

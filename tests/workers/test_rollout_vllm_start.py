@@ -46,13 +46,11 @@ def test_prefetched_modules_are_those_the_engine_start_imports():
 
 def test_start_and_sync_parts_become_metrics_max_over_ranks():
     ranks = [{"import": 7.5, "engine": 3.0}, {"import": 6.0, "engine": 3.5, "tokenizer": 0.25}, None]
-    assert part_metrics(ranks, mk.rollout_start_part) == {
+    assert part_metrics(ranks, mk.TIME_ROLLOUT_START) == {
         "time/rollout_start/import": 7.5, "time/rollout_start/engine": 3.5, "time/rollout_start/tokenizer": 0.25}
-    assert part_metrics([None, None], mk.rollout_start_part) == {}  # the HF worker returns nothing
-    assert part_metrics([{"load": 0.5, "probe": 0.125}], mk.sync_part) == {"time/sync/load": 0.5,
+    assert part_metrics([None, None], mk.TIME_ROLLOUT_START) == {}  # the HF worker returns nothing
+    assert part_metrics([{"load": 0.5, "probe": 0.125}], mk.TIME_SYNC) == {"time/sync/load": 0.5,
                                                                            "time/sync/probe": 0.125}
-    assert mk.rollout_start_part("import") == f"{mk.TIME_ROLLOUT_START}/import"
-    assert mk.sync_part("load") == f"{mk.TIME_SYNC}/load"
 
 
 def load_bench():
@@ -65,7 +63,7 @@ def load_bench():
 def test_bench_prints_start_parts_and_sync_per_step():
     bench = load_bench()
     first = {"step": 0, mk.VAL_ALL_EM: 0.0, mk.VAL_N: 14, mk.TIME_ROLLOUT_START: 12.0,
-             mk.rollout_start_part("import"): 8.0, mk.rollout_start_part("engine"): 3.5}
+             "time/rollout_start/import": 8.0, "time/rollout_start/engine": 3.5}
     steps = [{"step": s, mk.REWARD_MEAN: 0.1 * s, mk.TIME_ROLLOUT: 2.0, mk.TIME_STEP: 5.0} for s in (1, 2, 3)]
     steps[1][mk.TIME_SYNC], steps[2][mk.TIME_SYNC] = 0.25, 0.75  # step 1 skipped its sync (validation did it)
     vllm = bench.run_figures([first, *steps], wall_s=100.0)
