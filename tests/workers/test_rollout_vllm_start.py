@@ -1,47 +1,18 @@
-"""The vLLM rollout worker's start-up bookkeeping without an engine: vLLM's import runs ahead in a background
-thread (``ImportPrefetch``), a failed import is raised at ``init_worker`` with the fix, and the ranks' start-up
-parts become ``time/rollout_start/<part>`` metrics (max over ranks), which the tiny-experiment benchmark prints."""
+"""The vLLM rollout worker's start-up and sync bookkeeping without an engine: the ranks' parts become
+``time/rollout_start/<part>`` and ``time/sync/<part>`` metrics (max over ranks), and the tiny-experiment benchmark
+prints the start-up parts and the sync of every step."""
 
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from rlinf_ext.generation.vllm_engine import ENGINE_MODULES, ImportPrefetch
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.runner.trainer import part_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def test_prefetch_imports_in_the_background_and_wait_returns_once_done():
-    prefetch = ImportPrefetch(["json", "rlinf_ext.protocol.metric_keys"])
-    waited = prefetch.wait()
-    assert waited >= 0.0 and prefetch.seconds is not None and prefetch.error is None
-    assert prefetch._thread.name == "rlinf-vllm-import" and not prefetch._thread.is_alive()
-    assert "json" in sys.modules
-
-
-def test_prefetch_failure_is_raised_at_wait_with_the_fix():
-    prefetch = ImportPrefetch(["rlinf_ext_no_such_engine_module"])
-    with pytest.raises(RuntimeError, match=r"rlinf_ext_no_such_engine_module failed.*install\.sh.*rollout_backend=hf"):
-        prefetch.wait()
-    assert isinstance(prefetch.error, ModuleNotFoundError)
-
-
-def test_prefetched_modules_are_those_the_engine_start_imports():
-    import inspect
-
-    from rlinf_ext.generation import vllm_engine
-
-    inproc = inspect.getsource(vllm_engine.InprocVLLMEngine.from_engine_args)
-    remote = inspect.getsource(vllm_engine.start_engine)
-    for module in ENGINE_MODULES[True][1:]:
-        assert f"from {module} import" in inproc
-    assert "from vllm.v1.engine.async_llm import" in remote and "vllm.v1.engine.async_llm" in ENGINE_MODULES[False]
 
 
 def test_start_and_sync_parts_become_metrics_max_over_ranks():
