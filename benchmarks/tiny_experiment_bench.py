@@ -21,15 +21,14 @@ import json
 import os
 import math
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.engine_runs import build_assets, fresh_out_dir, parse_backends, run_engines  # noqa: E402
 from rlinf_ext.protocol import metric_keys as mk  # noqa: E402
 
 BACKENDS = ("vllm", "hf")
@@ -138,14 +137,6 @@ def run_one(backend: str, out: Path, overrides: list[str], no_eval: bool, result
     return 0
 
 
-def build_assets(root: Path) -> float:
-    """The tiny assets with the warm start, in a child process (the generator loads numba); seconds taken."""
-    started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "rlinf_ext.cli", "make-tiny-assets", "--out", str(root), "--with-sft"],
-                   check=True, cwd=str(REPO))
-    return time.monotonic() - started
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="vllm", help="rollout engines, comma-separated (vllm, hf; default vllm)")
@@ -161,33 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_one:
         return run_one(args.run_one, Path(args.out), args.overrides, args.no_eval, Path(args.result))
 
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = [b for b in backends if b not in BACKENDS]
-    if unknown or not backends or len(set(backends)) != len(backends):
-        print(f"--backends {args.backends}: give distinct engines among {', '.join(BACKENDS)}", file=sys.stderr)
-        return 2
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="tiny_bench_"))
-    if out.exists() and any(p.name != "assets" for p in out.iterdir()):
-        print(f"--out {out} holds earlier runs; give an empty or new directory (a run there would resume)",
-              file=sys.stderr)
+    backends = parse_backends(args.backends, BACKENDS)
+    out = fresh_out_dir(args.out, "tiny_bench_")
+    if backends is None or out is None:
         return 2
     assets = Path(args.assets or os.environ.get("RLINF_EXT_TINY_ASSETS") or out / "assets").resolve()
-    assets_s = build_assets(assets)
+    assets_s = build_assets(assets, "--with-sft")
     print(f"tiny assets: {assets} ({assets_s:.0f} s, reused when already built)", flush=True)
-
-    figures: dict[str, dict] = {}
-    for backend in backends:
-        result = out / f"{backend}.json"
-        command = [sys.executable, str(Path(__file__).resolve()), "--run-one", backend, "--out", str(out / backend),
-                   "--result", str(result), *(["--no-eval"] if args.no_eval else []),
-                   f"paths.tiny_assets={assets}", *args.overrides]
-        print(f"\n===== {backend}: {' '.join(command[1:])}", flush=True)
-        code = subprocess.run(command, cwd=str(REPO)).returncode
-        if code != 0:
-            print(f"the run on {backend} failed (exit {code}); its output is above", file=sys.stderr)
-            return code
-        figures[backend] = json.loads(result.read_text())
-
+    figures = run_engines(Path(__file__).resolve(), backends, out, lambda backend, run_out: [
+        "--out", str(run_out), *(["--no-eval"] if args.no_eval else []), f"paths.tiny_assets={assets}",
+        *args.overrides])
+    if isinstance(figures, int):
+        return figures
     print(f"\n{side_by_side(figures)}")
     for backend, fig in figures.items():
         print(f"weight sync per step ({backend}, s): " + " ".join(f"{s:.2f}" for s in fig.get("sync_per_step", [])))

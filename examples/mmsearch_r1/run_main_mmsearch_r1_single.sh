@@ -3,7 +3,8 @@
 #   bash examples/mmsearch_r1/run_main_mmsearch_r1_single.sh [CONFIG_NAME|CONFIG.yaml] [key=value ...]
 # CONFIG_NAME is a file under examples/mmsearch_r1/config/ without .yaml (default: tiny-mm-cpu, the tiny
 # multimodal world on a CPU; its assets and warm start are generated on first use). qwen2.5-vl-7b-1node is the
-# reference run on 8xH100 (FSDP2 actor, SGLang rollout: written, NOT GPU-verified). Runs from any directory.
+# reference run on 8xH100 (FSDP2 actor, vLLM rollout; -collocated shares the GPUs: written, NOT GPU-verified).
+# Runs from any directory.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/../searchr1" && pwd)/launch_common.sh"
 rlinf_ext_run_launcher "${BASH_SOURCE[0]}" tiny-mm-cpu train.py "$@"

@@ -166,11 +166,10 @@ class VLLMVLGenerator(VLLMGenerator):
         """Share of prompts whose engine-side expansion differed from the agent loop's ids (0.0 before any)."""
         return self.prompt_mismatches / self.prompts_checked if self.prompts_checked else 0.0
 
-    def take_mismatch_counts(self) -> tuple[int, int]:
-        """(mismatches, prompts) since the last call: the per-step rate's numerator and denominator."""
-        out = (self.prompt_mismatches, self.prompts_checked)
-        self.prompt_mismatches = self.prompts_checked = 0
-        return out
+    @property
+    def mismatch_counts(self) -> tuple[int, int]:
+        """(mismatches, prompts checked) since the engine started; the runner takes differences per step."""
+        return self.prompt_mismatches, self.prompts_checked
 
     def _params(self, sampling_params: SamplingParams, seed: int | None, **overrides: Any) -> Any:
         from vllm import SamplingParams as VSamplingParams

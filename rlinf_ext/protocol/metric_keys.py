@@ -26,7 +26,12 @@ AGENT_IMAGE_PAD_MISMATCH = "agent/image_pad_mismatch"
 
 # actor: RLinf's rollout metrics under rollout/<name>, training metrics under actor/<name>
 ROLLOUT_PREFIX = "rollout"
-RETOKENIZE_MISMATCH = "rollout/retokenize_mismatch"  # SGLang re-tokenised a multimodal prompt differently
+# rollout engines with images (vLLM, SGLang): share of the step's generate requests whose prompt the engine expanded
+# differently from the agent loop's ids; the trainer logs it per step from the rollout workers' state, where
+# RETOKENIZE_COUNTS holds the cumulative (mismatches, prompts checked) since the engine started
+RETOKENIZE_MISMATCH = "rollout/retokenize_mismatch"
+RETOKENIZE_COUNTS = "retokenize_counts"
+SYNC_LOGPROB_GAP = "rollout/sync_logprob_gap"  # the engine's probe log-probs vs the actor's after the step's sync
 ACTOR_PREFIX = "actor"
 ACTOR_LOSS = "actor/loss"
 ACTOR_OPTIMIZER_STEPS = "actor/optimizer_steps"

@@ -39,6 +39,18 @@ def first_last_means(values: Sequence[float], window: int) -> tuple[float, float
     return sum(finite[:w]) / w, sum(finite[-w:]) / w
 
 
+def engine_mismatch_step(states: Sequence[dict], seen: tuple[int, int]) -> tuple[float | None, tuple[int, int]]:
+    """The share of the prompts served since ``seen`` that the rollout engines expanded differently from the
+    agent loop's ids, from each rollout rank's cumulative ``RETOKENIZE_COUNTS`` (mismatches, prompts checked);
+    returns (that share, or None when no prompt was checked; the new totals, the next call's ``seen``)."""
+    counts = [s[mk.RETOKENIZE_COUNTS] for s in states if s.get(mk.RETOKENIZE_COUNTS) is not None]
+    totals = (sum(int(c[0]) for c in counts), sum(int(c[1]) for c in counts))
+    prompts = totals[1] - seen[1]
+    if prompts < 0:  # counters only grow while the engines live
+        raise ValueError(f"rollout engines report {totals[1]} prompts checked, fewer than the {seen[1]} seen before")
+    return ((totals[0] - seen[0]) / prompts if prompts else None), totals
+
+
 def moving_average(values: Sequence[float], window: int) -> list[float]:
     """Trailing mean over up to ``window`` values (shorter at the start), one output per input."""
     out, total = [], 0.0

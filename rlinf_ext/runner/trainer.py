@@ -44,6 +44,7 @@ from rlinf_ext.protocol.generation import STOP_SERVING, GenerateRequest
 from rlinf_ext.protocol.payloads import SearchRolloutRequest
 from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
 from rlinf_ext.runner.groups import WorkerGroups, wait_all_or_raise, wait_or_raise
+from rlinf_ext.runner.metrics import engine_mismatch_step
 from rlinf_ext.workers.agent_loop import ChannelGenerator
 
 StepCallback = Callable[[int, dict, list], None]
@@ -90,8 +91,16 @@ def split_list(items: list, parts: int) -> list[list]:
     return out
 
 
+def engine_counts_mismatches(cfg: ExperimentConfig) -> bool:
+    """Whether the rollout engine counts prompts it expanded differently from the agent loop's ids: vLLM and
+    SGLang with images (they expand each image's pads themselves; the HF engine takes the ids as they are)."""
+    return cfg.rollout.model.model_type == "qwen2.5_vl" and cfg.rollout.rollout_backend != "hf"
+
+
 # --------------------------------------------------------------------------------------------- runner
 class GRPOTrainer:
+    reads_engine_state = False  # __init__: engine_counts_mismatches(cfg); fakes built without __init__ keep False
+
     def __init__(self, cfg: ExperimentConfig, groups: WorkerGroups, train_dataset, val_dataset=None,
                  on_step: StepCallback | None = None, verify_sync: bool = True,
                  should_stop: Callable[[], bool] | None = None):
@@ -127,6 +136,8 @@ class GRPOTrainer:
         self._rollout_current = False  # the rollout engine holds the actor's current weights
         self._sync_parts: dict[str, float] = {}  # the last sync's rollout-side parts (time/sync/<part>)
         self._launch_metrics: dict[str, float] = {}  # logged once, in this launch's first row
+        self.reads_engine_state = engine_counts_mismatches(cfg)
+        self._engine_counts = (0, 0)  # the rollout engines' (mismatches, prompts) already attributed to a step
 
     @staticmethod
     def total_steps(cfg: ExperimentConfig, dataset_len: int) -> int:
@@ -284,7 +295,20 @@ class GRPOTrainer:
         if synced:  # a skipped sync is no 0-second sync: it would pull the mean sync time down
             metrics[mk.TIME_SYNC] = time_sync
             metrics.update(self._sync_parts)
+        if self.reads_engine_state:
+            metrics.update(self._engine_metrics(synced))
         return metrics, trajectories
+
+    def _engine_metrics(self, synced: bool) -> dict[str, float]:
+        """The rollout engines' re-tokenisation mismatch rate over the prompts served since the last read (this
+        step's rollout: validation reads and drops its own) and, after a sync, the probe's log-prob gap."""
+        states = wait_or_raise(self.groups.rollout.get_state(), "rollout", "get_state")
+        rate, self._engine_counts = engine_mismatch_step(states, self._engine_counts)
+        out = {} if rate is None else {mk.RETOKENIZE_MISMATCH: rate}
+        gaps = [s["last_sync_logprob_gap"] for s in states if s.get("last_sync_logprob_gap") is not None]
+        if synced and gaps:
+            out[mk.SYNC_LOGPROB_GAP] = float(max(gaps))
+        return out
 
     @staticmethod
     def _step_metrics(agent_out: list[dict], reward_metrics: dict, rollout_metrics: dict, training: list[dict]) -> dict:
@@ -336,6 +360,8 @@ class GRPOTrainer:
         started = time.perf_counter()
         self._sync_weights()
         metrics = dict(self.validation_pass().run(step))
+        if self.reads_engine_state:  # the validation's prompts are not the next step's
+            self._engine_metrics(synced=False)
         metrics[mk.TIME_VALIDATION] = time.perf_counter() - started
         self.val_history[step] = metrics
         tqdm.write(f"[rlinf_ext] validation at step {step} ({metrics[mk.TIME_VALIDATION]:.1f} s): "

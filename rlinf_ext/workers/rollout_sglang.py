@@ -42,7 +42,7 @@ from rlinf_ext.generation.sglang_vl import disallowed_tokens_processor, mm_reque
 from rlinf_ext.generation.sglang_wire import INPUT_TOKEN_LOGPROBS, hf_eos_ids, result_of_sglang, to_sglang_params
 from rlinf_ext.models.qwen2 import load_hf_config_dict
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
-from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
+from rlinf_ext.protocol.metric_keys import RETOKENIZE_COUNTS, RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size
 from rlinf_ext.sync.engine_calls import EngineCall, serve_engine_calls
 from rlinf_ext.sync.sglang_transfer import INIT_GROUP, SGLANG_CALLS, UPDATE_DISTRIBUTED, uses_sglang_distributed
@@ -348,7 +348,8 @@ class SGLangRolloutState:
     async def get_state(self) -> dict:
         return {"weight_version": self.weight_version, "last_sync_logprob_gap": self.last_sync_logprob_gap,
                 "last_sync": self.last_sync, "requests_served": self.requests_served,
-                RETOKENIZE_MISMATCH: self.retokenize_mismatches / max(self.requests_served, 1)}
+                RETOKENIZE_MISMATCH: self.retokenize_mismatches / max(self.requests_served, 1),
+                RETOKENIZE_COUNTS: (int(self.retokenize_mismatches), self.requests_served)}  # the runner's per-step rate
 
 
 def vl_request_parts(tokenizer: Any, model_path: str) -> tuple:

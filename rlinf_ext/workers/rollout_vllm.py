@@ -25,7 +25,7 @@ from rlinf.scheduler import Worker
 from rlinf_ext.generation.vllm_engine import VLLMGenerator, VLLMGpuSync, options_from_config
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
-from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
+from rlinf_ext.protocol.metric_keys import RETOKENIZE_COUNTS, RETOKENIZE_MISMATCH
 from rlinf_ext.sync.engine_calls import serve_engine_calls
 from rlinf_ext.sync.vllm_transfer import ENGINE_CALLS
 from rlinf_ext.sync.weight_sync import DEFAULT_ATOL, SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
@@ -142,6 +142,7 @@ class VLLMRolloutState:
                  "last_sync": self.last_sync, "requests_served": self.requests_served}
         if isinstance(self.generator, VLLMVLGenerator):  # vLLM expanded an image differently from the actor's ids
             state[RETOKENIZE_MISMATCH] = self.generator.mismatch_rate
+            state[RETOKENIZE_COUNTS] = self.generator.mismatch_counts  # the runner's per-step rate
         return state
 
 

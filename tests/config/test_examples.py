@@ -23,7 +23,7 @@ def test_every_example_yaml_validates(reference_env):
         result = check_config(path)
         assert result.ok, f"{path}:\n" + "\n".join(str(i) for i in result.issues)
         checked += 1
-    assert checked == 8, [p.name for p in EXPERIMENT_YAMLS]
+    assert checked == 9, [p.name for p in EXPERIMENT_YAMLS]
     assert {p.name for p in EXPERIMENT_YAMLS} == {
         "qwen2.5-3b-tool-1node.yaml",
         "qwen2.5-3b-tool-1node-eval.yaml",
@@ -33,6 +33,7 @@ def test_every_example_yaml_validates(reference_env):
         "qwen2.5-vl-7b-eval.yaml",
         "tiny-mm-cpu.yaml",
         "qwen2.5-vl-7b-1node.yaml",
+        "qwen2.5-vl-7b-1node-collocated.yaml",
     }
 
 

@@ -10,6 +10,7 @@ from rlinf_ext.config import check_config, load_config
 from rlinf_ext.config.commands import format_plan
 from rlinf_ext.config.memory_plan import engine_plan, gpu_plan, memory_inputs, model_shape
 from rlinf_ext.models.memory import (
+    CUDA_RESERVE_BYTES,
     GIB,
     VLLM_ASLEEP_RESIDENT_BYTES,
     VLLM_RUNTIME_BYTES,
@@ -160,6 +161,36 @@ def test_vl_plan_counts_the_vision_tower_and_the_engine_share(reference_env):
                  f"{total * 2 / GIB:7.2f}", f"engine KV cache ({e.kv_tokens:,} tokens", "rollout GPUs"):
         assert line in text, line
     assert "engine asleep" not in text and "host RAM" not in text  # disaggregated: the engine never sleeps
+
+
+def test_collocated_vl_plan_counts_the_vision_tower_and_the_sleeping_engine(reference_env):
+    """qwen2.5-vl-7b-1node-collocated: FSDP2 over all 8 GPUs beside the engine; training phase = the actor's peak +
+    what the sleeping engine keeps, rollout phase = the engine's share + what the offloaded actor keeps."""
+    name = "qwen2.5-vl-7b-1node-collocated"
+    assert check_config(name).ok
+    cfg = load_config(name)
+    shape, _ = model_shape(cfg)
+    x, _ = memory_inputs(cfg)
+    total = shape.params + QWEN25_VL_7B_VISION
+    plan = gpu_plan(cfg, x)
+    assert x.data_parallel == 8 and plan.actor.items["weights"] == total * 4 // 8
+    e = engine_plan(cfg, shape)
+    assert e.weights == total * 2 and e.asleep == VLLM_ASLEEP_RESIDENT_BYTES and e.host_asleep == 0  # level 2
+    assert plan.collocated and plan.fits
+    assert plan.training_phase == plan.actor.peak + VLLM_ASLEEP_RESIDENT_BYTES
+    assert plan.rollout_phase == int(0.6 * 80 * GIB) + CUDA_RESERVE_BYTES  # offloaded: only the CUDA context stays
+    text = format_plan(cfg)
+    for line in ("7.62B params + vision tower 0.68B", "FSDP2 over DP 8", "engine share (vllm: 0.6 x 80)",
+                 "engine asleep (while the actor trains, sleep level 2)", "fits cluster.gpu_memory_gib=80: yes"):
+        assert line in text, line
+    rows = {line.split("  ")[1].strip(): line.split("  ")[-1].strip() for line in text.splitlines()
+            if line.startswith("  GPU, ")}
+    assert rows == {"GPU, training phase (actor peak + engine asleep)": f"{plan.training_phase / GIB:.2f} of 80",
+                    "GPU, rollout phase (engine + what the actor keeps)": f"{plan.rollout_phase / GIB:.2f} of 80"}
+    # without the offload flags the actor's state stays beside the engine's share while it generates
+    kept = gpu_plan(cfg, x, offload_weight=False, offload_optimizer=False, offload_grad=False)
+    assert kept.rollout_phase == plan.rollout_phase + sum(plan.actor.items[k] for k in (
+        "weights", "reference model", "main params (fp32)", "optimizer state", "gradients"))
 
 
 def test_collocated_refused_when_actor_peak_and_the_sleeping_engine_exceed_the_gpu(reference_env):

@@ -1,9 +1,13 @@
 """End to end: MMSearch-R1 GRPO on the tiny multimodal world through the real launcher, as a user runs it.
 
 Launch 1 trains 2 steps (checkpoint every step) on RLinf's scheduler on CPU with the real BM25 server, the image
-cache, the VL rollout engine and the HF actor, validating (greedy, 4 test questions, their own image cache) before
-training and after step 2; launch 2 resumes the finished run (``resume_dir=auto``) for one more step. The last checkpoint's ``actor/`` is an HF model directory that transformers loads and generates with
-from an image. Evaluation is skipped here (tests/e2e/test_mm_eval.py covers it).
+cache, tiny-mm-cpu.yaml's engine (vLLM, in the rollout worker's process: the actor's weights reloaded in place and
+checked by the multimodal probe) and the HF actor, validating (greedy, 4 test questions, their own image cache)
+before training and after step 2, then evaluates the trained model on vLLM in the launcher's process (2 test
+questions; the whole evaluation and its resume: tests/e2e/test_mm_eval.py). Launch 2 resumes the finished run
+(``resume_dir=auto``) for one more step. The last checkpoint's ``actor/`` is an HF model directory that
+transformers loads and generates with from an image. The transformers engine (``rollout.rollout_backend=hf``)
+runs the two-rank FSDP2 test below.
 """
 
 from __future__ import annotations
@@ -21,20 +25,32 @@ CI_SIZE = ["data.rollout_batch_size=2", "algorithm.group_size=2", "algorithm.n_m
            "algorithm.training_batch_size_per_gpu=2", "algorithm.sampling_params.max_new_tokens=32",
            "runner.save_interval=1"]
 VAL_QUESTIONS = 4
+EVAL_QUESTIONS = 2
+VLLM_SYNC_LINE = "Successfully reset prefix cache"  # vLLM logs it at each in-place weight reload
 
 
 @pytest.mark.timeout(600)
 def test_tiny_mm_experiment_trains_checkpoints_resumes_and_exports_an_hf_model(tiny_mm_assets_sft, tmp_path):
     out, rollouts = tmp_path / "runs", tmp_path / "rollouts"
     common = [f"paths.tiny_assets={tiny_mm_assets_sft.root}", f"runner.output_dir={out}",
-              f"runner.rollout_data_dir={rollouts}", "--no-eval", *CI_SIZE]
+              f"runner.rollout_data_dir={rollouts}", *CI_SIZE]
     run_dir = out / "mmsearch-r1-grpo-tiny-cpu"
     code, log1 = launch([*common, "runner.max_steps=2", "runner.val_check_interval=2",
-                         f"runner.val_samples_per_benchmark={VAL_QUESTIONS}"], config="tiny-mm-cpu")
+                         f"runner.val_samples_per_benchmark={VAL_QUESTIONS}",
+                         "--eval-override", f"data.data_size={EVAL_QUESTIONS}"], config="tiny-mm-cpu")
     assert code == 0, log1[-4000:]
     rows = metrics_rows(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the validation before training (tiny-mm-cpu.yaml)
     assert "reward/mean" not in rows[0]
+    # vLLM: step 1 runs on the weights validation 0 synced; step 2 on step 1's update, reloaded in place and
+    # checked by the multimodal probe; the engine expanded every image as the actor's processor did
+    assert "time/sync" not in rows[1] and rows[2]["time/sync"] > 0 and VLLM_SYNC_LINE in log1
+    assert 0 <= rows[2]["rollout/sync_logprob_gap"] < 1e-4, rows[2]
+    assert [r["rollout/retokenize_mismatch"] for r in rows[1:]] == [0.0, 0.0]
+    results = json.loads((run_dir / "eval" / "global_step_2" / "results.json").read_text())
+    overall = next(r for r in results["rows"] if r["data_source"] == r["category"] == "all")
+    assert overall["n"] == EVAL_QUESTIONS, results["rows"]
+    assert "validation accuracy per category (greedy, 4 test questions)" in log1  # the run summary's trend
     val_sets = []
     for row in (rows[0], rows[2]):  # the per-category table of the MM evaluation, with the step's weights
         assert row["val/n"] == VAL_QUESTIONS and row["val/errors"] == 0, row
@@ -63,7 +79,7 @@ def test_tiny_mm_experiment_trains_checkpoints_resumes_and_exports_an_hf_model(t
     assert sum(r["agent/image_searches"] for r in rows) > 0, "the over-searching warm start never searched images"
     assert all(len(d["image_sha1s"]) >= 1 and d["category"] for step in dumped.values() for d in step)
 
-    code, log2 = launch([*common, "runner.max_steps=3", "runner.resume_dir=auto"], config="tiny-mm-cpu")
+    code, log2 = launch([*common, "--no-eval", "runner.max_steps=3", "runner.resume_dir=auto"], config="tiny-mm-cpu")
     assert code == 0, log2[-4000:]
     assert "resumed from" in log2 and "global_step_2" in log2
     assert [r["step"] for r in metrics_rows(run_dir)][-1] == 3
@@ -81,15 +97,20 @@ def test_tiny_mm_experiment_trains_checkpoints_resumes_and_exports_an_hf_model(t
 @pytest.mark.timeout(600)
 def test_tiny_mm_experiment_with_a_two_rank_fsdp2_actor(tiny_mm_assets_sft, tmp_path):
     """``actor: 0-1``: two actor processes of RLinf's group shard the HF model with FSDP2 over gloo; the weight
-    sync (every rank joins the gathers, rank 0 sends) and the checkpoint (rank 0 writes the full model) work."""
+    sync (every rank joins the gathers, rank 0 sends) and the checkpoint (rank 0 writes the full model) work.
+    On the transformers engine (``rollout.rollout_backend=hf``): the one MM launch that keeps the fallback's
+    path honest (rollout worker, sync with the multimodal probe on HF logits)."""
     out = tmp_path / "runs"
     code, log = launch([f"paths.tiny_assets={tiny_mm_assets_sft.root}", f"runner.output_dir={out}", "--no-eval",
                         "cluster.component_placement={actor: 0-1, rollout: 0, reward: 0}", *CI_SIZE,
-                        "runner.max_steps=1", "runner.val_before_train=false"], config="tiny-mm-cpu")
+                        "runner.max_steps=1", "runner.val_before_train=false", "rollout.rollout_backend=hf"],
+                       config="tiny-mm-cpu")
     assert code == 0, log[-4000:]
     assert "actor rank 1/2 ready on cpu" in log and "data-parallel size 2" in log
     run_dir = out / "mmsearch-r1-grpo-tiny-cpu"
-    assert [r["step"] for r in metrics_rows(run_dir)] == [1]
+    rows = metrics_rows(run_dir)
+    assert [r["step"] for r in rows] == [1] and rows[0]["time/sync"] > 0
+    assert VLLM_SYNC_LINE not in log and "rollout/retokenize_mismatch" not in rows[0]  # no vLLM engine in this run
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(run_dir / "checkpoints" / "global_step_1" / "actor")

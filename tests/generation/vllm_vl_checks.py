@@ -97,10 +97,15 @@ def run_all(gen, cases, params):
     return asyncio.run(go())
 
 
+def counts_since(engine, before: tuple[int, int]) -> tuple[int, int]:
+    """(mismatches, prompts) the engine counted since ``before`` (its cumulative ``mismatch_counts``)."""
+    return tuple(now - then for now, then in zip(engine.mismatch_counts, before))
+
+
 def test_greedy_equals_hf_with_images_and_banned_ids(engine, expected):
     cases = expected["cases"]
     assert engine.banned_ids == expected["banned"] and engine.allowed_ids is not None
-    engine.take_mismatch_counts()
+    before = engine.mismatch_counts
     ours, theirs = run_all(engine, cases, GREEDY), expected[1]
     assert [r.output_ids for r in ours] == [r.output_ids for r in theirs]
     assert [r.finish_reason for r in ours] == [r.finish_reason for r in theirs]
@@ -108,7 +113,7 @@ def test_greedy_equals_hf_with_images_and_banned_ids(engine, expected):
     gap = max(abs(a - b) for r, h in zip(ours, theirs) for a, b in zip(r.logprobs, h.logprobs))
     print(f"greedy VL log-prob max |vLLM - HF|: {gap:.2e}")
     assert gap < 1e-4
-    assert engine.take_mismatch_counts() == (0, len(cases))  # vLLM's expansion equals the processor's ids
+    assert counts_since(engine, before) == (0, len(cases))  # vLLM's expansion equals the processor's ids
 
 
 def test_banned_ids_never_sampled(engine, expected):
@@ -129,10 +134,10 @@ def test_pad_runs_that_differ_from_the_engine_are_counted(engine, expected):
     ids, imgs = expected["cases"][1]
     short = list(ids)
     short.remove(engine.token_ids[1])  # one pad fewer than the image's grid: vLLM's prompt differs from these ids
-    engine.take_mismatch_counts()
+    before = engine.mismatch_counts
     asyncio.run(engine.generate(short, SamplingParams(max_new_tokens=2, do_sample=False), images=imgs))
     asyncio.run(engine.generate(ids, SamplingParams(max_new_tokens=2, do_sample=False), images=imgs))
-    assert engine.take_mismatch_counts() == (1, 2)
+    assert counts_since(engine, before) == (1, 2)
     with pytest.raises(ValueError, match="image run"):
         asyncio.run(engine.generate(ids, SamplingParams(max_new_tokens=2), images=imgs + imgs))
 

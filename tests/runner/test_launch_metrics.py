@@ -8,8 +8,10 @@ import math
 import pytest
 import torch
 
+from rlinf_ext.protocol.metric_keys import RETOKENIZE_COUNTS
 from rlinf_ext.runner.metrics import (
     MetricsSink,
+    engine_mismatch_step,
     first_last_means,
     moving_average,
     plot_reward_curve,
@@ -28,6 +30,16 @@ def test_first_last_means_hand_computed():
     assert first_last_means([2.0], window=3) == (2.0, 2.0)
     with pytest.raises(ValueError, match="no finite"):
         first_last_means([float("nan")], window=1)
+
+
+def test_engine_mismatch_step_hand_computed():
+    # two rollout ranks, cumulative counts: 3 mismatches in 10 prompts, of which 1 in 4 seen before -> 2 of 6 new
+    states = [{RETOKENIZE_COUNTS: (1, 6)}, {RETOKENIZE_COUNTS: (2, 4)}, {"weight_version": 3}]
+    assert engine_mismatch_step(states, (1, 4)) == (pytest.approx(1 / 3), (3, 10))
+    assert engine_mismatch_step(states, (3, 10)) == (None, (3, 10))  # nothing served since: no rate
+    assert engine_mismatch_step([{}], (0, 0)) == (None, (0, 0))  # an engine that does not count
+    with pytest.raises(ValueError, match="fewer than"):
+        engine_mismatch_step(states, (0, 11))
 
 
 def test_moving_average_hand_computed():

@@ -183,3 +183,46 @@ def test_without_validation_every_step_syncs():
     for _ in range(2):
         trainer.train_step(item)
     assert _syncs(log) == 2
+
+
+def test_engine_mismatch_rate_and_probe_gap_are_logged_per_step(monkeypatch):
+    """vLLM/SGLang with images: after the rollout the trainer reads the rollout ranks' cumulative re-tokenisation
+    counts and logs the step's share (validation's prompts are read and dropped), and the probe gap of the sync."""
+    from rlinf_ext.protocol import metric_keys as mk
+
+    states = iter([
+        [{mk.RETOKENIZE_COUNTS: (0, 4)}, {mk.RETOKENIZE_COUNTS: (1, 4)}],  # validation 0: 8 prompts, dropped
+        [{mk.RETOKENIZE_COUNTS: (1, 6), "last_sync_logprob_gap": 2e-7},  # step 1: 1 of 4 new prompts
+         {mk.RETOKENIZE_COUNTS: (1, 6), "last_sync_logprob_gap": 5e-7}],
+        [{mk.RETOKENIZE_COUNTS: (1, 9), "last_sync_logprob_gap": 3e-7},  # step 2: 0 of 6, synced
+         {mk.RETOKENIZE_COUNTS: (1, 9), "last_sync_logprob_gap": 1e-7}],
+    ])
+    plain_wait = _Handle.wait
+
+    def wait(self):  # each read of the rollout state gets the next states of the two ranks
+        return next(states) if plain_wait(self) and self.name == "rollout.get_state" else REPLIES.get(self.name, [None])
+
+    monkeypatch.setattr(_Handle, "wait", wait)
+    trainer, log = _trainer(on_gpu=False, is_pipeline=False, validate_every=1)
+    trainer.reads_engine_state, trainer._engine_counts = True, (0, 0)
+    trainer.init_workers()
+    trainer.validate(0)
+    item = [{"prompt_ids": [1, 2], "answers": ["a"], "uid": "q"}]
+    first, _ = trainer.train_step(item)  # no sync: validation 0 synced these weights
+    assert first[mk.RETOKENIZE_MISMATCH] == 0.25 and mk.SYNC_LOGPROB_GAP not in first
+    trainer._rollout_current = False
+    second, _ = trainer.train_step(item)
+    assert second[mk.RETOKENIZE_MISMATCH] == 0.0 and second[mk.SYNC_LOGPROB_GAP] == 3e-7
+    assert log.count(c("rollout.get_state")) == 3
+
+
+def test_engine_state_is_read_for_engines_that_expand_images(monkeypatch):
+    from rlinf_ext.config import load_config
+    from rlinf_ext.runner.trainer import engine_counts_mismatches
+
+    assert engine_counts_mismatches(load_config("tiny-mm-cpu", ["rollout.rollout_backend=vllm"]))
+    for key in ("RLINF_EXT_QWEN25_VL_7B", "RLINF_EXT_FVQA_DATA", "RLINF_EXT_RETRIEVER_ADDR"):
+        monkeypatch.setenv(key, "/x")
+    assert engine_counts_mismatches(load_config("qwen2.5-vl-7b-1node", ["rollout.rollout_backend=sglang"], strict=False))
+    assert not engine_counts_mismatches(load_config("tiny-mm-cpu", ["rollout.rollout_backend=hf"]))
+    assert not engine_counts_mismatches(load_config("tiny-cpu"))
