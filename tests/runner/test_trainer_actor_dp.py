@@ -13,6 +13,7 @@ pytestmark = pytest.mark.timeout(600)
 DP2 = {"cluster.component_placement": "{actor: 0-1, rollout: 0, reward: 0}"}
 
 
+@pytest.mark.slow
 def test_two_actor_processes_train_a_step(tiny_assets, tmp_path, cluster, retrieval_url):
     cfg = make_cfg(tiny_assets, tmp_path, retrieval_url, **DP2, **{"runner.save_interval": 1})
     seen = {}

@@ -12,7 +12,7 @@ from trainer_helpers import (
     make_trainer,
 )
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # slow: worker groups on a Ray cluster
 
 
 def check_step(metrics, trajectories, group_size=2, batch=2):

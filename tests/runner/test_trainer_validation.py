@@ -81,6 +81,7 @@ def test_no_validation_pass_without_validation(monkeypatch, tmp_path):
 # ---------------------------------------------------------------- CPU cluster: validation at steps 0, 1, 2
 
 
+@pytest.mark.slow
 def test_validation_before_and_after_every_step(tiny_assets, tmp_path, cluster, retrieval_url):
     from rlinf_ext.runner.metrics import MetricsSink, read_metrics
 

@@ -101,6 +101,7 @@ def test_each_engine_gets_the_actor_weights_along_its_route(tiny_assets, tmp_pat
                 ray.kill(rank.worker, no_restart=True)
 
 
+@pytest.mark.slow
 def test_a_failed_side_is_raised_instead_of_waiting_for_its_partner(cluster):
     """wait_all_or_raise: the receiver fails while its sender would block forever; the failure comes back at once."""
     from rlinf_ext.runner.groups import WorkerCallError, wait_all_or_raise
