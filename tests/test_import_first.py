@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # one interpreter per module of the package (~85 s on 2 cores)
+
 HERE = Path(__file__).resolve().parent
 
 

@@ -49,6 +49,7 @@ def test_tiny_shape_has_head_size_32_and_the_old_shapes_parameter_count(tiny_ass
         torch.Size([64, 64]), torch.Size([32, 64]), torch.Size([32, 64]))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_vllm_cpu_engine_starts_on_the_generated_tiny_model_and_matches_hf_greedy(tiny_assets):
     pytest.importorskip("vllm")

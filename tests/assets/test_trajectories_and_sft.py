@@ -130,6 +130,7 @@ def test_short_sft_lowers_loss_and_saves_a_loadable_model(tiny_assets, tmp_path)
         assert torch.isfinite(model(ids).logits).all()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_give_up_phase_on_the_saved_search_model_equals_the_two_phases_in_one_run(tiny_assets, tmp_path):
     """The cache builds the give-up phase apart (only the experiment needs it): same weights as in one run."""
@@ -219,6 +220,7 @@ def test_abstain_examples_follow_the_fraction(tiny_assets):
     assert 0.35 * 200 < len(sft.build_abstain_examples(tok, qs, fraction=0.5, seed=0)) < 0.65 * 200
 
 
+@pytest.mark.slow
 def test_sft_with_abstain_batches_learns_both_openings(tiny_assets):
     """A few steps on one search and one give-up trajectory of the same prompt: the model puts mass on both
     openings after `<think> I`, i.e. the second batch is trained, not ignored."""

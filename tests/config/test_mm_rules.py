@@ -17,12 +17,14 @@ def test_mm_eval_configs_are_clean(reference_env):
         assert result.ok, [str(i) for i in result.issues]
 
 
+@pytest.mark.slow
 def test_loop_reward_and_data_must_agree(reference_env):
     assert_issue("tiny-mm-cpu-eval", ["reward.reward_type=searchr1"], "reward.reward_type", "mmsearch")
     assert_issue("tiny-mm-cpu-eval", ["data.type=searchr1"], "data.type", "mmsearch")
     assert_issue("tiny-cpu-eval", ["agentloop.agent=mmsearch"], "reward.reward_type", "mmsearch")
 
 
+@pytest.mark.slow
 def test_mm_scoring_pixels_cache_and_training(reference_env):
     assert_issue("tiny-mm-cpu-eval", ["reward.scoring=f1"], "reward.scoring", "em")
     assert_issue("tiny-mm-cpu-eval", ["data.image_min_pixels=100"], "data.image_min_pixels", "784")
@@ -35,6 +37,7 @@ def test_mm_scoring_pixels_cache_and_training(reference_env):
     assert "tools.image_search.cache_path" not in by_key
 
 
+@pytest.mark.slow
 def test_vl_actor_backend_rules(reference_env):
     by_key, result = issues_for("tiny-mm-cpu-eval", ["actor.training_backend=fsdp"])
     assert result.ok, [str(i) for i in result.issues]

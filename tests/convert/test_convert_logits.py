@@ -18,6 +18,7 @@ WORKER = Path(__file__).with_name("tp_logits_worker.py")
 LOGIT_ATOL = 1e-4  # fp32; TP changes only the summation order of the row-parallel all-reduce
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_tp2_logits_in_two_gloo_processes_match_hf(qwen2_models, tmp_path):
     from transformers import AutoModelForCausalLM

@@ -72,6 +72,7 @@ def test_errors_name_the_problem(tmp_path):
         question_from_prompt([{"role": "system", "content": "x"}])
 
 
+@pytest.mark.slow
 def test_preprocess_cli_on_fvqa(tmp_path):
     src = tmp_path / "in.parquet"
     _official_like(src, [_raw("a"), _raw("b", category="search_free")])

@@ -29,6 +29,7 @@ def test_cpu_batched_tokens_holds_whole_contexts():
     assert cpu_batched_tokens(20000, 1024) == 20000
 
 
+@pytest.mark.slow
 def test_seeded_burst_beyond_the_default_budget(qwen2_head32_dirs):
     from transformers import AutoTokenizer
 

@@ -16,7 +16,7 @@ from rlinf_ext.generation.hf import HFGenerator  # noqa: E402
 from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator  # noqa: E402
 from rlinf_ext.protocol.generation import SamplingParams  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: a vLLM engine start
 GREEDY = dict(do_sample=False)
 
 

@@ -13,7 +13,7 @@ pytest.importorskip("vllm")
 
 from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: a vLLM engine start
 
 
 def test_changed_embedding_reaches_the_tied_head_after_reload(qwen2_head32_dirs):

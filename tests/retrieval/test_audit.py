@@ -65,6 +65,7 @@ def test_choose_search_params_takes_the_cheapest_setting_reaching_the_target():
     assert choose_search_params(faiss.IndexFlatIP(32), queries, truth, 3, 0.99) == ({}, [])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_build_records_the_chosen_parameters_and_the_audit(build_dense_variant):
     meta = IndexMetadata.load(build_dense_variant("approx", audit_sample=40))

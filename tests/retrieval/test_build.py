@@ -47,6 +47,7 @@ def test_encoder_spec_defaults_follow_the_retriever():
         EncoderSpec.for_retriever("colbert", "m")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_interrupted_dense_build_resumes_from_the_embedding_memmap(retrieval_assets, tmp_path):
     store = CorpusStore.open(retrieval_assets.corpus)
@@ -108,6 +109,7 @@ def test_cli_build_index_bm25_and_errors(retrieval_assets, tmp_path, capsys):
     assert "faiss cannot build 'Bogus7'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_dense_searcher_batches_through_one_blas_product_with_unchanged_answers(dense_index):
     """Loading a dense index lowers faiss's BLAS threshold (faiss 1.15 scans the index once per query below
     128000 / dim queries); a batch must still rank exactly as one-query calls do."""

@@ -137,6 +137,7 @@ def test_download_offline_gives_a_clear_error(tmp_path, monkeypatch, capsys):
     assert "cannot reach the Hugging Face hub" in err and "HF_ENDPOINT" in err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_shell_wrappers_work_from_any_directory_and_honour_port(retrieval_assets, tmp_path):
     env = {**os.environ, "PYTHON": sys.executable}

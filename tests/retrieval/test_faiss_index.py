@@ -167,6 +167,7 @@ def test_nprobe_and_ef_search_reach_faiss(tmp_path):
     assert by_ef[1] < 0.5 and by_ef[256] >= 0.99
 
 
+@pytest.mark.slow
 def test_rerank_makes_an_approximate_index_exact_when_the_true_top_k_are_candidates():
     base, queries = _clustered(3000, 32, seed=4), _clustered(150, 32, seed=5)
     k, k_factor = 3, 64

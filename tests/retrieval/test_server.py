@@ -11,6 +11,8 @@ import pytest
 
 from rlinf_ext.retrieval.launch import RetrievalServerError, RetrievalServerProcess
 
+pytestmark = pytest.mark.slow  # a server process per fixture and per refusal (~5 s each on 2 cores)
+
 DOC_FIELDS = {"id", "contents", "title", "text"}
 
 

@@ -46,6 +46,7 @@ def _run(cmd, cwd, timeout=60):
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_cli_train_exits_1_with_all_errors(tmp_path):
     res = _run([sys.executable, "-m", "rlinf_ext.cli", "train", "tiny-cpu", *BAD], cwd=tmp_path)
@@ -54,6 +55,7 @@ def test_cli_train_exits_1_with_all_errors(tmp_path):
     assert "Ray cluster up" not in res.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_shell_script_runs_from_any_directory(tmp_path):
     res = _run(["bash", str(SCRIPT), "tiny-cpu", *BAD], cwd=tmp_path)

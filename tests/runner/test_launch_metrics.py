@@ -102,6 +102,7 @@ def test_unknown_backend_is_an_error(tmp_path):
         MetricsSink(log_dir=tmp_path, backends=["tensorboard", "mlflow"], show_progress=False)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_wandb_runs_offline_without_a_key(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

@@ -66,7 +66,7 @@ def make_probe_worker():
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_process_started_by_a_worker_joins_the_launchers_cluster(tiny_assets, tmp_path, monkeypatch):
+def test_a_process_started_by_a_worker_joins_the_launchers_cluster(tiny_assets, tmp_path, monkeypatch, no_shared_ray):
     from rlinf.scheduler.placement import NodePlacementStrategy
 
     from rlinf_ext.config.loader import load_config

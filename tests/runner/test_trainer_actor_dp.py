@@ -6,14 +6,15 @@ import math
 
 import pytest
 import torch
-from trainer_helpers import cluster, kill_groups, make_cfg, make_trainer  # noqa: F401  (module fixture)
+from trainer_helpers import kill_groups, make_cfg, make_trainer
 
 pytestmark = pytest.mark.timeout(600)
 
 DP2 = {"cluster.component_placement": "{actor: 0-1, rollout: 0, reward: 0}"}
 
 
-def test_two_actor_processes_train_a_step(tiny_assets, tmp_path, cluster, retrieval_url):  # noqa: F811  (cluster: module fixture from trainer_helpers)
+@pytest.mark.slow
+def test_two_actor_processes_train_a_step(tiny_assets, tmp_path, cluster, retrieval_url):
     cfg = make_cfg(tiny_assets, tmp_path, retrieval_url, **DP2, **{"runner.save_interval": 1})
     seen = {}
     trainer = make_trainer(cfg, cluster, retrieval_url, on_step=lambda s, m, t: seen.update({s: (m, t)}))

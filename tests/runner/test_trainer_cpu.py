@@ -7,13 +7,12 @@ import shutil
 import pytest
 import torch
 from trainer_helpers import (
-    cluster,  # noqa: F401  (module fixture)
     kill_groups,
     make_cfg,
     make_trainer,
 )
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # slow: worker groups on a Ray cluster
 
 
 def check_step(metrics, trajectories, group_size=2, batch=2):
@@ -26,7 +25,7 @@ def check_step(metrics, trajectories, group_size=2, batch=2):
     assert any(0 in t["response_mask"] for t in trajectories) == (metrics["agent/searches"] > 0)
 
 
-def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cluster, retrieval_url):  # noqa: F811  (cluster: module fixture from trainer_helpers)
+def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cluster, retrieval_url):
     """RLinf-scheduler runner on CPU: steps train (params and logprobs change, loss finite, sync checked);
     3 uninterrupted steps == (2 steps, checkpoint, resume, 1 step); a truncated newest checkpoint is skipped."""
     from rlinf_ext.runner.trainer import GRPOTrainer

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from trainer_helpers import cluster, kill_groups, make_cfg, make_trainer  # noqa: F401  (module fixture)
+from trainer_helpers import kill_groups, make_cfg, make_trainer
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -81,7 +81,8 @@ def test_no_validation_pass_without_validation(monkeypatch, tmp_path):
 # ---------------------------------------------------------------- CPU cluster: validation at steps 0, 1, 2
 
 
-def test_validation_before_and_after_every_step(tiny_assets, tmp_path, cluster, retrieval_url):  # noqa: F811  (cluster: module fixture from trainer_helpers)
+@pytest.mark.slow
+def test_validation_before_and_after_every_step(tiny_assets, tmp_path, cluster, retrieval_url):
     from rlinf_ext.runner.metrics import MetricsSink, read_metrics
 
     cfg = make_cfg(tiny_assets, tmp_path, retrieval_url, **{

@@ -14,13 +14,13 @@ import shutil
 
 import pytest
 import ray
-from trainer_helpers import cluster, make_cfg, model_path  # noqa: F401  (module fixture)
+from trainer_helpers import make_cfg, model_path
 
 pytestmark = pytest.mark.timeout(600)
 BUCKET = 64 << 10
 
 
-def launch_pair(cfg, rollout_cfg, cluster):  # noqa: F811
+def launch_pair(cfg, rollout_cfg, cluster):
     from rlinf_ext.config.placement import component_ranks
     from rlinf_ext.runner.groups import cpu_strategy, wait_or_raise
     from rlinf_ext.workers.actor import ActorWorker
@@ -79,7 +79,7 @@ def check(sent, states, mode):
 
 
 @pytest.mark.slow
-def test_each_engine_gets_the_actor_weights_along_its_route(tiny_assets, tmp_path, cluster, randomized_model_dir):  # noqa: F811
+def test_each_engine_gets_the_actor_weights_along_its_route(tiny_assets, tmp_path, cluster, randomized_model_dir):
     """The placement decides the route (same ranks: paired; disjoint: broadcast); both routes are then run on the
     same four processes (a CPU worker does not care where the placement put it). The first sync replaces the
     engines' random weights; the second (broadcast) must deliver every weight again, intact."""
@@ -101,7 +101,8 @@ def test_each_engine_gets_the_actor_weights_along_its_route(tiny_assets, tmp_pat
                 ray.kill(rank.worker, no_restart=True)
 
 
-def test_a_failed_side_is_raised_instead_of_waiting_for_its_partner(cluster):  # noqa: F811
+@pytest.mark.slow
+def test_a_failed_side_is_raised_instead_of_waiting_for_its_partner(cluster):
     """wait_all_or_raise: the receiver fails while its sender would block forever; the failure comes back at once."""
     from rlinf_ext.runner.groups import WorkerCallError, wait_all_or_raise
 

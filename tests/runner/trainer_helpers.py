@@ -1,37 +1,8 @@
-"""Shared set-up of the CPU runner tests (test_trainer_*.py): a CPU Ray cluster (a module fixture; import it into
-the test module), the tiny-cpu config with small overrides, and a trainer on freshly launched worker groups. The
-retrieval server is tests/conftest.py's ``retrieval_url``. Not a test module itself."""
+"""Shared set-up of the CPU runner tests (test_trainer_*.py): the tiny-cpu config with small overrides, and a
+trainer on freshly launched worker groups. The Ray cluster is tests/runner/conftest.py's ``cluster``, the retrieval
+server tests/conftest.py's ``retrieval_url``. Not a test module itself."""
 
 from __future__ import annotations
-
-import os
-
-import pytest
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """A private one-node Ray instance, as the launcher starts it (``RAY_ADDRESS=local`` while RLinf's Cluster
-    starts it: its ``address="auto"`` would join any Ray running on the machine; then the workers are pinned to
-    it, ``runner/cluster.py``)."""
-    import ray
-    from rlinf.scheduler import Cluster
-
-    from rlinf_ext.runner.cluster import pin_workers_to_cluster
-    from rlinf_ext.runner.services import shutdown_ray
-
-    saved = os.environ.get("RAY_ADDRESS")
-    os.environ["RAY_ADDRESS"] = "local"
-    try:
-        c = Cluster(num_nodes=1)
-        pin_workers_to_cluster(c, ray.get_runtime_context().gcs_address)
-        yield c
-    finally:
-        shutdown_ray()  # also forgets RLinf's Cluster singleton, so the next module gets a fresh Ray instance
-        if saved is None:
-            os.environ.pop("RAY_ADDRESS", None)
-        else:
-            os.environ["RAY_ADDRESS"] = saved
 
 
 def model_path(tiny_assets):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test runs the smoke script's stages in processes of their own
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_smoke.py"
 
@@ -22,7 +24,6 @@ def run(out: Path, *args: str, timeout: float = 1500) -> tuple[subprocess.Comple
     return proc, [json.loads(line) for line in lines]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(1600)
 def test_every_cpu_runnable_stage_passes_and_reports(tmp_path):
     proc, records = run(tmp_path, "--stages", "S0", "S2", "S3", "S4", "S6", "S5", "--budget-s", "1500")

@@ -285,6 +285,7 @@ def test_nccl_route_call_order_on_both_sides():
     assert [type(m).__name__ for src, dst, m in wire.sent if dst == 1][:3] == ["SyncHeader", "EngineCall", "EngineCall"]
 
 
+@pytest.mark.slow
 def test_a_refused_update_reaches_the_actor_and_the_engine_serves_again():
     routes = SyncRoutes("broadcast", actor_world=1, rollout_dp=1)
     wire = Wire(1, 1)

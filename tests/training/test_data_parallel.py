@@ -137,6 +137,7 @@ def dp1_results(tiny_assets):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_two_ranks_give_the_update_of_one_rank_on_the_whole_batch(dp1_results, dp2_results, scenario):
@@ -163,6 +164,7 @@ def test_two_ranks_give_the_update_of_one_rank_on_the_whole_batch(dp1_results, d
                     assert math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-6), (key, a[key], b[key])
 
 
+@pytest.mark.slow
 def test_dp2_process_group_and_checkpoint(dp2_results):
     for rank, res in enumerate(dp2_results):
         assert (res["dp_world_size"], res["dp_rank"]) == (2, rank)

@@ -67,6 +67,7 @@ def round_trip(policy: FSDPPolicy) -> None:
         assert torch.equal(after[key], before[key]), key
 
 
+@pytest.mark.slow
 def test_round_trip_is_bit_exact_and_the_next_step_equals_one_without(world):
     mm, trajs = world
     samples = samples_of(trajs[:4], rewards=REWARDS)
@@ -203,6 +204,7 @@ def mlp_offload_worker(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_offload_of_fully_sharded_dtensors_over_two_gloo_ranks(tmp_path):
     out = tmp_path / "full.pt"

@@ -29,6 +29,7 @@ def _save(policy, root, step):
     return finalize(tmp, step)
 
 
+@pytest.mark.slow
 def test_resume_two_plus_one_equals_three(vl_world, tmp_path):
     mm, trajs = vl_world
     samples = samples_of(trajs[:4], rewards=[1.0, 0.0, 0.0, 1.0])

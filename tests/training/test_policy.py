@@ -86,6 +86,7 @@ def test_megatron_loss_and_grads_match_transformers(tiny_model, actor_samples):
     assert compared >= 10 and any(g.abs().sum() > 0 for g in mapped.values())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_train_step_changes_params_and_logprobs_and_checkpoint_roundtrip(tiny_model, tmp_path, actor_samples):
     policy = MegatronPolicy(tiny_model, _settings(lr_warmup_fraction=0.5, lr_decay_style="linear"))

@@ -28,7 +28,7 @@ from rlinf_ext.sync.weight_sync import (  # noqa: E402
 )
 from rlinf_ext.workers.rollout_vllm import VLLMRolloutState  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: a vLLM engine start
 
 
 class FakeTransport(VLLMRolloutState):
