@@ -7,10 +7,12 @@ itself, through the conversion mapping in memory.) Every step that runs a comman
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -88,9 +90,21 @@ def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
                      mm_sft=model == mm_layout(root).qwen2_5_vl_tiny_sft.name)
     started = time.monotonic()
     print(f"[launch] tiny assets: {root} ({parts.describe()})", flush=True)
-    copy_parts(root, parts, seed=0, log=lambda *a: print(*a, flush=True))
+    copy_parts_in_child(root, parts)
     print(f"[launch] tiny assets ready in {time.monotonic() - started:.1f} s", flush=True)
     return root
+
+
+def _print_flushed(*args: object) -> None:
+    print(*args, flush=True)
+
+
+def copy_parts_in_child(root: Path, parts: Parts) -> None:
+    """``copy_parts`` in a spawned process. Generating assets imports bm25s, which loads numba's llvmlite; beside
+    it vLLM cannot start an engine in this process (its CPU platform scans every loaded module and fails on
+    llvmlite's ffi object), and the launcher evaluates the trained model on vLLM in this process."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool.submit(copy_parts, root, parts, 0, _print_flushed).result()
 
 
 def cli_command(*args: str) -> list[str]:

@@ -141,9 +141,39 @@ def test_the_launcher_copies_the_parts_its_model_needs(monkeypatch, tmp_path, mo
     import rlinf_ext.runner.prepare as prepare
 
     asked = []
-    monkeypatch.setattr(prepare, "copy_parts", lambda root, p, seed, log: asked.append((root, p)))
+    monkeypatch.setattr(prepare, "copy_parts_in_child", lambda root, p: asked.append((root, p)))
     monkeypatch.setattr(prepare, "agent_spec", lambda cfg: SimpleNamespace(vision=vision))
     cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(tmp_path)),
                           rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{tmp_path}/{model}")))
     assert prepare.prepare_tiny_assets(cfg) == tmp_path
     assert asked == [(tmp_path, parts)]
+
+
+CHILD_FILL = """
+import sys
+from types import SimpleNamespace
+import rlinf_ext.runner.prepare as prepare
+prepare.agent_spec = lambda cfg: SimpleNamespace(vision=False)
+root = sys.argv[1]
+cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=root),
+                      rollout=SimpleNamespace(model=SimpleNamespace(model_path=root + "/models/qwen2-tiny")))
+prepare.prepare_tiny_assets(cfg)
+print("loaded:", sorted(m for m in ("bm25s", "numba", "llvmlite") if m in sys.modules))
+"""
+
+
+@pytest.mark.slow
+def test_the_launcher_generates_missing_assets_outside_its_process(tmp_path):
+    """Generating assets loads numba (bm25s), beside which vLLM cannot start an engine in the launcher's process,
+    where the trained model is evaluated: with an empty cache the launcher must still end with none of them."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "tiny_assets"
+    env = {**os.environ, cache.CACHE_ENV: str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", CHILD_FILL, str(root)], env=env, capture_output=True, text=True,
+                         timeout=600, cwd=str(Path(__file__).resolve().parents[2]))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "loaded: []" in out.stdout, out.stdout[-2000:]
+    assert read_manifest(root)["cache_key"] == cache.cache_key()
