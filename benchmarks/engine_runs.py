@@ -5,6 +5,7 @@ backend changes transformers' Qwen2.5-VL classes in its process)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -14,6 +15,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def engine_run_parser(description: str, default_backends: str) -> argparse.ArgumentParser:
+    """The options both benchmarks take, with the hidden ones of their per-engine child processes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--backends", default=default_backends,
+                        help=f"rollout engines, comma-separated (vllm, hf; default {default_backends})")
+    parser.add_argument("--assets", help="tiny assets directory (default $RLINF_EXT_TINY_ASSETS, else under --out)")
+    parser.add_argument("--out", help="output root (default: a fresh temporary directory)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary output directory")
+    parser.add_argument("--run-one", help=argparse.SUPPRESS)  # child: run this engine, write --result
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    return parser
 
 
 def build_assets(root: Path, *flags: str) -> float:

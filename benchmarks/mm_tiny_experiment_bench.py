@@ -15,7 +15,6 @@ rollout / sync / step time, the claim's figures) and the ratio of the whole pipe
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -27,7 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.engine_runs import build_assets, fresh_out_dir, parse_backends, run_engines  # noqa: E402
+from benchmarks.engine_runs import (  # noqa: E402
+    build_assets, engine_run_parser, fresh_out_dir, parse_backends, run_engines)
 from rlinf_ext.protocol import metric_keys as mk  # noqa: E402
 
 BACKENDS = ("vllm", "hf")
@@ -136,13 +136,7 @@ def run_one(backend: str, assets: Path, out: Path, overrides: list[str], result:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="vllm,hf", help="rollout engines, comma-separated (default vllm,hf)")
-    parser.add_argument("--assets", help="tiny assets directory (default $RLINF_EXT_TINY_ASSETS, else under --out)")
-    parser.add_argument("--out", help="output root (default: a fresh temporary directory)")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary output directory")
-    parser.add_argument("--run-one", help=argparse.SUPPRESS)  # child: run this engine, write --result
-    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser = engine_run_parser(__doc__.splitlines()[0], "vllm,hf")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="training YAML overrides")
     args = parser.parse_args(argv)
 

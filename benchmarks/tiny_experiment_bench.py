@@ -16,7 +16,6 @@ training and after the last step.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import math
@@ -28,7 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.engine_runs import build_assets, fresh_out_dir, parse_backends, run_engines  # noqa: E402
+from benchmarks.engine_runs import (  # noqa: E402
+    build_assets, engine_run_parser, fresh_out_dir, parse_backends, run_engines)
 from rlinf_ext.protocol import metric_keys as mk  # noqa: E402
 
 BACKENDS = ("vllm", "hf")
@@ -138,14 +138,8 @@ def run_one(backend: str, out: Path, overrides: list[str], no_eval: bool, result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="vllm", help="rollout engines, comma-separated (vllm, hf; default vllm)")
-    parser.add_argument("--assets", help="tiny assets directory (default $RLINF_EXT_TINY_ASSETS, else under --out)")
-    parser.add_argument("--out", help="output root (default: a fresh temporary directory)")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary output directory")
+    parser = engine_run_parser(__doc__.splitlines()[0], "vllm")
     parser.add_argument("--no-eval", action="store_true", help="skip the evaluation of the converted model")
-    parser.add_argument("--run-one", help=argparse.SUPPRESS)  # child: run this engine, write --result
-    parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
 
