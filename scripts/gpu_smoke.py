@@ -21,6 +21,9 @@ its pass conditions and, on failure, the exception. ``--device cpu`` runs the sa
                    fp32 log-probs vs HF at temperature 1.0 and 0.7, probe vs an fp16 HF model
   S4 IPC stand-in  fp16 buckets through ForkingPickler into a spawned consumer on the same device
   S6 encoder       dense encoder fp16 on CUDA vs fp32 on CPU (mean, cls), faiss top-k from both
+  S7 FSDP2 VL     the vision-language actor fully_shard-ed over a one-rank group (bf16 compute), ~0.4B random
+                   Qwen2.5-VL: train steps, activation checkpointing's peak, offload/onload bit-exact, probe through
+                   the gathered HF weights (CPU: tiny shape, gloo)
   S5 3B memory     a Qwen2.5-3B-shaped random actor (fp16, local spec, reference model, recompute full/block/20):
                    peak memory at 1k/2k/3k tokens vs rlinf_ext/models/memory.py's estimate; seconds per step at 2k
 """
@@ -44,6 +47,7 @@ STAGES = {
     "S3": ("tiny actor", 150),
     "S4": ("IPC weight transport stand-in", 60),
     "S6": ("fp16 dense encoder", 60),
+    "S7": ("FSDP2 vision-language actor", 120),
     "S5": ("3B-shaped actor memory", 240),
 }
 
@@ -118,9 +122,11 @@ def run_one(args: argparse.Namespace) -> int:
     import smoke_common
     import smoke_stages_actor as actor
     import smoke_stages_io as io
+    import smoke_stages_vl as vl
 
     functions = {"S0": actor.s0_environment, "S1": actor.s1_assets, "S2": actor.s2_converter, "S3": actor.s3_actor,
-                 "S4": io.s4_ipc, "S5": io.s5_memory, "S6": io.s6_encoder}
+                 "S4": io.s4_ipc, "S5": io.s5_memory, "S6": io.s6_encoder,
+                 "S7": vl.s7_fsdp_vl}
     return smoke_common.run_stage(args.run_stage, STAGES[args.run_stage][0], functions[args.run_stage], args)
 
 

@@ -109,7 +109,7 @@ def s5_memory(rec: Record, ctx: Context) -> None:
     from rlinf_ext.training.rl_math import LossConfig
     from rlinf_ext.training.settings import ActorSettings
 
-    shape, lengths = ("3b", (1024, 2048, 3072)) if ctx.cuda else ("tiny", (128, 256, 512))
+    shape, lengths = ("3b", (1024, 1536, 2048)) if ctx.cuda else ("tiny", (128, 256, 512))
     recompute = dict(recompute_granularity="full", recompute_method="block", recompute_num_layers=20)
     init_parallel()
     model_dir = ctx.work / f"qwen2-{shape}-random"

@@ -173,6 +173,14 @@ def build_gpt_model(
         position_embedding_type="rope",
         rotary_base=int(dims.rope_theta) if float(dims.rope_theta).is_integer() else dims.rope_theta,
     )
+    # Every parameter in params_dtype, as Megatron-LM's Float16Module makes it: the local spec's torch norms are
+    # created fp32, and a DistributedOptimizer group mixing fp32 and 16-bit parameters orders its main parameters
+    # (fp32 first) unlike its index map, so save_parameter_state copied the wrong tensors and offload_to_cpu
+    # moved views of DDP's buffer (both failed on an H100, scripts/gpu_smoke.py S3/S5). Buffers (rotary
+    # frequencies) keep their dtype.
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != params_dtype:
+            param.data = param.data.to(params_dtype)
     model.hf_vocab_size = dims.vocab_size
     model.uses_te_spec = bool(use_te)
     return model
@@ -220,7 +228,8 @@ def load_megatron_state_dict(model: torch.nn.Module, state_dict: Mapping[str, An
 
 def causal_padding_mask(attention_mask: torch.Tensor | None, seq_len: int, batch: int) -> torch.Tensor:
     """Megatron's boolean mask ``[B, 1, S, S]``, True = do not attend: causal, plus padded keys."""
-    causal = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool), diagonal=1)
+    device = attention_mask.device if attention_mask is not None else None  # the padding mask's device (GPU runs)
+    causal = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)
     mask = causal.expand(batch, 1, seq_len, seq_len)
     if attention_mask is not None:
         pad_keys = ~attention_mask.to(torch.bool)[:, None, None, :]

@@ -23,7 +23,9 @@ its CuMem pool is off the GPU (weights to host RAM at level 1, discarded at leve
 keeps its CUDA context and communicators. SGLang takes its fraction plus workspace and keeps more when
 released. A vision-language model's vision tower (``vision_tower_params``) counts in the actor's state and in
 the engine's weights. Calibration against measured peaks: ``benchmarks/actor_memory_calibration.py`` (CPU) and
-``scripts/gpu_smoke.py`` stage S5 (one H100); the engine figures are read from vLLM 0.32's sources, not measured.
+``scripts/gpu_smoke.py`` stage S5: on one H100 (2026-11-26, Qwen2.5-3B shape, fp16, reference model, full recompute,
+local spec) measured/estimated peak without the reserve 0.92, 1.00, 1.00 at 1k/1.5k/2k tokens, so the CUDA terms
+stand as they are (docs/results.md 17); the engine figures are read from vLLM 0.32's sources, not measured.
 """
 
 from __future__ import annotations

@@ -157,6 +157,9 @@ class FSDPPolicy(GRPOPolicy):
         self.hf_model_path = str(hf_model_path)
         self.dp = dp or DataParallel()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        # FSDP2 over more than one rank, and over a one-rank group when one is given: on CUDA its
+        # MixedPrecisionPolicy is what computes in bf16 (scripts/gpu_smoke.py S7 runs that on one GPU)
+        self.sharded = self.dp.enabled or self.dp.group is not None
         torch.manual_seed(settings.seed)
         self.processor = load_vl_processor(self.hf_model_path)
         self.model = self._build(trainable=True)
@@ -178,7 +181,7 @@ class FSDPPolicy(GRPOPolicy):
             vision_tower(model).requires_grad_(False)
         if trainable and self.fsdp.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self.dp.enabled:
+        if self.sharded:
             shard_fsdp2(model, self.dp, self.fsdp, self.device)
         model.train(trainable)
         return model
@@ -237,7 +240,7 @@ class FSDPPolicy(GRPOPolicy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         with self._offload.on_device(optimizer=False):  # the gathers run on the device's process group
-            if self.dp.enabled:
+            if self.sharded:
                 state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             else:
                 state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}

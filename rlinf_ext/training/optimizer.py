@@ -219,7 +219,7 @@ class MegatronStep:
             if directory is None or not (Path(directory) / DISTRIB_OPTIM_FILE).is_file():
                 raise FileNotFoundError(f"{directory}: no {DISTRIB_OPTIM_FILE}; a checkpoint of the distributed "
                                         "optimizer needs it (resume with the same actor.optim.use_distributed_optimizer)")
-            self.optimizer.load_parameter_state(str(Path(directory) / DISTRIB_OPTIM_FILE))
+            load_parameter_state_keeping_steps(self.optimizer, Path(directory) / DISTRIB_OPTIM_FILE)
 
     def offload(self, optimizer: bool, grads: bool) -> None:
         """Megatron's own RL offload: optimizer state (``offload_to_cpu``) and the gradient buffer's storage."""
@@ -243,6 +243,23 @@ class MegatronStep:
                     move_optimizer_state_(inner.optimizer, device)
             self._offloaded = False
         self.ddp.restore_grad_buffers(synchronize=False)  # no-op unless offloaded
+
+
+def load_parameter_state_keeping_steps(optimizer: Any, path: Path) -> None:
+    """Megatron's ``load_parameter_state`` with torch's per-parameter ``step`` set aside.
+
+    Megatron-core 0.16.1 (``distrib_optimizer.py:_set_main_param_and_optimizer_states``) copies every key of each
+    main parameter's optimizer state from the file, which holds param / exp_avg / exp_avg_sq only. Torch's AdamW
+    (Megatron's optimizer when neither TE nor Apex is installed) also keeps a per-parameter ``step``, restored by
+    ``load_state_dict`` from the common step just before: the load raised ``KeyError: 'step'`` on an H100
+    (scripts/gpu_smoke.py S3). TE's FusedAdam keeps the step per group, so nothing is set aside there."""
+    held = [(state, state.pop("step")) for inner in optimizer.chained_optimizers
+            for state in inner.optimizer.state.values() if "step" in state]
+    try:
+        optimizer.load_parameter_state(str(path))
+    finally:
+        for state, step in held:
+            state["step"] = step
 
 
 def offload_weights(ddp: DistributedDataParallel, to_cpu: bool, device: torch.device) -> None:

@@ -55,6 +55,22 @@ def test_masks_and_positions_hand_computed():
     assert default_padded_vocab_size(151937, 2, divisible_by=128) == 152064  # 594 * 256
 
 
+def test_the_padding_mask_is_built_on_the_attention_masks_device():
+    """On a GPU the causal part was built on the CPU and `|` with a CUDA padding mask raised (H100, gpu_smoke
+    S2); a meta-device mask shows the same without a GPU."""
+    mask = causal_padding_mask(torch.ones(2, 5, dtype=torch.long, device="meta"), 5, 2)
+    assert mask.device.type == "meta" and mask.shape == (2, 1, 5, 5)
+
+
+def test_every_parameter_is_in_params_dtype(tiny_assets):
+    """The local spec's torch norms were created fp32 next to bf16 linears; Megatron's DistributedOptimizer
+    then mis-ordered its main parameters (save_parameter_state and offload_to_cpu failed on an H100)."""
+    with parallel_state_session(1, 1):
+        model = build_gpt_model(tiny_assets.qwen2_tiny, params_dtype=torch.bfloat16, use_te=False)
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert any("layernorm" in n for n in dtypes) and set(dtypes.values()) == {torch.bfloat16}, dtypes
+
+
 @pytest.mark.timeout(120)
 def test_logits_match_hf_in_process(qwen2_pair):
     mode, hf = qwen2_pair

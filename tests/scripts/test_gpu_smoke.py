@@ -26,18 +26,20 @@ def run(out: Path, *args: str, timeout: float = 1500) -> tuple[subprocess.Comple
 
 @pytest.mark.timeout(1600)
 def test_every_cpu_runnable_stage_passes_and_reports(tmp_path):
-    proc, records = run(tmp_path, "--stages", "S0", "S2", "S3", "S4", "S6", "S5", "--budget-s", "1500")
+    proc, records = run(tmp_path, "--stages", "S0", "S2", "S3", "S4", "S6", "S7", "S5", "--budget-s", "1500")
     by_stage = {r["stage"]: r for r in records}
-    assert list(by_stage) == ["S0", "S2", "S3", "S4", "S6", "S5"], proc.stdout[-3000:]  # S5 last
+    assert list(by_stage) == ["S0", "S2", "S3", "S4", "S6", "S7", "S5"], proc.stdout[-3000:]  # S5 last
     for stage, record in by_stage.items():
         assert record["status"] == "pass", (stage, record)
         assert record["checks"] and all(record["checks"].values()), (stage, record)
-    assert proc.returncode == 0 and "summary: S0 pass, S2 pass, S3 pass, S4 pass, S6 pass, S5 pass" in proc.stdout
+    assert proc.returncode == 0 and "summary: S0 pass, S2 pass, S3 pass, S4 pass, S6 pass, S7 pass, S5 pass" in proc.stdout
     assert by_stage["S0"]["figures"]["megatron.core"] == "0.16.1"
     assert "import rlinf.algorithms (rlinf.scheduler and ray stubbed)" in by_stage["S0"]["checks"]
     assert "consumer logits == producer logits (bitwise)" in by_stage["S4"]["checks"]
     assert any(k.startswith("T=") and "estimated" in v for k, v in by_stage["S5"]["figures"].items())
     assert "[ok] fp16 dynamic: save/load resumes identically (loss, loss scale, weights)" in proc.stdout
+    assert by_stage["S7"]["checks"]["policy is FSDP2-sharded over the one-rank group"]
+    assert "onload restores weights and AdamW state bit-exactly" in by_stage["S7"]["checks"]
 
 
 @pytest.mark.timeout(300)
