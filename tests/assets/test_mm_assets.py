@@ -12,7 +12,7 @@ import pytest
 
 from rlinf_ext.agent.mmsearch.types import MMTask
 from rlinf_ext.assets.core.world import build_world
-from rlinf_ext.assets.mmsearch.sft import plan_for, searching_colour_ids
+from rlinf_ext.assets.mmsearch.sft import MMSFTConfig, colour_openings_per_step, plan_for, searching_colour_ids
 from rlinf_ext.assets.mmsearch.trajectories import IMAGE_SEARCH_TURN, answer_turn
 from rlinf_ext.assets.mmsearch.world import PALETTE, draw_emblem, emblem_specs, search_hits, split_cities
 from rlinf_ext.config.schema import ImageSearchToolConfig
@@ -68,6 +68,19 @@ def test_warm_start_mix_searches_first_on_an_exact_share_of_the_colour_questions
     assert colour_endings == {answer_turn("The emblem is blue.", "blue")}
     with pytest.raises(ValueError, match="over_search must be a share"):
         searching_colour_ids(scripted, 1.5, seed=3)
+
+
+def test_warm_start_colour_answers_per_step_direct_and_search_first():
+    """Phase B's colour answers per step, by hand. The default mix on the tiny world's 276 train trajectories (92
+    colour ones, all searching first): 8 * 92/276 = 2.67 search-first colour answers and 0 + 2 replayed direct
+    ones. At over_search 0.7 without replay (64 of 92 search first): 8 * 28/276 = 0.81 direct, 8 * 64/276 = 1.86."""
+    cfg = MMSFTConfig()
+    assert (cfg.batch_size, cfg.colour_replay) == (8, 2)
+    assert len(searching_colour_ids({f"c{i}": {"kind": "colour"} for i in range(92)}, cfg.over_search, seed=0)) == 92
+    direct, search_first = colour_openings_per_step(cfg, 276, 92, 92)
+    assert direct == 2.0 and search_first == pytest.approx(8 / 3)
+    direct, search_first = colour_openings_per_step(MMSFTConfig(over_search=0.7, colour_replay=0), 276, 92, 64)
+    assert direct == pytest.approx(8 * 28 / 276) and search_first == pytest.approx(8 * 64 / 276)
 
 
 def test_fvqa_files_kinds_and_held_out_cities(tiny_mm_assets):
