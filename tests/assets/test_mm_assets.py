@@ -8,7 +8,12 @@ import random
 import shutil
 from collections import Counter
 
+import pytest
+
+from rlinf_ext.agent.mmsearch.types import MMTask
 from rlinf_ext.assets.core.world import build_world
+from rlinf_ext.assets.mmsearch.sft import MMSFTConfig, colour_openings_per_step, plan_for, searching_colour_ids
+from rlinf_ext.assets.mmsearch.trajectories import IMAGE_SEARCH_TURN, answer_turn
 from rlinf_ext.assets.mmsearch.world import PALETTE, draw_emblem, emblem_specs, search_hits, split_cities
 from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
@@ -36,6 +41,46 @@ def test_world_emblems_questions_and_hits():
     assert set(ranks) == {0, 1}  # the true page is not always first: titles must be read
     a, b = draw_emblem(specs[train[0]], random.Random(0)), draw_emblem(specs[train[0]], random.Random(1))
     assert a.size == (56, 56) and a.tobytes() != b.tobytes()  # independent jitters
+
+
+def test_warm_start_mix_searches_first_on_an_exact_share_of_the_colour_questions():
+    """10 colour, 4 city and 4 attribute questions at over_search 0.7, counted by hand: 7 colour paths search
+    first and 3 answer directly; every city and attribute path searches first. Searched or not, a colour path
+    ends with the same answer naming the gold colour."""
+    scripted = {f"colour{i}": {"kind": "colour", "city": "Avel", "query": None} for i in range(10)}
+    scripted |= {f"city{i}": {"kind": "city", "city": "Avel", "query": None} for i in range(4)}
+    scripted |= {f"attr{i}": {"kind": "attribute", "city": "Avel", "query": "founder of Avel"} for i in range(4)}
+    searching = searching_colour_ids(scripted, 0.7, seed=3)
+    assert len(searching) == 7 and all(i.startswith("colour") for i in searching)
+    assert searching_colour_ids(scripted, 0.7, seed=3) == searching  # seeded
+    assert searching_colour_ids(scripted, 0.0, seed=3) == set()
+    assert len(searching_colour_ids(scripted, 1.0, seed=3)) == 10
+    gold = {"colour": "blue", "city": "Avel", "attribute": "Brena"}
+    first_turns, colour_endings = Counter(), set()
+    for data_id, path in scripted.items():
+        task = MMTask(data_id, "q?", (), (gold[path["kind"]],), "", "")
+        plan = plan_for(task, path, data_id in searching)
+        first_turns[path["kind"], "search" if plan[0] == IMAGE_SEARCH_TURN else "direct"] += 1
+        if path["kind"] == "colour":
+            colour_endings.add(plan[-1])
+    assert first_turns == {("colour", "search"): 7, ("colour", "direct"): 3, ("city", "search"): 4,
+                           ("attribute", "search"): 4}
+    assert colour_endings == {answer_turn("The emblem is blue.", "blue")}
+    with pytest.raises(ValueError, match="over_search must be a share"):
+        searching_colour_ids(scripted, 1.5, seed=3)
+
+
+def test_warm_start_colour_answers_per_step_direct_and_search_first():
+    """Phase B's colour answers per step, by hand. The default mix on the tiny world's 276 train trajectories (92
+    colour ones, all searching first): 8 * 92/276 = 2.67 search-first colour answers and 0 + 2 replayed direct
+    ones. At over_search 0.7 without replay (64 of 92 search first): 8 * 28/276 = 0.81 direct, 8 * 64/276 = 1.86."""
+    cfg = MMSFTConfig()
+    assert (cfg.batch_size, cfg.colour_replay) == (8, 2)
+    assert len(searching_colour_ids({f"c{i}": {"kind": "colour"} for i in range(92)}, cfg.over_search, seed=0)) == 92
+    direct, search_first = colour_openings_per_step(cfg, 276, 92, 92)
+    assert direct == 2.0 and search_first == pytest.approx(8 / 3)
+    direct, search_first = colour_openings_per_step(MMSFTConfig(over_search=0.7, colour_replay=0), 276, 92, 64)
+    assert direct == pytest.approx(8 * 28 / 276) and search_first == pytest.approx(8 * 64 / 276)
 
 
 def test_fvqa_files_kinds_and_held_out_cities(tiny_mm_assets):
