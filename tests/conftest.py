@@ -134,7 +134,8 @@ VLLM_MODEL_FIXTURES = ("qwen2_head32_dirs", "qwen2_5_vl_head32_dirs")  # the in-
 # worker runs them before anything in it loads numba. pytest-xdist's own `loadgroup` cannot do this on pytest 9.2:
 # it tags node ids, which pytest 9.2's structured ids ignore (pytest-xdist issue 1386).
 VLLM_IN_PROCESS_FILES = ("tests/generation/test_vllm_cpu_options.py", "tests/generation/test_vllm_engine.py",
-                         "tests/generation/test_vllm_tied_reload.py", "tests/workers/test_rollout_vllm.py")
+                         "tests/generation/test_vllm_tied_reload.py", "tests/workers/test_rollout_vllm.py",
+                         "tests/generation/vllm_vl_checks.py")  # the last: run in an interpreter of its own
 VLLM_IN_PROCESS_UNIT = "vllm_in_process"
 XDIST_DIST = "loadfile"
 
