@@ -129,10 +129,11 @@ WARM_START_BUDGET_S = {"tiny_assets_sft": 720, "tiny_mm_assets_sft": 360}
 VLLM_MODEL_FIXTURES = ("qwen2_head32_dirs", "qwen2_5_vl_head32_dirs")  # the in-process vLLM tests' models
 
 # Two workers (`-n 2`; pytest.ini: `--dist loadfile --no-loadscope-reorder`): a file's tests run in one worker
-# process, in collection order (its module fixtures are built once), files handed out in collection order. The
-# in-process vLLM tests' files are one unit (the scheduler below): the first of the collection, so the first
-# worker runs them before anything in it loads numba. pytest-xdist's own `loadgroup` cannot do this on pytest 9.2:
-# it tags node ids, which pytest 9.2's structured ids ignore (pytest-xdist issue 1386).
+# process, in collection order (its module fixtures are built once), files handed out in collection order (xdist's
+# default order, by test count, would hand out big files first). The in-process vLLM tests' files are one unit (the
+# scheduler below): the first of the collection, so the worker that takes it runs them before anything loads numba.
+# pytest-xdist's own `loadgroup` cannot group on pytest 9.2: it tags node ids, which pytest 9.2's structured ids
+# ignore (pytest-xdist issue 1386).
 VLLM_IN_PROCESS_FILES = ("tests/generation/test_vllm_cpu_options.py", "tests/generation/test_vllm_engine.py",
                          "tests/generation/test_vllm_tied_reload.py", "tests/workers/test_rollout_vllm.py",
                          "tests/generation/vllm_vl_checks.py")  # the last: run in an interpreter of its own
