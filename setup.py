@@ -87,6 +87,10 @@ FAISS_GPU_REQUIREMENT = "faiss-gpu-cu12==1.14.1.post1"
 DEV_REQUIREMENTS = [
     "pytest>=8",
     "pytest-timeout",
+    # The README's test command runs on two workers (`-n 2`; pytest.ini picks `--dist loadfile`, see
+    # tests/conftest.py). Pinned: tests/conftest.py subclasses its LoadFileScheduling.
+    "pytest-xdist==3.8.0",
+    "execnet==2.1.2",  # pytest-xdist's transport to its workers
 ]
 
 setup(

@@ -128,11 +128,50 @@ WARM_START_BUDGET_S = {"tiny_assets_sft": 720, "tiny_mm_assets_sft": 360}
 
 VLLM_MODEL_FIXTURES = ("qwen2_head32_dirs", "qwen2_5_vl_head32_dirs")  # the in-process vLLM tests' models
 
+# Two workers (`-n 2`; pytest.ini: `--dist loadfile --no-loadscope-reorder`): a file's tests run in one worker
+# process, in collection order (its module fixtures are built once), files handed out in collection order (xdist's
+# default order, by test count, would hand out big files first). The in-process vLLM tests' files are one unit (the
+# scheduler below): the first of the collection, so the worker that takes it runs them before anything loads numba.
+# pytest-xdist's own `loadgroup` cannot group on pytest 9.2: it tags node ids, which pytest 9.2's structured ids
+# ignore (pytest-xdist issue 1386).
+VLLM_IN_PROCESS_FILES = ("tests/generation/test_vllm_cpu_options.py", "tests/generation/test_vllm_engine.py",
+                         "tests/generation/test_vllm_tied_reload.py", "tests/workers/test_rollout_vllm.py",
+                         "tests/generation/vllm_vl_checks.py")  # the last: run in an interpreter of its own
+VLLM_IN_PROCESS_UNIT = "vllm_in_process"
+XDIST_DIST = "loadfile"
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a test is handed out in: its file, or VLLM_IN_PROCESS_UNIT."""
+    path = nodeid.split("::", 1)[0]
+    return VLLM_IN_PROCESS_UNIT if path in VLLM_IN_PROCESS_FILES else path
+
+
+def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and config.option.dist != XDIST_DIST:
+        raise pytest.UsageError(f"--dist {config.option.dist}: the tests are handed out for `--dist {XDIST_DIST}` "
+                                "(tests/conftest.py, VLLM_IN_PROCESS_FILES: the in-process vLLM tests must run first "
+                                "in their worker); drop --dist (pytest.ini sets it) or run with -n 0.")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadFileScheduling
+
+    class VllmFirstFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return VllmFirstFileScheduling(config, log)
+
 
 def pytest_collection_modifyitems(items):
     # In-process vLLM engines first: vLLM 0.32's CPU platform scans every loaded module when an engine starts and
     # fails on llvmlite's lazy ffi object, which `import bm25s` (numba) loads; the tiny assets import bm25s.
     # The launcher's and the rollout worker's processes never import it (tests/workers/test_rollout_vllm.py checks).
+    in_vllm = [item for item in items if set(VLLM_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ()))]
+    if stray := sorted({item.nodeid.split("::", 1)[0] for item in in_vllm} - set(VLLM_IN_PROCESS_FILES)):
+        raise pytest.UsageError(f"in-process vLLM tests in {stray}: add the file to VLLM_IN_PROCESS_FILES in "
+                                "tests/conftest.py (under -n 2 its tests must run in the worker's vLLM unit).")
     items.sort(key=lambda item: not set(VLLM_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())))
     for item in items:
         extra = sum(s for name, s in WARM_START_BUDGET_S.items() if name in getattr(item, "fixturenames", ()))

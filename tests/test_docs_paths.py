@@ -1,7 +1,8 @@
 """Documentation names files that exist: every repository path written in a module docstring, a comment, the
 README or docs/*.md resolves (against the repository root, ``rlinf_ext/`` or ``tests/``); README and docs/*.md
 name no missing module or folder even without an extension; nothing in the repository points to notes outside it;
-docs/status.md keeps its three status values; the README stays a front page (<= 10 KiB)."""
+docs/status.md keeps its three status values; the README stays a front page (<= 10 KiB); `.ci/run` runs the
+README's test command verbatim."""
 
 from __future__ import annotations
 
@@ -143,3 +144,12 @@ def test_status_table_uses_the_known_values_and_short_cells():
 
 def test_readme_is_a_front_page():
     assert len((REPO / "README.md").read_bytes()) <= 10 * 1024
+
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    """The README's "Install and run the tests" command is the line `.ci/run` executes, character for character."""
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"\*\*Install and run the tests:\*\*\n```bash\n(.+?)\n```", readme)
+    assert block, "README: the 'Install and run the tests' bash block is missing"
+    ci_lines = (REPO / ".ci" / "run").read_text().splitlines()
+    assert block.group(1) in ci_lines, f".ci/run does not run the README's test command: {block.group(1)!r}"

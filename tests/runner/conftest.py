@@ -2,7 +2,8 @@
 ``cluster`` (starting one takes ~25 s on a busy 2-core box; it used to start once per module). The tests only
 launch worker groups on it and kill them afterwards, as they did inside a module. It is stopped after the last
 test of this directory (``pytest_runtest_teardown``), and before a test that starts a Ray instance of its own in
-this process (``no_shared_ray``)."""
+this process (``no_shared_ray``). Under ``-n 2`` each worker process that runs these tests has its own instance
+(RAY_ADDRESS=local: a private one), so two may run at once."""
 
 from __future__ import annotations
 
