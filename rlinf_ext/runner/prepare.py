@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import AutoTokenizer
 
 from rlinf_ext.agent.mmsearch.loop import first_prompt_ids
 from rlinf_ext.agent.registry import agent_spec
 from rlinf_ext.agent.mmsearch.prompts import MMPrompts
 from rlinf_ext.agent.mmsearch.types import MMTask
-from rlinf_ext.assets.core.cache import copy_parts
+from rlinf_ext.assets.core.cache import assets_in_place, copy_parts
 from rlinf_ext.assets.core.tiny import Parts
 from rlinf_ext.assets.searchr1.sft import GIVE_UP_DIR, SEARCH_DIR
 from rlinf_ext.assets.mmsearch.paths import mm_layout
@@ -32,7 +31,6 @@ from rlinf_ext.config.commands import format_plan
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.data.prompts import PromptDataset, load_jsonl_prompts
-from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.retrieval.metadata import METADATA_NAME
 from rlinf_ext.runner.checkpoints import latest_complete_checkpoint
 from rlinf_ext.runner.errors import LaunchError
@@ -89,6 +87,9 @@ def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
     parts = Parts.of(sft_search=model == SEARCH_DIR, sft=model == GIVE_UP_DIR, mm=agent_spec(cfg).vision,
                      mm_sft=model == mm_layout(root).qwen2_5_vl_tiny_sft.name)
     started = time.monotonic()
+    if assets_in_place(root, parts) is not None:
+        print(f"[launch] tiny assets: {root} ({parts.describe()}, in place)", flush=True)
+        return root
     print(f"[launch] tiny assets: {root} ({parts.describe()})", flush=True)
     copy_parts_in_child(root, parts)
     print(f"[launch] tiny assets ready in {time.monotonic() - started:.1f} s", flush=True)
@@ -155,6 +156,8 @@ class MMTaskDataset(torch.utils.data.Dataset):
     """FVQA questions ``{"uid", "answers", "prompt_ids", "task"}`` (MMSearch-R1); over-long first prompts dropped."""
 
     def __init__(self, paths: Sequence[str], cfg: ExperimentConfig):
+        from rlinf_ext.generation.hf_vl import load_vl_processor  # transformers: imported when a run reads data
+
         data = cfg.data
         processor = load_vl_processor(str(cfg.rollout.model.model_path))
         prompts = MMPrompts.from_config(cfg.agentloop.mmsearch.prompts)
@@ -189,6 +192,8 @@ def build_datasets(cfg: ExperimentConfig) -> tuple[PromptDataset, PromptDataset 
         print(f"[launch] data: {len(train_ds)} training questions ({train_ds.dropped} over data.max_prompt_length "
               "dropped)", flush=True)
         return train_ds, None
+    from transformers import AutoTokenizer  # imported when a run reads data (not by `validate` or a config error)
+
     tokenizer = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path)
 
     def dataset(paths):

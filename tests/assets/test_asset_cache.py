@@ -149,6 +149,38 @@ def test_the_launcher_copies_the_parts_its_model_needs(monkeypatch, tmp_path, mo
     assert asked == [(tmp_path, parts)]
 
 
+def test_the_launcher_starts_no_process_when_its_assets_are_in_place(monkeypatch, fake_generators, tmp_path):
+    """A directory that already holds the parts, by this code: checked in the launcher's process (copying through
+    a spawned process costs ~8 s of imports per launch); of other code, or missing a part: copied in the child."""
+    from types import SimpleNamespace
+
+    import rlinf_ext.runner.prepare as prepare
+
+    root = tmp_path / "tiny_assets"
+    cache.copy_parts(root, Parts.of(sft_search=True), log=lambda *a: None)
+    asked = []
+    monkeypatch.setattr(prepare, "copy_parts_in_child", lambda r, p: asked.append(p))
+    monkeypatch.setattr(prepare, "agent_spec", lambda cfg: SimpleNamespace(vision=False))
+
+    def cfg(model):
+        return SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(root)),
+                               rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{root}/models/{model}")))
+
+    assert prepare.prepare_tiny_assets(cfg("qwen2-tiny-sft-search")) == root
+    assert prepare.prepare_tiny_assets(cfg("qwen2-tiny")) == root
+    assert asked == []
+    assert prepare.prepare_tiny_assets(cfg("qwen2-tiny-sft")) == root  # the give-up phase is not there
+    assert asked == [Parts.of(sft=True)]
+    manifest = read_manifest(root)
+    (root / "MANIFEST.json").write_text(json.dumps({**manifest, "cache_key": "older code"}))
+    prepare.prepare_tiny_assets(cfg("qwen2-tiny"))
+    assert asked == [Parts.of(sft=True), Parts()]
+    (root / "MANIFEST.json").write_text(json.dumps(manifest))
+    (root / "models" / "qwen2-tiny-sft-search" / "w").unlink()  # a file of the part gone
+    prepare.prepare_tiny_assets(cfg("qwen2-tiny-sft-search"))
+    assert asked[-1] == Parts.of(sft_search=True)
+
+
 CHILD_FILL = """
 import sys
 from types import SimpleNamespace
