@@ -108,7 +108,7 @@ class LocalRayCluster:
 
     def close(self) -> None:
         for name in sorted(self.nodes, key=lambda n: n == "head"):  # the head last
-            self.stop_node(name)
+            self.stop_node(name, grace_s=2.0)  # the end of the tests: nothing on it to let finish (10 s -> ~2 s)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> "LocalRayCluster":
