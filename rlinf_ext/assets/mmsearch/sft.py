@@ -38,7 +38,6 @@ from rlinf_ext.assets.mmsearch.trajectories import answer_turn, scripted_turns
 from rlinf_ext.assets.mmsearch.world import KIND_COLOUR, EmblemSpec, MMQuestion, draw_emblem
 from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
-from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
 from rlinf_ext.protocol.images import canonicalize
 from rlinf_ext.protocol.vl_tokens import mm_token_type_ids
 from rlinf_ext.tools.image_search import ImageSearchTool
@@ -161,6 +160,9 @@ def build_mm_sft_model(root: Path, seed: int, log: Callable[..., None], cfg: MMS
 
     cfg = cfg or MMSFTConfig()
     paths = mm_layout(root)
+    # lazy: imports transformers; the launcher imports this module (through the asset cache) and never trains here
+    from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
+
     processor = load_vl_processor(paths.processor_dir)
     rows = read_fvqa(paths.fvqa_train, PX, PX)
     tasks = [MMTask.from_row(r) for r in rows]
