@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import AutoTokenizer
 
 from rlinf_ext.agent.mmsearch.loop import first_prompt_ids
 from rlinf_ext.agent.registry import agent_spec
@@ -32,7 +31,6 @@ from rlinf_ext.config.commands import format_plan
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.data.prompts import PromptDataset, load_jsonl_prompts
-from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.retrieval.metadata import METADATA_NAME
 from rlinf_ext.runner.checkpoints import latest_complete_checkpoint
 from rlinf_ext.runner.errors import LaunchError
@@ -156,6 +154,9 @@ class MMTaskDataset(torch.utils.data.Dataset):
 
     def __init__(self, paths: Sequence[str], cfg: ExperimentConfig):
         data = cfg.data
+        # lazy: imports transformers, which the launcher loads only once it reads the data
+        from rlinf_ext.generation.hf_vl import load_vl_processor
+
         processor = load_vl_processor(str(cfg.rollout.model.model_path))
         prompts = MMPrompts.from_config(cfg.agentloop.mmsearch.prompts)
         limit = None if int(data.data_size) < 0 else int(data.data_size)
@@ -189,6 +190,8 @@ def build_datasets(cfg: ExperimentConfig) -> tuple[PromptDataset, PromptDataset 
         print(f"[launch] data: {len(train_ds)} training questions ({train_ds.dropped} over data.max_prompt_length "
               "dropped)", flush=True)
         return train_ds, None
+    from transformers import AutoTokenizer  # heavy: loaded once the launcher reads the data, not at import
+
     tokenizer = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path)
 
     def dataset(paths):
