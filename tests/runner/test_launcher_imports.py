@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a fresh interpreter per test (~5 s each on 2 cores)
+
 REPO = Path(__file__).resolve().parents[2]
 
 # top-level packages only a worker (or the evaluation at the end of a run) needs
