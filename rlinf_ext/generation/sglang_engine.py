@@ -30,7 +30,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 from rlinf_ext.config.placement import placement_entries
 from rlinf_ext.config.rules import SGLANG_INSTALL, SGLANG_VERSION
@@ -204,6 +203,8 @@ class SGLangEngineGenerator:
         all_kwargs = engine_kwargs(cfg, gpus)
         factory = engine_factory if engine_factory is not None else load_engine_class()
         model_path = all_kwargs[0]["model_path"]
+        from transformers import AutoTokenizer  # heavy: only where an engine starts, never for the launcher's checks
+
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         print(f"[sglang] starting {len(all_kwargs)} engine(s) with tp_size={all_kwargs[0]['tp_size']} on GPUs "
               f"{', '.join(str(k['base_gpu_id']) for k in all_kwargs)} (first GPU of each), model {model_path}",

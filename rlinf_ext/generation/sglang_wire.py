@@ -23,9 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from transformers import AutoTokenizer, GenerationConfig
-
-from rlinf_ext.generation.hf import eos_token_ids
 from rlinf_ext.generation.turn_end import engine_finish, engine_sampling, turn_end
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 
@@ -87,6 +84,11 @@ def result_of_sglang(result: dict[str, Any], decode: Callable[[list[int]], str],
 
 def hf_eos_ids(model_path: str, tokenizer: Any = None) -> list[int]:
     """The EOS set the HF engine ends a turn on (generation_config + tokenizer), for ``stop_token_ids``."""
+    # heavy: transformers loads in the engine's process only (the launcher imports this module's wire helpers)
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from rlinf_ext.generation.hf import eos_token_ids  # lazy: imports transformers (see above)
+
     tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
     try:
         generation_config = GenerationConfig.from_pretrained(model_path)

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
 
 
 class DataParallelError(ValueError):
@@ -37,6 +36,9 @@ class DataParallel:
     @classmethod
     def from_parallel_state(cls) -> DataParallel:
         """Megatron's data-parallel group, or a single rank when parallel_state is not initialised."""
+        # heavy: Megatron is imported in the actor's process only (the launcher imports this module's helpers)
+        from megatron.core import parallel_state
+
         if not (dist.is_initialized() and parallel_state.model_parallel_is_initialized()):
             return cls()
         size = parallel_state.get_data_parallel_world_size()

@@ -47,15 +47,8 @@ from rlinf_ext.training.batching import PackedBatch, pack_sequences
 from rlinf_ext.training.data_parallel import DataParallel
 from rlinf_ext.training.logprobs import next_token_logprobs
 from rlinf_ext.training.optimizer import StepResult, decay_groups
-from rlinf_ext.training.grpo_policy import GRPOPolicy, Sample
+from rlinf_ext.training.grpo_policy import GRPOPolicy, MMSample, Sample
 from rlinf_ext.training.settings import ActorSettings
-
-
-@dataclass
-class MMSample(Sample):
-    """A trajectory with its images, in order of appearance in prompt + response ids."""
-
-    images: list[ImageRef] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

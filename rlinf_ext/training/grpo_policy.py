@@ -4,17 +4,18 @@ wraps a backend's policy).
 ``GRPOPolicy`` holds the log-prob recompute on exactly the trajectory ids, the advantages, and the mini-batch loop
 in the global order (``algorithm.n_minibatches`` optimizer steps per rollout batch, each accumulated over
 micro-batches of ``actor.micro_batch_size`` with a token-mean loss, gradient clipping and the LR schedule);
-``Sample`` is one trajectory as the actor sees it. Backends: ``training/megatron_policy.py:MegatronPolicy``
+``Sample`` is one trajectory as the actor sees it (``MMSample`` with its images). Backends: ``training/megatron_policy.py:MegatronPolicy``
 (Megatron-core, the text model) and ``training/fsdp_policy.py:FSDPPolicy`` (the vision-language HF model, FSDP2).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
+from rlinf_ext.protocol.images import ImageRef
 from rlinf_ext.protocol.payloads import pad_rows
 from rlinf_ext.training.batching import response_scatter, response_slice
 from rlinf_ext.training.data_parallel import ShardLayout, merge_minibatch_metrics
@@ -35,6 +36,13 @@ class Sample:
     reward: float = 0.0
     old_logprobs: torch.Tensor | None = None  # [len(response_ids)]
     ref_logprobs: torch.Tensor | None = None  # [len(response_ids)]
+
+
+@dataclass
+class MMSample(Sample):
+    """A trajectory with its images, in order of appearance in prompt + response ids."""
+
+    images: list[ImageRef] = field(default_factory=list)
 
 
 class GRPOPolicy:

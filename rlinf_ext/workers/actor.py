@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 import torch
 from rlinf.scheduler import Worker
@@ -32,9 +33,7 @@ from rlinf_ext.convert.state_dicts import iter_megatron_to_hf
 from rlinf_ext.models.cpu_shims import env_init_method, init_parallel_state
 from rlinf_ext.protocol.payloads import SearchRolloutResult, pad_rows
 from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
-from rlinf_ext.training.fsdp_policy import FSDPSettings, FSDPPolicy, MMSample
-from rlinf_ext.training.grpo_policy import Sample
-from rlinf_ext.training.megatron_policy import MegatronPolicy
+from rlinf_ext.training.grpo_policy import MMSample, Sample
 from rlinf_ext.training.settings import ActorSettings
 from rlinf_ext.sync.weight_sync import (
     BUCKET_BYTES,
@@ -50,6 +49,10 @@ from rlinf_ext.sync.weight_sync import (
 )
 from rlinf_ext.sync.sglang_transfer import SGLangDistributedSender, uses_sglang_distributed
 from rlinf_ext.sync.vllm_transfer import VLLMTransferSender, transfer_backend
+
+if TYPE_CHECKING:  # the policies import Megatron / transformers: only build_policy, in the worker, loads them
+    from rlinf_ext.training.fsdp_policy import FSDPPolicy
+    from rlinf_ext.training.megatron_policy import MegatronPolicy
 
 
 def samples_of(results: list[SearchRolloutResult]) -> list[Sample]:
@@ -77,10 +80,21 @@ def build_policy(cfg: ExperimentConfig, settings: ActorSettings) -> MegatronPoli
     """``actor.training_backend``: megatron (text models) or fsdp (Qwen2.5-VL, transformers' model; FSDP2 over the
     data-parallel group set up by ``_init_data_parallel``)."""
     path = cfg.rollout.model.model_path
-    if cfg.actor.training_backend == "fsdp":
+    if uses_hf_policy(cfg):
+        # lazy: heavy (transformers, Megatron via data_parallel); loaded in the actor's process only
+        from rlinf_ext.training.fsdp_policy import FSDPPolicy, FSDPSettings
+
         return FSDPPolicy(path, settings, dp=DataParallel.from_parallel_state(),
-                        fsdp=FSDPSettings.from_config(cfg.actor.fsdp_config))
+                          fsdp=FSDPSettings.from_config(cfg.actor.fsdp_config))
+    # lazy: heavy (Megatron-core); loaded in the actor's process only, never in the launcher
+    from rlinf_ext.training.megatron_policy import MegatronPolicy
+
     return MegatronPolicy(path, settings)
+
+
+def uses_hf_policy(cfg: ExperimentConfig) -> bool:
+    """The HF (FSDP2) policy, whose names are the engine's already, rather than the Megatron-core one."""
+    return cfg.actor.training_backend == "fsdp"
 
 
 def rollout_metrics(samples: list[Sample], dp: DataParallel) -> dict[str, float]:
@@ -174,7 +188,7 @@ class ActorWorker(Worker):
             if self._engine_sender is not None:
                 return self._sync_through_engine(verify)
             targets = routes.targets_of(self._rank)
-            hf_backend = isinstance(self.policy, FSDPPolicy)
+            hf_backend = uses_hf_policy(self.cfg)
             if hf_backend:  # FSDP2: gathering the weights and the probe forward are collective: every rank joins
                 header, state = self._fsdp_policy_payload(verify)
                 buckets = pack_buckets(iter(state.items()), self._sync_bucket_bytes, shared=routes.mode == "paired")
@@ -199,7 +213,7 @@ class ActorWorker(Worker):
         """GPU rollout through the engine's own API, the probe header first: vLLM's weight transfer
         (``sync/vllm_transfer.py``: CUDA IPC collocated, NCCL disaggregated) or SGLang's weight-update group
         (``sync/sglang_transfer.py``, disaggregated). NOT GPU-verified."""
-        if isinstance(self.policy, FSDPPolicy):  # the gather and the probe are collective: every rank joins
+        if uses_hf_policy(self.cfg):  # the gather and the probe are collective: every rank joins
             header, state = self._fsdp_policy_payload(verify)
             # the full state dict is gathered to host RAM; NCCL and CUDA IPC send from the GPU, a tensor at a time
             device = self.policy.device

@@ -17,8 +17,6 @@ import torch
 from rlinf.scheduler import Worker
 
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.generation.hf import HFGenerator
-from rlinf_ext.generation.hf_vl import HFVLGenerator
 from rlinf_ext.protocol.vl_tokens import mm_token_type_ids
 from rlinf_ext.protocol.generation import (
     GenerateReply,
@@ -62,6 +60,10 @@ class HFRolloutWorker(Worker):
         with self.worker_timer():
             rollout = self.cfg.rollout
             torch.manual_seed(int(self.cfg.runner.seed) + self._rank)
+            # lazy: heavy (transformers); loaded in the rollout's process only, never in the launcher
+            from rlinf_ext.generation.hf import HFGenerator
+            from rlinf_ext.generation.hf_vl import HFVLGenerator
+
             engine = HFVLGenerator if rollout.model.model_type == "qwen2.5_vl" else HFGenerator
             self.generator = engine.from_pretrained(
                 rollout.model.model_path,

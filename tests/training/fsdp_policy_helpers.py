@@ -18,7 +18,8 @@ from rlinf_ext.generation.hf_vl import HFVLGenerator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.tools.image_search import ImageSearchTool
 from rlinf_ext.tools.search import SearchTool
-from rlinf_ext.training.fsdp_policy import FSDPPolicy, MMSample
+from rlinf_ext.training.fsdp_policy import FSDPPolicy
+from rlinf_ext.training.grpo_policy import MMSample
 from rlinf_ext.training.settings import ActorSettings
 
 PX = 56 * 56
