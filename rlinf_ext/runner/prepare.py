@@ -82,11 +82,19 @@ def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
     if not root:
         return None
     root = Path(root)
-    model = Path(str(cfg.rollout.model.model_path)).name
+    from rlinf_ext.assets.core.cache import cache_dir  # lazy: the asset modules import transformers
     from rlinf_ext.assets.core.tiny import Parts  # lazy: the asset modules import transformers
     from rlinf_ext.assets.mmsearch.paths import mm_layout  # lazy: the asset modules import transformers
     from rlinf_ext.assets.searchr1.sft import GIVE_UP_DIR, SEARCH_DIR  # lazy: the asset modules import transformers
 
+    cache = cache_dir()
+    if root.resolve().is_relative_to(cache):
+        raise LaunchError(
+            f"paths.tiny_assets={root} is inside the tiny-asset cache ({cache}), whose entries are shared and stay as "
+            "built: a run writes its retrieval index beside the assets, and a launch of other code would replace the "
+            "entry with only the parts it needs. Fix: point paths.tiny_assets at a directory of its own (the default, "
+            "<repo>/outputs/tiny_assets, or $RLINF_EXT_TINY_ASSETS); the launcher copies the parts there from the cache.")
+    model = Path(str(cfg.rollout.model.model_path)).name
     parts = Parts.of(sft_search=model == SEARCH_DIR, sft=model == GIVE_UP_DIR, mm=agent_spec(cfg).vision,
                      mm_sft=model == mm_layout(root).qwen2_5_vl_tiny_sft.name)
     started = time.monotonic()

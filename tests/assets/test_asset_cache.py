@@ -181,6 +181,25 @@ def test_the_launcher_starts_no_process_when_its_assets_are_in_place(monkeypatch
     assert asked[-1] == Parts.of(sft_search=True)
 
 
+def test_the_launcher_refuses_assets_inside_the_cache(monkeypatch, fake_generators, tmp_path):
+    """An entry of the cache used as a run's asset directory would get the run's index beside it, and a launch of
+    other code would replace it with only the parts that run needs (it happened: an entry lost its MM parts)."""
+    from types import SimpleNamespace
+
+    import rlinf_ext.runner.prepare as prepare
+    from rlinf_ext.runner.errors import LaunchError
+
+    entry = cache.cached_tiny_assets(Parts.of(sft_search=True), log=lambda *a: None).root
+    monkeypatch.setattr(prepare, "agent_spec", lambda cfg: SimpleNamespace(vision=False))
+    monkeypatch.setattr(prepare, "copy_parts_in_child", lambda r, p: pytest.fail("copied into the cache"))
+    cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(entry)),
+                          rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{entry}/models/qwen2-tiny")))
+    before = read_manifest(entry)
+    with pytest.raises(LaunchError, match="inside the tiny-asset cache.*Fix: point paths.tiny_assets"):
+        prepare.prepare_tiny_assets(cfg)
+    assert read_manifest(entry) == before
+
+
 CHILD_FILL = """
 import sys
 from types import SimpleNamespace
