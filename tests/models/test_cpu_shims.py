@@ -41,6 +41,15 @@ def test_rng_tracker_forks_cpu_state_and_restores_it():
     assert torch.equal(a, torch.rand(4, generator=expected))
 
 
+@pytest.fixture
+def no_process_group():
+    """These tests create and tear down the process group themselves. An earlier test in the same worker may have
+    left one: a MegatronPolicy keeps the process's group for its lifetime (one policy per worker process)."""
+    cpu_shims.destroy_parallel_state()
+    assert not dist.is_initialized()
+
+
+@pytest.mark.usefixtures("no_process_group")
 def test_parallel_state_world_size_one_and_teardown():
     from megatron.core import parallel_state
 
@@ -53,6 +62,7 @@ def test_parallel_state_world_size_one_and_teardown():
     assert not dist.is_initialized()
 
 
+@pytest.mark.usefixtures("no_process_group")
 def test_parallel_state_rejects_world_size_not_multiple_of_tp_pp():
     with pytest.raises(ValueError, match="not a multiple of TP\\*PP"):
         cpu_shims.init_parallel_state(2, 1, world_size=3, init_method="tcp://127.0.0.1:1")
