@@ -1,9 +1,8 @@
 """Two Ray nodes on one machine (tests/e2e/ray_nodes.py: a head on this machine's address, a second raylet on
 127.0.0.2, each with its own CPUs): the tiny experiment with the actor and reward on one node and the rollout and
 agent loop on the other, one retrieval server per node; which node each worker ran on is read from Ray's own
-actor table. A node is stopped mid-run: the launcher stops with an error naming the node and the checkpoint, and
-once the node is back a resume finishes the run; that resumed launch, both nodes up, is the run whose placement is
-checked (one launch fewer than a separate clean run)."""
+actor table. Then a node is stopped mid-run: the launcher stops with an error naming the node and the checkpoint,
+and once the node is back a resume finishes the run."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ import json
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from launch_helpers import launch, metrics_rows, when_step_logged
@@ -24,7 +21,6 @@ from rlinf_ext.runner.cluster import NodeView, stable_order
 pytestmark = pytest.mark.slow
 
 WORKER_IP = "127.0.0.2"
-TAG = "LostNode"  # group names of this module's own, to find its workers in Ray's actor table
 SMALL = [  # the smallest run that still searches and trains: one prompt, a group of two
     "data.rollout_batch_size=1", "algorithm.group_size=2", "algorithm.n_minibatches=1", "algorithm.training_batch_size_per_gpu=2",
     "algorithm.sampling_params.max_new_tokens=24", "agentloop.response_length_total=160",
@@ -64,25 +60,34 @@ def two_node_args(cluster: LocalRayCluster, tiny_assets, out, tag: str) -> list[
             *(f"{key}.group_name={tag}{key.capitalize()}" for key in ("actor", "reward", "rollout", "agentloop"))]
 
 
-@dataclass
-class LostNodeRun:
-    """One run told to train 3 steps; its second node stopped once step 1 is logged (launch 1), then the same
-    command with ``runner.resume_dir=auto`` once the node is back (launch 2)."""
-    run_dir: Path
-    code: int
-    log: str
-    checkpoint: Path | None
-    resume_code: int
-    resume_log: str
+@pytest.mark.timeout(600)
+def test_two_nodes_run_each_worker_where_the_placement_says(two_nodes, tiny_assets_sft, tmp_path):
+    run_dir = tmp_path / "searchr1-grpo-tiny-cpu"
+    code, log = launch([*two_node_args(two_nodes, tiny_assets_sft, tmp_path, "TwoNode"), "runner.max_steps=2"],
+                       env=two_nodes.env, timeout=420)
+    assert code == 0, log[-4000:]
+    rows = metrics_rows(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert sum(r["agent/searches"] for r in rows) > 0 and all(r["agent/search_failures"] == 0 for r in rows), rows
+    assert latest_complete_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "global_step_2"
+    head, worker = node_numbers(two_nodes)
+    head_ip = two_nodes.nodes["head"]
+    # one retrieval server per node, each on its node's address
+    servers = dict(re.findall(r"retrieval server of node (\d): http://([\d.]+):\d+", log))
+    assert servers == {str(head): head_ip, str(worker): WORKER_IP}, log[-4000:]
+
+    table = subprocess.run([sys.executable, "-c", ACTOR_TABLE], env=two_nodes.env, capture_output=True, text=True,
+                           timeout=120)
+    assert table.returncode == 0, table.stderr[-3000:]
+    where = {a["name"]: a["ip"] for a in json.loads(table.stdout.strip().splitlines()[-1])}
+    assert where["TwoNodeActor:0"] == head_ip and where["TwoNodeReward:0"] == head_ip, where
+    assert where["TwoNodeRollout:0"] == WORKER_IP and where["TwoNodeAgentloop:0"] == WORKER_IP, where
 
 
-@pytest.fixture(scope="module")
-def lost_node_run(two_nodes, tiny_assets_sft, tmp_path_factory) -> LostNodeRun:
-    """Shared by the two tests below: the resumed launch is also the clean two-node run whose placement is read
-    (a launch costs ~45 s of start-up; one less in CI)."""
-    out = tmp_path_factory.mktemp("lost_node")
-    run_dir = out / "searchr1-grpo-tiny-cpu"
-    args = [*two_node_args(two_nodes, tiny_assets_sft, out, TAG), "runner.max_steps=3"]
+@pytest.mark.timeout(900)
+def test_a_lost_node_stops_the_run_naming_it_and_a_resume_finishes(two_nodes, tiny_assets_sft, tmp_path):
+    run_dir = tmp_path / "searchr1-grpo-tiny-cpu"
+    args = [*two_node_args(two_nodes, tiny_assets_sft, tmp_path, "LostNode"), "runner.max_steps=3"]
     done = when_step_logged(run_dir, 1, lambda: two_nodes.stop_node("w1"))
     try:
         code, log = launch(args, env=two_nodes.env, timeout=420)
@@ -90,56 +95,19 @@ def lost_node_run(two_nodes, tiny_assets_sft, tmp_path_factory) -> LostNodeRun:
         done.set()
         if "w1" not in two_nodes.nodes:  # the node comes back for the resume (and the module's other tests)
             two_nodes.add_node("w1", WORKER_IP, num_cpus=2)
-    checkpoint = latest_complete_checkpoint(run_dir / "checkpoints")
-    resume_code, resume_log = launch([*args, "runner.resume_dir=auto"], env=two_nodes.env, timeout=420)
-    (out / "launch_1.log").write_text(log)  # kept for a failure's reading (pytest's basetemp)
-    (out / "launch_2.log").write_text(resume_log)
-    return LostNodeRun(run_dir, code, log, checkpoint, resume_code, resume_log)
-
-
-@pytest.mark.timeout(900)
-def test_a_lost_node_stops_the_run_naming_it_and_a_resume_finishes(two_nodes, lost_node_run):
-    run = lost_node_run
-    assert run.code == 1, run.log[-4000:]
+    assert code == 1, log[-4000:]
     _, worker = node_numbers(two_nodes)
-    checkpoint = run.checkpoint
+    checkpoint = latest_complete_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None and checkpoint.name != "global_step_3", "the run finished before the node stopped"
-    message = run.log[run.log.index("rlinf-ext train: "):]
+    message = log[log.index("rlinf-ext train: "):]
     assert f"node {worker} ({WORKER_IP}, Ray node" in message and "left the Ray cluster" in message, message
     assert f"resume from {checkpoint} with runner.resume_dir=auto" in message, message
 
-    assert run.resume_code == 0, run.resume_log[-4000:]
-    assert f"resumed from {checkpoint}" in run.resume_log
-    assert [r["step"] for r in metrics_rows(run.run_dir)] == [1, 2, 3]
-    assert latest_complete_checkpoint(run.run_dir / "checkpoints") == run.run_dir / "checkpoints" / "global_step_3"
-
-
-@pytest.mark.timeout(900)
-def test_two_nodes_run_each_worker_where_the_placement_says(two_nodes, lost_node_run):
-    """The resumed launch, with both nodes up: its steps search without failures, one retrieval server runs per
-    node, and Ray's actor table puts each worker where the placement says (launch 1's actors, dead by now, were
-    placed by the same rule: every row of a name must agree)."""
-    run = lost_node_run
-    assert run.resume_code == 0, run.resume_log[-4000:]
-    resumed_from = int(run.checkpoint.name.rsplit("_", 1)[1])
-    rows = [r for r in metrics_rows(run.run_dir) if r["step"] > resumed_from]
-    assert [r["step"] for r in rows] == list(range(resumed_from + 1, 4)), rows
-    assert sum(r["agent/searches"] for r in rows) > 0 and all(r["agent/search_failures"] == 0 for r in rows), rows
-    head, worker = node_numbers(two_nodes)
-    head_ip = two_nodes.nodes["head"]
-    # one retrieval server per node, each on its node's address
-    servers = dict(re.findall(r"retrieval server of node (\d): http://([\d.]+):\d+", run.resume_log))
-    assert servers == {str(head): head_ip, str(worker): WORKER_IP}, run.resume_log[-4000:]
-
-    table = subprocess.run([sys.executable, "-c", ACTOR_TABLE], env=two_nodes.env, capture_output=True, text=True,
-                           timeout=120)
-    assert table.returncode == 0, table.stderr[-3000:]
-    where: dict[str, set[str]] = {}
-    for actor in json.loads(table.stdout.strip().splitlines()[-1]):
-        where.setdefault(actor["name"], set()).add(actor["ip"])
-    expected = {f"{TAG}Actor:0": head_ip, f"{TAG}Reward:0": head_ip,
-                f"{TAG}Rollout:0": WORKER_IP, f"{TAG}Agentloop:0": WORKER_IP}
-    assert {name: where.get(name) for name in expected} == {n: {ip} for n, ip in expected.items()}, where
+    code, log = launch([*args, "runner.resume_dir=auto"], env=two_nodes.env, timeout=420)
+    assert code == 0, log[-4000:]
+    assert f"resumed from {checkpoint}" in log
+    assert [r["step"] for r in metrics_rows(run_dir)] == [1, 2, 3]
+    assert latest_complete_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "global_step_3"
 
 
 @pytest.mark.timeout(300)
