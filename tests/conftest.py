@@ -130,8 +130,7 @@ VLLM_MODEL_FIXTURES = ("qwen2_head32_dirs", "qwen2_5_vl_head32_dirs")  # the in-
 
 # Two workers (`-n 2`; pytest.ini: `--dist loadfile --no-loadscope-reorder`): a file's tests run in one worker
 # process, in collection order (its module fixtures are built once), files handed out in collection order (xdist's
-# default order, by test count, would hand out big files first; `pytest_collection_modifyitems` puts the files with
-# slow tests before the quick ones). The in-process vLLM tests' files are one unit (the
+# default order, by test count, would hand out big files first). The in-process vLLM tests' files are one unit (the
 # scheduler below): the first of the collection, so the worker that takes it runs them before anything loads numba.
 # pytest-xdist's own `loadgroup` cannot group on pytest 9.2: it tags node ids, which pytest 9.2's structured ids
 # ignore (pytest-xdist issue 1386).
@@ -173,11 +172,7 @@ def pytest_collection_modifyitems(items):
     if stray := sorted({item.nodeid.split("::", 1)[0] for item in in_vllm} - set(VLLM_IN_PROCESS_FILES)):
         raise pytest.UsageError(f"in-process vLLM tests in {stray}: add the file to VLLM_IN_PROCESS_FILES in "
                                 "tests/conftest.py (under -n 2 its tests must run in the worker's vLLM unit).")
-    # Then the files that hold a slow test, then the rest: under -n 2 the long files (launcher runs of minutes)
-    # start early, and the last files handed out are quick ones, so neither worker waits long for the other at the end.
-    with_slow = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: (not set(VLLM_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())),
-                                 item.nodeid.split("::", 1)[0] not in with_slow))
+    items.sort(key=lambda item: not set(VLLM_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())))
     for item in items:
         extra = sum(s for name, s in WARM_START_BUDGET_S.items() if name in getattr(item, "fixturenames", ()))
         marker = item.get_closest_marker("timeout")
