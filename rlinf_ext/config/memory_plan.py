@@ -4,8 +4,11 @@ config whose estimate does not fit ``cluster.gpu_memory_gib``, naming the keys t
 The arithmetic is ``models/memory.py``; this module reads the config into its inputs (model dimensions from the
 ``actor.model`` preset, else the checkpoint's config.json; a Qwen2.5-VL model's vision tower from its
 config.json, else the tower every Qwen2.5-VL size shares) and tries the knobs that lower the peak. The rollout
-engine is vLLM's (``rollout.gpu_memory_utilization`` of each of its GPUs: weights, runtime, KV cache; asleep
-while a collocated actor trains, ``rollout.vllm.sleep_level``) or SGLang's figures for ``rollout_backend=sglang``.
+engine is vLLM's (``rollout.gpu_memory_utilization`` of each of its GPUs: weights, runtime, KV cache, and its CUDA
+context beside it; asleep while a collocated actor trains, ``rollout.vllm.sleep_level``) or SGLang's figures for
+``rollout_backend=sglang``. Collocated, the weight sync is a phase of its own (the engine's weights awake beside
+the actor's transfer memory), and the host RAM per node is the actor's offloaded parts plus what the sleeping
+engines back up.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from rlinf_ext.models.memory import (
     EngineMemory,
     GpuPlan,
     ModelShape,
+    SyncTransfer,
     engine_memory,
     plan_gpu,
+    sync_transfer,
     vision_tower_params,
 )
 from rlinf_ext.models.qwen2 import dims_from_hf_config, load_hf_config_dict
@@ -114,36 +119,49 @@ def collocated(cfg: ExperimentConfig) -> bool:
     return actor is not None and rollout is not None and bool(set(actor.ranks) & set(rollout.ranks))
 
 
+def rollout_dtype_bytes(cfg: ExperimentConfig) -> int:
+    return dtype_of_precision(str(cfg.rollout.model.precision), "rollout.model.precision").itemsize
+
+
 def engine_plan(cfg: ExperimentConfig, shape: ModelShape, fraction: float | None = None) -> EngineMemory:
     """One rollout engine's GPU: ``rollout.gpu_memory_utilization`` (or ``fraction``) of it, the model in
     ``rollout.model.precision`` over ``rollout.tensor_parallel_size`` GPUs, asleep at ``rollout.vllm.sleep_level``."""
     r = cfg.rollout
-    dtype_bytes = dtype_of_precision(str(r.model.precision), "rollout.model.precision").itemsize
     return engine_memory(shape, gpu_bytes=int(cfg.cluster.gpu_memory_gib * GIB),
                          fraction=float(r.gpu_memory_utilization if fraction is None else fraction),
-                         dtype_bytes=dtype_bytes, tensor_parallel=int(r.tensor_parallel_size),
+                         dtype_bytes=rollout_dtype_bytes(cfg), tensor_parallel=int(r.tensor_parallel_size),
                          backend="sglang" if r.rollout_backend == "sglang" else "vllm",
                          sleep_level=int(r.vllm.sleep_level))
 
 
-def gpu_plan(cfg: ExperimentConfig, x: ActorMemoryInputs, **offload: bool) -> GpuPlan:
+def sync_route(cfg: ExperimentConfig) -> str:
+    """The collocated sync's route: vLLM's packed CUDA IPC (``ipc``), else RLinf's paired buckets (SGLang)."""
+    return "ipc" if cfg.rollout.rollout_backend == "vllm" else "paired"
+
+
+def transfer_plan(cfg: ExperimentConfig, x: ActorMemoryInputs) -> SyncTransfer:
+    return sync_transfer(x.shape, route=sync_route(cfg), dtype_bytes=rollout_dtype_bytes(cfg), fsdp=x.fsdp)
+
+
+def gpu_plan(cfg: ExperimentConfig, x: ActorMemoryInputs, fraction: float | None = None, **offload: bool) -> GpuPlan:
+    """The plan of ``cfg`` for the actor inputs ``x``, with ``fraction`` for ``rollout.gpu_memory_utilization`` and
+    ``offload`` flags for ``actor.offload_*`` when given."""
     a = cfg.actor
     flags = dict(offload_weight=a.offload_weight, offload_optimizer=a.offload_optimizer, offload_grad=a.offload_grad)
     flags.update(offload)
-    return plan_gpu(x, gpu_bytes=int(cfg.cluster.gpu_memory_gib * GIB),
-                    rollout_fraction=float(cfg.rollout.gpu_memory_utilization), collocated=collocated(cfg),
-                    engine=engine_plan(cfg, x.shape), **flags)
+    return plan_gpu(x, engine=engine_plan(cfg, x.shape, fraction), collocated=collocated(cfg),
+                    transfer=transfer_plan(cfg, x), **flags)
 
 
-def engines_per_node(cfg: ExperimentConfig) -> int:
-    """Rollout GPUs on the busiest node (each holds one engine's share)."""
+def ranks_per_node(cfg: ExperimentConfig, component: str) -> int:
+    """GPUs of ``component`` on its busiest node (each holds one rank, or one engine's share)."""
     plans, _ = placements(cfg)
-    rollout = plans.get("rollout")
+    plan = plans.get(component)
     gpn = max(cfg.cluster.num_gpus_per_node, 1)
-    if rollout is None:
+    if plan is None:
         return 0
     counts: dict[int, int] = {}
-    for rank in rollout.ranks:
+    for rank in plan.ranks:
         counts[rank // gpn] = counts.get(rank // gpn, 0) + 1
     return max(counts.values(), default=0)
 
@@ -186,11 +204,18 @@ def _longest_fitting_sequence(cfg: ExperimentConfig, x: ActorMemoryInputs) -> in
 
 
 def _largest_rollout_fraction(cfg: ExperimentConfig, x: ActorMemoryInputs) -> float | None:
+    """The largest ``rollout.gpu_memory_utilization`` whose rollout phase fits, when the current one does not;
+    None unless the whole plan then fits (the training and sync phases do not depend on the fraction) with room
+    for one sequence in the KV cache."""
     plan = gpu_plan(cfg, x)
     if plan.rollout_phase <= plan.gpu_bytes:
         return None
-    spare = plan.gpu_bytes - (plan.rollout_phase - int(plan.rollout_fraction * plan.gpu_bytes))
-    return round(spare / plan.gpu_bytes - 0.005, 2) if spare > 0.1 * plan.gpu_bytes else None
+    spare = plan.gpu_bytes - (plan.rollout_phase - plan.engine.budget)
+    if spare <= 0.1 * plan.gpu_bytes:
+        return None
+    util = round(spare / plan.gpu_bytes - 0.005, 2)
+    fitted = gpu_plan(cfg, x, fraction=util)
+    return util if fitted.fits and fitted.engine.kv_tokens >= int(cfg.runner.seq_length) else None
 
 
 def format_memory(cfg: ExperimentConfig) -> list[str]:
@@ -218,15 +243,15 @@ def format_memory(cfg: ExperimentConfig) -> list[str]:
     rows += _engine_rows(cfg, x)
     if plan.collocated:
         rows.append(("GPU, training phase (actor peak + engine asleep)", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
-        rows.append(("GPU, rollout phase (engine + what the actor keeps)", f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
+        rows += _sync_rows(cfg, x, plan)
+        rows.append(("GPU, rollout phase (engine + its CUDA context + what the actor keeps)",
+                     f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
+        rows += _host_ram_rows(cfg, x, plan)
     else:
         rows.append(("actor GPUs", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
         rows.append(("rollout GPUs", f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
     width = max(len(label) for label, _ in rows)
     lines += [f"  {label.ljust(width)}  {value}" for label, value in rows]
-    host = _host_ram_line(cfg, x)
-    if host:
-        lines.append(f"  {host}")
     lines.append(f"  fits cluster.gpu_memory_gib={gpu:g}: {'yes' if plan.fits and _engine_fits(cfg, x) else 'NO'}")
     if not plan.fits:
         lines += [f"  would fit with: {f}" for f in fixes(cfg, x)] or ["  no single change makes it fit"]
@@ -247,6 +272,7 @@ def _engine_rows(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[tuple[str,
         rows += [("  engine runtime (activations, CUDA graphs)", f"{e.runtime / GIB:7.2f}"),
                  (f"  engine KV cache ({e.kv_tokens:,} tokens = {seqs:.0f} x runner.seq_length)",
                   f"{max(e.kv_cache, 0) / GIB:7.2f}")]
+        rows.append(("engine CUDA context (beside its share)", f"{e.outside / GIB:7.2f}"))
     else:
         rows.append(("  engine workspace (outside its fraction)", f"{e.outside / GIB:7.2f}"))
     if collocated(cfg):
@@ -255,14 +281,44 @@ def _engine_rows(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[tuple[str,
     return rows
 
 
-def _host_ram_line(cfg: ExperimentConfig, x: ActorMemoryInputs) -> str | None:
-    if not collocated(cfg) or cfg.rollout.rollout_backend == "sglang":
-        return None
-    e, n = engine_plan(cfg, x.shape), engines_per_node(cfg)
-    if cfg.rollout.vllm.sleep_level == 1:
-        return (f"host RAM per node while the engines sleep (level 1 keeps the weights): {n} x "
-                f"{e.host_asleep / GIB:.2f} = {n * e.host_asleep / GIB:.2f} GiB")
-    return "host RAM per node while the engines sleep: none (level 2 discards the weights; each sync refills them)"
+def _sync_rows(cfg: ExperimentConfig, x: ActorMemoryInputs, plan: GpuPlan) -> list[tuple[str, str]]:
+    """The collocated weight sync: the engine awake without its KV cache, the actor's kept parts and transfer."""
+    e, t, gpu = plan.engine, plan.transfer, cfg.cluster.gpu_memory_gib
+    vllm = cfg.rollout.rollout_backend == "vllm"
+    buffer = "vLLM's packed IPC buffer" if vllm else "a bucket and the tensors packed into it"
+    conversion = ("the largest parameter gathered whole in fp32 and cast" if x.fsdp
+                  else "2 x the largest tensor: brought over, cast or split")
+    rows = [("GPU, weight-sync phase (engine without its KV cache + actor + transfer)",
+             f"{plan.sync_phase / GIB:7.2f} of {gpu:g}"),
+            ("  engine asleep + weights + runtime pools", f"{(e.asleep + e.weights + e.runtime) / GIB:7.2f}")]
+    if vllm:
+        rows.append(("  engine update copies (a chunk's clones, layers being loaded)",
+                     f"{e.update_transient / GIB:7.2f}"))
+    rows.append(("  actor kept (CUDA context + parts not offloaded)", f"{plan.actor_kept / GIB:7.2f}"))
+    if plan.sync_onloaded:
+        rows.append(("  actor weight shards brought back for the gathers", f"{plan.sync_onloaded / GIB:7.2f}"))
+    rows += [(f"  actor transfer buffers ({buffer})", f"{t.buffers / GIB:7.2f}"),
+             (f"  actor conversion tensors ({conversion})", f"{t.conversion / GIB:7.2f}")]
+    return rows
+
+
+def _host_ram_rows(cfg: ExperimentConfig, x: ActorMemoryInputs, plan: GpuPlan) -> list[tuple[str, str]]:
+    """Host RAM per node, collocated: the actor's offloaded parts (while the engines run) and the sleeping engines'
+    backups (while the actor trains), summed: an upper bound, pinned copies may stay allocated between phases."""
+    actors, engines = ranks_per_node(cfg, "actor"), ranks_per_node(cfg, "rollout")
+    e = plan.engine
+    if cfg.rollout.rollout_backend == "sglang":
+        asleep = "engines asleep (SGLang keeps no copy)"
+    elif cfg.rollout.vllm.sleep_level == 1:
+        asleep = "engines asleep (level 1 backs up weights, runtime and CUDA-graph pools)"
+    else:
+        asleep = "engines asleep (level 2 backs up the runtime and CUDA-graph pools)"
+    total = actors * plan.actor_host + engines * e.host_asleep
+    return [((f"host RAM per node, actor offload: {actors} x {plan.actor_host / GIB:.2f} (actor.offload_*; "
+              "gradients are freed)"), f"{actors * plan.actor_host / GIB:7.2f}"),
+            (f"host RAM per node, {asleep}: {engines} x {e.host_asleep / GIB:.2f}",
+             f"{engines * e.host_asleep / GIB:7.2f}"),
+            ("host RAM per node, both (their sum: an upper bound)", f"{total / GIB:7.2f}")]
 
 
 def _engine_fits(cfg: ExperimentConfig, x: ActorMemoryInputs) -> bool:
@@ -289,7 +345,7 @@ def _engine_fix(cfg: ExperimentConfig, x: ActorMemoryInputs) -> str:
     "actor.spec_name", "actor.optim.use_distributed_optimizer", "actor.logprob_chunk_tokens",
     "rollout.gpu_memory_utilization", "actor.offload_weight", "actor.offload_optimizer", "actor.offload_grad",
     "actor.training_backend", "actor.fsdp_config.gradient_checkpointing", "rollout.rollout_backend",
-    "rollout.vllm.sleep_level",
+    "rollout.vllm.sleep_level", "rollout.model.precision", "rollout.tensor_parallel_size",
 )
 def actor_fits_gpu_memory(cfg):
     if cfg.cluster.num_gpus_per_node <= 0 or not is_training(cfg) or placements(cfg)[1]:
@@ -300,22 +356,48 @@ def actor_fits_gpu_memory(cfg):
     plan = gpu_plan(cfg, x)
     if plan.fits:
         return
-    phase = "training" if plan.training_phase >= plan.rollout_phase else "rollout"
-    key = "runner.seq_length" if phase == "training" else "rollout.gpu_memory_utilization"
+    phases = {"training": plan.training_phase, "weight-sync": plan.sync_phase, "rollout": plan.rollout_phase}
+    over = [name for name, peak in phases.items() if peak > plan.gpu_bytes]
+    phase = max(over, key=phases.get)
+    key, detail, _ = _phase_terms(cfg, x, plan, phase)
+    also = [f"the {name} phase ({phases[name] / GIB:.1f} GiB)" for name in over if name != phase]
     found = fixes(cfg, x)
-    if phase == "training":
-        detail = (f"actor step {plan.actor.peak / GIB:.1f} GiB at runner.seq_length={x.seq_length}"
-                  + (f" + {plan.engine_asleep / GIB:.1f} GiB the sleeping engine keeps" if plan.collocated else ""))
-    else:
-        detail = (f"the engine's {cfg.rollout.gpu_memory_utilization:g} x {cfg.cluster.gpu_memory_gib:g} GiB"
-                  + (f" + {plan.actor_resident_during_rollout / GIB:.1f} GiB the actor keeps" if plan.collocated else ""))
+    # a weight sync that does not fit needs its own remedy: the fraction does not change it
+    fallback = _phase_terms(cfg, x, plan, "weight-sync" if "weight-sync" in over else phase)[2]
     yield ConfigIssue(
         key,
         f"the estimated peak per GPU is {plan.peak / GIB:.1f} GiB in the {phase} phase ({detail}), over "
-        f"cluster.gpu_memory_gib={cfg.cluster.gpu_memory_gib:g} (see `rlinf-ext plan`).",
-        ("any of: " + "; ".join(found)) if found else "lower runner.seq_length and turn on full recompute, the "
-        "distributed optimizer and offload together, or use GPUs with more memory (cluster.gpu_memory_gib).",
+        f"cluster.gpu_memory_gib={cfg.cluster.gpu_memory_gib:g}" + (f"; so is {' and '.join(also)}" if also else "")
+        + " (see `rlinf-ext plan`).",
+        ("any of: " + "; ".join(found)) if found else fallback,
     )
+
+
+def _phase_terms(cfg: ExperimentConfig, x: ActorMemoryInputs, plan: GpuPlan, phase: str) -> tuple[str, str, str]:
+    """(key, what the phase holds, the remedy when no single change fits) of a phase over the GPU."""
+    if phase == "training":
+        detail = (f"actor step {plan.actor.peak / GIB:.1f} GiB at runner.seq_length={x.seq_length}"
+                  + (f" + {plan.engine.asleep / GIB:.1f} GiB the sleeping engine keeps" if plan.collocated else ""))
+        return ("runner.seq_length", detail, ("lower runner.seq_length and turn on full recompute, the distributed "
+                "optimizer and offload together, or use GPUs with more memory (cluster.gpu_memory_gib)."))
+    if phase == "rollout":
+        detail = (f"the engine's {cfg.rollout.gpu_memory_utilization:g} x {cfg.cluster.gpu_memory_gib:g} GiB + its "
+                  "CUDA context" + (f" + {plan.actor_kept / GIB:.1f} GiB the actor keeps" if plan.collocated else ""))
+        return ("rollout.gpu_memory_utilization", detail, ("lower rollout.gpu_memory_utilization together with "
+                "offloading the actor (actor.offload_*), or use GPUs with more memory (cluster.gpu_memory_gib)."))
+    a, t = cfg.actor, plan.transfer
+    off = [k for k, on in (("actor.offload_weight", a.offload_weight), ("actor.offload_optimizer", a.offload_optimizer),
+                           ("actor.offload_grad", a.offload_grad)) if not on]
+    detail = (f"the engine's weights and runtime awake for the update, {plan.engine.updating / GIB:.1f} GiB with its "
+              f"copies (KV cache asleep) + {plan.actor_kept / GIB:.1f} GiB the actor keeps"
+              + (f" + {plan.sync_onloaded / GIB:.1f} GiB weight shards it gathers from" if plan.sync_onloaded else "")
+              + f" + {t.total / GIB:.1f} GiB its transfer memory (buffers {t.buffers / GIB:.1f}, conversion "
+              f"{t.conversion / GIB:.1f})")
+    remedy = ((f"offload the actor ({', '.join(f'{k}=true' for k in off)}), " if off else "")
+              + "split the engine's weights over more GPUs (rollout.tensor_parallel_size), smaller transfer buckets "
+              "(sync/weight_sync.py BUCKET_BYTES), or GPUs with more memory (cluster.gpu_memory_gib); a lower "
+              "rollout.gpu_memory_utilization does not help: the KV cache is asleep during the sync.")
+    return (off[0] if off else "rollout.tensor_parallel_size"), detail, remedy
 
 
 @rule("cluster.num_gpus_per_node", "cluster.gpu_memory_gib", "runner.task_type", "runner.seq_length",

@@ -18,22 +18,33 @@ Pure arithmetic (no torch), all sizes in bytes. What is counted, for one data-pa
 * a reserve (CUDA context, allocator fragmentation) on CUDA.
 
 The rollout engine (``EngineMemory``): vLLM takes ``rollout.gpu_memory_utilization`` of the GPU for weights,
-its runtime (activations, CUDA graphs) and the KV cache (the rest); asleep (collocated, ``sleep(level=1|2)``)
-its CuMem pool is off the GPU (weights to host RAM at level 1, discarded at level 2; KV cache discarded) and it
-keeps its CUDA context and communicators. SGLang takes its fraction plus workspace and keeps more when
-released. A vision-language model's vision tower (``vision_tower_params``) counts in the actor's state and in
-the engine's weights. Calibration against measured peaks: ``benchmarks/actor_memory_calibration.py`` (CPU) and
-``scripts/gpu_smoke.py`` stage S5: on one H100 (2026-11-26, Qwen2.5-3B shape, fp16, reference model, full recompute,
-local spec) measured/estimated peak without the reserve 0.92, 1.00, 1.00 at 1k/1.5k/2k tokens, so the CUDA terms
-stand as they are (docs/results.md 17); the engine figures are read from vLLM 0.32's sources, not measured.
+its runtime (activations, CUDA graphs) and the KV cache (the rest), and its CUDA context beside that fraction;
+asleep (collocated, ``sleep(level=1|2)``) its CuMem pools are off the GPU (the runtime and CUDA-graph pools
+backed up to pinned host RAM at every level, the weights too at level 1; the KV cache discarded) and it keeps its
+CUDA context and communicators. SGLang takes its fraction plus workspace and keeps more when released. A
+vision-language model's vision tower (``vision_tower_params``) counts in the actor's state and in the engine's
+weights.
+
+A collocated GPU goes through three phases (``GpuPlan``): training (the actor's peak beside the sleeping
+engine), the weight sync (the engine awake with its weights and runtime pools but its KV cache still asleep,
+taking the new weights chunk by chunk, beside what the actor keeps plus its transfer memory: ``SyncTransfer``)
+and the rollout (the engine's fraction and context beside what the offloaded actor keeps). The KV cache is
+woken only once the actor has freed its transfer memory.
+
+Calibration against measured peaks: ``benchmarks/actor_memory_calibration.py`` (CPU) and ``scripts/gpu_smoke.py``
+stage S5: on one H100 (2026-11-26, Qwen2.5-3B shape, fp16, reference model, full recompute, local spec)
+measured/estimated peak without the reserve 0.92, 1.00, 1.00 at 1k/1.5k/2k tokens, so the CUDA terms stand as they
+are (docs/results.md 17); the engine and sync figures are read from vLLM 0.32's and SGLang 0.5.23's sources, not
+measured.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 GIB = 2**30
-# CUDA: context + cuBLAS workspace outside torch's allocator, and fragmentation of its cached blocks
+# CUDA: context + cuBLAS workspace outside torch's allocator, and fragmentation of its cached blocks. It is also
+# what the offloaded actor process keeps on a collocated GPU (its own CUDA context) while the engine runs.
 CUDA_RESERVE_BYTES = int(1.0 * GIB)
 CUDA_FRAGMENTATION = 0.05
 # a released SGLang engine still holds its CUDA context and graph pool (1.5-3 GB)
@@ -43,8 +54,17 @@ ROLLOUT_WORKSPACE_BYTES = int(2.0 * GIB)
 # a sleeping vLLM engine: CUDA context, NCCL communicators and allocations outside its CuMem pool (its weights,
 # KV cache, runtime and CUDA-graph pools leave the GPU: vllm/device_allocator/sleep_mode_backend.py)
 VLLM_ASLEEP_RESIDENT_BYTES = int(1.0 * GIB)
-# inside vLLM's fraction besides weights and KV cache: the profiled forward's activations, CUDA graphs, sampler
+# inside vLLM's fraction besides weights and KV cache: the profiled forward's activations, CUDA graphs, sampler;
+# also the bound on the runtime and CUDA-graph pools a sleeping engine backs up to host RAM
 VLLM_RUNTIME_BYTES = int(2.0 * GIB)
+# each vLLM worker's CUDA context (and its NCCL buffers under TP), made before the worker's memory snapshot
+# (vllm/v1/worker/gpu_worker.py:505-537), so outside the budget ``gpu_memory_utilization x total`` that
+# request_memory takes from that snapshot (vllm/v1/worker/utils.py:724-726; KV cache = budget - profiled
+# non-KV memory, gpu_worker.py:740-744)
+VLLM_CUDA_CONTEXT_BYTES = int(0.5 * GIB)
+# the weight sync's transfer buffer: weights cross from the actor to the engine in packed buffers of this many
+# bytes (the value of sync/weight_sync.py:BUCKET_BYTES, which vLLM gets as packed_buffer_size_bytes)
+TRANSFER_BUCKET_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -61,14 +81,26 @@ class ModelShape:
     @property
     def params(self) -> int:
         """Parameter count of a Qwen2 decoder (q/k/v biases, no other linear bias, RMSNorm)."""
-        h, qkv = self.hidden, (self.heads + 2 * self.groups) * self.head_dim
-        layer = h * qkv + qkv + self.heads * self.head_dim * h + 3 * h * self.ffn + 2 * h
-        return self.vocab * h * (1 if self.tied else 2) + self.num_layers * layer + h
+        h = self.hidden
+        return self.vocab * h * (1 if self.tied else 2) + self.num_layers * self.layer_params + h
 
     @property
     def all_params(self) -> int:
         """Language model + vision tower."""
         return self.params + self.vision_params
+
+    @property
+    def largest_tensor(self) -> int:
+        """Elements of the largest weight a conversion handles: the embedding (or output layer), Megatron's fused
+        gate/up projection or the fused q/k/v projection (the vision tower's are smaller)."""
+        h = self.hidden
+        return max(self.vocab * h, 2 * self.ffn * h, (self.heads + 2 * self.groups) * self.head_dim * h)
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (see ``params``)."""
+        h, qkv = self.hidden, (self.heads + 2 * self.groups) * self.head_dim
+        return h * qkv + qkv + self.heads * self.head_dim * h + 3 * h * self.ffn + 2 * h
 
     def kv_bytes_per_token(self, dtype_bytes: int, tensor_parallel: int = 1) -> int:
         """KV cache bytes of one token on one GPU of an engine (keys and values of every layer; KV heads split
@@ -240,8 +272,9 @@ def estimate_actor(x: ActorMemoryInputs) -> MemoryEstimate:
 class EngineMemory:
     """One rollout engine's GPU, vLLM's way: ``fraction`` of the GPU holds the weights (this GPU's share under TP),
     the runtime and the KV cache, which gets the rest. ``outside`` is what the engine takes beyond its fraction
-    while it generates (SGLang's workspace; 0 for vLLM), ``asleep`` what it keeps on the GPU while released, and
-    ``host_asleep`` the host RAM its sleep takes (vLLM level 1 keeps the weights there)."""
+    while it generates (vLLM: each worker's CUDA context; SGLang: its workspace), ``asleep`` what it keeps on the
+    GPU while released, ``update_transient`` what taking new weights adds on its GPU, and ``host_asleep`` the
+    host RAM its sleep takes."""
 
     gpu_bytes: int
     fraction: float
@@ -251,6 +284,7 @@ class EngineMemory:
     outside: int = 0
     asleep: int = 0
     host_asleep: int = 0
+    update_transient: int = 0
 
     @property
     def budget(self) -> int:
@@ -264,75 +298,143 @@ class EngineMemory:
     def kv_tokens(self) -> int:
         return max(self.kv_cache, 0) // max(self.kv_per_token, 1)
 
+    @property
+    def updating(self) -> int:
+        """On the GPU during a collocated weight sync: what it keeps asleep, the weights and runtime pools woken
+        for the update (the KV cache still asleep), and the update's own copies."""
+        return self.asleep + self.weights + self.runtime + self.update_transient
+
     def min_fraction(self, tokens: int) -> float:
         """The smallest fraction whose KV cache holds ``tokens`` tokens (rounded up to 0.01)."""
         need = self.weights + self.runtime + tokens * self.kv_per_token
         return -(-100 * need // self.gpu_bytes) / 100
 
 
+def transfer_buffer_bytes(shape: ModelShape, dtype_bytes: int, bucket_bytes: int = TRANSFER_BUCKET_BYTES) -> int:
+    """One packed transfer buffer: ``bucket_bytes``, or the largest tensor when that is bigger (RLinf's route
+    packs it alone; vLLM's packed IPC producer refuses a tensor over its capacity,
+    vllm/distributed/weight_transfer/packed_tensor.py:356-361, so its buffer must hold it)."""
+    return max(bucket_bytes, shape.largest_tensor * dtype_bytes)
+
+
 def engine_memory(shape: ModelShape, *, gpu_bytes: int, fraction: float, dtype_bytes: int,
-                  tensor_parallel: int = 1, backend: str = "vllm", sleep_level: int = 2) -> EngineMemory:
-    """The engine of ``shape`` (vision tower included) on one of its GPUs."""
+                  tensor_parallel: int = 1, backend: str = "vllm", sleep_level: int = 2,
+                  bucket_bytes: int = TRANSFER_BUCKET_BYTES) -> EngineMemory:
+    """The engine of ``shape`` (vision tower included) on one of its GPUs.
+
+    vLLM: its CUDA context is outside its fraction (``VLLM_CUDA_CONTEXT_BYTES``). Asleep, ``CuMemBackend.suspend``
+    backs up the ``runtime`` and ``cudagraph`` pools to pinned host RAM at every level and the ``weights`` pool
+    too at level 1 (vllm/device_allocator/sleep_mode_backend.py:127-137, the copy in cumem.py:265-276); the runtime
+    figure bounds the first two. Taking new weights, its consumer clones each chunk of the packed buffer
+    (packed_tensor.py:491-494) and the layerwise reload buffers those clones until a layer is complete, then
+    materialises the layer before copying it into the original storage (model_loader/reload/layerwise.py,
+    ``_layerwise_process``): one buffer of clones plus two of the largest layer or tensor (a finished layer being
+    materialised and an unfinished one's clones from the chunk before), counted whole under TP.
+
+    SGLang: its fraction plus workspace, and ``ROLLOUT_RESIDENT_BYTES`` released; its memory saver keeps no copy
+    in host RAM; an update loads straight from the actor's tensors it maps (``tensor.to(device)`` on the same
+    device copies nothing, sglang/srt/model_executor/model_runner_components/weight_updater.py:444-447)."""
     tp = max(tensor_parallel, 1)
     weights = shape.all_params * dtype_bytes // tp
     kv = shape.kv_bytes_per_token(dtype_bytes, tp)
     if backend == "sglang":
         return EngineMemory(gpu_bytes, fraction, weights, 0, kv, outside=ROLLOUT_WORKSPACE_BYTES,
                             asleep=ROLLOUT_RESIDENT_BYTES)
-    return EngineMemory(gpu_bytes, fraction, weights, VLLM_RUNTIME_BYTES, kv, asleep=VLLM_ASLEEP_RESIDENT_BYTES,
-                        host_asleep=weights if sleep_level == 1 else 0)
+    largest_unit = max(shape.largest_tensor, shape.layer_params) * dtype_bytes
+    return EngineMemory(gpu_bytes, fraction, weights, VLLM_RUNTIME_BYTES, kv, outside=VLLM_CUDA_CONTEXT_BYTES,
+                        asleep=VLLM_ASLEEP_RESIDENT_BYTES,
+                        host_asleep=VLLM_RUNTIME_BYTES + (weights if sleep_level == 1 else 0),
+                        update_transient=transfer_buffer_bytes(shape, dtype_bytes, bucket_bytes) + 2 * largest_unit)
+
+
+@dataclass(frozen=True)
+class SyncTransfer:
+    """What the actor adds on a collocated GPU while it sends its weights: ``buffers`` (the packed transfer
+    buffers alive at once) and ``conversion`` (the conversion's transient tensors)."""
+
+    buffers: int
+    conversion: int
+
+    @property
+    def total(self) -> int:
+        return self.buffers + self.conversion
+
+
+def sync_transfer(shape: ModelShape, *, route: str, dtype_bytes: int, fsdp: bool = False,
+                  bucket_bytes: int = TRANSFER_BUCKET_BYTES) -> SyncTransfer:
+    """The actor's transfer memory on its GPU for one collocated sync, in the rollout's dtype (``dtype_bytes``).
+
+    ``route``: ``ipc`` (vLLM's packed IPC producer: one buffer per transfer, packed_tensor.py:342, allocated inside
+    the producer and freed after the last chunk, so it does not persist across syncs; the actor's
+    ``ipc_collect``/``empty_cache`` after the sync give it back) or ``paired`` (RLinf's route for SGLang: the
+    tensors of one bucket are held while they are packed into its buffer, sync/weight_sync.py:pack_buckets, so
+    two buffers' worth). The conversion: Megatron brings each offloaded weight over as a cast copy and splits or
+    slices it (2 x the largest tensor); FSDP2 gathers each parameter whole in fp32 (``full_tensor``) and casts it
+    (4 + ``dtype_bytes`` bytes per element of the largest)."""
+    buffer = transfer_buffer_bytes(shape, dtype_bytes, bucket_bytes)
+    buffers = buffer if route == "ipc" else 2 * buffer
+    conversion = shape.largest_tensor * (4 + dtype_bytes) if fsdp else 2 * shape.largest_tensor * dtype_bytes
+    return SyncTransfer(buffers, conversion)
 
 
 @dataclass(frozen=True)
 class GpuPlan:
-    """Per-GPU peak by phase: training (actor peak + the released engine) and rollout (engine + what the actor
-    keeps on the GPU). Apart (disaggregated), the training phase is the actor's GPUs and the rollout phase the
-    engine's."""
+    """Per-GPU peak by phase, collocated: training (actor peak + the released engine), the weight sync (the engine
+    awake without its KV cache + what the actor keeps + its transfer memory + what it brings back for the sync)
+    and rollout (engine + what the actor keeps). Apart (disaggregated), the training phase is the actor's GPUs
+    and the rollout phase the engine's; the sync phase is not planned."""
 
     actor: MemoryEstimate
+    engine: EngineMemory
     collocated: bool
-    rollout_fraction: float
-    gpu_bytes: int
-    actor_resident_during_rollout: int
-    engine_outside: int = ROLLOUT_WORKSPACE_BYTES
-    engine_asleep: int = ROLLOUT_RESIDENT_BYTES
+    actor_kept: int  # on the GPU while the engine runs: the actor's CUDA context + the parts it does not offload
+    actor_host: int = 0  # host RAM of the offloaded parts (gradients are freed, not moved)
+    transfer: SyncTransfer | None = None
+    sync_onloaded: int = 0  # FSDP2: the offloaded weight shards brought back for the gathers
+
+    @property
+    def gpu_bytes(self) -> int:
+        return self.engine.gpu_bytes
 
     @property
     def training_phase(self) -> int:
-        return self.actor.peak + (self.engine_asleep if self.collocated else 0)
+        return self.actor.peak + (self.engine.asleep if self.collocated else 0)
+
+    @property
+    def sync_actor(self) -> int:
+        return self.actor_kept + self.sync_onloaded + (self.transfer.total if self.transfer else 0)
+
+    @property
+    def sync_phase(self) -> int:
+        return self.engine.updating + self.sync_actor if self.collocated and self.transfer else 0
 
     @property
     def rollout_phase(self) -> int:
-        engine = int(self.rollout_fraction * self.gpu_bytes) + self.engine_outside
-        return engine + (self.actor_resident_during_rollout if self.collocated else 0)
+        engine = self.engine.budget + self.engine.outside
+        return engine + (self.actor_kept if self.collocated else 0)
 
     @property
     def peak(self) -> int:
-        return max(self.training_phase, self.rollout_phase)
+        return max(self.training_phase, self.sync_phase, self.rollout_phase)
 
     @property
     def fits(self) -> bool:
         return self.peak <= self.gpu_bytes
 
 
-def plan_gpu(x: ActorMemoryInputs, *, gpu_bytes: int, rollout_fraction: float, collocated: bool,
-             offload_weight: bool, offload_optimizer: bool, offload_grad: bool,
-             engine: EngineMemory | None = None) -> GpuPlan:
-    """The actor on a GPU it shares (collocated) or owns; offloaded parts leave the GPU while the engine runs.
-    ``engine``: what the engine takes beyond its fraction and keeps asleep (None: SGLang's figures)."""
+def plan_gpu(x: ActorMemoryInputs, *, engine: EngineMemory, collocated: bool, offload_weight: bool,
+             offload_optimizer: bool, offload_grad: bool, transfer: SyncTransfer | None = None) -> GpuPlan:
+    """The actor on a GPU it shares with ``engine`` (collocated) or owns; offloaded parts leave the GPU for host
+    RAM while the engine runs (gradients are freed), and an FSDP2 actor brings its weight shards back for the
+    gathers of a sync. ``transfer``: the collocated sync's transfer memory (None: no sync phase planned)."""
     actor = estimate_actor(x)
     st = actor.items
-    kept = CUDA_RESERVE_BYTES
-    if not offload_weight:
-        kept += st["weights"] + st["reference model"]
-    if not offload_optimizer:
-        kept += st["main params (fp32)"] + st["optimizer state"]
-    if not offload_grad:
-        kept += st["gradients"]
-    if engine is None:
-        return GpuPlan(actor, collocated, rollout_fraction, gpu_bytes, kept)
-    return GpuPlan(actor, collocated, rollout_fraction, gpu_bytes, kept, engine.outside, engine.asleep)
-
-
-def with_changes(x: ActorMemoryInputs, **changes) -> ActorMemoryInputs:
-    return replace(x, **changes)
+    parts = {"weights": ("weights", "reference model"), "optimizer": ("main params (fp32)", "optimizer state"),
+             "grads": ("gradients",)}
+    offloaded = {"weights": offload_weight, "optimizer": offload_optimizer, "grads": offload_grad}
+    kept = CUDA_RESERVE_BYTES + sum(st[k] for part, keys in parts.items() if not offloaded[part] for k in keys)
+    host = sum(st[k] for part, keys in parts.items() if offloaded[part] and part != "grads" for k in keys)
+    onloaded = st["weights"] + st["reference model"] if x.fsdp and offload_weight else 0
+    if not collocated:
+        host = 0  # the actor offloads only to give a shared GPU to the engine
+    return GpuPlan(actor, engine, collocated, kept, host, transfer if collocated else None, onloaded)

@@ -4,6 +4,8 @@ consistency; RLinf keys the actor does not implement are refused."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rlinf_ext.config import check_config, load_config
@@ -12,12 +14,16 @@ from rlinf_ext.config.memory_plan import engine_plan, gpu_plan, memory_inputs, m
 from rlinf_ext.models.memory import (
     CUDA_RESERVE_BYTES,
     GIB,
+    ROLLOUT_RESIDENT_BYTES,
+    TRANSFER_BUCKET_BYTES,
     VLLM_ASLEEP_RESIDENT_BYTES,
+    VLLM_CUDA_CONTEXT_BYTES,
     VLLM_RUNTIME_BYTES,
     ModelShape,
     engine_memory,
     vision_tower_params,
 )
+from rlinf_ext.sync.weight_sync import BUCKET_BYTES
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
 # where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
@@ -30,6 +36,8 @@ QWEN25_3B = ModelShape(num_layers=36, hidden=2048, ffn=11008, heads=16, groups=2
 # + 1280*3840+3840 (qkv) + 1280*1280+1280 (proj) + 3*1280*3420+2*3420+1280 (gated MLP) = 19,702,200, x 32;
 # merger 1280 (norm) + 5120*5120+5120 + 5120*3584+3584 = 44,574,464
 QWEN25_VL_7B_VISION = 1_505_280 + 32 * 19_702_200 + 44_574_464  # 676,550,144
+# the 3B's fp16 embedding, its largest tensor: 151936 x 2048 x 2 bytes
+QWEN25_3B_EMBEDDING_BYTES = 622_329_856
 
 
 def issue_on(name, overrides, key):
@@ -46,13 +54,42 @@ def test_the_reference_run_fits_80_gib_at_its_seq_length_and_plan_prints_the_fig
     assert source == "actor.model (preset)" and x.data_parallel == 8 and x.flash_attention and x.distributed_optimizer
     plan = gpu_plan(cfg, x)
     assert plan.collocated and plan.fits and plan.training_phase < 60 * GIB
+    # the sync, by hand: the engine asleep (1 GiB) + fp16 weights + runtime pools (2 GiB) + its copies (a 1 GiB
+    # buffer of clones + 2 embeddings); the actor's CUDA context + the 1 GiB packed IPC buffer + 2 embeddings
+    weights = QWEN25_3B.params * 2
+    engine = VLLM_ASLEEP_RESIDENT_BYTES + weights + VLLM_RUNTIME_BYTES + GIB + 2 * QWEN25_3B_EMBEDDING_BYTES
+    assert plan.sync_phase == engine + CUDA_RESERVE_BYTES + GIB + 2 * QWEN25_3B_EMBEDDING_BYTES  # 14.07 GiB
+    assert plan.rollout_phase == 60 * GIB + VLLM_CUDA_CONTEXT_BYTES + CUDA_RESERVE_BYTES  # 61.5 GiB
+    # host RAM of one offloaded rank: fp16 weights and reference (2n each), fp32 main params and Adam moments
+    # sharded over 8 (4n/8 + 8n/8): 5.5n = 15.81 GiB; the sleeping engine's runtime and CUDA-graph pools
+    assert plan.actor_host == 11 * QWEN25_3B.params // 2 and plan.engine.host_asleep == VLLM_RUNTIME_BYTES
     text = format_plan(cfg)
     for line in ("memory per GPU", "3.09B params", "recompute full/block/20", "actor optimizer state",
                  "actor log-prob chunk", "engine share (vllm: 0.75 x 80)", "engine KV cache",
-                 "engine asleep (while the actor trains, sleep level 2)", "GPU, training phase (actor peak + engine asleep)",
-                 "GPU, rollout phase (engine + what the actor keeps)", "level 2 discards the weights",
+                 "engine CUDA context (beside its share)", "engine asleep (while the actor trains, sleep level 2)",
+                 "GPU, training phase (actor peak + engine asleep)",
+                 "GPU, weight-sync phase (engine without its KV cache + actor + transfer)",
+                 "actor transfer buffers (vLLM's packed IPC buffer)",
+                 "GPU, rollout phase (engine + its CUDA context + what the actor keeps)",
+                 "host RAM per node, actor offload: 8 x 15.81",
+                 "host RAM per node, engines asleep (level 2 backs up the runtime and CUDA-graph pools): 8 x 2.00",
                  "fits cluster.gpu_memory_gib=80: yes"):
         assert line in text, line
+    rows = _rows(text)
+    assert rows["GPU, weight-sync phase (engine without its KV cache + actor + transfer)"] == "14.07 of 80"
+    assert rows["GPU, rollout phase (engine + its CUDA context + what the actor keeps)"] == "61.50 of 80"
+    both = 8 * 5.5 * QWEN25_3B.params / GIB + 8 * 2
+    assert rows["host RAM per node, both (their sum: an upper bound)"] == f"{both:.2f}"  # 142.46
+
+
+def _rows(text: str) -> dict[str, str]:
+    """The plan's memory rows: label -> value (they are apart by two spaces or more)."""
+    pairs = (re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in text.splitlines() if line.startswith("  "))
+    return {pair[0]: pair[1] for pair in pairs if len(pair) == 2}
+
+
+def test_the_plan_bucket_size_is_the_weight_syncs():
+    assert TRANSFER_BUCKET_BYTES == BUCKET_BYTES
 
 
 def test_a_config_that_does_not_fit_is_refused_with_the_keys_that_make_it_fit(reference_env):
@@ -118,10 +155,13 @@ def test_vllm_engine_share_by_hand():
     assert e.budget == 60 * GIB and e.weights == QWEN25_3B.params * 2 and e.runtime == VLLM_RUNTIME_BYTES
     assert e.kv_per_token == 2 * 36 * 2 * 128 * 2  # K and V, 36 layers, 2 KV heads of 128, fp16: 36 KiB
     assert e.kv_cache == 60 * GIB - QWEN25_3B.params * 2 - VLLM_RUNTIME_BYTES
-    assert e.kv_tokens == e.kv_cache // 36864 and e.asleep == VLLM_ASLEEP_RESIDENT_BYTES and e.host_asleep == 0
-    # TP 2: half the weights and one KV head per GPU; sleep level 1 keeps this GPU's weights in host RAM
+    assert e.kv_tokens == e.kv_cache // 36864 and e.asleep == VLLM_ASLEEP_RESIDENT_BYTES
+    # its CUDA context beside the fraction; asleep at level 2 the runtime and CUDA-graph pools in host RAM
+    assert e.outside == VLLM_CUDA_CONTEXT_BYTES and e.host_asleep == VLLM_RUNTIME_BYTES
+    # TP 2: half the weights and one KV head per GPU; sleep level 1 keeps this GPU's weights in host RAM too
     e2 = engine_memory(QWEN25_3B, gpu_bytes=gpu, fraction=0.75, dtype_bytes=2, tensor_parallel=2, sleep_level=1)
-    assert e2.weights == QWEN25_3B.params and e2.kv_per_token == 36864 // 2 and e2.host_asleep == e2.weights
+    assert e2.weights == QWEN25_3B.params and e2.kv_per_token == 36864 // 2
+    assert e2.host_asleep == e2.weights + VLLM_RUNTIME_BYTES
     # 4 KV-replicating GPUs for 2 heads: still one head each
     assert engine_memory(QWEN25_3B, gpu_bytes=gpu, fraction=0.75, dtype_bytes=2, tensor_parallel=4).kv_per_token == 18432
     # smallest fraction that caches 10,000 tokens: (weights + runtime + 10,000 x 36 KiB) / 80 GiB, rounded up
@@ -153,9 +193,10 @@ def test_vl_plan_counts_the_vision_tower_and_the_engine_share(reference_env):
     assert plan.actor.items["weights"] == total * 4 // 4 and plan.actor.items["optimizer state"] == total * 8 // 4
     e = engine_plan(cfg, shape)
     # the engine on a GPU of its own: 0.6 x 80 GiB for bf16 weights of both towers, runtime and the KV cache of
-    # 28 layers x 4 KV heads x 128
+    # 28 layers x 4 KV heads x 128, and its CUDA context beside it
     assert e.budget == int(0.6 * 80 * GIB) and e.weights == total * 2 and e.kv_per_token == 2 * 28 * 4 * 128 * 2
-    assert not plan.collocated and plan.rollout_phase == e.budget
+    assert not plan.collocated and plan.rollout_phase == e.budget + VLLM_CUDA_CONTEXT_BYTES
+    assert plan.sync_phase == 0 and plan.actor_host == 0  # disaggregated: no collocated sync, no offload
     text = format_plan(cfg)
     for line in ("7.62B params + vision tower 0.68B", "engine share (vllm: 0.6 x 80)", "engine weights (bf16)",
                  f"{total * 2 / GIB:7.2f}", f"engine KV cache ({e.kv_tokens:,} tokens", "rollout GPUs"):
@@ -175,18 +216,31 @@ def test_collocated_vl_plan_counts_the_vision_tower_and_the_sleeping_engine(refe
     plan = gpu_plan(cfg, x)
     assert x.data_parallel == 8 and plan.actor.items["weights"] == total * 4 // 8
     e = engine_plan(cfg, shape)
-    assert e.weights == total * 2 and e.asleep == VLLM_ASLEEP_RESIDENT_BYTES and e.host_asleep == 0  # level 2
+    # level 2: the runtime and CUDA-graph pools go to host RAM, the weights are discarded
+    assert e.weights == total * 2 and e.asleep == VLLM_ASLEEP_RESIDENT_BYTES and e.host_asleep == VLLM_RUNTIME_BYTES
     assert plan.collocated and plan.fits
     assert plan.training_phase == plan.actor.peak + VLLM_ASLEEP_RESIDENT_BYTES
-    assert plan.rollout_phase == int(0.6 * 80 * GIB) + CUDA_RESERVE_BYTES  # offloaded: only the CUDA context stays
+    # offloaded: only the actor's CUDA context stays beside the engine's share and the engine's context
+    assert plan.rollout_phase == int(0.6 * 80 * GIB) + VLLM_CUDA_CONTEXT_BYTES + CUDA_RESERVE_BYTES
+    # the sync: the FSDP2 shards come back for the gathers (fp32, 1/8 each) and the largest parameter (the
+    # 152064 x 3584 embedding) is gathered whole in fp32 and cast to bf16; the 1 GiB buffer must grow to hold
+    # that embedding in bf16 (1,089,994,752 bytes), on the actor's side and in the engine's clones
+    embedding = 152064 * 3584
+    assert plan.sync_onloaded == total * 4 // 8 and plan.transfer.conversion == embedding * 6
+    assert plan.transfer.buffers == embedding * 2 > GIB
+    engine = VLLM_ASLEEP_RESIDENT_BYTES + e.weights + VLLM_RUNTIME_BYTES + embedding * 2 + 2 * embedding * 2
+    assert plan.sync_phase == engine + CUDA_RESERVE_BYTES + total * 4 // 8 + embedding * 2 + embedding * 6
     text = format_plan(cfg)
     for line in ("7.62B params + vision tower 0.68B", "FSDP2 over DP 8", "engine share (vllm: 0.6 x 80)",
-                 "engine asleep (while the actor trains, sleep level 2)", "fits cluster.gpu_memory_gib=80: yes"):
+                 "engine asleep (while the actor trains, sleep level 2)", "actor weight shards brought back",
+                 "the largest parameter gathered whole in fp32", "fits cluster.gpu_memory_gib=80: yes"):
         assert line in text, line
-    rows = {line.split("  ")[1].strip(): line.split("  ")[-1].strip() for line in text.splitlines()
-            if line.startswith("  GPU, ")}
+    rows = {k: v for k, v in _rows(text).items() if k.startswith("GPU, ")}
     assert rows == {"GPU, training phase (actor peak + engine asleep)": f"{plan.training_phase / GIB:.2f} of 80",
-                    "GPU, rollout phase (engine + what the actor keeps)": f"{plan.rollout_phase / GIB:.2f} of 80"}
+                    "GPU, weight-sync phase (engine without its KV cache + actor + transfer)":
+                        f"{plan.sync_phase / GIB:.2f} of 80",
+                    "GPU, rollout phase (engine + its CUDA context + what the actor keeps)":
+                        f"{plan.rollout_phase / GIB:.2f} of 80"}
     # without the offload flags the actor's state stays beside the engine's share while it generates
     kept = gpu_plan(cfg, x, offload_weight=False, offload_optimizer=False, offload_grad=False)
     assert kept.rollout_phase == plan.rollout_phase + sum(plan.actor.items[k] for k in (
@@ -209,9 +263,46 @@ def test_collocated_refused_when_actor_peak_and_the_sleeping_engine_exceed_the_g
 def test_sleep_level_1_counts_host_ram_per_node(reference_env):
     cfg = load_config(REFERENCE, ["rollout.vllm.sleep_level=1"])
     e = engine_plan(cfg, model_shape(cfg)[0])
-    assert e.host_asleep == e.weights
+    assert e.host_asleep == e.weights + VLLM_RUNTIME_BYTES  # 5.75 + 2 GiB per engine
     text = format_plan(cfg)
-    assert f"8 x {e.weights / GIB:.2f} = {8 * e.weights / GIB:.2f} GiB" in text and "level 1 keeps the weights" in text
+    assert "engines asleep (level 1 backs up weights, runtime and CUDA-graph pools): 8 x 7.75" in text
+    assert _rows(text)["host RAM per node, both (their sum: an upper bound)"] == \
+        f"{(8 * 5.5 * QWEN25_3B.params + 8 * e.host_asleep) / GIB:.2f}"
+
+
+def test_sglang_collocated_sync_and_host_ram(reference_env):
+    """SGLang's collocated route: RLinf's buckets (a bucket and the tensors packed into it), the engine's weights
+    resumed beside what it keeps released, no host copy of a released engine."""
+    cfg = load_config(REFERENCE, ["rollout.rollout_backend=sglang"])
+    x, _ = memory_inputs(cfg)
+    plan = gpu_plan(cfg, x)
+    weights = QWEN25_3B.params * 2
+    assert plan.engine.updating == ROLLOUT_RESIDENT_BYTES + weights
+    assert plan.sync_phase == ROLLOUT_RESIDENT_BYTES + weights + CUDA_RESERVE_BYTES + 2 * GIB \
+        + 2 * QWEN25_3B_EMBEDDING_BYTES
+    text = format_plan(cfg)
+    assert "actor transfer buffers (a bucket and the tensors packed into it)" in text
+    assert "engines asleep (SGLang keeps no copy): 8 x 0.00" in text
+
+
+def test_a_sync_phase_over_the_gpu_is_refused_and_no_fraction_is_suggested(reference_env):
+    """The collocated 7B VL run with one micro-batch on 30 GiB: training (28.1) and rollout (19.5) fit, the sync
+    does not (the engine's 15.5 GiB of weights awake beside the FSDP2 shards and the transfer memory: 30.4). A
+    lower fraction cannot help: the KV cache is asleep during the sync."""
+    name = "qwen2.5-vl-7b-1node-collocated"
+    base = ["algorithm.training_batch_size_per_gpu=1", "cluster.gpu_memory_gib=30"]
+    cfg = load_config(name, base, strict=False)
+    plan = gpu_plan(cfg, memory_inputs(cfg)[0])
+    assert plan.training_phase < 30 * GIB and plan.rollout_phase < 30 * GIB < plan.sync_phase
+    issue = issue_on(name, base, "rollout.tensor_parallel_size")  # offload is on already
+    assert "weight-sync phase" in issue.reason and "KV cache asleep" in issue.reason
+    assert "rollout.gpu_memory_utilization does not help" in issue.fix and "actor.offload" not in issue.fix
+    # with the rollout phase over too (0.98 x 30 + the two CUDA contexts = 30.9 GiB), the fraction that fits the
+    # rollout phase alone (0.94) is no fix: the sync still does not fit
+    over = issue_on(name, base + ["rollout.gpu_memory_utilization=0.98"], "rollout.gpu_memory_utilization")
+    assert "rollout phase" in over.reason and "so is the weight-sync phase (30.4 GiB)" in over.reason
+    assert "rollout.gpu_memory_utilization=0." not in over.fix and "does not help" in over.fix
+    assert check_config(name, ["algorithm.training_batch_size_per_gpu=1", "cluster.gpu_memory_gib=32"]).ok
 
 
 def test_an_engine_fraction_without_room_for_one_sequence_is_refused_with_the_fraction_that_fits(reference_env):
