@@ -30,13 +30,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from retrieval_bench import bow_encoder, default_encoder, encoder_words  # noqa: E402
+from retrieval_bench import bow_encoder, default_encoder, encoder_words
 
-from rlinf_ext.retrieval.memory import ANON_MB, FILE_MB, process_memory  # noqa: E402
+from rlinf_ext.retrieval.memory import ANON_MB, FILE_MB, process_memory
 
 DIM = 768
 CHILD_ADOPT = "--child-adopt"
@@ -58,7 +59,7 @@ class PeakSampler:
                 return
             time.sleep(self.period_s)
 
-    def __enter__(self) -> PeakSampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -168,6 +168,7 @@ class State:
     """``--save_path/.download_state.json``: which files passed their checks, so a rerun skips them."""
 
     def __init__(self, save: Path) -> None:
+        self.save = save
         self.path = save / STATE_NAME
         try:
             self.data = json.loads(self.path.read_text())
@@ -179,11 +180,14 @@ class State:
         st = path.stat()
         return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "checksum": checksum}
 
+    def _key(self, path: Path) -> str:
+        return str(path.relative_to(self.save))  # the records stay valid when --save_path is moved
+
     def is_done(self, path: Path, checksum: str | None) -> bool:
-        return path.is_file() and self.data.get(str(path)) == self._stamp(path, checksum)
+        return path.is_file() and self.data.get(self._key(path)) == self._stamp(path, checksum)
 
     def mark_done(self, path: Path, checksum: str | None) -> None:
-        self.data[str(path)] = self._stamp(path, checksum)
+        self.data[self._key(path)] = self._stamp(path, checksum)
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(self.data, indent=1))
         os.replace(tmp, self.path)

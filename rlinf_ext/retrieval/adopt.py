@@ -247,8 +247,8 @@ def format_summary(meta: IndexMetadata, out: str) -> str:
         f"  faiss    {meta.faiss_type}, {meta.passages} x {meta.dim}, inner product",
         f"  encoder  {meta.model} ({meta.retriever}, {meta.pooling} pooling, max length {meta.max_length})",
         f"  corpus   {meta.corpus_path}: {meta.passages} rows",
-        f"  check    {check[CHECK_RANK1]}/{len(check[CHECK_ROWS])} sampled passages re-encoded at rank 1 (cosine to "
-        f"the stored vectors >= {check[CHECK_MIN_COSINE]:.4f})",
+        (f"  check    {check[CHECK_RANK1]}/{len(check[CHECK_ROWS])} sampled passages re-encoded at rank 1 (cosine to "
+         f"the stored vectors >= {check[CHECK_MIN_COSINE]:.4f})"),
     ]
     if meta.search_params:
         lines.append(f"  search   {meta.search_params} (recall@{meta.audit[AUDIT_K]} {meta.audit[AUDIT_RECALL]:.4f} "

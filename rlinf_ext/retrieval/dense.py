@@ -31,7 +31,6 @@ from .audit import (
 from .config import parse_gpu_ids
 from .corpus import CorpusStore, file_fingerprint
 from .encoder import EncoderSpec, TextEncoder
-from .hub import EncoderNotFoundError, resolve_model_dir
 from .faiss_index import (
     EXACT_TYPE,
     FAISS_NAME,
@@ -43,6 +42,7 @@ from .faiss_index import (
     tunable_params,
     write_faiss_index,
 )
+from .hub import EncoderNotFoundError, resolve_model_dir
 from .metadata import METADATA_NAME, IndexMetadata, IndexMismatchError, model_fingerprint
 
 EMBEDDINGS_NAME = "embeddings.f32"

@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 
 from rlinf_ext.cli import main as cli
-from rlinf_ext.retrieval.adopt import ADOPT_CHECK, ADOPTED_FROM, AdoptError, adopt_index, check_rows
+from rlinf_ext.retrieval.adopt import (
+    ADOPT_CHECK,
+    ADOPTED_FROM,
+    CHECK_RANK1,
+    CHECK_ROWS,
+    AdoptError,
+    adopt_index,
+    check_rows,
+)
 from rlinf_ext.retrieval.audit import AUDIT_RECALL, recall_at_k, sample_queries
 from rlinf_ext.retrieval.config import AdoptConfig, ServerConfig
 from rlinf_ext.retrieval.corpus import CorpusStore
@@ -69,7 +77,7 @@ def test_adopted_flat_gives_the_top_k_of_a_built_index_on_200_queries(adopted_fl
         assert str(published_retrieval.flat_index.resolve()) in f.read()
     assert meta.faiss_type == "Flat" and meta.passages == len(store) and meta.dim == 32
     assert meta.extra[ADOPTED_FROM] == str(published_retrieval.flat_index.resolve())
-    assert meta.extra[ADOPT_CHECK]["rank1"] == len(meta.extra[ADOPT_CHECK]["rows"]) == 16
+    assert meta.extra[ADOPT_CHECK][CHECK_RANK1] == len(meta.extra[ADOPT_CHECK][CHECK_ROWS]) == 16
     assert meta.corpus_path == str(published_retrieval.corpus.resolve())  # the .gz was unpacked once, beside it
 
 
