@@ -8,7 +8,7 @@ process and a *worker engine* inside every vLLM worker, joined by a four-call co
 ``finish_weight_update``). Here the engines live in the rollout workers, so the client (``RolloutEngineClient``)
 carries each call from actor rank 0 to every rollout rank as an ``EngineCall`` over RLinf's point-to-point
 messages and waits for each rank's ``EngineReply``; the rollout worker answers them with
-``serve_engine_calls`` (``generation/vllm_engine.py:VLLMGpuSync`` does the engine side: wake-up, start, update,
+``serve_engine_calls`` (``sync/vllm_engine_side.py:VLLMGpuSync`` does the engine side: wake-up, start, update,
 finish, KV wake-up, prefix-cache reset).
 
 - collocated (``ipc``, actor rank r on the GPU of engine r // tp): every actor rank iterates its weights, vLLM's

@@ -12,7 +12,7 @@ import pytest
 from rlinf_ext.generation.sglang_engine import SGLANG_INSTALL_FIX, SGLangUnavailable, import_sglang
 from rlinf_ext.generation.sglang_wire import result_of_sglang, to_sglang_params
 from rlinf_ext.generation.turn_end import EngineSampling, engine_finish, engine_sampling
-from rlinf_ext.generation.vllm_engine import engine_reason, result_of_output, to_vllm_params
+from rlinf_ext.generation.vllm_wire import engine_reason, result_of_output, to_vllm_params
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams, reply_of
 
 VOCAB = {1: "<think>", 2: " q", 3: "</think>", 4: "<search>", 5: "</search>", 6: "\n", 7: "<|im_end|>", 8: " ans"}

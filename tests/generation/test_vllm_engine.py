@@ -13,7 +13,8 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 from rlinf_ext.generation.hf import HFGenerator  # noqa: E402
-from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.protocol.generation import SamplingParams  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: a vLLM engine start
@@ -129,7 +130,7 @@ def test_eos_on_the_last_allowed_token(engine, hf, model_dirs):
     # no natural EOS: force one by a prompt ending the way the model continues, checked on the classification only
     from types import SimpleNamespace
 
-    from rlinf_ext.generation.vllm_engine import result_of_output
+    from rlinf_ext.generation.vllm_wire import result_of_output
 
     out = SimpleNamespace(token_ids=[7, 9, eos[0]], finish_reason="stop", stop_reason=None, logprobs=None)
     res = result_of_output(out, hf.decode, SamplingParams(max_new_tokens=3), engine.eos_ids)

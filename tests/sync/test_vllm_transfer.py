@@ -25,8 +25,8 @@ from vllm.distributed.weight_transfer.nccl_engine import (  # noqa: E402
 )
 
 from transfer_fakes import Done, Op, Pending  # noqa: E402
-from rlinf_ext.generation.vllm_engine import VLLMGpuSync  # noqa: E402
 from rlinf_ext.sync.engine_calls import EngineCall, engine_init_info, run_with_timeout, wait_work  # noqa: E402
+from rlinf_ext.sync.vllm_engine_side import VLLMGpuSync  # noqa: E402
 from rlinf_ext.sync.vllm_transfer import (  # noqa: E402
     RolloutEngineClient,
     VLLMTransferSender,

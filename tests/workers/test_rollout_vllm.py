@@ -14,7 +14,8 @@ import torch
 pytest.importorskip("vllm")
 
 from channel_fakes import Channel, Op  # noqa: E402
-from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams  # noqa: E402
 from rlinf_ext.sync.weight_sync import (  # noqa: E402
     SYNC_ACK,
@@ -141,7 +142,7 @@ def test_gpu_engine_options_follow_the_placement(qwen2_head32_dirs):
     """GPU engines: sleep mode and vLLM's ipc transfer when collocated, nccl without sleep mode when apart; the
     CPU engine needs neither (in-place reload). Log-probs after temperature on every engine; helper ops eager on CPU."""
     from rlinf_ext.config import load_config
-    from rlinf_ext.generation.vllm_engine import LOGPROBS_MODE, engine_args, options_from_config
+    from rlinf_ext.generation.vllm_wire import LOGPROBS_MODE, engine_args, options_from_config
 
     path = f"rollout.model.model_path={qwen2_head32_dirs[0]}"
     collocated = load_config("tiny-cpu", [path, "rollout.rollout_backend=vllm"], strict=False)
