@@ -1,8 +1,9 @@
-"""The SGLang rollout worker's logic on CPU without Ray or sglang (the engine needs a GPU): how received buckets become sglang 0.5.23's per-TP-rank ``serialized_named_tensors`` (checked by loading
-each payload the way a TP scheduler does: ``TpModelWorker.deserialize_own_rank`` opens entry ``tp_rank``); and the
-order of the engine calls (release / resume / begin / update / end / flush / probe) against a recording control,
-fed by the real ``sync/weight_sync.py`` paired route over a fake transport (the disaggregated route:
-tests/sync/test_sglang_transfer.py)."""
+"""The SGLang rollout worker's logic on CPU without Ray or sglang (the engine needs a GPU): how received buckets
+become sglang 0.5.23's per-TP-rank ``serialized_named_tensors`` (checked by loading each payload the way a TP
+scheduler does: ``TpModelWorker.deserialize_own_rank`` opens entry ``tp_rank``); the post-sync probe check is
+tests/sync/test_probe.py; and the order of the engine calls (release / resume / begin / update / end / flush /
+probe) against a recording control, fed by the real ``sync/weight_sync.py`` paired route over a fake transport
+(the disaggregated route: tests/sync/test_sglang_transfer.py)."""
 
 from __future__ import annotations
 
