@@ -3,7 +3,7 @@ reason and matched stop string out, meaning exactly what ``generation/hf.py``'s 
 replies and the engine's options: ``generation/vllm_wire.py``).
 
 - Engines (one API, ``AsyncLLM``'s subset used here): on GPUs vLLM's ``AsyncLLM`` (engine core in its own
-  process); on CPU (``in_process``, the default without CUDA)
+  process, started with ``vllm_wire.engine_environment`` set); on CPU (``in_process``, the default without CUDA)
   ``InprocVLLMEngine``: vLLM's ``LLMEngine`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
   ``distributed_executor_backend="uni"``, eager), stepped in a worker thread; it starts in ~3 s where ``AsyncLLM``
   takes ~50 s on a 2-core CPU.
@@ -33,6 +33,7 @@ from rlinf_ext.generation.vllm_wire import (
     VLLMEngineOptions,
     check_generate_args,
     engine_args,
+    engine_environment,
     options_from_config,
     result_of_output,
     to_vllm_params,
@@ -178,6 +179,7 @@ def start_engine(options: VLLMEngineOptions, parts: dict[str, float] | None = No
     if options.in_process:
         return InprocVLLMEngine.from_engine_args(kwargs, eager_helpers=options.eager_helper_ops, parts=parts)
     parts = {} if parts is None else parts
+    os.environ.update(engine_environment(options))  # before the engine-core process starts: it inherits them
     t = time.perf_counter()
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM

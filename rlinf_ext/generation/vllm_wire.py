@@ -17,7 +17,8 @@
   classified ``stop`` as on every engine); the text is the HF tokenizer's decoding of the kept ids.
 - Start: on CPU the engine runs in process (``InprocVLLMEngine``), on GPUs as ``AsyncLLM`` with the placement's
   weight-transfer backend (``ipc`` collocated with sleep mode, ``nccl`` disaggregated:
-  ``sync/vllm_transfer.py:transfer_backend``).
+  ``sync/vllm_transfer.py:transfer_backend``); ``engine_environment`` is what that start sets in the process
+  environment (the engine-core process inherits it).
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ from rlinf_ext.sync.vllm_transfer import transfer_backend
 WORKER_EXTENSION = "rlinf_ext.generation.vllm_engine.WeightLoadExtension"
 # the sampled token's log-prob after temperature scaling, as the actor computes it (vllm/config/model.py)
 LOGPROBS_MODE = "processed_logprobs"
+# vLLM's engine-core client msgpack-encodes every call it sends to the engine-core process
+# (vllm/v1/engine/core_client.py, ``_call_utility_async``), and vllm/v1/serial_utils.py's ``MsgpackEncoder``
+# refuses any object it has no msgpack form for unless this is set (then it pickles them). The ``ipc`` backend's
+# update info is made of such objects: torch's CUDA-IPC rebuild arguments (``reduce_tensor``) hold the tensor and
+# storage classes and a dtype. The socket is the engine's own (this process to its engine-core child), as with
+# vLLM's HTTP route to the same engine, which needs the same variable (vllm/distributed/weight_transfer/clients.py).
+ALLOW_PICKLED_CALLS_ENV = "VLLM_ALLOW_INSECURE_SERIALIZATION"
 
 
 # ------------------------------------------------------------------------------------------------ options (pure)
@@ -93,6 +101,13 @@ def engine_args(options: VLLMEngineOptions) -> dict[str, Any]:
         kwargs["weight_transfer_config"] = {"backend": options.weight_transfer_backend}
     kwargs.update(options.extra)
     return kwargs
+
+
+def engine_environment(options: VLLMEngineOptions) -> dict[str, str]:
+    """The process environment an ``AsyncLLM`` of ``options`` needs before it starts (pure): with the ``ipc``
+    backend, ``ALLOW_PICKLED_CALLS_ENV`` (read by the encoder here and by the decoder in the engine-core process,
+    which caches vLLM's variables when it starts)."""
+    return {ALLOW_PICKLED_CALLS_ENV: "1"} if options.weight_transfer_backend == "ipc" else {}
 
 
 CPU_KV_CACHE_BYTES = 512 << 20
@@ -205,5 +220,5 @@ def check_generate_args(prompt_ids: list[int], sampling_params: SamplingParams) 
         raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
 
 
-__all__ = ["VLLMEngineOptions", "engine_args", "options_from_config", "to_vllm_params",
+__all__ = ["VLLMEngineOptions", "engine_args", "engine_environment", "options_from_config", "to_vllm_params",
            "engine_reason", "result_of_output", "check_generate_args"]

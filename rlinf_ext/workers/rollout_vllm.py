@@ -12,8 +12,10 @@ every bucket goes into vLLM's layerwise in-place reload, then the prefix cache i
 GPU (``AsyncLLM``, NOT GPU-verified): vLLM's weight-transfer API, driven by the actor's vLLM trainer engine
 (``sync/vllm_transfer.py``): this worker answers its control calls (``serve_engine_calls``) with
 ``sync/vllm_engine_side.py:VLLMGpuSync`` (``ipc`` collocated: the engine sleeps at ``rollout.vllm.sleep_level`` at
-the end of its start and after each rollout, requests in flight finishing first; ``nccl`` disaggregated). Each
-request's ``seed`` is vLLM's per-request seed, so sampling is reproducible without serving requests one at a time.
+the end of its start and after each rollout, requests in flight finishing first; ``nccl`` disaggregated); after the
+actor's ``SYNC_END`` (or a broken transfer) the engine serves again (KV cache woken, caches reset, resumed), then
+the probe runs. Each request's ``seed`` is vLLM's per-request seed, so sampling is reproducible without serving
+requests one at a time.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from rlinf_ext.workers.rollout_serving import serve_requests
 
 # the parts of one weight sync on this side (seconds), logged as time/sync/<part> (runner/trainer.py:part_metrics)
 SYNC_HEADER_WAIT = "header_wait"  # until the actor's header is in (its probe forward, the first conversion)
-SYNC_LOAD = "load"  # pause, the buckets' transfer and load, layerwise finish, cache resets, resume
+SYNC_LOAD = "load"  # pause (or wake-up), the buckets' transfer and load, layerwise finish, cache resets, resume
 SYNC_PROBE = "probe"  # the probe's prompt log-probs through the engine and the comparison
 
 
@@ -118,13 +120,14 @@ class VLLMRolloutState:
         return {SYNC_HEADER_WAIT: t_header - t0, SYNC_LOAD: t1 - t_header, SYNC_PROBE: time.perf_counter() - t1}
 
     async def _serve_transfer(self, gpu: VLLMGpuSync):
-        """GPU: answer the actor's vLLM transfer calls; the engine serves again whatever happened."""
+        """GPU: answer the actor's vLLM transfer calls, then serve again whatever happened: after ``SYNC_END`` (the
+        actor ranks have freed their transfer memory, so a collocated engine maps its KV cache again only now), or
+        after a broken transfer (asleep or mid-update: woken fully and resumed)."""
         try:
             return await serve_engine_calls(self, gpu.handle, actor_group=self.cfg.actor.group_name,
                                             methods=ENGINE_CALLS)
         finally:
-            if gpu.updating:  # the transfer broke off between start and finish
-                await gpu.finish()
+            await gpu.serve()
 
     async def _check_probe(self, header) -> None:
         gen = self.generator
