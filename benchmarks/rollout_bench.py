@@ -244,7 +244,8 @@ def engine_run(spec: dict) -> dict:
     timers = Timers()
     t0 = time.perf_counter()
     if name == "vllm":
-        from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator
+        from rlinf_ext.generation.vllm_engine import VLLMGenerator
+        from rlinf_ext.generation.vllm_wire import VLLMEngineOptions
 
         # no chunked prefill: vLLM 0.32 rewinds a seeded request's generator after a partial prefill with
         # Generator.set_offset, which CPU generators lack ("CPU Generator does not use offset"); whole prompts

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import HFVLGenerator
-from rlinf_ext.generation.vllm_engine import VLLMEngineOptions
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 from rlinf_ext.protocol.generation import SamplingParams
 

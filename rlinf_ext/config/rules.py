@@ -36,7 +36,7 @@ def stop_needs_detokenize(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
       "algorithm.sampling_params.top_k", "algorithm.sampling_params.repetition_penalty")
 def engine_logprobs_mean_the_actors(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """Engine log-probs mean log-softmax(logits / temperature), as the actor recomputes them. vLLM returns them
-    after its processors (``generation/vllm_engine.py:LOGPROBS_MODE``), so with top-k / top-p / a repetition
+    after its processors (``generation/vllm_wire.py:LOGPROBS_MODE``), so with top-k / top-p / a repetition
     penalty on they would be those of the truncated, penalised distribution instead."""
     sp = cfg.algorithm.sampling_params
     on = [k for k, off in (("top_p", sp.top_p >= 1.0), ("top_k", sp.top_k is None or sp.top_k <= 0),

@@ -1,32 +1,19 @@
 """A ``Generator`` (``protocol/generation.py``) on vLLM 0.32: token ids in; ids, text, sampled log-probs, finish
-reason and matched stop string out, meaning exactly what ``generation/hf.py``'s replies mean.
+reason and matched stop string out, meaning exactly what ``generation/hf.py``'s replies mean (the requests, the
+replies and the engine's options: ``generation/vllm_wire.py``).
 
-- Requests: ``{"prompt_token_ids": ...}`` (nothing is re-tokenised), stop strings checked by the engine
-  (``include_stop_str_in_output``: the ids keep the stop string's tokens), ``stop_token_ids`` = the HF EOS set
-  (``generation/hf.py:eos_token_ids``), a per-request ``seed``, ``logprobs=0`` (the sampled token's log-prob),
-  ``output_kind=FINAL_ONLY``.
-- Log-probs mean what the actor recomputes as the old log-probs (``training/logprobs.py``: log-softmax of
-  logits / temperature) and what ``generation/hf.py`` returns: the engine runs with
-  ``logprobs_mode="processed_logprobs"`` (vLLM's default ``raw_logprobs`` is taken before temperature scaling, so
-  at temperature 0.7 it would differ from the actor's). vLLM's processed values also follow top-k / top-p /
-  penalties; ``validate`` refuses ``rollout.return_logprobs`` with those on (``config/rules.py``).
-- Replies: the turn's end is ``generation/turn_end.py``'s, told what vLLM decided (vLLM checks EOS and stop ids
-  before the token budget, stop strings after it: a stop string completed by the last allowed token is
-  classified ``stop`` as on every engine); the text is the HF tokenizer's decoding of the kept ids.
 - Engines (one API, ``AsyncLLM``'s subset used here): on GPUs vLLM's ``AsyncLLM`` (engine core in its own
-  process); on CPU (``in_process``, the default without CUDA) ``InprocVLLMEngine``: vLLM's ``LLMEngine``
-  in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``, eager), stepped
-  in a worker thread; it starts in ~3 s where ``AsyncLLM`` takes ~50 s on a 2-core CPU.
-- Weights without restart (``load_weights``): pause (in-flight requests finish first), vLLM's layerwise in-place
-  reload fed bucket by bucket through ``WeightLoadExtension`` (a ``worker_extension_cls``; the body of
-  ``Worker.reload_weights`` split into begin / load / finish), prefix- and encoder-cache reset, resume. In process the
-  tensors are handed over as they are; to a separate engine process as shared-memory handles
+  process, started with ``vllm_wire.engine_environment`` set); on CPU (``in_process``, the default without CUDA)
+  ``InprocVLLMEngine``: vLLM's ``LLMEngine`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+  ``distributed_executor_backend="uni"``, eager), stepped in a worker thread; it starts in ~3 s where ``AsyncLLM``
+  takes ~50 s on a 2-core CPU.
+- Weights without restart (``load_weights``, the CPU route): pause (in-flight requests finish first), vLLM's
+  layerwise in-place reload fed bucket by bucket through ``WeightLoadExtension`` (a ``worker_extension_cls``; the
+  body of ``Worker.reload_weights`` split into begin / load / finish), prefix- and encoder-cache reset, resume. In
+  process the tensors are handed over as they are; to a separate engine process as shared-memory handles
   (``sync/weight_sync.py``'s ``ForkingPickler`` blobs: ``collective_rpc`` turns tensors into lists).
-- GPU routes (``VLLMGpuSync``, NOT GPU-verified, written against vllm 0.32.0's sources): the engine side of vLLM's
-  weight-transfer API, driven by the actor's vLLM trainer engine (``sync/vllm_transfer.py``). Collocated =
-  ``sleep(level=rollout.vllm.sleep_level)`` after rollout, ``wake_up(["weights"])``, the ``ipc`` backend's
-  ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``, ``wake_up(["kv_cache"])``, prefix
-  cache reset; disaggregated = the ``nccl`` backend (the actor's rank 0 joins the engines' NCCL group).
+- GPU routes: vLLM's own weight-transfer API on the ``AsyncLLM``, driven by the actor's vLLM trainer engine
+  (``sync/vllm_transfer.py``) and answered by ``sync/vllm_engine_side.py:VLLMGpuSync``.
 """
 
 from __future__ import annotations
@@ -39,196 +26,30 @@ import pickle
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from rlinf_ext.generation.sglang_wire import hf_eos_ids
-from rlinf_ext.generation.turn_end import engine_finish, engine_sampling, turn_end
-from rlinf_ext.models.dtypes import hf_name_of_precision
-from rlinf_ext.protocol.generation import FinishReason, GenerationResult, SamplingParams
-from rlinf_ext.sync.vllm_transfer import transfer_backend
+from rlinf_ext.generation.vllm_wire import (
+    VLLMEngineOptions,
+    check_generate_args,
+    engine_args,
+    engine_environment,
+    options_from_config,
+    result_of_output,
+    to_vllm_params,
+)
+from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 from rlinf_ext.sync.weight_sync import serialize_handle
 
-WORKER_EXTENSION = "rlinf_ext.generation.vllm_engine.WeightLoadExtension"
 # the parts of an engine's start-up (``VLLMGenerator.start_parts``, seconds): the rollout worker logs them as
 # ``time/rollout_start/<part>`` (``runner/trainer.py:part_metrics``)
 START_TOKENIZER = "tokenizer"  # the HF tokenizer and EOS set
 START_IMPORT = "import"  # importing vLLM's engine modules (the first import in the process pays it)
 START_CONFIG = "config"  # EngineArgs -> VllmConfig (HF config, platform, scheduler settings)
 START_ENGINE = "engine"  # the engine: worker, model load, KV cache allocation, warm-up
-# the sampled token's log-prob after temperature scaling, as the actor computes it (vllm/config/model.py)
-LOGPROBS_MODE = "processed_logprobs"
-
-
-# ------------------------------------------------------------------------------------------------ options (pure)
-@dataclass
-class VLLMEngineOptions:
-    """What starts one engine; ``engine_args`` turns it into ``AsyncEngineArgs``/``EngineArgs`` keywords."""
-
-    model_path: str
-    tokenizer_path: str | None = None
-    dtype: str = "float32"  # Hugging Face spelling (float32, bfloat16, float16)
-    seed: int = 0
-    in_process: bool = True  # InprocVLLMEngine (CPU, CI); False = AsyncLLM (engine core in its own process)
-    enforce_eager: bool = True
-    gpu_memory_utilization: float = 0.65
-    tensor_parallel_size: int = 1
-    distributed_executor_backend: str | None = "uni"
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int | None = None
-    max_model_len: int | None = None
-    kv_cache_memory_bytes: int | None = None  # CPU: vLLM reserves VLLM_CPU_KVCACHE_SPACE otherwise
-    attention_backend: str | None = None  # None = vLLM's choice (CPU has one)
-    enable_sleep_mode: bool = False  # GPU collocated route
-    eager_helper_ops: bool = True  # in process: vLLM's torch.compile'd helper ops run eager (InprocVLLMEngine)
-    weight_transfer_backend: Literal["ipc", "nccl"] | None = None  # GPU routes
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-def engine_args(options: VLLMEngineOptions) -> dict[str, Any]:
-    """``EngineArgs`` keywords of ``options`` (pure)."""
-    kwargs: dict[str, Any] = dict(
-        model=str(options.model_path),
-        tokenizer=str(options.tokenizer_path or options.model_path),
-        dtype=options.dtype,
-        seed=int(options.seed),
-        enforce_eager=bool(options.enforce_eager),
-        gpu_memory_utilization=float(options.gpu_memory_utilization),
-        tensor_parallel_size=int(options.tensor_parallel_size),
-        enable_prefix_caching=bool(options.enable_prefix_caching),
-        enable_chunked_prefill=bool(options.enable_chunked_prefill),
-        max_num_seqs=int(options.max_num_seqs),
-        worker_extension_cls=WORKER_EXTENSION,
-        disable_log_stats=True,
-        logprobs_mode=LOGPROBS_MODE,
-    )
-    if options.distributed_executor_backend:
-        kwargs["distributed_executor_backend"] = options.distributed_executor_backend
-    for key in ("max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes", "attention_backend"):
-        value = getattr(options, key)
-        if value is not None:
-            kwargs[key] = value
-    if options.enable_sleep_mode:
-        kwargs["enable_sleep_mode"] = True
-    if options.weight_transfer_backend:
-        kwargs["weight_transfer_config"] = {"backend": options.weight_transfer_backend}
-    kwargs.update(options.extra)
-    return kwargs
-
-
-CPU_KV_CACHE_BYTES = 512 << 20
-# CPU: no chunked prefill (vLLM 0.32's CPU model runner raises "CPU Generator does not use offset" when a seeded
-# request is prefilled in parts), so a step's token budget must hold whole prompts: at least this, and the context
-CPU_MIN_BATCHED_TOKENS = 8192
-
-
-def cpu_batched_tokens(configured: int | None, seq_length: int) -> int:
-    """The CPU engine's token budget per step without chunked prefill (pure): the configured budget, raised to a
-    whole context and to ``CPU_MIN_BATCHED_TOKENS``."""
-    return max(int(configured or 0), int(seq_length), CPU_MIN_BATCHED_TOKENS)
-
-
-def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) -> VLLMEngineOptions:
-    """The engine of ``cfg.rollout`` (``rollout.model``, ``rollout.*`` engine keys, ``rollout.vllm``).
-
-    dtype = ``rollout.model.precision``; on CPU (``cuda`` False, the default without a CUDA device) the engine
-    runs in process and eager with the ``uni`` executor, vLLM's CPU attention and ``rollout.vllm``'s
-    ``kv_cache_memory_bytes``; on GPUs ``AsyncLLM`` with the config's executor, attention backend, CUDA graphs
-    unless ``enforce_eager``, and the weight-transfer backend of the placement (``ipc`` collocated, with sleep
-    mode; ``nccl`` disaggregated: ``sync/vllm_transfer.py:transfer_backend``)."""
-    if cuda is None:
-        import torch
-
-        cuda = torch.cuda.is_available()
-    rollout = cfg.rollout
-    vcfg = rollout.vllm
-    backend = transfer_backend(cfg, cuda)
-    in_process = getattr(vcfg, "in_process", None)
-    in_process = (not cuda) if in_process is None else bool(in_process)
-    return VLLMEngineOptions(
-        model_path=str(rollout.model.model_path),
-        dtype=hf_name_of_precision(str(rollout.model.precision), "rollout.model.precision"),
-        seed=int(cfg.runner.seed) + int(rank),
-        in_process=in_process,
-        enforce_eager=True if not cuda else bool(rollout.enforce_eager),
-        gpu_memory_utilization=float(rollout.gpu_memory_utilization),
-        tensor_parallel_size=int(rollout.tensor_parallel_size),
-        distributed_executor_backend="uni" if (in_process or not cuda) else str(rollout.distributed_executor_backend),
-        enable_prefix_caching=bool(vcfg.enable_prefix_caching),
-        enable_chunked_prefill=bool(vcfg.enable_chunked_prefill) if cuda else False,
-        max_num_seqs=int(rollout.max_running_requests),
-        max_num_batched_tokens=vcfg.max_num_batched_tokens if cuda
-        else cpu_batched_tokens(vcfg.max_num_batched_tokens, cfg.runner.seq_length),
-        kv_cache_memory_bytes=(vcfg.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES) if not cuda
-        else vcfg.kv_cache_memory_bytes,
-        max_model_len=int(cfg.runner.seq_length),
-        attention_backend=str(vcfg.attention_backend) if cuda and vcfg.attention_backend else None,
-        enable_sleep_mode=backend == "ipc",  # only a collocated engine sleeps (CuMem allocator)
-        eager_helper_ops=not cuda,
-        weight_transfer_backend=backend,
-    )
-
-
-# ------------------------------------------------------------------------------------------------ wire (pure)
-def to_vllm_params(params: SamplingParams, eos_ids: Iterable[int], *, seed: int | None = None,
-                   return_logprobs: bool = False) -> dict[str, Any]:
-    """``vllm.SamplingParams`` keywords of one request (pure): ``turn_end.engine_sampling`` in vLLM's names;
-    ``skip_special_tokens=False`` as the HF decode; stop strings always kept in the output (``turn_end`` cuts the
-    text when the caller excludes them, as for HF)."""
-    shared = engine_sampling(params, eos_ids)
-    out: dict[str, Any] = dict(
-        max_tokens=shared.max_new_tokens,
-        temperature=shared.temperature,
-        top_p=shared.top_p,
-        top_k=shared.top_k,
-        repetition_penalty=shared.repetition_penalty,
-        stop=shared.stop,
-        stop_token_ids=shared.stop_token_ids,
-        include_stop_str_in_output=True,
-        skip_special_tokens=False,
-        ignore_eos=False,
-        detokenize=bool(shared.stop),  # stop strings need the engine's incremental detokenizer
-    )
-    if seed is not None:
-        out["seed"] = int(seed)
-    if return_logprobs:
-        out["logprobs"] = 0
-    return out
-
-
-def engine_reason(finish_reason: str | None, stop_reason: int | str | None) -> tuple[FinishReason, str | None]:
-    """vLLM's ``finish_reason``/``stop_reason`` -> ``turn_end``'s ``engine_reason``/``engine_stop`` (pure; the
-    shared reading, ``turn_end.engine_finish``): ``stop`` with a string = a stop string, ``stop`` with an id or
-    None = EOS, ``length`` = the budget."""
-    return engine_finish(finish_reason, stop_reason, "vLLM")
-
-
-def result_of_output(output: Any, decode, params: SamplingParams, eos_ids: Iterable[int],
-                     return_logprobs: bool = False) -> GenerationResult:
-    """One ``vllm.CompletionOutput`` -> ``GenerationResult`` (pure but for ``decode``)."""
-    ids = [int(t) for t in output.token_ids]
-    reason, stop = engine_reason(output.finish_reason, output.stop_reason)
-    end = turn_end(ids, decode, eos_ids=set(eos_ids), stop=params.stop, max_new_tokens=params.max_new_tokens,
-                   include_stop_str_in_output=params.include_stop_str_in_output, engine_reason=reason,
-                   engine_stop=stop)
-    logprobs = None
-    if return_logprobs and output.logprobs is not None:
-        logprobs = [float(step[tok].logprob) for tok, step in zip(ids, output.logprobs)][: len(end.output_ids)]
-    return GenerationResult(output_ids=end.output_ids, text=end.text, finish_reason=end.finish_reason,
-                            matched_stop=end.matched_stop, logprobs=logprobs)
 
 
 # ------------------------------------------------------------------------------------------------ engines
-def check_generate_args(prompt_ids: list[int], sampling_params: SamplingParams) -> None:
-    """What every vLLM generate call refuses before it reaches the engine."""
-    if not prompt_ids:
-        raise ValueError("generate needs a non-empty prompt")
-    if sampling_params.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
-
-
 class InprocVLLMEngine:
     """vLLM's ``LLMEngine`` in this process behind the part of ``AsyncLLM``'s API the generator uses.
 
@@ -358,6 +179,7 @@ def start_engine(options: VLLMEngineOptions, parts: dict[str, float] | None = No
     if options.in_process:
         return InprocVLLMEngine.from_engine_args(kwargs, eager_helpers=options.eager_helper_ops, parts=parts)
     parts = {} if parts is None else parts
+    os.environ.update(engine_environment(options))  # before the engine-core process starts: it inherits them
     t = time.perf_counter()
     from vllm import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -509,7 +331,7 @@ class VLLMGenerator:
     async def prompt_logprobs(self, ids: list[int]) -> list[tuple[float | None, int, None]]:
         """vLLM's log-prob of every prompt token given the ones before (``prompt_logprobs=0``), as SGLang's
         ``input_token_logprobs`` entries ``(logprob, token_id, None)`` (the first ``None``): the post-sync probe
-        (``workers/rollout_sglang.py:probe_logprob_gap``)."""
+        (``sync/probe.py:probe_logprob_gap``)."""
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -573,70 +395,4 @@ class VLLMGenerator:
         self.engine.shutdown()
 
 
-# ------------------------------------------------------------------------------------------------ GPU routes
-class VLLMGpuSync:
-    """The engine side of vLLM's weight-transfer API on an ``AsyncLLM`` (NOT GPU-verified; call order tested with
-    recording engines): answers the trainer's control calls (``sync/engine_calls.py:EngineCall``) in order.
-
-    collocated (``ipc``): ``after_rollout`` -> ``sleep(level, mode="wait")`` (requests in flight finish first,
-    vLLM #28714; weights and KV cache leave the GPU for training); ``init_weight_transfer_engine`` once;
-    ``start_weight_update`` -> ``wake_up(["weights"])`` + start; ``update_weights`` -> the trainer's CUDA IPC
-    handles; ``finish_weight_update`` -> finish + ``wake_up(["kv_cache"])`` + ``reset_prefix_cache``.
-    disaggregated (``nccl``): never sleeps; start pauses generation (``mode="wait"``), each ``update_weights``
-    receives the trainer's broadcast, finish resets the prefix cache and resumes."""
-
-    def __init__(self, engine: Any, backend: Literal["ipc", "nccl"], *, sleep_level: int = 2):
-        self.engine, self.backend, self.sleep_level = engine, backend, int(sleep_level)
-        self.sleeping = False
-        self.updating = False
-
-    async def after_rollout(self) -> None:
-        if self.backend == "ipc" and not self.sleeping:
-            await self.engine.sleep(level=self.sleep_level, mode="wait")
-            self.sleeping = True
-
-    async def handle(self, call: Any) -> None:
-        """One ``EngineCall`` (method + payload) from the trainer."""
-        from vllm.distributed.weight_transfer.base import (  # lazy: vllm is slow to import
-            WeightTransferInitRequest,
-            WeightTransferUpdateRequest,
-        )
-
-        if call.method == "init_weight_transfer_engine":
-            await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(call.payload)))
-        elif call.method == "start_weight_update":
-            await self.begin()
-        elif call.method == "update_weights":
-            if not self.updating:
-                raise RuntimeError("update_weights before start_weight_update")
-            await self.engine.update_weights(WeightTransferUpdateRequest(update_info=call.payload))
-        elif call.method == "finish_weight_update":
-            await self.finish(call.payload)
-        else:
-            raise ValueError(f"unknown weight-transfer call {call.method!r}")
-
-    async def begin(self) -> None:
-        if self.sleeping:
-            await self.engine.wake_up(tags=["weights"])
-        else:
-            await self.engine.pause_generation(mode="wait")
-        self.updating = True
-        await self.engine.start_weight_update()
-
-    async def finish(self, version: str | None = None) -> None:
-        """Always leaves the engine serving (also after a failed transfer: the probe then refuses the weights)."""
-        try:
-            if self.updating:
-                await self.engine.finish_weight_update(version)
-        finally:
-            self.updating = False
-            if self.sleeping:
-                await self.engine.wake_up(tags=["kv_cache"])
-                self.sleeping = False
-            await self.engine.reset_prefix_cache()  # vLLM #46125: not reset automatically after an update
-            await self.engine.reset_encoder_cache()  # vision embeddings of the old weights (VL models)
-            await self.engine.resume_generation()
-
-
-__all__ = ["VLLMEngineOptions", "VLLMGenerator", "InprocVLLMEngine", "VLLMGpuSync", "WeightLoadExtension",
-           "engine_args", "options_from_config", "to_vllm_params", "engine_reason", "result_of_output"]
+__all__ = ["VLLMGenerator", "InprocVLLMEngine", "WeightLoadExtension", "start_engine", "refresh_tied_head"]

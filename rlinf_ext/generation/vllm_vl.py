@@ -31,8 +31,8 @@ from typing import Any
 
 from rlinf_ext.generation.sglang_vl import vision_runs
 from rlinf_ext.generation.sglang_wire import hf_eos_ids
-from rlinf_ext.generation.vllm_engine import (VLLMEngineOptions, VLLMGenerator, check_generate_args, result_of_output,
-                                              start_engine, to_vllm_params)
+from rlinf_ext.generation.vllm_engine import VLLMGenerator, start_engine
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions, check_generate_args, result_of_output, to_vllm_params
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 from rlinf_ext.protocol.images import ImageRef
 from rlinf_ext.protocol.vl_tokens import (IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size,

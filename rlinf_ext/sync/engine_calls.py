@@ -91,12 +91,19 @@ def wait_work(work: Any, timeout_s: float, what: str) -> Any:
 
 def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     """``fn()`` in a daemon thread, waited at most ``timeout_s``: NCCL rendezvous, broadcasts and stream
-    synchronisation block without a timeout. On timeout the thread is left behind (a blocked NCCL call cannot be
-    cancelled) and the transfer group is unusable: restart the run."""
+    synchronisation block without a timeout. The thread runs on the caller's CUDA device (a new thread's current
+    device is 0, and vLLM's trainer engines read it: the IPC buffer's device and GPU UUID, the NCCL group's device).
+    On timeout the thread is left behind (a blocked NCCL call cannot be cancelled) and the transfer group is
+    unusable: restart the run."""
     box: dict[str, Any] = {}
+    device = current_cuda_device()
 
     def target():
         try:
+            if device is not None:
+                import torch  # lazy: only with CUDA (current_cuda_device)
+
+                torch.cuda.set_device(device)
             box["value"] = fn()
         except BaseException as exc:  # re-raised in the caller
             box["error"] = exc
@@ -110,6 +117,24 @@ def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+def current_cuda_device() -> int | None:
+    """This thread's current CUDA device; None without CUDA."""
+    import torch  # lazy: the CPU routes and the CLI never need it here
+
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+def release_cuda_cache() -> None:
+    """This process's cached CUDA memory back to the driver, for an engine on the same GPU: the blocks shared over
+    CUDA IPC once every engine has let go of them (``ipc_collect``), then the caching allocator's free blocks;
+    nothing without CUDA."""
+    import torch  # lazy: as current_cuda_device
+
+    if torch.cuda.is_available():
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------------------------ actor side

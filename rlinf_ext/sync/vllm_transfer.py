@@ -8,12 +8,16 @@ process and a *worker engine* inside every vLLM worker, joined by a four-call co
 ``finish_weight_update``). Here the engines live in the rollout workers, so the client (``RolloutEngineClient``)
 carries each call from actor rank 0 to every rollout rank as an ``EngineCall`` over RLinf's point-to-point
 messages and waits for each rank's ``EngineReply``; the rollout worker answers them with
-``serve_engine_calls`` (``generation/vllm_engine.py:VLLMGpuSync`` does the engine side: wake-up, start, update,
-finish, KV wake-up, prefix-cache reset).
+``serve_engine_calls`` (``sync/vllm_engine_side.py:VLLMGpuSync`` does the engine side: wake-up, start, update,
+finish, then after ``SYNC_END`` the KV wake-up, cache resets and resume).
 
 - collocated (``ipc``, actor rank r on the GPU of engine r // tp): every actor rank iterates its weights, vLLM's
-  IPC trainer all-gathers the CUDA IPC handles over the actor's process group and rank 0 ships them, packed in
-  buffers of ``BUCKET_BYTES``; each vLLM worker opens the handle of its own GPU.
+  IPC trainer all-gathers the CUDA IPC handles over the actor's process group and rank 0 ships them, packed in a
+  buffer of ``BUCKET_BYTES`` (or of the largest tensor: ``ipc_buffer_bytes``); each vLLM worker opens the handle of
+  its own GPU. vLLM's trainer allocates that buffer anew in every ``send_weights`` and drops it at its end
+  (``packed_tensor.py:packed_ipc_producer``); its ``_post_send_sync`` collects it once the engines have let go of
+  it. Then every actor rank returns its cached CUDA blocks to the driver and the actor ranks meet at a barrier
+  before rank 0 sends ``SYNC_END``, after which the engines map their KV cache again.
 - disaggregated (``nccl``): actor rank 0 opens an NCCL group with every engine GPU (``1 + engines x TP`` ranks;
   the engines' ranks are offset per engine, since each ``AsyncLLM`` numbers its workers from 0); it sends the
   names, dtypes and shapes by ``update_weights`` while it broadcasts the tensors, packed in buffers of
@@ -25,6 +29,7 @@ trainer engine's rendezvous and send in a watchdog thread; a timeout raises ``We
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal
 
@@ -37,6 +42,7 @@ from rlinf_ext.sync.engine_calls import (
     engine_placement,
     nccl_rendezvous,
     nccl_world_size,
+    release_cuda_cache,
     run_with_timeout,
 )
 from rlinf_ext.sync.weight_sync import BUCKET_BYTES, SYNC_END, SyncHeader, SyncRoutes
@@ -109,6 +115,14 @@ class HFWeightSource:
         return None  # every data-parallel rank holds the whole model
 
 
+def ipc_buffer_bytes(meta: Iterable[Any], bucket_bytes: int) -> int:
+    """The packed IPC buffer's size (pure): ``bucket_bytes``, or the largest tensor of ``meta`` (vLLM's
+    ``ParamMeta``) when that is larger: vLLM's packed IPC producer refuses a tensor larger than its buffer
+    (``packed_tensor.py:packed_ipc_producer``), and a 7B model's embedding in bf16 (152064 x 3584 x 2 bytes) is
+    larger than 1 GiB."""
+    return max([int(bucket_bytes)] + [math.prod(m.shape) * m.dtype.itemsize for m in meta])
+
+
 def trainer_init_info(backend: TransferBackend, routes: SyncRoutes, rank: int, bucket_bytes: int = BUCKET_BYTES,
                       rendezvous: Callable[[], tuple[str, int]] = nccl_rendezvous) -> Any:
     """vLLM's trainer init info: packed transfers in buffers of ``bucket_bytes`` (bounded extra memory on both
@@ -130,10 +144,18 @@ def vllm_trainer_init(init_info: Any, *, client: Any, source: Any) -> Any:
     return WeightTransferTrainerFactory.trainer_init(init_info, client=client, source=source)
 
 
+def actor_barrier() -> None:
+    """A barrier of the actor ranks on the default process group, which vLLM's IPC trainer takes to be exactly the
+    actor ranks (``ipc_engine.py:_all_gather_and_merge_handles``); nothing with one rank."""
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.barrier()
+
+
 class VLLMTransferSender:
     """The actor side of one run's vLLM transfers (every actor rank holds one): the header to every rollout rank,
     then vLLM's trainer engine (made at the first sync, when the rollout ranks are listening) sends the weights,
-    then ``SYNC_END``. ``trainer_init`` is vLLM's factory (tests pass one whose broadcast runs on CPU)."""
+    then (``ipc``) every rank frees its transfer memory and the ranks meet, then ``SYNC_END``. ``trainer_init`` is
+    vLLM's factory (tests pass one whose broadcast runs on CPU)."""
 
     def __init__(self, worker: Any, backend: TransferBackend, routes: SyncRoutes, *, rollout_group: str,
                  bucket_bytes: int = BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S,
@@ -163,11 +185,17 @@ class VLLMTransferSender:
             self.client.version = header.version
             self._to_every_rollout_rank(header, "the sync header")
         if self.engine is None:
-            info = trainer_init_info(self.backend, self.routes, self.rank, self.bucket_bytes, self._rendezvous)
+            buffer_bytes = self.bucket_bytes
+            if self.backend == "ipc":  # the metadata costs one conversion pass, at the first sync only
+                buffer_bytes = ipc_buffer_bytes(self.source.metadata(), self.bucket_bytes)
+            info = trainer_init_info(self.backend, self.routes, self.rank, buffer_bytes, self._rendezvous)
             self.engine = run_with_timeout(
                 lambda: self._trainer_init(info, client=self.client, source=self.source), self.timeout_s,
                 f"vLLM's {self.backend} weight-transfer rendezvous")
         run_with_timeout(self.engine.send_weights, self.timeout_s, f"the {self.backend} weight transfer")
+        if self.backend == "ipc":  # the engines wake their KV cache after SYNC_END: this GPU's share goes back first
+            release_cuda_cache()
+            run_with_timeout(actor_barrier, self.timeout_s, "the actor ranks' barrier after the transfer")
         if self.is_sender:
             self._to_every_rollout_rank(SYNC_END, "the end of the sync")
 

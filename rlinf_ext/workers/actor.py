@@ -224,10 +224,8 @@ class ActorWorker(Worker):
                 ids = probe_ids(self.policy.model.hf_vocab_size)
                 header.probe_ids, header.probe_logits = ids, self.policy.probe_logits(ids)
             passes = self._hf_named
+        # a collocated (ipc) sender frees this rank's transfer memory before its engine maps the KV cache again
         self._engine_sender.sync(header, passes)
-        if self.policy.device.type == "cuda":  # the transfer buffers go back to a collocated engine
-            torch.cuda.ipc_collect()
-            torch.cuda.empty_cache()
         return {"mode": self._engine_sender.backend, "version": header.version}
 
     def _fsdp_policy_payload(self, verify: bool):

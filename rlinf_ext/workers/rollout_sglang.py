@@ -3,7 +3,7 @@
 Same protocol as ``workers/rollout_hf.py`` and ``workers/rollout_vllm.py``: ``rollout_serverless`` is
 ``workers/rollout_serving.py``'s loop, replies are ``protocol/generation.py:reply_of`` of the shared
 ``GenerationResult`` (``generation/sglang_wire.py:result_of_sglang``), and the weight-sync receive side is
-``sync/weight_sync.py:receive_weights`` followed by the probe check (``probe_logprob_gap``).
+``sync/weight_sync.py:receive_weights`` followed by the probe check (``sync/probe.py:probe_logprob_gap``).
 
 One engine per worker = per TP group (``generation/sglang_engine.py:server_kwargs``, ``dp_size=1``,
 ``load_format="dummy"``: the first sync overwrites every weight). What the worker asks of the engine, in order
@@ -45,6 +45,7 @@ from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, Sampli
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_COUNTS, RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size
 from rlinf_ext.sync.engine_calls import EngineCall, serve_engine_calls
+from rlinf_ext.sync.probe import probe_logprob_gap
 from rlinf_ext.sync.sglang_transfer import INIT_GROUP, SGLANG_CALLS, UPDATE_DISTRIBUTED, uses_sglang_distributed
 from rlinf_ext.sync.weight_sync import HandleBucket, SyncRoutes, WeightSyncError, receive_weights
 from rlinf_ext.workers.rollout_serving import serve_requests
@@ -57,31 +58,6 @@ GPU_SYNC_MEAN_ATOL = 0.5
 # KV cache and the CUDA graphs after the update
 WEIGHTS_TAGS = ["weights"]
 CACHE_TAGS = ["kv_cache", "cuda_graph"]
-
-
-def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input_token_logprobs: list,
-                      positions: list[int] | None = None) -> float:
-    """Mean |engine - actor| log-prob of the probe's tokens 1..L-1 (pure); ``positions``: only those tokens (the
-    multimodal probe compares the text after its image).
-
-    ``actor_logits`` [1, L, V] from the ``SyncHeader``; ``input_token_logprobs`` = SGLang's
-    ``meta_info["input_token_logprobs"]`` for the probe with ``logprob_start_len=0`` (entries
-    ``(logprob, token_id, text)``, the first one ``None``: no context).
-    """
-    ids = probe_ids.reshape(-1)
-    values = [entry[0] for entry in input_token_logprobs]
-    if values and values[0] is None:
-        values = values[1:]
-    if len(values) != len(ids) - 1 or any(v is None for v in values):
-        raise WeightSyncError(
-            f"SGLang returned {len(values)} probe log-probs for {len(ids) - 1} positions; cannot check the sync."
-        )
-    expected = torch.log_softmax(actor_logits.reshape(len(ids), -1)[:-1].float(), dim=-1)
-    expected = expected.gather(-1, ids[1:, None]).squeeze(-1)
-    gaps = (expected - torch.tensor(values, dtype=torch.float32)).abs()  # entry j: token j + 1
-    if positions is not None:
-        gaps = gaps[torch.tensor([p - 1 for p in positions if p >= 1], dtype=torch.long)]
-    return float(gaps.mean())
 
 
 # ------------------------------------------------------------------------------------------------ payloads (pure)

@@ -3,7 +3,7 @@
 Same protocol as ``workers/rollout_hf.py`` (``rollout_serverless`` = ``workers/rollout_serving.py``, the same
 ``GenerateReply``), same weight-sync receive side (``sync/weight_sync.py:receive_weights``: shared-memory handles
 from the paired actor rank, or actor rank 0's broadcast), then a probe check: vLLM returns no logits, so the
-probe's prompt log-probs are compared with the actor's logits (``workers/rollout_sglang.py:probe_logprob_gap``).
+probe's prompt log-probs are compared with the actor's logits (``sync/probe.py:probe_logprob_gap``).
 Qwen2.5-VL (``rollout.model.model_type: qwen2.5_vl``): ``generation/vllm_vl.py:VLLMVLGenerator`` (images with every
 request and with the multimodal probe; the rate of prompts whose image expansion differed is in ``get_state``).
 
@@ -11,9 +11,11 @@ CPU (in process): generation pauses once the sync's headers are in (running requ
 every bucket goes into vLLM's layerwise in-place reload, then the prefix cache is reset and generation resumes.
 GPU (``AsyncLLM``, NOT GPU-verified): vLLM's weight-transfer API, driven by the actor's vLLM trainer engine
 (``sync/vllm_transfer.py``): this worker answers its control calls (``serve_engine_calls``) with
-``VLLMGpuSync`` (``ipc`` collocated: the engine sleeps at ``rollout.vllm.sleep_level`` at the end of its start and
-after each rollout, requests in flight finishing first; ``nccl`` disaggregated). Each request's ``seed`` is vLLM's
-per-request seed, so sampling is reproducible without serving requests one at a time.
+``sync/vllm_engine_side.py:VLLMGpuSync`` (``ipc`` collocated: the engine sleeps at ``rollout.vllm.sleep_level`` at
+the end of its start and after each rollout, requests in flight finishing first; ``nccl`` disaggregated); after the
+actor's ``SYNC_END`` (or a broken transfer) the engine serves again (KV cache woken, caches reset, resumed), then
+the probe runs. Each request's ``seed`` is vLLM's per-request seed, so sampling is reproducible without serving
+requests one at a time.
 """
 
 from __future__ import annotations
@@ -22,19 +24,21 @@ import time
 
 from rlinf.scheduler import Worker
 
-from rlinf_ext.generation.vllm_engine import VLLMGenerator, VLLMGpuSync, options_from_config
+from rlinf_ext.generation.vllm_engine import VLLMGenerator
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
+from rlinf_ext.generation.vllm_wire import options_from_config
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_COUNTS, RETOKENIZE_MISMATCH
 from rlinf_ext.sync.engine_calls import serve_engine_calls
+from rlinf_ext.sync.probe import probe_logprob_gap
+from rlinf_ext.sync.vllm_engine_side import VLLMGpuSync
 from rlinf_ext.sync.vllm_transfer import ENGINE_CALLS
 from rlinf_ext.sync.weight_sync import DEFAULT_ATOL, SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
 from rlinf_ext.workers.rollout_serving import serve_requests
-from rlinf_ext.workers.rollout_sglang import probe_logprob_gap
 
 # the parts of one weight sync on this side (seconds), logged as time/sync/<part> (runner/trainer.py:part_metrics)
 SYNC_HEADER_WAIT = "header_wait"  # until the actor's header is in (its probe forward, the first conversion)
-SYNC_LOAD = "load"  # pause, the buckets' transfer and load, layerwise finish, cache resets, resume
+SYNC_LOAD = "load"  # pause (or wake-up), the buckets' transfer and load, layerwise finish, cache resets, resume
 SYNC_PROBE = "probe"  # the probe's prompt log-probs through the engine and the comparison
 
 
@@ -116,13 +120,14 @@ class VLLMRolloutState:
         return {SYNC_HEADER_WAIT: t_header - t0, SYNC_LOAD: t1 - t_header, SYNC_PROBE: time.perf_counter() - t1}
 
     async def _serve_transfer(self, gpu: VLLMGpuSync):
-        """GPU: answer the actor's vLLM transfer calls; the engine serves again whatever happened."""
+        """GPU: answer the actor's vLLM transfer calls, then serve again whatever happened: after ``SYNC_END`` (the
+        actor ranks have freed their transfer memory, so a collocated engine maps its KV cache again only now), or
+        after a broken transfer (asleep or mid-update: woken fully and resumed)."""
         try:
             return await serve_engine_calls(self, gpu.handle, actor_group=self.cfg.actor.group_name,
                                             methods=ENGINE_CALLS)
         finally:
-            if gpu.updating:  # the transfer broke off between start and finish
-                await gpu.finish()
+            await gpu.serve()
 
     async def _check_probe(self, header) -> None:
         gen = self.generator

@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 # an in-process vLLM engine cannot start beside it: tests/conftest.py, pytest_collection_modifyitems)
 ENGINE_SCRIPT = """
 import asyncio, json, sys
-from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator
+from rlinf_ext.generation.vllm_engine import VLLMGenerator
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions
 from rlinf_ext.protocol.generation import SamplingParams
 gen = VLLMGenerator.start(VLLMEngineOptions(model_path=sys.argv[1], dtype="float32", max_model_len=256,
                                             kv_cache_memory_bytes=16 << 20, max_num_seqs=4))

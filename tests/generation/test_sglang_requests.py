@@ -5,14 +5,12 @@ Pure: no engine, no model."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from rlinf_ext.generation.sglang_engine import SGLANG_INSTALL_FIX, SGLangUnavailable, import_sglang
 from rlinf_ext.generation.sglang_wire import result_of_sglang, to_sglang_params
 from rlinf_ext.generation.turn_end import EngineSampling, engine_finish, engine_sampling
-from rlinf_ext.generation.vllm_engine import engine_reason, result_of_output, to_vllm_params
+from rlinf_ext.generation.vllm_wire import engine_reason, to_vllm_params
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams, reply_of
 
 VOCAB = {1: "<think>", 2: " q", 3: "</think>", 4: "<search>", 5: "</search>", 6: "\n", 7: "<|im_end|>", 8: " ans"}
@@ -70,20 +68,6 @@ def test_vllm_and_sglang_requests_mean_the_same(params):
     # both keep the stop string in the ids and the text, and special tokens in the text
     assert v["include_stop_str_in_output"] and s["no_stop_trim"]
     assert v["skip_special_tokens"] is False and s["skip_special_tokens"] is False
-
-
-def test_vllm_and_sglang_replies_give_the_same_result():
-    """The same sampled ids, finished the same way, read from each engine's reply shape."""
-    ids = [1, 2, 3, 4, 8, 5]
-    params = SamplingParams(max_new_tokens=64, stop=["</search>"], include_stop_str_in_output=False)
-    vllm_out = SimpleNamespace(token_ids=ids, finish_reason="stop", stop_reason="</search>",
-                               logprobs=[{t: SimpleNamespace(logprob=-0.1 * k)} for k, t in enumerate(ids)])
-    got_v = result_of_output(vllm_out, decode, params, [EOS], return_logprobs=True)
-    got_s = result_of_sglang(sglang_result(ids, {"type": "stop", "matched": "</search>"},
-                                           logprobs=[-0.1 * k for k in range(len(ids))]),
-                             decode, params, [EOS], return_logprobs=True)
-    assert got_v == got_s
-    assert got_s.text == "<think> q</think><search> ans" and got_s.output_ids == ids
 
 
 # ------------------------------------------------------------------------------------------------ SGLang's own

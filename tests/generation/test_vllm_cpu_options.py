@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("vllm")
 
 from rlinf_ext.config import load_config  # noqa: E402
-from rlinf_ext.generation.vllm_engine import (  # noqa: E402
+from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_wire import (  # noqa: E402
     CPU_MIN_BATCHED_TOKENS,
-    VLLMGenerator,
     cpu_batched_tokens,
     engine_args,
     options_from_config,

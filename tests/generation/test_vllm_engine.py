@@ -13,7 +13,8 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 from rlinf_ext.generation.hf import HFGenerator  # noqa: E402
-from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.protocol.generation import SamplingParams  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: a vLLM engine start
@@ -127,11 +128,12 @@ def test_eos_on_the_last_allowed_token(engine, hf, model_dirs):
             assert ours.output_ids == ref.output_ids
             return
     # no natural EOS: force one by a prompt ending the way the model continues, checked on the classification only
-    from types import SimpleNamespace
+    from vllm.outputs import CompletionOutput
 
-    from rlinf_ext.generation.vllm_engine import result_of_output
+    from rlinf_ext.generation.vllm_wire import result_of_output
 
-    out = SimpleNamespace(token_ids=[7, 9, eos[0]], finish_reason="stop", stop_reason=None, logprobs=None)
+    out = CompletionOutput(index=0, text="", token_ids=[7, 9, eos[0]], cumulative_logprob=None, logprobs=None,
+                           finish_reason="stop", stop_reason=None)
     res = result_of_output(out, hf.decode, SamplingParams(max_new_tokens=3), engine.eos_ids)
     assert res.finish_reason == "eos" and res.output_ids[-1] == eos[0]
 

@@ -11,7 +11,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: a vLLM engine start
 

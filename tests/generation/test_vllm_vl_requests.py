@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from rlinf_ext.generation.vllm_engine import VLLMEngineOptions
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions
 from rlinf_ext.generation.vllm_vl import (allowed_token_ids, check_processor_dir, checkpoint_name, collapse_image_runs,
                                           engine_mismatch, mm_request, vl_engine_options)
 from rlinf_ext.protocol.images import ImageRef

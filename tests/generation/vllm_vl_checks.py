@@ -21,12 +21,12 @@ from vl_helpers import chat_prompt_ids  # noqa: E402
 
 from rlinf_ext.generation.hf_vl import HFVLGenerator  # noqa: E402
 from rlinf_ext.generation.sglang_vl import text_positions_after_images  # noqa: E402
-from rlinf_ext.generation.vllm_engine import VLLMEngineOptions  # noqa: E402
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator  # noqa: E402
 from rlinf_ext.protocol.generation import SamplingParams  # noqa: E402
 from rlinf_ext.protocol.images import ImageRef  # noqa: E402
 from rlinf_ext.protocol.vl_tokens import mm_token_type_ids  # noqa: E402
-from rlinf_ext.workers.rollout_sglang import probe_logprob_gap  # noqa: E402
+from rlinf_ext.sync.probe import probe_logprob_gap  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,16 +1,20 @@
-"""The GPU weight routes through vLLM's own weight-transfer API, on CPU: vLLM 0.32's real trainer engines
-(``NCCLTrainerWeightTransferEngine``, ``IPCTrainerWeightTransferEngine``) drive our RLinf client; each rollout rank
-answers with the real rollout worker logic (``VLLMRolloutState`` + ``VLLMGpuSync``) over a recording engine. Only
-what needs a GPU is replaced: the NCCL broadcast (a barrier the engine's ``update_weights`` must meet at the same
-time, as NCCL does) and the IPC engine's CUDA device look-ups. NOT a GPU test: the routes are "written, not
-GPU-verified"."""
+"""The GPU weight routes through vLLM's own weight-transfer API, on CPU: vLLM 0.32's real trainer engines drive our
+RLinf client; each rollout rank answers with the real rollout worker logic (``VLLMRolloutState`` + ``VLLMGpuSync``)
+over ``tests/vllm_boundary.py``'s ``RecordingEngine``: every call bound to the installed ``AsyncLLM``, every call to
+the engine core through vLLM's msgpack serialization under the environment the engine start sets; on the IPC route
+the engine side is vLLM's own ``Worker``, IPC engine, packed consumer and layerwise reload. Only what needs a GPU is
+replaced: the NCCL broadcast (a barrier the engine's ``update_weights`` must meet at the same time, as NCCL does),
+``torch.cuda``'s device functions (``HostCuda``) and the CUDA IPC of the packed buffer (``HostIpc``: allocation,
+export, open). NOT a GPU test: the routes are "written, not GPU-verified"."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import queue
 import threading
 import time
+import traceback
 from types import SimpleNamespace
 
 import pytest
@@ -18,18 +22,30 @@ import torch
 
 pytest.importorskip("vllm")
 
-from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerWeightTransferEngine  # noqa: E402
+from rlinf.scheduler import Worker as RLinfWorker  # noqa: E402
 from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo, worker_init_payload  # noqa: E402
-from vllm.distributed.weight_transfer.nccl_engine import (  # noqa: E402
-    NCCLTrainerWeightTransferEngine,
-)
+from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine  # noqa: E402
 
 from transfer_fakes import Done, Op, Pending  # noqa: E402
-from rlinf_ext.generation.vllm_engine import VLLMGpuSync  # noqa: E402
+from vllm_boundary import (  # noqa: E402
+    WAIT_S,
+    HostCuda,
+    HostIpc,
+    HostIPCTrainer,
+    LoadableModel,
+    NCCLWorker,
+    RecordingEngine,
+    bound,
+    ipc_worker,
+    vllm_process_env,
+)
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions, engine_environment  # noqa: E402
 from rlinf_ext.sync.engine_calls import EngineCall, engine_init_info, run_with_timeout, wait_work  # noqa: E402
+from rlinf_ext.sync.vllm_engine_side import VLLMGpuSync  # noqa: E402
 from rlinf_ext.sync.vllm_transfer import (  # noqa: E402
     RolloutEngineClient,
     VLLMTransferSender,
+    ipc_buffer_bytes,
     trainer_init_info,
     transfer_backend,
 )
@@ -37,7 +53,10 @@ from rlinf_ext.sync.weight_sync import SyncHeader, SyncRoutes, WeightSyncError  
 from rlinf_ext.workers.rollout_vllm import VLLMRolloutState  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
-WAIT_S = 20.0
+# the environment each backend's AsyncLLM starts with (generation/vllm_wire.py; start_engine sets it)
+ENGINE_ENV = {backend: engine_environment(VLLMEngineOptions(model_path="m", in_process=False,
+                                                            weight_transfer_backend=backend))
+              for backend in ("ipc", "nccl")}
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -84,26 +103,47 @@ def test_every_wait_gives_up_after_its_timeout():
     assert run_with_timeout(lambda: 7, 5, "x") == 7
 
 
-# ------------------------------------------------------------------------------------------------ fakes
-class Wire:
-    """RLinf's point-to-point messages between actor ranks and rollout ranks, as queues."""
+def test_the_watchdog_thread_runs_on_the_callers_cuda_device(monkeypatch):
+    """vLLM's trainer engines read the current device in the watchdog thread (the IPC buffer, the GPU UUID):
+    it must be the caller's, not a new thread's device 0."""
+    cuda = HostCuda()
+    cuda.install(monkeypatch.setattr)
+    seen: list[int] = []
+    fresh = threading.Thread(target=lambda: seen.append(torch.cuda.current_device()))
+    torch.cuda.set_device(3)
+    fresh.start()
+    fresh.join()
+    assert seen == [0]  # CUDA's rule for a new thread, kept by the stand-in
+    assert run_with_timeout(torch.cuda.current_device, 5, "x") == 3
+    assert run_with_timeout(torch.accelerator.current_device_index, 5, "x") == 3
+    assert torch.cuda.current_device() == 3
 
-    def __init__(self, actors: int, rollouts: int):
-        self.down = {(a, r): queue.Queue() for a in range(actors) for r in range(rollouts)}
-        self.up = {(a, r): queue.Queue() for a in range(actors) for r in range(rollouts)}
+
+# ------------------------------------------------------------------------------------------------ RLinf stand-ins
+class Wire:
+    """RLinf's point-to-point messages between actor ranks and rollout ranks, as queues (``make_queue``: of
+    another process's context for actor ranks in processes of their own)."""
+
+    def __init__(self, actors: int, rollouts: int, make_queue=queue.Queue):
+        self.down = {(a, r): make_queue() for a in range(actors) for r in range(rollouts)}
+        self.up = {(a, r): make_queue() for a in range(actors) for r in range(rollouts)}
         self.sent: list[tuple[int, int, object]] = []
 
 
 class FakeActor:
+    """An actor rank's RLinf ``Worker.send``/``recv`` (calls bound to the installed methods)."""
+
     def __init__(self, wire: Wire, rank: int):
         self.wire, self._rank = wire, rank
 
     def send(self, obj, group, dst, async_op=True):
+        bound(RLinfWorker.send, self, obj, group, dst, async_op=async_op)
         self.wire.sent.append((self._rank, dst, obj))
         self.wire.down[(self._rank, dst)].put(obj)
         return Done()
 
     def recv(self, group, src, async_op=True):
+        bound(RLinfWorker.recv, self, group, src, async_op=async_op)
         return Pending(self.wire.up[(self._rank, src)])
 
 
@@ -112,61 +152,21 @@ class FakeRollout(VLLMRolloutState):
         self.wire, self._rank = wire, rank
 
     def recv(self, group, src, async_op=True):
+        bound(RLinfWorker.recv, self, group, src, async_op=async_op)
         return Op(asyncio.to_thread(self.wire.down[(src, self._rank)].get, True, WAIT_S))
 
     def send(self, obj, group, dst, async_op=True):
+        bound(RLinfWorker.send, self, obj, group, dst, async_op=async_op)
         self.wire.up[(dst, self._rank)].put(obj)
         return Op()
-
-
-class RecordingEngine:
-    """``AsyncLLM``'s weight-transfer surface, recording calls; ``update_weights`` meets the trainer's broadcast
-    at ``barrier`` (NCCL: both sides inside the same collective) when one is given."""
-
-    def __init__(self, barrier: threading.Barrier | None = None, fail_update: bool = False):
-        self.calls: list = []
-        self.barrier, self.fail_update = barrier, fail_update
-
-    async def sleep(self, level=1, mode="abort"):
-        self.calls.append(("sleep", level, mode))
-
-    async def wake_up(self, tags=None):
-        self.calls.append(("wake_up", tags))
-
-    async def pause_generation(self, *, mode="abort", clear_cache=True):
-        self.calls.append(("pause_generation", mode))
-
-    async def init_weight_transfer_engine(self, request):
-        self.calls.append(("init_weight_transfer_engine", request.init_info))
-
-    async def start_weight_update(self):
-        self.calls.append("start_weight_update")
-
-    async def update_weights(self, request):
-        self.calls.append(("update_weights", request.update_info))
-        if self.fail_update:
-            raise RuntimeError("CUDA error: an illegal memory access")
-        if self.barrier is not None:
-            await asyncio.to_thread(self.barrier.wait, WAIT_S)
-
-    async def finish_weight_update(self, weight_version=None):
-        self.calls.append(("finish_weight_update", weight_version))
-
-    async def reset_prefix_cache(self, *args):
-        self.calls.append("reset_prefix_cache")
-
-    async def reset_encoder_cache(self):
-        self.calls.append("reset_encoder_cache")
-
-    async def resume_generation(self):
-        self.calls.append("resume_generation")
 
 
 CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"), rollout=SimpleNamespace(group_name="RolloutGroup"))
 
 
 def rollout_side(wire, rank, engine, backend, syncs, errors):
-    """One rollout rank: ``syncs`` times the worker's receive side (probe off: no logits in the header)."""
+    """One rollout rank: ``syncs`` times the worker's receive side (probe off: no logits in the header), with the
+    process environment its engine starts with."""
     w = FakeRollout(wire, rank)
     w._setup(CFG, verify_sync=True)
     w.sync_routes = SyncRoutes("broadcast" if backend == "nccl" else "paired", 1, 1)
@@ -197,10 +197,50 @@ def start_rollouts(wire, engines, backend, syncs=1):
 WEIGHTS = {"model.embed_tokens.weight": torch.arange(12.0).reshape(4, 3),
            "model.layers.0.mlp.up_proj.weight": torch.ones(2, 3, dtype=torch.bfloat16),
            "lm_head.weight": torch.zeros(4, 3)}
+# packed buffers of 64 bytes: the embedding and the MLP weight (48 + 12 bytes) in one chunk, the head in a second
+SMALL_BUFFER = 64
+
+
+def weights_of(rank: int, version: int, base: dict = WEIGHTS) -> dict[str, torch.Tensor]:
+    """Every actor rank's weights of one version, distinct per rank: an engine shows whose buffer it opened."""
+    return {k: (v.float() * version + 100 * rank).to(v.dtype) for k, v in base.items()}
 
 
 def passes():
     return iter((k, v.clone()) for k, v in WEIGHTS.items())
+
+
+def model_state(engine) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in engine.worker.model_runner.get_model().named_parameters()}
+
+
+def loadable_model(base: dict = WEIGHTS) -> LoadableModel:
+    return LoadableModel({k: (tuple(v.shape), v.dtype) for k, v in base.items()})
+
+
+def run_actor_ranks(senders, version, passes_of=lambda rank: passes, device_of=lambda rank: None):
+    """Every actor rank's sync at once (threads, each on its rank's CUDA device when given), as the runner calls
+    the whole group."""
+    errors: list = []
+
+    def one(sender):
+        try:
+            if device_of(sender.rank) is not None:
+                torch.cuda.set_device(device_of(sender.rank))
+            sender.sync(SyncHeader(version=version, sender=sender.rank), passes_of(sender.rank))
+        except BaseException as exc:
+            errors.append(exc)
+    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in senders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    return errors
+
+
+def versioned(version, base: dict = WEIGHTS):
+    """``passes_of`` for ``run_actor_ranks``: each rank's ``weights_of`` that version."""
+    return lambda rank: (lambda: iter(weights_of(rank, version, base).items()))
 
 
 # ------------------------------------------------------------------------------------------------ NCCL route
@@ -229,6 +269,16 @@ class CPUNCCLTrainer(NCCLTrainerWeightTransferEngine):
         self.barrier.wait(WAIT_S)  # the engines are inside update_weights at the same time
 
 
+def test_cpu_nccl_trainer_keeps_vllms_signatures():
+    import inspect
+
+    def parameters(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    for name in ("trainer_init", "_broadcast"):  # what it overrides is called as vLLM calls its own
+        assert parameters(getattr(CPUNCCLTrainer, name)) == parameters(getattr(NCCLTrainerWeightTransferEngine, name))
+
+
 def nccl_senders(wire, routes, barrier, broadcast, timeout_s=WAIT_S):
     CPUNCCLTrainer.barrier, CPUNCCLTrainer.broadcast = barrier, broadcast
     return [VLLMTransferSender(FakeActor(wire, rank), "nccl", routes, rollout_group="RolloutGroup",
@@ -236,49 +286,32 @@ def nccl_senders(wire, routes, barrier, broadcast, timeout_s=WAIT_S):
                                rendezvous=lambda: ("10.0.0.1", 4242)) for rank in range(routes.actor_world)]
 
 
-def run_actor_ranks(senders, version):
-    """Every actor rank's sync at once (threads), as the runner calls the whole group."""
-    errors: list = []
-
-    def one(sender):
-        try:
-            sender.sync(SyncHeader(version=version, sender=sender.rank), passes)
-        except BaseException as exc:
-            errors.append(exc)
-    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in senders]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT_S)
-    return errors
-
-
 def test_nccl_route_call_order_on_both_sides():
     routes = SyncRoutes("broadcast", actor_world=2, rollout_dp=2, rollout_tp=2)
-    wire, broadcast = Wire(2, 2), []
-    engines = [RecordingEngine(threading.Barrier(3)), None]
-    engines[1] = RecordingEngine(engines[0].barrier)
-    threads, rollout_errors = start_rollouts(wire, engines, "nccl", syncs=2)
-    senders = nccl_senders(wire, routes, engines[0].barrier, broadcast)
-    assert run_actor_ranks(senders, version=5) == []
-    assert run_actor_ranks(senders, version=6) == []
-    for t in threads:
-        t.join(WAIT_S)
+    wire, broadcast, barrier = Wire(2, 2), [], threading.Barrier(3)
+    engines = [RecordingEngine(NCCLWorker(barrier)), RecordingEngine(NCCLWorker(barrier))]
+    with vllm_process_env(ENGINE_ENV["nccl"]):  # nothing: the NCCL payloads are plain msgpack
+        threads, rollout_errors = start_rollouts(wire, engines, "nccl", syncs=2)
+        senders = nccl_senders(wire, routes, barrier, broadcast)
+        assert run_actor_ranks(senders, version=5) == []
+        assert run_actor_ranks(senders, version=6) == []
+        for t in threads:
+            t.join(WAIT_S)
     assert rollout_errors == []
 
-    meta = {"names": list(WEIGHTS), "dtype_names": ["float32", "bfloat16", "float32"],
-            "shapes": [[4, 3], [2, 3], [4, 3]]}
     for rank, engine in enumerate(engines):
-        (method, init), *rest = engine.calls
+        init, *updates = engine.worker.received
         # vLLM's worker init info: the rendezvous, 1 trainer + 2 engines x TP 2, this engine's first rank
-        assert method == "init_weight_transfer_engine" and init["rank_offset"] == 1 + 2 * rank
-        assert (init["master_address"], init["master_port"], init["world_size"], init["packed"]) == \
-            ("10.0.0.1", 4242, 5, True)
-        one_sync = [("pause_generation", "wait"), "start_weight_update", ("update_weights", meta),
-                    ("finish_weight_update", "{v}"), "reset_prefix_cache", "reset_encoder_cache", "resume_generation"]
-        expect = [c if c != ("finish_weight_update", "{v}") else ("finish_weight_update", v)
-                  for v in ("5", "6") for c in one_sync]
-        assert rest == expect  # init once; no sleep: the engine owns its GPUs
+        assert (init.master_address, init.master_port, init.world_size, init.rank_offset, init.packed) == \
+            ("10.0.0.1", 4242, 5, 1 + 2 * rank, True)
+        assert [(u.names, u.dtype_names, u.shapes) for u in updates] == \
+            [(list(WEIGHTS), ["float32", "bfloat16", "float32"], [[4, 3], [2, 3], [4, 3]])] * 2
+        one_sync = ["pause_generation", "start_weight_update", "update_weights", "finish_weight_update",
+                    "reset_prefix_cache", "reset_encoder_cache", "resume_generation"]
+        assert engine.names() == ["init_weight_transfer_engine"] + one_sync * 2  # no sleep: the engine owns its GPUs
+        assert [a["weight_version"] for n, a in engine.calls if n == "finish_weight_update"] == ["5", "6"]
+        assert [a["mode"] for n, a in engine.calls if n == "pause_generation"] == ["wait", "wait"]
+        assert engine.serving
     assert broadcast == [list(WEIGHTS)] * 2  # rank 0 broadcast everything, in metadata order, once per sync
     # only actor rank 0 talks to the rollout ranks; the other rank holds the same weights and sends nothing
     assert {src for src, _, _ in wire.sent} == {0}
@@ -289,7 +322,7 @@ def test_nccl_route_call_order_on_both_sides():
 def test_a_refused_update_reaches_the_actor_and_the_engine_serves_again():
     routes = SyncRoutes("broadcast", actor_world=1, rollout_dp=1)
     wire = Wire(1, 1)
-    engine = RecordingEngine(fail_update=True)
+    engine = RecordingEngine(NCCLWorker(fail_update=True))
     threads, rollout_errors = start_rollouts(wire, [engine], "nccl")
     # the trainer's broadcast has no peer (the engine failed before it): the actor's wait ends with the timeout
     # or with the engine's error, whichever comes first; either names the failure
@@ -298,7 +331,9 @@ def test_a_refused_update_reaches_the_actor_and_the_engine_serves_again():
     assert len(errors) == 1 and isinstance(errors[0], WeightSyncError)
     assert "illegal memory access" in str(errors[0]) or "did not finish within 3 s" in str(errors[0])
     assert rollout_errors and "illegal memory access" in str(rollout_errors[0])
-    assert engine.calls[-3:] == ["reset_prefix_cache", "reset_encoder_cache", "resume_generation"]  # serving again
+    assert engine.names()[-4:] == ["finish_weight_update", "reset_prefix_cache", "reset_encoder_cache",
+                                   "resume_generation"]
+    assert engine.serving
 
 
 def test_an_engine_that_never_answers_times_out():
@@ -309,46 +344,108 @@ def test_an_engine_that_never_answers_times_out():
 
 
 # ------------------------------------------------------------------------------------------------ IPC route
-class CPUIPCTrainer(IPCTrainerWeightTransferEngine):
-    """vLLM's IPC trainer engine without its CUDA look-ups (device index, GPU UUID, ``ipc_collect``); the
-    handles are ``reduce_tensor``'s of CPU tensors."""
+@pytest.fixture
+def host_gpus(monkeypatch, tmp_path):
+    """CUDA on host for this process (``HostCuda``, ``HostIpc`` producer and consumer), and the ``ipc`` engine's
+    process environment."""
+    log: list = []
+    cuda = HostCuda(log)
+    cuda.install(monkeypatch.setattr)
+    ipc = HostIpc(tmp_path, cuda)
+    ipc.install_producer(monkeypatch.setattr)
+    ipc.install_consumer(monkeypatch.setattr)
+    monkeypatch.setattr(HostIPCTrainer, "ipc", ipc, raising=False)
+    with vllm_process_env(ENGINE_ENV["ipc"]):
+        yield SimpleNamespace(cuda=cuda, ipc=ipc, log=log)
 
-    def __init__(self, *, client, source, is_sender=True, packed=False, packed_buffer_size_bytes=1 << 30):
-        super(IPCTrainerWeightTransferEngine, self).__init__(client=client, source=source, is_sender=is_sender)
-        self.packed, self.packed_buffer_size_bytes = packed, packed_buffer_size_bytes
-        self.device_index, self.gpu_uuid = 0, "GPU-0"
 
-    @staticmethod
-    def _post_send_sync():
-        pass
+def ipc_sender(wire, rank, routes, timeout_s=WAIT_S):
+    return VLLMTransferSender(FakeActor(wire, rank), "ipc", routes, rollout_group="RolloutGroup",
+                              bucket_bytes=SMALL_BUFFER, timeout_s=timeout_s, trainer_init=HostIPCTrainer.trainer_init)
 
 
-def test_ipc_route_call_order_with_sleep_and_wake_up():
+def test_ipc_route_packed_and_the_kv_cache_woken_after_the_actor_freed_its_memory(host_gpus):
+    """One actor rank on GPU 1 (its caller's device, not the watchdog thread's 0) and its engine there: vLLM's packed
+    producer fills one buffer per sync in two chunks, the engine's vLLM worker opens it once per sync and loads it
+    in place; the actor frees its transfer memory before the engine maps its KV cache again."""
     routes = SyncRoutes("paired", actor_world=1, rollout_dp=1)
-    wire = Wire(1, 1)
-    engine = RecordingEngine()
+    wire, log = Wire(1, 1), host_gpus.log
+    engine = RecordingEngine(ipc_worker(loadable_model(), device_index=1), log=log)
     threads, rollout_errors = start_rollouts(wire, [engine], "ipc", syncs=2)
-
-    def trainer_init(info, *, client, source):
-        info.packed = False  # the packed producer allocates a CUDA buffer
-        return CPUIPCTrainer.trainer_init(info, client=client, source=source)
-
-    sender = VLLMTransferSender(FakeActor(wire, 0), "ipc", routes, rollout_group="RolloutGroup", timeout_s=WAIT_S,
-                                trainer_init=trainer_init)
-    assert run_actor_ranks([sender], version=1) == [] and run_actor_ranks([sender], version=2) == []
+    sender = ipc_sender(wire, 0, routes)
+    for version in (1, 2):
+        assert run_actor_ranks([sender], version, versioned(version), device_of=lambda rank: 1) == []
     threads[0].join(WAIT_S)
     assert rollout_errors == []
-    calls = [c[0] if isinstance(c, tuple) and c[0] == "update_weights" else c for c in engine.calls]
-    one_sync = [("sleep", 2, "wait"),  # after the rollout, requests in flight finish first (vLLM #28714)
-                ("wake_up", ["weights"]), "start_weight_update", "update_weights", ("finish_weight_update", "{v}"),
-                ("wake_up", ["kv_cache"]), "reset_prefix_cache", "reset_encoder_cache", "resume_generation"]
-    expect = [("init_weight_transfer_engine", {"packed": False})]
-    for v in ("1", "2"):
-        expect += [c if c != ("finish_weight_update", "{v}") else ("finish_weight_update", v) for c in one_sync]
+    state, expected = model_state(engine), weights_of(0, 2)
+    assert all(torch.equal(state[k], expected[k]) for k in WEIGHTS)  # the second sync's weights, in place
+
+    one_sync = ["sleep", "wake_up", "start_weight_update", "update_weights", "update_weights",
+                "finish_weight_update", "wake_up", "reset_prefix_cache", "reset_encoder_cache", "resume_generation"]
     # init comes once, with the first sync, after the engine went to sleep
-    assert calls == expect[1:2] + expect[:1] + expect[2:]
-    update = next(c[1] for c in engine.calls if isinstance(c, tuple) and c[0] == "update_weights")
-    assert update["names"] == list(WEIGHTS) and all(set(h) == {"GPU-0"} for h in update["ipc_handles"])
+    assert engine.names() == one_sync[:1] + ["init_weight_transfer_engine"] + one_sync[1:] + one_sync
+    wakes = [a["tags"] for n, a in engine.calls if n == "wake_up"]
+    assert wakes == [["weights"], ["kv_cache"]] * 2 and engine.serving
+    assert [a["level"] for n, a in engine.calls if n == "sleep"] == [2, 2]
+    updates = [a["request"].update_info for n, a in engine.calls if n == "update_weights"]
+    assert [u["names"] for u in updates[:2]] == [list(WEIGHTS)[:2], list(WEIGHTS)[2:]]
+    assert all(set(u["ipc_handles"]) == {"GPU-1"} for u in updates)  # the caller's device, through the watchdog
+    # one buffer per sync, opened once by the engine on its device for both chunks (vLLM's PackedBufferImporter)
+    assert [device for _, device in host_gpus.ipc.opened] == [1, 1]
+    assert len({name for name, _ in host_gpus.ipc.opened}) == 2
+
+    # per sync: FINISH (vLLM lets go of the buffer), then the actor's ipc_collect and empty_cache on GPU 1,
+    # then the KV cache's wake-up
+    events = [(e[0], e[1], e[2] if e[0] == "cuda" else e[2].get("tags")) for e in log]
+    for k in range(2):
+        finish = [i for i, e in enumerate(events) if e[1] == "finish_weight_update"][k]
+        kv = [i for i, e in enumerate(events) if e == ("engine", "wake_up", ["kv_cache"])][k]
+        freed = [i for i, e in enumerate(events) if e == ("cuda", "empty_cache", 1) and finish < i]
+        collected = [i for i, e in enumerate(events) if e == ("cuda", "ipc_collect", 1) and finish < i]
+        assert freed and collected and max(freed[0], collected[0]) < kv, events
+
+
+def test_the_ipc_buffer_holds_the_largest_tensor():
+    from vllm.distributed.weight_transfer.base import ParamMeta
+
+    embed_7b = ParamMeta("model.embed_tokens.weight", torch.bfloat16, (152064, 3584))
+    assert ipc_buffer_bytes([embed_7b, ParamMeta("b", torch.float32, (3584,))], 1 << 30) == 1_089_994_752 > 1 << 30
+    assert ipc_buffer_bytes([ParamMeta("w", torch.float32, (4, 3))], 64) == 64
+    assert ipc_buffer_bytes([], 64) == 64
+
+
+def test_a_tensor_larger_than_the_bucket_crosses_the_ipc_route(host_gpus):
+    """vLLM's packed producer refuses a tensor larger than its buffer: the buffer grows to the largest tensor."""
+    big = {"model.embed_tokens.weight": torch.arange(24.0).reshape(8, 3), "lm_head.weight": torch.ones(2, 3)}
+    wire = Wire(1, 1)
+    engine = RecordingEngine(ipc_worker(loadable_model(big), device_index=0))
+    threads, rollout_errors = start_rollouts(wire, [engine], "ipc")
+    sender = ipc_sender(wire, 0, SyncRoutes("paired", actor_world=1, rollout_dp=1))
+    assert run_actor_ranks([sender], 1, versioned(1, big)) == []
+    threads[0].join(WAIT_S)
+    assert rollout_errors == [] and sender.engine.packed_buffer_size_bytes == 96 > SMALL_BUFFER
+    state = model_state(engine)
+    assert all(torch.equal(state[k], v) for k, v in weights_of(0, 1, big).items())
+
+
+@pytest.mark.parametrize("refused", ["init", "start"])
+def test_a_refused_init_or_start_leaves_the_engine_serving(host_gpus, refused):
+    """vLLM refuses INIT (an engine started without a weight-transfer config) or START (an update already active):
+    the actor gets the error, and the engine, asleep since the rollout, is woken fully and resumed."""
+    routes = SyncRoutes("paired", actor_world=1, rollout_dp=1)
+    wire = Wire(1, 1)
+    worker = ipc_worker(loadable_model(), device_index=0, configured=refused != "init")
+    worker._weight_update_active = refused == "start"
+    engine = RecordingEngine(worker)
+    threads, rollout_errors = start_rollouts(wire, [engine], "ipc")
+    errors = run_actor_ranks([ipc_sender(wire, 0, routes, timeout_s=5.0)], version=1)
+    threads[0].join(WAIT_S)
+    match = "Weight transfer not configured" if refused == "init" else "already active"
+    assert len(errors) == 1 and match in str(errors[0]) and match in str(rollout_errors[0])
+    assert engine.serving, engine.calls
+    assert engine.names()[-3:] == ["reset_prefix_cache", "reset_encoder_cache", "resume_generation"]
+    woken = [sorted(a["tags"]) for n, a in engine.calls if n == "wake_up"]
+    assert woken == ([["kv_cache", "weights"]] if refused == "init" else [["weights"], ["kv_cache"]])
 
 
 def test_sleep_level_and_no_sleep_while_generating():
@@ -356,9 +453,68 @@ def test_sleep_level_and_no_sleep_while_generating():
     sync = VLLMGpuSync(engine, "ipc", sleep_level=1)
     asyncio.run(sync.after_rollout())
     asyncio.run(sync.after_rollout())  # already asleep: not twice
-    assert engine.calls == [("sleep", 1, "wait")]  # "wait": in-flight requests finish; vLLM's default aborts
+    # "wait": in-flight requests finish; vLLM's default aborts
+    assert engine.calls == [("sleep", {"level": 1, "mode": "wait"})] and not engine.serving
     nccl = VLLMGpuSync(engine, "nccl")
     asyncio.run(nccl.after_rollout())
-    assert engine.calls == [("sleep", 1, "wait")]  # a disaggregated engine never sleeps
+    assert engine.names() == ["sleep"]  # a disaggregated engine never sleeps
     with pytest.raises(RuntimeError, match="before start_weight_update"):
         asyncio.run(nccl.handle(EngineCall("update_weights", {})))
+
+
+# ------------------------------------------------------------------------------------------------ two actor ranks
+def actor_rank_process(rank, world, init_file, root, wire, versions, results):
+    """One actor rank in a process of its own (gloo default group, as RLinf's actor ranks), on GPU ``rank``: vLLM's
+    IPC trainer engine all-gathers every rank's handles and rank 0 ships them to every engine."""
+    try:
+        log: list = []
+        cuda = HostCuda(log)
+        cuda.install(setattr)
+        ipc = HostIpc(root, cuda)
+        ipc.install_producer(setattr)
+        HostIPCTrainer.ipc = ipc
+        torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        torch.cuda.set_device(rank)
+        sender = ipc_sender(wire, rank, SyncRoutes("paired", actor_world=world, rollout_dp=world))
+        for version in versions:
+            sender.sync(SyncHeader(version=version, sender=rank), versioned(version)(rank))
+        results.put((rank, None, log))
+    except BaseException:  # noqa: BLE001 - reported to the test
+        results.put((rank, traceback.format_exc(), None))
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def test_packed_ipc_across_two_actor_ranks_each_engine_opens_its_own_gpu(host_gpus, tmp_path):
+    """Two actor ranks (processes, gloo) each with its engine on its GPU: every rank's handle reaches both engines
+    (vLLM's all-gather), each engine opens its own GPU's buffer and ends with that rank's weights."""
+    # forked before any thread of this test starts: the ranks share this process's imports (a spawned rank
+    # imports vLLM again, ~20 s on 2 cores) and its CUDA stand-ins, then install their own
+    ctx = multiprocessing.get_context("fork")
+    wire, versions = Wire(2, 2, make_queue=ctx.Queue), (1, 2)
+    engines = [RecordingEngine(ipc_worker(loadable_model(), device_index=r)) for r in range(2)]
+    results = ctx.Queue()
+    ranks = [ctx.Process(target=actor_rank_process, args=(r, 2, str(tmp_path / "pg"), str(tmp_path), wire, versions,
+                                                          results), daemon=True) for r in range(2)]
+    for p in ranks:
+        p.start()
+    threads, rollout_errors = start_rollouts(wire, engines, "ipc", syncs=len(versions))
+    reports = sorted(results.get(timeout=WAIT_S * 3) for _ in ranks)
+    for p in ranks:
+        p.join(WAIT_S)
+    for t in threads:
+        t.join(WAIT_S)
+    assert [error for _, error, _ in reports] == [None, None], "\n".join(e for _, e, _ in reports if e)
+    assert rollout_errors == []
+    for rank, engine in enumerate(engines):
+        state, expected = model_state(engine), weights_of(rank, versions[-1])
+        assert all(torch.equal(state[k], expected[k]) for k in WEIGHTS), rank
+        updates = [a["request"].update_info for n, a in engine.calls if n == "update_weights"]
+        assert len(updates) == 2 * len(versions)
+        assert all(set(u["ipc_handles"]) == {"GPU-0", "GPU-1"} for u in updates)  # both ranks' handles
+    # each engine opened only its own GPU's buffer, once per sync
+    opened = sorted(host_gpus.ipc.opened)
+    assert [(name.split("-")[0], device) for name, device in opened] == [("gpu0", 0)] * 2 + [("gpu1", 1)] * 2
+    for rank, _, log in reports:  # each rank freed its memory on its own GPU after every sync
+        assert [e for e in log if e[1] == "empty_cache"] == [("cuda", "empty_cache", rank)] * len(versions)

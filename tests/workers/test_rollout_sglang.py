@@ -1,9 +1,9 @@
-"""The SGLang rollout worker's logic on CPU without Ray or sglang (the engine needs a GPU): the post-sync probe
-check; how received buckets become sglang 0.5.23's per-TP-rank ``serialized_named_tensors`` (checked by loading
-each payload the way a TP scheduler does: ``TpModelWorker.deserialize_own_rank`` opens entry ``tp_rank``); and the
-order of the engine calls (release / resume / begin / update / end / flush / probe) against a recording control,
-fed by the real ``sync/weight_sync.py`` paired route over a fake transport (the disaggregated route:
-tests/sync/test_sglang_transfer.py)."""
+"""The SGLang rollout worker's logic on CPU without Ray or sglang (the engine needs a GPU): how received buckets
+become sglang 0.5.23's per-TP-rank ``serialized_named_tensors`` (checked by loading each payload the way a TP
+scheduler does: ``TpModelWorker.deserialize_own_rank`` opens entry ``tp_rank``); the post-sync probe check is
+tests/sync/test_probe.py; and the order of the engine calls (release / resume / begin / update / end / flush /
+probe) against a recording control, fed by the real ``sync/weight_sync.py`` paired route over a fake transport
+(the disaggregated route: tests/sync/test_sglang_transfer.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ from rlinf_ext.workers.rollout_sglang import (
     CACHE_TAGS,
     WEIGHTS_TAGS,
     SGLangRolloutState,
-    probe_logprob_gap,
     rank_payloads,
     reduction_of,
     rollout_worker_class,
@@ -44,23 +43,6 @@ def forking_serialize(obj) -> bytes:  # SGLang's MultiprocessingSerializer.seria
     buf = io.BytesIO()
     ForkingPickler(buf).dump(obj)
     return buf.getvalue()
-
-
-def test_probe_logprob_gap_compares_engine_and_actor():
-    torch.manual_seed(0)
-    ids = torch.randint(0, 50, (1, 6))
-    logits = torch.randn(1, 6, 50) * 3
-    exact = torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
-    entries = [(None, int(ids[0, 0]), None)] + [(lp, int(t), None) for lp, t in zip(exact, ids[0, 1:])]
-    assert probe_logprob_gap(ids, logits, entries) < 1e-5
-    shifted = [entries[0]] + [(lp + 1.0, t, x) for lp, t, x in entries[1:]]
-    assert probe_logprob_gap(ids, logits, shifted) == pytest.approx(1.0, abs=1e-5)
-    with pytest.raises(WeightSyncError, match="probe log-probs"):
-        probe_logprob_gap(ids, logits, entries[:-1])
-    # the multimodal probe compares only the text after its image: a gap on the image's positions is not counted
-    image_off = [entries[0]] + [(lp + (5.0 if k < 2 else 0.0), t, x) for k, (lp, t, x) in enumerate(entries[1:])]
-    assert probe_logprob_gap(ids, logits, image_off, positions=[3, 4, 5]) < 1e-5
-    assert probe_logprob_gap(ids, logits, image_off, positions=[2, 3]) == pytest.approx(2.5, abs=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ payloads

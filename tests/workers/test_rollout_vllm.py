@@ -14,7 +14,10 @@ import torch
 pytest.importorskip("vllm")
 
 from channel_fakes import Channel, Op  # noqa: E402
-from rlinf_ext.generation.vllm_engine import VLLMEngineOptions, VLLMGenerator  # noqa: E402
+from rlinf.scheduler import Worker as RLinfWorker  # noqa: E402
+from vllm_boundary import bound  # noqa: E402
+from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams  # noqa: E402
 from rlinf_ext.sync.weight_sync import (  # noqa: E402
     SYNC_ACK,
@@ -32,7 +35,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: a vLLM engine
 
 
 class FakeTransport(VLLMRolloutState):
-    """What ``receive_weights`` calls on the worker (paired route: recv from the actor, send acknowledgements)."""
+    """What ``receive_weights`` calls on the worker (paired route: recv from the actor, send acknowledgements),
+    each call bound to the installed RLinf ``Worker`` method."""
 
     def __init__(self, messages):
         self._rank = 0
@@ -40,9 +44,11 @@ class FakeTransport(VLLMRolloutState):
         self.acks = 0
 
     def recv(self, group, src, async_op=True):
+        bound(RLinfWorker.recv, self, group, src, async_op=async_op)
         return Op(self.inbox.pop(0))
 
     def send(self, obj, group, dst, async_op=True):
+        bound(RLinfWorker.send, self, obj, group, dst, async_op=async_op)
         assert obj == SYNC_ACK
         self.acks += 1
         return Op()
@@ -141,7 +147,8 @@ def test_gpu_engine_options_follow_the_placement(qwen2_head32_dirs):
     """GPU engines: sleep mode and vLLM's ipc transfer when collocated, nccl without sleep mode when apart; the
     CPU engine needs neither (in-place reload). Log-probs after temperature on every engine; helper ops eager on CPU."""
     from rlinf_ext.config import load_config
-    from rlinf_ext.generation.vllm_engine import LOGPROBS_MODE, engine_args, options_from_config
+    from rlinf_ext.generation.vllm_wire import (ALLOW_PICKLED_CALLS_ENV, LOGPROBS_MODE, engine_args,
+                                                engine_environment, options_from_config)
 
     path = f"rollout.model.model_path={qwen2_head32_dirs[0]}"
     collocated = load_config("tiny-cpu", [path, "rollout.rollout_backend=vllm"], strict=False)
@@ -152,8 +159,11 @@ def test_gpu_engine_options_follow_the_placement(qwen2_head32_dirs):
     apart.cluster.component_placement = {"actor": "0-3", "rollout,reward": "4-7"}
     on = engine_args(options_from_config(collocated, cuda=True))
     assert on["enable_sleep_mode"] and on["weight_transfer_config"] == {"backend": "ipc"}
+    # the collocated engine starts allowing pickled engine-core calls (its CUDA-IPC update info), no other one
+    assert engine_environment(options_from_config(collocated, cuda=True)) == {ALLOW_PICKLED_CALLS_ENV: "1"}
     off = engine_args(options_from_config(apart, cuda=True))
     assert "enable_sleep_mode" not in off and off["weight_transfer_config"] == {"backend": "nccl"}
+    assert engine_environment(options_from_config(apart, cuda=True)) == {}
     cpu = engine_args(options_from_config(collocated, cuda=False))
     assert "enable_sleep_mode" not in cpu and "weight_transfer_config" not in cpu
     assert on["logprobs_mode"] == off["logprobs_mode"] == cpu["logprobs_mode"] == LOGPROBS_MODE == "processed_logprobs"

@@ -35,7 +35,7 @@ from rlinf_ext.eval.mmsearch.records import MMGenerationRecord, error_record, re
 from rlinf_ext.eval.mmsearch.results import tabulate
 from rlinf_ext.generation.hf_vl import HFVLGenerator, load_vl_processor
 from rlinf_ext.protocol.generation import SamplingParams
-from rlinf_ext.generation.vllm_engine import options_from_config
+from rlinf_ext.generation.vllm_wire import options_from_config
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 from rlinf_ext.tools import SearchTool
 from rlinf_ext.tools.image_search import ImageSearchTool

@@ -32,7 +32,8 @@ from rlinf_ext.eval.searchr1.dataset import EvalItem, load_eval_items
 from rlinf_ext.eval.searchr1.records import Decode, GenerationRecord, error_record, record_from_trajectory
 from rlinf_ext.eval.searchr1.results import paper_table_rows, tabulate
 from rlinf_ext.generation.hf import HFGenerator
-from rlinf_ext.generation.vllm_engine import VLLMGenerator, options_from_config
+from rlinf_ext.generation.vllm_engine import VLLMGenerator
+from rlinf_ext.generation.vllm_wire import options_from_config
 from rlinf_ext.tools import SearchTool
 
 

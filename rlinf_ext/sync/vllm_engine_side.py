@@ -1,0 +1,105 @@
+"""The engine side of vLLM's weight transfer (vllm 0.32.0, ``vllm/distributed/weight_transfer/``) on an ``AsyncLLM``
+(NOT GPU-verified; the call order is tested on CPU with recording engines that run vLLM's own serialization and
+worker-side IPC engine, tests/sync/test_vllm_transfer.py): ``VLLMGpuSync`` answers the control calls of the actor's
+vLLM trainer engine (``sync/vllm_transfer.py``), which the rollout worker receives with
+``sync/engine_calls.py:serve_engine_calls``, then leaves the engine serving.
+
+- collocated (``ipc``): after each rollout ``sleep(level=rollout.vllm.sleep_level, mode="wait")`` (requests in flight
+  finish first, vLLM #28714; weights and KV cache leave the GPU for training; vLLM's sleep also pauses the
+  scheduler); INIT once (``init_weight_transfer_engine``); START = ``wake_up(["weights"])`` (the update writes into
+  them; the KV cache stays asleep, so the scheduler stays paused) + ``start_weight_update``; UPDATE = the trainer's
+  CUDA IPC handles; FINISH = ``finish_weight_update`` (vLLM lets go of the actor's packed buffer). Then, after
+  ``SYNC_END`` (``serve``): ``wake_up`` of the KV cache, prefix- and encoder-cache reset, resume. The actor sends
+  ``SYNC_END`` once every actor rank has freed its transfer memory, so the KV cache is mapped again only after the
+  actor's share of the GPU is back.
+- disaggregated (``nccl``): the engine never sleeps; START pauses generation (``mode="wait"``), each UPDATE receives
+  the trainer's broadcast, FINISH finishes; ``serve`` resets the caches and resumes.
+- A broken transfer (a refused INIT, START or UPDATE, a timeout): ``serve`` leaves the engine serving all the same:
+  the update finished, every memory tag still asleep woken (after a level-2 sleep the weights are then unloaded
+  until the next sync: the sync's error stops the run first), generation resumed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from rlinf_ext.sync.vllm_transfer import FINISH, INIT, START, UPDATE
+from rlinf_ext.sync.weight_sync import WeightSyncError
+
+# vLLM's memory tags of a sleeping engine (vllm/v1/executor/abstract.py: SLEEP_TAGS), woken in this order
+WEIGHTS_TAG = "weights"
+KV_CACHE_TAG = "kv_cache"
+SLEEP_TAGS = (WEIGHTS_TAG, KV_CACHE_TAG)
+
+
+class VLLMGpuSync:
+    """The engine side of one rollout rank's vLLM transfers: ``after_rollout``, ``handle`` (one ``EngineCall``),
+    ``serve`` (after ``SYNC_END`` or a broken transfer). Tracks what vLLM's engine holds back: the tags asleep,
+    a paused scheduler, an update between start and finish."""
+
+    def __init__(self, engine: Any, backend: Literal["ipc", "nccl"], *, sleep_level: int = 2):
+        self.engine, self.backend, self.sleep_level = engine, backend, int(sleep_level)
+        self.asleep: list[str] = []  # memory tags asleep, in wake-up order
+        self.paused = False  # the scheduler holds new requests back (a sleep or pause_generation)
+        self.updating = False  # between a successful start_weight_update and its finish
+
+    async def after_rollout(self) -> None:
+        if self.backend == "ipc" and not self.asleep:
+            await self.engine.sleep(level=self.sleep_level, mode="wait")
+            self.asleep, self.paused = list(SLEEP_TAGS), True
+
+    async def handle(self, call: Any) -> None:
+        """One ``EngineCall`` (method + payload) from the trainer."""
+        from vllm.distributed.weight_transfer.base import (  # lazy: vllm is slow to import
+            WeightTransferInitRequest,
+            WeightTransferUpdateRequest,
+        )
+
+        if call.method == INIT:
+            await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(call.payload)))
+        elif call.method == START:
+            await self.begin()
+        elif call.method == UPDATE:
+            if not self.updating:
+                raise RuntimeError("update_weights before start_weight_update")
+            await self.engine.update_weights(WeightTransferUpdateRequest(update_info=call.payload))
+        elif call.method == FINISH:
+            await self.finish_update(call.payload)
+        else:
+            raise ValueError(f"unknown weight-transfer call {call.method!r}")
+
+    async def begin(self) -> None:
+        if WEIGHTS_TAG in self.asleep:
+            await self.engine.wake_up(tags=[WEIGHTS_TAG])
+            self.asleep.remove(WEIGHTS_TAG)
+        elif not self.paused:
+            await self.engine.pause_generation(mode="wait")
+            self.paused = True
+        await self.engine.start_weight_update()
+        self.updating = True
+
+    async def finish_update(self, version: str | None = None) -> None:
+        if not self.updating:
+            raise RuntimeError("finish_weight_update before start_weight_update")
+        self.updating = False
+        await self.engine.finish_weight_update(version)
+
+    async def serve(self) -> None:
+        """The engine serves again: an update broken off is finished, the tags still asleep are woken (the KV
+        cache, or everything after a refused INIT/START), the caches reset, generation resumed."""
+        try:
+            if self.updating:  # the transfer broke off between start and finish
+                self.updating = False
+                await self.engine.finish_weight_update(None)
+        finally:
+            try:
+                if self.asleep:
+                    tags, self.asleep = self.asleep, []
+                    if not await self.engine.wake_up(tags=tags):  # vLLM resumes scheduling once fully awake
+                        raise WeightSyncError(f"vLLM's engine is still partly asleep after wake_up({tags})")
+            finally:
+                if self.paused:
+                    self.paused = False
+                    await self.engine.reset_prefix_cache()  # vLLM #46125: not reset automatically after an update
+                    await self.engine.reset_encoder_cache()  # vision embeddings of the old weights (VL models)
+                    await self.engine.resume_generation()
