@@ -395,7 +395,7 @@ def _phase_terms(cfg: ExperimentConfig, x: ActorMemoryInputs, plan: GpuPlan, pha
               f"{t.conversion / GIB:.1f})")
     remedy = ((f"offload the actor ({', '.join(f'{k}=true' for k in off)}), " if off else "")
               + "split the engine's weights over more GPUs (rollout.tensor_parallel_size), smaller transfer buckets "
-              "(sync/weight_sync.py BUCKET_BYTES), or GPUs with more memory (cluster.gpu_memory_gib); a lower "
+              "(models/memory.py BUCKET_BYTES), or GPUs with more memory (cluster.gpu_memory_gib); a lower "
               "rollout.gpu_memory_utilization does not help: the KV cache is asleep during the sync.")
     return (off[0] if off else "rollout.tensor_parallel_size"), detail, remedy
 

@@ -62,9 +62,10 @@ VLLM_RUNTIME_BYTES = int(2.0 * GIB)
 # request_memory takes from that snapshot (vllm/v1/worker/utils.py:724-726; KV cache = budget - profiled
 # non-KV memory, gpu_worker.py:740-744)
 VLLM_CUDA_CONTEXT_BYTES = int(0.5 * GIB)
-# the weight sync's transfer buffer: weights cross from the actor to the engine in packed buffers of this many
-# bytes (the value of sync/weight_sync.py:BUCKET_BYTES, which vLLM gets as packed_buffer_size_bytes)
-TRANSFER_BUCKET_BYTES = 1 << 30
+# the weight sync's transfer buffer: weights cross from the actor to the engine in buckets of this many bytes
+# (every route of sync/; vLLM gets it as packed_buffer_size_bytes, raised to the largest tensor): bounded extra
+# memory on both sides, and the plan counts exactly this
+BUCKET_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,7 @@ class EngineMemory:
         return -(-100 * need // self.gpu_bytes) / 100
 
 
-def transfer_buffer_bytes(shape: ModelShape, dtype_bytes: int, bucket_bytes: int = TRANSFER_BUCKET_BYTES) -> int:
+def transfer_buffer_bytes(shape: ModelShape, dtype_bytes: int, bucket_bytes: int = BUCKET_BYTES) -> int:
     """One packed transfer buffer: ``bucket_bytes``, or the largest tensor when that is bigger (RLinf's route
     packs it alone; vLLM's packed IPC producer refuses a tensor over its capacity,
     vllm/distributed/weight_transfer/packed_tensor.py:356-361, so its buffer must hold it)."""
@@ -319,7 +320,7 @@ def transfer_buffer_bytes(shape: ModelShape, dtype_bytes: int, bucket_bytes: int
 
 def engine_memory(shape: ModelShape, *, gpu_bytes: int, fraction: float, dtype_bytes: int,
                   tensor_parallel: int = 1, backend: str = "vllm", sleep_level: int = 2,
-                  bucket_bytes: int = TRANSFER_BUCKET_BYTES) -> EngineMemory:
+                  bucket_bytes: int = BUCKET_BYTES) -> EngineMemory:
     """The engine of ``shape`` (vision tower included) on one of its GPUs.
 
     vLLM: its CUDA context is outside its fraction (``VLLM_CUDA_CONTEXT_BYTES``). Asleep, ``CuMemBackend.suspend``
@@ -327,8 +328,8 @@ def engine_memory(shape: ModelShape, *, gpu_bytes: int, fraction: float, dtype_b
     too at level 1 (vllm/device_allocator/sleep_mode_backend.py:127-137, the copy in cumem.py:265-276); the runtime
     figure bounds the first two. Taking new weights, its consumer clones each chunk of the packed buffer
     (packed_tensor.py:491-494) and the layerwise reload buffers those clones until a layer is complete, then
-    materialises the layer before copying it into the original storage (model_loader/reload/layerwise.py,
-    ``_layerwise_process``): one buffer of clones plus two of the largest layer or tensor (a finished layer being
+    materialises the layer before copying it into the original storage
+    (vllm/model_executor/model_loader/reload/layerwise.py, ``_layerwise_process``): one buffer of clones plus two of the largest layer or tensor (a finished layer being
     materialised and an unfinished one's clones from the chunk before), counted whole under TP.
 
     SGLang: its fraction plus workspace, and ``ROLLOUT_RESIDENT_BYTES`` released; its memory saver keeps no copy
@@ -361,7 +362,7 @@ class SyncTransfer:
 
 
 def sync_transfer(shape: ModelShape, *, route: str, dtype_bytes: int, fsdp: bool = False,
-                  bucket_bytes: int = TRANSFER_BUCKET_BYTES) -> SyncTransfer:
+                  bucket_bytes: int = BUCKET_BYTES) -> SyncTransfer:
     """The actor's transfer memory on its GPU for one collocated sync, in the rollout's dtype (``dtype_bytes``).
 
     ``route``: ``ipc`` (vLLM's packed IPC producer: one buffer per transfer, packed_tensor.py:342, allocated inside

@@ -33,7 +33,8 @@ from rlinf_ext.sync.engine_calls import (
     nccl_world_size,
     run_with_timeout,
 )
-from rlinf_ext.sync.weight_sync import BUCKET_BYTES, SYNC_END, SyncHeader, SyncRoutes
+from rlinf_ext.models.memory import BUCKET_BYTES
+from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes
 
 GROUP_NAME = "rlinf_ext_weight_update"
 INIT_GROUP = "init_weights_update_group"

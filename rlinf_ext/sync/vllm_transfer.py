@@ -45,7 +45,8 @@ from rlinf_ext.sync.engine_calls import (
     release_cuda_cache,
     run_with_timeout,
 )
-from rlinf_ext.sync.weight_sync import BUCKET_BYTES, SYNC_END, SyncHeader, SyncRoutes
+from rlinf_ext.models.memory import BUCKET_BYTES
+from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes
 
 TransferBackend = Literal["ipc", "nccl"]
 INIT = "init_weight_transfer_engine"

@@ -34,10 +34,10 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator, Literal
 import torch
 
 from rlinf_ext.models.dtypes import dtype_of_hf_name, dtype_of_precision
+from rlinf_ext.models.memory import BUCKET_BYTES
 
 PROBE_LENGTH = 16
 DEFAULT_ATOL = 1e-3  # fp32 on both sides differs by summation order only (~1e-6); bf16 engines need more
-BUCKET_BYTES = 1 << 30  # weights cross in ~1 GiB pieces: bounded extra memory on both sides
 SYNC_END = "rlinf_ext.weight_sync.end"  # the message after the last bucket
 SYNC_ACK = "rlinf_ext.weight_sync.ack"  # paired route: the rollout has loaded a bucket (the actor may free it)
 

@@ -35,8 +35,8 @@ from rlinf_ext.protocol.payloads import SearchRolloutResult, pad_rows
 from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
 from rlinf_ext.training.grpo_policy import MMSample, Sample
 from rlinf_ext.training.settings import ActorSettings
+from rlinf_ext.models.memory import BUCKET_BYTES
 from rlinf_ext.sync.weight_sync import (
-    BUCKET_BYTES,
     CastView,
     SyncHeader,
     SyncRoutes,

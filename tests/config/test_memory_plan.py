@@ -15,7 +15,6 @@ from rlinf_ext.models.memory import (
     CUDA_RESERVE_BYTES,
     GIB,
     ROLLOUT_RESIDENT_BYTES,
-    TRANSFER_BUCKET_BYTES,
     VLLM_ASLEEP_RESIDENT_BYTES,
     VLLM_CUDA_CONTEXT_BYTES,
     VLLM_RUNTIME_BYTES,
@@ -23,7 +22,6 @@ from rlinf_ext.models.memory import (
     engine_memory,
     vision_tower_params,
 )
-from rlinf_ext.sync.weight_sync import BUCKET_BYTES
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
 # where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
@@ -86,10 +84,6 @@ def _rows(text: str) -> dict[str, str]:
     """The plan's memory rows: label -> value (they are apart by two spaces or more)."""
     pairs = (re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in text.splitlines() if line.startswith("  "))
     return {pair[0]: pair[1] for pair in pairs if len(pair) == 2}
-
-
-def test_the_plan_bucket_size_is_the_weight_syncs():
-    assert TRANSFER_BUCKET_BYTES == BUCKET_BYTES
 
 
 def test_a_config_that_does_not_fit_is_refused_with_the_keys_that_make_it_fit(reference_env):

@@ -8,7 +8,7 @@ from rlinf_ext.models.memory import (
     GIB,
     ROLLOUT_RESIDENT_BYTES,
     ROLLOUT_WORKSPACE_BYTES,
-    TRANSFER_BUCKET_BYTES,
+    BUCKET_BYTES,
     VLLM_ASLEEP_RESIDENT_BYTES,
     VLLM_CUDA_CONTEXT_BYTES,
     VLLM_RUNTIME_BYTES,
@@ -129,10 +129,10 @@ def test_largest_tensor_and_layer_size():
 def test_transfer_buffer_holds_the_largest_tensor():
     assert transfer_buffer_bytes(SMALL, 2, bucket_bytes=1000) == 1000
     assert transfer_buffer_bytes(SMALL, 2, bucket_bytes=100) == 512  # 256 elements x 2 bytes go alone
-    assert TRANSFER_BUCKET_BYTES == 1 << 30
-    assert transfer_buffer_bytes(QWEN25_3B, 2) == TRANSFER_BUCKET_BYTES  # embedding 622,329,856 bytes fits
+    assert BUCKET_BYTES == 1 << 30
+    assert transfer_buffer_bytes(QWEN25_3B, 2) == BUCKET_BYTES  # embedding 622,329,856 bytes fits
     # Qwen2.5-VL-7B's bf16 embedding (and untied head): 1,089,994,752 bytes, over a 1 GiB buffer
-    assert transfer_buffer_bytes(QWEN25_VL_7B_TEXT, 2) == 1_089_994_752 > TRANSFER_BUCKET_BYTES
+    assert transfer_buffer_bytes(QWEN25_VL_7B_TEXT, 2) == 1_089_994_752 > BUCKET_BYTES
 
 
 def test_vllm_engine_context_sleep_backups_and_update_copies():
