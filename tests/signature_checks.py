@@ -1,0 +1,60 @@
+"""A fake's calls checked against the real library's signature: a call the library would refuse (an unknown or
+missing argument, a keyword-only one passed by position) raises the ``TypeError`` the library would raise.
+
+    class RecordingEngine:
+        @checked_against(AsyncLLM.sleep)        # the installed library's own method
+        async def sleep(self, level=1, mode="abort"): ...
+
+``real`` is a callable (its ``inspect.signature``) or an ``inspect.Signature`` (for a library that cannot be
+imported here: ``tests/sglang_source.py`` reads SGLang's from its installed source). A method's signature keeps
+``self``: the fake's own ``self`` is bound there.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+
+def signature_of(real: Callable | inspect.Signature) -> inspect.Signature:
+    return real if isinstance(real, inspect.Signature) else inspect.signature(real)
+
+
+def bind_like(real: Callable | inspect.Signature, *args: Any, label: str | None = None,
+              **kwargs: Any) -> inspect.BoundArguments:
+    """``args``/``kwargs`` bound to ``real``'s signature (defaults applied); the library's ``TypeError`` if it would
+    refuse them."""
+    name = label or getattr(real, "__qualname__", None) or "the real callable"
+    try:
+        bound = signature_of(real).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{name}{signature_of(real)} refuses this call: {exc}") from None
+    bound.apply_defaults()
+    return bound
+
+
+def checked_against(real: Callable | inspect.Signature, *, label: str | None = None):
+    """Decorator: every call of the fake (sync or async) is first bound to ``real``'s signature."""
+
+    def wrap(fake: Callable) -> Callable:
+        name = label or getattr(real, "__qualname__", None) or fake.__qualname__
+        if inspect.iscoroutinefunction(fake):
+            @functools.wraps(fake)
+            async def checked_async(*args, **kwargs):
+                bind_like(real, *args, label=name, **kwargs)
+                return await fake(*args, **kwargs)
+
+            checked_async.checked_against = real
+            return checked_async
+
+        @functools.wraps(fake)
+        def checked(*args, **kwargs):
+            bind_like(real, *args, label=name, **kwargs)
+            return fake(*args, **kwargs)
+
+        checked.checked_against = real
+        return checked
+
+    return wrap
