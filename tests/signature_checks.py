@@ -35,11 +35,22 @@ def bind_like(real: Callable | inspect.Signature, *args: Any, label: str | None 
     return bound
 
 
+def _shape(signature: inspect.Signature) -> list[tuple[str, Any, Any]]:
+    return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
+
+
 def checked_against(real: Callable | inspect.Signature, *, label: str | None = None):
-    """Decorator: every call of the fake (sync or async) is first bound to ``real``'s signature."""
+    """Decorator: every call of the fake (sync or async) is first bound to ``real``'s signature. A fake that spells
+    its parameters out (no ``*args``/``**kwargs``) must spell them as the real one does (names, kinds, defaults:
+    a default the library does not have would answer calls differently), checked when the class is defined."""
 
     def wrap(fake: Callable) -> Callable:
         name = label or getattr(real, "__qualname__", None) or fake.__qualname__
+        own = inspect.signature(fake)
+        kinds = {p.kind for p in own.parameters.values()}
+        if not kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+            if _shape(own) != _shape(signature_of(real)):
+                raise TypeError(f"the fake {fake.__qualname__}{own} is not spelled as {name}{signature_of(real)}")
         if inspect.iscoroutinefunction(fake):
             @functools.wraps(fake)
             async def checked_async(*args, **kwargs):

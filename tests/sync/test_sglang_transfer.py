@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from sglang_fakes import UTILS, RecordingEngine, RecordingTokenizerManager, SourceSerializer
-from signature_checks import bind_like
+from rlinf.scheduler import Worker
+from signature_checks import bind_like, checked_against
 from transfer_fakes import Done, Op, Pending  # noqa: E402
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.sync.engine_calls import EngineCall
@@ -95,18 +96,24 @@ class Wire:
 
 
 class FakeActor:
+    """Actor rank 0's RLinf ``Worker.send``/``recv`` (checked against RLinf's) over the wire's queues."""
+
     _rank = 0
 
     def __init__(self, wire: Wire):
         self.wire = wire
 
-    def send(self, obj, group, dst, async_op=True):
-        self.wire.sent.append((dst, obj))
-        self.wire.down[dst].put(obj)
+    @checked_against(Worker.send)
+    def send(self, object, dst_group_name, dst_rank, async_op=False, options=None, piggyback_payload=None):
+        assert async_op, "the sender polls its work handles (engine_calls.wait_work)"
+        self.wire.sent.append((dst_rank, object))
+        self.wire.down[dst_rank].put(object)
         return Done()
 
-    def recv(self, group, src, async_op=True):
-        return Pending(self.wire.up[src])
+    @checked_against(Worker.recv)
+    def recv(self, src_group_name, src_rank, async_op=False, options=None):
+        assert async_op, "the sender polls its work handles (engine_calls.wait_work)"
+        return Pending(self.wire.up[src_rank])
 
 
 class Collective:
@@ -191,11 +198,15 @@ class FakeRollout(SGLangRolloutState):
         self._setup(CFG, verify_sync=True, collocated=False, distributed=True)
         self._attach(control, lambda ids: "", [7], SamplingParams())
 
-    def recv(self, group, src, async_op=True):
+    @checked_against(Worker.recv)
+    def recv(self, src_group_name, src_rank, async_op=False, options=None):
+        assert async_op, "an async worker awaits its receives"
         return Op(asyncio.to_thread(self.wire.down[self._rank].get, True, WAIT_S))
 
-    def send(self, obj, group, dst, async_op=True):
-        self.wire.up[self._rank].put(obj)
+    @checked_against(Worker.send)
+    def send(self, object, dst_group_name, dst_rank, async_op=False, options=None, piggyback_payload=None):
+        assert async_op, "an async worker awaits its sends"
+        self.wire.up[self._rank].put(object)
         return Op()
 
 

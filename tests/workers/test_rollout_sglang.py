@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from channel_fakes import Channel, Op  # noqa: E402
+from rlinf.scheduler import Worker
 from sglang_fakes import RecordingEngine, RecordingTokenizerManager, SourceSerializer, forking_serialize
+from signature_checks import checked_against
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams
 from rlinf_ext.sync.weight_sync import (
     SYNC_ACK,
@@ -159,7 +161,8 @@ CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
 
 
 class FakeWorker(SGLangRolloutState):
-    """The worker without Ray: ``receive_weights`` calls recv/send (paired) on it."""
+    """The worker without Ray: ``receive_weights`` calls recv/send (paired) on it, checked against RLinf's
+    ``Worker.recv``/``send`` (which answer with a work handle only for ``async_op=True``)."""
 
     def __init__(self, control, collocated: bool, messages=()):
         self._rank = 0
@@ -167,13 +170,16 @@ class FakeWorker(SGLangRolloutState):
         self._setup(CFG, verify_sync=True, sync_atol=1e-3, collocated=collocated, distributed=False)
         self._attach(control, lambda ids: "".join(f"<{i}>" for i in ids), [7], SamplingParams(max_new_tokens=8))
 
-    def recv(self, group, src, async_op=True):
-        return Op(self.inbox.pop(0))
+    @checked_against(Worker.recv)
+    def recv(self, src_group_name, src_rank, async_op=False, options=None):
+        message = self.inbox.pop(0)
+        return Op(message) if async_op else message
 
-    def send(self, obj, group, dst, async_op=True):
-        assert obj == SYNC_ACK
+    @checked_against(Worker.send)
+    def send(self, object, dst_group_name, dst_rank, async_op=False, options=None, piggyback_payload=None):
+        assert object == SYNC_ACK
         self.acks += 1
-        return Op()
+        return Op() if async_op else None
 
 
 def sync_messages(state, version=3):
