@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -69,3 +70,13 @@ def checked_against(real: Callable | inspect.Signature, *, label: str | None = N
         return checked
 
     return wrap
+
+
+def attributes_of(real_cls: type, **attributes: Any) -> SimpleNamespace:
+    """A stand-in holding ``attributes``, each one the real class has (an attribute, property or method of it):
+    for a fake that is only read."""
+    missing = [name for name in attributes if inspect.getattr_static(real_cls, name, None) is None
+               and name not in getattr(real_cls, "__annotations__", {})]
+    if missing:
+        raise AttributeError(f"{real_cls.__qualname__} has no {missing}: the stand-in would offer what it lacks")
+    return SimpleNamespace(**attributes)
