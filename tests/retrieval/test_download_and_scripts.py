@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from signature_checks import checked_against
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "searchr1"
@@ -53,6 +54,7 @@ def fake_hub(tmp_path, monkeypatch):
         (fvqa / name).write_bytes(data)
     calls = []
 
+    @checked_against(huggingface_hub.HfApi.list_repo_tree)  # the hub's own signatures: a call it refuses fails here
     def list_repo_tree(self, repo_id, repo_type=None, recursive=False, **kw):
         assert repo_type == "dataset"
         root = hub / repo_id
@@ -64,6 +66,7 @@ def fake_hub(tmp_path, monkeypatch):
                 yield RepoFile(path=str(p.relative_to(root)), size=len(data), oid="x",
                                lfs={"size": len(data), "oid": hashlib.sha256(data).hexdigest(), "pointerSize": 1})
 
+    @checked_against(huggingface_hub.hf_hub_download)
     def hf_hub_download(repo_id, filename, repo_type=None, local_dir=None, **kw):
         calls.append(filename)
         target = Path(local_dir) / filename
@@ -127,6 +130,7 @@ def test_download_offline_gives_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     import huggingface_hub
 
+    @checked_against(huggingface_hub.HfApi.list_repo_tree)
     def offline(*a, **kw):
         raise huggingface_hub.errors.OfflineModeIsEnabled("offline mode is enabled")
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sglang_fakes import RecordingEngine
 
 from rlinf_ext.generation import sglang_engine as sglang_generator
 from rlinf_ext.protocol.generation import SamplingParams
@@ -98,29 +99,29 @@ def test_vllm_eval_of_the_vision_language_agent_starts_the_vl_engine(monkeypatch
         mm_runner.build_vl_generator(cfg)
 
 
-class FakeEngine:
-    def __init__(self, **kwargs):
+class FakeEngine(RecordingEngine):
+    """sglang's ``Engine(**kwargs)``: its calls checked against sglang 0.5.23's (tests/sglang_fakes.py; the kwargs
+    build its real ServerArgs in tests/generation/test_sglang.py)."""
+
+    def __init__(self, source, **kwargs):
+        super().__init__(source)
         self.kwargs = kwargs
         self.requests = []
-        self.shutdowns = 0
 
-    async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False):
-        self.requests.append((input_ids, sampling_params))
+    async def reply(self, arguments):
+        self.requests.append((arguments["input_ids"], arguments["sampling_params"]))
         return {"text": "<answer> z</answer>", "output_ids": [2004, 220, 89, 2005],
                 "meta_info": {"finish_reason": {"type": "stop", "matched": "</answer>"}}}
 
-    def shutdown(self):
-        self.shutdowns += 1
-
 
 @pytest.mark.parametrize("fails", [False, True])
-def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets, monkeypatch, fails):
+def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets, monkeypatch, fails, sglang_source):
     engines: list[FakeEngine] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(services, "sglang_installed", lambda: True)
     monkeypatch.setattr(sglang_generator, "load_engine_class",
-                        lambda: lambda **kw: engines.append(FakeEngine(**kw)) or engines[-1])
+                        lambda: lambda **kw: engines.append(FakeEngine(sglang_source, **kw)) or engines[-1])
     monkeypatch.setattr(launch, "prepare_tiny_assets", lambda cfg: None)
     monkeypatch.setattr(launch, "ensure_index", lambda cfg: None)
     seen = {}
