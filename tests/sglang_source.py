@@ -6,7 +6,8 @@ The CPU venv runs vLLM's torch 2.13.0 (CPU build); SGLang is the GPU profile's e
 never on the test process's ``sys.path``: importing ``sglang`` patches transformers in place and sets cache
 variables (``sglang/__init__.py``), and ``importlib.metadata`` would then report sglang as installed.
 
-- ``ServerArgs`` is sglang's real class, built in a child process (``server_args_errors``, ``tests/sglang_probe.py``).
+- ``ServerArgs`` and the disallowed-tokens logit processor are sglang's real classes, run in a child process
+  (``probe``, ``tests/sglang_probe.py``).
 - ``io_struct``'s requests, ``TokenizerManager``'s methods, ``Engine.async_generate``, SGLang's ``SamplingParams``
   and ``init_custom_process_group`` cannot be imported on this lane: ``io_struct`` -> ``schedule_batch`` ->
   ``dllm.config`` -> ``sglang.srt.configs`` (which imports every model config) -> ``nano_nemotron_vl`` ->
@@ -221,15 +222,20 @@ class SGLangSource:
         """``sglang.srt.managers.io_struct`` as checked request types (what ``SGLangControl`` builds)."""
         return SourceModule(self, "sglang.srt.managers.io_struct")
 
-    # ---- the real ServerArgs, in a child process
-    def server_args_errors(self, kwargs_list: list[dict[str, Any]]) -> list[str | None]:
-        """``ServerArgs(**kwargs)`` of sglang's real class for each ``kwargs``: None where it is built, else the
-        error (``tests/sglang_probe.py`` runs in a child: importing sglang patches transformers in place)."""
-        done = subprocess.run([sys.executable, str(PROBE), str(self.folder)], input=json.dumps(kwargs_list),
+    # ---- sglang's real classes, in a child process
+    def probe(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``tests/sglang_probe.py``'s answer to ``request`` (it runs in a child: importing sglang patches
+        transformers in place)."""
+        done = subprocess.run([sys.executable, str(PROBE), str(self.folder)], input=json.dumps(request),
                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         if done.returncode != 0:
             raise RuntimeError(f"tests/sglang_probe.py failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def server_args_errors(self, kwargs_list: list[dict[str, Any]]) -> list[str | None]:
+        """``ServerArgs(**kwargs)`` of sglang's real class for each ``kwargs``: None where it is built, else the
+        error."""
+        return self.probe({"server_args": kwargs_list})["server_args"]
 
 
 class SourceStruct:

@@ -47,6 +47,22 @@ def test_request_carries_every_image_in_order_and_the_banned_ids(vl, sglang_sour
     assert after[0] == runs[-1][1] and after[-1] == len(ids) - 1
 
 
+@pytest.mark.slow  # ~5 s: a child process imports sglang
+def test_sglangs_own_processor_bans_the_ids_the_request_carries(vl, sglang_source):
+    """The banned ids travel as ``custom_params`` (``mm_request``); sglang's scheduler loads the request's processor
+    (``disallowed_tokens_processor()``, rlinf_ext's own, run beside sglang) with ``CustomLogitProcessor.from_str``
+    and calls it with every row's ``custom_params``: exactly those ids become -inf, in every row."""
+    processor, rows, token_ids = vl
+    vocab = max(448, len(processor.tokenizer))  # the logits' width: the engine's vocabulary rows (vl_request_parts)
+    banned = banned_token_ids(processor.tokenizer, vocab)
+    ids = chat_prompt_ids(processor, "Q", rows[0].images)
+    req = mm_request(ids, rows[0].images, {"max_new_tokens": 4}, token_ids=token_ids, banned_ids=banned,
+                     logit_processor="(serialised in the child)")
+    masked = sglang_source.probe({"banned": {"custom_params": req["sampling_params"]["custom_params"], "vocab": vocab,
+                                             "rows": 2}})["banned"]
+    assert masked == [sorted(banned)] * 2 and len(banned) > 0
+
+
 def test_request_errors_name_the_problem(vl):
     processor, rows, token_ids = vl
     ids = chat_prompt_ids(processor, "Q", rows[0].images)
