@@ -1,6 +1,6 @@
 """sglang 0.5.23's own classes, run in a process of their own (``tests/sglang_source.py:SGLangSource.probe``).
 
-    python tests/sglang_probe.py SGLANG_SOURCE_DIR < {"server_args": [kwargs, ...], "banned": {...}} (JSON)
+    python tests/sglang_probe.py SGLANG_SOURCE_DIR VERSION < {"server_args": [kwargs, ...], "banned": {...}} (JSON)
 
 Prints one JSON line:
 - ``server_args``: per ``kwargs``, None where sglang's real ``ServerArgs(**kwargs)`` was built, else the error;
@@ -25,8 +25,8 @@ def main() -> None:
     request = json.load(sys.stdin)
     import sglang
 
-    if not os.path.realpath(sglang.__file__).startswith(os.path.realpath(folder)):
-        raise SystemExit(f"imported sglang from {sglang.__file__}, not from {folder}")
+    if sglang.__version__ != sys.argv[2]:  # the folder's, or the SGLang profile's own install of the same release
+        raise SystemExit(f"imported sglang {sglang.__version__} from {sglang.__file__}, not {sys.argv[2]}")
     out: dict = {}
     if "server_args" in request:
         from sglang.srt.server_args import ServerArgs

@@ -226,7 +226,7 @@ class SGLangSource:
     def probe(self, request: dict[str, Any]) -> dict[str, Any]:
         """``tests/sglang_probe.py``'s answer to ``request`` (it runs in a child: importing sglang patches
         transformers in place)."""
-        done = subprocess.run([sys.executable, str(PROBE), str(self.folder)], input=json.dumps(request),
+        done = subprocess.run([sys.executable, str(PROBE), str(self.folder), SGLANG_VERSION], input=json.dumps(request),
                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         if done.returncode != 0:
             raise RuntimeError(f"tests/sglang_probe.py failed (exit {done.returncode}):\n{done.stderr[-4000:]}")

@@ -48,14 +48,17 @@ def checked_against(real: Callable | inspect.Signature, *, label: str | None = N
     def wrap(fake: Callable) -> Callable:
         name = label or getattr(real, "__qualname__", None) or fake.__qualname__
         own = inspect.signature(fake)
+        # a method of the fake standing for a plain function: its own self is not the function's
+        skip = int(next(iter(own.parameters), None) == "self" and next(iter(signature_of(real).parameters), None)
+                   not in ("self", "cls"))
         kinds = {p.kind for p in own.parameters.values()}
         if not kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
-            if _shape(own) != _shape(signature_of(real)):
+            if _shape(own)[skip:] != _shape(signature_of(real)):
                 raise TypeError(f"the fake {fake.__qualname__}{own} is not spelled as {name}{signature_of(real)}")
         if inspect.iscoroutinefunction(fake):
             @functools.wraps(fake)
             async def checked_async(*args, **kwargs):
-                bind_like(real, *args, label=name, **kwargs)
+                bind_like(real, *args[skip:], label=name, **kwargs)
                 return await fake(*args, **kwargs)
 
             checked_async.checked_against = real
@@ -63,7 +66,7 @@ def checked_against(real: Callable | inspect.Signature, *, label: str | None = N
 
         @functools.wraps(fake)
         def checked(*args, **kwargs):
-            bind_like(real, *args, label=name, **kwargs)
+            bind_like(real, *args[skip:], label=name, **kwargs)
             return fake(*args, **kwargs)
 
         checked.checked_against = real

@@ -44,6 +44,17 @@ def test_checked_against_refuses_what_the_real_callable_refuses():
         fake.method(1, True)  # flag is keyword-only
     with pytest.raises(TypeError, match="missing a required argument: 'x'"):
         asyncio.run(fake.coro())
+    with pytest.raises(TypeError, match=r"the fake .*<lambda>\(self, x, \*, flag=True\) is not spelled as Real.method"):
+        checked_against(Real.method)(lambda self, x, *, flag=True: x)  # a default the real method lacks
+
+    class Recorder:  # a method standing for a plain function: its self is not bound to the function
+        @checked_against(real)
+        def call(self, a, b=1, *, c):
+            return a + b + c
+
+    assert Recorder().call(1, c=2) == 4
+    with pytest.raises(TypeError, match="missing a required argument: 'c'"):
+        Recorder().call(1)
     assert bind_like(real, 1, c=3).arguments == {"a": 1, "b": 1, "c": 3}  # defaults applied
     with pytest.raises(TypeError, match="missing a required argument: 'c'"):
         bind_like(real, 1, 2)

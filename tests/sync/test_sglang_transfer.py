@@ -26,6 +26,7 @@ from rlinf_ext.sync.sglang_transfer import (
     GROUP_NAME,
     SGLangDistributedSender,
     named_buckets,
+    nccl_broadcast,
     sglang_init_group,
     update_request,
     uses_sglang_distributed,
@@ -135,12 +136,14 @@ class Collective:
         if who == "actor" or not self.hang:
             self.rendezvous.wait(WAIT_S)
 
-    def init_group(self, *, master_address, master_port, world_size, rank, group_name):  # the actor's
+    @checked_against(sglang_init_group)  # the actor's: the real one calls sglang's init_custom_process_group
+    def init_group(self, *, master_address, master_port, world_size, rank, group_name):
         assert (master_address, master_port, group_name) == ("10.0.0.1", 29555, GROUP_NAME)
         self.join("actor", rank, world_size)
         return "group"
 
-    def broadcast(self, tensors, group):  # the actor's, src 0
+    @checked_against(nccl_broadcast)  # the actor's, src 0
+    def broadcast(self, tensors, group):
         assert group == "group"
         self.sent = [t.clone() for t in tensors]
         self.broadcasts += 1
