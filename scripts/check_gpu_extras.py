@@ -10,6 +10,7 @@ checks the resolution against the pins setup.py promises:
 - ``sglang`` (``.[sglang]``, ``scripts/install.sh --sglang``): sglang 0.5.23 on PyPI's CUDA build of torch 2.14.1
   (CUDA 13), transformers 5.19.0, SGLang's memory saver, no vLLM.
 Both: the Transformer Engine pin inside the range megatron-core 0.16.1 declares, with its CUDA 13 core library.
+``sglang`` also: the SGLang tests' copy of sglang (``SGLANG_SOURCE_REQUIREMENT``, ``install.sh --dev``) is its pin.
 pip runs without this machine's pip configuration and PIP_FIND_LINKS, which may point at a local CPU build of
 torch (2.13.0+cpu satisfies ``torch==2.13.0`` and would hide the CUDA build).
 Transformer Engine's PyTorch extension (``transformer_engine_torch``) is a source distribution whose metadata
@@ -134,6 +135,8 @@ def main() -> int:
     version = {name: item["metadata"]["version"] for name, item in resolved.items()}
     problems = check_resolution(version, profile["expected"], profile["forbidden"],
                                 list(pins[profile["pins"]]) + [str(pins["FAISS_GPU_REQUIREMENT"])])
+    if args.profile == "sglang":
+        problems += source_pin_problems(setup_constants("SGLANG_SOURCE_REQUIREMENT", "SGLANG_REQUIREMENTS"))
     te = version.get("transformer-engine")
     ranges = {"megatron-core -> transformer-engine": accepted_by(resolved, "megatron-core", "transformer-engine",
                                                                  te or "none"),
@@ -166,6 +169,16 @@ def main() -> int:
         return 1
     print(f"\nOK: the {args.profile} profile resolves (nothing was installed)")
     return 0
+
+
+def source_pin_problems(constants: dict[str, object]) -> list[str]:
+    """The SGLang tests' copy of sglang (``SGLANG_SOURCE_REQUIREMENT``, scripts/install.sh --dev) must be the
+    profile's own pin (pure)."""
+    pin = str(constants["SGLANG_SOURCE_REQUIREMENT"])
+    if pin not in constants["SGLANG_REQUIREMENTS"]:
+        return [f"SGLANG_SOURCE_REQUIREMENT={pin} (the SGLang tests' copy) is not the sglang extra's pin "
+                f"{[r for r in constants['SGLANG_REQUIREMENTS'] if r.startswith('sglang')]}"]
+    return []
 
 
 def check_resolution(version: dict[str, str], expected: dict[str, str | None], forbidden: tuple[str, ...],

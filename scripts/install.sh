@@ -12,23 +12,27 @@
 # --sglang (a GPU node, as --gpu): the SGLang profile instead of vLLM: PyPI's CUDA torch 2.14.1 (sglang 0.5.23's
 #   pin), the `sglang` extra (sglang 0.5.23, Transformer Engine's core), then Transformer Engine's PyTorch
 #   extension built against that torch. `python scripts/check_gpu_extras.py --profile sglang` proves the pins.
+# --dev (any lane): the test tools, and sglang's release for the SGLang tests in <venv>/sglang-source (setup.py's
+#   SGLANG_SOURCE_REQUIREMENT without dependencies, plus IPython, which its server_args module needs): never on the
+#   import path; tests/sglang_source.py reads its types there, and builds its ServerArgs in a child process.
 # --faiss-gpu: swap faiss-cpu for the faiss-gpu pin (both install the `faiss` package; the one installed last
 #   wins, so faiss-cpu is removed first). A later `pip install -e .` brings faiss-cpu back over it: run this again.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$here/.venv"
 extras=()
+dev=0
 gpu=0
 sglang=0
 faiss_gpu=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --dev) extras+=(dev) ;;
+    --dev) dev=1; extras+=(dev) ;;
     --gpu) gpu=1; extras+=(gpu) ;;
     --sglang) sglang=1; extras+=(sglang) ;;
     --faiss-gpu) faiss_gpu=1 ;;
     --venv) venv="$2"; shift ;;
-    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
     *) echo "install.sh: unknown option '$1' (use --dev, --gpu, --sglang, --faiss-gpu or --venv DIR)" >&2; exit 2 ;;
   esac
   shift
@@ -82,6 +86,20 @@ if [ "$gpu" = 1 ] || [ "$sglang" = 1 ]; then
   te_torch="$(pin TE_TORCH_REQUIREMENT)"
   echo "[install] $te_torch, built against the installed torch (needs nvcc and cuDNN headers; minutes)"
   "$py" -m pip install -q --no-build-isolation "$te_torch"
+fi
+if [ "$dev" = 1 ]; then
+  sglang_source="$venv/sglang-source"
+  sglang_pin="$(pin SGLANG_SOURCE_REQUIREMENT)"
+  if [ -d "$sglang_source/sglang-${sglang_pin#sglang==}.dist-info" ] && [ -f "$sglang_source/.complete" ]; then
+    echo "[install] $sglang_pin for the SGLang tests: already in $sglang_source"
+  else
+    echo "[install] $sglang_pin (no dependencies) and $(pin SGLANG_SOURCE_IMPORT_REQUIREMENT) into $sglang_source, for the SGLang tests"
+    rm -rf "$sglang_source" "$sglang_source.partial"
+    "$py" -m pip install -q --no-deps --no-compile --target "$sglang_source.partial" "$sglang_pin"
+    "$py" -m pip install -q --no-compile --target "$sglang_source.partial" "$(pin SGLANG_SOURCE_IMPORT_REQUIREMENT)"
+    touch "$sglang_source.partial/.complete"
+    mv "$sglang_source.partial" "$sglang_source"
+  fi
 fi
 if [ "$faiss_gpu" = 1 ]; then
   faiss="$(pin FAISS_GPU_REQUIREMENT)"

@@ -98,6 +98,20 @@ def sglang_profile_installed(monkeypatch):
     monkeypatch.setattr(rules, "installed_sglang", lambda: rules.SGLANG_VERSION)
 
 
+@pytest.fixture(scope="session")
+def sglang_source():
+    """sglang 0.5.23's release for the SGLang tests (tests/sglang_source.py): its request types and signatures read
+    from the installed source, its real ServerArgs built in a child process. Missing: the test fails with the fix
+    (`bash scripts/install.sh --dev`); CI installs it."""
+    from sglang_source import SGLangSource, SGLangSourceMissing
+
+    try:
+        return SGLangSource.find()
+    except SGLangSourceMissing as exc:
+        missing = str(exc)
+    pytest.fail(missing, pytrace=False)  # outside the except: the message once, no chained traceback
+
+
 def pytest_runtest_setup(item):
     marker = item.get_closest_marker("gpu")
     if marker is not None:

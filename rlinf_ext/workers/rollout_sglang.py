@@ -7,7 +7,8 @@ Same protocol as ``workers/rollout_hf.py`` and ``workers/rollout_vllm.py``: ``ro
 
 One engine per worker = per TP group (``generation/sglang_engine.py:server_kwargs``, ``dp_size=1``,
 ``load_format="dummy"``: the first sync overwrites every weight). What the worker asks of the engine, in order
-(``SGLangControl``: 0.5.23's ``TokenizerManager`` calls; the order is tested with a recording control):
+(``SGLangControl``: 0.5.23's ``TokenizerManager`` calls; tested on CPU over a recording engine checked against
+sglang's signatures):
 - collocated, after the rollout: ``release_memory_occupation`` (weights, KV cache, CUDA graphs), refused while
   requests are in flight (SGLang's scheduler asserts it is idle);
 - each sync, once the actor's headers are in (the actor has finished its probe): ``resume_memory_occupation``
@@ -116,14 +117,18 @@ def is_collocated(cfg: ExperimentConfig) -> bool:
 # ------------------------------------------------------------------------------------------------ the engine
 class SGLangControl:
     """The calls this worker makes into one sglang 0.5.23 ``Engine`` (its ``TokenizerManager``'s async methods:
-    the ``Engine``'s own wrappers run their own event loop, which an async worker cannot). GPU only, NOT
-    GPU-verified; ``SGLangRolloutState`` is tested with a recording stand-in of this class."""
+    the ``Engine``'s own wrappers run their own event loop, which an async worker cannot). NOT GPU-verified; on CPU
+    the tests run this class over a recording engine whose every call is checked against sglang 0.5.23's
+    signatures, with its request types read from sglang's source (``io_struct`` and ``serializer``: sglang's
+    ``io_struct`` module and ``MultiprocessingSerializer`` by default)."""
 
-    def __init__(self, engine: Any):
-        from sglang.srt.managers import io_struct  # lazy: the SGLang profile only (importing it initialises CUDA)
-        from sglang.srt.utils import MultiprocessingSerializer
+    def __init__(self, engine: Any, io_struct: Any = None, serializer: Any = None):
+        if io_struct is None:
+            from sglang.srt.managers import io_struct  # lazy: the SGLang profile only (importing it initialises CUDA)
+        if serializer is None:
+            from sglang.srt.utils import MultiprocessingSerializer as serializer  # lazy: as above
 
-        self.engine, self.io, self.serializer = engine, io_struct, MultiprocessingSerializer
+        self.engine, self.io, self.serializer = engine, io_struct, serializer
         self.manager = engine.tokenizer_manager
 
     async def generate(self, **request: Any) -> dict:
@@ -172,7 +177,8 @@ def _check(reply: tuple[bool, str], what: str) -> None:
 
 # ------------------------------------------------------------------------------------------------ the worker
 class SGLangRolloutState:
-    """The worker's logic without RLinf's ``Worker`` (tests drive it with a recording control and fake channels)."""
+    """The worker's logic without RLinf's ``Worker`` (tests drive it with ``SGLangControl`` over a recording engine,
+    and fake channels)."""
 
     def _setup(self, cfg: ExperimentConfig, verify_sync: bool = True, sync_atol: float = GPU_SYNC_MEAN_ATOL,
                collocated: bool | None = None, distributed: bool | None = None) -> None:

@@ -43,13 +43,21 @@ def test_both_agents_validate_on_sglang_with_the_profile(reference_env, monkeypa
 def test_installed_sglang_reads_the_metadata(monkeypatch):
     import importlib.metadata
 
-    def version(name):
-        assert name == "sglang"
-        raise importlib.metadata.PackageNotFoundError(name)
+    from signature_checks import checked_against
 
-    monkeypatch.setattr(importlib.metadata, "version", version)
+    def reporting(found):  # importlib.metadata.version, spelled and checked as the real one
+        @checked_against(importlib.metadata.version)
+        def version(distribution_name):
+            assert distribution_name == "sglang"
+            if found is None:
+                raise importlib.metadata.PackageNotFoundError(distribution_name)
+            return found
+
+        return version
+
+    monkeypatch.setattr(importlib.metadata, "version", reporting(None))
     assert rules.installed_sglang() is None
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.23")
+    monkeypatch.setattr(importlib.metadata, "version", reporting("0.5.23"))
     assert rules.installed_sglang() == "0.5.23"
 
 

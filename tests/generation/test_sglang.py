@@ -24,6 +24,7 @@ from rlinf_ext.generation.sglang_engine import (
     usable_gpus,
 )
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
+from sglang_fakes import RecordingEngine
 
 STOPS = ["</search>", "</answer>", "<|im_end|>"]
 REPO = Path(__file__).resolve().parents[2]
@@ -45,21 +46,23 @@ def eos_ids(tiny_assets, tokenizer):
     return eos_token_ids(GenerationConfig.from_pretrained(tiny_assets.qwen2_tiny), tokenizer)
 
 
-class SimulatedSGLang:
-    """A fake engine: replays `script` (the tokens the model would sample) under SGLang's stopping rules."""
+class SimulatedSGLang(RecordingEngine):
+    """A fake engine (its calls checked against sglang's ``Engine``, tests/sglang_fakes.py): replays `script` (the
+    tokens the model would sample) under SGLang's stopping rules."""
 
-    def __init__(self, tokenizer, script: list[int], config_eos: int | None = None):
+    def __init__(self, source, tokenizer, script: list[int], config_eos: int | None = None):
+        super().__init__(source)
         self.tokenizer = tokenizer
         self.script = script
         self.config_eos = config_eos
         self.calls: list[dict] = []
-        self.shutdowns = 0
 
     def _decode(self, ids):
         return self.tokenizer.decode(ids, skip_special_tokens=bool(self.params.get("skip_special_tokens", True)))
 
-    async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False, **kwargs):
-        assert not kwargs, f"unexpected engine arguments {kwargs}"
+    async def reply(self, arguments):
+        input_ids, sampling_params, return_logprob = (arguments[k] for k in ("input_ids", "sampling_params",
+                                                                             "return_logprob"))
         self.calls.append({"input_ids": input_ids, "sampling_params": dict(sampling_params),
                            "return_logprob": return_logprob})
         self.params = p = sampling_params
@@ -88,9 +91,6 @@ class SimulatedSGLang:
         if return_logprob:
             meta["output_token_logprobs"] = [(-0.5 - i, t, None) for i, t in enumerate(out)]
         return {"text": text, "output_ids": list(out), "meta_info": meta}
-
-    def shutdown(self):
-        self.shutdowns += 1
 
 
 def encode(tokenizer, text: str) -> list[int]:
@@ -123,45 +123,45 @@ GREEDY = SamplingParams(max_new_tokens=64, do_sample=False, temperature=0.0, sto
         (" a b<|endoftext|> a", 3, "eos", None),
     ],
 )
-def test_replies_match_the_hf_engine(tokenizer, eos_ids, continuation, budget, reason, matched):
+def test_replies_match_the_hf_engine(tokenizer, eos_ids, continuation, budget, reason, matched, sglang_source):
     script = encode(tokenizer, continuation)
     params = GREEDY.with_updates(max_new_tokens=budget)
-    engine = SimulatedSGLang(tokenizer, script)
+    engine = SimulatedSGLang(sglang_source, tokenizer, script)
     gen = SGLangEngineGenerator(engine, lambda ids: tokenizer.decode(ids, skip_special_tokens=False), eos_ids=eos_ids)
     got = generate(gen, [1, 2, 3], params)
     assert (got.finish_reason, got.matched_stop) == (reason, matched)
     assert got == hf_result(tokenizer, eos_ids, script, params)
 
 
-def test_stop_string_kept_in_text_and_ids_cut_there(tokenizer, eos_ids):
+def test_stop_string_kept_in_text_and_ids_cut_there(tokenizer, eos_ids, sglang_source):
     script = encode(tokenizer, "<search> x y</search>\n<answer> z</answer>")
-    gen = SGLangEngineGenerator(SimulatedSGLang(tokenizer, script), tokenizer.decode, eos_ids=eos_ids)
+    gen = SGLangEngineGenerator(SimulatedSGLang(sglang_source, tokenizer, script), tokenizer.decode, eos_ids=eos_ids)
     got = generate(gen, [5], GREEDY)
     assert got.text == "<search> x y</search>" and got.output_ids == encode(tokenizer, "<search> x y</search>")
     assert got.finish_reason == "stop" and got.matched_stop == "</search>"
 
 
-def test_eos_is_kept_in_ids_and_text(tokenizer, eos_ids):
+def test_eos_is_kept_in_ids_and_text(tokenizer, eos_ids, sglang_source):
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert im_end in eos_ids  # the tiny model's generation_config lists it (as Qwen2.5-Instruct's does)
     script = encode(tokenizer, "<answer> z</answer>")[:-1] + [im_end, 7, 7]
-    gen = SGLangEngineGenerator(SimulatedSGLang(tokenizer, script), tokenizer.decode, eos_ids=eos_ids)
+    gen = SGLangEngineGenerator(SimulatedSGLang(sglang_source, tokenizer, script), tokenizer.decode, eos_ids=eos_ids)
     got = generate(gen, [5], GREEDY.with_updates(stop=["</search>"]))
     assert got.finish_reason == "eos" and got.matched_stop is None
     assert got.output_ids[-1] == im_end and got.text.endswith("<|im_end|>")
 
 
-def test_excluded_stop_string_is_cut_from_the_text_only(tokenizer, eos_ids):
+def test_excluded_stop_string_is_cut_from_the_text_only(tokenizer, eos_ids, sglang_source):
     script = encode(tokenizer, "<search> x</search> a")
     params = GREEDY.with_updates(include_stop_str_in_output=False)
-    gen = SGLangEngineGenerator(SimulatedSGLang(tokenizer, script), tokenizer.decode, eos_ids=eos_ids)
+    gen = SGLangEngineGenerator(SimulatedSGLang(sglang_source, tokenizer, script), tokenizer.decode, eos_ids=eos_ids)
     got = generate(gen, [5], params)
     assert got.text == "<search> x" and got.output_ids == encode(tokenizer, "<search> x</search>")
     assert got == hf_result(tokenizer, eos_ids, script, params)
 
 
-def test_greedy_and_sampling_params_reach_the_engine(tokenizer, eos_ids):
-    engine = SimulatedSGLang(tokenizer, encode(tokenizer, "<answer> z</answer>"))
+def test_greedy_and_sampling_params_reach_the_engine(tokenizer, eos_ids, sglang_source):
+    engine = SimulatedSGLang(sglang_source, tokenizer, encode(tokenizer, "<answer> z</answer>"))
     gen = SGLangEngineGenerator(engine, tokenizer.decode, eos_ids={2010, 2008})
     generate(gen, [9, 8], SamplingParams(max_new_tokens=32, do_sample=False, temperature=0.7, top_p=0.9, stop=STOPS))
     generate(gen, [9, 8], SamplingParams(max_new_tokens=16, do_sample=True, temperature=0.7, top_p=0.9, top_k=20,
@@ -178,9 +178,9 @@ def test_greedy_and_sampling_params_reach_the_engine(tokenizer, eos_ids):
     }
 
 
-def test_logprobs_come_with_the_kept_ids(tokenizer, eos_ids):
+def test_logprobs_come_with_the_kept_ids(tokenizer, eos_ids, sglang_source):
     script = encode(tokenizer, "<search> x</search> a b")
-    engine = SimulatedSGLang(tokenizer, script)
+    engine = SimulatedSGLang(sglang_source, tokenizer, script)
     gen = SGLangEngineGenerator(engine, tokenizer.decode, eos_ids=eos_ids, return_logprobs=True)
     got = generate(gen, [5], GREEDY)
     assert engine.calls[0]["return_logprob"] is True
@@ -188,20 +188,20 @@ def test_logprobs_come_with_the_kept_ids(tokenizer, eos_ids):
     assert got.logprobs == [-0.5 - i for i in range(len(got.output_ids))]
 
 
-def test_abort_and_bad_requests_raise(tokenizer):
-    class Aborting:
-        async def async_generate(self, **_kwargs):
+def test_abort_and_bad_requests_raise(tokenizer, sglang_source):
+    class Aborting(RecordingEngine):
+        async def reply(self, arguments):
             return {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "too long"}}}
 
-    gen = SGLangEngineGenerator(Aborting(), tokenizer.decode)
+    gen = SGLangEngineGenerator(Aborting(sglang_source), tokenizer.decode)
     with pytest.raises(RuntimeError, match="SGLang aborted the request: too long"):
         generate(gen, [1], GREEDY)
     with pytest.raises(ValueError, match="non-empty prompt"):
         generate(gen, [], GREEDY)
 
 
-def test_close_shuts_the_engine_down_once(tokenizer):
-    engine = SimulatedSGLang(tokenizer, [])
+def test_close_shuts_the_engine_down_once(tokenizer, sglang_source):
+    engine = SimulatedSGLang(sglang_source, tokenizer, [])
     with SGLangEngineGenerator(engine, tokenizer.decode) as gen:
         pass
     gen.close()
@@ -264,20 +264,33 @@ def test_training_engines_start_with_dummy_weights_and_the_memory_saver(tiny_ass
     assert kwargs["enable_memory_saver"] is True
     assert server_kwargs(cfg, tp_size=2, seed=5, training=True)["enable_memory_saver"] is False  # disaggregated
     assert kwargs["skip_tokenizer_init"] is (not cfg.rollout.detokenize)
-    # sglang 0.5.23's ServerArgs field names (arg_groups/fields/*.py): an unknown keyword fails Engine(**kwargs)
-    assert set(kwargs) == {
-        "model_path", "tp_size", "dp_size", "base_gpu_id", "load_format", "mem_fraction_static", "dtype",
-        "random_seed", "max_running_requests", "disable_cuda_graph", "cuda_graph_max_bs_decode", "attention_backend",
-        "enable_torch_compile", "torch_compile_max_bs", "decode_log_interval", "enable_memory_saver",
-        "skip_tokenizer_init", "log_level"}
 
 
-def test_from_config_starts_one_engine_per_gpu_with_the_hf_eos_set(tiny_assets, eos_ids):
+@pytest.mark.slow  # ~5 s: a child process imports sglang's server_args
+def test_every_engines_kwargs_build_sglangs_own_server_args(tiny_assets, sglang_source):
+    """``Engine(**kwargs)`` builds ``ServerArgs(**kwargs)``: sglang 0.5.23's real class takes the kwargs of the
+    evaluation engines, of the training engines (collocated and not) and of vision-language engines, and refuses a
+    field it does not have (the check can fail)."""
+    from rlinf_ext.generation.sglang_engine import server_kwargs
+    from rlinf_ext.generation.sglang_vl import vl_server_overrides
+
+    cfg = eval_cfg(tiny_assets, "rollout.model.precision=bf16")
+    built = [*engine_kwargs(cfg, [0, 1]),
+             server_kwargs(cfg, tp_size=2, seed=5, load_format="dummy", training=True, memory_saver=True),
+             server_kwargs(cfg, tp_size=1, seed=5, load_format="dummy", training=True),
+             {**server_kwargs(cfg, tp_size=1, seed=5, training=True), **vl_server_overrides("qwen2.5_vl")}]
+    wrong = {**built[0], "cuda_graph_max_bs": 8}  # not a field in 0.5.23 (cuda_graph_max_bs_decode is)
+    errors = sglang_source.server_args_errors([*built, wrong])
+    assert errors[:-1] == [None] * len(built), errors
+    assert "cuda_graph_max_bs" in errors[-1] and errors[-1].startswith("TypeError")
+
+
+def test_from_config_starts_one_engine_per_gpu_with_the_hf_eos_set(tiny_assets, eos_ids, sglang_source):
     started = []
 
     def factory(**kwargs):
         started.append(kwargs)
-        return SimulatedSGLang(None, [])
+        return SimulatedSGLang(sglang_source, None, [])
 
     gen = SGLangEngineGenerator.from_config(eval_cfg(tiny_assets), gpus=[0, 1], engine_factory=factory)
     assert [(k["base_gpu_id"], k["dp_size"], k["tp_size"]) for k in started] == [(0, 1, 1), (1, 1, 1)]
@@ -286,13 +299,13 @@ def test_from_config_starts_one_engine_per_gpu_with_the_hf_eos_set(tiny_assets, 
     assert gen.decode([2003]) == "</search>"
 
 
-def test_a_failed_start_stops_the_engines_already_started(tiny_assets):
+def test_a_failed_start_stops_the_engines_already_started(tiny_assets, sglang_source):
     started = []
 
     def factory(**kwargs):
         if len(started) == 2:
             raise RuntimeError("CUDA out of memory on GPU 2")
-        started.append(SimulatedSGLang(None, []))
+        started.append(SimulatedSGLang(sglang_source, None, []))
         return started[-1]
 
     with pytest.raises(RuntimeError, match="out of memory"):
@@ -300,28 +313,29 @@ def test_a_failed_start_stops_the_engines_already_started(tiny_assets):
     assert [e.shutdowns for e in started] == [1, 1]
 
 
-class HeldEngine:
-    """An engine whose replies wait until the test releases them (to see where requests go while others run)."""
+class HeldEngine(RecordingEngine):
+    """An engine (checked, tests/sglang_fakes.py) whose replies wait until the test releases them (to see where
+    requests go while others run)."""
 
-    def __init__(self, index: int, log: list):
+    def __init__(self, source, index: int, log: list):
+        super().__init__(source)
         self.index, self.log = index, log
         self.release = asyncio.Event()
-        self.shutdowns = 0
 
-    async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False):
-        self.log.append((self.index, input_ids[0]))
+    async def reply(self, arguments):
+        self.log.append((self.index, arguments["input_ids"][0]))
         await self.release.wait()
         return {"text": "x", "output_ids": [7], "meta_info": {"finish_reason": {"type": "stop", "matched": 7}}}
 
-    def shutdown(self):
-        self.shutdowns += 1
+    def shutdown(self, *args, **kwargs):
+        super().shutdown(*args, **kwargs)
         if self.index == 0:
             raise RuntimeError("engine 0 did not stop cleanly")
 
 
-def test_requests_go_to_the_least_busy_engine_and_all_engines_close(tokenizer):
+def test_requests_go_to_the_least_busy_engine_and_all_engines_close(tokenizer, sglang_source):
     log: list = []
-    engines = [HeldEngine(0, log), HeldEngine(1, log)]
+    engines = [HeldEngine(sglang_source, 0, log), HeldEngine(sglang_source, 1, log)]
     gen = SGLangEngineGenerator(engines, tokenizer.decode, eos_ids=[7])
 
     async def scenario():

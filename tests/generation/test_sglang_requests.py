@@ -6,6 +6,7 @@ Pure: no engine, no model."""
 from __future__ import annotations
 
 import pytest
+from sglang_fakes import check_generate
 
 from rlinf_ext.generation.sglang_engine import SGLANG_INSTALL_FIX, SGLangUnavailable, import_sglang
 from rlinf_ext.generation.sglang_wire import result_of_sglang, to_sglang_params
@@ -71,12 +72,16 @@ def test_vllm_and_sglang_requests_mean_the_same(params):
 
 
 # ------------------------------------------------------------------------------------------------ SGLang's own
-def test_sglang_params_in_sglangs_names():
+def test_sglang_params_in_sglangs_names(sglang_source):
     greedy = to_sglang_params(SamplingParams(max_new_tokens=12, do_sample=False, stop=["</search>"]), [EOS, 2])
     assert greedy == {"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0,
                       "stop_token_ids": [2, EOS], "skip_special_tokens": False, "no_stop_trim": True,
                       "stop": ["</search>"]}
     assert "stop" not in to_sglang_params(SamplingParams(), [EOS])  # no stop strings: no detokenizing check
+    # the TokenizerManager builds sglang's SamplingParams(**sampling_params) from them, with the request itself
+    for params in (greedy, to_sglang_params(SamplingParams(temperature=0.7, top_k=20), [EOS])):
+        sent = check_generate(sglang_source, None, input_ids=[1, 2], sampling_params=params, return_logprob=True)
+        assert sent["sampling_params"] is params
 
 
 def test_stop_string_reply():

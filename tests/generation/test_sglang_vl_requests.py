@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sglang_fakes import check_generate
 from vl_helpers import chat_prompt_ids, mm_test_rows
 
 from rlinf_ext.generation.hf_vl import load_vl_processor
@@ -28,7 +29,7 @@ def vl(tiny_mm_assets):
     return processor, mm_test_rows(mm, 3), ids
 
 
-def test_request_carries_every_image_in_order_and_the_banned_ids(vl):
+def test_request_carries_every_image_in_order_and_the_banned_ids(vl, sglang_source):
     processor, rows, token_ids = vl
     images = rows[0].images + rows[1].images
     ids = chat_prompt_ids(processor, "Compare.", images)
@@ -38,10 +39,28 @@ def test_request_carries_every_image_in_order_and_the_banned_ids(vl):
     assert req["input_ids"] == ids and req["image_data"] == [images[0].data, images[1].data]
     assert req["sampling_params"]["custom_params"] == {"token_ids": sorted(banned)}
     assert req["custom_logit_processor"] == "serialised" and req["sampling_params"]["stop"] == ["</search>"]
+    sent = check_generate(sglang_source, None, **req)  # sglang 0.5.23's Engine.async_generate and SamplingParams
+    assert sent["image_data"] == req["image_data"] and sent["custom_logit_processor"] == "serialised"
     runs = vision_runs(ids, *token_ids)
     assert len(runs) == 2 and all(ids[a + 1 : b - 1].count(token_ids[1]) == 4 for a, b in runs)
     after = text_positions_after_images(ids, token_ids)
     assert after[0] == runs[-1][1] and after[-1] == len(ids) - 1
+
+
+@pytest.mark.slow  # ~5 s: a child process imports sglang
+def test_sglangs_own_processor_bans_the_ids_the_request_carries(vl, sglang_source):
+    """The banned ids travel as ``custom_params`` (``mm_request``); sglang's scheduler loads the request's processor
+    (``disallowed_tokens_processor()``, rlinf_ext's own, run beside sglang) with ``CustomLogitProcessor.from_str``
+    and calls it with every row's ``custom_params``: exactly those ids become -inf, in every row."""
+    processor, rows, token_ids = vl
+    vocab = max(448, len(processor.tokenizer))  # the logits' width: the engine's vocabulary rows (vl_request_parts)
+    banned = banned_token_ids(processor.tokenizer, vocab)
+    ids = chat_prompt_ids(processor, "Q", rows[0].images)
+    req = mm_request(ids, rows[0].images, {"max_new_tokens": 4}, token_ids=token_ids, banned_ids=banned,
+                     logit_processor="(serialised in the child)")
+    masked = sglang_source.probe({"banned": {"custom_params": req["sampling_params"]["custom_params"], "vocab": vocab,
+                                             "rows": 2}})["banned"]
+    assert masked == [sorted(banned)] * 2 and len(banned) > 0
 
 
 def test_request_errors_name_the_problem(vl):

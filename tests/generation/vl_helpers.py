@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import torch
+from signature_checks import checked_against
+from transformers import LogitsProcessor
 
 from rlinf_ext.data.fvqa import read_fvqa
 
@@ -20,12 +22,14 @@ def chat_prompt_ids(processor, question: str, images) -> list[int]:
     return processor(text=[text], images=[r.to_pil() for r in images] or None, return_tensors="pt").input_ids[0].tolist()
 
 
-class ForceTokens:
-    """A logits processor that forces `ids` one by one (then leaves the model free): scripted continuations."""
+class ForceTokens(LogitsProcessor):
+    """A logits processor (transformers' own base, its ``__call__`` spelled and checked as the base's) that forces
+    `ids` one by one (then leaves the model free): scripted continuations."""
 
     def __init__(self, ids: list[int], prompt_len: int):
         self.ids, self.prompt_len = ids, prompt_len
 
+    @checked_against(LogitsProcessor.__call__)
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         step = input_ids.shape[1] - self.prompt_len
         if 0 <= step < len(self.ids):

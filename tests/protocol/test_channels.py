@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from rlinf.scheduler import Channel
+from signature_checks import checked_against
+
 from rlinf_ext.protocol import channels, metric_keys
 
 
 class RecordingChannel:
+    """RLinf's ``Channel`` (put/get spelled and checked as RLinf 0.3.0's), recording the sub-queue keys."""
+
     def __init__(self):
         self.calls = []
 
-    def put(self, item, weight=0, key=None, async_op=False):
+    @checked_against(Channel.put)
+    def put(self, item, weight=0, key="default_queue", async_op=False):
         self.calls.append(("put", item, key))
 
-    def get(self, key=None, async_op=False):
+    @checked_against(Channel.get)
+    def get(self, key="default_queue", async_op=False):
         self.calls.append(("get", None, key))
 
 

@@ -10,11 +10,16 @@ import sys
 from typing import ClassVar
 
 import pytest
+from rlinf.scheduler import Cluster
+from rlinf.scheduler.worker.worker_group import WorkerGroup
+from rlinf.utils.placement import ModelParallelComponentPlacement
+from signature_checks import attributes_of, bind_like, checked_against
 
 from rlinf_ext.config import load_config
 from rlinf_ext.runner.compose import launch_worker_groups
 from rlinf_ext.runner.gpu_groups import GpuLayoutError, gpu_layout, packed_process_gpus
 from rlinf_ext.runner.groups import WorkerStartupError
+from rlinf_ext.workers.rollout_sglang import SGLangRolloutWorker
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
 # where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
@@ -111,8 +116,8 @@ def test_engine_spanning_two_nodes_is_refused(ref_cfg):
     assert gpu_layout(ref_cfg, 16).rollout_process_gpus == ((4, 5, 6, 7), (8, 9, 10, 11))
 
 
-class FakeGpuCluster:
-    num_accelerators = 8
+def FakeGpuCluster():  # noqa: N802 - stands for RLinf's Cluster, of which launch reads the GPU count only
+    return attributes_of(Cluster, num_accelerators=8)
 
 
 def test_launch_refuses_a_bad_gpu_placement_before_starting_anything(ref_cfg):
@@ -131,18 +136,23 @@ def test_launch_names_the_missing_sglang_install(ref_cfg):
 
 
 class Recorder:
-    """Stands in for a Worker class: records create_group args and the launch placement."""
+    """Stands in for a Worker class: records create_group args and the launch placement. ``create_group``'s
+    arguments go to the real worker class's constructor (RLinf's ``Worker.create_group``), so they are bound to
+    it; ``launch`` is RLinf's ``WorkerGroup.launch``, spelled and checked as it."""
 
     launched: ClassVar[dict] = {}
 
-    def __init__(self, name):
-        self.name = name
+    def __init__(self, name, real: type):
+        self.name, self.real = name, real
 
     def create_group(self, *args, **kwargs):
+        bind_like(self.real, *args, label=f"{self.real.__name__}(...) (its create_group)", **kwargs)
         recorder = self
 
         class Group:
-            def launch(self, cluster, placement_strategy, name):
+            @checked_against(WorkerGroup.launch)
+            def launch(self, cluster, placement_strategy=None, name=None, max_concurrency=None, isolate_gpu=True,
+                       catch_system_failure=None, disable_distributed_log=False):
                 Recorder.launched[recorder.name] = {"args": args, "kwargs": kwargs, "strategy": placement_strategy,
                                                     "group_name": name}
                 return f"<{recorder.name} group>"
@@ -151,13 +161,16 @@ class Recorder:
 
 
 class FakeRLinfPlacement:
-    """What launch_gpu_groups reads from RLinf's ModelParallelComponentPlacement."""
+    """What launch_gpu_groups reads from RLinf's ModelParallelComponentPlacement (spelled and checked as it)."""
 
+    @checked_against(ModelParallelComponentPlacement.__init__)
     def __init__(self, config, cluster):
         self.config, self.rollout_dp_size, self.is_collocated = config, 8, True
+        attributes_of(ModelParallelComponentPlacement, rollout_dp_size=8, is_collocated=True)
 
-    def get_strategy(self, name):
-        return f"rlinf-{name}-strategy"
+    @checked_against(ModelParallelComponentPlacement.get_strategy)
+    def get_strategy(self, component_name):
+        return f"rlinf-{component_name}-strategy"
 
 
 def test_gpu_wiring_places_the_sglang_rollout_and_one_actor_process_per_gpu(ref_cfg, monkeypatch):
@@ -165,11 +178,11 @@ def test_gpu_wiring_places_the_sglang_rollout_and_one_actor_process_per_gpu(ref_
 
     Recorder.launched = {}
     ref_cfg.rollout.rollout_backend = "sglang"
-    monkeypatch.setattr(gpu_groups, "rollout_worker_class", lambda cfg: Recorder("rollout"))
+    monkeypatch.setattr(gpu_groups, "rollout_worker_class", lambda cfg: Recorder("rollout", SGLangRolloutWorker))
     monkeypatch.setattr(gpu_groups, "ModelParallelComponentPlacement", FakeRLinfPlacement)
-    monkeypatch.setattr(gpu_groups, "ActorWorker", Recorder("actor"))
-    monkeypatch.setattr(gpu_groups, "RewardWorker", Recorder("reward"))
-    monkeypatch.setattr(gpu_groups, "AgentLoopWorker", Recorder("agent_loop"))
+    monkeypatch.setattr(gpu_groups, "ActorWorker", Recorder("actor", gpu_groups.ActorWorker))
+    monkeypatch.setattr(gpu_groups, "RewardWorker", Recorder("reward", gpu_groups.RewardWorker))
+    monkeypatch.setattr(gpu_groups, "AgentLoopWorker", Recorder("agent_loop", gpu_groups.AgentLoopWorker))
 
     groups = launch_worker_groups(ref_cfg, FakeGpuCluster(), total_train_steps=7, search_server_addr="h:1")
     got = Recorder.launched
@@ -194,10 +207,10 @@ def test_gpu_wiring_gives_the_vllm_worker_the_experiment_config(ref_cfg, monkeyp
     Recorder.launched = {}
     ref_cfg.rollout.rollout_backend = "vllm"
     monkeypatch.setattr(gpu_groups, "rollout_worker_class", lambda cfg: pytest.fail("the SGLang class was asked for"))
-    monkeypatch.setattr(gpu_groups, "VLLMRolloutWorker", Recorder("rollout"))
+    monkeypatch.setattr(gpu_groups, "VLLMRolloutWorker", Recorder("rollout", gpu_groups.VLLMRolloutWorker))
     monkeypatch.setattr(gpu_groups, "ModelParallelComponentPlacement", FakeRLinfPlacement)
     for name in ("ActorWorker", "RewardWorker", "AgentLoopWorker"):
-        monkeypatch.setattr(gpu_groups, name, Recorder(name))
+        monkeypatch.setattr(gpu_groups, name, Recorder(name, getattr(gpu_groups, name)))
     launch_worker_groups(ref_cfg, FakeGpuCluster(), total_train_steps=7)
     rollout = Recorder.launched["rollout"]
     assert rollout["args"] == (ref_cfg,) and rollout["kwargs"] == {"verify_sync": True}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from signature_checks import checked_against
 
 from rlinf_ext.runner.errors import LaunchError
 from rlinf_ext.runner.launch import run_training
@@ -19,6 +21,16 @@ pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "searchr1" / "run_main_searchr1_single.sh"
 BAD = ["runner.max_stepz=3", "algorithm.group_size=1"]  # a misspelt key and a rule violation
+
+
+def find_spec_answering(answer):
+    """``importlib.util.find_spec`` replaced by ``answer(name, package)``, spelled and checked as the real one."""
+
+    @checked_against(importlib.util.find_spec)
+    def find_spec(name, package=None):
+        return answer(name, package)
+
+    return find_spec
 
 
 def test_invalid_config_reports_every_problem_and_starts_nothing(tmp_path, monkeypatch):
@@ -114,7 +126,7 @@ def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(t
         monkeypatch.setattr(f"rlinf_ext.runner.launch.{name}", must_not_run)
     found = importlib.util.find_spec
     monkeypatch.setattr(services.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "vllm" else found(name, *a))
+                        find_spec_answering(lambda name, package: None if name == "vllm" else found(name, package)))
     with pytest.raises(LaunchError) as info:
         run_training("qwen2.5-3b-tool-1node", _reference_overrides(tmp_path))
     text = str(info.value)
@@ -129,13 +141,14 @@ def test_the_gpu_extra_check_names_only_what_is_missing(tmp_path, monkeypatch):
     from rlinf_ext.runner.prepare import load_checked_config
 
     cfg = load_checked_config("qwen2.5-3b-tool-1node", _reference_overrides(tmp_path))
-    monkeypatch.setattr(services.importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(services.importlib.util, "find_spec", find_spec_answering(lambda name, package: None))
     assert services.missing_gpu_packages(cfg) == ["vllm"]
-    monkeypatch.setattr(services.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else object())
+    monkeypatch.setattr(services.importlib.util, "find_spec",
+                        find_spec_answering(lambda name, package: None if name == "vllm" else object()))
     assert services.missing_gpu_packages(cfg) == ["vllm"]
-    monkeypatch.setattr(services.importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(services.importlib.util, "find_spec", find_spec_answering(lambda name, package: object()))
     assert services.missing_gpu_packages(cfg) == []
-    monkeypatch.setattr(services.importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(services.importlib.util, "find_spec", find_spec_answering(lambda name, package: None))
     cfg.cluster.num_gpus_per_node = 0  # a CPU cluster needs none of it
     assert services.missing_gpu_packages(cfg) == []
 

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sglang_fakes import RecordingEngine
+from signature_checks import checked_against
 
 from rlinf_ext.generation import sglang_engine as sglang_generator
 from rlinf_ext.protocol.generation import SamplingParams
@@ -21,6 +23,12 @@ pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 REPO = Path(__file__).resolve().parents[2]
 EVAL_YAML = REPO / "examples" / "searchr1" / "config" / "tiny-cpu-eval.yaml"
+
+
+def cuda_answering(real, answer):
+    """A CUDA query of torch (``is_available``, ``device_count``: what needs a GPU) answering ``answer``, checked
+    against torch's own signature."""
+    return checked_against(real)(lambda *args, **kwargs: answer)
 
 
 def test_evaluation_after_training_leaves_the_table_to_the_launcher(tiny_assets, tmp_path, monkeypatch):
@@ -55,14 +63,14 @@ def reference_eval_env(monkeypatch):
 
 def test_sglang_eval_without_cuda_is_refused_before_anything_starts(monkeypatch):
     reference_eval_env(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", cuda_answering(torch.cuda.is_available, False))
     with pytest.raises(LaunchError, match=r"rollout_backend='sglang'.*no CUDA device.*bash scripts/install\.sh --sglang"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
 
 
 def test_sglang_eval_without_sglang_names_the_install(monkeypatch):
     reference_eval_env(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", cuda_answering(torch.cuda.is_available, True))
     monkeypatch.setattr(services, "sglang_installed", lambda: False)
     with pytest.raises(LaunchError, match=r"sglang is not installed\. Fix: bash scripts/install\.sh --sglang"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
@@ -70,8 +78,8 @@ def test_sglang_eval_without_sglang_names_the_install(monkeypatch):
 
 def test_sglang_eval_with_too_few_visible_gpus_is_refused(monkeypatch):
     reference_eval_env(monkeypatch)  # the reference places the rollout on all 8 GPUs of the node
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_available", cuda_answering(torch.cuda.is_available, True))
+    monkeypatch.setattr(torch.cuda, "device_count", cuda_answering(torch.cuda.device_count, 4))
     monkeypatch.setattr(services, "sglang_installed", lambda: True)
     with pytest.raises(LaunchError, match=r"GPUs 0-7, but only 4 CUDA device"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
@@ -98,29 +106,29 @@ def test_vllm_eval_of_the_vision_language_agent_starts_the_vl_engine(monkeypatch
         mm_runner.build_vl_generator(cfg)
 
 
-class FakeEngine:
-    def __init__(self, **kwargs):
+class FakeEngine(RecordingEngine):
+    """sglang's ``Engine(**kwargs)``: its calls checked against sglang 0.5.23's (tests/sglang_fakes.py; the kwargs
+    build its real ServerArgs in tests/generation/test_sglang.py)."""
+
+    def __init__(self, source, **kwargs):
+        super().__init__(source)
         self.kwargs = kwargs
         self.requests = []
-        self.shutdowns = 0
 
-    async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False):
-        self.requests.append((input_ids, sampling_params))
+    async def reply(self, arguments):
+        self.requests.append((arguments["input_ids"], arguments["sampling_params"]))
         return {"text": "<answer> z</answer>", "output_ids": [2004, 220, 89, 2005],
                 "meta_info": {"finish_reason": {"type": "stop", "matched": "</answer>"}}}
 
-    def shutdown(self):
-        self.shutdowns += 1
-
 
 @pytest.mark.parametrize("fails", [False, True])
-def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets, monkeypatch, fails):
+def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets, monkeypatch, fails, sglang_source):
     engines: list[FakeEngine] = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", cuda_answering(torch.cuda.is_available, True))
+    monkeypatch.setattr(torch.cuda, "device_count", cuda_answering(torch.cuda.device_count, 2))
     monkeypatch.setattr(services, "sglang_installed", lambda: True)
     monkeypatch.setattr(sglang_generator, "load_engine_class",
-                        lambda: lambda **kw: engines.append(FakeEngine(**kw)) or engines[-1])
+                        lambda: lambda **kw: engines.append(FakeEngine(sglang_source, **kw)) or engines[-1])
     monkeypatch.setattr(launch, "prepare_tiny_assets", lambda cfg: None)
     monkeypatch.setattr(launch, "ensure_index", lambda cfg: None)
     seen = {}

@@ -12,10 +12,13 @@ import queue
 from types import SimpleNamespace
 
 import pytest
+from group_fakes import FuncResult, check_group_call
+from signature_checks import checked_against
 
 from rlinf_ext.agent.mmsearch.rollout import mm_result_from_group
 from rlinf_ext.agent.mmsearch.types import MMTrajectory, MMTurnRecord
 from rlinf_ext.config.schema import RewardConfig
+from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.protocol.images import ImageRef
 from rlinf_ext.runner.groups import Placement, WorkerGroups
 from rlinf_ext.runner.trainer import GRPOTrainer
@@ -37,36 +40,28 @@ def _traj(turn_texts: list[str], image_searches: int) -> MMTrajectory:
 
 
 class _Queue:
-    """An RLinf channel's put/get, in memory."""
+    """A step channel (a ``KeyedChannel`` view of RLinf's channel: its put/get checked), in memory."""
 
     def __init__(self):
         self.q = queue.Queue()
 
-    def put(self, item) -> None:
+    @checked_against(KeyedChannel.put)
+    def put(self, item, weight=0, key=None, async_op=False) -> None:
         self.q.put(item)
 
-    def get(self):
+    @checked_against(KeyedChannel.get)
+    def get(self, key=None, async_op=False):
         return self.q.get_nowait()
 
 
-class _Done:
-    _remote_results: list = []
-
-    def __init__(self, value):
-        self.value = value
-
-    def wait(self):
-        return [self.value]
-
-    def done(self) -> bool:
-        return True
-
-    def consume_duration(self) -> float:
-        return 0.0
+def _Done(value) -> FuncResult:
+    return FuncResult([value])
 
 
 class _AgentLoop:
-    def run_agentloop_rollout(self, input_channel, output_channel):
+    def run_agentloop_rollout(self, *args, **kwargs):
+        check_group_call("agent_loop", "run_agentloop_rollout", *args, **kwargs)
+        input_channel, output_channel = args
         input_channel.get()  # the step's request
         output_channel.put(mm_result_from_group([_traj([SEARCH, ANSWER], 1), _traj([ANSWER], 0)], "prompt"))
         records = [{"uid": "u", "index": i, "prompt_ids": [1, 2], "response_ids": [3, 4]} for i in range(2)]
@@ -85,13 +80,23 @@ class _Reward:
 
 
 class _Actor:
+    """The actor or rollout group: each call checked against the component's worker classes."""
+
+    def __init__(self, component: str):
+        self.component = component
+
     def __getattr__(self, method):
         reply = ({"reward_scores": 0.0}, [{"loss": 0.0, "lr": 0.0}]) if method == "run_training" else None
-        return lambda *args, **kwargs: _Done(reply)
+
+        def call(*args, **kwargs):
+            check_group_call(self.component, method, *args, **kwargs)
+            return _Done(reply)
+
+        return call
 
 
 def _trainer(reward_cfg: RewardConfig) -> GRPOTrainer:
-    groups = WorkerGroups(rollout=_Actor(), actor=_Actor(), reward=_Reward(reward_cfg), agent_loop=_AgentLoop(),
+    groups = WorkerGroups(rollout=_Actor("rollout"), actor=_Actor("actor"), reward=_Reward(reward_cfg), agent_loop=_AgentLoop(),
                           placement=Placement(is_pipeline=False, rollout_dp_size=1, agent_loop_world_size=1,
                                               actor_world_size=1, on_gpu=False, weight_sync=SyncRoutes("paired", 1, 1)))
     trainer = GRPOTrainer.__new__(GRPOTrainer)  # no Ray: only what train_step reads

@@ -46,8 +46,11 @@ def test_two_actor_processes_train_a_step(tiny_assets, tmp_path, cluster, retrie
         kill_groups(groups)
 
 
-class NoGpuCluster:
-    num_accelerators = 0
+def NoGpuCluster():  # noqa: N802 - stands for RLinf's Cluster, of which launch reads the GPU count only
+    from rlinf.scheduler import Cluster
+    from signature_checks import attributes_of
+
+    return attributes_of(Cluster, num_accelerators=0)
 
 
 def test_cpu_launch_refuses_a_batch_the_actor_processes_cannot_share(tiny_assets, tmp_path):

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from group_fakes import FuncResult, check_group_call
+from signature_checks import checked_against
+
+from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.runner.groups import Placement, WorkerGroups
 from rlinf_ext.runner.trainer import GRPOTrainer
 from rlinf_ext.sync.weight_sync import SyncRoutes
@@ -22,24 +26,17 @@ REPLIES = {
 }
 
 
-class _Handle:
-    _remote_results: list = []  # no Ray object refs: wait_all_or_raise falls through to wait()
+class _Handle(FuncResult):
+    """RLinf's result of a group call (tests/runner/group_fakes.py), logging its wait."""
 
     def __init__(self, log: list, name: str):
-        self.log, self.name = log, name
-
-    def wait(self):
-        self.log.append(("wait", self.name))
-        return REPLIES.get(self.name, [None])
-
-    def done(self) -> bool:
-        return True
-
-    def consume_duration(self) -> float:
-        return 0.0
+        super().__init__(REPLIES.get(name, [None]), on_wait=lambda: log.append(("wait", name)))
+        self.name = name
 
 
 class _Group:
+    """A worker group: each call is checked against the component's worker classes, then logged."""
+
     def __init__(self, component: str, log: list):
         self.component, self.log = component, log
 
@@ -47,6 +44,7 @@ class _Group:
         name = f"{self.component}.{method}"
 
         def call(*args, **kwargs):
+            check_group_call(self.component, method, *args, **kwargs)
             self.log.append(("call", name))
             return _Handle(self.log, name)
 
@@ -54,7 +52,10 @@ class _Group:
 
 
 class _Channel:
-    def put(self, item) -> None:
+    """The trainer's step channel (a ``KeyedChannel`` view of RLinf's channel)."""
+
+    @checked_against(KeyedChannel.put)
+    def put(self, item, weight=0, key=None, async_op=False):
         pass
 
 
@@ -149,6 +150,15 @@ def test_collocated_gpu_takes_turns_on_the_gpu():
         w("reward.compute_rewards"), w("actor.run_inference"), w("actor.run_training"),
         c("actor.offload_engine"), w("actor.offload_engine"),
     ]
+
+
+def test_a_group_call_a_worker_would_refuse_is_refused():
+    import pytest
+
+    with pytest.raises(TypeError, match="HFRolloutWorker.offload_engine.*too many positional"):
+        check_group_call("rollout", "offload_engine", 1)
+    with pytest.raises(AttributeError, match="HFRolloutWorker has no method sync_weights"):
+        check_group_call("rollout", "sync_weights")
 
 
 def _syncs(log: list) -> int:

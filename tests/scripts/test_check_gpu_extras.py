@@ -40,3 +40,17 @@ def test_check_resolution_names_each_problem():
                         "torch-memory-saver: expected a version, resolved None",
                         "vllm 0.32.0 is in the resolution (it must not be)",
                         "transformer-engine[core-cu13]==2.11.0: resolved 2.10.0"]
+
+
+def test_the_sglang_tests_copy_is_the_profiles_pin():
+    """scripts/install.sh --dev installs SGLANG_SOURCE_REQUIREMENT for the SGLang tests (tests/sglang_source.py):
+    the profile's own release, whose version config/rules.py names."""
+    from rlinf_ext.config.rules import SGLANG_VERSION
+
+    pins = check.setup_constants("SGLANG_SOURCE_REQUIREMENT", "SGLANG_REQUIREMENTS")
+    assert check.source_pin_problems(pins) == []
+    assert pins["SGLANG_SOURCE_REQUIREMENT"] == f"sglang=={SGLANG_VERSION}"
+    stale = {**pins, "SGLANG_SOURCE_REQUIREMENT": "sglang==0.5.22"}
+    assert check.source_pin_problems(stale) == [
+        "SGLANG_SOURCE_REQUIREMENT=sglang==0.5.22 (the SGLang tests' copy) is not the sglang extra's pin "
+        "['sglang==0.5.23']"]

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import sys
 import threading
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
 
+from sglang_fakes import UTILS, RecordingEngine, RecordingTokenizerManager, SourceSerializer
+from rlinf.scheduler import Worker
+from signature_checks import bind_like, checked_against
 from transfer_fakes import Done, Op, Pending  # noqa: E402
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.sync.engine_calls import EngineCall
@@ -22,11 +26,13 @@ from rlinf_ext.sync.sglang_transfer import (
     GROUP_NAME,
     SGLangDistributedSender,
     named_buckets,
+    nccl_broadcast,
+    sglang_init_group,
     update_request,
     uses_sglang_distributed,
 )
 from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes, WeightSyncError
-from rlinf_ext.workers.rollout_sglang import SGLangRolloutState
+from rlinf_ext.workers.rollout_sglang import SGLangControl, SGLangRolloutState
 
 pytestmark = pytest.mark.timeout(120)
 WAIT_S = 20.0
@@ -58,6 +64,28 @@ def test_the_update_request_names_sglang_dtypes_and_shapes():
     assert getattr(torch, update_request(bucket)["dtypes"][0]) is torch.bfloat16  # how SGLang reads it back
 
 
+def test_the_actor_joins_with_sglangs_own_group_call(sglang_source, monkeypatch):
+    """``sglang_init_group`` calls sglang's ``init_custom_process_group`` (NCCL: replaced here by a stand-in checked
+    against sglang's signature) with the keywords its TP workers use, the host bracketed when it is IPv6."""
+    calls = []
+
+    def init_custom_process_group(*args, **kwargs):
+        signature = sglang_source.signature(UTILS, "init_custom_process_group")
+        calls.append(bind_like(signature, *args, label="sglang's init_custom_process_group", **kwargs).arguments)
+        return "group"
+
+    utils = ModuleType(UTILS)
+    utils.init_custom_process_group = init_custom_process_group
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, ModuleType(name))
+    monkeypatch.setitem(sys.modules, UTILS, utils)
+    for host, url in (("10.0.0.1", "tcp://10.0.0.1:29555"), ("fd00::1", "tcp://[fd00::1]:29555")):
+        assert sglang_init_group(master_address=host, master_port=29555, world_size=5, rank=0,
+                                 group_name=GROUP_NAME) == "group"
+        assert {k: calls[-1][k] for k in ("backend", "init_method", "world_size", "rank", "group_name")} == {
+            "backend": "nccl", "init_method": url, "world_size": 5, "rank": 0, "group_name": GROUP_NAME}
+
+
 # ------------------------------------------------------------------------------------------------ fakes
 class Wire:
     """RLinf's messages between actor rank 0 and the rollout ranks, as queues."""
@@ -69,18 +97,24 @@ class Wire:
 
 
 class FakeActor:
+    """Actor rank 0's RLinf ``Worker.send``/``recv`` (checked against RLinf's) over the wire's queues."""
+
     _rank = 0
 
     def __init__(self, wire: Wire):
         self.wire = wire
 
-    def send(self, obj, group, dst, async_op=True):
-        self.wire.sent.append((dst, obj))
-        self.wire.down[dst].put(obj)
+    @checked_against(Worker.send)
+    def send(self, object, dst_group_name, dst_rank, async_op=False, options=None, piggyback_payload=None):
+        assert async_op, "the sender polls its work handles (engine_calls.wait_work)"
+        self.wire.sent.append((dst_rank, object))
+        self.wire.down[dst_rank].put(object)
         return Done()
 
-    def recv(self, group, src, async_op=True):
-        return Pending(self.wire.up[src])
+    @checked_against(Worker.recv)
+    def recv(self, src_group_name, src_rank, async_op=False, options=None):
+        assert async_op, "the sender polls its work handles (engine_calls.wait_work)"
+        return Pending(self.wire.up[src_rank])
 
 
 class Collective:
@@ -102,12 +136,14 @@ class Collective:
         if who == "actor" or not self.hang:
             self.rendezvous.wait(WAIT_S)
 
-    def init_group(self, *, master_address, master_port, world_size, rank, group_name):  # the actor's
+    @checked_against(sglang_init_group)  # the actor's: the real one calls sglang's init_custom_process_group
+    def init_group(self, *, master_address, master_port, world_size, rank, group_name):
         assert (master_address, master_port, group_name) == ("10.0.0.1", 29555, GROUP_NAME)
         self.join("actor", rank, world_size)
         return "group"
 
-    def broadcast(self, tensors, group):  # the actor's, src 0
+    @checked_against(nccl_broadcast)  # the actor's, src 0
+    def broadcast(self, tensors, group):
         assert group == "group"
         self.sent = [t.clone() for t in tensors]
         self.broadcasts += 1
@@ -115,45 +151,44 @@ class Collective:
         self.meet.wait(WAIT_S)  # ... and are done
 
 
-class RecordingSGLang:
-    """``SGLangControl``'s weight calls, recording them; ``init_group`` joins as SGLang's TP workers do
-    (``rank_offset + tp_rank``), ``update_distributed`` receives the actor's broadcast in the request's order."""
+class CollectiveManager(RecordingTokenizerManager):
+    """sglang's ``TokenizerManager`` (checked, tests/sglang_fakes.py): ``init_weights_update_group`` joins as
+    SGLang's TP workers do (``rank_offset + tp_rank``), ``update_weights_from_distributed`` receives the actor's
+    broadcast in the request's order."""
 
-    def __init__(self, collective: Collective, tp: int, fail_update: bool = False):
+    def __init__(self, source, collective: Collective, tp: int, fail_update: bool = False):
+        super().__init__(source)
         self.collective, self.tp, self.fail_update = collective, tp, fail_update
-        self.calls: list = []
         self.loaded: dict[str, torch.Tensor] = {}
 
-    async def init_group(self, info):
-        self.calls.append(("init_group", info["rank_offset"], info["world_size"]))
+    async def on_init_weights_update_group(self, obj):
         for tp_rank in range(self.tp):
             with self.collective.lock:
-                self.collective.ranks.append(("engine", info["rank_offset"] + tp_rank, info["world_size"]))
-        await asyncio.to_thread(self.collective.join, "engine-leader", -1, info["world_size"])
+                self.collective.ranks.append(("engine", obj.rank_offset + tp_rank, obj.world_size))
+        await asyncio.to_thread(self.collective.join, "engine-leader", -1, obj.world_size)
+        return True, ""
 
-    async def begin_update(self):
-        self.calls.append("begin")
-
-    async def update_distributed(self, request):
-        self.calls.append(("update", tuple(request["names"])))
+    async def on_update_weights_from_distributed(self, obj):
         if self.fail_update:
-            raise WeightSyncError("SGLang's update_weights_from_distributed failed: shape mismatch")
+            return False, "shape mismatch"
         await asyncio.to_thread(self.collective.meet.wait, WAIT_S)
         got = self.collective.sent
-        assert [list(t.shape) for t in got] == request["shapes"]
-        assert [str(t.dtype).removeprefix("torch.") for t in got] == request["dtypes"]
-        self.loaded.update(dict(zip(request["names"], got)))
+        assert [list(t.shape) for t in got] == obj.shapes
+        assert [str(t.dtype).removeprefix("torch.") for t in got] == obj.dtypes
+        self.loaded.update(dict(zip(obj.names, got)))
         await asyncio.to_thread(self.collective.meet.wait, WAIT_S)
+        return True, ""
 
-    async def end_update(self):
-        self.calls.append("end")
 
-    async def flush(self):
-        self.calls.append("flush")
-        return True
-
-    async def generate(self, **request):
+class NoProbeEngine(RecordingEngine):
+    async def reply(self, arguments):
         raise AssertionError("no probe in these syncs")
+
+
+def control_of(source, collective: Collective, tp: int, fail_update: bool = False):
+    """The real ``SGLangControl`` over a checked engine whose manager takes part in the collective."""
+    manager = CollectiveManager(source, collective, tp, fail_update)
+    return SGLangControl(NoProbeEngine(source, manager), source.io_struct, SourceSerializer(source))
 
 
 CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
@@ -166,11 +201,15 @@ class FakeRollout(SGLangRolloutState):
         self._setup(CFG, verify_sync=True, collocated=False, distributed=True)
         self._attach(control, lambda ids: "", [7], SamplingParams())
 
-    def recv(self, group, src, async_op=True):
+    @checked_against(Worker.recv)
+    def recv(self, src_group_name, src_rank, async_op=False, options=None):
+        assert async_op, "an async worker awaits its receives"
         return Op(asyncio.to_thread(self.wire.down[self._rank].get, True, WAIT_S))
 
-    def send(self, obj, group, dst, async_op=True):
-        self.wire.up[self._rank].put(obj)
+    @checked_against(Worker.send)
+    def send(self, object, dst_group_name, dst_rank, async_op=False, options=None, piggyback_payload=None):
+        assert async_op, "an async worker awaits its sends"
+        self.wire.up[self._rank].put(object)
         return Op()
 
 
@@ -186,7 +225,7 @@ def start_rollouts(wire, controls, syncs, errors):
                 asyncio.run(worker._receive_distributed())
         except BaseException as exc:
             errors.append(exc)
-        controls[rank].version = worker.weight_version
+        controls[rank].engine.tokenizer_manager.version = worker.weight_version
 
     threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(controls))]
     for t in threads:
@@ -203,10 +242,10 @@ def sender_of(wire, collective, engines, tp, timeout_s=WAIT_S, bucket_bytes=96):
 
 
 # ------------------------------------------------------------------------------------------------ call order
-def test_two_engines_of_tp2_join_once_with_their_offsets_and_load_every_bucket_in_order():
+def test_two_engines_of_tp2_join_once_with_their_offsets_and_load_every_bucket_in_order(sglang_source):
     engines, tp = 2, 2
     wire, collective = Wire(engines), Collective(engines)
-    controls = [RecordingSGLang(collective, tp) for _ in range(engines)]
+    controls = [control_of(sglang_source, collective, tp) for _ in range(engines)]
     errors: list = []
     threads = start_rollouts(wire, controls, syncs=2, errors=errors)
     sender = sender_of(wire, collective, engines, tp)
@@ -218,13 +257,14 @@ def test_two_engines_of_tp2_join_once_with_their_offsets_and_load_every_bucket_i
     # one group of 1 + 2 x 2 ranks: the actor 0, engine 0 at 1-2, engine 1 at 3-4
     assert sorted((r, w) for who, r, w in collective.ranks if who in ("actor", "engine")) == [(i, 5) for i in range(5)]
     buckets = [("model.embed_tokens.weight", "lm_head.weight"), ("model.norm.weight",)]  # 32 + 64 B fill 96 B; + 16 B would not
-    for control in controls:
+    managers = [c.engine.tokenizer_manager for c in controls]
+    for manager in managers:
         sync = ["begin", *(("update", b) for b in buckets), "end", "flush"]
-        assert control.calls[0][0] == "init_group" and control.calls[1:] == sync + sync  # the group once, first
-        assert control.version == 2
+        assert manager.calls[0][0] == "init_group" and manager.calls[1:] == sync + sync  # the group once, first
+        assert manager.version == 2
         for name, tensor in STATE.items():
-            assert torch.equal(control.loaded[name], tensor) and control.loaded[name].dtype == tensor.dtype
-    assert [c.calls[0][1] for c in controls] == [1, 3]  # rank offsets per engine
+            assert torch.equal(manager.loaded[name], tensor) and manager.loaded[name].dtype == tensor.dtype
+    assert [m.calls[0][1:] for m in managers] == [(1, 5), (3, 5)]  # rank offsets per engine, the world
     assert collective.broadcasts == 2 * len(buckets)
     kinds = [type(m).__name__ if not isinstance(m, str) else m for dst, m in wire.sent if dst == 1]
     assert kinds[:3] == ["SyncHeader", "EngineCall", "EngineCall"] and kinds[-1] == SYNC_END
@@ -241,19 +281,19 @@ def test_the_other_actor_ranks_send_nothing():
     assert wire.sent == [] and collective.ranks == []
 
 
-def test_an_engine_that_never_joins_times_the_rendezvous_out():
+def test_an_engine_that_never_joins_times_the_rendezvous_out(sglang_source):
     wire, collective = Wire(1), Collective(1, hang=True)
     errors: list = []
-    start_rollouts(wire, [RecordingSGLang(collective, 1)], syncs=1, errors=errors)
+    start_rollouts(wire, [control_of(sglang_source, collective, 1)], syncs=1, errors=errors)
     sender = sender_of(wire, collective, 1, 1, timeout_s=0.5)
     with pytest.raises(WeightSyncError, match="rendezvous did not finish within 0.5 s"):
         sender.sync(SyncHeader(version=1, sender=0), lambda: iter(STATE.items()))
     assert sender.group is None
 
 
-def test_a_failed_engine_update_is_raised_on_the_actor_and_the_session_still_ends():
+def test_a_failed_engine_update_is_raised_on_the_actor_and_the_session_still_ends(sglang_source):
     wire, collective = Wire(1), Collective(1)
-    control = RecordingSGLang(collective, 1, fail_update=True)
+    control = control_of(sglang_source, collective, 1, fail_update=True)
     errors: list = []
     threads = start_rollouts(wire, [control], syncs=1, errors=errors)
     collective.meet = threading.Barrier(1)  # the failed engine never receives: the actor's broadcast goes alone
@@ -262,14 +302,15 @@ def test_a_failed_engine_update_is_raised_on_the_actor_and_the_session_still_end
         sender.sync(SyncHeader(version=1, sender=0), lambda: iter(STATE.items()))
     for t in threads:
         t.join(WAIT_S)
-    assert control.calls[1:] == ["begin", ("update", ("model.embed_tokens.weight", "lm_head.weight")), "end"]
+    assert control.engine.tokenizer_manager.calls[1:] == [
+        "begin", ("update", ("model.embed_tokens.weight", "lm_head.weight")), "end"]
     assert isinstance(errors[0], WeightSyncError)
 
 
-def test_a_call_outside_the_route_is_refused_by_the_rollout():
+def test_a_call_outside_the_route_is_refused_by_the_rollout(sglang_source):
     wire = Wire(1)
     errors: list = []
-    start_rollouts(wire, [RecordingSGLang(Collective(1), 1)], syncs=1, errors=errors)
+    start_rollouts(wire, [control_of(sglang_source, Collective(1), 1)], syncs=1, errors=errors)
     wire.down[0].put(SyncHeader(version=1, sender=0))
     wire.down[0].put(EngineCall("update_weights", {}))  # a vLLM call
     import time

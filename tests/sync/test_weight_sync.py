@@ -10,6 +10,9 @@ import textwrap
 
 import pytest
 import torch
+from rlinf.scheduler import Worker
+from signature_checks import checked_against
+from transfer_fakes import Done
 
 from rlinf_ext.convert.mapping import ConvertSpec
 from rlinf_ext.convert.state_dicts import iter_megatron_to_hf, megatron_to_hf
@@ -127,28 +130,23 @@ def test_hf_loader_refuses_unknown_names_and_incomplete_syncs(tiny_assets):
 
 
 # ------------------------------------------------------------------------------------------------ receiving
-class _Done:
-    def __init__(self, value=None):
-        self.value = value
-
-    async def async_wait(self):
-        return self.value
-
-
 class ScriptedRollout:
-    """A rollout worker's recv/send over scripted actor messages (no Ray): what receive_weights sees."""
+    """A rollout worker's recv/send over scripted actor messages (no Ray): what receive_weights sees; checked
+    against RLinf's ``Worker.recv``/``send``, answering with a work handle only for ``async_op=True`` as they do."""
 
     def __init__(self, rank: int, inbox: dict[int, list], log: list):
         self._rank, self.inbox, self.log = rank, inbox, log
 
-    def recv(self, group: str, src: int, async_op: bool = False):
-        message = self.inbox[src].pop(0)
-        self.log.append(("recv", src, type(message).__name__ if not isinstance(message, str) else message))
-        return _Done(message)
+    @checked_against(Worker.recv)
+    def recv(self, src_group_name, src_rank, async_op=False, options=None):
+        message = self.inbox[src_rank].pop(0)
+        self.log.append(("recv", src_rank, type(message).__name__ if not isinstance(message, str) else message))
+        return Done(message) if async_op else message
 
-    def send(self, obj, group: str, dst: int, async_op: bool = False):
-        self.log.append(("send", dst, obj))
-        return _Done()
+    @checked_against(Worker.send)
+    def send(self, object, dst_group_name, dst_rank, async_op=False, options=None, piggyback_payload=None):
+        self.log.append(("send", dst_rank, object))
+        return Done() if async_op else None
 
 
 def test_an_engine_of_tp2_loads_slot_by_slot_after_the_probe_and_acknowledges_each_bucket():

@@ -10,13 +10,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from megatron.core.optimizer.optimizer import ChainedOptimizer
+from signature_checks import checked_against
 
 from rlinf_ext.training.optimizer import load_parameter_state_keeping_steps
 
 
 class MegatronLikeOptimizer:
-    """`chained_optimizers[i].optimizer.state` as torch's AdamW holds it; `load_parameter_state` copies every
-    key of each state from the file's tensors, as Megatron does."""
+    """`chained_optimizers[i].optimizer.state` as torch's AdamW holds it; `load_parameter_state` (spelled and
+    checked as Megatron's ``ChainedOptimizer``'s) copies every key of each state from the file's tensors, as
+    Megatron does."""
 
     def __init__(self, file_tensors: dict[str, torch.Tensor], fail: bool = False):
         self.adam = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))])
@@ -25,7 +28,8 @@ class MegatronLikeOptimizer:
         self.chained_optimizers = [SimpleNamespace(optimizer=self.adam)]
         self.file_tensors, self.fail, self.loaded_from = file_tensors, fail, None
 
-    def load_parameter_state(self, filename: str) -> None:
+    @checked_against(ChainedOptimizer.load_parameter_state)
+    def load_parameter_state(self, filename, *, update_legacy_format=False) -> None:
         self.loaded_from = filename
         if self.fail:
             raise RuntimeError("broken file")

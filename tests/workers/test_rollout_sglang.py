@@ -1,22 +1,23 @@
 """The SGLang rollout worker's logic on CPU without Ray or sglang (the engine needs a GPU): how received buckets
 become sglang 0.5.23's per-TP-rank ``serialized_named_tensors`` (checked by loading each payload the way a TP
-scheduler does: ``TpModelWorker.deserialize_own_rank`` opens entry ``tp_rank``); the post-sync probe check is
-tests/sync/test_probe.py; and the order of the engine calls (release / resume / begin / update / end / flush /
-probe) against a recording control, fed by the real ``sync/weight_sync.py`` paired route over a fake transport
-(the disaggregated route: tests/sync/test_sglang_transfer.py)."""
+scheduler does: ``TpModelWorker.deserialize_own_rank`` opens entry ``tp_rank``); and the order of the engine calls (release / resume / begin / update / end / flush / probe): the real ``SGLangControl`` over
+a recording engine whose every call is checked against sglang 0.5.23's signatures (tests/sglang_fakes.py),
+fed by the real ``sync/weight_sync.py`` paired route over a fake transport (the disaggregated route:
+tests/sync/test_sglang_transfer.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import io
 import pickle
-from multiprocessing.reduction import ForkingPickler
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from channel_fakes import Channel, Op  # noqa: E402
+from rlinf.scheduler import Worker
+from sglang_fakes import RecordingEngine, RecordingTokenizerManager, SourceSerializer, forking_serialize
+from signature_checks import checked_against
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams
 from rlinf_ext.sync.weight_sync import (
     SYNC_ACK,
@@ -32,17 +33,12 @@ from rlinf_ext.sync.weight_sync import (
 from rlinf_ext.workers.rollout_sglang import (
     CACHE_TAGS,
     WEIGHTS_TAGS,
+    SGLangControl,
     SGLangRolloutState,
     rank_payloads,
     reduction_of,
     rollout_worker_class,
 )
-
-
-def forking_serialize(obj) -> bytes:  # SGLang's MultiprocessingSerializer.serialize: a ForkingPickler dump
-    buf = io.BytesIO()
-    ForkingPickler(buf).dump(obj)
-    return buf.getvalue()
 
 
 # ------------------------------------------------------------------------------------------------ payloads
@@ -90,53 +86,55 @@ def test_a_broadcast_bucket_is_refused():
 
 
 # ------------------------------------------------------------------------------------------------ call order
-class RecordingControl:
-    """Stands in for ``SGLangControl``: records every engine call; generate answers in sglang 0.5.23's shape."""
+class LoadingManager(RecordingTokenizerManager):
+    """sglang's ``TokenizerManager`` (checked, tests/sglang_fakes.py) that loads each update's rank-0 payload."""
 
-    def __init__(self, fail_update: bool = False, probe_gap: float = 0.0):
-        self.calls: list = []
+    def __init__(self, source, fail_update: bool = False):
+        super().__init__(source)
         self.loaded: dict[str, torch.Tensor] = {}
-        self.fail_update, self.probe_gap = fail_update, probe_gap
+        self.fail_update = fail_update
+
+    async def on_update_weights_from_tensor(self, obj):
+        if self.fail_update:
+            return False, "shape mismatch"
+        self.loaded.update(dict(pickle.loads(obj.serialized_named_tensors[0])))  # TP rank 0's entry
+        return True, ""
+
+
+class ProbingEngine(RecordingEngine):
+    """sglang's ``Engine`` (checked): the post-sync probe gets exact log-probs (+ ``probe_gap``), other requests a
+    scripted reply in sglang 0.5.23's shape."""
+
+    def __init__(self, source, manager, probe_gap: float = 0.0):
+        super().__init__(source, manager)
+        self.probe_gap = probe_gap
         self.hold: asyncio.Event | None = None
         self.probe_logits = None
 
-    async def generate(self, **request):
-        if request.get("logprob_start_len") == 0:  # the post-sync probe: exact log-probs (+ probe_gap)
-            self.calls.append("probe")
-            ids = torch.tensor(request["input_ids"])
+    async def reply(self, arguments):
+        calls = self.tokenizer_manager.calls
+        if arguments["logprob_start_len"] == 0:  # the post-sync probe: exact log-probs (+ probe_gap)
+            calls.append("probe")
+            ids = torch.tensor(arguments["input_ids"])
             lp = torch.log_softmax(self.probe_logits[0, :-1].float(), -1).gather(-1, ids[1:, None]).squeeze(-1)
             entries = [(None, int(ids[0]), None)] + [(float(v) + self.probe_gap, int(t), None) for v, t in zip(lp, ids[1:])]
             return {"output_ids": [1], "meta_info": {"finish_reason": {"type": "length"}, "input_token_logprobs": entries}}
-        self.calls.append(("generate", tuple(request["input_ids"])))
+        calls.append(("generate", tuple(arguments["input_ids"])))
         if self.hold is not None:
             await self.hold.wait()
         return {"text": "x", "output_ids": [4, 7], "meta_info": {"finish_reason": {"type": "stop", "matched": 7},
-                                                               "prompt_tokens": len(request["input_ids"])}}
+                                                               "prompt_tokens": len(arguments["input_ids"])}}
 
-    async def release(self):
-        self.calls.append("release")
 
-    async def resume(self, tags):
-        self.calls.append(("resume", tuple(tags)))
+@pytest.fixture
+def engine_of(sglang_source):
+    """``engine_of(fail_update=False, probe_gap=0.0)`` -> (``SGLangControl`` over a checked engine, the engine)."""
 
-    async def begin_update(self):
-        self.calls.append("begin")
+    def make(fail_update: bool = False, probe_gap: float = 0.0):
+        engine = ProbingEngine(sglang_source, LoadingManager(sglang_source, fail_update), probe_gap)
+        return SGLangControl(engine, sglang_source.io_struct, SourceSerializer(sglang_source)), engine
 
-    async def update(self, payloads):
-        self.calls.append(("update", len(payloads)))
-        if self.fail_update:
-            raise WeightSyncError("SGLang's update_weights_from_tensor failed: shape mismatch")
-        self.loaded.update(dict(pickle.loads(payloads[0])))
-
-    async def end_update(self):
-        self.calls.append("end")
-
-    async def flush(self):
-        self.calls.append("flush")
-        return True
-
-    def serialize(self, named):
-        return forking_serialize(named)
+    return make
 
 
 CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
@@ -144,7 +142,8 @@ CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
 
 
 class FakeWorker(SGLangRolloutState):
-    """The worker without Ray: ``receive_weights`` calls recv/send (paired) on it."""
+    """The worker without Ray: ``receive_weights`` calls recv/send (paired) on it, checked against RLinf's
+    ``Worker.recv``/``send`` (which answer with a work handle only for ``async_op=True``)."""
 
     def __init__(self, control, collocated: bool, messages=()):
         self._rank = 0
@@ -152,13 +151,16 @@ class FakeWorker(SGLangRolloutState):
         self._setup(CFG, verify_sync=True, sync_atol=1e-3, collocated=collocated, distributed=False)
         self._attach(control, lambda ids: "".join(f"<{i}>" for i in ids), [7], SamplingParams(max_new_tokens=8))
 
-    def recv(self, group, src, async_op=True):
-        return Op(self.inbox.pop(0))
+    @checked_against(Worker.recv)
+    def recv(self, src_group_name, src_rank, async_op=False, options=None):
+        message = self.inbox.pop(0)
+        return Op(message) if async_op else message
 
-    def send(self, obj, group, dst, async_op=True):
-        assert obj == SYNC_ACK
+    @checked_against(Worker.send)
+    def send(self, object, dst_group_name, dst_rank, async_op=False, options=None, piggyback_payload=None):
+        assert object == SYNC_ACK
         self.acks += 1
-        return Op()
+        return Op() if async_op else None
 
 
 def sync_messages(state, version=3):
@@ -179,73 +181,74 @@ def run_sync(worker, route):
     return asyncio.run(worker._receive_and_load())
 
 
-def test_collocated_order_release_then_weights_update_end_cache_flush_probe():
-    control = RecordingControl()
+def test_collocated_order_release_then_weights_update_end_cache_flush_probe(engine_of):
+    control, engine = engine_of()
     messages, header, n = sync_messages(STATE)
-    control.probe_logits = header.probe_logits
+    engine.probe_logits = header.probe_logits
     w = FakeWorker(control, collocated=True, messages=messages)
     asyncio.run(w._release())  # end of init_worker (collocated): the actor initialises next
     asyncio.run(w._release())  # a second offload does nothing
     with pytest.raises(RuntimeError, match="memory is released"):
         asyncio.run(w._generate({"channel_key": "k", "prompt_ids": [1, 2]}))
     run_sync(w, SyncRoutes("paired", actor_world=1, rollout_dp=1))
-    assert control.calls == (["release", ("resume", tuple(WEIGHTS_TAGS)), "begin"] + [("update", 1)] * n
-                             + ["end", ("resume", tuple(CACHE_TAGS)), "flush", "probe"])
+    manager = engine.tokenizer_manager
+    assert manager.calls == ([("release", None), ("resume", tuple(WEIGHTS_TAGS)), "begin"] + [("update", 1)] * n
+                             + ["end", ("resume", tuple(CACHE_TAGS)), "flush", "probe"])  # tags None: release all
     assert WEIGHTS_TAGS == ["weights"] and CACHE_TAGS == ["kv_cache", "cuda_graph"]
-    assert all(torch.equal(control.loaded[k], v) for k, v in STATE.items()) and w.acks == n
+    assert all(torch.equal(manager.loaded[k], v) for k, v in STATE.items()) and w.acks == n
     state = asyncio.run(w.get_state())
     assert state["weight_version"] == 3 and state["last_sync_logprob_gap"] < 1e-5 and not w.released
 
 
-def test_a_disaggregated_engine_is_never_released():
-    control = RecordingControl()
+def test_a_disaggregated_engine_is_never_released(engine_of):
+    control, engine = engine_of()
     w = FakeWorker(control, collocated=False)
     asyncio.run(w._release())  # the trainer offloads every step; a disaggregated engine keeps its GPUs
-    assert control.calls == [] and not w.released
+    assert engine.tokenizer_manager.calls == [] and not w.released
 
 
-def test_no_release_with_requests_in_flight():
-    control = RecordingControl()
+def test_no_release_with_requests_in_flight(engine_of):
+    control, engine = engine_of()
     w = FakeWorker(control, collocated=True)
 
     async def go():
-        control.hold = asyncio.Event()
+        engine.hold = asyncio.Event()
         pending = asyncio.create_task(w._generate({"channel_key": "k", "prompt_ids": [1, 2]}))
         await asyncio.sleep(0.01)
         with pytest.raises(RuntimeError, match="1 generate request"):
             await w._release()
-        control.hold.set()
+        engine.hold.set()
         reply = await pending
         await w._release()  # idle now
         return reply
 
     reply = asyncio.run(go())
     assert reply["output_ids"] == [4, 7] and reply["finish_reason"] == "eos"
-    assert control.calls == [("generate", (1, 2)), "release"]
+    assert engine.tokenizer_manager.calls == [("generate", (1, 2)), ("release", None)]
 
 
-def test_a_failed_update_still_ends_the_session_and_resumes_the_cache():
-    control = RecordingControl(fail_update=True)
+def test_a_failed_update_still_ends_the_session_and_resumes_the_cache(engine_of):
+    control, engine = engine_of(fail_update=True)
     messages, header, _ = sync_messages(STATE)
     w = FakeWorker(control, collocated=True, messages=messages)
     asyncio.run(w._release())
-    with pytest.raises(WeightSyncError, match="shape mismatch"):
+    with pytest.raises(WeightSyncError, match="update_weights_from_tensor failed: shape mismatch"):
         run_sync(w, SyncRoutes("paired", actor_world=1, rollout_dp=1))
-    assert control.calls == ["release", ("resume", ("weights",)), "begin", ("update", 1), "end",
+    assert engine.tokenizer_manager.calls == [("release", None), ("resume", ("weights",)), "begin", ("update", 1), "end",
                              ("resume", tuple(CACHE_TAGS))]  # no flush, no probe: the sync failed
 
 
-def test_a_probe_mismatch_refuses_the_weights():
-    control = RecordingControl(probe_gap=0.7)
+def test_a_probe_mismatch_refuses_the_weights(engine_of):
+    control, engine = engine_of(probe_gap=0.7)
     messages, header, _ = sync_messages(STATE)
-    control.probe_logits = header.probe_logits
+    engine.probe_logits = header.probe_logits
     w = FakeWorker(control, collocated=False, messages=messages)
     with pytest.raises(WeightSyncError, match="differ from the actor's by 0.7"):
         run_sync(w, SyncRoutes("paired", actor_world=1, rollout_dp=1))
 
 
-def test_serving_loop_sends_the_shared_reply_and_merges_the_config():
-    control = RecordingControl()
+def test_serving_loop_sends_the_shared_reply_and_merges_the_config(engine_of):
+    control, _ = engine_of()
     w = FakeWorker(control, collocated=False)
 
     async def go():

@@ -10,6 +10,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from signature_checks import checked_against
+from transformers import PreTrainedTokenizerBase
 
 from rlinf_ext.agent.mmsearch.types import MMTask
 from rlinf_ext.config.schema import ImageSearchToolConfig
@@ -17,6 +19,14 @@ from rlinf_ext.eval.core.validation import sample_items
 from rlinf_ext.eval.mmsearch.records import MMGenerationRecord
 from rlinf_ext.eval.mmsearch.validation import MMValidationPass, mm_validation_metrics, validation_image_search
 from rlinf_ext.protocol import metric_keys as mk
+
+
+class _Tokenizer:
+    """The processor's tokenizer: ``decode`` spelled as transformers' ``PreTrainedTokenizerBase.decode`` accepts."""
+
+    @checked_against(PreTrainedTokenizerBase.decode)
+    def decode(self, *args, **kwargs):
+        return "x"
 
 
 def _record(item_id: str, category: str, correct: bool, image: int, text: int, error: str | None = None):
@@ -75,7 +85,7 @@ def test_each_pass_measures_the_current_policy_and_writes_its_own_file(tmp_path)
 
     vp = MMValidationPass.__new__(MMValidationPass)  # without a model: the rollout function is the policy
     vp.cfg = SimpleNamespace(data=SimpleNamespace(val_rollout_batch_size=2, rollout_batch_size=2))
-    vp.processor = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids: "x"))
+    vp.processor = SimpleNamespace(tokenizer=_Tokenizer())
     vp.items, vp.rollout, vp.out_dir, vp.show_progress, vp.table_md = items, rollout, tmp_path, False, ""
     first = asyncio.run(vp.arun(0))
     policy["correct"] = lambda task: True
