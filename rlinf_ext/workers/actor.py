@@ -193,7 +193,7 @@ class ActorWorker(Worker):
                 paired = routes.mode == "paired"
                 header, passes = self._fsdp_policy_payload(verify, every_rank_sends=paired)
                 buckets = pack_buckets(passes(), self._sync_bucket_bytes, shared=paired)
-            if not targets:  # broadcast route: rank 0 sends (every rank holds the same weights)
+            if not targets:  # broadcast route: rank 0 sends (the others hold the same weights; FSDP2: none)
                 return dataclasses.asdict(SyncStats(routes.mode))
             if not hf_backend:
                 header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
