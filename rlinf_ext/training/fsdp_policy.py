@@ -22,6 +22,7 @@ checkpointing, offload to CPU) is written the same way and is NOT GPU-verified.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -229,7 +230,11 @@ class FSDPPolicy(GRPOPolicy):
 
     # ------------------------------------------------------------------ weights
     def hf_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """The full policy weights under HF names (collective under FSDP2: call on every rank)."""
+        """The full policy weights under HF names, in host RAM, on data-parallel rank 0 only: under FSDP2 every
+        other rank gets ``{}`` (torch's ``full_state_dict`` with ``cpu_offload``: one full copy, where it is
+        written). For checkpoints, conversions and a sync that rank 0 sends alone; a sync in which every rank sends
+        to its own engine streams the weights instead (``iter_hf_weights``). Collective under FSDP2: call on
+        every rank."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         with self._offload.on_device(optimizer=False):  # the gathers run on the device's process group
@@ -240,6 +245,26 @@ class FSDPPolicy(GRPOPolicy):
         if dtype is not None:
             state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
         return state
+
+    def iter_hf_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every weight under HF names, whole, on EVERY data-parallel rank, one tensor at a time on this rank's
+        device and in ``dtype``: the weight sync in which each rank sends to the engine on its own GPU.
+
+        Under FSDP2 each shard is cast, moved to the device (an offloaded shard alone) and all-gathered
+        (``DTensor.full_tensor``, a collective), as vLLM's ``ModuleSource`` does, so a rank holds one full tensor
+        at a time, never the whole model. The names and their order are those of torch's state-dict API (clean
+        FQNs, the keys of ``hf_state_dict``), the same on every rank: every rank must consume the whole stream,
+        in order, once per pass."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        # sharded: the local shards under their FQNs (no gather); one rank: the module's own tensors
+        state = (get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=False)) if self.sharded
+                 else self.model.state_dict())
+        for name, value in state.items():
+            cast = dtype if dtype is not None and value.is_floating_point() else value.dtype
+            tensor = value.detach().to(device=self.device, dtype=cast)  # a DTensor stays sharded: only its shard
+            yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
     @torch.no_grad()
     def probe_logits(self, ids: torch.Tensor, images: Sequence[ImageRef] = ()) -> torch.Tensor:

@@ -189,10 +189,11 @@ class ActorWorker(Worker):
                 return self._sync_through_engine(verify)
             targets = routes.targets_of(self._rank)
             hf_backend = uses_hf_policy(self.cfg)
-            if hf_backend:  # FSDP2: gathering the weights and the probe forward are collective: every rank joins
-                header, state = self._fsdp_policy_payload(verify)
-                buckets = pack_buckets(iter(state.items()), self._sync_bucket_bytes, shared=routes.mode == "paired")
-            if not targets:  # broadcast route: rank 0 sends (every rank holds the same weights)
+            if hf_backend:  # FSDP2: the probe forward and the gathers are collective: every rank joins
+                paired = routes.mode == "paired"
+                header, passes = self._fsdp_policy_payload(verify, every_rank_sends=paired)
+                buckets = pack_buckets(passes(), self._sync_bucket_bytes, shared=paired)
+            if not targets:  # broadcast route: rank 0 sends (the others hold the same weights; FSDP2: none)
                 return dataclasses.asdict(SyncStats(routes.mode))
             if not hf_backend:
                 header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
@@ -213,11 +214,10 @@ class ActorWorker(Worker):
         """GPU rollout through the engine's own API, the probe header first: vLLM's weight transfer
         (``sync/vllm_transfer.py``: CUDA IPC collocated, NCCL disaggregated) or SGLang's weight-update group
         (``sync/sglang_transfer.py``, disaggregated). NOT GPU-verified."""
-        if uses_hf_policy(self.cfg):  # the gather and the probe are collective: every rank joins
-            header, state = self._fsdp_policy_payload(verify)
-            # the full state dict is gathered to host RAM; NCCL and CUDA IPC send from the GPU, a tensor at a time
-            device = self.policy.device
-            passes = lambda: ((n, t.to(device)) for n, t in state.items())  # noqa: E731
+        if uses_hf_policy(self.cfg):  # the gathers and the probe are collective: every rank joins
+            # CUDA IPC: every rank hands its own GPU's copy to its engine; NCCL and SGLang's group: rank 0 sends
+            every_rank_sends = self._engine_sender.backend == "ipc"
+            header, passes = self._fsdp_policy_payload(verify, every_rank_sends=every_rank_sends)
         else:
             header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
             if verify and self._rank == 0:
@@ -228,16 +228,25 @@ class ActorWorker(Worker):
         self._engine_sender.sync(header, passes)
         return {"mode": self._engine_sender.backend, "version": header.version}
 
-    def _fsdp_policy_payload(self, verify: bool):
-        """Header (with the multimodal probe) and state dict of the HF actor: its names are the engine's already."""
+    def _fsdp_policy_payload(self, verify: bool, *, every_rank_sends: bool):
+        """Header (with the multimodal probe) and weight passes of the HF actor, whose names are the engine's
+        already. ``passes()`` starts one pass of ``(name, tensor)`` on this rank's device in the rollout's dtype.
+
+        ``every_rank_sends`` (collocated: each rank feeds the engine on its own GPU): every pass all-gathers the
+        shards one tensor at a time on every rank (``FSDPPolicy.iter_hf_weights``), so each rank must run the same
+        passes. Otherwise rank 0 alone sends: the full state is gathered here, once, to rank 0's host RAM (the
+        other ranks hold ``{}`` and send nothing), and its passes are not collective."""
         header = SyncHeader(version=self.policy.optimizer_steps, sender=self._rank)
-        with self.policy.weights_on_device():  # offloaded (collocated): brought once for the probe and the gather
+        dtype, device = rollout_dtype(self.cfg), self.policy.device
+        with self.policy.weights_on_device():  # offloaded (collocated): brought once for the probe (and the gather)
             if verify:
                 ids, images, positions = self.policy.probe()
                 header.probe_ids, header.probe_images, header.probe_positions = ids, images, positions
                 header.probe_logits = self.policy.probe_logits(ids, images)
-            state = self.policy.hf_state_dict(rollout_dtype(self.cfg))
-        return header, state
+            if every_rank_sends:
+                return header, lambda: self.policy.iter_hf_weights(dtype)
+            state = self.policy.hf_state_dict(dtype)
+        return header, lambda: ((n, t.to(device)) for n, t in state.items())
 
     def _hf_named(self):
         """The policy weights under HF names in the rollout's dtype, converted one unit at a time on this rank's

@@ -58,8 +58,29 @@ def settings(**kw) -> ActorSettings:
     return ActorSettings(**base)
 
 
+def stream_path(out: str | Path, rank: int) -> Path:
+    return Path(f"{out}.stream-rank{rank}")
+
+
+def save_streamed_weights(policy: FSDPPolicy, out: str | Path, rank: int, dtype: torch.dtype | None = None) -> None:
+    """This rank's view of the weights in a sync where every rank sends (``iter_hf_weights``: collective, every
+    rank calls it), as an ordered list, for ``check_every_rank_streams``."""
+    torch.save([(name, tensor.clone()) for name, tensor in policy.iter_hf_weights(dtype)], stream_path(out, rank))
+
+
+def check_every_rank_streams(out: str | Path, full: dict[str, torch.Tensor], world: int) -> None:
+    """Every rank streamed the whole model: the names of rank 0's full state dict (``hf_state_dict``, what
+    checkpoints write), in its order, each tensor equal to it."""
+    for rank in range(world):
+        streamed = torch.load(stream_path(out, rank))
+        assert [name for name, _ in streamed] == list(full), f"rank {rank} streamed other names"
+        for name, tensor in streamed:
+            assert tensor.dtype == full[name].dtype and torch.equal(tensor, full[name]), (rank, name)
+
+
 def dp_worker(rank: int, world: int, port: int, model_dir: str, payload: str, out: str, scale_loss: bool) -> None:
-    """One gloo rank: FSDP2 policy, this rank's GRPO groups, one step; rank 0 writes the full weights."""
+    """One gloo rank: FSDP2 policy, this rank's GRPO groups, one step; rank 0 writes the full weights, every rank
+    its streamed weights (``save_streamed_weights``)."""
     from rlinf_ext.training.data_parallel import ShardLayout
     from rlinf_ext.training.fsdp_policy import FSDPStep, init_gloo_dp
 
@@ -73,7 +94,8 @@ def dp_worker(rank: int, world: int, port: int, model_dir: str, payload: str, ou
     if not scale_loss:
         FSDPStep.scale_loss = lambda self, loss: loss  # the bug the scaling prevents (averaged gradients)
     policy.train_step([samples[i] for i in mine], step=0, layout=ShardLayout(tuple(mine), len(samples)))
-    state = policy.hf_state_dict()
+    state = policy.hf_state_dict()  # collective; rank 0 alone gets the weights
+    save_streamed_weights(policy, out, rank)
     if rank == 0:
         torch.save(state, out)
     torch.distributed.destroy_process_group()

@@ -2,7 +2,8 @@
 and the AdamW state are bit-exact, the ``Parameter`` objects the optimizer keys its state by are the same, the
 storage really moved (a copy, not a no-op), and the next training step equals the step of a twin policy that never
 offloaded, in one process and with FSDP2 over two gloo ranks (sharded DTensor parameters: the tiny VL policy, slow;
-a small fully_shard-ed MLP, fast)."""
+a small fully_shard-ed MLP, fast). The weight sync streams from an offloaded policy without bringing it back, and
+over two ranks (activation checkpointing on) every rank streams rank 0's full state dict, name for name."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from fsdp_policy_helpers import samples_of, settings
+from fsdp_policy_helpers import check_every_rank_streams, samples_of, save_streamed_weights, settings
 
 from rlinf_ext.training.fsdp_policy import FSDPPolicy
 
@@ -96,6 +97,8 @@ def test_an_offloaded_policy_syncs_and_saves_and_stays_offloaded(world, tmp_path
     with policy.weights_on_device():
         assert torch.equal(policy.probe_logits(ids, images), expected)
         assert all(torch.equal(v, weights[k]) for k, v in policy.hf_state_dict().items())
+    streamed = list(policy.iter_hf_weights())  # one tensor at a time: the offloaded model stays where it is
+    assert [n for n, _ in streamed] == list(weights) and all(torch.equal(t, weights[n]) for n, t in streamed)
     assert policy.offloaded and policy._offload.state.weights and policy._offload.state.optimizer
     policy.save(tmp_path / "ckpt", iteration=1)
     assert policy._offload.state.weights and policy._offload.state.optimizer
@@ -113,7 +116,7 @@ def dp_offload_worker(rank: int, world: int, port: int, model_dir: str, payload:
     from torch.distributed.tensor import DTensor
 
     from rlinf_ext.training.data_parallel import ShardLayout
-    from rlinf_ext.training.fsdp_policy import init_gloo_dp
+    from rlinf_ext.training.fsdp_policy import FSDPSettings, init_gloo_dp
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -122,7 +125,10 @@ def dp_offload_worker(rank: int, world: int, port: int, model_dir: str, payload:
     share = len(samples) // world
     mine = list(range(rank * share, (rank + 1) * share))
     layout = ShardLayout(tuple(mine), len(samples))
-    a, b = (FSDPPolicy(model_dir, settings(group_size=2, **ADAM), dp=dp) for _ in range(2))
+    # activation checkpointing on, as in the 7B config: the streamed names must still be the state dict's
+    fsdp = FSDPSettings(freeze_vision_tower=False, gradient_checkpointing=True, reshard_after_forward=True,
+                        param_dtype="bf16", reduce_dtype="fp32")
+    a, b = (FSDPPolicy(model_dir, settings(group_size=2, **ADAM), dp=dp, fsdp=fsdp) for _ in range(2))
     for policy in (a, b):
         policy.recompute([samples[i] for i in mine], compute_ref=False)
         policy.train_step([samples[i] for i in mine], step=0, layout=layout)
@@ -131,7 +137,10 @@ def dp_offload_worker(rank: int, world: int, port: int, model_dir: str, payload:
     a.offload(weights=True, optimizer=True, grads=True)
     for policy in (a, b):
         policy.train_step([samples[i] for i in mine], step=1, layout=layout)
-    states = [a.hf_state_dict(), b.hf_state_dict()]  # collective
+    a.offload(weights=True, optimizer=True, grads=True)  # the collocated sync streams from offloaded shards
+    save_streamed_weights(a, out, rank, torch.bfloat16)
+    assert a._offload.state.weights, "streaming the weights brought the offloaded model back"
+    states = [a.hf_state_dict(), b.hf_state_dict()]  # collective; rank 0 alone gets the weights
     if rank == 0:
         torch.save(states, out)
     torch.distributed.destroy_process_group()
@@ -149,6 +158,7 @@ def test_fsdp2_round_trip_over_two_gloo_ranks(world, tmp_path):
              nprocs=2, join=True)
     sa, sb = torch.load(out)
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sb)
+    check_every_rank_streams(out, {k: v.to(torch.bfloat16) for k, v in sa.items()}, 2)  # cast before the gather
 
 
 def mlp_offload_worker(rank: int, world: int, port: int, out: str) -> None:

@@ -7,7 +7,7 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from fsdp_policy_helpers import dp_worker, samples_of, settings
+from fsdp_policy_helpers import check_every_rank_streams, dp_worker, samples_of, settings
 
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD
 from rlinf_ext.training.fsdp_policy import FSDPPolicy
@@ -94,7 +94,9 @@ def _dp_run(mm, tmp_path, samples, scale_loss: bool) -> dict[str, torch.Tensor]:
     torch.save((samples, 2), payload)
     mp.spawn(dp_worker, args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(out), scale_loss),
              nprocs=2, join=True)
-    return torch.load(out)
+    full = torch.load(out)
+    check_every_rank_streams(out, full, 2)  # what a collocated sync sends from each rank
+    return full
 
 
 @pytest.mark.slow  # ~2 min on 2 busy cores: two gloo runs of two spawned ranks
