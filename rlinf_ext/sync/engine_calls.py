@@ -126,17 +126,6 @@ def current_cuda_device() -> int | None:
     return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
-def release_cuda_cache() -> None:
-    """This process's cached CUDA memory back to the driver, for an engine on the same GPU: the blocks shared over
-    CUDA IPC once every engine has let go of them (``ipc_collect``), then the caching allocator's free blocks;
-    nothing without CUDA."""
-    import torch  # lazy: as current_cuda_device
-
-    if torch.cuda.is_available():
-        torch.cuda.ipc_collect()
-        torch.cuda.empty_cache()
-
-
 # ------------------------------------------------------------------------------------------------ actor side
 class EngineCallClient:
     """Actor rank 0's end: ``call`` sends one ``EngineCall`` per rollout rank and returns once every rank has

@@ -42,11 +42,10 @@ from rlinf_ext.sync.engine_calls import (
     engine_placement,
     nccl_rendezvous,
     nccl_world_size,
-    release_cuda_cache,
     run_with_timeout,
 )
 from rlinf_ext.models.memory import BUCKET_BYTES
-from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes
+from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes, release_cuda_cache
 
 TransferBackend = Literal["ipc", "nccl"]
 INIT = "init_weight_transfer_engine"

@@ -230,6 +230,15 @@ class SyncStats:
     wire_bytes: int = 0  # bytes that crossed a process boundary (handles, or the tensors themselves)
 
 
+def release_cuda_cache() -> None:
+    """This process's cached CUDA memory back to the driver, for an engine on the same GPU: the blocks shared over
+    CUDA IPC once every engine has let go of them (``ipc_collect``), then the caching allocator's free blocks;
+    nothing without CUDA."""
+    if torch.cuda.is_available():
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
+
+
 def send_weights(worker: Any, routes: SyncRoutes, header: SyncHeader, buckets: Iterable[WeightBucket], *,
                  actor_group: str, rollout_group: str) -> SyncStats:
     """Actor side (a threaded RLinf worker): send ``header``, the buckets and ``SYNC_END`` along ``routes``."""
@@ -260,6 +269,9 @@ def send_weights(worker: Any, routes: SyncRoutes, header: SyncHeader, buckets: I
         # acknowledgement would deadlock.)
         _expect_ack(worker.recv(rollout_group, rollout_rank))
         del bucket, message
+    # paired = a collocated engine on this GPU: it maps its KV cache again once SYNC_END is in, so the buckets'
+    # memory goes back first
+    release_cuda_cache()
     worker.send(SYNC_END, rollout_group, rollout_rank)
     return stats
 

@@ -205,9 +205,6 @@ class ActorWorker(Worker):
                 prepare_handles(self.policy.device)
             stats = send_weights(self, routes, header, buckets,
                                  actor_group=self.cfg.actor.group_name, rollout_group=self.cfg.rollout.group_name)
-            if self.policy.device.type == "cuda":  # the buckets' memory goes back to the collocated engine
-                torch.cuda.ipc_collect()  # blocks shared through IPC are freed only once the engine let go of them
-                torch.cuda.empty_cache()
             return dataclasses.asdict(stats)
 
     def _sync_through_engine(self, verify: bool) -> dict:
