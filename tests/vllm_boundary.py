@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -49,31 +47,12 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 from vllm.v1.worker.gpu_worker import Worker
 from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 
+from host_cuda import HostCuda
+from signature_checks import bind_like, checked_against
+
 WAIT_S = 20.0
 REAL_REDUCE_TENSOR = reductions.reduce_tensor
 REAL_REBUILD_CUDA_TENSOR = reductions.rebuild_cuda_tensor
-
-
-# ------------------------------------------------------------------------------------------------ signatures
-def bound(real: Callable, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """The call's arguments as the installed ``real`` receives them (defaults applied); TypeError where ``real``
-    refuses the call."""
-    call = inspect.signature(real).bind(*args, **kwargs)
-    call.apply_defaults()
-    return dict(call.arguments)
-
-
-def checked(real: Callable, body: Callable) -> Callable:
-    """``body`` standing in for ``real``: every call is first bound to ``real``'s signature."""
-    signature = inspect.signature(real)
-
-    def stand_in(*args, **kwargs):
-        signature.bind(*args, **kwargs)
-        return body(*args, **kwargs)
-
-    stand_in.__signature__ = signature
-    stand_in.__name__ = real.__name__
-    return stand_in
 
 
 # ------------------------------------------------------------------------------------------------ engine-core socket
@@ -137,7 +116,7 @@ class RecordingEngine:
         return [name for name, _ in self.calls]
 
     def _enter(self, name: str, args: tuple, kwargs: dict) -> dict:
-        arguments = bound(getattr(AsyncLLM, name), self, *args, **kwargs)
+        arguments = dict(bind_like(getattr(AsyncLLM, name), self, *args, **kwargs).arguments)
         arguments.pop("self")
         self.calls.append((name, arguments))
         self.log.append(("engine", name, arguments))
@@ -262,14 +241,14 @@ class NCCLWorker:
         self.received: list = []
 
     def init_weight_transfer_engine(self, *args, **kwargs) -> None:
-        info = bound(Worker.init_weight_transfer_engine, self, *args, **kwargs)["init_info"]
+        info = bind_like(Worker.init_weight_transfer_engine, self, *args, **kwargs).arguments["init_info"]
         self.received.append(NCCLWeightTransferEngine.init_info_cls(**info))
 
     def start_weight_update(self, *args, **kwargs) -> None:
-        bound(Worker.start_weight_update, self, *args, **kwargs)
+        bind_like(Worker.start_weight_update, self, *args, **kwargs)
 
     def update_weights(self, *args, **kwargs) -> None:
-        info = bound(Worker.update_weights, self, *args, **kwargs)["update_info"]
+        info = bind_like(Worker.update_weights, self, *args, **kwargs).arguments["update_info"]
         self.received.append(NCCLWeightTransferEngine.update_info_cls(**info))
         if self.fail_update:
             raise RuntimeError("CUDA error: an illegal memory access")
@@ -277,58 +256,7 @@ class NCCLWorker:
             self.barrier.wait(WAIT_S)
 
     def finish_weight_update(self, *args, **kwargs) -> None:
-        bound(Worker.finish_weight_update, self, *args, **kwargs)
-
-
-# ------------------------------------------------------------------------------------------------ CUDA on host
-class HostStream:
-    def synchronize(self) -> None:
-        pass
-
-
-class HostCuda:
-    """``torch.cuda``'s device functions (and ``torch.accelerator``'s) on a host without CUDA, installed with
-    ``install(setattr)`` (``monkeypatch.setattr``, or ``setattr`` in a process of its own). Device ``i``'s UUID
-    is ``GPU-<i>``; each thread has its own current device, 0 until set (CUDA's rule); ``ipc_collect``,
-    ``empty_cache`` and ``set_device`` are logged as ``("cuda", name, device)``."""
-
-    def __init__(self, log: list | None = None):
-        self.log = log if log is not None else []
-        self._local = threading.local()
-
-    def device(self) -> int:
-        return getattr(self._local, "device", 0)
-
-    def _set_device(self, device) -> None:
-        self._local.device = int(device.index if isinstance(device, torch.device) else device)
-        self.log.append(("cuda", "set_device", self.device()))
-
-    def _properties(self, device=None):
-        index = self.device() if device is None else int(getattr(device, "index", device))
-        return SimpleNamespace(uuid=f"GPU-{index}", name=f"host stand-in for cuda:{index}")
-
-    def _logged(self, name: str) -> Callable:
-        def body(*args, **kwargs):
-            self.log.append(("cuda", name, self.device()))
-        return body
-
-    def install(self, set_attribute: Callable[[Any, str, Any], None]) -> None:
-        stand_ins = {
-            "is_available": lambda: True,
-            "current_device": self.device,
-            "set_device": self._set_device,
-            "get_device_properties": self._properties,
-            "current_stream": lambda device=None: HostStream(),
-            "synchronize": lambda device=None: None,
-            "ipc_collect": self._logged("ipc_collect"),
-            "empty_cache": self._logged("empty_cache"),
-        }
-        for name, body in stand_ins.items():
-            set_attribute(torch.cuda, name, checked(getattr(torch.cuda, name), body))
-        set_attribute(torch.accelerator, "current_device_index",
-                      checked(torch.accelerator.current_device_index, self.device))
-        set_attribute(torch.accelerator, "synchronize",
-                      checked(torch.accelerator.synchronize, lambda device=None: None))
+        bind_like(Worker.finish_weight_update, self, *args, **kwargs)
 
 
 def cuda_ipc_args(tensor: torch.Tensor, *, device: int, handle: bytes) -> tuple:
@@ -403,10 +331,10 @@ class HostIpc:
         return torch._utils._rebuild_tensor(storage, tensor_offset, tensor_size, tensor_stride)
 
     def install_producer(self, set_attribute: Callable[[Any, str, Any], None]) -> None:
-        set_attribute(packed_tensor, "reduce_tensor", checked(REAL_REDUCE_TENSOR, self.reduce_tensor))
+        set_attribute(packed_tensor, "reduce_tensor", checked_against(REAL_REDUCE_TENSOR)(self.reduce_tensor))
 
     def install_consumer(self, set_attribute: Callable[[Any, str, Any], None]) -> None:
-        set_attribute(reductions, "rebuild_cuda_tensor", checked(REAL_REBUILD_CUDA_TENSOR, self.open))
+        set_attribute(reductions, "rebuild_cuda_tensor", checked_against(REAL_REBUILD_CUDA_TENSOR)(self.open))
 
 
 class HostIPCTrainer(IPCTrainerWeightTransferEngine):

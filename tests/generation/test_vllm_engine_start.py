@@ -20,13 +20,13 @@ from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateI
 from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
+from host_cuda import HostCuda  # noqa: E402
+from signature_checks import bind_like  # noqa: E402
 from vllm_boundary import (  # noqa: E402
     REAL_REBUILD_CUDA_TENSOR,
     EngineCoreWire,
-    HostCuda,
     HostIpc,
     LoadableModel,
-    bound,
     ipc_worker,
     vllm_process_env,
 )
@@ -50,7 +50,7 @@ def start_captured(monkeypatch, backend) -> dict:
     real = AsyncLLM.from_engine_args
 
     def from_engine_args(cls, *args, **kwargs):
-        call = bound(real, *args, **kwargs)
+        call = bind_like(real, *args, **kwargs).arguments
         assert isinstance(call["engine_args"], AsyncEngineArgs)
         started.update(env=dict(os.environ), engine_args=call["engine_args"])
         return object()
@@ -70,7 +70,7 @@ def ipc_update_info(ipc: HostIpc) -> dict:
     buffer = ipc.allocate(64, dtype=torch.uint8)
     buffer[: sum(f.numel() for f in flat)].copy_(torch.cat(flat))
     _, args = ipc.reduce_tensor(buffer)
-    bound(REAL_REBUILD_CUDA_TENSOR, *args)  # the 15 arguments of torch's rebuild
+    bind_like(REAL_REBUILD_CUDA_TENSOR, *args)  # the 15 arguments of torch's rebuild
     assert (type(args[0]), type(args[1]), args[4], type(args[5]), type(args[7])) == \
         (type(torch.Tensor), torch.Size, torch.storage.TypedStorage, torch.dtype, bytes)
     return asdict(IPCWeightTransferUpdateInfo(

@@ -27,15 +27,15 @@ from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitI
 from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine  # noqa: E402
 
 from transfer_fakes import Done, Op, Pending  # noqa: E402
+from host_cuda import HostCuda  # noqa: E402
+from signature_checks import bind_like  # noqa: E402
 from vllm_boundary import (  # noqa: E402
     WAIT_S,
-    HostCuda,
     HostIpc,
     HostIPCTrainer,
     LoadableModel,
     NCCLWorker,
     RecordingEngine,
-    bound,
     ipc_worker,
     vllm_process_env,
 )
@@ -137,13 +137,13 @@ class FakeActor:
         self.wire, self._rank = wire, rank
 
     def send(self, obj, group, dst, async_op=True):
-        bound(RLinfWorker.send, self, obj, group, dst, async_op=async_op)
+        bind_like(RLinfWorker.send, self, obj, group, dst, async_op=async_op)
         self.wire.sent.append((self._rank, dst, obj))
         self.wire.down[(self._rank, dst)].put(obj)
         return Done()
 
     def recv(self, group, src, async_op=True):
-        bound(RLinfWorker.recv, self, group, src, async_op=async_op)
+        bind_like(RLinfWorker.recv, self, group, src, async_op=async_op)
         return Pending(self.wire.up[(self._rank, src)])
 
 
@@ -152,11 +152,11 @@ class FakeRollout(VLLMRolloutState):
         self.wire, self._rank = wire, rank
 
     def recv(self, group, src, async_op=True):
-        bound(RLinfWorker.recv, self, group, src, async_op=async_op)
+        bind_like(RLinfWorker.recv, self, group, src, async_op=async_op)
         return Op(asyncio.to_thread(self.wire.down[(src, self._rank)].get, True, WAIT_S))
 
     def send(self, obj, group, dst, async_op=True):
-        bound(RLinfWorker.send, self, obj, group, dst, async_op=async_op)
+        bind_like(RLinfWorker.send, self, obj, group, dst, async_op=async_op)
         self.wire.up[(dst, self._rank)].put(obj)
         return Op()
 

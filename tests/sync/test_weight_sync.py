@@ -185,3 +185,33 @@ def test_an_engine_of_tp2_loads_slot_by_slot_after_the_probe_and_acknowledges_ea
     broken = ScriptedRollout(0, {0: stream(0), 1: stream(1)[:2] + [SYNC_END]}, [])  # rank 1 stops early
     with pytest.raises(WeightSyncError, match="sent different buckets"):
         asyncio.run(receive_weights(broken, routes, load, actor_group="A", rollout_group="R"))
+
+
+def test_a_paired_actor_frees_its_transfer_memory_before_the_end_of_the_sync(monkeypatch):
+    # paired = the engine shares this GPU (collocated SGLang/HF): it maps its KV cache again on SYNC_END, so the
+    # actor's cached blocks (the buckets, shared over CUDA IPC) go back to the driver before that message
+    from host_cuda import HostCuda
+
+    from rlinf_ext.sync.weight_sync import SYNC_ACK, SYNC_END, SyncHeader, send_weights
+
+    log: list = []
+    HostCuda(log).install(monkeypatch.setattr)
+    prepare_handles(torch.device("cpu"))
+
+    class Actor:
+        _rank = 0
+
+        @checked_against(Worker.send)
+        def send(self, object, dst_group_name, dst_rank, async_op=False, options=None, piggyback_payload=None):
+            log.append(("send", object if isinstance(object, str) else type(object).__name__))
+
+        @checked_against(Worker.recv)
+        def recv(self, src_group_name, src_rank, async_op=False, options=None):
+            return SYNC_ACK
+
+    state = {"a": torch.ones(4), "b": torch.ones(4) * 2}
+    buckets = pack_buckets(state.items(), max_bytes=16, shared=True)
+    send_weights(Actor(), SyncRoutes("paired", actor_world=1, rollout_dp=1), SyncHeader(version=1, sender=0),
+                 buckets, actor_group="A", rollout_group="R")
+    assert log == [("send", "SyncHeader"), ("send", "HandleBucket"), ("send", "HandleBucket"),
+                   ("cuda", "ipc_collect", 0), ("cuda", "empty_cache", 0), ("send", SYNC_END)]

@@ -15,7 +15,7 @@ pytest.importorskip("vllm")
 
 from channel_fakes import Channel, Op  # noqa: E402
 from rlinf.scheduler import Worker as RLinfWorker  # noqa: E402
-from vllm_boundary import bound  # noqa: E402
+from signature_checks import bind_like  # noqa: E402
 from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
 from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams  # noqa: E402
@@ -44,11 +44,11 @@ class FakeTransport(VLLMRolloutState):
         self.acks = 0
 
     def recv(self, group, src, async_op=True):
-        bound(RLinfWorker.recv, self, group, src, async_op=async_op)
+        bind_like(RLinfWorker.recv, self, group, src, async_op=async_op)
         return Op(self.inbox.pop(0))
 
     def send(self, obj, group, dst, async_op=True):
-        bound(RLinfWorker.send, self, obj, group, dst, async_op=async_op)
+        bind_like(RLinfWorker.send, self, obj, group, dst, async_op=async_op)
         assert obj == SYNC_ACK
         self.acks += 1
         return Op()
