@@ -135,3 +135,12 @@ def test_load_items_from_both_formats_with_data_size(tmp_path):
         load_eval_items([str(tmp_path / "bamboogle.jsonl")], render, answer_key="golden")
     with pytest.raises(FileNotFoundError, match="val_data_paths"):
         load_eval_items([str(tmp_path / "nope.jsonl")], render)
+
+
+def test_rows_are_grouped_by_their_data_source_even_outside_the_seven(tmp_path):
+    # one merged file: a data_source that is not one of the seven is its own benchmark, not the file's name
+    rows = [{"prompt": f"Question: q{i}?\n", "solutions": ["a"], "data_source": src, "uid": f"u{i}"}
+            for i, src in enumerate(["nq", "strategyqa", "natural_questions", "strategyqa", ""])]
+    (tmp_path / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    items = load_eval_items([str(tmp_path / "test.jsonl")], lambda msgs: msgs[0]["content"])
+    assert [i.benchmark for i in items] == ["nq", "strategyqa", "nq", "strategyqa", "test"]
