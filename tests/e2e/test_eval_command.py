@@ -21,10 +21,10 @@ pytestmark = pytest.mark.slow
 def test_eval_launcher_runs_the_tiny_evaluation(tiny_assets, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     res = subprocess.run(
-        [sys.executable, str(REPO / "launchers" / "eval.py"), "tiny-cpu-eval", "--no-progress",
+        [sys.executable, "-m", "rlinf_ext.cli", "eval", "tiny-cpu-eval", "--no-progress",
          f"paths.tiny_assets={tiny_assets.root}", "rollout.model.model_path=${paths.tiny_assets}/models/qwen2-tiny",
          f"runner.output_dir={tmp_path}", "data.data_size=1", "algorithm.sampling_params.max_new_tokens=16"],
-        capture_output=True, text=True, env=env, timeout=280,
+        capture_output=True, text=True, env=env, timeout=280, cwd=str(REPO),
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
