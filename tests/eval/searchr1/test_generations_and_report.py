@@ -96,7 +96,8 @@ def test_eval_report_side_by_side_with_paper(tmp_path, capsys):
     assert cli_main(["eval-report", str(run_a), "--metric", "f1"]) == 0
     assert "| a | 0.556 |" in capsys.readouterr().out  # NQ F1 = 5/9
     assert cli_main(["eval-report", str(tmp_path / "missing")]) == 1
-    assert "results.json" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "results.json" in err and "runner.output_dir" in err and "evaluation results:" in err
 
 
 def test_run_labels_tell_same_named_runs_apart(tmp_path):
