@@ -4,7 +4,8 @@
 #   examples/searchr1/build_index.sh [CORPUS] [OUT_DIR] [extra build-index flags...]
 #
 # Paths come from the arguments or the environment (CORPUS, INDEX_DIR); RETRIEVER (bm25|e5|bge, default
-# bm25), MODEL (encoder directory, needed for e5/bge), FAISS_TYPE (default Flat), BATCH_SIZE (default 64).
+# bm25), MODEL (encoder directory or hub id, needed for e5/bge), FAISS_TYPE (default Flat), BATCH_SIZE (default 64).
+# A downloaded index (Search-R1's e5_Flat.index) needs no build: `rlinf-ext adopt-index` serves it as it is.
 # Works from any directory; relative paths are taken from the current directory.
 #   CORPUS=/data/wiki-18.jsonl INDEX_DIR=/data/e5_flat RETRIEVER=e5 MODEL=/models/e5-base-v2 \
 #     examples/searchr1/build_index.sh --gpus all

@@ -1,13 +1,14 @@
-"""CLI verbs `build-index`, `serve-retriever` and `audit-index` (see rlinf_ext/cli.py)."""
+"""CLI verbs `build-index`, `adopt-index`, `serve-retriever` and `audit-index` (see rlinf_ext/cli.py)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .config import AuditConfig, BuildConfig, ServerConfig, add_dataclass_arguments, from_args
+from .config import AdoptConfig, AuditConfig, BuildConfig, ServerConfig, add_dataclass_arguments, from_args
 
-CONFIGS = {"build-index": BuildConfig, "serve-retriever": ServerConfig, "audit-index": AuditConfig}
+CONFIGS = {"build-index": BuildConfig, "adopt-index": AdoptConfig, "serve-retriever": ServerConfig,
+           "audit-index": AuditConfig}
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
@@ -29,6 +30,12 @@ def run(verb: str, args: argparse.Namespace) -> int:
             meta = build_index(from_args(BuildConfig, args))
             print(f"index written to {args.out}: {meta.retriever}, {meta.passages} passages"
                   + (f", faiss {meta.faiss_type}, dim {meta.dim}" if meta.dim else ""))
+            return 0
+        if verb == "adopt-index":
+            # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
+            from .adopt import adopt_index, format_summary
+
+            print(format_summary(adopt_index(from_args(AdoptConfig, args)), args.out))
             return 0
         if verb == "audit-index":
             # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs

@@ -25,10 +25,11 @@ def _opt(default, help: str, **kw):
 @dataclass
 class ServerConfig:
     index: str = _opt(None, "Index directory written by build-index (holds index_meta.json).", required=True)
-    corpus: str = _opt(None, "Corpus jsonl the index was built from (rows: id, contents[, url, title, text]).",
-                       required=True)
+    corpus: str = _opt(None, "Corpus jsonl the index was built from (rows: id, contents[, url, title, text]); a "
+                             ".jsonl.gz is unpacked once beside it.", required=True)
     pages: str | None = _opt(None, "Pages jsonl (ASearcher wiki_webpages.jsonl) served by POST /access.")
-    model: str | None = _opt(None, "Dense encoder directory; default: the one recorded in the index metadata.")
+    model: str | None = _opt(None, "Dense encoder directory or hub id; default: the one recorded in the index "
+                                   "metadata.")
     retriever: str | None = _opt(None, "Expected retriever (bm25|e5|bge); refused if the index is another.")
     host: str = _opt("127.0.0.1", "Bind address. 127.0.0.1 by default; pass 0.0.0.0 explicitly to expose it.")
     port: int = _opt(8000, "Port; 0 picks a free port (printed and written to the address file).")
@@ -58,11 +59,12 @@ class ServerConfig:
 
 @dataclass
 class BuildConfig:
-    corpus: str = _opt(None, "Corpus jsonl to index.", required=True)
+    corpus: str = _opt(None, "Corpus jsonl to index (a .jsonl.gz is unpacked once beside it).", required=True)
     out: str = _opt(None, "Output index directory.", required=True)
     retriever: str = _opt("bm25", "bm25 (sparse, no model), e5 or bge (dense, needs --model).",
                           choices=["bm25", "e5", "bge"])
-    model: str | None = _opt(None, "Dense encoder directory (HF transformers format).")
+    model: str | None = _opt(None, "Dense encoder: a directory in HF transformers format, or a hub id such as "
+                                   "intfloat/e5-base-v2 (fetched once into the Hugging Face cache).")
     faiss_type: str = _opt("Flat", "A preset (flat; flat-fp16: exact over fp16 codes; approx: IVF + 4-bit PQ "
                                    "with exact re-rank over fp16 vectors) or a faiss index_factory string "
                                    "(HNSW32, IVF4096,PQ96x4fs,Refine(SQfp16), ...).")
@@ -78,6 +80,31 @@ class BuildConfig:
                                    "defaults).")
     audit_k: int = _opt(3, "Approximate dense types: the k of the recall@k the audit tunes for.")
     recall_target: float = _opt(0.99, "Approximate dense types: recall@k the chosen search parameters must reach.")
+
+
+@dataclass
+class AdoptConfig:
+    faiss: str = _opt(None, "Bare faiss index file written by faiss.write_index over the corpus's passage vectors "
+                            "(Search-R1's e5_Flat.index or e5_HNSW64.index). Linked, never copied.", required=True)
+    corpus: str = _opt(None, "Corpus the index was built over, row i = vector i (wiki-18.jsonl, or wiki-18.jsonl.gz "
+                             "which is unpacked once beside it).", required=True)
+    retriever: str = _opt(None, "Encoder family the vectors come from (sets prefixes and pooling).", required=True,
+                          choices=["e5", "bge"])
+    model: str = _opt(None, "Encoder the passages were embedded with: a directory ($WORK/models/e5-base-v2) or a hub "
+                            "id (intfloat/e5-base-v2).", required=True)
+    out: str = _opt(None, "Index directory to write (index_meta.json, a link faiss.index -> --faiss, the corpus's "
+                          "offsets); serve it with serve-retriever --index.", required=True)
+    max_length: int = _opt(256, "Max tokens per passage/query (Search-R1 built its indexes with 256).")
+    pooling: str | None = _opt(None, "Pooling (mean|cls); default from the retriever (e5 mean, bge cls).")
+    check_sample: int = _opt(16, "Passages (spread over the corpus, first and last included) re-encoded with --model "
+                                 "that must come back at rank 1; one search over the whole index.")
+    device: str = _opt("auto", "Encoder device for the check: auto, cpu or cuda.")
+    threads: int | None = _opt(None, "CPU threads of the encoder (default: torch's default).")
+    audit_sample: int = _opt(1000, "HNSW indexes: queries sampled from the corpus to choose efSearch by recall "
+                                   "against exact search over the vectors the index stores (0: keep faiss's "
+                                   "default efSearch 16).")
+    audit_k: int = _opt(3, "HNSW indexes: the k of the recall@k the audit tunes for.")
+    recall_target: float = _opt(0.99, "HNSW indexes: recall@k the chosen efSearch must reach.")
 
 
 @dataclass

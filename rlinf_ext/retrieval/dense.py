@@ -42,6 +42,7 @@ from .faiss_index import (
     tunable_params,
     write_faiss_index,
 )
+from .hub import EncoderNotFoundError, resolve_model_dir
 from .metadata import METADATA_NAME, IndexMetadata, IndexMismatchError, model_fingerprint
 
 EMBEDDINGS_NAME = "embeddings.f32"
@@ -49,7 +50,7 @@ PROGRESS_NAME = "build_progress.json"
 _TRAIN_SAMPLE = 200_000
 
 
-def _resolve_device(device: str) -> str:
+def resolve_device(device: str) -> str:
     if device == "auto":
         import torch
 
@@ -150,15 +151,15 @@ def build_dense_index(store: CorpusStore, out_dir: str | Path, spec: EncoderSpec
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / METADATA_NAME).unlink(missing_ok=True)  # unfinished until the end
-    device = _resolve_device(device)
+    device = resolve_device(device)
     if gpus and device == "cpu":
         raise ValueError("--gpus was given but no CUDA device is visible to torch")
     gpu_ids = parse_gpu_ids(gpus, torch.cuda.device_count()) if gpus else None
+    model_checksum = model_fingerprint(spec.model_path)  # a directory (build.py resolves a hub id first)
     encoder = TextEncoder(spec, device=device, threads=threads, gpus=gpu_ids)
     faiss_type = resolve_faiss_type(faiss_type, len(store), encoder.dim)
     new_faiss_index(encoder.dim, faiss_type)  # a bad factory string fails now, not after hours of encoding
     corpus_checksum = file_fingerprint(store.path)
-    model_checksum = model_fingerprint(spec.model_path)
     emb = encode_corpus(store, out_dir, encoder, batch_size=batch_size, corpus_checksum=corpus_checksum,
                         model_checksum=model_checksum, chunk_rows=chunk_rows, on_chunk=on_chunk,
                         show_progress=show_progress)
@@ -218,11 +219,15 @@ def load_encoder(meta: IndexMetadata, index_dir: str | Path, *, model: str | Non
                  threads: int | None = None) -> TextEncoder:
     """The query encoder of a dense index (``model`` overrides the recorded one), checked against its width."""
     model_path = model or meta.model
-    if not model_path or not Path(model_path).is_dir():
-        source = "--model" if model else "the index metadata"
-        raise IndexMismatchError(f"encoder directory {model_path!r} (from {source}) not found; pass --model "
-                                 "pointing to the encoder the index was built with")
-    spec = EncoderSpec(model_path=str(model_path), pooling=meta.pooling or "mean",
+    source = "--model" if model else "the index metadata"
+    try:
+        if not model_path:
+            raise EncoderNotFoundError("no encoder recorded")
+        model_dir = resolve_model_dir(model_path)
+    except EncoderNotFoundError as e:
+        raise IndexMismatchError(f"encoder {model_path!r} (from {source}) not found ({e}); pass --model "
+                                 "pointing to the encoder the index was built with") from e
+    spec = EncoderSpec(model_path=str(model_dir), pooling=meta.pooling or "mean",
                        query_prefix=meta.query_prefix, passage_prefix=meta.passage_prefix,
                        max_length=meta.max_length or 256)
     encoder = TextEncoder(spec, device=device, threads=threads)

@@ -72,8 +72,9 @@ def write_faiss_index(index: faiss.Index, path: Path) -> str:
 
 
 def _refuse(path: Path, problem: str) -> IndexMismatchError:
-    return IndexMismatchError(f"{path}: {problem}. Rebuild the index with `rlinf-ext build-index` (or restore "
-                              "the file the metadata next to it was written for).")
+    return IndexMismatchError(f"{path}: {problem}. Rebuild the index with `rlinf-ext build-index`, or for an "
+                              "adopted file rerun `rlinf-ext adopt-index` (or restore the file the metadata next to it "
+                              "was written for).")
 
 
 def read_faiss_index(path: str | os.PathLike, meta: IndexMetadata, *, in_ram: bool = False) -> tuple[faiss.Index, bool]:
@@ -84,7 +85,8 @@ def read_faiss_index(path: str | os.PathLike, meta: IndexMetadata, *, in_ram: bo
     """
     path = Path(path)
     if not path.is_file():
-        raise _refuse(path, "faiss index file not found")
+        missing = f"it links to {os.readlink(path)}, which is missing" if path.is_symlink() else "not found"
+        raise _refuse(path, f"faiss index file {missing}")
     if meta.faiss_checksum is not None and file_fingerprint(path) != meta.faiss_checksum:
         raise _refuse(path, f"size/checksum differ from the ones recorded at build time ({meta.faiss_checksum}; "
                             f"found {file_fingerprint(path)}): the file is truncated or another index")

@@ -31,7 +31,8 @@ from pydantic import (
 
 from .batching import QueryBatcher
 from .config import ServerConfig, search_params
-from .corpus import CorpusStore, PagesStore, file_fingerprint
+from .corpus import CorpusStore, PagesStore, file_fingerprint, plain_corpus_path
+from .hub import resolve_model_dir
 from .memory import process_memory
 from .metadata import IndexMetadata, check_matches, model_fingerprint
 from .open import open_searcher
@@ -71,11 +72,13 @@ class Backend:
 def open_backend(cfg: ServerConfig) -> Backend:
     """Open index + corpus (+ pages) and refuse an index that does not match them (IndexMismatchError)."""
     meta = IndexMetadata.load(cfg.index)
-    corpus_checksum = file_fingerprint(cfg.corpus) if Path(cfg.corpus).is_file() else "missing"
+    corpus = plain_corpus_path(cfg.corpus, show_progress=True) if Path(cfg.corpus).is_file() else Path(cfg.corpus)
+    corpus_checksum = file_fingerprint(corpus) if corpus.is_file() else "missing"
+    model = str(resolve_model_dir(cfg.model)) if cfg.model else None  # a hub id: its local snapshot
     # Checksum first: a mismatched 20 GB corpus is refused before its offsets are scanned.
     check_matches(meta, corpus_checksum=corpus_checksum, passages=meta.passages, retriever=cfg.retriever,
-                  model_checksum=model_fingerprint(cfg.model) if cfg.model else None, index_dir=cfg.index)
-    store = CorpusStore.open(cfg.corpus, cache_dir=cfg.index, show_progress=True)
+                  model_checksum=model_fingerprint(model) if model else None, index_dir=cfg.index)
+    store = CorpusStore.open(corpus, cache_dir=cfg.index, show_progress=True)
     check_matches(meta, corpus_checksum=corpus_checksum, passages=len(store), index_dir=cfg.index)
     device = cfg.device
     if device == "auto" and meta.retriever != "bm25":  # torch is imported only for dense indexes
@@ -83,7 +86,7 @@ def open_backend(cfg: ServerConfig) -> Backend:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.perf_counter()
-    searcher, _ = open_searcher(cfg.index, model=cfg.model, device=device, gpus=cfg.gpus, threads=cfg.threads,
+    searcher, _ = open_searcher(cfg.index, model=model, device=device, gpus=cfg.gpus, threads=cfg.threads,
                                 in_ram=cfg.in_ram, search_params=search_params(cfg))
     open_s = time.perf_counter() - started
     pages = PagesStore.open(cfg.pages, cache_dir=cfg.index, show_progress=True) if cfg.pages else None

@@ -121,3 +121,13 @@ def build_dense_variant(retrieval_assets, dense_embeddings, tmp_path_factory):
         return built[key]
 
     return build
+
+
+@pytest.fixture(scope="session")
+def published_retrieval(retrieval_assets, tmp_path_factory):
+    """Search-R1's published retrieval files for the tiny corpus, as download.py lays them out: e5_Flat.index and
+    e5_HNSW64.index (faiss.write_index, inner product), wiki-18.jsonl.gz (and its unpacked copy), models/e5-base-v2."""
+    from rlinf_ext.retrieval.published_fixtures import make_published_retrieval
+
+    return make_published_retrieval(tmp_path_factory.mktemp("published"), retrieval_assets.corpus,
+                                    retrieval_assets.encoder, hnsw=True)

@@ -1,8 +1,10 @@
+import gzip
 import json
 
 import numpy as np
 import pytest
 
+from rlinf_ext.retrieval import corpus as corpus_module
 from rlinf_ext.retrieval.corpus import (
     CorpusError,
     CorpusStore,
@@ -67,7 +69,7 @@ def test_corpus_store_errors_name_the_problem(tmp_path):
         CorpusStore.open(tmp_path / "missing.jsonl")
     gz = tmp_path / "wiki-18.jsonl.gz"
     gz.write_bytes(b"x")
-    with pytest.raises(CorpusError, match="decompress"):
+    with pytest.raises(CorpusError, match="is truncated or not gzip .*rerun examples/searchr1/download.py"):
         CorpusStore.open(gz)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "0", "contents": "x"}\nnot json\n')
@@ -106,3 +108,57 @@ def test_pages_store_requires_url_field(tmp_path):
     _write_rows(pages, [{"title": "no url"}])
     with pytest.raises(CorpusError, match="no string 'url'"):
         PagesStore.open(pages)
+
+
+def _wiki18_gz(path, n: int = 300) -> bytes:
+    """A wiki-18.jsonl.gz of ``n`` rows; returns the plain bytes."""
+    plain = "".join(json.dumps({"id": str(i), "contents": f'"T{i}"\ntext {i} ' + "w " * (i % 7)}) + "\n"
+                    for i in range(n)).encode()
+    path.write_bytes(gzip.compress(plain))
+    return plain
+
+
+def test_a_gzip_corpus_is_unpacked_once_beside_it_and_reused(tmp_path):
+    gz = tmp_path / "wiki-18.jsonl.gz"
+    plain = _wiki18_gz(gz)
+    store = CorpusStore.open(gz)
+    assert store.path == tmp_path / "wiki-18.jsonl" and store.path.read_bytes() == plain
+    assert len(store) == 300 and store.get(299)["title"] == "T299"
+    stamp = store.path.stat().st_mtime_ns
+    assert CorpusStore.open(gz).path.stat().st_mtime_ns == stamp  # finished: reused, not unpacked again
+    plain = _wiki18_gz(gz, n=200)  # another file under the same name: unpacked again
+    assert CorpusStore.open(gz).path.read_bytes() == plain
+
+
+def test_an_interrupted_unpack_resumes_keeping_what_was_written(tmp_path, monkeypatch):
+    gz = tmp_path / "wiki-18.jsonl.gz"
+    plain = _wiki18_gz(gz, n=2000)
+    monkeypatch.setattr(corpus_module, "_UNPACK_BLOCK", 1000)
+    real_write_state, calls = corpus_module._write_state, []
+
+    def killed_at_the_third_block(path, state):
+        calls.append(state)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the third block is on disk, its record is not
+        real_write_state(path, state)
+
+    monkeypatch.setattr(corpus_module, "_write_state", killed_at_the_third_block)
+    with pytest.raises(KeyboardInterrupt):
+        corpus_module.unpack_gzip(gz)
+    partial = tmp_path / "wiki-18.jsonl.partial"
+    assert partial.stat().st_size == 3000
+    with open(partial, "r+b") as f:  # a mark a restart from zero would overwrite and a resume keeps
+        f.write(b"#")
+    monkeypatch.setattr(corpus_module, "_write_state", real_write_state)
+    out = corpus_module.unpack_gzip(gz)
+    data = out.read_bytes()
+    assert data[:1] == b"#" and data[1:] == plain[1:] and not partial.exists()
+
+
+def test_a_truncated_gzip_is_refused_naming_the_fix(tmp_path):
+    gz = tmp_path / "wiki-18.jsonl.gz"
+    _wiki18_gz(gz)
+    gz.write_bytes(gz.read_bytes()[:-50])
+    with pytest.raises(CorpusError, match=r"wiki-18.jsonl.gz is truncated or not gzip \(EOFError"):
+        CorpusStore.open(gz)
+    assert not (tmp_path / "wiki-18.jsonl").exists()
