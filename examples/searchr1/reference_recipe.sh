@@ -36,7 +36,7 @@ if [ "$SIZE" = full ]; then
   # 1) download: the e5 index, the wiki-18 corpus and the e5 encoder (Search-R1), the training data and the one merged
   #    test set (PeterJinGo/nq_hotpotqa_train), the policy model; every path below is where these land
   python $REPO/examples/searchr1/download.py --save_path $WORK --source searchr1 --what index,corpus,encoder,data
-  huggingface-cli download Qwen/Qwen2.5-3B-Instruct --local-dir $MODEL
+  hf download Qwen/Qwen2.5-3B-Instruct --local-dir $MODEL   # huggingface_hub's CLI (installed with the project)
   # <<< README
 else
   CONFIG=tiny-recipe
