@@ -32,6 +32,15 @@ def tiny_assets_sft(tiny_assets, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def published_data(tiny_assets, tmp_path_factory):
+    """Search-R1's train.parquet and merged test.parquet and RLinf's train.jsonl, in their published formats, made
+    from the tiny assets' questions (``rlinf_ext/data/published_fixtures.py``)."""
+    from rlinf_ext.data.published_fixtures import write_published_data
+
+    return write_published_data(tiny_assets, tmp_path_factory.mktemp("published_data"))
+
+
+@pytest.fixture(scope="session")
 def retrieval_url(tiny_assets, tmp_path_factory):
     """``http://127.0.0.1:PORT`` of one real BM25 retrieval server over the tiny corpus, shared by the session
     (read-only: tests that stop or break a server start their own)."""

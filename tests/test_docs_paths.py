@@ -51,7 +51,7 @@ def test_every_documented_path_exists():
 # a path anchored at a top-level folder of this repository, with or without an extension; it stops at characters
 # that start placeholders or globs (`<bench>`, `*.yaml`, `{a,b}`), so what is left must exist as written
 ROOTED = re.compile(
-    r"(?<![\w./-])((?:rlinf_ext|scripts|docs|examples|configs|tests|benchmarks|toolkits|launchers)/[\w./-]*)"
+    r"(?<![\w./-])((?:rlinf_ext|scripts|docs|examples|configs|tests|benchmarks|toolkits)/[\w./-]*)"
 )
 
 
@@ -95,7 +95,7 @@ OUTSIDE = re.compile(
     r"|\.\./shared|(?<![\w-])reference/|\breview (?:R\d|§|D\d)|\bGPU review\b|design notes"
     r"|(?<!docs/)searchr1-facts"  # docs/searchr1-facts.md is in this repository; any other spelling is not
 )
-SCANNED = ("README.md", "docs", "rlinf_ext", "scripts", "benchmarks", "tests", "launchers", "examples", "configs",
+SCANNED = ("README.md", "docs", "rlinf_ext", "scripts", "benchmarks", "tests", "examples", "configs",
            "toolkits", ".ci")
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".txt", ".sbatch", ".jinja", ".ini", ".toml", ""}
 

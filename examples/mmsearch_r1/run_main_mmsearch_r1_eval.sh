@@ -7,4 +7,4 @@
 # generations.jsonl under runner.output_dir/runner.experiment_name; a rerun resumes. Runs from any directory.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/../searchr1" && pwd)/launch_common.sh"
-rlinf_ext_run_launcher "${BASH_SOURCE[0]}" tiny-mm-cpu-eval eval.py "$@"
+rlinf_ext_run_launcher "${BASH_SOURCE[0]}" tiny-mm-cpu-eval eval "$@"

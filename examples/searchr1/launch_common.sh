@@ -1,9 +1,10 @@
-# Sourced by run_main_searchr1_single.sh and run_main_searchr1_single_eval.sh: one place for what they share.
-# rlinf_ext_run_launcher SCRIPT DEFAULT_CONFIG LAUNCHER [CONFIG_NAME|CONFIG.yaml] [key=value ...]
-#   SCRIPT: the calling script (its header comment is the --help text); LAUNCHER: a file under launchers/.
+# Sourced by the run_main_*.sh scripts: one place for what they share.
+# rlinf_ext_run_launcher SCRIPT DEFAULT_CONFIG VERB [CONFIG_NAME|CONFIG.yaml] [key=value ...]
+#   SCRIPT: the calling script (its header comment is the --help text); VERB: the `rlinf-ext` verb it runs
+#   (train or eval), with this clone's code first on the path (no `pip install -e .` needed).
 # Python: the active virtual environment, else the repo's .venv, else python3 on PATH.
 rlinf_ext_run_launcher() {
-  local script="$1" config="$2" launcher="$3"
+  local script="$1" config="$2" verb="$3"
   shift 3
   local repo
   repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -22,5 +23,6 @@ rlinf_ext_run_launcher() {
   else
     python_bin="$(command -v python3 || command -v python)"
   fi
-  exec "$python_bin" "$repo/launchers/$launcher" "$config" "$@"
+  export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+  exec "$python_bin" -m rlinf_ext.cli "$verb" "$config" "$@"
 }

@@ -6,4 +6,4 @@
 # Python: the active virtual environment, else the repo's .venv, else python3 on PATH.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/launch_common.sh"
-rlinf_ext_run_launcher "${BASH_SOURCE[0]}" qwen2.5-3b-tool-1node train.py "$@"
+rlinf_ext_run_launcher "${BASH_SOURCE[0]}" qwen2.5-3b-tool-1node train "$@"

@@ -7,4 +7,4 @@
 # resumes (questions already in generations.jsonl are skipped). Runs from any directory.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/launch_common.sh"
-rlinf_ext_run_launcher "${BASH_SOURCE[0]}" qwen2.5-3b-tool-1node-eval eval.py "$@"
+rlinf_ext_run_launcher "${BASH_SOURCE[0]}" qwen2.5-3b-tool-1node-eval eval "$@"

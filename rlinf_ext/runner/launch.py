@@ -1,4 +1,4 @@
-"""One run from one YAML, as a recipe: ``run_training`` (``rlinf-ext train``, ``launchers/train.py``,
+"""One run from one YAML, as a recipe: ``run_training`` (``rlinf-ext train``,
 ``examples/searchr1/run_main_searchr1_single.sh``) and ``run_evaluation_only`` (``rlinf-ext eval``).
 
 ``run_training`` in order:

@@ -17,14 +17,21 @@ EXAMPLE_YAMLS = sorted((REPO_ROOT / "examples").rglob("*.yaml"))
 EXPERIMENT_YAMLS = [p for p in EXAMPLE_YAMLS if p.parent.name == "config"]
 
 
+# the model the reference recipe passes on the command line (examples/searchr1/reference_recipe.sh)
+COMMAND_LINE = {"tiny-recipe.yaml": ["rollout.model.model_path=/models/tiny"],
+                "tiny-recipe-eval.yaml": ["rollout.model.model_path=/models/tiny"]}
+
+
 def test_every_example_yaml_validates(reference_env):
     checked = 0
     for path in EXPERIMENT_YAMLS:
-        result = check_config(path)
+        result = check_config(path, COMMAND_LINE.get(path.name, []))
         assert result.ok, f"{path}:\n" + "\n".join(str(i) for i in result.issues)
         checked += 1
-    assert checked == 9, [p.name for p in EXPERIMENT_YAMLS]
+    assert checked == 11, [p.name for p in EXPERIMENT_YAMLS]
     assert {p.name for p in EXPERIMENT_YAMLS} == {
+        "tiny-recipe.yaml",
+        "tiny-recipe-eval.yaml",
         "qwen2.5-3b-tool-1node.yaml",
         "qwen2.5-3b-tool-1node-eval.yaml",
         "tiny-cpu.yaml",
@@ -72,8 +79,9 @@ def test_eval_yaml_builds_on_training_yaml(reference_env):
     assert cfg.rollout.model.model_path == "/models/searchr1-step-200-hf"
     # the eval placement replaces (does not merge into) the training placement
     assert cfg.cluster.component_placement == {"rollout,reward": "all"}
-    names = [Path(p).stem for p in cfg.data.val_data_paths]
-    assert names == ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
+    # Search-R1's one merged test set (preprocessed), grouped by data_source
+    assert list(cfg.data.val_data_paths) == ["/data/searchr1/test.jsonl"]
+    assert list(load_config("qwen2.5-3b-tool-1node").data.val_data_paths) == ["/data/searchr1/test.jsonl"]
 
 
 def test_tiny_assets_dir_from_env(monkeypatch, tmp_path):

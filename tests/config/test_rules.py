@@ -248,7 +248,7 @@ def test_check_paths_only_on_request(reference_env, tmp_path):
     cfg = load_config("qwen2.5-3b-tool-1node")
     assert validate(cfg) == []
     keys = {i.key for i in validate(cfg, check_paths=True)}
-    assert {"rollout.model.model_path", "data.train_data_paths[0]", "data.val_data_paths[1]"} <= keys
+    assert {"rollout.model.model_path", "data.train_data_paths[0]", "data.val_data_paths[0]"} <= keys
 
 
 def test_parallel_sizes_positive(reference_env):

@@ -1,4 +1,4 @@
-"""Running the real launcher in a child process as a user does (``launchers/train.py tiny-cpu ...``), and reading
+"""Running the real launcher in a child process as a user does (``rlinf-ext train tiny-cpu ...``), and reading
 what it wrote. Shared by the end-to-end tests; not a test module itself."""
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ CI_SIZE = [
 
 def launch(args: list[str], on_line: Callable | None = None, timeout: float = 480,
            env: dict[str, str] | None = None, config: str = "tiny-cpu") -> tuple[int, str]:
-    """Run `launchers/train.py CONFIG --no-progress ARGS`; `on_line(line, proc)` sees each output line as it
+    """Run `rlinf-ext train CONFIG --no-progress ARGS`; `on_line(line, proc)` sees each output line as it
     comes. ``env``: the child's environment (default: this one without RAY_ADDRESS)."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "launchers" / "train.py"), config, "--no-progress", *args],
+        [sys.executable, "-m", "rlinf_ext.cli", "train", config, "--no-progress", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(REPO),
     )
     lines: list[str] = []

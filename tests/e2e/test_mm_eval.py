@@ -1,15 +1,19 @@
-"""`rlinf-ext eval tiny-mm-cpu-eval` end to end on CPU: the warm-started tiny Qwen2.5-VL, the FVQA test file,
-the image-search cache and a launched BM25 server; the table is recomputed from generations.jsonl by hand,
-and a rerun resumes without rolling anything out again."""
+"""`rlinf-ext eval tiny-mm-cpu-eval` end to end on CPU: the warm-started tiny Qwen2.5-VL, the FVQA test file, the
+image-search cache and a BM25 server the eval launcher starts itself (over an index it builds when missing) and stops
+at the end; the table is recomputed from generations.jsonl by hand, and a rerun resumes without rolling anything out
+again. (The Search-R1 evaluation through the same launcher, against a running server: step 7 of
+tests/e2e/test_reference_recipe.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections import defaultdict
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +76,8 @@ def test_tiny_mm_evaluation_end_to_end_and_resume(tiny_mm_assets_sft, tmp_path):
     text_turns = [t for t in turns if t["tool"] == "text"]
     assert text_turns and all(t["search_ok"] and t["query"] for t in text_turns)
     assert results["meta"]["image_search"]["backend"] == "cache_dir" and "retrieval server" in out
+    pid = int(re.search(r"retrieval server on http://\S+ \(pid (\d+)", out).group(1))
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert (run_dir / "results.md").read_text().startswith("| data source | category |")
     again = _run(tiny_mm_assets_sft.root, tmp_path)
     assert f"0 question(s) evaluated, {QUESTIONS} resumed" in again

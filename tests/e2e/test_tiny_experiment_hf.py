@@ -2,8 +2,9 @@
 with ``rollout.rollout_backend=hf`` (transformers ``generate`` in the rollout worker) for training and evaluation,
 stopped by SIGTERM and resumed.
 
-tiny-cpu.yaml runs vLLM (tests/e2e/test_tiny_experiment.py covers that path); this module keeps the fallback's
-launch path honest: validation before training, GRPO steps with a weight sync before each step that follows an
+tiny-cpu.yaml runs vLLM (the reference recipe's tiny run, tests/e2e/test_reference_recipe.py, covers that engine on the
+same model shape); this module keeps the fallback's launch path honest, and tiny-cpu.yaml's own (tiny assets, the
+launched BM25 server): validation before training, GRPO steps with a weight sync before each step that follows an
 update, Megatron -> HF conversion and the evaluation of the converted model, on the contract's random tiny model.
 
 The same run is the preemption check (one run for both: a launch costs ~45 s of start-up): SIGTERM (what Slurm and

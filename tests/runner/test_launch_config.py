@@ -83,7 +83,7 @@ def test_shell_script_runs_from_any_directory(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_cli_rejects_a_bare_word_override(tmp_path):
-    res = _run([sys.executable, str(REPO / "launchers" / "train.py"), "tiny-cpu", "max_steps"], cwd=tmp_path)
+    res = _run([sys.executable, "-m", "rlinf_ext.cli", "train", "tiny-cpu", "max_steps"], cwd=tmp_path)
     assert res.returncode == 2 and "key=value" in res.stderr
 
 

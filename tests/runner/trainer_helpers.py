@@ -39,7 +39,7 @@ def make_cfg(tiny_assets, out_dir, url, **extra):
         "tools.search.default_timeout": 20.0,
         "runner.seq_length": 1536,
         # the HF fallback engine: these tests check its exact logits after each sync and compare runs token for
-        # token; the runner on tiny-cpu's vLLM is tests/e2e/test_tiny_experiment.py
+        # token; the runner on vLLM is tests/e2e/test_reference_recipe.py
         "rollout.rollout_backend": "hf",
         **extra,
     }

@@ -42,6 +42,9 @@ def load_results(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / RESULTS_JSON
     if not path.exists():
         raise FileNotFoundError(
-            f"{path} not found: RUN_DIR must be an evaluation run directory (run `rlinf-ext eval` first)"
+            f"{path} not found: RUN_DIR must be an evaluation run directory, runner.output_dir/runner.experiment_name "
+            "of the evaluation (its launcher prints it: '[launch] evaluation results: DIR'; the default "
+            "runner.output_dir is <repo>/outputs/runs, so pass the training run's runner.output_dir to the evaluation "
+            "too)"
         )
     return json.loads(path.read_text(encoding="utf-8"))

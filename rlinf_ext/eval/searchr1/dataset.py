@@ -1,8 +1,10 @@
 """Benchmark questions from the eval config's `data.val_data_paths` (RLinf jsonl or Search-R1 parquet).
 
-Each row becomes an `EvalItem` with its benchmark name (from the row's `data_source` when it names one of
-the seven benchmarks, else from the file name), a stable id for resuming, the chat-formatted prompt and the
-gold answers. `data.data_size` keeps the first N questions of each benchmark in each file.
+Each row becomes an `EvalItem` with its benchmark: the row's `data_source` (canonical when it names one of the
+seven, as written otherwise), else the file name. So Search-R1's one merged `test.parquet` (or the `test.jsonl`
+preprocessed from it) is grouped by `data_source` like one file per benchmark. An item also has a stable id for
+resuming, the chat-formatted prompt and the gold answers. `data.data_size` keeps the first N questions of each
+benchmark in each file.
 """
 
 from __future__ import annotations
@@ -81,6 +83,14 @@ def question_of(row: dict, prompt_text: str) -> str:
     return match.group(1).strip() if match else ""
 
 
+def benchmark_of_row(row: dict, file_bench: str) -> str:
+    """The row's `data_source` (canonical spelling when it is one of the seven), else the file's benchmark."""
+    source = row.get("data_source")
+    if isinstance(source, str) and source.strip():
+        return canonical_benchmark(source) or source.strip()
+    return file_bench
+
+
 def load_eval_items(
     paths: list[str],
     render_chat: Callable[[list[dict]], str],
@@ -91,7 +101,9 @@ def load_eval_items(
 ) -> list[EvalItem]:
     """All questions of the benchmark files, in file order; `render_chat(messages) -> str` applies the template."""
     if not paths:
-        raise ValueError("data.val_data_paths is empty; list one file per benchmark to evaluate")
+        raise ValueError("data.val_data_paths is empty; list the test file(s) to evaluate: one merged file with a "
+                         "data_source column (Search-R1's test.parquet, or the test.jsonl preprocessed from it), or one "
+                         "file per benchmark")
     items: list[EvalItem] = []
     seen: set[tuple[str, str]] = set()
     for file in paths:
@@ -99,8 +111,7 @@ def load_eval_items(
         file_bench = benchmark_from_path(path)
         taken: dict[str, int] = {}
         for idx, row in enumerate(read_rows(path)):
-            source = row.get("data_source")
-            bench = (canonical_benchmark(source) if isinstance(source, str) else None) or file_bench
+            bench = benchmark_of_row(row, file_bench)
             if 0 <= data_size <= taken.get(bench, 0):
                 continue
             taken[bench] = taken.get(bench, 0) + 1

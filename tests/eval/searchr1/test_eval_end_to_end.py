@@ -3,25 +3,22 @@
 1. In-process: the real agent loop, search tool, server, tokenizer and reward, with a scripted reader as the
    generator (it searches the question, then answers the gold answer only if the retrieved passages contain
    it, so the EM depends on what the real server returned). The table is checked against the saved
-   generations recomputed here independently, and resume is checked by growing `data.data_size`.
-2. As a user runs it: `python -m rlinf_ext.eval tiny-cpu-eval ...` with the tiny Qwen2 model on tiny-cpu-eval.yaml's
-   engine (vLLM).
+   generations recomputed independently (``tests/eval_tables.py``), and resume is checked by growing
+   `data.data_size`.
+2. The validation pass on a fixed subset.
+As a user runs it (the eval launcher with the tiny model on vLLM, against a running server): step 7 of the reference
+recipe, tests/e2e/test_reference_recipe.py.
 """
 
 from __future__ import annotations
 
-import csv
 import json
-import os
 import re
-import string
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from eval_tables import check_tables_against_generations, recompute_em
 
-from rlinf_ext.eval.searchr1.benchmarks import PAPER_ORDER, display_name
 from rlinf_ext.protocol.generation import GenerationResult
 
 ASSISTANT = "<|im_start|>assistant\n"
@@ -51,42 +48,6 @@ class ScriptedReader:
             ids = ids[: params.max_new_tokens]
             return GenerationResult(ids, self.tokenizer.decode(ids), "length")
         return GenerationResult(ids, self.tokenizer.decode(ids), "stop", matched_stop=stop)
-
-
-# ---- independent recomputation from generations.jsonl (deliberately not using rlinf_ext.rewards) ----
-def _norm(s: str) -> str:
-    s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
-    return " ".join(w for w in s.split() if w not in ("a", "an", "the"))
-
-
-def _recompute_em(rows: list[dict]) -> dict[str, float]:
-    per: dict[str, list[float]] = {}
-    for row in rows:
-        own_text = "".join(t["output"] for t in row["turns"])
-        answers = re.findall(r"<answer>(.*?)</answer>", own_text, re.DOTALL)
-        hit = bool(answers) and any(_norm(answers[-1]) == _norm(g) for g in row["golden_answers"])
-        per.setdefault(row["benchmark"], []).append(float(hit))
-    return {b: sum(v) / len(v) for b, v in per.items()}
-
-
-def _check_tables_against_generations(run_dir: Path, n_per_bench: int) -> dict[str, float]:
-    rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
-    em = _recompute_em(rows)
-    assert sorted(em) == sorted(PAPER_ORDER) and all(len([r for r in rows if r["benchmark"] == b]) == n_per_bench for b in em)
-    results = json.loads((run_dir / "results.json").read_text())
-    assert list(results["benchmarks"]) == list(PAPER_ORDER)
-    for bench, value in em.items():
-        assert results["benchmarks"][bench]["em"] == pytest.approx(value)
-        assert results["benchmarks"][bench]["n"] == n_per_bench
-    average = sum(em.values()) / len(em)
-    assert results["average"]["em"] == pytest.approx(average)
-    table = list(csv.DictReader((run_dir / "results.csv").open()))
-    assert [r["benchmark"] for r in table] == [display_name(b) for b in PAPER_ORDER] + ["average", "overall"]
-    for r, bench in zip(table, PAPER_ORDER):
-        assert float(r["EM"]) == pytest.approx(em[bench], abs=5e-4) and int(r["n"]) == n_per_bench
-    assert float(table[7]["EM"]) == pytest.approx(average, abs=5e-4)
-    assert f"| EM | {' | '.join(f'{em[b]:.3f}' for b in PAPER_ORDER)} | {average:.3f} |" in (run_dir / "results.md").read_text()
-    return em
 
 
 def _eval_config(tiny_assets, url: str, out: Path, data_size: int, *extra: str):
@@ -129,12 +90,12 @@ def test_tiny_eval_in_process_real_server_with_resume(tiny_assets, retrieval_url
     first = run_evaluation(_eval_config(tiny_assets, retrieval_url, tmp_path, 2), generator=reader, show_progress=False)
     assert (first.evaluated, first.resumed, first.errors) == (14, 0, 0)
     assert reader.questions_started == 14
-    _check_tables_against_generations(first.run_dir, 2)
+    check_tables_against_generations(first.run_dir, 2)
 
     reader.questions_started = 0
     second = run_evaluation(_eval_config(tiny_assets, retrieval_url, tmp_path, 4), generator=reader, show_progress=False)
     assert (second.evaluated, second.resumed) == (14, 14) and reader.questions_started == 14  # only the new ones
-    em = _check_tables_against_generations(second.run_dir, 4)
+    em = check_tables_against_generations(second.run_dir, 4)
     assert 0.0 < sum(em.values()) / len(em) < 1.0  # the real server found some answers and missed others
 
     rows = [json.loads(line) for line in (second.run_dir / "generations.jsonl").read_text().splitlines()]
@@ -177,34 +138,9 @@ def test_validation_pass_on_a_fixed_subset(tiny_assets, retrieval_url, scripted_
     assert set(seen_do_sample) == {False}
     assert metrics["val/n"] == 14.0 and metrics["val/errors"] == 0.0
     rows = [json.loads(x) for x in (tmp_path / "val" / "global_step_5" / "generations.jsonl").read_text().splitlines()]
-    em = _recompute_em(rows)
+    em = recompute_em(rows)
     for bench, value in em.items():
         assert metrics[f"val/{bench}/em"] == pytest.approx(value)
         assert metrics[f"val/{bench}/searches"] == 1.0
     assert metrics["val/avg/em"] == pytest.approx(sum(em.values()) / len(em))
     assert {r["item_id"] for r in rows} == {it.item_id for it in val.items}  # the same subset every pass
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_tiny_eval_cli_with_the_tiny_model(tiny_assets, retrieval_url, tmp_path):
-    repo = Path(__file__).resolve().parents[3]
-    cmd = [
-        sys.executable, "-m", "rlinf_ext.eval", "tiny-cpu-eval",
-        f"paths.tiny_assets={tiny_assets.root}",
-        f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
-        f"tools.search.server_addr={retrieval_url.removeprefix('http://')}",
-        "retrieval.launch=false",
-        f"runner.output_dir={tmp_path}",
-        "data.data_size=1",
-        "algorithm.sampling_params.max_new_tokens=16",
-        "agentloop.max_turns=1",
-        "--no-progress",
-    ]
-    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=280, env={**os.environ})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run_dir = tmp_path / "searchr1-eval-tiny-cpu"
-    _check_tables_against_generations(run_dir, 1)
-    assert "| metric | NQ | TriviaQA | PopQA | HotpotQA | 2Wiki | MuSiQue | Bamboogle | Avg |" in proc.stdout
-    rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
-    assert all(r["error"] is None and r["turns"] and r["response_length"] > 0 for r in rows)

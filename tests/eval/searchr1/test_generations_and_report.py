@@ -96,7 +96,8 @@ def test_eval_report_side_by_side_with_paper(tmp_path, capsys):
     assert cli_main(["eval-report", str(run_a), "--metric", "f1"]) == 0
     assert "| a | 0.556 |" in capsys.readouterr().out  # NQ F1 = 5/9
     assert cli_main(["eval-report", str(tmp_path / "missing")]) == 1
-    assert "results.json" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "results.json" in err and "runner.output_dir" in err and "evaluation results:" in err
 
 
 def test_run_labels_tell_same_named_runs_apart(tmp_path):
@@ -135,3 +136,12 @@ def test_load_items_from_both_formats_with_data_size(tmp_path):
         load_eval_items([str(tmp_path / "bamboogle.jsonl")], render, answer_key="golden")
     with pytest.raises(FileNotFoundError, match="val_data_paths"):
         load_eval_items([str(tmp_path / "nope.jsonl")], render)
+
+
+def test_rows_are_grouped_by_their_data_source_even_outside_the_seven(tmp_path):
+    # one merged file: a data_source that is not one of the seven is its own benchmark, not the file's name
+    rows = [{"prompt": f"Question: q{i}?\n", "solutions": ["a"], "data_source": src, "uid": f"u{i}"}
+            for i, src in enumerate(["nq", "strategyqa", "natural_questions", "strategyqa", ""])]
+    (tmp_path / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    items = load_eval_items([str(tmp_path / "test.jsonl")], lambda msgs: msgs[0]["content"])
+    assert [i.benchmark for i in items] == ["nq", "strategyqa", "nq", "strategyqa", "test"]
