@@ -8,6 +8,19 @@ import torch
 
 from rlinf_ext.sync.weight_sync import WeightSyncError
 
+# Mean |engine - actor| log-prob (nats) a sync may leave on the probe, by the rollout's precision: fp32 on both
+# sides differs by summation order only (~1e-6); a 16-bit engine against the actor's fp32 logits differs by
+# rounding (~0.01-0.1 nats); a wrong mapping or a partial load differs by nats
+FP32_PROBE_ATOL = 1e-3
+HALF_PROBE_ATOL = 0.5
+
+
+def probe_atol(precision: str) -> float:
+    """The probe's tolerance for an engine running in ``precision`` (``rollout.model.precision``: fp32, bf16, fp16)."""
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"rollout.model.precision {precision!r}: expected fp32, bf16 or fp16")
+    return FP32_PROBE_ATOL if precision == "fp32" else HALF_PROBE_ATOL
+
 
 def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input_token_logprobs: list,
                       positions: list[int] | None = None) -> float:

@@ -46,14 +46,10 @@ from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, Sampli
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_COUNTS, RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size
 from rlinf_ext.sync.engine_calls import EngineCall, serve_engine_calls
-from rlinf_ext.sync.probe import probe_logprob_gap
+from rlinf_ext.sync.probe import probe_atol, probe_logprob_gap
 from rlinf_ext.sync.sglang_transfer import INIT_GROUP, SGLANG_CALLS, UPDATE_DISTRIBUTED, uses_sglang_distributed
 from rlinf_ext.sync.weight_sync import HandleBucket, SyncRoutes, WeightSyncError, receive_weights
 from rlinf_ext.workers.rollout_serving import serve_requests
-
-# Mean |logprob difference| (nats) allowed between the engine and the actor on the probe after a sync. bf16/fp16
-# engines differ from the actor by rounding (~0.01-0.1); a wrong mapping or a partial load differs by nats.
-GPU_SYNC_MEAN_ATOL = 0.5
 
 # sglang 0.5.23's memory tags (sglang/srt/constants.py): weights come back first (the update writes them), the
 # KV cache and the CUDA graphs after the update
@@ -180,10 +176,12 @@ class SGLangRolloutState:
     """The worker's logic without RLinf's ``Worker`` (tests drive it with ``SGLangControl`` over a recording engine,
     and fake channels)."""
 
-    def _setup(self, cfg: ExperimentConfig, verify_sync: bool = True, sync_atol: float = GPU_SYNC_MEAN_ATOL,
+    def _setup(self, cfg: ExperimentConfig, verify_sync: bool = True, sync_atol: float | None = None,
                collocated: bool | None = None, distributed: bool | None = None) -> None:
+        """``sync_atol`` None: the probe's tolerance for the engine's precision (``sync/probe.py:probe_atol``)."""
         self.cfg = cfg
-        self.verify_sync, self.sync_atol = verify_sync, sync_atol
+        self.verify_sync = verify_sync
+        self.sync_atol = probe_atol(str(cfg.rollout.model.precision)) if sync_atol is None else float(sync_atol)
         self.collocated = is_collocated(cfg) if collocated is None else collocated
         # disaggregated on GPUs: SGLang's own weight-update group (sync/sglang_transfer.py)
         self.distributed = uses_sglang_distributed(cfg, cuda=True) if distributed is None else distributed
@@ -345,7 +343,7 @@ def vl_request_parts(tokenizer: Any, model_path: str) -> tuple:
 class SGLangRolloutWorker(SGLangRolloutState, Worker):
     """The RLinf worker (an async actor) around ``SGLangRolloutState``: one SGLang engine on this worker's TP GPUs."""
 
-    def __init__(self, cfg: ExperimentConfig, verify_sync: bool = True, sync_atol: float = GPU_SYNC_MEAN_ATOL):
+    def __init__(self, cfg: ExperimentConfig, verify_sync: bool = True, sync_atol: float | None = None):
         Worker.__init__(self)
         self._setup(cfg, verify_sync, sync_atol)
 

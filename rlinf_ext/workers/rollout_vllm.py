@@ -30,10 +30,10 @@ from rlinf_ext.generation.vllm_wire import options_from_config
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_COUNTS, RETOKENIZE_MISMATCH
 from rlinf_ext.sync.engine_calls import serve_engine_calls
-from rlinf_ext.sync.probe import probe_logprob_gap
+from rlinf_ext.sync.probe import probe_atol, probe_logprob_gap
 from rlinf_ext.sync.vllm_engine_side import VLLMGpuSync
 from rlinf_ext.sync.vllm_transfer import ENGINE_CALLS
-from rlinf_ext.sync.weight_sync import DEFAULT_ATOL, SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
+from rlinf_ext.sync.weight_sync import SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
 from rlinf_ext.workers.rollout_serving import serve_requests
 
 # the parts of one weight sync on this side (seconds), logged as time/sync/<part> (runner/trainer.py:part_metrics)
@@ -45,10 +45,11 @@ SYNC_PROBE = "probe"  # the probe's prompt log-probs through the engine and the 
 class VLLMRolloutState:
     """The worker's logic without RLinf's ``Worker`` (tests drive it with fake channels and a fake transport)."""
 
-    def _setup(self, cfg, verify_sync: bool = True, sync_atol: float = DEFAULT_ATOL) -> None:
+    def _setup(self, cfg, verify_sync: bool = True, sync_atol: float | None = None) -> None:
+        """``sync_atol`` None: the probe's tolerance for the engine's precision (``sync/probe.py:probe_atol``)."""
         self.cfg = cfg
         self.verify_sync = verify_sync
-        self.sync_atol = sync_atol
+        self.sync_atol = probe_atol(str(cfg.rollout.model.precision)) if sync_atol is None else float(sync_atol)
         self.generator: VLLMGenerator | None = None
         self.gpu_sync: VLLMGpuSync | None = None
         self.defaults = SamplingParams()
@@ -154,7 +155,7 @@ class VLLMRolloutState:
 class VLLMRolloutWorker(VLLMRolloutState, Worker):
     """The RLinf worker (an async actor) around ``VLLMRolloutState``."""
 
-    def __init__(self, cfg, verify_sync: bool = True, sync_atol: float = DEFAULT_ATOL):
+    def __init__(self, cfg, verify_sync: bool = True, sync_atol: float | None = None):
         Worker.__init__(self)
         self._setup(cfg, verify_sync, sync_atol)
 

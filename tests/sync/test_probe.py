@@ -24,3 +24,31 @@ def test_probe_logprob_gap_compares_engine_and_actor():
     image_off = [entries[0]] + [(lp + (5.0 if k < 2 else 0.0), t, x) for k, (lp, t, x) in enumerate(entries[1:])]
     assert probe_logprob_gap(ids, logits, image_off, positions=[3, 4, 5]) < 1e-5
     assert probe_logprob_gap(ids, logits, image_off, positions=[2, 3]) == pytest.approx(2.5, abs=1e-5)
+
+
+def test_the_probe_tolerance_follows_the_engines_precision():
+    from types import SimpleNamespace
+
+    from rlinf_ext.sync.probe import FP32_PROBE_ATOL, HALF_PROBE_ATOL, probe_atol
+    from rlinf_ext.workers.rollout_sglang import SGLangRolloutState
+    from rlinf_ext.workers.rollout_vllm import VLLMRolloutState
+
+    assert probe_atol("fp32") == FP32_PROBE_ATOL == 1e-3
+    assert probe_atol("bf16") == probe_atol("fp16") == HALF_PROBE_ATOL == 0.5
+    with pytest.raises(ValueError, match="expected fp32, bf16 or fp16"):
+        probe_atol("float16")
+
+    def cfg(precision):
+        return SimpleNamespace(rollout=SimpleNamespace(model=SimpleNamespace(precision=precision), tensor_parallel_size=1,
+                                                       return_logprobs=False))
+
+    # a bf16 engine on GPUs (the reference configs) against the actor's fp32 logits: rounding, not a failed sync
+    for precision, atol in (("bf16", 0.5), ("fp16", 0.5), ("fp32", 1e-3)):
+        vllm = VLLMRolloutState()
+        vllm._setup(cfg(precision))
+        sglang = SGLangRolloutState()
+        sglang._setup(cfg(precision), collocated=True, distributed=False)
+        assert vllm.sync_atol == sglang.sync_atol == atol, precision
+    explicit = VLLMRolloutState()
+    explicit._setup(cfg("bf16"), sync_atol=1e-2)
+    assert explicit.sync_atol == 1e-2
