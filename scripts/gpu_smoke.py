@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One-GPU smoke test of rlinf_ext's GPU path (stages S0-S6), for a machine with one H100, torch with
+"""One-GPU smoke test of rlinf_ext's GPU path (stages S0-S8), for a machine with one H100, torch with
 CUDA, and a few small wheels (megatron-core 0.16.1, rlinf 0.3.0, transformers 5.19.0 + tokenizers + huggingface_hub
 first on PYTHONPATH, omegaconf, antlr4, hydra-core, faiss-cpu). No Ray, no SGLang, no Transformer Engine: Ray and
 ``rlinf.scheduler`` are stubbed inside this script only, and the actor uses Megatron's local layer spec.
@@ -7,7 +7,8 @@ first on PYTHONPATH, omegaconf, antlr4, hydra-core, faiss-cpu). No Ray, no SGLan
     python scripts/gpu_smoke.py --out OUT_DIR [--device cuda|cpu] [--stages S0 S2 ...] [--budget-s 530]
 
 Each stage runs in its own subprocess with its own timeout and appends one JSON line to OUT_DIR/results.jsonl
-(``stage, title, status (pass|fail|skipped), seconds, checks {name: bool}, figures {...}, error``), so a crash or
+(``stage, title, status (pass|fail|skipped), seconds, checks {name: bool}, skipped {check: why not run here},
+figures {...}, error``), so a crash or
 an out-of-memory in a late stage keeps the earlier results. The driver prints every stage's verdict, its figures,
 its pass conditions and, on failure, the exception. ``--device cpu`` runs the same stages with tiny shapes on CPU
 (tests/scripts/test_gpu_smoke.py). Stages (S5, the longest, last):
@@ -24,6 +25,11 @@ its pass conditions and, on failure, the exception. ``--device cpu`` runs the sa
   S7 FSDP2 VL     the vision-language actor fully_shard-ed over a one-rank group (bf16 compute), ~0.4B random
                    Qwen2.5-VL: train steps, activation checkpointing's peak, offload/onload bit-exact, probe through
                    the gathered HF weights (CPU: tiny shape, gloo)
+  S8 vLLM          rlinf_ext's VLLMGenerator vs an HF forward of the same random Qwen2: stop strings, processed
+                   log-probs at T 0.7 / 1.0, seeds, in-place reload + probe; CUDA: sleep levels 1 and 2 + wake_up
+                   measured against models/memory.py's engine terms, the collocated IPC route (VLLMGpuSync) fed by a
+                   producer process + probe (skipped without vLLM; vLLM 0.26 on the lent H100:
+                   scripts/device_vllm_smoke.sh, docs/environment.md)
   S5 3B memory     a Qwen2.5-3B-shaped random actor (fp16, local spec, reference model, recompute full/block/20):
                    peak memory at 1k/2k/3k tokens vs rlinf_ext/models/memory.py's estimate; seconds per step at 2k
 """
@@ -48,6 +54,7 @@ STAGES = {
     "S4": ("IPC weight transport stand-in", 60),
     "S6": ("fp16 dense encoder", 60),
     "S7": ("FSDP2 vision-language actor", 120),
+    "S8": ("vLLM generator", 150),
     "S5": ("3B-shaped actor memory", 240),
 }
 
@@ -85,6 +92,8 @@ def print_record(r: dict) -> None:
     print(f"\n== {r['stage']} {r['title']}: {r['status'].upper()} ({r['seconds']} s)", flush=True)
     for name, ok in r.get("checks", {}).items():
         print(f"   [{'ok' if ok else 'FAILED'}] {name}")
+    for name, why in r.get("skipped", {}).items():
+        print(f"   [skipped] {name}: {why}")
     for key, value in r.get("figures", {}).items():
         print(f"   {key}: {value}")
     if r.get("error"):
@@ -123,11 +132,13 @@ def run_one(args: argparse.Namespace) -> int:
     import smoke_stages_actor as actor
     import smoke_stages_io as io
     import smoke_stages_vl as vl
+    import smoke_stages_vllm as vllm_stage
 
     functions = {"S0": actor.s0_environment, "S1": actor.s1_assets, "S2": actor.s2_converter, "S3": actor.s3_actor,
                  "S4": io.s4_ipc, "S5": io.s5_memory, "S6": io.s6_encoder,
-                 "S7": vl.s7_fsdp_vl}
-    return smoke_common.run_stage(args.run_stage, STAGES[args.run_stage][0], functions[args.run_stage], args)
+                 "S7": vl.s7_fsdp_vl, "S8": vllm_stage.s8_vllm}
+    return smoke_common.run_stage(args.run_stage, STAGES[args.run_stage][0], functions[args.run_stage], args,
+                                  stubs=args.run_stage != "S8")
 
 
 def main() -> int:

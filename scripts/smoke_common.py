@@ -67,6 +67,7 @@ class SkipStage(Exception):
 class Record:
     checks: dict = field(default_factory=dict)
     figures: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)  # check name -> why this machine cannot run it
 
     def check(self, name: str, ok) -> bool:
         self.checks[name] = bool(ok)
@@ -74,6 +75,9 @@ class Record:
 
     def figure(self, name: str, value) -> None:
         self.figures[name] = value
+
+    def skip(self, name: str, reason: str) -> None:
+        self.skipped[name] = reason
 
 
 @dataclass
@@ -98,9 +102,12 @@ class Context:
             torch.cuda.synchronize()
 
 
-def run_stage(stage: str, title: str, function, args) -> int:
-    """Run ``function(record, context)`` and append the stage's JSON line to OUT/results.jsonl."""
-    install_stubs()
+def run_stage(stage: str, title: str, function, args, *, stubs: bool = True) -> int:
+    """Run ``function(record, context)`` and append the stage's JSON line to OUT/results.jsonl. ``stubs``: Ray and
+    ``rlinf.scheduler`` stubbed first (off for vLLM, which reads ``ray.is_initialized()`` and would take a stub's
+    answer for a running Ray)."""
+    if stubs:
+        install_stubs()
     ctx = Context(args.device, Path(args.work))
     rec, status, error = Record(), "pass", None
     start = time.perf_counter()
@@ -113,7 +120,7 @@ def run_stage(stage: str, title: str, function, args) -> int:
     except BaseException as exc:  # noqa: BLE001 - any failure is the stage's result
         status, error = "fail", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"
     line = {"stage": stage, "title": title, "status": status, "seconds": round(time.perf_counter() - start, 1),
-            "device": args.device, "checks": rec.checks, "figures": rec.figures, "error": error}
+            "device": args.device, "checks": rec.checks, "skipped": rec.skipped, "figures": rec.figures, "error": error}
     with (Path(args.out) / "results.jsonl").open("a") as f:
         f.write(json.dumps(line, default=str) + "\n")
     return 0
