@@ -299,8 +299,7 @@ async def check_probe(rec: Record, gen, label: str, new_logits, old_logits, prob
     the old ones, which must be far)."""
     import torch
 
-    from rlinf_ext.sync.probe import probe_logprob_gap
-    from rlinf_ext.sync.weight_sync import DEFAULT_ATOL
+    from rlinf_ext.sync.probe import probe_atol, probe_logprob_gap
 
     entries = await gen.prompt_logprobs(probe)
     ids = torch.tensor(probe)
@@ -310,8 +309,9 @@ async def check_probe(rec: Record, gen, label: str, new_logits, old_logits, prob
                                                                    f"{len(probe) - 1} tokens)")
     rec.check(f"{label}: probe gap vs the HF forward of the new weights <= {tol:g}", gap <= tol)
     rec.check(f"{label}: the new weights arrived (probe gap vs the old weights > 10x that)", gap_old > 10 * tol)
-    rec.check(f"{label}: probe gap within the rollout worker's threshold (sync/weight_sync.py DEFAULT_ATOL "
-              f"{DEFAULT_ATOL:g})", gap <= DEFAULT_ATOL)
+    worker_atol = probe_atol("bf16" if device == "cuda" else "fp32")  # the engine's dtype on each device
+    rec.check(f"{label}: probe gap within the rollout worker's threshold (sync/probe.py probe_atol "
+              f"{worker_atol:g})", gap <= worker_atol)
 
 
 async def check_reload(rec: Record, gen, ref, model: SmokeModel, probe: list[int], device: str, seed: int) -> None:
