@@ -171,24 +171,20 @@ class SGLangSource:
             if isinstance(node, ast.ClassDef):
                 return self.struct_signature(module, qualname)
             return function_signature(node)
-        cls_name, method = qualname.split(".", 1)
-        pending = [self._class(module, cls_name)]
-        while pending:
-            where, cls = pending.pop(0)
-            for node in cls.body:
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == method:
-                    return function_signature(node)
-            pending += self._bases(where, cls)
-        raise LookupError(f"sglang's {module}.{cls_name} has no method {method}")
+        return function_signature(self._method(module, qualname))
 
     def is_async(self, module: str, qualname: str) -> bool:
+        return isinstance(self._method(module, qualname), ast.AsyncFunctionDef)
+
+    def _method(self, module: str, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+        """The definition of ``Class.method``: on the class or the first of its sglang bases that defines it."""
         cls_name, method = qualname.split(".", 1)
         pending = [self._class(module, cls_name)]
         while pending:
             where, cls = pending.pop(0)
             for node in cls.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == method:
-                    return isinstance(node, ast.AsyncFunctionDef)
+                    return node
             pending += self._bases(where, cls)
         raise LookupError(f"sglang's {module}.{cls_name} has no method {method}")
 

@@ -12,7 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from rlinf_ext.data.fvqa import FVQAError, FVQARow, question_from_prompt, read_fvqa, write_fvqa
+from rlinf_ext.data.fvqa import (
+    FVQAError,
+    FVQARow,
+    question_from_prompt,
+    read_fvqa,
+    write_fvqa,
+)
 from rlinf_ext.protocol.images import canonicalize
 
 

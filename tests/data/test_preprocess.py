@@ -1,12 +1,9 @@
 """Preprocessing: Search-R1 parquet / RLinf jsonl -> RLinf jsonl with unique uids and a length filter."""
 
-import json
-from pathlib import Path
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from transformers import AutoTokenizer
+from data_helpers import EXAMPLE_YAML, read_jsonl
 
 from rlinf_ext.cli import main
 from rlinf_ext.data.preprocess import (
@@ -17,17 +14,6 @@ from rlinf_ext.data.preprocess import (
     question_from_prompt,
 )
 from rlinf_ext.data.prompt_config import PromptConfig, load_prompt_config
-
-EXAMPLE_YAML = Path(__file__).resolve().parents[2] / "examples" / "searchr1" / "prompt.yaml"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_assets):
-    return AutoTokenizer.from_pretrained(str(tiny_assets.tokenizer_dir))
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 def test_question_recovery_and_template():

@@ -4,13 +4,10 @@ validation group the merged test set by ``data_source``."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
-from transformers import AutoTokenizer
+from data_helpers import EXAMPLE_YAML, read_jsonl
 
 from rlinf_ext.data.preprocess import preprocess_files
 from rlinf_ext.data.prompt_config import load_prompt_config
@@ -18,17 +15,6 @@ from rlinf_ext.data.prompts import load_jsonl_prompts
 from rlinf_ext.eval.core.validation import sample_items
 from rlinf_ext.eval.searchr1.benchmarks import PAPER_ORDER
 from rlinf_ext.eval.searchr1.dataset import load_eval_items
-
-EXAMPLE_YAML = Path(__file__).resolve().parents[2] / "examples" / "searchr1" / "prompt.yaml"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_assets):
-    return AutoTokenizer.from_pretrained(str(tiny_assets.tokenizer_dir))
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 def render(tokenizer):
