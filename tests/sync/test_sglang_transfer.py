@@ -192,7 +192,8 @@ def control_of(source, collective: Collective, tp: int, fail_update: bool = Fals
 
 
 CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
-                      rollout=SimpleNamespace(group_name="RolloutGroup", tensor_parallel_size=2, return_logprobs=False))
+                      rollout=SimpleNamespace(group_name="RolloutGroup", tensor_parallel_size=2, return_logprobs=False,
+                                              model=SimpleNamespace(precision="bf16")))  # a GPU engine's dtype
 
 
 class FakeRollout(SGLangRolloutState):

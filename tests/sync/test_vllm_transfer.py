@@ -161,7 +161,8 @@ class FakeRollout(VLLMRolloutState):
         return Op()
 
 
-CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"), rollout=SimpleNamespace(group_name="RolloutGroup"))
+CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),  # a GPU engine's dtype: bf16
+                      rollout=SimpleNamespace(group_name="RolloutGroup", model=SimpleNamespace(precision="bf16")))
 
 
 def rollout_side(wire, rank, engine, backend, syncs, errors):
