@@ -36,8 +36,13 @@ def bind_like(real: Callable | inspect.Signature, *args: Any, label: str | None 
     return bound
 
 
+# Ray adds this keyword to the methods of a class it has made an actor class (ray/util/tracing, in place, for the
+# rest of the process); callers never pass it, so a fake need not spell it
+RAY_TRACE_KEYWORD = "_ray_trace_ctx"
+
+
 def _shape(signature: inspect.Signature) -> list[tuple[str, Any, Any]]:
-    return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
+    return [(p.name, p.kind, p.default) for p in signature.parameters.values() if p.name != RAY_TRACE_KEYWORD]
 
 
 def checked_against(real: Callable | inspect.Signature, *, label: str | None = None):

@@ -107,3 +107,29 @@ def test_a_missing_release_names_the_install_command(tmp_path, monkeypatch):
     (tmp_path / "sglang-0.5.22.dist-info").mkdir()
     with pytest.raises(SGLangSourceMissing, match="found sglang-0.5.22.dist-info"):
         SGLangSource.find()
+
+
+def test_the_keyword_ray_adds_to_an_actor_classs_methods_need_not_be_spelled():
+    # once Ray has made a class an actor class, its methods (the base class's too: rlinf's Worker.send) carry a
+    # keyword-only _ray_trace_ctx for the rest of the process; a fake spelled as the library is still accepted
+    import inspect
+
+    class Library:
+        def send(self, object, dst_rank, async_op=False):
+            pass
+
+    traced = inspect.signature(Library.send)
+    traced = traced.replace(parameters=[*traced.parameters.values(),
+                                        inspect.Parameter("_ray_trace_ctx", inspect.Parameter.KEYWORD_ONLY, default=None)])
+
+    class Fake:
+        @checked_against(traced)
+        def send(self, object, dst_rank, async_op=False):
+            return object
+
+    assert Fake().send("x", 1) == "x"
+    with pytest.raises(TypeError, match="is not spelled as"):
+        class Misspelled:
+            @checked_against(traced)
+            def send(self, object, dst, async_op=False):
+                pass
