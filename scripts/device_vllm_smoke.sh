@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vLLM 0.26 (trimmed) to the lent GPU in two device calls, then scripts/gpu_smoke.py's vLLM stage (S8) there.
-# docs/environment.md ("vLLM on the lent GPU") says why 0.26 and gives the two calls; the recipe and the sizes are
-# /work/shared/reference/offline-gpu-vllm.md's (section 3).
+# docs/environment.md ("vLLM on the lent GPU") says why 0.26 (the newest vLLM built for the device's torch 2.11)
+# and gives the two calls; `build` trims the wheel to what a dense text model needs on Hopper (~104 MB).
 #
 #   bash scripts/device_vllm_smoke.sh build [DIR]  here, with network: DIR/.whl1 (the first 60 MiB of the trimmed
 #                                                  wheel) and DIR/.whl2 (the rest, the trimmed wheel's size and

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import itertools
 import os
-import pickle
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -39,7 +38,7 @@ from rlinf_ext.generation.vllm_wire import (
     to_vllm_params,
 )
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
-from rlinf_ext.sync.weight_sync import serialize_handle
+from rlinf_ext.sync.weight_sync import open_handle, retry_shm_manager, serialize_handle
 
 # the parts of an engine's start-up (``VLLMGenerator.start_parts``, seconds): the rollout worker logs them as
 # ``time/rollout_start/<part>`` (``runner/trainer.py:part_metrics``)
@@ -240,7 +239,7 @@ class WeightLoadExtension:
     def rlinf_load_weights(self, names: list[str], tensors: list) -> int:
         from vllm.config import set_current_vllm_config
 
-        opened = [(n, pickle.loads(t) if isinstance(t, (bytes, bytearray)) else t) for n, t in zip(names, tensors)]
+        opened = [(n, open_handle(t) if isinstance(t, (bytes, bytearray)) else t) for n, t in zip(names, tensors)]
         with set_current_vllm_config(self.vllm_config):
             loaded = self.model_runner.get_model().load_weights(iter(opened))
         return len(loaded or ())
@@ -367,7 +366,7 @@ class VLLMGenerator:
                 tensors.append(tensor)
             else:
                 if tensor.device.type == "cpu" and not tensor.is_shared():
-                    tensor = tensor.clone().share_memory_()
+                    tensor = retry_shm_manager(tensor.clone().share_memory_)
                 tensors.append(serialize_handle(tensor))
         await self.engine.collective_rpc("rlinf_load_weights", args=(names, tensors))
 

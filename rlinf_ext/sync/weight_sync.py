@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
@@ -143,8 +144,27 @@ def serialize_handle(tensor: torch.Tensor) -> bytes:
     return buf.getvalue()
 
 
+# CPU handles (the file_system strategy) register every shared buffer with torch's shared-memory manager process,
+# and the client gives up when the manager's "OK" takes over 1 s (torch/lib/libshm/socket.h, Socket::recv polls
+# 1000 ms): a loaded 2-core host can miss that window. The registration only tells the manager to unlink the file
+# when its last user is gone, so repeating it is harmless
+SHM_MANAGER_TIMEOUT = "Shared memory manager connection has timed out"
+SHM_MANAGER_ATTEMPTS = 5
+
+
+def retry_shm_manager(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, repeated (0.2 s, 0.4 s, ... apart) when torch's shared-memory manager answered too late."""
+    for attempt in range(SHM_MANAGER_ATTEMPTS):
+        try:
+            return fn(*args)
+        except RuntimeError as exc:
+            if SHM_MANAGER_TIMEOUT not in str(exc) or attempt == SHM_MANAGER_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * 2 ** attempt)
+
+
 def open_handle(blob: bytes) -> torch.Tensor:
-    return pickle.loads(blob)
+    return retry_shm_manager(pickle.loads, blob)
 
 
 def prepare_handles(device: torch.device) -> None:
@@ -192,7 +212,7 @@ def _pack(named: list[tuple[str, torch.Tensor]], shared: bool) -> WeightBucket:
     first = named[0][1]
     flat = torch.empty(sum(t.numel() for _, t in named), dtype=first.dtype, device=first.device)
     if shared and flat.device.type == "cpu":
-        flat.share_memory_()
+        retry_shm_manager(flat.share_memory_)
     offset = 0
     for _, tensor in named:
         flat[offset:offset + tensor.numel()].copy_(tensor.reshape(-1))

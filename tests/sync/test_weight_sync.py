@@ -215,3 +215,42 @@ def test_a_paired_actor_frees_its_transfer_memory_before_the_end_of_the_sync(mon
                  buckets, actor_group="A", rollout_group="R")
     assert log == [("send", "SyncHeader"), ("send", "HandleBucket"), ("send", "HandleBucket"),
                    ("cuda", "ipc_collect", 0), ("cuda", "empty_cache", 0), ("send", SYNC_END)]
+
+
+def test_a_late_answer_of_torchs_shared_memory_manager_is_retried(monkeypatch):
+    # torch's shared-memory manager must answer a registration within 1 s (libshm's Socket::recv); a loaded host
+    # can miss that, and the handle then opens on the next attempt. Other errors are not retried.
+    from torch.multiprocessing import reductions
+
+    from rlinf_ext.sync.weight_sync import SHM_MANAGER_ATTEMPTS, open_handle, retry_shm_manager, serialize_handle
+
+    monkeypatch.setattr("rlinf_ext.sync.weight_sync.time.sleep", lambda s: None)
+    prepare_handles(torch.device("cpu"))
+    tensor = torch.arange(6.0).share_memory_()
+    blob = serialize_handle(tensor)
+    real, calls = reductions.rebuild_storage_filename, []
+
+    @checked_against(real)
+    def late_twice(cls, manager, handle, size, dtype=None):
+        calls.append(handle)
+        if len(calls) <= 2:
+            raise RuntimeError("Shared memory manager connection has timed out")
+        return real(cls, manager, handle, size, dtype)
+
+    monkeypatch.setattr(reductions, "rebuild_storage_filename", late_twice)
+    assert torch.equal(open_handle(blob), tensor) and len(calls) == 3
+
+    def always(*args):
+        raise RuntimeError("Shared memory manager connection has timed out")
+
+    with pytest.raises(RuntimeError, match="timed out"):
+        retry_shm_manager(always)
+    tries = []
+
+    def other():
+        tries.append(1)
+        raise RuntimeError("could not unlink the shared memory file")
+
+    with pytest.raises(RuntimeError, match="unlink"):
+        retry_shm_manager(other)
+    assert len(tries) == 1 and SHM_MANAGER_ATTEMPTS == 5
