@@ -100,11 +100,11 @@ def actor_samples():
 
 @pytest.fixture
 def sglang_profile_installed(monkeypatch):
-    """Validation as on a node with the SGLang profile installed (config/rules.py `installed_sglang` reports
+    """Validation as on a node with the SGLang profile installed (config/rules/hardware.py `installed_sglang` reports
     sglang's pinned release): configs with rollout_backend=sglang validate on a CPU machine without sglang."""
-    from rlinf_ext.config import rules
+    from rlinf_ext.config.rules import hardware
 
-    monkeypatch.setattr(rules, "installed_sglang", lambda: rules.SGLANG_VERSION)
+    monkeypatch.setattr(hardware, "installed_sglang", lambda: hardware.SGLANG_VERSION)
 
 
 @pytest.fixture(scope="session")

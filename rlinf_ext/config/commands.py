@@ -7,8 +7,7 @@ import sys
 
 from rlinf_ext.config.loader import check_config, to_yaml
 from rlinf_ext.config.memory_plan import format_memory
-from rlinf_ext.config.placement import BatchPlan, fmt_ranks
-from rlinf_ext.config.rules_placement import placements
+from rlinf_ext.config.placement import BatchPlan, fmt_ranks, placements
 from rlinf_ext.config.schema import ExperimentConfig
 
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlinf_ext.config.rule_registry import is_training, rule
-from rlinf_ext.config.rules_placement import placements
+from rlinf_ext.config.placement import placements
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
 from rlinf_ext.models.dtypes import dtype_of_precision

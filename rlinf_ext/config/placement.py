@@ -1,4 +1,5 @@
-"""Component placement and batch arithmetic (pure functions; used by `validate` and `rlinf-ext plan`).
+"""Component placement and batch arithmetic (pure functions), and ``placements``: the plan `validate` and
+`rlinf-ext plan` both read (component -> ranks, TP x PP, data-parallel size).
 
 Placement follows RLinf's `cluster.component_placement` syntax for the subset rlinf_ext uses: a key names one
 or more components (`"actor,rollout,reward"`), a value is `all`, a rank `3`, a range `0-3`, or a comma list
@@ -11,9 +12,14 @@ positions in the run's stable node order (sorted by IP, then Ray node id: `runne
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from rlinf_ext.config.rule_registry import is_training
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.config.structure import ConfigIssue
 
 COMPONENTS = ("actor", "rollout", "reward", "agentloop", "inference")
 
@@ -208,3 +214,77 @@ class BatchPlan:
 
 def fmt_ranks(ranks: list[int]) -> str:
     return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+
+
+# ------------------------------------------------------------------------------------------ the plan
+_PARALLEL_KEYS = {
+    "actor": ("actor.model.tensor_model_parallel_size", "actor.model.pipeline_model_parallel_size"),
+    "rollout": ("rollout.tensor_parallel_size", "rollout.pipeline_parallel_size"),
+}
+
+
+def placements(cfg: ExperimentConfig) -> tuple[dict[str, ComponentPlan], list[ConfigIssue]]:
+    """component -> plan, with issues for bad ranks, unknown components and TP x PP mismatches."""
+    cluster = cfg.cluster
+    gpn = cluster.num_gpus_per_node
+    total = cluster.num_nodes * gpn if gpn > 0 else None
+    parallel = {
+        "actor": (cfg.actor.model.tensor_model_parallel_size, cfg.actor.model.pipeline_model_parallel_size),
+        "rollout": (cfg.rollout.tensor_parallel_size, cfg.rollout.pipeline_parallel_size),
+    }
+    plans: dict[str, ComponentPlan] = {}
+    issues: list[ConfigIssue] = []
+    for entry in placement_entries(cluster.component_placement, total, max(cluster.num_nodes, 1)):
+        dotted = f"cluster.component_placement.{entry.key}"
+        if entry.error is not None:
+            issues.append(ConfigIssue(dotted, entry.error.reason, entry.error.fix))
+            continue
+        ranks = entry.ranks
+        for name in entry.components:
+            if name not in COMPONENTS:
+                close = difflib.get_close_matches(name, COMPONENTS, n=2)
+                fix = (
+                    f"did you mean {' or '.join(close)}?" if close else f"use component names {', '.join(COMPONENTS)}."
+                )
+                issues.append(ConfigIssue(dotted, f"unknown component '{name}'.", fix))
+                continue
+            if name in plans:
+                issues.append(ConfigIssue(dotted, f"component '{name}' is placed twice.", "place each component once."))
+                continue
+            tp, pp = parallel.get(name, (1, 1))
+            plans[name] = ComponentPlan(name, tuple(ranks), gpn, tp, pp, process_nodes=entry.nodes)
+    for name, (tp, pp) in parallel.items():
+        plan = plans.get(name)
+        if plan is None:
+            continue
+        tp_key, pp_key = _PARALLEL_KEYS[name]
+        if tp < 1 or pp < 1:
+            key = tp_key if tp < 1 else pp_key
+            issues.append(ConfigIssue(key, f"TP={tp}, PP={pp}: both must be >= 1.", f"set {key}=1 or more."))
+        elif plan.world_size % (tp * pp):
+            issues.append(
+                ConfigIssue(
+                    tp_key,
+                    f"TP x PP = {tp} x {pp} = {tp * pp} does not divide the {plan.world_size} ranks of {name} "
+                    f"({spec_of(cfg, name)}).",
+                    f"choose TP x PP dividing {plan.world_size}, or place {name} on a multiple of {tp * pp} GPUs.",
+                )
+            )
+    required = ("actor", "rollout", "reward") if is_training(cfg) else ("rollout", "reward")
+    for name in required:
+        if name not in plans and not any(name in split_components(k) for k in cluster.component_placement):
+            issues.append(
+                ConfigIssue(
+                    "cluster.component_placement",
+                    f"component '{name}' has no placement.",
+                    "add it, e.g. cluster.component_placement={'actor,rollout,reward': all}.",
+                )
+            )
+    return plans, issues
+
+
+def spec_of(cfg: ExperimentConfig, name: str) -> str:
+    for key, spec in cfg.cluster.component_placement.items():
+        if name in split_components(key):
+            return f"{key}: {spec}"
+    return "unplaced"

@@ -1,9 +1,12 @@
 """The registry of cross-field config rules: ``@rule(keys...)`` registers a check that yields ``ConfigIssue``s
 (key, reason, fix) and never raises; ``registered_rules()`` lists them in registration order.
 
-The rules themselves: ``config/rules.py`` (generation, data, tools, retrieval, paths), ``config/rules_placement.py``
-(placement, batch arithmetic, model dimensions) and ``config/rules_support.py`` (keys accepted for RLinf's sake that
-rlinf_ext does not implement). ``config/rules.py:run_rules`` runs them all.
+The rules themselves, one module per theme under ``config/rules/``: ``generation`` (stops, engine log-probs, the
+sequence budget), ``batch`` (counts, GRPO groups, minibatch splits), ``data``, ``tools`` (search, retrieval),
+``placement`` (placement, model dimensions), ``actor`` (backend, offload, Megatron knobs), ``hardware`` (rollout
+backend vs. cluster, the SGLang profile), ``agents`` (the agents' own rules) and ``paths`` (``--check-paths``);
+besides them ``config/memory_plan.py`` (GPU memory) and ``config/rules_support.py`` (keys accepted for RLinf's sake
+that rlinf_ext does not implement). ``config/rules/__init__.py`` imports them all; its ``run_rules`` runs them.
 """
 
 from __future__ import annotations

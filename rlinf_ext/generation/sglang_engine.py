@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from rlinf_ext.config.placement import placement_entries
-from rlinf_ext.config.rules import SGLANG_INSTALL, SGLANG_VERSION
+from rlinf_ext.config.rules.hardware import SGLANG_INSTALL, SGLANG_VERSION
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.sglang_wire import hf_eos_ids, result_of_sglang, to_sglang_params
 from rlinf_ext.models.dtypes import PRECISIONS, hf_name_of_precision

@@ -11,7 +11,7 @@
   logits / temperature) and what ``generation/hf.py`` returns: the engine runs with
   ``logprobs_mode="processed_logprobs"`` (vLLM's default ``raw_logprobs`` is taken before temperature scaling, so
   at temperature 0.7 it would differ from the actor's). vLLM's processed values also follow top-k / top-p /
-  penalties; ``validate`` refuses ``rollout.return_logprobs`` with those on (``config/rules.py``).
+  penalties; ``validate`` refuses ``rollout.return_logprobs`` with those on (``config/rules/generation.py``).
 - Replies: the turn's end is ``generation/turn_end.py``'s, told what vLLM decided (vLLM checks EOS and stop ids
   before the token budget, stop strings after it: a stop string completed by the last allowed token is
   classified ``stop`` as on every engine); the text is the HF tokenizer's decoding of the kept ids.

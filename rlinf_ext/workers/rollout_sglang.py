@@ -36,7 +36,7 @@ import torch
 from rlinf.scheduler import Worker
 
 from rlinf_ext.config.placement import component_ranks
-from rlinf_ext.config.rules import SGLANG_VERSION, installed_sglang
+from rlinf_ext.config.rules.hardware import SGLANG_VERSION, installed_sglang
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.sglang_engine import SGLANG_INSTALL_FIX, SGLangUnavailable, load_engine_class, server_kwargs
 from rlinf_ext.generation.sglang_vl import disallowed_tokens_processor, mm_request, retokenize_mismatch, vl_server_overrides

@@ -1,5 +1,5 @@
 """`rollout.rollout_backend=sglang` validates where the SGLang profile (sglang 0.5.23) is installed, and is refused
-with the install command where it is not (config/rules.py `sglang_profile_installed`).
+with the install command where it is not (config/rules/hardware.py `sglang_profile_installed`).
 
 The installed version is read from sglang's metadata (`installed_sglang`); these tests set what it reports.
 """
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlinf_ext.config import check_config, rules
+from rlinf_ext.config import check_config
+from rlinf_ext.config.rules import hardware
 
 SGLANG_CONFIGS = ("qwen2.5-3b-tool-1node", "qwen2.5-3b-tool-1node-eval", "qwen2.5-vl-7b-1node", "qwen2.5-vl-7b-eval")
 
@@ -20,7 +21,7 @@ def backend_issues(name: str, overrides=()) -> list:
 
 @pytest.mark.parametrize("reported", [None, "0.4.6.post5", "0.5.24"])
 def test_sglang_is_refused_with_the_install_command_without_the_profile(reference_env, monkeypatch, reported):
-    monkeypatch.setattr(rules, "installed_sglang", lambda: reported)
+    monkeypatch.setattr(hardware, "installed_sglang", lambda: reported)
     for name in SGLANG_CONFIGS:
         issues = backend_issues(name)
         assert len(issues) == 1, [str(i) for i in issues]
@@ -34,7 +35,7 @@ def test_sglang_is_refused_with_the_install_command_without_the_profile(referenc
 
 def test_both_agents_validate_on_sglang_with_the_profile(reference_env, monkeypatch):
     """The Search-R1 and MMSearch-R1 GPU configs (RLinf's seed values) validate unchanged on sglang."""
-    monkeypatch.setattr(rules, "installed_sglang", lambda: rules.SGLANG_VERSION)
+    monkeypatch.setattr(hardware, "installed_sglang", lambda: hardware.SGLANG_VERSION)
     for name in SGLANG_CONFIGS:
         report = check_config(name, ["rollout.rollout_backend=sglang"])
         assert report.ok, (name, [str(i) for i in report.issues])
@@ -56,16 +57,16 @@ def test_installed_sglang_reads_the_metadata(monkeypatch):
         return version
 
     monkeypatch.setattr(importlib.metadata, "version", reporting(None))
-    assert rules.installed_sglang() is None
+    assert hardware.installed_sglang() is None
     monkeypatch.setattr(importlib.metadata, "version", reporting("0.5.23"))
-    assert rules.installed_sglang() == "0.5.23"
+    assert hardware.installed_sglang() == "0.5.23"
 
 
 def test_the_launcher_refuses_sglang_before_starting_anything(reference_env, monkeypatch):
     from rlinf_ext.runner import launch
     from rlinf_ext.runner.errors import LaunchError
 
-    monkeypatch.setattr(rules, "installed_sglang", lambda: None)
+    monkeypatch.setattr(hardware, "installed_sglang", lambda: None)
 
     def must_not_run(*_a, **_k):
         raise AssertionError("started preparing the run before refusing the rollout backend")

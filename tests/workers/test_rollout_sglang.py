@@ -267,12 +267,12 @@ def test_serving_loop_sends_the_shared_reply_and_merges_the_config(engine_of):
 
 
 def test_the_worker_class_needs_the_sglang_profile(monkeypatch):
-    from rlinf_ext.config import rules
+    from rlinf_ext.config.rules.hardware import SGLANG_VERSION
     from rlinf_ext.generation.sglang_engine import SGLangUnavailable
 
     cfg = SimpleNamespace(rollout=SimpleNamespace(rollout_backend="sglang"))
     monkeypatch.setattr("rlinf_ext.workers.rollout_sglang.installed_sglang", lambda: None)
     with pytest.raises(SGLangUnavailable, match="bash scripts/install.sh --sglang"):
         rollout_worker_class(cfg)
-    monkeypatch.setattr("rlinf_ext.workers.rollout_sglang.installed_sglang", lambda: rules.SGLANG_VERSION)
+    monkeypatch.setattr("rlinf_ext.workers.rollout_sglang.installed_sglang", lambda: SGLANG_VERSION)
     assert rollout_worker_class(cfg).__name__ == "SGLangRolloutWorker"

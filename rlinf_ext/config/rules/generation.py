@@ -1,0 +1,75 @@
+"""Generation rules: stop strings the engine can see, engine log-probs that mean the actor's, and the sequence
+budget (prompt + response within ``runner.seq_length``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from rlinf_ext.config.rule_registry import rule
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.config.structure import ConfigIssue
+
+
+@rule("algorithm.sampling_params.stop", "rollout.detokenize")
+def stop_needs_detokenize(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    if cfg.algorithm.sampling_params.stop and not cfg.rollout.detokenize:
+        yield ConfigIssue(
+            "rollout.detokenize",
+            "stop strings are set (algorithm.sampling_params.stop) but the engine does not detokenize, so it "
+            "cannot see them and generation runs to EOS.",
+            "set rollout.detokenize=true (or clear algorithm.sampling_params.stop).",
+        )
+
+
+@rule("rollout.return_logprobs", "rollout.rollout_backend", "algorithm.sampling_params.top_p",
+      "algorithm.sampling_params.top_k", "algorithm.sampling_params.repetition_penalty")
+def engine_logprobs_mean_the_actors(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """Engine log-probs mean log-softmax(logits / temperature), as the actor recomputes them. vLLM returns them
+    after its processors (``generation/vllm_wire.py:LOGPROBS_MODE``), so with top-k / top-p / a repetition
+    penalty on they would be those of the truncated, penalised distribution instead."""
+    sp = cfg.algorithm.sampling_params
+    on = [k for k, off in (("top_p", sp.top_p >= 1.0), ("top_k", sp.top_k is None or sp.top_k <= 0),
+                           ("repetition_penalty", sp.repetition_penalty == 1.0)) if not off]
+    if cfg.rollout.return_logprobs and cfg.rollout.rollout_backend == "vllm" and sp.do_sample and on:
+        yield ConfigIssue(
+            "rollout.return_logprobs",
+            f"vLLM would return log-probs after {', '.join('algorithm.sampling_params.' + k for k in on)}, not those "
+            "of logits / temperature that the actor computes, so the kept engine log-probs would not be comparable.",
+            "set rollout.return_logprobs=false (training uses the actor's recomputed log-probs), or turn "
+            + " and ".join(on) + " off.",
+        )
+
+
+@rule("runner.seq_length", "data.max_prompt_length")
+def seq_longer_than_prompt(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    if cfg.runner.seq_length <= cfg.data.max_prompt_length:
+        yield ConfigIssue(
+            "runner.seq_length",
+            f"runner.seq_length ({cfg.runner.seq_length}) must be greater than data.max_prompt_length "
+            f"({cfg.data.max_prompt_length}); nothing would be left for the response.",
+            f"raise runner.seq_length above {cfg.data.max_prompt_length} or lower data.max_prompt_length.",
+        )
+
+
+@rule(
+    "runner.seq_length",
+    "data.max_prompt_length",
+    "agentloop.response_length_total",
+    "algorithm.sampling_params.max_new_tokens",
+)
+def response_fits_sequence(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    room = cfg.runner.seq_length - cfg.data.max_prompt_length
+    total = cfg.agentloop.response_length_total
+    if room > 0 and total > room:
+        yield ConfigIssue(
+            "agentloop.response_length_total",
+            f"a response of {total} tokens does not fit runner.seq_length - data.max_prompt_length = {room}.",
+            f"set agentloop.response_length_total<={room} or raise runner.seq_length.",
+        )
+    elif room > 0 and cfg.algorithm.sampling_params.max_new_tokens > total:
+        yield ConfigIssue(
+            "algorithm.sampling_params.max_new_tokens",
+            f"one turn ({cfg.algorithm.sampling_params.max_new_tokens} tokens) exceeds the whole response budget "
+            f"agentloop.response_length_total={total}.",
+            f"set algorithm.sampling_params.max_new_tokens<={total}.",
+        )
