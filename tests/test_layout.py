@@ -6,8 +6,8 @@ above its target, so the graph has those edges too (a cycle through a package's 
 import of a module as surely as a direct one). Layers, from the ground up (a module may import its own
 layer and the ones below):
 
-0. ``protocol``, ``models``, ``config``, ``retrieval``, ``tools``, ``rewards`` — types, model facts, leaves;
-   also the agents' turn protocols and the agent registry (``SUBLAYERS``), which config and rewards read
+0. ``protocol``, ``models``, ``config``, ``retrieval``, ``tools``, ``rewards`` — types, model facts (the agent
+   registry is ``protocol/agents.py``), leaves
 1. ``convert``, ``generation``, ``agent``, ``assets``, ``data``, ``sync``
 2. ``training``, ``eval``
 3. ``workers`` — thin RLinf ``Worker`` adapters
@@ -37,11 +37,6 @@ LAYERS = {
     "workers": 3,
     "runner": 4,
     "cli": 5, "__init__": 0,
-}
-
-# modules with a lower layer than their package (longest dotted prefix wins): pure facts that layer-0 code reads
-SUBLAYERS = {
-    "agent.registry": 0, "agent.searchr1.protocol": 0, "agent.mmsearch.protocol": 0,
 }
 
 # third-party packages a function may import lazily, and why
@@ -146,10 +141,6 @@ def _owner(name: str, modules: set[str]) -> str:
 
 def layer_of(module: str, top: str) -> int:
     parts = module.split(".")
-    for k in range(len(parts), 2, -1):
-        sub = ".".join(parts[1:k])
-        if sub in SUBLAYERS:
-            return SUBLAYERS[sub]
     key = parts[1] if len(parts) > 1 else "__init__"
     return LAYERS[key]
 

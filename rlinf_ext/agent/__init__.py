@@ -1,3 +1,3 @@
-"""The agent loops. ``registry`` maps ``agentloop.agent`` to an agent's package (``searchr1/``, ``mmsearch/``);
-``core/`` holds what both share. Nothing is imported here: config validation imports the registry and the
-protocols without the loops."""
+"""The agent loops, one package per agent (``searchr1/``, ``mmsearch/``; ``protocol/agents.py`` maps
+``agentloop.agent`` to one); ``core/`` holds what they share. Nothing is imported here: config validation imports
+an agent's config section and rules without its loop."""

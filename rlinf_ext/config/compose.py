@@ -15,6 +15,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.protocol.agents import AgentSpec, agent_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "configs"
@@ -190,7 +191,26 @@ def parse_overrides(overrides: Iterable[str]) -> DictConfig:
 
 
 def compose(name_or_path: str | Path, overrides: Iterable[str] = ()) -> DictConfig:
-    """Schema defaults <- experiment YAML (with its defaults) <- overrides. Interpolations unresolved."""
+    """Schema defaults <- experiment YAML (with its defaults) <- overrides, with the agent's own section's defaults
+    under what they set (``agentloop.<agent>``). Interpolations unresolved."""
     register_resolvers()
     cfg = _merge(schema_defaults(), compose_file(find_experiment(name_or_path)))
-    return _merge(cfg, parse_overrides(overrides))
+    return with_agent_defaults(_merge(cfg, parse_overrides(overrides)))
+
+
+def composed_agent(cfg: DictConfig) -> AgentSpec | None:
+    """The spec ``agentloop.agent`` names, or None when it cannot be read or resolved (check_config reports why)."""
+    try:
+        name = cfg.agentloop.agent
+        return agent_spec(name) if isinstance(name, str) else None
+    except (OmegaConfBaseException, ValueError):
+        return None
+
+
+def with_agent_defaults(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with the defaults of its agent's section (``AgentSpec.config``) under what the YAMLs set there."""
+    spec = composed_agent(cfg)
+    if spec is None or not spec.has("config"):
+        return cfg
+    defaults = OmegaConf.create({"agentloop": {spec.name: dataclasses.asdict(spec.load("config")())}})
+    return OmegaConf.merge(defaults, cfg)

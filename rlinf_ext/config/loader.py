@@ -9,10 +9,12 @@ from typing import Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlinf_ext.config.agent_schema import experiment_schema
 from rlinf_ext.config.compose import ComposeError, compose
 from rlinf_ext.config.rules import run_rules
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue, build, check_structure
+from rlinf_ext.protocol.agents import AGENTS, is_import_path
 
 
 class ConfigError(ValueError):
@@ -44,10 +46,32 @@ def check_config(name_or_path: str | Path, overrides: Iterable[str] = (), check_
         raw = compose(name_or_path, overrides)
     except ComposeError as exc:
         return CheckedConfig(None, [ConfigIssue(e.key, e.reason, e.fix) for e in exc.all])
-    issues, values, bad = check_structure(raw, ExperimentConfig)
-    cfg = build(ExperimentConfig, values)
+    schema, agent_issues = _schema_of(raw)
+    issues, values, bad = check_structure(raw, schema)
+    issues += agent_issues
+    bad |= {AGENT_KEY} if agent_issues else set()
+    cfg = build(schema, values)
     issues += run_rules(cfg, skip=bad, check_paths=check_paths)
     return CheckedConfig(cfg, issues, bad)
+
+
+AGENT_KEY = "agentloop.agent"
+
+
+def _schema_of(raw: DictConfig) -> tuple[type, list[ConfigIssue]]:
+    """The schema of the agent a composed config names (its section mounted), or the base schema and the reason
+    the agent could not be resolved."""
+    try:
+        name = raw.agentloop.agent
+    except Exception:  # noqa: BLE001 - an unresolvable value is reported by the structure check at its key
+        return ExperimentConfig, []
+    if not isinstance(name, str) or (name not in AGENTS and not is_import_path(name)):
+        return ExperimentConfig, []  # the structure check names the choices
+    try:
+        return experiment_schema(name), []
+    except ValueError as exc:
+        return ExperimentConfig, [ConfigIssue(AGENT_KEY, str(exc), f"give {AGENT_KEY} one of {sorted(AGENTS)} or the "
+                                              "import path of an AgentSpec importable here (pkg.module:SPEC).")]
 
 
 def load_config(name_or_path: str | Path, overrides: Iterable[str] = (), strict: bool = True) -> ExperimentConfig:

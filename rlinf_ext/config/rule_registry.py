@@ -4,7 +4,8 @@
 The rules themselves, one module per theme under ``config/rules/``: ``generation`` (stops, engine log-probs, the
 sequence budget), ``batch`` (counts, GRPO groups, minibatch splits), ``data``, ``tools`` (search, retrieval),
 ``placement`` (placement, model dimensions), ``actor`` (backend, offload, Megatron knobs), ``hardware`` (rollout
-backend vs. cluster, the SGLang profile), ``agents`` (the agents' own rules) and ``paths`` (``--check-paths``);
+backend vs. cluster, the SGLang profile), ``agents`` (what every agent's registry entry implies) and ``paths``
+(``--check-paths``); an agent's own rules live in its ``AgentSpec.rules`` module, registered with ``agent=``;
 besides them ``config/memory_plan.py`` (GPU memory) and ``config/rules_support.py`` (keys accepted for RLinf's sake
 that rlinf_ext does not implement). ``config/rules/__init__.py`` imports them all; its ``run_rules`` runs them.
 """
@@ -20,18 +21,23 @@ Rule = Callable[[ExperimentConfig], Iterable[ConfigIssue]]
 _RULES: list[tuple[tuple[str, ...], Rule]] = []
 
 
-def rule(*reads: str) -> Callable[[Rule], Rule]:
-    """Register a rule with the keys it reads (a rule is skipped when one of them is invalid)."""
+_AGENT_RULES: dict[str, list[tuple[tuple[str, ...], Rule]]] = {}
+
+
+def rule(*reads: str, agent: str | None = None) -> Callable[[Rule], Rule]:
+    """Register a rule with the keys it reads (a rule is skipped when one of them is invalid). With ``agent``, the
+    rule belongs to that agent (its ``AgentSpec.rules`` module) and runs only on configs that choose it."""
 
     def deco(fn: Rule) -> Rule:
-        _RULES.append((reads, fn))
+        (_AGENT_RULES.setdefault(agent, []) if agent else _RULES).append((reads, fn))
         return fn
 
     return deco
 
 
-def registered_rules() -> list[tuple[tuple[str, ...], Rule]]:
-    return list(_RULES)
+def registered_rules(agent: str | None = None) -> list[tuple[tuple[str, ...], Rule]]:
+    """The shared rules, then ``agent``'s own (registered when its rules module was imported)."""
+    return list(_RULES) + list(_AGENT_RULES.get(agent, []) if agent else [])
 
 
 def is_grpo(cfg: ExperimentConfig) -> bool:

@@ -43,9 +43,18 @@ with safe defaults.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
+
+from rlinf_ext.protocol.agents import AGENTS, SEARCHR1
 
 REQUIRED = "???"  # OmegaConf's marker for a value that must be supplied
+
+
+class ImportPath(str):
+    """A ``pkg.module:attr`` string (a plug-in named by where it lives); config/structure.py type-checks it."""
+
+
+AgentName = Union[Literal[tuple(AGENTS)], ImportPath]  # the registered agents, or an AgentSpec's import path
 
 
 def fld(default: Any, help: str, **meta: Any) -> Any:
@@ -171,9 +180,6 @@ class AlgorithmConfig:
 # --------------------------------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
-    type: Literal["searchr1", "mmsearch"] = fld(
-        "searchr1", "Dataset format reader: searchr1 (RLinf jsonl / Search-R1 parquet) or mmsearch (FVQA parquet)."
-    )
     train_data_paths: list[str] = fld(
         [], "Training files (RLinf jsonl or Search-R1 parquet); needed to train.", path="files"
     )
@@ -419,9 +425,6 @@ class CriticConfig:
 class RewardConfig:
     group_name: str = fld("RewardGroup", "Ray worker group name.")
     use_reward_model: bool = fld(False, "Rule-based reward only.")
-    reward_type: Literal["searchr1", "mmsearch"] = fld(
-        "searchr1", "Reward function: searchr1 (text) or mmsearch (MMSearch-R1: per-turn format + answer)."
-    )
     reward_scale: float = fld(1.0, "Multiplier of the reward.")
     scoring: Literal["em", "subem", "f1", "format"] = fld(
         "em", "em, subem, f1, or the format-aware variant (mmsearch: em or subem)."
@@ -439,33 +442,12 @@ class RewardConfig:
 
 # --------------------------------------------------------------------------------------------- agent loop
 @dataclass
-class MMPromptsConfig:
-    round_1: Optional[str] = fld(None, "First-round instruction before the image and question (null = built-in; "
-                                 "text, a text file path, or a .pkl holding one string such as the official prompts).")
-    after_image_search: Optional[str] = fld(None, "Instruction after image-search results (null = built-in).")
-    after_text_search: Optional[str] = fld(None, "Instruction after text-search results (null = built-in).")
-    image_results_header: Optional[str] = fld(None, "First line of an image-search observation (null = built-in).")
-    text_results_header: Optional[str] = fld(None, "First line of a text-search observation (null = built-in).")
-    search_failed: Optional[str] = fld(None, "Observation of a failed search; {error} is filled in (null = built-in).")
-    observation: Optional[str] = fld(
-        None, "The user turn after a search: {results}, {question}, {instruction} (null = built-in)."
-    )
-
-
-@dataclass
-class MMSearchLoopConfig:
-    max_gen_round: int = fld(3, "Generation turns at most (MMSearch-R1: 3; a search in the last turn ends it).")
-    image_search_limit: int = fld(1, "Image searches per trajectory; one more ends the trajectory.")
-    text_search_limit: int = fld(1, "Text searches per trajectory (official script: 2); one more ends it.")
-    prompts: MMPromptsConfig = fld(MMPromptsConfig, "Texts of the loop (the project's own wording by default).")
-
-
-@dataclass
 class AgentLoopConfig:
     group_name: str = fld("AgentLoopGroup", "Ray worker group name.")
-    agent: Literal["searchr1", "mmsearch"] = fld(
-        "searchr1", "Agent protocol: searchr1 (<search>/<information>/<answer>) or mmsearch (MMSearch-R1: image "
-        "search <search><img></search>, <text_search>, <answer>; needs a Qwen2.5-VL model and FVQA data)."
+    agent: AgentName = fld(
+        SEARCHR1, "The agent (protocol/agents.py): searchr1 (<search>/<information>/<answer>), mmsearch (MMSearch-R1: "
+        "image search <search><img></search>, <text_search>, <answer>; a Qwen2.5-VL model and FVQA data), or the "
+        "import path of an AgentSpec (pkg.module:SPEC). Its own settings are the section agentloop.<its name>."
     )
     max_turns: int = fld(2, "Search rounds before the answer is forced.")
     response_length_total: int = fld(4096, "Token budget of the whole multi-turn response.")
@@ -473,7 +455,6 @@ class AgentLoopConfig:
     max_obs_length: int = fld(500, "Observation tokens kept per search (closing tag preserved).")
     observation_format: Literal["searchr1", "rlinf"] = fld("searchr1", "How retrieved passages are rendered.")
     print_outputs: bool = fld(False, "Print trajectories (debug).")
-    mmsearch: MMSearchLoopConfig = fld(MMSearchLoopConfig, "MMSearch-R1 loop (agent: mmsearch).")
 
 
 @dataclass

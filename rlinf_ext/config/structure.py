@@ -18,7 +18,7 @@ from typing import Any, Literal, Union
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from rlinf_ext.config.schema import REQUIRED
+from rlinf_ext.config.schema import REQUIRED, ImportPath
 
 _ENV_RE = re.compile(r"oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
 _REF_RE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
@@ -51,6 +51,8 @@ def type_name(tp: Any) -> str:
         return "mapping"
     if tp is Any:
         return "any"
+    if tp is ImportPath:
+        return "an import path pkg.module:attr"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -58,6 +60,8 @@ def matches(value: Any, tp: Any) -> bool:
     """Does a resolved YAML value fit the annotation? (ints are accepted where floats are expected)."""
     if tp is Any:
         return True
+    if tp is ImportPath:
+        return isinstance(value, str) and ":" in value
     origin = typing.get_origin(tp)
     if origin is Literal:
         return value in typing.get_args(tp)
@@ -105,7 +109,7 @@ def _example(tp: Any) -> str:
         return repr(typing.get_args(tp)[0])
     if origin in (Union, types.UnionType):
         return _example(next(a for a in typing.get_args(tp) if a is not type(None)))
-    return {bool: "true", int: "4", float: "0.5", str: "text"}.get(tp, "[a, b]" if origin is list else "...")
+    return {bool: "true", int: "4", float: "0.5", str: "text", ImportPath: "mypkg.agent:SPEC"}.get(tp, "[a, b]" if origin is list else "...")
 
 
 # ------------------------------------------------------------------------------------------ walking

@@ -52,3 +52,18 @@ class PromptDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return self.items[i]
+
+
+def build_prompt_datasets(cfg: Any) -> tuple[PromptDataset, PromptDataset | None]:
+    """The text agents' datasets (``AgentSpec.dataset``): ``data.train_data_paths`` and ``data.val_data_paths``
+    tokenised with the rollout model's tokenizer."""
+    from transformers import AutoTokenizer  # heavy: loaded once the launcher reads the data, not at import
+
+    data = cfg.data
+    tokenizer = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path)
+
+    def dataset(paths: Sequence[str]) -> PromptDataset:
+        rows = load_jsonl_prompts(list(paths), data.prompt_key, data.answer_key, data.data_size)
+        return PromptDataset(rows, tokenizer, data.max_prompt_length)
+
+    return dataset(data.train_data_paths), dataset(data.val_data_paths) if data.val_data_paths else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlinf_ext.agent.registry import agent_spec
+from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.eval.core.runner import EvalSummary
 
 

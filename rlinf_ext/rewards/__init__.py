@@ -1,4 +1,5 @@
-"""Rewards for QA with search: pure metric functions and a registry by name (`reward.reward_type`)."""
+"""Rewards for QA with search: pure metric functions and Search-R1's reward (each agent names its reward in
+``protocol/agents.py``)."""
 
 from rlinf_ext.rewards.format import is_well_formed
 from rlinf_ext.rewards.qa_metrics import (
@@ -10,7 +11,6 @@ from rlinf_ext.rewards.qa_metrics import (
     normalize_answer,
     sub_exact_match,
 )
-from rlinf_ext.rewards.registry import get_reward_fn, register_reward, reward_names
 from rlinf_ext.rewards.searchr1 import RewardConfig, RewardResult, searchr1_reward
 
 __all__ = [
@@ -20,12 +20,9 @@ __all__ = [
     "exact_match",
     "extract_answer",
     "f1",
-    "get_reward_fn",
     "golden_list",
     "is_well_formed",
     "normalize_answer",
-    "register_reward",
-    "reward_names",
     "searchr1_reward",
     "sub_exact_match",
 ]

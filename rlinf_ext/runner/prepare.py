@@ -14,19 +14,13 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
 
-from rlinf_ext.agent.mmsearch.loop import first_prompt_ids
-from rlinf_ext.agent.registry import agent_spec
-from rlinf_ext.agent.mmsearch.prompts import MMPrompts
-from rlinf_ext.agent.mmsearch.types import MMTask
 from rlinf_ext.config import check_config
 from rlinf_ext.config.commands import format_plan
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.data.fvqa import read_fvqa
-from rlinf_ext.data.prompts import PromptDataset, load_jsonl_prompts
+from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.retrieval.metadata import METADATA_NAME
 from rlinf_ext.runner.checkpoints import latest_complete_checkpoint
 from rlinf_ext.runner.errors import LaunchError
@@ -74,9 +68,8 @@ def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
     """Fill ``paths.tiny_assets`` from the tiny-asset cache if the config uses it (assets/core/cache.py: built
     there first when missing, by the code of this checkout).
 
-    A warm start is copied (and trained, when the cache lacks it) only when the rollout model is it: the
-    search phase for `qwen2-tiny-sft-search`, both phases for `qwen2-tiny-sft`; the multimodal world when the
-    agent is mmsearch, with its warm start for `qwen2.5-vl-tiny-sft`.
+    The parts are the agent's (``AgentSpec.tiny_assets``; the base text world for an agent that names none): a
+    warm start is copied (and trained, when the cache lacks it) only when the rollout model is it.
     """
     root = cfg.paths.tiny_assets
     if not root:
@@ -84,8 +77,6 @@ def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
     root = Path(root)
     from rlinf_ext.assets.core.cache import cache_dir  # lazy: the asset modules import transformers
     from rlinf_ext.assets.core.tiny import Parts  # lazy: the asset modules import transformers
-    from rlinf_ext.assets.mmsearch.paths import mm_layout  # lazy: the asset modules import transformers
-    from rlinf_ext.assets.searchr1.sft import GIVE_UP_DIR, SEARCH_DIR  # lazy: the asset modules import transformers
 
     cache = cache_dir()
     if root.resolve().is_relative_to(cache):
@@ -94,9 +85,8 @@ def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
             "built: a run writes its retrieval index beside the assets, and a launch of other code would replace the "
             "entry with only the parts it needs. Fix: point paths.tiny_assets at a directory of its own (the default, "
             "<repo>/outputs/tiny_assets, or $RLINF_EXT_TINY_ASSETS); the launcher copies the parts there from the cache.")
-    model = Path(str(cfg.rollout.model.model_path)).name
-    parts = Parts.of(sft_search=model == SEARCH_DIR, sft=model == GIVE_UP_DIR, mm=agent_spec(cfg).vision,
-                     mm_sft=model == mm_layout(root).qwen2_5_vl_tiny_sft.name)
+    spec = agent_spec(cfg)
+    parts = spec.load("tiny_assets")(cfg) if spec.has("tiny_assets") else Parts.of()
     started = time.monotonic()
     if assets_in_place(root, parts):
         print(f"[launch] tiny assets: {root} ({parts.describe()}, in place)", flush=True)
@@ -177,62 +167,15 @@ def ensure_index(cfg: ExperimentConfig) -> None:
 
 
 # ---------------------------------------------------------------- data
-class MMTaskDataset(torch.utils.data.Dataset):
-    """FVQA questions ``{"uid", "answers", "prompt_ids", "task"}`` (MMSearch-R1); over-long first prompts dropped."""
-
-    def __init__(self, paths: Sequence[str], cfg: ExperimentConfig):
-        data = cfg.data
-        # lazy: imports transformers, which the launcher loads only once it reads the data
-        from rlinf_ext.generation.hf_vl import load_vl_processor
-
-        processor = load_vl_processor(str(cfg.rollout.model.model_path))
-        prompts = MMPrompts.from_config(cfg.agentloop.mmsearch.prompts)
-        limit = None if int(data.data_size) < 0 else int(data.data_size)
-        self.items, self.dropped = [], 0
-        for path in paths:
-            for row in read_fvqa(path, int(data.image_min_pixels), int(data.image_max_pixels), limit=limit):
-                task = MMTask.from_row(row)
-                ids = first_prompt_ids(processor, prompts, task)
-                if len(ids) > data.max_prompt_length:
-                    self.dropped += 1
-                    continue
-                self.items.append({"uid": task.data_id, "answers": list(task.answers), "prompt_ids": ids, "task": task})
-        if not self.items:
-            raise ValueError(f"no question fits data.max_prompt_length={data.max_prompt_length} ({self.dropped} dropped).")
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> dict:
-        return self.items[i]
-
-
-def build_datasets(cfg: ExperimentConfig) -> tuple[PromptDataset, PromptDataset | None]:
-    """Tokenised train / validation prompts (the trainer's dataset class); over-long prompts are dropped."""
-    data = cfg.data
-    if agent_spec(cfg).vision:  # MMSearch-R1 validation reads its FVQA files itself (eval/mmsearch/validation.py)
-        try:
-            train_ds = MMTaskDataset(data.train_data_paths, cfg)
-        except (ValueError, OSError) as exc:
-            raise LaunchError(f"data: {exc}") from exc
-        print(f"[launch] data: {len(train_ds)} training questions ({train_ds.dropped} over data.max_prompt_length "
-              "dropped)", flush=True)
-        return train_ds, None
-    from transformers import AutoTokenizer  # heavy: loaded once the launcher reads the data, not at import
-
-    tokenizer = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path)
-
-    def dataset(paths):
-        rows = load_jsonl_prompts(list(paths), data.prompt_key, data.answer_key, data.data_size)
-        return PromptDataset(rows, tokenizer, data.max_prompt_length)
-
+def build_datasets(cfg: ExperimentConfig) -> tuple[Any, Any | None]:
+    """The agent's train / validation datasets (``AgentSpec.dataset``); over-long prompts are dropped."""
     try:
-        train_ds = dataset(data.train_data_paths)
-        val_ds = dataset(data.val_data_paths) if data.val_data_paths else None
+        train_ds, val_ds = agent_spec(cfg).load("dataset")(cfg)
     except (ValueError, OSError) as exc:
         raise LaunchError(f"data: {exc}") from exc
-    print(f"[launch] data: {len(train_ds)} training prompts ({train_ds.dropped} over data.max_prompt_length dropped)"
-          + (f", {len(val_ds)} validation prompts" if val_ds is not None else ""), flush=True)
+    print(f"[launch] data: {len(train_ds)} training prompts ({getattr(train_ds, 'dropped', 0)} over "
+          "data.max_prompt_length dropped)" + (f", {len(val_ds)} validation prompts" if val_ds is not None else ""),
+          flush=True)
     return train_ds, val_ds
 
 

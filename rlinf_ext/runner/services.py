@@ -20,10 +20,11 @@ import ray
 import torch
 from rlinf.scheduler import Cluster
 
-from rlinf_ext.agent.registry import agent_spec
 from rlinf_ext.config import to_dictconfig
 from rlinf_ext.config.placement import component_ranks
+from rlinf_ext.config.memory_plan import VL_MODEL_TYPE
 from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.generation.sglang_engine import (
     GPU_INSTALL_FIX,
     SGLANG_INSTALL_FIX,
@@ -275,8 +276,8 @@ def missing_gpu_packages(cfg: ExperimentConfig) -> list[str]:
 def check_training_backend(cfg: ExperimentConfig) -> None:
     """Refuse, before anything starts, a GPU run whose GPU extra is not installed on this node (and say that
     MMSearch-R1's GPU path is not GPU-verified)."""
-    if agent_spec(cfg).vision and cfg.rollout.rollout_backend != "hf":
-        print("[launch] WARNING: MMSearch-R1 on SGLang (images in every request, banned-id logit processor, "
+    if cfg.rollout.model.model_type == VL_MODEL_TYPE and cfg.rollout.rollout_backend != "hf":
+        print("[launch] WARNING: a vision-language model on SGLang or vLLM (images in every request, banned-id logit processor, "
               "multimodal sync probe) and the FSDP2 actor on CUDA are written but NOT GPU-verified.", flush=True)
     missing = missing_gpu_packages(cfg)
     if missing:

@@ -34,7 +34,7 @@ from rlinf.scheduler import Channel
 from torchdata.stateful_dataloader import StatefulDataLoader
 from tqdm import tqdm
 
-from rlinf_ext.agent.registry import agent_spec
+from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.eval.core.validation import should_validate
 from rlinf_ext.protocol import channels as ch
@@ -60,7 +60,7 @@ def validation_enabled(cfg: ExperimentConfig) -> bool:
 
 
 def validation_pass_class(cfg: ExperimentConfig) -> type:
-    """The agent's validation pass (``agent/registry.py``: ``validation``)."""
+    """The agent's validation pass (``protocol/agents.py``: ``validation``)."""
     return agent_spec(cfg).load("validation")
 
 

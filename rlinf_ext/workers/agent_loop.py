@@ -1,4 +1,4 @@
-"""The agent-loop worker: runs the configured agent (``agent/registry.py``) for its share of prompt groups.
+"""The agent-loop worker: runs the configured agent (``protocol/agents.py``) for its share of prompt groups.
 
 Protocol of RLinf's ``AgentLoopWorker``: ``init_worker(generate_input_channel, generate_output_channel)``
 stores the channels; ``run_agentloop_rollout(input_channel, output_channel)`` takes one ``RolloutRequest``,
@@ -20,7 +20,7 @@ from typing import Any
 import ray
 from rlinf.scheduler import Worker
 
-from rlinf_ext.agent.registry import agent_spec
+from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.protocol.generation import GenerateRequest, GenerationResult, SamplingParams, result_of
 from rlinf_ext.protocol.payloads import SearchRolloutRequest

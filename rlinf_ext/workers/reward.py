@@ -1,4 +1,4 @@
-"""Reward step: scores each trajectory with the rewards registry (``reward.reward_type``).
+"""Reward step: scores each trajectory with the agent's reward (``AgentSpec.reward``, ``protocol/agents.py``).
 
 RLinf's ``RewardWorker`` is not importable without torchvision/vision models; this worker keeps its method
 (``compute_rewards(input_channel, output_channel)``) and payload (``RolloutResult.rewards``) and scores the
@@ -8,26 +8,22 @@ model's own text (observations excluded) against the gold answers. The runner pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from rlinf.scheduler import Worker
 
-from rlinf_ext.agent.mmsearch.metrics import mm_summary_by_category
 from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.protocol import metric_keys as mk
+from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.protocol.payloads import SearchRolloutResult
-from rlinf_ext.rewards.registry import get_reward_fn
 
 
-def score_result(result: SearchRolloutResult, reward_cfg: RewardConfig, step: int = 0) -> tuple[list[float], list[float]]:
-    """``(rewards, em)`` of one group, pure (no worker state)."""
-    rewards, em, _ = score_result_details(result, reward_cfg, step)
-    return rewards, em
-
-
-def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig, step: int = 0):
-    """``(rewards, em, reward results)``; MMSearch-R1 results pass each trajectory's turn texts (``turns=``) and the
-    training step (``step=``: where the search penalty's warm-up stands)."""
-    fn = get_reward_fn(str(reward_cfg.reward_type))
+def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig, fn: Callable[..., Any],
+                         step: int = 0) -> tuple[list[float], list[float], list[Any]]:
+    """``(rewards, em, reward results)`` of one group under reward ``fn``; results with turn texts pass each
+    trajectory's turns (``turns=``) and the training step (``step=``: where a search penalty's warm-up stands)."""
     texts = result.generated_texts or result.response_texts
     rewards, em, details = [], [], []
     for i in range(result.num_sequence):
@@ -40,17 +36,6 @@ def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig, 
     return rewards, em, details
 
 
-def mm_rows(result: SearchRolloutResult, details: list) -> list[dict]:
-    """Per-trajectory rows of ``agent.mmsearch.metrics.mm_summary`` (category, correctness, searches that ran)."""
-    rows = []
-    for i, res in enumerate(details):
-        m = result.trajectory_metrics[i]
-        rows.append({"category": result.categories[i], "correct": float(res.correct), "reward": float(res.score),
-                     **{k: float(m.get(k, 0.0)) for k in ("image_searches", "text_searches", "image_search_failures",
-                                                           "text_search_failures")}})
-    return rows
-
-
 class RewardWorker(Worker):
     def __init__(self, cfg: ExperimentConfig):
         super().__init__()
@@ -58,18 +43,19 @@ class RewardWorker(Worker):
 
     def init_worker(self) -> None:
         with self.worker_timer():
-            get_reward_fn(str(self.cfg.reward.reward_type))  # unknown names fail at start, not mid-run
+            spec = agent_spec(self.cfg)  # the components load at start, not mid-run
+            self.reward_fn = spec.load("reward")
+            self.reward_metrics = spec.load("reward_metrics") if spec.has("reward_metrics") else None
 
     def compute_rewards(self, input_channel, output_channel, num_results: int, step: int) -> dict:
         """Score ``num_results`` groups of training step ``step`` (0 = the first); returns ``{"metrics": ...,
         "rewards": {uid: [..]}}``."""
         with self.worker_timer():
-            all_rewards, all_em, by_uid, rows = [], [], {}, []
+            all_rewards, all_em, by_uid, scored = [], [], {}, []
             for _ in range(num_results):
                 result: SearchRolloutResult = input_channel.get()
-                rewards, em, details = score_result_details(result, self.cfg.reward, step)
-                if result.categories:
-                    rows += mm_rows(result, details)
+                rewards, em, details = score_result_details(result, self.cfg.reward, self.reward_fn, step)
+                scored.append((result, details))
                 result.rewards = torch.tensor(rewards, dtype=torch.float32)
                 by_uid[result.uid] = rewards
                 all_rewards += rewards
@@ -81,6 +67,6 @@ class RewardWorker(Worker):
                 mk.REWARD_EM: sum(all_em) / n,
                 mk.REWARD_MAX: max(all_rewards, default=0.0),
                 mk.REWARD_MIN: min(all_rewards, default=0.0),
-                **mm_summary_by_category(rows, prefix=mk.ROLLOUT_PREFIX),  # MMSearch-R1: per FVQA category
+                **(self.reward_metrics(scored) if self.reward_metrics else {}),
             }
             return {"metrics": metrics, "rewards": by_uid}

@@ -13,6 +13,7 @@ from rlinf_ext.agent.mmsearch.protocol import parse_mm_action
 from rlinf_ext.agent.mmsearch.loop import check_mm_invariants, first_prompt_ids, run_mm_group, run_mm_trajectory
 from rlinf_ext.agent.mmsearch.metrics import mm_reward_fn
 from rlinf_ext.agent.mmsearch.observation import build_mm_observation, image_results_body
+from rlinf_ext.agent.mmsearch.config import MMSearchConfig
 from rlinf_ext.agent.mmsearch.prompts import MMPrompts, read_prompt
 from rlinf_ext.agent.mmsearch.types import MMTask
 from rlinf_ext.config.schema import AgentLoopConfig, RewardConfig
@@ -84,7 +85,7 @@ def test_question_comes_from_the_row_and_prompts_are_replaceable(world, tmp_path
     assert "Question: Which city? (row text)" in second_context and MMPrompts().after_image_search in second_context
     (tmp_path / "after.txt").write_text("CUSTOM AFTER IMAGE")
     (tmp_path / "round1.pkl").write_bytes(pickle.dumps("CUSTOM ROUND ONE"))
-    section = AgentLoopConfig().mmsearch.prompts
+    section = MMSearchConfig().prompts
     section.after_image_search, section.round_1 = str(tmp_path / "after.txt"), str(tmp_path / "round1.pkl")
     section.observation = "Found: <information>{results}</information>\n{instruction} Q: {question}"
     prompts = MMPrompts.from_config(section)
@@ -160,7 +161,7 @@ def test_actions_and_reward_on_a_scripted_three_turn_trajectory(world):
     mm, processor, tasks = world
     task = tasks["tinymm_attribute"]
     gold = task.answers[0]
-    reward = mm_reward_fn(RewardConfig(reward_type="mmsearch", format_penalty=0.1, search_penalty=0.1))
+    reward = mm_reward_fn(RewardConfig(format_penalty=0.1, search_penalty=0.1))
     gen = ScriptedVLGenerator([IMG, TXT.format(city="X"), ANS.format(a=gold)], tokenizer=processor.tokenizer)
     traj = asyncio.run(run_mm_trajectory(gen, processor, tools(mm.cache_test), task, settings(), reward_fn=reward))
     assert [t.action for t in traj.turns] == ["image_search", "text_search", "answer"]

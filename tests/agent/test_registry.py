@@ -1,25 +1,26 @@
-"""The agent registry: the schema's choices are its entries, every entry's components load, and an agent's
-other keys are checked against it in one rule."""
+"""The agent registry (``protocol/agents.py``): the schema's choices are its entries, every entry's components load,
+an agent's own section is mounted at ``agentloop.<name>`` and its own rules run only when it is chosen, and an
+agent named by import path resolves (or is refused with the reason)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import typing
 
 import pytest
 
 from rlinf_ext.agent.core.rollout import AgentRollout
-from rlinf_ext.agent.registry import AGENTS, agent_spec
 from rlinf_ext.config import check_config
-from rlinf_ext.config.schema import AgentLoopConfig, DataConfig, RewardConfig
+from rlinf_ext.config.agent_schema import experiment_schema
+from rlinf_ext.config.schema import AgentLoopConfig, ExperimentConfig
+from rlinf_ext.protocol.agents import AGENTS, AgentSpec, agent_spec
 
 
 def test_schema_choices_are_the_registry():
     hints = typing.get_type_hints(AgentLoopConfig)
-    assert set(typing.get_args(hints["agent"])) == set(AGENTS)
-    assert {s.data_type for s in AGENTS.values()} == set(typing.get_args(typing.get_type_hints(DataConfig)["type"]))
-    assert ({s.reward_type for s in AGENTS.values()}
-            == set(typing.get_args(typing.get_type_hints(RewardConfig)["reward_type"])))
+    literal, import_path = typing.get_args(hints["agent"])
+    assert set(typing.get_args(literal)) == set(AGENTS)
 
 
 @pytest.mark.parametrize("name", sorted(AGENTS))
@@ -29,30 +30,55 @@ def test_every_component_loads(name):
     for method in ("groups", "run_group", "metrics", "records"):
         assert callable(getattr(rollout, method)), f"{spec.rollout} lacks {method} ({AgentRollout.__name__})"
     assert inspect.iscoroutinefunction(rollout.run_group)
-    assert callable(spec.load("evaluation"))
+    for component in ("dataset", "reward", "evaluation", "tiny_assets"):
+        assert callable(spec.load(component)), component
     validation = spec.load("validation")  # what the trainer builds and calls
     assert callable(validation.run) and callable(validation.summary)
     assert spec.stops and all(tag.startswith("</") for tag in spec.stops)
+    if spec.has("config"):
+        assert dataclasses.is_dataclass(spec.load("config"))
 
 
 def test_unknown_agent_is_named():
-    with pytest.raises(ValueError, match="agentloop.agent='nope'.*mmsearch.*searchr1"):
+    with pytest.raises(ValueError, match="agentloop.agent='nope'.*mmsearch.*searchr1.*pkg.module:SPEC"):
         agent_spec("nope")
 
 
-@pytest.mark.parametrize("config, key, value", [
-    ("tiny-mm-cpu", "data.type", "searchr1"),
-    ("tiny-mm-cpu", "reward.reward_type", "searchr1"),
-    ("tiny-cpu", "data.type", "mmsearch"),
+def test_an_agents_section_is_mounted_only_for_it():
+    mm = experiment_schema("mmsearch")
+    assert issubclass(mm, ExperimentConfig)
+    assert mm().agentloop.mmsearch.max_gen_round == 3  # the agent's own defaults
+    assert not hasattr(ExperimentConfig().agentloop, "mmsearch")
+    result = check_config("tiny-cpu", ["agentloop.mmsearch.max_gen_round=2"])
+    assert any(i.key == "agentloop.mmsearch" and "unknown key" in i.reason for i in result.issues)
+
+
+def test_an_agents_own_rules_run_only_when_it_is_chosen():
+    bad = check_config("tiny-mm-cpu", ["agentloop.mmsearch.image_search_limit=5"])
+    assert any(i.key == "agentloop.mmsearch.image_search_limit" for i in bad.issues)
+    assert check_config("tiny-cpu", []).ok  # no MMSearch-R1 rule reads the missing section
+
+
+SPEC = AgentSpec(name="echo", title="Echo", stops=("</answer>",), vision=False, reward_scorings=("em",),
+                 eval_backends=("hf",), rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
+                 dataset="rlinf_ext.data.prompts:build_prompt_datasets",
+                 reward="rlinf_ext.rewards.searchr1:searchr1_reward")
+NOT_A_SPEC = object()
+
+
+def test_an_agent_by_import_path():
+    assert agent_spec(f"{__name__}:SPEC") is SPEC
+    result = check_config("tiny-cpu", [f"agentloop.agent={__name__}:SPEC"])
+    assert result.ok, [str(i) for i in result.issues]
+    assert result.cfg.agentloop.agent == f"{__name__}:SPEC"
+
+
+@pytest.mark.parametrize("path, words", [
+    ("no_such_pkg.agent:SPEC", "cannot import module"),
+    (f"{__name__}:MISSING", "has no attribute"),
+    (f"{__name__}:NOT_A_SPEC", "not an rlinf_ext.protocol.agents.AgentSpec"),
 ])
-def test_an_agents_keys_are_checked_against_its_entry(config, key, value):
-    result = check_config(config, [f"{key}={value}"])
-    assert not result.ok
-    issue = next(i for i in result.issues if i.key == key)
-    assert "agentloop.agent=" in issue.reason and f"{key}=" in issue.fix
-
-
-def test_agent_needs_its_model_kind():
-    result = check_config("tiny-cpu", ["agentloop.agent=mmsearch", "data.type=mmsearch", "reward.reward_type=mmsearch",
-                                       "reward.scoring=em"])
-    assert any(i.key == "rollout.model.model_type" and "vision-language" in i.reason for i in result.issues)
+def test_a_bad_import_path_is_refused_with_the_reason(path, words):
+    result = check_config("tiny-cpu", [f"agentloop.agent={path}"])
+    issue = next(i for i in result.issues if i.key == "agentloop.agent")
+    assert words in issue.reason and "pkg.module:SPEC" in issue.fix

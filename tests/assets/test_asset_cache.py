@@ -142,8 +142,8 @@ def test_the_launcher_copies_the_parts_its_model_needs(monkeypatch, tmp_path, mo
 
     asked = []
     monkeypatch.setattr(prepare, "copy_parts_in_child", lambda root, p: asked.append((root, p)))
-    monkeypatch.setattr(prepare, "agent_spec", lambda cfg: SimpleNamespace(vision=vision))
     cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(tmp_path)),
+                          agentloop=SimpleNamespace(agent="mmsearch" if vision else "searchr1"),
                           rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{tmp_path}/{model}")))
     assert prepare.prepare_tiny_assets(cfg) == tmp_path
     assert asked == [(tmp_path, parts)]
@@ -160,10 +160,9 @@ def test_the_launcher_starts_no_process_when_its_assets_are_in_place(monkeypatch
     cache.copy_parts(root, Parts.of(sft_search=True), log=lambda *a: None)
     asked = []
     monkeypatch.setattr(prepare, "copy_parts_in_child", lambda r, p: asked.append(p))
-    monkeypatch.setattr(prepare, "agent_spec", lambda cfg: SimpleNamespace(vision=False))
 
     def cfg(model):
-        return SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(root)),
+        return SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(root)), agentloop=SimpleNamespace(agent="searchr1"),
                                rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{root}/models/{model}")))
 
     assert prepare.prepare_tiny_assets(cfg("qwen2-tiny-sft-search")) == root
@@ -190,9 +189,8 @@ def test_the_launcher_refuses_assets_inside_the_cache(monkeypatch, fake_generato
     from rlinf_ext.runner.errors import LaunchError
 
     entry = cache.cached_tiny_assets(Parts.of(sft_search=True), log=lambda *a: None).root
-    monkeypatch.setattr(prepare, "agent_spec", lambda cfg: SimpleNamespace(vision=False))
     monkeypatch.setattr(prepare, "copy_parts_in_child", lambda r, p: pytest.fail("copied into the cache"))
-    cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(entry)),
+    cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(entry)), agentloop=SimpleNamespace(agent="searchr1"),
                           rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{entry}/models/qwen2-tiny")))
     before = read_manifest(entry)
     with pytest.raises(LaunchError, match="inside the tiny-asset cache.*Fix: point paths.tiny_assets"):
@@ -204,9 +202,8 @@ CHILD_FILL = """
 import sys
 from types import SimpleNamespace
 import rlinf_ext.runner.prepare as prepare
-prepare.agent_spec = lambda cfg: SimpleNamespace(vision=False)
 root = sys.argv[1]
-cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=root),
+cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=root), agentloop=SimpleNamespace(agent="searchr1"),
                       rollout=SimpleNamespace(model=SimpleNamespace(model_path=root + "/models/qwen2-tiny")))
 prepare.prepare_tiny_assets(cfg)
 print("loaded:", sorted(m for m in ("bm25s", "numba", "llvmlite") if m in sys.modules))

@@ -63,7 +63,7 @@ def test_reference_values(reference_env):
     assert cfg.algorithm.kl_beta == 0.001 and cfg.algorithm.ratio_clip_eps == 0.2
     assert cfg.runner.seq_length == 7096 and cfg.data.max_prompt_length == 4096
     assert cfg.tools.search.server_addr == "127.0.0.1:8000" and cfg.tools.search.topk == 3
-    assert cfg.reward.reward_type == "searchr1"
+    assert cfg.agentloop.agent == "searchr1"
     assert cfg.runner.save_interval == 25 and cfg.actor.megatron.use_hf_ckpt is True
     assert cfg.rollout.model.model_path == "/models/Qwen2.5-3B-Instruct"
     assert cfg.data.train_data_paths == ["/data/searchr1/train.jsonl"]

@@ -18,10 +18,10 @@ def test_mm_eval_configs_are_clean(reference_env):
 
 
 @pytest.mark.slow
-def test_loop_reward_and_data_must_agree(reference_env):
-    assert_issue("tiny-mm-cpu-eval", ["reward.reward_type=searchr1"], "reward.reward_type", "mmsearch")
-    assert_issue("tiny-mm-cpu-eval", ["data.type=searchr1"], "data.type", "mmsearch")
-    assert_issue("tiny-cpu-eval", ["agentloop.agent=mmsearch"], "reward.reward_type", "mmsearch")
+def test_the_agent_alone_chooses_its_data_and_reward(reference_env):
+    assert_issue("tiny-mm-cpu-eval", ["reward.reward_type=searchr1"], "reward.reward_type", "unknown key")
+    assert_issue("tiny-mm-cpu-eval", ["data.type=searchr1"], "data.type", "unknown key")
+    assert_issue("tiny-cpu-eval", ["agentloop.agent=mmsearch"], "rollout.model.model_type", "vision-language")
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
 import pytest
 
-from rlinf_ext.rewards import RewardConfig, get_reward_fn, is_well_formed, reward_names, searchr1_reward
+from rlinf_ext.protocol.agents import agent_spec
+from rlinf_ext.rewards import RewardConfig, is_well_formed, searchr1_reward
 
 GOOD = (
     "<think>need info</think><search> capital of france </search>\n\n"
@@ -67,10 +68,7 @@ def test_unicode_answer():
     assert searchr1_reward("<answer>Zurich</answer>", ["Zürich"]).score == 0.0
 
 
-def test_registry_and_bad_scoring():
-    assert "searchr1" in reward_names()
-    assert get_reward_fn("searchr1") is searchr1_reward
-    with pytest.raises(KeyError, match="registered"):
-        get_reward_fn("nope")
+def test_the_agents_reward_and_bad_scoring():
+    assert agent_spec("searchr1").load("reward") is searchr1_reward
     with pytest.raises(ValueError, match="reward.scoring"):
         searchr1_reward(GOOD, ["Paris"], RewardConfig(scoring="bleu"))

@@ -73,7 +73,9 @@ class _Reward:
 
     def __init__(self, reward_cfg: RewardConfig):
         self.worker = RewardWorker.__new__(RewardWorker)  # no Ray actor; only what compute_rewards reads
-        self.worker.cfg, self.worker._timer_metrics = SimpleNamespace(reward=reward_cfg), {}
+        self.worker.cfg = SimpleNamespace(reward=reward_cfg, agentloop=SimpleNamespace(agent="mmsearch"))
+        self.worker._timer_metrics = {}
+        self.worker.init_worker()  # the agent's reward and reward metrics
 
     def compute_rewards(self, *args, **kwargs):
         return _Done(self.worker.compute_rewards(*args, **kwargs))
@@ -119,12 +121,12 @@ def test_search_penalty_ramps_over_the_training_steps():
     """warm-up 2, penalty 0.1 (``penalty_at``: -0.1 at step 0, 0 at step 1, +0.1 from step 2): the searching
     trajectory scores 1.1, 1.0, 0.9, 0.9; the direct answer 1.0 throughout. Scoring every step as step 0 (the old
     seam) gave 1.1 forever."""
-    cfg = RewardConfig(reward_type="mmsearch", scoring="em", search_penalty=0.1, search_penalty_warmup_steps=2)
+    cfg = RewardConfig(scoring="em", search_penalty=0.1, search_penalty_warmup_steps=2)
     rewards = _rewards_per_step(cfg, 4)
     assert [r[0] for r in rewards] == pytest.approx([1.1, 1.0, 0.9, 0.9])
     assert [r[1] for r in rewards] == pytest.approx([1.0] * 4)
 
 
 def test_without_warmup_the_penalty_holds_from_the_first_step():
-    cfg = RewardConfig(reward_type="mmsearch", scoring="em", search_penalty=0.1)
+    cfg = RewardConfig(scoring="em", search_penalty=0.1)
     assert [r[0] for r in _rewards_per_step(cfg, 2)] == pytest.approx([0.9, 0.9])

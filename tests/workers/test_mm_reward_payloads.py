@@ -8,7 +8,9 @@ from rlinf_ext.agent.mmsearch.types import MMTrajectory, MMTurnRecord
 from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.protocol.images import ImageRef
 from rlinf_ext.agent.mmsearch.rollout import mm_agent_metrics, mm_result_from_group, mm_trajectory_records
-from rlinf_ext.workers.reward import mm_rows, score_result_details
+from rlinf_ext.agent.mmsearch.metrics import reward_metrics, reward_rows
+from rlinf_ext.protocol.agents import agent_spec
+from rlinf_ext.workers.reward import score_result_details
 
 IMG = ImageRef("ab" * 20, b"png", 56, 56)
 SEARCH = "<reason> look it up </reason><search><img></search>"
@@ -29,11 +31,13 @@ def test_turn_texts_and_categories_reach_the_reward_and_its_metrics():
     result = mm_result_from_group(group, "prompt")
     assert result.turn_texts == [[ANSWER], [SEARCH, ANSWER]] and result.categories == ["search_free"] * 2
     assert [len(i) for i in result.trajectory_images] == [1, 2] and result.num_searches == [0, 1]
-    cfg = RewardConfig(reward_type="mmsearch", scoring="em", search_penalty=0.1)
-    rewards, em, details = score_result_details(result, cfg)
+    cfg = RewardConfig(scoring="em", search_penalty=0.1)
+    rewards, em, details = score_result_details(result, cfg, agent_spec("mmsearch").load("reward"))
     assert rewards == pytest.approx([1.0, 0.9]) and em == [1.0, 1.0]  # a correct answer that searched: 1 - 0.1
-    rows = mm_rows(result, details)
+    rows = reward_rows(result, details)
     assert [r["image_searches"] for r in rows] == [0.0, 1.0] and all(r["correct"] == 1.0 for r in rows)
+    metrics = reward_metrics([(result, details)])
+    assert metrics["rollout/search_free/search_ratio_image"] == pytest.approx(0.5)
     records = mm_trajectory_records(result)
     assert records[1]["image_sha1s"] == [IMG.sha1] * 2 and records[0]["category"] == "search_free"
     assert mm_agent_metrics(group)["agent/image_searches"] == pytest.approx(0.5)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlinf_ext.agent.mmsearch.config import MMSearchConfig
 from rlinf_ext.config.schema import AgentLoopConfig
 from rlinf_ext.agent.core.response import ResponseBuffer, check_mask_invariant
 from rlinf_ext.agent.mmsearch.protocol import parse_mm_action, with_mm_stops
@@ -53,12 +54,15 @@ class MMLoopSettings:
     @classmethod
     def with_defaults(cls, **overrides: Any) -> "MMLoopSettings":
         """The schema's `agentloop` defaults with `overrides`."""
-        return dataclasses.replace(cls.from_config(AgentLoopConfig()), **overrides)
+        return dataclasses.replace(cls.from_sections(AgentLoopConfig(), MMSearchConfig()), **overrides)
 
     @classmethod
     def from_config(cls, agentloop: Any) -> "MMLoopSettings":
-        """From the `agentloop` section (its `mmsearch` subsection holds the MM knobs)."""
-        mm = agentloop.mmsearch
+        """From the `agentloop` section (its mounted `mmsearch` section holds the agent's own knobs)."""
+        return cls.from_sections(agentloop, agentloop.mmsearch)
+
+    @classmethod
+    def from_sections(cls, agentloop: Any, mm: Any) -> "MMLoopSettings":
         out = cls(int(mm.max_gen_round), int(mm.image_search_limit), int(mm.text_search_limit),
                   int(agentloop.response_length_total), int(agentloop.max_obs_length), bool(agentloop.print_outputs))
         if out.max_gen_round < 1:

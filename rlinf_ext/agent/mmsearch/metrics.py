@@ -6,7 +6,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlinf_ext.agent.mmsearch.types import MMTrajectory
-from rlinf_ext.rewards.mmsearch import mmsearch_score
+from rlinf_ext.agent.mmsearch.reward import mmsearch_score
+from rlinf_ext.protocol import metric_keys as mk
 
 ACCURACY, REWARD = "accuracy", "reward"
 IMAGE_SEARCH_RATIO, TEXT_SEARCH_RATIO, MIX_SEARCH_RATIO = "search_ratio_image", "search_ratio_text", "search_ratio_mix"
@@ -68,3 +69,20 @@ def mm_summary_by_category(rows: Sequence[dict], prefix: str = "") -> dict[str, 
         part = [r for r in rows if str(r["category"]) == category]
         out.update({f"{head}{category}/{k}": v for k, v in mm_summary(part).items()})
     return out
+
+
+def reward_rows(result: Any, details: Sequence[Any]) -> list[dict]:
+    """Per-trajectory rows of ``mm_summary`` from one scored group (category, correctness, searches that ran)."""
+    rows = []
+    for i, res in enumerate(details):
+        m = result.trajectory_metrics[i]
+        rows.append({"category": result.categories[i], "correct": float(res.correct), "reward": float(res.score),
+                     **{k: float(m.get(k, 0.0)) for k in ("image_searches", "text_searches", "image_search_failures",
+                                                           "text_search_failures")}})
+    return rows
+
+
+def reward_metrics(scored: Sequence[tuple[Any, Sequence[Any]]]) -> dict[str, float]:
+    """``AgentSpec.reward_metrics``: the table metrics of a reward step's groups, per FVQA category."""
+    rows = [row for result, details in scored for row in reward_rows(result, details)]
+    return mm_summary_by_category(rows, prefix=mk.ROLLOUT_PREFIX)

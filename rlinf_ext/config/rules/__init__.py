@@ -7,6 +7,8 @@ run, so one mistake is reported once.
 
 from __future__ import annotations
 
+import importlib
+
 # imported for their @rule registrations
 from rlinf_ext.config import memory_plan, rules_support  # noqa: F401
 from rlinf_ext.config.rule_registry import registered_rules
@@ -14,11 +16,15 @@ from rlinf_ext.config.rules import actor, agents, batch, data, generation, hardw
 from rlinf_ext.config.rules.paths import path_issues
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
+from rlinf_ext.protocol.agents import agent_spec
 
 
 def run_rules(cfg: ExperimentConfig, skip: set[str] = frozenset(), check_paths: bool = False) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
-    for reads, fn in registered_rules():
+    spec = None if "agentloop.agent" in skip else agent_spec(cfg)
+    if spec is not None and spec.rules:
+        importlib.import_module(spec.rules)  # registers the agent's own rules (rule(..., agent=spec.name))
+    for reads, fn in registered_rules(spec.name if spec is not None else None):
         if any(k in skip for k in reads):
             continue
         issues.extend(fn(cfg))

@@ -1,12 +1,13 @@
-"""The mmsearch reward against a table of hand-computed cases (format_penalty 0.1, search_penalty 0.1)."""
+"""The MMSearch-R1 reward against a table of hand-computed cases (format_penalty 0.1, search_penalty 0.1)."""
 
 from __future__ import annotations
 
 import pytest
 
+from rlinf_ext.protocol.agents import agent_spec
+
 from rlinf_ext.config.schema import RewardConfig
-from rlinf_ext.rewards import get_reward_fn
-from rlinf_ext.rewards.mmsearch import (
+from rlinf_ext.agent.mmsearch.reward import (
     clean_turn,
     format_score,
     mmsearch_reward,
@@ -22,7 +23,7 @@ GOLDS = ["Drelia", "City of Drelia"]
 
 
 def cfg(**kw) -> RewardConfig:
-    base = dict(reward_type="mmsearch", scoring="em", format_penalty=0.1, search_penalty=0.1)
+    base = dict(scoring="em", format_penalty=0.1, search_penalty=0.1)
     base.update(kw)
     return RewardConfig(**base)
 
@@ -87,8 +88,8 @@ def test_counts_answer_and_cleaning():
     assert format_score([]) == 0.0
 
 
-def test_registry_and_clear_errors():
-    fn = get_reward_fn("mmsearch")
+def test_the_agents_reward_and_clear_errors():
+    fn = agent_spec("mmsearch").load("reward")
     assert fn is mmsearch_reward
     assert fn("ignored", GOLDS, cfg(), turns=[ANS.format("Drelia")]).score == pytest.approx(1.0)
     with pytest.raises(ValueError, match="turns="):

@@ -105,7 +105,7 @@ class MMRewardResult:
 def mmsearch_score(turns: Sequence[str], golden_answers: Any, cfg: Any, step: int = 0) -> MMRewardResult:
     """Score one trajectory's turns (see the module docstring); `cfg` is the `reward` section."""
     if cfg.scoring not in MM_SCORINGS:
-        raise ValueError(f"reward.scoring must be one of {MM_SCORINGS} for reward_type mmsearch, got {cfg.scoring!r}")
+        raise ValueError(f"reward.scoring must be one of {MM_SCORINGS} for the MMSearch-R1 reward, got {cfg.scoring!r}")
     if not turns:
         raise ValueError("mmsearch reward needs at least one turn")
     golds = golden_list(golden_answers)
@@ -127,11 +127,10 @@ def mmsearch_score(turns: Sequence[str], golden_answers: Any, cfg: Any, step: in
 
 def mmsearch_reward(response: str, golden_answers: Any, cfg: Any = None, num_searches: int = 0, *,
                     turns: Sequence[str] | None = None, step: int = 0) -> MMRewardResult:
-    """Registry entry for `reward.reward_type: mmsearch`; the format rule needs the per-turn texts."""
+    """MMSearch-R1's reward (``AgentSpec.reward``); the format rule needs the per-turn texts."""
     if turns is None:
-        raise ValueError("reward_type mmsearch judges each turn on its own: call it with turns=[...] (the MMSearch "
+        raise ValueError("the MMSearch-R1 reward judges each turn on its own: call it with turns=[...] (the MMSearch "
                          "agent loop does); a single response string is not enough")
     if cfg is None:
-
-        cfg = RewardConfig(reward_type="mmsearch")
+        cfg = RewardConfig()
     return mmsearch_score(turns, golden_answers, cfg, step=step)

@@ -1,0 +1,120 @@
+"""The agent registry: given ``agentloop.agent``, the one place that names everything that agent brings.
+
+An entry (``AgentSpec``) holds the agent's facts (the stop strings its loop acts on, whether it needs a
+vision-language model, the reward scorings it accepts, which engines evaluate it) and names each of its components
+by import path (``"module:attr"``), imported only when asked for (``spec.load("rollout")``), so that validating a
+config reads the facts without importing torch or the loops.
+
+``agentloop.agent`` is a registered name (``AGENTS``) or the import path of an ``AgentSpec`` object
+(``mypkg.agent:SPEC``), so an agent can live outside ``rlinf_ext``. Nothing else compares ``agentloop.agent``
+with a name. The components, each called with the experiment config:
+
+- ``rollout``: the class the agent-loop worker drives (``agent/core/rollout.py:AgentRollout``);
+- ``dataset``: ``fn(cfg) -> (train dataset, validation dataset or None)`` of ``{"uid", "answers", "prompt_ids"}``;
+- ``reward``: ``fn(response, golden_answers, reward_cfg, num_searches=0, **kw) -> result with .score and .em``;
+- ``reward_metrics`` (optional): ``fn([(result, reward results), ...]) -> {metric: value}`` after a reward step;
+- ``config`` (optional): the agent's own dataclass, mounted at ``agentloop.<name>`` (``config/agent_schema.py``);
+- ``rules`` (optional): a module (a dotted name, no attribute) whose ``@rule(..., agent=<name>)`` checks run on
+  configs that choose this agent (``config/rule_registry.py``);
+- ``evaluation`` / ``validation`` (optional): ``rlinf-ext eval``'s runner, the validation pass during training;
+- ``tiny_assets`` (optional): ``fn(cfg) -> assets.core.tiny.Parts`` the tiny experiments of this agent need.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+SEARCHR1 = "searchr1"
+MMSEARCH = "mmsearch"
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str  # the key of its section, agentloop.<name>, and of its metrics
+    title: str
+    stops: tuple[str, ...]  # the closing tags a turn must stop at for the loop to act
+    vision: bool  # a vision-language model (images in the context)
+    reward_scorings: tuple[str, ...]  # reward.scoring values its reward accepts
+    eval_backends: tuple[str, ...]  # rollout.rollout_backend values `rlinf-ext eval` runs it on
+    rollout: str
+    dataset: str
+    reward: str
+    reward_metrics: str = ""
+    config: str = ""
+    rules: str = ""
+    evaluation: str = ""
+    validation: str = ""
+    tiny_assets: str = ""
+
+    def has(self, component: str) -> bool:
+        return bool(getattr(self, component))
+
+    def load(self, component: str) -> Any:
+        """The object a component field names (``spec.load("rollout")``), imported now."""
+        path = getattr(self, component)
+        if not path:
+            raise ValueError(f"agent {self.name!r} has no {component} component")
+        return load_path(path, f"agent {self.name!r} component {component}")
+
+
+AGENTS: dict[str, AgentSpec] = {
+    SEARCHR1: AgentSpec(
+        name=SEARCHR1, title="Search-R1", stops=("</search>", "</answer>"), vision=False,
+        reward_scorings=("em", "subem", "f1", "format"), eval_backends=("vllm", "hf", "sglang"),
+        rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
+        dataset="rlinf_ext.data.prompts:build_prompt_datasets",
+        reward="rlinf_ext.rewards.searchr1:searchr1_reward",
+        evaluation="rlinf_ext.eval.searchr1.runner:run_evaluation",
+        validation="rlinf_ext.eval.searchr1.validation:ValidationPass",
+        tiny_assets="rlinf_ext.agent.searchr1.tiny:tiny_parts",
+    ),
+    MMSEARCH: AgentSpec(
+        name=MMSEARCH, title="MMSearch-R1", stops=("</search>", "</text_search>", "</answer>"), vision=True,
+        reward_scorings=("em", "subem"), eval_backends=("vllm", "hf"),  # vLLM: generation/vllm_vl.py
+        rollout="rlinf_ext.agent.mmsearch.rollout:MMSearchRollout",
+        dataset="rlinf_ext.agent.mmsearch.dataset:build_datasets",
+        reward="rlinf_ext.agent.mmsearch.reward:mmsearch_reward",
+        reward_metrics="rlinf_ext.agent.mmsearch.metrics:reward_metrics",
+        config="rlinf_ext.agent.mmsearch.config:MMSearchConfig",
+        rules="rlinf_ext.agent.mmsearch.rules",
+        evaluation="rlinf_ext.eval.mmsearch.runner:run_mm_evaluation",
+        validation="rlinf_ext.eval.mmsearch.validation:MMValidationPass",
+        tiny_assets="rlinf_ext.agent.mmsearch.tiny:tiny_parts",
+    ),
+}
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
+def load_path(path: str, what: str) -> Any:
+    """``"pkg.module:attr"`` -> the object; an error that names ``what`` and the path when it cannot be found."""
+    module, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"{what}: cannot import module {module!r} of {path!r} ({exc}); is its package on "
+                         "PYTHONPATH?") from exc
+    except AttributeError:
+        raise ValueError(f"{what}: module {module!r} has no attribute {attr!r} ({path!r})") from None
+
+
+def agent_spec(cfg_or_name: Any) -> AgentSpec:
+    """The entry of an agent: a registered name, an import path ``pkg.module:SPEC``, or an experiment config
+    (its ``agentloop.agent``)."""
+    name = cfg_or_name if isinstance(cfg_or_name, str) else cfg_or_name.agentloop.agent
+    if name in AGENTS:
+        return AGENTS[name]
+    if not is_import_path(name):
+        raise ValueError(f"agentloop.agent={name!r} is not a registered agent; choose one of {sorted(AGENTS)} or "
+                         "give the import path of an AgentSpec (pkg.module:SPEC)")
+    spec = load_path(name, f"agentloop.agent={name!r}")
+    if not isinstance(spec, AgentSpec):
+        raise ValueError(f"agentloop.agent={name!r} names a {type(spec).__name__}, not an "
+                         "rlinf_ext.protocol.agents.AgentSpec")
+    if spec.name in AGENTS:
+        raise ValueError(f"agentloop.agent={name!r}: its name {spec.name!r} is a built-in agent's; give it its own")
+    return spec
