@@ -65,3 +65,16 @@ def image_pixel_bounds(cfg):
             yield ConfigIssue(hi_key, f"{hi} is below {lo_key}={lo}.", f"set {hi_key}>={lo}.")
 
 
+
+
+@rule("agentloop.agent", "runner.val_before_train", "runner.val_check_interval", "data.val_data_paths")
+def validation_needs_the_agents_pass(cfg):
+    """Validation during training runs the agent's own pass (``AgentSpec.validation``); an agent may bring none."""
+    spec = agent_spec(cfg)
+    runner = cfg.runner
+    wanted = (runner.val_before_train or runner.val_check_interval > 0) and bool(cfg.data.val_data_paths)
+    if wanted and not spec.has("validation"):
+        yield ConfigIssue("runner.val_check_interval", f"agent {spec.name} ({spec.title}) brings no validation pass "
+                          "(AgentSpec.validation), so nothing can validate during training.",
+                          "set runner.val_before_train=false and runner.val_check_interval=0, or give the agent a "
+                          "validation component.")
