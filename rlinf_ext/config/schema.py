@@ -237,11 +237,8 @@ class RolloutConfig:
         "inspection. Training always uses the actor's recomputed log-probs.")
     enforce_eager: bool = fld(False, "Disable CUDA graphs.")
     distributed_executor_backend: str = fld("mp", "vLLM executor backend (mp, ray).")
-    disable_log_stats: bool = fld(False, "Silence engine stats.")
-    eos: Optional[int] = fld(None, "EOS id (null = tokenizer.eos_token_id).")
     max_running_requests: int = fld(128, "Concurrent requests per engine.")
     cuda_graph_max_bs: int = fld(128, "Largest batch captured in a CUDA graph.")
-    print_outputs: bool = fld(False, "Print engine outputs (debug).")
     sglang: SGLangConfig = fld(SGLangConfig, "SGLang engine options.")
     vllm: VLLMConfig = fld(VLLMConfig, "vLLM engine options.")
     hf: HFRolloutConfig = fld(HFRolloutConfig, "CPU transformers engine options.")
@@ -256,7 +253,6 @@ class ActorModelConfig:
     recompute_granularity: Optional[Literal["full", "selective"]] = fld(None, "Activation recomputation.")
     recompute_method: Optional[Literal["block", "uniform"]] = fld(None, "How layers are recomputed.")
     recompute_num_layers: Optional[int] = fld(None, "Layers recomputed with recompute_method.")
-    seq_length: int = fld("${runner.seq_length}", "Training sequence length (= runner.seq_length).")
     # Megatron TransformerConfig switches (training/settings.py:TRANSFORMER_CONFIG_KEYS)
     apply_rope_fusion: bool = fld(False, "Fused RoPE kernel (needs Transformer Engine / apex).")
     bias_dropout_fusion: bool = fld(False, "Fused bias+dropout kernel.")
@@ -265,8 +261,8 @@ class ActorModelConfig:
     attention_softmax_in_fp32: bool = fld(True, "Softmax in fp32 for stability.")
     gradient_accumulation_fusion: bool = fld(False, "Fused weight-gradient accumulation (needs apex).")
     use_cpu_initialization: bool = fld(False, "Initialise weights on CPU.")
-    # Model dimensions: RLinf fills them from the HF config.json at run start; presets set them so that
-    # validate can check TP against the attention heads without the checkpoint.
+    # Model dimensions: the actor reads the architecture from the checkpoint's config.json; presets set them so that
+    # validate and `rlinf-ext plan` check TP and memory without the checkpoint (else they read its config.json).
     num_layers: Optional[int] = fld(None, "Transformer layers (preset or HF config.json).")
     hidden_size: Optional[int] = fld(None, "Hidden size (preset or HF config.json).")
     num_attention_heads: Optional[int] = fld(None, "Attention heads (preset or HF config.json).")
@@ -279,18 +275,8 @@ class ActorModelConfig:
 
 
 @dataclass
-class CkptConvertorConfig:
-    model: Optional[str] = fld(None, "RLinf converter model key (e.g. qwen_2.5_3b).")
-    hf_model_path: str = fld("${rollout.model.model_path}", "HF checkpoint the actor starts from (must be "
-                             "rollout.model.model_path; converted in memory, nothing is written).", path="dir")
-    tensor_model_parallel_size: int = fld("${actor.model.tensor_model_parallel_size}", "TP of the converted copy.")
-    pipeline_model_parallel_size: int = fld("${actor.model.pipeline_model_parallel_size}", "PP of the copy.")
-
-
-@dataclass
 class MegatronConfig:
     distributed_timeout_minutes: int = fld(30, "torch.distributed timeout.")
-    ckpt_convertor: CkptConvertorConfig = fld(CkptConvertorConfig, "HF -> Megatron conversion.")
 
 
 @dataclass
@@ -332,12 +318,6 @@ class LRSchedConfig:
 
 
 @dataclass
-class TokenizerConfig:
-    trust_remote_code: bool = fld(False, "Allow custom tokenizer code.")
-    padding_side: Literal["left", "right"] = fld("right", "Padding side for training batches.")
-
-
-@dataclass
 class ActorConfig:
     group_name: str = fld("ActorGroup", "Ray worker group name.")
     training_backend: Literal["megatron", "fsdp"] = fld(
@@ -358,7 +338,6 @@ class ActorConfig:
     fsdp_config: FSDPConfig = fld(FSDPConfig, "FSDP2 options (training_backend: fsdp).")
     optim: OptimConfig = fld(OptimConfig, "Optimizer.")
     lr_sched: LRSchedConfig = fld(LRSchedConfig, "Learning-rate schedule.")
-    tokenizer: TokenizerConfig = fld(TokenizerConfig, "Tokenizer used for training batches.")
 
 
 # --------------------------------------------------------------------------------------------- reward
