@@ -47,7 +47,7 @@ def test_every_compat_key_at_another_value_is_refused_with_its_reason(name):
 
 
 @pytest.mark.parametrize("name", ["tiny-cpu", "tiny-cpu-eval", "tiny-mm-cpu"])
-def test_an_rlinf_yaml_with_every_compat_key_at_its_value_loads_and_drops_them(name):
+def test_every_compat_key_at_its_accepted_value_loads_and_is_dropped(name):
     plain = load_config(name)
     rlinf = to_dictconfig(plain)
     values = {entry.key: accepted_value(entry, lambda dotted: _select(rlinf, dotted)) for entry in COMPAT}
