@@ -10,6 +10,7 @@ from typing import Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from rlinf_ext.config.agent_schema import experiment_schema
+from rlinf_ext.config.compat import with_compat_keys
 from rlinf_ext.config.compose import ComposeError, compose
 from rlinf_ext.config.rules import run_rules
 from rlinf_ext.config.schema import ExperimentConfig
@@ -93,8 +94,16 @@ def validate(cfg: ExperimentConfig, check_paths: bool = False) -> list[ConfigIss
 
 
 def to_dictconfig(cfg: ExperimentConfig) -> DictConfig:
-    """The resolved config as the OmegaConf DictConfig RLinf's workers and runners expect."""
-    return OmegaConf.create(dataclasses.asdict(cfg))
+    """The resolved config as the OmegaConf DictConfig RLinf's Cluster and placement read: the typed config plus
+    RLinf's keys that rlinf_ext does not implement, at their accepted values (``config/compat.py``)."""
+
+    def lookup(dotted: str):
+        value = cfg
+        for part in dotted.split("."):
+            value = getattr(value, part)
+        return value
+
+    return OmegaConf.create(with_compat_keys(dataclasses.asdict(cfg), lookup))
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

@@ -35,9 +35,10 @@ How an experiment config is built
   ``check_paths=True`` (the launcher does so when a run starts).
 
 Every field below carries its help text in ``metadata["help"]``; ``REQUIRED`` (``???``) marks values without a
-default. Names follow RLinf 0.3.0 so the resolved DictConfig can be handed to RLinf's workers; sections that RLinf
-reads but rlinf_ext does not tune (``critic``, ``rollout.sglang``, ``rollout.vllm``, ``actor.tokenizer``) exist
-with safe defaults.
+default. The schema holds only keys that something reads (``tests/config/test_keys_read.py`` checks it). Names
+follow RLinf 0.3.0; RLinf's keys that rlinf_ext does not implement are in ``config/compat.py``: accepted at the
+one value rlinf_ext behaves as, refused otherwise. The key reference in ``docs/contracts.md`` is generated from
+this module (``python -m rlinf_ext.config.reference``).
 """
 
 from __future__ import annotations
@@ -128,8 +129,6 @@ class RunnerConfig:
         64, "Validation during training: questions per benchmark of data.val_data_paths, a fixed subset drawn "
         "with data.seed (-1 = all). Decoding is greedy."
     )
-    enable_dynamic_batch_size: bool = fld(False, "RLinf: pack micro-batches by token count.")
-    max_tokens_per_mbs: Optional[int] = fld(None, "RLinf: token budget of a dynamic micro-batch.")
 
 
 # --------------------------------------------------------------------------------------------- algorithm
@@ -140,7 +139,6 @@ class SamplingParamsConfig:
     top_p: float = fld(1.0, "Nucleus sampling threshold.")
     top_k: int = fld(-1, "Top-k sampling (-1 or a large number = off).")
     max_new_tokens: int = fld(500, "Tokens generated per turn at most.")
-    min_new_tokens: int = fld(1, "Tokens generated per turn at least.")
     stop: list[str] = fld([], "Stop strings; generation ends after the first one (needs rollout.detokenize).")
     repetition_penalty: float = fld(1.0, "Repetition penalty (1.0 = off).")
 
@@ -149,31 +147,20 @@ class SamplingParamsConfig:
 class AlgorithmConfig:
     adv_type: Literal["grpo", "grpo_dynamic"] = fld("grpo", "Advantage estimator.")
     advantage_mode: Literal["trajectory"] = fld("trajectory", "One advantage per trajectory, broadcast to tokens.")
-    loss_type: str = fld("actor", "RLinf loss type.")
     group_size: int = fld(REQUIRED, "Responses sampled per prompt (GRPO group).")
     n_minibatches: int = fld(1, "Optimizer steps per rollout step (the rollout batch is split this many ways).")
     training_batch_size_per_gpu: int = fld(1, "Micro-batch size per data-parallel rank.")
-    rollout_batch_size_per_gpu: Optional[int] = fld(None, "RLinf: prompts per rollout instance (null = even split).")
     logprob_forward_micro_batch_size: int = fld(1, "Micro-batch size of the log-prob recomputation.")
-    val_rollout_batch_size_per_gpu: int = fld(1, "RLinf: validation micro-batch per rollout instance.")
-    max_num_gen_batches: int = fld(1, "Generation batches per step (dynamic sampling refills).")
     kl_beta: float = fld(0.0, "KL penalty weight against the reference policy (0 = off).")
     kl_penalty_type: Literal["low_var_kl", "kl", "abs", "mse"] = fld("low_var_kl", "KL estimator.")
     ratio_clip_eps: float = fld(0.2, "PPO ratio clip epsilon.")
-    clip_ratio_low: Optional[float] = fld(None, "Lower clip (null = ratio_clip_eps).")
-    clip_ratio_high: Optional[float] = fld(None, "Upper clip (null = ratio_clip_eps).")
     clip_ratio_c: Optional[float] = fld(None, "Dual-clip constant (null = off).")
     entropy_bonus: float = fld(0.0, "Entropy bonus weight.")
-    calculate_entropy: bool = fld(False, "Log the policy entropy.")
     loss_agg_func: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = fld(
         "token-mean", "How token losses are aggregated."
     )
-    recompute_logprobs: bool = fld(True, "Recompute old log-probs with the actor; must be true (every agent "
-                                     "re-tokenises tool text, so engine log-probs do not cover the trained tokens).")
     shuffle_rollout: bool = fld(False, "Shuffle trajectories before splitting into minibatches.")
     normalize_advantages: bool = fld(False, "Normalise advantages over the batch.")
-    early_stop_imp_ratio: Optional[float] = fld(None, "RLinf: skip updates when the importance ratio exceeds this (not implemented by rlinf_ext: null).")
-    use_valid_token_scale: bool = fld(False, "RLinf: scale the loss by the valid-token count.")
     sampling_params: SamplingParamsConfig = fld(SamplingParamsConfig, "Rollout sampling parameters.")
 
 
@@ -185,13 +172,10 @@ class DataConfig:
     )
     val_data_paths: list[str] = fld([], "Validation/test files; evaluation reports one score per file.", path="files")
     max_prompt_length: int = fld(REQUIRED, "Prompts longer than this (tokens) are dropped.")
-    filter_prompt_by_length: bool = fld(True, "Drop prompts longer than max_prompt_length.")
     rollout_batch_size: int = fld(REQUIRED, "Prompts per rollout step.")
     val_rollout_batch_size: Optional[int] = fld(None, "Prompts per validation batch (null = rollout_batch_size).")
     shuffle: bool = fld(True, "Shuffle training prompts each epoch.")
-    validation_shuffle: bool = fld(False, "Shuffle validation prompts.")
     seed: int = fld(1234, "Seed of the data order.")
-    num_workers: int = fld(0, "DataLoader worker processes.")
     data_size: int = fld(-1, "Use only the first N rows of each file (-1 = all).")
     prompt_key: str = fld("prompt", "Column holding the prompt.")
     answer_key: str = fld("solutions", "Column holding the gold answers.")
@@ -226,12 +210,10 @@ class VLLMConfig:
     enable_chunked_prefill: bool = fld(True, "vLLM chunked prefill (GPU engines; always off on CPU, where vLLM 0.32 fails on a seeded "
                                                  "request prefilled in parts).")
     enable_prefix_caching: bool = fld(True, "vLLM prefix caching.")
-    enable_flash_infer_sampler: bool = fld(True, "vLLM flashinfer sampler.")
     max_num_batched_tokens: Optional[int] = fld(None, "vLLM token budget per batch (null = vLLM default).")
     kv_cache_memory_bytes: Optional[int] = fld(
         None, "KV cache bytes of one engine; null = 512 MiB on CPU (vLLM would otherwise reserve "
         "rollout.gpu_memory_utilization of the machine's RAM) and rollout.gpu_memory_utilization on GPUs.")
-    torch_profiler_dir: Optional[str] = fld(None, "Enable vLLM's torch profiler into this directory.")
     sleep_level: Literal[1, 2] = fld(
         2, "GPU, actor and rollout on the same GPUs: how the engine releases its GPU for training. 2 = weights and "
         "KV cache discarded (the next weight sync refills them); 1 = weights kept in host RAM (`rlinf-ext plan` "
@@ -261,16 +243,8 @@ class RolloutConfig:
         "inspection. Training always uses the actor's recomputed log-probs.")
     enforce_eager: bool = fld(False, "Disable CUDA graphs.")
     distributed_executor_backend: str = fld("mp", "vLLM executor backend (mp, ray).")
-    disable_log_stats: bool = fld(False, "Silence engine stats.")
-    padding: Optional[int] = fld(None, "Pad id (null = tokenizer.pad_token_id).")
-    eos: Optional[int] = fld(None, "EOS id (null = tokenizer.eos_token_id).")
     max_running_requests: int = fld(128, "Concurrent requests per engine.")
     cuda_graph_max_bs: int = fld(128, "Largest batch captured in a CUDA graph.")
-    validate_weight: bool = fld(False, "Debug: compare weights after the first sync.")
-    validate_weight_first_sync: bool = fld(False, "Debug: check weight norms at the first sync.")
-    validate_save_dir: Optional[str] = fld(None, "Debug: where weight comparisons are saved.")
-    print_outputs: bool = fld(False, "Print engine outputs (debug).")
-    is_eval: bool = fld(False, "RLinf: engine used for evaluation only.")
     sglang: SGLangConfig = fld(SGLangConfig, "SGLang engine options.")
     vllm: VLLMConfig = fld(VLLMConfig, "vLLM engine options.")
     hf: HFRolloutConfig = fld(HFRolloutConfig, "CPU transformers engine options.")
@@ -282,28 +256,19 @@ class ActorModelConfig:
     precision: Literal["fp16", "bf16", "fp32"] = fld("bf16", "Training dtype.")
     tensor_model_parallel_size: int = fld(1, "Megatron tensor parallel size (TP).")
     pipeline_model_parallel_size: int = fld(1, "Megatron pipeline parallel size (PP).")
-    sequence_parallel: bool = fld(False, "Megatron sequence parallelism (needs TP > 1).")
     recompute_granularity: Optional[Literal["full", "selective"]] = fld(None, "Activation recomputation.")
     recompute_method: Optional[Literal["block", "uniform"]] = fld(None, "How layers are recomputed.")
     recompute_num_layers: Optional[int] = fld(None, "Layers recomputed with recompute_method.")
-    seq_length: int = fld("${runner.seq_length}", "Training sequence length (= runner.seq_length).")
-    encoder_seq_length: int = fld("${runner.seq_length}", "Megatron encoder length (= runner.seq_length).")
-    # Architecture switches read by RLinf's build_transformer_config, whose own defaults (gelu, layernorm, learned
-    # positions, linear biases) are wrong for Qwen2; values here are Qwen2/Qwen2.5's.
-    activation: Literal["swiglu", "gelu", "geglu", "squared-relu"] = fld("swiglu", "MLP activation.")
-    normalization: Literal["rmsnorm", "layernorm"] = fld("rmsnorm", "Normalisation layer.")
-    position_embedding_type: Literal["rope", "learned_absolute", "none"] = fld("rope", "Position embeddings.")
-    add_bias_linear: bool = fld(False, "Biases on linear layers other than qkv.")
+    # Megatron TransformerConfig switches (training/settings.py:TRANSFORMER_CONFIG_KEYS)
     apply_rope_fusion: bool = fld(False, "Fused RoPE kernel (needs Transformer Engine / apex).")
     bias_dropout_fusion: bool = fld(False, "Fused bias+dropout kernel.")
     bias_activation_fusion: bool = fld(False, "Fused bias+activation kernel.")
     persist_layer_norm: bool = fld(False, "Persistent layer-norm kernel.")
     attention_softmax_in_fp32: bool = fld(True, "Softmax in fp32 for stability.")
-    variable_seq_lengths: bool = fld(True, "Sequences of different lengths across micro-batches.")
     gradient_accumulation_fusion: bool = fld(False, "Fused weight-gradient accumulation (needs apex).")
     use_cpu_initialization: bool = fld(False, "Initialise weights on CPU.")
-    # Model dimensions: RLinf fills them from the HF config.json at run start; presets set them so that
-    # validate can check TP against the attention heads without the checkpoint.
+    # Model dimensions: the actor reads the architecture from the checkpoint's config.json; presets set them so that
+    # validate and `rlinf-ext plan` check TP and memory without the checkpoint (else they read its config.json).
     num_layers: Optional[int] = fld(None, "Transformer layers (preset or HF config.json).")
     hidden_size: Optional[int] = fld(None, "Hidden size (preset or HF config.json).")
     num_attention_heads: Optional[int] = fld(None, "Attention heads (preset or HF config.json).")
@@ -316,25 +281,8 @@ class ActorModelConfig:
 
 
 @dataclass
-class CkptConvertorConfig:
-    model: Optional[str] = fld(None, "RLinf converter model key (e.g. qwen_2.5_3b).")
-    hf_model_path: str = fld("${rollout.model.model_path}", "HF checkpoint the actor starts from (must be "
-                             "rollout.model.model_path; converted in memory, nothing is written).", path="dir")
-    save_path: str = fld(
-        "${runner.output_dir}/${runner.experiment_name}/converted_ckpts/actor",
-        "Accepted for RLinf configs; not written (the actor converts the HF checkpoint in memory)."
-    )
-    tensor_model_parallel_size: int = fld("${actor.model.tensor_model_parallel_size}", "TP of the converted copy.")
-    pipeline_model_parallel_size: int = fld("${actor.model.pipeline_model_parallel_size}", "PP of the copy.")
-
-
-@dataclass
 class MegatronConfig:
-    use_hf_ckpt: bool = fld(True, "Start the actor from the HF checkpoint, converted in memory (false: not implemented).")
-    ckpt_format: str = fld("torch", "Megatron checkpoint format.")
-    distributed_backend: Literal["nccl", "gloo"] = fld("nccl", "torch.distributed backend (gloo on CPU).")
     distributed_timeout_minutes: int = fld(30, "torch.distributed timeout.")
-    ckpt_convertor: CkptConvertorConfig = fld(CkptConvertorConfig, "HF -> Megatron conversion.")
 
 
 @dataclass
@@ -342,15 +290,12 @@ class FSDPMixedPrecisionConfig:
     param_dtype: Literal["fp32", "bf16", "fp16"] = fld("bf16", "fsdp (CUDA): parameter dtype in compute (the "
                                                        "fp32 master copy stays sharded); CPU runs keep fp32.")
     reduce_dtype: Literal["fp32", "bf16", "fp16"] = fld("fp32", "fsdp (CUDA): gradient reduce-scatter dtype.")
-    buffer_dtype: Literal["fp32", "bf16", "fp16"] = fld("fp32", "fsdp: buffer dtype (RLinf key; buffers stay fp32).")
 
 
 @dataclass
 class FSDPConfig:
     """The vision-language actor (actor.training_backend: fsdp): transformers' model sharded by torch FSDP2."""
 
-    strategy: Literal["fsdp2"] = fld("fsdp2", "Sharding: torch FSDP2 (fully_shard per vision block, per decoder "
-                                     "layer, root).")
     cpu_offload: bool = fld(False, "RLinf key; CPU offload of the FSDP2 actor is not implemented (must be false).")
     reshard_after_forward: bool = fld(True, "Free the gathered parameters after each forward (less memory).")
     mixed_precision: FSDPMixedPrecisionConfig = fld(FSDPMixedPrecisionConfig, "FSDP2 MixedPrecisionPolicy.")
@@ -379,14 +324,6 @@ class LRSchedConfig:
 
 
 @dataclass
-class TokenizerConfig:
-    tokenizer_model: str = fld("${rollout.model.model_path}", "Tokenizer directory.")
-    use_fast: bool = fld(True, "Use the fast tokenizer.")
-    trust_remote_code: bool = fld(False, "Allow custom tokenizer code.")
-    padding_side: Literal["left", "right"] = fld("right", "Padding side for training batches.")
-
-
-@dataclass
 class ActorConfig:
     group_name: str = fld("ActorGroup", "Ray worker group name.")
     training_backend: Literal["megatron", "fsdp"] = fld(
@@ -394,12 +331,7 @@ class ActorConfig:
         "model, FSDP2 when data-parallel).")
     seed: int = fld(1234, "Actor random seed.")
     micro_batch_size: int = fld("${algorithm.training_batch_size_per_gpu}", "Derived: micro-batch per DP rank.")
-    global_batch_size: Optional[int] = fld(None, "Derived by RLinf: rollout_batch_size*group_size/n_minibatches.")
-    mcore_gpt: bool = fld(True, "RLinf: use Megatron-core's GPT model.")
     spec_name: Literal["decoder_gpt", "local_gpt"] = fld("decoder_gpt", "RLinf layer spec (decoder_gpt needs TE).")
-    checkpoint_load_path: Optional[str] = fld(None, "RLinf: Megatron checkpoint to start from (null = HF convert).")
-    enable_dp_load_balance: bool = fld(False, "RLinf: balance sequences across DP ranks by length.")
-    calculate_flops: bool = fld(False, "RLinf: log model FLOPs.")
     offload_optimizer: bool = fld(False, "Offload optimizer state while rolling out (collocated GPUs only; refused elsewhere).")
     offload_weight: bool = fld(False, "Offload weights while rolling out (collocated GPUs only; refused elsewhere).")
     offload_grad: bool = fld(False, "Offload gradients while rolling out (collocated GPUs only; refused elsewhere).")
@@ -412,19 +344,12 @@ class ActorConfig:
     fsdp_config: FSDPConfig = fld(FSDPConfig, "FSDP2 options (training_backend: fsdp).")
     optim: OptimConfig = fld(OptimConfig, "Optimizer.")
     lr_sched: LRSchedConfig = fld(LRSchedConfig, "Learning-rate schedule.")
-    tokenizer: TokenizerConfig = fld(TokenizerConfig, "Tokenizer used for training batches.")
-
-
-@dataclass
-class CriticConfig:
-    use_critic_model: bool = fld(False, "GRPO needs no critic; kept for RLinf.")
 
 
 # --------------------------------------------------------------------------------------------- reward
 @dataclass
 class RewardConfig:
     group_name: str = fld("RewardGroup", "Ray worker group name.")
-    use_reward_model: bool = fld(False, "Rule-based reward only.")
     reward_scale: float = fld(1.0, "Multiplier of the reward.")
     scoring: Literal["em", "subem", "f1", "format"] = fld(
         "em", "em, subem, f1, or the format-aware variant (mmsearch: em or subem)."
@@ -541,7 +466,6 @@ class ExperimentConfig:
     data: DataConfig = fld(DataConfig, "Datasets and batch size.")
     rollout: RolloutConfig = fld(RolloutConfig, "Generation engine.")
     actor: ActorConfig = fld(ActorConfig, "Policy training (Megatron).")
-    critic: CriticConfig = fld(CriticConfig, "Unused by GRPO; present for RLinf.")
     reward: RewardConfig = fld(RewardConfig, "Reward function.")
     agentloop: AgentLoopConfig = fld(AgentLoopConfig, "Multi-turn search agent.")
     tools: ToolsConfig = fld(ToolsConfig, "Tools callable by the agent.")

@@ -1,5 +1,8 @@
 """Structural checks of a composed config against the schema: unknown keys, wrong types, missing values.
 
+A key the schema lacks is looked up in RLinf's compatibility table (``config/compat.py``) before it is called
+unknown: at its accepted value it is dropped, at any other value it is refused with the table's reason and fix.
+
 `check_structure` walks the unresolved DictConfig next to the dataclasses, resolving one key at a time, so a
 bad key or an unset environment variable is reported where it is written and every problem is collected.
 It returns the issues and a plain dict of the values that passed, from which the typed config is built.
@@ -18,6 +21,7 @@ from typing import Any, Literal, Union
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from rlinf_ext.config import compat
 from rlinf_ext.config.schema import REQUIRED, ImportPath
 
 _ENV_RE = re.compile(r"oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
@@ -172,6 +176,36 @@ def _unknown_issue(key: str, name: str, valid: list[str], parent: str) -> Config
     return ConfigIssue(key, "unknown key (not in the schema).", fix)
 
 
+def _compat_issues(node: DictConfig, name: str, key: str) -> list[ConfigIssue]:
+    """Issues of ``node[name]``, a key (or a section of keys) of the compatibility table; [] when accepted."""
+    entry = compat.BY_KEY.get(key)
+    if entry is None:  # a section such as ``critic``: every key below it must be a compatibility key
+        child = node._get_node(name)
+        if not isinstance(child, DictConfig) or child._is_none() or child._is_interpolation():
+            return [ConfigIssue(key, "must be a mapping (a section).", f"write {key} as a YAML mapping of keys.")]
+        issues: list[ConfigIssue] = []
+        for sub in child.keys():
+            sub_key = f"{key}.{sub}"
+            if sub_key in compat.BY_KEY or compat.is_compat_section(sub_key):
+                issues += _compat_issues(child, str(sub), sub_key)
+            else:
+                valid = sorted(k[len(key) + 1:].split(".")[0] for k in compat.BY_KEY if k.startswith(key + "."))
+                issues.append(_unknown_issue(sub_key, str(sub), valid, key + "."))
+        return issues
+    value, issue, transitive = _resolve_one(node, name, key)
+    if issue or transitive:
+        return [issue] if issue else []
+    root = node._get_root()
+    try:
+        accepted = compat.accepted_value(entry, lambda dotted: OmegaConf.select(root, dotted, throw_on_missing=True))
+    except OmegaConfBaseException:
+        return []  # a key the accepted value follows is unresolvable; it is reported where it is written
+    if compat.same_value(value, accepted):
+        return []
+    reason, fix = compat.refusal(entry, value)
+    return [ConfigIssue(key, reason, fix)]
+
+
 def _refs(raw: Any) -> list[str]:
     """Config keys a raw value interpolates (`${a.b}` -> a.b; resolver calls such as ${oc.env:X} are not keys)."""
     return _REF_RE.findall(raw) if isinstance(raw, str) else []
@@ -188,8 +222,13 @@ def check_structure(
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for name in cfg.keys():
         name = str(name)
-        if name not in fields:
-            issues.append(_unknown_issue(f"{prefix}{name}", name, list(fields), prefix))
+        if name in fields:
+            continue
+        key = f"{prefix}{name}"
+        if key in compat.BY_KEY or compat.is_compat_section(key):
+            issues += _compat_issues(cfg, name, key)  # accepted: dropped here, never in the typed config
+        else:
+            issues.append(_unknown_issue(key, name, list(fields), prefix))
     for name, f in fields.items():
         key = f"{prefix}{name}"
         tp = hints[name]

@@ -69,6 +69,11 @@ NOT_A_SPEC = object()
 def test_an_agent_by_import_path():
     assert agent_spec(f"{__name__}:SPEC") is SPEC
     result = check_config("tiny-cpu", [f"agentloop.agent={__name__}:SPEC"])
+    # the agent brings no validation pass: validating during training is refused, with the fix
+    (issue,) = result.issues
+    assert issue.key == "runner.val_check_interval" and "no validation pass" in issue.reason
+    result = check_config("tiny-cpu", [f"agentloop.agent={__name__}:SPEC", "runner.val_before_train=false",
+                                       "runner.val_check_interval=0"])
     assert result.ok, [str(i) for i in result.issues]
     assert result.cfg.agentloop.agent == f"{__name__}:SPEC"
 

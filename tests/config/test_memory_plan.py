@@ -128,7 +128,7 @@ def test_smaller_gpus_and_cpu_clusters(reference_env):
     (["actor.model.activation=gelu"], "actor.model.activation", "config.json"),
     (["actor.megatron.distributed_backend=gloo"], "actor.megatron.distributed_backend", "nccl"),
     (["actor.megatron.ckpt_format=torch_dist"], "actor.megatron.ckpt_format", "legacy torch layout"),
-    (["actor.model.seq_length=4096"], "actor.model.seq_length", "runner.seq_length=7096"),
+    (["actor.model.seq_length=4096"], "actor.model.seq_length", "set runner.seq_length"),
 ])
 def test_megatron_knobs_are_checked(reference_env, overrides, key, words):
     issue = issue_on(REFERENCE, overrides, key)

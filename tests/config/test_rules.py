@@ -266,34 +266,15 @@ def test_prompts_split_over_actor_data_parallel_ranks():
     assert check_config("tiny-cpu", overrides + ["data.rollout_batch_size=4"]).ok
 
 
-NON_DEFAULT = {
-    "algorithm.sampling_params.min_new_tokens": "5", "algorithm.clip_ratio_low": "0.1",
-    "algorithm.clip_ratio_high": "0.3", "algorithm.early_stop_imp_ratio": "5.0",
-    "algorithm.use_valid_token_scale": "true", "algorithm.calculate_entropy": "true",
-    "algorithm.max_num_gen_batches": "2", "algorithm.rollout_batch_size_per_gpu": "4",
-    "runner.enable_dynamic_batch_size": "true", "runner.max_tokens_per_mbs": "4096",
-    "data.filter_prompt_by_length": "false", "data.apply_chat_template": "true", "data.num_workers": "2",
-    "data.validation_shuffle": "true", "actor.enable_dp_load_balance": "true", "actor.calculate_flops": "true",
-    "actor.checkpoint_load_path": "/ckpt", "actor.model.sequence_parallel": "true",
-    "actor.model.activation": "gelu", "actor.model.normalization": "layernorm",
-    "actor.model.position_embedding_type": "learned_absolute", "actor.model.add_bias_linear": "true",
-    "actor.model.variable_seq_lengths": "false", "actor.mcore_gpt": "false", "actor.megatron.ckpt_format": "torch_dist",
-    "actor.megatron.distributed_backend": "nccl",  # tiny-cpu is a CPU cluster: gloo
-    "actor.model.apply_rope_fusion": "true", "actor.model.bias_dropout_fusion": "true",
-    "actor.model.bias_activation_fusion": "true", "actor.model.persist_layer_norm": "true",
-    "actor.model.gradient_accumulation_fusion": "true",
-    "actor.megatron.use_hf_ckpt": "false",
-}
-
-
-def test_every_unimplemented_key_is_refused_not_ignored():
-    from rlinf_ext.config.rules_support import UNSUPPORTED
-
-    assert {u.key for u in UNSUPPORTED} == set(NON_DEFAULT), "keep NON_DEFAULT in step with the table"
-    by_key, result = issues_for("tiny-cpu", [f"{k}={v}" for k, v in NON_DEFAULT.items()])
-    for key in NON_DEFAULT:
-        assert key in by_key, (key, [str(i) for i in result.issues])
-        assert "does not implement it" in by_key[key].reason and by_key[key].fix.strip()
-    # the values rlinf_ext behaves as pass, and evaluation may render its prompts with the chat template
+def test_values_supported_only_in_some_settings_are_refused_there(reference_env):
+    fused = [f"actor.model.{k}" for k in ("apply_rope_fusion", "bias_dropout_fusion", "bias_activation_fusion",
+                                          "persist_layer_norm", "gradient_accumulation_fusion")]
+    by_key, result = issues_for("tiny-cpu", [f"{k}=true" for k in fused] + ["data.apply_chat_template=true"])
+    for key in fused:
+        assert "CUDA-only" in by_key[key].reason and f"{key}=false" in by_key[key].fix, result.issues
+    assert "rlinf-ext preprocess" in by_key["data.apply_chat_template"].fix
+    # the values rlinf_ext behaves as pass; evaluation may render its prompts with the chat template
     assert check_config("tiny-cpu").ok
     assert "data.apply_chat_template" not in issues_for("tiny-cpu-eval", ["data.apply_chat_template=true"])[0]
+    # no stop strings: detokenize may be off
+    assert check_config("qwen2.5-3b-tool-1node", ["rollout.detokenize=false", "algorithm.sampling_params.stop=[]"]).ok

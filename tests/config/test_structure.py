@@ -165,7 +165,7 @@ def test_every_schema_field_has_help():
 
 
 def test_wrong_value_reported_once_not_at_interpolating_keys():
-    # actor.model.seq_length and encoder_seq_length interpolate runner.seq_length
+    # actor.micro_batch_size interpolates algorithm.training_batch_size_per_gpu; compat keys follow runner.seq_length
     (issue,) = check_config("tiny-cpu", ["runner.seq_length=long"]).issues
     assert issue.key == "runner.seq_length" and "expected int" in issue.reason
 

@@ -218,7 +218,7 @@ def eval_cfg(tiny_assets, *extra):
 
     return load_checked_config("tiny-cpu-eval", [
         f"paths.tiny_assets={tiny_assets.root}", f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
-        "rollout.rollout_backend=sglang", "cluster.num_gpus_per_node=8", "actor.megatron.distributed_backend=nccl",
+        "rollout.rollout_backend=sglang", "cluster.num_gpus_per_node=8",
         "retrieval.launch=false",
         "tools.search.server_addr=127.0.0.1:1", *extra,
     ], check_paths=True)

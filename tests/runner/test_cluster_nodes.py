@@ -89,7 +89,6 @@ def test_placement_problems_name_the_node_and_the_missing_resource():
 
 def test_gpu_placement_needs_the_gpus_its_ranks_name():
     cfg = load_config("tiny-cpu", ["cluster.num_nodes=2", "cluster.num_gpus_per_node=4",
-                                   "actor.megatron.distributed_backend=nccl",
                                    "cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}"])
     needs = placement_needs(cfg)
     assert {k: n.gpus for k, n in needs.items()} == {0: 4, 1: 4}

@@ -143,7 +143,7 @@ def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets, monkeypat
 
     monkeypatch.setattr(launch, "run_evaluation", fake_run_evaluation)
     overrides = [f"paths.tiny_assets={tiny_assets.root}", f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
-                 "rollout.rollout_backend=sglang", "cluster.num_gpus_per_node=2", "actor.megatron.distributed_backend=nccl",
+                 "rollout.rollout_backend=sglang", "cluster.num_gpus_per_node=2",
                  "retrieval.launch=false",
                  "tools.search.server_addr=127.0.0.1:1"]
     if fails:

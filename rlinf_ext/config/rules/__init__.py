@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 # imported for their @rule registrations
-from rlinf_ext.config import memory_plan, rules_support  # noqa: F401
+from rlinf_ext.config import memory_plan  # noqa: F401
 from rlinf_ext.config.rule_registry import registered_rules
 from rlinf_ext.config.rules import actor, agents, batch, data, generation, hardware, placement, tools  # noqa: F401
 from rlinf_ext.config.rules.paths import path_issues

@@ -83,18 +83,6 @@ def offload_has_something_to_free(cfg: ExperimentConfig) -> Iterator[ConfigIssue
                           "would be offloaded.", fix + " (or collocate actor and rollout).")
 
 
-@rule("actor.megatron.ckpt_convertor.hf_model_path", "rollout.model.model_path", "runner.task_type")
-def actor_starts_from_the_rollout_model(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    hf = cfg.actor.megatron.ckpt_convertor.hf_model_path
-    if is_training(cfg) and hf is not None and str(hf) != str(cfg.rollout.model.model_path):
-        yield ConfigIssue(
-            "actor.megatron.ckpt_convertor.hf_model_path",
-            f"{hf} differs from rollout.model.model_path={cfg.rollout.model.model_path}: the actor starts from "
-            "rollout.model.model_path (converted to Megatron in memory), so this path would be ignored.",
-            "remove it (it defaults to rollout.model.model_path), or point rollout.model.model_path at that model.",
-        )
-
-
 _RECOMPUTE = ("actor.model.recompute_granularity", "actor.model.recompute_method", "actor.model.recompute_num_layers")
 
 
@@ -136,16 +124,3 @@ def distributed_optimizer_is_adam(cfg):
             f"Megatron's DistributedOptimizer supports Adam only, and actor.optim.optimizer={a.optimizer!r}.",
             "set actor.optim.use_distributed_optimizer=false (or actor.optim.optimizer=adam).",
         )
-
-
-@rule("actor.model.seq_length", "actor.model.encoder_seq_length", "runner.seq_length")
-def actor_sequence_length_is_the_runners(cfg):
-    for key in ("seq_length", "encoder_seq_length"):
-        value = getattr(cfg.actor.model, key)
-        if value != cfg.runner.seq_length:
-            yield ConfigIssue(
-                f"actor.model.{key}",
-                f"actor.model.{key}={value} differs from runner.seq_length={cfg.runner.seq_length}; the actor (and its "
-                "memory plan) use runner.seq_length.",
-                f"remove actor.model.{key} (it follows runner.seq_length) or set runner.seq_length={value}.",
-            )

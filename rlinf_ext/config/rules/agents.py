@@ -11,18 +11,6 @@ from rlinf_ext.config.structure import ConfigIssue
 from rlinf_ext.protocol.agents import agent_spec
 
 
-@rule("agentloop.agent", "algorithm.recompute_logprobs")
-def logprobs_are_recomputed(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    """The trainer always recomputes the old log-probs: every agent's loop re-tokenises tool text."""
-    if not cfg.algorithm.recompute_logprobs:
-        yield ConfigIssue(
-            "algorithm.recompute_logprobs",
-            f"the {agent_spec(cfg).title} loop re-tokenises tool observations into the response, so the engine's "
-            "sampled log-probs do not cover the trained tokens; the trainer always recomputes them with the actor.",
-            "set algorithm.recompute_logprobs=true (the only supported value).",
-        )
-
-
 @rule("agentloop.agent", "reward.scoring", "rollout.model.model_type")
 def agent_reward_and_model_fit(cfg):
     """An agent is one choice (agentloop.agent); its data reader and reward follow from it, and it names the

@@ -23,3 +23,14 @@ def data_files_given(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
             "evaluation needs at least one benchmark file.",
             "set data.val_data_paths=[PATH1.jsonl,PATH2.jsonl].",
         )
+
+
+@rule("data.apply_chat_template", "runner.task_type")
+def training_prompts_are_preformatted(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    if is_training(cfg) and cfg.data.apply_chat_template:
+        yield ConfigIssue(
+            "data.apply_chat_template",
+            "data.apply_chat_template=true: training prompts are used as written (evaluation may apply the chat "
+            "template; rlinf-ext preprocess applies it to training data).",
+            "preprocess the data with rlinf-ext preprocess and set data.apply_chat_template=false.",
+        )

@@ -53,3 +53,20 @@ def backend_fits_hardware(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
             f"{cfg.rollout.rollout_backend} needs GPUs but the cluster has none (cluster.num_gpus_per_node=0).",
             "set rollout.rollout_backend=hf for a CPU run, or use a GPU cluster profile.",
         )
+
+
+FUSED_KERNEL_SWITCHES = ("apply_rope_fusion", "bias_dropout_fusion", "bias_activation_fusion", "persist_layer_norm",
+                         "gradient_accumulation_fusion")
+
+
+@rule(*(f"actor.model.{key}" for key in FUSED_KERNEL_SWITCHES), "cluster.num_gpus_per_node")
+def no_fused_kernels_on_cpu(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    if cfg.cluster.num_gpus_per_node > 0:
+        return
+    for key in FUSED_KERNEL_SWITCHES:
+        if getattr(cfg.actor.model, key):
+            yield ConfigIssue(
+                f"actor.model.{key}",
+                f"actor.model.{key}=true: fused kernels are CUDA-only; the CPU actor runs Megatron's unfused path.",
+                f"set actor.model.{key}=false on a CPU cluster.",
+            )
