@@ -3,35 +3,50 @@
 RLinf's ``RewardWorker`` is not importable without torchvision/vision models; this worker keeps its method
 (``compute_rewards(input_channel, output_channel)``) and payload (``RolloutResult.rewards``) and scores the
 model's own text (observations excluded) against the gold answers. The runner passes the step being trained
-(``step``: 0 for the first), which the MMSearch-R1 reward needs for ``reward.search_penalty_warmup_steps``.
+(``step``: 0 for the first), which the MMSearch-R1 reward needs for ``reward.search_penalty_warmup_steps``. A reward
+that judges the agent's tool tags declares a ``tool_tags`` keyword (Search-R1's format score); it gets the configured
+tools' tags, so a trajectory that calls a plug-in tool is scored as well-formed.
 """
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
 
 import torch
 from rlinf.scheduler import Worker
 
 from rlinf_ext.agent.mmsearch.metrics import mm_summary_by_category
+from rlinf_ext.agent.searchr1.tools import searchr1_tool_tags
 from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.payloads import SearchRolloutResult
 from rlinf_ext.rewards.registry import get_reward_fn
 
 
-def score_result(result: SearchRolloutResult, reward_cfg: RewardConfig, step: int = 0) -> tuple[list[float], list[float]]:
+def score_result(result: SearchRolloutResult, reward_cfg: RewardConfig, step: int = 0,
+                 tool_tags: Sequence[str] | None = None) -> tuple[list[float], list[float]]:
     """``(rewards, em)`` of one group, pure (no worker state)."""
-    rewards, em, _ = score_result_details(result, reward_cfg, step)
+    rewards, em, _ = score_result_details(result, reward_cfg, step, tool_tags)
     return rewards, em
 
 
-def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig, step: int = 0):
+def takes_tool_tags(fn) -> bool:
+    """Whether a reward function judges the tools' tags (declares a ``tool_tags`` keyword)."""
+    return "tool_tags" in inspect.signature(fn).parameters
+
+
+def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig, step: int = 0,
+                         tool_tags: Sequence[str] | None = None):
     """``(rewards, em, reward results)``; MMSearch-R1 results pass each trajectory's turn texts (``turns=``) and the
-    training step (``step=``: where the search penalty's warm-up stands)."""
+    training step (``step=``: where the search penalty's warm-up stands); ``tool_tags`` (the configured tools' tags)
+    reach a reward that declares them (None: the reward's default)."""
     fn = get_reward_fn(str(reward_cfg.reward_type))
     texts = result.generated_texts or result.response_texts
+    tags = {"tool_tags": tuple(tool_tags)} if tool_tags is not None and takes_tool_tags(fn) else {}
     rewards, em, details = [], [], []
     for i in range(result.num_sequence):
-        extra = {"turns": result.turn_texts[i], "step": int(step)} if result.turn_texts else {}
+        extra = {**tags, **({"turns": result.turn_texts[i], "step": int(step)} if result.turn_texts else {})}
         res = fn(texts[i], result.answers[i], reward_cfg,
                  num_searches=result.num_searches[i] if result.num_searches else 0, **extra)
         rewards.append(float(res.score))
@@ -59,6 +74,7 @@ class RewardWorker(Worker):
     def init_worker(self) -> None:
         with self.worker_timer():
             get_reward_fn(str(self.cfg.reward.reward_type))  # unknown names fail at start, not mid-run
+            self.tool_tags = searchr1_tool_tags(self.cfg)  # unknown tools too
 
     def compute_rewards(self, input_channel, output_channel, num_results: int, step: int) -> dict:
         """Score ``num_results`` groups of training step ``step`` (0 = the first); returns ``{"metrics": ...,
@@ -67,7 +83,7 @@ class RewardWorker(Worker):
             all_rewards, all_em, by_uid, rows = [], [], {}, []
             for _ in range(num_results):
                 result: SearchRolloutResult = input_channel.get()
-                rewards, em, details = score_result_details(result, self.cfg.reward, step)
+                rewards, em, details = score_result_details(result, self.cfg.reward, step, self.tool_tags)
                 if result.categories:
                     rows += mm_rows(result, details)
                 result.rewards = torch.tensor(rewards, dtype=torch.float32)

@@ -71,7 +71,7 @@ class MMLoopSettings:
 @dataclass
 class MMTools:
     image_search: Any  # tools.image_search.ImageSearchTool: async search(data_id)
-    text_search: Any  # tools.search.SearchTool: async search(query)
+    text_search: Any  # tools.search.TextSearch (or its client, SearchTool): async search(query) -> SearchResult
 
 
 def first_prompt_ids(processor: Any, prompts: MMPrompts, task: MMTask) -> list[int]:
