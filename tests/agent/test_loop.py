@@ -152,7 +152,7 @@ def test_max_turns_then_forced_final_turn_with_tool_disabled():
     # 2 search turns + 1 final turn whose search is not executed
     assert search.queries == ["q0", "q1"]
     assert [t.action for t in traj.turns] == ["search", "search", "tool_disabled"]
-    assert traj.turns[-1].tool == "search" and traj.turns[-1].tool_input == "q2" and traj.turns[-1].tool_ok is None
+    assert traj.turns[-1].tool == "search" and traj.turns[-1].query == "q2" and traj.turns[-1].tool_ok is None
     assert traj.turns[-1].observation_ids == [] and traj.metrics["searches"] == 2
     assert traj.end_reason == "max_turns"
     assert_mask_token_by_token(traj, gen)

@@ -30,7 +30,7 @@ class TurnRecord:
     finish_reason: FinishReason | None = None
     matched_stop: str | None = None
     tool: str | None = None  # the tool the turn called (its action), or whose call was disabled (tool_disabled)
-    tool_input: str | None = None  # what the turn put between the tool's tags
+    query: str | None = None  # what the turn put between the tool's tags
     tool_ok: bool | None = None  # the call succeeded (None: no call ran)
     logprobs: list[float] | None = None
     generated_tokens: int | None = None  # what the engine produced (> len(response_ids) only if it cut)

@@ -137,7 +137,7 @@ class _Run(ResponseBuffer):
         if action == "image_search":
             self.counts["image_searches"] += 1
             found = await self.tools.image_search.search(self.task.data_id)
-            record.tool, record.search_ok, record.titles = TOOL_IMAGE, found.ok, [h.title for h in found.hits]
+            record.tool, record.tool_ok, record.titles = TOOL_IMAGE, found.ok, [h.title for h in found.hits]
             self.counts["missing_images"] += found.missing_images
             if found.ok:
                 body, images = image_results_body(self.prompts, found.hits)
@@ -148,7 +148,7 @@ class _Run(ResponseBuffer):
                                         self.prompts.after_image_search, after_im_end)
         self.counts["text_searches"] += 1
         found = await self.tools.text_search.search(query)
-        record.tool, record.search_ok, record.titles = TOOL_TEXT, found.ok, [d.title for d in found.documents]
+        record.tool, record.tool_ok, record.titles = TOOL_TEXT, found.ok, [d.title for d in found.documents]
         truncated = False
         if found.ok:
             body, truncated = text_results_body(self.p.tokenizer, self.prompts, found.documents, self.s.max_obs_length)

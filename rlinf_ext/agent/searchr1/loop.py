@@ -64,7 +64,7 @@ class _Rollout(ResponseBuffer):
         self.turns.append(TurnRecord(
             prompt_ids=context, response_ids=sampled, observation_ids=observation_ids, text=result.text,
             action=action, finish_reason=result.finish_reason, matched_stop=result.matched_stop,
-            tool=call.tool if call else None, tool_input=call.content if call else None,
+            tool=call.tool if call else None, query=call.content if call else None,
             tool_ok=call.ok if call else None,
             logprobs=None if result.logprobs is None else list(result.logprobs),
             generated_tokens=result.generated_tokens,

@@ -14,7 +14,7 @@ from typing import Any
 
 from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.agent.searchr1.loop import run_trajectory
-from rlinf_ext.agent.searchr1.tools import loop_section, searchr1_tool_tags, searchr1_tools
+from rlinf_ext.agent.searchr1.tools import loop_section, searchr1_tools
 from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.eval.core.loop import Evaluator, evaluate_run
 from rlinf_ext.eval.core.results import RESULTS_MD, markdown_table
@@ -147,9 +147,8 @@ async def evaluate_async(
     tool_tags: list[str] | None = None,
 ) -> EvalSummary:
     """Resume-aware evaluation of `items` into `run_dir` with any rollout function (the testable core);
-    `tool_tags`: the tags of the tools the rollouts call (None = those of `agentloop.tools`)."""
-    tags = tool_tags if tool_tags is not None else searchr1_tool_tags(cfg)
-    return await evaluate_run(items, evaluator(rollout_fn, decode, cfg.reward, tags), tabulate, run_dir, meta,
+    `tool_tags`: the tags of the tools the rollouts call (None = Search-R1's)."""
+    return await evaluate_run(items, evaluator(rollout_fn, decode, cfg.reward, tool_tags), tabulate, run_dir, meta,
                               concurrency=eval_concurrency(cfg), show_progress=show_progress)
 
 
