@@ -74,16 +74,17 @@ class RewardWorker(Worker):
     def init_worker(self) -> None:
         with self.worker_timer():
             get_reward_fn(str(self.cfg.reward.reward_type))  # unknown names fail at start, not mid-run
-            self.tool_tags = searchr1_tool_tags(self.cfg)  # unknown tools too
+            searchr1_tool_tags(self.cfg)  # unknown tools too
 
     def compute_rewards(self, input_channel, output_channel, num_results: int, step: int) -> dict:
         """Score ``num_results`` groups of training step ``step`` (0 = the first); returns ``{"metrics": ...,
         "rewards": {uid: [..]}}``."""
         with self.worker_timer():
             all_rewards, all_em, by_uid, rows = [], [], {}, []
+            tool_tags = searchr1_tool_tags(self.cfg)
             for _ in range(num_results):
                 result: SearchRolloutResult = input_channel.get()
-                rewards, em, details = score_result_details(result, self.cfg.reward, step, self.tool_tags)
+                rewards, em, details = score_result_details(result, self.cfg.reward, step, tool_tags)
                 if result.categories:
                     rows += mm_rows(result, details)
                 result.rewards = torch.tensor(rewards, dtype=torch.float32)

@@ -73,7 +73,8 @@ class _Reward:
 
     def __init__(self, reward_cfg: RewardConfig):
         self.worker = RewardWorker.__new__(RewardWorker)  # no Ray actor; only what compute_rewards reads
-        self.worker.cfg, self.worker._timer_metrics = SimpleNamespace(reward=reward_cfg), {}
+        self.worker.cfg = SimpleNamespace(reward=reward_cfg, agentloop=SimpleNamespace(tools=["search"]))
+        self.worker._timer_metrics = {}
 
     def compute_rewards(self, *args, **kwargs):
         return _Done(self.worker.compute_rewards(*args, **kwargs))
