@@ -107,7 +107,7 @@ class AgentLoopWorker(Worker):
             return {
                 "metrics": self.agent.metrics(trajectories),
                 "num_trajectories": len(trajectories),
-                "search_calls": int(sum(calls_of(t, self.agent.tools) for t in trajectories)),
+                "tool_calls": int(sum(calls_of(t, self.agent.tools) for t in trajectories)),
                 "tool_time": tool_seconds(self.agent.tools) - busy_before,
                 "wall_time": time.monotonic() - started,
                 "trajectories": [rec for res, _ in done for rec in self.agent.records(res)],

@@ -19,7 +19,7 @@ from typing import Any
 
 from rlinf_ext.agent.core.config import AgentLoopConfig, check_agent_config
 from rlinf_ext.agent.core.response import ResponseBuffer, check_mask_invariant
-from rlinf_ext.agent.core.types import ANSWER, EOS, INVALID, TOOL_DISABLED, Trajectory, TurnRecord
+from rlinf_ext.agent.core.types import INVALID, TOOL_DISABLED, Trajectory, TurnRecord
 from rlinf_ext.agent.searchr1.protocol import TurnProtocol
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams
