@@ -10,7 +10,7 @@ import pytest
 
 from rlinf_ext.agent.core.results import result_from_group
 from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
-from rlinf_ext.agent.searchr1.loop import run_trajectory
+from rlinf_ext.agent.searchr1.loop import run_trajectory, summarize_metrics
 from rlinf_ext.agent.searchr1.protocol import TurnProtocol
 from rlinf_ext.agent.searchr1.tools import loop_section, searchr1_tool_tags, searchr1_tools
 from rlinf_ext.config import check_config
@@ -45,16 +45,16 @@ def test_configured_by_import_path_and_built_like_the_worker_does(cfg):
     assert searchr1_tool_tags(cfg) == ["search", "calculate"]
 
 
-def _trajectory(cfg, script):
+def _trajectory(cfg, script, with_tools=False):
     gen = ScriptedGenerator(script)
     tools = searchr1_tools(cfg, ToolContext(search_server_addr="127.0.0.1:8000"))
     traj = asyncio.run(run_trajectory(gen, TOK, PROMPT, ["14"], loop_section(cfg), tools,
                                       sampling_params=SamplingParams(stop=["<|im_end|>"])))
-    return gen, traj
+    return (gen, traj, tools) if with_tools else (gen, traj)
 
 
 def test_a_calculator_trajectory_is_stopped_observed_masked_and_scored_well_formed(cfg):
-    gen, traj = _trajectory(cfg, [CALL_TURN + " trailing text the engine never sends", ANSWER_TURN])
+    gen, traj, tools = _trajectory(cfg, [CALL_TURN + " trailing text the engine never sends", ANSWER_TURN], True)
     assert "</calculate>" in gen.calls[0].params.stop and gen.calls[0].result.matched_stop == "</calculate>"
     call, answer = traj.turns
     assert (call.action, call.tool, call.query, call.tool_ok) == ("calculator", "calculator", "2*(3+4)", True)
@@ -63,6 +63,9 @@ def test_a_calculator_trajectory_is_stopped_observed_masked_and_scored_well_form
     assert traj.response_mask[n_call:n_call + len(call.observation_ids)] == [0] * len(call.observation_ids)
     assert traj.end_reason == "answer" and answer.action == "answer"
     assert traj.metrics["calculator_calls"] == 1 and traj.metrics["searches"] == 0
+    step = summarize_metrics([traj], tools)  # the step's agent/<name> metrics: per tool, Search-R1's names kept
+    assert step["agent/calculator_calls"] == 1.0 and step["agent/calculator_failure_rate"] == 0.0
+    assert step["agent/searches"] == 0.0 and step["agent/search_failure_rate"] == 0.0
 
     # the reward worker's path: the configured tools' tags reach the format score
     result = result_from_group([traj])
