@@ -247,3 +247,17 @@ def test_run_group_concurrent_shared_uid_and_reward():
     assert all(t.reward == 1.0 and t.end_reason == "answer" for t in trajs)
     for t in trajs:
         check_mask_invariant(t)
+
+
+def test_a_bare_search_client_stands_for_the_search_tool():
+    """The tiny-asset builder's form (assets/searchr1/sft.py): a client with `search(query)`, or None."""
+    gen = ScriptedGenerator(["<search> q </search>", "<answer>Paris</answer>"])
+    client = RecordingClient()
+    traj = asyncio.run(run_trajectory(gen, TOK, PROMPT, ["Paris"], replace(CFG, observation_format="rlinf"), client))
+    assert client.queries == ["q"] and traj.metrics["searches"] == 1
+    assert "[Doc 1](" in TOK.decode(traj.turns[0].observation_ids)  # the loop section's observation format
+    gen = ScriptedGenerator(["<think>x</think> stray", "<answer>Paris</answer>"])
+    traj = asyncio.run(run_trajectory(gen, TOK, PROMPT, ["Paris"], CFG, None,
+                                      sampling_params=SamplingParams(max_new_tokens=len("<think>x</think> stray"))))
+    assert TOK.decode(traj.turns[0].observation_ids) == SEARCHR1_INVALID_ACTION and gen.calls[0].params.stop == [
+        "</search>", "</answer>"]

@@ -24,7 +24,12 @@ from rlinf_ext.agent.searchr1.protocol import TurnProtocol
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams
 from rlinf_ext.tools.base import Tool
-from rlinf_ext.tools.formatting import Observation, build_invalid_action_observation, build_observation
+from rlinf_ext.tools.formatting import (
+    Observation,
+    build_invalid_action_observation,
+    build_observation,
+)
+from rlinf_ext.tools.search import TextSearch
 
 # loop counters (Trajectory.metrics) beside each tool's own (Tool.metric_names)
 LOOP_COUNTERS = ("invalid_actions", "generated_tokens", "truncated_observations")
@@ -77,6 +82,15 @@ def _end_before_turn(cfg: AgentLoopConfig, turn_index: int, remaining: int) -> s
     if turn_index >= max_turns and (not cfg.force_final_answer or turn_index > max_turns):
         return "max_turns"
     return "response_budget" if remaining <= 0 else ""
+
+
+def as_tools(tools: Sequence[Tool] | Any, cfg: AgentLoopConfig) -> list[Tool]:
+    """The loop's tool list. A bare search client (anything with ``async search(query)``, or None when the plan
+    never searches) stands for Search-R1's text search over it: the form the tiny-asset builder passes
+    (``assets/searchr1/sft.py``, whose edits rebuild the tiny assets)."""
+    if tools is None or hasattr(tools, "search"):
+        return [TextSearch(tools, str(cfg.observation_format))]
+    return list(tools)
 
 
 def initial_counts(tools: Sequence[Tool]) -> dict[str, float]:
@@ -153,8 +167,9 @@ async def run_trajectory(
     reward_fn: Callable[[Trajectory], float] | None = None,
 ) -> Trajectory:
     """Roll out one trajectory. `cfg` is the agent's loop section (`agentloop`); `tools` are built tools
-    (``tools/registry.py:build_tools``)."""
+    (``tools/registry.py:build_tools``; see ``as_tools`` for the one other form)."""
     check_agent_config(cfg)
+    tools = as_tools(tools, cfg)
     protocol = TurnProtocol.of(tools)
     by_name = {tool.name: tool for tool in tools}
     base = sampling_params or SamplingParams()
