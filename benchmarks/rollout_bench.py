@@ -219,14 +219,16 @@ def instrument_vllm(generator: Any, timers: Timers) -> None:
     timers.wrap(llm.output_processor, "process_outputs", "outputs")
 
 
-class NoRetrieval:
+def no_retrieval():
     """The engine comparison's search tool: its model cannot open or close a search (module doc); were it to
     search, the call fails visibly (counted in the table) instead of reaching a server."""
+    from rlinf_ext.tools.search import SearchResult, TextSearch
 
-    async def search(self, query: str):
-        from rlinf_ext.tools.search import SearchResult
+    class NoRetrieval:
+        async def search(self, query: str):
+            return SearchResult(query=query, ok=False, error="no retrieval in the engine comparison")
 
-        return SearchResult(query=query, ok=False, error="no retrieval in the engine comparison")
+    return TextSearch(NoRetrieval())
 
 
 def engine_run(spec: dict) -> dict:
@@ -274,7 +276,7 @@ def engine_run(spec: dict) -> dict:
 
     async def rollout():
         return await asyncio.gather(*(
-            run_group(generator, tokenizer, p, ["-"], agent_cfg, NoRetrieval(), spec["group_size"],
+            run_group(generator, tokenizer, p, ["-"], agent_cfg, [no_retrieval()], spec["group_size"],
                       sampling_params=params)
             for p in prompts
         ))
@@ -436,13 +438,13 @@ def per_turn_table(result: ModeResult) -> list[tuple[int, int, float, float]]:
 
 async def run_mode(name, generator, tokenizer, prompts, titles, agent_cfg, search_cfg, params, group_size):
     from rlinf_ext.agent.searchr1.loop import run_group
-    from rlinf_ext.tools import SearchTool, close_http_session
+    from rlinf_ext.tools import SearchTool, TextSearch, close_http_session
 
     tool = SearchTool(search_cfg, seed=0)
     started = time.perf_counter()
     try:
         groups = await asyncio.gather(*(
-            run_group(generator, tokenizer, p, [t], agent_cfg, tool, group_size, sampling_params=params)
+            run_group(generator, tokenizer, p, [t], agent_cfg, [TextSearch(tool)], group_size, sampling_params=params)
             for p, t in zip(prompts, titles)
         ))
     finally:

@@ -375,6 +375,10 @@ class AgentLoopConfig:
         "import path of an AgentSpec (pkg.module:SPEC). Its own settings are the section agentloop.<its name>."
     )
     max_turns: int = fld(2, "Search rounds before the answer is forced.")
+    tools: list[str] = fld(
+        ["search"], "Search-R1: the tools the agent may call, each a registered name (search) or an import path "
+        "'pkg.module:Class' of a rlinf_ext.tools.base.Tool subclass (docs/extending.md)."
+    )
     response_length_total: int = fld(4096, "Token budget of the whole multi-turn response.")
     force_final_answer: bool = fld(True, "After max_turns, one more turn with search disabled.")
     max_obs_length: int = fld(500, "Observation tokens kept per search (closing tag preserved).")

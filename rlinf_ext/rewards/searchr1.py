@@ -11,11 +11,12 @@ and everything is multiplied by `reward_scale`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rlinf_ext.config.schema import RewardConfig  # the `reward` section of the experiment YAML
-from rlinf_ext.rewards.format import is_well_formed
+from rlinf_ext.rewards.format import DEFAULT_TOOL_TAGS, is_well_formed
 from rlinf_ext.rewards.qa_metrics import (
     count_answer_tags,
     em_score,
@@ -51,9 +52,11 @@ class RewardResult:
 
 
 def searchr1_reward(
-    response: str, golden_answers: Any, cfg: RewardConfig | None = None, num_searches: int = 0
+    response: str, golden_answers: Any, cfg: RewardConfig | None = None, num_searches: int = 0, *,
+    tool_tags: Sequence[str] = DEFAULT_TOOL_TAGS,
 ) -> RewardResult:
-    """Score one response (the model's text, with inserted observations allowed) against the gold answers."""
+    """Score one response (the model's text, with inserted observations allowed) against the gold answers;
+    ``tool_tags``: the tags of the agent's tools (``Tool.tag_name()``), which the format score accepts."""
     cfg = cfg if cfg is not None else RewardConfig()
     if cfg.scoring not in SCORINGS:
         raise ValueError(f"reward.scoring must be one of {SCORINGS}, got {cfg.scoring!r}")
@@ -62,7 +65,7 @@ def searchr1_reward(
     em = em_score(answer, golds) if answer is not None else 0.0
     subem = subem_score(answer, golds) if answer is not None else 0.0
     f1 = f1_score(answer, golds) if answer is not None else 0.0
-    well_formed = is_well_formed(response)
+    well_formed = is_well_formed(response, tool_tags)
     tags = count_answer_tags(response)
 
     if cfg.scoring == "format":

@@ -19,11 +19,6 @@ SEARCHR1_STYLE, RLINF_STYLE = "searchr1", "rlinf"  # agentloop.observation_forma
 OBSERVATION_FORMATS = (SEARCHR1_STYLE, RLINF_STYLE)
 OPEN_TAG = "\n\n<information>"
 CLOSE_TAG = "</information>\n\n"
-INVALID_ACTION_MESSAGE = (
-    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
-    "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
-    "Let me try again.\n"
-)
 
 
 def format_documents(docs: Sequence[Document], style: str = SEARCHR1_STYLE) -> str:
@@ -70,6 +65,6 @@ def build_observation(tokenizer: Any, body: str, max_obs_length: int | None) -> 
     return Observation(ids=ids, text=tokenizer.decode(ids), truncated=truncated)
 
 
-def build_invalid_action_observation(tokenizer: Any) -> Observation:
-    ids = _encode(tokenizer, INVALID_ACTION_MESSAGE)
-    return Observation(ids=ids, text=INVALID_ACTION_MESSAGE, truncated=False)
+def build_invalid_action_observation(tokenizer: Any, message: str) -> Observation:
+    """The environment's invalid-action text (``agent/searchr1/protocol.py:invalid_action_message``), tokenised."""
+    return Observation(ids=_encode(tokenizer, message), text=message, truncated=False)

@@ -1,4 +1,5 @@
-"""The search tool client: backends + process-wide rate limit + in-flight cap + bounded retries.
+"""Text search: the client (``SearchTool``: backends + process-wide rate limit + in-flight cap + bounded retries)
+and the Search-R1 tool over it (``TextSearch``: `<search> query </search>` -> the retrieved passages as text).
 
 Worst case per call, after the rate-limit slot and in-flight slot are granted:
     default_timeout * (max_retries + 1) + sum of backoffs (each <= MAX_BACKOFF_S * 1.5).
@@ -11,13 +12,15 @@ import itertools
 import random
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlinf_ext.tools.addresses import resolve_server_urls, urls_for_node
 from rlinf_ext.tools.backends import RetryableSearchError, SearchRequestError, make_backend
+from rlinf_ext.tools.base import Tool, ToolContext, ToolMetricNames, ToolOutput
 from rlinf_ext.tools.config import check_search_config
 from rlinf_ext.tools.documents import Document
+from rlinf_ext.tools.formatting import SEARCHR1_STYLE, format_documents, search_failed_text
 from rlinf_ext.tools.rate_limit import shared_token_bucket
 
 MAX_BACKOFF_S = 30.0
@@ -141,3 +144,41 @@ class SearchTool:
             if attempt < int(self.cfg.max_retries):
                 await asyncio.sleep(backoff_delay(attempt, float(self.cfg.backoff_base), self._rng))
         return SearchResult(query=query, ok=False, error=error, attempts=int(self.cfg.max_retries) + 1)
+
+
+# Search-R1's metric names (``protocol/metric_keys.py``: AGENT_SEARCHES, AGENT_SEARCH_FAILURE_RATE)
+SEARCH_METRICS = ToolMetricNames(calls="searches", failures="search_failures", latency_s="search_latency_s",
+                                 failure_rate="search_failure_rate")
+
+
+class TextSearch(Tool):
+    """Search-R1's `<search> query </search>`: the retrieved passages in ``agentloop.observation_format``, or the
+    failure text. ``search(query)`` gives the client's raw result (MMSearch-R1 renders it itself)."""
+
+    name = "search"
+    instruction = "If I want to search, I should put the query between <search> and </search>."
+    metric_names_override = SEARCH_METRICS
+
+    def __init__(self, client: SearchTool, observation_format: str = SEARCHR1_STYLE):
+        self.client = client
+        self.observation_format = observation_format
+
+    @classmethod
+    def from_config(cls, cfg: Any, context: ToolContext) -> "TextSearch":
+        search_cfg = cfg.tools.search
+        if context.search_server_addr is not None:  # a server started by the launcher for this run
+            search_cfg = replace(search_cfg, server_addr=context.search_server_addr)
+        client = SearchTool(search_cfg, seed=context.seed, node_ip=context.node_ip, home_ip=context.launcher_ip)
+        return cls(client, str(cfg.agentloop.observation_format))
+
+    async def search(self, query: str) -> SearchResult:
+        return await self.client.search(query)
+
+    async def __call__(self, content: str) -> ToolOutput:
+        found = await self.client.search(content)
+        body = format_documents(found.documents, self.observation_format) if found.ok else search_failed_text(found.error)
+        return ToolOutput(body=body, ok=found.ok, latency_s=found.latency_s, error=found.error)
+
+    def busy_seconds(self) -> float:
+        """Every request of the client, the raw ``search`` calls included."""
+        return float(sum(self.client.stats.latencies_s))

@@ -11,7 +11,6 @@ prompt group.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import time
 import uuid
@@ -24,13 +23,23 @@ from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.protocol.generation import GenerateRequest, GenerationResult, SamplingParams, result_of
 from rlinf_ext.protocol.payloads import SearchRolloutRequest
-from rlinf_ext.tools.search import SearchTool
+from rlinf_ext.tools.base import ToolContext
 
 
 def request_seed(step_seed: int, prompt_ids: list[int], occurrence: int) -> int:
     """A sampling seed that depends only on the step, the context and how often it was asked this step."""
     digest = hashlib.blake2b(repr((step_seed, tuple(prompt_ids), occurrence)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+def tool_seconds(tools) -> float:
+    """Seconds the tools have spent in calls so far (``Tool.busy_seconds``)."""
+    return float(sum(tool.busy_seconds() for tool in tools))
+
+
+def calls_of(trajectory: Any, tools) -> float:
+    """Tool calls one trajectory made, over every tool (``Tool.metric_names().calls``)."""
+    return sum(trajectory.metrics.get(tool.metric_names().calls, 0.0) for tool in tools)
 
 
 class ChannelGenerator:
@@ -75,20 +84,17 @@ class AgentLoopWorker(Worker):
         with self.worker_timer():
             self.generate_input_channel = generate_input_channel
             self.generate_output_channel = generate_output_channel
-            search_cfg = self.cfg.tools.search
-            if self.search_server_addr is not None:  # a server started by the launcher for this run
-                search_cfg = dataclasses.replace(search_cfg, server_addr=self.search_server_addr)
             # the node this worker runs on: its own node's server first, never another machine's loopback
-            self.search_tool = SearchTool(search_cfg, seed=int(self.cfg.runner.seed) + self._rank,
-                                          node_ip=ray.util.get_node_ip_address(), home_ip=self.launcher_ip)
-            self.agent = agent_spec(self.cfg).load("rollout")(self.cfg, self.search_tool)
+            context = ToolContext(seed=int(self.cfg.runner.seed) + self._rank, node_ip=ray.util.get_node_ip_address(),
+                                  launcher_ip=self.launcher_ip, search_server_addr=self.search_server_addr)
+            self.agent = agent_spec(self.cfg).load("rollout")(self.cfg, context)
 
     async def run_agentloop_rollout(self, input_channel, output_channel) -> dict:
         """Roll out every prompt group of one request; returns agent metrics, trajectories and tool time."""
         with self.worker_timer():
             request: SearchRolloutRequest = await input_channel.get(async_op=True).async_wait()
             generator = ChannelGenerator(self.generate_input_channel, self.generate_output_channel, request.seed)
-            lat_before = len(self.search_tool.stats.latencies_s)
+            busy_before = tool_seconds(self.agent.tools)
             started = time.monotonic()
 
             async def one(task, uid: str):
@@ -98,12 +104,11 @@ class AgentLoopWorker(Worker):
 
             done = await asyncio.gather(*(one(task, uid) for task, uid in self.agent.groups(request)))
             trajectories = [t for _, group in done for t in group]
-            latencies = self.search_tool.stats.latencies_s[lat_before:]
             return {
                 "metrics": self.agent.metrics(trajectories),
                 "num_trajectories": len(trajectories),
-                "search_calls": int(sum(t.metrics.get("searches", 0.0) for t in trajectories)),
-                "tool_time": float(sum(latencies)),
+                "tool_calls": int(sum(calls_of(t, self.agent.tools) for t in trajectories)),
+                "tool_time": tool_seconds(self.agent.tools) - busy_before,
                 "wall_time": time.monotonic() - started,
                 "trajectories": [rec for res, _ in done for rec in self.agent.records(res)],
             }

@@ -3,12 +3,15 @@
 RLinf's ``RewardWorker`` is not importable without torchvision/vision models; this worker keeps its method
 (``compute_rewards(input_channel, output_channel)``) and payload (``RolloutResult.rewards``) and scores the
 model's own text (observations excluded) against the gold answers. The runner passes the step being trained
-(``step``: 0 for the first), which the MMSearch-R1 reward needs for ``reward.search_penalty_warmup_steps``.
+(``step``: 0 for the first), which the MMSearch-R1 reward needs for ``reward.search_penalty_warmup_steps``. A reward
+that judges the agent's tool tags declares a ``tool_tags`` keyword (Search-R1's format score); it gets the configured
+tools' tags, so a trajectory that calls a plug-in tool is scored as well-formed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -18,16 +21,31 @@ from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.protocol.payloads import SearchRolloutResult
+from rlinf_ext.tools import registry as tool_registry
+
+
+def takes_tool_tags(fn: Callable[..., Any]) -> bool:
+    """Whether a reward function judges the tools' tags (declares a ``tool_tags`` keyword)."""
+    return "tool_tags" in inspect.signature(fn).parameters
+
+
+def configured_tool_tags(cfg: Any) -> list[str] | None:
+    """The tags of the tools the agent's own section lists (``agentloop.<agent>.tools``), None when it lists none."""
+    section = getattr(cfg.agentloop, agent_spec(cfg).name, None)
+    names = getattr(section, "tools", None)
+    return None if names is None else tool_registry.tool_tags(list(names))
 
 
 def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig, fn: Callable[..., Any],
-                         step: int = 0) -> tuple[list[float], list[float], list[Any]]:
+                         step: int = 0, tool_tags: Sequence[str] | None = None) -> tuple[list[float], list[float], list[Any]]:
     """``(rewards, em, reward results)`` of one group under reward ``fn``; results with turn texts pass each
-    trajectory's turns (``turns=``) and the training step (``step=``: where a search penalty's warm-up stands)."""
+    trajectory's turns (``turns=``) and the training step (``step=``: where a search penalty's warm-up stands);
+    ``tool_tags`` (the configured tools' tags) reach a reward that declares them (None: the reward's default)."""
     texts = result.generated_texts or result.response_texts
+    tags = {"tool_tags": tuple(tool_tags)} if tool_tags is not None and takes_tool_tags(fn) else {}
     rewards, em, details = [], [], []
     for i in range(result.num_sequence):
-        extra = {"turns": result.turn_texts[i], "step": int(step)} if result.turn_texts else {}
+        extra = {**tags, **({"turns": result.turn_texts[i], "step": int(step)} if result.turn_texts else {})}
         res = fn(texts[i], result.answers[i], reward_cfg,
                  num_searches=result.num_searches[i] if result.num_searches else 0, **extra)
         rewards.append(float(res.score))
@@ -46,6 +64,7 @@ class RewardWorker(Worker):
             spec = agent_spec(self.cfg)  # the components load at start, not mid-run
             self.reward_fn = spec.load("reward")
             self.reward_metrics = spec.load("reward_metrics") if spec.has("reward_metrics") else None
+            self.tool_tags = configured_tool_tags(self.cfg)  # unknown tools fail at start too
 
     def compute_rewards(self, input_channel, output_channel, num_results: int, step: int) -> dict:
         """Score ``num_results`` groups of training step ``step`` (0 = the first); returns ``{"metrics": ...,
@@ -54,7 +73,7 @@ class RewardWorker(Worker):
             all_rewards, all_em, by_uid, scored = [], [], {}, []
             for _ in range(num_results):
                 result: SearchRolloutResult = input_channel.get()
-                rewards, em, details = score_result_details(result, self.cfg.reward, self.reward_fn, step)
+                rewards, em, details = score_result_details(result, self.cfg.reward, self.reward_fn, step, self.tool_tags)
                 scored.append((result, details))
                 result.rewards = torch.tensor(rewards, dtype=torch.float32)
                 by_uid[result.uid] = rewards

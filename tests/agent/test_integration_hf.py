@@ -19,6 +19,7 @@ from rlinf_ext.generation.hf import HFGenerator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.rewards import searchr1_reward
 from rlinf_ext.tools import SearchTool, SearchToolConfig, close_http_session
+from rlinf_ext.tools.search import TextSearch
 
 
 @pytest.mark.timeout(240)
@@ -41,7 +42,7 @@ def test_tiny_model_searches_real_server_and_answers(tiny_assets, retrieval_url)
     async def go():
         tool = SearchTool(search_cfg)
         try:
-            return tool, await run_group(generator, tokenizer, prompt_ids, [title], agent_cfg, tool, group_size=3,
+            return tool, await run_group(generator, tokenizer, prompt_ids, [title], agent_cfg, [TextSearch(tool)], group_size=3,
                                          sampling_params=params, uid="it",
                                          reward_fn=lambda t: searchr1_reward(t.response_text, t.answers).score)
         finally:
@@ -57,7 +58,7 @@ def test_tiny_model_searches_real_server_and_answers(tiny_assets, retrieval_url)
         assert first.finish_reason == "stop" and first.matched_stop == "</search>"
         assert first.response_ids[-1] == script.plans["search"][-1]
         assert second.matched_stop == "</answer>" and second.response_ids[-1] == script.plans["answer"][-1]
-        assert first.query == title
+        assert first.tool == "search" and first.query == title
         observation = tokenizer.decode(first.observation_ids)
         assert f'Doc 1(Title: "{title}")' in observation  # BM25 put the titled passage first
         assert observation.rstrip("\n").endswith("</information>")

@@ -8,36 +8,54 @@ import pytest
 from rlinf_ext.agent.core.config import AgentLoopConfig
 from rlinf_ext.agent.core.response import check_mask_invariant
 from rlinf_ext.agent.searchr1.loop import run_group, run_trajectory
-from rlinf_ext.agent.searchr1.protocol import parse_action
+from rlinf_ext.agent.searchr1.protocol import SEARCHR1_STOPS, TurnProtocol
 from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.tools import SearchTool, SearchToolConfig
-from rlinf_ext.tools.formatting import CLOSE_TAG, INVALID_ACTION_MESSAGE, OPEN_TAG
+from rlinf_ext.tools.formatting import CLOSE_TAG, OPEN_TAG
+from rlinf_ext.tools.search import TextSearch
 
 TOK = CharTokenizer()
 PROMPT = TOK.encode("Question: capital of France?\n")
 CFG = AgentLoopConfig(max_turns=2, response_length_total=2000, max_obs_length=400)
+# Search-R1's published invalid-action text (search_r1/llm_agent/generation.py), byte for byte
+SEARCHR1_INVALID_ACTION = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
+    "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
 
 
-class RecordingSearch:
-    """A search tool stand-in that records queries (the real client has its own tests)."""
+class RecordingClient(SearchTool):
+    """The dummy-backend client, recording queries; ok=False turns every result into an HTTP 500 failure."""
 
     def __init__(self, ok=True):
+        super().__init__(SearchToolConfig(backend="dummy", topk=2))
         self.queries, self.ok = [], ok
-        self.inner = SearchTool(SearchToolConfig(backend="dummy", topk=2))
 
     async def search(self, query):
         self.queries.append(query)
-        result = await self.inner.search(query)
+        result = await super().search(query)
         if not self.ok:
             result.ok, result.documents, result.error = False, [], "HTTP 500"
         return result
 
 
+class RecordingSearch(TextSearch):
+    """The real search tool over a recording client (the client itself has its own tests)."""
+
+    def __init__(self, ok=True):
+        super().__init__(RecordingClient(ok))
+
+    @property
+    def queries(self):
+        return self.client.queries
+
+
 def run(generator, cfg=CFG, search=None, params=None):
     search = search or RecordingSearch()
     traj = asyncio.run(
-        run_trajectory(generator, TOK, PROMPT, ["Paris"], cfg, search, sampling_params=params or SamplingParams())
+        run_trajectory(generator, TOK, PROMPT, ["Paris"], cfg, [search], sampling_params=params or SamplingParams())
     )
     return traj, search
 
@@ -58,11 +76,24 @@ def assert_mask_token_by_token(traj, generator):
 
 
 def test_parse_action_first_complete_block():
+    parse_action = TurnProtocol.of([TextSearch]).parse
     assert parse_action("<think>x</think><search> eiffel </search>", "stop") == ("search", "eiffel")
     assert parse_action("<answer> Paris </answer>", "stop") == ("answer", "Paris")
     assert parse_action("<answer> unclosed <search>q</search>", "stop") == ("search", "q")
     assert parse_action("just text<eos>", "eos") == ("eos", None)
     assert parse_action("just text", "length") == ("invalid", None)
+
+
+def test_default_tools_give_searchr1_stops_and_published_invalid_action_text():
+    protocol = TurnProtocol.of([TextSearch])
+    assert protocol.stops == SEARCHR1_STOPS == ("</search>", "</answer>")  # what the agent registry states
+    assert protocol.invalid_action_message == SEARCHR1_INVALID_ACTION
+
+
+def test_without_tools_a_search_block_is_no_action():
+    protocol = TurnProtocol.of([])
+    assert protocol.parse("<search> q </search>", "stop") == ("invalid", None)
+    assert protocol.stops == ("</answer>",)
 
 
 def test_search_then_answer_stops_in_engine_and_masks_observation():
@@ -109,20 +140,20 @@ def test_invalid_action_gets_searchr1_message_with_mask_zero():
     gen = ScriptedGenerator(["<think>hmm</think> rambling", "<answer>Paris</answer>"])
     traj, search = run(gen, params=SamplingParams(max_new_tokens=len("<think>hmm</think> rambling")))
     assert traj.turns[0].action == "invalid" and traj.turns[0].finish_reason == "length"
-    assert TOK.decode(traj.turns[0].observation_ids) == INVALID_ACTION_MESSAGE
-    assert "My previous action is invalid" in INVALID_ACTION_MESSAGE
+    assert TOK.decode(traj.turns[0].observation_ids) == SEARCHR1_INVALID_ACTION
     assert traj.metrics["invalid_actions"] == 1 and search.queries == []
     assert traj.end_reason == "answer"
     assert_mask_token_by_token(traj, gen)
 
 
-def test_max_turns_then_forced_final_turn_with_search_disabled():
+def test_max_turns_then_forced_final_turn_with_tool_disabled():
     gen = ScriptedGenerator([f"<search> q{k} </search>" for k in range(5)])
     traj, search = run(gen, cfg=replace(CFG, max_turns=2, force_final_answer=True))
     # 2 search turns + 1 final turn whose search is not executed
     assert search.queries == ["q0", "q1"]
-    assert [t.action for t in traj.turns] == ["search", "search", "search_disabled"]
-    assert traj.turns[-1].observation_ids == []
+    assert [t.action for t in traj.turns] == ["search", "search", "tool_disabled"]
+    assert traj.turns[-1].tool == "search" and traj.turns[-1].query == "q2" and traj.turns[-1].tool_ok is None
+    assert traj.turns[-1].observation_ids == [] and traj.metrics["searches"] == 2
     assert traj.end_reason == "max_turns"
     assert_mask_token_by_token(traj, gen)
 
@@ -186,7 +217,7 @@ def test_failed_search_inserts_failure_observation_and_counts():
     gen = ScriptedGenerator(["<search> q </search>", "<answer>Paris</answer>"])
     traj, _ = run(gen, search=RecordingSearch(ok=False))
     assert "The search failed (HTTP 500)" in TOK.decode(traj.turns[0].observation_ids)
-    assert traj.metrics["search_failures"] == 1 and traj.turns[0].search_ok is False
+    assert traj.metrics["search_failures"] == 1 and traj.turns[0].tool_ok is False
     assert traj.end_reason == "answer"
 
 
@@ -209,10 +240,24 @@ def test_run_group_concurrent_shared_uid_and_reward():
     from rlinf_ext.rewards import searchr1_reward
 
     trajs = asyncio.run(
-        run_group(gen, TOK, PROMPT, ["Paris"], CFG, RecordingSearch(), group_size=5, uid="g1",
+        run_group(gen, TOK, PROMPT, ["Paris"], CFG, [RecordingSearch()], group_size=5, uid="g1",
                   reward_fn=lambda t: searchr1_reward(t.response_text, t.answers).score)
     )
     assert len(trajs) == 5 and {t.uid for t in trajs} == {"g1"}
     assert all(t.reward == 1.0 and t.end_reason == "answer" for t in trajs)
     for t in trajs:
         check_mask_invariant(t)
+
+
+def test_a_bare_search_client_stands_for_the_search_tool():
+    """The tiny-asset builder's form (assets/searchr1/sft.py): a client with `search(query)`, or None."""
+    gen = ScriptedGenerator(["<search> q </search>", "<answer>Paris</answer>"])
+    client = RecordingClient()
+    traj = asyncio.run(run_trajectory(gen, TOK, PROMPT, ["Paris"], replace(CFG, observation_format="rlinf"), client))
+    assert client.queries == ["q"] and traj.metrics["searches"] == 1
+    assert "[Doc 1](" in TOK.decode(traj.turns[0].observation_ids)  # the loop section's observation format
+    gen = ScriptedGenerator(["<think>x</think> stray", "<answer>Paris</answer>"])
+    traj = asyncio.run(run_trajectory(gen, TOK, PROMPT, ["Paris"], CFG, None,
+                                      sampling_params=SamplingParams(max_new_tokens=len("<think>x</think> stray"))))
+    assert TOK.decode(traj.turns[0].observation_ids) == SEARCHR1_INVALID_ACTION and gen.calls[0].params.stop == [
+        "</search>", "</answer>"]

@@ -72,3 +72,18 @@ def test_the_agents_reward_and_bad_scoring():
     assert agent_spec("searchr1").load("reward") is searchr1_reward
     with pytest.raises(ValueError, match="reward.scoring"):
         searchr1_reward(GOOD, ["Paris"], RewardConfig(scoring="bleu"))
+
+
+def test_well_formed_over_the_configured_tool_tags():
+    two_tools = ("search", "calculate")
+    calc = "<think>x</think><calculate>1+1</calculate><information>2</information><think>y</think><answer>2</answer>"
+    assert is_well_formed(calc, two_tools) and not is_well_formed(calc)  # the default set is Search-R1's
+    mixed = ("<think>a</think><search>q</search><information>d</information><think>b</think>"
+             "<calculate>1+1</calculate><think>c</think><answer>2</answer>")
+    assert is_well_formed(mixed, two_tools)
+    assert not is_well_formed(mixed, ("calculate",))  # search is not configured
+    assert not is_well_formed("<think>x</think><calculate>1+1</search><think>y</think><answer>2</answer>", two_tools)
+    assert is_well_formed("<think>x</think><answer>y</answer>", ())  # no tools: think then answer
+    # the reward passes the tags on: correct and well-formed only with the tool's tag
+    assert searchr1_reward(calc, ["2"], RewardConfig(scoring="format"), tool_tags=two_tools).score == 1.0
+    assert searchr1_reward(calc, ["2"], RewardConfig(scoring="format")).score == 0.8

@@ -9,6 +9,7 @@ from rlinf_ext.agent.core.config import AgentLoopConfig
 from rlinf_ext.agent.searchr1.loop import run_trajectory
 from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.tools import SearchTool, SearchToolConfig, close_http_session
+from rlinf_ext.tools.search import TextSearch
 from rlinf_ext.tools.rate_limit import TokenBucket, shared_token_bucket
 
 
@@ -49,10 +50,10 @@ def test_100_concurrent_trajectories_stay_at_configured_rate():
                                default_timeout=10.0, max_retries=0)
 
         async def go():
-            tool = SearchTool(cfg)
+            tool = TextSearch(SearchTool(cfg))
             try:
                 return await asyncio.gather(*(
-                    run_trajectory(generator, tokenizer, tokenizer.encode(f"Q{i}?"), ["x"], agent_cfg, tool)
+                    run_trajectory(generator, tokenizer, tokenizer.encode(f"Q{i}?"), ["x"], agent_cfg, [tool])
                     for i in range(100)
                 ))
             finally:

@@ -10,6 +10,7 @@ from rlinf_ext.agent.core.config import AgentLoopConfig
 from rlinf_ext.agent.searchr1.loop import run_group, summarize_metrics
 from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.tools import SearchError, SearchTool, SearchToolConfig, close_http_session
+from rlinf_ext.tools.search import TextSearch
 
 TOK = CharTokenizer()
 
@@ -26,7 +27,7 @@ def run_groups(cfg, group_size=4):
         try:
             started = time.monotonic()
             trajs = await run_group(scripted(), TOK, TOK.encode("Q?"), ["x"], AgentLoopConfig(max_turns=2),
-                                    tool, group_size)
+                                    [TextSearch(tool)], group_size)
             return tool, trajs, time.monotonic() - started
         finally:
             await close_http_session()
@@ -42,7 +43,7 @@ def test_server_down_trajectories_finish_with_failure_observation():
     assert all(t.end_reason == "answer" for t in trajs)
     assert all("The search failed" in TOK.decode(t.turns[0].observation_ids) for t in trajs)
     assert summarize_metrics(trajs)["agent/search_failures"] == 1.0
-    assert summarize_metrics(trajs)["agent/search_failure_rate"] == 1.0
+    assert summarize_metrics(trajs, [TextSearch])["agent/search_failure_rate"] == 1.0
     assert tool.stats.failures == 4 and tool.stats.attempts == 4 * 3
     assert elapsed < tool.max_call_seconds + 1.0
 

@@ -1,18 +1,24 @@
-"""The contract between the agent-loop worker and an agent (``AgentRollout``): the worker owns the channels, the
-text-search tool and the timing; the agent turns one request into prompt groups and one group into a result.
+"""The contract between the agent-loop worker and an agent (``AgentRollout``): the worker owns the channels and the
+timing and knows where it runs (``ToolContext``); the agent builds its tools (``tools/registry.py:build_tools``),
+turns one request into prompt groups and one group into a result.
 The registry names each agent's implementation (``agent/*/rollout.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.protocol.generation import Generator
 from rlinf_ext.protocol.payloads import SearchRolloutRequest, SearchRolloutResult
+from rlinf_ext.tools.base import Tool
 
 
 class AgentRollout(Protocol):
-    """Built as ``cls(cfg, text_search)`` on the agent-loop worker (``cfg``: the experiment config)."""
+    """Built as ``cls(cfg, context)`` on the agent-loop worker (``cfg``: the experiment config; ``context``: a
+    ``tools.base.ToolContext`` for building its tools)."""
+
+    tools: Sequence[Tool]  # the tools it calls (the worker reports their busy time as ``tool_time``)
 
     def groups(self, request: SearchRolloutRequest) -> list[tuple[Any, str]]:
         """(task, uid) of every prompt group in the request."""

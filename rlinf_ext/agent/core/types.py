@@ -8,11 +8,14 @@ Kept free of torch so that every package can import it cheaply.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from rlinf_ext.agent.searchr1.protocol import ANSWER, EOS, INVALID, TOOL_DISABLED
 from rlinf_ext.protocol.generation import FinishReason
 
-Action = Literal["search", "answer", "eos", "invalid", "search_disabled", "truncated"]
+__all__ = ["ANSWER", "EOS", "INVALID", "TOOL_DISABLED", "Action", "Trajectory", "TurnRecord"]
+
+Action = str  # what a turn did: the name of the tool it called (e.g. "search"), or ANSWER, EOS, INVALID, TOOL_DISABLED
 
 
 @dataclass
@@ -26,8 +29,9 @@ class TurnRecord:
     action: Action
     finish_reason: FinishReason | None = None
     matched_stop: str | None = None
-    query: str | None = None
-    search_ok: bool | None = None
+    tool: str | None = None  # the tool the turn called (its action), or whose call was disabled (tool_disabled)
+    query: str | None = None  # what the turn put between the tool's tags
+    tool_ok: bool | None = None  # the call succeeded (None: no call ran)
     logprobs: list[float] | None = None
     generated_tokens: int | None = None  # what the engine produced (> len(response_ids) only if it cut)
 

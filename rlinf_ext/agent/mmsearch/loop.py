@@ -75,7 +75,7 @@ class MMLoopSettings:
 @dataclass
 class MMTools:
     image_search: Any  # tools.image_search.ImageSearchTool: async search(data_id)
-    text_search: Any  # tools.search.SearchTool: async search(query)
+    text_search: Any  # tools.search.TextSearch (or its client, SearchTool): async search(query) -> SearchResult
 
 
 def first_prompt_ids(processor: Any, prompts: MMPrompts, task: MMTask) -> list[int]:
@@ -141,7 +141,7 @@ class _Run(ResponseBuffer):
         if action == "image_search":
             self.counts["image_searches"] += 1
             found = await self.tools.image_search.search(self.task.data_id)
-            record.tool, record.search_ok, record.titles = TOOL_IMAGE, found.ok, [h.title for h in found.hits]
+            record.tool, record.tool_ok, record.titles = TOOL_IMAGE, found.ok, [h.title for h in found.hits]
             self.counts["missing_images"] += found.missing_images
             if found.ok:
                 body, images = image_results_body(self.prompts, found.hits)
@@ -152,7 +152,7 @@ class _Run(ResponseBuffer):
                                         self.prompts.after_image_search, after_im_end)
         self.counts["text_searches"] += 1
         found = await self.tools.text_search.search(query)
-        record.tool, record.search_ok, record.titles = TOOL_TEXT, found.ok, [d.title for d in found.documents]
+        record.tool, record.tool_ok, record.titles = TOOL_TEXT, found.ok, [d.title for d in found.documents]
         truncated = False
         if found.ok:
             body, truncated = text_results_body(self.p.tokenizer, self.prompts, found.documents, self.s.max_obs_length)

@@ -16,7 +16,9 @@ from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import Generator, SamplingParams
 from rlinf_ext.protocol.payloads import SearchRolloutRequest, SearchRolloutResult
+from rlinf_ext.tools.base import ToolContext
 from rlinf_ext.tools.image_search import ImageSearchTool
+from rlinf_ext.tools.registry import build_tools
 
 
 def mm_result_from_group(group: list[MMTrajectory], prompt_text: str) -> SearchRolloutResult:
@@ -49,9 +51,11 @@ def mm_trajectory_records(result: SearchRolloutResult) -> list[dict[str, Any]]:
 
 
 class MMSearchRollout:
-    def __init__(self, cfg: Any, text_search: Any):
+    def __init__(self, cfg: Any, context: ToolContext):
         self.processor = load_vl_processor(str(cfg.rollout.model.model_path))
-        self.tools = MMTools(ImageSearchTool(cfg.tools.image_search), text_search)
+        (text_search,) = build_tools(["search"], cfg, context)
+        self.tools = [text_search]  # what the worker times (the image search reads a local cache)
+        self.mm_tools = MMTools(ImageSearchTool(cfg.tools.image_search), text_search)
         self.settings = MMLoopSettings.from_config(cfg.agentloop)
         self.prompts = MMPrompts.from_config(cfg.agentloop.mmsearch.prompts)
         self.sampling_params = SamplingParams.from_config(cfg.algorithm.sampling_params)
@@ -64,7 +68,7 @@ class MMSearchRollout:
 
     async def run_group(self, generator: Generator, task: Any, group_size: int,
                         uid: str) -> tuple[SearchRolloutResult, list[MMTrajectory]]:
-        group = await run_mm_group(generator, self.processor, self.tools, task, self.settings, group_size,
+        group = await run_mm_group(generator, self.processor, self.mm_tools, task, self.settings, group_size,
                                    prompts=self.prompts, sampling_params=self.sampling_params, uid=uid)
         group = canonical_order(group)
         mark_retokenize_mismatches(self.processor, group)  # training only: agent/retokenize_mismatch per step

@@ -1,8 +1,9 @@
-"""The Search-R1 multi-turn rollout as a pure async function of a generator, a tokenizer and a search tool.
+"""The Search-R1 multi-turn rollout as a pure async function of a generator, a tokenizer and a list of tools.
 
-Each turn generates with the engine's own stop strings (`</search>`, `</answer>`, EOS), so the ids kept are
-exactly the ids sampled. A search appends an `<information>` observation, an invalid turn appends
-Search-R1's invalid-action message; both are environment text with loss mask 0.
+Each turn generates with the engine's own stop strings (every tool's closing tag, `</answer>`, EOS), so the ids
+kept are exactly the ids sampled. A tool call appends the tool's output as an `<information>` observation, an
+invalid turn appends the invalid-action message built from the tools; both are environment text with loss mask 0.
+Everything tool-specific comes from the tools (``tools/base.py``) through the turn protocol (``protocol.py``).
 
 Ids, mask and log-probs accumulate in the shared ``agent/core/response.py`` buffer (its invariant is checked on
 every trajectory).
@@ -12,23 +13,35 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlinf_ext.agent.searchr1.protocol import parse_action, with_required_stops
 from rlinf_ext.agent.core.config import AgentLoopConfig, check_agent_config
 from rlinf_ext.agent.core.response import ResponseBuffer, check_mask_invariant
-from rlinf_ext.agent.core.types import Trajectory, TurnRecord
+from rlinf_ext.agent.core.types import INVALID, TOOL_DISABLED, Trajectory, TurnRecord
+from rlinf_ext.agent.searchr1.protocol import TurnProtocol
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams
+from rlinf_ext.tools.base import Tool
 from rlinf_ext.tools.formatting import (
     Observation,
     build_invalid_action_observation,
     build_observation,
-    format_documents,
-    search_failed_text,
 )
+from rlinf_ext.tools.search import TextSearch
+
+# loop counters (Trajectory.metrics) beside each tool's own (Tool.metric_names)
+LOOP_COUNTERS = ("invalid_actions", "generated_tokens", "truncated_observations")
+
+
+@dataclass
+class _Call:
+    """A tool call as the turn record keeps it."""
+
+    tool: str
+    content: str | None
+    ok: bool | None = None
 
 
 @dataclass
@@ -37,13 +50,11 @@ class _Rollout(ResponseBuffer):
 
     budget: int = 0
     turns: list[TurnRecord] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=lambda: dict(
-        searches=0, search_failures=0, invalid_actions=0, generated_tokens=0, truncated_observations=0))
-    search_latency: float = 0.0
+    counts: dict[str, float] = field(default_factory=dict)
     end_reason: str = ""
 
-    def append(self, context: list[int], result: GenerationResult, action: str, content: str | None,
-               observation: Observation | None, search_ok: bool | None) -> None:
+    def append(self, context: list[int], result: GenerationResult, action: str, call: _Call | None,
+               observation: Observation | None) -> None:
         """Add one turn: the sampled ids (mask 1), then the observation (mask 0) if a token still fits after it."""
         sampled = list(result.output_ids)
         self.add_sampled(sampled, result.logprobs)
@@ -58,7 +69,8 @@ class _Rollout(ResponseBuffer):
         self.turns.append(TurnRecord(
             prompt_ids=context, response_ids=sampled, observation_ids=observation_ids, text=result.text,
             action=action, finish_reason=result.finish_reason, matched_stop=result.matched_stop,
-            query=content if action in ("search", "search_disabled") else None, search_ok=search_ok,
+            tool=call.tool if call else None, query=call.content if call else None,
+            tool_ok=call.ok if call else None,
             logprobs=None if result.logprobs is None else list(result.logprobs),
             generated_tokens=result.generated_tokens,
         ))
@@ -72,33 +84,50 @@ def _end_before_turn(cfg: AgentLoopConfig, turn_index: int, remaining: int) -> s
     return "response_budget" if remaining <= 0 else ""
 
 
-async def _act(action: str, content: str | None, final_turn: bool, cfg: AgentLoopConfig, tokenizer: Any, search_tool: Any,
-               state: _Rollout) -> tuple[str, Observation | None, bool | None]:
-    """Carry out a parsed action: ``(action as recorded, observation to append or None, search ok?)``.
+def as_tools(tools: Sequence[Tool] | Any, cfg: AgentLoopConfig) -> list[Tool]:
+    """The loop's tool list. A bare search client (anything with ``async search(query)``, or None when the plan
+    never searches) stands for Search-R1's text search over it: the form the tiny-asset builder passes
+    (``assets/searchr1/sft.py``, whose edits rebuild the tiny assets)."""
+    if tools is None or hasattr(tools, "search"):
+        return [TextSearch(tools, str(cfg.observation_format))]
+    return list(tools)
 
-    Sets ``state.end_reason`` when the action ends the trajectory (answer, EOS, a search or an invalid turn in
+
+def initial_counts(tools: Sequence[Tool]) -> dict[str, float]:
+    """Every counter a trajectory reports, at zero: the loop's and each tool's calls, failures and latency."""
+    counts = {name: 0.0 for name in LOOP_COUNTERS}
+    for tool in tools:
+        names = tool.metric_names()
+        counts.update({names.calls: 0.0, names.failures: 0.0, names.latency_s: 0.0})
+    return counts
+
+
+async def _act(action: str, content: str | None, final_turn: bool, cfg: AgentLoopConfig, tokenizer: Any,
+               tools: dict[str, Tool], protocol: TurnProtocol,
+               state: _Rollout) -> tuple[str, Observation | None, _Call | None]:
+    """Carry out a parsed action: ``(action as recorded, observation to append or None, the tool call or None)``.
+
+    Sets ``state.end_reason`` when the action ends the trajectory (answer, EOS, a tool call or an invalid turn in
     the final turn)."""
-    if action == "search" and final_turn:
+    tool = tools.get(action)
+    if tool is not None and final_turn:  # the final turn may only answer
         state.end_reason = "max_turns"
-        return "search_disabled", None, None
-    if action == "search":
-        state.counts["searches"] += 1
-        found = await search_tool.search(content)
-        state.search_latency += found.latency_s
-        if found.ok:
-            body = format_documents(found.documents, cfg.observation_format)
-        else:
-            state.counts["search_failures"] += 1
-            body = search_failed_text(found.error)
-        observation = build_observation(tokenizer, body, int(cfg.max_obs_length))
+        return TOOL_DISABLED, None, _Call(action, content)
+    if tool is not None:
+        names = tool.metric_names()
+        output = await tool.run(content or "")
+        state.counts[names.calls] += 1
+        state.counts[names.failures] += 0 if output.ok else 1
+        state.counts[names.latency_s] += float(output.latency_s or 0.0)
+        observation = build_observation(tokenizer, output.body, int(cfg.max_obs_length))
         state.counts["truncated_observations"] += int(observation.truncated)
-        return action, observation, found.ok
-    if action == "invalid" and final_turn:
+        return action, observation, _Call(action, content, output.ok)
+    if action == INVALID and final_turn:
         state.end_reason = "no_answer_after_final_turn"
         return action, None, None
-    if action == "invalid":
+    if action == INVALID:
         state.counts["invalid_actions"] += 1
-        return action, build_invalid_action_observation(tokenizer), None
+        return action, build_invalid_action_observation(tokenizer, protocol.invalid_action_message), None
     state.end_reason = action  # answer | eos
     return action, None, None
 
@@ -120,7 +149,6 @@ def _finish(state: _Rollout, uid: str | None, prompt_ids: list[int], answers: An
         "turns": float(len(state.turns)),
         **{name: float(value) for name, value in state.counts.items()},
         **state.length_metrics(),
-        "search_latency_s": state.search_latency,
     }
     check_mask_invariant(trajectory)
     return trajectory
@@ -132,17 +160,21 @@ async def run_trajectory(
     prompt_ids: list[int],
     answers: Any,
     cfg: AgentLoopConfig,
-    search_tool: Any,
+    tools: Sequence[Tool],
     *,
     sampling_params: SamplingParams | None = None,
     uid: str | None = None,
     reward_fn: Callable[[Trajectory], float] | None = None,
 ) -> Trajectory:
-    """Roll out one trajectory. `cfg` is the `agentloop` section; `search_tool` has `async search(query)`."""
+    """Roll out one trajectory. `cfg` is the agent's loop section (`agentloop`); `tools` are built tools
+    (``tools/registry.py:build_tools``; see ``as_tools`` for the one other form)."""
     check_agent_config(cfg)
+    tools = as_tools(tools, cfg)
+    protocol = TurnProtocol.of(tools)
+    by_name = {tool.name: tool for tool in tools}
     base = sampling_params or SamplingParams()
-    stops = with_required_stops(base.stop)
-    state = _Rollout(budget=int(cfg.response_length_total))
+    stops = protocol.with_required_stops(base.stop)
+    state = _Rollout(budget=int(cfg.response_length_total), counts=initial_counts(tools))
     turn_index = 0
     while not state.end_reason:
         remaining = state.budget - len(state.response_ids)
@@ -158,10 +190,10 @@ async def run_trajectory(
                 "it must honour the per-call budget"
             )
         state.counts["generated_tokens"] += result.generated_tokens
-        action, content = parse_action(result.text, result.finish_reason)
-        final_turn = turn_index >= int(cfg.max_turns)  # search is disabled in this turn
-        action, observation, search_ok = await _act(action, content, final_turn, cfg, tokenizer, search_tool, state)
-        state.append(context, result, action, content, observation, search_ok)
+        action, content = protocol.parse(result.text, result.finish_reason)
+        final_turn = turn_index >= int(cfg.max_turns)  # tool calls are disabled in this turn
+        action, observation, call = await _act(action, content, final_turn, cfg, tokenizer, by_name, protocol, state)
+        state.append(context, result, action, call, observation)
         turn_index += 1
     trajectory = _finish(state, uid, prompt_ids, answers, tokenizer)
     if reward_fn is not None:
@@ -177,7 +209,7 @@ async def run_group(
     prompt_ids: list[int],
     answers: Any,
     cfg: AgentLoopConfig,
-    search_tool: Any,
+    tools: Sequence[Tool],
     group_size: int,
     *,
     sampling_params: SamplingParams | None = None,
@@ -192,7 +224,7 @@ async def run_group(
         await asyncio.gather(
             *(
                 run_trajectory(
-                    generator, tokenizer, prompt_ids, answers, cfg, search_tool,
+                    generator, tokenizer, prompt_ids, answers, cfg, tools,
                     sampling_params=sampling_params, uid=uid, reward_fn=reward_fn,
                 )
                 for _ in range(group_size)
@@ -201,18 +233,17 @@ async def run_group(
     )
 
 
-METRIC_KEYS = ("turns", "searches", "search_failures", "invalid_actions", "generated_tokens", "kept_tokens",
-               "observation_tokens", "response_length", "truncated_observations")
-
-
-def summarize_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Means over trajectories under `agent/<name>` (``protocol/metric_keys.py``)."""
+def summarize_metrics(trajectories: list[Trajectory], tools: Sequence[Tool] = ()) -> dict[str, float]:
+    """Means over trajectories of every counter they report, under `agent/<name>` (``protocol/metric_keys.py``),
+    and each tool's failure rate over the step (the search tool's: `agent/search_failure_rate`)."""
     if not trajectories:
         return {}
     n = len(trajectories)
-    summary = {mk.agent_metric(key): sum(t.metrics[key] for t in trajectories) / n for key in METRIC_KEYS}
-    summary[mk.AGENT_SEARCH_FAILURE_RATE] = (
-        sum(t.metrics["search_failures"] for t in trajectories)
-        / max(1.0, sum(t.metrics["searches"] for t in trajectories))
-    )
+    keys = list(dict.fromkeys(key for t in trajectories for key in t.metrics))
+    summary = {mk.agent_metric(key): sum(t.metrics.get(key, 0.0) for t in trajectories) / n for key in keys}
+    for tool in tools:
+        names = tool.metric_names()
+        calls = sum(t.metrics.get(names.calls, 0.0) for t in trajectories)
+        failures = sum(t.metrics.get(names.failures, 0.0) for t in trajectories)
+        summary[mk.agent_metric(names.failure_rate)] = failures / max(1.0, calls)
     return summary

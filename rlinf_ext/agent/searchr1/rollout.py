@@ -1,5 +1,5 @@
-"""Search-R1 behind the agent-loop worker (``agent/core/rollout.py:AgentRollout``): one prompt of the request's
-tokenised prompts per group, the text loop, the shared result."""
+"""Search-R1 behind the agent-loop worker (``agent/core/rollout.py:AgentRollout``): its tools (``agentloop.tools``),
+one prompt of the request's tokenised prompts per group, the text loop, the shared result."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.agent.searchr1.loop import run_group, summarize_metrics
 from rlinf_ext.protocol.generation import Generator, SamplingParams
 from rlinf_ext.protocol.payloads import SearchRolloutRequest, SearchRolloutResult
+from rlinf_ext.agent.searchr1.tools import loop_section, searchr1_tools
+from rlinf_ext.tools.base import ToolContext
 
 
 class SearchR1Rollout:
-    def __init__(self, cfg: Any, text_search: Any):
+    def __init__(self, cfg: Any, context: ToolContext):
         self.cfg = cfg
-        self.search_tool = text_search
+        self.loop_cfg = loop_section(cfg)
+        self.tools = searchr1_tools(cfg, context)
         self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.rollout.model.model_path))
         self.sampling_params = SamplingParams.from_config(cfg.algorithm.sampling_params)
 
@@ -27,13 +30,13 @@ class SearchR1Rollout:
     async def run_group(self, generator: Generator, task: Any, group_size: int,
                         uid: str) -> tuple[SearchRolloutResult, list[Trajectory]]:
         prompt_ids, answers = task
-        group = await run_group(generator, self.tokenizer, prompt_ids, answers, self.cfg.agentloop, self.search_tool,
+        group = await run_group(generator, self.tokenizer, prompt_ids, answers, self.loop_cfg, self.tools,
                                 group_size, sampling_params=self.sampling_params, uid=uid)
         group = canonical_order(group)
         return result_from_group(group, self.tokenizer.decode(prompt_ids)), group
 
     def metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        return summarize_metrics(trajectories)
+        return summarize_metrics(trajectories, self.tools)
 
     def records(self, result: SearchRolloutResult) -> list[dict[str, Any]]:
         return trajectory_records(result)

@@ -59,7 +59,7 @@ class MMGenerationRecord(EvalRecord):
 
 def record_of(benchmark: str, task: MMTask, traj: MMTrajectory, decode: Callable[[list[int]], str]) -> MMGenerationRecord:
     turns = [MMTurnLog(action=t.action, output=t.text, tool=t.tool, query=t.query, titles=list(t.titles),
-                       image_sha1s=[i.sha1 for i in t.observation_images], search_ok=t.search_ok,
+                       image_sha1s=[i.sha1 for i in t.observation_images], search_ok=t.tool_ok,
                        observation=_PAD_RUN.sub("<|image_pad|>", decode(t.observation_ids)) if t.observation_ids else None)
              for t in traj.turns]
     r, m = traj.reward_details, traj.metrics

@@ -37,8 +37,8 @@ from rlinf_ext.generation.hf_vl import HFVLGenerator, load_vl_processor
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.generation.vllm_wire import options_from_config
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
-from rlinf_ext.tools import SearchTool
 from rlinf_ext.tools.image_search import ImageSearchTool
+from rlinf_ext.tools.registry import build_tools
 
 MMItem = tuple[str, MMTask]  # (benchmark = the file's stem, task)
 
@@ -71,8 +71,8 @@ def build_vl_generator(cfg: Any):
 def mm_tools(cfg: Any, image_search: Any = None) -> MMTools:
     """The two search tools of `cfg.tools` (`image_search`: another `tools.image_search` section, e.g. the
     validation questions' cache)."""
-    return MMTools(ImageSearchTool(image_search if image_search is not None else cfg.tools.image_search),
-                   SearchTool(cfg.tools.search, seed=int(cfg.runner.seed)))
+    (text_search,) = build_tools(["search"], cfg)
+    return MMTools(ImageSearchTool(image_search if image_search is not None else cfg.tools.image_search), text_search)
 
 
 MMRolloutFn = Callable[[MMTask], Awaitable[MMTrajectory]]

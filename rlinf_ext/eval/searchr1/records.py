@@ -3,14 +3,16 @@ made from the agent loop's trajectory (scored with the training reward)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.eval.core.records import EvalRecord
 from rlinf_ext.eval.searchr1.dataset import EvalItem
-from rlinf_ext.rewards import searchr1_reward
+from rlinf_ext.rewards.format import DEFAULT_TOOL_TAGS
+from rlinf_ext.rewards.searchr1 import searchr1_reward
+from rlinf_ext.tools.search import TextSearch
 
 SCORE_NAMES: tuple[str, ...] = ("em", "subem", "f1")
 Decode = Callable[[list[int]], str]
@@ -18,11 +20,11 @@ Decode = Callable[[list[int]], str]
 
 @dataclass
 class TurnLog:
-    """One model turn: what it generated, what the tool answered (None when no search ran)."""
+    """One model turn: what it generated, what the tool answered (None when no tool ran)."""
 
     output: str
     observation: str | None = None
-    action: str | None = None  # "search" | "answer" | "invalid" | None (as reported by the agent loop)
+    action: str | None = None  # a tool's name ("search") | "answer" | "eos" | "invalid" | "tool_disabled" | None
 
 
 @dataclass
@@ -46,8 +48,10 @@ class GenerationRecord(EvalRecord):
     error: str | None = None  # set when the rollout raised; the question scores 0 and is retried on resume
 
 
-def record_from_trajectory(item: EvalItem, traj: Trajectory, decode: Decode, reward_cfg: RewardConfig | None = None) -> GenerationRecord:
-    """Everything a reader needs about one question: turns with their observations, answer, scores."""
+def record_from_trajectory(item: EvalItem, traj: Trajectory, decode: Decode, reward_cfg: RewardConfig | None = None,
+                           tool_tags: Sequence[str] | None = None) -> GenerationRecord:
+    """Everything a reader needs about one question: turns with their observations, answer, scores (the format
+    score accepts ``tool_tags``; None = Search-R1's)."""
     turns = [
         TurnLog(
             output=t.text,
@@ -56,8 +60,10 @@ def record_from_trajectory(item: EvalItem, traj: Trajectory, decode: Decode, rew
         )
         for t in traj.turns
     ]
-    num_searches = sum(1 for t in traj.turns if t.action == "search")
-    result = searchr1_reward(traj.generated_text, item.golden_answers, reward_cfg, num_searches=num_searches)
+    searches = [t for t in traj.turns if t.action == TextSearch.name]
+    num_searches = len(searches)
+    result = searchr1_reward(traj.generated_text, item.golden_answers, reward_cfg, num_searches=num_searches,
+                             tool_tags=DEFAULT_TOOL_TAGS if tool_tags is None else tuple(tool_tags))
     return GenerationRecord(
         **_question_fields(item),
         turns=turns,
@@ -66,7 +72,7 @@ def record_from_trajectory(item: EvalItem, traj: Trajectory, decode: Decode, rew
         scores={"em": result.em, "subem": result.subem, "f1": result.f1, "reward": result.score},
         num_turns=len(traj.turns),
         num_searches=num_searches,
-        search_failures=sum(1 for t in traj.turns if t.action == "search" and t.search_ok is False),
+        search_failures=sum(1 for t in searches if t.tool_ok is False),
         response_length=len(traj.response_ids),
     )
 

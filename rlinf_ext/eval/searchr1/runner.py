@@ -14,6 +14,7 @@ from typing import Any
 
 from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.agent.searchr1.loop import run_trajectory
+from rlinf_ext.agent.searchr1.tools import loop_section, searchr1_tools
 from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.eval.core.loop import Evaluator, evaluate_run
 from rlinf_ext.eval.core.results import RESULTS_MD, markdown_table
@@ -34,7 +35,7 @@ from rlinf_ext.eval.searchr1.results import paper_table_rows, tabulate
 from rlinf_ext.generation.hf import HFGenerator
 from rlinf_ext.generation.vllm_engine import VLLMGenerator
 from rlinf_ext.generation.vllm_wire import options_from_config
-from rlinf_ext.tools import SearchTool
+from rlinf_ext.tools.base import Tool
 
 
 def load_tokenizer(model_path: str):
@@ -89,8 +90,8 @@ def build_generator(cfg: ExperimentConfig) -> HFGenerator | VLLMGenerator:
 RolloutFn = Callable[[EvalItem], Awaitable[Trajectory]]
 
 
-def make_rollout_fn(cfg: Any, generator, tokenizer, search_tool, sampling_params) -> RolloutFn:
-    """item -> Trajectory through the same agent loop as training (group of one per question)."""
+def make_rollout_fn(cfg: Any, generator, tokenizer, tools: list[Tool], sampling_params) -> RolloutFn:
+    """item -> Trajectory through the same agent loop and tools as training (group of one per question)."""
     async def rollout(item: EvalItem) -> Trajectory:
         prompt_ids = tokenizer(item.prompt, add_special_tokens=False)["input_ids"]
         return await run_trajectory(
@@ -98,8 +99,8 @@ def make_rollout_fn(cfg: Any, generator, tokenizer, search_tool, sampling_params
             tokenizer,
             prompt_ids,
             item.golden_answers,
-            cfg.agentloop,
-            search_tool,
+            loop_section(cfg),
+            tools,
             sampling_params=sampling_params,
             uid=f"{item.benchmark}:{item.item_id}",
         )
@@ -120,13 +121,15 @@ def _running_em(records: list[GenerationRecord]) -> dict[str, str]:
     return {"em": f"{sum(em) / len(em) if em else 0.0:.3f}"}
 
 
-def evaluator(rollout_fn: RolloutFn, decode: Decode, reward_cfg: RewardConfig | None = None) -> Evaluator:
-    """The Search-R1 part of the evaluation loop: items keyed by (benchmark, item_id), scored with the reward."""
+def evaluator(rollout_fn: RolloutFn, decode: Decode, reward_cfg: RewardConfig | None = None,
+              tool_tags: list[str] | None = None) -> Evaluator:
+    """The Search-R1 part of the evaluation loop: items keyed by (benchmark, item_id), scored with the reward
+    (``tool_tags``: the configured tools' tags the format score accepts; None = Search-R1's)."""
     return Evaluator(
         record_type=GenerationRecord,
         key=lambda item: (item.benchmark, item.item_id),
         rollout=rollout_fn,
-        record=lambda item, traj: record_from_trajectory(item, traj, decode, reward_cfg),
+        record=lambda item, traj: record_from_trajectory(item, traj, decode, reward_cfg, tool_tags),
         error_record=error_record,
         bars=_by_benchmark,
         postfix=_running_em,
@@ -141,9 +144,11 @@ async def evaluate_async(
     run_dir: Path,
     meta: dict[str, Any],
     show_progress: bool = True,
+    tool_tags: list[str] | None = None,
 ) -> EvalSummary:
-    """Resume-aware evaluation of `items` into `run_dir` with any rollout function (the testable core)."""
-    return await evaluate_run(items, evaluator(rollout_fn, decode, cfg.reward), tabulate, run_dir, meta,
+    """Resume-aware evaluation of `items` into `run_dir` with any rollout function (the testable core);
+    `tool_tags`: the tags of the tools the rollouts call (None = Search-R1's)."""
+    return await evaluate_run(items, evaluator(rollout_fn, decode, cfg.reward, tool_tags), tabulate, run_dir, meta,
                               concurrency=eval_concurrency(cfg), show_progress=show_progress)
 
 
@@ -153,15 +158,15 @@ def run_evaluation(
     *,
     run_dir: str | Path | None = None,
     do_sample: bool | None = None,
-    search_tool=None,
+    tools: list[Tool] | None = None,
     show_progress: bool = True,
     print_table: bool = True,
 ) -> EvalSummary:
     """Evaluate `rollout.model.model_path` on `data.val_data_paths`; see the module docstring.
 
     `cfg` is the validated experiment config (attribute access). `generator` is any ``protocol.generation.Generator``;
-    None builds the CPU `HFGenerator` in-process (only for `rollout.rollout_backend: hf`). The search tool
-    is built from `tools.search` unless given. Call from synchronous code (it runs its own event loop).
+    None builds the CPU `HFGenerator` in-process (only for `rollout.rollout_backend: hf`). The tools are built
+    from `agentloop.tools` unless given. Call from synchronous code (it runs its own event loop).
     """
     model_path = str(cfg.rollout.model.model_path)
     tokenizer = load_tokenizer(model_path)
@@ -171,7 +176,7 @@ def run_evaluation(
     check_same_setup(out, {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature})
     if generator is None and needs_rollouts(out, GenerationRecord, ((it.benchmark, it.item_id) for it in items)):
         generator = build_generator(cfg)  # not loaded at all when a rerun finds every question done
-    tool = search_tool if search_tool is not None else SearchTool(cfg.tools.search, seed=int(cfg.runner.seed))
+    tools = tools if tools is not None else searchr1_tools(cfg)
     meta = {
         "experiment_name": str(cfg.runner.experiment_name),
         "model_path": model_path,
@@ -181,9 +186,10 @@ def run_evaluation(
         "topk": int(cfg.tools.search.topk),
         "data_size": int(cfg.data.data_size),
     }
-    rollout = make_rollout_fn(cfg, generator, tokenizer, tool, params)
+    rollout = make_rollout_fn(cfg, generator, tokenizer, tools, params)
     summary = run_with_http_session(
-        lambda: evaluate_async(cfg, items, rollout, tokenizer.decode, out, meta, show_progress))
+        lambda: evaluate_async(cfg, items, rollout, tokenizer.decode, out, meta, show_progress,
+                               [tool.tag_name() for tool in tools]))
     if print_table:
         print(format_summary(summary), flush=True)
     return summary

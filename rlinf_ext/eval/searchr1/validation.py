@@ -13,10 +13,11 @@ from typing import Any
 
 from rlinf_ext.eval.core.runner import eval_concurrency, run_with_http_session, sampling_params_from_config
 from rlinf_ext.eval.core.validation import sample_items, validation_records
+from rlinf_ext.agent.searchr1.tools import searchr1_tools
 from rlinf_ext.eval.searchr1.runner import evaluator, items_from_config, load_tokenizer, make_rollout_fn
 from rlinf_ext.eval.searchr1.scoring import AVERAGED_FIELDS, Aggregate, aggregate
 from rlinf_ext.protocol import metric_keys as mk
-from rlinf_ext.tools import SearchTool
+from rlinf_ext.tools.base import Tool
 
 DEFAULT_SAMPLES_PER_BENCHMARK = 64
 # metric name in the logs -> BenchmarkResult field
@@ -50,7 +51,7 @@ class ValidationPass:
         cfg: Any,
         generator,
         tokenizer=None,
-        search_tool=None,
+        tools: list[Tool] | None = None,
         samples_per_benchmark: int | None = DEFAULT_SAMPLES_PER_BENCHMARK,
         do_sample: bool = False,
         out_dir: str | Path | None = None,
@@ -60,15 +61,16 @@ class ValidationPass:
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(cfg.rollout.model.model_path))
         all_items = items_from_config(cfg, self.tokenizer)
         self.items = sample_items(all_items, samples_per_benchmark, seed=int(cfg.data.seed))
-        tool = search_tool if search_tool is not None else SearchTool(cfg.tools.search, seed=int(cfg.runner.seed))
+        self.tools = tools if tools is not None else searchr1_tools(cfg)
+        self.tool_tags = [tool.tag_name() for tool in self.tools]
         params = sampling_params_from_config(cfg, do_sample=do_sample)
-        self.rollout = make_rollout_fn(cfg, generator, self.tokenizer, tool, params)
+        self.rollout = make_rollout_fn(cfg, generator, self.tokenizer, self.tools, params)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.show_progress = show_progress
 
     async def arun(self, step: int) -> dict[str, float]:
         records = await validation_records(
-            self.items, evaluator(self.rollout, self.tokenizer.decode, self.cfg.reward), self.out_dir, step,
+            self.items, evaluator(self.rollout, self.tokenizer.decode, self.cfg.reward, self.tool_tags), self.out_dir, step,
             concurrency=eval_concurrency(self.cfg), show_progress=self.show_progress)
         return validation_metrics(aggregate(records))
 

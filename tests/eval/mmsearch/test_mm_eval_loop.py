@@ -23,7 +23,7 @@ TASKS = [("test", MMTask(str(i), f"q{i}", (), ("a",), "search_required" if i % 2
 def _trajectory(task: MMTask):
     correct = int(task.data_id) % 2 == 0
     turn = SimpleNamespace(action="image_search", text="<search><img></search>", tool="image", query=None, titles=[],
-                           observation_images=[], search_ok=True, observation_ids=[7, 7, 8])
+                           observation_images=[], tool_ok=True, observation_ids=[7, 7, 8])
     metrics = {"image_searches": 1, "text_searches": 0, "image_search_failures": 0, "text_search_failures": 0,
                "missing_images": 0}
     reward = SimpleNamespace(answer="a" if correct else "b", correct=correct, em=float(correct), subem=float(correct),

@@ -64,7 +64,7 @@ def test_subset_per_data_file():
 
 def _trajectory(task: MMTask, correct: bool):
     turn = SimpleNamespace(action="answer", text="<answer>a</answer>", tool=None, query=None, titles=[],
-                           observation_images=[], search_ok=None, observation_ids=[])
+                           observation_images=[], tool_ok=None, observation_ids=[])
     metrics = {"image_searches": 0, "text_searches": 0, "image_search_failures": 0, "text_search_failures": 0,
                "missing_images": 0}
     reward = SimpleNamespace(answer="a", correct=correct, em=float(correct), subem=float(correct), format_score=1.0,

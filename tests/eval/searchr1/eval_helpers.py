@@ -20,7 +20,8 @@ def make_trajectory(turn_texts: list[str], searches_ok: list[bool] | None = None
                 observation_ids=obs,
                 text=text,
                 action="search" if is_search else "answer",
-                search_ok=searches_ok[i] if is_search else None,
+                tool="search" if is_search else None,
+                tool_ok=searches_ok[i] if is_search else None,
             )
         )
         response_ids += gen + obs

@@ -1,0 +1,138 @@
+"""What a tool is: a name, its tags, its stop strings, its line of the invalid-action text, its call and its metrics.
+
+An agent loop holds a list of tools and derives everything tool-specific from it (the action parser, the engine's
+stop strings, the invalid-action text, the format reward's tags, the per-trajectory counters). A tool is built by
+``tools/registry.py:build_tools`` from the experiment config and a ``ToolContext`` (what only the worker knows).
+A minimal tool::
+
+    class Echo(Tool):
+        name = "echo"
+        instruction = "If I want an echo, I should put the text between <echo> and </echo>."
+
+        async def __call__(self, content: str) -> ToolOutput:
+            return ToolOutput(body=content)
+
+Kept free of heavy imports: config checks and the reward read tool classes without starting anything.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass
+class ToolOutput:
+    """One call's result: ``body`` is the text shown to the model (the loop wraps it in its observation tags).
+    ``latency_s`` None: the caller times the call itself."""
+
+    body: str
+    ok: bool = True
+    latency_s: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool may need beyond the experiment config, known only where it is built (the agent-loop worker,
+    evaluation): a seed, the node it runs on, the launcher's node, a retrieval-server address started for the run."""
+
+    seed: int = 0
+    node_ip: str | None = None
+    launcher_ip: str | None = None
+    search_server_addr: Any = None
+
+
+@dataclass(frozen=True)
+class ToolMetricNames:
+    """Keys of a trajectory's ``metrics`` the loop fills for one tool (means over trajectories are logged as
+    ``agent/<key>``)."""
+
+    calls: str
+    failures: str
+    latency_s: str
+    failure_rate: str  # failures / calls over a step's trajectories (a step metric, not a trajectory's)
+
+
+@dataclass
+class ToolStats:
+    """Calls made through ``Tool.run`` over the tool's life (the worker reads the time spent per request)."""
+
+    calls: int = 0
+    failures: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+
+
+class Tool:
+    """Base class of a tool. A subclass sets ``name`` and ``instruction`` (and ``tag`` when it differs from the
+    name) and implements ``async __call__(content) -> ToolOutput``; ``from_config`` builds it (default: no
+    arguments). Loops call ``run`` (timed, counted)."""
+
+    name: ClassVar[str] = ""
+    tag: ClassVar[str] = ""  # the action tag's name (<tag>…</tag>); "" = the tool's name
+    instruction: ClassVar[str] = ""  # its sentence in the invalid-action text; "" = a generic one
+    metric_names_override: ClassVar[ToolMetricNames | None] = None  # None = <name>_calls, <name>_failures, ...
+
+    @classmethod
+    def from_config(cls, cfg: Any, context: ToolContext) -> "Tool":
+        """The tool for an experiment config (``cfg``: the whole ``ExperimentConfig``)."""
+        return cls()
+
+    async def __call__(self, content: str) -> ToolOutput:
+        raise NotImplementedError(f"{type(self).__name__} must implement async __call__(content) -> ToolOutput")
+
+    # --- derived from the class attributes; subclasses rarely override these ---
+
+    @classmethod
+    def tag_name(cls) -> str:
+        return cls.tag or cls.name
+
+    @classmethod
+    def open_tag(cls) -> str:
+        return f"<{cls.tag_name()}>"
+
+    @classmethod
+    def close_tag(cls) -> str:
+        return f"</{cls.tag_name()}>"
+
+    @classmethod
+    def stops(cls) -> tuple[str, ...]:
+        """The strings the engine must stop at for the loop to act on a call (its closing tag)."""
+        return (cls.close_tag(),)
+
+    @classmethod
+    def invalid_action_line(cls) -> str:
+        return cls.instruction or (
+            f"If I want to use the {cls.name} tool, I should put its input between {cls.open_tag()} and "
+            f"{cls.close_tag()}."
+        )
+
+    @classmethod
+    def metric_names(cls) -> ToolMetricNames:
+        return cls.metric_names_override or ToolMetricNames(
+            calls=f"{cls.name}_calls", failures=f"{cls.name}_failures", latency_s=f"{cls.name}_latency_s",
+            failure_rate=f"{cls.name}_failure_rate",
+        )
+
+    @property
+    def stats(self) -> ToolStats:
+        stats = self.__dict__.get("_tool_stats")
+        if stats is None:
+            stats = self.__dict__["_tool_stats"] = ToolStats()
+        return stats
+
+    def busy_seconds(self) -> float:
+        """Seconds spent in calls so far (the worker logs the difference over a request as ``time/tool``)."""
+        return float(sum(self.stats.latencies_s))
+
+    async def run(self, content: str) -> ToolOutput:
+        """``self(content)``, timed when the tool does not report its latency, and counted in ``stats``."""
+        started = time.monotonic()
+        output = await self(content)
+        if output.latency_s is None:
+            output.latency_s = time.monotonic() - started
+        self.stats.calls += 1
+        self.stats.failures += 0 if output.ok else 1
+        self.stats.latencies_s.append(float(output.latency_s))
+        return output
