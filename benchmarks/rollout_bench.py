@@ -236,7 +236,7 @@ def engine_run(spec: dict) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from rlinf_ext.agent.core.config import AgentLoopConfig
+    from rlinf_ext.agent.searchr1.config import LoopSettings
     from rlinf_ext.agent.searchr1.loop import run_group
     from rlinf_ext.agent.searchr1.protocol import SEARCHR1_STOPS
     from rlinf_ext.protocol.generation import SamplingParams
@@ -268,8 +268,8 @@ def engine_run(spec: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = spec["prompt_ids"]
     params = SamplingParams(max_new_tokens=spec["max_new_tokens"], temperature=1.0, stop=list(SEARCHR1_STOPS))
-    agent_cfg = AgentLoopConfig(max_turns=spec["max_turns"], response_length_total=spec["response_length"],
-                                max_obs_length=500)
+    agent_cfg = LoopSettings(max_turns=spec["max_turns"], response_length_total=spec["response_length"],
+                             max_obs_length=500)
 
     async def warm_up():
         await generator.generate(prompts[0], params.with_updates(max_new_tokens=4))
@@ -454,7 +454,7 @@ async def run_mode(name, generator, tokenizer, prompts, titles, agent_cfg, searc
 
 
 def run_stop_vs_cut(args) -> int:
-    from rlinf_ext.agent.core.config import AgentLoopConfig
+    from rlinf_ext.agent.searchr1.config import LoopSettings
     from rlinf_ext.agent.core.scripted import ForcedActions
     from rlinf_ext.agent.searchr1.protocol import SEARCHR1_STOPS
     from rlinf_ext.generation.hf import HFGenerator
@@ -479,8 +479,8 @@ def run_stop_vs_cut(args) -> int:
     titles = [d["contents"].split("\n")[0].strip('"') for d in docs]
     prompts = [tokenizer.encode(r["prompt"], add_special_tokens=False) for r in rows]
 
-    agent_cfg = AgentLoopConfig(max_turns=args.max_turns, response_length_total=args.response_length,
-                                max_obs_length=500)
+    agent_cfg = LoopSettings(max_turns=args.max_turns, response_length_total=args.response_length,
+                             max_obs_length=500)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, stop=list(SEARCHR1_STOPS))
 
     with RetrievalServerProcess(index_dir, corpus_path, startup_timeout_s=120) as url:

@@ -15,7 +15,8 @@ from rlinf_ext.config.compose import ComposeError, compose
 from rlinf_ext.config.rules import run_rules
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue, build, check_structure
-from rlinf_ext.protocol.agents import AGENTS, is_import_path
+from rlinf_ext.protocol.agents import AGENTS
+from rlinf_ext.protocol.plugins import is_import_path
 
 
 class ConfigError(ValueError):

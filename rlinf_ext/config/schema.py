@@ -374,15 +374,8 @@ class AgentLoopConfig:
         "image search <search><img></search>, <text_search>, <answer>; a Qwen2.5-VL model and FVQA data), or the "
         "import path of an AgentSpec (pkg.module:SPEC). Its own settings are the section agentloop.<its name>."
     )
-    max_turns: int = fld(2, "Search rounds before the answer is forced.")
-    tools: list[str] = fld(
-        ["search"], "Search-R1: the tools the agent may call, each a registered name (search) or an import path "
-        "'pkg.module:Class' of a rlinf_ext.tools.base.Tool subclass (docs/extending.md)."
-    )
     response_length_total: int = fld(4096, "Token budget of the whole multi-turn response.")
-    force_final_answer: bool = fld(True, "After max_turns, one more turn with search disabled.")
-    max_obs_length: int = fld(500, "Observation tokens kept per search (closing tag preserved).")
-    observation_format: Literal["searchr1", "rlinf"] = fld("searchr1", "How retrieved passages are rendered.")
+    max_obs_length: int = fld(500, "Observation tokens kept per tool result (closing tag preserved).")
     print_outputs: bool = fld(False, "Print trajectories (debug).")
 
 
@@ -402,6 +395,7 @@ class SearchToolConfig:
     max_retries: int = fld(3, "Retries on connection errors / 5xx.")
     backoff_base: float = fld(0.5, "Seconds; retry k waits backoff_base * 2**k.")
     fail_on_search_error: bool = fld(False, "Abort the step on a failed search (False: insert an error text).")
+    observation_format: Literal["searchr1", "rlinf"] = fld("searchr1", "How retrieved passages are rendered.")
 
 
 @dataclass

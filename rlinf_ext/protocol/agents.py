@@ -22,9 +22,10 @@ with a name. The components, each called with the experiment config:
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
+
+from rlinf_ext.protocol.plugins import is_import_path, load_path
 
 SEARCHR1 = "searchr1"
 MMSEARCH = "mmsearch"
@@ -47,6 +48,7 @@ class AgentSpec:
     evaluation: str = ""
     validation: str = ""
     tiny_assets: str = ""
+    tools: tuple[str, ...] = ()  # the tools it always uses, when its section lists none (agentloop.<name>.tools)
 
     def has(self, component: str) -> bool:
         return bool(getattr(self, component))
@@ -66,6 +68,7 @@ AGENTS: dict[str, AgentSpec] = {
         rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
         dataset="rlinf_ext.data.prompts:build_prompt_datasets",
         reward="rlinf_ext.rewards.searchr1:searchr1_reward",
+        config="rlinf_ext.agent.searchr1.config:SearchR1Config",
         evaluation="rlinf_ext.eval.searchr1.runner:run_evaluation",
         validation="rlinf_ext.eval.searchr1.validation:ValidationPass",
         tiny_assets="rlinf_ext.agent.searchr1.tiny:tiny_parts",
@@ -82,24 +85,9 @@ AGENTS: dict[str, AgentSpec] = {
         evaluation="rlinf_ext.eval.mmsearch.runner:run_mm_evaluation",
         validation="rlinf_ext.eval.mmsearch.validation:MMValidationPass",
         tiny_assets="rlinf_ext.agent.mmsearch.tiny:tiny_parts",
+        tools=("search",),  # its text search (the image search reads the task's cache, not a tool call's text)
     ),
 }
-
-
-def is_import_path(name: str) -> bool:
-    return ":" in name
-
-
-def load_path(path: str, what: str) -> Any:
-    """``"pkg.module:attr"`` -> the object; an error that names ``what`` and the path when it cannot be found."""
-    module, _, attr = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except ModuleNotFoundError as exc:
-        raise ValueError(f"{what}: cannot import module {module!r} of {path!r} ({exc}); is its package on "
-                         "PYTHONPATH?") from exc
-    except AttributeError:
-        raise ValueError(f"{what}: module {module!r} has no attribute {attr!r} ({path!r})") from None
 
 
 def agent_spec(cfg_or_name: Any) -> AgentSpec:
@@ -118,3 +106,14 @@ def agent_spec(cfg_or_name: Any) -> AgentSpec:
     if spec.name in AGENTS:
         raise ValueError(f"agentloop.agent={name!r}: its name {spec.name!r} is a built-in agent's; give it its own")
     return spec
+
+
+def agent_section(cfg: Any) -> Any:
+    """The chosen agent's own section of an experiment config (``agentloop.<name>``), or None."""
+    return getattr(cfg.agentloop, agent_spec(cfg).name, None)
+
+
+def agent_tools(cfg: Any) -> list[str]:
+    """The tools the chosen agent calls: its section's ``tools`` list, else the ones its entry names."""
+    spec = agent_spec(cfg)
+    return [str(name) for name in getattr(getattr(cfg.agentloop, spec.name, None), "tools", spec.tools)]

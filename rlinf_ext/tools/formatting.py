@@ -15,7 +15,7 @@ from typing import Any
 
 from rlinf_ext.tools.documents import Document
 
-SEARCHR1_STYLE, RLINF_STYLE = "searchr1", "rlinf"  # agentloop.observation_format
+SEARCHR1_STYLE, RLINF_STYLE = "searchr1", "rlinf"  # tools.search.observation_format
 OBSERVATION_FORMATS = (SEARCHR1_STYLE, RLINF_STYLE)
 OPEN_TAG = "\n\n<information>"
 CLOSE_TAG = "</information>\n\n"
@@ -28,7 +28,7 @@ def format_documents(docs: Sequence[Document], style: str = SEARCHR1_STYLE) -> s
         return "\n".join(f'Doc {i + 1}(Title: "{doc.title}") {doc.text}' for i, doc in enumerate(docs)).strip()
     if style == RLINF_STYLE:
         return "\n".join(f"[Doc {i + 1}]({doc.url or ''}):\n{doc.text}\n" for i, doc in enumerate(docs))
-    raise ValueError(f"agentloop.observation_format must be one of {OBSERVATION_FORMATS}, got {style!r}")
+    raise ValueError(f"tools.search.observation_format must be one of {OBSERVATION_FORMATS}, got {style!r}")
 
 
 def search_failed_text(error: str) -> str:

@@ -7,17 +7,18 @@ subclass anywhere on the Python path, so a tool can live outside ``rlinf_ext/``.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
+from rlinf_ext.protocol.agents import agent_tools
+from rlinf_ext.protocol.plugins import is_import_path, load_path
 from rlinf_ext.tools.base import Tool, ToolContext
 
 # short name -> import path; modules are imported only when a tool is resolved
+SEARCH = "search"
 BUILTIN_TOOLS: dict[str, str] = {
-    "search": "rlinf_ext.tools.search:TextSearch",
+    SEARCH: "rlinf_ext.tools.search:TextSearch",
 }
-IMPORT_PATH_FORM = "pkg.module:Class"
 # tags the Search-R1 protocol uses itself: a tool named after one would be read as that block
 RESERVED_TAGS = ("answer", "think", "information")
 
@@ -29,21 +30,15 @@ class ToolNameError(ValueError):
 def resolve_tool(name: str) -> type[Tool]:
     """The ``Tool`` subclass a configured name stands for; ToolNameError naming the choices otherwise."""
     path = BUILTIN_TOOLS.get(name, name)
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
+    if not is_import_path(path):
         raise ToolNameError(
             f"tool {name!r} is neither a registered tool ({sorted(BUILTIN_TOOLS)}) nor an import path "
-            f"'{IMPORT_PATH_FORM}' (e.g. 'mypkg.tools:Calculator')"
+            "'pkg.module:Class' (e.g. 'mypkg.tools:Calculator')"
         )
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ToolNameError(
-            f"tool {name!r}: module {module_name!r} cannot be imported ({exc}); is its package on PYTHONPATH?"
-        ) from exc
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ToolNameError(f"tool {name!r}: module {module_name!r} has no attribute {attr!r}")
+        cls = load_path(path, f"tool {name!r}")
+    except ValueError as exc:
+        raise ToolNameError(str(exc)) from None
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
         raise ToolNameError(f"tool {name!r}: {path} is {cls!r}, not a subclass of rlinf_ext.tools.base.Tool")
     if not cls.name:
@@ -93,3 +88,9 @@ def build_tools(names: Sequence[str], cfg: Any, context: ToolContext | None = No
 def tool_tags(names: Sequence[str]) -> list[str]:
     """The action tag names of a configured list (what the format reward accepts after a thought)."""
     return [cls.tag_name() for cls in tool_classes(names)]
+
+
+def build_agent_tools(cfg: Any, context: ToolContext | None = None) -> list[Tool]:
+    """The tools the chosen agent calls (``protocol/agents.py:agent_tools``), built: the one way the agent-loop
+    worker's rollouts, evaluation and validation get them."""
+    return build_tools(agent_tools(cfg), cfg, context)

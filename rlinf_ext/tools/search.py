@@ -152,7 +152,7 @@ SEARCH_METRICS = ToolMetricNames(calls="searches", failures="search_failures", l
 
 
 class TextSearch(Tool):
-    """Search-R1's `<search> query </search>`: the retrieved passages in ``agentloop.observation_format``, or the
+    """Search-R1's `<search> query </search>`: the retrieved passages in ``tools.search.observation_format``, or the
     failure text. ``search(query)`` gives the client's raw result (MMSearch-R1 renders it itself)."""
 
     name = "search"
@@ -169,7 +169,7 @@ class TextSearch(Tool):
         if context.search_server_addr is not None:  # a server started by the launcher for this run
             search_cfg = replace(search_cfg, server_addr=context.search_server_addr)
         client = SearchTool(search_cfg, seed=context.seed, node_ip=context.node_ip, home_ip=context.launcher_ip)
-        return cls(client, str(cfg.agentloop.observation_format))
+        return cls(client, str(search_cfg.observation_format))
 
     async def search(self, query: str) -> SearchResult:
         return await self.client.search(query)

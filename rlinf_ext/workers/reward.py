@@ -19,7 +19,7 @@ from rlinf.scheduler import Worker
 
 from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.protocol import metric_keys as mk
-from rlinf_ext.protocol.agents import agent_spec
+from rlinf_ext.protocol.agents import agent_spec, agent_tools
 from rlinf_ext.protocol.payloads import SearchRolloutResult
 from rlinf_ext.tools import registry as tool_registry
 
@@ -29,11 +29,9 @@ def takes_tool_tags(fn: Callable[..., Any]) -> bool:
     return "tool_tags" in inspect.signature(fn).parameters
 
 
-def configured_tool_tags(cfg: Any) -> list[str] | None:
-    """The tags of the tools the agent's own section lists (``agentloop.<agent>.tools``), None when it lists none."""
-    section = getattr(cfg.agentloop, agent_spec(cfg).name, None)
-    names = getattr(section, "tools", None)
-    return None if names is None else tool_registry.tool_tags(list(names))
+def configured_tool_tags(cfg: Any) -> list[str]:
+    """The tags of the tools the chosen agent calls (``protocol/agents.py:agent_tools``)."""
+    return tool_registry.tool_tags(agent_tools(cfg))
 
 
 def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig, fn: Callable[..., Any],

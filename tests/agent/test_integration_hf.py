@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from rlinf_ext.agent.core.config import AgentLoopConfig
+from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.core.response import check_mask_invariant
 from rlinf_ext.agent.searchr1.loop import run_group
 from rlinf_ext.agent.core.scripted import ForcedActions
@@ -35,7 +35,7 @@ def test_tiny_model_searches_real_server_and_answers(tiny_assets, retrieval_url)
     prompt_ids = tokenizer.encode(row["prompt"], add_special_tokens=False)
     generator.logits_processors = [script]
 
-    agent_cfg = AgentLoopConfig(max_turns=2, response_length_total=600, max_obs_length=200)
+    agent_cfg = LoopSettings(max_turns=2, response_length_total=600, max_obs_length=200)
     search_cfg = SearchToolConfig(backend="local", server_addr=retrieval_url, topk=3, default_timeout=10)
     params = SamplingParams(max_new_tokens=40, temperature=1.0, stop=["<|im_end|>"])
 

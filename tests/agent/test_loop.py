@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from rlinf_ext.agent.core.config import AgentLoopConfig
+from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.core.response import check_mask_invariant
 from rlinf_ext.agent.searchr1.loop import run_group, run_trajectory
 from rlinf_ext.agent.searchr1.protocol import SEARCHR1_STOPS, TurnProtocol
@@ -17,7 +17,7 @@ from rlinf_ext.tools.search import TextSearch
 
 TOK = CharTokenizer()
 PROMPT = TOK.encode("Question: capital of France?\n")
-CFG = AgentLoopConfig(max_turns=2, response_length_total=2000, max_obs_length=400)
+CFG = LoopSettings(max_turns=2, response_length_total=2000, max_obs_length=400)
 # Search-R1's published invalid-action text (search_r1/llm_agent/generation.py), byte for byte
 SEARCHR1_INVALID_ACTION = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
@@ -249,15 +249,11 @@ def test_run_group_concurrent_shared_uid_and_reward():
         check_mask_invariant(t)
 
 
-def test_a_bare_search_client_stands_for_the_search_tool():
-    """The tiny-asset builder's form (assets/searchr1/sft.py): a client with `search(query)`, or None."""
+def test_the_search_tool_renders_its_client_s_passages_in_its_observation_format():
+    """`TextSearch` over any client with `search(query)` (the tiny-asset builder passes its corpus search) renders in
+    `tools.search.observation_format`."""
     gen = ScriptedGenerator(["<search> q </search>", "<answer>Paris</answer>"])
     client = RecordingClient()
-    traj = asyncio.run(run_trajectory(gen, TOK, PROMPT, ["Paris"], replace(CFG, observation_format="rlinf"), client))
+    traj = asyncio.run(run_trajectory(gen, TOK, PROMPT, ["Paris"], CFG, [TextSearch(client, "rlinf")]))
     assert client.queries == ["q"] and traj.metrics["searches"] == 1
-    assert "[Doc 1](" in TOK.decode(traj.turns[0].observation_ids)  # the loop section's observation format
-    gen = ScriptedGenerator(["<think>x</think> stray", "<answer>Paris</answer>"])
-    traj = asyncio.run(run_trajectory(gen, TOK, PROMPT, ["Paris"], CFG, None,
-                                      sampling_params=SamplingParams(max_new_tokens=len("<think>x</think> stray"))))
-    assert TOK.decode(traj.turns[0].observation_ids) == SEARCHR1_INVALID_ACTION and gen.calls[0].params.stop == [
-        "</search>", "</answer>"]
+    assert "[Doc 1](" in TOK.decode(traj.turns[0].observation_ids)

@@ -30,7 +30,7 @@ def make_cfg(tiny_assets, out_dir, url, **extra):
         "algorithm.kl_beta": 0.01,
         "algorithm.entropy_bonus": 0.001,
         "algorithm.sampling_params.max_new_tokens": 24,
-        "agentloop.max_turns": 1,
+        "agentloop.searchr1.max_turns": 1,
         "agentloop.response_length_total": 96,
         "agentloop.max_obs_length": 48,
         "actor.optim.lr": 1e-3,

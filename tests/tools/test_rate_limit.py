@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from retrieval_stub import StubServer
 
-from rlinf_ext.agent.core.config import AgentLoopConfig
+from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.searchr1.loop import run_trajectory
 from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.tools import SearchTool, SearchToolConfig, close_http_session
@@ -44,7 +44,7 @@ def test_100_concurrent_trajectories_stay_at_configured_rate():
     generator = ScriptedGenerator(
         lambda k, context: "<answer>x</answer>" if "<information>" in context else "<search> q </search>"
     )
-    agent_cfg = AgentLoopConfig(max_turns=2, response_length_total=4000)
+    agent_cfg = LoopSettings(max_turns=2, response_length_total=4000)
     with StubServer() as server:
         cfg = SearchToolConfig(backend="local", server_addr=server.url, rate_limit=rate, num_workers=100,
                                default_timeout=10.0, max_retries=0)

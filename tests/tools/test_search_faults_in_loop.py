@@ -6,7 +6,7 @@ import time
 import pytest
 from retrieval_stub import StubBehaviour, StubServer, unused_port
 
-from rlinf_ext.agent.core.config import AgentLoopConfig
+from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.searchr1.loop import run_group, summarize_metrics
 from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.tools import SearchError, SearchTool, SearchToolConfig, close_http_session
@@ -26,7 +26,7 @@ def run_groups(cfg, group_size=4):
         tool = SearchTool(cfg, seed=0)
         try:
             started = time.monotonic()
-            trajs = await run_group(scripted(), TOK, TOK.encode("Q?"), ["x"], AgentLoopConfig(max_turns=2),
+            trajs = await run_group(scripted(), TOK, TOK.encode("Q?"), ["x"], LoopSettings(max_turns=2),
                                     [TextSearch(tool)], group_size)
             return tool, trajs, time.monotonic() - started
         finally:

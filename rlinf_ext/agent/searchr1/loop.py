@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlinf_ext.agent.core.config import AgentLoopConfig, check_agent_config
+from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.core.response import ResponseBuffer, check_mask_invariant
 from rlinf_ext.agent.core.types import INVALID, TOOL_DISABLED, Trajectory, TurnRecord
 from rlinf_ext.agent.searchr1.protocol import TurnProtocol
@@ -29,7 +29,6 @@ from rlinf_ext.tools.formatting import (
     build_invalid_action_observation,
     build_observation,
 )
-from rlinf_ext.tools.search import TextSearch
 
 # loop counters (Trajectory.metrics) beside each tool's own (Tool.metric_names)
 LOOP_COUNTERS = ("invalid_actions", "generated_tokens", "truncated_observations")
@@ -76,21 +75,12 @@ class _Rollout(ResponseBuffer):
         ))
 
 
-def _end_before_turn(cfg: AgentLoopConfig, turn_index: int, remaining: int) -> str:
+def _end_before_turn(cfg: LoopSettings, turn_index: int, remaining: int) -> str:
     """Why no further turn is generated ("" = generate one): the turn limit, or no token budget left."""
     max_turns = int(cfg.max_turns)
     if turn_index >= max_turns and (not cfg.force_final_answer or turn_index > max_turns):
         return "max_turns"
     return "response_budget" if remaining <= 0 else ""
-
-
-def as_tools(tools: Sequence[Tool] | Any, cfg: AgentLoopConfig) -> list[Tool]:
-    """The loop's tool list. A bare search client (anything with ``async search(query)``, or None when the plan
-    never searches) stands for Search-R1's text search over it: the form the tiny-asset builder passes
-    (``assets/searchr1/sft.py``, whose edits rebuild the tiny assets)."""
-    if tools is None or hasattr(tools, "search"):
-        return [TextSearch(tools, str(cfg.observation_format))]
-    return list(tools)
 
 
 def initial_counts(tools: Sequence[Tool]) -> dict[str, float]:
@@ -102,7 +92,7 @@ def initial_counts(tools: Sequence[Tool]) -> dict[str, float]:
     return counts
 
 
-async def _act(action: str, content: str | None, final_turn: bool, cfg: AgentLoopConfig, tokenizer: Any,
+async def _act(action: str, content: str | None, final_turn: bool, cfg: LoopSettings, tokenizer: Any,
                tools: dict[str, Tool], protocol: TurnProtocol,
                state: _Rollout) -> tuple[str, Observation | None, _Call | None]:
     """Carry out a parsed action: ``(action as recorded, observation to append or None, the tool call or None)``.
@@ -159,17 +149,16 @@ async def run_trajectory(
     tokenizer: Any,
     prompt_ids: list[int],
     answers: Any,
-    cfg: AgentLoopConfig,
+    cfg: LoopSettings,
     tools: Sequence[Tool],
     *,
     sampling_params: SamplingParams | None = None,
     uid: str | None = None,
     reward_fn: Callable[[Trajectory], float] | None = None,
 ) -> Trajectory:
-    """Roll out one trajectory. `cfg` is the agent's loop section (`agentloop`); `tools` are built tools
-    (``tools/registry.py:build_tools``; see ``as_tools`` for the one other form)."""
-    check_agent_config(cfg)
-    tools = as_tools(tools, cfg)
+    """Roll out one trajectory. `cfg` holds the loop's settings (``LoopSettings.from_config``); `tools` are built
+    tools (``tools/registry.py:build_tools``)."""
+    tools = list(tools)
     protocol = TurnProtocol.of(tools)
     by_name = {tool.name: tool for tool in tools}
     base = sampling_params or SamplingParams()
@@ -208,7 +197,7 @@ async def run_group(
     tokenizer: Any,
     prompt_ids: list[int],
     answers: Any,
-    cfg: AgentLoopConfig,
+    cfg: LoopSettings,
     tools: Sequence[Tool],
     group_size: int,
     *,

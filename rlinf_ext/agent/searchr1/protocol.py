@@ -16,7 +16,7 @@ from rlinf_ext.tools.base import Tool
 ANSWER, EOS, INVALID, TOOL_DISABLED = "answer", "eos", "invalid", "tool_disabled"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 ANSWER_LINE = "If I want to give the final answer, I should put the answer between <answer> and </answer>."
-DEFAULT_TOOLS: tuple[str, ...] = ("search",)  # agentloop.tools' default (config/schema.py)
+DEFAULT_TOOLS: tuple[str, ...] = ("search",)  # agentloop.searchr1.tools' default (config/schema.py)
 # The default tools' stops and the answer's (what the agent registry states; tests check it against TurnProtocol)
 SEARCHR1_STOPS = ("</search>", ANSWER_CLOSE)
 

@@ -1,4 +1,4 @@
-"""Search-R1 behind the agent-loop worker (``agent/core/rollout.py:AgentRollout``): its tools (``agentloop.tools``),
+"""Search-R1 behind the agent-loop worker (``agent/core/rollout.py:AgentRollout``): its tools (``agentloop.searchr1.tools``),
 one prompt of the request's tokenised prompts per group, the text loop, the shared result."""
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.agent.searchr1.loop import run_group, summarize_metrics
 from rlinf_ext.protocol.generation import Generator, SamplingParams
 from rlinf_ext.protocol.payloads import SearchRolloutRequest, SearchRolloutResult
-from rlinf_ext.agent.searchr1.tools import loop_section, searchr1_tools
+from rlinf_ext.agent.searchr1.config import LoopSettings
+from rlinf_ext.tools.registry import build_agent_tools
 from rlinf_ext.tools.base import ToolContext
 
 
 class SearchR1Rollout:
     def __init__(self, cfg: Any, context: ToolContext):
         self.cfg = cfg
-        self.loop_cfg = loop_section(cfg)
-        self.tools = searchr1_tools(cfg, context)
+        self.loop_cfg = LoopSettings.from_config(cfg)
+        self.tools = build_agent_tools(cfg, context)
         self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.rollout.model.model_path))
         self.sampling_params = SamplingParams.from_config(cfg.algorithm.sampling_params)
 

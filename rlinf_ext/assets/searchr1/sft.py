@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from rlinf_ext.agent.core.config import AgentLoopConfig
+from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.agent.searchr1.loop import run_trajectory
 from rlinf_ext.assets.core import sft as sft_loop
@@ -35,14 +35,14 @@ from rlinf_ext.assets.searchr1 import trajectories
 from rlinf_ext.assets.searchr1.qa import Question, split_questions
 from rlinf_ext.assets.searchr1.rows import chat_prompt
 from rlinf_ext.protocol.generation import SamplingParams
+from rlinf_ext.tools.search import TextSearch
 
 SEARCH_DIR = "qwen2-tiny-sft-search"  # under models/: the search phase
 GIVE_UP_DIR = "qwen2-tiny-sft"  # under models/: after the give-up phase
 
 # the loop's limits while playing back: above any planned trajectory, so nothing is cut or refused
 PLAYBACK_TOKENS = 8192
-PLAYBACK_LOOP = AgentLoopConfig(max_turns=8, response_length_total=PLAYBACK_TOKENS, max_obs_length=PLAYBACK_TOKENS,
-                                observation_format="searchr1")
+PLAYBACK_LOOP = LoopSettings(max_turns=8, response_length_total=PLAYBACK_TOKENS, max_obs_length=PLAYBACK_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,8 @@ def play_back(tokenizer, questions: list[Question], plans: list[list[trajectorie
         for q, plan in zip(questions, plans):
             gen.start([turn.text for turn in plan])
             prompt_ids = tokenizer.encode(chat_prompt(tokenizer, q.question), add_special_tokens=False)
-            out.append(await run_trajectory(gen, tokenizer, prompt_ids, list(q.answers), PLAYBACK_LOOP, search,
+            out.append(await run_trajectory(gen, tokenizer, prompt_ids, list(q.answers), PLAYBACK_LOOP,
+                                            [TextSearch(search)],
                                             sampling_params=params))
         return out
 

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from rlinf_ext.config.rule_registry import rule
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
+from rlinf_ext.protocol.agents import agent_section, agent_spec, agent_tools
+from rlinf_ext.tools.registry import SEARCH, check_tool_names
 
 
 @rule("tools.search.topk")
@@ -17,9 +19,10 @@ def search_topk_positive(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("retrieval.launch", "retrieval.index_dir", "retrieval.corpus_path", "tools.search.server_addr")
+@rule("agentloop.agent", "retrieval.launch", "retrieval.index_dir", "retrieval.corpus_path", "tools.search.server_addr")
 def retrieval_source(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    if cfg.tools.search.backend != "local":
+    """A local text search needs a server; an agent that does not search needs none."""
+    if cfg.tools.search.backend != "local" or SEARCH not in agent_tools(cfg):
         return
     if cfg.retrieval.launch:
         for key in ("index_dir", "corpus_path"):
@@ -35,3 +38,15 @@ def retrieval_source(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
             "no retrieval server: tools.search.server_addr is null and retrieval.launch is false.",
             "set tools.search.server_addr=HOST:PORT or retrieval.launch=true.",
         )
+
+
+@rule("agentloop.agent")
+def agent_tools_resolve(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """Every tool an agent's section lists is a registered name or an importable Tool subclass, with its own tag."""
+    names = getattr(agent_section(cfg), "tools", None)
+    if names is None:
+        return
+    for problem in check_tool_names([str(n) for n in names]):
+        yield ConfigIssue(f"agentloop.{agent_spec(cfg).name}.tools", problem,
+                          "use a registered tool name or the import path pkg.module:Class of a "
+                          "rlinf_ext.tools.base.Tool subclass (docs/extending.md).")

@@ -14,7 +14,8 @@ from typing import Any
 
 from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.agent.searchr1.loop import run_trajectory
-from rlinf_ext.agent.searchr1.tools import loop_section, searchr1_tools
+from rlinf_ext.agent.searchr1.config import LoopSettings, loop_section
+from rlinf_ext.tools.registry import build_agent_tools
 from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.eval.core.loop import Evaluator, evaluate_run
 from rlinf_ext.eval.core.results import RESULTS_MD, markdown_table
@@ -99,7 +100,7 @@ def make_rollout_fn(cfg: Any, generator, tokenizer, tools: list[Tool], sampling_
             tokenizer,
             prompt_ids,
             item.golden_answers,
-            loop_section(cfg),
+            LoopSettings.from_config(cfg),
             tools,
             sampling_params=sampling_params,
             uid=f"{item.benchmark}:{item.item_id}",
@@ -166,7 +167,7 @@ def run_evaluation(
 
     `cfg` is the validated experiment config (attribute access). `generator` is any ``protocol.generation.Generator``;
     None builds the CPU `HFGenerator` in-process (only for `rollout.rollout_backend: hf`). The tools are built
-    from `agentloop.tools` unless given. Call from synchronous code (it runs its own event loop).
+    from `agentloop.searchr1.tools` unless given. Call from synchronous code (it runs its own event loop).
     """
     model_path = str(cfg.rollout.model.model_path)
     tokenizer = load_tokenizer(model_path)
@@ -176,13 +177,13 @@ def run_evaluation(
     check_same_setup(out, {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature})
     if generator is None and needs_rollouts(out, GenerationRecord, ((it.benchmark, it.item_id) for it in items)):
         generator = build_generator(cfg)  # not loaded at all when a rerun finds every question done
-    tools = tools if tools is not None else searchr1_tools(cfg)
+    tools = tools if tools is not None else build_agent_tools(cfg)
     meta = {
         "experiment_name": str(cfg.runner.experiment_name),
         "model_path": model_path,
         "do_sample": params.do_sample,
         "temperature": params.temperature,
-        "max_turns": int(cfg.agentloop.max_turns),
+        "max_turns": int(loop_section(cfg).max_turns),
         "topk": int(cfg.tools.search.topk),
         "data_size": int(cfg.data.data_size),
     }

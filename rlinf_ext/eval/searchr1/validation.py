@@ -13,7 +13,7 @@ from typing import Any
 
 from rlinf_ext.eval.core.runner import eval_concurrency, run_with_http_session, sampling_params_from_config
 from rlinf_ext.eval.core.validation import sample_items, validation_records
-from rlinf_ext.agent.searchr1.tools import searchr1_tools
+from rlinf_ext.tools.registry import build_agent_tools
 from rlinf_ext.eval.searchr1.runner import evaluator, items_from_config, load_tokenizer, make_rollout_fn
 from rlinf_ext.eval.searchr1.scoring import AVERAGED_FIELDS, Aggregate, aggregate
 from rlinf_ext.protocol import metric_keys as mk
@@ -61,7 +61,7 @@ class ValidationPass:
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(str(cfg.rollout.model.model_path))
         all_items = items_from_config(cfg, self.tokenizer)
         self.items = sample_items(all_items, samples_per_benchmark, seed=int(cfg.data.seed))
-        self.tools = tools if tools is not None else searchr1_tools(cfg)
+        self.tools = tools if tools is not None else build_agent_tools(cfg)
         self.tool_tags = [tool.tag_name() for tool in self.tools]
         params = sampling_params_from_config(cfg, do_sample=do_sample)
         self.rollout = make_rollout_fn(cfg, generator, self.tokenizer, self.tools, params)

@@ -12,14 +12,17 @@ from rlinf_ext.agent.core.results import result_from_group
 from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.agent.searchr1.loop import run_trajectory, summarize_metrics
 from rlinf_ext.agent.searchr1.protocol import TurnProtocol
-from rlinf_ext.agent.searchr1.tools import loop_section, searchr1_tool_tags, searchr1_tools
+from rlinf_ext.agent.searchr1.config import LoopSettings, loop_section
+from rlinf_ext.protocol.agents import agent_tools
+from rlinf_ext.tools.registry import build_agent_tools, tool_tags
 from rlinf_ext.config import check_config
 from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.tools.base import ToolContext
 from rlinf_ext.tools.registry import check_tool_names
 from rlinf_ext.tools.search import TextSearch
-from rlinf_ext.workers.reward import score_result
+from rlinf_ext.rewards.searchr1 import searchr1_reward
+from rlinf_ext.workers.reward import score_result_details
 from tests.plugins.calculator.tool import Calculator, CalculatorError, evaluate
 
 CALCULATOR = "tests.plugins.calculator.tool:Calculator"
@@ -32,7 +35,7 @@ ANSWER_TURN = "<think> The tool says 14. </think>\n<answer> 14 </answer>"
 @pytest.fixture(scope="module")
 def cfg():
     """The tiny Search-R1 experiment with the calculator configured by import path, checked like any run."""
-    checked = check_config("tiny-cpu", [f"agentloop.tools=[search,{CALCULATOR}]"])
+    checked = check_config("tiny-cpu", [f"agentloop.searchr1.tools=[search,{CALCULATOR}]"])
     assert checked.ok, checked.issues
     return checked.cfg
 
@@ -40,15 +43,15 @@ def cfg():
 def test_configured_by_import_path_and_built_like_the_worker_does(cfg):
     assert list(loop_section(cfg).tools) == ["search", CALCULATOR] and check_tool_names(loop_section(cfg).tools) == []
     # the worker's context: its seed, node and the retrieval server the launcher started
-    tools = searchr1_tools(cfg, ToolContext(seed=3, node_ip="127.0.0.1", search_server_addr="127.0.0.1:8000"))
+    tools = build_agent_tools(cfg, ToolContext(seed=3, node_ip="127.0.0.1", search_server_addr="127.0.0.1:8000"))
     assert [type(t) for t in tools] == [TextSearch, Calculator]
-    assert searchr1_tool_tags(cfg) == ["search", "calculate"]
+    assert tool_tags(agent_tools(cfg)) == ["search", "calculate"]
 
 
 def _trajectory(cfg, script, with_tools=False):
     gen = ScriptedGenerator(script)
-    tools = searchr1_tools(cfg, ToolContext(search_server_addr="127.0.0.1:8000"))
-    traj = asyncio.run(run_trajectory(gen, TOK, PROMPT, ["14"], loop_section(cfg), tools,
+    tools = build_agent_tools(cfg, ToolContext(search_server_addr="127.0.0.1:8000"))
+    traj = asyncio.run(run_trajectory(gen, TOK, PROMPT, ["14"], LoopSettings.from_config(cfg), tools,
                                       sampling_params=SamplingParams(stop=["<|im_end|>"])))
     return (gen, traj, tools) if with_tools else (gen, traj)
 
@@ -69,14 +72,15 @@ def test_a_calculator_trajectory_is_stopped_observed_masked_and_scored_well_form
 
     # the reward worker's path: the configured tools' tags reach the format score
     result = result_from_group([traj])
-    reward_cfg = RewardConfig(reward_type="searchr1", scoring="format")
-    assert score_result(result, reward_cfg, tool_tags=searchr1_tool_tags(cfg)) == ([1.0], [1.0])
+    reward_cfg = RewardConfig(scoring="format")
+    tags = tool_tags(agent_tools(cfg))
+    assert score_result_details(result, reward_cfg, searchr1_reward, tool_tags=tags)[:2] == ([1.0], [1.0])
     # the old silent trap: without the calculator's tag the same correct response scores as malformed
-    assert score_result(result, reward_cfg) == ([0.8], [1.0])
+    assert score_result_details(result, reward_cfg, searchr1_reward)[:2] == ([0.8], [1.0])
 
 
 def test_the_invalid_action_text_names_the_calculator(cfg):
-    protocol = TurnProtocol.of(searchr1_tools(cfg, ToolContext(search_server_addr="127.0.0.1:8000")))
+    protocol = TurnProtocol.of(build_agent_tools(cfg, ToolContext(search_server_addr="127.0.0.1:8000")))
     assert ("If I want to search, I should put the query between <search> and </search>. If I want to calculate, "
             "I should put the expression between <calculate> and </calculate>. If I want to give the final answer"
             ) in protocol.invalid_action_message
