@@ -18,12 +18,6 @@ from rlinf_ext.protocol.payloads import SearchRolloutResult
 from rlinf_ext.rewards.registry import get_reward_fn
 
 
-def score_result(result: SearchRolloutResult, reward_cfg: RewardConfig, step: int = 0) -> tuple[list[float], list[float]]:
-    """``(rewards, em)`` of one group, pure (no worker state)."""
-    rewards, em, _ = score_result_details(result, reward_cfg, step)
-    return rewards, em
-
-
 def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig, step: int = 0):
     """``(rewards, em, reward results)``; MMSearch-R1 results pass each trajectory's turn texts (``turns=``) and the
     training step (``step=``: where the search penalty's warm-up stands)."""
