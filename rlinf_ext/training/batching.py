@@ -74,3 +74,9 @@ def response_scatter(values: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     for i, (p, r) in enumerate(zip(batch.prompt_lengths, batch.response_lengths)):
         out[i, p - 1 : p - 1 + r] = values[i, :r]
     return out
+
+
+def gather_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Log-prob of each next token: ``logits`` [B, T, V] (fp32 math) -> [B, T-1]."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)

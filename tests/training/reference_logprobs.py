@@ -1,15 +1,10 @@
-"""The unchunked references the actor's chunked log-prob and entropy code is checked against (tests only): the
-whole ``[B, T, V]`` logits in fp32, ``log_softmax``, gather."""
+"""The unchunked entropy the actor's chunked entropy is checked against (tests only): the whole ``[..., V]``
+logits in fp32. (The log-prob twin, ``training/batching.py:gather_logprobs``, is the package's: the GPU smoke
+script's HF reference uses it too.)"""
 
 from __future__ import annotations
 
 import torch
-
-
-def gather_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Log-prob of each next token: ``logits`` [B, T, V] (fp32 math) -> [B, T-1]."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,7 @@
 import pytest
 import torch
 
-from reference_logprobs import gather_logprobs
-
-from rlinf_ext.training.batching import pack_sequences, response_scatter, response_slice
+from rlinf_ext.training.batching import gather_logprobs, pack_sequences, response_scatter, response_slice
 from rlinf_ext.training.lr_schedule import lr_at
 
 

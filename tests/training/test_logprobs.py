@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
-from reference_logprobs import entropy_from_logits, gather_logprobs
+from reference_logprobs import entropy_from_logits
 
+from rlinf_ext.training.batching import gather_logprobs
 from rlinf_ext.training.logprobs import next_token_logprobs
 
 S, B, H, V = 11, 2, 8, 50

@@ -5,9 +5,7 @@ import math
 import pytest
 import torch
 
-from reference_logprobs import gather_logprobs
-
-from rlinf_ext.training.batching import pack_sequences, response_scatter
+from rlinf_ext.training.batching import gather_logprobs, pack_sequences, response_scatter
 from rlinf_ext.training.grpo_policy import Sample
 from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.rl_math import LossConfig, grpo_actor_loss
