@@ -1,22 +1,19 @@
-"""Actor throughput and peak memory per data-parallel rank of the GRPO training step, before vs after.
+"""Actor throughput and peak memory per data-parallel rank of the GRPO training step.
 
     python benchmarks/train_step_bench.py --shapes tiny 0.5b --dp 2 [--batch 4 --seq 512 --steps 2]
-        [--src before=/path/to/an/older/checkout --src after=.]
 
 Shapes: ``tiny`` (the test model), ``0.5b`` (Qwen2.5-0.5B dimensions), ``0.5b-l4`` (0.5B width and vocabulary,
 4 layers: the 0.5B's per-layer and vocabulary memory at a size two ranks fit in a small machine); random weights
-written once as a HF checkpoint and loaded through the conversion mapping like a real run. Every ``--src`` is a
-source tree holding ``rlinf_ext/`` (default: this checkout as ``after``); each (source, shape) runs in a fresh
-process group of ``--dp`` CPU ranks (gloo), one sequence per micro-batch, with glibc's mmap threshold pinned so
-that freed tensors leave the resident set at once. Per rank: peak RSS above the rank's baseline (after imports)
-during the log-prob pass and during the timed training steps; tokens/s of the best step. Prints one line per run
-and a side-by-side table (ratios = second source / first). CPU only (fp32): the GPU figures are scripts/gpu_smoke.py S5.
+written once as a HF checkpoint and loaded through the conversion mapping like a real run. Each (shape, DP size)
+runs in a fresh process group of ``--dp`` CPU ranks (gloo), one sequence per micro-batch, with glibc's mmap
+threshold pinned so that freed tensors leave the resident set at once. Per rank: peak RSS above the rank's
+baseline (after imports) during the log-prob pass and during the timed training steps; tokens/s of the best step.
+Prints one line per run and a table. CPU only (fp32): the GPU figures are scripts/gpu_smoke.py S5.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -25,21 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlinf_ext.models.rss import PeakRSS, rss
+
 REPO = Path(__file__).resolve().parents[1]
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 EXTRA_SHAPES = {"0.5b-l4": ("0.5b", {"num_hidden_layers": 4})}
-
-
-def _load_rss():
-    """rlinf_ext/models/rss.py of THIS checkout, loaded by path: the ranks import rlinf_ext from --src (maybe an older
-    tree without it), and the measuring code must be the same for every source."""
-    spec = importlib.util.spec_from_file_location("rlinf_ext_rss", REPO / "rlinf_ext" / "models" / "rss.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.rss, module.PeakRSS
-
-
-rss, PeakRSS = _load_rss()
 
 
 # ------------------------------------------------------------------------------------------ one rank (child)
@@ -102,30 +89,22 @@ def make_checkpoint(shape: str, out_dir: str) -> str:
     return out_dir
 
 
-def run(src: Path, model_dir: str, job: dict) -> list[dict]:
+def run(model_dir: str, job: dict) -> list[dict]:
     with tempfile.TemporaryDirectory() as out:
-        env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": str(src)}
+        env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": str(REPO)}
         proc = subprocess.run([sys.executable, __file__, "--child", model_dir, json.dumps(job), out], env=env,
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            raise RuntimeError(f"{src} {job}: failed\n{proc.stderr[-4000:]}")
+            raise RuntimeError(f"{job}: failed\n{proc.stderr[-4000:]}")
         return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(job["dp"])]
 
 
-def table(rows: list[dict], names: list[str]) -> None:
+def table(rows: list[dict]) -> None:
     gib = 2**30
-    print(f"\n{'shape':<8} {'DP':>2} " + " ".join(f"{n + ' train peak/rank':>24} {n + ' tok/s':>12}" for n in names)
-          + (f"  {names[1]}/{names[0]}: peak, tok/s" if len(names) == 2 else ""))
-    for key in sorted({(r["shape"], r["dp"]) for r in rows}, key=lambda k: (k[0], k[1])):
-        got = {r["src"]: r for r in rows if (r["shape"], r["dp"]) == key}
-        if not all(n in got for n in names):
-            continue
-        cells = " ".join(f"{got[n]['train_peak'] / gib:>20.2f} GiB {got[n]['tokens_per_s']:>12.0f}" for n in names)
-        tail = ""
-        if len(names) == 2:  # the second source over the first (--src before=... --src after=...)
-            b, a = got[names[0]], got[names[1]]
-            tail = f"  {a['train_peak'] / b['train_peak']:>10.3f}  {a['tokens_per_s'] / b['tokens_per_s']:>10.3f}"
-        print(f"{key[0]:<8} {key[1]:>2} {cells}{tail}")
+    print(f"\n{'shape':<8} {'DP':>2} {'log-prob peak/rank':>20} {'train peak/rank':>18} {'tok/s':>10}")
+    for r in sorted(rows, key=lambda r: (r["shape"], r["dp"])):
+        print(f"{r['shape']:<8} {r['dp']:>2} {r['logprob_peak'] / gib:>16.2f} GiB {r['train_peak'] / gib:>14.2f} GiB "
+              f"{r['tokens_per_s']:>10.0f}")
 
 
 def main() -> None:
@@ -138,24 +117,21 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4, help="trajectories per step (GRPO groups of 2)")
     ap.add_argument("--seq", type=int, default=512, help="tokens per trajectory (prompt + response)")
     ap.add_argument("--steps", type=int, default=2, help="timed training steps (best is reported)")
-    ap.add_argument("--src", action="append", default=None, help="NAME=DIR of a source tree with rlinf_ext/")
     args = ap.parse_args()
-    sources = dict(s.split("=", 1) for s in (args.src or [f"after={REPO}"]))
     rows = []
     for shape in args.shapes:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = make_checkpoint(shape, tmp)
             for dp in args.dp:
                 job = {"dp": dp, "batch": args.batch, "seq": args.seq, "steps": args.steps}
-                for name, src in sources.items():
-                    ranks = run(Path(src), model_dir, job)
-                    row = {"src": name, "shape": shape, "dp": dp, **job, "params": ranks[0]["params"],
-                           "train_peak": max(r["train_peak"] for r in ranks),
-                           "logprob_peak": max(r["logprob_peak"] for r in ranks),
-                           "tokens_per_s": ranks[0]["tokens_per_s"], "step_s": ranks[0]["step_s"]}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-    table(rows, list(sources))
+                ranks = run(model_dir, job)
+                row = {"shape": shape, "dp": dp, **job, "params": ranks[0]["params"],
+                       "train_peak": max(r["train_peak"] for r in ranks),
+                       "logprob_peak": max(r["logprob_peak"] for r in ranks),
+                       "tokens_per_s": ranks[0]["tokens_per_s"], "step_s": ranks[0]["step_s"]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    table(rows)
 
 
 if __name__ == "__main__":

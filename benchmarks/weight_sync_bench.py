@@ -1,5 +1,4 @@
-"""Actor -> rollout weight sync: bytes and seconds per sync, the old serial path vs the two routes of
-``sync/weight_sync.py``, with 2 data-parallel actor processes and 2 rollout engines on a CPU Ray cluster, on the
+"""Actor -> rollout weight sync: bytes and seconds per sync over the two routes of ``sync/weight_sync.py``, with 2 data-parallel actor processes and 2 rollout engines on a CPU Ray cluster, on the
 transformers engine and on vLLM side by side.
 
     python benchmarks/weight_sync_bench.py [--shapes tiny 0.5b --repeats 3 --bucket-mb 1024 --rollout-dtype bfloat16
@@ -8,17 +7,15 @@ transformers engine and on vLLM side by side.
 Real RLinf workers (``ActorWorker`` DP=2 with fp32 master weights, ``HFRolloutWorker`` or ``VLLMRolloutWorker``
 x2 holding bf16 weights as a GPU engine would, gloo) on random weights of the given shape (``tiny``: 2 layers, hidden 64; ``0.5b``: Qwen2.5-0.5B dimensions), written once as a HF checkpoint in a
 temp dir and read by both sides like a real run; the probe check runs in every path. Paths:
-  old        what this project did before: actor rank 0 converts the whole state, then sends it to each rollout
-             rank in turn (a dataclass of tensors over gloo); the other actor rank idles;
   paired     collocated route: every actor rank converts its own copy bucket by bucket into shared memory and
              hands its engine handles (the CPU stand-in of CUDA IPC), both pairs in parallel;
   broadcast  disaggregated route: actor rank 0 broadcasts each bucket to both engines (RLinf's Worker.broadcast).
 On vLLM (in process, CPU) the buckets go through its layerwise in-place reload and the probe through the engine;
 its rollout side's parts (``workers/rollout_vllm.py``'s ``SYNC_*``: header wait, load, probe) are printed too.
-The old path exists on the transformers engine only. Printed per path: the weights' bytes, the bytes that crossed a process boundary, the copies of the weights
+Printed per path: the weights' bytes, the bytes that crossed a process boundary, the copies of the weights
 made on the way (counted from the code path, see COPIES), and seconds per sync (median of --repeats, after one
 warm-up sync that also sets up the communication groups). CPU figures: on GPUs the paired route moves no bytes
-at all across the boundary (CUDA IPC) and the old path's gloo sends become the bottleneck.
+at all across the boundary (CUDA IPC).
 """
 
 from __future__ import annotations
@@ -30,11 +27,9 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_step_bench import make_checkpoint  # noqa: E402  (the same random shapes as the actor benchmark)
@@ -44,55 +39,15 @@ from rlinf_ext.runner.groups import cpu_strategy, wait_all_or_raise, wait_or_rai
 from rlinf_ext.workers.actor import ActorWorker  # noqa: E402
 from rlinf_ext.workers.rollout_hf import HFRolloutWorker  # noqa: E402
 from rlinf_ext.workers.rollout_vllm import VLLMRolloutWorker  # noqa: E402
-from rlinf_ext.sync.weight_sync import (  # noqa: E402
-    HFWeightLoader,
-    SyncRoutes,
-    check_logits_match,
-    probe_ids,
-    rollout_dtype,
-)
+from rlinf_ext.sync.weight_sync import SyncRoutes  # noqa: E402
 
-# Copies of the weights per sync, per engine, from the code path: old = conversion (cat) + gloo receive into new
-# tensors + copy into the model; paired = conversion + pack into the shared bucket + copy into the model (the
-# handle maps the same memory); broadcast = conversion + pack + gloo receive + copy into the model.
-COPIES = {"old": 3, "paired": 3, "broadcast": 4}
-
-
-@dataclass
-class LegacyPayload:  # the old SyncPayload: the whole HF state in one message
-    hf_state: dict
-    probe_ids: torch.Tensor
-    probe_logits: torch.Tensor
-    version: int = 0
-
-
-class BenchActor(ActorWorker):
-    def legacy_sync(self, n_rollout: int) -> dict:
-        """The serial path this project used before: rank 0 converts everything, then sends to each engine in turn."""
-        if self._rank != 0:
-            return {"tensor_bytes": 0, "wire_bytes": 0}
-        hf_state = self.policy.hf_state_dict(dtype=rollout_dtype(self.cfg))
-        ids = probe_ids(self.policy.model.hf_vocab_size)
-        payload = LegacyPayload(hf_state, ids, self.policy.probe_logits(ids), self.policy.optimizer_steps)
-        for dst in range(n_rollout):
-            self.send(payload, self.cfg.rollout.group_name, dst)
-        nbytes = sum(t.numel() * t.element_size() for t in hf_state.values())
-        return {"tensor_bytes": nbytes, "wire_bytes": nbytes * n_rollout}
-
-
-class BenchRollout(HFRolloutWorker):
-    async def legacy_sync(self) -> float:
-        payload = await self.recv(self.cfg.actor.group_name, 0, async_op=True).async_wait()
-        loader = HFWeightLoader(self.generator.model)
-        loader.load(payload.hf_state.items())
-        loader.finish()
-        with torch.no_grad():
-            logits = self.generator.model(input_ids=payload.probe_ids).logits.float()
-        return check_logits_match(payload.probe_logits, logits, self.sync_atol)
-
+# Copies of the weights per sync, per engine, from the code path: paired = conversion + pack into the shared
+# bucket + copy into the model (the handle maps the same memory); broadcast = conversion + pack + gloo receive +
+# copy into the model.
+COPIES = {"paired": 3, "broadcast": 4}
 
 PRECISION = {"float32": "fp32", "bfloat16": "bf16"}  # the HF dtype names as rollout.model.precision (vLLM's)
-PATHS = {"hf": ("old", "paired", "broadcast"), "vllm": ("paired", "broadcast")}
+PATHS = {"hf": ("paired", "broadcast"), "vllm": ("paired", "broadcast")}
 
 
 def config(model_dir: Path, tiny_root: Path, out_dir: Path, dtype: str, engine: str = "hf"):
@@ -110,10 +65,6 @@ def config(model_dir: Path, tiny_root: Path, out_dir: Path, dtype: str, engine: 
 def one_sync(path: str, actor, rollout) -> tuple[float, dict, dict]:
     """Seconds, bytes moved, and the rollout side's parts (vLLM; max over ranks; empty on HF)."""
     started = time.perf_counter()
-    if path == "old":
-        sent, _ = wait_all_or_raise([(actor.legacy_sync(2), "actor", "legacy_sync"),
-                                     (rollout.legacy_sync(), "rollout", "legacy_sync")])
-        return time.perf_counter() - started, sent[0], {}
     sent, received = wait_all_or_raise([(actor.sync_model_to_rollout(True), "actor", "sync_model_to_rollout"),
                                         (rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor")])
     parts: dict[str, float] = {}
@@ -132,11 +83,11 @@ def bench(shape: str, repeats: int, bucket_bytes: int, dtype: str, tiny_root: Pa
             if "token" in name or name.endswith(".jinja"):
                 shutil.copy(tiny_root / "models" / "qwen2-tiny" / name, model_dir / name)
         cfg = config(model_dir, tiny_root, Path(tmp) / "runs", dtype, engine)
-        actor = BenchActor.create_group(cfg, 1).launch(cluster, placement_strategy=cpu_strategy(2),
+        actor = ActorWorker.create_group(cfg, 1).launch(cluster, placement_strategy=cpu_strategy(2),
                                                        name=cfg.actor.group_name)
         # a bf16 engine differs from the fp32 actor by rounding: the probe check gets a rounding-sized tolerance
         atol = 1e-3 if dtype == "float32" else 0.25
-        rollout_cls = BenchRollout if engine == "hf" else VLLMRolloutWorker
+        rollout_cls = HFRolloutWorker if engine == "hf" else VLLMRolloutWorker
         rollout = rollout_cls.create_group(cfg, sync_atol=atol).launch(cluster, placement_strategy=cpu_strategy(2),
                                                                         name=cfg.rollout.group_name)
         for handle, name in ((actor.init_worker(), "actor"), (rollout.init_worker(), "rollout")):
@@ -144,10 +95,9 @@ def bench(shape: str, repeats: int, bucket_bytes: int, dtype: str, tiny_root: Pa
         rows = []
         try:
             for path in PATHS[engine]:
-                if path != "old":
-                    routes = SyncRoutes(path, 2, 2)
-                    wait_or_raise(actor.set_weight_sync(routes, bucket_bytes), "actor", "set_weight_sync")
-                    wait_or_raise(rollout.set_weight_sync(routes), "rollout", "set_weight_sync")
+                routes = SyncRoutes(path, 2, 2)
+                wait_or_raise(actor.set_weight_sync(routes, bucket_bytes), "actor", "set_weight_sync")
+                wait_or_raise(rollout.set_weight_sync(routes), "rollout", "set_weight_sync")
                 first, _, _ = one_sync(path, actor, rollout)
                 runs = [one_sync(path, actor, rollout) for _ in range(repeats)]
                 seconds = statistics.median(t for t, _, _ in runs)
@@ -187,7 +137,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["tiny", "0.5b"], choices=sorted(QWEN2_SHAPES))
     ap.add_argument("--repeats", type=int, default=3, help="Timed syncs per path after one warm-up (median).")
-    ap.add_argument("--bucket-mb", type=int, default=1024, help="Bucket size of the new routes (1 GiB by default).")
+    ap.add_argument("--bucket-mb", type=int, default=1024, help="Bucket size of the routes (1 GiB by default).")
     ap.add_argument("--rollout-dtype", default="bfloat16", choices=["float32", "bfloat16"],
                     help="The engines' weights (the actor keeps fp32 master weights and sends this dtype).")
     ap.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=sorted(PATHS),

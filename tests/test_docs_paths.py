@@ -1,7 +1,7 @@
 """Documentation names files that exist: every repository path written in a module docstring, a comment, the
 README or docs/*.md resolves (against the repository root, ``rlinf_ext/`` or ``tests/``); README and docs/*.md
 name no missing module or folder even without an extension; nothing in the repository points to notes outside it;
-docs/status.md keeps its three status values; the README stays a front page (<= 10 KiB); `.ci/run` runs the
+docs/status.md has three columns (capability, one of its status values, the tests that prove it); the README stays a front page (<= 10 KiB); `.ci/run` runs the
 README's test command verbatim."""
 
 from __future__ import annotations
@@ -126,20 +126,57 @@ def test_the_outside_reference_check_can_fail():
     assert outside_references("(searchr1-facts §3, ../shared/x)") == ["../shared", "searchr1-facts"]
 
 
-# --- docs/status.md: one status value per capability, short cells ----------------------------------------------
+# --- docs/status.md: capability | status | test -----------------------------------------------------------------
 STATUS_VALUES = {"working", "GPU-verified (one H100)", "written, not GPU-verified", "—"}
+STATUS_HEADER = "| capability | status | test |"
+NO_TEST = "—"  # a row nothing here can test (e.g. the Slurm script): said, not hidden
 
 
-def test_status_table_uses_the_known_values_and_short_cells():
-    bad = []
+def status_row_problems(line: str) -> list[str]:
+    """What is wrong with one row of docs/status.md: three cells, a known status, short cells, and a test cell that
+    names existing files (`path` or `path::test_name`, the test defined there), or says there is none."""
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) != 3:
+        return [f"{len(cells)} cells, not 3 (capability | status | test)"]
+    capability, status, tests = cells
+    problems = [] if status in STATUS_VALUES else [f"status {status!r} is not one of {sorted(STATUS_VALUES)}"]
+    problems += [f"a cell over 150 characters: {c[:40]}..." for c in cells if len(c) > 150]
+    refs = re.findall(r"`([^`]+)`", tests)
+    if tests != NO_TEST and not refs:
+        problems.append(f"the test cell names no test file: {tests!r}")
+    for ref in refs:
+        path, _, name = ref.partition("::")
+        file = REPO / path
+        if not file.exists():
+            problems.append(f"{path} does not exist")
+        elif name and not re.search(rf"^\s*(async )?def {re.escape(name.split('[')[0])}\(", file.read_text(), re.M):
+            problems.append(f"{path} defines no {name}")
+    return problems
+
+
+def test_status_rows_name_a_status_and_their_tests():
+    bad, rows = [], 0
     for line in (REPO / "docs" / "status.md").read_text().splitlines():
-        if not line.startswith("|") or line.startswith("|---") or line.startswith("| capability |"):
+        if not line.startswith("|") or line.startswith("|---"):
             continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 3 or cells[1] not in STATUS_VALUES or any(len(c) > 150 for c in cells):
-            bad.append(line)
-    values = " / ".join(sorted(STATUS_VALUES))
-    assert not bad, f"status rows need: capability | one of {values} | notes (<= 150 chars):\n" + "\n".join(bad)
+        if line.startswith("| capability |"):
+            assert line.strip() == STATUS_HEADER, f"status table header: {line!r}, expected {STATUS_HEADER!r}"
+            continue
+        rows += 1
+        bad += [f"{line[:60]}...: {p}" for p in status_row_problems(line)]
+    assert rows > 0 and not bad, "docs/status.md rows:\n" + "\n".join(bad)
+
+
+def test_the_status_row_check_can_fail():
+    assert status_row_problems("| a | working | `tests/test_layout.py::test_no_import_cycles` |") == []
+    assert status_row_problems("| a | working | `tests/test_layout.py` (2 of 3 pass) |") == []
+    assert status_row_problems("| a | written, not GPU-verified | — |") == []
+    assert status_row_problems("| a | works | `tests/no_such_test.py`, `tests/test_layout.py::test_gone` |") == [
+        "status 'works' is not one of ['GPU-verified (one H100)', 'working', 'written, not GPU-verified', '—']",
+        "tests/no_such_test.py does not exist", "tests/test_layout.py defines no test_gone"]
+    assert status_row_problems("| a | working | 717 tests in 154 s |") == [
+        "the test cell names no test file: '717 tests in 154 s'"]
+    assert status_row_problems("| a | working |") == ["2 cells, not 3 (capability | status | test)"]
 
 
 def test_readme_is_a_front_page():
@@ -153,3 +190,18 @@ def test_ci_runs_the_readmes_test_command_verbatim():
     assert block, "README: the 'Install and run the tests' bash block is missing"
     ci_lines = (REPO / ".ci" / "run").read_text().splitlines()
     assert block.group(1) in ci_lines, f".ci/run does not run the README's test command: {block.group(1)!r}"
+
+
+# --- test counts come from pytest's collection (scripts/test_counts.py), never typed into the front documents --
+TYPED_COUNT = re.compile(r"\b\d+ (?:of \d+ )?tests?\b")
+
+
+def test_no_hand_typed_test_counts():
+    found = [f"{name}: {m.group(0)}" for name in ("README.md", "docs/status.md")
+             for m in TYPED_COUNT.finditer((REPO / name).read_text())]
+    assert not found, "test counts typed by hand (name scripts/test_counts.py instead):\n" + "\n".join(found)
+
+
+def test_the_typed_count_check_can_fail():
+    assert [m.group(0) for m in TYPED_COUNT.finditer("904 tests in 872 s; 785 of 904 tests stay; 2 workers")] == [
+        "904 tests", "785 of 904 tests"]

@@ -7,7 +7,7 @@ import sys
 
 from rlinf_ext.config.loader import check_config, to_yaml
 from rlinf_ext.config.memory_plan import format_memory
-from rlinf_ext.config.placement import BatchPlan, fmt_ranks, placements
+from rlinf_ext.config.placement import COLLOCATED, BatchPlan, fmt_ranks, placement_mode, placements
 from rlinf_ext.config.schema import ExperimentConfig
 
 
@@ -84,9 +84,9 @@ def format_plan(cfg: ExperimentConfig) -> str:
             lines.append(
                 f"  {name:<10} {node:<5} {fmt_ranks(local):<8} {plan.world_size:>5} {plan.tp:>3} {plan.pp:>3} {plan.dp:>3}"
             )
-    shared = [k for k in c.component_placement if "," in str(k)]
-    if shared:
-        lines.append(f"  collocated (time-shared): {', '.join(shared)}")
+    if gpu and "actor" in plans and "rollout" in plans and not issues:
+        mode = placement_mode(cfg)
+        lines.append(f"  actor and rollout: {mode}" + (" (they take turns on the same GPUs)" if mode == COLLOCATED else ""))
     for issue in issues:
         lines.append(f"  ! {issue.key}: {issue.reason}")
     b = batch_plan(cfg)

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlinf_ext.config.rule_registry import is_training, rule
-from rlinf_ext.config.placement import placements
+from rlinf_ext.config.placement import is_collocated, placements
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
 from rlinf_ext.models.dtypes import dtype_of_precision
@@ -113,12 +113,6 @@ def memory_inputs(cfg: ExperimentConfig) -> tuple[ActorMemoryInputs | None, str]
     ), source
 
 
-def collocated(cfg: ExperimentConfig) -> bool:
-    plans, _ = placements(cfg)
-    actor, rollout = plans.get("actor"), plans.get("rollout")
-    return actor is not None and rollout is not None and bool(set(actor.ranks) & set(rollout.ranks))
-
-
 def rollout_dtype_bytes(cfg: ExperimentConfig) -> int:
     return dtype_of_precision(str(cfg.rollout.model.precision), "rollout.model.precision").itemsize
 
@@ -149,7 +143,7 @@ def gpu_plan(cfg: ExperimentConfig, x: ActorMemoryInputs, fraction: float | None
     a = cfg.actor
     flags = dict(offload_weight=a.offload_weight, offload_optimizer=a.offload_optimizer, offload_grad=a.offload_grad)
     flags.update(offload)
-    return plan_gpu(x, engine=engine_plan(cfg, x.shape, fraction), collocated=collocated(cfg),
+    return plan_gpu(x, engine=engine_plan(cfg, x.shape, fraction), collocated=is_collocated(cfg),
                     transfer=transfer_plan(cfg, x), **flags)
 
 
@@ -223,6 +217,8 @@ def format_memory(cfg: ExperimentConfig) -> list[str]:
     make it fit."""
     if cfg.cluster.num_gpus_per_node <= 0 or not is_training(cfg):
         return []
+    if placements(cfg)[1]:
+        return ["", "memory per GPU: not estimated (fix the placement first)"]
     x, source = memory_inputs(cfg)
     if x is None:
         return ["", f"memory per GPU: not estimated ({source})"]
@@ -275,7 +271,7 @@ def _engine_rows(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[tuple[str,
         rows.append(("engine CUDA context (beside its share)", f"{e.outside / GIB:7.2f}"))
     else:
         rows.append(("  engine workspace (outside its fraction)", f"{e.outside / GIB:7.2f}"))
-    if collocated(cfg):
+    if is_collocated(cfg):
         level = f", sleep level {r.vllm.sleep_level}" if r.rollout_backend != "sglang" else ""
         rows.append((f"engine asleep (while the actor trains{level})", f"{e.asleep / GIB:7.2f}"))
     return rows

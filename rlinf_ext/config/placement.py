@@ -13,15 +13,19 @@ positions in the run's stable node order (sorted by IP, then Ray node id: `runne
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from rlinf_ext.config.rule_registry import is_training
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
 
 COMPONENTS = ("actor", "rollout", "reward", "agentloop", "inference")
+
+PlacementMode = Literal["collocated", "disaggregated"]
+COLLOCATED: PlacementMode = "collocated"
+DISAGGREGATED: PlacementMode = "disaggregated"
 
 
 class PlacementError(ValueError):
@@ -280,6 +284,12 @@ def placements(cfg: ExperimentConfig) -> tuple[dict[str, ComponentPlan], list[Co
                     "add it, e.g. cluster.component_placement={'actor,rollout,reward': all}.",
                 )
             )
+    actor, rollout = plans.get("actor"), plans.get("rollout")
+    if gpn > 0 and actor is not None and rollout is not None:
+        try:
+            mode_of_ranks(actor.ranks, rollout.ranks)
+        except PlacementError as exc:
+            issues.append(ConfigIssue("cluster.component_placement", exc.reason, exc.fix))
     return plans, issues
 
 
@@ -288,3 +298,33 @@ def spec_of(cfg: ExperimentConfig, name: str) -> str:
         if name in split_components(key):
             return f"{key}: {spec}"
     return "unplaced"
+
+
+# ------------------------------------------------------------------------------------------ collocation
+def mode_of_ranks(actor: Sequence[int] | None, rollout: Sequence[int] | None) -> PlacementMode:
+    """Collocated: the actor and the rollout on the same GPUs (they take turns: the engine gives its memory back
+    while the actor trains); disaggregated: on disjoint GPUs, or one of them unplaced (evaluation has no actor).
+    A partial overlap raises ``PlacementError``: RLinf places either the same GPUs or disjoint ones."""
+    if not actor or not rollout or set(actor).isdisjoint(rollout):
+        return DISAGGREGATED
+    if set(actor) == set(rollout):
+        return COLLOCATED
+    raise PlacementError(
+        f"actor GPUs {fmt_ranks(sorted(actor))} and rollout GPUs {fmt_ranks(sorted(rollout))} overlap partly; RLinf "
+        "places actor and rollout on the same GPUs (collocated) or on disjoint ones (disaggregated).",
+        "make the actor's and the rollout's ranks in cluster.component_placement equal or disjoint.",
+    )
+
+
+def placement_mode(cfg: ExperimentConfig) -> PlacementMode:
+    """``mode_of_ranks`` for the config's placement. A CPU cluster (``num_gpus_per_node: 0``) is disaggregated: its
+    ranks are processes, and no GPU is shared. An unusable placement raises ``PlacementError``."""
+    gpn = cfg.cluster.num_gpus_per_node
+    if gpn < 1:
+        return DISAGGREGATED
+    ranks = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * gpn)
+    return mode_of_ranks(ranks.get("actor"), ranks.get("rollout"))
+
+
+def is_collocated(cfg: ExperimentConfig) -> bool:
+    return placement_mode(cfg) == COLLOCATED

@@ -20,8 +20,8 @@ Conventions (docs/searchr1-facts.md §9):
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
 
 from rlinf_ext.models.qwen2 import QwenDims, check_parallel_fits, dims_from_hf_config
 
@@ -239,16 +239,6 @@ def check_parallel(spec: ConvertSpec, tp: int, pp: int) -> None:
     except ValueError as e:
         raise ConversionError(str(e)) from None
     spec.vocab_rows(tp)
-
-
-def with_spec(spec: ConvertSpec, **changes: Any) -> ConvertSpec:
-    return replace(spec, **changes)
-
-
-def iter_rank_keys(tp: int, pp: int) -> Iterator[tuple[int, int]]:
-    for p in range(pp):
-        for t in range(tp):
-            yield t, p
 
 
 def grid_of(keys: Iterable[tuple[int, int]]) -> tuple[int, int]:

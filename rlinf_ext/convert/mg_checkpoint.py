@@ -253,16 +253,3 @@ def release_pages(tensor: torch.Tensor) -> None:
     _madvise(tensor, _MADV_DONTNEED, inner=True)
 
 
-def load_rank_state(mg_dir: str | Path, tp_rank: int, pp_rank: int, *, tp: int | None = None, pp: int | None = None) -> dict[str, Any]:
-    """One rank's ``model`` state dict from a checkpoint folder (any accepted form).
-
-    ``tp``/``pp`` (the running model's sizes) are checked against the checkpoint's grid, so a
-    TP=2 run cannot silently load a TP=1 checkpoint.
-    """
-    layout = discover_ranks(resolve_iteration_dir(mg_dir))
-    if (tp is not None and tp != layout.tp) or (pp is not None and pp != layout.pp):
-        raise ConversionError(
-            f"{layout.iter_dir}: checkpoint is TP={layout.tp}, PP={layout.pp} but the model runs TP={tp}, PP={pp}; "
-            "convert it with `rlinf-ext convert hf2mg --tp/--pp` (or mg2hf then hf2mg) first"
-        )
-    return load_rank_file(layout.rank_file(tp_rank, pp_rank))

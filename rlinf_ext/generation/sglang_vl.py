@@ -79,14 +79,6 @@ def retokenize_mismatch(sent_ids: Sequence[int], meta_info: dict[str, Any]) -> f
     return float(int(prompt_tokens) != len(sent_ids))
 
 
-def text_positions_after_images(ids: Sequence[int], token_ids: tuple[int, int, int]) -> list[int]:
-    """Positions of the multimodal probe compared after a weight sync: text tokens after the last image (the
-    image's own positions go through the vision tower, whose pixel path may differ slightly by engine)."""
-    runs = vision_runs(ids, *token_ids)
-    start = runs[-1][1] if runs else 0
-    return list(range(start, len(ids)))
-
-
 def disallowed_tokens_processor() -> str:  # pragma: no cover - needs the GPU extra (NOT GPU-verified)
     """SGLang's own ``DisallowedTokensLogitsProcessor``, serialised for ``custom_logit_processor``."""
     from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor  # lazy: GPU extra only

@@ -30,7 +30,6 @@ from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 FINISH_REASON = "finish_reason"
 OUTPUT_TOKEN_LOGPROBS = "output_token_logprobs"
 INPUT_TOKEN_LOGPROBS = "input_token_logprobs"
-PROMPT_TOKENS = "prompt_tokens"
 
 
 def to_sglang_params(params: SamplingParams, eos_ids: Iterable[int]) -> dict[str, Any]:

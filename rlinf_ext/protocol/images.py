@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 FACTOR = 28  # patch_size 14 * merge_size 2: one language-model token per 28x28 pixels
-MIN_SIDE = FACTOR
 
 
 class ImageError(ValueError):

@@ -81,15 +81,6 @@ MM_TRENDS = (
 )
 
 
-# MMSearch-R1 validation during training: the same trends on the validation questions, greedy, step's weights
-MM_VAL_TRENDS = (
-    ("val/search_free/search_ratio_image", "validation image-search ratio, search_free"),
-    ("val/search_free/accuracy", "validation accuracy, search_free"),
-    ("val/search_required/search_ratio_image", "validation image-search ratio, search_required"),
-    ("val/search_required/accuracy", "validation accuracy, search_required"),
-)
-
-
 def validation_metric(scope: str, name: str, prefix: str = VAL_PREFIX) -> str:
     """``val/<scope>/<name>``; scope is a benchmark name, ``avg`` (mean over benchmarks) or ``all`` (pooled)."""
     return f"{prefix}/{scope}/{name}"

@@ -82,11 +82,9 @@ def launch_worker_groups(
     actor_at = list(zip(nodes["actor"], ranks.get("actor", [0])))
     rollout_at = list(zip(nodes["rollout"], ranks.get("rollout", [0])))
     placement = Placement(
-        is_pipeline=False,
         rollout_dp_size=len(nodes["rollout"]),
         agent_loop_world_size=len(nodes["agent_loop"]),
         actor_world_size=len(nodes["actor"]),
-        on_gpu=False,
         weight_sync=SyncRoutes(sync_mode(actor_at, rollout_at), len(nodes["actor"]), len(nodes["rollout"])),
     )
     return WorkerGroups(placement=placement, **groups)

@@ -3,8 +3,8 @@
 - rollout: ``VLLMRolloutWorker`` (``workers/rollout_vllm.py``) or ``SGLangRolloutWorker``
   (``workers/rollout_sglang.py:rollout_worker_class``) on the rollout GPUs, placed by RLinf's
   ``ModelParallelComponentPlacement`` exactly as RLinf's runners place it (one engine per
-  ``rollout.tensor_parallel_size`` GPUs; collocated with the actor when both name the same GPUs, else
-  disaggregated);
+  ``rollout.tensor_parallel_size`` GPUs; collocated with the actor or disaggregated, as
+  ``config/placement.py:mode_of_ranks`` says);
 - actor: our Megatron-core ``ActorWorker`` on CUDA, one data-parallel process per actor GPU
   (``PackedPlacementStrategy`` over the actor GPUs; TP=PP=1 each, DP = number of actor GPUs, nccl gradient
   all-reduce — ``training/data_parallel.py``, tested with gloo on CPU only);
@@ -17,13 +17,13 @@ mode rules and ``PackedPlacementStrategy`` packing and refuses what this composi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from rlinf.scheduler import PackedPlacementStrategy
 from rlinf.utils.placement import ModelParallelComponentPlacement
 
 from rlinf_ext.config import to_dictconfig
-from rlinf_ext.config.placement import PlacementError, component_ranks
+from rlinf_ext.config.placement import COLLOCATED, PlacementError, PlacementMode, component_ranks, mode_of_ranks
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.runner.groups import (
     Placement,
@@ -50,7 +50,7 @@ class GpuLayoutError(ValueError):
 class GpuLayout:
     num_gpus: int
     gpus_per_node: int
-    mode: Literal["collocated", "disaggregated"]
+    mode: PlacementMode
     rollout_gpus: tuple[int, ...]  # the placement's rollout GPUs
     rollout_tp: int
     rollout_process_gpus: tuple[tuple[int, ...], ...]  # GPUs of each SGLang engine process (= rollout DP rank)
@@ -119,19 +119,14 @@ def gpu_layout(cfg: ExperimentConfig, num_gpus: int, gpus_per_node: int | None =
             f"the rollout has {len(rollout)} GPUs, not a multiple of rollout.tensor_parallel_size={tp}. "
             f"Fix: give the rollout a multiple of {tp} GPUs or change the TP size."
         )
-    if rollout == actor:
-        mode = "collocated"
-        if cfg.rollout.enforce_eager:
-            raise GpuLayoutError(
-                "rollout.enforce_eager=true with the actor and rollout collocated: SGLang can only release its "
-                "memory for the actor with CUDA graphs on (memory saver). Fix: set rollout.enforce_eager=false."
-            )
-    elif set(rollout).isdisjoint(actor):
-        mode = "disaggregated"
-    else:
+    try:
+        mode = mode_of_ranks(actor, rollout)
+    except PlacementError as exc:
+        raise GpuLayoutError(str(exc)) from exc
+    if mode == COLLOCATED and cfg.rollout.enforce_eager:
         raise GpuLayoutError(
-            f"actor GPUs {actor} and rollout GPUs {rollout} overlap partly; RLinf supports the same GPUs "
-            "(collocated) or disjoint ones (disaggregated). Fix: make them equal or disjoint."
+            "rollout.enforce_eager=true with the actor and rollout collocated: SGLang can only release its "
+            "memory for the actor with CUDA graphs on (memory saver). Fix: set rollout.enforce_eager=false."
         )
     # RLinf: collocated strides the rollout by actor_tp // rollout_tp (= 1 here, the actor runs TP=1)
     processes = packed_process_gpus(rollout[0], rollout[-1], per_process=tp, stride=1)
@@ -186,11 +181,9 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
                  launcher_ip=launcher_ip)
     return WorkerGroups(
         placement=Placement(
-            is_pipeline=layout.mode == "disaggregated",
             rollout_dp_size=layout.rollout_dp_size,
             agent_loop_world_size=layout.rollout_dp_size,
             actor_world_size=layout.actor_dp_size,
-            on_gpu=True,
             weight_sync=weight_sync_routes(layout),
         ),
         **groups,

@@ -44,11 +44,9 @@ class WorkerCallError(RuntimeError):
 class Placement:
     """What the runner reads from a placement (the subset of RLinf's ``ModelParallelComponentPlacement``)."""
 
-    is_pipeline: bool
     rollout_dp_size: int
     agent_loop_world_size: int
     actor_world_size: int
-    on_gpu: bool
     weight_sync: SyncRoutes  # who sends the actor's weights to which rollout rank (sync/weight_sync.py)
 
 

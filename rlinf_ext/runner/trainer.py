@@ -13,7 +13,7 @@ and after every ``runner.val_check_interval`` steps, the actor's weights are syn
 greedy pass over a fixed subset runs from the driver through the rollout group; its ``val/...`` metrics join
 that step's metrics (step 0: an ``on_step(0, metrics, [])`` call of its own).
 
-Collocated GPU runs (actor and rollout on the same GPUs, ``placement.on_gpu and not is_pipeline``) follow
+Collocated GPU runs (actor and rollout on the same GPUs, ``config/placement.py:is_collocated``) follow
 RLinf's non-pipelined order so the two never hold the GPU at once: the rollout initialises (and releases its
 memory) before the actor does, and the actor offloads after start-up; each step waits for the whole rollout,
 offloads the rollout engine, onloads the actor, then computes rewards, log-probs and the update, and
@@ -26,6 +26,7 @@ import math
 import time
 import uuid
 import warnings
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +35,7 @@ from rlinf.scheduler import Channel
 from torchdata.stateful_dataloader import StatefulDataLoader
 from tqdm import tqdm
 
+from rlinf_ext.config.placement import is_collocated
 from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.eval.core.validation import should_validate
@@ -165,11 +167,10 @@ class GRPOTrainer:
                              "Pass another global_step_N directory, 'auto', or null.")
         return path
 
-    @property
+    @cached_property
     def collocated_gpu(self) -> bool:
         """Actor and rollout share GPUs: they take turns (offload/onload) instead of overlapping."""
-        placement = self.groups.placement
-        return bool(placement.on_gpu) and not bool(placement.is_pipeline)
+        return is_collocated(self.cfg)
 
     def init_workers(self) -> None:
         g = self.groups

@@ -17,9 +17,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from rlinf_ext.config.placement import PlacementError, component_ranks
+from rlinf_ext.config.placement import PlacementError, PlacementMode, component_ranks, placement_mode
 from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes, WeightSyncError
 
 SYNC_TIMEOUT_S = 600.0  # one whole transfer (rendezvous, wake-up, every bucket) or one control call
@@ -40,19 +40,17 @@ class EngineReply:
 
 
 # ------------------------------------------------------------------------------------------------ choices (pure)
-def engine_placement(cfg: Any, cuda: bool, engine: str) -> Literal["collocated", "disaggregated"] | None:
-    """Where this run's ``engine`` rollout sits against the actor: on the same GPUs or apart; None off GPUs, for
-    another engine, or without an actor (evaluation: no weights ever arrive)."""
+def engine_placement(cfg: Any, cuda: bool, engine: str) -> PlacementMode | None:
+    """Where this run's ``engine`` rollout sits against the actor (``config/placement.py:placement_mode``); None
+    off GPUs, for another engine, or without an actor (evaluation: no weights ever arrive)."""
     if not cuda or str(cfg.rollout.rollout_backend) != engine:
         return None
-    gpus = cfg.cluster.num_nodes * cfg.cluster.num_gpus_per_node
     try:
-        ranks = component_ranks(cfg.cluster.component_placement, gpus)
+        placed = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * cfg.cluster.num_gpus_per_node)
+        mode = placement_mode(cfg)
     except PlacementError:
         return None  # validate reports the placement
-    if "actor" not in ranks:
-        return None
-    return "collocated" if ranks["actor"] == ranks.get("rollout") else "disaggregated"
+    return mode if "actor" in placed else None
 
 
 def nccl_world_size(routes: SyncRoutes) -> int:

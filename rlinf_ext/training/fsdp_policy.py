@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.distributed as dist
 
 from rlinf_ext.config.schema import FSDPConfig
 from rlinf_ext.models.dtypes import dtype_of_precision
@@ -330,10 +329,3 @@ class FSDPPolicy(GRPOPolicy):
     def load(self, directory: str | Path) -> int:
         with self._offload.on_device():  # the optimizer state is loaded next to the parameters
             return fsdp_policy_io.load_fsdp_policy(self, directory)
-
-
-def init_gloo_dp() -> DataParallel:
-    """The world group as this process's DP group (the env:// rendezvous variables must be set)."""
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-    return DataParallel(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, dist.group.WORLD)

@@ -73,12 +73,6 @@ def low_var_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tens
     return kl_penalty(logprobs, ref_logprobs, "low_var_kl")
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy of the categorical distribution given by ``logits`` [..., V]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
-
-
 @dataclass(frozen=True)
 class LossConfig:
     """The algorithm knobs of the actor loss (names follow ``algorithm.*``)."""

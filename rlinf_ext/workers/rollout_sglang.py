@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from rlinf.scheduler import Worker
 
-from rlinf_ext.config.placement import component_ranks
+from rlinf_ext.config.placement import is_collocated
 from rlinf_ext.config.rules.hardware import SGLANG_VERSION, installed_sglang
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.sglang_engine import SGLANG_INSTALL_FIX, SGLangUnavailable, load_engine_class, server_kwargs
@@ -102,12 +102,6 @@ def rank_payloads(messages: list, tp: int, serialize: Callable[[Any], bytes]) ->
     if any(m.names != names for m in messages):
         raise WeightSyncError("the TP slots of one engine received different buckets")
     return [serialize([(n, reduction_of(h)) for n, h in zip(m.names, m.handles)]) for m in messages]
-
-
-def is_collocated(cfg: ExperimentConfig) -> bool:
-    """Actor and rollout on the same GPUs (``cluster.component_placement``): the engine gives its memory back."""
-    ranks = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * cfg.cluster.num_gpus_per_node)
-    return bool(ranks.get("actor")) and ranks.get("actor") == ranks.get("rollout")
 
 
 # ------------------------------------------------------------------------------------------------ the engine

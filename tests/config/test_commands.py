@@ -23,7 +23,7 @@ def plan_rows(out: str) -> dict[str, str]:
 
 def placement_rows(out: str) -> list[list[str]]:
     block = out.split("placement:")[1].split("batch arithmetic")[0]
-    return [line.split() for line in block.strip().splitlines()[1:] if not line.strip().startswith("collocated")]
+    return [line.split() for line in block.strip().splitlines()[1:] if not line.strip().startswith("actor and rollout:")]
 
 
 def test_validate_exit_codes(reference_env, capsys):
@@ -58,6 +58,7 @@ def test_plan_reference(no_reference_env, capsys):
     out = capsys.readouterr().out
     assert "1 node(s) x 8 GPU(s)" in out
     assert placement_rows(out) == [[comp, "0", "0-7", "8", "1", "1", "8"] for comp in ("actor", "rollout", "reward")]
+    assert "actor and rollout: collocated" in out
     rows = plan_rows(out)
     assert rows["prompts/step"] == "512" and rows["group size"] == "4"
     assert rows["trajectories/step"] == "512 x 4 = 2048"
@@ -88,6 +89,7 @@ def test_plan_disaggregated_two_nodes(reference_env, capsys):
         ["rollout", "1", "4-7", "4", "1", "1", "4"],
         ["reward", "1", "4-7", "4", "1", "1", "4"],
     ]
+    assert "actor and rollout: disaggregated" in out
     rows = plan_rows(out)
     assert rows["actor data-parallel size"] == "4"  # 8 GPUs / TP 2
     assert rows["micro-batches/DP rank/minibatch"] == "256"  # 1024 / 4 ranks / micro-batch 1

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from rlinf_ext.convert.mg_checkpoint import load_rank_state
+from rlinf_ext.convert.mg_checkpoint import discover_ranks, load_rank_file, resolve_iteration_dir
 from rlinf_ext.models.cpu_shims import parallel_state_session
 from rlinf_ext.models.megatron import build_gpt_model, forward_logits, load_megatron_state_dict
 
@@ -19,7 +19,9 @@ def main(rank: int, world: int, port: int, batch_path: str, cases: list[str]) ->
     with parallel_state_session(world, 1, rank=rank, init_method=f"tcp://127.0.0.1:{port}", timeout_s=120):
         for mg_dir, hf_dir, out_path in zip(cases[0::3], cases[1::3], cases[2::3]):
             model = build_gpt_model(hf_dir, init_weights=False)
-            state = load_rank_state(mg_dir, rank, 0, tp=world, pp=1)
+            layout = discover_ranks(resolve_iteration_dir(mg_dir))  # the converters' reader (convert/mg2hf.py)
+            assert (layout.tp, layout.pp) == (world, 1), (mg_dir, layout.tp, layout.pp)
+            state = load_rank_file(layout.rank_file(rank, 0))
             load_megatron_state_dict(model, state, source=f"{mg_dir} tp rank {rank}")
             logits = forward_logits(model, batch["ids"], attention_mask=batch["mask"])
             if rank == 0:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 from sglang_fakes import check_generate
-from vl_helpers import chat_prompt_ids, mm_test_rows
+from vl_helpers import chat_prompt_ids, mm_test_rows, text_positions_after_images
 
 from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.generation.sglang_wire import result_of_sglang
 from rlinf_ext.generation.sglang_vl import (
     mm_request,
     retokenize_mismatch,
-    text_positions_after_images,
     vision_runs,
     vl_server_overrides,
 )

@@ -7,12 +7,21 @@ from signature_checks import checked_against
 from transformers import LogitsProcessor
 
 from rlinf_ext.data.fvqa import read_fvqa
+from rlinf_ext.generation.sglang_vl import vision_runs
 
 PX = 56 * 56
 
 
 def mm_test_rows(mm, n: int | None = None):
     return read_fvqa(mm.fvqa_test, PX, PX, limit=n)
+
+
+def text_positions_after_images(ids, token_ids: tuple[int, int, int]) -> list[int]:
+    """Positions of the multimodal probe compared after a weight sync: text tokens after the last image (the
+    image's own positions go through the vision tower, whose pixel path may differ slightly by engine)."""
+    runs = vision_runs(ids, *token_ids)
+    start = runs[-1][1] if runs else 0
+    return list(range(start, len(ids)))
 
 
 def chat_prompt_ids(processor, question: str, images) -> list[int]:

@@ -17,10 +17,9 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
-from vl_helpers import chat_prompt_ids  # noqa: E402
+from vl_helpers import chat_prompt_ids, text_positions_after_images  # noqa: E402
 
 from rlinf_ext.generation.hf_vl import HFVLGenerator  # noqa: E402
-from rlinf_ext.generation.sglang_vl import text_positions_after_images  # noqa: E402
 from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator  # noqa: E402
 from rlinf_ext.protocol.generation import SamplingParams  # noqa: E402

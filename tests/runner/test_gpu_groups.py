@@ -186,9 +186,9 @@ def test_gpu_wiring_places_the_sglang_rollout_and_one_actor_process_per_gpu(ref_
 
     groups = launch_worker_groups(ref_cfg, FakeGpuCluster(), total_train_steps=7, search_server_addr="h:1")
     got = Recorder.launched
-    assert groups.rollout == "<rollout group>" and groups.placement.on_gpu
+    assert groups.rollout == "<rollout group>"
     assert groups.placement.rollout_dp_size == 8 and groups.placement.actor_world_size == 8
-    assert not groups.placement.is_pipeline
+    assert groups.placement.weight_sync.mode == "paired"  # collocated: each actor rank to the engine on its GPU
     # rollout: the typed config (the SGLang worker derives collocation from it), RLinf's strategy
     assert got["rollout"]["args"] == (ref_cfg,) and got["rollout"]["strategy"] == "rlinf-rollout-strategy"
     # actor: the typed config, one data-parallel process per GPU 0-7

@@ -99,10 +99,12 @@ class _Actor:
 
 def _trainer(reward_cfg: RewardConfig) -> GRPOTrainer:
     groups = WorkerGroups(rollout=_Actor("rollout"), actor=_Actor("actor"), reward=_Reward(reward_cfg), agent_loop=_AgentLoop(),
-                          placement=Placement(is_pipeline=False, rollout_dp_size=1, agent_loop_world_size=1,
-                                              actor_world_size=1, on_gpu=False, weight_sync=SyncRoutes("paired", 1, 1)))
+                          placement=Placement(rollout_dp_size=1, agent_loop_world_size=1,
+                                              actor_world_size=1, weight_sync=SyncRoutes("paired", 1, 1)))
     trainer = GRPOTrainer.__new__(GRPOTrainer)  # no Ray: only what train_step reads
-    trainer.cfg = SimpleNamespace(runner=SimpleNamespace(seed=0), algorithm=SimpleNamespace(group_size=2, kl_beta=0.0))
+    trainer.cfg = SimpleNamespace(runner=SimpleNamespace(seed=0), algorithm=SimpleNamespace(group_size=2, kl_beta=0.0),
+                                  cluster=SimpleNamespace(num_nodes=1, num_gpus_per_node=0,
+                                                          component_placement={"actor,rollout,reward": "all"}))
     trainer.groups, trainer.verify_sync, trainer.global_step, trainer._rollout_current = groups, False, 0, True
     trainer.channels = {name: _Queue() for name in ("DataLoader", "Rollout", "Reward", "Inference")}
     return trainer

@@ -67,13 +67,21 @@ class _Validation:
         return "1 question"
 
 
-def _trainer(on_gpu: bool, is_pipeline: bool, validate_every: int = -1) -> tuple[GRPOTrainer, list]:
+# the placements: (GPUs per node, cluster.component_placement)
+CLUSTERS = {
+    "cpu": (0, {"actor,rollout,reward": "all"}),
+    "collocated": (2, {"actor,rollout,reward": "all"}),
+    "disaggregated": (2, {"actor,reward": "0", "rollout": "1"}),
+}
+
+
+def _trainer(placement: str, validate_every: int = -1) -> tuple[GRPOTrainer, list]:
     log: list = []
-    routes = SyncRoutes("broadcast" if is_pipeline else "paired", 1, 1)
+    routes = SyncRoutes("broadcast" if placement == "disaggregated" else "paired", 1, 1)
+    gpus_per_node, component_placement = CLUSTERS[placement]
     groups = WorkerGroups(
         **{c: _Group(c, log) for c in ("rollout", "actor", "reward", "agent_loop")},
-        placement=Placement(is_pipeline=is_pipeline, rollout_dp_size=1, agent_loop_world_size=1,
-                            actor_world_size=1, on_gpu=on_gpu, weight_sync=routes),
+        placement=Placement(rollout_dp_size=1, agent_loop_world_size=1, actor_world_size=1, weight_sync=routes),
     )
     trainer = GRPOTrainer.__new__(GRPOTrainer)  # no Ray: only what init_workers/train_step read
     trainer.cfg = SimpleNamespace(
@@ -81,6 +89,7 @@ def _trainer(on_gpu: bool, is_pipeline: bool, validate_every: int = -1) -> tuple
                                val_check_interval=validate_every),
         data=SimpleNamespace(val_data_paths=["val.jsonl"] if validate_every > 0 else []),
         algorithm=SimpleNamespace(group_size=1, kl_beta=0.0),
+        cluster=SimpleNamespace(num_nodes=1, num_gpus_per_node=gpus_per_node, component_placement=component_placement),
     )
     trainer.groups, trainer.verify_sync, trainer.global_step = groups, True, 0
     trainer.channels = {n: _Channel() for n in ("DataLoader", "GenerateInput", "GenerateOutput", "Rollout",
@@ -91,8 +100,8 @@ def _trainer(on_gpu: bool, is_pipeline: bool, validate_every: int = -1) -> tuple
     return trainer, log
 
 
-def _run(on_gpu: bool, is_pipeline: bool) -> tuple[list, list]:
-    trainer, log = _trainer(on_gpu, is_pipeline)
+def _run(placement: str) -> tuple[list, list]:
+    trainer, log = _trainer(placement)
     trainer.init_workers()
     init = list(log)
     log.clear()
@@ -126,13 +135,13 @@ OVERLAPPED_STEP = SYNC + [
 
 
 def test_cpu_and_disaggregated_order_is_unchanged():
-    for on_gpu, is_pipeline in ((False, False), (True, True)):
-        init, step = _run(on_gpu, is_pipeline)
-        assert init == OVERLAPPED_INIT and step == OVERLAPPED_STEP, (on_gpu, is_pipeline)
+    for placement in ("cpu", "disaggregated"):
+        init, step = _run(placement)
+        assert init == OVERLAPPED_INIT and step == OVERLAPPED_STEP, placement
 
 
 def test_collocated_gpu_takes_turns_on_the_gpu():
-    init, step = _run(on_gpu=True, is_pipeline=False)
+    init, step = _run("collocated")
     assert init == [
         c("rollout.init_worker"), c("reward.init_worker"), c("agent_loop.init_worker"),
         w("rollout.init_worker"),  # the engine has released its memory before the actor builds its model
@@ -169,14 +178,14 @@ def test_validation_sync_is_not_repeated_by_the_next_step():
     """Validation after step N syncs the updated weights; step N+1 starts with the same weights and must not
     sync them again, whatever the placement. After the update, the next validation syncs anew."""
     item = [{"prompt_ids": [1, 2], "answers": ["a"], "uid": "q"}]
-    for on_gpu, is_pipeline in ((False, False), (True, True), (True, False)):
-        trainer, log = _trainer(on_gpu, is_pipeline, validate_every=1)
+    for placement in CLUSTERS:
+        trainer, log = _trainer(placement, validate_every=1)
         trainer.init_workers()
         log.clear()
         trainer.validate(0)
         assert _syncs(log) == 1
         trainer.train_step(item)  # same weights as validation 0: no second sync
-        assert _syncs(log) == 1, (on_gpu, is_pipeline)
+        assert _syncs(log) == 1, placement
         trainer.validate(1)  # the update changed them
         assert _syncs(log) == 2
         log.clear()
@@ -187,7 +196,7 @@ def test_validation_sync_is_not_repeated_by_the_next_step():
 
 
 def test_without_validation_every_step_syncs():
-    trainer, log = _trainer(on_gpu=True, is_pipeline=False)
+    trainer, log = _trainer("collocated")
     trainer.init_workers()
     item = [{"prompt_ids": [1, 2], "answers": ["a"], "uid": "q"}]
     for _ in range(2):
@@ -213,7 +222,7 @@ def test_engine_mismatch_rate_and_probe_gap_are_logged_per_step(monkeypatch):
         return next(states) if plain_wait(self) and self.name == "rollout.get_state" else REPLIES.get(self.name, [None])
 
     monkeypatch.setattr(_Handle, "wait", wait)
-    trainer, log = _trainer(on_gpu=False, is_pipeline=False, validate_every=1)
+    trainer, log = _trainer("cpu", validate_every=1)
     trainer.reads_engine_state, trainer._engine_counts = True, (0, 0)
     trainer.init_workers()
     trainer.validate(0)

@@ -82,7 +82,9 @@ def dp_worker(rank: int, world: int, port: int, model_dir: str, payload: str, ou
     """One gloo rank: FSDP2 policy, this rank's GRPO groups, one step; rank 0 writes the full weights, every rank
     its streamed weights (``save_streamed_weights``)."""
     from rlinf_ext.training.data_parallel import ShardLayout
-    from rlinf_ext.training.fsdp_policy import FSDPStep, init_gloo_dp
+    from gloo_dp import init_gloo_dp
+
+    from rlinf_ext.training.fsdp_policy import FSDPStep
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from rlinf_ext.convert.mg_checkpoint import load_rank_state, save_rank_file, write_tracker
+from rlinf_ext.convert.mg_checkpoint import (discover_ranks, load_rank_file, resolve_iteration_dir, save_rank_file,
+                                             write_tracker)
 from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
 from rlinf_ext.training.checkpoint import actor_rank_file, load_actor_checkpoint, save_actor_checkpoint
 
@@ -68,8 +69,10 @@ def test_actor_checkpoint_is_megatron_layout_and_truncation_is_caught(tmp_path):
     assert torch.equal(ckpt["model"]["embedding.word_embeddings.weight"], torch.full((4, 2), 2.0))
     assert ckpt["optimizer"]["state"][0]["step"] == 2 and ckpt["opt_param_scheduler"]["num_steps"] == 4
     assert ckpt["rlinf_ext"]["format"] == "megatron-legacy-tp1pp1" and "torch_rng_state" in ckpt["rng_state"][0]
-    # the converters' reader finds the same model state through the tracker file
-    mg = load_rank_state(newest / "actor", 0, 0, tp=1, pp=1)
+    # the converters' reader (convert/mg2hf.py) finds the same model state through the tracker file
+    layout = discover_ranks(resolve_iteration_dir(newest / "actor"))
+    assert (layout.tp, layout.pp) == (1, 1)
+    mg = load_rank_file(layout.rank_file(0, 0))
     assert set(mg) == set(ckpt["model"])
 
     # a truncated rank file: the manifest catches it and resume falls back to the previous step

@@ -116,7 +116,9 @@ def dp_offload_worker(rank: int, world: int, port: int, model_dir: str, payload:
     from torch.distributed.tensor import DTensor
 
     from rlinf_ext.training.data_parallel import ShardLayout
-    from rlinf_ext.training.fsdp_policy import FSDPSettings, init_gloo_dp
+    from gloo_dp import init_gloo_dp
+
+    from rlinf_ext.training.fsdp_policy import FSDPSettings
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)

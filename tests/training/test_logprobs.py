@@ -1,12 +1,15 @@
 """Chunked next-token log-probs (training/logprobs.py): the values and gradients of the unchunked formula, and no
 full-vocabulary tensor kept for the backward."""
 
+import math
+
 import pytest
 import torch
 
+from reference_logprobs import entropy_from_logits
+
 from rlinf_ext.training.batching import gather_logprobs
 from rlinf_ext.training.logprobs import next_token_logprobs
-from rlinf_ext.training.rl_math import entropy_from_logits
 
 S, B, H, V = 11, 2, 8, 50
 
@@ -95,3 +98,10 @@ def test_policy_chunked_logprobs_and_gradients_do_not_depend_on_the_chunk(tiny_a
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(lp_a, lp_b))
     assert loss_a == pytest.approx(loss_b, abs=1e-6)
     assert all(torch.allclose(g_a[k], g_b[k], atol=1e-6) for k in g_a) and any(g.abs().sum() > 0 for g in g_a.values())
+
+
+def test_the_entropy_reference_on_uniform_and_peaked_logits():
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]])
+    ent = entropy_from_logits(logits)
+    assert ent[0].item() == pytest.approx(math.log(4.0), abs=1e-6)
+    assert ent[1].item() == pytest.approx(0.0, abs=1e-6)

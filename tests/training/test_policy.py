@@ -67,7 +67,7 @@ def test_megatron_loss_and_grads_match_transformers(tiny_model, actor_samples):
     lp = gather_logprobs(logits, batch.input_ids)
     old = response_scatter(torch.nn.utils.rnn.pad_sequence([s.old_logprobs for s in samples], batch_first=True), batch)
     ref = response_scatter(torch.nn.utils.rnn.pad_sequence([s.ref_logprobs for s in samples], batch_first=True), batch)
-    from rlinf_ext.training.rl_math import entropy_from_logits
+    from reference_logprobs import entropy_from_logits
 
     hf_loss, _ = grpo_actor_loss(lp, old, adv[:, None] * batch.loss_mask, batch.loss_mask, policy.settings.loss,
                                  ref_logprobs=ref, entropy=entropy_from_logits(logits[:, :-1]), num_tokens=num_tokens)

@@ -8,7 +8,6 @@ import torch
 from rlinf_ext.training.rl_math import (
     LossConfig,
     compute_advantages,
-    entropy_from_logits,
     grpo_actor_loss,
     low_var_kl,
     token_mean,
@@ -60,13 +59,6 @@ def test_low_var_kl_hand_computed():
     kl = low_var_kl(lp, ref)
     assert kl[0].item() == pytest.approx(2.0 - math.log(2.0) - 1.0, abs=1e-6)
     assert kl[1].item() == 0.0
-
-
-def test_entropy_uniform_and_peaked():
-    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]])
-    ent = entropy_from_logits(logits)
-    assert ent[0].item() == pytest.approx(math.log(4.0), abs=1e-6)
-    assert ent[1].item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_clipped_loss_hand_computed():

@@ -78,7 +78,9 @@ class IPCEngineSender:
 
 
 def ipc_rank(rank: int, world: int, port: int, cfg, out: str) -> None:
-    from rlinf_ext.training.fsdp_policy import FSDPPolicy, init_gloo_dp
+    from gloo_dp import init_gloo_dp
+
+    from rlinf_ext.training.fsdp_policy import FSDPPolicy
     from rlinf_ext.training.settings import ActorSettings
     from rlinf_ext.workers.actor import ActorWorker
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rlinf_ext.config.placement import PlacementError, component_ranks
+from rlinf_ext.config.placement import DISAGGREGATED, PlacementError, is_collocated, placement_mode
 from rlinf_ext.config.rule_registry import is_training, rule
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
@@ -40,14 +40,13 @@ def collocated_needs_offload(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """Collocated GPUs: the rollout engine takes rollout.gpu_memory_utilization of each GPU back at every rollout
     while the actor still holds whatever it did not offload (fp32 weights, optimizer state: tens of GB for 3B).
     Both actors offload (Megatron's buffers; the FSDP2 actor's shards, training/fsdp_policy_offload.py)."""
-    gpn = cfg.cluster.num_gpus_per_node
-    if not is_training(cfg) or gpn < 1:
+    if not is_training(cfg) or cfg.cluster.num_gpus_per_node < 1:
         return
     try:
-        ranks = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * gpn)
+        collocated = is_collocated(cfg)
     except PlacementError:  # reported by the placement rule
         return
-    if "actor" not in ranks or ranks.get("actor") != ranks.get("rollout"):
+    if not collocated:
         return
     missing = [f"actor.{k}" for k in ("offload_weight", "offload_optimizer") if not getattr(cfg.actor, k)]
     if missing:
@@ -74,10 +73,10 @@ def offload_has_something_to_free(cfg: ExperimentConfig) -> Iterator[ConfigIssue
                           "no GPU memory to free, so nothing would be offloaded.", fix + ".")
         return
     try:
-        ranks = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * gpn)
+        mode = placement_mode(cfg)
     except PlacementError:  # reported by the placement rule
         return
-    if not set(ranks.get("actor", [])) & set(ranks.get("rollout", [])):
+    if mode == DISAGGREGATED:
         yield ConfigIssue(flags[0], f"{', '.join(flags)} true with the actor and the rollout on disjoint GPUs "
                           "(disaggregated): the runner offloads only for a rollout on the actor's GPUs, so nothing "
                           "would be offloaded.", fix + " (or collocate actor and rollout).")

@@ -44,7 +44,7 @@ def test_metrics_by_category_by_hand():
     assert m["val/search_free/accuracy"] == 0.5 and m["val/search_free/search_ratio_image"] == 0.5
     assert m["val/search_required/search_ratio_mix"] == 0.5 and m["val/search_required/search_ratio_image"] == 0.0
     assert m["val/search_required/search_ratio_any"] == 0.5 and m["val/all/search_ratio_any"] == 0.5
-    assert {k for k, _ in mk.MM_VAL_TRENDS} <= set(m)
+    assert m["val/search_required/accuracy"] == 0.5  # 1 of 2 (the errored one is wrong)
 
 
 def test_validation_cache_replaces_the_training_cache_only_when_set():
