@@ -66,16 +66,28 @@ SPEC = AgentSpec(name="echo", title="Echo", stops=("</answer>",), vision=False, 
 NOT_A_SPEC = object()
 
 
-def test_an_agent_by_import_path():
+ECHO_YAML = f"""
+defaults: [model/qwen2-tiny, cluster/cpu, _self_]
+runner: {{experiment_name: echo, seq_length: 512}}
+algorithm: {{group_size: 2, n_minibatches: 1, training_batch_size_per_gpu: 2, sampling_params: {{max_new_tokens: 64}}}}
+data: {{train_data_paths: [train.jsonl], val_data_paths: [test.jsonl], max_prompt_length: 256, rollout_batch_size: 2}}
+agentloop: {{agent: "{__name__}:SPEC", response_length_total: 256}}
+"""
+
+
+def test_an_agent_by_import_path(tmp_path):
     assert agent_spec(f"{__name__}:SPEC") is SPEC
-    result = check_config("tiny-cpu", [f"agentloop.agent={__name__}:SPEC"])
+    yaml = tmp_path / "echo.yaml"
+    yaml.write_text(ECHO_YAML)
+    result = check_config(yaml, ["runner.val_check_interval=1"])
     # the agent brings no validation pass: validating during training is refused, with the fix
     (issue,) = result.issues
     assert issue.key == "runner.val_check_interval" and "no validation pass" in issue.reason
-    result = check_config("tiny-cpu", [f"agentloop.agent={__name__}:SPEC", "runner.val_before_train=false",
-                                       "runner.val_check_interval=0"])
+    result = check_config(yaml, [])
     assert result.ok, [str(i) for i in result.issues]
     assert result.cfg.agentloop.agent == f"{__name__}:SPEC"
+    # a Search-R1 YAML's own section is not this agent's: refused as an unknown key, not silently ignored
+    assert any(i.key == "agentloop.searchr1" for i in check_config("tiny-cpu", [f"agentloop.agent={__name__}:SPEC"]).issues)
 
 
 @pytest.mark.parametrize("path, words", [
