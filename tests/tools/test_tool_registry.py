@@ -49,7 +49,7 @@ def test_short_name_and_import_path(plugin_module):
 def test_unknown_names_say_the_choices_and_the_import_path_form(plugin_module):
     with pytest.raises(ToolNameError, match=r"registered tool \(\['search'\]\).*'pkg\.module:Class'"):
         resolve_tool("calculator")
-    with pytest.raises(ToolNameError, match="cannot be imported"):
+    with pytest.raises(ToolNameError, match="cannot import module"):
         resolve_tool("no_such_pkg.tools:Calc")
     with pytest.raises(ToolNameError, match="has no attribute 'Calc'"):
         resolve_tool("my_tools:Calc")

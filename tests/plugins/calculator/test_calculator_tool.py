@@ -115,6 +115,7 @@ def test_the_reward_worker_scores_with_the_configured_tags(cfg):
     _, traj = _trajectory(cfg, [CALL_TURN, ANSWER_TURN])
     worker = RewardWorker.__new__(RewardWorker)  # no Ray actor: the method and the config it reads
     worker.cfg, worker._timer_metrics = replace(cfg, reward=replace(cfg.reward, scoring="format")), {}
+    worker.init_worker()  # the agent's reward and its tools' tags
     inbox, outbox = queue.Queue(), queue.Queue()
     inbox.put(result_from_group([traj]))
     out = worker.compute_rewards(inbox, outbox, num_results=1, step=0)
