@@ -38,11 +38,11 @@ class TimedGenerator:
 
 
 async def run_all(generator, processor, tools, tasks, settings, params, group_size):
-    from rlinf_ext.agent.mmsearch.loop import run_mm_group
+    from rlinf_ext.agent.mmsearch.loop import run_group
     from rlinf_ext.tools import close_http_session
 
     try:
-        groups = await asyncio.gather(*(run_mm_group(generator, processor, tools, t, settings, group_size,
+        groups = await asyncio.gather(*(run_group(generator, processor, tools, t, settings, group_size,
                                                      sampling_params=params) for t in tasks))
     finally:
         await close_http_session()
@@ -70,8 +70,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
 
-    from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools
-    from rlinf_ext.agent.mmsearch.types import MMTask
+    from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools
+    from rlinf_ext.agent.mmsearch.types import Task
     from rlinf_ext.assets.core.tiny import make_tiny_assets
     from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
     from rlinf_ext.data.fvqa import read_fvqa
@@ -94,8 +94,8 @@ def main(argv=None) -> int:
                                            max_batch_size=args.max_batch_size)
     generator = TimedGenerator(engine)
     px = 56 * 56
-    tasks = [MMTask.from_row(r) for r in read_fvqa(mm.fvqa_test, px, px, limit=args.questions)]
-    settings = MMLoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
+    tasks = [Task.from_row(r) for r in read_fvqa(mm.fvqa_test, px, px, limit=args.questions)]
+    settings = LoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
                               response_length_total=1280, max_obs_length=320)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, stop=[])
     image_tool = ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(mm.cache_test), topk=3,
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     with RetrievalServerProcess(index_dir, assets.corpus_path, startup_timeout_s=120) as url:
         text_tool = SearchTool(SearchToolConfig(backend="local", server_addr=url, topk=3, default_timeout=30))
         started = time.perf_counter()
-        trajs = asyncio.run(run_all(generator, engine.processor, MMTools(image_tool, text_tool), tasks, settings,
+        trajs = asyncio.run(run_all(generator, engine.processor, SearchTools(image_tool, text_tool), tasks, settings,
                                     params, args.group_size))
         wall = time.perf_counter() - started
 

@@ -28,12 +28,12 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools, first_prompt_ids, run_mm_trajectory  # noqa: E402
-from rlinf_ext.agent.mmsearch.prompts import MMPrompts  # noqa: E402
-from rlinf_ext.agent.mmsearch.types import MMTask  # noqa: E402
+from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools, first_prompt_ids, run_trajectory  # noqa: E402
+from rlinf_ext.agent.mmsearch.prompts import Prompts  # noqa: E402
+from rlinf_ext.agent.mmsearch.types import Task  # noqa: E402
 from rlinf_ext.assets.core.playback import PlaybackGenerator  # noqa: E402
 from rlinf_ext.assets.core.search import CorpusTextSearch, corpus_retriever  # noqa: E402
-from rlinf_ext.assets.mmsearch.paths import mm_layout  # noqa: E402
+from rlinf_ext.assets.mmsearch.paths import layout  # noqa: E402
 from rlinf_ext.assets.mmsearch.sft import PX  # noqa: E402
 from rlinf_ext.assets.mmsearch.trajectories import IMAGE_SEARCH_TURN, answer_turn  # noqa: E402
 from rlinf_ext.assets.mmsearch.world import KIND_COLOUR, PALETTE, EmblemSpec, draw_emblem  # noqa: E402
@@ -72,17 +72,17 @@ class Scorer:
         return 1.0 / (1.0 + math.exp(max(answers.values()) - self.logprob(prefix, self.search_ids, images)))
 
 
-def searched_context(processor, task: MMTask, cache: Path, corpus: Path) -> tuple[list[int], list]:
+def searched_context(processor, task: Task, cache: Path, corpus: Path) -> tuple[list[int], list]:
     """Prompt + the image-search turn + its observation, as the real loop builds them."""
     config = ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache), topk=3, thumbnail_min_pixels=PX,
                                    thumbnail_max_pixels=PX)
-    tools = MMTools(ImageSearchTool(config), CorpusTextSearch(corpus_retriever(corpus), 3))
-    settings = MMLoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
+    tools = SearchTools(ImageSearchTool(config), CorpusTextSearch(corpus_retriever(corpus), 3))
+    settings = LoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
                               response_length_total=4096, max_obs_length=320)
     final = answer_turn("The emblem is red.", "red")
     playback = PlaybackGenerator(processor.tokenizer)
     playback.start([IMAGE_SEARCH_TURN, final])
-    t = asyncio.run(run_mm_trajectory(playback, processor, tools, task, settings, prompts=MMPrompts()))
+    t = asyncio.run(run_trajectory(playback, processor, tools, task, settings, prompts=Prompts()))
     n_final = len(processor.tokenizer.encode(final, add_special_tokens=False))
     return (t.prompt_ids + t.response_ids)[:-n_final], list(t.images)
 
@@ -92,8 +92,8 @@ def probe_split(scorer: Scorer, processor, fvqa: Path, cache: Path, corpus: Path
     for r in read_fvqa(fvqa, PX, PX):
         if r.data_source != f"tinymm_{KIND_COLOUR}":
             continue
-        task = MMTask.from_row(r)
-        prompt, images = first_prompt_ids(processor, MMPrompts(), task), list(task.images)
+        task = Task.from_row(r)
+        prompt, images = first_prompt_ids(processor, Prompts(), task), list(task.images)
         direct = scorer.answers(prompt, images)
         searched = scorer.answers(*searched_context(processor, task, cache, corpus))
         gold = task.answers[0]
@@ -111,8 +111,8 @@ def fresh_direct_accuracy(scorer: Scorer, processor, paths) -> float:
     for city in cities:
         for _ in range(FRESH_PER_CITY):
             image = canonicalize(draw_emblem(specs[city], rng), PX, PX)
-            task = MMTask("fresh", COLOUR_QUESTION, (image,), (specs[city].colour,), "search_free", "tinymm_colour")
-            scores = scorer.answers(first_prompt_ids(processor, MMPrompts(), task), [image])
+            task = Task("fresh", COLOUR_QUESTION, (image,), (specs[city].colour,), "search_free", "tinymm_colour")
+            scores = scorer.answers(first_prompt_ids(processor, Prompts(), task), [image])
             right += max(scores, key=scores.get) == specs[city].colour
     return right / (FRESH_PER_CITY * len(cities))
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     torch.set_num_threads(1)
-    paths = mm_layout(args.assets)
+    paths = layout(args.assets)
     model_dir = args.model or paths.qwen2_5_vl_tiny_sft
     if not (model_dir / "config.json").is_file():
         parser.error(f"{model_dir} holds no model; build it with rlinf-ext make-tiny-assets --out DIR --with-mm-sft")

@@ -12,7 +12,7 @@ from rlinf_ext.config.schema import ExperimentConfig
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="experiment YAML: a path, or a name under examples/searchr1/config/ or examples/mmsearch_r1/config/")
+    parser.add_argument("config", help="experiment YAML: a path, or a name under examples/searchr1/config/ or examples/mmsearch/config/")
     parser.add_argument(
         "overrides", nargs="*", help="key=value overrides (OmegaConf dotlist), e.g. data.rollout_batch_size=16"
     )

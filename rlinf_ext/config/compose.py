@@ -15,13 +15,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.protocol.agents import AgentSpec, agent_spec
+from rlinf_ext.protocol.agents import AGENTS, AgentSpec, agent_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "configs"
-EXPERIMENTS_DIR = REPO_ROOT / "examples" / "searchr1" / "config"
-# experiment names are looked up in these, in order (Search-R1 first, then MMSearch-R1)
-EXPERIMENT_DIRS = (EXPERIMENTS_DIR, REPO_ROOT / "examples" / "mmsearch_r1" / "config")
+# experiment names are looked up in each registered agent's examples/<agent>/config/, in registry order
+EXPERIMENT_DIRS = tuple(REPO_ROOT / "examples" / name / "config" for name in AGENTS)
 
 
 class ComposeError(ValueError):

@@ -78,7 +78,7 @@ def _schema_of(raw: DictConfig) -> tuple[type, list[ConfigIssue]]:
 
 def load_config(name_or_path: str | Path, overrides: Iterable[str] = (), strict: bool = True) -> ExperimentConfig:
     """The typed config of an experiment (a .yaml path, or a name looked up in examples/searchr1/config/, then
-    examples/mmsearch_r1/config/).
+    examples/mmsearch/config/).
 
     strict=True raises ConfigError listing every problem; strict=False returns the config anyway (invalid
     keys keep their schema defaults) and raises only if the YAML cannot be composed.

@@ -2,8 +2,8 @@
 
 How an experiment config is built
 ---------------------------------
-* **One YAML per experiment** in ``examples/searchr1/config/`` or ``examples/mmsearch_r1/config/`` (a bare name is
-  looked up there in that order: ``load_config("tiny-mm-cpu")`` finds ``examples/mmsearch_r1/config/tiny-mm-cpu.yaml``
+* **One YAML per experiment** in ``examples/searchr1/config/`` or ``examples/mmsearch/config/`` (a bare name is
+  looked up there in that order: ``load_config("tiny-mm-cpu")`` finds ``examples/mmsearch/config/tiny-mm-cpu.yaml``
   from any working directory; a path to a ``.yaml`` file works too).
 * **Composition.** A YAML may start with a Hydra-style ``defaults:`` list. Entries are merged in order, then
   the file itself (``_self_``, last unless placed elsewhere):

@@ -11,5 +11,5 @@ from rlinf_ext.eval.core.runner import EvalSummary
 
 def run_evaluation(cfg: Any, generator=None, **kwargs: Any) -> EvalSummary:
     """Evaluate as `cfg.agentloop.agent` says; keyword arguments as the agent's runner takes them
-    (`eval.searchr1.runner.run_evaluation`, `eval.mmsearch.runner.run_mm_evaluation`)."""
+    (`eval.searchr1.runner.run_evaluation`, `eval.mmsearch.runner.run_evaluation`)."""
     return agent_spec(cfg).load("evaluation")(cfg, generator, **kwargs)

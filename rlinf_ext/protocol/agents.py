@@ -82,8 +82,8 @@ AGENTS: dict[str, AgentSpec] = {
         reward_metrics="rlinf_ext.agent.mmsearch.metrics:reward_metrics",
         config="rlinf_ext.agent.mmsearch.config:MMSearchConfig",
         rules="rlinf_ext.agent.mmsearch.rules",
-        evaluation="rlinf_ext.eval.mmsearch.runner:run_mm_evaluation",
-        validation="rlinf_ext.eval.mmsearch.validation:MMValidationPass",
+        evaluation="rlinf_ext.eval.mmsearch.runner:run_evaluation",
+        validation="rlinf_ext.eval.mmsearch.validation:ValidationPass",
         tiny_assets="rlinf_ext.agent.mmsearch.tiny:tiny_parts",
         tools=("search",),  # its text search (the image search reads the task's cache, not a tool call's text)
     ),

@@ -15,16 +15,16 @@ from rlinf.data.io_struct import RolloutRequest, RolloutResult
 
 
 @dataclass
-class SearchRolloutRequest(RolloutRequest):
+class AgentRolloutRequest(RolloutRequest):
     """One agent-loop rank's share of a rollout step (``n`` = group size)."""
 
     uids: list[str] = field(default_factory=list)
     seed: int = 0  # per-step sampling seed (same seed -> same trajectories)
-    tasks: list = field(default_factory=list)  # MMSearch-R1: one agent.mmsearch.types.MMTask per prompt (else empty)
+    tasks: list = field(default_factory=list)  # MMSearch-R1: one agent.mmsearch.types.Task per prompt (else empty)
 
 
 @dataclass(kw_only=True)
-class SearchRolloutResult(RolloutResult):
+class AgentRolloutResult(RolloutResult):
     """One GRPO group: ``group_size`` trajectories of one prompt."""
 
     uid: str = ""
@@ -39,8 +39,8 @@ class SearchRolloutResult(RolloutResult):
     categories: list[str] = field(default_factory=list)
 
 
-def empty_request(n: int) -> SearchRolloutRequest:
-    return SearchRolloutRequest(n=n, input_ids=[], image_data=[], answers=[], multi_modal_inputs=[], uids=[])
+def empty_request(n: int) -> AgentRolloutRequest:
+    return AgentRolloutRequest(n=n, input_ids=[], image_data=[], answers=[], multi_modal_inputs=[], uids=[])
 
 
 def pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:

@@ -15,7 +15,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     what = "experiment" if verb == "train" else "evaluation"
     parser.add_argument(
         "config",
-        help=f"{what} YAML: a path, or a name under examples/searchr1/config/ or examples/mmsearch_r1/config/ (e.g. "
+        help=f"{what} YAML: a path, or a name under examples/searchr1/config/ or examples/mmsearch/config/ (e.g. "
         f"{'tiny-cpu' if verb == 'train' else 'tiny-cpu-eval'})",
     )
     # REMAINDER: options may come before or after the overrides (argparse cannot intermix them otherwise)

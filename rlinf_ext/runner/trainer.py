@@ -43,7 +43,7 @@ from rlinf_ext.protocol import channels as ch
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.protocol.generation import STOP_SERVING, GenerateRequest
-from rlinf_ext.protocol.payloads import SearchRolloutRequest
+from rlinf_ext.protocol.payloads import AgentRolloutRequest
 from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
 from rlinf_ext.runner.groups import WorkerGroups, wait_all_or_raise, wait_or_raise
 from rlinf_ext.runner.metrics import engine_mismatch_step
@@ -213,7 +213,7 @@ class GRPOTrainer:
         seed = self.cfg.runner.seed * 1_000_003 + self.global_step
         uids = [f"s{self.global_step}-{k:04d}-{it['uid']}" for k, it in enumerate(items)]
         for chunk, chunk_uids in zip(split_list(items, parts), split_list(uids, parts)):
-            self.channels[ch.DATALOADER].put(SearchRolloutRequest(
+            self.channels[ch.DATALOADER].put(AgentRolloutRequest(
                 n=self.cfg.algorithm.group_size,
                 input_ids=[it["prompt_ids"] for it in chunk],
                 image_data=[[] for _ in chunk],

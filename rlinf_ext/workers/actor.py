@@ -31,7 +31,7 @@ from rlinf.scheduler import Worker
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.convert.state_dicts import iter_megatron_to_hf
 from rlinf_ext.models.cpu_shims import env_init_method, init_parallel_state
-from rlinf_ext.protocol.payloads import SearchRolloutResult, pad_rows
+from rlinf_ext.protocol.payloads import AgentRolloutResult, pad_rows
 from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
 from rlinf_ext.training.grpo_policy import MMSample, Sample
 from rlinf_ext.training.settings import ActorSettings
@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # the policies import Megatron / transformers: only build_pol
     from rlinf_ext.training.megatron_policy import MegatronPolicy
 
 
-def samples_of(results: list[SearchRolloutResult]) -> list[Sample]:
+def samples_of(results: list[AgentRolloutResult]) -> list[Sample]:
     """Flatten results (group order kept) into actor samples, with rewards and recomputed log-probs (and each
     trajectory's images when the result carries them: ``MMSample`` for the vision-language actor)."""
     out: list[Sample] = []
@@ -264,7 +264,7 @@ class ActorWorker(Worker):
         ``rollout_batch_size * group_size / DP`` sequences), whichever results reach it first."""
         with self.worker_timer():
             for _ in range(share_of(num_results, self.policy.dp)):
-                res: SearchRolloutResult = input_channel.get()
+                res: AgentRolloutResult = input_channel.get()
                 samples = samples_of([res])
                 self.policy.recompute(samples, compute_ref=compute_ref_logprobs)
                 res.recomputed_logprobs = pad_rows([s.old_logprobs for s in samples])

@@ -4,7 +4,7 @@ Protocol of RLinf's ``AgentLoopWorker``: ``init_worker(generate_input_channel, g
 stores the channels; ``run_agentloop_rollout(input_channel, output_channel)`` takes one ``RolloutRequest``,
 generates through the rollout group (``GenerateRequest`` dicts on ``GenerateInput``, ``GenerateReply`` dicts keyed
 by ``channel_key`` on ``GenerateOutput``: ``ChannelGenerator``), lets the agent's rollout
-(``agent/core/rollout.py:AgentRollout``) run each group with its tools, and puts one ``SearchRolloutResult`` per
+(``agent/core/rollout.py:AgentRollout``) run each group with its tools, and puts one ``AgentRolloutResult`` per
 prompt group.
 """
 
@@ -22,7 +22,7 @@ from rlinf.scheduler import Worker
 from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.protocol.generation import GenerateRequest, GenerationResult, SamplingParams, result_of
-from rlinf_ext.protocol.payloads import SearchRolloutRequest
+from rlinf_ext.protocol.payloads import AgentRolloutRequest
 from rlinf_ext.tools.base import ToolContext
 
 
@@ -92,7 +92,7 @@ class AgentLoopWorker(Worker):
     async def run_agentloop_rollout(self, input_channel, output_channel) -> dict:
         """Roll out every prompt group of one request; returns agent metrics, trajectories and tool time."""
         with self.worker_timer():
-            request: SearchRolloutRequest = await input_channel.get(async_op=True).async_wait()
+            request: AgentRolloutRequest = await input_channel.get(async_op=True).async_wait()
             generator = ChannelGenerator(self.generate_input_channel, self.generate_output_channel, request.seed)
             busy_before = tool_seconds(self.agent.tools)
             started = time.monotonic()

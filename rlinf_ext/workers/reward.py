@@ -20,7 +20,7 @@ from rlinf.scheduler import Worker
 from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.agents import agent_spec, agent_tools
-from rlinf_ext.protocol.payloads import SearchRolloutResult
+from rlinf_ext.protocol.payloads import AgentRolloutResult
 from rlinf_ext.tools import registry as tool_registry
 
 
@@ -34,7 +34,7 @@ def configured_tool_tags(cfg: Any) -> list[str]:
     return tool_registry.tool_tags(agent_tools(cfg))
 
 
-def score_result_details(result: SearchRolloutResult, reward_cfg: RewardConfig, fn: Callable[..., Any],
+def score_result_details(result: AgentRolloutResult, reward_cfg: RewardConfig, fn: Callable[..., Any],
                          step: int = 0, tool_tags: Sequence[str] | None = None) -> tuple[list[float], list[float], list[Any]]:
     """``(rewards, em, reward results)`` of one group under reward ``fn``; results with turn texts pass each
     trajectory's turns (``turns=``) and the training step (``step=``: where a search penalty's warm-up stands);
@@ -70,7 +70,7 @@ class RewardWorker(Worker):
         with self.worker_timer():
             all_rewards, all_em, by_uid, scored = [], [], {}, []
             for _ in range(num_results):
-                result: SearchRolloutResult = input_channel.get()
+                result: AgentRolloutResult = input_channel.get()
                 rewards, em, details = score_result_details(result, self.cfg.reward, self.reward_fn, step, self.tool_tags)
                 scored.append((result, details))
                 result.rewards = torch.tensor(rewards, dtype=torch.float32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools
+from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools
 from rlinf_ext.agent.core.scripted import ScriptedGenerator
 from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
 from rlinf_ext.tools.image_search import ImageSearchTool
@@ -24,15 +24,15 @@ class ScriptedVLGenerator(ScriptedGenerator):
         return await super().generate(prompt_ids, sampling_params)
 
 
-def settings(**kw) -> MMLoopSettings:
+def settings(**kw) -> LoopSettings:
     base = dict(max_gen_round=3, image_search_limit=1, text_search_limit=1, response_length_total=2048,
                 max_obs_length=200)
     base.update(kw)
-    return MMLoopSettings(**base)
+    return LoopSettings(**base)
 
 
-def tools(cache_dir, topk: int = 3, text_topk: int = 2) -> MMTools:
+def tools(cache_dir, topk: int = 3, text_topk: int = 2) -> SearchTools:
     image = ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache_dir), topk=topk,
                                                   thumbnail_min_pixels=PX, thumbnail_max_pixels=PX))
     text = SearchTool(SearchToolConfig(backend="dummy", topk=text_topk))
-    return MMTools(image, text)
+    return SearchTools(image, text)

@@ -9,13 +9,13 @@ from dataclasses import replace
 import pytest
 from mm_helpers import PX, ScriptedVLGenerator, settings, tools
 
-from rlinf_ext.agent.mmsearch.protocol import parse_mm_action
-from rlinf_ext.agent.mmsearch.loop import check_mm_invariants, first_prompt_ids, run_mm_group, run_mm_trajectory
-from rlinf_ext.agent.mmsearch.metrics import mm_reward_fn
-from rlinf_ext.agent.mmsearch.observation import build_mm_observation, image_results_body
+from rlinf_ext.agent.mmsearch.protocol import parse_action
+from rlinf_ext.agent.mmsearch.loop import check_invariants, first_prompt_ids, run_group, run_trajectory
+from rlinf_ext.agent.mmsearch.metrics import reward_fn
+from rlinf_ext.agent.mmsearch.observation import build_observation, image_results_body
 from rlinf_ext.agent.mmsearch.config import MMSearchConfig
-from rlinf_ext.agent.mmsearch.prompts import MMPrompts, read_prompt
-from rlinf_ext.agent.mmsearch.types import MMTask
+from rlinf_ext.agent.mmsearch.prompts import Prompts, read_prompt
+from rlinf_ext.agent.mmsearch.types import Task
 from rlinf_ext.config.schema import AgentLoopConfig, RewardConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import load_vl_processor
@@ -31,12 +31,12 @@ def world(tiny_mm_assets):
     mm = tiny_mm_assets.mm
     processor = load_vl_processor(mm.processor_dir)
     rows = read_fvqa(mm.fvqa_test, PX, PX)
-    return mm, processor, {r.data_source: MMTask.from_row(r) for r in rows}
+    return mm, processor, {r.data_source: Task.from_row(r) for r in rows}
 
 
 def _run(processor, task, script, cache_dir, **kw):
     gen = ScriptedVLGenerator(script, tokenizer=processor.tokenizer)
-    traj = asyncio.run(run_mm_trajectory(gen, processor, tools(cache_dir), task, settings(**kw.pop("s", {})), **kw))
+    traj = asyncio.run(run_trajectory(gen, processor, tools(cache_dir), task, settings(**kw.pop("s", {})), **kw))
     return gen, traj
 
 
@@ -47,7 +47,7 @@ def test_invariants_with_0_1_2_image_observations(world, n_image_obs):
     script = {0: [ANS.format(a="x")], 1: [IMG, TXT.format(city="Drelia"), ANS.format(a="x")],
               2: [IMG, IMG, ANS.format(a="x")]}[n_image_obs]
     gen, traj = _run(processor, task, script, mm.cache_test, s={"image_search_limit": 2})
-    check_mm_invariants(traj, processor)  # also checked inside the loop
+    check_invariants(traj, processor)  # also checked inside the loop
     pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
     assert len(traj.images) == 1 + 3 * n_image_obs and traj.images[0] == task.images[0]
     obs_pads = [t for t, m in zip(traj.response_ids, traj.response_mask) if t == pad]
@@ -64,9 +64,9 @@ def test_observation_ids_equal_a_processor_re_encode(world):
     mm, processor, tasks = world
     task = tasks["tinymm_city"]
     found = asyncio.run(tools(mm.cache_test).image_search.search(task.data_id))
-    prompts = MMPrompts()
+    prompts = Prompts()
     body, images = image_results_body(prompts, found.hits)
-    obs = build_mm_observation(processor, prompts, body, images, task.question, prompts.after_image_search, False)
+    obs = build_observation(processor, prompts, body, images, task.question, prompts.after_image_search, False)
     reference = processor(text=[obs.text], images=[r.to_pil() for r in images], return_tensors="pt").input_ids[0].tolist()
     assert obs.ids == reference and obs.image_tokens == 12
     # incremental context == a full re-encode of prompt + sampled + observation
@@ -82,13 +82,13 @@ def test_question_comes_from_the_row_and_prompts_are_replaceable(world, tmp_path
     task = replace(tasks["tinymm_city"], question="Which city? (row text)")
     gen, traj = _run(processor, task, [IMG, ANS.format(a="y")], mm.cache_test)
     second_context = processor.tokenizer.decode(gen.calls[1].prompt_ids)
-    assert "Question: Which city? (row text)" in second_context and MMPrompts().after_image_search in second_context
+    assert "Question: Which city? (row text)" in second_context and Prompts().after_image_search in second_context
     (tmp_path / "after.txt").write_text("CUSTOM AFTER IMAGE")
     (tmp_path / "round1.pkl").write_bytes(pickle.dumps("CUSTOM ROUND ONE"))
     section = MMSearchConfig().prompts
     section.after_image_search, section.round_1 = str(tmp_path / "after.txt"), str(tmp_path / "round1.pkl")
     section.observation = "Found: <information>{results}</information>\n{instruction} Q: {question}"
-    prompts = MMPrompts.from_config(section)
+    prompts = Prompts.from_config(section)
     gen, _ = _run(processor, task, [IMG, ANS.format(a="y")], mm.cache_test, prompts=prompts)
     first, second = (processor.tokenizer.decode(c.prompt_ids) for c in gen.calls)
     assert "CUSTOM ROUND ONE" in first and "CUSTOM AFTER IMAGE Q: Which city? (row text)" in second
@@ -132,7 +132,7 @@ def test_each_trajectory_searches_its_own_data_id(world):
     async def many():
         gen = ScriptedVLGenerator(script, tokenizer=processor.tokenizer)
         t = tools(mm.cache_test)
-        return await asyncio.gather(*(run_mm_group(gen, processor, t, task, settings(), 2) for task in tasks.values()))
+        return await asyncio.gather(*(run_group(gen, processor, t, task, settings(), 2) for task in tasks.values()))
 
     for task, group in zip(tasks.values(), asyncio.run(many())):
         expected = asyncio.run(tools(mm.cache_test).image_search.search(task.data_id))
@@ -152,22 +152,22 @@ def test_banned_ids_from_an_engine_are_dropped_and_invariants_catch_breakage(wor
     k = good.response_ids.index(pad)
     flipped = replace(good, response_mask=good.response_mask[:k] + [1] + good.response_mask[k + 1:])
     with pytest.raises(AssertionError, match="loss-mask invariant"):
-        check_mm_invariants(flipped, processor)
+        check_invariants(flipped, processor)
     with pytest.raises(AssertionError, match="image-pad invariant"):
-        check_mm_invariants(replace(good, images=good.images[:-1]), processor)
+        check_invariants(replace(good, images=good.images[:-1]), processor)
 
 
 def test_actions_and_reward_on_a_scripted_three_turn_trajectory(world):
     mm, processor, tasks = world
     task = tasks["tinymm_attribute"]
     gold = task.answers[0]
-    reward = mm_reward_fn(RewardConfig(format_penalty=0.1, search_penalty=0.1))
+    reward = reward_fn(RewardConfig(format_penalty=0.1, search_penalty=0.1))
     gen = ScriptedVLGenerator([IMG, TXT.format(city="X"), ANS.format(a=gold)], tokenizer=processor.tokenizer)
-    traj = asyncio.run(run_mm_trajectory(gen, processor, tools(mm.cache_test), task, settings(), reward_fn=reward))
+    traj = asyncio.run(run_trajectory(gen, processor, tools(mm.cache_test), task, settings(), reward_fn=reward))
     assert [t.action for t in traj.turns] == ["image_search", "text_search", "answer"]
     assert traj.reward == pytest.approx(0.91) and traj.reward_details.correct
-    assert parse_mm_action("<reason> a </reason><search><img></search> then", "length") == ("invalid", None)
-    assert parse_mm_action("x <text_search> a </text_search> <text_search> b </text_search><|im_end|>", "eos") == \
+    assert parse_action("<reason> a </reason><search><img></search> then", "length") == ("invalid", None)
+    assert parse_action("x <text_search> a </text_search> <text_search> b </text_search><|im_end|>", "eos") == \
         ("text_search", "b")
-    assert parse_mm_action("<text_search>  </text_search>", "stop") == ("invalid", None)
-    assert parse_mm_action("no tags", "eos") == ("eos", None)
+    assert parse_action("<text_search>  </text_search>", "stop") == ("invalid", None)
+    assert parse_action("no tags", "eos") == ("eos", None)

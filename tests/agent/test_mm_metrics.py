@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlinf_ext.agent.mmsearch.metrics import mm_summary_by_category
+from rlinf_ext.agent.mmsearch.metrics import summary_by_category
 
 
 def _row(category, correct, image, text, image_fail=0, text_fail=0, reward=None):
@@ -17,7 +17,7 @@ def test_split_by_category():
     rows = [_row("search_free", 1, 1, 0), _row("search_free", 1, 0, 0), _row("search_free", 0, 0, 0),
             _row("search_free", 1, 0, 0), _row("search_required", 1, 1, 1, image_fail=1),
             _row("search_required", 0, 0, 1, reward=0.1)]
-    m = mm_summary_by_category(rows, prefix="rollout")
+    m = summary_by_category(rows, prefix="rollout")
     assert m["rollout/search_free/accuracy"] == pytest.approx(0.75)
     assert m["rollout/search_free/search_ratio_image"] == pytest.approx(0.25)
     assert m["rollout/search_free/search_ratio_any"] == pytest.approx(0.25)
@@ -28,4 +28,4 @@ def test_split_by_category():
     assert m["rollout/search_required/image_search_failure_ratio"] == pytest.approx(1.0)
     assert m["rollout/all/accuracy"] == pytest.approx(4 / 6)
     assert m["rollout/all/search_ratio_any"] == pytest.approx(3 / 6)
-    assert mm_summary_by_category([]) == {}
+    assert summary_by_category([]) == {}

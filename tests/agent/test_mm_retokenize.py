@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 from mm_helpers import PX, ScriptedVLGenerator, settings, tools
 
-from rlinf_ext.agent.mmsearch.loop import run_mm_trajectory
+from rlinf_ext.agent.mmsearch.loop import run_trajectory
 from rlinf_ext.agent.mmsearch.retokenize import (
     IMAGE_PAD_MISMATCH,
     RETOKENIZE_MISMATCH,
@@ -20,8 +20,8 @@ from rlinf_ext.agent.mmsearch.retokenize import (
     mark_retokenize_mismatches,
     pad_runs,
 )
-from rlinf_ext.agent.mmsearch.rollout import mm_agent_metrics
-from rlinf_ext.agent.mmsearch.types import MMTask
+from rlinf_ext.agent.mmsearch.rollout import agent_metrics
+from rlinf_ext.agent.mmsearch.types import Task
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.protocol import metric_keys as mk
@@ -62,7 +62,7 @@ ANS = "<reason> Done. </reason><answer> x </answer><|im_end|>"
 def world(tiny_mm_assets):
     mm = tiny_mm_assets.mm
     processor = load_vl_processor(mm.processor_dir)
-    task = next(MMTask.from_row(r) for r in read_fvqa(mm.fvqa_test, PX, PX) if r.data_source == "tinymm_city")
+    task = next(Task.from_row(r) for r in read_fvqa(mm.fvqa_test, PX, PX) if r.data_source == "tinymm_city")
     return mm, processor, task
 
 
@@ -81,7 +81,7 @@ class _SplitAnswerGenerator(ScriptedVLGenerator):
 def _trajectory(world, script, generator=ScriptedVLGenerator):
     mm, processor, task = world
     gen = generator(script, tokenizer=processor.tokenizer)
-    return asyncio.run(run_mm_trajectory(gen, processor, tools(mm.cache_test), task, settings()))
+    return asyncio.run(run_trajectory(gen, processor, tools(mm.cache_test), task, settings()))
 
 
 @pytest.mark.timeout(300)
@@ -109,6 +109,6 @@ def test_real_trajectories_canonical_and_deliberately_broken(world):
     mark_retokenize_mismatches(processor, group)
     assert [t.metrics[RETOKENIZE_MISMATCH] for t in group] == [0.0, 1.0, 1.0]
     assert [t.metrics[IMAGE_PAD_MISMATCH] for t in group] == [0.0, 0.0, 1.0]
-    step = mm_agent_metrics(group)
+    step = agent_metrics(group)
     assert step[mk.AGENT_RETOKENIZE_MISMATCH] == pytest.approx(2 / 3)
     assert step[mk.AGENT_IMAGE_PAD_MISMATCH] == pytest.approx(1 / 3)

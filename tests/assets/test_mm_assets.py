@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-from rlinf_ext.agent.mmsearch.types import MMTask
+from rlinf_ext.agent.mmsearch.types import Task
 from rlinf_ext.assets.core.world import build_world
-from rlinf_ext.assets.mmsearch.sft import MMSFTConfig, colour_openings_per_step, plan_for, searching_colour_ids
+from rlinf_ext.assets.mmsearch.sft import SFTConfig, colour_openings_per_step, plan_for, searching_colour_ids
 from rlinf_ext.assets.mmsearch.trajectories import IMAGE_SEARCH_TURN, answer_turn
 from rlinf_ext.assets.mmsearch.world import PALETTE, draw_emblem, emblem_specs, search_hits, split_cities
 from rlinf_ext.config.schema import ImageSearchToolConfig
@@ -58,7 +58,7 @@ def test_warm_start_mix_searches_first_on_an_exact_share_of_the_colour_questions
     gold = {"colour": "blue", "city": "Avel", "attribute": "Brena"}
     first_turns, colour_endings = Counter(), set()
     for data_id, path in scripted.items():
-        task = MMTask(data_id, "q?", (), (gold[path["kind"]],), "", "")
+        task = Task(data_id, "q?", (), (gold[path["kind"]],), "", "")
         plan = plan_for(task, path, data_id in searching)
         first_turns[path["kind"], "search" if plan[0] == IMAGE_SEARCH_TURN else "direct"] += 1
         if path["kind"] == "colour":
@@ -74,12 +74,12 @@ def test_warm_start_colour_answers_per_step_direct_and_search_first():
     """Phase B's colour answers per step, by hand. The default mix on the tiny world's 276 train trajectories (92
     colour ones, all searching first): 8 * 92/276 = 2.67 search-first colour answers and 0 + 2 replayed direct
     ones. At over_search 0.7 without replay (64 of 92 search first): 8 * 28/276 = 0.81 direct, 8 * 64/276 = 1.86."""
-    cfg = MMSFTConfig()
+    cfg = SFTConfig()
     assert (cfg.batch_size, cfg.colour_replay) == (8, 2)
     assert len(searching_colour_ids({f"c{i}": {"kind": "colour"} for i in range(92)}, cfg.over_search, seed=0)) == 92
     direct, search_first = colour_openings_per_step(cfg, 276, 92, 92)
     assert direct == 2.0 and search_first == pytest.approx(8 / 3)
-    direct, search_first = colour_openings_per_step(MMSFTConfig(over_search=0.7, colour_replay=0), 276, 92, 64)
+    direct, search_first = colour_openings_per_step(SFTConfig(over_search=0.7, colour_replay=0), 276, 92, 64)
     assert direct == pytest.approx(8 * 28 / 276) and search_first == pytest.approx(8 * 64 / 276)
 
 

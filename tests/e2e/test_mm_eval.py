@@ -24,7 +24,7 @@ QUESTIONS = 6
 def _run(root, out_dir):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RLINF_EXT_EVAL_MODEL")}
     res = subprocess.run(
-        ["bash", str(REPO / "examples" / "mmsearch_r1" / "run_main_mmsearch_r1_eval.sh"), "tiny-mm-cpu-eval",
+        ["bash", str(REPO / "examples" / "mmsearch" / "run_main_mmsearch_eval.sh"), "tiny-mm-cpu-eval",
          "--no-progress", f"paths.tiny_assets={root}", f"runner.output_dir={out_dir}", f"data.data_size={QUESTIONS}"],
         capture_output=True, text=True, env=env, timeout=400, cwd="/")
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]

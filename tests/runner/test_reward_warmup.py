@@ -15,8 +15,8 @@ import pytest
 from group_fakes import FuncResult, check_group_call
 from signature_checks import checked_against
 
-from rlinf_ext.agent.mmsearch.rollout import mm_result_from_group
-from rlinf_ext.agent.mmsearch.types import MMTrajectory, MMTurnRecord
+from rlinf_ext.agent.mmsearch.rollout import group_result
+from rlinf_ext.agent.mmsearch.types import VLTrajectory, VLTurnRecord
 from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.protocol.images import ImageRef
@@ -30,10 +30,10 @@ ANSWER = "<reason> it is red </reason><answer> red </answer>"
 IMG = ImageRef("ab" * 20, b"png", 56, 56)
 
 
-def _traj(turn_texts: list[str], image_searches: int) -> MMTrajectory:
-    turns = [MMTurnRecord(prompt_ids=[1], response_ids=[2], observation_ids=[], text=t, action="answer")
+def _traj(turn_texts: list[str], image_searches: int) -> VLTrajectory:
+    turns = [VLTurnRecord(prompt_ids=[1], response_ids=[2], observation_ids=[], text=t, action="answer")
              for t in turn_texts]
-    return MMTrajectory(uid="u", prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 1], turns=turns,
+    return VLTrajectory(uid="u", prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 1], turns=turns,
                         response_text="".join(turn_texts), answers=["red"], images=[IMG] * (1 + image_searches),
                         category="search_free", metrics={"image_searches": float(image_searches), "text_searches": 0.0,
                                                          "image_search_failures": 0.0, "text_search_failures": 0.0})
@@ -63,7 +63,7 @@ class _AgentLoop:
         check_group_call("agent_loop", "run_agentloop_rollout", *args, **kwargs)
         input_channel, output_channel = args
         input_channel.get()  # the step's request
-        output_channel.put(mm_result_from_group([_traj([SEARCH, ANSWER], 1), _traj([ANSWER], 0)], "prompt"))
+        output_channel.put(group_result([_traj([SEARCH, ANSWER], 1), _traj([ANSWER], 0)], "prompt"))
         records = [{"uid": "u", "index": i, "prompt_ids": [1, 2], "response_ids": [3, 4]} for i in range(2)]
         return _Done({"trajectories": records, "metrics": {}, "num_trajectories": 2, "tool_time": 0.0})
 

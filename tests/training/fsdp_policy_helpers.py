@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from rlinf_ext.agent.core.scripted import ForcedFirstTurn
-from rlinf_ext.agent.mmsearch.protocol import MM_STOPS
-from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools, run_mm_group
-from rlinf_ext.agent.mmsearch.types import MMTask
+from rlinf_ext.agent.mmsearch.protocol import STOPS
+from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools, run_group
+from rlinf_ext.agent.mmsearch.types import Task
 from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import HFVLGenerator
@@ -32,15 +32,15 @@ def mm_trajectories(mm, model_dir: Path, n_tasks: int = 3, group: int = 4, seed:
     gen = HFVLGenerator.from_pretrained(model_dir, num_threads=None, return_logprobs=True, seed=seed)
     if first_turn is not None:
         gen.logits_processors = [ForcedFirstTurn(gen.processor.tokenizer, first_turn)]
-    tools = MMTools(ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(mm.cache_train), topk=2,
+    tools = SearchTools(ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(mm.cache_train), topk=2,
                                                           thumbnail_min_pixels=PX, thumbnail_max_pixels=PX)),
                     SearchTool(SearchToolConfig(backend="dummy", topk=1)))
-    settings = MMLoopSettings.with_defaults(max_gen_round=3, response_length_total=1024, max_obs_length=64)
-    params = SamplingParams(max_new_tokens=40, do_sample=True, temperature=TEMPERATURE, stop=list(MM_STOPS))
-    tasks = [MMTask.from_row(r) for r in read_fvqa(mm.fvqa_train, PX, PX, limit=n_tasks)]
+    settings = LoopSettings.with_defaults(max_gen_round=3, response_length_total=1024, max_obs_length=64)
+    params = SamplingParams(max_new_tokens=40, do_sample=True, temperature=TEMPERATURE, stop=list(STOPS))
+    tasks = [Task.from_row(r) for r in read_fvqa(mm.fvqa_train, PX, PX, limit=n_tasks)]
 
     async def run():
-        return [t for task in tasks for t in await run_mm_group(gen, gen.processor, tools, task, settings, group,
+        return [t for task in tasks for t in await run_group(gen, gen.processor, tools, task, settings, group,
                                                                sampling_params=params)]
     return asyncio.run(run())
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rlinf_ext.agent.mmsearch.types import MMTrajectory, MMTurnRecord
+from rlinf_ext.agent.mmsearch.types import VLTrajectory, VLTurnRecord
 from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.protocol.images import ImageRef
-from rlinf_ext.agent.mmsearch.rollout import mm_agent_metrics, mm_result_from_group, mm_trajectory_records
+from rlinf_ext.agent.mmsearch.rollout import agent_metrics, group_result, result_records
 from rlinf_ext.agent.mmsearch.metrics import reward_metrics, reward_rows
 from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.workers.reward import score_result_details
@@ -18,9 +18,9 @@ ANSWER = "<reason> it is red </reason><answer> red </answer>"
 
 
 def _traj(turn_texts, image_searches, category):
-    turns = [MMTurnRecord(prompt_ids=[1], response_ids=[2], observation_ids=[], text=t, action="answer")
+    turns = [VLTurnRecord(prompt_ids=[1], response_ids=[2], observation_ids=[], text=t, action="answer")
              for t in turn_texts]
-    return MMTrajectory(uid="q1", prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 1], turns=turns,
+    return VLTrajectory(uid="q1", prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 1], turns=turns,
                         response_text="".join(turn_texts), answers=["red"], images=[IMG] * (1 + image_searches),
                         category=category, metrics={"image_searches": float(image_searches), "text_searches": 0.0,
                                                     "image_search_failures": 0.0, "text_search_failures": 0.0})
@@ -28,7 +28,7 @@ def _traj(turn_texts, image_searches, category):
 
 def test_turn_texts_and_categories_reach_the_reward_and_its_metrics():
     group = [_traj([ANSWER], 0, "search_free"), _traj([SEARCH, ANSWER], 1, "search_free")]
-    result = mm_result_from_group(group, "prompt")
+    result = group_result(group, "prompt")
     assert result.turn_texts == [[ANSWER], [SEARCH, ANSWER]] and result.categories == ["search_free"] * 2
     assert [len(i) for i in result.trajectory_images] == [1, 2] and result.num_searches == [0, 1]
     cfg = RewardConfig(scoring="em", search_penalty=0.1)
@@ -38,6 +38,6 @@ def test_turn_texts_and_categories_reach_the_reward_and_its_metrics():
     assert [r["image_searches"] for r in rows] == [0.0, 1.0] and all(r["correct"] == 1.0 for r in rows)
     metrics = reward_metrics([(result, details)])
     assert metrics["rollout/search_free/search_ratio_image"] == pytest.approx(0.5)
-    records = mm_trajectory_records(result)
+    records = result_records(result)
     assert records[1]["image_sha1s"] == [IMG.sha1] * 2 and records[0]["category"] == "search_free"
-    assert mm_agent_metrics(group)["agent/image_searches"] == pytest.approx(0.5)
+    assert agent_metrics(group)["agent/image_searches"] == pytest.approx(0.5)

@@ -1,4 +1,4 @@
-"""A prompt group's trajectories as the ``SearchRolloutResult`` the trainer consumes, and as plain records
+"""A prompt group's trajectories as the ``AgentRolloutResult`` the trainer consumes, and as plain records
 (``on_step`` and the rollout dumps). Shared by every agent; an agent's rollout adds its own fields on top."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from rlinf_ext.agent.core.types import Trajectory
-from rlinf_ext.protocol.payloads import SearchRolloutResult
+from rlinf_ext.protocol.payloads import AgentRolloutResult
 
 ENDED_TURNS = ("answer", "eos")  # end reasons of a trajectory that finished on its own
 
@@ -18,12 +18,12 @@ def canonical_order(trajectories: list) -> list:
     return sorted(trajectories, key=lambda t: (t.response_ids, t.response_text))
 
 
-def result_from_group(trajectories: list[Trajectory], prompt_text: str | None = None) -> SearchRolloutResult:
-    """A group of trajectories (same prompt, same uid) -> one ``SearchRolloutResult``."""
+def result_from_group(trajectories: list[Trajectory], prompt_text: str | None = None) -> AgentRolloutResult:
+    """A group of trajectories (same prompt, same uid) -> one ``AgentRolloutResult``."""
     if not trajectories:
         raise ValueError("result_from_group needs at least one trajectory.")
     n = len(trajectories)
-    return SearchRolloutResult(
+    return AgentRolloutResult(
         num_sequence=n,
         group_size=n,
         prompt_lengths=[len(t.prompt_ids) for t in trajectories],
@@ -43,7 +43,7 @@ def result_from_group(trajectories: list[Trajectory], prompt_text: str | None = 
     )
 
 
-def trajectory_records(result: SearchRolloutResult) -> list[dict[str, Any]]:
+def trajectory_records(result: AgentRolloutResult) -> list[dict[str, Any]]:
     """Plain dicts (JSON-friendly) of a result's trajectories, for ``on_step`` and the rollout dumps."""
     rewards = result.rewards.tolist() if torch.is_tensor(result.rewards) else list(result.rewards or [None] * result.num_sequence)
     return [

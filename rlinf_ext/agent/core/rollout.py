@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from rlinf_ext.agent.core.types import Trajectory
 from rlinf_ext.protocol.generation import Generator
-from rlinf_ext.protocol.payloads import SearchRolloutRequest, SearchRolloutResult
+from rlinf_ext.protocol.payloads import AgentRolloutRequest, AgentRolloutResult
 from rlinf_ext.tools.base import Tool
 
 
@@ -20,15 +20,15 @@ class AgentRollout(Protocol):
 
     tools: Sequence[Tool]  # the tools it calls (the worker reports their busy time as ``tool_time``)
 
-    def groups(self, request: SearchRolloutRequest) -> list[tuple[Any, str]]:
+    def groups(self, request: AgentRolloutRequest) -> list[tuple[Any, str]]:
         """(task, uid) of every prompt group in the request."""
 
     async def run_group(self, generator: Generator, task: Any, group_size: int,
-                        uid: str) -> tuple[SearchRolloutResult, list[Trajectory]]:
+                        uid: str) -> tuple[AgentRolloutResult, list[Trajectory]]:
         """Roll out one group: its result for the trainer and its trajectories."""
 
     def metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """Agent metrics (``agent/<name>``) averaged over a request's trajectories."""
 
-    def records(self, result: SearchRolloutResult) -> list[dict[str, Any]]:
+    def records(self, result: AgentRolloutResult) -> list[dict[str, Any]]:
         """Plain per-trajectory records of a result (rollout dumps)."""

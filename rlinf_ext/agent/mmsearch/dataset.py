@@ -8,12 +8,12 @@ from typing import Any, Sequence
 import torch
 
 from rlinf_ext.agent.mmsearch.loop import first_prompt_ids
-from rlinf_ext.agent.mmsearch.prompts import MMPrompts
-from rlinf_ext.agent.mmsearch.types import MMTask
+from rlinf_ext.agent.mmsearch.prompts import Prompts
+from rlinf_ext.agent.mmsearch.types import Task
 from rlinf_ext.data.fvqa import read_fvqa
 
 
-class MMTaskDataset(torch.utils.data.Dataset):
+class TaskDataset(torch.utils.data.Dataset):
     """FVQA questions ``{"uid", "answers", "prompt_ids", "task"}``; over-long first prompts dropped (counted)."""
 
     def __init__(self, paths: Sequence[str], cfg: Any):
@@ -22,12 +22,12 @@ class MMTaskDataset(torch.utils.data.Dataset):
 
         data = cfg.data
         processor = load_vl_processor(str(cfg.rollout.model.model_path))
-        prompts = MMPrompts.from_config(cfg.agentloop.mmsearch.prompts)
+        prompts = Prompts.from_config(cfg.agentloop.mmsearch.prompts)
         limit = None if int(data.data_size) < 0 else int(data.data_size)
         self.items, self.dropped = [], 0
         for path in paths:
             for row in read_fvqa(path, int(data.image_min_pixels), int(data.image_max_pixels), limit=limit):
-                task = MMTask.from_row(row)
+                task = Task.from_row(row)
                 ids = first_prompt_ids(processor, prompts, task)
                 if len(ids) > data.max_prompt_length:
                     self.dropped += 1
@@ -43,5 +43,5 @@ class MMTaskDataset(torch.utils.data.Dataset):
         return self.items[i]
 
 
-def build_datasets(cfg: Any) -> tuple[MMTaskDataset, None]:
-    return MMTaskDataset(cfg.data.train_data_paths, cfg), None
+def build_datasets(cfg: Any) -> tuple[TaskDataset, None]:
+    return TaskDataset(cfg.data.train_data_paths, cfg), None

@@ -7,7 +7,7 @@ expanded). A search past its limit, or asked in the last round, ends the traject
 does an answer, EOS or anything else. `response_length_total` bounds everything after the first prompt,
 observation ids and expanded pads included.
 
-INVARIANTS (`check_mm_invariants`, on every trajectory): (1) response ids are the turns' sampled ids (mask 1)
+INVARIANTS (`check_invariants`, on every trajectory): (1) response ids are the turns' sampled ids (mask 1)
 and observation ids (mask 0), concatenated; (2) the `<|image_pad|>` ids of prompt + response are exactly the
 images' token counts, in order; (3) no vision special id and no id >= len(tokenizer) has mask 1; (4) one
 `<|vision_start|>` per image.
@@ -25,23 +25,23 @@ from typing import Any
 from rlinf_ext.agent.mmsearch.config import MMSearchConfig
 from rlinf_ext.config.schema import AgentLoopConfig
 from rlinf_ext.agent.core.response import ResponseBuffer, check_mask_invariant
-from rlinf_ext.agent.mmsearch.protocol import parse_mm_action, with_mm_stops
+from rlinf_ext.agent.mmsearch.protocol import parse_action, with_stops
 from rlinf_ext.agent.mmsearch.observation import (
-    MMObservation,
-    build_mm_observation,
+    Observation,
+    build_observation,
     failure_body,
     image_results_body,
     text_results_body,
 )
-from rlinf_ext.agent.mmsearch.prompts import MMPrompts
-from rlinf_ext.agent.mmsearch.types import TOOL_IMAGE, TOOL_TEXT, MMTask, MMTrajectory, MMTurnRecord
+from rlinf_ext.agent.mmsearch.prompts import Prompts
+from rlinf_ext.agent.mmsearch.types import TOOL_IMAGE, TOOL_TEXT, Task, VLTrajectory, VLTurnRecord
 from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams
 from rlinf_ext.protocol.images import image_pad_count
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_START, token_id, vision_special_ids
 
 
 @dataclass(frozen=True)
-class MMLoopSettings:
+class LoopSettings:
     """The loop's knobs; their defaults live only in the schema (``with_defaults``)."""
 
     max_gen_round: int
@@ -52,17 +52,17 @@ class MMLoopSettings:
     print_outputs: bool = False
 
     @classmethod
-    def with_defaults(cls, **overrides: Any) -> "MMLoopSettings":
+    def with_defaults(cls, **overrides: Any) -> "LoopSettings":
         """The schema's `agentloop` defaults with `overrides`."""
         return dataclasses.replace(cls.from_sections(AgentLoopConfig(), MMSearchConfig()), **overrides)
 
     @classmethod
-    def from_config(cls, agentloop: Any) -> "MMLoopSettings":
+    def from_config(cls, agentloop: Any) -> "LoopSettings":
         """From the `agentloop` section (its mounted `mmsearch` section holds the agent's own knobs)."""
         return cls.from_sections(agentloop, agentloop.mmsearch)
 
     @classmethod
-    def from_sections(cls, agentloop: Any, mm: Any) -> "MMLoopSettings":
+    def from_sections(cls, agentloop: Any, mm: Any) -> "LoopSettings":
         out = cls(int(mm.max_gen_round), int(mm.image_search_limit), int(mm.text_search_limit),
                   int(agentloop.response_length_total), int(agentloop.max_obs_length), bool(agentloop.print_outputs))
         if out.max_gen_round < 1:
@@ -73,12 +73,12 @@ class MMLoopSettings:
 
 
 @dataclass
-class MMTools:
+class SearchTools:
     image_search: Any  # tools.image_search.ImageSearchTool: async search(data_id)
     text_search: Any  # tools.search.TextSearch (or its client, SearchTool): async search(query) -> SearchResult
 
 
-def first_prompt_ids(processor: Any, prompts: MMPrompts, task: MMTask) -> list[int]:
+def first_prompt_ids(processor: Any, prompts: Prompts, task: Task) -> list[int]:
     """The chat template over [instruction, the question's images, the question]; pads expanded by the processor."""
     content = ([{"type": "text", "text": prompts.round_1}] + [{"type": "image"} for _ in task.images]
                + [{"type": "text", "text": task.question}])
@@ -87,7 +87,7 @@ def first_prompt_ids(processor: Any, prompts: MMPrompts, task: MMTask) -> list[i
     return processor(text=[text], images=images, return_tensors="pt").input_ids[0].tolist()
 
 
-def check_mm_invariants(trajectory: MMTrajectory, processor: Any) -> None:
+def check_invariants(trajectory: VLTrajectory, processor: Any) -> None:
     """Raise AssertionError naming the broken invariant (module docstring, 1-4)."""
     check_mask_invariant(trajectory)
     tok = processor.tokenizer
@@ -125,7 +125,7 @@ class _Run(ResponseBuffer):
         self.g, self.p, self.tools, self.task, self.s, self.prompts = generator, processor, tools, task, settings, prompts
         self.prompt_ids = prompt_ids
         self.images = list(task.images)
-        self.turns: list[MMTurnRecord] = []
+        self.turns: list[VLTurnRecord] = []
         self.counts = dict(image_searches=0, text_searches=0, image_search_failures=0, text_search_failures=0,
                            missing_images=0, search_limit_hits=0, generated_tokens=0, image_pad_tokens=0,
                            truncated_observations=0, banned_dropped=0)
@@ -136,7 +136,7 @@ class _Run(ResponseBuffer):
         limit = self.s.image_search_limit if action == "image_search" else self.s.text_search_limit
         return used >= limit or turn_index >= self.s.max_gen_round - 1
 
-    async def observe(self, action: str, query: str | None, record: MMTurnRecord) -> MMObservation:
+    async def observe(self, action: str, query: str | None, record: VLTurnRecord) -> Observation:
         after_im_end = bool(record.response_ids) and record.response_ids[-1] == self.p.tokenizer.convert_tokens_to_ids("<|im_end|>")
         if action == "image_search":
             self.counts["image_searches"] += 1
@@ -148,7 +148,7 @@ class _Run(ResponseBuffer):
             else:
                 self.counts["image_search_failures"] += 1
                 body, images = failure_body(self.prompts, found.error or "no results"), []
-            return build_mm_observation(self.p, self.prompts, body, images, self.task.question,
+            return build_observation(self.p, self.prompts, body, images, self.task.question,
                                         self.prompts.after_image_search, after_im_end)
         self.counts["text_searches"] += 1
         found = await self.tools.text_search.search(query)
@@ -160,10 +160,10 @@ class _Run(ResponseBuffer):
             self.counts["text_search_failures"] += 1
             body = failure_body(self.prompts, found.error or "no results")
         self.counts["truncated_observations"] += int(truncated)
-        return build_mm_observation(self.p, self.prompts, body, [], self.task.question,
+        return build_observation(self.p, self.prompts, body, [], self.task.question,
                                     self.prompts.after_text_search, after_im_end, truncated)
 
-    def append(self, sampled: list[int], logprobs: list[float] | None, obs: MMObservation | None) -> None:
+    def append(self, sampled: list[int], logprobs: list[float] | None, obs: Observation | None) -> None:
         self.add_sampled(sampled, logprobs)
         if obs is not None:
             self.add_observation(obs.ids)
@@ -176,7 +176,7 @@ async def _turn(run: _Run, base: SamplingParams, turn_index: int) -> str:
     remaining = run.s.response_length_total - len(run.response_ids)
     if remaining <= 0:
         return "response_budget"
-    params = base.with_updates(max_new_tokens=min(base.max_new_tokens, remaining), stop=with_mm_stops(base.stop))
+    params = base.with_updates(max_new_tokens=min(base.max_new_tokens, remaining), stop=with_stops(base.stop))
     context = run.prompt_ids + run.response_ids
     result = await run.g.generate(context, params, images=list(run.images))
     if len(result.output_ids) > params.max_new_tokens:
@@ -184,10 +184,10 @@ async def _turn(run: _Run, base: SamplingParams, turn_index: int) -> str:
     run.counts["generated_tokens"] += result.generated_tokens
     result, dropped = _drop_banned(result, run.p.tokenizer, run.banned)
     run.counts["banned_dropped"] += dropped
-    action, content = parse_mm_action(result.text, result.finish_reason)
+    action, content = parse_action(result.text, result.finish_reason)
     if dropped:
         action, content = "invalid", None
-    record = MMTurnRecord(prompt_ids=context, response_ids=list(result.output_ids), observation_ids=[],
+    record = VLTurnRecord(prompt_ids=context, response_ids=list(result.output_ids), observation_ids=[],
                           text=result.text, action=action, finish_reason=result.finish_reason,
                           matched_stop=result.matched_stop, query=content if action == "text_search" else None,
                           logprobs=None if result.logprobs is None else list(result.logprobs),
@@ -209,13 +209,13 @@ async def _turn(run: _Run, base: SamplingParams, turn_index: int) -> str:
     return end
 
 
-async def run_mm_trajectory(generator: Generator, processor: Any, tools: MMTools, task: MMTask,
-                            settings: MMLoopSettings, *, prompts: MMPrompts | None = None,
+async def run_trajectory(generator: Generator, processor: Any, tools: SearchTools, task: Task,
+                            settings: LoopSettings, *, prompts: Prompts | None = None,
                             sampling_params: SamplingParams | None = None, uid: str | None = None,
                             prompt_ids: list[int] | None = None,
-                            reward_fn: Callable[[MMTrajectory], float] | None = None) -> MMTrajectory:
+                            reward_fn: Callable[[VLTrajectory], float] | None = None) -> VLTrajectory:
     """Roll out one trajectory of `task` (see the module docstring); `prompt_ids` may be precomputed."""
-    prompts = prompts or MMPrompts()
+    prompts = prompts or Prompts()
     ids = list(prompt_ids) if prompt_ids is not None else first_prompt_ids(processor, prompts, task)
     run = _Run(generator, processor, tools, task, settings, prompts, ids)
     base = sampling_params or SamplingParams()
@@ -225,7 +225,7 @@ async def run_mm_trajectory(generator: Generator, processor: Any, tools: MMTools
         if end:
             break
     trajectory = _finish(run, uid, end or "max_gen_round")
-    check_mm_invariants(trajectory, processor)
+    check_invariants(trajectory, processor)
     if reward_fn is not None:
         trajectory.reward = float(reward_fn(trajectory))
     if settings.print_outputs:
@@ -233,9 +233,9 @@ async def run_mm_trajectory(generator: Generator, processor: Any, tools: MMTools
     return trajectory
 
 
-def _finish(run: _Run, uid: str | None, end_reason: str) -> MMTrajectory:
+def _finish(run: _Run, uid: str | None, end_reason: str) -> VLTrajectory:
     task = run.task
-    trajectory = MMTrajectory(
+    trajectory = VLTrajectory(
         uid=uid or uuid.uuid4().hex, prompt_ids=list(run.prompt_ids), response_ids=run.response_ids,
         response_mask=run.response_mask, turns=run.turns, response_text=run.p.tokenizer.decode(run.response_ids),
         answers=list(task.answers), rollout_logprobs=run.logprobs, end_reason=end_reason, images=run.images,
@@ -245,17 +245,17 @@ def _finish(run: _Run, uid: str | None, end_reason: str) -> MMTrajectory:
     return trajectory
 
 
-async def run_mm_group(generator: Generator, processor: Any, tools: MMTools, task: MMTask, settings: MMLoopSettings,
-                       group_size: int, *, prompts: MMPrompts | None = None,
+async def run_group(generator: Generator, processor: Any, tools: SearchTools, task: Task, settings: LoopSettings,
+                       group_size: int, *, prompts: Prompts | None = None,
                        sampling_params: SamplingParams | None = None, uid: str | None = None,
-                       reward_fn: Callable[[MMTrajectory], float] | None = None) -> list[MMTrajectory]:
+                       reward_fn: Callable[[VLTrajectory], float] | None = None) -> list[VLTrajectory]:
     """`group_size` trajectories of one task, concurrently, sharing one uid (the GRPO group) and prompt ids."""
     if group_size < 1:
         raise ValueError(f"algorithm.group_size must be >= 1, got {group_size}")
-    prompts = prompts or MMPrompts()
+    prompts = prompts or Prompts()
     ids = first_prompt_ids(processor, prompts, task)
     uid = uid or uuid.uuid4().hex
     return list(await asyncio.gather(*(
-        run_mm_trajectory(generator, processor, tools, task, settings, prompts=prompts,
+        run_trajectory(generator, processor, tools, task, settings, prompts=prompts,
                           sampling_params=sampling_params, uid=uid, prompt_ids=ids, reward_fn=reward_fn)
         for _ in range(group_size))))

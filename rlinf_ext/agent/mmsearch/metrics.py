@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlinf_ext.agent.mmsearch.types import MMTrajectory
+from rlinf_ext.agent.mmsearch.types import VLTrajectory
 from rlinf_ext.agent.mmsearch.reward import mmsearch_score
 from rlinf_ext.protocol import metric_keys as mk
 
@@ -19,10 +19,10 @@ TABLE_COLUMNS = (ACCURACY, REWARD, IMAGE_SEARCH_RATIO, TEXT_SEARCH_RATIO, MIX_SE
                  IMAGE_FAILURE_RATIO, TEXT_FAILURE_RATIO)
 
 
-def mm_reward_fn(reward_cfg: Any, step: int = 0) -> Callable[[MMTrajectory], float]:
+def reward_fn(reward_cfg: Any, step: int = 0) -> Callable[[VLTrajectory], float]:
     """`fn(trajectory) -> score` on the model's own turn texts; the details stay on the trajectory."""
 
-    def score(trajectory: MMTrajectory) -> float:
+    def score(trajectory: VLTrajectory) -> float:
         result = mmsearch_score([t.text for t in trajectory.turns], trajectory.answers, reward_cfg, step=step)
         trajectory.reward_details = result
         return result.score
@@ -37,7 +37,7 @@ def search_kind(image_searches: float, text_searches: float) -> str:
     return "image" if image_searches else "text" if text_searches else "none"
 
 
-def mm_summary(rows: Sequence[dict]) -> dict[str, float]:
+def table_summary(rows: Sequence[dict]) -> dict[str, float]:
     """Table metrics over rows `{correct, reward, image_searches, text_searches, image_search_failures,
     text_search_failures}` (one per trajectory): accuracy, mean reward, share of trajectories by search kind,
     and failed searches per search."""
@@ -59,20 +59,20 @@ def mm_summary(rows: Sequence[dict]) -> dict[str, float]:
     }
 
 
-def mm_summary_by_category(rows: Sequence[dict], prefix: str = "") -> dict[str, float]:
-    """``mm_summary`` of all rows and of each ``row["category"]`` (``search_required`` / ``search_free``, and any
+def summary_by_category(rows: Sequence[dict], prefix: str = "") -> dict[str, float]:
+    """``table_summary`` of all rows and of each ``row["category"]`` (``search_required`` / ``search_free``, and any
     other category present), keyed ``[prefix/]<category>/<metric>``: the paper's claim is read per category
     (fewer searches on ``search_free``, accuracy held on ``search_required``)."""
     head = f"{prefix}/" if prefix else ""
-    out = {f"{head}{ALL}/{k}": v for k, v in mm_summary(rows).items()}
+    out = {f"{head}{ALL}/{k}": v for k, v in table_summary(rows).items()}
     for category in sorted({str(r["category"]) for r in rows}):
         part = [r for r in rows if str(r["category"]) == category]
-        out.update({f"{head}{category}/{k}": v for k, v in mm_summary(part).items()})
+        out.update({f"{head}{category}/{k}": v for k, v in table_summary(part).items()})
     return out
 
 
 def reward_rows(result: Any, details: Sequence[Any]) -> list[dict]:
-    """Per-trajectory rows of ``mm_summary`` from one scored group (category, correctness, searches that ran)."""
+    """Per-trajectory rows of ``table_summary`` from one scored group (category, correctness, searches that ran)."""
     rows = []
     for i, res in enumerate(details):
         m = result.trajectory_metrics[i]
@@ -85,4 +85,4 @@ def reward_rows(result: Any, details: Sequence[Any]) -> list[dict]:
 def reward_metrics(scored: Sequence[tuple[Any, Sequence[Any]]]) -> dict[str, float]:
     """``AgentSpec.reward_metrics``: the table metrics of a reward step's groups, per FVQA category."""
     rows = [row for result, details in scored for row in reward_rows(result, details)]
-    return mm_summary_by_category(rows, prefix=mk.ROLLOUT_PREFIX)
+    return summary_by_category(rows, prefix=mk.ROLLOUT_PREFIX)

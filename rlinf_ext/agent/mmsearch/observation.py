@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_ext.agent.mmsearch.prompts import MMPrompts
+from rlinf_ext.agent.mmsearch.prompts import Prompts
 from rlinf_ext.protocol.images import ImageRef, image_pad_count
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, IMAGE_PLACEHOLDER, expand_image_pads, token_id
 
@@ -19,7 +19,7 @@ TURN_CLOSE = "<|im_end|>\n<|im_start|>assistant\n"
 
 
 @dataclass
-class MMObservation:
+class Observation:
     ids: list[int]
     text: str  # before pad expansion
     images: list[ImageRef]
@@ -27,7 +27,7 @@ class MMObservation:
     truncated: bool = False
 
 
-def image_results_body(prompts: MMPrompts, hits: list[Any]) -> tuple[str, list[ImageRef]]:
+def image_results_body(prompts: Prompts, hits: list[Any]) -> tuple[str, list[ImageRef]]:
     """Ranked hits as text with one image placeholder per thumbnail; hits without one show the title only."""
     lines, images = [prompts.image_results_header], []
     for i, hit in enumerate(hits, start=1):
@@ -39,7 +39,7 @@ def image_results_body(prompts: MMPrompts, hits: list[Any]) -> tuple[str, list[I
     return "".join(lines), images
 
 
-def text_results_body(tokenizer: Any, prompts: MMPrompts, documents: list[Any], max_tokens: int) -> tuple[str, bool]:
+def text_results_body(tokenizer: Any, prompts: Prompts, documents: list[Any], max_tokens: int) -> tuple[str, bool]:
     """`{i}. (title) text` lines, cut to `max_tokens` tokens (the header not counted)."""
     body = "".join(f"{i}. ({d.title}) {d.text}\n" for i, d in enumerate(documents, start=1))
     ids = tokenizer.encode(body, add_special_tokens=False)
@@ -48,12 +48,12 @@ def text_results_body(tokenizer: Any, prompts: MMPrompts, documents: list[Any], 
     return prompts.text_results_header + tokenizer.decode(ids[:max_tokens]) + "\n", True
 
 
-def failure_body(prompts: MMPrompts, error: str) -> str:
+def failure_body(prompts: Prompts, error: str) -> str:
     return prompts.search_failed.replace("{error}", error)
 
 
-def build_mm_observation(processor: Any, prompts: MMPrompts, body: str, images: list[ImageRef], question: str,
-                         instruction: str, after_im_end: bool, truncated: bool = False) -> MMObservation:
+def build_observation(processor: Any, prompts: Prompts, body: str, images: list[ImageRef], question: str,
+                         instruction: str, after_im_end: bool, truncated: bool = False) -> Observation:
     """The observation ids (mask 0). `after_im_end`: the turn already ended with `<|im_end|>`."""
     user = (prompts.observation.replace("{results}", body).replace("{question}", question)
             .replace("{instruction}", instruction))
@@ -61,4 +61,4 @@ def build_mm_observation(processor: Any, prompts: MMPrompts, body: str, images: 
     raw = processor.tokenizer.encode(text, add_special_tokens=False)
     pads = [image_pad_count(processor.image_processor, ref) for ref in images]
     ids = expand_image_pads(raw, token_id(processor.tokenizer, IMAGE_PAD), pads)
-    return MMObservation(ids=ids, text=text, images=list(images), image_tokens=sum(pads), truncated=truncated)
+    return Observation(ids=ids, text=text, images=list(images), image_tokens=sum(pads), truncated=truncated)

@@ -36,7 +36,7 @@ OBSERVATION = "Search results: <information>{results}</information>\nQuestion: {
 
 
 @dataclass(frozen=True)
-class MMPrompts:
+class Prompts:
     """Every text of the loop; `{question}`, `{error}`, `{results}`, `{instruction}` are filled in (by
     `str.replace`, so other braces are kept as written)."""
 
@@ -49,7 +49,7 @@ class MMPrompts:
     observation: str = OBSERVATION  # the user turn after a search: {results}, {question}, {instruction}
 
     @classmethod
-    def from_config(cls, section: Any) -> "MMPrompts":
+    def from_config(cls, section: Any) -> "Prompts":
         """Built-in texts, replaced by every non-null key of `agentloop.mmsearch.prompts`."""
         values = {}
         for f in fields(cls):

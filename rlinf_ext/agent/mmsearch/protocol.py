@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 IMAGE_CALL = "<search><img></search>"
-MM_STOPS = ("</search>", "</text_search>", "</answer>")  # the closing tags that end a turn
+STOPS = ("</search>", "</text_search>", "</answer>")  # the closing tags that end a turn
 _TRAILING_SPECIAL = re.compile(r"(?:\s*<\|(?:im_end|endoftext)\|>)+\s*$")
 _TEXT_QUERY = re.compile(r"<text_search>(.*?)</text_search>", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -17,7 +17,7 @@ def clean_turn(text: str) -> str:
     return _TRAILING_SPECIAL.sub("", text).strip()
 
 
-def parse_mm_action(text: str, finish_reason: str | None) -> tuple[str, str | None]:
+def parse_action(text: str, finish_reason: str | None) -> tuple[str, str | None]:
     """-> ("image_search", None) | ("text_search", query) | ("answer", answer) | ("eos", None) | ("invalid", None).
 
     A search counts only when the turn *ends* with its call (after trailing `<|im_end|>`); a text search needs
@@ -35,6 +35,6 @@ def parse_mm_action(text: str, finish_reason: str | None) -> tuple[str, str | No
     return ("eos", None) if finish_reason == "eos" else ("invalid", None)
 
 
-def with_mm_stops(stop: list[str]) -> list[str]:
+def with_stops(stop: list[str]) -> list[str]:
     """The configured stop strings plus the three the loop depends on."""
-    return list(stop) + [s for s in MM_STOPS if s not in stop]
+    return list(stop) + [s for s in STOPS if s not in stop]

@@ -29,7 +29,7 @@ _DIRECT_ANSWER = re.compile(r"^<reason>.*</reason>.*<answer>.*</answer>$", re.DO
 _IMAGE_SEARCH = re.compile(r"^<reason>.*</reason>.*<search><img></search>$", re.DOTALL)
 _TEXT_SEARCH = re.compile(r"^<reason>.*</reason>.*<text_search>.*</text_search>$", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-MM_SCORINGS = ("em", "subem")
+SCORINGS = ("em", "subem")
 
 
 def _one_reason(turn: str) -> bool:
@@ -90,7 +90,7 @@ def penalty_at(step: int, penalty: float, warmup_steps: int) -> float:
 
 
 @dataclass
-class MMRewardResult:
+class RewardResult:
     score: float
     answer: str | None
     correct: bool
@@ -102,10 +102,10 @@ class MMRewardResult:
     penalty: float  # the search penalty applied (0 when none)
 
 
-def mmsearch_score(turns: Sequence[str], golden_answers: Any, cfg: Any, step: int = 0) -> MMRewardResult:
+def mmsearch_score(turns: Sequence[str], golden_answers: Any, cfg: Any, step: int = 0) -> RewardResult:
     """Score one trajectory's turns (see the module docstring); `cfg` is the `reward` section."""
-    if cfg.scoring not in MM_SCORINGS:
-        raise ValueError(f"reward.scoring must be one of {MM_SCORINGS} for the MMSearch-R1 reward, got {cfg.scoring!r}")
+    if cfg.scoring not in SCORINGS:
+        raise ValueError(f"reward.scoring must be one of {SCORINGS} for the MMSearch-R1 reward, got {cfg.scoring!r}")
     if not turns:
         raise ValueError("mmsearch reward needs at least one turn")
     golds = golden_list(golden_answers)
@@ -122,11 +122,11 @@ def mmsearch_score(turns: Sequence[str], golden_answers: Any, cfg: Any, step: in
         score *= (1.0 - applied) ** times
     fp = float(cfg.format_penalty)
     total = ((1.0 - fp) * score + fp * fmt) * float(cfg.reward_scale)
-    return MMRewardResult(total, answer, correct, em, subem, fmt, n_image, n_text, applied)
+    return RewardResult(total, answer, correct, em, subem, fmt, n_image, n_text, applied)
 
 
 def mmsearch_reward(response: str, golden_answers: Any, cfg: Any = None, num_searches: int = 0, *,
-                    turns: Sequence[str] | None = None, step: int = 0) -> MMRewardResult:
+                    turns: Sequence[str] | None = None, step: int = 0) -> RewardResult:
     """MMSearch-R1's reward (``AgentSpec.reward``); the format rule needs the per-turn texts."""
     if turns is None:
         raise ValueError("the MMSearch-R1 reward judges each turn on its own: call it with turns=[...] (the MMSearch "

@@ -8,20 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 from rlinf_ext.agent.core.results import canonical_order, result_from_group, trajectory_records
-from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools, run_mm_group
-from rlinf_ext.agent.mmsearch.prompts import MMPrompts
+from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools, run_group
+from rlinf_ext.agent.mmsearch.prompts import Prompts
 from rlinf_ext.agent.mmsearch.retokenize import mark_retokenize_mismatches
-from rlinf_ext.agent.mmsearch.types import MMTrajectory
+from rlinf_ext.agent.mmsearch.types import VLTrajectory
 from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import Generator, SamplingParams
-from rlinf_ext.protocol.payloads import SearchRolloutRequest, SearchRolloutResult
+from rlinf_ext.protocol.payloads import AgentRolloutRequest, AgentRolloutResult
 from rlinf_ext.tools.base import ToolContext
 from rlinf_ext.tools.image_search import ImageSearchTool
 from rlinf_ext.tools.registry import build_tools
 
 
-def mm_result_from_group(group: list[MMTrajectory], prompt_text: str) -> SearchRolloutResult:
+def group_result(group: list[VLTrajectory], prompt_text: str) -> AgentRolloutResult:
     """``result_from_group`` plus the trajectories' images, turn texts and category."""
     for t in group:  # the shared result's search count: both tools
         t.metrics.setdefault("searches", t.metrics.get("image_searches", 0.0) + t.metrics.get("text_searches", 0.0))
@@ -34,14 +34,14 @@ def mm_result_from_group(group: list[MMTrajectory], prompt_text: str) -> SearchR
     return result
 
 
-def mm_agent_metrics(trajectories: list[MMTrajectory]) -> dict[str, float]:
-    """Every counter of the MM loop (``MMTrajectory.metrics``) averaged over the trajectories, as agent/<name>."""
+def agent_metrics(trajectories: list[VLTrajectory]) -> dict[str, float]:
+    """Every counter of the MM loop (``VLTrajectory.metrics``) averaged over the trajectories, as agent/<name>."""
     keys = sorted({k for t in trajectories for k in t.metrics})
     n = max(len(trajectories), 1)
     return {mk.agent_metric(k): sum(float(t.metrics.get(k, 0.0)) for t in trajectories) / n for k in keys}
 
 
-def mm_trajectory_records(result: SearchRolloutResult) -> list[dict[str, Any]]:
+def result_records(result: AgentRolloutResult) -> list[dict[str, Any]]:
     """``trajectory_records`` plus the image hashes and category of each trajectory."""
     records = trajectory_records(result)
     for rec, images, category in zip(records, result.trajectory_images, result.categories):
@@ -55,27 +55,27 @@ class MMSearchRollout:
         self.processor = load_vl_processor(str(cfg.rollout.model.model_path))
         (text_search,) = build_tools(["search"], cfg, context)
         self.tools = [text_search]  # what the worker times (the image search reads a local cache)
-        self.mm_tools = MMTools(ImageSearchTool(cfg.tools.image_search), text_search)
-        self.settings = MMLoopSettings.from_config(cfg.agentloop)
-        self.prompts = MMPrompts.from_config(cfg.agentloop.mmsearch.prompts)
+        self.search_tools = SearchTools(ImageSearchTool(cfg.tools.image_search), text_search)
+        self.settings = LoopSettings.from_config(cfg.agentloop)
+        self.prompts = Prompts.from_config(cfg.agentloop.mmsearch.prompts)
         self.sampling_params = SamplingParams.from_config(cfg.algorithm.sampling_params)
 
-    def groups(self, request: SearchRolloutRequest) -> list[tuple[Any, str]]:
+    def groups(self, request: AgentRolloutRequest) -> list[tuple[Any, str]]:
         if len(request.tasks) != len(request.uids):
             raise ValueError(f"an MMSearch-R1 request needs one task per uid, got {len(request.tasks)} tasks for "
                              f"{len(request.uids)} uids (is data.type mmsearch?)")
         return list(zip(request.tasks, request.uids))
 
     async def run_group(self, generator: Generator, task: Any, group_size: int,
-                        uid: str) -> tuple[SearchRolloutResult, list[MMTrajectory]]:
-        group = await run_mm_group(generator, self.processor, self.mm_tools, task, self.settings, group_size,
+                        uid: str) -> tuple[AgentRolloutResult, list[VLTrajectory]]:
+        group = await run_group(generator, self.processor, self.search_tools, task, self.settings, group_size,
                                    prompts=self.prompts, sampling_params=self.sampling_params, uid=uid)
         group = canonical_order(group)
         mark_retokenize_mismatches(self.processor, group)  # training only: agent/retokenize_mismatch per step
-        return mm_result_from_group(group, self.processor.tokenizer.decode(group[0].prompt_ids)), group
+        return group_result(group, self.processor.tokenizer.decode(group[0].prompt_ids)), group
 
-    def metrics(self, trajectories: list[MMTrajectory]) -> dict[str, float]:
-        return mm_agent_metrics(trajectories)
+    def metrics(self, trajectories: list[VLTrajectory]) -> dict[str, float]:
+        return agent_metrics(trajectories)
 
-    def records(self, result: SearchRolloutResult) -> list[dict[str, Any]]:
-        return mm_trajectory_records(result)
+    def records(self, result: AgentRolloutResult) -> list[dict[str, Any]]:
+        return result_records(result)

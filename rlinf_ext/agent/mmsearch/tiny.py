@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_ext.assets.core.tiny import Parts
-from rlinf_ext.assets.mmsearch.paths import mm_layout
+from rlinf_ext.assets.mmsearch.paths import layout
 
 
 def tiny_parts(cfg: Any) -> Parts:
     model = Path(str(cfg.rollout.model.model_path)).name
-    return Parts.of(mm=True, mm_sft=model == mm_layout(Path(str(cfg.paths.tiny_assets))).qwen2_5_vl_tiny_sft.name)
+    return Parts.of(mm=True, mm_sft=model == layout(Path(str(cfg.paths.tiny_assets))).qwen2_5_vl_tiny_sft.name)

@@ -8,12 +8,12 @@ from typing import Any, Literal
 from rlinf_ext.agent.core.types import Trajectory, TurnRecord
 from rlinf_ext.protocol.images import ImageRef
 
-MMAction = Literal["image_search", "text_search", "answer", "eos", "invalid", "search_limit"]
+Action = Literal["image_search", "text_search", "answer", "eos", "invalid", "search_limit"]
 TOOL_IMAGE, TOOL_TEXT = "image", "text"
 
 
 @dataclass(frozen=True)
-class MMTask:
+class Task:
     """One question: the question text comes from the data row (never recovered from decoded ids)."""
 
     data_id: str
@@ -24,13 +24,13 @@ class MMTask:
     data_source: str = "fvqa"
 
     @classmethod
-    def from_row(cls, row: Any) -> "MMTask":
+    def from_row(cls, row: Any) -> "Task":
         """From an `rlinf_ext.data.fvqa.FVQARow`."""
         return cls(row.data_id, row.question, tuple(row.images), tuple(row.golds), row.category, row.data_source)
 
 
 @dataclass
-class MMTurnRecord(TurnRecord):
+class VLTurnRecord(TurnRecord):
     tool: str | None = None  # image | text, when a search ran
     titles: list[str] = field(default_factory=list)  # page titles shown by a search
     observation_images: list[ImageRef] = field(default_factory=list)
@@ -38,10 +38,10 @@ class MMTurnRecord(TurnRecord):
 
 
 @dataclass
-class MMTrajectory(Trajectory):
+class VLTrajectory(Trajectory):
     images: list[ImageRef] = field(default_factory=list)  # in order of appearance in prompt + response ids
     data_id: str = ""
     category: str = ""
     data_source: str = ""
     question: str = ""
-    reward_details: Any = None  # the reward's own result (rewards.mmsearch.MMRewardResult)
+    reward_details: Any = None  # the reward's own result (rewards.mmsearch.RewardResult)

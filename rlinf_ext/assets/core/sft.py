@@ -57,7 +57,7 @@ class Stream:
 
 
 class LoopSettings(Protocol):
-    """What `train` reads from a warm start's config (`SFTConfig`, `MMSFTConfig`)."""
+    """What `train` reads from a warm start's config (`SFTConfig`, `SFTConfig`)."""
 
     steps: int
     lr: float

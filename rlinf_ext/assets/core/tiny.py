@@ -17,7 +17,7 @@ from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 
 from rlinf_ext.assets.core.generate import generate_base
-from rlinf_ext.assets.mmsearch.paths import MM_GENERATOR_VERSION, MMAssets, mm_layout
+from rlinf_ext.assets.mmsearch.paths import MM_GENERATOR_VERSION, Assets, layout
 from rlinf_ext.assets.mmsearch.sft import build_mm_sft_model
 from rlinf_ext.assets.mmsearch.tiny import generate_mm
 from rlinf_ext.assets.searchr1.qa import BENCHMARKS
@@ -108,7 +108,7 @@ class TinyAssets:
     # only with the sft_search part: the same SFT before its give-up pass (always searches; sft.SFTConfig)
     qwen2_tiny_sft_search: Path | None = None
     benchmarks: tuple[str, ...] = field(default=BENCHMARKS)
-    mm: MMAssets | None = None  # only with the mm part: the multimodal world (assets/mmsearch/tiny.py)
+    mm: Assets | None = None  # only with the mm part: the multimodal world (assets/mmsearch/tiny.py)
 
     @property
     def manifest_path(self) -> Path:
@@ -117,7 +117,7 @@ class TinyAssets:
 
 def _layout(root: Path, seed: int, parts: Parts) -> TinyAssets:
     return TinyAssets(
-        mm=mm_layout(root) if parts.mm else None,
+        mm=layout(root) if parts.mm else None,
         root=root,
         seed=seed,
         corpus_path=root / "corpus" / "wiki.jsonl",

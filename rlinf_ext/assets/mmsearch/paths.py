@@ -9,7 +9,7 @@ MM_GENERATOR_VERSION = 4  # 4: the processor directories carry the image-only pr
 
 
 @dataclass(frozen=True)
-class MMAssets:
+class Assets:
     root: Path  # <assets>/mm
     emblems: Path  # emblems.json
     fvqa_train: Path
@@ -24,9 +24,9 @@ class MMAssets:
     qwen2_5_vl_tiny_sft: Path  # warm-started (H128), over-searches; only with_mm_sft
 
 
-def mm_layout(root: Path) -> MMAssets:
+def layout(root: Path) -> Assets:
     mm = root / "mm"
-    return MMAssets(root=mm, emblems=mm / "emblems.json", fvqa_train=mm / "data" / "train.parquet",
+    return Assets(root=mm, emblems=mm / "emblems.json", fvqa_train=mm / "data" / "train.parquet",
                     fvqa_test=mm / "data" / "test.parquet", train_paths=mm / "data" / "train_paths.jsonl",
                     test_paths=mm / "data" / "test_paths.jsonl", cache_train=mm / "image_search" / "tinymm_train_cache",
                     cache_test=mm / "image_search" / "tinymm_test_cache",

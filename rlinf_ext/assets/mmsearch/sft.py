@@ -25,17 +25,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from rlinf_ext.agent.mmsearch.loop import MMLoopSettings, MMTools, first_prompt_ids, run_mm_trajectory
-from rlinf_ext.agent.mmsearch.prompts import MMPrompts
-from rlinf_ext.agent.mmsearch.types import MMTask, MMTrajectory
+from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools, first_prompt_ids, run_trajectory
+from rlinf_ext.agent.mmsearch.prompts import Prompts
+from rlinf_ext.agent.mmsearch.types import Task, VLTrajectory
 from rlinf_ext.assets.core import sft as sft_loop
 from rlinf_ext.assets.core.playback import PlaybackGenerator
 from rlinf_ext.assets.core.search import CorpusTextSearch, corpus_retriever
 from rlinf_ext.assets.core.sft import SFTExample, Stream
 from rlinf_ext.assets.mmsearch import models as vl_models
-from rlinf_ext.assets.mmsearch.paths import mm_layout
+from rlinf_ext.assets.mmsearch.paths import layout
 from rlinf_ext.assets.mmsearch.trajectories import answer_turn, scripted_turns
-from rlinf_ext.assets.mmsearch.world import KIND_COLOUR, EmblemSpec, MMQuestion, draw_emblem
+from rlinf_ext.assets.mmsearch.world import KIND_COLOUR, EmblemSpec, Question, draw_emblem
 from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
@@ -48,7 +48,7 @@ COLOUR_SOURCE = f"tinymm_{KIND_COLOUR}"  # the FVQA data_source of the colour qu
 
 
 @dataclass(frozen=True)
-class MMSFTConfig:
+class SFTConfig:
     shape: vl_models.TinyVLShape = vl_models.TinyVLShape(hidden_size=128, intermediate_size=352,
                                                           vision_hidden_size=64, vision_intermediate_size=128)
     steps: int = 200
@@ -88,7 +88,7 @@ def searching_colour_ids(scripted: dict[str, dict], share: float, seed: int) -> 
     return set(random.Random(seed).sample(colour, round(share * len(colour))))
 
 
-def colour_openings_per_step(cfg: MMSFTConfig, n_trajectories: int, n_colour: int,
+def colour_openings_per_step(cfg: SFTConfig, n_trajectories: int, n_colour: int,
                              n_searching: int) -> tuple[float, float]:
     """(direct, search-first) colour answers per phase-B step, in expectation: the colour share of the trajectory
     batch plus the replayed direct answers."""
@@ -96,53 +96,53 @@ def colour_openings_per_step(cfg: MMSFTConfig, n_trajectories: int, n_colour: in
     return per_trajectory * (n_colour - n_searching) + cfg.colour_replay, per_trajectory * n_searching
 
 
-def plan_for(task: MMTask, path: dict, search_colour: bool) -> list[str]:
-    q = MMQuestion(path["kind"], path["city"], task.question, tuple(task.answers), path.get("query"))
+def plan_for(task: Task, path: dict, search_colour: bool) -> list[str]:
+    q = Question(path["kind"], path["city"], task.question, tuple(task.answers), path.get("query"))
     return scripted_turns(q, search_colour=search_colour)
 
 
-def build_trajectories(processor, tasks: list[MMTask], scripted: dict[str, dict], cache_dir: Path,
-                       corpus_path: Path, cfg: MMSFTConfig, seed: int) -> list[MMTrajectory]:
+def build_trajectories(processor, tasks: list[Task], scripted: dict[str, dict], cache_dir: Path,
+                       corpus_path: Path, cfg: SFTConfig, seed: int) -> list[VLTrajectory]:
     """The loop's own trajectories for the planned turns (one task at a time: the playback is sequential)."""
 
     searching = searching_colour_ids(scripted, cfg.over_search, seed)
     gen = PlaybackGenerator(processor.tokenizer)
     image = ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache_dir), topk=cfg.topk,
                                                   thumbnail_min_pixels=PX, thumbnail_max_pixels=PX))
-    tools = MMTools(image, CorpusTextSearch(corpus_retriever(corpus_path), cfg.topk))
-    settings = MMLoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
+    tools = SearchTools(image, CorpusTextSearch(corpus_retriever(corpus_path), cfg.topk))
+    settings = LoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
                               response_length_total=4096, max_obs_length=320)
 
     async def all_of_them():
         out = []
         for t in tasks:
             gen.start(plan_for(t, scripted[t.data_id], t.data_id in searching))
-            out.append(await run_mm_trajectory(gen, processor, tools, t, settings, prompts=MMPrompts()))
+            out.append(await run_trajectory(gen, processor, tools, t, settings, prompts=Prompts()))
         return out
 
     return asyncio.run(all_of_them())
 
 
-def colour_examples(processor, root: Path, cities: list[str], per_city: int, seed: int) -> list[MMTrajectory]:
+def colour_examples(processor, root: Path, cities: list[str], per_city: int, seed: int) -> list[VLTrajectory]:
     """One-turn colour trajectories (prompt + the direct answer, mask 1) on new jitters of each city's emblem."""
 
 
-    specs = {c: EmblemSpec(**s) for c, s in json.loads(mm_layout(root).emblems.read_text()).items()}
-    rng, prompts, out = random.Random(seed), MMPrompts(), []
+    specs = {c: EmblemSpec(**s) for c, s in json.loads(layout(root).emblems.read_text()).items()}
+    rng, prompts, out = random.Random(seed), Prompts(), []
     question = "What colour is the emblem in the image?"
     for city in cities:
         for _ in range(per_city):
             image = canonicalize(draw_emblem(specs[city], rng), PX, PX)
-            task = MMTask(f"colour-{city}", question, (image,), (specs[city].colour,), "search_free", COLOUR_SOURCE)
+            task = Task(f"colour-{city}", question, (image,), (specs[city].colour,), "search_free", COLOUR_SOURCE)
             ids = processor.tokenizer.encode(answer_turn(f"The emblem is {specs[city].colour}.", specs[city].colour),
                                              add_special_tokens=False)
-            out.append(MMTrajectory(uid=task.data_id, prompt_ids=first_prompt_ids(processor, prompts, task),
+            out.append(VLTrajectory(uid=task.data_id, prompt_ids=first_prompt_ids(processor, prompts, task),
                                     response_ids=ids, response_mask=[1] * len(ids), turns=[], response_text="",
                                     answers=list(task.answers), images=[image]))
     return out
 
 
-def train(model, image_inputs, streams: list[tuple[list[MMTrajectory], int]], cfg: MMSFTConfig, seed: int,
+def train(model, image_inputs, streams: list[tuple[list[VLTrajectory], int]], cfg: SFTConfig, seed: int,
           pad_id: int) -> list[float]:
     """The shared warm-start loop (`assets/core/sft.py`): `cfg.steps` steps on one batch of each (trajectories,
     batch size) stream (stream i shuffled with seed + i), loss on their mask-1 tokens, images through the
@@ -156,14 +156,14 @@ def train(model, image_inputs, streams: list[tuple[list[MMTrajectory], int]], cf
                           desc="mm warm-start SFT")
 
 
-def build_mm_sft_model(root: Path, seed: int, log: Callable[..., None], cfg: MMSFTConfig | None = None) -> dict:
+def build_mm_sft_model(root: Path, seed: int, log: Callable[..., None], cfg: SFTConfig | None = None) -> dict:
     """Train `mm/models/qwen2.5-vl-tiny-sft` on the train split; returns (and saves) a report."""
 
-    cfg = cfg or MMSFTConfig()
-    paths = mm_layout(root)
+    cfg = cfg or SFTConfig()
+    paths = layout(root)
     processor = load_vl_processor(paths.processor_dir)
     rows = read_fvqa(paths.fvqa_train, PX, PX)
-    tasks = [MMTask.from_row(r) for r in rows]
+    tasks = [Task.from_row(r) for r in rows]
     scripted = load_scripted_paths(paths.train_paths)
     t0, cpu0 = time.perf_counter(), time.process_time()
     trajs = build_trajectories(processor, tasks, scripted, paths.cache_train, root / "corpus" / "wiki.jsonl", cfg, seed)

@@ -17,15 +17,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from rlinf_ext.agent.mmsearch.prompts import MMPrompts
+from rlinf_ext.agent.mmsearch.prompts import Prompts
 from rlinf_ext.assets.core import corpus as corpus_mod
 from rlinf_ext.assets.core.world import build_world
 from rlinf_ext.assets.mmsearch import models as vl_models
-from rlinf_ext.assets.mmsearch.paths import mm_layout
+from rlinf_ext.assets.mmsearch.paths import layout
 from rlinf_ext.assets.mmsearch.trajectories import scripted_turns
 from rlinf_ext.assets.mmsearch.world import (
     EmblemSpec,
-    MMQuestion,
+    Question,
     draw_emblem,
     emblem_specs,
     questions_for,
@@ -43,13 +43,13 @@ def _canonical(image):
     return canonicalize(image, vl_models.TINY_MIN_PIXELS, vl_models.TINY_MIN_PIXELS)
 
 
-def _questions(world, specs, cities: list[str], passes: int, rng: random.Random) -> list[MMQuestion]:
+def _questions(world, specs, cities: list[str], passes: int, rng: random.Random) -> list[Question]:
     out = [q for _ in range(passes) for c in cities for q in questions_for(world, specs, c, rng)]
     rng.shuffle(out)
     return out
 
 
-def _write_split(name: str, questions: list[MMQuestion], specs: dict[str, EmblemSpec], rng: random.Random,
+def _write_split(name: str, questions: list[Question], specs: dict[str, EmblemSpec], rng: random.Random,
                  fvqa_path: Path, cache_root: Path, paths_file: Path) -> tuple[list[FVQARow], dict]:
     """FVQA rows plus each question's cached image search (directory layout) and scripted path (jsonl);
     returns rows and pickle entries."""
@@ -87,9 +87,9 @@ def write_cache_pickle(entries: dict, path: Path) -> None:
     path.write_bytes(pickle.dumps(data, protocol=4))
 
 
-def _tokenizer_texts(world, seed: int, questions: list[MMQuestion], specs) -> list[str]:
+def _tokenizer_texts(world, seed: int, questions: list[Question], specs) -> list[str]:
 
-    prompts = MMPrompts()
+    prompts = Prompts()
     passages = [p.contents for p in corpus_mod.build_passages(world, seed)]
     turns = ["".join(scripted_turns(q, search_colour=True)) for q in questions]
     frames = [prompts.round_1, prompts.after_image_search, prompts.after_text_search, prompts.image_results_header,
@@ -101,7 +101,7 @@ def _tokenizer_texts(world, seed: int, questions: list[MMQuestion], specs) -> li
 def generate_mm(root: Path, seed: int, log: Callable[..., None]) -> dict[str, float]:
     """Write the multimodal world under `root/mm`; returns seconds per stage."""
     t0 = time.perf_counter()
-    paths = mm_layout(root)
+    paths = layout(root)
     world = build_world(seed)
     specs = emblem_specs(world, seed)
     train_cities, test_cities = split_cities(world, seed)

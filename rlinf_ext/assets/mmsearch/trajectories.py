@@ -6,7 +6,7 @@ function returns the model's own turn texts (observations are built by the agent
 
 from __future__ import annotations
 
-from rlinf_ext.assets.mmsearch.world import KIND_ATTRIBUTE, KIND_CITY, KIND_COLOUR, MMQuestion
+from rlinf_ext.assets.mmsearch.world import KIND_ATTRIBUTE, KIND_CITY, KIND_COLOUR, Question
 
 IMAGE_SEARCH_TURN = "<reason> I do not know this emblem, so I look it up. </reason><search><img></search>"
 
@@ -19,7 +19,7 @@ def text_search_turn(city: str, query: str) -> str:
     return f"<reason> The emblem belongs to {city}. </reason><text_search> {query} </text_search>"
 
 
-def scripted_turns(q: MMQuestion, search_colour: bool = False) -> list[str]:
+def scripted_turns(q: Question, search_colour: bool = False) -> list[str]:
     """The turns of the intended path for `q`; `search_colour=True` gives the over-searching variant of a
     colour question (an image search first, then the same answer)."""
     if q.kind == KIND_COLOUR:

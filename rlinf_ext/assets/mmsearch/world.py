@@ -73,7 +73,7 @@ def draw_emblem(spec: EmblemSpec, rng: random.Random, side: int = EMBLEM_SIDE):
 
 
 @dataclass(frozen=True)
-class MMQuestion:
+class Question:
     """One FVQA-style question about an emblem; `query` is the text search a 3-turn answer needs."""
 
     kind: str  # colour | city | attribute
@@ -87,7 +87,7 @@ class MMQuestion:
         return "search_free" if self.kind == KIND_COLOUR else "search_required"
 
 
-def _attribute_question(world: World, city: str, rng: random.Random) -> MMQuestion:
+def _attribute_question(world: World, city: str, rng: random.Random) -> Question:
     c = world.cities[city]
     river = world.rivers[c.river].title
     options = [
@@ -97,14 +97,14 @@ def _attribute_question(world: World, city: str, rng: random.Random) -> MMQuesti
         ("Who founded the city with this emblem?", (c.founder,), f"founder of {city}"),
     ]
     question, answers, query = rng.choice(options)
-    return MMQuestion(KIND_ATTRIBUTE, city, question, answers, query)
+    return Question(KIND_ATTRIBUTE, city, question, answers, query)
 
 
-def questions_for(world: World, specs: dict[str, EmblemSpec], city: str, rng: random.Random) -> list[MMQuestion]:
+def questions_for(world: World, specs: dict[str, EmblemSpec], city: str, rng: random.Random) -> list[Question]:
     """The three kinds for one city: colour (no search), city (image search), an attribute (both searches)."""
     return [
-        MMQuestion(KIND_COLOUR, city, "What colour is the emblem in the image?", (specs[city].colour,)),
-        MMQuestion(KIND_CITY, city, "Which city has this emblem?", (city,)),
+        Question(KIND_COLOUR, city, "What colour is the emblem in the image?", (specs[city].colour,)),
+        Question(KIND_CITY, city, "Which city has this emblem?", (city,)),
         _attribute_question(world, city, rng),
     ]
 

@@ -1,7 +1,7 @@
 """What every agent's validation during training shares: when a step validates, the fixed subset of questions,
 and one pass of the evaluation loop into ``<out_dir>/global_step_<N>/generations.jsonl``.
 
-An agent's pass (``eval/searchr1/validation.py:ValidationPass``, ``eval/mmsearch/validation.py:MMValidationPass``,
+An agent's pass (``eval/searchr1/validation.py:ValidationPass``, ``eval/mmsearch/validation.py:ValidationPass``,
 named by the agent registry's ``validation``) builds its evaluator and turns the records into flat ``val/...``
 metrics; it offers ``run(step) -> metrics`` and ``summary(metrics) -> str`` (the line the trainer prints).
 """

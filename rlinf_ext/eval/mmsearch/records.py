@@ -7,14 +7,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rlinf_ext.agent.mmsearch.types import MMTask, MMTrajectory
+from rlinf_ext.agent.mmsearch.types import Task, VLTrajectory
 from rlinf_ext.eval.core.records import EvalRecord
 
 _PAD_RUN = re.compile(r"(?:<\|image_pad\|>)+")
 
 
 @dataclass
-class MMTurnLog:
+class TurnLog:
     action: str  # image_search | text_search | answer | eos | invalid | search_limit
     output: str  # the model's own text of this turn
     tool: str | None = None  # image | text, when a search ran
@@ -26,8 +26,8 @@ class MMTurnLog:
 
 
 @dataclass
-class MMGenerationRecord(EvalRecord):
-    TURN = MMTurnLog
+class GenerationRecord(EvalRecord):
+    TURN = TurnLog
     REQUIRED = ("benchmark", "item_id", "question", "data_source", "category")
 
     benchmark: str  # the data file's stem
@@ -37,7 +37,7 @@ class MMGenerationRecord(EvalRecord):
     category: str
     golden_answers: list[str]
     image_sha1s: list[str] = field(default_factory=list)  # the question's images
-    turns: list[MMTurnLog] = field(default_factory=list)
+    turns: list[TurnLog] = field(default_factory=list)
     final_answer: str | None = None
     scores: dict[str, float] = field(default_factory=dict)  # correct, em, subem, format, reward
     image_searches: int = 0
@@ -51,19 +51,19 @@ class MMGenerationRecord(EvalRecord):
     error: str | None = None  # set when the rollout raised; scores 0, retried on resume
 
     def table_row(self) -> dict[str, float]:
-        """The per-question numbers the results table averages (`agent.mmsearch.metrics.mm_summary`)."""
+        """The per-question numbers the results table averages (`agent.mmsearch.metrics.table_summary`)."""
         return {"correct": self.scores.get("correct", 0.0), "reward": self.scores.get("reward", 0.0),
                 "image_searches": self.image_searches, "text_searches": self.text_searches,
                 "image_search_failures": self.image_search_failures, "text_search_failures": self.text_search_failures}
 
 
-def record_of(benchmark: str, task: MMTask, traj: MMTrajectory, decode: Callable[[list[int]], str]) -> MMGenerationRecord:
-    turns = [MMTurnLog(action=t.action, output=t.text, tool=t.tool, query=t.query, titles=list(t.titles),
+def record_of(benchmark: str, task: Task, traj: VLTrajectory, decode: Callable[[list[int]], str]) -> GenerationRecord:
+    turns = [TurnLog(action=t.action, output=t.text, tool=t.tool, query=t.query, titles=list(t.titles),
                        image_sha1s=[i.sha1 for i in t.observation_images], search_ok=t.tool_ok,
                        observation=_PAD_RUN.sub("<|image_pad|>", decode(t.observation_ids)) if t.observation_ids else None)
              for t in traj.turns]
     r, m = traj.reward_details, traj.metrics
-    return MMGenerationRecord(
+    return GenerationRecord(
         benchmark=benchmark, item_id=task.data_id, question=task.question, data_source=task.data_source,
         category=task.category, golden_answers=list(task.answers), image_sha1s=[i.sha1 for i in task.images],
         turns=turns, final_answer=r.answer,
@@ -74,7 +74,7 @@ def record_of(benchmark: str, task: MMTask, traj: MMTrajectory, decode: Callable
         end_reason=traj.end_reason)
 
 
-def error_record(benchmark: str, task: MMTask, exc: BaseException) -> MMGenerationRecord:
-    return MMGenerationRecord(benchmark=benchmark, item_id=task.data_id, question=task.question,
+def error_record(benchmark: str, task: Task, exc: BaseException) -> GenerationRecord:
+    return GenerationRecord(benchmark=benchmark, item_id=task.data_id, question=task.question,
                               data_source=task.data_source, category=task.category, golden_answers=list(task.answers),
                               image_sha1s=[i.sha1 for i in task.images], error=f"{type(exc).__name__}: {exc}")

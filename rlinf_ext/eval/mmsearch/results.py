@@ -6,17 +6,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlinf_ext.agent.mmsearch.metrics import TABLE_COLUMNS, mm_summary
+from rlinf_ext.agent.mmsearch.metrics import TABLE_COLUMNS, table_summary
 from rlinf_ext.eval.core.results import markdown_table, write_result_files
-from rlinf_ext.eval.mmsearch.records import MMGenerationRecord
+from rlinf_ext.eval.mmsearch.records import GenerationRecord
 
 ALL = "all"
 COLUMNS = ("data_source", "category", "n", *TABLE_COLUMNS)
 
 
-def mm_table(records: Sequence[MMGenerationRecord]) -> list[dict[str, Any]]:
+def table(records: Sequence[GenerationRecord]) -> list[dict[str, Any]]:
     """Rows `{data_source, category, n, <TABLE_COLUMNS>}`; erroring questions count with score 0."""
-    groups: dict[tuple[str, str], list[MMGenerationRecord]] = {}
+    groups: dict[tuple[str, str], list[GenerationRecord]] = {}
     for r in records:
         for key in ((r.data_source, r.category), (r.data_source, ALL)):
             groups.setdefault(key, []).append(r)
@@ -26,8 +26,8 @@ def mm_table(records: Sequence[MMGenerationRecord]) -> list[dict[str, Any]]:
     return rows
 
 
-def _row(source: str, category: str, records: list[MMGenerationRecord]) -> dict[str, Any]:
-    return {"data_source": source, "category": category, "n": len(records), **mm_summary([r.table_row() for r in records])}
+def _row(source: str, category: str, records: list[GenerationRecord]) -> dict[str, Any]:
+    return {"data_source": source, "category": category, "n": len(records), **table_summary([r.table_row() for r in records])}
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -36,12 +36,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return markdown_table(header, cells) + "\n"
 
 
-def write_mm_results(run_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Path]:
+def write_results(run_dir: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Path]:
     return write_result_files(run_dir, {"meta": meta, "rows": rows}, markdown(rows), COLUMNS,
                               ([row[c] for c in COLUMNS] for row in rows))
 
 
-def tabulate(run_dir: Path, records: list[MMGenerationRecord], meta: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Path], str]:
+def tabulate(run_dir: Path, records: list[GenerationRecord], meta: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Path], str]:
     """The run's `Tabulate` (``eval.core.loop``): the rows, the result files, the rows in markdown."""
-    rows = mm_table(records)
-    return rows, write_mm_results(run_dir, rows, meta), markdown(rows)
+    rows = table(records)
+    return rows, write_results(run_dir, rows, meta), markdown(rows)

@@ -14,12 +14,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from rlinf_ext.agent.mmsearch.metrics import ACCURACY, IMAGE_SEARCH_RATIO, mm_summary_by_category
+from rlinf_ext.agent.mmsearch.metrics import ACCURACY, IMAGE_SEARCH_RATIO, summary_by_category
 from rlinf_ext.eval.core.runner import eval_concurrency, run_with_http_session, sampling_params_from_config
 from rlinf_ext.eval.core.validation import sample_items, validation_records
-from rlinf_ext.eval.mmsearch.records import MMGenerationRecord
-from rlinf_ext.eval.mmsearch.results import markdown, mm_table
-from rlinf_ext.eval.mmsearch.runner import evaluator, load_mm_tasks, make_mm_rollout_fn, mm_tools
+from rlinf_ext.eval.mmsearch.records import GenerationRecord
+from rlinf_ext.eval.mmsearch.results import markdown, table
+from rlinf_ext.eval.mmsearch.runner import evaluator, load_tasks, make_rollout_fn, search_tools
 from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.protocol import metric_keys as mk
 
@@ -33,17 +33,17 @@ def validation_image_search(section: Any) -> Any:
     return dataclasses.replace(section, cache_path=section.val_cache_path)
 
 
-def mm_validation_metrics(records: list[MMGenerationRecord], prefix: str = mk.VAL_PREFIX) -> dict[str, float]:
+def validation_metrics(records: list[GenerationRecord], prefix: str = mk.VAL_PREFIX) -> dict[str, float]:
     """`<prefix>/<category>/<column>`, `<prefix>/all/<column>`, `<prefix>/n`, `<prefix>/errors`; a question whose
     rollout raised counts with score 0 (as in the results table)."""
     rows = [{**r.table_row(), "category": r.category} for r in records]
-    metrics = mm_summary_by_category(rows, prefix=prefix)
+    metrics = summary_by_category(rows, prefix=prefix)
     metrics[f"{prefix}/n"] = float(len(records))
     metrics[f"{prefix}/errors"] = float(sum(r.error is not None for r in records))
     return metrics
 
 
-class MMValidationPass:
+class ValidationPass:
     """Built once by the trainer (the agent registry's ``validation``); ``run(step)`` evaluates the subset."""
 
     def __init__(self, cfg: Any, generator, processor=None, tools=None,
@@ -51,11 +51,11 @@ class MMValidationPass:
                  out_dir: str | Path | None = None, show_progress: bool = False):
         self.cfg = cfg
         self.processor = processor if processor is not None else load_vl_processor(str(cfg.rollout.model.model_path))
-        self.items = sample_items(load_mm_tasks(cfg), samples_per_benchmark, seed=int(cfg.data.seed),
+        self.items = sample_items(load_tasks(cfg), samples_per_benchmark, seed=int(cfg.data.seed),
                                   benchmark=lambda item: item[0])
-        tools = tools if tools is not None else mm_tools(cfg, validation_image_search(cfg.tools.image_search))
+        tools = tools if tools is not None else search_tools(cfg, validation_image_search(cfg.tools.image_search))
         params = sampling_params_from_config(cfg, do_sample=do_sample)
-        self.rollout = make_mm_rollout_fn(cfg, generator, self.processor, tools, params)
+        self.rollout = make_rollout_fn(cfg, generator, self.processor, tools, params)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.show_progress = show_progress
         self.table_md = ""  # the last pass's table by data source and category
@@ -64,8 +64,8 @@ class MMValidationPass:
         records = await validation_records(
             self.items, evaluator(self.rollout, self.processor.tokenizer.decode), self.out_dir, step,
             concurrency=eval_concurrency(self.cfg), show_progress=self.show_progress)
-        self.table_md = markdown(mm_table(records))
-        return mm_validation_metrics(records)
+        self.table_md = markdown(table(records))
+        return validation_metrics(records)
 
     def run(self, step: int) -> dict[str, float]:
         """Synchronous form for callers without a running event loop (closes its HTTP session at the end)."""

@@ -9,18 +9,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlinf_ext.agent.mmsearch.types import MMTask
+from rlinf_ext.agent.mmsearch.types import Task
 from rlinf_ext.eval.core.generations import read_generations
 from rlinf_ext.eval.core.loop import evaluate_run
-from rlinf_ext.eval.mmsearch.records import MMGenerationRecord
+from rlinf_ext.eval.mmsearch.records import GenerationRecord
 from rlinf_ext.eval.mmsearch.results import tabulate
 from rlinf_ext.eval.mmsearch.runner import evaluator
 
-TASKS = [("test", MMTask(str(i), f"q{i}", (), ("a",), "search_required" if i % 2 else "search_free", "tinymm"))
+TASKS = [("test", Task(str(i), f"q{i}", (), ("a",), "search_required" if i % 2 else "search_free", "tinymm"))
          for i in range(4)]
 
 
-def _trajectory(task: MMTask):
+def _trajectory(task: Task):
     correct = int(task.data_id) % 2 == 0
     turn = SimpleNamespace(action="image_search", text="<search><img></search>", tool="image", query=None, titles=[],
                            observation_images=[], tool_ok=True, observation_ids=[7, 7, 8])
@@ -36,7 +36,7 @@ def _trajectory(task: MMTask):
 def test_mm_evaluator_runs_resumes_and_tabulates(tmp_path):
     calls: list[str] = []
 
-    async def rollout(task: MMTask):
+    async def rollout(task: Task):
         calls.append(task.data_id)
         if task.data_id == "3" and len(calls) <= 4:
             raise ConnectionError("image search down")
@@ -49,7 +49,7 @@ def test_mm_evaluator_runs_resumes_and_tabulates(tmp_path):
     assert (first.evaluated, first.resumed, first.errors) == (4, 0, 1)
     second = run()
     assert (second.evaluated, second.resumed, second.errors) == (1, 3, 0) and calls[4:] == ["3"]
-    records = read_generations(tmp_path / "generations.jsonl", MMGenerationRecord)
+    records = read_generations(tmp_path / "generations.jsonl", GenerationRecord)
     assert all(r.error is None for r in records)
     assert records[0].turns[0].observation == "<|image_pad|>x"  # pad runs collapsed to one
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]

@@ -13,11 +13,11 @@ import pytest
 from signature_checks import checked_against
 from transformers import PreTrainedTokenizerBase
 
-from rlinf_ext.agent.mmsearch.types import MMTask
+from rlinf_ext.agent.mmsearch.types import Task
 from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.eval.core.validation import sample_items
-from rlinf_ext.eval.mmsearch.records import MMGenerationRecord
-from rlinf_ext.eval.mmsearch.validation import MMValidationPass, mm_validation_metrics, validation_image_search
+from rlinf_ext.eval.mmsearch.records import GenerationRecord
+from rlinf_ext.eval.mmsearch.validation import ValidationPass, validation_metrics, validation_image_search
 from rlinf_ext.protocol import metric_keys as mk
 
 
@@ -30,7 +30,7 @@ class _Tokenizer:
 
 
 def _record(item_id: str, category: str, correct: bool, image: int, text: int, error: str | None = None):
-    return MMGenerationRecord(benchmark="test", item_id=item_id, question="q", data_source="tinymm", category=category,
+    return GenerationRecord(benchmark="test", item_id=item_id, question="q", data_source="tinymm", category=category,
                               golden_answers=["a"], scores={"correct": float(correct), "reward": 0.9 * correct},
                               image_searches=image, text_searches=text, error=error)
 
@@ -38,7 +38,7 @@ def _record(item_id: str, category: str, correct: bool, image: int, text: int, e
 def test_metrics_by_category_by_hand():
     records = [_record("0", "search_free", True, 0, 0), _record("1", "search_free", False, 1, 0),
                _record("2", "search_required", True, 1, 1), _record("3", "search_required", False, 0, 0, "boom")]
-    m = mm_validation_metrics(records)
+    m = validation_metrics(records)
     assert m[mk.VAL_N] == 4 and m[mk.VAL_ERRORS] == 1
     assert m["val/all/accuracy"] == 0.5 and m["val/all/reward"] == pytest.approx(0.45)
     assert m["val/search_free/accuracy"] == 0.5 and m["val/search_free/search_ratio_image"] == 0.5
@@ -55,14 +55,14 @@ def test_validation_cache_replaces_the_training_cache_only_when_set():
 
 
 def test_subset_per_data_file():
-    items = [(bench, MMTask(f"{bench}{i}", "q", (), ("a",))) for bench in ("a", "b") for i in range(5)]
+    items = [(bench, Task(f"{bench}{i}", "q", (), ("a",))) for bench in ("a", "b") for i in range(5)]
     chosen = sample_items(items, 2, seed=3, benchmark=lambda it: it[0])
     assert [b for b, _ in chosen].count("a") == 2 and [b for b, _ in chosen].count("b") == 2
     assert chosen == sample_items(items, 2, seed=3, benchmark=lambda it: it[0])
     assert chosen == [it for it in items if it in chosen]  # file order kept
 
 
-def _trajectory(task: MMTask, correct: bool):
+def _trajectory(task: Task, correct: bool):
     turn = SimpleNamespace(action="answer", text="<answer>a</answer>", tool=None, query=None, titles=[],
                            observation_images=[], tool_ok=None, observation_ids=[])
     metrics = {"image_searches": 0, "text_searches": 0, "image_search_failures": 0, "text_search_failures": 0,
@@ -76,14 +76,14 @@ def _trajectory(task: MMTask, correct: bool):
 def test_each_pass_measures_the_current_policy_and_writes_its_own_file(tmp_path):
     """Two passes over the same questions: the second sees a changed policy (all correct) and is not resumed from
     the first's file; each pass's generations go to global_step_<N>/."""
-    items = [("test", MMTask(str(i), "q", (), ("a",), "search_free" if i % 2 else "search_required", "tinymm"))
+    items = [("test", Task(str(i), "q", (), ("a",), "search_free" if i % 2 else "search_required", "tinymm"))
              for i in range(4)]
     policy = {"correct": lambda task: task.data_id == "0"}
 
     async def rollout(task):
         return _trajectory(task, policy["correct"](task))
 
-    vp = MMValidationPass.__new__(MMValidationPass)  # without a model: the rollout function is the policy
+    vp = ValidationPass.__new__(ValidationPass)  # without a model: the rollout function is the policy
     vp.cfg = SimpleNamespace(data=SimpleNamespace(val_rollout_batch_size=2, rollout_batch_size=2))
     vp.processor = SimpleNamespace(tokenizer=_Tokenizer())
     vp.items, vp.rollout, vp.out_dir, vp.show_progress, vp.table_md = items, rollout, tmp_path, False, ""

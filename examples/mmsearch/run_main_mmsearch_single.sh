@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train MMSearch-R1 (GRPO of a Qwen2.5-VL model that searches images and text) as one experiment YAML says.
-#   bash examples/mmsearch_r1/run_main_mmsearch_r1_single.sh [CONFIG_NAME|CONFIG.yaml] [key=value ...]
-# CONFIG_NAME is a file under examples/mmsearch_r1/config/ without .yaml (default: tiny-mm-cpu, the tiny
+#   bash examples/mmsearch/run_main_mmsearch_single.sh [CONFIG_NAME|CONFIG.yaml] [key=value ...]
+# CONFIG_NAME is a file under examples/mmsearch/config/ without .yaml (default: tiny-mm-cpu, the tiny
 # multimodal world on a CPU; its assets and warm start are generated on first use). qwen2.5-vl-7b-1node is the
 # reference run on 8xH100 (FSDP2 actor, vLLM rollout; -collocated shares the GPUs: written, NOT GPU-verified).
 # Runs from any directory.
