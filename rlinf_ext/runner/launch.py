@@ -33,7 +33,7 @@ from typing import Sequence
 
 from rlinf_ext.config.compose import find_experiment
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.eval.entry import run_evaluation
+from rlinf_ext.eval.entry import evaluate_agent
 from rlinf_ext.eval.core.results import RESULTS_MD
 from rlinf_ext.runner.checkpoints import latest_complete_checkpoint
 from rlinf_ext.runner.cluster import alive_node_ids, describe_lost, lost_nodes, placement_needs
@@ -183,7 +183,7 @@ def evaluate_after_training(
     print(f"[launch] evaluating {hf_dir} with {eval_yaml.name}", flush=True)
     try:
         # print_table=False: run_training prints this table itself at the very end (once)
-        result = run_evaluation(cfg, show_progress=show_progress, print_table=False)
+        result = evaluate_agent(cfg, show_progress=show_progress, print_table=False)
     except Exception as exc:
         raise LaunchError(f"evaluation of {hf_dir} failed: {type(exc).__name__}: {exc}") from exc
     table = Path(result.run_dir) / RESULTS_MD
@@ -254,7 +254,7 @@ def run_training(
 
 def run_evaluation_only(config: str | os.PathLike, overrides: Sequence[str] = (), show_progress: bool = True):
     """``rlinf-ext eval``: validate, start a retrieval server when the YAML asks, start the generation engine
-    (sglang: in-process on this node's GPUs; hf: built by ``run_evaluation``), evaluate, stop everything."""
+    (sglang: in-process on this node's GPUs; hf: built by the agent's runner), evaluate, stop everything."""
     overrides = list(overrides)
     cfg = load_checked_config(config, overrides, check_paths=False)
     check_evaluation_backend(cfg)  # before anything is generated or started
@@ -271,6 +271,6 @@ def run_evaluation_only(config: str | os.PathLike, overrides: Sequence[str] = ()
         generator = start_evaluation_generator(cfg)
         if generator is not None:
             stack.enter_context(generator)  # engine.shutdown() on the way out: success, error or Ctrl-C
-        result = run_evaluation(cfg, generator=generator, show_progress=show_progress)
+        result = evaluate_agent(cfg, generator=generator, show_progress=show_progress)
     print(f"[launch] evaluation results: {result.run_dir}", flush=True)
     return result

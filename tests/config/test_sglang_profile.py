@@ -72,7 +72,7 @@ def test_the_launcher_refuses_sglang_before_starting_anything(reference_env, mon
         raise AssertionError("started preparing the run before refusing the rollout backend")
 
     monkeypatch.setattr(launch, "prepare_tiny_assets", must_not_run)
-    monkeypatch.setattr(launch, "run_evaluation", must_not_run)
+    monkeypatch.setattr(launch, "evaluate_agent", must_not_run)
     with pytest.raises(LaunchError, match=r"rollout.rollout_backend: sglang needs the SGLang profile"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"],
                                    show_progress=False)

@@ -41,7 +41,7 @@ def test_evaluation_after_training_leaves_the_table_to_the_launcher(tiny_assets,
         (out / "results.md").write_text("| table |\n")
         return SimpleNamespace(run_dir=out)
 
-    monkeypatch.setattr(launch, "run_evaluation", fake_run_evaluation)
+    monkeypatch.setattr(launch, "evaluate_agent", fake_run_evaluation)
     table = launch.evaluate_after_training(EVAL_YAML, Path(tiny_assets.qwen2_tiny), "127.0.0.1:1", tmp_path / "eval",
                                            [f"paths.tiny_assets={tiny_assets.root}"], show_progress=False)
     assert table == tmp_path / "eval" / "results.md"
@@ -57,7 +57,7 @@ def reference_eval_env(monkeypatch):
         raise AssertionError("started preparing the run before refusing the rollout backend")
 
     monkeypatch.setattr(launch, "prepare_tiny_assets", must_not_run)
-    monkeypatch.setattr(launch, "run_evaluation", must_not_run)
+    monkeypatch.setattr(launch, "evaluate_agent", must_not_run)
     monkeypatch.setattr(sglang_generator, "load_engine_class", must_not_run)
 
 
@@ -141,7 +141,7 @@ def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets, monkeypat
             raise RuntimeError("evaluation broke")
         return SimpleNamespace(run_dir="somewhere")
 
-    monkeypatch.setattr(launch, "run_evaluation", fake_run_evaluation)
+    monkeypatch.setattr(launch, "evaluate_agent", fake_run_evaluation)
     overrides = [f"paths.tiny_assets={tiny_assets.root}", f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
                  "rollout.rollout_backend=sglang", "cluster.num_gpus_per_node=2",
                  "retrieval.launch=false",

@@ -5,7 +5,7 @@ Flow: read `data.val_data_paths` (FVQA parquet, images canonicalised by `data.im
 same loop, tools and reward as training (one progress bar) -> append each record as it finishes -> score every
 saved record of this question set -> results.{json,md,csv}: a row per data source and category (accuracy, mean
 reward, image/text/mixed search ratios, search failure ratios). The loop, resume and run directory are
-`eval.core`'s; `eval.entry.run_evaluation` dispatches here for agent mmsearch (the agent registry says so).
+`eval.core`'s; `eval.entry.evaluate_agent` dispatches here for agent mmsearch (the agent registry says so).
 """
 
 from __future__ import annotations
