@@ -455,7 +455,8 @@ async def run_mode(name, generator, tokenizer, prompts, titles, agent_cfg, searc
 
 def run_stop_vs_cut(args) -> int:
     from rlinf_ext.agent.searchr1.config import LoopSettings
-    from rlinf_ext.agent.core.scripted import ForcedActions
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the logits processor is a test double
+    from tests.support.scripted import ForcedActions
     from rlinf_ext.agent.searchr1.protocol import SEARCHR1_STOPS
     from rlinf_ext.generation.hf import HFGenerator
     from rlinf_ext.protocol.generation import SamplingParams

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools
-from rlinf_ext.agent.core.scripted import ScriptedGenerator
+from tests.support.scripted import ScriptedGenerator
 from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
 from rlinf_ext.tools.image_search import ImageSearchTool
 from rlinf_ext.tools.search import SearchTool

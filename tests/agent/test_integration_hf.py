@@ -14,7 +14,7 @@ import pytest
 from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.core.response import check_mask_invariant
 from rlinf_ext.agent.searchr1.loop import run_group
-from rlinf_ext.agent.core.scripted import ForcedActions
+from tests.support.scripted import ForcedActions
 from rlinf_ext.generation.hf import HFGenerator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.rewards import searchr1_reward

@@ -9,7 +9,7 @@ from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.core.response import check_mask_invariant
 from rlinf_ext.agent.searchr1.loop import run_group, run_trajectory
 from rlinf_ext.agent.searchr1.protocol import SEARCHR1_STOPS, TurnProtocol
-from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
+from tests.support.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.tools import SearchTool, SearchToolConfig
 from rlinf_ext.tools.formatting import CLOSE_TAG, OPEN_TAG

@@ -7,7 +7,7 @@ from retrieval_stub import StubServer
 
 from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.searchr1.loop import run_trajectory
-from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
+from tests.support.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.tools import SearchTool, SearchToolConfig, close_http_session
 from rlinf_ext.tools.search import TextSearch
 from rlinf_ext.tools.rate_limit import TokenBucket, shared_token_bucket

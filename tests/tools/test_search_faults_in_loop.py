@@ -8,7 +8,7 @@ from retrieval_stub import StubBehaviour, StubServer, unused_port
 
 from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.searchr1.loop import run_group, summarize_metrics
-from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
+from tests.support.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.tools import SearchError, SearchTool, SearchToolConfig, close_http_session
 from rlinf_ext.tools.search import TextSearch
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from rlinf_ext.agent.core.scripted import ForcedFirstTurn
+from tests.support.scripted import ForcedFirstTurn
 from rlinf_ext.agent.mmsearch.protocol import STOPS
 from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools, run_group
 from rlinf_ext.agent.mmsearch.types import Task

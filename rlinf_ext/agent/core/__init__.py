@@ -1,2 +1,2 @@
-"""Agent-independent parts of the agent loops: trajectory types, the `agentloop` settings, scripted engines for
-tests, reward scoring of a trajectory."""
+"""What the agents share: trajectory and turn types, the response buffer and its mask invariant, the rollout
+contract of the agent-loop worker (``rollout.py``), the results handed to the trainer."""

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from rlinf_ext.agent.core.results import result_from_group
-from rlinf_ext.agent.core.scripted import CharTokenizer, ScriptedGenerator
+from tests.support.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.agent.searchr1.loop import run_trajectory, summarize_metrics
 from rlinf_ext.agent.searchr1.protocol import TurnProtocol
 from rlinf_ext.agent.searchr1.config import LoopSettings, loop_section
