@@ -1,4 +1,4 @@
-"""Channel payloads: RLinf's ``RolloutRequest`` / ``RolloutResult`` plus the fields Search-R1 needs.
+"""Channel payloads: RLinf's ``RolloutRequest`` / ``RolloutResult`` plus the fields the agents need.
 
 The subclasses keep every RLinf field (so RLinf helpers such as ``merge_result_list`` keep working) and add
 the group id, search counts and per-trajectory agent metrics that the reward step and the logs read. The
@@ -20,7 +20,7 @@ class AgentRolloutRequest(RolloutRequest):
 
     uids: list[str] = field(default_factory=list)
     seed: int = 0  # per-step sampling seed (same seed -> same trajectories)
-    tasks: list = field(default_factory=list)  # MMSearch-R1: one agent.mmsearch.types.Task per prompt (else empty)
+    tasks: list = field(default_factory=list)  # an agent's own per-prompt task objects, when ids alone do not do
 
 
 @dataclass(kw_only=True)
@@ -32,15 +32,12 @@ class AgentRolloutResult(RolloutResult):
     num_searches: list[int] = field(default_factory=list)
     end_reasons: list[str] = field(default_factory=list)
     trajectory_metrics: list[dict[str, float]] = field(default_factory=list)
-    # MMSearch-R1 only (empty otherwise): each trajectory's images in order of appearance (protocol.images.ImageRef),
-    # its turn texts (the reward judges each turn) and its FVQA category (metrics are split by it)
+    # filled by the agents that need them (empty otherwise): each trajectory's images in order of appearance
+    # (protocol.images.ImageRef; a vision-language actor reads them), its turn texts (for a reward that judges each
+    # turn) and its question's category (for reward metrics split by it)
     trajectory_images: list[list] = field(default_factory=list)
     turn_texts: list[list[str]] = field(default_factory=list)
     categories: list[str] = field(default_factory=list)
-
-
-def empty_request(n: int) -> AgentRolloutRequest:
-    return AgentRolloutRequest(n=n, input_ids=[], image_data=[], answers=[], multi_modal_inputs=[], uids=[])
 
 
 def pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:
