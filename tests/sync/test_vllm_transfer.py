@@ -165,19 +165,19 @@ CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),  # a GPU e
                       rollout=SimpleNamespace(group_name="RolloutGroup", model=SimpleNamespace(precision="bf16")))
 
 
-def rollout_side(wire, rank, engine, backend, syncs, errors):
+def rollout_side(wire, rank, engine, backend, syncs, errors, versions=None):
     """One rollout rank: ``syncs`` times the worker's receive side (probe off: no logits in the header), with the
-    process environment its engine starts with."""
+    process environment its engine starts with; ``versions``: the driver's version of each sync (None: counted)."""
     w = FakeRollout(wire, rank)
     w._setup(CFG, verify_sync=True)
     w.sync_routes = SyncRoutes("broadcast" if backend == "nccl" else "paired", 1, 1)
     w.gpu_sync = VLLMGpuSync(engine, backend, sleep_level=2)
 
     async def go():
-        for _ in range(syncs):
+        for k in range(syncs):
             if backend == "ipc":
                 await w.gpu_sync.after_rollout()
-            await w._receive_and_load()
+            await w._receive_and_load(None if versions is None else versions[k])
         return w
 
     try:
@@ -186,9 +186,9 @@ def rollout_side(wire, rank, engine, backend, syncs, errors):
         errors.append(exc)
 
 
-def start_rollouts(wire, engines, backend, syncs=1):
+def start_rollouts(wire, engines, backend, syncs=1, versions=None):
     errors: list = []
-    threads = [threading.Thread(target=rollout_side, args=(wire, r, e, backend, syncs, errors), daemon=True)
+    threads = [threading.Thread(target=rollout_side, args=(wire, r, e, backend, syncs, errors, versions), daemon=True)
                for r, e in enumerate(engines)]
     for t in threads:
         t.start()
@@ -292,10 +292,10 @@ def test_nccl_route_call_order_on_both_sides():
     wire, broadcast, barrier = Wire(2, 2), [], threading.Barrier(3)
     engines = [RecordingEngine(NCCLWorker(barrier)), RecordingEngine(NCCLWorker(barrier))]
     with vllm_process_env(ENGINE_ENV["nccl"]):  # nothing: the NCCL payloads are plain msgpack
-        threads, rollout_errors = start_rollouts(wire, engines, "nccl", syncs=2)
+        threads, rollout_errors = start_rollouts(wire, engines, "nccl", syncs=2, versions=(5, 6))
         senders = nccl_senders(wire, routes, barrier, broadcast)
-        assert run_actor_ranks(senders, version=5) == []
-        assert run_actor_ranks(senders, version=6) == []
+        assert run_actor_ranks(senders, version=50) == []  # the actor's optimizer steps: not the weights' label
+        assert run_actor_ranks(senders, version=60) == []
         for t in threads:
             t.join(WAIT_S)
     assert rollout_errors == []

@@ -98,7 +98,8 @@ def test_serving_loop_answers_every_request_and_stops(generator):
     for i, ref in enumerate(alone):
         reply = items[f"k{i}"]
         assert reply["output_ids"] == ref.output_ids and reply["finish_reason"] == ref.finish_reason
-        assert set(reply) == {"output_ids", "text", "finish_reason", "matched_stop", "logprobs", "num_generated"}
+        assert set(reply) == {"output_ids", "text", "finish_reason", "matched_stop", "logprobs", "num_generated",
+                              "weight_version"}
     assert "error" in items["bad"] and w.requests_served == 4
 
 
@@ -123,7 +124,7 @@ def test_weight_sync_paired_route_loads_and_checks_probe(generator, model_dirs):
     assert len(buckets) > 3
     w = worker(generator, messages)
     asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
-    parts = asyncio.run(w._receive_and_load())
+    parts = asyncio.run(w._receive_and_load(3))
     state = asyncio.run(w.get_state())
     assert state["weight_version"] == 3 and state["last_sync_logprob_gap"] < 1e-4
     assert state["last_sync"]["buckets"] == len(buckets) == w.acks
