@@ -94,6 +94,16 @@ async def stop(requests: KeyedChannel, loop: asyncio.Task) -> None:
     await loop
 
 
+async def until(condition, what: str, timeout_s: float = 30.0) -> None:
+    """Wait for ``condition()``; a clear failure instead of a hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"waited {timeout_s:g} s for {what}")
+        await asyncio.sleep(0.001)
+
+
 class SyncAfterFirstTurn:
     """The agent loop's generator; the driver's weight sync lands after the first turn's reply, while the trajectory
     is between its first and second turn (where a tool call would be running)."""
@@ -165,15 +175,13 @@ def test_a_sync_waits_for_the_generate_in_flight(qwen2_head32_pair, models):
     async def go():
         generator, requests, loop = await serving(w, log)
         in_flight = asyncio.create_task(generator.generate(prompt, long))
-        while not w.gate.in_flight:
-            await asyncio.sleep(0.001)
+        await until(lambda: w.gate.in_flight, "the turn to be in flight")
         sync = asyncio.create_task(w._receive_and_load(DRIVER_VERSION))
-        while not w.gate.paused:
-            await asyncio.sleep(0.001)
+        await until(lambda: w.gate.paused or sync.done(), "the sync to pause the worker")
         assert w.gate.in_flight == 1 and not in_flight.done()  # the pause began with the turn still running
         during = asyncio.create_task(generator.generate(prompt, long))
-        first, second = await in_flight, await during
-        await sync
+        first, second = await asyncio.wait_for(in_flight, 60), await asyncio.wait_for(during, 60)
+        await asyncio.wait_for(sync, 60)
         await stop(requests, loop)
         return first, second
 
