@@ -9,8 +9,9 @@ vLLM 0.26 differs where the project's GPU route touches it:
   ``IPCWeightTransferEngine.trainer_send_weights`` does the data plane and ``Vllm026IpcTrainer`` drives the four
   control calls around it, as 0.32's trainer engine does;
 - ``AsyncLLM.finish_weight_update()`` takes no ``weight_version`` and ``AsyncLLM.wake_up`` returns None (0.32:
-  whether the engine is fully awake), both of which ``sync/vllm_engine_side.py:VLLMGpuSync`` relies on:
-  ``EngineCompat``;
+  whether the engine is fully awake), both of which ``sync/vllm_engine_side.py:VLLMGpuSync`` relies on, and its
+  ``CompletionOutput`` has no ``weight_versions`` (0.32's weight-version spans, which
+  ``generation/vllm_wire.py:result_of_output`` reads; 0.26 labels nothing, read as None): ``EngineCompat``;
 - ``vllm/distributed/weight_transfer/ipc_engine.py`` imports ``ray`` at module level (0.32 does not), and the lent
   H100 has no Ray: ``ensure_ipc_engine_importable`` puts an empty stand-in package first on the path (every other
   ``ray`` use in vLLM imports ``ray.util`` or calls ``ray.is_initialized`` inside try/except, which then report
@@ -112,6 +113,14 @@ class EngineCompat:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
+
+    async def generate(self, *args: Any, **kwargs: Any):
+        async for out in self._engine.generate(*args, **kwargs):
+            for completion in out.outputs:
+                if not hasattr(completion, "weight_versions"):
+                    self.adaptations.add("CompletionOutput without weight_versions (read as unlabelled)")
+                    completion.weight_versions = None
+            yield out
 
     async def finish_weight_update(self, weight_version: str | None = None) -> None:
         if self.finish_takes_version:

@@ -61,10 +61,10 @@ class Reading:
 class QueueClient:
     """vLLM's ``VLLMWeightSyncClient`` (structural) over two queues to the stage process, which answers each call with
     ``VLLMGpuSync.handle``: the part ``sync/vllm_transfer.py:RolloutEngineClient`` plays over RLinf. Each call returns
-    once the engine has answered (the packed producer reuses its buffer only then); FINISH carries the version."""
+    once the engine has answered (the packed producer reuses its buffer only then)."""
 
-    def __init__(self, outbox, inbox, version: str):
-        self.outbox, self.inbox, self.version = outbox, inbox, version
+    def __init__(self, outbox, inbox):
+        self.outbox, self.inbox = outbox, inbox
 
     def _call(self, method: str, payload) -> None:
         self.outbox.put(("call", (method, payload)))
@@ -90,7 +90,7 @@ class QueueClient:
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         from rlinf_ext.sync.vllm_transfer import FINISH
 
-        self._call(FINISH, weight_version if weight_version is not None else self.version)
+        self._call(FINISH, weight_version)
 
 
 def ipc_producer(work: str, inbox, outbox) -> None:
@@ -123,7 +123,7 @@ def ipc_producer(work: str, inbox, outbox) -> None:
         buffer = ipc_buffer_bytes(source.metadata(), CUDA_BUCKET_BYTES)
         torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
-        trainer, how = ipc_trainer(QueueClient(outbox, inbox, version="1"), source, buffer)
+        trainer, how = ipc_trainer(QueueClient(outbox, inbox), source, buffer)
         trainer.send_weights()
         seconds = time.perf_counter() - t
         peak = torch.cuda.max_memory_reserved()
@@ -298,6 +298,7 @@ class CudaSide:
 
         engine = EngineCompat(gen.engine)
         sync = VLLMGpuSync(engine, "ipc", sleep_level=2)
+        sync.next_version = 1  # the label FINISH gives the new weights (the rollout worker's, from the driver)
         old = reference_logits(ref, probe)  # the weights the engine holds now
         await sync.after_rollout()
         asleep = self.read()

@@ -204,11 +204,11 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def qwen2_head32_dirs(tmp_path_factory):
+def qwen2_head32_pair(tmp_path_factory):
     """Two tiny Qwen2 checkpoints of the contract's tiny shape (``TinyQwen2Shape()``: head size 32, which vLLM's CPU
     attention takes), every weight randomised (seeds 1 and 2), with a tokenizer of the tiny assets' kind trained on
-    a few sentences: the vLLM tests' models. Built without the tiny assets, whose BM25 step loads numba (see
-    ``pytest_collection_modifyitems``)."""
+    a few sentences. Built without the tiny assets, whose BM25 step loads numba (see
+    ``pytest_collection_modifyitems``). Tests of other engines take them under this name."""
     from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2, save_hf_model
     from rlinf_ext.assets.core.tokenizer import train_tokenizer
 
@@ -222,6 +222,12 @@ def qwen2_head32_dirs(tmp_path_factory):
         save_hf_model(randomize_qwen2_(model, seed), tok, root / f"seed{seed}")
         out.append(root / f"seed{seed}")
     return tuple(out)
+
+
+@pytest.fixture(scope="session")
+def qwen2_head32_dirs(qwen2_head32_pair):
+    """``qwen2_head32_pair`` as the in-process vLLM tests' models (``VLLM_MODEL_FIXTURES``)."""
+    return qwen2_head32_pair
 
 
 @pytest.fixture(scope="session")

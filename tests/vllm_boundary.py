@@ -107,6 +107,7 @@ class RecordingEngine:
         self.log = log if log is not None else []
         self.asleep: set[str] = set()
         self.paused = False
+        self.weight_version = "default"  # the engine core's label of its weights (core.py: set_weight_version)
 
     @property
     def serving(self) -> bool:
@@ -182,7 +183,68 @@ class RecordingEngine:
         version = self._enter("finish_weight_update", args, kwargs)["weight_version"]
         await self._rpc("finish_weight_update")
         if version is not None:
-            self.wire.call("set_weight_version", version)
+            self.weight_version = self.wire.call("set_weight_version", version)[0]
+
+    async def update_weight_version(self, *args, **kwargs) -> None:
+        version = self._enter("update_weight_version", args, kwargs)["new_version"]
+        self.weight_version = self.wire.call("set_weight_version", version)[0]
+
+
+class ServingEngine(RecordingEngine):
+    """``RecordingEngine`` that also generates, modelling what vLLM's engine core does on the GPU (``core.py``, the
+    scheduler's pause states) so the rollout worker can serve while a GPU-route sync runs: a request added while the
+    scheduler is paused or asleep waits to be scheduled; a running one takes one token per step, each labelled with
+    the engine's weight version at that step (``core.py:_attach_weight_version``), and is frozen while paused in
+    "keep" mode or asleep; ``pause_generation(mode="wait")`` returns once the running requests have finished ("abort"
+    is not modelled). The reply is vLLM's ``RequestOutput`` / ``CompletionOutput`` with vLLM's ``WeightVersionSpan``s
+    over the output tokens."""
+
+    STEP_S = 0.002
+
+    def __init__(self, worker: Any = None, log: list | None = None):
+        super().__init__(worker, log)
+        self.running = 0
+        self.pause_mode: str | None = None
+
+    async def pause_generation(self, *args, **kwargs) -> None:
+        await super().pause_generation(*args, **kwargs)
+        self.pause_mode = self.calls[-1][1]["mode"]
+        if self.pause_mode == "abort":
+            raise NotImplementedError("ServingEngine models the wait and keep modes")
+        while self.pause_mode == "wait" and self.running:
+            await asyncio.sleep(self.STEP_S)
+
+    async def resume_generation(self, *args, **kwargs) -> None:
+        await super().resume_generation(*args, **kwargs)
+        self.pause_mode = None
+
+    def _frozen(self) -> bool:
+        return bool(self.asleep) or (self.paused and self.pause_mode != "wait")
+
+    async def generate(self, *args, **kwargs):
+        from vllm.outputs import CompletionOutput, RequestOutput, WeightVersionSpan
+
+        a = self._enter("generate", args, kwargs)
+        while not self.serving:
+            await asyncio.sleep(self.STEP_S)
+        self.running += 1
+        labels: list[str] = []
+        try:
+            for _ in range(a["sampling_params"].max_tokens):
+                while self._frozen():
+                    await asyncio.sleep(self.STEP_S)
+                await asyncio.sleep(self.STEP_S)
+                labels.append(self.weight_version)
+        finally:
+            self.running -= 1
+        starts = [i for i, label in enumerate(labels) if i == 0 or label != labels[i - 1]]
+        spans = [WeightVersionSpan(labels[s], s, e) for s, e in zip(starts, starts[1:] + [len(labels)])]
+        prompt = list(a["prompt"]["prompt_token_ids"])
+        ids = [10 + (len(prompt) + k) % 50 for k in range(len(labels))]
+        yield RequestOutput(request_id=a["request_id"], prompt=None, prompt_token_ids=prompt, prompt_logprobs=None,
+                            outputs=[CompletionOutput(index=0, text="", token_ids=ids, cumulative_logprob=None,
+                                                      logprobs=None, finish_reason="length", stop_reason=None,
+                                                      weight_versions=spans)], finished=True)
 
 
 # ------------------------------------------------------------------------------------------------ workers

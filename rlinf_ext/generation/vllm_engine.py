@@ -9,7 +9,8 @@ replies and the engine's options: ``generation/vllm_wire.py``).
   takes ~50 s on a 2-core CPU.
 - Weights without restart (``load_weights``, the CPU route): pause (in-flight requests finish first), vLLM's
   layerwise in-place reload fed bucket by bucket through ``WeightLoadExtension`` (a ``worker_extension_cls``; the
-  body of ``Worker.reload_weights`` split into begin / load / finish), prefix- and encoder-cache reset, resume. In
+  body of ``Worker.reload_weights`` split into begin / load / finish), prefix- and encoder-cache reset, the new
+  weight version's label (vLLM stamps it on the tokens it samples: ``GenerationResult.weight_version``), resume. In
   process the tensors are handed over as they are; to a separate engine process as shared-memory handles
   (``sync/weight_sync.py``'s ``ForkingPickler`` blobs: ``collective_rpc`` turns tensors into lists).
 - GPU routes: vLLM's own weight-transfer API on the ``AsyncLLM``, driven by the actor's vLLM trainer engine
@@ -148,6 +149,10 @@ class InprocVLLMEngine:
 
     async def is_paused(self) -> bool:
         return self._paused
+
+    async def update_weight_version(self, new_version: str) -> None:
+        """``AsyncLLM.update_weight_version``: the label vLLM puts on every token sampled from now on."""
+        await asyncio.to_thread(self._locked, self.engine.set_weight_version, new_version)
 
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
                              kwargs: dict | None = None) -> list:
@@ -370,17 +375,25 @@ class VLLMGenerator:
                 tensors.append(serialize_handle(tensor))
         await self.engine.collective_rpc("rlinf_load_weights", args=(names, tensors))
 
-    async def finish_weight_load(self) -> None:
-        """Finish the layerwise reload, reset the prefix cache (cached KV of the old weights), resume."""
+    async def finish_weight_load(self, version: int | None = None) -> None:
+        """Finish the layerwise reload, reset the prefix cache (cached KV of the old weights), label the weights
+        ``version`` (None: keep the label: a load that broke off), resume."""
         try:
             await self.engine.collective_rpc("rlinf_finish_weight_load")
             await self.engine.reset_prefix_cache()
             await self.engine.reset_encoder_cache()  # vision embeddings of the old weights (VL models)
+            if version is not None:
+                await self.label_weights(version)
         finally:
             await self.engine.resume_generation()
         self.last_load_s = time.perf_counter() - self._load_t0
 
-    async def load_weights(self, named: Iterable[tuple[str, Any]]) -> None:
+    async def label_weights(self, version: int) -> None:
+        """vLLM's label of the weights it holds, stamped on every reply sampled from now on (``weight_version``);
+        set only while paused (or before serving): vLLM labels the tokens of each engine step with the current one."""
+        await self.engine.update_weight_version(str(int(version)))
+
+    async def load_weights(self, named: Iterable[tuple[str, Any]], version: int | None = None) -> None:
         """All of a state dict (HF names) into the running engine, as one bucket."""
         await self.begin_weight_load()
         try:
@@ -388,7 +401,7 @@ class VLLMGenerator:
         except BaseException:
             await self.finish_weight_load()
             raise
-        await self.finish_weight_load()
+        await self.finish_weight_load(version)
 
     def shutdown(self) -> None:
         self.engine.shutdown()

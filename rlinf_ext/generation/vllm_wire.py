@@ -14,7 +14,9 @@
   penalties; ``validate`` refuses ``rollout.return_logprobs`` with those on (``config/rules/generation.py``).
 - Replies: the turn's end is ``generation/turn_end.py``'s, told what vLLM decided (vLLM checks EOS and stop ids
   before the token budget, stop strings after it: a stop string completed by the last allowed token is
-  classified ``stop`` as on every engine); the text is the HF tokenizer's decoding of the kept ids.
+  classified ``stop`` as on every engine); the text is the HF tokenizer's decoding of the kept ids. The weight
+  version is vLLM's own label of the weights that sampled the tokens (``CompletionOutput.weight_versions``, the
+  engine's ``update_weight_version``), exactly one per call: a sync pauses in wait mode.
 - Start: on CPU the engine runs in process (``InprocVLLMEngine``), on GPUs as ``AsyncLLM`` with the placement's
   weight-transfer backend (``ipc`` collocated with sleep mode, ``nccl`` disaggregated:
   ``sync/vllm_transfer.py:transfer_backend``); ``engine_environment`` is what that start sets in the process
@@ -197,6 +199,23 @@ def engine_reason(finish_reason: str | None, stop_reason: int | str | None) -> t
     return engine_finish(finish_reason, stop_reason, "vLLM")
 
 
+UNLABELLED_WEIGHTS = "default"  # vLLM's label of weights no update named (vllm/v1/engine/core.py)
+
+
+def weight_version_of(spans: Any) -> int | None:
+    """vLLM's weight-version spans of one output (``vllm.outputs.WeightVersionSpan``: the labels of the weights that
+    sampled output tokens [start, end)) as the one version of the call; None when the weights carry no label of
+    ours. Two labels mean a weight update landed mid-generation (a pause that did not wait): refused, since the
+    tokens would be credited to one behaviour policy while two sampled them (pure)."""
+    labels = list(dict.fromkeys(span.version for span in spans or ()))
+    if len(labels) > 1:
+        raise RuntimeError(f"one generate call was sampled by weight versions {labels}: a weight update landed while "
+                           "it ran (the engine must pause with mode='wait' for a sync)")
+    if not labels or labels[0] == UNLABELLED_WEIGHTS:
+        return None
+    return int(labels[0])
+
+
 def result_of_output(output: Any, decode, params: SamplingParams, eos_ids: Iterable[int],
                      return_logprobs: bool = False) -> GenerationResult:
     """One ``vllm.CompletionOutput`` -> ``GenerationResult`` (pure but for ``decode``)."""
@@ -209,7 +228,8 @@ def result_of_output(output: Any, decode, params: SamplingParams, eos_ids: Itera
     if return_logprobs and output.logprobs is not None:
         logprobs = [float(step[tok].logprob) for tok, step in zip(ids, output.logprobs)][: len(end.output_ids)]
     return GenerationResult(output_ids=end.output_ids, text=end.text, finish_reason=end.finish_reason,
-                            matched_stop=end.matched_stop, logprobs=logprobs)
+                            matched_stop=end.matched_stop, logprobs=logprobs,
+                            weight_version=weight_version_of(output.weight_versions))
 
 
 def check_generate_args(prompt_ids: list[int], sampling_params: SamplingParams) -> None:
@@ -221,4 +241,4 @@ def check_generate_args(prompt_ids: list[int], sampling_params: SamplingParams) 
 
 
 __all__ = ["VLLMEngineOptions", "engine_args", "engine_environment", "options_from_config", "to_vllm_params",
-           "engine_reason", "result_of_output", "check_generate_args"]
+           "engine_reason", "result_of_output", "weight_version_of", "check_generate_args"]

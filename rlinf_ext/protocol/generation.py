@@ -61,6 +61,9 @@ class GenerationResult:
     `output_ids` are exactly the sampled ids: nothing after the stop string, EOS kept if sampled.
     `num_generated` is how many tokens the engine actually produced (defaults to len(output_ids));
     it differs only for engines that generate past a stop and cut afterwards (the benchmark's baseline).
+    `weight_version` is the version of the weights that sampled every id of the call (the training steps behind
+    them, 0 = the initial weights; a weight sync waits for the calls in flight, so one call never spans two);
+    None from an engine that keeps no version (evaluation, tests).
     """
 
     output_ids: list[int]
@@ -69,6 +72,7 @@ class GenerationResult:
     matched_stop: str | None = None
     logprobs: list[float] | None = None
     num_generated: int | None = None
+    weight_version: int | None = None
 
     @property
     def generated_tokens(self) -> int:
@@ -86,6 +90,7 @@ class Generator(Protocol):
 # --------------------------------------------------------------------------------------------- over channels
 STOP_SERVING = "__stop_serving__"  # a request whose channel_key is this ends the rollout's serving loop
 FINISH_REASONS: tuple[str, ...] = ("stop", "eos", "length")
+WEIGHT_VERSION = "weight_version"  # the reply key of GenerationResult.weight_version
 
 
 class GenerateRequest(TypedDict, total=False):
@@ -108,6 +113,7 @@ class GenerateReply(TypedDict, total=False):
     matched_stop: str | None
     logprobs: list[float] | None
     num_generated: int
+    weight_version: int | None  # WEIGHT_VERSION: the weights that sampled this reply (GenerationResult.weight_version)
     error: str
 
 
@@ -131,6 +137,7 @@ def reply_of(result: GenerationResult) -> GenerateReply:
         "matched_stop": result.matched_stop,
         "logprobs": result.logprobs,
         "num_generated": result.generated_tokens,
+        WEIGHT_VERSION: result.weight_version,
     }
 
 
@@ -146,4 +153,5 @@ def result_of(reply: GenerateReply) -> GenerationResult:
         matched_stop=reply.get("matched_stop"),
         logprobs=reply.get("logprobs"),
         num_generated=reply.get("num_generated"),
+        weight_version=reply.get(WEIGHT_VERSION),
     )

@@ -25,7 +25,9 @@ class AgentRolloutRequest(RolloutRequest):
 
 @dataclass(kw_only=True)
 class AgentRolloutResult(RolloutResult):
-    """One GRPO group: ``group_size`` trajectories of one prompt."""
+    """One GRPO group: ``group_size`` trajectories of one prompt. RLinf's ``rollout_logprobs`` carries the engine's
+    sampled log-probs (the behaviour policy) as one ``pad_rows`` tensor ``[n, max response length]`` (0.0 on
+    observation tokens and padding), None unless every trajectory has them."""
 
     uid: str = ""
     generated_texts: list[str] = field(default_factory=list)  # the model's own text (what the reward reads)
@@ -38,6 +40,9 @@ class AgentRolloutResult(RolloutResult):
     trajectory_images: list[list] = field(default_factory=list)
     turn_texts: list[list[str]] = field(default_factory=list)
     categories: list[str] = field(default_factory=list)
+    # per trajectory, per response token: the weight version that sampled it (-1 on observation tokens); empty
+    # unless every trajectory has them (agent/core/response.py)
+    versions: list[list[int]] = field(default_factory=list)
 
 
 def pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:

@@ -12,8 +12,12 @@ vLLM trainer engine (``sync/vllm_transfer.py``), which the rollout worker receiv
   ``SYNC_END`` (``serve``): ``wake_up`` of the KV cache, prefix- and encoder-cache reset, resume. The actor sends
   ``SYNC_END`` once every actor rank has freed its transfer memory, so the KV cache is mapped again only after the
   actor's share of the GPU is back.
-- disaggregated (``nccl``): the engine never sleeps; START pauses generation (``mode="wait"``), each UPDATE receives
-  the trainer's broadcast, FINISH finishes; ``serve`` resets the caches and resumes.
+- disaggregated (``nccl``): the engine never sleeps and serves the later batches' turns (``runner.max_staleness``)
+  until START pauses generation with ``mode="wait"`` (the turns in flight finish on the old weights, new ones queue
+  in the engine: one version per turn; "keep" would freeze them mid-turn and finish them on the new weights), each
+  UPDATE receives the trainer's broadcast, FINISH finishes; ``serve`` resets the caches and resumes.
+- FINISH labels the weights with ``next_version`` (the rollout worker's, from the driver), vLLM's own weight version
+  that it stamps on every token sampled from then on (``CompletionOutput.weight_versions``).
 - A broken transfer (a refused INIT, START or UPDATE, a timeout): ``serve`` leaves the engine serving all the same:
   the update finished, every memory tag still asleep woken (after a level-2 sleep the weights are then unloaded
   until the next sync: the sync's error stops the run first), generation resumed.
@@ -42,6 +46,7 @@ class VLLMGpuSync:
         self.asleep: list[str] = []  # memory tags asleep, in wake-up order
         self.paused = False  # the scheduler holds new requests back (a sleep or pause_generation)
         self.updating = False  # between a successful start_weight_update and its finish
+        self.next_version: int | None = None  # the label of the weights the current sync brings (set by the worker)
 
     async def after_rollout(self) -> None:
         if self.backend == "ipc" and not self.asleep:
@@ -64,7 +69,7 @@ class VLLMGpuSync:
                 raise RuntimeError("update_weights before start_weight_update")
             await self.engine.update_weights(WeightTransferUpdateRequest(update_info=call.payload))
         elif call.method == FINISH:
-            await self.finish_update(call.payload)
+            await self.finish_update()
         else:
             raise ValueError(f"unknown weight-transfer call {call.method!r}")
 
@@ -78,11 +83,12 @@ class VLLMGpuSync:
         await self.engine.start_weight_update()
         self.updating = True
 
-    async def finish_update(self, version: str | None = None) -> None:
+    async def finish_update(self) -> None:
         if not self.updating:
             raise RuntimeError("finish_weight_update before start_weight_update")
         self.updating = False
-        await self.engine.finish_weight_update(version)
+        label = None if self.next_version is None else str(int(self.next_version))
+        await self.engine.finish_weight_update(label)
 
     async def serve(self) -> None:
         """The engine serves again: an update broken off is finished, the tags still asleep are woken (the KV

@@ -67,14 +67,10 @@ def transfer_backend(cfg: Any, cuda: bool) -> TransferBackend | None:
 # ------------------------------------------------------------------------------------------------ actor side
 class RolloutEngineClient(EngineCallClient):
     """vLLM's ``VLLMWeightSyncClient`` (structural) over RLinf (``sync/engine_calls.py:EngineCallClient``): each call
-    goes from actor rank 0 to every rollout rank and returns once every rank has answered. ``version`` is passed to
-    ``finish_weight_update`` (vLLM's trainer engines call it without one)."""
+    goes from actor rank 0 to every rollout rank and returns once every rank has answered. The weights' version
+    label is the rollout side's (``VLLMGpuSync.next_version``, from the driver), not a payload of FINISH."""
 
     engine_name = "vLLM"
-
-    def __init__(self, worker: Any, rollout_group: str, routes: SyncRoutes, timeout_s: float = SYNC_TIMEOUT_S):
-        super().__init__(worker, rollout_group, routes, timeout_s)
-        self.version: int | None = None
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         tp = self.routes.rollout_tp
@@ -87,9 +83,7 @@ class RolloutEngineClient(EngineCallClient):
         self._call(UPDATE, [update_info] * self.routes.rollout_dp)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        version = weight_version if weight_version is not None else (
-            None if self.version is None else str(self.version))
-        self._call(FINISH, [version] * self.routes.rollout_dp)
+        self._call(FINISH, [weight_version] * self.routes.rollout_dp)
 
 
 class HFWeightSource:
@@ -182,7 +176,6 @@ class VLLMTransferSender:
             self.source = HFWeightSource(mine)
         self.source.passes = mine
         if self.is_sender:
-            self.client.version = header.version
             self._to_every_rollout_rank(header, "the sync header")
         if self.engine is None:
             buffer_bytes = self.bucket_bytes

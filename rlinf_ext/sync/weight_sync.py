@@ -92,7 +92,8 @@ class SyncRoutes:
 # ------------------------------------------------------------------------------------------------ messages
 @dataclass
 class SyncHeader:
-    version: int  # actor optimizer steps so far
+    version: int  # actor optimizer steps so far (for logs: the engine's weight version is the driver's, passed to
+    # the rollout's sync_model_from_actor(version))
     sender: int  # actor rank
     probe_ids: torch.Tensor | None = None  # [1, L]
     probe_logits: torch.Tensor | None = None  # [1, L, V] actor logits, fp32

@@ -43,7 +43,8 @@ def calls_of(trajectory: Any, tools) -> float:
 
 
 class ChannelGenerator:
-    """A ``Generator`` (``protocol/generation.py``) that asks the rollout group over RLinf channels."""
+    """A ``Generator`` (``protocol/generation.py``) that asks the rollout group over RLinf channels; each result
+    carries the weight version the rollout stamped on its reply (``result_of``)."""
 
     def __init__(self, input_channel, output_channel, step_seed: int = 0):
         self.input_channel = input_channel

@@ -1,14 +1,21 @@
-"""The rollout workers' serving loop, shared by every engine (``workers/rollout_hf.py``, ``workers/rollout_vllm.py``).
+"""The rollout workers' serving loop, shared by every engine (``workers/rollout_hf.py``, ``workers/rollout_vllm.py``,
+``workers/rollout_sglang.py``), and the weight versions they stamp on replies.
 
 ``serve_requests`` takes ``GenerateRequest`` dicts from the input channel and puts each ``GenerateReply`` under
 ``key=channel_key`` on the output channel (``protocol/generation.py``), until a ``STOP_SERVING`` request
 arrives; a failed request is answered with ``{"error": ...}`` instead of leaving the agent loop waiting.
+
+A weight sync may land while requests are being generated (the rollout workers are async actors: Ray runs
+``sync_model_from_actor`` between the awaits of the serving loop). ``WeightGate`` is the pause in wait mode of an
+engine that has none of its own (HF, and SGLang's worker): a sync stops admitting requests, waits for those in
+flight, loads, takes the new version and admits again, so every reply was sampled by exactly one version.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from rlinf_ext.protocol.generation import STOP_SERVING, GenerateReply, GenerateRequest
 
@@ -38,3 +45,53 @@ async def serve_requests(input_channel, output_channel, generate: Callable[[Gene
             task.add_done_callback(pending.discard)
     if pending:
         await asyncio.gather(*pending)
+
+
+INITIAL_WEIGHT_VERSION = 0  # the weights an engine starts with (no training step behind them)
+
+
+def next_weight_version(current: int, requested: int | None) -> int:
+    """The version a sync gives the engine: the driver's (the training steps behind the weights) or, without one,
+    one more than the current."""
+    return current + 1 if requested is None else int(requested)
+
+
+class WeightGate:
+    """Admission of generate requests around weight syncs: ``turn()`` admits one request (waiting while a sync holds
+    the gate) and gives the version that generates it; ``pause()`` closes the gate and returns once the requests in
+    flight have finished; ``resume(version)`` records the new version and opens the gate again."""
+
+    def __init__(self, version: int = INITIAL_WEIGHT_VERSION):
+        self.version = version
+        self.in_flight = 0
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[int]:
+        while not self._open.is_set():
+            await self._open.wait()
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            yield self.version
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
+
+    async def pause(self) -> None:
+        self._open.clear()
+        await self._idle.wait()
+
+    def resume(self, version: int | None = None) -> None:
+        """Open the gate; ``version`` None keeps the current one (a sync that broke off)."""
+        if version is not None:
+            self.version = int(version)
+        self._open.set()

@@ -18,6 +18,10 @@ sglang's signatures):
 - the buckets: collocated, each TP rank of the engine gets its own payload (SGLang's per-rank
   ``serialized_named_tensors``) made of the handles the actor rank on its GPU sent; the handles are re-pickled
   without being opened here (``reduction_of``), so no GPU memory of the actor is mapped into this process.
+- weight versions: a sync may land while requests are being generated (an async actor; ``runner.max_staleness``);
+  ``workers/rollout_serving.py:WeightGate`` holds new requests back from the update's start and waits for those in
+  flight, so every reply carries the one version that sampled it (hand-written rather than SGLang's own
+  ``pause_generation``, which cannot run on the CPU lane: the HF worker's gate, tested there).
 - disaggregated on GPUs (``sync/sglang_transfer.py``): actor rank 0 joins the engine's own weight-update group;
   this worker answers its control calls (``sync/engine_calls.py:serve_engine_calls``): ``init_weights_update_group``
   once, then per bucket ``update_weights_from_distributed`` (no flush per bucket), the first one after
@@ -30,6 +34,7 @@ import functools
 import io
 import pickle
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -49,7 +54,7 @@ from rlinf_ext.sync.engine_calls import EngineCall, serve_engine_calls
 from rlinf_ext.sync.probe import probe_atol, probe_logprob_gap
 from rlinf_ext.sync.sglang_transfer import INIT_GROUP, SGLANG_CALLS, UPDATE_DISTRIBUTED, uses_sglang_distributed
 from rlinf_ext.sync.weight_sync import HandleBucket, SyncRoutes, WeightSyncError, receive_weights
-from rlinf_ext.workers.rollout_serving import serve_requests
+from rlinf_ext.workers.rollout_serving import WeightGate, next_weight_version, serve_requests
 
 # sglang 0.5.23's memory tags (sglang/srt/constants.py): weights come back first (the update writes them), the
 # KV cache and the CUDA graphs after the update
@@ -186,9 +191,8 @@ class SGLangRolloutState:
         self.defaults = SamplingParams()
         self.vl: tuple | None = None  # (vision token ids, banned ids, serialised logit processor)
         self.released = False
-        self.in_flight = 0
+        self.gate = WeightGate()  # the requests in flight, and the weight version that generates them
         self.sync_routes: SyncRoutes | None = None
-        self.weight_version = -1
         self.last_sync_logprob_gap: float | None = None
         self.last_sync: dict | None = None
         self.requests_served = 0
@@ -197,6 +201,14 @@ class SGLangRolloutState:
     def _attach(self, control: Any, decode: Callable[[list[int]], str], eos_ids: list[int],
                 defaults: SamplingParams, vl: tuple | None = None) -> None:
         self.control, self.decode, self.eos_ids, self.defaults, self.vl = control, decode, list(eos_ids), defaults, vl
+
+    @property
+    def weight_version(self) -> int:
+        return self.gate.version
+
+    @property
+    def in_flight(self) -> int:
+        return self.gate.in_flight
 
     @property
     def return_logprobs(self) -> bool:
@@ -217,16 +229,13 @@ class SGLangRolloutState:
             token_ids, banned, processor = self.vl
             body = mm_request(body["input_ids"], images, body["sampling_params"], token_ids=token_ids,
                               banned_ids=banned, logit_processor=processor)
-        self.in_flight += 1
-        try:
+        async with self.gate.turn() as version:
             result = await self.control.generate(**body, return_logprob=self.return_logprobs)
-        finally:
-            self.in_flight -= 1
         if images:
             self.retokenize_mismatches += retokenize_mismatch(body["input_ids"], result.get("meta_info") or {})
         self.requests_served += 1
-        return reply_of(result_of_sglang(result, self.decode, params, self.eos_ids,
-                                         return_logprobs=self.return_logprobs))
+        return reply_of(replace(result_of_sglang(result, self.decode, params, self.eos_ids,
+                                                 return_logprobs=self.return_logprobs), weight_version=version))
 
     async def rollout_serverless(self, input_channel, output_channel) -> None:
         """Serve generate requests until a ``STOP_SERVING`` request arrives."""
@@ -246,10 +255,10 @@ class SGLangRolloutState:
     async def set_weight_sync(self, routes: SyncRoutes) -> None:
         self.sync_routes = routes
 
-    async def _receive_distributed(self) -> None:
+    async def _receive_distributed(self, target: int) -> None:
         """The actor drives the transfer (``sync/sglang_transfer.py``): its calls are answered in order; the update
-        session opens at the first bucket and closes whatever happened."""
-        control, begun = self.control, False
+        session opens at the first bucket (once the requests in flight have finished) and closes whatever happened."""
+        control, begun, loaded = self.control, False, False
 
         async def handle(call: EngineCall) -> None:
             nonlocal begun
@@ -257,6 +266,7 @@ class SGLangRolloutState:
                 await control.init_group(call.payload)
             elif call.method == UPDATE_DISTRIBUTED:
                 if not begun:
+                    await self.gate.pause()
                     await control.begin_update()
                     begun = True
                 await control.update_distributed(call.payload)
@@ -264,27 +274,40 @@ class SGLangRolloutState:
         try:
             header = await serve_engine_calls(self, handle, actor_group=self.cfg.actor.group_name,
                                               methods=SGLANG_CALLS)
+            loaded = True
         finally:
             if begun:
-                await control.end_update()
+                try:
+                    await control.end_update()
+                finally:
+                    self.gate.resume(target if loaded else None)
         await self._after_load(header, {"sources": [header.sender], "mode": "sglang_distributed"})
 
     async def _after_load(self, header, last_sync: dict) -> None:
         if not await self.control.flush():
             raise WeightSyncError("SGLang could not flush its prefix cache after the weight sync (requests were "
                                   "running); cached prefixes would hold the old weights' KV")
-        self.weight_version = header.version
         self.last_sync = last_sync
         if self.verify_sync and header.probe_logits is not None:
             await self._check_probe(header)
 
-    async def _receive_and_load(self) -> None:
+    async def _sync(self, version: int | None = None) -> None:
+        """One weight sync (the route of the placement); the engine then holds weight version ``version``
+        (``rollout_serving.next_weight_version``)."""
+        target = next_weight_version(self.gate.version, version)
+        if self.distributed:
+            await self._receive_distributed(target)
+        else:
+            await self._receive_and_load(target)
+
+    async def _receive_and_load(self, target: int) -> None:
         if self.sync_routes is None:
             raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
-        control, begun = self.control, False
+        control, begun, loaded = self.control, False, False
 
         async def begin():  # the actor's probe is done: the engine may take its weight memory back
             nonlocal begun
+            await self.gate.pause()  # the requests in flight finish on the old weights; new ones wait
             if self.released:
                 await control.resume(WEIGHTS_TAGS)
             await control.begin_update()
@@ -296,12 +319,17 @@ class SGLangRolloutState:
         try:
             headers, stats = await receive_weights(self, self.sync_routes, load, actor_group=self.cfg.actor.group_name,
                                                    rollout_group=self.cfg.rollout.group_name, on_header=begin)
+            loaded = True
         finally:
-            if begun:  # close the update and give the engine its cache back even when the sync broke off
-                await control.end_update()
-                if self.released:
-                    await control.resume(CACHE_TAGS)
-                    self.released = False
+            if self.gate.paused:  # close the update and give the engine its cache back even when the sync broke off
+                try:
+                    if begun:
+                        await control.end_update()
+                        if self.released:
+                            await control.resume(CACHE_TAGS)
+                            self.released = False
+                finally:
+                    self.gate.resume(target if loaded else None)
         await self._after_load(headers[0], {"sources": [h.sender for h in headers], **vars(stats)})
 
     async def _check_probe(self, header) -> None:
@@ -359,13 +387,11 @@ class SGLangRolloutWorker(SGLangRolloutState, Worker):
             if self.collocated:  # as RLinf: the actor initialises next on the same GPUs
                 await self._release()
 
-    async def sync_model_from_actor(self) -> None:
-        """Receive the actor's weights (HF names, bucket by bucket) into the engine and check the probe."""
+    async def sync_model_from_actor(self, version: int | None = None) -> None:
+        """Receive the actor's weights (HF names, bucket by bucket) into the engine and check the probe; the engine
+        then holds weight version ``version`` (None: one more than before)."""
         with self.worker_timer():
-            if self.distributed:
-                await self._receive_distributed()
-            else:
-                await self._receive_and_load()
+            await self._sync(version)
             torch.cuda.ipc_collect()  # handles the engine has let go of can be freed on the actor's side
 
     async def offload_engine(self) -> None:

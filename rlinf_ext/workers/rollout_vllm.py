@@ -7,14 +7,23 @@ probe's prompt log-probs are compared with the actor's logits (``sync/probe.py:p
 Qwen2.5-VL (``rollout.model.model_type: qwen2.5_vl``): ``generation/vllm_vl.py:VLLMVLGenerator`` (images with every
 request and with the multimodal probe; the rate of prompts whose image expansion differed is in ``get_state``).
 
+Weight versions: every reply carries the version of the weights that sampled it, vLLM's own label
+(``CompletionOutput.weight_versions``, read by ``generation/vllm_wire.py:weight_version_of``); the worker labels the
+engine's weights ``0`` at start and ``sync_model_from_actor(version)``'s version (None: one more) at each sync, while
+generation is paused. A sync lands between turns: it may come while requests are being generated (an async actor),
+and the pause waits for them, so each reply is sampled by one version.
+
 CPU (in process): generation pauses once the sync's headers are in (running requests finish on the old weights),
-every bucket goes into vLLM's layerwise in-place reload, then the prefix cache is reset and generation resumes.
+every bucket goes into vLLM's layerwise in-place reload, then the prefix cache is reset, the weights labelled, and
+generation resumes.
 GPU (``AsyncLLM``, NOT GPU-verified): vLLM's weight-transfer API, driven by the actor's vLLM trainer engine
 (``sync/vllm_transfer.py``): this worker answers its control calls (``serve_engine_calls``) with
 ``sync/vllm_engine_side.py:VLLMGpuSync`` (``ipc`` collocated: the engine sleeps at ``rollout.vllm.sleep_level`` at
-the end of its start and after each rollout, requests in flight finishing first; ``nccl`` disaggregated); after the
-actor's ``SYNC_END`` (or a broken transfer) the engine serves again (KV cache woken, caches reset, resumed), then
-the probe runs. Each request's ``seed`` is vLLM's per-request seed, so sampling is reproducible without serving
+the end of its start and after each rollout, requests in flight finishing first; ``nccl`` disaggregated: the engine
+keeps serving the later batches' turns until the transfer starts, pauses with ``mode="wait"`` (turns in flight
+finish on the old weights, new ones queue), takes the broadcast, labels the weights at ``finish_weight_update``);
+after the actor's ``SYNC_END`` (or a broken transfer) the engine serves again (KV cache woken, caches reset,
+resumed), then the probe runs. Each request's ``seed`` is vLLM's per-request seed, so sampling is reproducible without serving
 requests one at a time.
 """
 
@@ -34,7 +43,7 @@ from rlinf_ext.sync.probe import probe_atol, probe_logprob_gap
 from rlinf_ext.sync.vllm_engine_side import VLLMGpuSync
 from rlinf_ext.sync.vllm_transfer import ENGINE_CALLS
 from rlinf_ext.sync.weight_sync import SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
-from rlinf_ext.workers.rollout_serving import serve_requests
+from rlinf_ext.workers.rollout_serving import INITIAL_WEIGHT_VERSION, next_weight_version, serve_requests
 
 # the parts of one weight sync on this side (seconds), logged as time/sync/<part> (runner/trainer.py:part_metrics)
 SYNC_HEADER_WAIT = "header_wait"  # until the actor's header is in (its probe forward, the first conversion)
@@ -53,7 +62,7 @@ class VLLMRolloutState:
         self.generator: VLLMGenerator | None = None
         self.gpu_sync: VLLMGpuSync | None = None
         self.defaults = SamplingParams()
-        self.weight_version = -1
+        self.weight_version = INITIAL_WEIGHT_VERSION  # what the engine's label says (vLLM stamps it on replies)
         self.last_sync_logprob_gap: float | None = None
         self.last_sync: dict | None = None
         self.sync_routes: SyncRoutes | None = None
@@ -81,21 +90,28 @@ class VLLMRolloutState:
     async def set_weight_sync(self, routes: SyncRoutes) -> None:
         self.sync_routes = routes
 
-    async def _receive_and_load(self) -> dict[str, float]:
-        """Returns the sync's parts in seconds (``SYNC_*``): the wait for the actor's header (its conversion
-        starts and its probe forward), the transfer and load, the probe."""
+    async def _label_initial_weights(self) -> None:
+        """The engine's weights before any sync: ``INITIAL_WEIGHT_VERSION`` (vLLM's own label is "default")."""
+        await self.generator.label_weights(self.weight_version)
+
+    async def _receive_and_load(self, version: int | None = None) -> dict[str, float]:
+        """Receive, load and label weight version ``version`` (``rollout_serving.next_weight_version``). Returns the
+        sync's parts in seconds (``SYNC_*``): the wait for the actor's header (its conversion starts and its probe
+        forward), the transfer and load, the probe."""
         if self.sync_routes is None:
             raise RuntimeError("sync_model_from_actor before set_weight_sync: the runner sets the routes at start")
         gen, gpu = self.generator, self.gpu_sync
+        target = next_weight_version(self.weight_version, version)
         t0 = time.perf_counter()
         if gpu is not None:
+            gpu.next_version = target
             header = await self._serve_transfer(gpu)
-            self.weight_version = header.version
+            self.weight_version = target
             self.last_sync = {"sources": [header.sender], "backend": gpu.backend}
             t1 = time.perf_counter()
             await self._check_probe(header)
             return {SYNC_LOAD: t1 - t0, SYNC_PROBE: time.perf_counter() - t1}
-        begun = False  # CPU: vLLM's in-place reload, fed by the RLinf routes
+        begun, loaded = False, False  # CPU: vLLM's in-place reload, fed by the RLinf routes
         t_header = t0
 
         async def begin():
@@ -110,11 +126,12 @@ class VLLMRolloutState:
         try:
             headers, stats = await receive_weights(self, self.sync_routes, load, actor_group=self.cfg.actor.group_name,
                                                    rollout_group=self.cfg.rollout.group_name, on_header=begin)
+            loaded = True
         finally:
             if begun:  # resume serving even when the sync broke off (the probe below then refuses the weights)
-                await gen.finish_weight_load()
+                await gen.finish_weight_load(target if loaded else None)
         header = headers[0]
-        self.weight_version = header.version
+        self.weight_version = target
         self.last_sync = {"sources": [h.sender for h in headers], "load_s": gen.last_load_s, **vars(stats)}
         t1 = time.perf_counter()
         await self._check_probe(header)
@@ -168,15 +185,17 @@ class VLLMRolloutWorker(VLLMRolloutState, Worker):
             generator = engine.start(options, return_logprobs=bool(self.cfg.rollout.return_logprobs))
             generator.options = options
             self._attach(generator, SamplingParams.from_config(self.cfg.algorithm.sampling_params))
+            await self._label_initial_weights()
             if self.gpu_sync is not None:  # collocated: the actor starts on this GPU next (the first sync wakes it)
                 await self.gpu_sync.after_rollout()
         return dict(generator.start_parts)
 
-    async def sync_model_from_actor(self) -> dict[str, float]:
-        """Receive the actor's weights (HF names, bucket by bucket) into the running engine and check the probe;
-        returns the sync's parts in seconds (the trainer logs them as ``time/sync/<part>``)."""
+    async def sync_model_from_actor(self, version: int | None = None) -> dict[str, float]:
+        """Receive the actor's weights (HF names, bucket by bucket) into the running engine and check the probe; the
+        engine then holds weight version ``version`` (None: one more than before). Returns the sync's parts in
+        seconds (the trainer logs them as ``time/sync/<part>``)."""
         with self.worker_timer():
-            return await self._receive_and_load()
+            return await self._receive_and_load(version)
 
     async def offload_engine(self) -> None:
         """GPU collocated: release the GPU for training (``rollout.vllm.sleep_level``, after the requests in flight);

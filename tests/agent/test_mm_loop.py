@@ -157,6 +157,28 @@ def test_banned_ids_from_an_engine_are_dropped_and_invariants_catch_breakage(wor
         check_invariants(replace(good, images=good.images[:-1]), processor)
 
 
+def test_token_versions_follow_the_turns_through_an_image_observation_and_a_dropped_id(world):
+    """Version plumbing of the MM loop: each turn's weight version on its kept ids (also after banned ids were
+    dropped), -1 on the observation (image pads included), in step with the kept log-probs."""
+    mm, processor, tasks = world
+    task = tasks["tinymm_colour"]
+    script = [IMG, "<reason> hm <|image_pad|> </reason><answer> red </answer>"]
+    gen = ScriptedVLGenerator(script, tokenizer=processor.tokenizer)
+    versions = iter([4, 5])
+
+    async def versioned(prompt_ids, sampling_params, images=None):
+        return replace(await ScriptedVLGenerator.generate(gen, prompt_ids, sampling_params, images),
+                       weight_version=next(versions))
+
+    gen.generate = versioned
+    traj = asyncio.run(run_trajectory(gen, processor, tools(mm.cache_test), task, settings()))
+    first, second = traj.turns
+    assert second.banned_dropped == 1 and (first.weight_version, second.weight_version) == (4, 5)
+    assert traj.rollout_versions == ([4] * len(first.response_ids) + [-1] * len(first.observation_ids)
+                                     + [5] * len(second.response_ids))
+    assert len(traj.rollout_logprobs) == len(traj.rollout_versions) == len(traj.response_ids)
+
+
 def test_actions_and_reward_on_a_scripted_three_turn_trajectory(world):
     mm, processor, tasks = world
     task = tasks["tinymm_attribute"]

@@ -128,7 +128,8 @@ def test_abort_and_missing_finish_raise():
 def test_reply_has_the_cpu_workers_fields():
     reply = reply_of(result_of_sglang(sglang_result([4, 5], {"type": "stop", "matched": "</search>"}), decode,
                                       STOP, [EOS]))
-    assert set(reply) == {"output_ids", "text", "finish_reason", "matched_stop", "logprobs", "num_generated"}
+    assert set(reply) == {"output_ids", "text", "finish_reason", "matched_stop", "logprobs", "num_generated",
+                          "weight_version"}
     assert reply["num_generated"] == 2
 
 

@@ -52,3 +52,20 @@ def test_vllm_and_sglang_replies_give_the_same_result():
     got_s = result_of_sglang(sglang_reply, decode, params, [EOS], return_logprobs=True)
     assert got_v == got_s
     assert got_s.text == "<think> q</think><search> ans" and got_s.output_ids == ids
+
+
+def test_vllms_weight_version_spans_make_the_replys_one_version():
+    """vLLM's own spans (``WeightVersionSpan``, on the final ``CompletionOutput``): one label is the reply's version,
+    vLLM's unlabelled "default" is none, two labels (an update landed mid-generation) are refused."""
+    from vllm.outputs import WeightVersionSpan
+
+    from rlinf_ext.generation.vllm_wire import weight_version_of
+
+    assert weight_version_of([WeightVersionSpan("3", 0, 5)]) == 3
+    assert weight_version_of([WeightVersionSpan("default", 0, 5)]) is None
+    assert weight_version_of(None) is None and weight_version_of([]) is None
+    with pytest.raises(RuntimeError, match=r"weight versions \['3', '4'\].*mode='wait'"):
+        weight_version_of([WeightVersionSpan("3", 0, 2), WeightVersionSpan("4", 2, 5)])
+    out = CompletionOutput(index=0, text="", token_ids=[1, 2, 3], cumulative_logprob=None, logprobs=None,
+                           finish_reason="length", stop_reason=None, weight_versions=[WeightVersionSpan("7", 0, 3)])
+    assert result_of_output(out, decode, SamplingParams(max_new_tokens=3), [EOS]).weight_version == 7

@@ -7,6 +7,7 @@ import pytest
 
 from rlinf_ext.protocol.generation import (
     STOP_SERVING,
+    WEIGHT_VERSION,
     GenerationResult,
     SamplingParams,
     reply_of,
@@ -27,12 +28,15 @@ def test_request_overrides_defaults_key_by_key():
 
 def test_reply_round_trip_keeps_every_field():
     result = GenerationResult(output_ids=[4, 2, 5], text="<search> q</search>", finish_reason="stop",
-                              matched_stop="</search>", logprobs=[-0.1, -0.2, -0.3], num_generated=3)
+                              matched_stop="</search>", logprobs=[-0.1, -0.2, -0.3], num_generated=3,
+                              weight_version=4)
     assert result_of(reply_of(result)) == result
+    assert reply_of(result)[WEIGHT_VERSION] == 4 == result_of(reply_of(result)).weight_version
     no_logprobs = GenerationResult(output_ids=[8, 7], text=" ans<|im_end|>", finish_reason="eos")
     reply = reply_of(no_logprobs)
     assert reply["num_generated"] == 2 and reply["logprobs"] is None
     assert result_of(reply).generated_tokens == 2
+    assert reply[WEIGHT_VERSION] is None and result_of(reply).weight_version is None  # an engine without versions
 
 
 def test_error_reply_raises_and_unknown_finish_reason_ends_the_turn():

@@ -53,7 +53,7 @@ def sync_two_ranks(actor_cfg, rollout_cfg, cluster) -> tuple[list[dict], list[di
     try:
         for handle, name in [(actor.init_worker(), "actor"), (rollout.init_worker(), "rollout")]:
             wait_or_raise(handle, name, "init_worker", startup=True)
-        assert [s["weight_version"] for s in rollout.get_state().wait()] == [-1, -1]
+        assert [s["weight_version"] for s in rollout.get_state().wait()] == [0, 0]  # the initial weights
         routes = SyncRoutes("paired", actor_world=2, rollout_dp=2)
         wait_or_raise(actor.set_weight_sync(routes, BUCKET), "actor", "set_weight_sync")
         wait_or_raise(rollout.set_weight_sync(routes), "rollout", "set_weight_sync")

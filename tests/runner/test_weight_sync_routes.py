@@ -90,7 +90,7 @@ def test_each_engine_gets_the_actor_weights_along_its_route(tiny_assets, tmp_pat
     cfg, rollout_cfg = configs(tiny_assets, tmp_path, "{actor: 0-1, rollout: 0-1, reward: 0}", randomized_model_dir)
     actor, rollout, ranks = launch_pair(cfg, rollout_cfg, cluster)
     try:
-        assert rollout.get_state().wait()[0]["weight_version"] == -1
+        assert rollout.get_state().wait()[0]["weight_version"] == 0  # the initial weights
         paired = SyncRoutes(sync_mode(ranks["actor"], ranks["rollout"]), 2, 2)
         assert paired.mode == "paired"
         check(*sync(actor, rollout, paired), "paired")

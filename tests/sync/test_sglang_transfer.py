@@ -222,8 +222,8 @@ def start_rollouts(wire, controls, syncs, errors):
     def run(rank):
         worker = FakeRollout(wire, rank, controls[rank])
         try:
-            for _ in range(syncs):
-                asyncio.run(worker._receive_distributed())
+            for version in range(1, syncs + 1):
+                asyncio.run(worker._receive_distributed(version))
         except BaseException as exc:
             errors.append(exc)
         controls[rank].engine.tokenizer_manager.version = worker.weight_version

@@ -36,6 +36,7 @@ from vllm_boundary import (  # noqa: E402
     LoadableModel,
     NCCLWorker,
     RecordingEngine,
+    ServingEngine,
     ipc_worker,
     vllm_process_env,
 )
@@ -165,19 +166,19 @@ CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),  # a GPU e
                       rollout=SimpleNamespace(group_name="RolloutGroup", model=SimpleNamespace(precision="bf16")))
 
 
-def rollout_side(wire, rank, engine, backend, syncs, errors):
+def rollout_side(wire, rank, engine, backend, syncs, errors, versions=None):
     """One rollout rank: ``syncs`` times the worker's receive side (probe off: no logits in the header), with the
-    process environment its engine starts with."""
+    process environment its engine starts with; ``versions``: the driver's version of each sync (None: counted)."""
     w = FakeRollout(wire, rank)
     w._setup(CFG, verify_sync=True)
     w.sync_routes = SyncRoutes("broadcast" if backend == "nccl" else "paired", 1, 1)
     w.gpu_sync = VLLMGpuSync(engine, backend, sleep_level=2)
 
     async def go():
-        for _ in range(syncs):
+        for k in range(syncs):
             if backend == "ipc":
                 await w.gpu_sync.after_rollout()
-            await w._receive_and_load()
+            await w._receive_and_load(None if versions is None else versions[k])
         return w
 
     try:
@@ -186,9 +187,9 @@ def rollout_side(wire, rank, engine, backend, syncs, errors):
         errors.append(exc)
 
 
-def start_rollouts(wire, engines, backend, syncs=1):
+def start_rollouts(wire, engines, backend, syncs=1, versions=None):
     errors: list = []
-    threads = [threading.Thread(target=rollout_side, args=(wire, r, e, backend, syncs, errors), daemon=True)
+    threads = [threading.Thread(target=rollout_side, args=(wire, r, e, backend, syncs, errors, versions), daemon=True)
                for r, e in enumerate(engines)]
     for t in threads:
         t.start()
@@ -292,10 +293,10 @@ def test_nccl_route_call_order_on_both_sides():
     wire, broadcast, barrier = Wire(2, 2), [], threading.Barrier(3)
     engines = [RecordingEngine(NCCLWorker(barrier)), RecordingEngine(NCCLWorker(barrier))]
     with vllm_process_env(ENGINE_ENV["nccl"]):  # nothing: the NCCL payloads are plain msgpack
-        threads, rollout_errors = start_rollouts(wire, engines, "nccl", syncs=2)
+        threads, rollout_errors = start_rollouts(wire, engines, "nccl", syncs=2, versions=(5, 6))
         senders = nccl_senders(wire, routes, barrier, broadcast)
-        assert run_actor_ranks(senders, version=5) == []
-        assert run_actor_ranks(senders, version=6) == []
+        assert run_actor_ranks(senders, version=50) == []  # the actor's optimizer steps: not the weights' label
+        assert run_actor_ranks(senders, version=60) == []
         for t in threads:
             t.join(WAIT_S)
     assert rollout_errors == []
@@ -317,6 +318,62 @@ def test_nccl_route_call_order_on_both_sides():
     # only actor rank 0 talks to the rollout ranks; the other rank holds the same weights and sends nothing
     assert {src for src, _, _ in wire.sent} == {0}
     assert [type(m).__name__ for src, dst, m in wire.sent if dst == 1][:3] == ["SyncHeader", "EngineCall", "EngineCall"]
+
+
+def test_nccl_route_keeps_serving_and_each_turn_gets_one_version(monkeypatch):
+    """Disaggregated (written, not GPU-verified): the rollout worker serves a later batch's turns while the actor's
+    transfer runs. The turn running when START comes finishes on the old weights (pause in wait mode: one label,
+    the old one), a turn asked for during the transfer waits and is sampled by the new weights, labelled with the
+    driver's version at FINISH (the actor's header version is not the label)."""
+    from rlinf_ext.generation.vllm_engine import VLLMGenerator
+    from rlinf_ext.protocol.generation import SamplingParams
+    from tests.support.scripted import CharTokenizer
+
+    routes = SyncRoutes("broadcast", actor_world=1, rollout_dp=1)
+    wire, barrier = Wire(1, 1), threading.Barrier(2)
+    engine = ServingEngine(NCCLWorker(barrier))
+    w = FakeRollout(wire, 0)
+    w._setup(CFG, verify_sync=True)
+    w._attach(VLLMGenerator(engine, CharTokenizer(), [0], in_process=False), SamplingParams(max_new_tokens=4))
+    w.sync_routes, w.gpu_sync = routes, VLLMGpuSync(engine, "nccl")
+    turn = {"prompt_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 40}, "seed": 3}
+    outcome: dict = {}
+
+    async def rollout():
+        await w._label_initial_weights()
+        running = asyncio.create_task(w._generate({"channel_key": "b+1", **turn}))
+        while not engine.running:
+            await asyncio.sleep(0.001)
+        sync = asyncio.create_task(w._receive_and_load(5))
+        while not engine.paused:
+            await asyncio.sleep(0.001)
+        outcome["running at pause"] = engine.running == 1 and not running.done()
+        asked_during = asyncio.create_task(w._generate({"channel_key": "b+2", **turn}))
+        outcome["replies"] = [await running, await asked_during]
+        await sync
+
+    def rollout_thread():
+        try:
+            asyncio.run(rollout())
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=rollout_thread, daemon=True)
+    with vllm_process_env(ENGINE_ENV["nccl"]):
+        thread.start()
+        while not engine.running:
+            time.sleep(0.001)
+        assert run_actor_ranks(nccl_senders(wire, routes, barrier, []), version=50) == []
+        thread.join(WAIT_S)
+    assert "error" not in outcome, outcome.get("error")
+    first, second = outcome["replies"]
+    assert outcome["running at pause"]
+    assert first["weight_version"] == 0 and len(first["output_ids"]) == 40  # all 40 tokens on the old weights
+    assert second["weight_version"] == 5 == w.weight_version and engine.weight_version == "5"
+    assert [a["mode"] for n, a in engine.calls if n == "pause_generation"] == ["wait"]
+    assert [a["new_version"] for n, a in engine.calls if n == "update_weight_version"] == ["0"]
+    assert [a["weight_version"] for n, a in engine.calls if n == "finish_weight_update"] == ["5"]
+    assert ("set_weight_version", ["5"]) in engine.wire.sent and engine.serving
 
 
 @pytest.mark.slow

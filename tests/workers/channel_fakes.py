@@ -42,3 +42,30 @@ class Channel:
             raise AssertionError("a blocking Channel.put inside the async serving loop")
         self.items[key] = item
         return Op()
+
+
+class KeyedChannel:
+    """An RLinf channel whose ``get(key)`` waits for a ``put`` under that key: the generate channels between the
+    agent loop (``ChannelGenerator``) and a rollout worker's serving loop. ``log``: every put, in order, as
+    ``("put", key)``, shared with the test's other events."""
+
+    def __init__(self, log: list | None = None):
+        self.queues: dict = {}
+        self.log = log if log is not None else []
+
+    def _queue(self, key) -> asyncio.Queue:
+        return self.queues.setdefault(key, asyncio.Queue())
+
+    @checked_against(RLinfChannel.get)
+    def get(self, key="default_queue", async_op=False):
+        if not async_op:
+            raise AssertionError("a blocking Channel.get inside the async serving loop")
+        return Op(coro=self._queue(key).get())
+
+    @checked_against(RLinfChannel.put)
+    def put(self, item, weight=0, key="default_queue", async_op=False):
+        if not async_op:
+            raise AssertionError("a blocking Channel.put inside the async serving loop")
+        self.log.append(("put", key))
+        self._queue(key).put_nowait(item)
+        return Op()

@@ -178,7 +178,7 @@ STATE = {"model.embed_tokens.weight": torch.arange(16.0).view(4, 4), "lm_head.we
 
 def run_sync(worker, route):
     asyncio.run(worker.set_weight_sync(route))
-    return asyncio.run(worker._receive_and_load())
+    return asyncio.run(worker._receive_and_load(3))
 
 
 def test_collocated_order_release_then_weights_update_end_cache_flush_probe(engine_of):
@@ -262,7 +262,7 @@ def test_serving_loop_sends_the_shared_reply_and_merges_the_config(engine_of):
 
     items = asyncio.run(go())
     assert items["a"] == {"output_ids": [4, 7], "text": "<4><7>", "finish_reason": "eos", "matched_stop": None,
-                          "logprobs": None, "num_generated": 2}
+                          "logprobs": None, "num_generated": 2, "weight_version": 0}  # the engine's first weights
     assert "unknown sampling params" in items["b"]["error"] and w.requests_served == 1
 
 

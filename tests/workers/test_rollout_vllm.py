@@ -98,7 +98,8 @@ def test_serving_loop_answers_every_request_and_stops(generator):
     for i, ref in enumerate(alone):
         reply = items[f"k{i}"]
         assert reply["output_ids"] == ref.output_ids and reply["finish_reason"] == ref.finish_reason
-        assert set(reply) == {"output_ids", "text", "finish_reason", "matched_stop", "logprobs", "num_generated"}
+        assert set(reply) == {"output_ids", "text", "finish_reason", "matched_stop", "logprobs", "num_generated",
+                              "weight_version"}
     assert "error" in items["bad"] and w.requests_served == 4
 
 
@@ -123,7 +124,7 @@ def test_weight_sync_paired_route_loads_and_checks_probe(generator, model_dirs):
     assert len(buckets) > 3
     w = worker(generator, messages)
     asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
-    parts = asyncio.run(w._receive_and_load())
+    parts = asyncio.run(w._receive_and_load(3))
     state = asyncio.run(w.get_state())
     assert state["weight_version"] == 3 and state["last_sync_logprob_gap"] < 1e-4
     assert state["last_sync"]["buckets"] == len(buckets) == w.acks
@@ -141,6 +142,41 @@ def test_weight_sync_paired_route_loads_and_checks_probe(generator, model_dirs):
     # serving resumed after the refused sync
     out = asyncio.run(generator.generate([5, 6, 7], SamplingParams(max_new_tokens=2, do_sample=False)))
     assert len(out.output_ids) >= 1
+
+
+def test_a_sync_waits_for_the_turn_in_flight_and_vllm_labels_each_reply(generator, model_dirs):
+    """vLLM's own weight-version label on the replies: a sync requested while a turn is being generated pauses in
+    wait mode (the turn finishes on the old weights: the old greedy ids, one label), a turn asked for during the sync
+    waits and gets the new weights under the driver's version."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(str(model_dirs[0]), dtype=torch.float32).eval()
+    messages, _ = sync_messages(dict(target.state_dict()), probe_model=target)
+    w = worker(generator, messages)
+    asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
+    long = {"max_new_tokens": 24}
+    request = {"channel_key": "k", "prompt_ids": [5, 9, 11, 13, 17], "sampling_params": long, "seed": 1}
+    engine = generator.engine
+
+    async def go():
+        await w._label_initial_weights()
+        old = await w._generate(request)
+        in_flight = asyncio.create_task(w._generate(request))
+        while not engine._waiting:
+            await asyncio.sleep(0.001)
+        sync = asyncio.create_task(w._receive_and_load(5))
+        while not engine._paused:
+            await asyncio.sleep(0.001)
+        running_at_pause = bool(engine._waiting) and not in_flight.done()
+        during = asyncio.create_task(w._generate(request))
+        first, second = await in_flight, await during
+        await sync
+        return old, first, second, running_at_pause
+
+    old, first, second, running_at_pause = asyncio.run(go())
+    assert running_at_pause  # the sync began while the turn ran
+    assert old["weight_version"] == first["weight_version"] == 0 and first["output_ids"] == old["output_ids"]
+    assert second["weight_version"] == 5 == w.weight_version and second["output_ids"] != old["output_ids"]
 
 
 def test_gpu_engine_options_follow_the_placement(qwen2_head32_dirs):

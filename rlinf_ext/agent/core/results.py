@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from rlinf_ext.agent.core.types import Trajectory
-from rlinf_ext.protocol.payloads import AgentRolloutResult
+from rlinf_ext.protocol.payloads import AgentRolloutResult, pad_rows
 
 ENDED_TURNS = ("answer", "eos")  # end reasons of a trajectory that finished on its own
 
@@ -16,6 +16,20 @@ ENDED_TURNS = ("answer", "eos")  # end reasons of a trajectory that finished on 
 def canonical_order(trajectories: list) -> list:
     """Sort a group by content: with per-request seeds the *set* is reproducible, this makes the order too."""
     return sorted(trajectories, key=lambda t: (t.response_ids, t.response_text))
+
+
+def behaviour_logprobs(trajectories: list[Trajectory]) -> torch.Tensor | None:
+    """The engine's log-probs of a group as ``pad_rows`` ``[n, max len]``; None unless every trajectory has them."""
+    if any(t.rollout_logprobs is None for t in trajectories):
+        return None
+    return pad_rows([torch.tensor(t.rollout_logprobs, dtype=torch.float32) for t in trajectories])
+
+
+def token_versions(trajectories: list[Trajectory]) -> list[list[int]]:
+    """Each trajectory's per-token weight versions; empty unless every trajectory has them."""
+    if any(t.rollout_versions is None for t in trajectories):
+        return []
+    return [list(t.rollout_versions) for t in trajectories]
 
 
 def result_from_group(trajectories: list[Trajectory], prompt_text: str | None = None) -> AgentRolloutResult:
@@ -40,6 +54,8 @@ def result_from_group(trajectories: list[Trajectory], prompt_text: str | None = 
         num_searches=[int(t.metrics.get("searches", 0)) for t in trajectories],
         end_reasons=[t.end_reason for t in trajectories],
         trajectory_metrics=[dict(t.metrics) for t in trajectories],
+        rollout_logprobs=behaviour_logprobs(trajectories),
+        versions=token_versions(trajectories),
     )
 
 

@@ -34,6 +34,7 @@ class TurnRecord:
     tool_ok: bool | None = None  # the call succeeded (None: no call ran)
     logprobs: list[float] | None = None
     generated_tokens: int | None = None  # what the engine produced (> len(response_ids) only if it cut)
+    weight_version: int | None = None  # the weights that sampled the turn (GenerationResult.weight_version)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Trajectory:
     reward: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     rollout_logprobs: list[float] | None = None  # per response token; 0.0 on observation tokens
+    rollout_versions: list[int] | None = None  # per response token: its turn's weight version; -1 on observation tokens
     end_reason: str = ""  # answer | eos | max_turns | response_budget | no_answer_after_final_turn
 
     @property

@@ -114,7 +114,7 @@ def _drop_banned(result: GenerationResult, tokenizer: Any, banned: set[int]) -> 
     ids = [result.output_ids[i] for i in keep]
     logprobs = None if result.logprobs is None else [result.logprobs[i] for i in keep]
     return GenerationResult(ids, tokenizer.decode(ids), "length", result.matched_stop, logprobs,
-                            result.generated_tokens), dropped
+                            result.generated_tokens, result.weight_version), dropped
 
 
 class _Run(ResponseBuffer):
@@ -163,8 +163,9 @@ class _Run(ResponseBuffer):
         return build_observation(self.p, self.prompts, body, [], self.task.question,
                                     self.prompts.after_text_search, after_im_end, truncated)
 
-    def append(self, sampled: list[int], logprobs: list[float] | None, obs: Observation | None) -> None:
-        self.add_sampled(sampled, logprobs)
+    def append(self, sampled: list[int], logprobs: list[float] | None, version: int | None,
+               obs: Observation | None) -> None:
+        self.add_sampled(sampled, logprobs, version)
         if obs is not None:
             self.add_observation(obs.ids)
             self.images += obs.images
@@ -191,7 +192,8 @@ async def _turn(run: _Run, base: SamplingParams, turn_index: int) -> str:
                           text=result.text, action=action, finish_reason=result.finish_reason,
                           matched_stop=result.matched_stop, query=content if action == "text_search" else None,
                           logprobs=None if result.logprobs is None else list(result.logprobs),
-                          generated_tokens=result.generated_tokens, banned_dropped=dropped)
+                          generated_tokens=result.generated_tokens, weight_version=result.weight_version,
+                          banned_dropped=dropped)
     end, obs = "", None
     if action in ("image_search", "text_search") and run.limit_reached(action, turn_index):
         record.action, end = "search_limit", "search_limit"
@@ -204,7 +206,7 @@ async def _turn(run: _Run, base: SamplingParams, turn_index: int) -> str:
         end = action  # answer | eos | invalid
     if obs is not None:
         record.observation_ids, record.observation_images = list(obs.ids), list(obs.images)
-    run.append(list(result.output_ids), result.logprobs, obs)
+    run.append(list(result.output_ids), result.logprobs, result.weight_version, obs)
     run.turns.append(record)
     return end
 
@@ -238,7 +240,8 @@ def _finish(run: _Run, uid: str | None, end_reason: str) -> VLTrajectory:
     trajectory = VLTrajectory(
         uid=uid or uuid.uuid4().hex, prompt_ids=list(run.prompt_ids), response_ids=run.response_ids,
         response_mask=run.response_mask, turns=run.turns, response_text=run.p.tokenizer.decode(run.response_ids),
-        answers=list(task.answers), rollout_logprobs=run.logprobs, end_reason=end_reason, images=run.images,
+        answers=list(task.answers), rollout_logprobs=run.logprobs,
+        rollout_versions=run.versions, end_reason=end_reason, images=run.images,
         data_id=task.data_id, category=task.category, data_source=task.data_source, question=task.question)
     trajectory.metrics = {"turns": float(len(run.turns)), **{k: float(v) for k, v in run.counts.items()},
                           **run.length_metrics()}

@@ -56,7 +56,7 @@ class _Rollout(ResponseBuffer):
                observation: Observation | None) -> None:
         """Add one turn: the sampled ids (mask 1), then the observation (mask 0) if a token still fits after it."""
         sampled = list(result.output_ids)
-        self.add_sampled(sampled, result.logprobs)
+        self.add_sampled(sampled, result.logprobs, result.weight_version)
         observation_ids: list[int] = []
         if observation is not None:
             # An observation is useful only if at least one token can be generated after it.
@@ -71,7 +71,7 @@ class _Rollout(ResponseBuffer):
             tool=call.tool if call else None, query=call.content if call else None,
             tool_ok=call.ok if call else None,
             logprobs=None if result.logprobs is None else list(result.logprobs),
-            generated_tokens=result.generated_tokens,
+            generated_tokens=result.generated_tokens, weight_version=result.weight_version,
         ))
 
 
@@ -133,6 +133,7 @@ def _finish(state: _Rollout, uid: str | None, prompt_ids: list[int], answers: An
         response_text=tokenizer.decode(state.response_ids),
         answers=answers,
         rollout_logprobs=state.logprobs,
+        rollout_versions=state.versions,
         end_reason=state.end_reason,
     )
     trajectory.metrics = {

@@ -1,0 +1,202 @@
+"""The HF rollout worker's logic on CPU without Ray (``HFRolloutState``): weight versions across a sync that lands while
+the agent loop is mid-trajectory. The real parts: the HF engine on a tiny Qwen2, the serving loop, the agent loop's
+``ChannelGenerator`` and the Search-R1 loop over RLinf-checked fake channels, and the weight sync's paired route
+(shared-memory handle buckets, acknowledgements, ``SYNC_END``, the logits probe); only the transport between the
+actor's and the rollout's processes is a fake (``FakeTransport``, bound to RLinf's ``Worker.recv``/``send``)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+import torch
+from rlinf.scheduler import Worker as RLinfWorker
+
+from channel_fakes import KeyedChannel, Op
+from signature_checks import bind_like
+from rlinf_ext.agent.core.response import OBSERVATION_VERSION, check_mask_invariant
+from rlinf_ext.agent.core.results import result_from_group
+from rlinf_ext.agent.searchr1.config import LoopSettings
+from rlinf_ext.agent.searchr1.loop import run_trajectory
+from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams
+from rlinf_ext.sync.weight_sync import SYNC_ACK, SYNC_END, SyncHeader, SyncRoutes, pack_buckets, prepare_handles, share_bucket
+from rlinf_ext.workers.agent_loop import ChannelGenerator
+from rlinf_ext.workers.rollout_hf import HFRolloutState
+from rlinf_ext.workers.rollout_serving import INITIAL_WEIGHT_VERSION
+from tests.agent.test_loop import RecordingSearch
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # slow: two tiny HF models and real generation
+
+CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"), rollout=SimpleNamespace(group_name="RolloutGroup"))
+DRIVER_VERSION = 7  # the training steps behind the synced weights, as the driver passes them
+
+
+class FakeTransport(HFRolloutState):
+    """What ``receive_weights`` calls on the worker (paired route), each call bound to the installed RLinf ``Worker``
+    method; ``log`` records each message taken (shared with the channels' puts: one order of events)."""
+
+    def __init__(self, messages, log):
+        self._rank = 0
+        self.inbox, self.log = list(messages), log
+
+    def recv(self, group, src, async_op=True):
+        bind_like(RLinfWorker.recv, self, group, src, async_op=async_op)
+        message = self.inbox.pop(0)
+        self.log.append(("recv", type(message).__name__))
+        return Op(message)
+
+    def send(self, obj, group, dst, async_op=True):
+        bind_like(RLinfWorker.send, self, obj, group, dst, async_op=async_op)
+        assert obj == SYNC_ACK
+        return Op()
+
+
+@pytest.fixture(scope="module")
+def models(qwen2_head32_pair):
+    from transformers import AutoModelForCausalLM
+
+    return [AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval() for d in qwen2_head32_pair]
+
+
+def sync_messages(model) -> list:
+    """One paired-route sync of ``model``'s weights as the actor sends it: header with the probe's logits, handle
+    buckets, ``SYNC_END``."""
+    prepare_handles(torch.device("cpu"))
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    buckets = [share_bucket(b) for b in pack_buckets(state.items(), max_bytes=64 << 10, shared=True)]
+    ids = torch.arange(3, 15).reshape(1, -1)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    return [SyncHeader(version=123, sender=0, probe_ids=ids, probe_logits=logits)] + buckets + [SYNC_END]
+
+
+def worker(model_dir, new_model, log) -> FakeTransport:
+    from rlinf_ext.generation.hf import HFGenerator
+
+    w = FakeTransport(sync_messages(new_model), log)
+    w._setup(CFG, verify_sync=True, sync_atol=1e-4)
+    w.generator = HFGenerator.from_pretrained(str(model_dir), dtype="float32", max_batch_size=4, return_logprobs=True)
+    w.defaults = SamplingParams(max_new_tokens=8, do_sample=False)
+    w.sync_routes = SyncRoutes("paired", actor_world=1, rollout_dp=1)
+    return w
+
+
+async def serving(w: FakeTransport, log: list):
+    """The worker's serving loop and an agent-loop generator wired by keyed channels (as the runner wires them)."""
+    requests, replies = KeyedChannel(log), KeyedChannel(log)
+    loop = asyncio.get_running_loop().create_task(w.rollout_serverless(requests, replies))
+    return ChannelGenerator(requests, replies, step_seed=0), requests, loop
+
+
+async def stop(requests: KeyedChannel, loop: asyncio.Task) -> None:
+    await requests.put({"channel_key": STOP_SERVING}, async_op=True).async_wait()
+    await loop
+
+
+async def until(condition, what: str, timeout_s: float = 30.0) -> None:
+    """Wait for ``condition()``; a clear failure instead of a hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"waited {timeout_s:g} s for {what}")
+        await asyncio.sleep(0.001)
+
+
+class SyncAfterFirstTurn:
+    """The agent loop's generator; the driver's weight sync lands after the first turn's reply, while the trajectory
+    is between its first and second turn (where a tool call would be running)."""
+
+    def __init__(self, inner, sync):
+        self.inner, self.sync, self.turns = inner, sync, 0
+
+    async def generate(self, prompt_ids, sampling_params, images=None):
+        result = await self.inner.generate(prompt_ids, sampling_params, images)
+        self.turns += 1
+        if self.turns == 1:
+            await self.sync()
+        return result
+
+
+def test_a_sync_between_two_turns_gives_each_turn_its_own_version(qwen2_head32_pair, models):
+    """The real Search-R1 loop over the real HF worker: the first turn's tokens carry the initial version, the turns
+    after the sync the driver's version, observation tokens -1; the result's versions and behaviour log-probs line
+    up with the response ids."""
+    from transformers import AutoTokenizer
+
+    log: list = []
+    w = worker(qwen2_head32_pair[0], models[1], log)
+    tok = AutoTokenizer.from_pretrained(str(qwen2_head32_pair[0]))
+    prompt = tok.encode("Question 3: which city is the capital of country 3?", add_special_tokens=False)
+    settings = LoopSettings(max_turns=2, response_length_total=200, max_obs_length=40)
+
+    async def go():
+        generator, requests, loop = await serving(w, log)
+        gen = SyncAfterFirstTurn(generator, lambda: w._receive_and_load(DRIVER_VERSION))
+        traj = await run_trajectory(gen, tok, prompt, ["city 1"], settings, [RecordingSearch()],
+                                    sampling_params=SamplingParams(max_new_tokens=8, do_sample=False), uid="u")
+        await stop(requests, loop)
+        return traj
+
+    traj = asyncio.run(go())
+    assert len(traj.turns) >= 2, [t.action for t in traj.turns]  # the random model's turns are invalid: a retry follows
+    assert [t.weight_version for t in traj.turns] == [INITIAL_WEIGHT_VERSION] + [DRIVER_VERSION] * (len(traj.turns) - 1)
+    first = traj.turns[0]
+    assert first.observation_ids, "the first turn's observation (mask 0) sits between the two versions"
+    expected = []
+    for turn in traj.turns:
+        expected += [turn.weight_version] * len(turn.response_ids) + [OBSERVATION_VERSION] * len(turn.observation_ids)
+    assert traj.rollout_versions == expected
+    assert [v for v, m in zip(traj.rollout_versions, traj.response_mask) if not m] == \
+        [OBSERVATION_VERSION] * traj.response_mask.count(0)
+    check_mask_invariant(traj)
+    assert w.weight_version == DRIVER_VERSION and w.last_sync_logit_diff < 1e-4  # the new weights, checked
+
+    # the group's result: per-token versions and behaviour log-probs shaped like the response ids
+    result = result_from_group([traj, traj])
+    assert result.versions == [traj.rollout_versions] * 2
+    n = len(traj.response_ids)
+    assert tuple(result.rollout_logprobs.shape) == (2, n) and result.response_lengths == [n, n]
+    assert torch.equal(result.rollout_logprobs[0], torch.tensor(traj.rollout_logprobs))
+    assert all(result.rollout_logprobs[0, i] == 0.0 for i, m in enumerate(traj.response_mask) if not m)
+
+
+def test_a_sync_waits_for_the_generate_in_flight(qwen2_head32_pair, models):
+    """A sync requested while a turn is being generated: the turn finishes on the old weights (its ids are the old
+    model's greedy ids, stamped with the old version) before any bucket is taken; a turn asked for during the sync
+    waits and is generated by the new weights under the new version."""
+    log: list = []
+    w = worker(qwen2_head32_pair[0], models[1], log)
+    long = SamplingParams(max_new_tokens=24, do_sample=False)
+    prompt = [5, 9, 11, 13, 17]
+    old_ids = w.generator.generate_batch_sync([prompt], long)[0].output_ids
+
+    async def go():
+        generator, requests, loop = await serving(w, log)
+        in_flight = asyncio.create_task(generator.generate(prompt, long))
+        await until(lambda: w.gate.in_flight, "the turn to be in flight")
+        sync = asyncio.create_task(w._receive_and_load(DRIVER_VERSION))
+        await until(lambda: w.gate.paused or sync.done(), "the sync to pause the worker")
+        assert w.gate.in_flight == 1 and not in_flight.done()  # the pause began with the turn still running
+        during = asyncio.create_task(generator.generate(prompt, long))
+        first, second = await asyncio.wait_for(in_flight, 60), await asyncio.wait_for(during, 60)
+        await asyncio.wait_for(sync, 60)
+        await stop(requests, loop)
+        return first, second
+
+    first, second = asyncio.run(go())
+    assert first.weight_version == INITIAL_WEIGHT_VERSION and first.output_ids == old_ids
+    assert second.weight_version == DRIVER_VERSION
+    assert second.output_ids == w.generator.generate_batch_sync([prompt], long)[0].output_ids != old_ids
+    replies = [i for i, e in enumerate(log) if e[0] == "put" and e[1] != "default_queue"]
+    buckets = [i for i, e in enumerate(log) if e == ("recv", "HandleBucket")]
+    assert replies[0] < buckets[0] and buckets[-1] < replies[1], log  # old turn, then the load, then the new turn
+
+
+def test_versions_count_by_one_without_the_drivers_version(qwen2_head32_pair, models):
+    log: list = []
+    w = worker(qwen2_head32_pair[0], models[1], log)
+    assert w.weight_version == INITIAL_WEIGHT_VERSION == 0
+    asyncio.run(w._receive_and_load())
+    assert w.weight_version == 1 and asyncio.run(w.get_state())["weight_version"] == 1
