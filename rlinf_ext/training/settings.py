@@ -71,6 +71,7 @@ class ActorSettings:
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, total_train_steps: int) -> ActorSettings:
         alg, actor = cfg.algorithm, cfg.actor
+        off_policy = alg.off_policy
         if alg.loss_agg_func != "token-mean":
             raise ValueError(f"algorithm.loss_agg_func={alg.loss_agg_func!r}: only 'token-mean' is implemented.")
         if alg.kl_beta > 0 and alg.kl_penalty_type != "low_var_kl":
@@ -89,6 +90,9 @@ class ActorSettings:
                 clip_ratio_c=None if alg.clip_ratio_c is None else float(alg.clip_ratio_c),
                 kl_beta=float(alg.kl_beta),
                 entropy_bonus=float(alg.entropy_bonus),
+                behaviour_weight=str(off_policy.behaviour_weight),
+                behaviour_weight_cap=float(off_policy.behaviour_weight_cap),
+                behaviour_weight_floor=float(off_policy.behaviour_weight_floor),
             ),
             shuffle_rollout=bool(alg.shuffle_rollout),
             optimizer=str(actor.optim.optimizer),
