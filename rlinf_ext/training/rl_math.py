@@ -116,7 +116,7 @@ def behaviour_weights(
         raise ValueError(f"algorithm.off_policy.behaviour_weight={mode!r}; use one of {BEHAVIOUR_WEIGHT_MODES}.")
     mask = loss_mask.bool()
     prox, behav = proximal_logprobs.detach().float(), behaviour_logprobs.detach().float()
-    raw = torch.exp(torch.where(mask, prox - behav, 0.0))  # off the loss tokens: exp(0), never an overflow
+    raw = torch.exp(prox - behav)  # off the loss tokens anything (inf, nan): replaced by 0 below
     if mode == "truncate":
         clipped = raw > cap
         w = torch.clamp(raw, max=cap)

@@ -252,7 +252,7 @@ def test_weighting_the_loss_equals_weighting_the_advantages(mode):
 def test_behaviour_weight_is_finite_and_zero_gradient_off_the_loss_tokens():
     lp, prox, adv, mask, _, _ = _random_batch(3)
     # garbage off the loss tokens (a padded proximal row, an observation's 0.0): no inf * 0 = nan
-    prox_in = torch.where(mask.bool(), prox, torch.full_like(prox, 80.0))
+    prox_in = torch.where(mask.bool(), prox, torch.full_like(prox, float("inf")))
     behav = torch.where(mask.bool(), prox + 0.2, 0.0)
     loss, m = grpo_actor_loss(lp, prox_in, adv, mask, _off_policy("truncate"), behaviour_logprobs=behav)
     loss.backward()
