@@ -81,7 +81,8 @@ def samples_of(results: list[AgentRolloutResult]) -> list[Sample]:
 
 
 def _row(rows, i: int, n: int) -> torch.Tensor | None:
-    """Row ``i``'s first ``n`` values as float32 (``rows``: a ``[N, max_len]`` tensor, RLinf's list of lists, or None)."""
+    """Row ``i``'s first ``n`` values as float32 (``rows``: a ``[N, max_len]`` tensor, RLinf's list of lists, or
+    None)."""
     if rows is None or rows[i] is None:
         return None
     row = rows[i][:n]

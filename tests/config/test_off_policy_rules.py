@@ -13,7 +13,8 @@ def _issues(overrides):
 
 
 @pytest.mark.parametrize("overrides, key, words", [
-    (["algorithm.off_policy.behaviour_weight_cap=0.9"], "algorithm.off_policy.behaviour_weight_cap", ("below 1", ">= 1")),
+    (["algorithm.off_policy.behaviour_weight_cap=0.9"], "algorithm.off_policy.behaviour_weight_cap",
+     ("below 1", ">= 1")),
     (["algorithm.off_policy.behaviour_weight_floor=1.5"], "algorithm.off_policy.behaviour_weight_floor", ("(0, 1]",)),
     (["algorithm.off_policy.behaviour_weight_floor=0"], "algorithm.off_policy.behaviour_weight_floor", ("(0, 1]",)),
 ])
@@ -32,7 +33,8 @@ def test_edges_of_the_range_are_accepted(reference_env):
 
 def test_actor_settings_carry_the_off_policy_keys(reference_env):
     default = ActorSettings.from_config(load_config("tiny-cpu"), 1).loss
-    assert (default.behaviour_weight, default.behaviour_weight_cap, default.behaviour_weight_floor) == ("truncate", 2.0, 0.5)
+    assert (default.behaviour_weight, default.behaviour_weight_cap, default.behaviour_weight_floor) == (
+        "truncate", 2.0, 0.5)
     cfg = load_config("tiny-cpu", ["algorithm.off_policy.behaviour_weight=mask",
                                    "algorithm.off_policy.behaviour_weight_cap=3",
                                    "algorithm.off_policy.behaviour_weight_floor=0.25"])

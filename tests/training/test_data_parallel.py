@@ -6,9 +6,10 @@ ranks, rollout shuffled, 2 mini-batches; (b) each rank holds one whole mini-batc
 (a rank with no sample still joins the token count and the gradient sum). The gradients go through Megatron's
 DistributedDataParallel (summed, not averaged); Adam's state is sharded with ZeroRedundancyOptimizer in the first
 scenario and whole in the second. The samples carry engine log-probs: the first scenario weights its loss by them
-(decoupled PPO, truncated; the behaviour metrics merged over the ranks), the second ignores them. The DP2-vs-DP1 difference is ~1e-7 against weight changes of ~6e-3; checked by
-hand when this file was written: with DDP's default mean instead of the sum (calculate_per_token_loss=False) it
-is 1.3e-3 (0.24x the weight change), with per-rank instead of global token counts 2.0e-3 (0.38x): the tests fail.
+(decoupled PPO, truncated; the behaviour metrics merged over the ranks), the second ignores them. The DP2-vs-DP1
+difference is ~1e-7 against weight changes of ~6e-3; checked by hand when this file was written: with DDP's default
+mean instead of the sum (calculate_per_token_loss=False) it is 1.3e-3 (0.24x the weight change), with per-rank
+instead of global token counts 2.0e-3 (0.38x): the tests fail.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ REL_TOL = 1e-4
 LOSS = LossConfig(ratio_clip_eps=0.2, kl_beta=0.05, entropy_bonus=0.01, behaviour_weight="truncate")
 SCENARIOS = {
     # name: (settings overrides, groups of rank 0, groups of rank 1) -- rank lists deliberately unsorted;
-    # the first shards Adam's state over the ranks (ZeroRedundancyOptimizer), the second keeps it whole
-    # the samples carry engine log-probs: the first weights the loss by them (decoupled PPO, truncated), the second
-    # ignores them (behaviour_weight none)
+    # the first shards Adam's state over the ranks (ZeroRedundancyOptimizer), the second keeps it whole; the samples
+    # carry engine log-probs: the first weights the loss by them (decoupled PPO, truncated), the second ignores them
     "interleaved_shuffled": ({"shuffle_rollout": True}, ["g3", "g0"], ["g2", "g1"]),
     "one_minibatch_per_rank": ({"shuffle_rollout": False, "use_distributed_optimizer": False,
-                                "loss": dataclasses.replace(LOSS, behaviour_weight="none")}, ["g0", "g1"], ["g3", "g2"]),
+                                "loss": dataclasses.replace(LOSS, behaviour_weight="none")},
+                               ["g0", "g1"], ["g3", "g2"]),
 }
 OPTIMIZER = {"interleaved_shuffled": "ZeroRedundancyOptimizer", "one_minibatch_per_rank": "AdamW"}
 
@@ -68,7 +69,8 @@ def _groups(vocab: int) -> dict[str, list[Sample]]:
             m = [1] * len(r)
             m[1 : 1 + k] = [0] * k  # observations of varying length
             old = -2.0 - 0.1 * torch.rand(len(r), generator=g)
-            behaviour = torch.where(torch.tensor(m, dtype=torch.bool), old - 0.5 * torch.randn(len(r), generator=g), 0.0)
+            sampled = torch.tensor(m, dtype=torch.bool)
+            behaviour = torch.where(sampled, old - 0.5 * torch.randn(len(r), generator=g), 0.0)
             samples.append(Sample(p, r, m, reward=float((k + j) % 2) + 0.25 * k, old_logprobs=old,
                                   ref_logprobs=-2.0 - 0.1 * torch.rand(len(r), generator=g),
                                   behaviour_logprobs=behaviour))

@@ -47,6 +47,7 @@ def _train(model, mode, samples):
     return metrics, policy.megatron_state_dict()
 
 
+@pytest.mark.slow  # three policies, three steps: 1 to 9 s on 2 shared cores
 @pytest.mark.timeout(120)
 def test_mode_none_and_behaviour_equal_to_proximal_train_as_today(tiny_model, actor_samples):
     """Regression anchors: with ``behaviour_weight: none`` the engine's log-probs change nothing, and with the engine
