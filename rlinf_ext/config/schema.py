@@ -151,7 +151,8 @@ class OffPolicyConfig:
         "zeroes it outside [behaviour_weight_floor, behaviour_weight_cap], 'none' keeps w = 1 (the plain clipped "
         "loss). Applies only when the engine's log-probs reach the actor (rollout.return_logprobs: true; "
         "runner.max_staleness > 0 requires them); without them the loss is the plain one and the "
-        "actor/behaviour_* metrics are absent. A step where some trajectories have them and others not is refused.")
+        "actor/behaviour_* metrics are absent, except with runner.max_staleness > 0, where the step is refused, as is "
+        "a step where some trajectories have them and others not.")
     behaviour_weight_cap: float = fld(
         2.0, "Upper bound C of the behaviour weight: truncation point ('truncate') or upper edge of the kept range "
         "('mask'); >= 1.")

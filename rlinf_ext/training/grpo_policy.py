@@ -125,8 +125,9 @@ class GRPOPolicy:
     def uses_behaviour(self, samples: Sequence[Sample], global_size: int | None = None) -> bool:
         """Whether the step weights its loss by the engine's log-probs: ``algorithm.off_policy.behaviour_weight`` is
         not ``none`` and every sample (of every rank: ``global_size`` samples in all) carries them. None carry them
-        when the engine returns none (``rollout.return_logprobs: false``): the loss is then the plain clipped one.
-        Some but not all is refused: a trajectory whose log-probs were lost would train with the wrong weight."""
+        when the engine returns none (``rollout.return_logprobs: false``): the loss is then the plain clipped one,
+        except with ``behaviour_required`` (``runner.max_staleness > 0``), which refuses it. Some but not all is
+        refused: a trajectory whose log-probs were lost would train with the wrong weight."""
         if self.settings.loss.behaviour_weight == "none":
             return False
         have = 0
@@ -140,6 +141,12 @@ class GRPOPolicy:
         total = len(samples) if global_size is None else global_size
         if global_size is not None and self.dp.enabled:
             have = int(round(self.dp.sum_float(float(have), self.device)))
+        if have == 0 and total and self.settings.behaviour_required:
+            raise ValueError(
+                "no trajectory of the step has engine log-probs, but runner.max_staleness > 0 trains on samples of "
+                f"older weights and algorithm.off_policy.behaviour_weight={self.settings.loss.behaviour_weight!r} "
+                "corrects for that with them. Set rollout.return_logprobs=true (and check that the engine returns "
+                "them).")
         if have not in (0, total):
             raise ValueError(
                 f"{total - have} of the step's {total} trajectories have no engine log-probs while the others have: "

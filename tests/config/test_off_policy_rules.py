@@ -38,5 +38,14 @@ def test_actor_settings_carry_the_off_policy_keys(reference_env):
     cfg = load_config("tiny-cpu", ["algorithm.off_policy.behaviour_weight=mask",
                                    "algorithm.off_policy.behaviour_weight_cap=3",
                                    "algorithm.off_policy.behaviour_weight_floor=0.25"])
-    loss = ActorSettings.from_config(cfg, 1).loss
+    settings = ActorSettings.from_config(cfg, 1)
+    loss = settings.loss
     assert (loss.behaviour_weight, loss.behaviour_weight_cap, loss.behaviour_weight_floor) == ("mask", 3.0, 0.25)
+    assert not settings.behaviour_required  # synchronous: a step without engine log-probs trains unweighted
+
+
+@pytest.mark.parametrize("mode, required", [("truncate", True), ("none", False)])
+def test_async_runs_require_engine_logprobs_unless_the_weight_is_off(reference_env, mode, required):
+    cfg = load_config("tiny-cpu", [f"algorithm.off_policy.behaviour_weight={mode}"])
+    cfg.runner.max_staleness = 1  # runner.max_staleness: the driver's key (set as the loaded config holds it)
+    assert ActorSettings.from_config(cfg, 1).behaviour_required is required

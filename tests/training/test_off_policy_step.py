@@ -98,4 +98,13 @@ def test_a_step_with_some_engine_logprobs_missing_is_refused(tiny_model, actor_s
     samples[3].behaviour_logprobs = torch.zeros(2)
     with pytest.raises(ValueError, match="must line up"):
         policy.train_step(samples, step=0)
+    # asynchronous (runner.max_staleness > 0): none at all is refused too, instead of training uncorrected
+    without = _with_behaviour(samples, None)
+    policy.settings.behaviour_required = True
+    with pytest.raises(ValueError, match="rollout.return_logprobs=true"):
+        policy.train_step(without, step=0)
+    policy.settings.loss = dataclasses.replace(policy.settings.loss, behaviour_weight="none")
+    policy.settings.behaviour_required = False
     assert policy.optimizer_steps == 0
+    policy.train_step(without, step=0)
+    assert policy.optimizer_steps == 2
