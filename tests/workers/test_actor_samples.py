@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from rlinf_ext.protocol.payloads import AgentRolloutResult, pad_rows
+from rlinf_ext.training.grpo_policy import MMSample
 from rlinf_ext.workers.actor import samples_of
 
 
@@ -30,6 +31,10 @@ def test_engine_logprobs_and_versions_reach_the_samples():
     # RLinf's own type for the field, a list of lists, reads the same
     listed = samples_of([_result(rollout_logprobs=[[-0.11, 0.0, -0.31], [-0.41, -0.51]])])
     assert all(torch.equal(a.behaviour_logprobs, b.behaviour_logprobs) for a, b in zip(listed, samples))
+    # the vision-language actor's samples (a result with images) carry them the same way
+    mm = samples_of([_result(rollout_logprobs=res.rollout_logprobs, trajectory_images=[[], []])])
+    assert all(isinstance(s, MMSample) for s in mm)
+    assert all(torch.equal(a.behaviour_logprobs, b.behaviour_logprobs) for a, b in zip(mm, samples))
 
 
 def test_without_engine_logprobs_the_samples_have_none():
