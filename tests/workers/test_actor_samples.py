@@ -40,3 +40,6 @@ def test_engine_logprobs_and_versions_reach_the_samples():
 def test_without_engine_logprobs_the_samples_have_none():
     samples = samples_of([_result()])
     assert all(s.behaviour_logprobs is None and s.versions is None for s in samples)
+    res = _result()
+    res.versions = [[], []]  # an engine that stamps no version
+    assert all(s.versions is None for s in samples_of([res]))
