@@ -144,6 +144,23 @@ class SamplingParamsConfig:
 
 
 @dataclass
+class OffPolicyConfig:
+    behaviour_weight: Literal["truncate", "mask", "none"] = fld(
+        "truncate", "Decoupled PPO: each loss token's clipped surrogate is weighted by w = pi_prox / pi_behav (the "
+        "actor's recompute over the engine's sampled log-probs): 'truncate' caps w at behaviour_weight_cap, 'mask' "
+        "zeroes it outside [behaviour_weight_floor, behaviour_weight_cap], 'none' keeps w = 1 (the plain clipped "
+        "loss). Applies only when the engine's log-probs reach the actor (rollout.return_logprobs: true; "
+        "runner.max_staleness > 0 requires them); without them the loss is the plain one and the "
+        "actor/behaviour_* metrics are absent, except with runner.max_staleness > 0, where the step is refused, as is "
+        "a step where some trajectories have them and others not.")
+    behaviour_weight_cap: float = fld(
+        2.0, "Upper bound C of the behaviour weight: truncation point ('truncate') or upper edge of the kept range "
+        "('mask'); >= 1.")
+    behaviour_weight_floor: float = fld(
+        0.5, "Lower edge of the kept range of the behaviour weight in 'mask' mode; in (0, 1].")
+
+
+@dataclass
 class AlgorithmConfig:
     adv_type: Literal["grpo", "grpo_dynamic"] = fld("grpo", "Advantage estimator.")
     advantage_mode: Literal["trajectory"] = fld("trajectory", "One advantage per trajectory, broadcast to tokens.")
@@ -162,6 +179,8 @@ class AlgorithmConfig:
     shuffle_rollout: bool = fld(False, "Shuffle trajectories before splitting into minibatches.")
     normalize_advantages: bool = fld(False, "Normalise advantages over the batch.")
     sampling_params: SamplingParamsConfig = fld(SamplingParamsConfig, "Rollout sampling parameters.")
+    off_policy: OffPolicyConfig = fld(
+        OffPolicyConfig, "Off-policy correction with the engine's log-probs (decoupled PPO behaviour weight).")
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -239,8 +258,9 @@ class RolloutConfig:
         "(`rlinf-ext plan` shows the split; validate refuses a fraction that cannot cache one runner.seq_length "
         "sequence).")
     return_logprobs: bool = fld(
-        False, "Engine returns the sampled tokens' log-probs; the loop keeps them on each turn and trajectory for "
-        "inspection. Training always uses the actor's recomputed log-probs.")
+        False, "Engine returns the sampled tokens' log-probs; the loop keeps them on each turn and trajectory, and the "
+        "actor weights its loss by them (algorithm.off_policy). The PPO ratio's anchor stays the actor's recomputed "
+        "log-probs.")
     enforce_eager: bool = fld(False, "Disable CUDA graphs.")
     distributed_executor_backend: str = fld("mp", "vLLM executor backend (mp, ray).")
     max_running_requests: int = fld(128, "Concurrent requests per engine.")

@@ -35,6 +35,13 @@ SYNC_LOGPROB_GAP = "rollout/sync_logprob_gap"  # the engine's probe log-probs vs
 ACTOR_PREFIX = "actor"
 ACTOR_LOSS = "actor/loss"
 ACTOR_OPTIMIZER_STEPS = "actor/optimizer_steps"
+# decoupled PPO (training/rl_math.py:behaviour_weights), over the loss tokens, only on steps whose samples carry the
+# engine's log-probs: the mean applied weight pi_prox / pi_behav (after truncation or masking), the fraction of
+# tokens truncated or masked, and the k3 (low-variance) estimate of KL(pi_behav || pi_prox)
+ACTOR_BEHAVIOUR_WEIGHT_MEAN = "actor/behaviour_weight_mean"
+ACTOR_BEHAVIOUR_WEIGHT_CLIP_FRACTION = "actor/behaviour_weight_clip_fraction"
+ACTOR_BEHAVIOUR_KL = "actor/behaviour_kl"
+ACTOR_BEHAVIOUR_METRICS = (ACTOR_BEHAVIOUR_WEIGHT_MEAN, ACTOR_BEHAVIOUR_WEIGHT_CLIP_FRACTION, ACTOR_BEHAVIOUR_KL)
 
 # trainer: phase times (seconds) and throughput
 TIME_ROLLOUT = "time/rollout"
@@ -64,6 +71,11 @@ def agent_metric(name: str) -> str:
 def prefixed(prefix: str, name: str) -> str:
     """``<prefix>/<name>`` (rollout/..., actor/...)."""
     return f"{prefix}/{name}"
+
+
+def actor_name(key: str) -> str:
+    """The name under which the actor returns an ``actor/<name>`` metric (the trainer adds the prefix back)."""
+    return key.removeprefix(ACTOR_PREFIX + "/")
 
 
 def mm_category_metric(category: str, name: str, prefix: str = ROLLOUT_PREFIX) -> str:

@@ -34,8 +34,11 @@ class Sample:
     response_ids: list[int]
     response_mask: list[int]
     reward: float = 0.0
-    old_logprobs: torch.Tensor | None = None  # [len(response_ids)]
+    old_logprobs: torch.Tensor | None = None  # [len(response_ids)]: the actor's recompute (the proximal policy)
     ref_logprobs: torch.Tensor | None = None  # [len(response_ids)]
+    # the engine's sampled log-probs [len(response_ids)], 0.0 on observation tokens (None: the engine gave none)
+    behaviour_logprobs: torch.Tensor | None = None
+    versions: list[int] | None = None  # per response token: the weight version that sampled it, -1 on observations
 
 
 @dataclass
@@ -97,19 +100,60 @@ class GRPOPolicy:
         )
         return adv[:, 0]
 
-    def _micro_loss(self, chunk: Sequence[Sample], chunk_adv: torch.Tensor, num_tokens: float):
+    def _micro_loss(self, chunk: Sequence[Sample], chunk_adv: torch.Tensor, num_tokens: float,
+                    behaviour: bool | None = None):
+        """Loss and metrics of one micro-batch; ``behaviour`` (default: ``uses_behaviour(chunk)``) weights it by
+        the engine's log-probs (decoupled PPO, ``algorithm.off_policy``)."""
         s = self.settings
         if any(smp.old_logprobs is None for smp in chunk):
             raise ValueError("sample has no old_logprobs: run recompute() (algorithm.recompute_logprobs) first.")
+        if behaviour is None:
+            behaviour = self.uses_behaviour(chunk)
         batch = self._pack(chunk)
         logprobs, entropy = self._token_logprobs(self.model, batch, with_entropy=s.loss.entropy_bonus > 0)
         mask = batch.loss_mask.to(self.device)
         old = response_scatter(pad_rows([c.old_logprobs for c in chunk]), batch).to(self.device)
-        ref = None
+        ref = behav = None
         if s.loss.kl_beta > 0:
             ref = response_scatter(pad_rows(_present([c.ref_logprobs for c in chunk])), batch).to(self.device)
+        if behaviour:
+            behav = response_scatter(pad_rows([c.behaviour_logprobs for c in chunk]), batch).to(self.device)
         adv = (chunk_adv.to(self.device)[:, None] * mask).float()
-        return grpo_actor_loss(logprobs, old, adv, mask, s.loss, ref_logprobs=ref, entropy=entropy, num_tokens=num_tokens)
+        return grpo_actor_loss(logprobs, old, adv, mask, s.loss, ref_logprobs=ref, entropy=entropy,
+                               num_tokens=num_tokens, behaviour_logprobs=behav)
+
+    def uses_behaviour(self, samples: Sequence[Sample], global_size: int | None = None) -> bool:
+        """Whether the step weights its loss by the engine's log-probs: ``algorithm.off_policy.behaviour_weight`` is
+        not ``none`` and every sample (of every rank: ``global_size`` samples in all) carries them. None carry them
+        when the engine returns none (``rollout.return_logprobs: false``): the loss is then the plain clipped one,
+        except with ``behaviour_required`` (``runner.max_staleness > 0``), which refuses it. Some but not all is
+        refused: a trajectory whose log-probs were lost would train with the wrong weight."""
+        if self.settings.loss.behaviour_weight == "none":
+            return False
+        have = 0
+        for smp in samples:
+            if smp.behaviour_logprobs is None:
+                continue
+            if len(smp.behaviour_logprobs) != len(smp.response_ids):
+                raise ValueError(f"a trajectory has {len(smp.behaviour_logprobs)} engine log-probs for "
+                                 f"{len(smp.response_ids)} response tokens; they must line up one to one.")
+            have += 1
+        total = len(samples) if global_size is None else global_size
+        if global_size is not None and self.dp.enabled:
+            have = int(round(self.dp.sum_float(float(have), self.device)))
+        if have == 0 and total and self.settings.behaviour_required:
+            raise ValueError(
+                "no trajectory of the step has engine log-probs, but runner.max_staleness > 0 trains on samples of "
+                f"older weights and algorithm.off_policy.behaviour_weight={self.settings.loss.behaviour_weight!r} "
+                "corrects for that with them. Set rollout.return_logprobs=true (and check that the engine returns "
+                "them).")
+        if have not in (0, total):
+            raise ValueError(
+                f"{total - have} of the step's {total} trajectories have no engine log-probs while the others have: "
+                "algorithm.off_policy.behaviour_weight needs them on every trajectory (the agent loop drops them when "
+                "they do not line up with the sampled tokens). Fix the engine's log-probs, or set "
+                "algorithm.off_policy.behaviour_weight=none.")
+        return have > 0
 
     def train_step(self, samples: Sequence[Sample], step: int, layout: ShardLayout | None = None) -> list[dict[str, float]]:
         """One rollout step: ``n_minibatches`` optimizer steps; returns one metrics dict per mini-batch.
@@ -124,6 +168,7 @@ class GRPOPolicy:
         layout = self._check_layout(samples, layout)
         n = layout.global_size
         adv = self.advantages(samples)  # groups are whole on every rank: local = global advantages
+        behaviour = self.uses_behaviour(samples, layout.global_size)
         order = list(range(n))
         if s.shuffle_rollout:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(s.seed + step)).tolist()
@@ -143,7 +188,7 @@ class GRPOPolicy:
             sums: dict[str, float] = {}
             for k in range(0, len(mb), s.micro_batch_size):
                 chunk = mb[k : k + s.micro_batch_size]
-                loss, metrics = self._micro_loss(chunk, mb_adv[k : k + s.micro_batch_size], num_tokens)
+                loss, metrics = self._micro_loss(chunk, mb_adv[k : k + s.micro_batch_size], num_tokens, behaviour)
                 self.step.scale_loss(loss).backward()  # fp16: scaled; DDP accumulates into main_grad
                 weight = sum(sum(x.response_mask) for x in chunk) / max(num_tokens, 1.0)
                 for key, val in metrics.items():

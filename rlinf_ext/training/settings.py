@@ -39,6 +39,9 @@ class ActorSettings:
     adv_type: str = "grpo"
     advantage_mode: str = "trajectory"
     loss: LossConfig = field(default_factory=LossConfig)
+    # runner.max_staleness > 0 with a behaviour weight: a step whose trajectories carry no engine log-probs is refused
+    # (stale samples would otherwise train without their correction, silently)
+    behaviour_required: bool = False
     shuffle_rollout: bool = False
     optimizer: str = "adam"
     lr: float = 1e-6
@@ -71,6 +74,8 @@ class ActorSettings:
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, total_train_steps: int) -> ActorSettings:
         alg, actor = cfg.algorithm, cfg.actor
+        off_policy = alg.off_policy
+        staleness = int(getattr(cfg.runner, "max_staleness", 0))  # 0: batches trained by the weights that sampled them
         if alg.loss_agg_func != "token-mean":
             raise ValueError(f"algorithm.loss_agg_func={alg.loss_agg_func!r}: only 'token-mean' is implemented.")
         if alg.kl_beta > 0 and alg.kl_penalty_type != "low_var_kl":
@@ -89,7 +94,11 @@ class ActorSettings:
                 clip_ratio_c=None if alg.clip_ratio_c is None else float(alg.clip_ratio_c),
                 kl_beta=float(alg.kl_beta),
                 entropy_bonus=float(alg.entropy_bonus),
+                behaviour_weight=str(off_policy.behaviour_weight),
+                behaviour_weight_cap=float(off_policy.behaviour_weight_cap),
+                behaviour_weight_floor=float(off_policy.behaviour_weight_floor),
             ),
+            behaviour_required=staleness > 0 and off_policy.behaviour_weight != "none",
             shuffle_rollout=bool(alg.shuffle_rollout),
             optimizer=str(actor.optim.optimizer),
             lr=float(actor.optim.lr),

@@ -56,11 +56,13 @@ if TYPE_CHECKING:  # the policies import Megatron / transformers: only build_pol
 
 
 def samples_of(results: list[AgentRolloutResult]) -> list[Sample]:
-    """Flatten results (group order kept) into actor samples, with rewards and recomputed log-probs (and each
-    trajectory's images when the result carries them: ``MMSample`` for the vision-language actor)."""
+    """Flatten results (group order kept) into actor samples, with rewards, recomputed log-probs, the engine's
+    sampled log-probs and per-token weight versions when the result carries them (and each trajectory's images
+    when it carries them: ``MMSample`` for the vision-language actor)."""
     out: list[Sample] = []
     for res in results:
         rewards = res.rewards.tolist() if torch.is_tensor(res.rewards) else list(res.rewards or [0.0] * res.num_sequence)
+        versions = getattr(res, "versions", None) or []  # per response token, when the engine stamped its replies
         for i in range(res.num_sequence):
             n = res.response_lengths[i]
             fields = dict(
@@ -70,10 +72,21 @@ def samples_of(results: list[AgentRolloutResult]) -> list[Sample]:
                 reward=float(rewards[i]),
                 old_logprobs=None if res.recomputed_logprobs is None else res.recomputed_logprobs[i, :n].clone(),
                 ref_logprobs=None if res.ref_logprobs is None else res.ref_logprobs[i, :n].clone(),
+                behaviour_logprobs=_row(res.rollout_logprobs, i, n),
+                versions=list(versions[i]) if i < len(versions) and versions[i] else None,
             )
             out.append(MMSample(**fields, images=list(res.trajectory_images[i])) if res.trajectory_images
                        else Sample(**fields))
     return out
+
+
+def _row(rows, i: int, n: int) -> torch.Tensor | None:
+    """Row ``i``'s first ``n`` values as float32 (``rows``: a ``[N, max_len]`` tensor, RLinf's list of lists, or
+    None)."""
+    if rows is None or rows[i] is None:
+        return None
+    row = rows[i][:n]
+    return row.detach().to(torch.float32).clone() if torch.is_tensor(row) else torch.tensor(row, dtype=torch.float32)
 
 
 def build_policy(cfg: ExperimentConfig, settings: ActorSettings) -> MegatronPolicy | FSDPPolicy:

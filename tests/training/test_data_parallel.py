@@ -5,13 +5,16 @@ whole; the weights must agree up to float summation order. Two scenarios: (a) gr
 ranks, rollout shuffled, 2 mini-batches; (b) each rank holds one whole mini-batch and nothing of the other
 (a rank with no sample still joins the token count and the gradient sum). The gradients go through Megatron's
 DistributedDataParallel (summed, not averaged); Adam's state is sharded with ZeroRedundancyOptimizer in the first
-scenario and whole in the second. The DP2-vs-DP1 difference is ~1e-7 against weight changes of ~6e-3; checked by
-hand when this file was written: with DDP's default mean instead of the sum (calculate_per_token_loss=False) it
-is 1.3e-3 (0.24x the weight change), with per-rank instead of global token counts 2.0e-3 (0.38x): the tests fail.
+scenario and whole in the second. The samples carry engine log-probs: the first scenario weights its loss by them
+(decoupled PPO, truncated; the behaviour metrics merged over the ranks), the second ignores them. The DP2-vs-DP1
+difference is ~1e-7 against weight changes of ~6e-3; checked by hand when this file was written: with DDP's default
+mean instead of the sum (calculate_per_token_loss=False) it is 1.3e-3 (0.24x the weight change), with per-rank
+instead of global token counts 2.0e-3 (0.38x): the tests fail.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -19,6 +22,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.training.data_parallel import DataParallel, DataParallelError, ShardLayout, shard_layout, share_of
 from rlinf_ext.training.grpo_policy import Sample
 from rlinf_ext.training.megatron_policy import MegatronPolicy
@@ -31,19 +35,21 @@ STEPS = 2  # rollout steps (each = 2 optimizer steps): the second one runs on Ad
 # Tolerance relative to the largest weight change of the run (~ lr * steps): 1e-4 of it.
 REL_TOL = 1e-4
 
+LOSS = LossConfig(ratio_clip_eps=0.2, kl_beta=0.05, entropy_bonus=0.01, behaviour_weight="truncate")
 SCENARIOS = {
     # name: (settings overrides, groups of rank 0, groups of rank 1) -- rank lists deliberately unsorted;
-    # the first shards Adam's state over the ranks (ZeroRedundancyOptimizer), the second keeps it whole
+    # the first shards Adam's state over the ranks (ZeroRedundancyOptimizer), the second keeps it whole; the samples
+    # carry engine log-probs: the first weights the loss by them (decoupled PPO, truncated), the second ignores them
     "interleaved_shuffled": ({"shuffle_rollout": True}, ["g3", "g0"], ["g2", "g1"]),
-    "one_minibatch_per_rank": ({"shuffle_rollout": False, "use_distributed_optimizer": False}, ["g0", "g1"],
-                               ["g3", "g2"]),
+    "one_minibatch_per_rank": ({"shuffle_rollout": False, "use_distributed_optimizer": False,
+                                "loss": dataclasses.replace(LOSS, behaviour_weight="none")},
+                               ["g0", "g1"], ["g3", "g2"]),
 }
 OPTIMIZER = {"interleaved_shuffled": "ZeroRedundancyOptimizer", "one_minibatch_per_rank": "AdamW"}
 
 
 def _settings(**kw) -> ActorSettings:
-    base = dict(group_size=GROUP, n_minibatches=2, micro_batch_size=1, logprob_micro_batch_size=2,
-                loss=LossConfig(ratio_clip_eps=0.2, kl_beta=0.05, entropy_bonus=0.01), lr=2e-3,
+    base = dict(group_size=GROUP, n_minibatches=2, micro_batch_size=1, logprob_micro_batch_size=2, loss=LOSS, lr=2e-3,
                 weight_decay=0.01, clip_grad=1.0, total_train_steps=STEPS, seed=7)
     base.update(kw)
     return ActorSettings(**base)
@@ -51,7 +57,8 @@ def _settings(**kw) -> ActorSettings:
 
 def _groups(vocab: int) -> dict[str, list[Sample]]:
     """4 GRPO groups of 2 trajectories; different lengths and observation masks so token counts differ per rank,
-    and old/reference log-probs that are not the policy's (ratios != 1, KL != 0)."""
+    old/reference log-probs that are not the policy's (ratios != 1, KL != 0) and engine log-probs that are not
+    the old ones (behaviour weights != 1, some above the cap; 0.0 on observation tokens)."""
     g = torch.Generator().manual_seed(11)
     groups = {}
     for k in range(4):
@@ -61,9 +68,12 @@ def _groups(vocab: int) -> dict[str, list[Sample]]:
             r = torch.randint(3, vocab, (4 + 3 * k + 2 * j,), generator=g).tolist()
             m = [1] * len(r)
             m[1 : 1 + k] = [0] * k  # observations of varying length
-            samples.append(Sample(p, r, m, reward=float((k + j) % 2) + 0.25 * k,
-                                  old_logprobs=-2.0 - 0.1 * torch.rand(len(r), generator=g),
-                                  ref_logprobs=-2.0 - 0.1 * torch.rand(len(r), generator=g)))
+            old = -2.0 - 0.1 * torch.rand(len(r), generator=g)
+            sampled = torch.tensor(m, dtype=torch.bool)
+            behaviour = torch.where(sampled, old - 0.5 * torch.randn(len(r), generator=g), 0.0)
+            samples.append(Sample(p, r, m, reward=float((k + j) % 2) + 0.25 * k, old_logprobs=old,
+                                  ref_logprobs=-2.0 - 0.1 * torch.rand(len(r), generator=g),
+                                  behaviour_logprobs=behaviour))
         groups[f"g{k}"] = samples
     return groups
 
@@ -158,8 +168,11 @@ def test_two_ranks_give_the_update_of_one_rank_on_the_whole_batch(dp1_results, d
             assert a.keys() == b.keys() == c.keys()
             assert b == c
             assert b["num_tokens"] == a["num_tokens"]
+            assert all((mk.actor_name(key) in a) == (scenario == "interleaved_shuffled")
+                       for key in mk.ACTOR_BEHAVIOUR_METRICS)
             for key in ("loss", "policy_loss", "kl", "entropy", "grad_norm", "lr", "advantages_mean",
-                        "advantages_max", "advantages_min", "clip_fraction"):
+                        "advantages_max", "advantages_min", "clip_fraction",
+                        *(mk.actor_name(k) for k in mk.ACTOR_BEHAVIOUR_METRICS)):
                 if key in a:
                     assert math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-6), (key, a[key], b[key])
 

@@ -1,5 +1,6 @@
-"""Generation rules: stop strings the engine can see, engine log-probs that mean the actor's, and the sequence
-budget (prompt + response within ``runner.seq_length``)."""
+"""Generation rules: stop strings the engine can see, engine log-probs that mean the actor's, the range of the
+behaviour weight made of them (``algorithm.off_policy``), and the sequence budget (prompt + response within
+``runner.seq_length``)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,28 @@ def engine_logprobs_mean_the_actors(cfg: ExperimentConfig) -> Iterator[ConfigIss
             "of logits / temperature that the actor computes, so the kept engine log-probs would not be comparable.",
             "set rollout.return_logprobs=false (training uses the actor's recomputed log-probs), or turn "
             + " and ".join(on) + " off.",
+        )
+
+
+@rule("algorithm.off_policy.behaviour_weight_cap", "algorithm.off_policy.behaviour_weight_floor")
+def behaviour_weight_range(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """cap >= 1 >= floor > 0: on-policy tokens (w = 1) keep their weight; a cap below 1 or a floor above it would
+    bias every step, even with no staleness at all."""
+    off = cfg.algorithm.off_policy
+    cap, floor = off.behaviour_weight_cap, off.behaviour_weight_floor
+    if cap < 1.0:
+        yield ConfigIssue(
+            "algorithm.off_policy.behaviour_weight_cap",
+            f"behaviour_weight_cap={cap} is below 1, so even on-policy tokens (w = pi_prox / pi_behav = 1) would be "
+            "truncated or masked.",
+            "set algorithm.off_policy.behaviour_weight_cap >= 1 (2.0 is the usual choice).",
+        )
+    if not 0.0 < floor <= 1.0:
+        yield ConfigIssue(
+            "algorithm.off_policy.behaviour_weight_floor",
+            f"behaviour_weight_floor={floor} is outside (0, 1]: 'mask' mode keeps w in [floor, cap], a range that "
+            "must hold on-policy tokens (w = 1); a floor of 0 or less would mask nothing below.",
+            "set algorithm.off_policy.behaviour_weight_floor in (0, 1] (0.5 is the usual choice).",
         )
 
 

@@ -1,0 +1,110 @@
+"""The behaviour weight through the Megatron actor's training step (``GRPOPolicy.train_step``): the engine's log-probs
+scattered like the recomputed ones, the step's regression anchors, the metrics merged over micro-batches."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from rlinf_ext.protocol import metric_keys as mk
+from rlinf_ext.training.megatron_policy import MegatronPolicy
+from rlinf_ext.training.rl_math import LossConfig, behaviour_weights
+from rlinf_ext.training.settings import ActorSettings
+
+BEHAVIOUR_NAMES = {mk.actor_name(k) for k in mk.ACTOR_BEHAVIOUR_METRICS}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_assets):
+    return tiny_assets.qwen2_tiny
+
+
+def _policy(model, mode: str) -> MegatronPolicy:
+    loss = LossConfig(ratio_clip_eps=0.2, kl_beta=0.1, entropy_bonus=0.01, behaviour_weight=mode)
+    return MegatronPolicy(model, ActorSettings(group_size=2, n_minibatches=2, micro_batch_size=1, lr=1e-3,
+                                               weight_decay=0.0, loss=loss, total_train_steps=2))
+
+
+def _with_behaviour(samples, offset: float | None, seed: int = 7):
+    """Copies of recomputed samples with engine log-probs: ``old + offset * noise`` on sampled tokens and 0.0 on
+    observation tokens (as the agent loop writes them); ``offset=None``: no engine log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for s in samples:
+        behav = None
+        if offset is not None:
+            noise = torch.randn(len(s.response_ids), generator=g)
+            behav = torch.where(torch.tensor(s.response_mask, dtype=torch.bool), s.old_logprobs + offset * noise, 0.0)
+        out.append(dataclasses.replace(s, behaviour_logprobs=behav))
+    return out
+
+
+def _train(model, mode, samples):
+    policy = _policy(model, mode)
+    metrics = policy.train_step(samples, step=0)
+    return metrics, policy.megatron_state_dict()
+
+
+@pytest.mark.slow  # three policies, three steps: 1 to 9 s on 2 shared cores
+@pytest.mark.timeout(120)
+def test_mode_none_and_behaviour_equal_to_proximal_train_as_today(tiny_model, actor_samples):
+    """Regression anchors: with ``behaviour_weight: none`` the engine's log-probs change nothing, and with the engine
+    agreeing with the recompute (pi_behav = pi_prox) truncation changes nothing but the added metrics: identical
+    metrics and identical weights after two optimizer steps (n_minibatches=2, two micro-batches each)."""
+    policy = _policy(tiny_model, "none")
+    samples = actor_samples(policy.model.hf_vocab_size)
+    policy.recompute(samples, compute_ref=True)
+
+    today = policy.train_step(_with_behaviour(samples, None), step=0)
+    today_w = policy.megatron_state_dict()
+    none_m, none_w = _train(tiny_model, "none", _with_behaviour(samples, 0.5))
+    equal_m, equal_w = _train(tiny_model, "truncate", _with_behaviour(samples, 0.0))
+
+    assert none_m == today
+    assert [{k: v for k, v in m.items() if k not in BEHAVIOUR_NAMES} for m in equal_m] == today
+    assert all(m[mk.actor_name(mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN)] == 1.0 for m in equal_m)
+    for k, v in today_w.items():
+        assert torch.equal(none_w[k], v) and torch.equal(equal_w[k], v), k
+
+
+@pytest.mark.timeout(120)
+def test_truncated_step_metrics_are_the_minibatch_token_means(tiny_model, actor_samples):
+    policy = _policy(tiny_model, "truncate")
+    samples = actor_samples(policy.model.hf_vocab_size)
+    policy.recompute(samples, compute_ref=True)
+    samples = _with_behaviour(samples, 1.0)
+    metrics = policy.train_step(samples, step=0)
+    for m, part in zip(metrics, (samples[:2], samples[2:])):  # no shuffling: mini-batch m = samples 2m, 2m+1
+        prox = torch.cat([s.old_logprobs for s in part])[None]
+        behav = torch.cat([s.behaviour_logprobs for s in part])[None]
+        mask = torch.tensor([x for s in part for x in s.response_mask])[None]
+        _, expected = behaviour_weights(prox, behav, mask, "truncate", cap=2.0, floor=0.5)
+        assert 0 < expected["behaviour_weight_clip_fraction"] < 1  # the noise truncates some tokens, not all
+        for key, value in expected.items():
+            assert m[key] == pytest.approx(value, abs=1e-6), key
+
+
+@pytest.mark.timeout(120)
+def test_a_step_with_some_engine_logprobs_missing_is_refused(tiny_model, actor_samples):
+    policy = _policy(tiny_model, "truncate")
+    samples = actor_samples(policy.model.hf_vocab_size)
+    policy.recompute(samples, compute_ref=True)
+    samples = _with_behaviour(samples, 0.1)
+    samples[3].behaviour_logprobs = None
+    with pytest.raises(ValueError, match="1 of the step's 4 trajectories have no engine log-probs"):
+        policy.train_step(samples, step=0)
+    samples[3].behaviour_logprobs = torch.zeros(2)
+    with pytest.raises(ValueError, match="must line up"):
+        policy.train_step(samples, step=0)
+    # asynchronous (runner.max_staleness > 0): none at all is refused too, instead of training uncorrected
+    without = _with_behaviour(samples, None)
+    policy.settings.behaviour_required = True
+    with pytest.raises(ValueError, match="rollout.return_logprobs=true"):
+        policy.train_step(without, step=0)
+    policy.settings.loss = dataclasses.replace(policy.settings.loss, behaviour_weight="none")
+    policy.settings.behaviour_required = False
+    assert policy.optimizer_steps == 0
+    policy.train_step(without, step=0)
+    assert policy.optimizer_steps == 2
