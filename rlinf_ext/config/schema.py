@@ -129,6 +129,11 @@ class RunnerConfig:
         64, "Validation during training: questions per benchmark of data.val_data_paths, a fixed subset drawn "
         "with data.seed (-1 = all). Decoding is greedy."
     )
+    max_staleness: int = fld(
+        0, "k: batches dispatched ahead of the step that trains them (batch b is rolled out during steps b-k..b, on "
+        "weights up to k steps old, and trained at step b). 0 = the synchronous order. k > 0 needs "
+        "rollout.return_logprobs=true and a disaggregated or CPU placement."
+    )
 
 
 # --------------------------------------------------------------------------------------------- algorithm

@@ -6,7 +6,8 @@ each stage a ``KeyedChannel`` view with the ``put``/``get`` signature of a chann
 
 The names are RLinf's (its ``AgentRunner`` creates channels with them): prompts flow DataLoader -> agent loop ->
 Rollout -> reward -> Reward -> actor log-probs -> Inference -> actor training; GenerateInput/GenerateOutput carry
-``protocol.generation.GenerateRequest`` / ``GenerateReply`` between the agent loop and the rollout engines.
+``protocol.generation.GenerateRequest`` / ``GenerateReply`` between the agent loop and the rollout engines. Each
+training batch has its own DataLoader and Rollout sub-queue (``batch_key``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ ROLLOUT = "Rollout"
 REWARD = "Reward"
 INFERENCE = "Inference"
 STEP_CHANNELS = (DATALOADER, GENERATE_INPUT, GENERATE_OUTPUT, ROLLOUT, REWARD, INFERENCE)
+
+
+def batch_key(batch: int) -> str:
+    """The sub-queue of training batch ``batch`` on the DataLoader and Rollout queues: with batches dispatched ahead
+    (``runner.max_staleness``) several are in flight, and a stage must never read another batch's items."""
+    return f"b{batch}"
 
 
 class KeyedChannel:
@@ -37,6 +44,10 @@ class KeyedChannel:
 
     def get(self, key: Any = None, async_op: bool = False):
         return self.channel.get(key=self._key(key), async_op=async_op)
+
+    def sub(self, key: Any) -> "KeyedChannel":
+        """The view of sub-queue ``name/key``: a stage of its own, e.g. one batch's requests and results."""
+        return KeyedChannel(self.channel, self._key(key))
 
     def __repr__(self) -> str:
         return f"KeyedChannel({self.name!r})"

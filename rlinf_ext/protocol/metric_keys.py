@@ -55,6 +55,21 @@ TIME_STEP = "time/step"
 TIME_VALIDATION = "time/validation"
 THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"
 
+# trainer, batches dispatched ahead (runner.max_staleness = k; runner/staleness.py computes them)
+STALENESS_HEAD_MAX = "async/staleness_head_max"  # global_step at training - weight version at the group's dispatch
+STALENESS_HEAD_MEAN = "async/staleness_head_mean"
+TRAJECTORIES_TWO_VERSIONS = "async/trajectories_two_versions"  # share sampled by more than one weight version
+TIME_WAIT_ROLLOUT = "time/wait_rollout"  # the driver blocked on the rollout of the batch it trains
+TIME_ACTOR_IDLE_RATIO = "time/actor_idle_ratio"  # time/wait_rollout / time/step
+TIME_ROLLOUT_IDLE_RATIO = "time/rollout_idle_ratio"  # share of time/step with no batch being rolled out
+
+
+def token_staleness(j: int) -> str:
+    """``async/token_staleness_<j>``: the share of the step's sampled tokens generated ``j`` versions before the
+    weights that train them."""
+    return f"async/token_staleness_{j}"
+
+
 # validation
 VAL_PREFIX = "val"
 VAL_ALL_EM = "val/all/em"

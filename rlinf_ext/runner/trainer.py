@@ -18,17 +18,33 @@ RLinf's non-pipelined order so the two never hold the GPU at once: the rollout i
 memory) before the actor does, and the actor offloads after start-up; each step waits for the whole rollout,
 offloads the rollout engine, onloads the actor, then computes rewards, log-probs and the update, and
 offloads the actor again. CPU and disaggregated runs keep the overlapped order.
+
+Batches dispatched ahead (``runner.max_staleness = k``, CPU and disaggregated placements only: config rule): batch b
+is put on DataLoader and Rollout sub-queues of its own (``protocol/channels.py:batch_key``) and its agent-loop
+rollout starts at step b - k, right after that step's weight sync; step b trains exactly batch b, so up to k + 1
+batches are in flight and every group's head staleness is min(b, k) (fewer after a resume: the pipeline refills
+at the resumed version). The sync after each step lands while the later batches are mid-trajectory (the engines
+take the weights between turns). The request seed and the uids follow the batch index b, so a batch samples the
+same prompts with the same seeds whatever k is. A checkpoint stores the loader's position after the last *trained*
+batch, not its read-ahead position; a stop (SIGTERM) finishes the step, checkpoints, then waits for the batches in
+flight and discards them (the engines keep serving until ``shutdown()``). k = 0 is the synchronous order.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import inspect
 import math
 import time
 import uuid
 import warnings
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from rlinf.scheduler import Channel
@@ -47,10 +63,42 @@ from rlinf_ext.protocol.payloads import AgentRolloutRequest
 from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
 from rlinf_ext.runner.groups import WorkerGroups, wait_all_or_raise, wait_or_raise
 from rlinf_ext.runner.metrics import engine_mismatch_step
+from rlinf_ext.runner.staleness import busy_seconds, head_staleness_metrics, idle_ratios, token_staleness_metrics
 from rlinf_ext.workers.agent_loop import ChannelGenerator
+from rlinf_ext.workers.rollout_hf import HFRolloutWorker
+from rlinf_ext.workers.rollout_sglang import SGLangRolloutWorker
+from rlinf_ext.workers.rollout_vllm import VLLMRolloutWorker
 
 StepCallback = Callable[[int, dict, list], None]
 VALIDATION_DIR = "validation"  # <run_dir>/validation/global_step_<N>/generations.jsonl
+RECORD_VERSIONS = "versions"  # a trajectory record's per-token weight versions (-1 on observation tokens), if any
+
+
+@functools.cache
+def rollout_sync_takes_version() -> bool:
+    """Whether every rollout worker's ``sync_model_from_actor`` takes the weight version to stamp (``version=``);
+    without it the engines count the syncs themselves."""
+    return all("version" in inspect.signature(cls.sync_model_from_actor).parameters
+               for cls in (HFRolloutWorker, VLLMRolloutWorker, SGLangRolloutWorker))
+
+
+@dataclass
+class InFlight:
+    """A batch whose agent-loop rollout was started and that no step has trained yet."""
+
+    batch: int  # its index = the step that trains it
+    groups: int  # prompt groups: results that arrive on ``results``
+    results: KeyedChannel  # its Rollout sub-queue
+    handle: Any  # the agent loop's run_agentloop_rollout call
+    version: int  # the engines' weight version when it was dispatched
+    dispatched_at: float  # time.perf_counter()
+    data_state: dict | None  # the loader's state just after this batch was read (None: not read from the loader)
+
+    def rollout_interval(self, now: float) -> tuple[float, float]:
+        """(start, end) of its rollout as seen from the driver: the end is known once the call has returned."""
+        if not self.handle.done():
+            return self.dispatched_at, now
+        return self.dispatched_at, self.dispatched_at + max(out["wall_time"] for out in self.handle.wait())
 
 
 def validation_enabled(cfg: ExperimentConfig) -> bool:
@@ -116,6 +164,7 @@ class GRPOTrainer:
         self.should_stop = should_stop or (lambda: False)
         self.stopped_early = False
         self.global_step = 0
+        self.reset_pipeline(cfg.runner.max_staleness)
         self.history: list[dict[str, float]] = []
         batch = cfg.data.rollout_batch_size
         if len(train_dataset) < batch:
@@ -140,6 +189,14 @@ class GRPOTrainer:
         self._launch_metrics: dict[str, float] = {}  # logged once, in this launch's first row
         self.reads_engine_state = engine_counts_mismatches(cfg)
         self._engine_counts = (0, 0)  # the rollout engines' (mismatches, prompts) already attributed to a step
+
+    def reset_pipeline(self, max_staleness: int) -> None:
+        """No batch in flight; batches will be dispatched ``max_staleness`` steps ahead of the step that trains them."""
+        self.max_staleness = max_staleness
+        self.in_flight: deque[InFlight] = deque()  # dispatched, not trained yet: batches global_step, ... in order
+        self._batches: Iterator[tuple[list[dict], dict]] | None = None  # the loader from the position (run())
+        self._trained_data_state: dict | None = None  # the loader's state after the last trained batch
+        self._engine_version = 0  # the weight version the rollout engines hold (global_step at the last sync)
 
     @staticmethod
     def total_steps(cfg: ExperimentConfig, dataset_len: int) -> int:
@@ -208,12 +265,13 @@ class GRPOTrainer:
         self.validation_pass()
 
     # ------------------------------------------------------------------ one step
-    def _put_batch(self, items: list[dict]) -> None:
+    def _put_batch(self, items: list[dict], batch: int, requests: KeyedChannel) -> None:
+        """Batch ``batch``'s requests, one per agent-loop rank; the seed and the uids follow the batch index."""
         parts = self.groups.placement.agent_loop_world_size
-        seed = self.cfg.runner.seed * 1_000_003 + self.global_step
-        uids = [f"s{self.global_step}-{k:04d}-{it['uid']}" for k, it in enumerate(items)]
+        seed = self.cfg.runner.seed * 1_000_003 + batch
+        uids = [f"s{batch}-{k:04d}-{it['uid']}" for k, it in enumerate(items)]
         for chunk, chunk_uids in zip(split_list(items, parts), split_list(uids, parts)):
-            self.channels[ch.DATALOADER].put(AgentRolloutRequest(
+            requests.put(AgentRolloutRequest(
                 n=self.cfg.algorithm.group_size,
                 input_ids=[it["prompt_ids"] for it in chunk],
                 image_data=[[] for _ in chunk],
@@ -231,11 +289,13 @@ class GRPOTrainer:
         if self._rollout_current:
             return False
         g = self.groups
+        version = {"version": self.global_step} if rollout_sync_takes_version() else {}
         _, received = wait_all_or_raise([
             (g.actor.sync_model_to_rollout(self.verify_sync), "actor", "sync_model_to_rollout"),
-            (g.rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor")])
+            (g.rollout.sync_model_from_actor(**version), "rollout", "sync_model_from_actor")])
         self._sync_parts = part_metrics(received, mk.TIME_SYNC)
         self._rollout_current = True
+        self._engine_version = self.global_step
         return True
 
     def _offload_rollout(self) -> None:
@@ -243,29 +303,86 @@ class GRPOTrainer:
         if self.collocated_gpu:  # SGLang's memory saver keeps no copy: the weights are gone until the next sync
             self._rollout_current = False
 
-    def train_step(self, items: list[dict]) -> tuple[dict[str, float], list[dict]]:
+    # ------------------------------------------------------------------ batches in flight
+    def _loader_batches(self) -> Iterator[tuple[list[dict], dict]]:
+        """The batches from the loader's position on, over the remaining epochs, each with the loader's state just
+        after it was read (what a checkpoint after training it stores)."""
+        epoch = self.global_step // max(len(self.dataloader), 1)
+        while epoch < self.cfg.runner.max_epochs:
+            for items in self.dataloader:
+                yield items, copy.deepcopy(self.dataloader.state_dict())
+            epoch += 1
+
+    def _dispatch(self, items: list[dict], data_state: dict | None) -> None:
+        """Start the agent-loop rollout of the next batch on its own DataLoader and Rollout sub-queues."""
+        batch = self.global_step + len(self.in_flight)
+        requests = self.channels[ch.DATALOADER].sub(ch.batch_key(batch))
+        results = self.channels[ch.ROLLOUT].sub(ch.batch_key(batch))
+        self._put_batch(items, batch, requests)
+        handle = self.groups.agent_loop.run_agentloop_rollout(requests, results)
+        self.in_flight.append(InFlight(batch, len(items), results, handle, self._engine_version, time.perf_counter(),
+                                       data_state))
+
+    def _fill(self) -> None:
+        """Dispatch the loader's batches up to ``global_step + k`` (never past the last step)."""
+        last = min(self.global_step + self.max_staleness, self.max_steps - 1)
+        while self._batches is not None and self.global_step + len(self.in_flight) <= last:
+            following = next(self._batches, None)
+            if following is None:
+                break
+            self._dispatch(*following)
+
+    def drain(self) -> int:
+        """Wait for the batches in flight and discard them (a stop after a step: their agent loops must not be left
+        waiting for replies from engines that shut down); returns how many there were."""
+        drained = 0
+        while self.in_flight:
+            wait_or_raise(self.in_flight.popleft().handle, "agent_loop", "run_agentloop_rollout")
+            drained += 1
+        return drained
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self, items: list[dict] | None = None) -> tuple[dict[str, float], list[dict]]:
+        """Train batch ``global_step``: sync the weights, dispatch the batches up to ``global_step + k`` not in
+        flight yet (``items``: the one batch to dispatch, for a caller that feeds the batches itself, k = 0),
+        then reward, log-probs and the update of batch ``global_step``."""
         g, q = self.groups, self.channels
         started = time.perf_counter()
-        num_results = len(items)
-        self._put_batch(items)
         t = time.perf_counter()
         synced = self._sync_weights()
         time_sync = time.perf_counter() - t
+        if items is not None:
+            if self.in_flight:
+                raise RuntimeError(f"train_step(items) with {len(self.in_flight)} batch(es) in flight: batches "
+                                   "dispatched ahead come from the loader (run()).")
+            self._dispatch(items, None)
+        else:
+            self._fill()
+        if not self.in_flight or self.in_flight[0].batch != self.global_step:
+            raise RuntimeError(f"step {self.global_step} has no batch in flight: the loader ran out early.")
+        flight = self.in_flight.popleft()
+        num_results = flight.groups
+        rollout_h = flight.handle
 
-        rollout_h = g.agent_loop.run_agentloop_rollout(q[ch.DATALOADER], q[ch.ROLLOUT])
         collocated = self.collocated_gpu
+        wait_rollout = 0.0
         if collocated:  # RLinf's non-pipelined order: the whole rollout, then the engine gives the GPU back
+            t = time.perf_counter()
             agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
+            wait_rollout = time.perf_counter() - t
             self._offload_rollout()
             wait_or_raise(g.actor.onload_engine(), "actor", "onload_engine")
-        reward_h = g.reward.compute_rewards(q[ch.ROLLOUT], q[ch.REWARD], num_results, self.global_step)
+        reward_h = g.reward.compute_rewards(flight.results, q[ch.REWARD], num_results, self.global_step)
         kl = self.cfg.algorithm.kl_beta > 0
         infer_h = g.actor.run_inference(q[ch.REWARD], q[ch.INFERENCE], kl, num_results)
         train_h = g.actor.run_training(q[ch.INFERENCE], num_results, self.global_step)
 
         if not collocated:
+            t = time.perf_counter()
             agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
-        time_rollout = rollout_h.consume_duration()
+            wait_rollout = time.perf_counter() - t
+        # the agent loop's own clock: RLinf's per-method timer sums the overlapping calls of batches in flight
+        time_rollout = max(out["wall_time"] for out in agent_out)
         reward_out = wait_or_raise(reward_h, "reward", "compute_rewards")[0]
         wait_or_raise(infer_h, "actor", "run_inference")
         time_recompute = infer_h.consume_duration()
@@ -277,6 +394,7 @@ class GRPOTrainer:
         else:
             self._offload_rollout()
         self.global_step += 1
+        self._trained_data_state = flight.data_state
 
         trajectories = [rec for out in agent_out for rec in out["trajectories"]]
         for rec in trajectories:
@@ -284,9 +402,17 @@ class GRPOTrainer:
             rec["step"] = self.global_step
         metrics = self._step_metrics(agent_out, reward_out["metrics"], rollout_metrics, training)
         tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in trajectories)
-        step_time = time.perf_counter() - started
+        ended = time.perf_counter()
+        step_time = ended - started
+        rollouts = [(flight.dispatched_at, flight.dispatched_at + time_rollout)]
+        busy = busy_seconds(rollouts + [f.rollout_interval(ended) for f in self.in_flight], started, ended)
+        metrics.update(head_staleness_metrics(flight.batch, [flight.version] * num_results))
+        metrics.update(token_staleness_metrics(flight.batch, (rec.get(RECORD_VERSIONS) for rec in trajectories),
+                                               self.max_staleness))
+        metrics.update(idle_ratios(step_time, wait_rollout, busy))
         metrics.update({
             mk.TIME_ROLLOUT: float(time_rollout),
+            mk.TIME_WAIT_ROLLOUT: wait_rollout,
             mk.TIME_TOOL: max(out["tool_time"] for out in agent_out),
             mk.TIME_RECOMPUTE: float(time_recompute),
             mk.TIME_TRAIN: float(time_train),
@@ -374,7 +500,9 @@ class GRPOTrainer:
         tmp = staging_dir(self.ckpt_root, self.global_step)
         wait_or_raise(self.groups.actor.save_checkpoint(str(tmp / "actor"), self.global_step), "actor", "save_checkpoint")
         (tmp / "data").mkdir()
-        torch.save(self.dataloader.state_dict(), tmp / "data" / "data.pt")
+        # the position after the last trained batch: the batches read ahead are trained again after a resume
+        state = self._trained_data_state if self._trained_data_state is not None else self.dataloader.state_dict()
+        torch.save(state, tmp / "data" / "data.pt")
         return finalize(tmp, self.global_step, {"experiment": self.cfg.runner.experiment_name})
 
     def _save_due(self, last: bool) -> bool:
@@ -414,27 +542,27 @@ class GRPOTrainer:
                 self.on_step(0, before, [])  # no trajectories, no reward/...: only the val/... curves get a point
         self.stopped_early = self.global_step < self.max_steps and self.should_stop()
         bar = tqdm(total=self.max_steps, initial=self.global_step, desc="train", unit="step")
+        self._batches = self._loader_batches()
         try:
-            epoch = self.global_step // max(len(self.dataloader), 1)
             done = self.stopped_early
-            while not done and self.global_step < self.max_steps and epoch < self.cfg.runner.max_epochs:
-                for items in self.dataloader:
-                    metrics, trajectories = self.train_step(items)
-                    metrics.update(self._take_launch_metrics())
-                    for k, v in metrics.items():
-                        if isinstance(v, float) and not math.isfinite(v):
-                            warnings.warn(f"step {self.global_step}: metric {k} is {v}", RuntimeWarning)
-                    self.history.append(metrics)
-                    rewards.append(metrics[mk.REWARD_MEAN])
-                    done, ckpt = self._finish_step(metrics, trajectories)
-                    last_ckpt = ckpt or last_ckpt
-                    bar.update(1)
-                    bar.set_postfix(reward=f"{metrics[mk.REWARD_MEAN]:.3f}", loss=f"{metrics[mk.ACTOR_LOSS]:.4f}")
-                    if done:
-                        break
-                epoch += 1
+            while not done and self.global_step < self.max_steps:
+                metrics, trajectories = self.train_step()
+                metrics.update(self._take_launch_metrics())
+                for k, v in metrics.items():
+                    if isinstance(v, float) and not math.isfinite(v):
+                        warnings.warn(f"step {self.global_step}: metric {k} is {v}", RuntimeWarning)
+                self.history.append(metrics)
+                rewards.append(metrics[mk.REWARD_MEAN])
+                done, ckpt = self._finish_step(metrics, trajectories)
+                last_ckpt = ckpt or last_ckpt
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics[mk.REWARD_MEAN]:.3f}", loss=f"{metrics[mk.ACTOR_LOSS]:.4f}")
         finally:
             bar.close()
+        drained = self.drain()  # a stop leaves the batches read ahead in flight (never on an error: see shutdown)
+        if drained:
+            tqdm.write(f"[rlinf_ext] {drained} batch(es) in flight after step {self.global_step} finished and "
+                       "were discarded (a resume rolls them out again)")
         return {
             "steps": self.global_step,
             "steps_this_run": len(rewards),
@@ -447,7 +575,9 @@ class GRPOTrainer:
         }
 
     def shutdown(self) -> None:
-        """Stop the serving loops (the Ray cluster itself belongs to the caller)."""
+        """Stop the serving loops (the Ray cluster itself belongs to the caller). Batches still in flight (``run``
+        raised) are not waited for: their agent loops end with the worker groups the caller stops next."""
+        self.in_flight.clear()
         if self._serving is None:
             return
         for _ in range(self.groups.placement.rollout_dp_size):

@@ -53,6 +53,10 @@ class _Queue:
     def get(self, key=None, async_op=False):
         return self.q.get_nowait()
 
+    @checked_against(KeyedChannel.sub)
+    def sub(self, key):
+        return self.__dict__.setdefault(f"sub/{key}", _Queue())
+
 
 def _Done(value) -> FuncResult:
     return FuncResult([value])
@@ -65,7 +69,8 @@ class _AgentLoop:
         input_channel.get()  # the step's request
         output_channel.put(group_result([_traj([SEARCH, ANSWER], 1), _traj([ANSWER], 0)], "prompt"))
         records = [{"uid": "u", "index": i, "prompt_ids": [1, 2], "response_ids": [3, 4]} for i in range(2)]
-        return _Done({"trajectories": records, "metrics": {}, "num_trajectories": 2, "tool_time": 0.0})
+        return _Done({"trajectories": records, "metrics": {}, "num_trajectories": 2, "tool_time": 0.0,
+                      "wall_time": 0.0})
 
 
 class _Reward:
@@ -107,6 +112,7 @@ def _trainer(reward_cfg: RewardConfig) -> GRPOTrainer:
                                                           component_placement={"actor,rollout,reward": "all"}))
     trainer.groups, trainer.verify_sync, trainer.global_step, trainer._rollout_current = groups, False, 0, True
     trainer.channels = {name: _Queue() for name in ("DataLoader", "Rollout", "Reward", "Inference")}
+    trainer.reset_pipeline(0)
     return trainer
 
 

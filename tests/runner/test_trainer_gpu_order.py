@@ -19,7 +19,7 @@ from rlinf_ext.sync.weight_sync import SyncRoutes
 REPLIES = {
     "agent_loop.run_agentloop_rollout": [{
         "trajectories": [{"uid": "u", "index": 0, "prompt_ids": [1, 2], "response_ids": [3]}],
-        "metrics": {"agent/turns": 1.0}, "num_trajectories": 1, "tool_time": 0.0,
+        "metrics": {"agent/turns": 1.0}, "num_trajectories": 1, "tool_time": 0.0, "wall_time": 0.0,
     }],
     "reward.compute_rewards": [{"rewards": {"u": [1.0]}, "metrics": {"reward/mean": 1.0}}],
     "actor.run_training": [({"reward_scores": 1.0}, [{"loss": 0.5, "lr": 1e-6}])],
@@ -57,6 +57,10 @@ class _Channel:
     @checked_against(KeyedChannel.put)
     def put(self, item, weight=0, key=None, async_op=False):
         pass
+
+    @checked_against(KeyedChannel.sub)
+    def sub(self, key):
+        return self
 
 
 class _Validation:
@@ -97,6 +101,7 @@ def _trainer(placement: str, validate_every: int = -1) -> tuple[GRPOTrainer, lis
     trainer._serving, trainer.resume_dir = None, None
     trainer._validation = _Validation() if validate_every > 0 else None
     trainer._rollout_current, trainer.val_history = False, {}
+    trainer.reset_pipeline(0)
     return trainer, log
 
 
