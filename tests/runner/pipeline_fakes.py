@@ -1,0 +1,191 @@
+"""A whole GRPOTrainer run without Ray, for the driver tests (test_trainer_pipeline.py): the real trainer (its
+``__init__``, StatefulDataLoader, ``KeyedChannel`` views, checkpoints on disk) over an in-memory stand-in of RLinf's
+``Channel`` and fake worker groups, each group call checked against the worker classes (group_fakes.py).
+
+The fake workers act as late as the real ones can: a call does its work when the trainer waits for it. The agent
+loop puts a batch's results on its Rollout queue when the trainer waits for any batch, the batches in flight
+newest first (so a Rollout queue shared by several batches would hand the oldest step the newest batch's
+results), and returns only when its own handle is waited. Reading an empty queue raises: under Ray it would block
+for ever. The engines' weight version is the number of updates the actor had made at the last sync.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from group_fakes import FuncResult, check_group_call
+from rlinf.scheduler import Channel, WorkerGroupFuncResult
+from signature_checks import checked_against
+
+from rlinf_ext.runner.groups import Placement, WorkerGroups
+from rlinf_ext.sync.weight_sync import SyncRoutes
+
+AGENT_LOOP_CALL = "agent_loop.run_agentloop_rollout"
+
+
+class MemoryChannel:
+    """RLinf's ``Channel``: one FIFO per key, in memory."""
+
+    def __init__(self):
+        self.queues: dict[Any, collections.deque] = collections.defaultdict(collections.deque)
+
+    @staticmethod
+    @checked_against(Channel.create)
+    def create(name, maxsize=0, distributed=False, node_rank=0, local=False, disable_distributed_log=True):
+        return MemoryChannel()
+
+    @checked_against(Channel.put)
+    def put(self, item, weight=0, key="default_queue", async_op=False):
+        self.queues[key].append(item)
+
+    @checked_against(Channel.get)
+    def get(self, key="default_queue", async_op=False):
+        if not self.queues[key]:
+            raise AssertionError(f"get from the empty queue {key!r}: under Ray this call would wait for ever")
+        return self.queues[key].popleft()
+
+
+class LazyResult(FuncResult):
+    """A group call's result whose work runs at the first ``wait()``; ``done()`` only after it."""
+
+    def __init__(self, world: "World", name: str, work: Callable[[], list]):
+        super().__init__([])
+        self.world, self.name, self.work, self.finished = world, name, work, False
+
+    @checked_against(WorkerGroupFuncResult.wait)
+    def wait(self):
+        if not self.finished:
+            self.world.log.append(("wait", self.name))
+            self.values, self.finished = self.work(), True
+        return self.values
+
+    @checked_against(WorkerGroupFuncResult.done)
+    def done(self):
+        return self.finished
+
+
+def reward_of(uid: str, index: int) -> float:
+    return float((sum(map(ord, uid)) + index) % 3) / 2
+
+
+class World:
+    """What the fake workers share and record."""
+
+    def __init__(self, group_size: int):
+        self.group_size = group_size
+        self.log: list[tuple[str, str]] = []
+        self.engine_version = 0
+        self.updates = 0  # run_training calls finished
+        self.requests: dict[int, Any] = {}  # batch -> its AgentRolloutRequest
+        self.rewarded: dict[int, list[str]] = {}  # step -> uids scored
+        self.trained: dict[int, list[str]] = {}  # step -> uids trained
+        self.loads: list[str] = []
+        self.rollouts: list[dict] = []  # one per agent-loop call: batch, handle, results put
+        self.most_in_flight = 0
+
+    # ---- agent loop
+    def run_agentloop_rollout(self, input_channel, output_channel):
+        request = input_channel.get()
+        batch = int(request.uids[0].split("-")[0][1:])
+        self.requests[batch] = request
+        call = {"batch": batch, "request": request, "out": output_channel, "version": self.engine_version,
+                "put": False}
+        call["handle"] = LazyResult(self, AGENT_LOOP_CALL, lambda: self._finish(call))
+        self.rollouts.append(call)
+        self.most_in_flight = max(self.most_in_flight, sum(not c["handle"].finished for c in self.rollouts))
+        return call["handle"]
+
+    def _put_results(self) -> None:
+        for call in reversed(self.rollouts):  # newest first
+            if not call["put"]:
+                for uid in call["request"].uids:
+                    call["out"].put(SimpleNamespace(uid=uid))
+                call["put"] = True
+
+    def _finish(self, call: dict) -> list:
+        self._put_results()
+        # two turns: the first sampled at the dispatch version, then an observation, then the engine's version now
+        versions = [call["version"]] * 2 + [-1] + [self.engine_version] * 2
+        records = [{"uid": uid, "index": i, "prompt_ids": [1], "response_ids": [2] * len(versions),
+                    "versions": versions} for uid in call["request"].uids for i in range(self.group_size)]
+        return [{"trajectories": records, "metrics": {"agent/turns": 2.0}, "num_trajectories": len(records),
+                 "tool_time": 0.0, "wall_time": 0.0}]
+
+    # ---- reward
+    def compute_rewards(self, input_channel, output_channel, num_results, step):
+        def work():
+            results = [input_channel.get() for _ in range(num_results)]
+            self.rewarded[step] = [r.uid for r in results]
+            rewards = {r.uid: [reward_of(r.uid, i) for i in range(self.group_size)] for r in results}
+            for r in results:
+                output_channel.put(r)
+            flat = [x for values in rewards.values() for x in values]
+            return [{"metrics": {"reward/mean": sum(flat) / len(flat)}, "rewards": rewards}]
+        return work
+
+    # ---- actor
+    def run_inference(self, input_channel, output_channel, compute_ref_logprobs, num_results):
+        def work():
+            for _ in range(num_results):
+                output_channel.put(input_channel.get())
+            return [None]
+        return work
+
+    def run_training(self, input_channel, num_results, step):
+        def work():
+            uids = sorted(input_channel.get().uid for _ in range(num_results))
+            self.trained[step] = uids
+            self.updates += 1
+            return [({"reward_scores": 0.0}, [{"loss": 0.5 + step, "lr": 1e-6}])]
+        return work
+
+    def save_checkpoint(self, save_path, step):
+        Path(save_path).mkdir(parents=True)
+        (Path(save_path) / "model.pt").write_text(str(step))
+        return [None]
+
+    def load_checkpoint(self, load_path):
+        self.loads.append(load_path)
+        self.updates = int(Path(load_path).parent.name.removeprefix("global_step_"))  # <run>/global_step_N/actor
+        return [None]
+
+    def sync_model_from_actor(self, **kwargs):
+        self.engine_version = self.updates
+        return [None]
+
+
+class FakeGroup:
+    """A worker group: each call is checked against the component's worker classes and logged; the world does its
+    work (a callable: done at the wait) or it returns None on every rank."""
+
+    def __init__(self, component: str, world: World):
+        self.component, self.world = component, world
+
+    def __getattr__(self, method: str):
+        name = f"{self.component}.{method}"
+
+        def call(*args, **kwargs):
+            check_group_call(self.component, method, *args, **kwargs)
+            self.world.log.append(("call", name))
+            if name == AGENT_LOOP_CALL:
+                return self.world.run_agentloop_rollout(*args, **kwargs)
+            own = getattr(self.world, method, None) if method not in ("rollout_serverless",) else None
+            if own is None:
+                return LazyResult(self.world, name, lambda: [None])
+            reply = own(*args, **kwargs)
+            return LazyResult(self.world, name, reply if callable(reply) else (lambda: reply))
+
+        return call
+
+
+def fake_groups(world: World) -> WorkerGroups:
+    return WorkerGroups(**{c: FakeGroup(c, world) for c in ("rollout", "actor", "reward", "agent_loop")},
+                        placement=Placement(rollout_dp_size=1, agent_loop_world_size=1, actor_world_size=1,
+                                            weight_sync=SyncRoutes("paired", 1, 1)))
+
+
+def prompts(n: int) -> list[dict]:
+    return [{"prompt_ids": [10 + i], "answers": [f"a{i}"], "uid": f"q{i}"} for i in range(n)]
