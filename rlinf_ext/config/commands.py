@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from rlinf_ext.config.loader import check_config, to_yaml
-from rlinf_ext.config.memory_plan import format_memory
+from rlinf_ext.config.memory_plan import format_in_flight, format_memory
 from rlinf_ext.config.placement import COLLOCATED, BatchPlan, fmt_ranks, placement_mode, placements
 from rlinf_ext.config.schema import ExperimentConfig
 
@@ -118,5 +118,6 @@ def format_plan(cfg: ExperimentConfig) -> str:
     width = max(len(label) for label, _ in rows)
     lines += ["", "batch arithmetic (per rollout step):"]
     lines += [f"  {label.ljust(width)}  {value}" for label, value in rows]
+    lines += format_in_flight(cfg)
     lines += format_memory(cfg)
     return "\n".join(lines)

@@ -8,7 +8,8 @@ engine is vLLM's (``rollout.gpu_memory_utilization`` of each of its GPUs: weight
 context beside it; asleep while a collocated actor trains, ``rollout.vllm.sleep_level``) or SGLang's figures for
 ``rollout_backend=sglang``. Collocated, the weight sync is a phase of its own (the engine's weights awake beside
 the actor's transfer memory), and the host RAM per node is the actor's offloaded parts plus what the sleeping
-engines back up.
+engines back up. With batches dispatched ahead (``runner.max_staleness = k``), k + 1 batches share the engines
+(``format_in_flight``).
 """
 
 from __future__ import annotations
@@ -210,6 +211,43 @@ def _largest_rollout_fraction(cfg: ExperimentConfig, x: ActorMemoryInputs) -> fl
     util = round(spare / plan.gpu_bytes - 0.005, 2)
     fitted = gpu_plan(cfg, x, fraction=util)
     return util if fitted.fits and fitted.engine.kv_tokens >= int(cfg.runner.seq_length) else None
+
+
+def engine_concurrency(cfg: ExperimentConfig) -> tuple[str, int]:
+    """(key, value): how many sequences one rollout engine generates at once."""
+    if cfg.rollout.rollout_backend == "hf":
+        return "rollout.hf.max_batch_size", int(cfg.rollout.hf.max_batch_size)
+    return "rollout.max_running_requests", int(cfg.rollout.max_running_requests)
+
+
+def format_in_flight(cfg: ExperimentConfig) -> list[str]:
+    """Batches dispatched ahead (``runner.max_staleness = k``): the k + 1 batches in flight against what each engine
+    runs at once and, on GPUs (vLLM), what its KV cache holds; a line marked ``!`` when they do not all fit (the
+    rest wait in the engine's queue: slower, not wrong)."""
+    k = cfg.runner.max_staleness
+    if k <= 0 or not is_training(cfg):
+        return []
+    plans, issues = placements(cfg)
+    engines = max(plans["rollout"].dp, 1) if "rollout" in plans and not issues else 1
+    live = (k + 1) * cfg.data.rollout_batch_size * cfg.algorithm.group_size
+    per_engine = -(-live // engines)
+    key, concurrency = engine_concurrency(cfg)
+    lines = ["", f"batches in flight (runner.max_staleness={k}): {k + 1} x {cfg.data.rollout_batch_size} prompts x "
+                 f"{cfg.algorithm.group_size} = {live} trajectories, {per_engine} per engine ({engines} engine(s))",
+             f"  {key}={concurrency} per engine"]
+    if per_engine > concurrency:
+        lines.append(f"  ! {per_engine - concurrency} trajectories per engine wait in its queue; {key}={per_engine} "
+                     "runs them all at once")
+    if cfg.cluster.num_gpus_per_node > 0 and cfg.rollout.rollout_backend != "sglang" and not placements(cfg)[1]:
+        shape, _ = model_shape(cfg)
+        if shape is not None:
+            sequences = engine_plan(cfg, shape).kv_tokens // max(int(cfg.runner.seq_length), 1)
+            lines.append(f"  KV cache: {sequences} sequences of runner.seq_length per engine")
+            if sequences < min(per_engine, concurrency):
+                lines.append(f"  ! the KV cache holds {sequences} full sequences for {min(per_engine, concurrency)} "
+                             "running ones: vLLM preempts and recomputes the longest (raise "
+                             "rollout.gpu_memory_utilization or lower the concurrency)")
+    return lines
 
 
 def format_memory(cfg: ExperimentConfig) -> list[str]:

@@ -3,12 +3,12 @@
 
 The rules themselves, one module per theme under ``config/rules/``: ``generation`` (stops, engine log-probs, the
 sequence budget), ``batch`` (counts, GRPO groups, minibatch splits), ``data``, ``tools`` (search, retrieval),
-``placement`` (placement, model dimensions), ``actor`` (backend, offload, Megatron knobs), ``hardware`` (rollout
-backend vs. cluster, the SGLang profile), ``agents`` (what every agent's registry entry implies) and ``paths``
-(``--check-paths``); an agent's own rules live in its ``AgentSpec.rules`` module, registered with ``agent=``;
-besides them ``config/memory_plan.py`` (GPU memory). RLinf's keys that rlinf_ext does not implement are not rules:
-the structural check refuses them by the compatibility table (``config/compat.py``). ``config/rules/__init__.py``
-imports them all; its ``run_rules`` runs them.
+``placement`` (placement, model dimensions), ``actor`` (backend, offload, Megatron knobs), ``async_rollout``
+(batches dispatched ahead, ``runner.max_staleness``), ``hardware`` (rollout backend vs. cluster, the SGLang
+profile), ``agents`` (what every agent's registry entry implies) and ``paths`` (``--check-paths``); an agent's own
+rules live in its ``AgentSpec.rules`` module, registered with ``agent=``; besides them ``config/memory_plan.py``
+(GPU memory). RLinf's keys that rlinf_ext does not implement are not rules: the structural check refuses them by
+the compatibility table (``config/compat.py``). ``config/rules/__init__.py`` imports them all; its ``run_rules`` runs them.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ import importlib
 # imported for their @rule registrations
 from rlinf_ext.config import memory_plan  # noqa: F401
 from rlinf_ext.config.rule_registry import registered_rules
-from rlinf_ext.config.rules import actor, agents, batch, data, generation, hardware, placement, tools  # noqa: F401
+from rlinf_ext.config.rules import (  # noqa: F401
+    actor, agents, async_rollout, batch, data, generation, hardware, placement, tools)
 from rlinf_ext.config.rules.paths import path_issues
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue

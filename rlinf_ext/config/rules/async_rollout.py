@@ -1,0 +1,58 @@
+"""Rules of batches dispatched ahead of training (``runner.max_staleness = k``): k > 0 needs engines that overlap
+with the actor, the engine's log-probs (the behaviour policy of the off-policy correction) and an agent whose
+log-probs line up with the trained tokens. Dynamic batch refill (RLinf's ``algorithm.max_num_gen_batches > 1``)
+is refused for every run by the compatibility table (``config/compat.py``), so it never meets k > 0 here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from rlinf_ext.config.placement import PlacementError, is_collocated
+from rlinf_ext.config.rule_registry import is_training, rule
+from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.config.structure import ConfigIssue
+from rlinf_ext.protocol.agents import MMSEARCH
+
+KEY = "runner.max_staleness"
+
+
+@rule(KEY)
+def staleness_is_not_negative(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    if cfg.runner.max_staleness < 0:
+        yield ConfigIssue(KEY, f"{KEY}={cfg.runner.max_staleness}: a batch cannot be dispatched after the step that "
+                          "trains it.", f"set {KEY}=0 (synchronous) or a positive k.")
+
+
+@rule(KEY, "runner.task_type", "cluster.num_nodes", "cluster.num_gpus_per_node", "cluster.component_placement")
+def staleness_needs_separate_gpus(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """Collocated, the actor and the engine take turns on the same GPUs: nothing overlaps, the batches in flight
+    would only hold the engine awake through training."""
+    try:
+        collocated = is_collocated(cfg)
+    except PlacementError:  # reported by the placement rule
+        return
+    if cfg.runner.max_staleness > 0 and is_training(cfg) and collocated:
+        yield ConfigIssue(KEY, f"{KEY}={cfg.runner.max_staleness} dispatches batches while the actor trains, but the "
+                          "actor and the rollout share their GPUs (collocated) and take turns: nothing can overlap.",
+                          f"set {KEY}=0, or place the actor and the rollout on disjoint GPUs "
+                          "(cluster.component_placement).")
+
+
+@rule(KEY, "runner.task_type", "rollout.return_logprobs")
+def staleness_needs_engine_logprobs(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """A batch sampled on older weights is corrected by pi_prox / pi_behav per token; pi_behav is the engine's
+    log-probs of the sampled tokens."""
+    if cfg.runner.max_staleness > 0 and is_training(cfg) and not cfg.rollout.return_logprobs:
+        yield ConfigIssue(KEY, f"{KEY}={cfg.runner.max_staleness} trains on tokens sampled by older weights, whose "
+                          "behaviour log-probs come from the engine, but rollout.return_logprobs=false.",
+                          f"set rollout.return_logprobs=true, or {KEY}=0.")
+
+
+@rule(KEY, "runner.task_type", "agentloop.agent")
+def staleness_needs_aligned_logprobs(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """MMSearch-R1's loop re-tokenises its responses (image pads): no test shows yet that the engine's log-probs
+    stay aligned with the trained tokens there."""
+    if cfg.runner.max_staleness > 0 and is_training(cfg) and cfg.agentloop.agent == MMSEARCH:
+        yield ConfigIssue(KEY, f"{KEY}={cfg.runner.max_staleness} needs the engine's log-probs aligned with the trained "
+                          f"tokens; agent {MMSEARCH} re-tokenises its responses and that alignment is not tested yet.",
+                          f"set {KEY}=0 for agentloop.agent={MMSEARCH}.")

@@ -1,0 +1,66 @@
+"""The rules of batches dispatched ahead (``runner.max_staleness``, config/rules/async_rollout.py): each refusal
+names the key and its fix, and the plan counts the k + 1 batches in flight against the engines' concurrency."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlinf_ext.config import check_config, load_config
+from rlinf_ext.config.commands import format_plan
+
+pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
+
+KEY = "runner.max_staleness"
+ASYNC = [f"{KEY}=1", "rollout.return_logprobs=true"]
+DISAGGREGATED = ["cluster.component_placement={actor: 0-5, 'rollout,reward': 6-7}", "data.rollout_batch_size=24",
+                 "actor.offload_weight=false", "actor.offload_optimizer=false", "actor.offload_grad=false"]
+
+
+def staleness_issues(name: str, overrides: list[str]) -> list[str]:
+    return [f"{i.reason} fix: {i.fix}" for i in check_config(name, overrides).issues if i.key == KEY]
+
+
+def test_k_above_zero_is_accepted_where_it_can_overlap(reference_env):
+    assert check_config("tiny-cpu", ASYNC).ok
+    assert check_config("qwen2.5-3b-tool-1node", ASYNC + DISAGGREGATED).ok
+
+
+def test_collocated_gpus_are_refused(reference_env):
+    [issue] = staleness_issues("qwen2.5-3b-tool-1node", ASYNC)
+    assert "collocated" in issue and "runner.max_staleness=0" in issue and "cluster.component_placement" in issue
+    assert check_config("qwen2.5-3b-tool-1node", [f"{KEY}=0"]).ok  # k = 0: today's collocated run
+
+
+def test_engine_logprobs_are_required():
+    [issue] = staleness_issues("tiny-cpu", [f"{KEY}=2", "rollout.return_logprobs=false"])
+    assert "rollout.return_logprobs=true" in issue
+
+
+def test_mmsearch_is_refused_until_its_logprobs_are_shown_aligned():
+    [issue] = staleness_issues("tiny-mm-cpu", ASYNC)
+    assert "mmsearch" in issue and "re-tokenises" in issue and "runner.max_staleness=0" in issue
+    assert not staleness_issues("tiny-mm-cpu", [f"{KEY}=0"])
+
+
+def test_negative_k_is_refused():
+    [issue] = staleness_issues("tiny-cpu", [f"{KEY}=-1"])
+    assert "runner.max_staleness=0" in issue
+
+
+def test_dynamic_refill_is_refused_with_or_without_k():
+    """RLinf's dynamic refill (algorithm.max_num_gen_batches > 1) never reaches the typed config: the compatibility
+    table refuses it for every run, so k > 0 cannot meet it."""
+    for overrides in (ASYNC, []):
+        issues = check_config("tiny-cpu", overrides + ["algorithm.max_num_gen_batches=2"]).issues
+        assert [i.key for i in issues] == ["algorithm.max_num_gen_batches"], issues
+        assert "set it to 1" in issues[0].fix
+
+
+def test_plan_counts_the_batches_in_flight(reference_env):
+    assert "batches in flight" not in format_plan(load_config("tiny-cpu"))
+    plan = format_plan(load_config("tiny-cpu", ASYNC + ["runner.max_staleness=2", "rollout.max_running_requests=64"]))
+    assert "3 x 8 prompts x 4 = 96 trajectories, 96 per engine (1 engine(s))" in plan
+    assert "! 32 trajectories per engine wait in its queue; rollout.max_running_requests=96" in plan
+    gpu = format_plan(load_config("qwen2.5-3b-tool-1node", ASYNC + DISAGGREGATED))
+    assert "2 x 24 prompts x 4 = 192 trajectories, 96 per engine (2 engine(s))" in gpu
+    assert "KV cache:" in gpu and "wait in its queue" not in gpu
