@@ -1,0 +1,80 @@
+"""Batches dispatched ahead (``runner.max_staleness``) put two ``run_agentloop_rollout`` calls on the same
+agent-loop worker at once: RLinf's WorkerGroup over the real ``AgentLoopWorker`` (an async actor) must run them
+concurrently, each on its own DataLoader/Rollout sub-queue. The test is the rollout engine: it reads the generate
+requests of both batches before it answers any (one call at a time could not send batch 1's requests before batch
+0 had its replies), then answers batch 1 first."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from trainer_helpers import make_cfg
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: a Ray worker
+
+PROMPTS = {0: [101, 102, 103], 1: [201, 202, 203]}
+GROUP = 2
+ANSWER = "<answer> paris </answer>"
+
+
+def read(channel, count: int, seconds: float) -> list:
+    """``count`` items from ``channel``, or what came within ``seconds``."""
+    got: list = []
+
+    def take():
+        for _ in range(count):
+            got.append(channel.get())
+
+    reader = threading.Thread(target=take, daemon=True)
+    reader.start()
+    reader.join(seconds)
+    return got
+
+
+def test_two_overlapping_rollouts_on_one_agent_loop_worker(tiny_assets, tmp_path, cluster):
+    from rlinf.scheduler import Channel
+    from transformers import AutoTokenizer
+
+    from rlinf_ext.protocol import channels as ch
+    from rlinf_ext.protocol.channels import KeyedChannel, batch_key
+    from rlinf_ext.protocol.payloads import AgentRolloutRequest
+    from rlinf_ext.runner.groups import cpu_strategy
+    from rlinf_ext.workers.agent_loop import AgentLoopWorker
+
+    cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:9", **{"algorithm.group_size": GROUP})
+    group = AgentLoopWorker.create_group(cfg, search_server_addr="127.0.0.1:9").launch(
+        cluster, placement_strategy=cpu_strategy(1), name="AgentLoopOverlap")
+    channel = Channel.create("agent-loop-overlap")
+    q = {name: KeyedChannel(channel, name) for name in ch.STEP_CHANNELS}
+    try:
+        group.init_worker(q[ch.GENERATE_INPUT], q[ch.GENERATE_OUTPUT]).wait()
+        handles = {}
+        for b, prompt in PROMPTS.items():
+            requests, results = q[ch.DATALOADER].sub(batch_key(b)), q[ch.ROLLOUT].sub(batch_key(b))
+            requests.put(AgentRolloutRequest(n=GROUP, input_ids=[prompt], image_data=[[]], answers=[["paris"]],
+                                             multi_modal_inputs=[None], uids=[f"s{b}-0000-q"], seed=b, tasks=[]))
+            handles[b] = group.run_agentloop_rollout(requests, results)
+
+        generate = read(q[ch.GENERATE_INPUT], 2 * GROUP, seconds=120)
+        by_batch = {b: [r for r in generate if r["prompt_ids"][:3] == prompt] for b, prompt in PROMPTS.items()}
+        assert [len(by_batch[b]) for b in PROMPTS] == [GROUP, GROUP], "the two calls did not run at once"
+
+        ids = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path).encode(ANSWER)
+        for b in (1, 0):  # the later batch is answered first
+            for request in by_batch[b]:
+                reply = {"output_ids": ids, "text": ANSWER, "finish_reason": "stop", "matched_stop": "</answer>",
+                         "logprobs": None, "num_generated": len(ids)}
+                q[ch.GENERATE_OUTPUT].put(reply, key=request["channel_key"])
+        for b in (1, 0):
+            [out] = handles[b].wait()
+            assert out["num_trajectories"] == GROUP
+            assert {t["uid"] for t in out["trajectories"]} == {f"s{b}-0000-q"}
+            [result] = read(q[ch.ROLLOUT].sub(batch_key(b)), 1, seconds=30)
+            assert result.uid == f"s{b}-0000-q" and result.num_sequence == GROUP
+    finally:
+        from trainer_helpers import kill_groups
+
+        from rlinf_ext.runner.groups import WorkerGroups
+
+        kill_groups(WorkerGroups(rollout=None, actor=None, reward=None, agent_loop=group, placement=None))
