@@ -118,6 +118,16 @@ def _collate(items: list[dict]) -> list[dict]:
     return items
 
 
+def training_loader(cfg: ExperimentConfig, train_dataset) -> StatefulDataLoader:
+    """The training batches in their order: ``data.rollout_batch_size`` prompts each, shuffled with ``data.seed``
+    (a new order each epoch), the last partial batch dropped."""
+    generator = torch.Generator().manual_seed(cfg.data.seed)
+    sampler = (torch.utils.data.RandomSampler(train_dataset, generator=generator) if cfg.data.shuffle
+               else torch.utils.data.SequentialSampler(train_dataset))
+    return StatefulDataLoader(train_dataset, batch_size=cfg.data.rollout_batch_size, sampler=sampler, drop_last=True,
+                              num_workers=0, collate_fn=_collate)
+
+
 def part_metrics(rank_results: list, prefix: str) -> dict[str, float]:
     """``<prefix>/<part>`` metrics from the rollout ranks' returns of a timed call (pure): each rank may return a
     dict of parts in seconds (the vLLM worker does for ``init_worker``, under ``time/rollout_start``, and
@@ -169,11 +179,7 @@ class GRPOTrainer:
         batch = cfg.data.rollout_batch_size
         if len(train_dataset) < batch:
             raise ValueError(f"data.rollout_batch_size={batch} is larger than the training set ({len(train_dataset)} prompts).")
-        generator = torch.Generator().manual_seed(cfg.data.seed)
-        sampler = (torch.utils.data.RandomSampler(train_dataset, generator=generator) if cfg.data.shuffle
-                   else torch.utils.data.SequentialSampler(train_dataset))
-        self.dataloader = StatefulDataLoader(train_dataset, batch_size=batch, sampler=sampler, drop_last=True,
-                                             num_workers=0, collate_fn=_collate)
+        self.dataloader = training_loader(cfg, train_dataset)
         self.max_steps = self.total_steps(cfg, len(train_dataset))
         self.run_dir = Path(cfg.runner.output_dir) / cfg.runner.experiment_name
         self.ckpt_root = self.run_dir / "checkpoints"
