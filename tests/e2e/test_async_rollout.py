@@ -2,8 +2,9 @@
 through the real launcher on the HF engine, preempted and resumed (two launches for both checks: a launch costs
 ~45 s of start-up).
 
-Launch 1 gets SIGTERM once step 1 is logged: it finishes the step in flight, checkpoints it, waits for the batch
-already dispatched for the next step and discards it, and exits 75. Launch 2 resumes and trains to the end. The
+Launch 1 gets SIGTERM once step 1 is logged: it finishes the step in flight (step 2, or step 3 when the signal comes
+late: step 2 trains a batch that is ready), checkpoints it, waits for the batch already dispatched for the next step
+and discards it, and exits 75. Launch 2 resumes and trains to the end. The
 trained prompts of every step (the rollout dumps' uids) are those of the training loader's batch for that step,
 the order an uninterrupted run trains (tests/runner/test_trainer_pipeline.py checks a resumed run against an
 uninterrupted one on fakes), and the batch read ahead before the stop is trained after the resume.
@@ -26,7 +27,7 @@ from rlinf_ext.runner.commands import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.slow
 
-MAX_STEPS = 3
+MAX_STEPS = 4  # a SIGTERM that reaches the second step late still stops before the last
 ARGS = [a for a in CI_SIZE if not a.startswith(("runner.save_interval=", "runner.val_samples"))] + [
     "runner.save_interval=-1", "runner.val_before_train=false", "runner.val_check_interval=-1",
     "rollout.rollout_backend=hf", "rollout.return_logprobs=true", "runner.max_staleness=1",
