@@ -453,8 +453,9 @@ class GRPOTrainer:
         for key, value in rollout_metrics.items():
             metrics[mk.prefixed(mk.ROLLOUT_PREFIX, key)] = float(value)
         last = training[-1]
+        behaviour = tuple(mk.actor_name(key) for key in mk.ACTOR_BEHAVIOUR_METRICS)  # steps weighted by pi_behav
         for key in ("loss", "policy_loss", "kl", "entropy", "grad_norm", "lr", "clip_fraction", "ratio",
-                    "approx_kl", "update_success", "advantages_mean", "advantages_max", "advantages_min"):
+                    "approx_kl", "update_success", "advantages_mean", "advantages_max", "advantages_min", *behaviour):
             if key in last:
                 metrics[mk.prefixed(mk.ACTOR_PREFIX, key)] = (
                     float(sum(m[key] for m in training) / len(training)) if key != "lr" else float(last[key]))

@@ -106,5 +106,7 @@ def test_k1_run_logs_staleness_and_idle_time(preempted_async_run):
         assert math.isfinite(row[mk.TIME_WAIT_ROLLOUT]) and row[mk.TIME_WAIT_ROLLOUT] >= 0
         assert 0 <= row[mk.TIME_ACTOR_IDLE_RATIO] <= 1 and 0 <= row[mk.TIME_ROLLOUT_IDLE_RATIO] <= 1
         assert math.isfinite(row[mk.REWARD_MEAN])
+        # the decoupled loss weighs each token by pi_prox / pi_behav: the engine's log-probs reached the actor
+        assert math.isfinite(row[mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN]) and math.isfinite(row[mk.ACTOR_BEHAVIOUR_KL])
         if mk.token_staleness(0) in row:  # the engine stamps token versions
             assert math.isclose(row[mk.token_staleness(0)] + row[mk.token_staleness(1)], 1.0)

@@ -85,6 +85,7 @@ class World:
         self.loads: list[str] = []
         self.rollouts: list[dict] = []  # one per agent-loop call: batch, handle, results put
         self.most_in_flight = 0
+        self.behaviour_metrics = False  # run_training returns the decoupled loss's metrics
 
     # ---- agent loop
     def run_agentloop_rollout(self, input_channel, output_channel):
@@ -139,7 +140,11 @@ class World:
             uids = sorted(input_channel.get().uid for _ in range(num_results))
             self.trained[step] = uids
             self.updates += 1
-            return [({"reward_scores": 0.0}, [{"loss": 0.5 + step, "lr": 1e-6}])]
+            training = {"loss": 0.5 + step, "lr": 1e-6}
+            if self.behaviour_metrics:  # the decoupled loss's (training/rl_math.py:behaviour_weights)
+                training.update({"behaviour_weight_mean": 0.9, "behaviour_weight_clip_fraction": 0.25,
+                                 "behaviour_kl": 0.01})
+            return [({"reward_scores": 0.0}, [training])]
         return work
 
     def save_checkpoint(self, save_path, step):

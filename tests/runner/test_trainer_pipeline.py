@@ -35,9 +35,10 @@ def memory_channels(monkeypatch):
     monkeypatch.setattr(trainer_module, "Channel", MemoryChannel)
 
 
-def run(out_dir, k: int, steps: int = 6, stop_after: int | None = None, **extra):
+def run(out_dir, k: int, steps: int = 6, stop_after: int | None = None, behaviour: bool = False, **extra):
     """(trainer, world, metrics per step, summary) of one run on fresh fake workers."""
     world = World(GROUP)
+    world.behaviour_metrics = behaviour
     metrics: dict[int, dict] = {}
     cfg = make_cfg(out_dir, k, steps, **extra)
     trainer = GRPOTrainer(cfg, fake_groups(world), prompts(PROMPTS), on_step=lambda s, m, t: metrics.setdefault(s, m))
@@ -54,7 +55,7 @@ def nothing_pending(trainer, world) -> bool:
 
 @pytest.mark.parametrize("k", [0, 1, 2])
 def test_step_b_trains_exactly_batch_b(tmp_path, k):
-    trainer, world, metrics, summary = run(tmp_path, k)
+    trainer, world, metrics, summary = run(tmp_path, k, behaviour=True)
     steps = range(6)
     assert summary["steps"] == 6 and sorted(world.requests) == list(steps)
     for b in steps:
@@ -70,6 +71,8 @@ def test_step_b_trains_exactly_batch_b(tmp_path, k):
         assert m[mk.token_staleness(min(b, k))] >= 0.5
         assert m[mk.TRAJECTORIES_TWO_VERSIONS] == (1.0 if min(b, k) else 0.0)
         assert 0.0 <= m[mk.TIME_ACTOR_IDLE_RATIO] <= 1.0 and 0.0 <= m[mk.TIME_ROLLOUT_IDLE_RATIO] <= 1.0
+        assert (m[mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN], m[mk.ACTOR_BEHAVIOUR_WEIGHT_CLIP_FRACTION],
+                m[mk.ACTOR_BEHAVIOUR_KL]) == (0.9, 0.25, 0.01)
     assert world.most_in_flight == k + 1
     assert nothing_pending(trainer, world)
 
