@@ -33,8 +33,6 @@ flight and discards them (the engines keep serving until ``shutdown()``). k = 0 
 from __future__ import annotations
 
 import copy
-import functools
-import inspect
 import math
 import time
 import uuid
@@ -65,21 +63,10 @@ from rlinf_ext.runner.groups import WorkerGroups, wait_all_or_raise, wait_or_rai
 from rlinf_ext.runner.metrics import engine_mismatch_step
 from rlinf_ext.runner.staleness import busy_seconds, head_staleness_metrics, idle_ratios, token_staleness_metrics
 from rlinf_ext.workers.agent_loop import ChannelGenerator
-from rlinf_ext.workers.rollout_hf import HFRolloutWorker
-from rlinf_ext.workers.rollout_sglang import SGLangRolloutWorker
-from rlinf_ext.workers.rollout_vllm import VLLMRolloutWorker
 
 StepCallback = Callable[[int, dict, list], None]
 VALIDATION_DIR = "validation"  # <run_dir>/validation/global_step_<N>/generations.jsonl
 RECORD_VERSIONS = "versions"  # a trajectory record's per-token weight versions (-1 on observation tokens), if any
-
-
-@functools.cache
-def rollout_sync_takes_version() -> bool:
-    """Whether every rollout worker's ``sync_model_from_actor`` takes the weight version to stamp (``version=``);
-    without it the engines count the syncs themselves."""
-    return all("version" in inspect.signature(cls.sync_model_from_actor).parameters
-               for cls in (HFRolloutWorker, VLLMRolloutWorker, SGLangRolloutWorker))
 
 
 @dataclass
@@ -295,7 +282,7 @@ class GRPOTrainer:
         if self._rollout_current:
             return False
         g = self.groups
-        version = {"version": self.global_step} if rollout_sync_takes_version() else {}
+        version = {"version": self.global_step}
         _, received = wait_all_or_raise([
             (g.actor.sync_model_to_rollout(self.verify_sync), "actor", "sync_model_to_rollout"),
             (g.rollout.sync_model_from_actor(**version), "rollout", "sync_model_from_actor")])

@@ -75,7 +75,7 @@ class ActorSettings:
     def from_config(cls, cfg: ExperimentConfig, total_train_steps: int) -> ActorSettings:
         alg, actor = cfg.algorithm, cfg.actor
         off_policy = alg.off_policy
-        staleness = int(getattr(cfg.runner, "max_staleness", 0))  # 0: batches trained by the weights that sampled them
+        staleness = int(cfg.runner.max_staleness)  # 0: batches trained by the weights that sampled them
         if alg.loss_agg_func != "token-mean":
             raise ValueError(f"algorithm.loss_agg_func={alg.loss_agg_func!r}: only 'token-mean' is implemented.")
         if alg.kl_beta > 0 and alg.kl_penalty_type != "low_var_kl":

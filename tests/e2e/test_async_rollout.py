@@ -108,5 +108,6 @@ def test_k1_run_logs_staleness_and_idle_time(preempted_async_run):
         assert math.isfinite(row[mk.REWARD_MEAN])
         # the decoupled loss weighs each token by pi_prox / pi_behav: the engine's log-probs reached the actor
         assert math.isfinite(row[mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN]) and math.isfinite(row[mk.ACTOR_BEHAVIOUR_KL])
-        if mk.token_staleness(0) in row:  # the engine stamps token versions
-            assert math.isclose(row[mk.token_staleness(0)] + row[mk.token_staleness(1)], 1.0)
+        # every sampled token carries the version that sampled it: the fractions at staleness 0 and 1 add up to 1
+        assert math.isclose(row[mk.token_staleness(0)] + row.get(mk.token_staleness(1), 0.0), 1.0), row
+        assert 0.0 <= row[mk.TRAJECTORIES_TWO_VERSIONS] <= 1.0

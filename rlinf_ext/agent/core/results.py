@@ -75,6 +75,7 @@ def trajectory_records(result: AgentRolloutResult) -> list[dict[str, Any]]:
             "reward": rewards[i],
             "end_reason": result.end_reasons[i],
             "metrics": result.trajectory_metrics[i],
+            "versions": result.versions[i] if result.versions else None,  # per response token; -1 on observations
         }
         for i in range(result.num_sequence)
     ]
