@@ -59,3 +59,16 @@ class FuncResult:
     @checked_against(WorkerGroupFuncResult.consume_duration)
     def consume_duration(self, reduction_type="max"):
         return 0.0
+
+
+# the order of group calls a trainer makes, as the tests' call logs record it
+def c(name):
+    return ("call", name)
+
+
+def w(name):
+    return ("wait", name)
+
+
+SYNC = [c("actor.sync_model_to_rollout"), c("rollout.sync_model_from_actor"), w("actor.sync_model_to_rollout"),
+        w("rollout.sync_model_from_actor")]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from group_fakes import FuncResult, check_group_call
+from group_fakes import SYNC, FuncResult, c, check_group_call, w
 from signature_checks import checked_against
 
 from rlinf_ext.protocol.channels import KeyedChannel
@@ -115,16 +115,6 @@ def _run(placement: str) -> tuple[list, list]:
     return init, list(log)
 
 
-def c(name):
-    return ("call", name)
-
-
-def w(name):
-    return ("wait", name)
-
-
-SYNC = [c("actor.sync_model_to_rollout"), c("rollout.sync_model_from_actor"), w("actor.sync_model_to_rollout"),
-        w("rollout.sync_model_from_actor")]
 SET_ROUTES = [c("actor.set_weight_sync"), w("actor.set_weight_sync"), c("rollout.set_weight_sync"),
               w("rollout.set_weight_sync")]
 OVERLAPPED_INIT = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from group_fakes import SYNC, c, w
 from pipeline_fakes import AGENT_LOOP_CALL, MemoryChannel, World, fake_groups, prompts
 
 from rlinf_ext.config.loader import load_config
@@ -105,16 +106,6 @@ def test_stop_drains_and_resume_trains_the_same_uids(tmp_path, k, stop_after):
     assert nothing_pending(resumed, second)
 
 
-def c(name):
-    return ("call", name)
-
-
-def w(name):
-    return ("wait", name)
-
-
-SYNC = [c("actor.sync_model_to_rollout"), c("rollout.sync_model_from_actor"), w("actor.sync_model_to_rollout"),
-        w("rollout.sync_model_from_actor")]
 STEP = SYNC + [
     c(AGENT_LOOP_CALL), c("reward.compute_rewards"), c("actor.run_inference"), c("actor.run_training"),
     w(AGENT_LOOP_CALL), w("reward.compute_rewards"), w("actor.run_inference"), w("actor.run_training"),
