@@ -1,22 +1,27 @@
-"""End to end on the portable fallback engine, preempted: the tiny Search-R1 experiment through the real launcher
-with ``rollout.rollout_backend=hf`` (transformers ``generate`` in the rollout worker) for training and evaluation,
-stopped by SIGTERM and resumed.
+"""End to end on the portable fallback engine, one step ahead, preempted: the tiny Search-R1 experiment through the
+real launcher with ``rollout.rollout_backend=hf`` (transformers ``generate`` in the rollout worker) for training and
+evaluation, with batches dispatched one step before the step that trains them (``runner.max_staleness=1``), stopped
+by SIGTERM and resumed. Two launches for all of it (a launch costs ~45 s of start-up).
 
-tiny-cpu.yaml runs vLLM (the reference recipe's tiny run, tests/e2e/test_reference_recipe.py, covers that engine on the
-same model shape); this module keeps the fallback's launch path honest, and tiny-cpu.yaml's own (tiny assets, the
-launched BM25 server): validation before training, GRPO steps with a weight sync before each step that follows an
-update, Megatron -> HF conversion and the evaluation of the converted model, on the contract's random tiny model.
+tiny-cpu.yaml runs vLLM at k=0 (the reference recipe's tiny run, tests/e2e/test_reference_recipe.py, covers that
+engine and order on the same model shape); this module keeps the fallback's launch path honest, tiny-cpu.yaml's own
+(tiny assets, the launched BM25 server) and the asynchronous pipeline: validation before training, GRPO steps with
+a weight sync after each update while the next batch is in flight, the decoupled loss on the engine's log-probs,
+Megatron -> HF conversion and the evaluation of the converted model, on the contract's random tiny model.
 
-The same run is the preemption check (one run for both: a launch costs ~45 s of start-up): SIGTERM (what Slurm and
-Kubernetes send before they kill a job) once step 1 is logged makes the launcher finish the current step, write a
-checkpoint and exit with its own code (75); the same command with ``runner.resume_dir=auto`` continues from that
-checkpoint to the end, converts and evaluates.
+SIGTERM (what Slurm and Kubernetes send before they kill a job) once step 1 is logged makes the launcher finish the
+step in flight (step 2, or step 3 when the signal comes late), write a checkpoint, wait for the batch already
+dispatched for the next step and discard it, and exit with its own code (75); the same command with
+``runner.resume_dir=auto`` continues from that checkpoint to the end, converts and evaluates. Every step trains the
+prompts of the training loader's batch for that step: the order an uninterrupted run trains
+(tests/runner/test_trainer_pipeline.py checks a resumed run against an uninterrupted one on fakes).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +29,7 @@ from pathlib import Path
 import pytest
 from launch_helpers import CI_SIZE, launch, metrics_rows, when_step_logged
 
+from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.runner.checkpoints import check_complete, latest_complete_checkpoint
 from rlinf_ext.runner.commands import EXIT_PREEMPTED
 
@@ -31,14 +37,19 @@ pytestmark = pytest.mark.slow
 
 HF = "rollout.rollout_backend=hf"
 VLLM_SYNC_LINE = "Successfully reset prefix cache"  # vLLM logs it at each weight sync
-MAX_STEPS = 3
+MAX_STEPS = 4  # a SIGTERM that reaches the second step late still stops before the last
+EVAL_OVERRIDES = ["--eval-override", "data.data_size=1", "--eval-override", HF]
 # CI_SIZE without its checkpoint every step: a checkpoint before the last step can only come from the SIGTERM
-ARGS = [a for a in CI_SIZE if not a.startswith("runner.save_interval=")] + ["runner.save_interval=-1"]
+ARGS = [a for a in CI_SIZE if not a.startswith("runner.save_interval=")] + [
+    "runner.save_interval=-1", HF, "rollout.return_logprobs=true", "runner.max_staleness=1",
+    f"runner.max_steps={MAX_STEPS}"]
 
 
 @dataclass
 class PreemptedRun:
+    out: Path
     run_dir: Path
+    overrides: list[str]
     code: int
     log: str
     checkpoint: Path | None
@@ -50,11 +61,12 @@ class PreemptedRun:
 
 @pytest.fixture(scope="module")
 def preempted_run(tiny_assets, tmp_path_factory) -> PreemptedRun:
-    out = tmp_path_factory.mktemp("hf_preempted")
+    out = tmp_path_factory.mktemp("hf_async_preempted")
     run_dir = out / "searchr1-grpo-tiny-cpu"
-    args = ["--eval-override", "data.data_size=1", "--eval-override", HF, f"paths.tiny_assets={tiny_assets.root}",
-            f"runner.output_dir={out}", f"rollout.model.model_path={tiny_assets.qwen2_tiny}", HF, *ARGS,
-            f"runner.max_steps={MAX_STEPS}"]
+    overrides = [f"paths.tiny_assets={tiny_assets.root}", f"runner.output_dir={out}",
+                 f"rollout.model.model_path={tiny_assets.qwen2_tiny}", f"runner.rollout_data_dir={out / 'dumps'}",
+                 *ARGS]
+    args = [*EVAL_OVERRIDES, *overrides]
     launcher = {}
 
     def keep_proc(_line, proc):
@@ -69,14 +81,32 @@ def preempted_run(tiny_assets, tmp_path_factory) -> PreemptedRun:
     resume_code, resume_log = launch([*args, "runner.resume_dir=auto"], timeout=600)
     (out / "launch_1.log").write_text(log)  # kept for a failure's reading (pytest's basetemp)
     (out / "launch_2.log").write_text(resume_log)
-    return PreemptedRun(run_dir, code, log, checkpoint, steps, converted, resume_code, resume_log)
+    return PreemptedRun(out, run_dir, overrides, code, log, checkpoint, steps, converted, resume_code, resume_log)
+
+
+def loader_batches(run: PreemptedRun) -> list[list[str]]:
+    """The prompt uids of the training loader's batches, in the order an uninterrupted run trains them."""
+    from rlinf_ext.runner.prepare import build_datasets, load_checked_config
+    from rlinf_ext.runner.trainer import training_loader
+
+    cfg = load_checked_config("tiny-cpu", run.overrides, check_paths=False)
+    train_ds, _ = build_datasets(cfg)
+    batches = iter(training_loader(cfg, train_ds))
+    return [[item["uid"] for item in next(batches)] for _ in range(MAX_STEPS)]
+
+
+def trained_uids(run: PreemptedRun, step: int) -> list[str]:
+    """The prompts step ``step`` trained: its dump's group uids ``s<batch>-<k>-<prompt uid>``, in batch order."""
+    rows = [json.loads(line) for line in (run.out / "dumps" / f"step_{step}.jsonl").read_text().splitlines()]
+    return sorted({r["uid"] for r in rows})
 
 
 @pytest.mark.timeout(1200)
-def test_sigterm_finishes_the_step_checkpoints_exits_75_and_resume_continues(preempted_run):
+def test_sigterm_finishes_the_step_drains_checkpoints_exits_75_and_resume_continues(preempted_run):
     run = preempted_run
     assert run.code == EXIT_PREEMPTED, run.log[-4000:]
     assert "SIGTERM received: finishing the current step" in run.log
+    assert "1 batch(es) in flight after step" in run.log  # read ahead, waited for, discarded
     steps = run.steps_before_resume
     last = steps[-1]
     assert steps == list(range(0, last + 1)) and 1 <= last < MAX_STEPS, steps  # step 0: validation before training
@@ -90,6 +120,11 @@ def test_sigterm_finishes_the_step_checkpoints_exits_75_and_resume_continues(pre
     assert [r["step"] for r in metrics_rows(run.run_dir)] == list(range(0, MAX_STEPS + 1))
     assert latest_complete_checkpoint(run.run_dir / "checkpoints") == \
         run.run_dir / "checkpoints" / f"global_step_{MAX_STEPS}"
+    # every step trained its own batch, the one an uninterrupted run trains at that step
+    expected = loader_batches(run)
+    for step in range(1, MAX_STEPS + 1):
+        batch = step - 1
+        assert trained_uids(run, step) == [f"s{batch}-{k:04d}-{uid}" for k, uid in enumerate(expected[batch])], step
 
 
 @pytest.mark.timeout(1200)
@@ -99,10 +134,25 @@ def test_tiny_experiment_on_the_hf_fallback_trains_syncs_and_evaluates(preempted
     rows = metrics_rows(run.run_dir)
     assert [r["step"] for r in rows] == list(range(MAX_STEPS + 1))  # step 0 once: a resume does not validate again
     assert math.isfinite(rows[0]["time/rollout_start"])  # the engine's start-up, logged once
-    # step 1 starts on the weights the validation synced; step 2 needs the step-1 update (synced in launch 1, or
-    # after the resume's start), and so does every later step
-    assert "time/sync" not in rows[1] and all(r["time/sync"] > 0 for r in rows[2:]), rows
+    assert all(r["time/sync"] > 0 for r in rows[2:]), rows  # every update reaches the engine
     assert all(math.isfinite(r["reward/mean"]) for r in rows[1:])
     assert VLLM_SYNC_LINE not in run.log + run.resume_log  # no vLLM engine anywhere in this run
     results = json.loads((run.run_dir / "eval" / f"global_step_{MAX_STEPS}" / "results.json").read_text())
     assert results["overall"]["n"] == 7 and results["overall"]["errors"] == 0
+
+
+@pytest.mark.timeout(1200)
+def test_one_step_ahead_logs_staleness_idle_time_and_the_behaviour_weight(preempted_run):
+    run = preempted_run
+    stop = int(re.search(r"stopped by SIGTERM after step (\d+)", run.log).group(1))
+    for row in metrics_rows(run.run_dir)[1:]:
+        step = row["step"]
+        batch, start = step - 1, (0 if step <= stop else stop)  # a resume refills the pipeline at its version
+        assert row[mk.STALENESS_HEAD_MAX] == row[mk.STALENESS_HEAD_MEAN] == min(batch - start, 1), step
+        assert math.isfinite(row[mk.TIME_WAIT_ROLLOUT]) and row[mk.TIME_WAIT_ROLLOUT] >= 0
+        assert 0 <= row[mk.TIME_ACTOR_IDLE_RATIO] <= 1 and 0 <= row[mk.TIME_ROLLOUT_IDLE_RATIO] <= 1
+        # the decoupled loss weighs each token by pi_prox / pi_behav: the engine's log-probs reached the actor
+        assert math.isfinite(row[mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN]) and math.isfinite(row[mk.ACTOR_BEHAVIOUR_KL])
+        # every sampled token carries the version that sampled it: the fractions at staleness 0 and 1 add up to 1
+        assert math.isclose(row[mk.token_staleness(0)] + row.get(mk.token_staleness(1), 0.0), 1.0), row
+        assert 0.0 <= row[mk.TRAJECTORIES_TWO_VERSIONS] <= 1.0
