@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import multiprocessing
+import pickle
 import typing
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -51,6 +54,20 @@ def test_an_agents_section_is_mounted_only_for_it():
     assert not hasattr(ExperimentConfig().agentloop, "mmsearch")
     result = check_config("tiny-cpu", ["agentloop.mmsearch.max_gen_round=2"])
     assert any(i.key == "agentloop.mmsearch" and "unknown key" in i.reason for i in result.issues)
+
+
+def _echo(value):
+    return value
+
+
+def test_a_config_with_an_agents_section_pickles_into_a_fresh_process():
+    """The per-agent classes are found by name (``config/agent_schema.py``), as spawn and checkpoints need."""
+    cfg = check_config("tiny-mm-cpu", []).cfg
+    assert type(cfg).__module__ == "rlinf_ext.config.agent_schema"
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        back = pool.submit(_echo, cfg).result()
+    assert back == cfg and back.agentloop.mmsearch.max_gen_round == 3
 
 
 def test_an_agents_own_rules_run_only_when_it_is_chosen():

@@ -33,7 +33,8 @@ def find_spec_answering(answer):
     return find_spec
 
 
-def test_invalid_config_reports_every_problem_and_starts_nothing(tmp_path, monkeypatch):
+def test_invalid_config_reports_every_problem_and_starts_nothing(tmp_path, monkeypatch, no_shared_ray):
+    # no_shared_ray: another runner test of this worker may have left the shared instance up; this one starts none
     import ray
 
     def must_not_run(*_a, **_k):
@@ -112,7 +113,7 @@ def _reference_overrides(tmp_path) -> list[str]:
             f"runner.output_dir={tmp_path / 'out'}"]
 
 
-def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(tmp_path, monkeypatch):
+def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(tmp_path, monkeypatch, no_shared_ray):
     import importlib.util
 
     import ray

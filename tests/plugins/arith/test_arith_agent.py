@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ def test_the_yaml_validates_with_its_own_section_and_tool(tmp_path):
     assert checked.ok, [str(i) for i in checked.issues]
     section = checked.cfg.agentloop.arith
     assert section.tools == ["tests.plugins.calculator.tool:Calculator"] and section.max_turns == 2
+    assert pickle.loads(pickle.dumps(checked.cfg)) == checked.cfg  # the agent's schema class is found by name
     bad = check_config(YAML, [f"data.train_data_paths=[{data}]", "agentloop.arith.tools=[calculator]"])
     assert any(i.key == "agentloop.arith.tools" and "neither a registered tool" in i.reason for i in bad.issues)
 
