@@ -1,6 +1,7 @@
 """Token bucket: hand-computed schedule, process-wide sharing, and the measured rate under 100 trajectories."""
 
 import asyncio
+import time
 
 import pytest
 from retrieval_stub import StubServer
@@ -50,6 +51,8 @@ def test_100_concurrent_trajectories_stay_at_configured_rate():
                                default_timeout=10.0, max_retries=0)
 
         async def go():
+            nonlocal started
+            started = time.monotonic()  # the stub server stamps arrivals with the same clock
             tool = TextSearch(SearchTool(cfg))
             try:
                 return await asyncio.gather(*(
@@ -59,13 +62,18 @@ def test_100_concurrent_trajectories_stay_at_configured_rate():
             finally:
                 await close_http_session()
 
+        started = 0.0
         trajectories = asyncio.run(go())
         arrivals = sorted(server.behaviour.arrivals)
     assert len(trajectories) == 100 and all(t.end_reason == "answer" for t in trajectories)
     assert len(arrivals) == 100
-    measured = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
-    print(f"configured {rate}/s, measured {measured:.2f}/s at the server")
-    assert measured == pytest.approx(rate, rel=0.15)
+    # The limiter schedules the 100th request 99 intervals after the first reservation, so the last arrival cannot
+    # come sooner however the machine is loaded; it comes about then unless the loop was starved. (The span between
+    # the first and last arrivals is no measure: a starved server stamps a late first arrival, and the span shrinks.)
+    schedule = (len(arrivals) - 1) / rate
+    elapsed = arrivals[-1] - started
+    print(f"configured {rate}/s: the last of 100 requests arrived after {elapsed:.2f} s (schedule {schedule:.2f} s)")
+    assert schedule * 0.98 <= elapsed <= schedule * 2 + 1.0
     # no two-second window holds much more than 2 x rate. Two seconds, not one: on a loaded 2-core machine the
     # stub server's event loop is starved now and then and stamps a queue of arrivals at once (52 in one second
     # was seen once at 40/s); without a limiter all 100 requests land within a fraction of a second.
