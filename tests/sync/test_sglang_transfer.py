@@ -35,7 +35,7 @@ from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes, WeightS
 from rlinf_ext.workers.rollout_sglang import SGLangControl, SGLangRolloutState
 
 pytestmark = pytest.mark.timeout(120)
-WAIT_S = 20.0
+WAIT_S = 60.0  # a thread of this test waits on the others; a loaded 2-core CI box once took over 20 s
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
