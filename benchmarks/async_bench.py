@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.assets:
         parser.error("--assets DIR (or RLINF_EXT_TINY_ASSETS): tiny assets with the warm start "
-                     "(rlinf-ext make-tiny-assets --out DIR --with-sft)")
+                     "(rlinf-ext make-tiny-assets --out DIR --with-registry)")
     out = Path(args.out or tempfile.mkdtemp(prefix="async_bench_"))
     ks, latencies = parse_list(args.ks), parse_list(args.latencies_ms)
     results: dict[tuple[int, int, int], dict] = {}

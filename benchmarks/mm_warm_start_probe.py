@@ -35,7 +35,7 @@ from rlinf_ext.assets.core.playback import PlaybackGenerator  # noqa: E402
 from rlinf_ext.assets.core.search import CorpusTextSearch, corpus_retriever  # noqa: E402
 from rlinf_ext.assets.mmsearch.paths import layout  # noqa: E402
 from rlinf_ext.assets.mmsearch.sft import PX  # noqa: E402
-from rlinf_ext.assets.mmsearch.trajectories import IMAGE_SEARCH_TURN, answer_turn  # noqa: E402
+from rlinf_ext.assets.mmsearch.trajectories import IMAGE_SEARCH_TURN, colour_answer_turn  # noqa: E402
 from rlinf_ext.assets.mmsearch.world import KIND_COLOUR, PALETTE, EmblemSpec, draw_emblem  # noqa: E402
 from rlinf_ext.config.schema import ImageSearchToolConfig  # noqa: E402
 from rlinf_ext.data.fvqa import read_fvqa  # noqa: E402
@@ -53,7 +53,7 @@ class Scorer:
         self.model, self.tok = model, processor.tokenizer
         self.images = ImageInputs(processor.image_processor, capacity=4096)
         self.search_ids = self._ids(IMAGE_SEARCH_TURN)
-        self.answer_ids = {c: self._ids(answer_turn(f"The emblem is {c}.", c)) for c in PALETTE}
+        self.answer_ids = {c: self._ids(colour_answer_turn(c)) for c in PALETTE}
 
     def _ids(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
@@ -79,7 +79,7 @@ def searched_context(processor, task: Task, cache: Path, corpus: Path) -> tuple[
     tools = SearchTools(ImageSearchTool(config), CorpusTextSearch(corpus_retriever(corpus), 3))
     settings = LoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
                               response_length_total=4096, max_obs_length=320)
-    final = answer_turn("The emblem is red.", "red")
+    final = colour_answer_turn("red")
     playback = PlaybackGenerator(processor.tokenizer)
     playback.start([IMAGE_SEARCH_TURN, final])
     t = asyncio.run(run_trajectory(playback, processor, tools, task, settings, prompts=Prompts()))

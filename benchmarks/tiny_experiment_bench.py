@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if backends is None or out is None:
         return 2
     assets = Path(args.assets or os.environ.get("RLINF_EXT_TINY_ASSETS") or out / "assets").resolve()
-    assets_s = build_assets(assets, "--with-sft")
+    assets_s = build_assets(assets, "--with-registry")
     print(f"tiny assets: {assets} ({assets_s:.0f} s, reused when already built)", flush=True)
     figures = run_engines(Path(__file__).resolve(), backends, out, lambda backend, run_out: [
         "--out", str(run_out), *(["--no-eval"] if args.no_eval else []), f"paths.tiny_assets={assets}",

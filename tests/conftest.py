@@ -32,6 +32,13 @@ def tiny_assets_sft(tiny_assets, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_assets_registry(tiny_assets, tmp_path_factory):
+    """`tiny_assets` plus the registry world and its reader warm start (`registry/`, the tiny experiment's world;
+    ~4 min on 2 cores when the cache lacks it)."""
+    return _session_assets(tmp_path_factory, registry=True)
+
+
+@pytest.fixture(scope="session")
 def published_data(tiny_assets, tmp_path_factory):
     """Search-R1's train.parquet and merged test.parquet and RLinf's train.jsonl, in their published formats, made
     from the tiny assets' questions (``rlinf_ext/data/published_fixtures.py``)."""
@@ -146,7 +153,7 @@ def tiny_mm_assets_sft(tiny_mm_assets, tmp_path_factory):
 # Session fixtures that train a warm start when the cache lacks it: their first user then pays the training
 # inside its own timeout (pytest-timeout counts fixture setup), so every user's hang guard is widened by this
 # budget (CI fills the cache before the tests, so there it is never spent).
-WARM_START_BUDGET_S = {"tiny_assets_sft": 720, "tiny_mm_assets_sft": 360}
+WARM_START_BUDGET_S = {"tiny_assets_sft": 720, "tiny_assets_registry": 480, "tiny_mm_assets_sft": 600}
 
 
 VLLM_MODEL_FIXTURES = ("qwen2_head32_dirs", "qwen2_5_vl_head32_dirs")  # the in-process vLLM tests' models

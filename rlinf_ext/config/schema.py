@@ -388,6 +388,10 @@ class RewardConfig:
     search_penalty_warmup_steps: int = fld(
         0, "mmsearch: ramp the search penalty linearly from -search_penalty to +search_penalty over these steps."
     )
+    shuffle_within_step: bool = fld(
+        False, "A control run's switch: each step's rewards are permuted across all its trajectories before the "
+        "advantage (same mean and spread, no link to what was done); the reward/* metrics stay the true ones."
+    )
 
 
 # --------------------------------------------------------------------------------------------- agent loop

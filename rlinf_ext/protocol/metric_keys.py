@@ -14,6 +14,8 @@ REWARD_MEAN = "reward/mean"
 REWARD_EM = "reward/em"
 REWARD_MAX = "reward/max"
 REWARD_MIN = "reward/min"
+# share of the step's groups whose rewards are not all equal: the groups with a non-zero GRPO advantage
+REWARD_MIXED_GROUPS = "reward/mixed_groups"
 
 # agent loop: means over trajectories of Trajectory.metrics, under agent/<name>
 AGENT_PREFIX = "agent"

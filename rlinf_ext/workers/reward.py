@@ -11,6 +11,7 @@ tools' tags, so a trajectory that calls a plug-in tool is scored as well-formed.
 from __future__ import annotations
 
 import inspect
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,6 +53,18 @@ def score_result_details(result: AgentRolloutResult, reward_cfg: RewardConfig, f
     return rewards, em, details
 
 
+def mixed_group_share(groups: list[list[float]]) -> float:
+    """Share of groups whose rewards are not all equal (pure): only those carry a GRPO advantage."""
+    return sum(len(set(g)) > 1 for g in groups) / max(1, len(groups))
+
+
+def shuffled_rewards(rewards: list[float], seed: int, step: int) -> list[float]:
+    """``rewards`` permuted by a generator seeded with (seed, step): the shuffled-reward control's rewards (pure)."""
+    permuted = list(rewards)
+    random.Random(f"{seed}-{step}").shuffle(permuted)
+    return permuted
+
+
 class RewardWorker(Worker):
     def __init__(self, cfg: ExperimentConfig):
         super().__init__()
@@ -66,9 +79,10 @@ class RewardWorker(Worker):
 
     def compute_rewards(self, input_channel, output_channel, num_results: int, step: int) -> dict:
         """Score ``num_results`` groups of training step ``step`` (0 = the first); returns ``{"metrics": ...,
-        "rewards": {uid: [..]}}``."""
+        "rewards": {uid: [..]}}`` (the true rewards, also under ``reward.shuffle_within_step``)."""
         with self.worker_timer():
             all_rewards, all_em, by_uid, scored = [], [], {}, []
+            shuffle = bool(self.cfg.reward.shuffle_within_step)
             for _ in range(num_results):
                 result: AgentRolloutResult = input_channel.get()
                 rewards, em, details = score_result_details(result, self.cfg.reward, self.reward_fn, step, self.tool_tags)
@@ -77,13 +91,23 @@ class RewardWorker(Worker):
                 by_uid[result.uid] = rewards
                 all_rewards += rewards
                 all_em += em
-                output_channel.put(result)
+                if not shuffle:  # streamed: the actor starts on the first groups
+                    output_channel.put(result)
+            if shuffle:  # the whole step first: the permutation spans every group
+                permuted = shuffled_rewards(all_rewards, seed=int(self.cfg.data.seed), step=step)
+                start = 0
+                for result, _ in scored:
+                    n = result.num_sequence
+                    result.rewards = torch.tensor(permuted[start:start + n], dtype=torch.float32)
+                    start += n
+                    output_channel.put(result)
             n = max(len(all_rewards), 1)
             metrics = {
                 mk.REWARD_MEAN: sum(all_rewards) / n,
                 mk.REWARD_EM: sum(all_em) / n,
                 mk.REWARD_MAX: max(all_rewards, default=0.0),
                 mk.REWARD_MIN: min(all_rewards, default=0.0),
+                mk.REWARD_MIXED_GROUPS: mixed_group_share(list(by_uid.values())),
                 **(self.reward_metrics(scored) if self.reward_metrics else {}),
             }
             return {"metrics": metrics, "rewards": by_uid}

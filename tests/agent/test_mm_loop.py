@@ -43,7 +43,7 @@ def _run(processor, task, script, cache_dir, **kw):
 @pytest.mark.parametrize("n_image_obs", [0, 1, 2])
 def test_invariants_with_0_1_2_image_observations(world, n_image_obs):
     mm, processor, tasks = world
-    task = tasks["tinymm_attribute"]
+    task = tasks["tinymm_city"]
     script = {0: [ANS.format(a="x")], 1: [IMG, TXT.format(city="Drelia"), ANS.format(a="x")],
               2: [IMG, IMG, ANS.format(a="x")]}[n_image_obs]
     gen, traj = _run(processor, task, script, mm.cache_test, s={"image_search_limit": 2})
@@ -100,7 +100,7 @@ def test_question_comes_from_the_row_and_prompts_are_replaceable(world, tmp_path
 
 def test_limits_last_round_and_budget(world):
     mm, processor, tasks = world
-    task = tasks["tinymm_attribute"]
+    task = tasks["tinymm_city"]
     _, twice = _run(processor, task, [IMG, IMG], mm.cache_test)
     assert [t.action for t in twice.turns] == ["image_search", "search_limit"] and twice.end_reason == "search_limit"
     assert twice.metrics["image_searches"] == 1 and twice.metrics["search_limit_hits"] == 1
@@ -114,7 +114,7 @@ def test_limits_last_round_and_budget(world):
 
 def test_text_search_observation_is_cut_by_tokens(world):
     mm, processor, tasks = world
-    task = tasks["tinymm_attribute"]
+    task = tasks["tinymm_city"]
     _, full = _run(processor, task, [TXT.format(city="Drelia"), ANS.format(a="z")], mm.cache_test)
     _, cut = _run(processor, task, [TXT.format(city="Drelia"), ANS.format(a="z")], mm.cache_test,
                   s={"max_obs_length": 5})
@@ -181,7 +181,7 @@ def test_token_versions_follow_the_turns_through_an_image_observation_and_a_drop
 
 def test_actions_and_reward_on_a_scripted_three_turn_trajectory(world):
     mm, processor, tasks = world
-    task = tasks["tinymm_attribute"]
+    task = tasks["tinymm_city"]
     gold = task.answers[0]
     reward = reward_fn(RewardConfig(format_penalty=0.1, search_penalty=0.1))
     gen = ScriptedVLGenerator([IMG, TXT.format(city="X"), ANS.format(a=gold)], tokenizer=processor.tokenizer)

@@ -31,11 +31,11 @@ def fake_generators(monkeypatch, tmp_path):
 
     monkeypatch.setattr(tiny, "generate_base", writer("base", "corpus/wiki.jsonl"))
     monkeypatch.setattr(tiny, "build_sft_search_model", writer("sft_search", "models/qwen2-tiny-sft-search/w"))
-    monkeypatch.setattr(tiny, "build_give_up_model", writer("sft", "models/qwen2-tiny-sft/w"))
-    both = [writer("sft_search", "models/qwen2-tiny-sft-search/w"), writer("sft", "models/qwen2-tiny-sft/w")]
-    monkeypatch.setattr(tiny, "build_sft_model", lambda *a, **k: [w(*a, **k) for w in both])
+    monkeypatch.setattr(tiny, "generate_registry", writer("registry", "registry/report.json"))
+    monkeypatch.setattr(tiny, "manifest_entry", lambda root: {"heldout_fact_overlap": 0})
     monkeypatch.setattr(tiny, "generate_mm", writer("mm", "mm/emblems.json"))
     monkeypatch.setattr(tiny, "build_mm_sft_model", writer("mm_sft", "mm/models/qwen2.5-vl-tiny-sft/w"))
+    monkeypatch.setattr(tiny, "mm_sft_manifest_entry", lambda root: {"heldout_emblem_overlap": 0})
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "cache"))
     return calls
 
@@ -83,8 +83,9 @@ def test_an_entry_is_built_once_and_grows_by_new_versions(fake_generators):
     assert calls == ["base", "sft_search"] and b.root != a.root  # a new version beside the old one
     assert (a.root / "corpus" / "wiki.jsonl").is_file() and not (a.root / "models").exists()  # the old is untouched
     assert cache.entry_path().resolve() == b.root
-    c = cache.cached_tiny_assets(Parts.of(sft=True), log=lambda *a: None)
-    assert calls == ["base", "sft_search", "sft"] and c.qwen2_tiny_sft is not None  # the search phase reused
+    c = cache.cached_tiny_assets(Parts.of(registry=True), log=lambda *a: None)
+    assert calls == ["base", "sft_search", "registry"] and c.registry is not None  # the warm start reused
+    assert read_manifest(c.root)["registry"] == {"heldout_fact_overlap": 0}  # the split checks recorded
     assert not list(cache.cache_dir().glob(".tmp-*"))
 
 
@@ -100,7 +101,7 @@ def test_an_interrupted_build_publishes_nothing(fake_generators, monkeypatch):
 
 def test_a_copy_holds_the_parts_asked_for_and_keeps_what_was_written_beside(fake_generators, tmp_path):
     calls = fake_generators
-    cache.cached_tiny_assets(Parts.of(sft=True, mm_sft=True), log=lambda *a: None)
+    cache.cached_tiny_assets(Parts.of(sft_search=True, registry=True, mm_sft=True), log=lambda *a: None)
     built = list(calls)
     root = tmp_path / "session"
     a = cache.copy_parts(root, Parts(), log=lambda *a: None)
@@ -109,11 +110,15 @@ def test_a_copy_holds_the_parts_asked_for_and_keeps_what_was_written_beside(fake
     (root / "index").mkdir()
     (root / "index" / "bm25").write_text("built by a test")
     b = cache.copy_parts(root, Parts.of(sft_search=True), log=lambda *a: None)
-    assert b.qwen2_tiny_sft_search == root / "models" / "qwen2-tiny-sft-search" and b.qwen2_tiny_sft is None
+    assert b.qwen2_tiny_sft_search == root / "models" / "qwen2-tiny-sft-search" and b.registry is None
     assert (root / "index" / "bm25").read_text() == "built by a test"  # same code: only added to
     files = read_manifest(root)["files"]
-    assert "models/qwen2-tiny-sft-search/w" in files and not any(k.startswith(("mm/", "models/qwen2-tiny-sft/")) for k in files)
-    assert cache.copy_parts(root, Parts(), log=lambda *a: None) == b  # keeps the parts it holds
+    assert "models/qwen2-tiny-sft-search/w" in files and not any(k.startswith(("mm/", "registry/")) for k in files)
+    assert "registry" not in read_manifest(root) and "mm_sft" not in read_manifest(root)  # checks go with files
+    c = cache.copy_parts(root, Parts.of(mm_sft=True), log=lambda *a: None)
+    assert read_manifest(c.root)["mm_sft"] == {"heldout_emblem_overlap": 0}
+    assert cache.copy_parts(root, Parts.of(sft_search=True), log=lambda *a: None) == c  # keeps the parts it holds
+    assert cache.copy_parts(root, Parts(), log=lambda *a: None) == c
 
 
 def test_a_directory_of_other_code_is_replaced_whole(fake_generators, tmp_path):
@@ -130,8 +135,8 @@ def test_a_directory_of_other_code_is_replaced_whole(fake_generators, tmp_path):
 
 @pytest.mark.parametrize("model, vision, parts", [
     ("models/qwen2-tiny", False, Parts()),
-    ("models/qwen2-tiny-sft-search", False, Parts.of(sft_search=True)),  # the search phase only
-    ("models/qwen2-tiny-sft", False, Parts.of(sft=True)),  # both phases: the tiny experiment's model
+    ("models/qwen2-tiny-sft-search", False, Parts.of(sft_search=True)),  # the base world's warm start
+    ("registry/models/qwen2-tiny-reader", False, Parts.of(registry=True)),  # the tiny experiment's world
     ("mm/models/qwen2.5-vl-tiny", True, Parts.of(mm=True)),
     ("mm/models/qwen2.5-vl-tiny-sft", True, Parts.of(mm_sft=True)),
 ])
@@ -163,20 +168,20 @@ def test_the_launcher_starts_no_process_when_its_assets_are_in_place(monkeypatch
 
     def cfg(model):
         return SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(root)), agentloop=SimpleNamespace(agent="searchr1"),
-                               rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{root}/models/{model}")))
+                               rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{root}/{model}")))
 
-    assert prepare.prepare_tiny_assets(cfg("qwen2-tiny-sft-search")) == root
-    assert prepare.prepare_tiny_assets(cfg("qwen2-tiny")) == root
+    assert prepare.prepare_tiny_assets(cfg("models/qwen2-tiny-sft-search")) == root
+    assert prepare.prepare_tiny_assets(cfg("models/qwen2-tiny")) == root
     assert asked == []
-    assert prepare.prepare_tiny_assets(cfg("qwen2-tiny-sft")) == root  # the give-up phase is not there
-    assert asked == [Parts.of(sft=True)]
+    assert prepare.prepare_tiny_assets(cfg("registry/models/qwen2-tiny-reader")) == root  # the registry is not there
+    assert asked == [Parts.of(registry=True)]
     manifest = read_manifest(root)
     (root / "MANIFEST.json").write_text(json.dumps({**manifest, "cache_key": "older code"}))
-    prepare.prepare_tiny_assets(cfg("qwen2-tiny"))
-    assert asked == [Parts.of(sft=True), Parts()]
+    prepare.prepare_tiny_assets(cfg("models/qwen2-tiny"))
+    assert asked == [Parts.of(registry=True), Parts()]
     (root / "MANIFEST.json").write_text(json.dumps(manifest))
     (root / "models" / "qwen2-tiny-sft-search" / "w").unlink()  # a file of the part gone
-    prepare.prepare_tiny_assets(cfg("qwen2-tiny-sft-search"))
+    prepare.prepare_tiny_assets(cfg("models/qwen2-tiny-sft-search"))
     assert asked[-1] == Parts.of(sft_search=True)
 
 

@@ -27,6 +27,6 @@ def test_make_tiny_assets_cli_generates_a_new_seed(tmp_path, capsys):
     assert (out / "MANIFEST.json").is_file() and (out / "models" / "qwen2-tiny" / "model.safetensors").is_file()
 
 
-def test_eval_sft_needs_with_sft(tmp_path, capsys):
+def test_eval_sft_needs_with_sft_search(tmp_path, capsys):
     assert main(["make-tiny-assets", "--out", str(tmp_path / "x"), "--eval-sft"]) == 2
-    assert "--eval-sft needs --with-sft" in capsys.readouterr().out
+    assert "--eval-sft needs --with-sft-search" in capsys.readouterr().out

@@ -12,9 +12,11 @@ import pytest
 
 from rlinf_ext.agent.mmsearch.types import Task
 from rlinf_ext.assets.core.world import build_world
-from rlinf_ext.assets.mmsearch.sft import SFTConfig, colour_openings_per_step, plan_for, searching_colour_ids
-from rlinf_ext.assets.mmsearch.trajectories import IMAGE_SEARCH_TURN, answer_turn
-from rlinf_ext.assets.mmsearch.world import PALETTE, draw_emblem, emblem_specs, search_hits, split_cities
+from rlinf_ext.assets.mmsearch.paths import ABLATED, TITLES_PERMUTED
+from rlinf_ext.assets.mmsearch.sft import SFTConfig, demonstration_plans, searching_colour_ids
+from rlinf_ext.assets.mmsearch.trajectories import IMAGE_SEARCH_TURN, answer_turn, city_answer_turn, give_up_turn
+from rlinf_ext.assets.mmsearch.world import (PALETTE, ablated_hits, draw_emblem, emblem_specs, parse_title,
+                                             permuted_titles, search_hits, split_cities, title_of)
 from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.tools.image_search import ImageSearchTool
@@ -29,58 +31,72 @@ def test_world_emblems_questions_and_hits():
     counts = Counter(s.colour for s in specs.values())
     assert set(counts) == set(PALETTE) and max(counts.values()) - min(counts.values()) <= 1
     train, test = split_cities(world, 0)
-    assert not set(train) & set(test) and not (set(train) | set(test)) & world.distractor_cities
+    assert len(test) == 20 and not set(train) & set(test) and not (set(train) | set(test)) & world.distractor_cities
     rng = random.Random(1)
-    ranks = []
-    for city in train:
+    ranks = Counter()
+    for city in train * 20:
         hits = search_hits(specs, city, rng)
-        titles = [h.title for h in hits]
-        assert len(hits) == 3 and specs[city].title in titles
-        assert sum(h.colour == specs[city].colour for h in hits) >= 2  # a same-colour distractor
-        ranks.append(titles.index(specs[city].title))
-    assert set(ranks) == {0, 1}  # the true page is not always first: titles must be read
+        assert len(hits) == 3 and specs[city] in hits
+        assert len({h.colour for h in hits}) == 3  # distractors of other, distinct colours
+        ranks[hits.index(specs[city])] += 1
+        ablated = ablated_hits(specs, city, rng)
+        assert city not in [h.city for h in ablated] and specs[city].colour not in [h.colour for h in ablated]
+    assert set(ranks) == {0, 1, 2} and min(ranks.values()) > 0.28 * sum(ranks.values())  # rank carries no signal
     a, b = draw_emblem(specs[train[0]], random.Random(0)), draw_emblem(specs[train[0]], random.Random(1))
     assert a.size == (56, 56) and a.tobytes() != b.tobytes()  # independent jitters
 
 
-def test_warm_start_mix_searches_first_on_an_exact_share_of_the_colour_questions():
-    """10 colour, 4 city and 4 attribute questions at over_search 0.7, counted by hand: 7 colour paths search
-    first and 3 answer directly; every city and attribute path searches first. Searched or not, a colour path
-    ends with the same answer naming the gold colour."""
-    scripted = {f"colour{i}": {"kind": "colour", "city": "Avel", "query": None} for i in range(10)}
-    scripted |= {f"city{i}": {"kind": "city", "city": "Avel", "query": None} for i in range(4)}
-    scripted |= {f"attr{i}": {"kind": "attribute", "city": "Avel", "query": "founder of Avel"} for i in range(4)}
-    searching = searching_colour_ids(scripted, 0.7, seed=3)
-    assert len(searching) == 7 and all(i.startswith("colour") for i in searching)
-    assert searching_colour_ids(scripted, 0.7, seed=3) == searching  # seeded
-    assert searching_colour_ids(scripted, 0.0, seed=3) == set()
-    assert len(searching_colour_ids(scripted, 1.0, seed=3)) == 10
-    gold = {"colour": "blue", "city": "Avel", "attribute": "Brena"}
-    first_turns, colour_endings = Counter(), set()
-    for data_id, path in scripted.items():
-        task = Task(data_id, "q?", (), (gold[path["kind"]],), "", "")
-        plan = plan_for(task, path, data_id in searching)
-        first_turns[path["kind"], "search" if plan[0] == IMAGE_SEARCH_TURN else "direct"] += 1
-        if path["kind"] == "colour":
-            colour_endings.add(plan[-1])
-    assert first_turns == {("colour", "search"): 7, ("colour", "direct"): 3, ("city", "search"): 4,
-                           ("attribute", "search"): 4}
-    assert colour_endings == {answer_turn("The emblem is blue.", "blue")}
+def test_titles_put_the_city_right_after_the_colour_and_the_permutation_keeps_colours():
+    assert title_of("red", "Trestias") == "red Trestias emblem" and parse_title("red Trestias emblem") == ("red", "Trestias")
+    specs = emblem_specs(build_world(0), 0)
+    hits = search_hits(specs, sorted(specs)[0], random.Random(2))
+    kept = Counter()
+    for seed in range(300):
+        titles = permuted_titles(hits, random.Random(seed))
+        assert [parse_title(t)[0] for t in titles] == [h.colour for h in hits]  # each thumbnail keeps its colour
+        assert sorted(parse_title(t)[1] for t in titles) == sorted(h.city for h in hits)
+        kept[sum(parse_title(t)[1] == h.city for t, h in zip(titles, hits))] += 1
+    assert 0.25 < sum(n * k for k, n in kept.items()) / (3 * 300) < 0.42  # a title keeps its city 1 time in 3
+
+
+def test_warm_start_demonstrations_have_the_same_mix_for_every_question(tmp_path):
+    """4 colour and 3 city questions, counted by hand: over_search 0.5 searches first on 2 colour questions; each
+    city question gets 10 demonstrations, 7 giving up, 2 restating its true result, 1 another result's (never a
+    held-out city's: with both other results held out it restates the true one instead)."""
+    import json as json_
+
+    specs = emblem_specs(build_world(0), 0)
+    cities = sorted(specs)[:5]
+    scripted, tasks = {}, []
+    for i in range(4):
+        scripted[f"colour{i}"] = {"kind": "colour", "city": cities[0]}
+        tasks.append(Task(f"colour{i}", "What colour?", (), (specs[cities[0]].colour,)))
+    results = {"city0": cities[0:3], "city1": [cities[1], cities[3], cities[4]], "city2": [cities[2], cities[3], cities[4]]}
+    for data_id, shown in results.items():
+        scripted[data_id] = {"kind": "city", "city": shown[0]}
+        tasks.append(Task(data_id, "Which city?", (), (shown[0],)))
+        (tmp_path / data_id).mkdir()
+        (tmp_path / data_id / "meta.json").write_text(json_.dumps({"title_list": [specs[c].title for c in shown]}))
+    heldout = {cities[3], cities[4]}
+    cfg = SFTConfig(over_search=0.5, city_demonstrations=10, city_give_up_share=0.7, city_right_share=2 / 3)
+    plans = demonstration_plans(tasks, scripted, tmp_path, specs, heldout, cfg, seed=0)
+    kinds = Counter((p.task.data_id, p.kind) for p in plans)
+    assert sum(n for (d, k), n in kinds.items() if k == "colour_search") == 2
+    assert sum(n for (d, k), n in kinds.items() if k == "colour_direct") == 2
+    assert kinds[("city0", "city_give_up")] == 7 and kinds[("city0", "city_right")] == 2
+    assert kinds[("city0", "city_other")] == 1
+    assert kinds[("city1", "city_right")] == 3 and kinds[("city1", "city_other")] == 0  # its others are held out
+    for p in plans:
+        if p.kind == "city_give_up":
+            assert p.turns == [give_up_turn()]
+        elif p.kind == "city_right":
+            assert p.turns == [IMAGE_SEARCH_TURN, city_answer_turn(specs[scripted[p.task.data_id]["city"]])]
+        elif p.kind == "city_other":
+            assert p.turns[1] == answer_turn(f"{specs[cities[1]].colour} {cities[1]}", cities[1]) or \
+                p.turns[1] == answer_turn(f"{specs[cities[2]].colour} {cities[2]}", cities[2])
+    assert searching_colour_ids(scripted, 0.5, seed=0) == {p.task.data_id for p in plans if p.kind == "colour_search"}
     with pytest.raises(ValueError, match="over_search must be a share"):
         searching_colour_ids(scripted, 1.5, seed=3)
-
-
-def test_warm_start_colour_answers_per_step_direct_and_search_first():
-    """Phase B's colour answers per step, by hand. The default mix on the tiny world's 276 train trajectories (92
-    colour ones, all searching first): 8 * 92/276 = 2.67 search-first colour answers and 0 + 2 replayed direct
-    ones. At over_search 0.7 without replay (64 of 92 search first): 8 * 28/276 = 0.81 direct, 8 * 64/276 = 1.86."""
-    cfg = SFTConfig()
-    assert (cfg.batch_size, cfg.colour_replay) == (8, 2)
-    assert len(searching_colour_ids({f"c{i}": {"kind": "colour"} for i in range(92)}, cfg.over_search, seed=0)) == 92
-    direct, search_first = colour_openings_per_step(cfg, 276, 92, 92)
-    assert direct == 2.0 and search_first == pytest.approx(8 / 3)
-    direct, search_first = colour_openings_per_step(SFTConfig(over_search=0.7, colour_replay=0), 276, 92, 64)
-    assert direct == pytest.approx(8 * 28 / 276) and search_first == pytest.approx(8 * 64 / 276)
 
 
 def test_fvqa_files_kinds_and_held_out_cities(tiny_mm_assets):
@@ -88,37 +104,46 @@ def test_fvqa_files_kinds_and_held_out_cities(tiny_mm_assets):
     train = read_fvqa(mm.fvqa_train, PX, PX)
     test = read_fvqa(mm.fvqa_test, PX, PX)
     kinds = Counter(r.data_source for r in train)
-    assert set(kinds) == {"tinymm_colour", "tinymm_city", "tinymm_attribute"} and len(set(kinds.values())) == 1
-    assert Counter(r.category for r in test) == {"search_required": 24, "search_free": 12}
+    assert set(kinds) == {"tinymm_colour", "tinymm_city"} and len(set(kinds.values())) == 1
+    assert Counter(r.category for r in test) == {"search_required": 60, "search_free": 60}
     assert all(len(r.images) == 1 and (r.images[0].width, r.images[0].height) == (56, 56) for r in train + test)
     specs = json.loads(mm.emblems.read_text())
     train_cities = {r.golds[0] for r in train if r.data_source == "tinymm_city"}
     test_cities = {r.golds[0] for r in test if r.data_source == "tinymm_city"}
-    assert test_cities and not train_cities & test_cities and test_cities <= set(specs)
+    assert len(test_cities) == 20 and not train_cities & test_cities and test_cities <= set(specs)
     colour_rows = [r for r in test if r.category == "search_free"]
     assert all(r.golds[0] in PALETTE for r in colour_rows)
 
 
-def test_caches_agree_between_directory_and_pickle(tiny_mm_assets):
+def test_caches_agree_between_directory_and_pickle_and_the_controls(tiny_mm_assets):
     mm = tiny_mm_assets.mm
     test = read_fvqa(mm.fvqa_test, PX, PX)
     common = dict(topk=3, thumbnail_min_pixels=PX, thumbnail_max_pixels=PX)
-    by_dir = ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(mm.cache_test), **common))
-    by_pkl = ImageSearchTool(ImageSearchToolConfig(backend="cache_pickle", cache_path=str(mm.cache_test_pickle), **common))
 
-    async def both():
-        return [(await by_dir.search(r.data_id), await by_pkl.search(r.data_id)) for r in test]
+    def tool(backend, path):
+        return ImageSearchTool(ImageSearchToolConfig(backend=backend, cache_path=str(path), **common))
+
+    by_dir, by_pkl = tool("cache_dir", mm.cache_test), tool("cache_pickle", mm.cache_test_pickle)
+    ablated, permuted = tool("cache_dir", mm.control_cache("test", ABLATED)), tool("cache_dir", mm.control_cache("test", TITLES_PERMUTED))
+
+    async def every():
+        return [[await t.search(r.data_id) for t in (by_dir, by_pkl, ablated, permuted)] for r in test]
 
     specs = json.loads(mm.emblems.read_text())
-    for row, (d, p) in zip(test, asyncio.run(both())):
+    for row, (d, p, a, t) in zip(test, asyncio.run(every())):
         assert d.ok and p.ok and [h.title for h in d.hits] == [h.title for h in p.hits]
         assert [h.image.to_pil().tobytes() for h in d.hits] == [h.image.to_pil().tobytes() for h in p.hits]
-        if row.data_source == "tinymm_city":
-            city = row.golds[0]
-            assert f"Emblem of {city} - {specs[city]['country']}" in [h.title for h in d.hits]
+        city = row.golds[0] if row.data_source == "tinymm_city" else None
+        if city:
+            assert title_of(specs[city]["colour"], city) in [h.title for h in d.hits]
+            assert city not in " ".join(h.title for h in a.hits)  # nothing usable
+        # the permuted titles: same thumbnails, same colours in the same places, the cities shuffled
+        assert [h.image.to_pil().tobytes() for h in t.hits] == [h.image.to_pil().tobytes() for h in d.hits]
+        assert [parse_title(h.title)[0] for h in t.hits] == [parse_title(h.title)[0] for h in d.hits]
     assert by_dir.stats.misses == 0 and by_pkl.stats.missing_images == 0
     train_ids = [r.data_id for r in read_fvqa(mm.fvqa_train, PX, PX)]
     assert sorted(p.name for p in mm.cache_train.iterdir()) == sorted(train_ids)
+    assert sorted(p.name for p in mm.control_cache("train", ABLATED).iterdir()) == sorted(train_ids)
 
 
 def test_vl_stack_builds_saves_reloads_and_generates(tiny_mm_assets):
@@ -169,3 +194,27 @@ def test_mm_world_is_added_to_an_existing_directory_and_is_deterministic(tiny_mm
 
     assert assets.mm is not None and world(rebuilt) == world(original) and len(world(rebuilt)) > 1000
     assert make_tiny_assets(out, seed=0).mm is not None  # reused, mm kept
+
+
+def test_vl_gate_verdict_reads_each_bound():
+    from rlinf_ext.assets.mmsearch.sft import gate_verdict
+
+    good = {"greedy_search": 0.0, "p_search": 0.3, "p_city_given_colour": 0.9, "expected_sampled_accuracy": 0.25,
+            "colour_greedy_search": 0.6}
+    assert all(gate_verdict(good).values())
+    assert gate_verdict({**good, "greedy_search": 0.5})["greedy_search"] is False  # greedy would already search
+    assert gate_verdict({**good, "p_search": 0.05})["p_search"] is False  # too few mixed groups for GRPO
+    assert gate_verdict({**good, "colour_greedy_search": 0.1})["colour_greedy_search"] is False  # no search_free lesson
+
+
+def test_a_reading_example_carries_loss_on_its_answer_turn_only():
+    from types import SimpleNamespace
+
+    from rlinf_ext.assets.mmsearch.sft import final_turn_only
+
+    # search turn (3 model tokens), observation (2 inserted), answer turn (2 model tokens)
+    t = SimpleNamespace(prompt_ids=[1, 2], response_ids=[10, 11, 12, 20, 21, 30, 31],
+                        response_mask=[1, 1, 1, 0, 0, 1, 1], images=())
+    assert final_turn_only(t).weights == [0, 0, 0, 0, 0, 1, 1]
+    one_turn = SimpleNamespace(prompt_ids=[1], response_ids=[5, 6], response_mask=[1, 1], images=())
+    assert final_turn_only(one_turn).weights == [0, 0]  # no observation: nothing after the search to learn

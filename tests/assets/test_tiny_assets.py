@@ -41,8 +41,9 @@ def test_layout_matches_contract(tiny_assets):
     for d in [a.qwen2_tiny, a.qwen2_tiny_untied, a.bert_encoder]:
         assert (d / "model.safetensors").is_file() and (d / "config.json").is_file()
     manifest = read_manifest(a.root)
-    # without --with-sft the warm start is absent, unless a reused directory (RLINF_EXT_TINY_ASSETS) already has it
-    assert (a.qwen2_tiny_sft is None) == (not manifest.get("with_sft"))
+    # without --with-sft-search / --with-registry those parts are absent, unless a reused directory has them
+    assert (a.qwen2_tiny_sft_search is None) == (not manifest.get("with_sft_search"))
+    assert (a.registry is None) == (not manifest.get("with_registry"))
     assert manifest["seed"] == 0 and manifest["version"] == GENERATOR_VERSION
     # the manifest's hashes are those of the files on disk
     for rel, digest in manifest["files"].items():

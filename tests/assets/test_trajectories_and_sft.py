@@ -103,6 +103,15 @@ def test_lr_schedule_warmup_then_cosine_to_a_tenth():
     assert sft_loop.lr_at(110, cfg) == pytest.approx(0.1)
 
 
+def test_constant_schedule_holds_the_peak_after_warmup():
+    from dataclasses import replace
+
+    cfg = replace(sft.SFTConfig(steps=110, warmup_steps=10, lr=1.0), schedule="constant")
+    assert [sft_loop.lr_at(k, cfg) for k in (0, 9, 10, 109)] == pytest.approx([0.1, 1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="schedule"):
+        sft_loop.lr_at(0, replace(cfg, schedule="linear"))
+
+
 @pytest.mark.timeout(120)
 def test_short_sft_lowers_loss_and_saves_a_loadable_model(tiny_assets, tmp_path):
     import shutil
@@ -115,13 +124,11 @@ def test_short_sft_lowers_loss_and_saves_a_loadable_model(tiny_assets, tmp_path)
     root = tmp_path / "a"
     shutil.copytree(tiny_assets.root, root)
     assets = make_tiny_assets(root, seed=0)  # reuses the copy
-    cfg = sft.SFTConfig(shape=TinyQwen2Shape(), steps=12, batch_size=4, warmup_steps=2, lr=3e-3, abstain_steps=3,
-                        abstain_batch_size=2)
-    report = sft.build_sft_model(assets, seed=0, log=lambda *a: None, cfg=cfg)
+    cfg = sft.SFTConfig(shape=TinyQwen2Shape(), steps=12, batch_size=4, warmup_steps=2, lr=3e-3)
+    report = sft.build_sft_search_model(assets, seed=0, log=lambda *a: None, cfg=cfg)
     assert report["train_examples"] >= 0.9 * report["train_questions"]
-    assert report["abstain_examples"] == report["train_questions"]  # abstain_fraction 1.0: one per question
     assert report["last_loss"] < report["first_loss"]
-    out = root / "models" / "qwen2-tiny-sft"
+    out = root / "models" / "qwen2-tiny-sft-search"
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
     assert json.loads((out / "sft_report.json").read_text())["config"]["steps"] == 12
@@ -130,125 +137,42 @@ def test_short_sft_lowers_loss_and_saves_a_loadable_model(tiny_assets, tmp_path)
         assert torch.isfinite(model(ids).logits).all()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_give_up_phase_on_the_saved_search_model_equals_the_two_phases_in_one_run(tiny_assets, tmp_path):
-    """The cache builds the give-up phase apart (only the experiment needs it): same weights as in one run."""
-    import shutil
-
-    from safetensors.torch import load_file
-
-    from rlinf_ext.assets.core.models import TinyQwen2Shape
-    from rlinf_ext.assets.core.tiny import make_tiny_assets
-
-    cfg = sft.SFTConfig(shape=TinyQwen2Shape(), steps=6, batch_size=4, warmup_steps=2, lr=3e-3, abstain_steps=3,
-                        abstain_batch_size=2)
-    dirs = []
-    for name in ("one", "two"):
-        shutil.copytree(tiny_assets.root, tmp_path / name)
-        dirs.append(make_tiny_assets(tmp_path / name, seed=0))
-    sft.build_sft_model(dirs[0], seed=0, log=lambda *a: None, cfg=cfg)
-    sft.build_sft_search_model(dirs[1], seed=0, log=lambda *a: None, cfg=cfg)
-    assert not (tmp_path / "two" / "models" / "qwen2-tiny-sft").exists()
-    report = sft.build_give_up_model(dirs[1], seed=0, log=lambda *a: None, cfg=cfg)
-    assert report["abstain_examples"] == report["train_questions"]
-    for model in ("qwen2-tiny-sft-search", "qwen2-tiny-sft"):
-        one, two = (load_file(tmp_path / d / "models" / model / "model.safetensors") for d in ("one", "two"))
-        assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one), model
-    search = load_file(tmp_path / "two" / "models" / "qwen2-tiny-sft-search" / "model.safetensors")
-    assert any(not torch.equal(search[k], two[k]) for k in search)  # the give-up phase did train
-
-
-def test_with_sft_reuses_the_base_assets(tiny_assets, tmp_path, monkeypatch):
-    """Asking for the SFT model on an existing directory trains only that model and records it."""
-    import shutil
-
-    import rlinf_ext.assets.core.tiny as tiny
-    from rlinf_ext.assets.core.tiny import make_tiny_assets, read_manifest
-
-    root = tmp_path / "a"
-    shutil.copytree(tiny_assets.root, root)
-    manifest = read_manifest(root)
-    if manifest.get("with_sft"):  # a reused asset directory may hold the SFT models already: start without them
-        for name in ("qwen2-tiny-sft", "qwen2-tiny-sft-search"):
-            shutil.rmtree(root / "models" / name, ignore_errors=True)
-        manifest["files"] = {k: v for k, v in manifest["files"].items() if "qwen2-tiny-sft" not in k}
-        (root / "MANIFEST.json").write_text(json.dumps({**manifest, "with_sft": False}))
-    calls = []
-
-    def fake_sft(assets, seed, log, cfg=None):  # the real training is covered above; here only the bookkeeping
-        calls.append(seed)
-        (assets.root / "models" / "qwen2-tiny-sft").mkdir(parents=True)
-        (assets.root / "models" / "qwen2-tiny-sft" / "model.safetensors").write_bytes(b"x")
-
-    monkeypatch.setattr(tiny, "build_sft_model", fake_sft)
-    monkeypatch.setattr(tiny, "generate_base", lambda *a: pytest.fail("base assets must be reused"))
-    corpus_mtime = (root / "corpus" / "wiki.jsonl").stat().st_mtime_ns
-    assets = make_tiny_assets(root, seed=0, with_sft=True)
-    assert calls == [0] and assets.qwen2_tiny_sft == root / "models" / "qwen2-tiny-sft"
-    assert read_manifest(root)["with_sft"] is True
-    assert "models/qwen2-tiny-sft/model.safetensors" in read_manifest(root)["files"]
-    assert (root / "corpus" / "wiki.jsonl").stat().st_mtime_ns == corpus_mtime
-    # now complete: a second call (with or without SFT) reuses everything
-    assert make_tiny_assets(root, seed=0, with_sft=True) == assets
-    assert calls == [0]
-    assert make_tiny_assets(root, seed=0).qwen2_tiny_sft == assets.qwen2_tiny_sft
-
-
-def _q(question: str, prefix: str, answer: str) -> Question:
-    return Question(question, (answer,), (Hop(question, Fact(prefix, answer)),))
-
-
-def test_abstain_trajectory_is_one_trainable_turn_without_search():
-    segs = trajectories.abstain_turns()
-    assert [s.trainable for s in segs] == [True]
-    assert segs[0].text == "<think> I do not know the answer to this. </think>\n<answer> unknown </answer><|im_end|>"
-    assert "<search>" not in segs[0].text and segs[0].copied == ()
-
-
-def test_abstain_examples_follow_the_fraction(tiny_assets):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_assets.tokenizer_dir)
-    qs = [_q(f"Who founded C{i}?", f"The city of C{i} was founded by", f"Person {i}") for i in range(200)]
-    examples = sft.build_abstain_examples(tok, qs, fraction=1.0, seed=0)
-    assert len(examples) == len(qs)
-    for q, ex in zip(qs, examples):
-        assert tok.decode(ex.response_ids) == trajectories.ABSTAIN_TEXT and ex.weights == [1.0] * len(ex.response_ids)
-        assert q.question in tok.decode(ex.prompt_ids)
-    assert sft.build_abstain_examples(tok, qs, fraction=0.0, seed=0) == []
-    assert 0.35 * 200 < len(sft.build_abstain_examples(tok, qs, fraction=0.5, seed=0)) < 0.65 * 200
-
-
-@pytest.mark.slow
-def test_sft_with_abstain_batches_learns_both_openings(tiny_assets):
-    """A few steps on one search and one give-up trajectory of the same prompt: the model puts mass on both
-    openings after `<think> I`, i.e. the second batch is trained, not ignored."""
+def test_loss_on_targets_only_equals_the_full_logits_loss(tiny_assets):
+    """`weighted_target_loss` (the LM head on weighted positions only) is `weighted_lm_loss`, value and gradient."""
     from transformers import AutoTokenizer
 
     from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2
 
     tok = AutoTokenizer.from_pretrained(tiny_assets.tokenizer_dir)
-    q = _q("Who founded Brelk?", "The city of Brelk was founded by", "Ana Vel")
-    prompt = chat_prompt(tok, q.question)
-    [search] = sft.build_examples(tok, [q], _search('"Brelk"\nThe city of Brelk was founded by Ana Vel.'), 5.0)
-    [abstain] = sft.build_abstain_examples(tok, [q], fraction=1.0, seed=0)
-    cfg = sft.SFTConfig(shape=TinyQwen2Shape(), steps=40, batch_size=1, abstain_batch_size=1, warmup_steps=2, lr=5e-3)
-    model = make_qwen2(tok, cfg.shape, 0)
-    losses = sft.train_sft(model, [search], cfg, 0, tok.pad_token_id, progress=False, abstain_examples=[abstain])
-    assert losses[-1] < losses[0]
-    context = tok.encode(prompt + "<think> I", add_special_tokens=False)
-    need = tok.encode(prompt + "<think> I need", add_special_tokens=False)[len(context)]
-    give_up = tok.encode(prompt + "<think> I do", add_special_tokens=False)[len(context)]
-    with torch.no_grad():
-        probs = torch.softmax(model(torch.tensor([context])).logits[0, -1], -1)
-    assert probs[need] > 0.2 and probs[give_up] > 0.2, (float(probs[need]), float(probs[give_up]))
-    # without the second batch the same run puts (almost) nothing on giving up
-    model = make_qwen2(tok, cfg.shape, 0)
-    sft.train_sft(model, [search], cfg, 0, tok.pad_token_id, progress=False)
-    with torch.no_grad():
-        probs = torch.softmax(model(torch.tensor([context])).logits[0, -1], -1)
-    assert probs[give_up] < 0.05
+    model = make_qwen2(tok, TinyQwen2Shape(), 0)
+    examples = [sft_loop.SFTExample([5, 6, 7], [8, 9, 10, 11], [1.0, 0.0, 2.0, 1.0]),
+                sft_loop.SFTExample([5], [12, 13], [3.0, 1.0])]
+    ids, attn, weights = sft_loop.collate(examples, pad_id=0)
+    full = sft_loop.weighted_lm_loss(model(input_ids=ids, attention_mask=attn).logits, ids, weights)
+    full.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    part = sft_loop.weighted_target_loss(model, {"input_ids": ids, "attention_mask": attn}, ids, weights)
+    part.backward()
+    assert float(part) == pytest.approx(float(full), rel=1e-5)
+    assert all(torch.allclose(a, p.grad, atol=1e-6) for a, p in zip(grads, model.parameters()))
+
+
+def test_check_ends_a_phase_at_its_gate(tiny_assets):
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2
+
+    tok = AutoTokenizer.from_pretrained(tiny_assets.tokenizer_dir)
+    model = make_qwen2(tok, TinyQwen2Shape(), 0)
+    seen = []
+    cfg = replace(sft.SFTConfig(shape=TinyQwen2Shape(), steps=20, batch_size=1, warmup_steps=1, lr=1e-3))
+    losses = sft_loop.train(model, [sft_loop.Stream([sft_loop.SFTExample([5], [6, 7], [1.0, 1.0])], 1, 0)], cfg, 0,
+                            progress=False, check=lambda steps: seen.append((steps, model.training)) or steps >= 6,
+                            check_every=3)
+    assert len(losses) == 6 and seen == [(3, False), (6, False)]  # checked in eval mode, every 3 steps, ended at 6
 
 
 def test_sft_example_from_a_loop_trajectory_and_its_batch():

@@ -58,7 +58,8 @@ def test_dynamic_refill_is_refused_with_or_without_k():
 
 def test_plan_counts_the_batches_in_flight(reference_env):
     assert "batches in flight" not in format_plan(load_config("tiny-cpu"))
-    plan = format_plan(load_config("tiny-cpu", ASYNC + ["runner.max_staleness=2", "rollout.max_running_requests=64"]))
+    plan = format_plan(load_config("tiny-cpu", ASYNC + ["runner.max_staleness=2", "rollout.max_running_requests=64",
+                                                        "algorithm.group_size=4"]))
     assert "3 x 8 prompts x 4 = 96 trajectories, 96 per engine (1 engine(s))" in plan
     assert "! 32 trajectories per engine wait in its queue; rollout.max_running_requests=96" in plan
     gpu = format_plan(load_config("qwen2.5-3b-tool-1node", ASYNC + DISAGGREGATED))

@@ -87,9 +87,9 @@ def test_tiny_assets_dir_from_env(monkeypatch, tmp_path):
     monkeypatch.setenv("RLINF_EXT_TINY_ASSETS", str(tmp_path))
     cfg = load_config("tiny-cpu")
     assert cfg.paths.tiny_assets == str(tmp_path)
-    assert cfg.rollout.model.model_path == f"{tmp_path}/models/qwen2-tiny-sft"
-    assert cfg.retrieval.corpus_path == f"{tmp_path}/corpus/wiki.jsonl"
-    assert (cfg.data.rollout_batch_size, cfg.algorithm.group_size, cfg.algorithm.n_minibatches) == (8, 4, 2)
+    assert cfg.rollout.model.model_path == f"{tmp_path}/registry/models/qwen2-tiny-reader"
+    assert cfg.retrieval.corpus_path == f"{tmp_path}/registry/corpus/wiki.jsonl"
+    assert (cfg.data.rollout_batch_size, cfg.algorithm.group_size, cfg.algorithm.n_minibatches) == (8, 8, 2)
 
 
 def test_tiny_assets_dir_default_is_under_repo(monkeypatch):
@@ -111,17 +111,21 @@ def test_missing_env_vars_are_reported_by_name(no_reference_env):
     assert "export RLINF_EXT_QWEN25_3B" in by_key["rollout.model.model_path"].fix
 
 
-def test_tiny_config_resolves_with_real_assets(tiny_assets, monkeypatch):
+def test_tiny_config_resolves_with_real_assets(tiny_assets_registry, monkeypatch):
     """check_paths on the tiny eval experiment: every file it reads exists in the generated assets."""
-    root = Path(tiny_assets.root)
+    root = Path(tiny_assets_registry.root)
     monkeypatch.setenv("RLINF_EXT_TINY_ASSETS", str(root))
-    overrides = [f"rollout.model.model_path={root}/models/qwen2-tiny"]
-    result = check_config("tiny-cpu-eval", overrides, check_paths=True)
+    result = check_config("tiny-cpu-eval", [], check_paths=True)
     assert result.ok, "\n".join(str(i) for i in result.issues)
-    # the model preset's dims agree with the generated model's config.json (tiny-cpu.yaml overrides them with the
-    # warm start's, its default model)
+    # tiny-cpu.yaml's actor dims are its warm start's
     import json
 
+    reader = json.loads((root / "registry" / "models" / "qwen2-tiny-reader" / "config.json").read_text())
+    actor = load_config("tiny-cpu").actor.model
+    assert (reader["hidden_size"], reader["num_attention_heads"], reader["num_key_value_heads"],
+            reader["intermediate_size"]) == (actor.hidden_size, actor.num_attention_heads, actor.num_query_groups,
+                                             actor.ffn_hidden_size)
+    # the model preset's dims agree with the generated random model's config.json
     import yaml
 
     hf = json.loads((root / "models" / "qwen2-tiny" / "config.json").read_text())

@@ -76,9 +76,9 @@ def test_evaluation_needs_group_of_one(reference_env):
 
 
 def test_batch_divisible_by_minibatches(reference_env):
-    # 5 x 4 = 20 trajectories cannot split into 3 minibatches
+    # 5 x 8 = 40 trajectories cannot split into 3 minibatches
     assert_issue(
-        "tiny-cpu", ["data.rollout_batch_size=5", "algorithm.n_minibatches=3"], "algorithm.n_minibatches", "20", "3"
+        "tiny-cpu", ["data.rollout_batch_size=5", "algorithm.n_minibatches=3"], "algorithm.n_minibatches", "40", "3"
     )
 
 

@@ -80,7 +80,7 @@ def test_bad_interpolation_is_reported():
 
 def test_load_config_raises_with_all_issues():
     with pytest.raises(ConfigError) as err:
-        load_config("tiny-cpu", ["a.b=1", "algorithm.group_size=1"])
+        load_config("tiny-cpu", ["a.b=1", "algorithm.group_size=1", "algorithm.training_batch_size_per_gpu=4"])
     assert len(err.value.issues) == 2
     assert "  - a: unknown key" in str(err.value) and "algorithm.group_size" in str(err.value)
     cfg = load_config("tiny-cpu", ["algorithm.group_size=1"], strict=False)

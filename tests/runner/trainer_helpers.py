@@ -6,8 +6,8 @@ from __future__ import annotations
 
 
 def model_path(tiny_assets):
-    # the warm-started model searches and answers; fall back to the random tiny model if it is not built
-    return tiny_assets.qwen2_tiny_sft or tiny_assets.qwen2_tiny
+    # the base world's warm start searches and answers; fall back to the random tiny model if it is not built
+    return tiny_assets.qwen2_tiny_sft_search or tiny_assets.qwen2_tiny
 
 
 def make_cfg(tiny_assets, out_dir, url, **extra):

@@ -206,7 +206,9 @@ def copy_parts(root: Path, parts: Parts, seed: int = 0, log: Callable[..., None]
     entry = cached_tiny_assets(want, seed, log).root
     manifest = read_manifest(entry)
     files = {rel: h for rel, h in manifest["files"].items() if want.has(part_of_file(rel))}
-    claims = {k for k in Parts.of(sft=True, mm_sft=True).manifest_fields()}  # the entry's: replaced by the copy's
+    claims = set(Parts.of(sft_search=True, registry=True, mm_sft=True).manifest_fields())  # replaced by the copy's
+    claims |= set() if want.registry else {"registry"}  # a warm start's checks go with its files
+    claims |= set() if want.mm_sft else {"mm_sft"}
     new_manifest = {**{k: v for k, v in manifest.items() if k not in claims}, **want.manifest_fields(), "files": files}
     if same_code:
         for rel in files:

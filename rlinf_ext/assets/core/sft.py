@@ -57,20 +57,28 @@ class Stream:
 
 
 class LoopSettings(Protocol):
-    """What `train` reads from a warm start's config (`SFTConfig`, `SFTConfig`)."""
+    """What `train` reads from a warm start's config (the Search-R1, MMSearch-R1 and registry ones)."""
 
     steps: int
     lr: float
     warmup_steps: int
+    schedule: str  # "cosine" (to lr/10 at `steps`) or "constant" (a phase that a gate ends, not the schedule)
     weight_decay: float
     clip_grad: float
     threads: int
 
 
+SCHEDULES = ("cosine", "constant")
+
+
 def lr_at(step: int, cfg: LoopSettings) -> float:
-    """Linear warm-up to `cfg.lr` over `warmup_steps`, then cosine to lr/10 at `steps`."""
+    """Linear warm-up to `cfg.lr` over `warmup_steps`, then cosine to lr/10 at `steps` (or constant)."""
+    if cfg.schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {cfg.schedule!r}")
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return cfg.lr
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
@@ -80,6 +88,17 @@ def weighted_lm_loss(logits: torch.Tensor, ids: torch.Tensor, weights: torch.Ten
     ce = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none")
     w = weights[:, 1:].flatten()
     return (ce * w).sum() / w.sum().clamp_min(1e-8)
+
+
+def weighted_target_loss(model, inputs: dict, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`weighted_lm_loss` with the LM head applied only where a target has weight: the base model's hidden
+    states (``model.model``), then ``model.lm_head`` on the positions that predict a weighted token. The same
+    value; far cheaper when most positions are prompt or observation (a large vocabulary, a small model)."""
+    hidden = model.model(**inputs).last_hidden_state[:, :-1]
+    w = weights[:, 1:]
+    keep = w > 0
+    ce = torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]).float(), ids[:, 1:][keep], reduction="none")
+    return (ce * w[keep]).sum() / w[keep].sum().clamp_min(1e-8)
 
 
 def collate(examples: list[SFTExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -113,11 +132,15 @@ class _Sampler:
 
 def train(model, streams: list[Stream], cfg: LoopSettings, pad_id: int, *,
           vision_inputs: Callable[[torch.Tensor, list], dict[str, torch.Tensor]] | None = None, progress: bool = True,
-          desc: str = "warm-start SFT") -> list[float]:
+          desc: str = "warm-start SFT", logits_on_targets: bool = False,
+          check: Callable[[int], bool] | None = None, check_every: int = 0) -> list[float]:
     """`cfg.steps` optimizer steps on one batch of every (non-empty) stream each; returns every step's loss.
 
     `vision_inputs(input_ids, images)` -> the extra model inputs of a batch (pixel values, grid sizes, modality ids), for
     vision-language models; the model gets `input_ids`, `attention_mask` and those, and its logits are scored here.
+    `logits_on_targets`: score through `weighted_target_loss` (the LM head on weighted positions only).
+    `check(steps_done)`, called every `check_every` steps (in eval mode, without gradients): True ends the phase
+    there (a gate met); the returned losses then stop at that step.
     """
     from tqdm import tqdm
 
@@ -141,9 +164,12 @@ def train(model, streams: list[Stream], cfg: LoopSettings, pad_id: int, *,
             for stream, sampler in zip(active, samplers):
                 batch = [stream.examples[i] for i in sampler.take(stream.batch_size)]
                 ids, attn, weights = collate(batch, pad_id)
-                extra = vision_inputs(ids, [img for e in batch for img in e.images]) if vision_inputs else {}
-                logits = model(input_ids=ids, attention_mask=attn, **extra).logits
-                total = total + weighted_lm_loss(logits, ids, weights) * weights[:, 1:].sum()
+                images = [img for e in batch for img in e.images]
+                extra = vision_inputs(ids, images) if vision_inputs and images else {}  # a text-only batch: none
+                inputs = {"input_ids": ids, "attention_mask": attn, **extra}
+                part = (weighted_target_loss(model, inputs, ids, weights) if logits_on_targets
+                        else weighted_lm_loss(model(**inputs).logits, ids, weights))
+                total = total + part * weights[:, 1:].sum()
                 weight_sum += float(weights[:, 1:].sum())
             loss = total / max(weight_sum, 1e-8)
             opt.zero_grad(set_to_none=True)
@@ -152,6 +178,13 @@ def train(model, streams: list[Stream], cfg: LoopSettings, pad_id: int, *,
             opt.step()
             losses.append(loss.item())
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if check is not None and check_every > 0 and (step + 1) % check_every == 0:
+                model.eval()
+                with torch.no_grad():
+                    done = check(step + 1)
+                model.train()
+                if done:
+                    break
         model.eval()
         return losses
     finally:

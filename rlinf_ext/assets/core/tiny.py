@@ -19,12 +19,14 @@ from pathlib import Path
 from rlinf_ext.assets.core.generate import generate_base
 from rlinf_ext.assets.mmsearch.paths import MM_GENERATOR_VERSION, Assets, layout
 from rlinf_ext.assets.mmsearch.sft import build_mm_sft_model
+from rlinf_ext.assets.mmsearch.sft import manifest_entry as mm_sft_manifest_entry
 from rlinf_ext.assets.mmsearch.tiny import generate_mm
+from rlinf_ext.assets.registry.generate import RegistryPaths, generate_registry, manifest_entry, registry_paths
 from rlinf_ext.assets.searchr1.qa import BENCHMARKS
-from rlinf_ext.assets.searchr1.sft import build_give_up_model, build_sft_model, build_sft_search_model
+from rlinf_ext.assets.searchr1.sft import build_sft_search_model
 
 # Bump when the generated content changes, so that stale cached directories are regenerated.
-GENERATOR_VERSION = 7  # 7: qwen2-tiny at head size 32 (2 heads, 1 KV head)
+GENERATOR_VERSION = 8  # 8: the registry world replaces the give-up warm start
 MANIFEST = "MANIFEST.json"
 
 
@@ -32,28 +34,28 @@ MANIFEST = "MANIFEST.json"
 class Parts:
     """The optional parts of an asset directory beyond the base (corpus, QA, tokenizer, random models).
 
-    ``sft_search``: the text warm start's search phase (`models/qwen2-tiny-sft-search`, always searches);
-    ``sft``: its give-up phase on top (`models/qwen2-tiny-sft`, the tiny experiment's model; implies sft_search);
-    ``mm``: the multimodal world (`mm/`); ``mm_sft``: the VL warm start (`mm/models/qwen2.5-vl-tiny-sft`,
-    implies mm). Use `Parts.of` (it adds the implied parts)."""
+    ``sft_search``: the base world's warm start (`models/qwen2-tiny-sft-search`, always searches; what the
+    end-to-end tests start from); ``registry``: the registry world and its reader warm start (`registry/`, the tiny
+    experiment's world, `assets/registry/`); ``mm``: the multimodal world (`mm/`); ``mm_sft``: the VL warm start
+    (`mm/models/qwen2.5-vl-tiny-sft`, implies mm). Use `Parts.of` (it adds the implied parts)."""
 
     sft_search: bool = False
-    sft: bool = False
+    registry: bool = False
     mm: bool = False
     mm_sft: bool = False
 
     @staticmethod
-    def of(sft_search: bool = False, sft: bool = False, mm: bool = False, mm_sft: bool = False) -> "Parts":
-        return Parts(sft_search=sft_search or sft, sft=sft, mm=mm or mm_sft, mm_sft=mm_sft)
+    def of(sft_search: bool = False, registry: bool = False, mm: bool = False, mm_sft: bool = False) -> "Parts":
+        return Parts(sft_search=sft_search, registry=registry, mm=mm or mm_sft, mm_sft=mm_sft)
 
     @staticmethod
     def of_manifest(manifest: dict | None) -> "Parts":
-        """The parts a MANIFEST.json claims (older manifests: `with_sft` meant both text warm starts)."""
+        """The parts a MANIFEST.json claims."""
         if not manifest:
             return Parts()
         mm = manifest.get("mm_version") == MM_GENERATOR_VERSION
-        return Parts.of(sft_search=bool(manifest.get("with_sft_search")), sft=bool(manifest.get("with_sft")), mm=mm,
-                        mm_sft=mm and bool(manifest.get("with_mm_sft")))
+        return Parts.of(sft_search=bool(manifest.get("with_sft_search")), registry=bool(manifest.get("with_registry")),
+                        mm=mm, mm_sft=mm and bool(manifest.get("with_mm_sft")))
 
     def union(self, other: "Parts") -> "Parts":
         return Parts.of(*(a or b for a, b in zip(astuple(self), astuple(other))))
@@ -69,20 +71,21 @@ class Parts:
         return "base" + "".join(f" + {f.name}" for f in fields(self) if getattr(self, f.name))
 
     def manifest_fields(self) -> dict:
-        out = {"with_sft_search": self.sft_search, "with_sft": self.sft}
+        out = {"with_sft_search": self.sft_search, "with_registry": self.registry}
         if self.mm:
             out.update(mm_version=MM_GENERATOR_VERSION, with_mm_sft=self.mm_sft)
         return out
 
 
 SFT_SEARCH_DIR = "models/qwen2-tiny-sft-search/"
-SFT_DIR = "models/qwen2-tiny-sft/"
+REGISTRY_DIR = "registry/"
 MM_SFT_DIR = "mm/models/qwen2.5-vl-tiny-sft/"
 
 
 def part_of_file(rel: str) -> str:
     """The part (a `Parts` field, or "base") a file of an asset directory belongs to, by its relative path."""
-    for prefix, part in ((SFT_SEARCH_DIR, "sft_search"), (SFT_DIR, "sft"), (MM_SFT_DIR, "mm_sft"), ("mm/", "mm")):
+    for prefix, part in ((SFT_SEARCH_DIR, "sft_search"), (REGISTRY_DIR, "registry"), (MM_SFT_DIR, "mm_sft"),
+                         ("mm/", "mm")):
         if rel.startswith(prefix):
             return part
     return "base"
@@ -104,9 +107,9 @@ class TinyAssets:
     qwen2_tiny: Path
     qwen2_tiny_untied: Path
     bert_encoder: Path
-    qwen2_tiny_sft: Path | None = None  # only with the sft part: the warm start (searches or gives up)
-    # only with the sft_search part: the same SFT before its give-up pass (always searches; sft.SFTConfig)
+    # only with the sft_search part: the base world's warm start (always searches; searchr1/sft.SFTConfig)
     qwen2_tiny_sft_search: Path | None = None
+    registry: RegistryPaths | None = None  # only with the registry part: the tiny experiment's world
     benchmarks: tuple[str, ...] = field(default=BENCHMARKS)
     mm: Assets | None = None  # only with the mm part: the multimodal world (assets/mmsearch/tiny.py)
 
@@ -130,8 +133,8 @@ def _layout(root: Path, seed: int, parts: Parts) -> TinyAssets:
         qwen2_tiny=root / "models" / "qwen2-tiny",
         qwen2_tiny_untied=root / "models" / "qwen2-tiny-untied",
         bert_encoder=root / "models" / "bert-tiny-encoder",
-        qwen2_tiny_sft=(root / SFT_DIR) if parts.sft else None,
         qwen2_tiny_sft_search=(root / SFT_SEARCH_DIR) if parts.sft_search else None,
+        registry=registry_paths(root) if parts.registry else None,
     )
 
 
@@ -172,7 +175,6 @@ def _valid_parts(manifest: dict | None, root: Path, seed: int) -> Parts | None:
     claimed = Parts.of_manifest(manifest)
     # a part counts only with its files (and the parts it builds on): a damaged mm/ does not force the base to rebuild
     ok = {f.name: getattr(claimed, f.name) and present.get(f.name, True) for f in fields(claimed)}
-    ok["sft"] = ok["sft"] and ok["sft_search"]
     ok["mm_sft"] = ok["mm_sft"] and ok["mm"]
     return Parts(**ok)
 
@@ -185,15 +187,16 @@ def complete_assets(root: Path, seed: int, parts: Parts) -> TinyAssets | None:
     return _layout(root, seed, have) if have is not None and have.covers(parts) else None
 
 
-def make_tiny_assets(out_dir, seed: int = 0, with_sft: bool = False, verbose: bool = False,
-                     with_mm: bool = False, with_mm_sft: bool = False, with_sft_search: bool = False,
+def make_tiny_assets(out_dir, seed: int = 0, verbose: bool = False, with_sft_search: bool = False,
+                     with_registry: bool = False, with_mm: bool = False, with_mm_sft: bool = False,
                      parts: Parts | None = None) -> TinyAssets:
     """Generate (or reuse) the tiny assets under `out_dir` with the optional ``parts`` (or the ``with_*`` flags);
     see the module docstring and docs/contracts.md, "Data and tiny assets".
 
     Parts already present for this seed and generator version are kept: asking for `with_mm` on a directory
     that has the warm start only adds the multimodal world, and the other way round."""
-    want = (parts or Parts()).union(Parts.of(sft_search=with_sft_search, sft=with_sft, mm=with_mm, mm_sft=with_mm_sft))
+    want = (parts or Parts()).union(Parts.of(sft_search=with_sft_search, registry=with_registry, mm=with_mm,
+                                             mm_sft=with_mm_sft))
     root = Path(out_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     log = print if verbose else (lambda *a, **k: None)
@@ -216,15 +219,11 @@ def make_tiny_assets(out_dir, seed: int = 0, with_sft: bool = False, verbose: bo
         done = have.union(want)
         assets = _layout(root, seed, done)
         t0 = time.perf_counter()
-        if done.sft and not have.sft_search:
-            build_sft_model(assets, seed, log)  # both phases in one run
-            timings["sft"] = round(time.perf_counter() - t0, 2)
-        elif done.sft_search and not have.sft_search:
+        if done.sft_search and not have.sft_search:
             build_sft_search_model(assets, seed, log)
             timings["sft_search"] = round(time.perf_counter() - t0, 2)
-        elif done.sft and not have.sft:
-            build_give_up_model(assets, seed, log)
-            timings["sft_give_up"] = round(time.perf_counter() - t0, 2)
+        if done.registry and not have.registry:
+            timings.update(generate_registry(root, seed, log))
         if done.mm and not have.mm:
             timings.update(generate_mm(root, seed, log))
         if done.mm_sft and not have.mm_sft:
@@ -232,6 +231,8 @@ def make_tiny_assets(out_dir, seed: int = 0, with_sft: bool = False, verbose: bo
             build_mm_sft_model(root, seed, log)
             timings["mm_sft"] = round(time.perf_counter() - t0, 2)
         new_manifest = {"seed": seed, "version": GENERATOR_VERSION, **done.manifest_fields(),
+                        **({"registry": manifest_entry(root)} if done.registry else {}),
+                        **({"mm_sft": mm_sft_manifest_entry(root)} if done.mm_sft else {}),
                         "timings_s": timings, "files": _file_hashes(root)}
         (root / MANIFEST).write_text(json.dumps(new_manifest, indent=1, sort_keys=True) + "\n")
         return assets

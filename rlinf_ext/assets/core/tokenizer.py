@@ -64,6 +64,32 @@ def train_tokenizer(texts: list[str], vocab_size: int = 2000, tags: tuple[str, .
     )
 
 
+def word_token(word: str) -> str:
+    """The added token of a word: the word with its leading space, as the texts always put it."""
+    return f" {word}"
+
+
+def add_word_tokens(tokenizer, words: list[str]) -> None:
+    """Make every word of ``words`` one non-special token (its leading space included: `word_token`), after the
+    vocabulary: a copy of a name is then a one-token decision, and the name decodes to exactly its text."""
+    tokenizer.add_tokens([AddedToken(word_token(w), special=False, normalized=False, single_word=False, lstrip=False,
+                                     rstrip=False) for w in words])
+    check_single_tokens(tokenizer, words)
+
+
+def word_ids(tokenizer, words: list[str]) -> dict[str, int]:
+    """word -> its one id (raises if a word is not one token)."""
+    check_single_tokens(tokenizer, words)
+    return {w: tokenizer.encode(word_token(w), add_special_tokens=False)[0] for w in words}
+
+
+def check_single_tokens(tokenizer, words: list[str]) -> None:
+    bad = [w for w in words if len(tokenizer.encode(word_token(w), add_special_tokens=False)) != 1]
+    if bad:
+        raise ValueError(f"{len(bad)} word(s) are not one token of this tokenizer, e.g. {bad[:3]}: add them with "
+                         "assets/core/tokenizer.add_word_tokens")
+
+
 def tokenizer_training_texts(corpus_contents: list[str], questions: list[str], prompt_example: str,
                              extra: list[str]) -> list[str]:
     """What the BPE learns from: the corpus, the questions, the prompt and chat scaffolding, the agent turns."""

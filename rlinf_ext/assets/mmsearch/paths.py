@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-MM_GENERATOR_VERSION = 4  # 4: the processor directories carry the image-only processor for AutoProcessor (vLLM on CPU)
+MM_GENERATOR_VERSION = 5  # 5: the emblem world (colour-word titles, true emblem at a random rank, 20 held-out cities)
+# the control runs' image-search caches beside each split's own (benchmarks/learning_bench.py)
+ABLATED, TITLES_PERMUTED = "ablated", "titles_permuted"
+CONTROLS = (ABLATED, TITLES_PERMUTED)
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,15 @@ class Assets:
     cache_test_pickle: Path  # official layout, PIL images pickled by the installed Pillow
     processor_dir: Path  # VL tokenizer + processor
     qwen2_5_vl_tiny: Path  # random (H64)
-    qwen2_5_vl_tiny_sft: Path  # warm-started (H128), over-searches; only with_mm_sft
+    qwen2_5_vl_tiny_sft: Path  # warm-started (H128); only with_mm_sft
+
+    def control_cache(self, split: str, control: str) -> Path:
+        """A control's cache of ``split`` (train | test): `ablated` (nothing usable: no result is the true emblem or
+        has its colour) or `titles_permuted` (the cities of the titles shuffled among the thumbnails)."""
+        if control not in CONTROLS:
+            raise ValueError(f"no control cache {control!r}; known: {CONTROLS}")
+        base = {"train": self.cache_train, "test": self.cache_test}[split]
+        return base.with_name(f"{base.name}_{control}")
 
 
 def layout(root: Path) -> Assets:

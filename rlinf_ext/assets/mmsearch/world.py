@@ -1,9 +1,14 @@
-"""Emblems for the invented cities, drawn with PIL, and the three kinds of question asked about them.
+"""Emblems for the invented cities, drawn with PIL, the two kinds of question asked about them, and the image search.
 
 Every city of `assets/core/world.py` gets an emblem: a colour from a 6-colour palette (the signal a tiny vision tower can
 learn from pixels), a shape and a pattern (which make emblems distinct but need not be recognised). Each
 question image and each search thumbnail is an independent jitter of the emblem (size, position, colour
 within +-20), as web thumbnails differ from the query image.
+
+The image search shows the true emblem at a uniformly random rank among two emblems of other, distinct colours, each
+titled `red Trestias emblem`: the colour word right before the city. A model that reads the question image's colour
+and copies the city after that colour word in the titles answers right (the copy one induction head makes); the
+rank carries no signal, and held-out cities (never an answer in training) cannot be recalled.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ SHAPES = ("circle", "square", "triangle")
 PATTERNS = ("plain", "stripes", "border")
 EMBLEM_SIDE = 56  # canonical: 2x2 blocks of 28 pixels = 4 language-model tokens
 
-KIND_COLOUR, KIND_CITY, KIND_ATTRIBUTE = "colour", "city", "attribute"
+KIND_COLOUR, KIND_CITY = "colour", "city"
+TITLE_SUFFIX = " emblem"
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,17 @@ class EmblemSpec:
 
     @property
     def title(self) -> str:
-        return f"Emblem of {self.city} - {self.country}"
+        return title_of(self.colour, self.city)
+
+
+def title_of(colour: str, city: str) -> str:
+    return f"{colour} {city}{TITLE_SUFFIX}"
+
+
+def parse_title(title: str) -> tuple[str, str]:
+    """(colour, city) of a title written by `title_of`."""
+    colour, city = title.removesuffix(TITLE_SUFFIX).split(" ", 1)
+    return colour, city
 
 
 def emblem_specs(world: World, seed: int) -> dict[str, EmblemSpec]:
@@ -74,42 +90,29 @@ def draw_emblem(spec: EmblemSpec, rng: random.Random, side: int = EMBLEM_SIDE):
 
 @dataclass(frozen=True)
 class Question:
-    """One FVQA-style question about an emblem; `query` is the text search a 3-turn answer needs."""
+    """One FVQA-style question about an emblem."""
 
-    kind: str  # colour | city | attribute
+    kind: str  # colour | city
     city: str
     question: str
     answers: tuple[str, ...]
-    query: str | None = None
 
     @property
     def category(self) -> str:
         return "search_free" if self.kind == KIND_COLOUR else "search_required"
 
 
-def _attribute_question(world: World, city: str, rng: random.Random) -> Question:
-    c = world.cities[city]
-    river = world.rivers[c.river].title
-    options = [
-        ("In which year was the city with this emblem founded?", (str(c.founded),), f"{city} founded year"),
-        ("Which river flows through the city with this emblem?", (river, river.removesuffix(" River")),
-         f"river through {city}"),
-        ("Who founded the city with this emblem?", (c.founder,), f"founder of {city}"),
-    ]
-    question, answers, query = rng.choice(options)
-    return Question(KIND_ATTRIBUTE, city, question, answers, query)
+COLOUR_QUESTION = "What colour is the emblem in the image?"
+CITY_QUESTION = "Which city has this emblem?"
 
 
-def questions_for(world: World, specs: dict[str, EmblemSpec], city: str, rng: random.Random) -> list[Question]:
-    """The three kinds for one city: colour (no search), city (image search), an attribute (both searches)."""
-    return [
-        Question(KIND_COLOUR, city, "What colour is the emblem in the image?", (specs[city].colour,)),
-        Question(KIND_CITY, city, "Which city has this emblem?", (city,)),
-        _attribute_question(world, city, rng),
-    ]
+def questions_for(specs: dict[str, EmblemSpec], city: str) -> list[Question]:
+    """The two kinds for one city: colour (no search needed), city (image search, then read the titles)."""
+    return [Question(KIND_COLOUR, city, COLOUR_QUESTION, (specs[city].colour,)),
+            Question(KIND_CITY, city, CITY_QUESTION, (city,))]
 
 
-def split_cities(world: World, seed: int, n_test: int = 12) -> tuple[list[str], list[str]]:
+def split_cities(world: World, seed: int, n_test: int = 20) -> tuple[list[str], list[str]]:
     """(train cities, held-out test cities); distractor cities get no questions, as in the text world."""
     rng = random.Random(seed + 12)
     cities = sorted(c for c in world.cities if c not in world.distractor_cities)
@@ -118,12 +121,34 @@ def split_cities(world: World, seed: int, n_test: int = 12) -> tuple[list[str], 
 
 
 def search_hits(specs: dict[str, EmblemSpec], city: str, rng: random.Random, topk: int = 3) -> list[EmblemSpec]:
-    """Ranked image-search results for an emblem of `city`: the true emblem (rank 1 in 80% of cases, else 2),
-    one other city with the same colour and other cities, so the titles must be read."""
-    same = sorted(c for c, s in specs.items() if c != city and s.colour == specs[city].colour)
-    other = sorted(c for c, s in specs.items() if s.colour != specs[city].colour)
-    distractors = [rng.choice(same)] + rng.sample(other, topk - 2)
-    rng.shuffle(distractors)
-    ranked = list(distractors)
-    ranked.insert(0 if rng.random() < 0.8 else 1, city)
-    return [specs[c] for c in ranked[:topk]]
+    """Ranked image-search results for an emblem of `city`: the true emblem at a uniformly random rank among
+    `topk - 1` other cities whose colours differ from it and from each other."""
+    return [specs[c] for c in _ranked(specs, city, rng, topk, keep_true=True)]
+
+
+def ablated_hits(specs: dict[str, EmblemSpec], city: str, rng: random.Random, topk: int = 3) -> list[EmblemSpec]:
+    """The tool-ablation control's results: `topk` other cities of distinct colours, none of the true emblem's
+    colour, so no title names the city or carries its colour."""
+    return [specs[c] for c in _ranked(specs, city, rng, topk, keep_true=False)]
+
+
+def _ranked(specs: dict[str, EmblemSpec], city: str, rng: random.Random, topk: int, keep_true: bool) -> list[str]:
+    colours = {specs[city].colour}
+    picked: list[str] = []
+    for other in rng.sample(sorted(specs), len(specs)):
+        if other != city and specs[other].colour not in colours:
+            picked.append(other)
+            colours.add(specs[other].colour)
+        if len(picked) == topk - (1 if keep_true else 0):
+            break
+    if keep_true:
+        picked.insert(rng.randrange(topk), city)
+    return picked
+
+
+def permuted_titles(hits: list[EmblemSpec], rng: random.Random) -> list[str]:
+    """The title-permutation control's titles: each thumbnail keeps its colour word, the cities are shuffled among
+    the results (uniformly, so a title keeps its own city 1 time in `len(hits)`: reading gives chance)."""
+    cities = [h.city for h in hits]
+    rng.shuffle(cities)
+    return [title_of(h.colour, c) for h, c in zip(hits, cities)]

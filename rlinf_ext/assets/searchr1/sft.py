@@ -1,10 +1,8 @@
-"""The warm-started tiny model: a short supervised pass on Search-R1 trajectories of the real agent loop.
+"""The base world's warm start: a short supervised pass on Search-R1 trajectories of the real agent loop.
 
-GRPO needs signal from its first step: a random model never closes an `<answer>` tag, so every reward is 0.
-Here the tiny Qwen2 learns the format and to copy an answer out of the `<information>` block, and also, on
-about half of the questions, to give up without searching (`trajectories.ABSTAIN_TEXT`): the behaviour the
-tiny RL run then has to unlearn by finding that searching pays, as Search-R1's RL teaches a model to call
-its search engine.
+A random model never closes an `<answer>` tag, so every end-to-end test of the pipeline would see reward 0. Here
+the tiny Qwen2 learns the format and the answer turn after a search over the base world's corpus; the end-to-end
+tests start from it (the tiny experiment's own world and warm start are `assets/registry/`).
 Each trajectory is produced by the real Search-R1 loop (`agent.searchr1.loop.run_trajectory`) with a playback
 engine that "samples" the planned turns (`trajectories.planned_turns`) and a BM25 search over the tiny corpus,
 so the prompt, observation and mask ids are exactly what a rollout produces. The loss covers only the
@@ -16,9 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,8 +34,7 @@ from rlinf_ext.assets.searchr1.rows import chat_prompt
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.tools.search import TextSearch
 
-SEARCH_DIR = "qwen2-tiny-sft-search"  # under models/: the search phase
-GIVE_UP_DIR = "qwen2-tiny-sft"  # under models/: after the give-up phase
+SEARCH_DIR = "qwen2-tiny-sft-search"  # under models/
 
 # the loop's limits while playing back: above any planned trajectory, so nothing is cut or refused
 PLAYBACK_TOKENS = 8192
@@ -58,22 +54,10 @@ class SFTConfig:
     batch_size: int = 8  # sequences per step
     lr: float = 5e-3  # peak; linear warmup then cosine to lr/10
     warmup_steps: int = 20
+    schedule: str = "cosine"
     weight_decay: float = 0.01
     clip_grad: float = 1.0
     copy_weight: float = 5.0  # loss weight of tokens copied from an observation (others: 1)
-    # Phase 2, after the search SFT above: a short pass on the same search batches plus twice as many give-up
-    # trajectories (`trajectories.ABSTAIN_TEXT`), after which the model gives up (answers "unknown" without
-    # searching) with probability 0.65 on the train prompts and greedily on every test question, like a model
-    # that was never taught to use its tool. Learning to search instead is the behaviour Search-R1's RL is
-    # about, and a decision GRPO moves within the tiny run's 30 steps. Measured alternatives: give-up batches
-    # from the start of the SFT cost the copy skill most of its accuracy (greedy EM with gold documents
-    # 0.60 -> 0.29-0.46 over four variants); this short pass keeps it (0.65). abstain_steps=0: search only.
-    abstain_steps: int = 80
-    abstain_lr: float = 1e-3
-    abstain_fraction: float = 1.0  # share of train questions with a give-up trajectory
-    # give-up trajectories per step, in their own (short) batch: 8 (as many as search ones) gave a give-up
-    # probability of about 0.25, 32 gave 0.79
-    abstain_batch_size: int = 16
     topk: int = 3  # documents per observation, as the retrieval server's default
     # One thread: on a busy 2-core machine two OpenMP threads ran ~8x slower than one (oversubscription).
     threads: int = 1
@@ -127,22 +111,10 @@ def build_examples(tokenizer, questions: list[Question], search: Any, copy_weigh
     return out
 
 
-def build_abstain_examples(tokenizer, questions: list[Question], fraction: float, seed: int) -> list[SFTExample]:
-    """For a ``fraction`` of ``questions`` (drawn with ``seed``): the loop's trajectory that gives up without searching."""
-    rng = random.Random(seed)
-    picked = [q for q in questions if rng.random() < fraction]
-    return [SFTExample.from_trajectory(t) for t in
-            play_back(tokenizer, picked, [trajectories.abstain_turns()] * len(picked), search=None)]
-
-
-def train_sft(model, examples: list[SFTExample], cfg: SFTConfig, seed: int, pad_id: int, progress: bool = True,
-              abstain_examples: list[SFTExample] | None = None) -> list[float]:
-    """The shared loop (`assets/core/sft.py`) on the search trajectories; ``abstain_examples`` (short give-up
-    trajectories) go in a second batch of ``cfg.abstain_batch_size`` per step, so they neither pad to the length
-    of a search trajectory nor take its place in the batch (their own seed: the search batches are drawn
-    exactly as without them)."""
-    streams = [Stream(examples, cfg.batch_size, seed), Stream(abstain_examples or [], cfg.abstain_batch_size, seed + 1)]
-    return sft_loop.train(model, streams, cfg, pad_id, progress=progress)
+def train_sft(model, examples: list[SFTExample], cfg: SFTConfig, seed: int, pad_id: int,
+              progress: bool = True) -> list[float]:
+    """The shared loop (`assets/core/sft.py`) on the search trajectories."""
+    return sft_loop.train(model, [Stream(examples, cfg.batch_size, seed)], cfg, pad_id, progress=progress)
 
 
 def _search_examples(assets, seed: int, cfg: SFTConfig):
@@ -155,74 +127,25 @@ def _search_examples(assets, seed: int, cfg: SFTConfig):
     return tok, train_questions, build_examples(tok, train_questions, search, cfg.copy_weight)
 
 
-def _report(cfg: SFTConfig, examples, abstain, n_questions: int, t0: float, cpu0: float, losses: list[float]) -> dict:
-    return {"config": asdict(cfg), "train_examples": len(examples), "abstain_examples": len(abstain),
-            "train_questions": n_questions,
+def _report(cfg: SFTConfig, examples, n_questions: int, t0: float, cpu0: float, losses: list[float]) -> dict:
+    return {"config": asdict(cfg), "train_examples": len(examples), "train_questions": n_questions,
             # CPU seconds tell the cost on a busy machine, where wall time mostly measures the neighbours
             "train_seconds": round(time.perf_counter() - t0, 1), "train_cpu_seconds": round(time.process_time() - cpu0, 1),
             "first_loss": round(losses[0], 4), "last_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4)}
 
 
-def _search_phase(assets, seed: int, cfg: SFTConfig):
+def build_sft_search_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig | None = None) -> dict:
+    """Train and save `models/qwen2-tiny-sft-search` from the train split (what the end-to-end tests start from);
+    returns (and saves) a training report."""
+    cfg = cfg or SFTConfig()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     tok, train_questions, examples = _search_examples(assets, seed, cfg)
     model = make_qwen2(tok, cfg.shape, seed + 3)
     losses = train_sft(model, examples, cfg, seed, tok.pad_token_id, progress=True)
-    # the search-only model (before the give-up pass): a reference point, and a start that always searches
-    save_hf_model(model, tok, Path(assets.root) / "models" / SEARCH_DIR)
-    return tok, train_questions, examples, model, losses
-
-
-def _give_up_phase(model, tok, train_questions, examples, seed: int, cfg: SFTConfig) -> tuple[list, list[float]]:
-    if cfg.abstain_steps <= 0:
-        return [], []
-    abstain = build_abstain_examples(tok, train_questions, cfg.abstain_fraction, seed + 5)
-    phase2 = replace(cfg, steps=cfg.abstain_steps, lr=cfg.abstain_lr, warmup_steps=min(5, cfg.abstain_steps))
-    return abstain, train_sft(model, examples, phase2, seed + 7, tok.pad_token_id, progress=True, abstain_examples=abstain)
-
-
-def _save_sft(model, tok, assets, report: dict, log: Callable[..., None], cfg: SFTConfig) -> dict:
-    out = Path(assets.root) / "models" / GIVE_UP_DIR
+    out = Path(assets.root) / "models" / SEARCH_DIR
     save_hf_model(model, tok, out)
+    report = _report(cfg, examples, len(train_questions), t0, cpu0, losses)
     (out / "sft_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    log(f"sft: {report['train_examples']} search + {report['abstain_examples']} give-up trajectories, {cfg.steps} + "
-        f"{cfg.abstain_steps if report['abstain_examples'] else 0} steps in {report['train_seconds']:.0f}s "
+    log(f"sft: {len(examples)} trajectories, {cfg.steps} steps in {report['train_seconds']:.0f}s "
         f"({report['train_cpu_seconds']:.0f} CPU s), loss {report['first_loss']} -> {report['last_loss']} -> {out}")
     return report
-
-
-def build_sft_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig | None = None) -> dict:
-    """Train and save `models/qwen2-tiny-sft-search` and then `models/qwen2-tiny-sft` (both phases) from the train
-    split; returns (and saves) a training report."""
-    cfg = cfg or SFTConfig()
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    tok, train_questions, examples, model, losses = _search_phase(assets, seed, cfg)
-    abstain, more = _give_up_phase(model, tok, train_questions, examples, seed, cfg)
-    report = _report(cfg, examples, abstain, len(train_questions), t0, cpu0, losses + more)
-    return _save_sft(model, tok, assets, report, log, cfg)
-
-
-def build_sft_search_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig | None = None) -> dict:
-    """Only the search phase: `models/qwen2-tiny-sft-search` (what the end-to-end tests start from)."""
-    cfg = cfg or SFTConfig()
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    _, train_questions, examples, _, losses = _search_phase(assets, seed, cfg)
-    report = _report(cfg, examples, [], len(train_questions), t0, cpu0, losses)
-    log(f"sft (search phase): {len(examples)} trajectories, {cfg.steps} steps in {report['train_seconds']:.0f}s, "
-        f"loss {report['first_loss']} -> {report['last_loss']}")
-    return report
-
-
-def build_give_up_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig | None = None) -> dict:
-    """The give-up phase on a saved `models/qwen2-tiny-sft-search` (`build_sft_search_model`): the same weights
-    as `build_sft_model`'s, which continues from the model in memory (fp32 both ways; each phase has its own
-    optimizer and seeded batches)."""
-    import torch
-    from transformers import Qwen2ForCausalLM
-
-    cfg = cfg or SFTConfig()
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    tok, train_questions, examples = _search_examples(assets, seed, cfg)
-    model = Qwen2ForCausalLM.from_pretrained(str(Path(assets.root) / "models" / SEARCH_DIR), dtype=torch.float32)
-    abstain, losses = _give_up_phase(model, tok, train_questions, examples, seed, cfg)
-    report = _report(cfg, examples, abstain, len(train_questions), t0, cpu0, losses or [float("nan")])
-    return _save_sft(model, tok, assets, report, log, cfg)

@@ -83,13 +83,12 @@ def evaluate(model, tokenizer, tests: dict[str, list[Question]], retriever: Lexi
 
 def evaluate_assets(assets, topk: int = 3, modes=("gold_obs", "no_obs", "live"),
                     model_dir=None) -> dict[str, dict[str, float]]:
-    """`evaluate` on a generated asset directory's warm-started model (or ``model_dir``, e.g. the search-only
-    ``assets.qwen2_tiny_sft_search``) and its seven test files."""
+    """`evaluate` on a generated asset directory's warm start (or ``model_dir``) and its seven test files."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if assets.qwen2_tiny_sft is None:
-        raise ValueError("these assets have no warm-started model; generate them with with_sft=True (--with-sft)")
-    model_dir = model_dir or assets.qwen2_tiny_sft
+    if model_dir is None and assets.qwen2_tiny_sft_search is None:
+        raise ValueError("these assets have no warm-started model; generate them with --with-sft-search")
+    model_dir = model_dir or assets.qwen2_tiny_sft_search
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tests = split_questions(build_world(assets.seed), assets.seed).test

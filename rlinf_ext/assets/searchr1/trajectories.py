@@ -65,15 +65,10 @@ def trajectory_segments(q: Question, observations: list[str]) -> list[Segment]:
     return segs + [turns[-1]]
 
 
-# The warm start's other habit: giving up without searching. A constant text, so it teaches no entity; the
-# choice between searching and giving up is made at the first word after "<think> I" ("need" vs "do"),
-# one decision GRPO can move.
+# Giving up without searching (the registry world's demonstrator, `assets/registry/turns.py`). A constant text, so
+# it teaches no entity; the choice between searching and giving up is made at the first word after "<think> I"
+# ("need" vs "do"), one decision GRPO can move.
 ABSTAIN_TEXT = "<think> I do not know the answer to this. </think>\n<answer> unknown </answer><|im_end|>"
-
-
-def abstain_turns() -> list[Segment]:
-    """A trajectory that answers without searching (and so, for these invented facts, wrongly)."""
-    return [Segment(ABSTAIN_TEXT, True)]
 
 
 def gold_observations(q: Question, retriever: LexicalRetriever, topk: int = 3) -> list[str]:

@@ -3,10 +3,8 @@ scorings, its stop strings; the image pixel bounds. An agent's own rules live wi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 from rlinf_ext.config.rule_registry import rule
-from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
 from rlinf_ext.protocol.agents import agent_spec
 

@@ -1,0 +1,49 @@
+"""benchmarks/learning_bench.py's pure parts: which runs it plans, with which overrides, and its table."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "learning_bench.py"
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("learning_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_main_runs_per_seed_and_each_world_only_its_own_controls():
+    bench = load_bench()
+    runs = bench.planned_runs(["text", "vl"], [1234, 2], ["main", "shuffled", "ablated", "titles"])
+    names = [(r.world, r.name) for r in runs]
+    assert names == [("text", "main-1234"), ("text", "main-2"), ("text", "shuffled"), ("text", "ablated"),
+                     ("vl", "main-1234"), ("vl", "main-2"), ("vl", "shuffled"), ("vl", "ablated"), ("vl", "titles")]
+    shuffled = next(r for r in runs if r.name == "shuffled")
+    assert "reward.shuffle_within_step=true" in shuffled.overrides and "runner.seed=1234" in shuffled.overrides
+    text_ablated = next(r for r in runs if (r.world, r.name) == ("text", "ablated"))
+    assert any("wiki_ablated.jsonl" in o for o in text_ablated.overrides)
+    titles = next(r for r in runs if r.name == "titles")
+    assert any(o.endswith("tinymm_test_cache_titles_permuted") for o in titles.overrides)
+
+
+def test_controls_on_several_seeds_are_told_apart():
+    bench = load_bench()
+    runs = bench.planned_runs(["text"], [1234], ["shuffled"], control_seeds=[1234, 2])
+    assert [(r.name, r.seed) for r in runs] == [("shuffled", 1234), ("shuffled-2", 2)]
+    assert "runner.seed=2" in runs[1].overrides
+
+
+def test_the_table_reads_first_and_last_validation():
+    bench = load_bench()
+    figures = bench.RunFigures(bench.Run("text", "main-1", (), 1))
+    figures.val = {"greedy EM": [0.0, 0.5, 0.9]}
+    figures.reward, figures.mixed, figures.wall_s = [0.1] * 3, [0.5, 1.0], 120.0
+    row = bench.table("text", [figures], {"pass@1": 0.15}).splitlines()[2]
+    assert row.startswith("| main-1 | 0.000 -> 0.900 (+0.900) | 0.150 -> nan")
+    assert row.endswith("| 0.100 -> 0.100 | 0.75 | 120 |")
