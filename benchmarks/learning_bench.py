@@ -170,7 +170,9 @@ def read_run(run: Run, run_dir: Path, world_obj) -> RunFigures:
             continue
         figures.steps.append(step)
         figures.reward.append(float(row[mk.REWARD_MEAN]))
-        figures.kl.append(float(row.get(mk.prefixed(mk.ACTOR_PREFIX, "kl"), math.nan)))
+        # the KL to the reference where a KL term is on (actor/kl), else the policy's step-to-step approx_kl
+        figures.kl.append(float(row.get(mk.prefixed(mk.ACTOR_PREFIX, "kl"),
+                                        row.get(mk.prefixed(mk.ACTOR_PREFIX, "approx_kl"), math.nan))))
         dump = run_dir / "trajectories" / f"step_{step}.jsonl"
         records = [json.loads(line) for line in dump.read_text().splitlines()] if dump.exists() else []
         figures.mixed.append(float(row.get(mk.REWARD_MIXED_GROUPS, mixed_group_share(records))))
@@ -251,7 +253,7 @@ def draw(world: str, figures: list[RunFigures], path: Path) -> None:
     axes[0, 1].set_title(f"held-out {label}")
     axes[0, 2].set_title(f"answer shares per step ({main.run.name if main else ''})")
     axes[1, 1].set_title("groups with a non-zero advantage")
-    axes[1, 2].set_title("KL to the reference (actor/kl)")
+    axes[1, 2].set_title("KL (actor/kl, else the update's actor/approx_kl)")
     for ax in axes.flat:
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
