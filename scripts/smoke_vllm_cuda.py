@@ -103,7 +103,7 @@ def ipc_producer(work: str, inbox, outbox) -> None:
         import vllm.distributed.weight_transfer.ipc_engine  # noqa: F401  (the slow import, while the engine starts)
         from smoke_vllm_compat import ipc_trainer
 
-        from rlinf_ext.sync.engine_calls import release_cuda_cache
+        from rlinf_ext.sync.weight_sync import release_cuda_cache
         from rlinf_ext.sync.vllm_transfer import HFWeightSource, ipc_buffer_bytes
 
         outbox.put(("ready", torch.cuda.is_initialized()))

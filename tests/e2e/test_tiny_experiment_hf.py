@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 from launch_helpers import CI_SIZE, launch, metrics_rows, when_step_logged
 
+from rlinf_ext.assets.registry.world import RELATIONS
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.runner.checkpoints import check_complete, latest_complete_checkpoint
 from rlinf_ext.runner.commands import EXIT_PREEMPTED
@@ -138,7 +139,8 @@ def test_tiny_experiment_on_the_hf_fallback_trains_syncs_and_evaluates(preempted
     assert all(math.isfinite(r["reward/mean"]) for r in rows[1:])
     assert VLLM_SYNC_LINE not in run.log + run.resume_log  # no vLLM engine anywhere in this run
     results = json.loads((run.run_dir / "eval" / f"global_step_{MAX_STEPS}" / "results.json").read_text())
-    assert results["overall"]["n"] == 7 and results["overall"]["errors"] == 0
+    # data.data_size=1: one held-out question per data source, the registry world's relations
+    assert results["overall"]["n"] == len(RELATIONS) and results["overall"]["errors"] == 0
 
 
 @pytest.mark.timeout(1200)

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "searchr1" / "run_main_searchr1_single.sh"
-BAD = ["runner.max_stepz=3", "algorithm.group_size=1"]  # a misspelt key and a rule violation
+# a misspelt key and a rule violation that breaks two rules in tiny-cpu (a group of one; 8 trajectories in 2
+# minibatches of 4 for a training batch of 8)
+BAD = ["runner.max_stepz=3", "algorithm.group_size=1"]
 
 
 def find_spec_answering(answer):
@@ -46,7 +48,7 @@ def test_invalid_config_reports_every_problem_and_starts_nothing(tmp_path, monke
     with pytest.raises(LaunchError) as info:
         run_training("tiny-cpu", [*BAD, f"runner.output_dir={out}", f"paths.tiny_assets={tmp_path / 'assets'}"])
     text = str(info.value)
-    assert "2 problem(s)" in text and "nothing was started" in text
+    assert "3 problem(s)" in text and "nothing was started" in text
     assert "runner.max_stepz" in text and "runner.max_steps" in text  # the suggestion
     assert "algorithm.group_size" in text
     assert not ray.is_initialized()

@@ -62,6 +62,10 @@ def _eval_config(tiny_assets, url: str, out: Path, data_size: int, *extra: str):
             "retrieval.launch=false",
             f"runner.output_dir={out}",
             f"data.data_size={data_size}",
+            # the base world's seven benchmarks, two turns (tiny-cpu-eval itself evaluates the registry world)
+            "data.val_data_paths=[" + ",".join(str(p) for p in tiny_assets.rlinf_test.values()) + "]",
+            "agentloop.searchr1.max_turns=2",
+            "agentloop.max_obs_length=320",
             *extra,
         ],
     )

@@ -34,8 +34,11 @@ ANSWER_TURN = "<think> The tool says 14. </think>\n<answer> 14 </answer>"
 
 @pytest.fixture(scope="module")
 def cfg():
-    """The tiny Search-R1 experiment with the calculator configured by import path, checked like any run."""
-    checked = check_config("tiny-cpu", [f"agentloop.searchr1.tools=[search,{CALCULATOR}]"])
+    """The tiny Search-R1 experiment with the calculator configured by import path, checked like any run; two turns
+    and room for the invalid-action text (tiny-cpu itself allows one short search turn)."""
+    checked = check_config("tiny-cpu", [f"agentloop.searchr1.tools=[search,{CALCULATOR}]", "agentloop.searchr1.max_turns=2",
+                                        "runner.seq_length=1024", "agentloop.response_length_total=768",
+                                        "agentloop.max_obs_length=320"])
     assert checked.ok, checked.issues
     return checked.cfg
 
