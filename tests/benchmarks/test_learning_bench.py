@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "learning_bench.py"
+from script_modules import load_script
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("learning_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/learning_bench.py")
 
 
 def test_main_runs_per_seed_and_each_world_only_its_own_controls():

@@ -4,7 +4,6 @@ max_new_tokens tokens, and the table and the JSON carry the figures."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -13,17 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "rollout_bench.py"
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("rollout_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_unreachable_ids_are_eos_tags_and_ids_past_the_tokenizer():

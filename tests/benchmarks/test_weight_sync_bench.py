@@ -3,23 +3,11 @@ the second engine over the first, and a dash where an engine has no such row."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from script_modules import load_script
 
 
 def load_bench():
-    sys.path.insert(0, str(BENCH))  # it imports train_step_bench from its own folder
-    try:
-        spec = importlib.util.spec_from_file_location("weight_sync_bench", BENCH / "weight_sync_bench.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
+    return load_script("benchmarks/weight_sync_bench.py")  # it imports train_step_bench from its own folder
 
 
 def test_side_by_side_rows_columns_and_ratio():

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import ast
 import importlib
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 FOLDERS = ("scripts", "benchmarks")
@@ -21,7 +21,10 @@ def imported_names(path: Path) -> list[tuple[int, str, str | None]]:
     """(line, module, name) of each `from module import name` and (line, module, None) of each `import module`
     anywhere in the file, for modules of rlinf_ext or of the file's own folder."""
     siblings = {p.stem for p in path.parent.glob("*.py")}
-    ours = lambda module: module.split(".")[0] == "rlinf_ext" or module in siblings  # noqa: E731
+
+    def ours(module: str) -> bool:
+        return module.split(".")[0] == "rlinf_ext" or module in siblings
+
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and ours(node.module):
@@ -55,14 +58,7 @@ def unresolved(path: Path) -> list[str]:
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_module_imports_and_its_names_resolve(path):
     assert not unresolved(path)
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec = importlib.util.spec_from_file_location(f"_imported_{path.parent.name}_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up
-        spec.loader.exec_module(module)  # module level only: every script runs its work under __main__
-    finally:
-        sys.path.remove(str(path.parent))
+    load_script(path, f"_imported_{path.parent.name}_{path.stem}")
 
 
 def test_a_moved_name_is_caught(tmp_path):
