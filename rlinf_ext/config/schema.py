@@ -198,7 +198,8 @@ class DataConfig:
     max_prompt_length: int = fld(REQUIRED, "Prompts longer than this (tokens) are dropped.")
     rollout_batch_size: int = fld(REQUIRED, "Prompts per rollout step.")
     val_rollout_batch_size: Optional[int] = fld(None, "Prompts per validation batch (null = rollout_batch_size).")
-    shuffle: bool = fld(True, "Shuffle training prompts each epoch.")
+    shuffle: bool = fld(True, "Shuffle training prompts: epoch e is a permutation seeded by data.seed + e, so a resume at "
+                              "any step trains what the uninterrupted run trains (runner/data_order.py).")
     seed: int = fld(1234, "Seed of the data order.")
     data_size: int = fld(-1, "Use only the first N rows of each file (-1 = all).")
     prompt_key: str = fld("prompt", "Column holding the prompt.")

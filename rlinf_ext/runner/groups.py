@@ -8,6 +8,7 @@ The compositions themselves: ``runner/compose.py`` (CPU cluster, and the dispatc
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import signal
 import threading
@@ -71,6 +72,31 @@ def wait_or_raise(handle, component: str, method: str, startup: bool = False):
                 raise WorkerStartupError(component, cause) from exc
             raise WorkerCallError(component, method, cause) from exc
     return results
+
+
+def abort_call(handle, component: str, method: str, timeout_s: float) -> BaseException | None:
+    """End a group call whose result will be thrown away: cancel it (on an async actor Ray cancels its asyncio task,
+    so a rollout stops at the turn in progress) and wait for it at most ``timeout_s``. Returns how it ended (the
+    cancellation or another error, a ``TimeoutError`` when it outlived the bound, None when it had finished) and
+    never raises: a discarded call's failure must not turn a clean stop into an error."""
+    refs = list(handle._remote_results)
+    for ref in refs:
+        ray.cancel(ref)
+    if refs:
+        _, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if late:
+            return TimeoutError(f"{component}.{method} still ran {timeout_s:g} s after it was cancelled")
+    try:
+        wait_or_raise(handle, component, method)
+    except Exception as exc:  # the cancellation itself, or the call's own failure
+        return exc
+    return None
+
+
+def is_cancellation(error: BaseException) -> bool:
+    """Whether a call ended because it was cancelled (``abort_call``), as Ray reports it to the driver."""
+    cause = getattr(error, "cause", None) or error
+    return isinstance(cause, (ray.exceptions.TaskCancelledError, asyncio.CancelledError))
 
 
 def wait_all_or_raise(calls: list[tuple[Any, str, str]]) -> list:

@@ -19,8 +19,8 @@
 The steps live in ``prepare.py`` (config, assets, index, data, conversions), ``services.py`` (signals, Ray,
 retrieval server, SGLang evaluation engine), ``cluster.py`` (nodes), ``retrievers.py`` and ``summary.py``. Every
 resource started here is stopped on the way out, on success, on error and on Ctrl-C / SIGTERM. SIGTERM while
-training finishes the step, writes a checkpoint, waits for the batches dispatched ahead (``runner.max_staleness``:
-at most one rollout more) and discards them, and ends the run with ``RunPreempted`` (exit code 75); a node lost
+training finishes the step, writes a checkpoint, cancels the batches dispatched ahead (``runner.max_staleness``)
+at the turn in progress and discards them, whatever they end with, and ends the run with ``RunPreempted`` (exit code 75); a node lost
 mid-run ends it with an error naming the node and the checkpoint to resume from.
 """
 

@@ -99,7 +99,7 @@ def stop_on_signals() -> Iterator[StopRequest]:
     def terminate(signum, frame):
         if stop.deferring and not stop.requested:
             stop.signal_name = signal.Signals(signum).name
-            print(f"\n[launch] {stop.signal_name} received: finishing the current step, writing a checkpoint, draining "
+            print(f"\n[launch] {stop.signal_name} received: finishing the current step, writing a checkpoint, aborting "
                   "the batches rolled out ahead (runner.max_staleness), then exiting (send it again to stop at once)", file=sys.stderr, flush=True)
             return
         interrupt(signum, frame)

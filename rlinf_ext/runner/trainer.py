@@ -25,14 +25,15 @@ rollout starts at step b - k, right after that step's weight sync; step b trains
 batches are in flight and every group's head staleness is min(b, k) (fewer after a resume: the pipeline refills
 at the resumed version). The sync after each step lands while the later batches are mid-trajectory (the engines
 take the weights between turns). The request seed and the uids follow the batch index b, so a batch samples the
-same prompts with the same seeds whatever k is. A checkpoint stores the loader's position after the last *trained*
-batch, not its read-ahead position; a stop (SIGTERM) finishes the step, checkpoints, then waits for the batches in
-flight and discards them (the engines keep serving until ``shutdown()``). k = 0 is the synchronous order.
+same prompts with the same seeds whatever k is. The batches' order is a pure function of the position
+(``runner/data_order.py``: a new permutation each epoch), and a checkpoint stores the position after the last
+*trained* batch, not the read-ahead position, so a resume trains exactly what the uninterrupted run trains. A stop
+(SIGTERM) finishes the step, checkpoints, then cancels the batches in flight and discards them, whatever they end
+with (the engines keep serving until ``shutdown()``). k = 0 is the synchronous order.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 import uuid
@@ -44,9 +45,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from rlinf.scheduler import Channel
-from torchdata.stateful_dataloader import StatefulDataLoader
 from tqdm import tqdm
 
 from rlinf_ext.config.placement import is_collocated
@@ -58,14 +57,16 @@ from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.protocol.generation import STOP_SERVING, GenerateRequest
 from rlinf_ext.protocol.payloads import AgentRolloutRequest
+from rlinf_ext.runner.data_order import batch_order, load_position, save_position
 from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
-from rlinf_ext.runner.groups import WorkerGroups, wait_all_or_raise, wait_or_raise
+from rlinf_ext.runner.groups import WorkerGroups, abort_call, is_cancellation, wait_all_or_raise, wait_or_raise
 from rlinf_ext.runner.metrics import engine_mismatch_step
 from rlinf_ext.runner.staleness import busy_seconds, head_staleness_metrics, idle_ratios, token_staleness_metrics
 from rlinf_ext.workers.agent_loop import ChannelGenerator
 
 StepCallback = Callable[[int, dict, list], None]
 VALIDATION_DIR = "validation"  # <run_dir>/validation/global_step_<N>/generations.jsonl
+DRAIN_TIMEOUT_S = 60.0  # how long a stop waits for each cancelled batch in flight to end
 RECORD_VERSIONS = "versions"  # a trajectory record's per-token weight versions (-1 on observation tokens), if any
 
 
@@ -79,7 +80,7 @@ class InFlight:
     handle: Any  # the agent loop's run_agentloop_rollout call
     version: int  # the engines' weight version when it was dispatched
     dispatched_at: float  # time.perf_counter()
-    data_state: dict | None  # the loader's state just after this batch was read (None: not read from the loader)
+    batches_read: int | None  # the data position just after this batch (None: not read from the run's order)
 
     def rollout_interval(self, now: float) -> tuple[float, float]:
         """(start, end) of its rollout as seen from the driver: the end is known once the call has returned."""
@@ -99,20 +100,6 @@ def validation_enabled(cfg: ExperimentConfig) -> bool:
 def validation_pass_class(cfg: ExperimentConfig) -> type:
     """The agent's validation pass (``protocol/agents.py``: ``validation``)."""
     return agent_spec(cfg).load("validation")
-
-
-def _collate(items: list[dict]) -> list[dict]:
-    return items
-
-
-def training_loader(cfg: ExperimentConfig, train_dataset) -> StatefulDataLoader:
-    """The training batches in their order: ``data.rollout_batch_size`` prompts each, shuffled with ``data.seed``
-    (a new order each epoch), the last partial batch dropped."""
-    generator = torch.Generator().manual_seed(cfg.data.seed)
-    sampler = (torch.utils.data.RandomSampler(train_dataset, generator=generator) if cfg.data.shuffle
-               else torch.utils.data.SequentialSampler(train_dataset))
-    return StatefulDataLoader(train_dataset, batch_size=cfg.data.rollout_batch_size, sampler=sampler, drop_last=True,
-                              num_workers=0, collate_fn=_collate)
 
 
 def part_metrics(rank_results: list, prefix: str) -> dict[str, float]:
@@ -166,7 +153,9 @@ class GRPOTrainer:
         batch = cfg.data.rollout_batch_size
         if len(train_dataset) < batch:
             raise ValueError(f"data.rollout_batch_size={batch} is larger than the training set ({len(train_dataset)} prompts).")
-        self.dataloader = training_loader(cfg, train_dataset)
+        self.train_dataset = train_dataset
+        self.order = batch_order(cfg, len(train_dataset))
+        self.batches_read = 0  # the data position the pipeline reads from (a resume's; batches read ahead excluded)
         self.max_steps = self.total_steps(cfg, len(train_dataset))
         self.run_dir = Path(cfg.runner.output_dir) / cfg.runner.experiment_name
         self.ckpt_root = self.run_dir / "checkpoints"
@@ -187,14 +176,14 @@ class GRPOTrainer:
         """No batch in flight; batches will be dispatched ``max_staleness`` steps ahead of the step that trains them."""
         self.max_staleness = max_staleness
         self.in_flight: deque[InFlight] = deque()  # dispatched, not trained yet: batches global_step, ... in order
-        self._batches: Iterator[tuple[list[dict], dict]] | None = None  # the loader from the position (run())
-        self._trained_data_state: dict | None = None  # the loader's state after the last trained batch
+        self._batches: Iterator[tuple[list[dict], int]] | None = None  # the run's order from the position (run())
+        self._trained_position: int | None = None  # the data position after the last trained batch
         self._engine_version = 0  # the weight version the rollout engines hold (global_step at the last sync)
 
     @staticmethod
     def total_steps(cfg: ExperimentConfig, dataset_len: int) -> int:
-        """``len(loader) * max_epochs`` capped by ``runner.max_steps`` (RLinf's ``_set_max_steps``)."""
-        steps = (dataset_len // cfg.data.rollout_batch_size) * cfg.runner.max_epochs
+        """The batches of ``runner.max_epochs`` epochs capped by ``runner.max_steps`` (RLinf's ``_set_max_steps``)."""
+        steps = batch_order(cfg, dataset_len).total_batches
         if cfg.runner.max_steps >= 0:
             steps = min(steps, cfg.runner.max_steps)
         return steps
@@ -247,8 +236,8 @@ class GRPOTrainer:
             self.global_step = step_of(self.resume_dir)
             wait_or_raise(g.actor.load_checkpoint(str(self.resume_dir / "actor")), "actor", "load_checkpoint")
             data_state = self.resume_dir / "data" / "data.pt"
-            if data_state.is_file():
-                self.dataloader.load_state_dict(torch.load(data_state, weights_only=False))
+            self.batches_read = (load_position(self.order, data_state, self.global_step) if data_state.is_file()
+                                 else self.global_step)
             print(f"[rlinf_ext] resumed from {self.resume_dir} (step {self.global_step})", flush=True)
         if self.collocated_gpu:  # the rollout gets the GPU first (weight sync, validation, generation)
             wait_or_raise(g.actor.offload_engine(), "actor", "offload_engine")
@@ -297,16 +286,13 @@ class GRPOTrainer:
             self._rollout_current = False
 
     # ------------------------------------------------------------------ batches in flight
-    def _loader_batches(self) -> Iterator[tuple[list[dict], dict]]:
-        """The batches from the loader's position on, over the remaining epochs, each with the loader's state just
-        after it was read (what a checkpoint after training it stores)."""
-        epoch = self.global_step // max(len(self.dataloader), 1)
-        while epoch < self.cfg.runner.max_epochs:
-            for items in self.dataloader:
-                yield items, copy.deepcopy(self.dataloader.state_dict())
-            epoch += 1
+    def _order_batches(self) -> Iterator[tuple[list[dict], int]]:
+        """The batches from the data position on, to the last epoch's end, each with the position just after it
+        (what a checkpoint after training it stores)."""
+        for batch, items in self.order.batches(self.train_dataset, self.batches_read):
+            yield items, batch + 1
 
-    def _dispatch(self, items: list[dict], data_state: dict | None) -> None:
+    def _dispatch(self, items: list[dict], batches_read: int | None) -> None:
         """Start the agent-loop rollout of the next batch on its own DataLoader and Rollout sub-queues."""
         batch = self.global_step + len(self.in_flight)
         requests = self.channels[ch.DATALOADER].sub(ch.batch_key(batch))
@@ -314,10 +300,10 @@ class GRPOTrainer:
         self._put_batch(items, batch, requests)
         handle = self.groups.agent_loop.run_agentloop_rollout(requests, results)
         self.in_flight.append(InFlight(batch, len(items), results, handle, self._engine_version, time.perf_counter(),
-                                       data_state))
+                                       batches_read))
 
     def _fill(self) -> None:
-        """Dispatch the loader's batches up to ``global_step + k`` (never past the last step)."""
+        """Dispatch the run's next batches up to ``global_step + k`` (never past the last step)."""
         last = min(self.global_step + self.max_staleness, self.max_steps - 1)
         while self._batches is not None and self.global_step + len(self.in_flight) <= last:
             following = next(self._batches, None)
@@ -325,14 +311,16 @@ class GRPOTrainer:
                 break
             self._dispatch(*following)
 
-    def drain(self) -> int:
-        """Wait for the batches in flight and discard them (a stop after a step: their agent loops must not be left
-        waiting for replies from engines that shut down); returns how many there were."""
-        drained = 0
+    def drain(self) -> list[tuple[int, BaseException | None]]:
+        """Abort the batches in flight and discard them (a stop after a step; a resume rolls them out again): their
+        agent loops are cancelled at the turn in progress rather than waited for, and how each ended is returned,
+        ``(batch, error or None)``, never raised."""
+        ended = []
         while self.in_flight:
-            wait_or_raise(self.in_flight.popleft().handle, "agent_loop", "run_agentloop_rollout")
-            drained += 1
-        return drained
+            flight = self.in_flight.popleft()
+            ended.append((flight.batch, abort_call(flight.handle, "agent_loop", "run_agentloop_rollout",
+                                                   DRAIN_TIMEOUT_S)))
+        return ended
 
     # ------------------------------------------------------------------ one step
     def train_step(self, items: list[dict] | None = None) -> tuple[dict[str, float], list[dict]]:
@@ -347,12 +335,12 @@ class GRPOTrainer:
         if items is not None:
             if self.in_flight:
                 raise RuntimeError(f"train_step(items) with {len(self.in_flight)} batch(es) in flight: batches "
-                                   "dispatched ahead come from the loader (run()).")
+                                   "dispatched ahead come from the run's data order (run()).")
             self._dispatch(items, None)
         else:
             self._fill()
         if not self.in_flight or self.in_flight[0].batch != self.global_step:
-            raise RuntimeError(f"step {self.global_step} has no batch in flight: the loader ran out early.")
+            raise RuntimeError(f"step {self.global_step} has no batch in flight: the data order ran out early.")
         flight = self.in_flight.popleft()
         num_results = flight.groups
         rollout_h = flight.handle
@@ -387,7 +375,8 @@ class GRPOTrainer:
         else:
             self._offload_rollout()
         self.global_step += 1
-        self._trained_data_state = flight.data_state
+        if flight.batches_read is not None:
+            self._trained_position = flight.batches_read
 
         trajectories = [rec for out in agent_out for rec in out["trajectories"]]
         for rec in trajectories:
@@ -495,8 +484,8 @@ class GRPOTrainer:
         wait_or_raise(self.groups.actor.save_checkpoint(str(tmp / "actor"), self.global_step), "actor", "save_checkpoint")
         (tmp / "data").mkdir()
         # the position after the last trained batch: the batches read ahead are trained again after a resume
-        state = self._trained_data_state if self._trained_data_state is not None else self.dataloader.state_dict()
-        torch.save(state, tmp / "data" / "data.pt")
+        position = self._trained_position if self._trained_position is not None else self.batches_read
+        save_position(self.order, position, tmp / "data" / "data.pt")
         return finalize(tmp, self.global_step, {"experiment": self.cfg.runner.experiment_name})
 
     def _save_due(self, last: bool) -> bool:
@@ -536,7 +525,7 @@ class GRPOTrainer:
                 self.on_step(0, before, [])  # no trajectories, no reward/...: only the val/... curves get a point
         self.stopped_early = self.global_step < self.max_steps and self.should_stop()
         bar = tqdm(total=self.max_steps, initial=self.global_step, desc="train", unit="step")
-        self._batches = self._loader_batches()
+        self._batches = self._order_batches()
         try:
             done = self.stopped_early
             while not done and self.global_step < self.max_steps:
@@ -555,8 +544,11 @@ class GRPOTrainer:
             bar.close()
         drained = self.drain()  # a stop leaves the batches read ahead in flight (never on an error: see shutdown)
         if drained:
-            tqdm.write(f"[rlinf_ext] {drained} batch(es) in flight after step {self.global_step} finished and "
-                       "were discarded (a resume rolls them out again)")
+            tqdm.write(f"[rlinf_ext] {len(drained)} batch(es) in flight after step {self.global_step} were aborted "
+                       "and discarded (a resume rolls them out again)")
+        for batch, error in drained:
+            if error is not None and not is_cancellation(error):
+                tqdm.write(f"[rlinf_ext] discarded batch {batch} ended with {type(error).__name__}: {error}")
         return {
             "steps": self.global_step,
             "steps_this_run": len(rewards),

@@ -86,14 +86,13 @@ def preempted_run(tiny_assets, tmp_path_factory) -> PreemptedRun:
 
 
 def loader_batches(run: PreemptedRun) -> list[list[str]]:
-    """The prompt uids of the training loader's batches, in the order an uninterrupted run trains them."""
+    """The prompt uids of the run's batches, in the order an uninterrupted run trains them."""
+    from rlinf_ext.runner.data_order import batch_order
     from rlinf_ext.runner.prepare import build_datasets, load_checked_config
-    from rlinf_ext.runner.trainer import training_loader
 
     cfg = load_checked_config("tiny-cpu", run.overrides, check_paths=False)
     train_ds, _ = build_datasets(cfg)
-    batches = iter(training_loader(cfg, train_ds))
-    return [[item["uid"] for item in next(batches)] for _ in range(MAX_STEPS)]
+    return [[items["uid"] for items in batch] for _, batch in batch_order(cfg, len(train_ds)).batches(train_ds, 0)][:MAX_STEPS]
 
 
 def trained_uids(run: PreemptedRun, step: int) -> list[str]:

@@ -1,5 +1,5 @@
 """A whole GRPOTrainer run without Ray, for the driver tests (test_trainer_pipeline.py): the real trainer (its
-``__init__``, StatefulDataLoader, ``KeyedChannel`` views, checkpoints on disk) over an in-memory stand-in of RLinf's
+``__init__``, its data order, ``KeyedChannel`` views, checkpoints on disk) over an in-memory stand-in of RLinf's
 ``Channel`` and fake worker groups, each group call checked against the worker classes (group_fakes.py).
 
 The fake workers act as late as the real ones can: a call does its work when the trainer waits for it. The agent
@@ -86,6 +86,7 @@ class World:
         self.rollouts: list[dict] = []  # one per agent-loop call: batch, handle, results put
         self.most_in_flight = 0
         self.behaviour_metrics = False  # run_training returns the decoupled loss's metrics
+        self.failing_batches: set[int] = set()  # their agent-loop calls fail when waited on
 
     # ---- agent loop
     def run_agentloop_rollout(self, input_channel, output_channel):
@@ -107,6 +108,8 @@ class World:
                 call["put"] = True
 
     def _finish(self, call: dict) -> list:
+        if call["batch"] in self.failing_batches:
+            raise RuntimeError(f"batch {call['batch']}'s rollout failed")
         self._put_results()
         # two turns: the first sampled at the dispatch version, then an observation, then the engine's version now
         versions = [call["version"]] * 2 + [-1] + [self.engine_version] * 2

@@ -78,3 +78,43 @@ def test_two_overlapping_rollouts_on_one_agent_loop_worker(tiny_assets, tmp_path
         from rlinf_ext.runner.groups import WorkerGroups
 
         kill_groups(WorkerGroups(rollout=None, actor=None, reward=None, agent_loop=group, placement=None))
+
+
+def test_a_discarded_rollout_is_cancelled_at_its_turn_and_the_worker_serves_on(tiny_assets, tmp_path, cluster):
+    """A stop's drain (``runner/groups.py:abort_call``): the agent loop waiting for a reply that never comes ends on
+    the cancellation (Ray cancels the async actor's task) within the bound, and the worker takes the next call."""
+    import signal
+
+    from rlinf.scheduler import Channel
+
+    from rlinf_ext.protocol import channels as ch
+    from rlinf_ext.protocol.channels import KeyedChannel, batch_key
+    from rlinf_ext.protocol.payloads import AgentRolloutRequest
+    from rlinf_ext.runner.groups import WorkerGroups, abort_call, cpu_strategy, is_cancellation, quiet_worker_failures
+    from rlinf_ext.workers.agent_loop import AgentLoopWorker
+    from trainer_helpers import kill_groups
+
+    rlinf_handler = signal.getsignal(signal.SIGUSR1)
+    quiet_worker_failures()  # as the launcher does: RLinf's handler would tear the cluster down at the cancellation
+    cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:9", **{"algorithm.group_size": GROUP})
+    group = AgentLoopWorker.create_group(cfg, search_server_addr="127.0.0.1:9").launch(
+        cluster, placement_strategy=cpu_strategy(1), name="AgentLoopAbort")
+    channel = Channel.create("agent-loop-abort")
+    q = {name: KeyedChannel(channel, name) for name in ch.STEP_CHANNELS}
+    try:
+        group.init_worker(q[ch.GENERATE_INPUT], q[ch.GENERATE_OUTPUT]).wait()
+        handles = []
+        for b in (0, 1):
+            requests, results = q[ch.DATALOADER].sub(batch_key(b)), q[ch.ROLLOUT].sub(batch_key(b))
+            requests.put(AgentRolloutRequest(n=GROUP, input_ids=[PROMPTS[b]], image_data=[[]], answers=[["paris"]],
+                                             multi_modal_inputs=[None], uids=[f"s{b}-0000-q"], seed=b, tasks=[]))
+            handles.append(group.run_agentloop_rollout(requests, results))
+        assert len(read(q[ch.GENERATE_INPUT], 2 * GROUP, seconds=120)) == 2 * GROUP  # both wait for replies
+        error = abort_call(handles[0], "agent_loop", "run_agentloop_rollout", timeout_s=30)
+        assert error is not None and is_cancellation(error), error
+        assert not handles[1].done()  # the other batch is untouched ...
+        assert is_cancellation(abort_call(handles[1], "agent_loop", "run_agentloop_rollout", timeout_s=30))
+        assert group.init_worker(q[ch.GENERATE_INPUT], q[ch.GENERATE_OUTPUT]).wait() == [None]  # ... and it serves on
+    finally:
+        kill_groups(WorkerGroups(rollout=None, actor=None, reward=None, agent_loop=group, placement=None))
+        signal.signal(signal.SIGUSR1, rlinf_handler)

@@ -2,7 +2,8 @@
 pipeline_fakes.py (no Ray): step b trains exactly batch b's uids for k = 0, 1, 2, with the same prompts and seeds
 whatever k is; at most k + 1 batches are in flight; head staleness is min(b, k); a stop checkpoints, drains the
 batches in flight and leaves nothing pending; a resume trains the same uids in the same order as the uninterrupted
-run (also across an epoch end); k = 0 keeps today's worker calls, requests and metrics."""
+run, at and inside later epochs, after a stop or a crash (resume from the last periodic checkpoint); k = 0 keeps
+today's worker calls, requests and metrics."""
 
 from __future__ import annotations
 
@@ -36,16 +37,33 @@ def memory_channels(monkeypatch):
     monkeypatch.setattr(trainer_module, "Channel", MemoryChannel)
 
 
-def run(out_dir, k: int, steps: int = 6, stop_after: int | None = None, behaviour: bool = False, **extra):
-    """(trainer, world, metrics per step, summary) of one run on fresh fake workers."""
+class Crash(RuntimeError):
+    """What a test raises after a step to cut a run without a stop's checkpoint (a killed job)."""
+
+
+def run(out_dir, k: int, steps: int = 6, stop_after: int | None = None, behaviour: bool = False,
+        crash_after: int | None = None, failing_batches: tuple[int, ...] = (), **extra):
+    """(trainer, world, metrics per step, summary) of one run on fresh fake workers; ``crash_after``: raise
+    ``Crash`` once that step is reported (its periodic checkpoint, if due, is written)."""
     world = World(GROUP)
     world.behaviour_metrics = behaviour
+    world.failing_batches = set(failing_batches)
     metrics: dict[int, dict] = {}
     cfg = make_cfg(out_dir, k, steps, **extra)
-    trainer = GRPOTrainer(cfg, fake_groups(world), prompts(PROMPTS), on_step=lambda s, m, t: metrics.setdefault(s, m))
+
+    def on_step(step, step_metrics, _trajectories):
+        metrics.setdefault(step, step_metrics)
+        if step == crash_after:
+            raise Crash(f"cut after step {step}")
+
+    trainer = GRPOTrainer(cfg, fake_groups(world), prompts(PROMPTS), on_step=on_step)
     if stop_after is not None:
         trainer.should_stop = lambda: trainer.global_step >= stop_after
     trainer.init_workers()
+    if crash_after is not None:
+        with pytest.raises(Crash):
+            trainer.run()
+        return trainer, world, metrics, None
     summary = trainer.run()
     return trainer, world, metrics, summary
 
@@ -104,6 +122,71 @@ def test_stop_drains_and_resume_trains_the_same_uids(tmp_path, k, stop_after):
         # the pipeline refills at the resumed version: batch b was dispatched at stop_after or later
         assert metrics[b + 1][mk.STALENESS_HEAD_MAX] == min(b - stop_after, k)
     assert nothing_pending(resumed, second)
+
+
+EPOCH = PROMPTS // BATCH  # steps per epoch
+EPOCHS = 3
+
+
+def prompt_uids(request) -> list[str]:
+    """The prompt uids of a batch's request (``s<batch>-<k>-<prompt uid>``)."""
+    return [uid.split("-", 2)[2] for uid in request.uids]
+
+
+def assert_trains_the_uninterrupted_prompts(whole: World, *parts: World) -> None:
+    """Every step of the cut runs trained (and asked with the seed of) exactly what the uninterrupted run did, and
+    together they trained every step."""
+    for part in parts:
+        for b, request in part.requests.items():
+            if b in part.trained:
+                assert part.trained[b] == whole.trained[b], b
+                assert request == whole.requests[b], b
+    assert set().union(*(part.trained for part in parts)) == set(range(EPOCH * EPOCHS))
+
+
+def test_each_epoch_trains_every_prompt_once_in_a_new_order(tmp_path):
+    _, whole, _, summary = run(tmp_path, 0, steps=EPOCH * EPOCHS)
+    assert summary["steps"] == EPOCH * EPOCHS
+    orders = [[uid for b in range(e * EPOCH, (e + 1) * EPOCH) for uid in prompt_uids(whole.requests[b])]
+              for e in range(EPOCHS)]
+    assert all(sorted(order) == sorted(p["uid"] for p in prompts(PROMPTS)) for order in orders)
+    assert len({tuple(order) for order in orders}) == EPOCHS
+
+
+@pytest.mark.parametrize("save_interval", [EPOCH, 3])  # at and off the epoch length
+@pytest.mark.parametrize("cut", [2 * EPOCH, 2 * EPOCH + 2])  # the end of epoch 1, inside epoch 2
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_stop_at_or_inside_a_later_epoch_resumes_the_uninterrupted_prompts(tmp_path, k, cut, save_interval):
+    steps, interval = EPOCH * EPOCHS, {"runner.save_interval": save_interval}
+    _, whole, _, _ = run(tmp_path / "whole", k, steps=steps, **interval)
+    _, first, _, summary = run(tmp_path / "cut", k, steps=steps, stop_after=cut, **interval)
+    assert summary["steps"] == cut and summary["checkpoint_dir"].endswith(f"global_step_{cut}")
+    resumed, second, _, summary = run(tmp_path / "cut", k, steps=steps, **interval, **{"runner.resume_dir": "auto"})
+    assert summary["steps"] == steps and summary["steps_this_run"] == steps - cut
+    assert_trains_the_uninterrupted_prompts(whole, first, second)
+    assert nothing_pending(resumed, second)
+
+
+@pytest.mark.parametrize("save_interval,resumes_at", [(EPOCH, 2 * EPOCH), (3, 9)])  # a boundary; inside epoch 2
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_crash_resumes_from_the_last_periodic_checkpoint_with_the_uninterrupted_prompts(tmp_path, k, save_interval,
+                                                                                         resumes_at):
+    steps, interval = EPOCH * EPOCHS, {"runner.save_interval": save_interval}
+    _, whole, _, _ = run(tmp_path / "whole", k, steps=steps, **interval)
+    _, first, _, _ = run(tmp_path / "cut", k, steps=steps, crash_after=steps - 1, **interval)
+    _, second, _, summary = run(tmp_path / "cut", k, steps=steps, **interval, **{"runner.resume_dir": "auto"})
+    assert summary["resumed_from"].endswith(f"global_step_{resumes_at}")
+    assert summary["steps"] == steps and summary["steps_this_run"] == steps - resumes_at
+    assert_trains_the_uninterrupted_prompts(whole, first, second)
+
+
+def test_a_stop_is_clean_when_a_discarded_batch_fails(tmp_path, capsys):
+    trainer, world, _, summary = run(tmp_path, 2, stop_after=2, failing_batches=(3,))
+    assert summary["stopped_early"] and summary["steps"] == 2 and sorted(world.requests) == [0, 1, 2, 3]
+    assert not trainer.in_flight
+    out = capsys.readouterr().out
+    assert "2 batch(es) in flight after step 2 were aborted and discarded" in out
+    assert "discarded batch 3 ended with RuntimeError: batch 3's rollout failed" in out
 
 
 STEP = SYNC + [
