@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from rlinf_ext.tools.ledger import charge_tool_seconds, tool_call
+
 
 @dataclass
 class ToolOutput:
@@ -57,7 +59,7 @@ class ToolMetricNames:
 
 @dataclass
 class ToolStats:
-    """Calls made through ``Tool.run`` over the tool's life (the worker reads the time spent per request)."""
+    """Calls made through ``Tool.run`` over the tool's life (each request's share: ``tools/ledger.py``)."""
 
     calls: int = 0
     failures: int = 0
@@ -122,17 +124,17 @@ class Tool:
             stats = self.__dict__["_tool_stats"] = ToolStats()
         return stats
 
-    def busy_seconds(self) -> float:
-        """Seconds spent in calls so far (the worker logs the difference over a request as ``time/tool``)."""
-        return float(sum(self.stats.latencies_s))
-
     async def run(self, content: str) -> ToolOutput:
-        """``self(content)``, timed when the tool does not report its latency, and counted in ``stats``."""
+        """``self(content)``, timed when the tool does not report its latency, counted in ``stats`` and charged to
+        the request that made it (``tools/ledger.py``; the worker logs each request's sum as ``time/tool``)."""
         started = time.monotonic()
-        output = await self(content)
+        with tool_call() as call:
+            output = await self(content)
         if output.latency_s is None:
             output.latency_s = time.monotonic() - started
         self.stats.calls += 1
         self.stats.failures += 0 if output.ok else 1
         self.stats.latencies_s.append(float(output.latency_s))
+        if not call.charged:  # a client under it (TextSearch's SearchTool) charged the call already
+            charge_tool_seconds(output.latency_s)
         return output

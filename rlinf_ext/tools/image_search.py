@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_ext.protocol.images import ImageError, ImageRef, canonicalize, encode_png
+from rlinf_ext.tools.ledger import charge_tool_seconds
 from rlinf_ext.tools.safe_pickle import PickledImage, image_from_state, load_cache_pickle
 
 BACKENDS = ("cache_dir", "cache_pickle", "dummy")
@@ -211,6 +212,7 @@ class ImageSearchTool:
         self.stats.calls += 1
         self.stats.misses += 0 if result.ok else 1
         self.stats.missing_images += result.missing_images
+        charge_tool_seconds(result.latency_s)
         if not result.ok and self.cfg.fail_on_miss:
             raise ImageSearchError(f"image search for data_id {data_id!r} failed: {result.error} "
                                    "(set tools.image_search.fail_on_miss: false to continue with a failure observation)")

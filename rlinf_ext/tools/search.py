@@ -21,6 +21,7 @@ from rlinf_ext.tools.base import Tool, ToolContext, ToolMetricNames, ToolOutput
 from rlinf_ext.tools.config import check_search_config
 from rlinf_ext.tools.documents import Document
 from rlinf_ext.tools.formatting import SEARCHR1_STYLE, format_documents, search_failed_text
+from rlinf_ext.tools.ledger import charge_tool_seconds
 from rlinf_ext.tools.rate_limit import shared_token_bucket
 
 MAX_BACKOFF_S = 30.0
@@ -111,6 +112,7 @@ class SearchTool:
             result.wait_s = started - queued
             result.latency_s = time.monotonic() - started
         self.stats.record(result)
+        charge_tool_seconds(result.latency_s)  # raw searches (MMSearch-R1) and TextSearch.run alike
         if not result.ok and self.cfg.fail_on_search_error:
             raise SearchError(
                 f"search for {query!r} failed after {result.attempts} attempt(s): {result.error} "
@@ -178,7 +180,3 @@ class TextSearch(Tool):
         found = await self.client.search(content)
         body = format_documents(found.documents, self.observation_format) if found.ok else search_failed_text(found.error)
         return ToolOutput(body=body, ok=found.ok, latency_s=found.latency_s, error=found.error)
-
-    def busy_seconds(self) -> float:
-        """Every request of the client, the raw ``search`` calls included."""
-        return float(sum(self.client.stats.latencies_s))

@@ -24,17 +24,13 @@ from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.protocol.generation import GenerateRequest, GenerationResult, SamplingParams, result_of
 from rlinf_ext.protocol.payloads import AgentRolloutRequest
 from rlinf_ext.tools.base import ToolContext
+from rlinf_ext.tools.ledger import tool_ledger
 
 
 def request_seed(step_seed: int, prompt_ids: list[int], occurrence: int) -> int:
     """A sampling seed that depends only on the step, the context and how often it was asked this step."""
     digest = hashlib.blake2b(repr((step_seed, tuple(prompt_ids), occurrence)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
-
-
-def tool_seconds(tools) -> float:
-    """Seconds the tools have spent in calls so far (``Tool.busy_seconds``)."""
-    return float(sum(tool.busy_seconds() for tool in tools))
 
 
 def calls_of(trajectory: Any, tools) -> float:
@@ -95,7 +91,6 @@ class AgentLoopWorker(Worker):
         with self.worker_timer():
             request: AgentRolloutRequest = await input_channel.get(async_op=True).async_wait()
             generator = ChannelGenerator(self.generate_input_channel, self.generate_output_channel, request.seed)
-            busy_before = tool_seconds(self.agent.tools)
             started = time.monotonic()
 
             async def one(task, uid: str):
@@ -103,13 +98,15 @@ class AgentLoopWorker(Worker):
                 await output_channel.put(result, async_op=True).async_wait()
                 return result, group
 
-            done = await asyncio.gather(*(one(task, uid) for task, uid in self.agent.groups(request)))
+            # this request's own calls: the batches in flight beside it (max_staleness >= 1) have their ledgers
+            with tool_ledger() as ledger:
+                done = await asyncio.gather(*(one(task, uid) for task, uid in self.agent.groups(request)))
             trajectories = [t for _, group in done for t in group]
             return {
                 "metrics": self.agent.metrics(trajectories),
                 "num_trajectories": len(trajectories),
                 "tool_calls": int(sum(calls_of(t, self.agent.tools) for t in trajectories)),
-                "tool_time": tool_seconds(self.agent.tools) - busy_before,
+                "tool_time": ledger.seconds,
                 "wall_time": time.monotonic() - started,
                 "trajectories": [rec for res, _ in done for rec in self.agent.records(res)],
             }

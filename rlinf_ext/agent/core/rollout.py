@@ -18,7 +18,7 @@ class AgentRollout(Protocol):
     """Built as ``cls(cfg, context)`` on the agent-loop worker (``cfg``: the experiment config; ``context``: a
     ``tools.base.ToolContext`` for building its tools)."""
 
-    tools: Sequence[Tool]  # the tools it calls (the worker reports their busy time as ``tool_time``)
+    tools: Sequence[Tool]  # the tools it calls (the worker sums their call counters as ``tool_calls``)
 
     def groups(self, request: AgentRolloutRequest) -> list[tuple[Any, str]]:
         """(task, uid) of every prompt group in the request."""

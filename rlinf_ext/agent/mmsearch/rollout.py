@@ -54,7 +54,7 @@ class MMSearchRollout:
     def __init__(self, cfg: Any, context: ToolContext):
         self.processor = load_vl_processor(str(cfg.rollout.model.model_path))
         (text_search,) = build_tools(["search"], cfg, context)
-        self.tools = [text_search]  # what the worker times (the image search reads a local cache)
+        self.tools = [text_search]  # its `searches` counter holds both tools' calls (group_result)
         self.search_tools = SearchTools(ImageSearchTool(cfg.tools.image_search), text_search)
         self.settings = LoopSettings.from_config(cfg.agentloop)
         self.prompts = Prompts.from_config(cfg.agentloop.mmsearch.prompts)
