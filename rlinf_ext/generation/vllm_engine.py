@@ -352,10 +352,11 @@ class VLLMGenerator:
 
     # ---- weights (CPU route; the GPU routes are VLLMGpuSync's) ----
     async def begin_weight_load(self) -> None:
-        """Pause (running requests finish, new ones wait), then open vLLM's layerwise reload."""
+        """Pause (running requests finish, new ones wait), then open vLLM's layerwise reload; generation resumes if
+        either fails or is cancelled (a caller's timeout cuts the pause short after it has begun)."""
         self._load_t0 = time.perf_counter()
-        await self.engine.pause_generation(mode="wait")
         try:
+            await self.engine.pause_generation(mode="wait")
             await self.engine.collective_rpc("rlinf_begin_weight_load")
         except BaseException:
             await self.engine.resume_generation()

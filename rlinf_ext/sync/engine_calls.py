@@ -6,6 +6,8 @@ The actor sends an ``EngineCall`` to every rollout rank, the rollout worker hand
 (``serve_engine_calls``) and answers with an ``EngineReply``. A call may be sent, then met by a transfer that the
 engine's call waits on (an NCCL broadcast), then answered: ``EngineCallClient.send`` and ``collect`` are apart.
 Every wait is bounded (NCCL waits have no timeout of their own): a timeout raises ``WeightSyncError`` naming the step.
+``SYNC_TIMEOUT_S`` bounds the waits of every route: the rollout workers' async waits (an engine call here, a sync's
+pause for the requests in flight in ``workers/rollout_serving.py``, SGLang's flush) go through ``wait_async``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +87,21 @@ def wait_work(work: Any, timeout_s: float, what: str) -> Any:
                                   "(check the rollout workers' logs).")
         time.sleep(0.002)
     return work.wait()
+
+
+async def wait_async(awaitable: Awaitable, timeout_s: float, what: str,
+                     stuck: Callable[[], str] | None = None) -> Any:
+    """``await awaitable`` in an async worker, cancelled after ``timeout_s``: the timeout raises ``WeightSyncError``
+    naming ``what`` and, with ``stuck``, what was still awaited at that moment (read then, not before)."""
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        async with deadline:
+            return await awaitable
+    except TimeoutError:
+        if not deadline.expired():
+            raise  # the awaited call's own timeout, not this wait's
+        detail = f": {stuck()}" if stuck is not None else ""
+        raise WeightSyncError(f"{what} did not finish within {timeout_s:g} s{detail}") from None
 
 
 def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -178,10 +195,9 @@ async def serve_engine_calls(worker: Any, handle: Callable[[EngineCall], Any], *
             raise WeightSyncError(f"unexpected message during a weight transfer: {message!r} (expected {methods})")
         error: BaseException | None = None
         try:
-            await asyncio.wait_for(handle(message), timeout_s)
+            await wait_async(handle(message), timeout_s, f"rollout rank {worker._rank}: the engine's {message.method}")
         except Exception as exc:  # answered first: the actor must not wait for a reply that never comes
-            error = exc if not isinstance(exc, asyncio.TimeoutError) else WeightSyncError(
-                f"the engine's {message.method} did not finish within {timeout_s:g} s")
+            error = exc
         await worker.send(EngineReply(message.method, None if error is None else f"{type(error).__name__}: {error}"),
                           actor_group, 0, async_op=True).async_wait()
         if error is not None:

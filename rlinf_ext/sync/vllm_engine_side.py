@@ -18,9 +18,10 @@ vLLM trainer engine (``sync/vllm_transfer.py``), which the rollout worker receiv
   UPDATE receives the trainer's broadcast, FINISH finishes; ``serve`` resets the caches and resumes.
 - FINISH labels the weights with ``next_version`` (the rollout worker's, from the driver), vLLM's own weight version
   that it stamps on every token sampled from then on (``CompletionOutput.weight_versions``).
-- A broken transfer (a refused INIT, START or UPDATE, a timeout): ``serve`` leaves the engine serving all the same:
-  the update finished, every memory tag still asleep woken (after a level-2 sleep the weights are then unloaded
-  until the next sync: the sync's error stops the run first), generation resumed.
+- A broken transfer (a refused INIT, START or UPDATE, a timeout, START's pause cut short included): ``serve``
+  leaves the engine serving all the same: the update finished, every memory tag still asleep woken (after a
+  level-2 sleep the weights are then unloaded until the next sync: the sync's error stops the run first),
+  generation resumed.
 """
 
 from __future__ import annotations
@@ -78,8 +79,10 @@ class VLLMGpuSync:
             await self.engine.wake_up(tags=[WEIGHTS_TAG])
             self.asleep.remove(WEIGHTS_TAG)
         elif not self.paused:
-            await self.engine.pause_generation(mode="wait")
+            # marked first: vLLM pauses its scheduler before the wait for the requests in flight ends, so a START cut
+            # short by its timeout leaves the engine paused, and serve() must resume it (as after a refused INIT)
             self.paused = True
+            await self.engine.pause_generation(mode="wait")
         await self.engine.start_weight_update()
         self.updating = True
 

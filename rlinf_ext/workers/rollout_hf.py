@@ -27,6 +27,7 @@ from rlinf_ext.protocol.generation import (
     reply_of,
     sampling_params_from_request,
 )
+from rlinf_ext.sync.engine_calls import SYNC_TIMEOUT_S
 from rlinf_ext.sync.weight_sync import (
     HFWeightLoader,
     SyncRoutes,
@@ -44,7 +45,7 @@ class HFRolloutState:
     depend only on its prompt, its sampling params and its seed, never on arrival order (used by the
     resume test and for reproducible runs); the default batches concurrent requests for throughput.
     Every reply carries the weight version that generated it: a sync waits for the requests in flight
-    (``workers/rollout_serving.py:WeightGate``, paused once the actor's header is in).
+    (``workers/rollout_serving.py:WeightGate``, paused once the actor's header is in, for at most ``sync_timeout_s``).
     """
 
     def _setup(self, cfg: ExperimentConfig, deterministic: bool = False, verify_sync: bool = True,
@@ -56,6 +57,7 @@ class HFRolloutState:
         self.generator = None
         self.defaults = SamplingParams()
         self.gate = WeightGate()
+        self.sync_timeout_s = SYNC_TIMEOUT_S  # the longest a sync waits for the requests in flight
         self.last_sync_logit_diff: float | None = None
         self.last_sync: dict | None = None  # sources and sizes of the last weight sync
         self.sync_routes: SyncRoutes | None = None
@@ -68,7 +70,7 @@ class HFRolloutState:
     async def _generate(self, request: GenerateRequest) -> GenerateReply:
         params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
         images = request.get("images") or None  # vision-language requests carry every image of the context
-        async with self.gate.turn() as version:
+        async with self.gate.turn(request["channel_key"]) as version:
             if self.deterministic and not images:
                 seed = int(request.get("seed", 0))
 
@@ -106,7 +108,7 @@ class HFRolloutState:
         loaded = False
 
         async def pause():  # the actor's header is in: the requests in flight finish on the old weights
-            await self.gate.pause()
+            await self.gate.pause(f"HF rollout rank {self._rank}", self.sync_timeout_s)
 
         async def load(messages):  # one message: the HF engine has no tensor parallelism
             loader.load(named_tensors_of(messages[0]))

@@ -9,15 +9,21 @@ A weight sync may land while requests are being generated (the rollout workers a
 ``sync_model_from_actor`` between the awaits of the serving loop). ``WeightGate`` is the pause in wait mode of an
 engine that has none of its own (HF, and SGLang's worker): a sync stops admitting requests, waits for those in
 flight, loads, takes the new version and admits again, so every reply was sampled by exactly one version.
+
+A pause waits at most the sync's timeout (``sync/engine_calls.py:SYNC_TIMEOUT_S``, the GPU routes' bound): a generate
+that hangs would otherwise hold the sync, and the run with it, silently. ``InFlight`` keeps the channel keys of the
+requests being generated, so the timeout names the engine and the requests it was still waiting for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from rlinf_ext.protocol.generation import STOP_SERVING, GenerateReply, GenerateRequest
+from rlinf_ext.sync.engine_calls import SYNC_TIMEOUT_S, wait_async
 
 
 async def serve_requests(input_channel, output_channel, generate: Callable[[GenerateRequest], Awaitable[GenerateReply]],
@@ -56,14 +62,52 @@ def next_weight_version(current: int, requested: int | None) -> int:
     return current + 1 if requested is None else int(requested)
 
 
+class InFlight:
+    """The generate requests being served, by channel key (the agent loop's uid for the turn)."""
+
+    SHOWN = 8  # keys named in an error; the count covers the rest
+
+    def __init__(self):
+        self.keys: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return self.keys.total()
+
+    @contextlib.contextmanager
+    def track(self, key: str) -> Iterator[None]:
+        self.keys[key] += 1
+        try:
+            yield
+        finally:
+            self.keys[key] -= 1
+            if not self.keys[key]:
+                del self.keys[key]
+
+    def describe(self) -> str:
+        if not self.keys:
+            return "no generate request was in flight (the engine itself is stuck)"
+        keys = sorted(self.keys)
+        more = f" and {len(keys) - self.SHOWN} more" if len(keys) > self.SHOWN else ""
+        named = ", ".join(keys[:self.SHOWN])
+        return f"{len(self)} generate request(s) still in flight, channel key(s) {named}{more}: a hung generate " \
+               "(see that engine's log)"
+
+
+async def timed_pause(pause: Awaitable, engine: str, requests: InFlight, timeout_s: float = SYNC_TIMEOUT_S) -> None:
+    """``pause`` (a sync's wait for ``requests`` to finish), given up after ``timeout_s`` with a ``WeightSyncError``
+    naming ``engine`` and the requests still in flight then."""
+    await wait_async(pause, timeout_s, f"{engine}: the weight sync's pause", stuck=requests.describe)
+
+
 class WeightGate:
-    """Admission of generate requests around weight syncs: ``turn()`` admits one request (waiting while a sync holds
-    the gate) and gives the version that generates it; ``pause()`` closes the gate and returns once the requests in
-    flight have finished; ``resume(version)`` records the new version and opens the gate again."""
+    """Admission of generate requests around weight syncs: ``turn(key)`` admits the request of channel key ``key``
+    (waiting while a sync holds the gate) and gives the version that generates it; ``pause(engine)`` closes the gate
+    and returns once the requests in flight have finished (``timed_pause``: the gate stays closed after a timeout,
+    the sync's ``resume`` reopens it); ``resume(version)`` records the new version and opens the gate again."""
 
     def __init__(self, version: int = INITIAL_WEIGHT_VERSION):
         self.version = version
-        self.in_flight = 0
+        self.requests = InFlight()
         self._open = asyncio.Event()
         self._open.set()
         self._idle = asyncio.Event()
@@ -73,22 +117,26 @@ class WeightGate:
     def paused(self) -> bool:
         return not self._open.is_set()
 
+    @property
+    def in_flight(self) -> int:
+        return len(self.requests)
+
     @contextlib.asynccontextmanager
-    async def turn(self) -> AsyncIterator[int]:
+    async def turn(self, key: str) -> AsyncIterator[int]:
         while not self._open.is_set():
             await self._open.wait()
-        self.in_flight += 1
         self._idle.clear()
         try:
-            yield self.version
+            with self.requests.track(key):
+                yield self.version
         finally:
-            self.in_flight -= 1
-            if not self.in_flight:
+            if not self.requests:
                 self._idle.set()
 
-    async def pause(self) -> None:
+    async def pause(self, engine: str, timeout_s: float = SYNC_TIMEOUT_S) -> None:
+        """``engine``: who pauses, for the timeout's error (e.g. "HF rollout rank 0")."""
         self._open.clear()
-        await self._idle.wait()
+        await timed_pause(self._idle.wait(), engine, self.requests, timeout_s)
 
     def resume(self, version: int | None = None) -> None:
         """Open the gate; ``version`` None keeps the current one (a sync that broke off)."""

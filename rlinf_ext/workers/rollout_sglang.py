@@ -14,18 +14,20 @@ sglang's signatures):
 - each sync, once the actor's headers are in (the actor has finished its probe): ``resume_memory_occupation``
   of the weights, ``begin_weight_update``, one ``update_weights_from_tensor`` per bucket (no flush per bucket),
   ``end_weight_update``, resume of the KV cache and CUDA graphs, ``flush_cache`` (cached prefixes hold the old
-  weights' KV), then the probe.
+  weights' KV) while the gate below still holds new requests back (SGLang refuses a flush while its scheduler holds
+  a request; a refused flush is retried, ``FLUSH_ATTEMPTS``), then the gate reopens and the probe runs.
 - the buckets: collocated, each TP rank of the engine gets its own payload (SGLang's per-rank
   ``serialized_named_tensors``) made of the handles the actor rank on its GPU sent; the handles are re-pickled
   without being opened here (``reduction_of``), so no GPU memory of the actor is mapped into this process.
 - weight versions: a sync may land while requests are being generated (an async actor; ``runner.max_staleness``);
   ``workers/rollout_serving.py:WeightGate`` holds new requests back from the update's start and waits for those in
   flight, so every reply carries the one version that sampled it (hand-written rather than SGLang's own
-  ``pause_generation``, which cannot run on the CPU lane: the HF worker's gate, tested there).
+  ``pause_generation``, which cannot run on the CPU lane: the HF worker's gate, tested there). The pause and each
+  flush wait at most ``sync_timeout_s`` (``sync/engine_calls.py:SYNC_TIMEOUT_S``).
 - disaggregated on GPUs (``sync/sglang_transfer.py``): actor rank 0 joins the engine's own weight-update group;
   this worker answers its control calls (``sync/engine_calls.py:serve_engine_calls``): ``init_weights_update_group``
   once, then per bucket ``update_weights_from_distributed`` (no flush per bucket), the first one after
-  ``begin_weight_update``; then ``end_weight_update``, ``flush_cache`` and the probe, as above.
+  ``begin_weight_update``; then ``end_weight_update``, ``flush_cache``, the gate reopened and the probe, as above.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from rlinf_ext.models.qwen2 import load_hf_config_dict
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_COUNTS, RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size
-from rlinf_ext.sync.engine_calls import EngineCall, serve_engine_calls
+from rlinf_ext.sync.engine_calls import SYNC_TIMEOUT_S, EngineCall, serve_engine_calls, wait_async
 from rlinf_ext.sync.probe import probe_atol, probe_logprob_gap
 from rlinf_ext.sync.sglang_transfer import INIT_GROUP, SGLANG_CALLS, UPDATE_DISTRIBUTED, uses_sglang_distributed
 from rlinf_ext.sync.weight_sync import HandleBucket, SyncRoutes, WeightSyncError, receive_weights
@@ -60,6 +62,12 @@ from rlinf_ext.workers.rollout_serving import WeightGate, next_weight_version, s
 # KV cache and the CUDA graphs after the update
 WEIGHTS_TAGS = ["weights"]
 CACHE_TAGS = ["kv_cache", "cuda_graph"]
+# flush_cache after an update: sglang 0.5.23 refuses it while its scheduler holds a request (with overlap scheduling
+# it may still hold the last batch just after the requests finished). Given a timeout, the scheduler defers the
+# flush until it is idle, up to that long (sglang/srt/managers/scheduler_components/flush_wrapper.py); a refusal
+# is retried.
+FLUSH_IDLE_WAIT_S = 30.0
+FLUSH_ATTEMPTS = 3
 
 
 # ------------------------------------------------------------------------------------------------ payloads (pure)
@@ -154,8 +162,11 @@ class SGLangControl:
     async def end_update(self) -> None:
         _check(await self.manager.end_weight_update(self.io.EndWeightUpdateReqInput(), None), "end_weight_update")
 
-    async def flush(self) -> bool:
-        return bool((await self.manager.flush_cache()).success)
+    async def flush(self, idle_wait_s: float) -> tuple[bool, str]:
+        """``flush_cache``, deferred by SGLang until its scheduler is idle for up to ``idle_wait_s``: (success,
+        SGLang's message)."""
+        reply = await self.manager.flush_cache(timeout_s=idle_wait_s)
+        return bool(reply.success), str(reply.message)
 
     def serialize(self, named: Any) -> bytes:
         return self.serializer.serialize(named)
@@ -192,6 +203,7 @@ class SGLangRolloutState:
         self.vl: tuple | None = None  # (vision token ids, banned ids, serialised logit processor)
         self.released = False
         self.gate = WeightGate()  # the requests in flight, and the weight version that generates them
+        self.sync_timeout_s = SYNC_TIMEOUT_S  # the longest a sync waits for the requests in flight, or for one call
         self.sync_routes: SyncRoutes | None = None
         self.last_sync_logprob_gap: float | None = None
         self.last_sync: dict | None = None
@@ -229,7 +241,7 @@ class SGLangRolloutState:
             token_ids, banned, processor = self.vl
             body = mm_request(body["input_ids"], images, body["sampling_params"], token_ids=token_ids,
                               banned_ids=banned, logit_processor=processor)
-        async with self.gate.turn() as version:
+        async with self.gate.turn(request["channel_key"]) as version:
             result = await self.control.generate(**body, return_logprob=self.return_logprobs)
         if images:
             self.retokenize_mismatches += retokenize_mismatch(body["input_ids"], result.get("meta_info") or {})
@@ -255,6 +267,10 @@ class SGLangRolloutState:
     async def set_weight_sync(self, routes: SyncRoutes) -> None:
         self.sync_routes = routes
 
+    @property
+    def engine_name(self) -> str:
+        return f"SGLang rollout rank {self._rank}"
+
     async def _receive_distributed(self, target: int) -> None:
         """The actor drives the transfer (``sync/sglang_transfer.py``): its calls are answered in order; the update
         session opens at the first bucket (once the requests in flight have finished) and closes whatever happened."""
@@ -266,27 +282,49 @@ class SGLangRolloutState:
                 await control.init_group(call.payload)
             elif call.method == UPDATE_DISTRIBUTED:
                 if not begun:
-                    await self.gate.pause()
+                    await self.gate.pause(self.engine_name, self.sync_timeout_s)
                     await control.begin_update()
                     begun = True
                 await control.update_distributed(call.payload)
 
         try:
             header = await serve_engine_calls(self, handle, actor_group=self.cfg.actor.group_name,
-                                              methods=SGLANG_CALLS)
+                                              methods=SGLANG_CALLS, timeout_s=self.sync_timeout_s)
             loaded = True
         finally:
-            if begun:
-                try:
-                    await control.end_update()
-                finally:
-                    self.gate.resume(target if loaded else None)
+            if self.gate.paused:  # the update began, or its pause timed out
+                await self._reopen(begun, loaded, target)
         await self._after_load(header, {"sources": [header.sender], "mode": "sglang_distributed"})
 
+    async def _reopen(self, begun: bool, loaded: bool, target: int) -> None:
+        """The end of a sync, whatever happened: the update session closed, the engine's cache given back
+        (collocated), the prefix cache flushed after a complete load (before any new request can reach the
+        scheduler), then the gate reopened on the new version (the old one when the load broke off)."""
+        try:
+            if begun:
+                await self.control.end_update()
+                if self.released:
+                    await self.control.resume(CACHE_TAGS)
+                    self.released = False
+                if loaded:
+                    await self._flush()
+        finally:
+            self.gate.resume(target if loaded else None)
+
+    async def _flush(self) -> None:
+        refusals = []
+        for _ in range(FLUSH_ATTEMPTS):
+            ok, message = await wait_async(self.control.flush(FLUSH_IDLE_WAIT_S), self.sync_timeout_s,
+                                           f"{self.engine_name}: flush_cache")
+            if ok:
+                return
+            refusals.append(message or "refused")
+        raise WeightSyncError(
+            f"{self.engine_name} could not flush its prefix cache after the weight sync in {FLUSH_ATTEMPTS} attempts "
+            f"({'; '.join(refusals)}): its scheduler still held requests, and cached prefixes would hold the old "
+            "weights' KV. Check the engine's log (#running-req, #queue-req) for requests that never finish.")
+
     async def _after_load(self, header, last_sync: dict) -> None:
-        if not await self.control.flush():
-            raise WeightSyncError("SGLang could not flush its prefix cache after the weight sync (requests were "
-                                  "running); cached prefixes would hold the old weights' KV")
         self.last_sync = last_sync
         if self.verify_sync and header.probe_logits is not None:
             await self._check_probe(header)
@@ -307,7 +345,8 @@ class SGLangRolloutState:
 
         async def begin():  # the actor's probe is done: the engine may take its weight memory back
             nonlocal begun
-            await self.gate.pause()  # the requests in flight finish on the old weights; new ones wait
+            # the requests in flight finish on the old weights; new ones wait
+            await self.gate.pause(self.engine_name, self.sync_timeout_s)
             if self.released:
                 await control.resume(WEIGHTS_TAGS)
             await control.begin_update()
@@ -322,14 +361,7 @@ class SGLangRolloutState:
             loaded = True
         finally:
             if self.gate.paused:  # close the update and give the engine its cache back even when the sync broke off
-                try:
-                    if begun:
-                        await control.end_update()
-                        if self.released:
-                            await control.resume(CACHE_TAGS)
-                            self.released = False
-                finally:
-                    self.gate.resume(target if loaded else None)
+                await self._reopen(begun, loaded, target)
         await self._after_load(headers[0], {"sources": [h.sender for h in headers], **vars(stats)})
 
     async def _check_probe(self, header) -> None:

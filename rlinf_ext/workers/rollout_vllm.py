@@ -13,9 +13,9 @@ engine's weights ``0`` at start and ``sync_model_from_actor(version)``'s version
 generation is paused. A sync lands between turns: it may come while requests are being generated (an async actor),
 and the pause waits for them, so each reply is sampled by one version.
 
-CPU (in process): generation pauses once the sync's headers are in (running requests finish on the old weights),
-every bucket goes into vLLM's layerwise in-place reload, then the prefix cache is reset, the weights labelled, and
-generation resumes.
+CPU (in process): generation pauses once the sync's headers are in (running requests finish on the old weights; the
+pause waits at most ``sync_timeout_s``, then names the requests still in flight and resumes), every bucket goes into
+vLLM's layerwise in-place reload, then the prefix cache is reset, the weights labelled, and generation resumes.
 GPU (``AsyncLLM``, NOT GPU-verified): vLLM's weight-transfer API, driven by the actor's vLLM trainer engine
 (``sync/vllm_transfer.py``): this worker answers its control calls (``serve_engine_calls``) with
 ``sync/vllm_engine_side.py:VLLMGpuSync`` (``ipc`` collocated: the engine sleeps at ``rollout.vllm.sleep_level`` at
@@ -38,12 +38,18 @@ from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 from rlinf_ext.generation.vllm_wire import options_from_config
 from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_COUNTS, RETOKENIZE_MISMATCH
-from rlinf_ext.sync.engine_calls import serve_engine_calls
+from rlinf_ext.sync.engine_calls import SYNC_TIMEOUT_S, serve_engine_calls
 from rlinf_ext.sync.probe import probe_atol, probe_logprob_gap
 from rlinf_ext.sync.vllm_engine_side import VLLMGpuSync
 from rlinf_ext.sync.vllm_transfer import ENGINE_CALLS
 from rlinf_ext.sync.weight_sync import SyncRoutes, WeightSyncError, named_tensors_of, receive_weights
-from rlinf_ext.workers.rollout_serving import INITIAL_WEIGHT_VERSION, next_weight_version, serve_requests
+from rlinf_ext.workers.rollout_serving import (
+    INITIAL_WEIGHT_VERSION,
+    InFlight,
+    next_weight_version,
+    serve_requests,
+    timed_pause,
+)
 
 # the parts of one weight sync on this side (seconds), logged as time/sync/<part> (runner/trainer.py:part_metrics)
 SYNC_HEADER_WAIT = "header_wait"  # until the actor's header is in (its probe forward, the first conversion)
@@ -67,6 +73,8 @@ class VLLMRolloutState:
         self.last_sync: dict | None = None
         self.sync_routes: SyncRoutes | None = None
         self.requests_served = 0
+        self.requests = InFlight()  # vLLM pauses by itself; these name what a pause that timed out waited for
+        self.sync_timeout_s = SYNC_TIMEOUT_S  # the longest a sync waits for the requests in flight, or for one call
 
     def _attach(self, generator: VLLMGenerator, defaults: SamplingParams) -> None:
         self.generator, self.defaults = generator, defaults
@@ -78,8 +86,9 @@ class VLLMRolloutState:
     async def _generate(self, request: GenerateRequest) -> GenerateReply:
         params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
         seed = request.get("seed")
-        result = await self.generator.generate(request["prompt_ids"], params, request.get("images") or None,
-                                               seed=None if seed is None else int(seed))
+        with self.requests.track(request["channel_key"]):
+            result = await self.generator.generate(request["prompt_ids"], params, request.get("images") or None,
+                                                   seed=None if seed is None else int(seed))
         self.requests_served += 1
         return reply_of(result)
 
@@ -117,7 +126,8 @@ class VLLMRolloutState:
         async def begin():
             nonlocal begun, t_header
             t_header = time.perf_counter()
-            await gen.begin_weight_load()
+            await timed_pause(gen.begin_weight_load(), f"vLLM rollout rank {self._rank}", self.requests,
+                              self.sync_timeout_s)  # begin_weight_load resumes generation when it is cut short
             begun = True
 
         async def load(messages):  # one message: one engine per rollout rank
@@ -143,7 +153,7 @@ class VLLMRolloutState:
         after a broken transfer (asleep or mid-update: woken fully and resumed)."""
         try:
             return await serve_engine_calls(self, gpu.handle, actor_group=self.cfg.actor.group_name,
-                                            methods=ENGINE_CALLS)
+                                            methods=ENGINE_CALLS, timeout_s=self.sync_timeout_s)
         finally:
             await gpu.serve()
 

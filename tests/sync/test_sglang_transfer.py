@@ -160,6 +160,8 @@ class CollectiveManager(RecordingTokenizerManager):
         super().__init__(source)
         self.collective, self.tp, self.fail_update = collective, tp, fail_update
         self.loaded: dict[str, torch.Tensor] = {}
+        self.gate = None  # the rollout worker's WeightGate (FakeRollout sets it)
+        self.gate_closed_at_flush: list[bool] = []
 
     async def on_init_weights_update_group(self, obj):
         for tp_rank in range(self.tp):
@@ -178,6 +180,11 @@ class CollectiveManager(RecordingTokenizerManager):
         self.loaded.update(dict(zip(obj.names, got)))
         await asyncio.to_thread(self.collective.meet.wait, WAIT_S)
         return True, ""
+
+
+    async def on_flush_cache(self, obj):
+        self.gate_closed_at_flush.append(self.gate.paused)
+        return self.io.FlushCacheReqOutput(success=True)
 
 
 class NoProbeEngine(RecordingEngine):
@@ -201,6 +208,7 @@ class FakeRollout(SGLangRolloutState):
         self.wire, self._rank = wire, rank
         self._setup(CFG, verify_sync=True, collocated=False, distributed=True)
         self._attach(control, lambda ids: "", [7], SamplingParams())
+        control.manager.gate = self.gate
 
     @checked_against(Worker.recv)
     def recv(self, src_group_name, src_rank, async_op=False, options=None):
@@ -263,6 +271,7 @@ def test_two_engines_of_tp2_join_once_with_their_offsets_and_load_every_bucket_i
         sync = ["begin", *(("update", b) for b in buckets), "end", "flush"]
         assert manager.calls[0][0] == "init_group" and manager.calls[1:] == sync + sync  # the group once, first
         assert manager.version == 2
+        assert manager.gate_closed_at_flush == [True, True]  # flushed before the gate let new requests in
         for name, tensor in STATE.items():
             assert torch.equal(manager.loaded[name], tensor) and manager.loaded[name].dtype == tensor.dtype
     assert [m.calls[0][1:] for m in managers] == [(1, 5), (3, 5)]  # rank offsets per engine, the world

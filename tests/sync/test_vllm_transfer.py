@@ -41,7 +41,13 @@ from vllm_boundary import (  # noqa: E402
     vllm_process_env,
 )
 from rlinf_ext.generation.vllm_wire import VLLMEngineOptions, engine_environment  # noqa: E402
-from rlinf_ext.sync.engine_calls import EngineCall, engine_init_info, run_with_timeout, wait_work  # noqa: E402
+from rlinf_ext.sync.engine_calls import (  # noqa: E402
+    EngineCall,
+    engine_init_info,
+    run_with_timeout,
+    wait_async,
+    wait_work,
+)
 from rlinf_ext.sync.vllm_engine_side import VLLMGpuSync  # noqa: E402
 from rlinf_ext.sync.vllm_transfer import (  # noqa: E402
     RolloutEngineClient,
@@ -102,6 +108,27 @@ def test_every_wait_gives_up_after_its_timeout():
     with pytest.raises(ZeroDivisionError):
         run_with_timeout(lambda: 1 / 0, 5, "x")
     assert run_with_timeout(lambda: 7, 5, "x") == 7
+
+
+def test_an_async_wait_gives_up_after_its_timeout_naming_what_was_stuck_then():
+    async def go():
+        stuck = ["nothing yet"]
+
+        async def hang():
+            stuck[0] = "request k1"
+            await asyncio.sleep(30)
+
+        with pytest.raises(WeightSyncError, match=r"^rank 2: the pause did not finish within 0.05 s: request k1$"):
+            await wait_async(hang(), 0.05, "rank 2: the pause", stuck=lambda: stuck[0])
+
+        async def own_timeout():
+            raise TimeoutError("the engine's socket")
+
+        with pytest.raises(TimeoutError, match="the engine's socket"):  # not this wait's: passed on as it is
+            await wait_async(own_timeout(), 5, "x")
+        return await wait_async(asyncio.sleep(0, result=7), 5, "x")
+
+    assert asyncio.run(go()) == 7
 
 
 def test_the_watchdog_thread_runs_on_the_callers_cuda_device(monkeypatch):
@@ -374,6 +401,48 @@ def test_nccl_route_keeps_serving_and_each_turn_gets_one_version(monkeypatch):
     assert [a["new_version"] for n, a in engine.calls if n == "update_weight_version"] == ["0"]
     assert [a["weight_version"] for n, a in engine.calls if n == "finish_weight_update"] == ["5"]
     assert ("set_weight_version", ["5"]) in engine.wire.sent and engine.serving
+
+
+def test_a_start_that_times_out_mid_pause_resumes_the_engine():
+    """Disaggregated: START's pause in wait mode outlasts the worker's timeout (a turn that will not end soon):
+    vLLM has already paused its scheduler when the wait is cancelled, so the worker resumes it (as after a refused
+    INIT) and raises the timeout, answered to the actor; the turn then finishes on the old weights."""
+    from rlinf_ext.generation.vllm_engine import VLLMGenerator
+    from rlinf_ext.protocol.generation import SamplingParams
+    from rlinf_ext.sync.engine_calls import EngineReply
+    from rlinf_ext.sync.vllm_transfer import START
+    from rlinf_ext.sync.weight_sync import SYNC_END
+    from tests.support.scripted import CharTokenizer
+
+    wire = Wire(1, 1)
+    engine = ServingEngine(NCCLWorker())
+    w = FakeRollout(wire, 0)
+    w._setup(CFG, verify_sync=True)
+    w.sync_timeout_s = 0.3
+    w._attach(VLLMGenerator(engine, CharTokenizer(), [0], in_process=False), SamplingParams(max_new_tokens=4))
+    w.sync_routes, w.gpu_sync = SyncRoutes("broadcast", actor_world=1, rollout_dp=1), VLLMGpuSync(engine, "nccl")
+    for message in (SyncHeader(version=1, sender=0), EngineCall(START), SYNC_END):
+        wire.down[(0, 0)].put(message)  # what actor rank 0 sends (SYNC_END: reached only if START succeeds)
+    long_turn = {"channel_key": "uid-long", "prompt_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 1000}}
+
+    async def go():
+        await w._label_initial_weights()
+        turn = asyncio.create_task(w._generate(long_turn))  # 1000 engine steps of 2 ms: well past the timeout
+        while not engine.running:
+            await asyncio.sleep(0.001)
+        with pytest.raises(WeightSyncError) as raised:
+            await w._receive_and_load(5)
+        serving_after = engine.serving
+        return str(raised.value), serving_after, await turn
+
+    message, serving_after, reply = asyncio.run(go())
+    assert START in message and "0.3 s" in message and "rank 0" in message, message
+    assert serving_after, engine.names()  # not left paused
+    assert engine.names()[-4:] == ["pause_generation", "reset_prefix_cache", "reset_encoder_cache",
+                                   "resume_generation"]  # no start_weight_update: START broke off in its pause
+    answer = wire.up[(0, 0)].get_nowait()
+    assert isinstance(answer, EngineReply) and answer.method == START and "0.3 s" in answer.error
+    assert reply["weight_version"] == 0 == w.weight_version and len(reply["output_ids"]) == 1000
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ actor's and the rollout's processes is a fake (``FakeTransport``, bound to RLinf
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +21,16 @@ from rlinf_ext.agent.core.results import result_from_group
 from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.searchr1.loop import run_trajectory
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams
-from rlinf_ext.sync.weight_sync import SYNC_ACK, SYNC_END, SyncHeader, SyncRoutes, pack_buckets, prepare_handles, share_bucket
+from rlinf_ext.sync.weight_sync import (
+    SYNC_ACK,
+    SYNC_END,
+    SyncHeader,
+    SyncRoutes,
+    WeightSyncError,
+    pack_buckets,
+    prepare_handles,
+    share_bucket,
+)
 from rlinf_ext.workers.agent_loop import ChannelGenerator
 from rlinf_ext.workers.rollout_hf import HFRolloutState
 from rlinf_ext.workers.rollout_serving import INITIAL_WEIGHT_VERSION
@@ -200,3 +210,45 @@ def test_versions_count_by_one_without_the_drivers_version(qwen2_head32_pair, mo
     assert w.weight_version == INITIAL_WEIGHT_VERSION == 0
     asyncio.run(w._receive_and_load())
     assert w.weight_version == 1 and asyncio.run(w.get_state())["weight_version"] == 1
+
+
+def test_a_hung_generate_times_the_syncs_pause_out_naming_the_rank_and_the_request(qwen2_head32_pair, models):
+    """A generate that hangs (the model's forward blocks: a stuck engine) while a sync lands: the sync's pause gives
+    up after the worker's timeout with an error naming this rollout rank and the stuck request's channel key,
+    instead of blocking the run silently; the gate reopens on the old version, and the request, once unstuck, is
+    answered."""
+    log: list = []
+    w = worker(qwen2_head32_pair[0], models[1], log)
+    w.sync_timeout_s = 0.5
+    entered, unstick = threading.Event(), threading.Event()
+
+    def hang(module, args):  # runs in the generator's thread: the engine is stuck until the test lets it go
+        entered.set()
+        unstick.wait(60)
+
+    hook = w.generator.model.register_forward_pre_hook(hang)
+
+    async def go():
+        requests, replies = KeyedChannel(log), KeyedChannel(log)
+        loop = asyncio.get_running_loop().create_task(w.rollout_serverless(requests, replies))
+        await requests.put({"channel_key": "uid-stuck", "prompt_ids": [5, 9, 11], "sampling_params": {}},
+                           async_op=True).async_wait()
+        await until(entered.is_set, "the generate to start")
+        try:
+            with pytest.raises(WeightSyncError) as raised:
+                try:
+                    await asyncio.wait_for(w._receive_and_load(DRIVER_VERSION), 10)
+                except TimeoutError:
+                    raise AssertionError("the sync still waits for the hung generate after 10 s") from None
+            reopened = not w.gate.paused
+        finally:
+            hook.remove()
+            unstick.set()
+        reply = await asyncio.wait_for(replies.get("uid-stuck", async_op=True).async_wait(), 60)
+        await stop(requests, loop)
+        return str(raised.value), reopened, reply
+
+    message, reopened, reply = asyncio.run(go())
+    assert "rank 0" in message and "uid-stuck" in message and "0.5 s" in message, message
+    assert reopened and w.weight_version == INITIAL_WEIGHT_VERSION
+    assert "error" not in reply and reply["weight_version"] == INITIAL_WEIGHT_VERSION

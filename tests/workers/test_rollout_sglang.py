@@ -16,7 +16,8 @@ import torch
 
 from channel_fakes import Channel, Op  # noqa: E402
 from rlinf.scheduler import Worker
-from sglang_fakes import RecordingEngine, RecordingTokenizerManager, SourceSerializer, forking_serialize
+from sglang_fakes import MANAGER, RecordingEngine, RecordingTokenizerManager, SourceSerializer, forking_serialize
+from sglang_source import check_call
 from signature_checks import checked_against
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams
 from rlinf_ext.sync.weight_sync import (
@@ -276,3 +277,69 @@ def test_the_worker_class_needs_the_sglang_profile(monkeypatch):
         rollout_worker_class(cfg)
     monkeypatch.setattr("rlinf_ext.workers.rollout_sglang.installed_sglang", lambda: SGLANG_VERSION)
     assert rollout_worker_class(cfg).__name__ == "SGLangRolloutWorker"
+
+
+# ------------------------------------------------------------------------------------------------ flush before reopen
+class FlushingManager(LoadingManager):
+    """``LoadingManager`` whose ``flush_cache`` answers from ``replies`` (sglang's ``FlushCacheReqOutput`` fields;
+    then success) and records, for each flush, whether the worker's gate still held new requests back and the
+    ``timeout_s`` it was given."""
+
+    def __init__(self, source, replies=()):
+        super().__init__(source)
+        self.replies = list(replies)
+        self.worker = None
+        self.flushes: list[tuple[bool, float | None]] = []
+
+    async def flush_cache(self, *args, **kwargs):
+        timeout_s = check_call(self.source, MANAGER, "TokenizerManager.flush_cache", self, *args,
+                               **kwargs).arguments["timeout_s"]
+        self.flushes.append((self.worker.gate.paused, timeout_s))
+        return await super().flush_cache(*args, **kwargs)
+
+    async def on_flush_cache(self, obj):
+        success, message = self.replies.pop(0) if self.replies else (True, "")
+        return self.io.FlushCacheReqOutput(success=success, message=message)
+
+
+def flushing_worker(sglang_source, replies=()):
+    manager = FlushingManager(sglang_source, replies)
+    engine = ProbingEngine(sglang_source, manager)
+    control = SGLangControl(engine, sglang_source.io_struct, SourceSerializer(sglang_source))
+    messages, header, _ = sync_messages(STATE)
+    engine.probe_logits = header.probe_logits
+    w = FakeWorker(control, collocated=True, messages=messages)
+    manager.worker = w
+    asyncio.run(w._release())
+    return w, manager
+
+
+def test_the_gate_reopens_only_after_a_successful_flush(sglang_source):
+    """The flush runs while the gate still holds new requests back (SGLang refuses a flush with requests queued or
+    running), with a timeout that lets SGLang wait for its scheduler to go idle; the gate reopens after it."""
+    w, manager = flushing_worker(sglang_source)
+    run_sync(w, SyncRoutes("paired", actor_world=1, rollout_dp=1))
+    assert [paused for paused, _ in manager.flushes] == [True], manager.flushes
+    assert all(timeout_s and timeout_s > 0 for _, timeout_s in manager.flushes), manager.flushes
+    assert manager.calls[-2:] == ["flush", "probe"] and not w.gate.paused and w.weight_version == 3
+
+
+def test_a_flush_that_fails_once_is_retried_and_the_sync_goes_on(sglang_source):
+    busy = (False, "Timed out waiting for idle state.")  # sglang 0.5.23's deferred flush, still busy at its deadline
+    w, manager = flushing_worker(sglang_source, [busy])
+    run_sync(w, SyncRoutes("paired", actor_world=1, rollout_dp=1))
+    assert [paused for paused, _ in manager.flushes] == [True, True], manager.flushes
+    assert manager.calls[-3:] == ["flush", "flush", "probe"] and w.weight_version == 3 and not w.gate.paused
+
+
+def test_a_flush_that_keeps_failing_stops_the_sync_with_a_clear_error(sglang_source):
+    from rlinf_ext.workers.rollout_sglang import FLUSH_ATTEMPTS
+
+    busy = (False, "Timed out waiting for idle state.")
+    w, manager = flushing_worker(sglang_source, [busy] * FLUSH_ATTEMPTS)
+    with pytest.raises(WeightSyncError) as raised:
+        run_sync(w, SyncRoutes("paired", actor_world=1, rollout_dp=1))
+    message = str(raised.value)
+    assert f"{FLUSH_ATTEMPTS} attempts" in message and "Timed out waiting for idle state." in message, message
+    assert len(manager.flushes) == FLUSH_ATTEMPTS and "probe" not in manager.calls
+    assert not w.gate.paused  # serving goes on (on the new weights) until the run stops on the error

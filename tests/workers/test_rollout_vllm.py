@@ -179,6 +179,43 @@ def test_a_sync_waits_for_the_turn_in_flight_and_vllm_labels_each_reply(generato
     assert second["weight_version"] == 5 == w.weight_version and second["output_ids"] != old["output_ids"]
 
 
+def test_a_hung_turn_times_the_syncs_pause_out_and_vllm_serves_again(generator, model_dirs):
+    """CPU route: a turn whose engine steps hang (the step thread cannot take the engine's lock) while a sync lands:
+    vLLM's pause gives up after the worker's timeout with an error naming this rollout rank and the stuck request's
+    channel key, instead of blocking the run; generation is resumed (not left paused), and the turn, once unstuck,
+    finishes on the old weights."""
+    messages, _ = sync_messages({"model.embed_tokens.weight": torch.zeros(4, 4)})  # the header is all it reads
+    w = worker(generator, messages)
+    w.sync_timeout_s = 0.5
+    asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
+    request = {"channel_key": "uid-stuck", "prompt_ids": [5, 9, 11, 13, 17], "sampling_params": {"max_new_tokens": 200},
+               "seed": 1}
+    engine = generator.engine
+
+    async def go():
+        await w._label_initial_weights()
+        in_flight = asyncio.create_task(w._generate(request))
+        while not engine._waiting:
+            await asyncio.sleep(0.001)
+        engine._lock.acquire()  # the next engine step waits: the turn hangs in flight
+        try:
+            assert engine._waiting, "the turn finished before it could be held"
+            with pytest.raises(WeightSyncError) as raised:
+                try:
+                    await asyncio.wait_for(w._receive_and_load(5), 10)
+                except TimeoutError:
+                    raise AssertionError("the sync still waits for the hung turn after 10 s") from None
+            paused_after = engine._paused
+        finally:
+            engine._lock.release()
+        return str(raised.value), paused_after, await asyncio.wait_for(in_flight, 60)
+
+    message, paused_after, reply = asyncio.run(go())
+    assert "rank 0" in message and "uid-stuck" in message and "0.5 s" in message, message
+    assert not paused_after and w.weight_version == 0
+    assert reply["weight_version"] == 0 and len(reply["output_ids"]) >= 1
+
+
 def test_gpu_engine_options_follow_the_placement(qwen2_head32_dirs):
     """GPU engines: sleep mode and vLLM's ipc transfer when collocated, nccl without sleep mode when apart; the
     CPU engine needs neither (in-place reload). Log-probs after temperature on every engine; helper ops eager on CPU."""
