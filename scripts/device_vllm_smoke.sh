@@ -3,7 +3,7 @@
 # docs/environment.md ("vLLM on the lent GPU") says why 0.26 (the newest vLLM built for the device's torch 2.11)
 # and gives the two calls; `build` trims the wheel to what a dense text model needs on Hopper (~104 MB).
 #
-#   bash scripts/device_vllm_smoke.sh build [DIR]  here, with network: DIR/.whl1 (the first 60 MiB of the trimmed
+#   bash scripts/device_vllm_smoke.sh build [DIR]  here, with network: DIR/.whl1 (the first 55 MiB of the trimmed
 #                                                  wheel) and DIR/.whl2 (the rest, the trimmed wheel's size and
 #                                                  sha256 computed now, 30 small wheels); DIR = the checkout root
 #   bash scripts/device_vllm_smoke.sh part1        device call 1 (carry .whl1): the first part to /tmp, which the
@@ -24,7 +24,7 @@ TRIMMED_SIZE=104483166
 TRIMMED_SLACK=65536
 TRIMMED_SHA256_FILE=vllm-0.26.0-trimmed.sha256  # in .whl2: "<sha256>  <wheel>", computed by `build`
 TRIMMED_SIZE_FILE=vllm-0.26.0-trimmed.size      # in .whl2: the trimmed wheel's bytes, computed by `build`
-PART_BYTES=60M
+PART_BYTES=55M  # the two parts' carries come out near 61.7 and 61.8 MB with a 4 MB checkout
 # members a dense text model on Hopper never loads: FA2 (Hopper runs FA3), the Rust frontend, Blackwell and FP8
 # kernels, MLA and MoE kernels, the OpenAI server's static files
 DROP='^vllm/vllm_flash_attn/_vllm_fa2_C\.abi3\.so$|^vllm/vllm-rs$|^vllm/third_party/(fmha_sm100|deep_gemm)/|^vllm/(_flashmla_C|_flashmla_extension_C|_qutlass_C|_rust_tool_parser|_moe_C_stable_libtorch)\.abi3\.so$|^vllm/entrypoints/serve/instrumentator/static/'
@@ -37,10 +37,26 @@ SMALL_WHEELS=(annotated-types==0.8.0 astor==0.8.1 blake3==1.0.11 cachetools==8.0
   anyio==4.16.0 h11==0.16.0 idna==3.20 typing-extensions==4.16.0 omegaconf==2.3.1)
 SDIST_WHEELS=(antlr4-python3-runtime==4.9.3)  # sdist only on PyPI: built into a pure-Python wheel here
 CALL_LIMIT=67108864  # bytes a device call may carry: the checkout's files and one of the two folders
+CALL_MARGIN=4194304  # kept free in each call, so the checkout can grow by this much before a carry stops fitting
+DEVICE_PYTHON=3.12   # the small wheels are cp312 builds (pip download --python-version 3.12)
+DEVICE_TORCH=2.11    # vLLM 0.26.0's kernels are built against torch 2.11
 PARTS=/tmp/vllm026_parts
 SITE=/tmp/vllm026_site
 
 die() { echo "device_vllm_smoke: $*" >&2; exit 1; }
+
+# the device's Python and torch, checked before anything is copied or installed: a mismatch would otherwise spend the
+# lent device's minutes on an install that cannot import
+check_device() {
+  local found py torch
+  found=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2]); import torch; print(torch.__version__)' 2>&1) \
+    || die "this machine's python3 cannot import torch ($found): the carried vLLM 0.26.0 needs Python $DEVICE_PYTHON with torch $DEVICE_TORCH; nothing was installed"
+  py=$(sed -n 1p <<< "$found"); torch=$(sed -n 2p <<< "$found")
+  if [ "$py" != "$DEVICE_PYTHON" ] || [[ "$torch" != "$DEVICE_TORCH".* ]]; then
+    die "this machine has Python $py and torch $torch; the carried wheels need Python $DEVICE_PYTHON and torch $DEVICE_TORCH.x: nothing was installed (another device needs another vLLM build: docs/environment.md, 'vLLM on the lent GPU')"
+  fi
+  echo "device: Python $py, torch $torch"
+}
 
 build() {
   local dest=${1:-$REPO} w v
@@ -83,21 +99,24 @@ csv.writer(open(os.environ["OUT_RECORD"], "w", newline=""), lineterminator="\n")
   local checkout; checkout=$(git -C "$REPO" ls-files -z | (cd "$REPO" && xargs -0 stat -c %s 2>/dev/null) | awk '{s+=$1} END {print s}')
   for d in .whl1 .whl2; do
     local n; n=$(find "$dest/$d" -type f -printf '%s\n' | awk '{s+=$1} END {print s}')
-    [ $((n + checkout)) -le "$CALL_LIMIT" ] || die "$d ($n B) and the checkout ($checkout B) are over $CALL_LIMIT B"
+    [ $((n + checkout + CALL_MARGIN)) -le "$CALL_LIMIT" ] \
+      || die "$d ($n B) and the checkout ($checkout B) leave less than $CALL_MARGIN B of a call's $CALL_LIMIT B: lower PART_BYTES"
     echo "$d: $n B in $(ls "$dest/$d" | wc -l) files (+ checkout $checkout B = $((n + checkout)) of $CALL_LIMIT B)"
   done
   echo "trimmed wheel: $size B, sha256 $(cut -d' ' -f1 "$dest/.whl2/$TRIMMED_SHA256_FILE")"
 }
 
 part1() {
+  check_device
   [ -f .whl1/vllm.part.aa ] || die "no .whl1/vllm.part.aa: build it here (bash scripts/device_vllm_smoke.sh build) and carry .whl1"
   mkdir -p "$PARTS"; cp .whl1/vllm.part.aa "$PARTS/"
   ls -l "$PARTS"
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader || true
-  python3 -c 'import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)'
+  python3 -c 'import transformers; print("transformers", transformers.__version__)'
 }
 
 part2() {
+  check_device
   [ -f .whl2/vllm.part.ab ] && [ -f ".whl2/$TRIMMED_SHA256_FILE" ] && [ -f ".whl2/$TRIMMED_SIZE_FILE" ] \
     || die "no .whl2 (vllm.part.ab, $TRIMMED_SHA256_FILE, $TRIMMED_SIZE_FILE): build it here and carry .whl2"
   local first=$PARTS/vllm.part.aa
@@ -135,6 +154,6 @@ case "${1:-}" in
   build) shift; build "$@" ;;
   part1) cd "$REPO"; part1 ;;
   part2) cd "$REPO"; part2 ;;
-  rerun) cd "$REPO"; run_stage ;;
+  rerun) cd "$REPO"; check_device; run_stage ;;
   *) die "usage: $0 build [DIR] | part1 | part2 | rerun" ;;
 esac

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One-GPU smoke test of rlinf_ext's GPU path (stages S0-S8), for a machine with one H100, torch with
+"""One-GPU smoke test of rlinf_ext's GPU path (stages S0-S8), for the lent device (one Hopper GPU), torch with
 CUDA, and a few small wheels (megatron-core 0.16.1, rlinf 0.3.0, transformers 5.19.0 + tokenizers + huggingface_hub
 first on PYTHONPATH, omegaconf, antlr4, hydra-core, faiss-cpu). No Ray, no SGLang, no Transformer Engine: Ray and
 ``rlinf.scheduler`` are stubbed inside this script only, and the actor uses Megatron's local layer spec.
@@ -28,7 +28,7 @@ its pass conditions and, on failure, the exception. ``--device cpu`` runs the sa
   S8 vLLM          rlinf_ext's VLLMGenerator vs an HF forward of the same random Qwen2: stop strings, processed
                    log-probs at T 0.7 / 1.0, seeds, in-place reload + probe; CUDA: sleep levels 1 and 2 + wake_up
                    measured against models/memory.py's engine terms, the collocated IPC route (VLLMGpuSync) fed by a
-                   producer process + probe (skipped without vLLM; vLLM 0.26 on the lent H100:
+                   producer process + probe (skipped without vLLM; vLLM 0.26 on the lent device:
                    scripts/device_vllm_smoke.sh, docs/environment.md)
   S5 3B memory     a Qwen2.5-3B-shaped random actor (fp16, local spec, reference model, recompute full/block/20):
                    peak memory at 1k/2k/3k tokens vs rlinf_ext/models/memory.py's estimate; seconds per step at 2k

@@ -25,7 +25,7 @@ CUDA only (recorded as skipped on CPU, with the reason):
   sleep, INIT, START (weights woken), UPDATE per packed chunk, FINISH, then ``serve`` (KV cache woken, caches reset,
   resumed), fed by a producer process on the same GPU sending CUDA-IPC handles of changed weights; then the probe.
 
-vLLM 0.26 (the lent H100's) needs the adaptations of ``smoke_vllm_compat.py``; the figures say which ran.
+vLLM 0.26 (the lent device's) needs the adaptations of ``smoke_vllm_compat.py``; the figures say which ran.
 """
 
 from __future__ import annotations
@@ -370,7 +370,7 @@ def s8_vllm(rec: Record, ctx: Context) -> None:
         from smoke_common import SkipStage
 
         raise SkipStage("vLLM is not installed here (docs/environment.md, 'vLLM on the lent GPU': "
-                        "scripts/device_vllm_smoke.sh carries vLLM 0.26 to the lent H100)")
+                        "scripts/device_vllm_smoke.sh carries vLLM 0.26 to the lent device)")
     if ctx.cuda:
         # torch.compile off in this process and vLLM's (inherited): the engine is eager, and vLLM's compiled helper
         # ops (log-prob ranks) would wait for a cold inductor build, which is not under test here

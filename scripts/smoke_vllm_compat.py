@@ -1,6 +1,6 @@
 """What stage S8 of scripts/gpu_smoke.py adapts to the installed vLLM, chosen by what that vLLM has (never by its
 version string), so the stage runs unchanged on the project's vLLM 0.32 and on vLLM 0.26, the newest release built
-for the lent H100's torch 2.11 (docs/environment.md, "vLLM on the lent GPU"). These adaptations live in the smoke
+for the lent device's torch 2.11 (docs/environment.md, "vLLM on the lent GPU"). These adaptations live in the smoke
 script only: rlinf_ext's code is written for 0.32 and is exercised as it is.
 
 vLLM 0.26 differs where the project's GPU route touches it:
@@ -13,7 +13,7 @@ vLLM 0.26 differs where the project's GPU route touches it:
   ``CompletionOutput`` has no ``weight_versions`` (0.32's weight-version spans, which
   ``generation/vllm_wire.py:result_of_output`` reads; 0.26 labels nothing, read as None): ``EngineCompat``;
 - ``vllm/distributed/weight_transfer/ipc_engine.py`` imports ``ray`` at module level (0.32 does not), and the lent
-  H100 has no Ray: ``ensure_ipc_engine_importable`` puts an empty stand-in package first on the path (every other
+  device has no Ray: ``ensure_ipc_engine_importable`` puts an empty stand-in package first on the path (every other
   ``ray`` use in vLLM imports ``ray.util`` or calls ``ray.is_initialized`` inside try/except, which then report
   Ray as absent; the IPC route here sends through a callable and never reaches ``ray``).
 """
