@@ -245,8 +245,10 @@ def format_in_flight(cfg: ExperimentConfig) -> list[str]:
             lines.append(f"  KV cache: {sequences} sequences of runner.seq_length per engine")
             if sequences < min(per_engine, concurrency):
                 lines.append(f"  ! the KV cache holds {sequences} full sequences for {min(per_engine, concurrency)} "
-                             "running ones: vLLM preempts and recomputes the longest (raise "
-                             "rollout.gpu_memory_utilization or lower the concurrency)")
+                             "running ones: vLLM preempts the longest, and a sync does not wait for a preempted "
+                             "turn, which resumes on the new weights: its tokens span two versions "
+                             "(async/trajectories_two_versions); raise rollout.gpu_memory_utilization or lower the "
+                             "concurrency")
     return lines
 
 

@@ -16,7 +16,8 @@
   before the token budget, stop strings after it: a stop string completed by the last allowed token is
   classified ``stop`` as on every engine); the text is the HF tokenizer's decoding of the kept ids. The weight
   version is vLLM's own label of the weights that sampled the tokens (``CompletionOutput.weight_versions``, the
-  engine's ``update_weight_version``), exactly one per call: a sync pauses in wait mode.
+  engine's ``update_weight_version``): usually one per call, as a sync pauses in wait mode, but one per token when
+  a sync passed the call (``weight_version_of``). vLLM 0.26 has no labels (no ``weight_versions``): none.
 - Start: on CPU the engine runs in process (``InprocVLLMEngine``), on GPUs as ``AsyncLLM`` with the placement's
   weight-transfer backend (``ipc`` collocated with sleep mode, ``nccl`` disaggregated:
   ``sync/vllm_transfer.py:transfer_backend``); ``engine_environment`` is what that start sets in the process
@@ -27,11 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Literal
 
 from rlinf_ext.generation.turn_end import engine_finish, engine_sampling, turn_end
 from rlinf_ext.models.dtypes import hf_name_of_precision
-from rlinf_ext.protocol.generation import FinishReason, GenerationResult, SamplingParams
+from rlinf_ext.protocol.generation import FinishReason, GenerationResult, SamplingParams, WeightVersion
 from rlinf_ext.sync.vllm_transfer import transfer_backend
 
 # vLLM resolves it by its qualified name in every worker (``worker_extension_cls``)
@@ -202,18 +204,25 @@ def engine_reason(finish_reason: str | None, stop_reason: int | str | None) -> t
 UNLABELLED_WEIGHTS = "default"  # vLLM's label of weights no update named (vllm/v1/engine/core.py)
 
 
-def weight_version_of(spans: Any) -> int | None:
-    """vLLM's weight-version spans of one output (``vllm.outputs.WeightVersionSpan``: the labels of the weights that
-    sampled output tokens [start, end)) as the one version of the call; None when the weights carry no label of
-    ours. Two labels mean a weight update landed mid-generation (a pause that did not wait): refused, since the
-    tokens would be credited to one behaviour policy while two sampled them (pure)."""
-    labels = list(dict.fromkeys(span.version for span in spans or ()))
-    if len(labels) > 1:
-        raise RuntimeError(f"one generate call was sampled by weight versions {labels}: a weight update landed while "
-                           "it ran (the engine must pause with mode='wait' for a sync)")
-    if not labels or labels[0] == UNLABELLED_WEIGHTS:
+def weight_version_of(spans: Any, num_tokens: int) -> WeightVersion:
+    """vLLM's weight-version spans of one output's ``num_tokens`` tokens (``vllm.outputs.WeightVersionSpan``: the
+    label of the weights that sampled output tokens [start, end)) as the ``GenerationResult.weight_version`` of the
+    call (pure): one label is the call's version; several give each token its own. ``pause_generation(mode="wait")``
+    does not wait for a request vLLM preempted for KV space: it resumes on the new weights, so its tokens span two
+    versions, and each token's engine log-prob is that token's own behaviour log-prob. None when any token's
+    weights carry no label of ours (vLLM's "default") or there are no spans (vLLM 0.26 has none)."""
+    spans = list(spans or ())
+    labels = {span.version for span in spans}
+    if not spans or UNLABELLED_WEIGHTS in labels:
         return None
-    return int(labels[0])
+    if len(labels) == 1:
+        return int(spans[0].version)
+    bounds = [(int(span.start), int(span.end)) for span in spans]
+    if bounds[0][0] != 0 or bounds[-1][1] != num_tokens or any(a[1] != b[0] for a, b in pairwise(bounds)):
+        covered = " + ".join(f"[{a}, {b})" for a, b in bounds)
+        raise ValueError(f"vLLM's weight-version spans cover tokens {covered} of {num_tokens}: they must tile the "
+                         "output tokens from 0 (vllm/v1/engine/output_processor.py builds them so)")
+    return [int(span.version) for span in spans for _ in range(span.start, span.end)]
 
 
 def result_of_output(output: Any, decode, params: SamplingParams, eos_ids: Iterable[int],
@@ -227,9 +236,13 @@ def result_of_output(output: Any, decode, params: SamplingParams, eos_ids: Itera
     logprobs = None
     if return_logprobs and output.logprobs is not None:
         logprobs = [float(step[tok].logprob) for tok, step in zip(ids, output.logprobs)][: len(end.output_ids)]
+    # vLLM 0.26's CompletionOutput has no ``weight_versions``: read as unlabelled
+    version = weight_version_of(getattr(output, "weight_versions", None), len(ids))
+    if isinstance(version, list):  # the versions follow the kept ids; one left is the call's one version
+        version = version[: len(end.output_ids)]
+        version = version[0] if len(set(version)) == 1 else version
     return GenerationResult(output_ids=end.output_ids, text=end.text, finish_reason=end.finish_reason,
-                            matched_stop=end.matched_stop, logprobs=logprobs,
-                            weight_version=weight_version_of(output.weight_versions))
+                            matched_stop=end.matched_stop, logprobs=logprobs, weight_version=version)
 
 
 def check_generate_args(prompt_ids: list[int], sampling_params: SamplingParams) -> None:

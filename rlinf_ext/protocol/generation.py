@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypedDict, runtime_checkable
 
 FinishReason = Literal["stop", "eos", "length"]
+# the weights that sampled a call's ids: one version for all, one per id, or none (GenerationResult.weight_version)
+WeightVersion = int | list[int] | None
 
 
 @dataclass
@@ -61,9 +63,10 @@ class GenerationResult:
     `output_ids` are exactly the sampled ids: nothing after the stop string, EOS kept if sampled.
     `num_generated` is how many tokens the engine actually produced (defaults to len(output_ids));
     it differs only for engines that generate past a stop and cut afterwards (the benchmark's baseline).
-    `weight_version` is the version of the weights that sampled every id of the call (the training steps behind
-    them, 0 = the initial weights; a weight sync waits for the calls in flight, so one call never spans two);
-    None from an engine that keeps no version (evaluation, tests).
+    `weight_version` is the version of the weights that sampled the ids (the training steps behind them, 0 = the
+    initial weights): one int when one version sampled them all, as a sync waits for the calls in flight; a list,
+    one per id, when a sync passed the call (vLLM: a request preempted for KV space sits out the pause and resumes
+    on the new weights); None from an engine that keeps no version (evaluation, tests). ``token_versions`` reads it.
     """
 
     output_ids: list[int]
@@ -72,11 +75,23 @@ class GenerationResult:
     matched_stop: str | None = None
     logprobs: list[float] | None = None
     num_generated: int | None = None
-    weight_version: int | None = None
+    weight_version: WeightVersion = None
 
     @property
     def generated_tokens(self) -> int:
         return len(self.output_ids) if self.num_generated is None else self.num_generated
+
+
+def token_versions(version: WeightVersion, num_ids: int) -> list[int] | None:
+    """``GenerationResult.weight_version`` as one version per sampled id (None: the engine keeps none) (pure)."""
+    if version is None:
+        return None
+    if isinstance(version, int):
+        return [version] * num_ids
+    if len(version) != num_ids:
+        raise ValueError(f"{len(version)} weight versions for {num_ids} sampled ids: a per-token version list must "
+                         "follow the ids it labels (cut it with them)")
+    return [int(v) for v in version]
 
 
 @runtime_checkable
@@ -113,7 +128,7 @@ class GenerateReply(TypedDict, total=False):
     matched_stop: str | None
     logprobs: list[float] | None
     num_generated: int
-    weight_version: int | None  # WEIGHT_VERSION: the weights that sampled this reply (GenerationResult.weight_version)
+    weight_version: int | list[int] | None  # WEIGHT_VERSION: the weights that sampled it (GenerationResult's)
     error: str
 
 

@@ -3,7 +3,8 @@ trained groups and tokens are, and how much of the step the actor and the rollou
 
 Versions count completed training steps (``global_step``): the engine samples batch b on the weights it held when
 b was dispatched (the *head* version, the same for every group of the batch) and on later ones as syncs land between
-turns; the trajectories carry one version per response token, -1 on observation tokens (``OBSERVATION_VERSION``).
+turns (or within one, on a vLLM request preempted across a sync); the trajectories carry one version per response
+token, -1 on observation tokens (``OBSERVATION_VERSION``).
 """
 
 from __future__ import annotations

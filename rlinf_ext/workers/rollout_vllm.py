@@ -11,7 +11,8 @@ Weight versions: every reply carries the version of the weights that sampled it,
 (``CompletionOutput.weight_versions``, read by ``generation/vllm_wire.py:weight_version_of``); the worker labels the
 engine's weights ``0`` at start and ``sync_model_from_actor(version)``'s version (None: one more) at each sync, while
 generation is paused. A sync lands between turns: it may come while requests are being generated (an async actor),
-and the pause waits for them, so each reply is sampled by one version.
+and the pause waits for them, so a reply is sampled by one version; but not for a request vLLM preempted for KV
+space, which resumes on the new weights: that reply carries one version per token (``weight_version_of``).
 
 CPU (in process): generation pauses once the sync's headers are in (running requests finish on the old weights; the
 pause waits at most ``sync_timeout_s``, then names the requests still in flight and resumes), every bucket goes into

@@ -179,6 +179,51 @@ def test_token_versions_follow_the_turns_through_an_image_observation_and_a_drop
     assert len(traj.rollout_logprobs) == len(traj.rollout_versions) == len(traj.response_ids)
 
 
+def test_a_turn_sampled_by_two_versions_keeps_them_per_token_after_a_dropped_id(world):
+    """A turn vLLM resumed on new weights after a preemption (issue 42): one version per id, and the ids dropped as
+    banned take their versions with them."""
+    mm, processor, tasks = world
+    task = tasks["tinymm_colour"]
+    gen = ScriptedVLGenerator(["<reason> hm <|image_pad|> </reason><answer> red </answer>"],
+                              tokenizer=processor.tokenizer)
+    sampled = {}
+
+    async def preempted(prompt_ids, sampling_params, images=None):
+        result = await ScriptedVLGenerator.generate(gen, prompt_ids, sampling_params, images)
+        sampled["ids"] = list(result.output_ids)
+        return replace(result, weight_version=[4] * 3 + [5] * (len(result.output_ids) - 3))
+
+    gen.generate = preempted
+    traj = asyncio.run(run_trajectory(gen, processor, tools(mm.cache_test), task, settings()))
+    (turn,) = traj.turns
+    pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    k = sampled["ids"].index(pad)
+    assert turn.banned_dropped == 1 and k >= 3  # the dropped id is one of version 5's
+    assert turn.weight_version == traj.rollout_versions == [4] * 3 + [5] * (len(sampled["ids"]) - 4)
+    assert len(traj.rollout_logprobs) == len(traj.rollout_versions) == len(traj.response_ids)
+
+
+def test_dropping_banned_ids_drops_their_per_token_versions():
+    """``_drop_banned`` alone (no tiny assets): ids 9 (banned) and 70 (past the vocabulary) go, and with them their
+    log-probs and their versions when the turn has one per id; one version for the call stays as it is."""
+    from rlinf_ext.agent.mmsearch.loop import _drop_banned
+    from rlinf_ext.protocol.generation import GenerationResult
+
+    class Vocab64:
+        def __len__(self):
+            return 64
+
+        def decode(self, ids):
+            return " ".join(map(str, ids))
+
+    result = GenerationResult([1, 9, 2, 70, 3], "", "stop", None, [-0.1, -0.2, -0.3, -0.4, -0.5],
+                              weight_version=[4, 4, 5, 5, 5])
+    kept, dropped = _drop_banned(result, Vocab64(), {9})
+    assert dropped == 2 and kept.output_ids == [1, 2, 3] and kept.text == "1 2 3"
+    assert kept.weight_version == [4, 5, 5] and kept.logprobs == [-0.1, -0.3, -0.5]
+    assert _drop_banned(replace(result, weight_version=6), Vocab64(), {9})[0].weight_version == 6
+
+
 def test_actions_and_reward_on_a_scripted_three_turn_trajectory(world):
     mm, processor, tasks = world
     task = tasks["tinymm_city"]

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from rlinf_ext.agent.core.response import OBSERVATION_VERSION, ResponseBuffer, check_mask_invariant
-from rlinf_ext.agent.core.results import result_from_group
+from rlinf_ext.agent.core.results import result_from_group, trajectory_records
 from rlinf_ext.agent.searchr1.loop import run_trajectory
-from rlinf_ext.protocol.generation import SamplingParams
+from rlinf_ext.protocol import metric_keys as mk
+from rlinf_ext.protocol.generation import SamplingParams, reply_of, result_of
+from rlinf_ext.runner.staleness import token_staleness_metrics
 from tests.agent.test_loop import CFG, PROMPT, TOK, RecordingSearch
 from tests.support.scripted import ScriptedGenerator
 
@@ -89,3 +91,64 @@ def test_one_trajectory_without_versions_or_logprobs_leaves_the_group_without():
     assert result.versions == [] and result.rollout_logprobs is not None
     result = result_from_group([a, replace(a, rollout_logprobs=None)])
     assert result.rollout_logprobs is None and result.versions == [a.rollout_versions] * 2
+
+
+@dataclass
+class PreemptedVLLMGenerator(ScriptedGenerator):
+    """A scripted engine whose replies come as vLLM 0.32's own final ``CompletionOutput`` with weight-version spans,
+    read by ``vllm_wire.result_of_output`` and sent over the rollout's reply dict (``reply_of`` / ``result_of``).
+    ``spans[k]``: the k-th reply's ``(end, label)`` pairs, ``end`` None = to the last token."""
+
+    spans: list = field(default_factory=list)
+
+    async def generate(self, prompt_ids, sampling_params):
+        from vllm.outputs import CompletionOutput, WeightVersionSpan
+
+        from rlinf_ext.generation.vllm_wire import result_of_output
+
+        scripted = await super().generate(prompt_ids, sampling_params)
+        ids, start, version_spans = scripted.output_ids, 0, []
+        for end, label in self.spans[len(self.calls) - 1]:
+            end = len(ids) if end is None else end
+            version_spans.append(WeightVersionSpan(version=label, start=start, end=end))
+            start = end
+        finish = {"stop": ("stop", scripted.matched_stop), "eos": ("stop", None), "length": ("length", None)}
+        reason, stop = finish[scripted.finish_reason]
+        out = CompletionOutput(index=0, text="", token_ids=ids, cumulative_logprob=None, logprobs=None,
+                               finish_reason=reason, stop_reason=stop, weight_versions=version_spans)
+        result = result_of_output(out, self.tokenizer.decode, sampling_params, [self.tokenizer.eos_token_id])
+        return result_of(reply_of(replace(result, logprobs=scripted.logprobs)))
+
+
+def test_a_turn_sampled_by_two_versions_gives_its_tokens_each_their_own_and_counts_as_two_versions():
+    """A sync landed while vLLM held the first turn preempted (issue 42): its first 3 tokens were sampled at version
+    2, the rest at 3. The turn keeps both, token by token, into the records and the step's staleness metrics."""
+    pytest.importorskip("vllm")
+    spanned = asyncio.run(run_trajectory(
+        PreemptedVLLMGenerator(SEARCH_THEN_ANSWER, spans=[[(3, "2"), (None, "3")], [(None, "3")]]), TOK, PROMPT,
+        ["Paris"], CFG, [RecordingSearch()], sampling_params=SamplingParams()))
+    first, second = spanned.turns
+    # "<search> capital of france </search>" is 36 ids, "<answer> Paris </answer>" 24 (one id per character)
+    assert (len(first.response_ids), len(second.response_ids)) == (36, 24)
+    assert first.weight_version == [2, 2, 2] + [3] * 33 and second.weight_version == 3
+    assert spanned.rollout_versions == [2, 2, 2] + [3] * 33 + [-1] * len(first.observation_ids) + [3] * 24
+    check_mask_invariant(spanned)
+    uniform = asyncio.run(run_trajectory(
+        PreemptedVLLMGenerator(SEARCH_THEN_ANSWER, spans=[[(None, "3")], [(None, "3")]]), TOK, PROMPT, ["Paris"], CFG,
+        [RecordingSearch()], sampling_params=SamplingParams()))
+    result = result_from_group([spanned, uniform])
+    assert [r["versions"] for r in trajectory_records(result)] == [spanned.rollout_versions, uniform.rollout_versions]
+    # trained at version 3, k = 1: 3 of the 120 sampled tokens are 1 step stale; 1 of the 2 trajectories has two
+    assert token_staleness_metrics(3, result.versions, 1) == {
+        mk.token_staleness(0): 117 / 120, mk.token_staleness(1): 3 / 120, mk.TRAJECTORIES_TWO_VERSIONS: 1 / 2}
+
+
+def test_the_mask_invariant_follows_a_turns_per_token_versions():
+    traj = asyncio.run(run_trajectory(
+        VersionedGenerator(SEARCH_THEN_ANSWER, versions=[[2] * 10 + [3] * 26, 3]), TOK, PROMPT, ["Paris"], CFG,
+        [RecordingSearch()], sampling_params=SamplingParams()))
+    assert traj.rollout_versions[:36] == [2] * 10 + [3] * 26
+    check_mask_invariant(traj)
+    shifted = [2] * 11 + traj.rollout_versions[11:]  # one token credited to the wrong version
+    with pytest.raises(AssertionError, match="version invariant"):
+        check_mask_invariant(replace(traj, rollout_versions=shifted))

@@ -65,3 +65,13 @@ def test_plan_counts_the_batches_in_flight(reference_env):
     gpu = format_plan(load_config("qwen2.5-3b-tool-1node", ASYNC + DISAGGREGATED))
     assert "2 x 24 prompts x 4 = 192 trajectories, 96 per engine (2 engine(s))" in gpu
     assert "KV cache:" in gpu and "wait in its queue" not in gpu
+
+
+def test_plan_says_what_a_kv_cache_short_of_the_running_turns_costs(reference_env):
+    """vLLM preempts turns the KV cache cannot hold, and a sync's wait-mode pause passes them by: they finish on the
+    new weights (issue 42). The plan names that cost, not only the recompute."""
+    overrides = ASYNC + DISAGGREGATED + ["rollout.rollout_backend=vllm"]
+    assert "! the KV cache" not in format_plan(load_config("qwen2.5-3b-tool-1node", overrides))
+    plan = format_plan(load_config("qwen2.5-3b-tool-1node", overrides + ["rollout.gpu_memory_utilization=0.2"]))
+    assert "! the KV cache holds 33 full sequences for 96 running ones" in plan
+    assert "its tokens span two versions (async/trajectories_two_versions)" in plan

@@ -193,6 +193,36 @@ def test_weight_reload_matches_fresh_engine_on_new_weights(engine, hf, model_dir
     assert [run(engine.generate(p, params)).output_ids for p in ps] == before
 
 
+def test_a_label_changed_while_a_request_runs_gives_its_tokens_two_versions(engine, hf):
+    """vLLM's own spans from the real engine, stepped by hand: the weights' label changes after the request's third
+    step, as a sync's does for a request that sat out the pause preempted for KV space (issue 42; the pause itself
+    is vLLM's). The reply then carries each token's version, the ids and log-probs as without the change."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    from rlinf_ext.generation.vllm_wire import result_of_output, to_vllm_params
+
+    inproc, prompt = engine.engine, prompts(hf.tokenizer, 1)[0]
+    params = SamplingParams(max_new_tokens=8, stop=[], **GREEDY)
+    request = VSamplingParams(**{**to_vllm_params(params, engine.eos_ids, return_logprobs=True), "ignore_eos": True},
+                              output_kind=RequestOutputKind.FINAL_ONLY)
+    llm = inproc.engine  # vLLM's LLMEngine; no call of ours is in flight, so nothing else steps it
+    inproc._locked(llm.set_weight_version, "4")
+    inproc._locked(llm.add_request, "two-labels", {"prompt_token_ids": prompt}, request)
+    finals = [out for _ in range(3) for out in inproc._locked(llm.step)]
+    inproc._locked(llm.set_weight_version, "5")
+    while not finals:
+        finals = [out for out in inproc._locked(llm.step) if out.finished]
+    inproc._locked(llm.set_weight_version, "default")  # as the module's engine started
+    out = finals[0].outputs[0]
+    assert [(s.version, s.start, s.end) for s in out.weight_versions] == [("4", 0, 3), ("5", 3, 8)]
+    got = result_of_output(out, engine.decode, params, engine.eos_ids, return_logprobs=True)
+    assert got.weight_version == [4, 4, 4, 5, 5, 5, 5, 5]
+    ref = hf.generate_batch_sync([prompt], params)[0]  # greedy, no EOS within the budget: the same turn as HF's
+    assert got.output_ids == ref.output_ids and ref.finish_reason == got.finish_reason == "length"
+    assert max(abs(a - b) for a, b in zip(got.logprobs, ref.logprobs)) < 1e-4
+
+
 def test_helper_ops_run_eager_in_process_and_start_up_parts_are_timed(engine, hf):
     """vLLM torch.compiles helper ops (the log-prob ranks; top-k/top-p) with inductor: in process they run eager,
     since the first log-prob request otherwise waits for a C++ build (10.8 s cold on 2 cores). No frame is

@@ -39,6 +39,19 @@ def test_reply_round_trip_keeps_every_field():
     assert reply[WEIGHT_VERSION] is None and result_of(reply).weight_version is None  # an engine without versions
 
 
+def test_a_reply_sampled_by_two_versions_carries_one_per_token():
+    """A vLLM request a sync passed while it was preempted: one version per output id, across a channel too."""
+    from rlinf_ext.protocol.generation import token_versions
+
+    result = GenerationResult(output_ids=[4, 2, 5, 6], text="", finish_reason="length", num_generated=4,
+                              weight_version=[4, 4, 5, 5])
+    assert result_of(reply_of(result)) == result and reply_of(result)[WEIGHT_VERSION] == [4, 4, 5, 5]
+    assert token_versions([4, 4, 5, 5], 4) == [4, 4, 5, 5]
+    assert token_versions(3, 2) == [3, 3] and token_versions(3, 0) == [] and token_versions(None, 2) is None
+    with pytest.raises(ValueError, match="3 weight versions for 4 sampled ids"):
+        token_versions([4, 4, 5], 4)
+
+
 def test_error_reply_raises_and_unknown_finish_reason_ends_the_turn():
     with pytest.raises(RuntimeError, match="rollout engine failed to generate: CUDA out of memory"):
         result_of({"error": "CUDA out of memory"})

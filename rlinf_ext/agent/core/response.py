@@ -4,7 +4,9 @@ INVARIANT (``check_mask_invariant``, run on every trajectory): ``response_ids`` 
 (sampled ids, observation ids) and ``response_mask`` is 1 on exactly the sampled ids and 0 on exactly the
 observation ids. Log-probs follow the ids (0.0 on observations) while every turn brought its own; one turn without
 them turns the whole trajectory's log-probs to None. Weight versions likewise (``OBSERVATION_VERSION`` on
-observations): the version of the weights that sampled each id, the behaviour policy of an off-policy step.
+observations): the version of the weights that sampled each id, the behaviour policy of an off-policy step. A turn
+is usually sampled by one version; one a sync passed (vLLM resumed it on new weights after a preemption) brings one
+per id, and its ids then carry two.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlinf_ext.agent.core.types import Trajectory
+from rlinf_ext.protocol.generation import WeightVersion, token_versions
 
 OBSERVATION_VERSION = -1  # the weight version of a token no model sampled
 
@@ -23,8 +26,8 @@ class ResponseBuffer:
     logprobs: list[float] | None = field(default_factory=list)
     versions: list[int] | None = field(default_factory=list)
 
-    def add_sampled(self, ids: list[int], logprobs: list[float] | None, version: int | None = None) -> None:
-        """A turn's sampled ids (mask 1), their log-probs and the weight version that sampled them."""
+    def add_sampled(self, ids: list[int], logprobs: list[float] | None, version: WeightVersion = None) -> None:
+        """A turn's sampled ids (mask 1), their log-probs and the weight version(s) that sampled them."""
         self.response_ids += ids
         self.response_mask += [1] * len(ids)
         if self.logprobs is not None and logprobs is not None and len(logprobs) == len(ids):
@@ -32,7 +35,7 @@ class ResponseBuffer:
         else:
             self.logprobs = None
         if self.versions is not None and version is not None:
-            self.versions += [int(version)] * len(ids)
+            self.versions += token_versions(version, len(ids))
         else:
             self.versions = None
 
@@ -68,7 +71,7 @@ def check_mask_invariant(trajectory: Trajectory) -> None:
         raise AssertionError(f"log-prob invariant broken: {len(trajectory.rollout_logprobs)} log-probs for {n} ids")
     if trajectory.rollout_versions is not None:
         expected = [v for turn in trajectory.turns
-                    for v in [turn.weight_version] * len(turn.response_ids)
+                    for v in (token_versions(turn.weight_version, len(turn.response_ids)) or [])
                     + [OBSERVATION_VERSION] * len(turn.observation_ids)]
         if trajectory.rollout_versions != expected:
             raise AssertionError("version invariant broken: token versions differ from the turns' versions "

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlinf_ext.agent.searchr1.protocol import ANSWER, EOS, INVALID, TOOL_DISABLED
-from rlinf_ext.protocol.generation import FinishReason
+from rlinf_ext.protocol.generation import FinishReason, WeightVersion
 
 __all__ = ["ANSWER", "EOS", "INVALID", "TOOL_DISABLED", "Action", "Trajectory", "TurnRecord"]
 
@@ -34,7 +34,8 @@ class TurnRecord:
     tool_ok: bool | None = None  # the call succeeded (None: no call ran)
     logprobs: list[float] | None = None
     generated_tokens: int | None = None  # what the engine produced (> len(response_ids) only if it cut)
-    weight_version: int | None = None  # the weights that sampled the turn (GenerationResult.weight_version)
+    # the weights that sampled the turn: one version, or one per response id (GenerationResult.weight_version)
+    weight_version: WeightVersion = None
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Trajectory:
     reward: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     rollout_logprobs: list[float] | None = None  # per response token; 0.0 on observation tokens
-    rollout_versions: list[int] | None = None  # per response token: its turn's weight version; -1 on observation tokens
+    rollout_versions: list[int] | None = None  # per response token: the weights that sampled it; -1 on observations
     end_reason: str = ""  # answer | eos | max_turns | response_budget | no_answer_after_final_turn
 
     @property

@@ -35,7 +35,7 @@ from rlinf_ext.agent.mmsearch.observation import (
 )
 from rlinf_ext.agent.mmsearch.prompts import Prompts
 from rlinf_ext.agent.mmsearch.types import TOOL_IMAGE, TOOL_TEXT, Task, VLTrajectory, VLTurnRecord
-from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams
+from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams, WeightVersion
 from rlinf_ext.protocol.images import image_pad_count
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_START, token_id, vision_special_ids
 
@@ -113,8 +113,11 @@ def _drop_banned(result: GenerationResult, tokenizer: Any, banned: set[int]) -> 
         return result, 0
     ids = [result.output_ids[i] for i in keep]
     logprobs = None if result.logprobs is None else [result.logprobs[i] for i in keep]
+    version = result.weight_version
+    if isinstance(version, list):  # one per id (a turn a sync passed): the kept ids keep theirs
+        version = [version[i] for i in keep]
     return GenerationResult(ids, tokenizer.decode(ids), "length", result.matched_stop, logprobs,
-                            result.generated_tokens, result.weight_version), dropped
+                            result.generated_tokens, version), dropped
 
 
 class _Run(ResponseBuffer):
@@ -163,7 +166,7 @@ class _Run(ResponseBuffer):
         return build_observation(self.p, self.prompts, body, [], self.task.question,
                                     self.prompts.after_text_search, after_im_end, truncated)
 
-    def append(self, sampled: list[int], logprobs: list[float] | None, version: int | None,
+    def append(self, sampled: list[int], logprobs: list[float] | None, version: WeightVersion,
                obs: Observation | None) -> None:
         self.add_sampled(sampled, logprobs, version)
         if obs is not None:
