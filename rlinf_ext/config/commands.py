@@ -22,6 +22,8 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 
 def run(verb: str, args: argparse.Namespace) -> int:
     checked = check_config(args.config, args.overrides, check_paths=getattr(args, "check_paths", False))
+    for warning in checked.warnings:
+        print(f"# warning: {warning}", file=sys.stderr)
     if verb == "validate":
         if checked.ok:
             print(f"{args.config}: valid")

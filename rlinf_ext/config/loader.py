@@ -36,6 +36,7 @@ class CheckedConfig:
     cfg: ExperimentConfig | None  # None when the YAML could not be composed at all
     issues: list[ConfigIssue] = field(default_factory=list)
     invalid_keys: set[str] = field(default_factory=set)
+    warnings: list[ConfigIssue] = field(default_factory=list)  # accepted, likely a mistake (``ConfigIssue.warning``)
 
     @property
     def ok(self) -> bool:
@@ -53,8 +54,9 @@ def check_config(name_or_path: str | Path, overrides: Iterable[str] = (), check_
     issues += agent_issues
     bad |= {AGENT_KEY} if agent_issues else set()
     cfg = build(schema, values)
-    issues += run_rules(cfg, skip=bad, check_paths=check_paths)
-    return CheckedConfig(cfg, issues, bad)
+    found = run_rules(cfg, skip=bad, check_paths=check_paths)
+    issues += [i for i in found if not i.warning]
+    return CheckedConfig(cfg, issues, bad, [i for i in found if i.warning])
 
 
 AGENT_KEY = "agentloop.agent"
@@ -90,7 +92,8 @@ def load_config(name_or_path: str | Path, overrides: Iterable[str] = (), strict:
 
 
 def validate(cfg: ExperimentConfig, check_paths: bool = False) -> list[ConfigIssue]:
-    """Rule checks of a typed config (and path existence with check_paths=True, as at run start)."""
+    """Rule checks of a typed config (and path existence with check_paths=True, as at run start); warnings
+    included (``ConfigIssue.warning``)."""
     return run_rules(cfg, check_paths=check_paths)
 
 

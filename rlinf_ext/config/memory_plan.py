@@ -1,5 +1,6 @@
 """The per-GPU memory plan of an experiment config: ``rlinf-ext plan`` prints it and ``validate`` refuses a GPU
-config whose estimate does not fit ``cluster.gpu_memory_gib``, naming the keys that would make it fit.
+config whose estimate does not fit the memory a GPU of ``cluster.gpu_memory_gib`` gives CUDA, naming the keys that
+would make it fit.
 
 The arithmetic is ``models/memory.py``; this module reads the config into its inputs (model dimensions from the
 ``actor.model`` preset, else the checkpoint's config.json; a Qwen2.5-VL model's vision tower from its
@@ -9,7 +10,9 @@ context beside it; asleep while a collocated actor trains, ``rollout.vllm.sleep_
 ``rollout_backend=sglang``. Collocated, the weight sync is a phase of its own (the engine's weights awake beside
 the actor's transfer memory), and the host RAM per node is the actor's offloaded parts plus what the sleeping
 engines back up. With batches dispatched ahead (``runner.max_staleness = k``), k + 1 batches share the engines
-(``format_in_flight``).
+(``format_in_flight``). Disaggregated, an FSDP2 actor's rank 0 gathers the full state in its host RAM for every
+sync. Every phase is checked against what the GPU gives CUDA (``capacity``: read on this node's GPU of the configured
+kind, else a table value), not against ``cluster.gpu_memory_gib``, its nominal size.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from rlinf_ext.config.placement import is_collocated, placements
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
 from rlinf_ext.models.dtypes import dtype_of_precision
+from rlinf_ext.models.gpu_capacity import GpuCapacity, gpu_capacity, local_gpu_total_bytes
 from rlinf_ext.models.memory import (
     GIB,
     ActorMemoryInputs,
@@ -31,6 +35,7 @@ from rlinf_ext.models.memory import (
     SyncTransfer,
     engine_memory,
     plan_gpu,
+    rank0_gather_bytes,
     sync_transfer,
     vision_tower_params,
 )
@@ -114,15 +119,29 @@ def memory_inputs(cfg: ExperimentConfig) -> tuple[ActorMemoryInputs | None, str]
     ), source
 
 
+def capacity(cfg: ExperimentConfig) -> GpuCapacity:
+    """What one GPU of ``cluster.gpu_memory_gib`` gives CUDA: read on this node's GPU when it is of that kind (on
+    GPU clusters only), else the table's figure."""
+    measured = local_gpu_total_bytes() if cfg.cluster.num_gpus_per_node > 0 else None
+    return gpu_capacity(cfg.cluster.gpu_memory_gib, measured)
+
+
+def gpu_words(cfg: ExperimentConfig) -> str:
+    """The GPU the phases are checked against, in messages."""
+    c = capacity(cfg)
+    return f"the {c.usable_gib:.2f} GiB a GPU of cluster.gpu_memory_gib={c.nominal_gib:g} gives CUDA ({c.source})"
+
+
 def rollout_dtype_bytes(cfg: ExperimentConfig) -> int:
     return dtype_of_precision(str(cfg.rollout.model.precision), "rollout.model.precision").itemsize
 
 
 def engine_plan(cfg: ExperimentConfig, shape: ModelShape, fraction: float | None = None) -> EngineMemory:
-    """One rollout engine's GPU: ``rollout.gpu_memory_utilization`` (or ``fraction``) of it, the model in
-    ``rollout.model.precision`` over ``rollout.tensor_parallel_size`` GPUs, asleep at ``rollout.vllm.sleep_level``."""
+    """One rollout engine's GPU: ``rollout.gpu_memory_utilization`` (or ``fraction``) of what it gives CUDA, the
+    model in ``rollout.model.precision`` over ``rollout.tensor_parallel_size`` GPUs, asleep at
+    ``rollout.vllm.sleep_level``."""
     r = cfg.rollout
-    return engine_memory(shape, gpu_bytes=int(cfg.cluster.gpu_memory_gib * GIB),
+    return engine_memory(shape, gpu_bytes=capacity(cfg).usable_bytes,
                          fraction=float(r.gpu_memory_utilization if fraction is None else fraction),
                          dtype_bytes=rollout_dtype_bytes(cfg), tensor_parallel=int(r.tensor_parallel_size),
                          backend="sglang" if r.rollout_backend == "sglang" else "vllm",
@@ -144,8 +163,12 @@ def gpu_plan(cfg: ExperimentConfig, x: ActorMemoryInputs, fraction: float | None
     a = cfg.actor
     flags = dict(offload_weight=a.offload_weight, offload_optimizer=a.offload_optimizer, offload_grad=a.offload_grad)
     flags.update(offload)
-    return plan_gpu(x, engine=engine_plan(cfg, x.shape, fraction), collocated=is_collocated(cfg),
-                    transfer=transfer_plan(cfg, x), **flags)
+    collocated = is_collocated(cfg)
+    # disaggregated, FSDP2's rank 0 sends alone and first gathers the full state; collocated, each rank streams to
+    # its own engine a tensor at a time
+    rank0 = rank0_gather_bytes(x.shape, rollout_dtype_bytes(cfg)) if x.fsdp and not collocated else 0
+    return plan_gpu(x, engine=engine_plan(cfg, x.shape, fraction), collocated=collocated,
+                    transfer=transfer_plan(cfg, x), rank0_host=rank0, **flags)
 
 
 def ranks_per_node(cfg: ExperimentConfig, component: str) -> int:
@@ -273,22 +296,26 @@ def format_memory(cfg: ExperimentConfig) -> list[str]:
     lines = ["", f"memory per GPU (estimate, GiB; {source}; {x.shape.params / 1e9:.2f}B params{vision}, "
                  f"{x.precision}, {engine}, recompute {recompute}, "
                  f"seq_length {x.seq_length} x micro-batch {x.micro_batch_size}):"]
-    gpu = cfg.cluster.gpu_memory_gib
+    gpu = f"{plan.gpu_bytes / GIB:.2f}"
     rows = [(f"actor {k}", f"{v / GIB:7.2f}") for k, v in plan.actor.items.items()]
     rows.append(("actor peak (training step)", f"{plan.actor.peak / GIB:7.2f}"))
     rows += _engine_rows(cfg, x)
     if plan.collocated:
-        rows.append(("GPU, training phase (actor peak + engine asleep)", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
+        rows.append(("GPU, training phase (actor peak + engine asleep)", f"{plan.training_phase / GIB:7.2f} of {gpu}"))
         rows += _sync_rows(cfg, x, plan)
         rows.append(("GPU, rollout phase (engine + its CUDA context + what the actor keeps)",
-                     f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
+                     f"{plan.rollout_phase / GIB:7.2f} of {gpu}"))
         rows += _host_ram_rows(cfg, x, plan)
     else:
-        rows.append(("actor GPUs", f"{plan.training_phase / GIB:7.2f} of {gpu:g}"))
-        rows.append(("rollout GPUs", f"{plan.rollout_phase / GIB:7.2f} of {gpu:g}"))
+        rows.append(("actor GPUs", f"{plan.training_phase / GIB:7.2f} of {gpu}"))
+        rows.append(("rollout GPUs", f"{plan.rollout_phase / GIB:7.2f} of {gpu}"))
+        if plan.rank0_host:
+            cast = "" if rollout_dtype_bytes(cfg) == 4 else f" + its {cfg.rollout.model.precision} cast"
+            rows.append((f"host RAM, actor rank 0: the weight sync's full-state gather (fp32{cast})",
+                         f"{plan.rank0_host / GIB:7.2f}"))
     width = max(len(label) for label, _ in rows)
     lines += [f"  {label.ljust(width)}  {value}" for label, value in rows]
-    lines.append(f"  fits cluster.gpu_memory_gib={gpu:g}: {'yes' if plan.fits and _engine_fits(cfg, x) else 'NO'}")
+    lines.append(f"  fits {gpu_words(cfg)}: {'yes' if plan.fits and _engine_fits(cfg, x) else 'NO'}")
     if not plan.fits:
         lines += [f"  would fit with: {f}" for f in fixes(cfg, x)] or ["  no single change makes it fit"]
     elif not _engine_fits(cfg, x):
@@ -300,7 +327,7 @@ def _engine_rows(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[tuple[str,
     """The engine's share of one of its GPUs: what its fraction holds (vLLM), or the fraction and workspace."""
     e, r = engine_plan(cfg, x.shape), cfg.rollout
     tp = f", TP {r.tensor_parallel_size}" if r.tensor_parallel_size > 1 else ""
-    rows = [(f"engine share ({r.rollout_backend}: {r.gpu_memory_utilization:g} x {cfg.cluster.gpu_memory_gib:g}{tp})",
+    rows = [(f"engine share ({r.rollout_backend}: {r.gpu_memory_utilization:g} x {e.gpu_bytes / GIB:.2f}{tp})",
              f"{e.budget / GIB:7.2f}"),
             (f"  engine weights ({r.model.precision})", f"{e.weights / GIB:7.2f}")]
     if r.rollout_backend != "sglang":
@@ -319,13 +346,13 @@ def _engine_rows(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[tuple[str,
 
 def _sync_rows(cfg: ExperimentConfig, x: ActorMemoryInputs, plan: GpuPlan) -> list[tuple[str, str]]:
     """The collocated weight sync: the engine awake without its KV cache, the actor's kept parts and transfer."""
-    e, t, gpu = plan.engine, plan.transfer, cfg.cluster.gpu_memory_gib
+    e, t, gpu = plan.engine, plan.transfer, plan.gpu_bytes / GIB
     vllm = cfg.rollout.rollout_backend == "vllm"
     buffer = "vLLM's packed IPC buffer" if vllm else "a bucket and the tensors packed into it"
     conversion = ("the largest parameter gathered whole in fp32 and cast" if x.fsdp
                   else "2 x the largest tensor: brought over, cast or split")
     rows = [("GPU, weight-sync phase (engine without its KV cache + actor + transfer)",
-             f"{plan.sync_phase / GIB:7.2f} of {gpu:g}"),
+             f"{plan.sync_phase / GIB:7.2f} of {gpu:.2f}"),
             ("  engine asleep + weights + runtime pools", f"{(e.asleep + e.weights + e.runtime) / GIB:7.2f}")]
     if vllm:
         rows.append(("  engine update copies (a chunk's clones, layers being loaded)",
@@ -402,8 +429,8 @@ def actor_fits_gpu_memory(cfg):
     fallback = _phase_terms(cfg, x, plan, "weight-sync" if "weight-sync" in over else phase)[2]
     yield ConfigIssue(
         key,
-        f"the estimated peak per GPU is {plan.peak / GIB:.1f} GiB in the {phase} phase ({detail}), over "
-        f"cluster.gpu_memory_gib={cfg.cluster.gpu_memory_gib:g}" + (f"; so is {' and '.join(also)}" if also else "")
+        f"the estimated peak per GPU is {plan.peak / GIB:.2f} GiB in the {phase} phase ({detail}), over "
+        f"{gpu_words(cfg)}" + (f"; so is {' and '.join(also)}" if also else "")
         + " (see `rlinf-ext plan`).",
         ("any of: " + "; ".join(found)) if found else fallback,
     )
@@ -417,7 +444,7 @@ def _phase_terms(cfg: ExperimentConfig, x: ActorMemoryInputs, plan: GpuPlan, pha
         return ("runner.seq_length", detail, ("lower runner.seq_length and turn on full recompute, the distributed "
                 "optimizer and offload together, or use GPUs with more memory (cluster.gpu_memory_gib)."))
     if phase == "rollout":
-        detail = (f"the engine's {cfg.rollout.gpu_memory_utilization:g} x {cfg.cluster.gpu_memory_gib:g} GiB + its "
+        detail = (f"the engine's {cfg.rollout.gpu_memory_utilization:g} x {plan.gpu_bytes / GIB:.2f} GiB + its "
                   "CUDA context" + (f" + {plan.actor_kept / GIB:.1f} GiB the actor keeps" if plan.collocated else ""))
         return ("rollout.gpu_memory_utilization", detail, ("lower rollout.gpu_memory_utilization together with "
                 "offloading the actor (actor.offload_*), or use GPUs with more memory (cluster.gpu_memory_gib)."))
@@ -450,8 +477,8 @@ def engine_has_room_for_kv_cache(cfg):
     e = engine_plan(cfg, x.shape)
     yield ConfigIssue(
         "rollout.gpu_memory_utilization",
-        f"vLLM takes rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization:g} of the "
-        f"{cfg.cluster.gpu_memory_gib:g} GiB GPU ({e.budget / GIB:.1f} GiB): its weights ({e.weights / GIB:.1f} GiB) "
+        f"vLLM takes rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization:g} of "
+        f"{gpu_words(cfg)} ({e.budget / GIB:.1f} GiB): its weights ({e.weights / GIB:.1f} GiB) "
         f"and runtime (~{e.runtime / GIB:.1f} GiB) leave {max(e.kv_cache, 0) / GIB:.2f} GiB of KV cache, less than one "
         f"sequence of runner.seq_length={cfg.runner.seq_length} tokens "
         f"({cfg.runner.seq_length * e.kv_per_token / GIB:.2f} GiB): the engine would not start.",

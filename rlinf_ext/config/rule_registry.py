@@ -1,5 +1,6 @@
 """The registry of cross-field config rules: ``@rule(keys...)`` registers a check that yields ``ConfigIssue``s
-(key, reason, fix) and never raises; ``registered_rules()`` lists them in registration order.
+(key, reason, fix) and never raises; ``registered_rules()`` lists them in registration order. An issue made with
+``warning=True`` is a choice that runs but is likely a mistake: validate prints it and still accepts the config.
 
 The rules themselves, one module per theme under ``config/rules/``: ``generation`` (stops, engine log-probs, the
 sequence budget), ``batch`` (counts, GRPO groups, minibatch splits), ``data``, ``tools`` (search, retrieval),

@@ -94,8 +94,9 @@ class ClusterConfig:
         "with the list of nodes it saw."
     )
     gpu_memory_gib: float = fld(
-        80.0, "Memory of one GPU in GiB (H100 80GB: 80). `rlinf-ext plan` checks the per-GPU memory estimate against "
-        "it and `validate` refuses a config that does not fit."
+        80.0, "Nominal memory of one GPU in GiB (H100 80GB: 80, H200: 141). `rlinf-ext plan` checks the per-GPU memory "
+        "estimate against what such a GPU gives CUDA (read on this node's GPU of that kind, else the table of "
+        "models/gpu_capacity.py: 80 -> 79.14) and `validate` refuses a config that does not fit."
     )
 
 
@@ -157,7 +158,11 @@ class OffPolicyConfig:
         "loss). Applies only when the engine's log-probs reach the actor (rollout.return_logprobs: true; "
         "runner.max_staleness > 0 requires them); without them the loss is the plain one and the "
         "actor/behaviour_* metrics are absent, except with runner.max_staleness > 0, where the step is refused, as is "
-        "a step where some trajectories have them and others not.")
+        "a step where some trajectories have them and others not. It applies at every k, 0 included: with engine "
+        "log-probs on, 'truncate' reweights a synchronous step too (the engine-actor gap, TIS), so k = 0 trains the "
+        "plain loss bit for bit only with rollout.return_logprobs: false or 'none'. runner.max_staleness > 0 with "
+        "'none' trains stale tokens uncorrected (validate warns). A NaN or infinite engine log-prob on a sampled token "
+        "is refused, naming the trajectory.")
     behaviour_weight_cap: float = fld(
         2.0, "Upper bound C of the behaviour weight: truncation point ('truncate') or upper edge of the kept range "
         "('mask'); >= 1.")

@@ -32,11 +32,13 @@ _ENV_MISSING_RE = re.compile(r"Environment variable '([^']+)' not found")
 
 @dataclass(frozen=True)
 class ConfigIssue:
-    """One problem in a config: the dotted key, what is wrong, and what to do about it."""
+    """One problem in a config: the dotted key, what is wrong, and what to do about it. A ``warning`` is a choice
+    that runs but is likely a mistake: validate prints it and accepts the config."""
 
     key: str
     reason: str
     fix: str
+    warning: bool = False
 
     def __str__(self) -> str:
         return f"{self.key}: {self.reason}\n    fix: {self.fix}"

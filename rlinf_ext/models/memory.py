@@ -29,7 +29,9 @@ A collocated GPU goes through three phases (``GpuPlan``): training (the actor's 
 engine), the weight sync (the engine awake with its weights and runtime pools but its KV cache still asleep,
 taking the new weights chunk by chunk, beside what the actor keeps plus its transfer memory: ``SyncTransfer``)
 and the rollout (the engine's fraction and context beside what the offloaded actor keeps). The KV cache is
-woken only once the actor has freed its transfer memory.
+woken only once the actor has freed its transfer memory. Apart (disaggregated), an FSDP2 actor's rank 0 gathers the
+full state in its host RAM for each sync (``rank0_gather_bytes``). The GPU's size is what it gives CUDA, not its
+nominal size (``models/gpu_capacity.py``).
 
 Calibration against measured peaks: ``benchmarks/actor_memory_calibration.py`` (CPU) and ``scripts/gpu_smoke.py``
 stage S5: on one H100 (2026-11-26, Qwen2.5-3B shape, fp16, reference model, full recompute, local spec)
@@ -378,6 +380,15 @@ def sync_transfer(shape: ModelShape, *, route: str, dtype_bytes: int, fsdp: bool
     return SyncTransfer(buffers, conversion)
 
 
+def rank0_gather_bytes(shape: ModelShape, dtype_bytes: int) -> int:
+    """Host RAM of FSDP2's rank 0 when it sends the weights alone (disaggregated: vLLM's NCCL route, SGLang's
+    group): ``FSDPPolicy.hf_state_dict`` gathers the full state there in fp32 (torch's ``full_state_dict`` with
+    ``cpu_offload``, rank 0 only) and casts it to the rollout's dtype while the fp32 dict is still referenced, so both
+    are alive at once (no copy when the rollout is fp32). A checkpoint's gather is the fp32 part alone."""
+    n = shape.all_params
+    return n * 4 + (n * dtype_bytes if dtype_bytes != 4 else 0)
+
+
 @dataclass(frozen=True)
 class GpuPlan:
     """Per-GPU peak by phase, collocated: training (actor peak + the released engine), the weight sync (the engine
@@ -392,6 +403,7 @@ class GpuPlan:
     actor_host: int = 0  # host RAM of the offloaded parts (gradients are freed, not moved)
     transfer: SyncTransfer | None = None
     sync_onloaded: int = 0  # FSDP2: the offloaded weight shards brought back for the gathers
+    rank0_host: int = 0  # host RAM of the actor's rank 0 during a sync it sends alone (``rank0_gather_bytes``)
 
     @property
     def gpu_bytes(self) -> int:
@@ -424,10 +436,12 @@ class GpuPlan:
 
 
 def plan_gpu(x: ActorMemoryInputs, *, engine: EngineMemory, collocated: bool, offload_weight: bool,
-             offload_optimizer: bool, offload_grad: bool, transfer: SyncTransfer | None = None) -> GpuPlan:
+             offload_optimizer: bool, offload_grad: bool, transfer: SyncTransfer | None = None,
+             rank0_host: int = 0) -> GpuPlan:
     """The actor on a GPU it shares with ``engine`` (collocated) or owns; offloaded parts leave the GPU for host
     RAM while the engine runs (gradients are freed), and an FSDP2 actor brings its weight shards back for the
-    gathers of a sync. ``transfer``: the collocated sync's transfer memory (None: no sync phase planned)."""
+    gathers of a sync. ``transfer``: the collocated sync's transfer memory (None: no sync phase planned);
+    ``rank0_host``: what a sync that rank 0 sends alone gathers in its host RAM."""
     actor = estimate_actor(x)
     st = actor.items
     parts = {"weights": ("weights", "reference model"), "optimizer": ("main params (fp32)", "optimizer state"),
@@ -438,4 +452,4 @@ def plan_gpu(x: ActorMemoryInputs, *, engine: EngineMemory, collocated: bool, of
     onloaded = st["weights"] + st["reference model"] if x.fsdp and offload_weight else 0
     if not collocated:
         host = 0  # the actor offloads only to give a shared GPU to the engine
-    return GpuPlan(actor, engine, collocated, kept, host, transfer if collocated else None, onloaded)
+    return GpuPlan(actor, engine, collocated, kept, host, transfer if collocated else None, onloaded, rank0_host)

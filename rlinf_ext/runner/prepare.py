@@ -41,6 +41,8 @@ def load_checked_config(config: str | os.PathLike, overrides: Sequence[str] = ()
         raise LaunchError(
             f"config {config}: {len(checked.issues)} problem(s); nothing was started:\n{lines}"
         )
+    for warning in checked.warnings:
+        print(f"[launch] warning: {warning}", flush=True)
     return checked.cfg
 
 

@@ -39,6 +39,7 @@ class Sample:
     # the engine's sampled log-probs [len(response_ids)], 0.0 on observation tokens (None: the engine gave none)
     behaviour_logprobs: torch.Tensor | None = None
     versions: list[int] | None = None  # per response token: the weight version that sampled it, -1 on observations
+    uid: str = ""  # the trajectory's name in errors: its result's uid and its index in the group ("uid#i")
 
 
 @dataclass
@@ -127,20 +128,30 @@ class GRPOPolicy:
         not ``none`` and every sample (of every rank: ``global_size`` samples in all) carries them. None carry them
         when the engine returns none (``rollout.return_logprobs: false``): the loss is then the plain clipped one,
         except with ``behaviour_required`` (``runner.max_staleness > 0``), which refuses it. Some but not all is
-        refused: a trajectory whose log-probs were lost would train with the wrong weight."""
+        refused: a trajectory whose log-probs were lost would train with the wrong weight; so is a NaN or infinite
+        one on a sampled token, naming the trajectory's uid (``_non_finite_behaviour``), on every rank at once."""
         if self.settings.loss.behaviour_weight == "none":
             return False
-        have = 0
+        have, non_finite = 0, None
         for smp in samples:
             if smp.behaviour_logprobs is None:
                 continue
             if len(smp.behaviour_logprobs) != len(smp.response_ids):
                 raise ValueError(f"a trajectory has {len(smp.behaviour_logprobs)} engine log-probs for "
                                  f"{len(smp.response_ids)} response tokens; they must line up one to one.")
+            non_finite = non_finite or _non_finite_behaviour(smp)
             have += 1
         total = len(samples) if global_size is None else global_size
+        refusing = int(non_finite is not None)
         if global_size is not None and self.dp.enabled:
             have = int(round(self.dp.sum_float(float(have), self.device)))
+            # every rank refuses together: one raising alone would leave the others waiting in the step's collectives
+            refusing = int(round(self.dp.sum_float(float(refusing), self.device)))
+        if non_finite is not None:
+            raise ValueError(non_finite)
+        if refusing:
+            raise ValueError(f"{refusing} other data-parallel rank(s) hold a trajectory with a non-finite engine "
+                             "log-prob on a sampled token; their error names it.")
         if have == 0 and total and self.settings.behaviour_required:
             raise ValueError(
                 "no trajectory of the step has engine log-probs, but runner.max_staleness > 0 trains on samples of "
@@ -231,6 +242,24 @@ class GRPOPolicy:
             "advantages_max": max(v for e in everyone for v in e[3]),
             "advantages_min": min(v for e in everyone for v in e[4]),
         }
+
+
+def _non_finite_behaviour(smp: Sample) -> str | None:
+    """Why a NaN or infinite engine log-prob on a sampled token is refused (None: there is none): w = exp(prox -
+    behav) would make the loss NaN (NaN) or give the token the cap's weight (-inf) without a word. Observation
+    tokens are not checked: the engine gave no log-prob there and the loss never reads them
+    (``rl_math.behaviour_weights`` keeps 0)."""
+    mask = torch.as_tensor(smp.response_mask, dtype=torch.bool)
+    bad = (mask & ~torch.isfinite(smp.behaviour_logprobs)).nonzero().flatten().tolist()
+    if not bad:
+        return None
+    pos = bad[0]
+    return (
+        f"trajectory {smp.uid or '(unnamed)'} has a non-finite engine log-prob ({float(smp.behaviour_logprobs[pos])}) "
+        f"at response token {pos} (token id {smp.response_ids[pos]}), a sampled token ({len(bad)} such token(s) in "
+        "all): its behaviour weight would be undefined. Find why the engine returned it (a sampled token must have a "
+        "finite log-prob under rollout.return_logprobs), or set algorithm.off_policy.behaviour_weight=none to train "
+        "without the engine's log-probs.")
 
 
 def _present(rows: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:

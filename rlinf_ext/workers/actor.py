@@ -74,6 +74,7 @@ def samples_of(results: list[AgentRolloutResult]) -> list[Sample]:
                 ref_logprobs=None if res.ref_logprobs is None else res.ref_logprobs[i, :n].clone(),
                 behaviour_logprobs=_row(res.rollout_logprobs, i, n),
                 versions=list(versions[i]) if i < len(versions) and versions[i] else None,
+                uid=f"{res.uid}#{i}",
             )
             out.append(MMSample(**fields, images=list(res.trajectory_images[i])) if res.trajectory_images
                        else Sample(**fields))

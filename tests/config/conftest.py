@@ -26,3 +26,11 @@ def reference_env(monkeypatch):
 def no_reference_env(monkeypatch):
     for key in REFERENCE_ENV:
         monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def table_gpu_capacity(monkeypatch):
+    """The memory plan reads the table's usable memory (models/gpu_capacity.py), whatever GPU the test machine has."""
+    from rlinf_ext.config import memory_plan
+
+    monkeypatch.setattr(memory_plan, "local_gpu_total_bytes", lambda: None)

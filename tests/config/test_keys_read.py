@@ -15,7 +15,7 @@ from rlinf_ext.config.schema import fld
 ALLOWED = {
     "cluster.node_groups": "RLinf's Cluster reads it: runner/services.py:140 Cluster(cluster_cfg=to_dictconfig(cfg)"
                            ".cluster) -> rlinf/scheduler/cluster/config.py ClusterConfig.from_dict_cfg, node.py:320",
-    "cluster.gpu_memory_gib": "the memory plan of validate and `rlinf-ext plan`: config/memory_plan.py:130,240",
+    "cluster.gpu_memory_gib": "the memory plan of validate and `rlinf-ext plan`: config/memory_plan.py:capacity",
     "runner.task_type": "chooses training or evaluation checks and plan: config/rule_registry.py:is_training, "
                         "config/commands.py:53,104, config/memory_plan.py:342",
 }

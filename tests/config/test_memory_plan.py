@@ -36,6 +36,13 @@ QWEN25_3B = ModelShape(num_layers=36, hidden=2048, ffn=11008, heads=16, groups=2
 QWEN25_VL_7B_VISION = 1_505_280 + 32 * 19_702_200 + 44_574_464  # 676,550,144
 # the 3B's fp16 embedding, its largest tensor: 151936 x 2048 x 2 bytes
 QWEN25_3B_EMBEDDING_BYTES = 622_329_856
+# Qwen2.5-VL-7B by hand: 2 x 152064 x 3584 (embedding and output layer, untied) + 28 layers x (3584 x 4608 + 4608
+# (q/k/v and their biases) + 3584 x 3584 (o) + 3 x 3584 x 18944 (MLP) + 2 x 3584 (norms)) + 3584 (final norm)
+# = 7,615,616,512, + the vision tower 676,550,144 = 8,292,166,656 (the checkpoint's count)
+QWEN25_VL_7B_PARAMS = 8_292_166_656
+# what an 80 GiB GPU gives CUDA: the table's figure (models/gpu_capacity.py), which every phase is checked against
+USABLE_80 = int(79.14 * GIB)
+FITS_80 = "fits the 79.14 GiB a GPU of cluster.gpu_memory_gib=80 gives CUDA (A100 / H100 80GB: the table's figure): yes"
 
 
 def issue_on(name, overrides, key):
@@ -57,13 +64,14 @@ def test_the_reference_run_fits_80_gib_at_its_seq_length_and_plan_prints_the_fig
     weights = QWEN25_3B.params * 2
     engine = VLLM_ASLEEP_RESIDENT_BYTES + weights + VLLM_RUNTIME_BYTES + GIB + 2 * QWEN25_3B_EMBEDDING_BYTES
     assert plan.sync_phase == engine + CUDA_RESERVE_BYTES + GIB + 2 * QWEN25_3B_EMBEDDING_BYTES  # 14.07 GiB
-    assert plan.rollout_phase == 60 * GIB + VLLM_CUDA_CONTEXT_BYTES + CUDA_RESERVE_BYTES  # 61.5 GiB
+    # vLLM takes its fraction of what the GPU gives CUDA: 0.75 x 79.14 + 0.5 + 1 = 60.85 GiB
+    assert plan.rollout_phase == int(0.75 * USABLE_80) + VLLM_CUDA_CONTEXT_BYTES + CUDA_RESERVE_BYTES
     # host RAM of one offloaded rank: fp16 weights and reference (2n each), fp32 main params and Adam moments
     # sharded over 8 (4n/8 + 8n/8): 5.5n = 15.81 GiB; the sleeping engine's runtime and CUDA-graph pools
     assert plan.actor_host == 11 * QWEN25_3B.params // 2 and plan.engine.host_asleep == VLLM_RUNTIME_BYTES
     text = format_plan(cfg)
     for line in ("memory per GPU", "3.09B params", "recompute full/block/20", "actor optimizer state",
-                 "actor log-prob chunk", "engine share (vllm: 0.75 x 80)", "engine KV cache",
+                 "actor log-prob chunk", "engine share (vllm: 0.75 x 79.14)", "engine KV cache",
                  "engine CUDA context (beside its share)", "engine asleep (while the actor trains, sleep level 2)",
                  "GPU, training phase (actor peak + engine asleep)",
                  "GPU, weight-sync phase (engine without its KV cache + actor + transfer)",
@@ -71,11 +79,11 @@ def test_the_reference_run_fits_80_gib_at_its_seq_length_and_plan_prints_the_fig
                  "GPU, rollout phase (engine + its CUDA context + what the actor keeps)",
                  "host RAM per node, actor offload: 8 x 15.81",
                  "host RAM per node, engines asleep (level 2 backs up the runtime and CUDA-graph pools): 8 x 2.00",
-                 "fits cluster.gpu_memory_gib=80: yes"):
+                 FITS_80):
         assert line in text, line
     rows = _rows(text)
-    assert rows["GPU, weight-sync phase (engine without its KV cache + actor + transfer)"] == "14.07 of 80"
-    assert rows["GPU, rollout phase (engine + its CUDA context + what the actor keeps)"] == "61.50 of 80"
+    assert rows["GPU, weight-sync phase (engine without its KV cache + actor + transfer)"] == "14.07 of 79.14"
+    assert rows["GPU, rollout phase (engine + its CUDA context + what the actor keeps)"] == "60.85 of 79.14"
     both = 8 * 5.5 * QWEN25_3B.params / GIB + 8 * 2
     assert rows["host RAM per node, both (their sum: an upper bound)"] == f"{both:.2f}"  # 142.46
 
@@ -89,7 +97,8 @@ def _rows(text: str) -> dict[str, str]:
 def test_a_config_that_does_not_fit_is_refused_with_the_keys_that_make_it_fit(reference_env):
     # Megatron's local layers materialise [16, 7096, 7096] attention per layer
     issue = issue_on(REFERENCE, ["actor.spec_name=local_gpt"], "runner.seq_length")
-    assert "over cluster.gpu_memory_gib=80" in issue.reason and "runner.seq_length=7096" in issue.reason
+    assert "over the 79.14 GiB a GPU of cluster.gpu_memory_gib=80 gives CUDA" in issue.reason
+    assert "runner.seq_length=7096" in issue.reason
     for fix in ("actor.spec_name=decoder_gpt", "actor.model.recompute_method=uniform", "runner.seq_length="):
         assert fix in issue.fix, fix
     # each suggestion really fits
@@ -186,16 +195,17 @@ def test_vl_plan_counts_the_vision_tower_and_the_engine_share(reference_env):
     plan = gpu_plan(cfg, x)
     assert plan.actor.items["weights"] == total * 4 // 4 and plan.actor.items["optimizer state"] == total * 8 // 4
     e = engine_plan(cfg, shape)
-    # the engine on a GPU of its own: 0.6 x 80 GiB for bf16 weights of both towers, runtime and the KV cache of
+    # the engine on a GPU of its own: 0.6 x 79.14 GiB for bf16 weights of both towers, runtime and the KV cache of
     # 28 layers x 4 KV heads x 128, and its CUDA context beside it
-    assert e.budget == int(0.6 * 80 * GIB) and e.weights == total * 2 and e.kv_per_token == 2 * 28 * 4 * 128 * 2
+    assert e.budget == int(0.6 * USABLE_80) and e.weights == total * 2 and e.kv_per_token == 2 * 28 * 4 * 128 * 2
     assert not plan.collocated and plan.rollout_phase == e.budget + VLLM_CUDA_CONTEXT_BYTES
     assert plan.sync_phase == 0 and plan.actor_host == 0  # disaggregated: no collocated sync, no offload
     text = format_plan(cfg)
-    for line in ("7.62B params + vision tower 0.68B", "engine share (vllm: 0.6 x 80)", "engine weights (bf16)",
+    for line in ("7.62B params + vision tower 0.68B", "engine share (vllm: 0.6 x 79.14)", "engine weights (bf16)",
                  f"{total * 2 / GIB:7.2f}", f"engine KV cache ({e.kv_tokens:,} tokens", "rollout GPUs"):
         assert line in text, line
-    assert "engine asleep" not in text and "host RAM" not in text  # disaggregated: the engine never sleeps
+    # disaggregated: the engine never sleeps, the actor offloads nothing (rank 0's gather: the test below)
+    assert "engine asleep" not in text and "host RAM per node" not in text
 
 
 def test_collocated_vl_plan_counts_the_vision_tower_and_the_sleeping_engine(reference_env):
@@ -215,7 +225,7 @@ def test_collocated_vl_plan_counts_the_vision_tower_and_the_sleeping_engine(refe
     assert plan.collocated and plan.fits
     assert plan.training_phase == plan.actor.peak + VLLM_ASLEEP_RESIDENT_BYTES
     # offloaded: only the actor's CUDA context stays beside the engine's share and the engine's context
-    assert plan.rollout_phase == int(0.6 * 80 * GIB) + VLLM_CUDA_CONTEXT_BYTES + CUDA_RESERVE_BYTES
+    assert plan.rollout_phase == int(0.6 * USABLE_80) + VLLM_CUDA_CONTEXT_BYTES + CUDA_RESERVE_BYTES
     # the sync: the FSDP2 shards come back for the gathers (fp32, 1/8 each) and the largest parameter (the
     # 152064 x 3584 embedding) is gathered whole in fp32 and cast to bf16; the 1 GiB buffer must grow to hold
     # that embedding in bf16 (1,089,994,752 bytes), on the actor's side and in the engine's clones
@@ -225,16 +235,16 @@ def test_collocated_vl_plan_counts_the_vision_tower_and_the_sleeping_engine(refe
     engine = VLLM_ASLEEP_RESIDENT_BYTES + e.weights + VLLM_RUNTIME_BYTES + embedding * 2 + 2 * embedding * 2
     assert plan.sync_phase == engine + CUDA_RESERVE_BYTES + total * 4 // 8 + embedding * 2 + embedding * 6
     text = format_plan(cfg)
-    for line in ("7.62B params + vision tower 0.68B", "FSDP2 over DP 8", "engine share (vllm: 0.6 x 80)",
+    for line in ("7.62B params + vision tower 0.68B", "FSDP2 over DP 8", "engine share (vllm: 0.6 x 79.14)",
                  "engine asleep (while the actor trains, sleep level 2)", "actor weight shards brought back",
-                 "the largest parameter gathered whole in fp32", "fits cluster.gpu_memory_gib=80: yes"):
+                 "the largest parameter gathered whole in fp32", FITS_80):
         assert line in text, line
     rows = {k: v for k, v in _rows(text).items() if k.startswith("GPU, ")}
-    assert rows == {"GPU, training phase (actor peak + engine asleep)": f"{plan.training_phase / GIB:.2f} of 80",
+    assert rows == {"GPU, training phase (actor peak + engine asleep)": f"{plan.training_phase / GIB:.2f} of 79.14",
                     "GPU, weight-sync phase (engine without its KV cache + actor + transfer)":
-                        f"{plan.sync_phase / GIB:.2f} of 80",
+                        f"{plan.sync_phase / GIB:.2f} of 79.14",
                     "GPU, rollout phase (engine + its CUDA context + what the actor keeps)":
-                        f"{plan.rollout_phase / GIB:.2f} of 80"}
+                        f"{plan.rollout_phase / GIB:.2f} of 79.14"}
     # without the offload flags the actor's state stays beside the engine's share while it generates
     kept = gpu_plan(cfg, x, offload_weight=False, offload_optimizer=False, offload_grad=False)
     assert kept.rollout_phase == plan.rollout_phase + sum(plan.actor.items[k] for k in (
@@ -244,9 +254,10 @@ def test_collocated_vl_plan_counts_the_vision_tower_and_the_sleeping_engine(refe
 def test_collocated_refused_when_actor_peak_and_the_sleeping_engine_exceed_the_gpu(reference_env):
     cfg = load_config(REFERENCE)
     peak = gpu_plan(cfg, memory_inputs(cfg)[0]).actor.peak
-    # a GPU the actor's step fits alone but not beside what the sleeping engine keeps (1 GiB)
-    gib = (peak + VLLM_ASLEEP_RESIDENT_BYTES // 2) / GIB
-    assert peak / GIB < gib < (peak + VLLM_ASLEEP_RESIDENT_BYTES) / GIB
+    # a GPU the actor's step fits alone but not beside what the sleeping engine keeps (1 GiB); a size the table
+    # lacks gives CUDA 98% of it (models/gpu_capacity.py)
+    gib = (peak + VLLM_ASLEEP_RESIDENT_BYTES // 2) / 0.98 / GIB
+    assert peak < 0.98 * gib * GIB < peak + VLLM_ASLEEP_RESIDENT_BYTES
     issue = issue_on(REFERENCE, [f"cluster.gpu_memory_gib={gib:.4f}"], "runner.seq_length")
     assert "training phase" in issue.reason and "GiB the sleeping engine keeps" in issue.reason
     small = load_config(REFERENCE, [f"cluster.gpu_memory_gib={gib:.4f}"], strict=False)
@@ -280,20 +291,21 @@ def test_sglang_collocated_sync_and_host_ram(reference_env):
 
 
 def test_a_sync_phase_over_the_gpu_is_refused_and_no_fraction_is_suggested(reference_env):
-    """The collocated 7B VL run with one micro-batch on 30 GiB: training (28.1) and rollout (19.5) fit, the sync
-    does not (the engine's 15.5 GiB of weights awake beside the FSDP2 shards and the transfer memory: 30.4). A
-    lower fraction cannot help: the KV cache is asleep during the sync."""
+    """The collocated 7B VL run with one micro-batch on 30 GiB (29.40 GiB for CUDA, 98%: no table figure): training
+    (28.1) and rollout (19.1) fit, the sync does not (the engine's 15.5 GiB of weights awake beside the FSDP2 shards
+    and the transfer memory: 30.4). A lower fraction cannot help: the KV cache is asleep during the sync."""
     name = "qwen2.5-vl-7b-1node-collocated"
     base = ["algorithm.training_batch_size_per_gpu=1", "cluster.gpu_memory_gib=30"]
     cfg = load_config(name, base, strict=False)
     plan = gpu_plan(cfg, memory_inputs(cfg)[0])
-    assert plan.training_phase < 30 * GIB and plan.rollout_phase < 30 * GIB < plan.sync_phase
+    assert plan.gpu_bytes == int(0.98 * 30 * GIB)
+    assert plan.training_phase < plan.gpu_bytes and plan.rollout_phase < plan.gpu_bytes < plan.sync_phase
     issue = issue_on(name, base, "rollout.tensor_parallel_size")  # offload is on already
     assert "weight-sync phase" in issue.reason and "KV cache asleep" in issue.reason
     assert "rollout.gpu_memory_utilization does not help" in issue.fix and "actor.offload" not in issue.fix
-    # with the rollout phase over too (0.98 x 30 + the two CUDA contexts = 30.9 GiB), the fraction that fits the
+    # with the rollout phase over too (0.99 x 29.40 + the two CUDA contexts = 30.6 GiB), the fraction that fits the
     # rollout phase alone (0.94) is no fix: the sync still does not fit
-    over = issue_on(name, base + ["rollout.gpu_memory_utilization=0.98"], "rollout.gpu_memory_utilization")
+    over = issue_on(name, base + ["rollout.gpu_memory_utilization=0.99"], "rollout.gpu_memory_utilization")
     assert "rollout phase" in over.reason and "so is the weight-sync phase (30.4 GiB)" in over.reason
     assert "rollout.gpu_memory_utilization=0." not in over.fix and "does not help" in over.fix
     assert check_config(name, ["algorithm.training_batch_size_per_gpu=1", "cluster.gpu_memory_gib=32"]).ok
@@ -305,8 +317,52 @@ def test_an_engine_fraction_without_room_for_one_sequence_is_refused_with_the_fr
     assert "the engine would not start" in issue.reason and "runner.seq_length=10240" in issue.reason
     cfg = load_config(VL_REFERENCE, overrides, strict=False)
     e = engine_plan(cfg, model_shape(cfg)[0])
-    # (bf16 weights + runtime + 10240 tokens x 56 KiB) / 80 GiB = 0.2249...: 0.23
-    assert e.weights + e.runtime + 10240 * 57344 == pytest.approx(0.2249 * 80 * GIB, rel=1e-3)
+    # (bf16 weights + runtime + 10240 tokens x 56 KiB) / 79.14 GiB = 0.2273...: 0.23
+    assert e.weights + e.runtime + 10240 * 57344 == pytest.approx(0.2273 * USABLE_80, rel=1e-3)
     assert "rollout.gpu_memory_utilization=0.23" in issue.fix and "rollout.tensor_parallel_size=2" in issue.fix
     fixed = check_config(VL_REFERENCE, ["rollout.rollout_backend=vllm", "rollout.gpu_memory_utilization=0.23"])
     assert "rollout.gpu_memory_utilization" not in {i.key for i in fixed.issues}
+
+
+# ------------------------------------------------------------------------------------------ host RAM, usable memory
+RANK0_GATHER = "host RAM, actor rank 0: the weight sync's full-state gather (fp32 + its bf16 cast)"
+
+
+def test_disaggregated_fsdp2_plan_counts_rank_0s_host_gather(reference_env):
+    """Disaggregated, FSDP2's rank 0 sends alone (vLLM's NCCL route, SGLang's group): ``hf_state_dict`` gathers the
+    full fp32 state to its host RAM and casts it to the rollout's bf16 while the fp32 copy is alive:
+    8,292,166,656 x (4 + 2) = 49,752,999,936 bytes = 46.34 GiB."""
+    for overrides in ([], ["rollout.rollout_backend=vllm"]):
+        cfg = load_config(VL_REFERENCE, overrides, strict=False)
+        assert _rows(format_plan(cfg))[RANK0_GATHER] == "46.34"
+        assert gpu_plan(cfg, memory_inputs(cfg)[0]).rank0_host == QWEN25_VL_7B_PARAMS * 6 == 49_752_999_936
+    # collocated, each rank streams its own engine's weights a tensor at a time; Megatron converts on the GPU
+    for name, overrides in (("qwen2.5-vl-7b-1node-collocated", []),
+                            (REFERENCE, ["cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}"])):
+        cfg = load_config(name, overrides, strict=False)
+        assert gpu_plan(cfg, memory_inputs(cfg)[0]).rank0_host == 0
+        assert RANK0_GATHER not in format_plan(cfg)
+
+
+def test_a_phase_that_fits_the_nominal_size_but_not_the_usable_memory_is_refused(reference_env):
+    """An 80 GiB GPU gives CUDA 79.14 GiB (``models/gpu_capacity.py``): a training phase of 79.74 GiB fits the nominal
+    size, not the GPU."""
+    overrides = ["algorithm.training_batch_size_per_gpu=2", "runner.seq_length=14008"]
+    cfg = load_config(REFERENCE, overrides, strict=False)
+    plan = gpu_plan(cfg, memory_inputs(cfg)[0])
+    assert 79.14 * GIB < plan.training_phase < 80 * GIB
+    issue = issue_on(REFERENCE, overrides, "runner.seq_length")
+    assert "training phase" in issue.reason and "79.14 GiB" in issue.reason
+
+
+def test_the_plan_reads_this_nodes_gpu_of_the_configured_kind(reference_env, monkeypatch):
+    from rlinf_ext.config import memory_plan
+
+    monkeypatch.setattr(memory_plan, "local_gpu_total_bytes", lambda: int(79.3 * GIB))
+    cfg = load_config(REFERENCE)
+    assert gpu_plan(cfg, memory_inputs(cfg)[0]).gpu_bytes == int(79.3 * GIB)
+    assert "fits the 79.30 GiB a GPU of cluster.gpu_memory_gib=80 gives CUDA (read from this node's GPU): yes" in \
+        format_plan(cfg)
+    # an H200 node validating an 80 GiB config: the table's figure for 80
+    monkeypatch.setattr(memory_plan, "local_gpu_total_bytes", lambda: int(139.8 * GIB))
+    assert gpu_plan(cfg, memory_inputs(cfg)[0]).gpu_bytes == USABLE_80

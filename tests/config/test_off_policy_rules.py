@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlinf_ext.cli import main
 from rlinf_ext.config import check_config, load_config
 from rlinf_ext.training.settings import ActorSettings
 
@@ -49,3 +50,24 @@ def test_async_runs_require_engine_logprobs_unless_the_weight_is_off(reference_e
     cfg = load_config("tiny-cpu", [f"algorithm.off_policy.behaviour_weight={mode}"])
     cfg.runner.max_staleness = 1  # runner.max_staleness: the driver's key (set as the loaded config holds it)
     assert ActorSettings.from_config(cfg, 1).behaviour_required is required
+
+
+STALE = ["runner.max_staleness=1", "rollout.return_logprobs=true"]
+UNWEIGHTED = "algorithm.off_policy.behaviour_weight=none"
+
+
+def test_stale_batches_without_a_behaviour_weight_are_warned_about(reference_env, capsys):
+    """k > 0 with behaviour_weight none trains k-stale tokens against the proximal policy only (AReaL's loss without
+    its correction: biased): validate accepts it, with a warning naming the key and the reason."""
+    assert main(["validate", "tiny-cpu", *STALE, UNWEIGHTED]) == 0  # a warning, not a refusal
+    err = capsys.readouterr().err
+    assert "warning" in err and "algorithm.off_policy.behaviour_weight" in err, err
+    checked = check_config("tiny-cpu", STALE + [UNWEIGHTED])
+    assert checked.ok and not checked.issues
+    [warning] = checked.warnings
+    assert warning.key == "algorithm.off_policy.behaviour_weight" and warning.warning
+    assert "runner.max_staleness=1" in warning.reason and "biased" in warning.reason
+    assert "algorithm.off_policy.behaviour_weight=truncate" in warning.fix
+    # a weight on, or a synchronous run: nothing to warn about
+    assert not check_config("tiny-cpu", STALE).warnings
+    assert not check_config("tiny-cpu", [UNWEIGHTED, "rollout.return_logprobs=true"]).warnings

@@ -55,6 +55,22 @@ def test_vllm_logprobs_with_truncating_sampling_are_refused(reference_env):
     assert check_config("qwen2.5-3b-tool-1node", on[1:]).ok
 
 
+@pytest.mark.parametrize("name, backend, why", [
+    ("tiny-cpu", "hf", "raw logits"),
+    ("qwen2.5-3b-tool-1node", "sglang", "before its top-k / top-p filters"),
+    ("qwen2.5-3b-tool-1node", "vllm", "processed_logprobs"),
+])
+def test_engine_logprobs_with_truncating_sampling_are_refused_on_every_engine(reference_env, name, backend, why):
+    """No engine returns, with top-p / top-k / a repetition penalty on, the log-prob of the distribution it sampled
+    from computed as the actor computes it (logits / temperature): the behaviour weight would be wrong."""
+    on = [f"rollout.rollout_backend={backend}", "rollout.return_logprobs=true",
+          "algorithm.sampling_params.repetition_penalty=1.1"]
+    issue = assert_issue(name, on, "rollout.return_logprobs", "algorithm.sampling_params.repetition_penalty",
+                         f"rollout.rollout_backend={backend}", why, "rollout.return_logprobs=false")
+    assert "top_p" not in issue.reason
+    assert check_config(name, on[:2] + ["algorithm.sampling_params.temperature=0.7"]).ok
+
+
 def test_seq_length_must_exceed_prompt_length(reference_env):
     assert_issue(
         "qwen2.5-3b-tool-1node", ["runner.seq_length=4096"], "runner.seq_length", "4096", "data.max_prompt_length"

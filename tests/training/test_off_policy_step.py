@@ -4,11 +4,14 @@ scattered like the recomputed ones, the step's regression anchors, the metrics m
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from rlinf_ext.protocol import metric_keys as mk
+from rlinf_ext.training.grpo_policy import GRPOPolicy, Sample
 from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.rl_math import LossConfig, behaviour_weights
 from rlinf_ext.training.settings import ActorSettings
@@ -108,3 +111,71 @@ def test_a_step_with_some_engine_logprobs_missing_is_refused(tiny_model, actor_s
     assert policy.optimizer_steps == 0
     policy.train_step(without, step=0)
     assert policy.optimizer_steps == 2
+
+
+def _named(samples):
+    """The samples with the names ``samples_of`` gives them (the result's uid, then the trajectory's index)."""
+    for i, s in enumerate(samples):
+        s.uid = f"s0-{i:04d}-q{i}#0"
+    return samples
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_a_non_finite_engine_logprob_on_a_sampled_token_is_refused_with_its_uid(tiny_model, actor_samples, bad):
+    """A NaN would make the loss NaN (clamp(nan) = nan) and a -inf would give the token the cap's weight, silently:
+    the step is refused before any update, naming the trajectory and the token."""
+    policy = _policy(tiny_model, "truncate")
+    samples = actor_samples(policy.model.hf_vocab_size)
+    policy.recompute(samples, compute_ref=True)
+    samples = _named(_with_behaviour(samples, 0.1))
+    samples[2].behaviour_logprobs[4] = bad  # response token 4: sampled (the observation is at 2-3)
+    with pytest.raises(ValueError, match=r"trajectory s0-0002-q2#0 .* response token 4 "):
+        policy.train_step(samples, step=0)
+    assert policy.optimizer_steps == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_non_finite_value_on_an_observation_token_changes_nothing(tiny_model, actor_samples):
+    """Off the loss tokens the engine gave no log-prob (the agent loop writes 0.0 there) and the loss never reads
+    the value (``behaviour_weights`` keeps 0 there): the step trains exactly as with 0.0."""
+    policy = _policy(tiny_model, "truncate")
+    samples = actor_samples(policy.model.hf_vocab_size)
+    policy.recompute(samples, compute_ref=True)
+    samples = _named(_with_behaviour(samples, 0.1))
+    nan = [dataclasses.replace(s, behaviour_logprobs=s.behaviour_logprobs.clone()) for s in samples]
+    nan[1].behaviour_logprobs[2] = float("nan")  # response token 2: an observation (mask 0)
+    zero_m, zero_w = _train(tiny_model, "truncate", samples)
+    nan_m, nan_w = _train(tiny_model, "truncate", nan)
+    assert nan_m == zero_m
+    assert all(torch.equal(nan_w[k], v) for k, v in zero_w.items())
+
+
+def _refusing_rank(rank: int, port: int, out_dir: str) -> None:
+    """One of two gloo ranks checking its share: rank 1's trajectory has a NaN engine log-prob on a sampled token."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+    from gloo_dp import init_gloo_dp
+
+    policy = GRPOPolicy()  # the check reads only what every backend provides: settings, dp, device
+    policy.settings, policy.dp, policy.device = ActorSettings(group_size=2), init_gloo_dp(), "cpu"
+    behav = torch.tensor([-0.5, float("nan") if rank == 1 else -0.5])
+    samples = [Sample([1], [2, 3], [1, 1], behaviour_logprobs=behav, uid=f"r{rank}#0")]
+    try:
+        policy.uses_behaviour(samples, global_size=2)
+        message = "accepted"
+    except ValueError as exc:
+        message = str(exc)
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(message)
+
+
+@pytest.mark.timeout(120)
+def test_every_data_parallel_rank_refuses_a_non_finite_engine_logprob_together(tmp_path):
+    """A rank raising alone would leave the other waiting in the step's next collective: both refuse, the rank
+    holding the trajectory names it."""
+    from rlinf_ext.models.cpu_shims import free_port
+
+    mp.spawn(_refusing_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    mine, theirs = ((tmp_path / f"rank{r}.txt").read_text() for r in (1, 0))
+    assert mine.startswith("trajectory r1#0 has a non-finite engine log-prob (nan) at response token 1")
+    assert theirs.startswith("1 other data-parallel rank(s) hold a trajectory with a non-finite engine log-prob")

@@ -28,6 +28,7 @@ def test_engine_logprobs_and_versions_reach_the_samples():
     assert samples[0].behaviour_logprobs.dtype == torch.float32
     assert [s.versions for s in samples] == [[3, -1, 4], [4, 4]]
     assert torch.equal(samples[1].old_logprobs, torch.tensor([-0.4, -0.5]))
+    assert [s.uid for s in samples] == ["u#0", "u#1"]  # named in errors: the result's uid, the trajectory's index
     # RLinf's own type for the field, a list of lists, reads the same
     listed = samples_of([_result(rollout_logprobs=[[-0.11, 0.0, -0.31], [-0.41, -0.51]])])
     assert all(torch.equal(a.behaviour_logprobs, b.behaviour_logprobs) for a, b in zip(listed, samples))

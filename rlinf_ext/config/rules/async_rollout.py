@@ -1,7 +1,8 @@
 """Rules of batches dispatched ahead of training (``runner.max_staleness = k``): k > 0 needs engines that overlap
 with the actor, the engine's log-probs (the behaviour policy of the off-policy correction) and an agent whose
-log-probs line up with the trained tokens. Dynamic batch refill (RLinf's ``algorithm.max_num_gen_batches > 1``)
-is refused for every run by the compatibility table (``config/compat.py``), so it never meets k > 0 here."""
+log-probs line up with the trained tokens; without a behaviour weight it is accepted with a warning. Dynamic batch
+refill (RLinf's ``algorithm.max_num_gen_batches > 1``) is refused for every run by the compatibility table
+(``config/compat.py``), so it never meets k > 0 here."""
 
 from __future__ import annotations
 
@@ -46,6 +47,22 @@ def staleness_needs_engine_logprobs(cfg: ExperimentConfig) -> Iterator[ConfigIss
         yield ConfigIssue(KEY, f"{KEY}={cfg.runner.max_staleness} trains on tokens sampled by older weights, whose "
                           "behaviour log-probs come from the engine, but rollout.return_logprobs=false.",
                           f"set rollout.return_logprobs=true, or {KEY}=0.")
+
+
+@rule(KEY, "runner.task_type", "rollout.return_logprobs", "algorithm.off_policy.behaviour_weight")
+def staleness_wants_a_behaviour_weight(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """A warning: with ``behaviour_weight: none`` the clip is anchored on the proximal policy but nothing corrects
+    for the tokens having been sampled by older weights (AReaL's decoupled loss without its weight): biased. Peers
+    switch a correction on whenever rollouts run ahead (NeMo-RL's async guide calls it required for convergence)."""
+    weight = "algorithm.off_policy.behaviour_weight"
+    k = cfg.runner.max_staleness
+    unweighted = cfg.algorithm.off_policy.behaviour_weight == "none"
+    if k > 0 and is_training(cfg) and cfg.rollout.return_logprobs and unweighted:
+        yield ConfigIssue(
+            weight, f"{KEY}={k} trains tokens sampled by weights up to {k} step(s) old, and {weight}=none leaves "
+            "them uncorrected (no pi_prox / pi_behav weight): the gradient is biased by their staleness.",
+            f"set {weight}=truncate (or mask), or {KEY}=0; keep none only to measure the uncorrected loss.",
+            warning=True)
 
 
 @rule(KEY, "runner.task_type", "agentloop.agent")
