@@ -40,6 +40,7 @@ from rlinf_ext.models.memory import (
     vision_tower_params,
 )
 from rlinf_ext.models.qwen2 import dims_from_hf_config, load_hf_config_dict
+from rlinf_ext.protocol import metric_keys as mk
 
 VL_MODEL_TYPE = "qwen2.5_vl"
 
@@ -245,8 +246,9 @@ def engine_concurrency(cfg: ExperimentConfig) -> tuple[str, int]:
 
 def format_in_flight(cfg: ExperimentConfig) -> list[str]:
     """Batches dispatched ahead (``runner.max_staleness = k``): the k + 1 batches in flight against what each engine
-    runs at once and, on GPUs (vLLM), what its KV cache holds; a line marked ``!`` when they do not all fit (the
-    rest wait in the engine's queue: slower, not wrong)."""
+    runs at once and, on GPUs (vLLM), what its KV cache holds; a line marked ``!`` when they do not all fit (beyond
+    the concurrency they wait in the engine's queue: slower, not wrong; beyond the KV cache vLLM preempts them, and
+    a preempted turn a sync passes resumes on the new weights: a trajectory of two versions)."""
     k = cfg.runner.max_staleness
     if k <= 0 or not is_training(cfg):
         return []
@@ -270,7 +272,7 @@ def format_in_flight(cfg: ExperimentConfig) -> list[str]:
                 lines.append(f"  ! the KV cache holds {sequences} full sequences for {min(per_engine, concurrency)} "
                              "running ones: vLLM preempts the longest, and a sync does not wait for a preempted "
                              "turn, which resumes on the new weights: its tokens span two versions "
-                             "(async/trajectories_two_versions); raise rollout.gpu_memory_utilization or lower the "
+                             f"({mk.TRAJECTORIES_TWO_VERSIONS}); raise rollout.gpu_memory_utilization or lower the "
                              "concurrency")
     return lines
 

@@ -14,7 +14,9 @@ vLLM trainer engine (``sync/vllm_transfer.py``), which the rollout worker receiv
   actor's share of the GPU is back.
 - disaggregated (``nccl``): the engine never sleeps and serves the later batches' turns (``runner.max_staleness``)
   until START pauses generation with ``mode="wait"`` (the turns in flight finish on the old weights, new ones queue
-  in the engine: one version per turn; "keep" would freeze them mid-turn and finish them on the new weights), each
+  in the engine: one version per turn, except a turn vLLM preempted for KV space, which the pause does not wait for
+  and which resumes on the new weights, its reply carrying per-token versions; "keep" would freeze every turn
+  mid-way and finish it on the new weights), each
   UPDATE receives the trainer's broadcast, FINISH finishes; ``serve`` resets the caches and resumes.
 - FINISH labels the weights with ``next_version`` (the rollout worker's, from the driver), vLLM's own weight version
   that it stamps on every token sampled from then on (``CompletionOutput.weight_versions``).
