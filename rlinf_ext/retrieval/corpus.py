@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from rlinf_ext.tools.documents import strip_title_quotes
+
 FINGERPRINT_CHUNK = 1 << 20  # bytes hashed at the head and at the tail of a file
 _SCAN_BLOCK = 64 << 20
 
@@ -129,10 +131,7 @@ def split_contents(contents: str) -> tuple[str, str]:
     head, sep, text = contents.partition("\n")
     if not sep:
         return "", contents
-    title = head.strip()
-    if len(title) >= 2 and title[0] == '"' and title[-1] == '"':
-        title = title[1:-1]
-    return title, text
+    return strip_title_quotes(head.strip()), text
 
 
 def normalize_doc(row: dict, row_index: int) -> dict:

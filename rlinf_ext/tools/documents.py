@@ -15,6 +15,12 @@ class Document:
     doc_id: str | None = None
 
 
+def strip_title_quotes(title: str) -> str:
+    """One pair of surrounding double quotes removed (the corpus stores titles as ``"T"``; the formatter puts one
+    pair back). Only one: a title such as ``"Heroes" (song)`` keeps its own, as Search-R1's client shows it."""
+    return title[1:-1] if len(title) >= 2 and title[0] == title[-1] == '"' else title
+
+
 def document_from_row(row: Any, score: float | None = None) -> Document:
     """A corpus row -> Document. Search-R1 rows are `{"id", "contents": '"Title"\\ntext'}`; BM25/ASearcher
     rows may also carry `title`, `text`, `url`. A bare string is taken as contents."""
@@ -25,7 +31,7 @@ def document_from_row(row: Any, score: float | None = None) -> Document:
     contents = row.get("contents")
     if contents is not None:
         title, _, text = str(contents).partition("\n")
-        title = title.strip().strip('"')
+        title = strip_title_quotes(title.strip())
     else:
         title, text = str(row.get("title", "")), str(row.get("text", ""))
     if row.get("title") is not None:

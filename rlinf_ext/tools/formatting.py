@@ -3,8 +3,9 @@
 Search-R1 style (default):  `\\n\\n<information>Doc 1(Title: T) text\\nDoc 2(Title: T) text</information>\\n\\n`
 (Search-R1 strips the block, so no newline before `</information>`)
 RLinf style:                `\\n\\n<information>[Doc 1](url):\\ntext\\n\\n[Doc 2](url):\\n…</information>\\n\\n`
-Truncation cuts only the body between the tags, so the observation always ends with `</information>`
-(Search-R1 cuts the whole observation to 500 tokens and can drop the tag).
+An observation that fits is tokenised as one string, as Search-R1 does (its ids then match Search-R1's, whose BPE
+merges across the tag edges: `>Doc`, `.</`). One that does not is cut in its body only, so it still ends with
+`</information>` (Search-R1 cuts the whole observation to 500 tokens and can drop the tag; docs/searchr1-facts.md).
 """
 
 from __future__ import annotations
@@ -47,22 +48,20 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def build_observation(tokenizer: Any, body: str, max_obs_length: int | None) -> Observation:
-    """Wrap `body` in `<information>` tags and tokenise it; cut the body's tokens so the whole observation
-    is at most `max_obs_length` tokens while both tags survive."""
+    """Wrap `body` in `<information>` tags and tokenise it as one string; when that exceeds `max_obs_length`
+    tokens, cut the body's own tokens instead so that both tags survive."""
     open_ids, close_ids = _encode(tokenizer, OPEN_TAG), _encode(tokenizer, CLOSE_TAG)
-    body_ids = _encode(tokenizer, body)
-    truncated = False
-    if max_obs_length is not None:
-        room = max_obs_length - len(open_ids) - len(close_ids)
-        if room < 0:
-            raise ValueError(
-                f"agentloop.max_obs_length={max_obs_length} cannot hold the <information> tags "
-                f"({len(open_ids) + len(close_ids)} tokens); raise it"
-            )
-        if len(body_ids) > room:
-            body_ids, truncated = body_ids[:room], True
-    ids = open_ids + body_ids + close_ids
-    return Observation(ids=ids, text=tokenizer.decode(ids), truncated=truncated)
+    room = None if max_obs_length is None else max_obs_length - len(open_ids) - len(close_ids)
+    if room is not None and room < 0:
+        raise ValueError(
+            f"agentloop.max_obs_length={max_obs_length} cannot hold the <information> tags "
+            f"({len(open_ids) + len(close_ids)} tokens); raise it"
+        )
+    whole = _encode(tokenizer, OPEN_TAG + body + CLOSE_TAG)
+    if max_obs_length is None or len(whole) <= max_obs_length:
+        return Observation(ids=whole, text=tokenizer.decode(whole), truncated=False)
+    ids = open_ids + _encode(tokenizer, body)[:room] + close_ids
+    return Observation(ids=ids, text=tokenizer.decode(ids), truncated=True)
 
 
 def build_invalid_action_observation(tokenizer: Any, message: str) -> Observation:

@@ -128,12 +128,47 @@ def test_loop_adds_required_stops_to_configured_ones():
     assert gen.calls[0].params.stop == ["<|im_end|>", "</search>", "</answer>"]
 
 
-def test_eos_ends_trajectory_and_is_kept():
+def test_eos_ends_trajectory_and_is_kept_under_on_no_action_end():
     gen = ScriptedGenerator(["<think>I give up</think><eos>"])
-    traj, _ = run(gen)
-    assert traj.end_reason == "eos"
+    traj, _ = run(gen, cfg=replace(CFG, on_no_action="end"))
+    assert traj.end_reason == "eos" and len(gen.calls) == 1
     assert traj.response_ids[-1] == TOK.eos_token_id and traj.response_mask[-1] == 1
     assert_mask_token_by_token(traj, gen)
+
+
+def test_eos_without_action_is_retried_by_default_without_its_eos_id():
+    """Search-R1's rule (the default): the turn is an invalid action; its EOS id is neither kept nor in the next
+    turn's context, and everything else of it (ids, log-probs, versions) is."""
+    gen = ScriptedGenerator(["<think>I give up</think><eos>", "<answer> Paris </answer>"])
+    traj, _ = run(gen)
+    first = gen.calls[0].result
+    assert [t.action for t in traj.turns] == ["invalid", "answer"] and traj.end_reason == "answer"
+    assert traj.turns[0].finish_reason == "eos" and traj.turns[0].response_ids == first.output_ids[:-1]
+    assert traj.turns[0].text == "<think>I give up</think>" and traj.turns[0].generated_tokens == len(first.output_ids)
+    assert TOK.decode(traj.turns[0].observation_ids) == SEARCHR1_INVALID_ACTION
+    assert gen.calls[1].prompt_ids == PROMPT + first.output_ids[:-1] + traj.turns[0].observation_ids
+    assert TOK.eos_token_id not in traj.response_ids
+    assert traj.metrics["invalid_actions"] == 1
+    assert traj.metrics["generated_tokens"] == traj.metrics["kept_tokens"] + 1  # the dropped EOS was generated
+    assert traj.rollout_logprobs == [(-0.5 if m else 0.0) for m in traj.response_mask]
+    check_mask_invariant(traj)
+
+
+def test_retried_eos_turn_keeps_per_token_versions_of_its_other_ids():
+    class Versioned(ScriptedGenerator):
+        def emulate_engine(self, text, params):
+            result = super().emulate_engine(text, params)
+            return replace(result, weight_version=list(range(len(result.output_ids))))
+
+    gen = Versioned(["ab<eos>", "<answer> Paris </answer>"])
+    traj, _ = run(gen)
+    assert traj.turns[0].weight_version == [0, 1] and traj.rollout_versions[:2] == [0, 1]
+    check_mask_invariant(traj)
+
+
+def test_on_no_action_must_be_retry_or_end():
+    with pytest.raises(ValueError, match="on_no_action must be one of retry, end, got 'again'"):
+        LoopSettings(on_no_action="again")
 
 
 def test_invalid_action_gets_searchr1_message_with_mask_zero():
@@ -171,9 +206,10 @@ def test_without_forced_final_turn_stops_after_max_turns():
 
 
 def test_invalid_in_final_turn_ends_without_message():
-    gen = ScriptedGenerator(["blah<eos>"])
-    traj, _ = run(gen, cfg=replace(CFG, max_turns=0))
-    assert traj.end_reason == "eos"
+    for on_no_action in ("retry", "end"):  # the final turn ends on EOS either way, and keeps it
+        gen = ScriptedGenerator(["blah<eos>"])
+        traj, _ = run(gen, cfg=replace(CFG, max_turns=0, on_no_action=on_no_action))
+        assert traj.end_reason == "eos" and traj.response_ids[-1] == TOK.eos_token_id
     gen = ScriptedGenerator(["blah"])
     traj, _ = run(gen, cfg=replace(CFG, max_turns=0), params=SamplingParams(max_new_tokens=4))
     assert traj.end_reason == "no_answer_after_final_turn" and traj.turns[0].observation_ids == []

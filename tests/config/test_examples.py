@@ -83,6 +83,21 @@ def test_eval_yaml_builds_on_training_yaml(reference_env):
     assert list(load_config("qwen2.5-3b-tool-1node").data.val_data_paths) == ["/data/searchr1/test.jsonl"]
 
 
+def test_eval_yaml_evaluates_as_searchr1_s_evaluate_sh_and_training_as_its_training_scripts(reference_env):
+    """scripts/nq_hotpotqa/evaluate.sh: max_turns=4, max_response_length=500, max_obs_length=500, topk 3, vLLM in
+    bf16; train_grpo.sh / train_ppo.sh: max_turns=2; the same generation loop (an EOS without an action retried)
+    in both (docs/searchr1-facts.md, "Evaluation at parity")."""
+    cfg, train = load_config("qwen2.5-3b-tool-1node-eval"), load_config("qwen2.5-3b-tool-1node")
+    loop = cfg.agentloop
+    assert (loop.searchr1.max_turns, loop.searchr1.on_no_action, cfg.rollout.model.precision) == (4, "retry", "bf16")
+    # every turn and observation at full length fits: 5 generated turns and 4 observations
+    turns, obs = cfg.algorithm.sampling_params.max_new_tokens, loop.max_obs_length
+    assert loop.response_length_total >= 5 * turns + 4 * obs == 4500
+    assert cfg.runner.seq_length - cfg.data.max_prompt_length >= loop.response_length_total
+    assert cfg.tools.search.topk == 3 and cfg.algorithm.sampling_params.do_sample is False
+    assert (train.agentloop.searchr1.max_turns, train.agentloop.searchr1.on_no_action) == (2, "retry")
+
+
 def test_tiny_assets_dir_from_env(monkeypatch, tmp_path):
     monkeypatch.setenv("RLINF_EXT_TINY_ASSETS", str(tmp_path))
     cfg = load_config("tiny-cpu")

@@ -3,6 +3,8 @@
 Each turn generates with the engine's own stop strings (every tool's closing tag, `</answer>`, EOS), so the ids
 kept are exactly the ids sampled. A tool call appends the tool's output as an `<information>` observation, an
 invalid turn appends the invalid-action message built from the tools; both are environment text with loss mask 0.
+A turn that ends on EOS with no action is, under ``on_no_action: retry`` (Search-R1's rule), an invalid turn kept
+without its EOS id; under ``end`` it ends the trajectory. The final turn ends it either way.
 Everything tool-specific comes from the tools (``tools/base.py``) through the turn protocol (``protocol.py``).
 
 Ids, mask and log-probs accumulate in the shared ``agent/core/response.py`` buffer (its invariant is checked on
@@ -14,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rlinf_ext.agent.searchr1.config import LoopSettings
+from rlinf_ext.agent.searchr1.config import RETRY, LoopSettings
 from rlinf_ext.agent.core.response import ResponseBuffer, check_mask_invariant
-from rlinf_ext.agent.core.types import INVALID, TOOL_DISABLED, Trajectory, TurnRecord
+from rlinf_ext.agent.core.types import EOS, INVALID, TOOL_DISABLED, Trajectory, TurnRecord
 from rlinf_ext.agent.searchr1.protocol import TurnProtocol
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams
@@ -73,6 +75,20 @@ class _Rollout(ResponseBuffer):
             logprobs=None if result.logprobs is None else list(result.logprobs),
             generated_tokens=result.generated_tokens, weight_version=result.weight_version,
         ))
+
+
+def _without_eos(result: GenerationResult, tokenizer: Any) -> GenerationResult:
+    """The turn without its final EOS id, for ``on_no_action: retry``. Search-R1 decodes each turn with
+    ``skip_special_tokens`` and re-tokenises it, so the turn that follows never sees an EOS in its context; keeping it
+    would ask the model to go on after its own end-of-turn, a context it never met (the engine's count of generated
+    tokens stays as it was)."""
+    ids = list(result.output_ids[:-1])
+    version = result.weight_version
+    return replace(
+        result, output_ids=ids, text=tokenizer.decode(ids), num_generated=result.generated_tokens,
+        logprobs=None if result.logprobs is None else list(result.logprobs[:-1]),
+        weight_version=version[:-1] if isinstance(version, list) else version,
+    )
 
 
 def _end_before_turn(cfg: LoopSettings, turn_index: int, remaining: int) -> str:
@@ -182,6 +198,8 @@ async def run_trajectory(
         state.counts["generated_tokens"] += result.generated_tokens
         action, content = protocol.parse(result.text, result.finish_reason)
         final_turn = turn_index >= int(cfg.max_turns)  # tool calls are disabled in this turn
+        if action == EOS and cfg.on_no_action == RETRY and not final_turn:
+            action, result = INVALID, _without_eos(result, tokenizer)
         action, observation, call = await _act(action, content, final_turn, cfg, tokenizer, by_name, protocol, state)
         state.append(context, result, action, call, observation)
         turn_index += 1

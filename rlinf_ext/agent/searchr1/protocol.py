@@ -61,8 +61,9 @@ class TurnProtocol:
     def parse(self, text: str, finish_reason: str | None) -> tuple[str, str | None]:
         """-> (tool name, its input) | ("answer", answer) | ("eos", None) | ("invalid", None).
 
-        The first complete tool or answer block decides; without one, a turn that ended on EOS ends the trajectory
-        and anything else (length, a stray stop) is an invalid action.
+        The first complete tool or answer block decides; without one, a turn that ended on EOS is ``eos`` (the
+        loop's ``on_no_action`` says whether it ends the trajectory) and anything else (length, a stray stop) is an
+        invalid action.
         """
         match = self._action_re.search(text)
         if match:

@@ -23,6 +23,17 @@ DETAIL_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("errors", "errors", "{:d}"),
 )
 SCORE_ROWS: tuple[tuple[str, str], ...] = (("EM", "em"), ("subEM", "subem"), ("F1", "f1"))
+# (meta key, label) of the evaluation settings that move EM, stated with every score table
+SETTINGS: tuple[tuple[str, str], ...] = (
+    ("max_turns", "{} search turns"), ("precision", "{}"), ("on_no_action", "EOS without action: {}"),
+    ("topk", "top-{}"),
+)
+
+
+def settings_label(meta: dict[str, Any]) -> str:
+    """The run's settings that move EM in one line; ``?`` for one a run did not record (written before it was)."""
+    return ", ".join(label.format(meta[key]) if meta.get(key) is not None else label.format("?")
+                     for key, label in SETTINGS)
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -60,7 +71,8 @@ def write_results(run_dir: str | Path, agg: Aggregate, meta: dict[str, Any]) -> 
     header, rows = paper_table_rows(agg)
     md = [f"# Evaluation: {meta.get('experiment_name', run_dir.name)}", ""]
     md += [f"- {k}: `{v}`" for k, v in meta.items() if not isinstance(v, (dict, list))]
-    md += ["", "## Scores (paper layout; Avg = mean over benchmarks)", "", markdown_table(header, rows)]
+    md += ["", f"## Scores (paper layout; Avg = mean over benchmarks; {settings_label(meta)})", "",
+           markdown_table(header, rows)]
     md += ["", "## Per benchmark", "", markdown_table(detail_header, detail_rows(agg)), ""]
     return write_result_files(run_dir, {"meta": meta, **agg.to_json()}, "\n".join(md), detail_header, detail_rows(agg))
 

@@ -88,6 +88,19 @@ def build_generator(cfg: ExperimentConfig) -> HFGenerator | VLLMGenerator:
     )
 
 
+def eval_settings(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The settings besides the model that move EM (``results.SETTINGS``): recorded in the results, and a resumed
+    run must share them."""
+    backend = cfg.rollout.rollout_backend
+    section = loop_section(cfg)
+    return {
+        "max_turns": int(section.max_turns),
+        "precision": str(cfg.rollout.hf.dtype if backend == "hf" else cfg.rollout.model.precision),
+        "on_no_action": str(section.on_no_action),
+        "topk": int(cfg.tools.search.topk),
+    }
+
+
 RolloutFn = Callable[[EvalItem], Awaitable[Trajectory]]
 
 
@@ -174,7 +187,9 @@ def run_evaluation(
     items = items_from_config(cfg, tokenizer)
     params = sampling_params_from_config(cfg, do_sample)
     out = Path(run_dir) if run_dir is not None else eval_run_dir(cfg)
-    check_same_setup(out, {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature})
+    settings = eval_settings(cfg)
+    check_same_setup(out, {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature,
+                           **settings})
     if generator is None and needs_rollouts(out, GenerationRecord, ((it.benchmark, it.item_id) for it in items)):
         generator = build_generator(cfg)  # not loaded at all when a rerun finds every question done
     tools = tools if tools is not None else build_agent_tools(cfg)
@@ -183,8 +198,7 @@ def run_evaluation(
         "model_path": model_path,
         "do_sample": params.do_sample,
         "temperature": params.temperature,
-        "max_turns": int(loop_section(cfg).max_turns),
-        "topk": int(cfg.tools.search.topk),
+        **settings,
         "data_size": int(cfg.data.data_size),
     }
     rollout = make_rollout_fn(cfg, generator, tokenizer, tools, params)

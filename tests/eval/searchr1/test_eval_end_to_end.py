@@ -112,12 +112,20 @@ def test_tiny_eval_in_process_real_server_with_resume(tiny_assets, retrieval_url
     assert hit["final_answer"].lower() in hit["turns"][0]["observation"].lower()
     results = json.loads((second.run_dir / "results.json").read_text())
     assert results["overall"]["mean_searches"] == 1.0 and results["meta"]["do_sample"] is False
+    # the settings that move EM are recorded and stated above the score table
+    assert {k: results["meta"][k] for k in ("max_turns", "precision", "on_no_action", "topk")} == {
+        "max_turns": 2, "precision": "fp32", "on_no_action": "retry", "topk": 1}
+    assert "2 search turns, fp32, EOS without action: retry, top-1)" in (second.run_dir / "results.md").read_text()
 
     # switching to sampling in the same run directory would mix two decodings in one table: refused
     sampled = _eval_config(tiny_assets, retrieval_url, tmp_path, 4, "algorithm.sampling_params.do_sample=true",
                            "algorithm.sampling_params.temperature=1.0")
     with pytest.raises(EvalError, match="do_sample"):
         run_evaluation(sampled, generator=reader, show_progress=False)
+    # so would a different number of turns
+    with pytest.raises(EvalError, match="max_turns: 2 -> 4"):
+        run_evaluation(_eval_config(tiny_assets, retrieval_url, tmp_path, 4, "agentloop.searchr1.max_turns=4"),
+                       generator=reader, show_progress=False)
 
 
 @pytest.mark.timeout(120)

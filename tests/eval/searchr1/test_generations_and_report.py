@@ -81,14 +81,22 @@ def test_benchmark_names():
 def test_eval_report_side_by_side_with_paper(tmp_path, capsys):
     records = hand_made_records()
     run_a, run_b = tmp_path / "a", tmp_path / "b"
-    write_results(run_a, aggregate(records), {"experiment_name": "a"})
+    settings = {"max_turns": 4, "precision": "bf16", "on_no_action": "retry", "topk": 3}
+    write_results(run_a, aggregate(records), {"experiment_name": "a", **settings})
     write_results(run_b, aggregate([r for r in records if r.benchmark == "nq"]), {"experiment_name": "b"})
     header, rows = comparison_table([run_a, run_b], with_paper=True)
     assert header[:8] == ["run", "NQ", "TriviaQA", "PopQA", "HotpotQA", "2Wiki", "MuSiQue", "Bamboogle"]
-    assert rows[0][:5] == ["a", "0.333", "-", "-", "0.500"] and rows[0][-2:] == ["0.417", "5"]
-    assert rows[1][4] == "-" and rows[1][-2] == "0.333"
+    assert header[-3:] == ["Avg", "n", "settings"]
+    assert rows[0][:5] == ["a", "0.333", "-", "-", "0.500"] and rows[0][-3:-1] == ["0.417", "5"]
+    # the settings that move EM: a run's own; '?' where a run did not record them; Search-R1's evaluate.sh
+    assert rows[0][-1] == "4 search turns, bf16, EOS without action: retry, top-3"
+    assert rows[1][4] == "-" and rows[1][-3] == "0.333"
+    assert rows[1][-1] == "? search turns, ?, EOS without action: ?, top-?"
     grpo = rows[2]
     assert grpo[1:8] == ["0.397", "0.565", "0.391", "0.331", "0.310", "0.124", "0.232"] and grpo[8] == "0.336"
+    assert grpo[-1] == rows[0][-1] and rows[-1][-1] == "-"  # Search-o1: not Search-R1's pipeline
+    assert "## Scores (paper layout; Avg = mean over benchmarks; 4 search turns, bf16, EOS without action: retry, " \
+           "top-3)" in (run_a / "results.md").read_text()
 
     assert cli_main(["eval-report", str(run_a), str(run_b), "--with-paper"]) == 0
     out = capsys.readouterr().out
