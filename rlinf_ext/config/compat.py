@@ -72,7 +72,6 @@ COMPAT: tuple[CompatKey, ...] = (
               "the loss is aggregated as algorithm.loss_agg_func says over the global mini-batch."),
     CompatKey("algorithm.calculate_entropy", False, "entropy is computed only for the entropy bonus.",
               "set algorithm.entropy_bonus > 0 to use it."),
-    CompatKey("algorithm.max_num_gen_batches", 1, "dynamic-sampling refills are not implemented.", "set it to 1."),
     CompatKey("algorithm.rollout_batch_size_per_gpu", None, "prompts are split evenly over the agent-loop workers."),
     CompatKey("algorithm.val_rollout_batch_size_per_gpu", 1,
               "validation batches are data.val_rollout_batch_size prompts, split evenly over the engines."),

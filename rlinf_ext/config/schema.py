@@ -172,7 +172,14 @@ class OffPolicyConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_type: Literal["grpo", "grpo_dynamic"] = fld("grpo", "Advantage estimator.")
+    adv_type: Literal["grpo", "grpo_dynamic"] = fld(
+        "grpo", "Advantage estimator. 'grpo_dynamic': GRPO with dynamic sampling (DAPO): groups whose rewards are all "
+        "equal are dropped and batches are refilled (algorithm.max_num_gen_batches; runner/dynamic_sampling.py).")
+    max_num_gen_batches: int = fld(
+        1, "grpo_dynamic: batches a step may generate (the first and its refills from the run's data order) until "
+        "data.rollout_batch_size groups with mixed rewards are kept. Short of them after N batches (or at the end of "
+        "the data) the step trains the kept groups, completed with all-equal ones to a whole share of the actor's "
+        "data-parallel ranks and minibatches (logged as dynamic/padded_groups). 1 = drop without refill.")
     advantage_mode: Literal["trajectory"] = fld("trajectory", "One advantage per trajectory, broadcast to tokens.")
     group_size: int = fld(REQUIRED, "Responses sampled per prompt (GRPO group).")
     n_minibatches: int = fld(1, "Optimizer steps per rollout step (the rollout batch is split this many ways).")

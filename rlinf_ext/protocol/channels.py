@@ -23,10 +23,14 @@ INFERENCE = "Inference"
 STEP_CHANNELS = (DATALOADER, GENERATE_INPUT, GENERATE_OUTPUT, ROLLOUT, REWARD, INFERENCE)
 
 
-def batch_key(batch: int) -> str:
+def batch_key(batch: int, refill: int = 0) -> str:
     """The sub-queue of training batch ``batch`` on the DataLoader and Rollout queues: with batches dispatched ahead
-    (``runner.max_staleness``) several are in flight, and a stage must never read another batch's items."""
-    return f"b{batch}"
+    (``runner.max_staleness``) several are in flight, and a stage must never read another batch's items. A dynamic
+    sampling step's ``refill``-th extra batch has its own."""
+    return f"b{batch}" if refill == 0 else f"b{batch}r{refill}"
+
+
+HELD = "held"  # the Reward queue's sub-queue where a dynamic-sampling step's scored groups wait for its selection
 
 
 class KeyedChannel:

@@ -65,6 +65,14 @@ TIME_WAIT_ROLLOUT = "time/wait_rollout"  # the driver blocked on the rollout of 
 TIME_ACTOR_IDLE_RATIO = "time/actor_idle_ratio"  # time/wait_rollout / time/step
 TIME_ROLLOUT_IDLE_RATIO = "time/rollout_idle_ratio"  # share of time/step with no batch being rolled out
 
+# trainer, dynamic sampling (algorithm.adv_type: grpo_dynamic; runner/dynamic_sampling.py): per step, the groups with
+# mixed rewards trained, the all-equal groups generated, the batches generated (1 .. algorithm.max_num_gen_batches)
+# and the all-equal groups trained to complete the actor's last share unit (none when enough groups were kept)
+DYNAMIC_KEPT_GROUPS = "dynamic/kept_groups"
+DYNAMIC_DROPPED_GROUPS = "dynamic/dropped_groups"
+DYNAMIC_GEN_BATCHES = "dynamic/gen_batches"
+DYNAMIC_PADDED_GROUPS = "dynamic/padded_groups"
+
 
 def token_staleness(j: int) -> str:
     """``async/token_staleness_<j>``: the share of the step's sampled tokens generated ``j`` versions before the

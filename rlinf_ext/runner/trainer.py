@@ -58,6 +58,8 @@ from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.protocol.generation import STOP_SERVING, GenerateRequest
 from rlinf_ext.protocol.payloads import AgentRolloutRequest
 from rlinf_ext.runner.data_order import batch_order, load_position, save_position
+from rlinf_ext.runner.dynamic_sampling import (DynamicStep, Ready, kept_count, merge_agent_outputs,
+                                               merge_reward_outputs, select_groups, share_unit)
 from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
 from rlinf_ext.runner.groups import WorkerGroups, abort_call, is_cancellation, wait_all_or_raise, wait_or_raise
 from rlinf_ext.runner.metrics import engine_mismatch_step
@@ -68,6 +70,7 @@ StepCallback = Callable[[int, dict, list], None]
 VALIDATION_DIR = "validation"  # <run_dir>/validation/global_step_<N>/generations.jsonl
 DRAIN_TIMEOUT_S = 60.0  # how long a stop waits for each cancelled batch in flight to end
 RECORD_VERSIONS = "versions"  # a trajectory record's per-token weight versions (-1 on observation tokens), if any
+REFILL_SEED_STRIDE = 1_000_000_007  # a refill's request seed: the batch's + refill x this (far from any batch's seed)
 
 
 @dataclass
@@ -247,11 +250,13 @@ class GRPOTrainer:
         self.validation_pass()
 
     # ------------------------------------------------------------------ one step
-    def _put_batch(self, items: list[dict], batch: int, requests: KeyedChannel) -> None:
-        """Batch ``batch``'s requests, one per agent-loop rank; the seed and the uids follow the batch index."""
+    def _put_batch(self, items: list[dict], batch: int, requests: KeyedChannel, refill: int = 0) -> None:
+        """Batch ``batch``'s requests, one per agent-loop rank; the seed and the uids follow the batch index (and a
+        dynamic-sampling step's refill number: ``s<batch>r<refill>-...``, so uids stay unique across refills)."""
         parts = self.groups.placement.agent_loop_world_size
-        seed = self.cfg.runner.seed * 1_000_003 + batch
-        uids = [f"s{batch}-{k:04d}-{it['uid']}" for k, it in enumerate(items)]
+        seed = self.cfg.runner.seed * 1_000_003 + batch + refill * REFILL_SEED_STRIDE
+        label = f"s{batch}" if refill == 0 else f"s{batch}r{refill}"
+        uids = [f"{label}-{k:04d}-{it['uid']}" for k, it in enumerate(items)]
         for chunk, chunk_uids in zip(split_list(items, parts), split_list(uids, parts)):
             requests.put(AgentRolloutRequest(
                 n=self.cfg.algorithm.group_size,
@@ -294,13 +299,14 @@ class GRPOTrainer:
 
     def _dispatch(self, items: list[dict], batches_read: int | None) -> None:
         """Start the agent-loop rollout of the next batch on its own DataLoader and Rollout sub-queues."""
-        batch = self.global_step + len(self.in_flight)
-        requests = self.channels[ch.DATALOADER].sub(ch.batch_key(batch))
-        results = self.channels[ch.ROLLOUT].sub(ch.batch_key(batch))
-        self._put_batch(items, batch, requests)
+        self.in_flight.append(self._start(items, batches_read, self.global_step + len(self.in_flight)))
+
+    def _start(self, items: list[dict], batches_read: int | None, batch: int, refill: int = 0) -> InFlight:
+        requests = self.channels[ch.DATALOADER].sub(ch.batch_key(batch, refill))
+        results = self.channels[ch.ROLLOUT].sub(ch.batch_key(batch, refill))
+        self._put_batch(items, batch, requests, refill)
         handle = self.groups.agent_loop.run_agentloop_rollout(requests, results)
-        self.in_flight.append(InFlight(batch, len(items), results, handle, self._engine_version, time.perf_counter(),
-                                       batches_read))
+        return InFlight(batch, len(items), results, handle, self._engine_version, time.perf_counter(), batches_read)
 
     def _fill(self) -> None:
         """Dispatch the run's next batches up to ``global_step + k`` (never past the last step)."""
@@ -342,18 +348,20 @@ class GRPOTrainer:
         if not self.in_flight or self.in_flight[0].batch != self.global_step:
             raise RuntimeError(f"step {self.global_step} has no batch in flight: the data order ran out early.")
         flight = self.in_flight.popleft()
-        num_results = flight.groups
-        rollout_h = flight.handle
+        dynamic = self._sample_dynamic(flight) if self.dynamic_sampling else None
+        num_results = dynamic.num_results if dynamic else flight.groups
+        rollout_h = dynamic.rollout if dynamic else flight.handle
 
         collocated = self.collocated_gpu
-        wait_rollout = 0.0
+        wait_rollout = dynamic.wait_s if dynamic else 0.0
         if collocated:  # RLinf's non-pipelined order: the whole rollout, then the engine gives the GPU back
             t = time.perf_counter()
             agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
-            wait_rollout = time.perf_counter() - t
+            wait_rollout += time.perf_counter() - t
             self._offload_rollout()
             wait_or_raise(g.actor.onload_engine(), "actor", "onload_engine")
-        reward_h = g.reward.compute_rewards(flight.results, q[ch.REWARD], num_results, self.global_step)
+        reward_h = dynamic.reward if dynamic else g.reward.compute_rewards(flight.results, q[ch.REWARD], num_results,
+                                                                             self.global_step)
         kl = self.cfg.algorithm.kl_beta > 0
         infer_h = g.actor.run_inference(q[ch.REWARD], q[ch.INFERENCE], kl, num_results)
         train_h = g.actor.run_training(q[ch.INFERENCE], num_results, self.global_step)
@@ -361,7 +369,7 @@ class GRPOTrainer:
         if not collocated:
             t = time.perf_counter()
             agent_out = wait_or_raise(rollout_h, "agent_loop", "run_agentloop_rollout")
-            wait_rollout = time.perf_counter() - t
+            wait_rollout += time.perf_counter() - t
         # the agent loop's own clock: RLinf's per-method timer sums the overlapping calls of batches in flight
         time_rollout = max(out["wall_time"] for out in agent_out)
         reward_out = wait_or_raise(reward_h, "reward", "compute_rewards")[0]
@@ -401,12 +409,61 @@ class GRPOTrainer:
             mk.TIME_STEP: step_time,
             mk.THROUGHPUT_TOKENS_PER_S: tokens / max(step_time, 1e-9),
         })
+        if dynamic:
+            metrics.update(dynamic.metrics)
         if synced:  # a skipped sync is no 0-second sync: it would pull the mean sync time down
             metrics[mk.TIME_SYNC] = time_sync
             metrics.update(self._sync_parts)
         if self.reads_engine_state:
             metrics.update(self._engine_metrics(synced))
         return metrics, trajectories
+
+    # ------------------------------------------------------------------ dynamic sampling
+    @cached_property
+    def dynamic_sampling(self) -> bool:
+        """``algorithm.adv_type: grpo_dynamic``: all-equal groups are dropped and batches refilled
+        (``runner/dynamic_sampling.py``)."""
+        return self.cfg.algorithm.adv_type == "grpo_dynamic"
+
+    def _sample_dynamic(self, flight: InFlight) -> DynamicStep:
+        """Score batch ``flight`` and, while fewer than ``data.rollout_batch_size`` of the scored groups have mixed
+        rewards, roll out and score the run's next batch, up to ``algorithm.max_num_gen_batches`` batches (or the
+        end of the run's data; ``train_step(items)`` has none to read). The selection (``select_groups``) waits on
+        the Reward queue for the log-prob recompute; the rest is discarded. The refills' data position moves to
+        ``flight.batches_read``, so a checkpoint after this step resumes after them. Runs before a collocated
+        step hands the GPU to the actor: the refills need the engine."""
+        g, q, alg = self.groups, self.channels, self.cfg.algorithm
+        started = time.perf_counter()
+        held = q[ch.REWARD].sub(ch.HELD)
+        batches, agent_outs, reward_outs = [], [], []
+        current = flight
+        while True:
+            scored = g.reward.compute_rewards(current.results, held, current.groups, self.global_step)
+            agent_outs.append(wait_or_raise(current.handle, "agent_loop", "run_agentloop_rollout"))
+            reward_outs.append(wait_or_raise(scored, "reward", "compute_rewards")[0])
+            # arrival order varies; the uids (s<batch>[r<refill>]-<k>-...) sort in dispatch order within a batch
+            batches.append(sorted((held.get() for _ in range(current.groups)), key=lambda r: r.uid))
+            if kept_count(batches) >= self.cfg.data.rollout_batch_size or len(batches) >= alg.max_num_gen_batches:
+                break
+            following = next(self._batches, None) if self._batches is not None else None
+            if following is None:
+                break
+            current = self._start(*following, batch=flight.batch, refill=len(batches))
+        flight.batches_read = current.batches_read
+        unit = share_unit(g.placement.actor_world_size, alg.group_size, alg.n_minibatches)
+        selection = select_groups(batches, self.cfg.data.rollout_batch_size, unit)
+        for result in selection.trained:
+            q[ch.REWARD].put(result)
+        return DynamicStep(num_results=len(selection.trained), rollout=Ready(merge_agent_outputs(agent_outs)),
+                           reward=Ready([merge_reward_outputs(reward_outs)]),
+                           metrics=selection.metrics(gen_batches=len(batches)),
+                           wait_s=time.perf_counter() - started)
+
+    def _out_of_data(self) -> bool:
+        """A dynamic-sampling run reads more than one batch per step, so its data can end before
+        ``runner.max_steps``: nothing is in flight and the position is at the end of the last epoch."""
+        position = self._trained_position if self._trained_position is not None else self.batches_read
+        return self.dynamic_sampling and not self.in_flight and position >= self.order.total_batches
 
     def _engine_metrics(self, synced: bool) -> dict[str, float]:
         """The rollout engines' re-tokenisation mismatch rate over the prompts served since the last read (this
@@ -496,7 +553,7 @@ class GRPOTrainer:
     def _finish_step(self, metrics: dict, trajectories: list) -> tuple[bool, Path | None]:
         """Checkpoint when due (or when a stop was asked for), validate, report the step; returns (stop the
         loop, the checkpoint written)."""
-        last = self.global_step >= self.max_steps
+        last = self.global_step >= self.max_steps or self._out_of_data()
         stop = not last and self.should_stop()
         ckpt = self.save_checkpoint() if self._save_due(last) or stop else None
         if not stop:
@@ -528,7 +585,7 @@ class GRPOTrainer:
         self._batches = self._order_batches()
         try:
             done = self.stopped_early
-            while not done and self.global_step < self.max_steps:
+            while not done and self.global_step < self.max_steps and not self._out_of_data():
                 metrics, trajectories = self.train_step()
                 metrics.update(self._take_launch_metrics())
                 for k, v in metrics.items():

@@ -47,15 +47,6 @@ def test_negative_k_is_refused():
     assert "runner.max_staleness=0" in issue
 
 
-def test_dynamic_refill_is_refused_with_or_without_k():
-    """RLinf's dynamic refill (algorithm.max_num_gen_batches > 1) never reaches the typed config: the compatibility
-    table refuses it for every run, so k > 0 cannot meet it."""
-    for overrides in (ASYNC, []):
-        issues = check_config("tiny-cpu", overrides + ["algorithm.max_num_gen_batches=2"]).issues
-        assert [i.key for i in issues] == ["algorithm.max_num_gen_batches"], issues
-        assert "set it to 1" in issues[0].fix
-
-
 def test_plan_counts_the_batches_in_flight(reference_env):
     assert "batches in flight" not in format_plan(load_config("tiny-cpu"))
     plan = format_plan(load_config("tiny-cpu", ASYNC + ["runner.max_staleness=2", "rollout.max_running_requests=64",

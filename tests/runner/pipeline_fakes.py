@@ -80,6 +80,8 @@ class World:
         self.engine_version = 0
         self.updates = 0  # run_training calls finished
         self.requests: dict[int, Any] = {}  # batch -> its AgentRolloutRequest
+        self.dispatched: list[tuple[int, int, Any]] = []  # (batch, refill, request) per agent-loop call, in order
+        self.reward: Callable[[str, int], float] = reward_of  # (group uid, trajectory index) -> reward
         self.rewarded: dict[int, list[str]] = {}  # step -> uids scored
         self.trained: dict[int, list[str]] = {}  # step -> uids trained
         self.loads: list[str] = []
@@ -91,8 +93,11 @@ class World:
     # ---- agent loop
     def run_agentloop_rollout(self, input_channel, output_channel):
         request = input_channel.get()
-        batch = int(request.uids[0].split("-")[0][1:])
-        self.requests[batch] = request
+        batch, _, refill = request.uids[0].split("-")[0][1:].partition("r")  # s<batch>[r<refill>]-<k>-<prompt>
+        batch, refill = int(batch), int(refill or 0)
+        self.dispatched.append((batch, refill, request))
+        if refill == 0:
+            self.requests[batch] = request
         call = {"batch": batch, "request": request, "out": output_channel, "version": self.engine_version,
                 "put": False}
         call["handle"] = LazyResult(self, AGENT_LOOP_CALL, lambda: self._finish(call))
@@ -123,8 +128,9 @@ class World:
         def work():
             results = [input_channel.get() for _ in range(num_results)]
             self.rewarded[step] = [r.uid for r in results]
-            rewards = {r.uid: [reward_of(r.uid, i) for i in range(self.group_size)] for r in results}
+            rewards = {r.uid: [self.reward(r.uid, i) for i in range(self.group_size)] for r in results}
             for r in results:
+                r.rewards = rewards[r.uid]
                 output_channel.put(r)
             flat = [x for values in rewards.values() for x in values]
             return [{"metrics": {"reward/mean": sum(flat) / len(flat)}, "rewards": rewards}]

@@ -62,6 +62,10 @@ class _Channel:
     def sub(self, key):
         return self
 
+    @checked_against(KeyedChannel.get)
+    def get(self, key=None, async_op=False):  # a dynamic step reads its scored groups back: one mixed group
+        return SimpleNamespace(uid="u", rewards=[0.0, 1.0])
+
 
 class _Validation:
     def run(self, step: int) -> dict:
@@ -79,7 +83,7 @@ CLUSTERS = {
 }
 
 
-def _trainer(placement: str, validate_every: int = -1) -> tuple[GRPOTrainer, list]:
+def _trainer(placement: str, validate_every: int = -1, adv_type: str = "grpo") -> tuple[GRPOTrainer, list]:
     log: list = []
     routes = SyncRoutes("broadcast" if placement == "disaggregated" else "paired", 1, 1)
     gpus_per_node, component_placement = CLUSTERS[placement]
@@ -91,8 +95,9 @@ def _trainer(placement: str, validate_every: int = -1) -> tuple[GRPOTrainer, lis
     trainer.cfg = SimpleNamespace(
         runner=SimpleNamespace(resume_dir=None, seed=0, val_before_train=validate_every > 0,
                                val_check_interval=validate_every),
-        data=SimpleNamespace(val_data_paths=["val.jsonl"] if validate_every > 0 else []),
-        algorithm=SimpleNamespace(group_size=1, kl_beta=0.0),
+        data=SimpleNamespace(val_data_paths=["val.jsonl"] if validate_every > 0 else [], rollout_batch_size=1),
+        algorithm=SimpleNamespace(group_size=1, kl_beta=0.0, adv_type=adv_type, max_num_gen_batches=1,
+                                  n_minibatches=1),
         cluster=SimpleNamespace(num_nodes=1, num_gpus_per_node=gpus_per_node, component_placement=component_placement),
     )
     trainer.groups, trainer.verify_sync, trainer.global_step = groups, True, 0
@@ -105,8 +110,8 @@ def _trainer(placement: str, validate_every: int = -1) -> tuple[GRPOTrainer, lis
     return trainer, log
 
 
-def _run(placement: str) -> tuple[list, list]:
-    trainer, log = _trainer(placement)
+def _run(placement: str, adv_type: str = "grpo") -> tuple[list, list]:
+    trainer, log = _trainer(placement, adv_type=adv_type)
     trainer.init_workers()
     init = list(log)
     log.clear()
@@ -152,6 +157,20 @@ def test_collocated_gpu_takes_turns_on_the_gpu():
         c("actor.onload_engine"), w("actor.onload_engine"),
         c("reward.compute_rewards"), c("actor.run_inference"), c("actor.run_training"),
         w("reward.compute_rewards"), w("actor.run_inference"), w("actor.run_training"),
+        c("actor.offload_engine"), w("actor.offload_engine"),
+    ]
+
+
+def test_a_collocated_dynamic_step_scores_its_groups_before_the_engine_gives_the_gpu_back():
+    """grpo_dynamic: a refill needs the engine, so the rewards are waited for while the rollout holds the GPU; the
+    actor then takes the selected groups as in a GRPO step."""
+    _, step = _run("collocated", adv_type="grpo_dynamic")
+    assert step == SYNC + [
+        c("agent_loop.run_agentloop_rollout"),
+        c("reward.compute_rewards"), w("agent_loop.run_agentloop_rollout"), w("reward.compute_rewards"),
+        c("rollout.offload_engine"), w("rollout.offload_engine"),
+        c("actor.onload_engine"), w("actor.onload_engine"),
+        c("actor.run_inference"), c("actor.run_training"), w("actor.run_inference"), w("actor.run_training"),
         c("actor.offload_engine"), w("actor.offload_engine"),
     ]
 

@@ -1,8 +1,7 @@
 """Rules of batches dispatched ahead of training (``runner.max_staleness = k``): k > 0 needs engines that overlap
 with the actor, the engine's log-probs (the behaviour policy of the off-policy correction) and an agent whose
-log-probs line up with the trained tokens; without a behaviour weight it is accepted with a warning. Dynamic batch
-refill (RLinf's ``algorithm.max_num_gen_batches > 1``) is refused for every run by the compatibility table
-(``config/compat.py``), so it never meets k > 0 here."""
+log-probs line up with the trained tokens; without a behaviour weight it is accepted with a warning. Dynamic
+sampling's refill (``algorithm.max_num_gen_batches > 1``) with k > 0 is refused by ``config/rules/dynamic_sampling.py``."""
 
 from __future__ import annotations
 

@@ -1,0 +1,148 @@
+"""Dynamic sampling (DAPO's refill; ``algorithm.adv_type: grpo_dynamic``): the pure part of the step.
+
+A group whose rewards are all equal has a zero GRPO advantage on every token: it costs a forward and a backward and
+only dilutes the token mean. A ``grpo_dynamic`` step therefore scores each generated batch, drops those groups, and
+reads the run's next batch (from the data order, so the data position counts it) until ``data.rollout_batch_size``
+groups are kept or ``algorithm.max_num_gen_batches`` batches were generated (or the run's data ran out).
+
+What the step trains (``select_groups``):
+
+- enough kept groups: the first ``data.rollout_batch_size`` of them in generation order; the surplus of the last
+  batch is discarded (as verl's DAPO trainer truncates);
+- fewer: every kept group, completed with dropped groups (zero advantage) to the next whole *share unit*, the
+  smallest number of groups the actor's data-parallel ranks and ``algorithm.n_minibatches`` can split evenly
+  (``share_unit``); with no kept group at all, one unit of dropped groups. verl raises instead, which ends a run
+  hours in on a hard stretch of data; training on the kept groups keeps each informative group's gradient weight
+  (token mean over fewer tokens) and the step count, and at worst (nothing kept) is the plain GRPO step on a unit
+  of the batch: its policy gradient is zero and only the KL or entropy terms move the weights. The padding is
+  logged (``dynamic/padded_groups``), so a run starved of mixed groups shows it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlinf_ext.protocol import metric_keys as mk
+
+
+def is_informative(rewards: Sequence[float]) -> bool:
+    """A group whose rewards differ: the only kind with a non-zero GRPO advantage (``reward.mixed_group_share``'s
+    test, exact equality: identical rewards come from the same arithmetic)."""
+    return len(set(float(r) for r in rewards)) > 1
+
+
+def share_unit(dp_size: int, group_size: int, n_minibatches: int) -> int:
+    """The fewest groups a step can train: a multiple of the actor's data-parallel size (each rank takes whole
+    groups, ``training/data_parallel.share_of``) whose trajectories split into ``n_minibatches`` equal parts."""
+    per_minibatch = n_minibatches // math.gcd(n_minibatches, group_size)  # groups so that groups x size divides
+    return math.lcm(dp_size, per_minibatch)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The groups a dynamic step trains, and what was done to get them."""
+
+    trained: list[Any]  # the results to train, kept groups first, then padding, each in generation order
+    kept: int  # informative groups trained
+    dropped: int  # all-equal groups generated this step (some may come back as padding)
+    padded: int  # all-equal groups trained to complete the last share unit
+    surplus: int  # informative groups generated beyond data.rollout_batch_size, discarded
+
+    def metrics(self, gen_batches: int) -> dict[str, float]:
+        return {mk.DYNAMIC_KEPT_GROUPS: float(self.kept), mk.DYNAMIC_DROPPED_GROUPS: float(self.dropped),
+                mk.DYNAMIC_GEN_BATCHES: float(gen_batches), mk.DYNAMIC_PADDED_GROUPS: float(self.padded)}
+
+
+def _rewards(result: Any) -> list[float]:
+    """A scored result's rewards (the reward worker sets a tensor; the trained rewards, shuffled ones included)."""
+    return result.rewards.tolist() if hasattr(result.rewards, "tolist") else list(result.rewards)
+
+
+def kept_count(batches: Sequence[Sequence[Any]]) -> int:
+    """Informative groups among the results (each with ``rewards``) of the batches generated so far."""
+    return sum(is_informative(_rewards(r)) for batch in batches for r in batch)
+
+
+def select_groups(batches: Sequence[Sequence[Any]], target: int, unit: int) -> Selection:
+    """What a step trains from the scored results of its generated batches (``batches``: per batch, the results in
+    dispatch order, each with ``rewards``): see the module docstring. ``target`` is ``data.rollout_batch_size``, a
+    multiple of ``unit`` (the batch rule)."""
+    if unit < 1 or target % unit:
+        raise ValueError(f"data.rollout_batch_size={target} is not a whole number of share units ({unit} groups).")
+    flat = [r for batch in batches for r in batch]
+    mixed = [is_informative(_rewards(r)) for r in flat]
+    kept = [r for r, m in zip(flat, mixed) if m]
+    dropped = [r for r, m in zip(flat, mixed) if not m]
+    if len(kept) >= target:
+        return Selection(kept[:target], target, len(dropped), 0, len(kept) - target)
+    size = max(unit, -(-len(kept) // unit) * unit)
+    padding = dropped[:size - len(kept)]
+    if len(kept) + len(padding) < size:  # only when a batch held fewer groups than one unit
+        raise ValueError(f"{len(flat)} groups generated cannot fill one share unit of {unit} groups.")
+    return Selection(kept + padding, len(kept), len(dropped), len(padding), 0)
+
+
+class Ready:
+    """A group call's stand-in whose values are known (the dynamic step waited for its calls already): the
+    ``wait()``/``done()`` the trainer's later waits use."""
+
+    def __init__(self, values: list):
+        self.values = values
+
+    def wait(self) -> list:
+        return self.values
+
+    def done(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class DynamicStep:
+    """A dynamic step's rollout and rewards, done: the selected groups wait on the Reward queue."""
+
+    num_results: int  # groups selected: what the actor's log-prob recompute and update take
+    rollout: Ready  # the merged agent-loop returns, one per rank (merge_agent_outputs)
+    reward: Ready  # [the merged reward return] (merge_reward_outputs)
+    metrics: dict[str, float]  # dynamic/...
+    wait_s: float  # the driver's wait for the rollouts and rewards (time/wait_rollout)
+
+
+def merge_agent_outputs(per_batch: Sequence[Sequence[dict]]) -> list[dict]:
+    """One agent-loop return per rank for a step that generated several batches (``per_batch``: each batch's
+    per-rank returns): trajectories concatenated, counts and times summed, metrics trajectory-weighted."""
+    merged = []
+    for outs in zip(*per_batch):
+        total = sum(out["num_trajectories"] for out in outs)
+        keys = set().union(*(out["metrics"].keys() for out in outs))
+        merged.append({
+            **outs[0],
+            "trajectories": [rec for out in outs for rec in out["trajectories"]],
+            "num_trajectories": total,
+            "wall_time": sum(out["wall_time"] for out in outs),
+            "tool_time": sum(out["tool_time"] for out in outs),
+            "metrics": {k: sum(out["metrics"].get(k, 0.0) * out["num_trajectories"] for out in outs) / max(total, 1)
+                        for k in keys},
+        })
+    return merged
+
+
+def merge_reward_outputs(outs: Sequence[dict]) -> dict:
+    """One reward return for several batches: every uid's rewards; ``reward/max`` and ``reward/min`` over all,
+    every other metric a mean weighted by the batch's trajectories (exact for the reward worker's own means; an
+    agent's per-category means are weighted by all trajectories, not by the category's)."""
+    weights = [sum(len(v) for v in out["rewards"].values()) for out in outs]
+    keys = set().union(*(out["metrics"].keys() for out in outs))
+    metrics = {}
+    for key in keys:
+        values = [(out["metrics"][key], w) for out, w in zip(outs, weights) if key in out["metrics"]]
+        if key == mk.REWARD_MAX:
+            metrics[key] = max(v for v, _ in values)
+        elif key == mk.REWARD_MIN:
+            metrics[key] = min(v for v, _ in values)
+        else:
+            metrics[key] = sum(v * w for v, w in values) / max(sum(w for _, w in values), 1) if values else 0.0
+    rewards = {uid: r for out in outs for uid, r in out["rewards"].items()}
+    return {"metrics": metrics, "rewards": rewards}
