@@ -66,14 +66,22 @@ def masked_gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Te
     return adv, (adv + v) * m
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """``values`` shifted and scaled to mean 0, variance 1 over the mask (0 off it); unbiased variance, as verl."""
-    m = mask.bool()
-    picked = values[m].float()
-    if picked.numel() < 2:
+def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    """(count, sum, sum of squares) of ``values`` over the mask: what data-parallel ranks add up before ``whiten``."""
+    picked = values[mask.bool()].double()
+    return float(picked.numel()), float(picked.sum()), float((picked * picked).sum())
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, moments: tuple[float, float, float] | None = None,
+           eps: float = 1e-8) -> torch.Tensor:
+    """``values`` shifted and scaled to mean 0, variance 1 over the mask (0 off it); unbiased variance, as verl.
+    ``moments`` (``masked_moments`` summed over the ranks) makes it the whole step's statistics."""
+    moments = masked_moments(values, mask) if moments is None else moments
+    var = _variance(moments)
+    if var is None:
         return torch.zeros_like(values, dtype=torch.float32)
-    out = (values.float() - picked.mean()) * torch.rsqrt(picked.var() + eps)
-    return torch.where(m, out, 0.0)
+    out = (values.float() - moments[1] / moments[0]) / (var + eps) ** 0.5
+    return torch.where(mask.bool(), out, 0.0)
 
 
 def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
@@ -110,8 +118,30 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """``1 - Var(G - V) / Var(G)`` over the mask: 1 = the critic predicts the returns, 0 = no better than their
     mean; NaN with fewer than two tokens or constant returns (nothing to explain)."""
-    m = mask.bool()
-    g, v = returns[m].float(), values[m].float()
-    if g.numel() < 2 or float(g.var()) == 0.0:
+    g = returns.float()
+    return explained_variance_of(masked_moments(g, mask), masked_moments(g - values.float(), mask))
+
+
+def explained_variance_of(return_moments: tuple[float, float, float],
+                          residual_moments: tuple[float, float, float]) -> float:
+    """``explained_variance`` from the ``masked_moments`` of the returns and of ``returns - values`` (summed over
+    data-parallel ranks: the whole step's)."""
+    var_g, var_d = _variance(return_moments), _variance(residual_moments)
+    if var_g is None or var_d is None or var_g <= 0.0:
         return float("nan")
-    return float(1.0 - (g - v).var() / g.var())
+    return 1.0 - var_d / var_g
+
+
+def _variance(moments: tuple[float, float, float]) -> float | None:
+    count, total, squares = moments
+    if count < 2:
+        return None
+    return max(squares - total * total / count, 0.0) / (count - 1)
+
+
+def add_moments(parts) -> tuple[float, float, float]:
+    """The element-wise sum of ``masked_moments`` triples (of samples, of ranks)."""
+    count = total = squares = 0.0
+    for c, t, q in parts:
+        count, total, squares = count + c, total + t, squares + q
+    return count, total, squares
