@@ -53,3 +53,24 @@ def test_collocated_gpus_need_the_critic_offloaded(reference_env):
     # the reference config is collocated and offloads its actor: the critic follows actor.offload_weight
     assert check_config("qwen2.5-3b-tool-1node", PPO).ok
     assert "critic.offload=true" in _issue("qwen2.5-3b-tool-1node", PPO + ["critic.offload=false"], "critic.offload")
+
+
+def test_the_memory_plan_counts_the_critic(reference_env):
+    from rlinf_ext.config import load_config
+    from rlinf_ext.config.memory_plan import format_memory, gpu_plan, memory_inputs
+    from rlinf_ext.models.memory import CRITIC_GRADS, CRITIC_STATE
+
+    grpo = load_config("qwen2.5-3b-tool-1node")
+    ppo = load_config("qwen2.5-3b-tool-1node", PPO)
+    (xg, _), (xp, _) = memory_inputs(grpo), memory_inputs(ppo)
+    plan_g, plan_p = gpu_plan(grpo, xg), gpu_plan(ppo, xp)
+    items = plan_p.actor.items
+    # a second model without a reference: its weights, fp32 main params and Adam state, and its fp32 gradients
+    assert items[CRITIC_GRADS] == plan_g.actor.items["gradients"]
+    assert items[CRITIC_STATE] == sum(plan_g.actor.items[k] for k in ("weights", "main params (fp32)",
+                                                                       "optimizer state"))
+    assert plan_p.actor.peak > plan_g.actor.peak + items[CRITIC_GRADS]
+    # offloaded whole while the engine runs: host RAM, not the rollout phase
+    assert plan_p.rollout_phase == plan_g.rollout_phase
+    assert plan_p.actor_host == plan_g.actor_host + items[CRITIC_STATE]
+    assert any(CRITIC_STATE in line for line in format_memory(ppo))
