@@ -333,7 +333,7 @@ class ActorWorker(Worker):
     def _ppo_step(self, samples: list[Sample], step: int, layout) -> list[dict[str, float]]:
         """PPO with the critic: values, GAE, the critic's update, then the policy's (none during
         ``critic.critic_warmup``). One metrics dict per mini-batch, the critic's ``critic/...`` beside the actor's."""
-        from rlinf_ext.training.critic import assign_gae  # lazy, as MegatronCritic
+        from rlinf_ext.training.critic import assign_gae  # lazy: Megatron-core, in the actor's process only
 
         for smp, values in zip(samples, self.critic.compute_values(samples)):
             smp.values = values
