@@ -160,8 +160,7 @@ COMPAT: tuple[CompatKey, ...] = (
     CompatKey("actor.tokenizer.use_fast", True, "the tokenizer is loaded with transformers' default (the fast one)."),
     CompatKey("actor.tokenizer.trust_remote_code", False, "tokenizers are loaded as each engine needs; this switch is not wired."),
     CompatKey("actor.tokenizer.padding_side", "right", "training batches are right-padded."),
-    # ---- critic, reward
-    CompatKey("critic.use_critic_model", False, "GRPO needs no critic."),
+    # ---- reward
     CompatKey("reward.use_reward_model", False, "rewards are rule-based (the agent's reward function)."),
 )
 
@@ -169,7 +168,7 @@ BY_KEY: dict[str, CompatKey] = {entry.key: entry for entry in COMPAT}
 
 
 def is_compat_section(dotted: str) -> bool:
-    """Is ``dotted`` a section that holds only compatibility keys below it (e.g. ``critic``)?"""
+    """Is ``dotted`` a section that holds only compatibility keys below it (e.g. ``actor.tokenizer``)?"""
     return any(key.startswith(dotted + ".") for key in BY_KEY)
 
 

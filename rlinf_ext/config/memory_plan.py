@@ -117,6 +117,7 @@ def memory_inputs(cfg: ExperimentConfig) -> tuple[ActorMemoryInputs | None, str]
         recompute_granularity=m.recompute_granularity, recompute_method=m.recompute_method,
         recompute_num_layers=m.recompute_num_layers, logprob_chunk_tokens=int(a.logprob_chunk_tokens),
         entropy=cfg.algorithm.entropy_bonus > 0,
+        critic=cfg.algorithm.adv_type == "gae" and cfg.critic.use_critic_model,
     ), source
 
 

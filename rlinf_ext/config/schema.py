@@ -172,9 +172,11 @@ class OffPolicyConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_type: Literal["grpo", "grpo_dynamic"] = fld(
-        "grpo", "Advantage estimator. 'grpo_dynamic': GRPO with dynamic sampling (DAPO): groups whose rewards are all "
-        "equal are dropped and batches are refilled (algorithm.max_num_gen_batches; runner/dynamic_sampling.py).")
+    adv_type: Literal["grpo", "grpo_dynamic", "gae"] = fld(
+        "grpo", "Advantage estimator: grpo (group-relative, no critic); grpo_dynamic: GRPO with dynamic sampling "
+        "(DAPO): groups whose rewards are all equal are dropped and batches are refilled "
+        "(algorithm.max_num_gen_batches; runner/dynamic_sampling.py); gae: PPO with a critic "
+        "(critic.use_critic_model=true; GAE over the generated tokens, whitened over the batch, training/ppo_math.py).")
     max_num_gen_batches: int = fld(
         1, "grpo_dynamic: batches a step may generate (the first and its refills from the run's data order) until "
         "data.rollout_batch_size groups with mixed rewards are kept. Short of them after N batches (or at the end of "
@@ -195,6 +197,11 @@ class AlgorithmConfig:
     )
     shuffle_rollout: bool = fld(False, "Shuffle trajectories before splitting into minibatches.")
     normalize_advantages: bool = fld(False, "Normalise advantages over the batch.")
+    gamma: float = fld(1.0, "gae: discount per generated token (observation tokens cost no step); Search-R1: 1.0.")
+    gae_lambda: float = fld(1.0, "gae: GAE's lambda; Search-R1: 1.0 (then A_t = reward - V_t).")
+    value_clip: float = fld(
+        0.5, "gae: the critic's new values are clipped to old value +- value_clip in the value loss (verl's "
+        "cliprange_value, Search-R1: 0.5).")
     sampling_params: SamplingParamsConfig = fld(SamplingParamsConfig, "Rollout sampling parameters.")
     off_policy: OffPolicyConfig = fld(
         OffPolicyConfig, "Off-policy correction with the engine's log-probs (decoupled PPO behaviour weight).")
@@ -384,6 +391,27 @@ class ActorConfig:
     lr_sched: LRSchedConfig = fld(LRSchedConfig, "Learning-rate schedule.")
 
 
+# --------------------------------------------------------------------------------------------- critic
+@dataclass
+class CriticOptimConfig(OptimConfig):
+    lr: float = fld(1.0e-5, "Peak learning rate of the critic (Search-R1's PPO: 1e-5).")
+
+
+@dataclass
+class CriticConfig:
+    use_critic_model: bool = fld(
+        False, "PPO's value model (algorithm.adv_type=gae): the policy's Megatron-core backbone with a scalar head, "
+        "initialised from model_path, held and trained in the actor's processes (collocated with it, offloaded "
+        "with it), checkpointed beside it. Text (megatron) actor only.")
+    model_path: str = fld("${rollout.model.model_path}", "Hugging Face directory the critic's backbone starts from "
+                          "(the policy's by default).", path="dir")
+    micro_batch_size: int = fld("${actor.micro_batch_size}", "Micro-batch size of the critic's forward and update.")
+    critic_warmup: int = fld(0, "The first N steps train the critic only (the policy is left unchanged).")
+    offload: bool = fld("${actor.offload_weight}", "Move the critic's weights, optimizer state and gradients off the "
+                        "GPU between phases (collocated GPUs only, as actor.offload_*).")
+    optim: CriticOptimConfig = fld(CriticOptimConfig, "The critic's optimizer (the LR schedule is the actor's).")
+
+
 # --------------------------------------------------------------------------------------------- reward
 @dataclass
 class RewardConfig:
@@ -506,6 +534,7 @@ class ExperimentConfig:
     data: DataConfig = fld(DataConfig, "Datasets and batch size.")
     rollout: RolloutConfig = fld(RolloutConfig, "Generation engine.")
     actor: ActorConfig = fld(ActorConfig, "Policy training (Megatron).")
+    critic: CriticConfig = fld(CriticConfig, "PPO's value model (algorithm.adv_type=gae).")
     reward: RewardConfig = fld(RewardConfig, "Reward function.")
     agentloop: AgentLoopConfig = fld(AgentLoopConfig, "Multi-turn search agent.")
     tools: ToolsConfig = fld(ToolsConfig, "Tools callable by the agent.")

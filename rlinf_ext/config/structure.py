@@ -181,7 +181,7 @@ def _unknown_issue(key: str, name: str, valid: list[str], parent: str) -> Config
 def _compat_issues(node: DictConfig, name: str, key: str) -> list[ConfigIssue]:
     """Issues of ``node[name]``, a key (or a section of keys) of the compatibility table; [] when accepted."""
     entry = compat.BY_KEY.get(key)
-    if entry is None:  # a section such as ``critic``: every key below it must be a compatibility key
+    if entry is None:  # a section such as ``actor.tokenizer``: every key below it must be a compatibility key
         child = node._get_node(name)
         if not isinstance(child, DictConfig) or child._is_none() or child._is_interpolation():
             return [ConfigIssue(key, "must be a mapping (a section).", f"write {key} as a YAML mapping of keys.")]

@@ -42,7 +42,7 @@ measured.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 2**30
 # CUDA: context + cuBLAS workspace outside torch's allocator, and fragmentation of its cached blocks. It is also
@@ -150,6 +150,9 @@ class ActorMemoryInputs:
     # the data-parallel ranks (fp32 shards; the vision tower's included), full logits of a micro-batch (HF
     # computes them all); the vision tower's activations are not counted
     fsdp: bool = False
+    # PPO's critic (training/critic.py): a second copy of the model with its own gradients and optimizer, in the
+    # actor's processes; offloaded (weights and optimizer to host RAM, gradients freed) while the engine runs
+    critic: bool = False
 
     @property
     def compute_bytes(self) -> int:
@@ -171,7 +174,20 @@ class MemoryEstimate:
         return sum(self.items.values())
 
 
-STATIC_ITEMS = ("weights", "gradients", "main params (fp32)", "optimizer state", "reference model")
+CRITIC_STATE = "critic weights + optimizer"
+CRITIC_GRADS = "critic gradients"
+STATIC_ITEMS = ("weights", "gradients", "main params (fp32)", "optimizer state", "reference model", CRITIC_STATE,
+                CRITIC_GRADS)
+
+
+def critic_bytes(x: ActorMemoryInputs) -> dict[str, int]:
+    """PPO's critic: the policy's static items without the reference (its frozen vocabulary projection counted as
+    trained: an upper bound for untied models, exact for tied ones; the scalar head is negligible)."""
+    if not x.critic:
+        return {}
+    st = static_bytes(replace(x, critic=False, reference_model=False))
+    return {CRITIC_STATE: st["weights"] + st["main params (fp32)"] + st["optimizer state"],
+            CRITIC_GRADS: st["gradients"]}
 
 
 def static_bytes(x: ActorMemoryInputs) -> dict[str, int]:
@@ -265,7 +281,8 @@ def logits_bytes(x: ActorMemoryInputs) -> int:
 
 
 def estimate_actor(x: ActorMemoryInputs) -> MemoryEstimate:
-    items = {**static_bytes(x), **activation_bytes(x), "log-prob chunk": logits_bytes(x)}
+    # the critic's activations are the policy's less the vocabulary (it trains before the policy, not with it)
+    items = {**static_bytes(x), **critic_bytes(x), **activation_bytes(x), "log-prob chunk": logits_bytes(x)}
     if x.device == "cuda":
         items["reserve (context, fragmentation)"] = CUDA_RESERVE_BYTES + int(CUDA_FRAGMENTATION * sum(items.values()))
     return MemoryEstimate(items)
@@ -449,6 +466,7 @@ def plan_gpu(x: ActorMemoryInputs, *, engine: EngineMemory, collocated: bool, of
     offloaded = {"weights": offload_weight, "optimizer": offload_optimizer, "grads": offload_grad}
     kept = CUDA_RESERVE_BYTES + sum(st[k] for part, keys in parts.items() if not offloaded[part] for k in keys)
     host = sum(st[k] for part, keys in parts.items() if offloaded[part] and part != "grads" for k in keys)
+    host += st.get(CRITIC_STATE, 0)  # the critic offloads whole when collocated (config/rules/critic.py)
     onloaded = st["weights"] + st["reference model"] if x.fsdp and offload_weight else 0
     if not collocated:
         host = 0  # the actor offloads only to give a shared GPU to the engine

@@ -45,6 +45,16 @@ ACTOR_BEHAVIOUR_WEIGHT_CLIP_FRACTION = "actor/behaviour_weight_clip_fraction"
 ACTOR_BEHAVIOUR_KL = "actor/behaviour_kl"
 ACTOR_BEHAVIOUR_METRICS = (ACTOR_BEHAVIOUR_WEIGHT_MEAN, ACTOR_BEHAVIOUR_WEIGHT_CLIP_FRACTION, ACTOR_BEHAVIOUR_KL)
 
+# PPO's critic (training/ppo_math.py:value_loss), over the loss tokens, on steps with algorithm.adv_type: gae: the
+# clipped value loss, the share of tokens whose clipped term was the larger, the mean value and the explained
+# variance 1 - Var(returns - values) / Var(returns)
+CRITIC_PREFIX = "critic"
+CRITIC_VALUE_LOSS = "critic/value_loss"
+CRITIC_VF_EXPLAINED_VAR = "critic/vf_explained_var"
+CRITIC_VALUES_MEAN = "critic/values_mean"
+CRITIC_VALUE_CLIP_FRAC = "critic/value_clip_frac"
+CRITIC_METRICS = (CRITIC_VALUE_LOSS, CRITIC_VF_EXPLAINED_VAR, CRITIC_VALUES_MEAN, CRITIC_VALUE_CLIP_FRAC)
+
 # trainer: phase times (seconds) and throughput
 TIME_ROLLOUT = "time/rollout"
 TIME_TOOL = "time/tool"

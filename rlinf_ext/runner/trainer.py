@@ -134,6 +134,12 @@ def engine_counts_mismatches(cfg: ExperimentConfig) -> bool:
     return cfg.rollout.model.model_type == "qwen2.5_vl" and cfg.rollout.rollout_backend != "hf"
 
 
+def critic_step_metrics(training: list[dict]) -> dict[str, float]:
+    """PPO: the critic's ``critic/...`` metrics of the step (the mean over its mini-batches; absent without a critic)."""
+    keys = sorted({key for m in training for key in m if key.startswith(mk.CRITIC_PREFIX + "/")})
+    return {key: float(sum(m[key] for m in training) / len(training)) for key in keys}
+
+
 # --------------------------------------------------------------------------------------------- runner
 class GRPOTrainer:
     reads_engine_state = False  # __init__: engine_counts_mismatches(cfg); fakes built without __init__ keep False
@@ -492,7 +498,8 @@ class GRPOTrainer:
             if key in last:
                 metrics[mk.prefixed(mk.ACTOR_PREFIX, key)] = (
                     float(sum(m[key] for m in training) / len(training)) if key != "lr" else float(last[key]))
-        metrics[mk.ACTOR_OPTIMIZER_STEPS] = float(len(training))
+        metrics[mk.ACTOR_OPTIMIZER_STEPS] = float(sum("loss" in m for m in training))  # 0 in critic.critic_warmup
+        metrics.update(critic_step_metrics(training))
         return metrics
 
     # ------------------------------------------------------------------ validation
@@ -596,7 +603,7 @@ class GRPOTrainer:
                 done, ckpt = self._finish_step(metrics, trajectories)
                 last_ckpt = ckpt or last_ckpt
                 bar.update(1)
-                bar.set_postfix(reward=f"{metrics[mk.REWARD_MEAN]:.3f}", loss=f"{metrics[mk.ACTOR_LOSS]:.4f}")
+                bar.set_postfix(reward=f"{metrics[mk.REWARD_MEAN]:.3f}", loss=f"{metrics.get(mk.ACTOR_LOSS, math.nan):.4f}")
         finally:
             bar.close()
         drained = self.drain()  # a stop leaves the batches read ahead in flight (never on an error: see shutdown)

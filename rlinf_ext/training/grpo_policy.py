@@ -40,6 +40,10 @@ class Sample:
     behaviour_logprobs: torch.Tensor | None = None
     versions: list[int] | None = None  # per response token: the weight version that sampled it, -1 on observations
     uid: str = ""  # the trajectory's name in errors: its result's uid and its index in the group ("uid#i")
+    # gae (PPO with a critic, training/critic.py): per response token, 0 on observations; None with GRPO
+    advantages: torch.Tensor | None = None  # whitened GAE advantages: the policy loss reads them instead of GRPO's
+    values: torch.Tensor | None = None  # the critic's values at the start of the step (the value clip's anchor)
+    returns: torch.Tensor | None = None  # the critic's targets
 
 
 @dataclass
@@ -93,7 +97,11 @@ class GRPOPolicy:
 
     # ------------------------------------------------------------------ training
     def advantages(self, samples: Sequence[Sample]) -> torch.Tensor:
-        """One GRPO advantage per trajectory ``[N]`` (groups are ``group_size`` consecutive samples)."""
+        """One GRPO advantage per trajectory ``[N]`` (groups are ``group_size`` consecutive samples). With gae the
+        samples carry per-token advantages, which the loss reads; this is then each trajectory's mean over its
+        generated tokens, for the advantage metrics only."""
+        if self.settings.adv_type == "gae":
+            return torch.tensor([_token_mean_advantage(s) for s in samples])
         rewards = torch.tensor([float(s.reward) for s in samples])
         ones = torch.ones(len(samples), 1)
         adv = compute_advantages(
@@ -119,7 +127,10 @@ class GRPOPolicy:
             ref = response_scatter(pad_rows(_present([c.ref_logprobs for c in chunk])), batch).to(self.device)
         if behaviour:
             behav = response_scatter(pad_rows([c.behaviour_logprobs for c in chunk]), batch).to(self.device)
-        adv = (chunk_adv.to(self.device)[:, None] * mask).float()
+        if s.adv_type == "gae":  # per token (GAE), laid out like the log-probs
+            adv = response_scatter(pad_rows(_present_advantages(chunk)), batch).to(self.device).float() * mask
+        else:
+            adv = (chunk_adv.to(self.device)[:, None] * mask).float()
         return grpo_actor_loss(logprobs, old, adv, mask, s.loss, ref_logprobs=ref, entropy=entropy,
                                num_tokens=num_tokens, behaviour_logprobs=behav)
 
@@ -180,18 +191,11 @@ class GRPOPolicy:
         n = layout.global_size
         adv = self.advantages(samples)  # groups are whole on every rank: local = global advantages
         behaviour = self.uses_behaviour(samples, layout.global_size)
-        order = list(range(n))
-        if s.shuffle_rollout:
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(s.seed + step)).tolist()
-        local_pos = {g: i for i, g in enumerate(layout.global_index)}
-        per_mb = n // s.n_minibatches
         total_opt_steps = s.total_train_steps * s.n_minibatches
         results = []
         self.onload()
         self.model.train()
-        for m in range(s.n_minibatches):
-            # this rank's part of global mini-batch m, in the global order
-            idx = [local_pos[g] for g in order[m * per_mb : (m + 1) * per_mb] if g in local_pos]
+        for idx in self.minibatches(layout, step):
             mb, mb_adv = [samples[i] for i in idx], adv[idx]
             # token-mean over the GLOBAL mini-batch: every rank divides by the same count
             num_tokens = self.dp.sum_float(float(sum(sum(x.response_mask) for x in mb)), self.device)
@@ -214,6 +218,19 @@ class GRPOPolicy:
                 sums["loss_scale"] = result.loss_scale
             results.append(sums)
         return results
+
+    def minibatches(self, layout: ShardLayout, step: int) -> list[list[int]]:
+        """This rank's part of each of the step's ``n_minibatches`` global mini-batches (local indices, in the
+        global order, shuffled by ``seed + step`` with ``algorithm.shuffle_rollout``): the critic trains on the same
+        mini-batches as the policy."""
+        s, n = self.settings, layout.global_size
+        order = list(range(n))
+        if s.shuffle_rollout:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(s.seed + step)).tolist()
+        local_pos = {g: i for i, g in enumerate(layout.global_index)}
+        per_mb = n // s.n_minibatches
+        return [[local_pos[g] for g in order[m * per_mb : (m + 1) * per_mb] if g in local_pos]
+                for m in range(s.n_minibatches)]
 
     def _check_layout(self, samples: Sequence[Sample], layout: ShardLayout | None) -> ShardLayout:
         if layout is None:
@@ -266,3 +283,16 @@ def _present(rows: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
     if any(r is None for r in rows):
         raise ValueError("missing log-probs for a sample (old or reference); recompute them before training.")
     return list(rows)
+
+
+def _token_mean_advantage(smp: Sample) -> float:
+    adv = _present_advantages([smp])[0]
+    mask = torch.as_tensor(smp.response_mask, dtype=torch.float32)
+    return float((adv.float() * mask).sum() / max(float(mask.sum()), 1.0))
+
+
+def _present_advantages(rows: Sequence[Sample]) -> list[torch.Tensor]:
+    if any(r.advantages is None or len(r.advantages) != len(r.response_ids) for r in rows):
+        raise ValueError("algorithm.adv_type=gae: a trajectory has no per-token advantages (or not one per response "
+                         "token); the actor worker computes them from the critic's values before training.")
+    return [r.advantages for r in rows]

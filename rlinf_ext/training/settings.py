@@ -6,7 +6,7 @@ error names the key). Names follow RLinf (``config/schema.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlinf_ext.config.schema import ActorModelConfig, ExperimentConfig, SamplingParamsConfig
@@ -81,7 +81,8 @@ class ActorSettings:
         if alg.kl_beta > 0 and alg.kl_penalty_type != "low_var_kl":
             raise ValueError(f"algorithm.kl_penalty_type={alg.kl_penalty_type!r}: only 'low_var_kl' is implemented.")
         if alg.normalize_advantages:
-            raise ValueError("algorithm.normalize_advantages=True is not supported with GRPO (RLinf asserts it off).")
+            raise ValueError("algorithm.normalize_advantages=True is not supported: GRPO's advantages are normalised "
+                             "within groups (RLinf asserts it off) and gae whitens its own (training/ppo_math.py).")
         return cls(
             group_size=int(alg.group_size),
             n_minibatches=int(alg.n_minibatches),
@@ -129,3 +130,31 @@ class ActorSettings:
 def transformer_overrides(model: ActorModelConfig) -> dict[str, Any]:
     """The ``actor.model`` keys Megatron's ``TransformerConfig`` takes as they are (recompute, fusions)."""
     return {key: getattr(model, key) for key in TRANSFORMER_CONFIG_KEYS}
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """PPO's critic (``critic.*`` and the GAE keys of ``algorithm``): ``train`` is the critic's own optimizer and
+    micro-batch settings, otherwise the actor's (same model knobs, precision, seed, LR schedule shape)."""
+
+    train: ActorSettings
+    model_path: str
+    gamma: float = 1.0
+    gae_lambda: float = 1.0
+    value_clip: float = 0.5
+    critic_warmup: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: ExperimentConfig, actor: ActorSettings) -> CriticSettings:
+        critic, alg, optim = cfg.critic, cfg.algorithm, cfg.critic.optim
+        offload = bool(critic.offload)
+        train = replace(
+            actor, micro_batch_size=int(critic.micro_batch_size), logprob_micro_batch_size=int(critic.micro_batch_size),
+            optimizer=str(optim.optimizer), lr=float(optim.lr), weight_decay=float(optim.weight_decay),
+            adam_beta1=float(optim.adam_beta1), adam_beta2=float(optim.adam_beta2), adam_eps=float(optim.adam_eps),
+            clip_grad=float(optim.clip_grad), use_distributed_optimizer=bool(optim.use_distributed_optimizer),
+            loss_scale=None if optim.loss_scale is None else float(optim.loss_scale),
+            offload_weight=offload, offload_optimizer=offload, offload_grad=offload)
+        return cls(train=train, model_path=str(critic.model_path), gamma=float(alg.gamma),
+                   gae_lambda=float(alg.gae_lambda), value_clip=float(alg.value_clip),
+                   critic_warmup=int(critic.critic_warmup))

@@ -11,6 +11,12 @@ if needed. Weights go to the rollout in the rollout's dtype, along the routes of
 A threaded (sync) actor, like RLinf's, so
 calls run in submission order.
 
+PPO (``algorithm.adv_type: gae``): the critic (``training/critic.py``) lives in the same processes, built after
+the policy on the same data-parallel group. ``run_training`` computes its values, the GAE, trains the critic on the
+policy's mini-batches, then the policy (not during ``critic.critic_warmup``); the critic offloads with the actor,
+and right after its update while the policy trains (``critic.offload``). Its checkpoint is the ``critic`` directory
+beside the actor's (``CRITIC_DIR``), saved and loaded with it, so resume and the SIGTERM checkpoint carry it.
+
 Data parallelism: the group's N processes are N data-parallel ranks (TP=PP=1 each; torch.distributed on
 RLinf's ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``, gloo on CPU, nccl on CUDA). The runner calls
 every method on the whole group with the step's total ``num_results``; each rank takes ``num_results / N``
@@ -34,7 +40,7 @@ from rlinf_ext.models.cpu_shims import env_init_method, init_parallel_state
 from rlinf_ext.protocol.payloads import AgentRolloutResult, pad_rows
 from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
 from rlinf_ext.training.grpo_policy import MMSample, Sample
-from rlinf_ext.training.settings import ActorSettings
+from rlinf_ext.training.settings import ActorSettings, CriticSettings
 from rlinf_ext.models.memory import BUCKET_BYTES
 from rlinf_ext.sync.weight_sync import (
     CastView,
@@ -51,8 +57,17 @@ from rlinf_ext.sync.sglang_transfer import SGLangDistributedSender, uses_sglang_
 from rlinf_ext.sync.vllm_transfer import VLLMTransferSender, transfer_backend
 
 if TYPE_CHECKING:  # the policies import Megatron / transformers: only build_policy, in the worker, loads them
+    from rlinf_ext.training.critic import MegatronCritic
     from rlinf_ext.training.fsdp_policy import FSDPPolicy
     from rlinf_ext.training.megatron_policy import MegatronPolicy
+
+
+CRITIC_DIR = "critic"  # the critic's checkpoint: <global_step_N>/critic, beside <global_step_N>/actor
+
+
+def critic_dir(actor_dir: str) -> str:
+    """Where the critic's checkpoint lies for the actor's ``actor_dir``."""
+    return os.path.join(os.path.dirname(os.path.normpath(actor_dir)), CRITIC_DIR)
 
 
 def samples_of(results: list[AgentRolloutResult]) -> list[Sample]:
@@ -136,6 +151,8 @@ class ActorWorker(Worker):
         self.cfg = cfg
         self.settings = ActorSettings.from_config(cfg, total_train_steps)
         self.policy: MegatronPolicy | FSDPPolicy | None = None
+        self.critic_settings = CriticSettings.from_config(cfg, self.settings) if cfg.critic.use_critic_model else None
+        self.critic: MegatronCritic | None = None
         self._sync_routes: SyncRoutes | None = None  # set by the runner once the rollout group exists
         self._sync_bucket_bytes = BUCKET_BYTES
         # GPU routes through an engine's own API: vLLM's weight transfer, SGLang's distributed update (disaggregated)
@@ -147,10 +164,15 @@ class ActorWorker(Worker):
             torch.set_num_threads(max(torch.get_num_threads(), 1))
             self._init_data_parallel()
             self.policy = build_policy(self.cfg, self.settings)
+            if self.critic_settings is not None:
+                from rlinf_ext.training.critic import MegatronCritic  # lazy: Megatron-core, in the worker only
+
+                self.critic = MegatronCritic(self.critic_settings)
             self.log_info(
                 f"actor rank {self._rank}/{self._world_size} ready on {self.policy.device}: "
                 f"{sum(p.numel() for p in self.policy.model.parameters()):,} params, data-parallel size "
-                f"{self.policy.dp.size}, reference={'yes' if self.policy.ref_model is not None else 'no'}"
+                f"{self.policy.dp.size}, reference={'yes' if self.policy.ref_model is not None else 'no'}, "
+            f"critic={'yes' if self.critic is not None else 'no'}"
             )
 
     def _init_data_parallel(self) -> None:
@@ -172,6 +194,8 @@ class ActorWorker(Worker):
         """Give the GPU to the collocated rollout engine (no-op on CPU, see ``MegatronPolicy.offload``)."""
         with self.worker_timer():
             self.policy.offload()  # actor.offload_weight / offload_optimizer / offload_grad (ActorSettings)
+            if self.critic is not None:
+                self.critic.offload()  # critic.offload; it onloads itself when the step reaches it
 
     def onload_engine(self) -> None:
         with self.worker_timer():
@@ -301,8 +325,24 @@ class ActorWorker(Worker):
                 raise ValueError("run_training got results without recomputed_logprobs; run run_inference first "
                                  "(algorithm.recompute_logprobs must be true).")
             layout = shard_layout([r.uid for r in results], [r.num_sequence for r in results], dp)
+            if self.critic is not None:
+                return rollout_metrics(samples, dp), self._ppo_step(samples, step, layout)
             training = self.policy.train_step(samples, step, layout)
             return rollout_metrics(samples, dp), training
+
+    def _ppo_step(self, samples: list[Sample], step: int, layout) -> list[dict[str, float]]:
+        """PPO with the critic: values, GAE, the critic's update, then the policy's (none during
+        ``critic.critic_warmup``). One metrics dict per mini-batch, the critic's ``critic/...`` beside the actor's."""
+        from rlinf_ext.training.critic import assign_gae  # lazy: Megatron-core, in the actor's process only
+
+        for smp, values in zip(samples, self.critic.compute_values(samples)):
+            smp.values = values
+        step_metrics = assign_gae(samples, self.critic_settings, self.policy.dp)
+        critic = self.critic.train_values(samples, self.policy.minibatches(layout, step))
+        self.critic.offload()  # critic.offload: the policy's update gets the GPU
+        warmup = step < self.critic_settings.critic_warmup
+        actor = [{} for _ in critic] if warmup else self.policy.train_step(samples, step, layout)
+        return [{**a, **c, **step_metrics} for a, c in zip(actor, critic)]
 
     def compute_logprobs(self, prompt_ids, response_ids, response_masks, reference: bool = False) -> list[list[float]]:
         """Response log-probs of given sequences under the current policy (or the reference)."""
@@ -320,7 +360,16 @@ class ActorWorker(Worker):
         gathered); data-parallel rank 0 writes."""
         with self.worker_timer():
             self.policy.save(save_path, iteration=step)
+            if self.critic is not None:
+                self.critic.save(critic_dir(save_path), iteration=step)
 
     def load_checkpoint(self, load_path: str) -> None:
         with self.worker_timer():
             self.policy.load(load_path)
+            if self.critic is not None:
+                if not os.path.isdir(critic_dir(load_path)):
+                    raise FileNotFoundError(
+                        f"critic.use_critic_model=true but the checkpoint has no critic: {critic_dir(load_path)} is "
+                        "missing (a GRPO run's checkpoint?). Resume a PPO run's checkpoint, or start without "
+                        "runner.resume_dir.")
+                self.critic.load(critic_dir(load_path))

@@ -77,10 +77,10 @@ def test_accepted_values_that_follow_other_keys():
 
 
 def test_a_compat_section_holds_only_compat_keys():
-    by_key = {issue.key: issue for issue in check_config("tiny-cpu", ["critic.use_critic_model=true",
-                                                                      "critic.use_critic_modl=false"]).issues}
-    assert "GRPO needs no critic" in by_key["critic.use_critic_model"].reason
-    assert "did you mean critic.use_critic_model" in by_key["critic.use_critic_modl"].fix
-    assert check_config("tiny-cpu", ["critic.use_critic_model=false"]).ok
-    # booleans are not numbers: 1 is not the accepted false
-    assert not check_config("tiny-cpu", ["critic.use_critic_model=0"]).ok
+    by_key = {issue.key: issue for issue in check_config("tiny-cpu", ["actor.tokenizer.use_fast=false",
+                                                                      "actor.tokenizer.use_fsat=true"]).issues}
+    assert "transformers' default" in by_key["actor.tokenizer.use_fast"].reason
+    assert "did you mean actor.tokenizer.use_fast" in by_key["actor.tokenizer.use_fsat"].fix
+    assert check_config("tiny-cpu", ["actor.tokenizer.use_fast=true"]).ok
+    # booleans are not numbers: 1 is not the accepted true
+    assert not check_config("tiny-cpu", ["actor.tokenizer.use_fast=1"]).ok
