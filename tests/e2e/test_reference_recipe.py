@@ -167,9 +167,11 @@ def test_the_tiny_recipe_runs_every_step(recipe):
     check_tables_against_generations(recipe.eval_dir, 1)
     generations = [json.loads(x) for x in (recipe.eval_dir / "generations.jsonl").read_text().splitlines()]
     assert all(g["error"] is None and g["turns"] and g["response_length"] > 0 for g in generations)
-    header = "| run | " + " | ".join(DISPLAY_NAMES[b] for b in PAPER_ORDER) + " | Avg | n |"
+    header = "| run | " + " | ".join(DISPLAY_NAMES[b] for b in PAPER_ORDER) + " | Avg | n | settings |"
     report = log[log.rindex(header):]
-    assert re.search(rf"^\| searchr1-eval-{CONFIG} \|( \d\.\d{{3}} \|){{8}} 7 \|$", report, re.M), report
+    # the settings column: the tiny recipe's (1 turn, fp32 on CPU, Search-R1's EOS rule, top-1)
+    assert re.search(rf"^\| searchr1-eval-{CONFIG} \|( \d\.\d{{3}} \|){{8}} 7 \| "
+                     r"1 search turns, fp32, EOS without action: retry, top-1 \|$", report, re.M), report
     assert "| Search-R1 paper: Qwen2.5-3B-Instruct GRPO |" in report, report
 
 
