@@ -28,6 +28,7 @@ def _critic_settings(model, **kw):
     return CriticSettings(train=train, model_path=str(model), **kw)
 
 
+@pytest.mark.slow  # a Megatron policy and its critic built, stepped and saved: ~14 s on 2 cores
 @pytest.mark.timeout(120)
 def test_critic_values_gae_update_and_checkpoint(tiny_model, tmp_path, actor_samples):
     settings = _critic_settings(tiny_model, value_clip=10.0)

@@ -169,6 +169,7 @@ def _refusing_rank(rank: int, port: int, out_dir: str) -> None:
         f.write(message)
 
 
+@pytest.mark.slow  # two gloo ranks: ~13 s in CI
 @pytest.mark.timeout(120)
 def test_every_data_parallel_rank_refuses_a_non_finite_engine_logprob_together(tmp_path):
     """A rank raising alone would leave the other waiting in the step's next collective: both refuse, the rank
