@@ -2,14 +2,17 @@
 agent-loop worker at once: RLinf's WorkerGroup over the real ``AgentLoopWorker`` (an async actor) must run them
 concurrently, each on its own DataLoader/Rollout sub-queue. The test is the rollout engine: it reads the generate
 requests of both batches before it answers any (one call at a time could not send batch 1's requests before batch
-0 had its replies), then answers batch 1 first."""
+0 had its replies), then answers batch 1 first. A stop's drain cancels such calls and the worker serves on."""
 
 from __future__ import annotations
 
+import signal
 import threading
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
-from trainer_helpers import make_cfg
+from trainer_helpers import kill_groups, make_cfg
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: a Ray worker
 
@@ -32,89 +35,89 @@ def read(channel, count: int, seconds: float) -> list:
     return got
 
 
-def test_two_overlapping_rollouts_on_one_agent_loop_worker(tiny_assets, tmp_path, cluster):
+@dataclass
+class AgentLoop:
+    """One launched agent-loop worker group and the step channels it was initialised with."""
+
+    cfg: Any
+    group: Any
+    q: dict
+
+    def dispatch(self, b: int):
+        """Batch ``b``'s one-prompt request on its own sub-queues; the call's handle."""
+        from rlinf_ext.protocol import channels as ch
+        from rlinf_ext.protocol.payloads import AgentRolloutRequest
+
+        requests, results = self.q[ch.DATALOADER].sub(ch.batch_key(b)), self.q[ch.ROLLOUT].sub(ch.batch_key(b))
+        requests.put(AgentRolloutRequest(n=GROUP, input_ids=[PROMPTS[b]], image_data=[[]], answers=[["paris"]],
+                                         multi_modal_inputs=[None], uids=[f"s{b}-0000-q"], seed=b, tasks=[]))
+        return self.group.run_agentloop_rollout(requests, results)
+
+
+@pytest.fixture
+def agent_loop(tiny_assets, tmp_path, cluster, request):
     from rlinf.scheduler import Channel
-    from transformers import AutoTokenizer
 
     from rlinf_ext.protocol import channels as ch
-    from rlinf_ext.protocol.channels import KeyedChannel, batch_key
-    from rlinf_ext.protocol.payloads import AgentRolloutRequest
-    from rlinf_ext.runner.groups import cpu_strategy
+    from rlinf_ext.protocol.channels import KeyedChannel
+    from rlinf_ext.runner.groups import WorkerGroups, cpu_strategy
     from rlinf_ext.workers.agent_loop import AgentLoopWorker
 
+    name = "AgentLoop" + request.node.name.split("_")[1].capitalize()  # a group and channel of this test's own
     cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:9", **{"algorithm.group_size": GROUP})
     group = AgentLoopWorker.create_group(cfg, search_server_addr="127.0.0.1:9").launch(
-        cluster, placement_strategy=cpu_strategy(1), name="AgentLoopOverlap")
-    channel = Channel.create("agent-loop-overlap")
-    q = {name: KeyedChannel(channel, name) for name in ch.STEP_CHANNELS}
+        cluster, placement_strategy=cpu_strategy(1), name=name)
+    channel = Channel.create(f"{name.lower()}-channel")
+    q = {key: KeyedChannel(channel, key) for key in ch.STEP_CHANNELS}
     try:
         group.init_worker(q[ch.GENERATE_INPUT], q[ch.GENERATE_OUTPUT]).wait()
-        handles = {}
-        for b, prompt in PROMPTS.items():
-            requests, results = q[ch.DATALOADER].sub(batch_key(b)), q[ch.ROLLOUT].sub(batch_key(b))
-            requests.put(AgentRolloutRequest(n=GROUP, input_ids=[prompt], image_data=[[]], answers=[["paris"]],
-                                             multi_modal_inputs=[None], uids=[f"s{b}-0000-q"], seed=b, tasks=[]))
-            handles[b] = group.run_agentloop_rollout(requests, results)
-
-        generate = read(q[ch.GENERATE_INPUT], 2 * GROUP, seconds=120)
-        by_batch = {b: [r for r in generate if r["prompt_ids"][:3] == prompt] for b, prompt in PROMPTS.items()}
-        assert [len(by_batch[b]) for b in PROMPTS] == [GROUP, GROUP], "the two calls did not run at once"
-
-        ids = AutoTokenizer.from_pretrained(cfg.rollout.model.model_path).encode(ANSWER)
-        for b in (1, 0):  # the later batch is answered first
-            for request in by_batch[b]:
-                reply = {"output_ids": ids, "text": ANSWER, "finish_reason": "stop", "matched_stop": "</answer>",
-                         "logprobs": None, "num_generated": len(ids)}
-                q[ch.GENERATE_OUTPUT].put(reply, key=request["channel_key"])
-        for b in (1, 0):
-            [out] = handles[b].wait()
-            assert out["num_trajectories"] == GROUP
-            assert {t["uid"] for t in out["trajectories"]} == {f"s{b}-0000-q"}
-            [result] = read(q[ch.ROLLOUT].sub(batch_key(b)), 1, seconds=30)
-            assert result.uid == f"s{b}-0000-q" and result.num_sequence == GROUP
+        yield AgentLoop(cfg, group, q)
     finally:
-        from trainer_helpers import kill_groups
-
-        from rlinf_ext.runner.groups import WorkerGroups
-
         kill_groups(WorkerGroups(rollout=None, actor=None, reward=None, agent_loop=group, placement=None))
 
 
-def test_a_discarded_rollout_is_cancelled_at_its_turn_and_the_worker_serves_on(tiny_assets, tmp_path, cluster):
-    """A stop's drain (``runner/groups.py:abort_call``): the agent loop waiting for a reply that never comes ends on
-    the cancellation (Ray cancels the async actor's task) within the bound, and the worker takes the next call."""
-    import signal
-
-    from rlinf.scheduler import Channel
+def test_two_overlapping_rollouts_on_one_agent_loop_worker(agent_loop):
+    from transformers import AutoTokenizer
 
     from rlinf_ext.protocol import channels as ch
-    from rlinf_ext.protocol.channels import KeyedChannel, batch_key
-    from rlinf_ext.protocol.payloads import AgentRolloutRequest
-    from rlinf_ext.runner.groups import WorkerGroups, abort_call, cpu_strategy, is_cancellation, quiet_worker_failures
-    from rlinf_ext.workers.agent_loop import AgentLoopWorker
-    from trainer_helpers import kill_groups
+    from rlinf_ext.protocol.channels import batch_key
 
+    q = agent_loop.q
+    handles = {b: agent_loop.dispatch(b) for b in PROMPTS}
+    generate = read(q[ch.GENERATE_INPUT], 2 * GROUP, seconds=120)
+    by_batch = {b: [r for r in generate if r["prompt_ids"][:3] == prompt] for b, prompt in PROMPTS.items()}
+    assert [len(by_batch[b]) for b in PROMPTS] == [GROUP, GROUP], "the two calls did not run at once"
+
+    ids = AutoTokenizer.from_pretrained(agent_loop.cfg.rollout.model.model_path).encode(ANSWER)
+    for b in (1, 0):  # the later batch is answered first
+        for request in by_batch[b]:
+            reply = {"output_ids": ids, "text": ANSWER, "finish_reason": "stop", "matched_stop": "</answer>",
+                     "logprobs": None, "num_generated": len(ids)}
+            q[ch.GENERATE_OUTPUT].put(reply, key=request["channel_key"])
+    for b in (1, 0):
+        [out] = handles[b].wait()
+        assert out["num_trajectories"] == GROUP
+        assert {t["uid"] for t in out["trajectories"]} == {f"s{b}-0000-q"}
+        [result] = read(q[ch.ROLLOUT].sub(batch_key(b)), 1, seconds=30)
+        assert result.uid == f"s{b}-0000-q" and result.num_sequence == GROUP
+
+
+def test_a_discarded_rollout_is_cancelled_at_its_turn_and_the_worker_serves_on(agent_loop):
+    """A stop's drain (``runner/groups.py:abort_call``): the agent loop waiting for a reply that never comes ends on
+    the cancellation (Ray cancels the async actor's task) within the bound, and the worker takes the next call."""
+    from rlinf_ext.protocol import channels as ch
+    from rlinf_ext.runner.groups import abort_call, is_cancellation, quiet_worker_failures
+
+    q = agent_loop.q
     rlinf_handler = signal.getsignal(signal.SIGUSR1)
     quiet_worker_failures()  # as the launcher does: RLinf's handler would tear the cluster down at the cancellation
-    cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:9", **{"algorithm.group_size": GROUP})
-    group = AgentLoopWorker.create_group(cfg, search_server_addr="127.0.0.1:9").launch(
-        cluster, placement_strategy=cpu_strategy(1), name="AgentLoopAbort")
-    channel = Channel.create("agent-loop-abort")
-    q = {name: KeyedChannel(channel, name) for name in ch.STEP_CHANNELS}
     try:
-        group.init_worker(q[ch.GENERATE_INPUT], q[ch.GENERATE_OUTPUT]).wait()
-        handles = []
-        for b in (0, 1):
-            requests, results = q[ch.DATALOADER].sub(batch_key(b)), q[ch.ROLLOUT].sub(batch_key(b))
-            requests.put(AgentRolloutRequest(n=GROUP, input_ids=[PROMPTS[b]], image_data=[[]], answers=[["paris"]],
-                                             multi_modal_inputs=[None], uids=[f"s{b}-0000-q"], seed=b, tasks=[]))
-            handles.append(group.run_agentloop_rollout(requests, results))
+        handles = [agent_loop.dispatch(b) for b in PROMPTS]
         assert len(read(q[ch.GENERATE_INPUT], 2 * GROUP, seconds=120)) == 2 * GROUP  # both wait for replies
         error = abort_call(handles[0], "agent_loop", "run_agentloop_rollout", timeout_s=30)
         assert error is not None and is_cancellation(error), error
         assert not handles[1].done()  # the other batch is untouched ...
         assert is_cancellation(abort_call(handles[1], "agent_loop", "run_agentloop_rollout", timeout_s=30))
-        assert group.init_worker(q[ch.GENERATE_INPUT], q[ch.GENERATE_OUTPUT]).wait() == [None]  # ... and it serves on
+        assert agent_loop.group.init_worker(q[ch.GENERATE_INPUT], q[ch.GENERATE_OUTPUT]).wait() == [None]  # serves on
     finally:
-        kill_groups(WorkerGroups(rollout=None, actor=None, reward=None, agent_loop=group, placement=None))
         signal.signal(signal.SIGUSR1, rlinf_handler)
