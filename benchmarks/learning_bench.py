@@ -1,19 +1,22 @@
 """Learning you can see: the tiny experiments' main runs beside their controls, with one figure per world.
 
     python benchmarks/learning_bench.py [--worlds text,vl] [--seeds 1234,2] [--runs main,shuffled,ablated,titles]
-                                        [--control-seeds 1234,2] [--out DIR] [--figures DIR] [--analyse-only]
+                                        [--control-seeds 1234,2] [--out DIR] [--figures DIR] [--figure-tag TAG]
+                                        [--analyse-only]
 
 Text world (`tiny-cpu`, the registry world): `main` per seed; `shuffled` (``reward.shuffle_within_step``: the step's
 rewards permuted before the advantage); `ablated` (the corpus without any asked pair: the search never returns the
-gold pair). VL world (`tiny-mm-cpu`): `main` per seed; `shuffled`; `ablated` (image search returns nothing
-usable); `titles` (the titles' cities permuted among the thumbnails, in train and test caches).
+gold pair); `ppo` per seed (PPO with the Megatron critic, ``algorithm.adv_type=gae``: the same steps and policy
+learning rate as GRPO's) and its control `ppo_shuffled`. VL world (`tiny-mm-cpu`): `main` per seed; `shuffled`;
+`ablated` (image search returns nothing usable); `titles` (the titles' cities permuted among the thumbnails, in train
+and test caches).
 
 Not a test: it measures. Each run is one `run_training` in a child process of its own (its output under
 ``--out``/<world>/<run>; an existing run with a metrics file is analysed, not rerun). Per run it reads metrics.jsonl
 (reward, mixed groups, KL, the validation passes), the trajectories of every step (the answer shares) and, for the
 text world, probes the converted model on the held-out questions (`assets/registry/probes.py`: sampled pass@1,
 counterfactual-follow) beside the warm start's probes from the assets. It prints one table per world (markdown, for
-docs/results.md) and draws ``--figures``/learning_<world>.png: reward per step, held-out accuracy at the
+docs/results.md) and draws ``--figures``/learning_<world><--figure-tag>.png: reward per step, held-out accuracy at the
 validation steps, the stacked answer shares of the first main run, the share of mixed groups, the KL.
 """
 
@@ -44,7 +47,7 @@ ANSWER_CLASSES = ("right", "other_candidate", "other", "gave_up")
 @dataclass(frozen=True)
 class Run:
     world: str
-    name: str  # main-<seed> | shuffled | ablated | titles
+    name: str  # main-<seed> | ppo-<seed> | shuffled | ablated | titles | ppo_shuffled
     overrides: tuple[str, ...]
     seed: int
 
@@ -53,8 +56,14 @@ def seed_overrides(seed: int) -> list[str]:
     return [f"runner.seed={seed}", f"data.seed={seed}", f"actor.seed={seed}"]
 
 
+PPO = ["algorithm.adv_type=gae", "critic.use_critic_model=true"]  # the Megatron critic on the text actor
+PER_SEED_ARMS = {"main": [], "ppo": PPO}  # run on every seed; an FSDP2 VL actor has no critic: ppo is text only
+
+
 def control_overrides(world: str, control: str) -> list[str] | None:
     """The YAML overrides of a control run (None: the world has no such control)."""
+    if control == "ppo_shuffled":
+        return [*PPO, "reward.shuffle_within_step=true"] if world == TEXT else None
     if control == "shuffled":
         return ["reward.shuffle_within_step=true"]
     if world == TEXT and control == "ablated":
@@ -68,14 +77,15 @@ def control_overrides(world: str, control: str) -> list[str] | None:
 
 
 def planned_runs(worlds: list[str], seeds: list[int], runs: list[str], control_seeds: list[int] | None = None) -> list[Run]:
-    """`main-<seed>` per seed; each control on `control_seeds` (default: the first seed), named after the control
-    on the first of them and `<control>-<seed>` on the others."""
+    """`main-<seed>` (and `ppo-<seed>`, text) per seed; each control on `control_seeds` (default: the first seed),
+    named after the control on the first of them and `<control>-<seed>` on the others."""
     control_seeds = control_seeds or seeds[:1]
     out = []
     for world in worlds:
-        if "main" in runs:
-            out += [Run(world, f"main-{s}", tuple(seed_overrides(s)), s) for s in seeds]
-        for control in (r for r in runs if r != "main"):
+        for arm, extra in PER_SEED_ARMS.items():
+            if arm in runs and (arm == "main" or world == TEXT):
+                out += [Run(world, f"{arm}-{s}", tuple(seed_overrides(s) + extra), s) for s in seeds]
+        for control in (r for r in runs if r not in PER_SEED_ARMS):
             overrides = control_overrides(world, control)
             if overrides is None:
                 continue
@@ -227,7 +237,7 @@ def draw(world: str, figures: list[RunFigures], path: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     label = next(iter(val_metrics(world)))
     for f in figures:
-        style = "-" if f.run.name.startswith("main") else "--"
+        style = {"main": "-", "ppo": "-."}.get(f.run.name.split("-")[0], "--")  # per-seed arms solid, controls dashed
         axes[0, 0].plot(f.steps, f.reward, style, label=f.run.name)
         axes[0, 1].plot(f.val_steps, f.val.get(label, []), style + "o", label=f"{f.run.name}, greedy")
         if world == TEXT and f.probes_end and f.steps:
@@ -316,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-seeds", default="", help="seeds of the control runs (default: the first of --seeds)")
     parser.add_argument("--out", default=str(REPO / "outputs" / "learning_bench"))
     parser.add_argument("--figures", default=str(REPO / "docs"))
+    parser.add_argument("--figure-tag", default="", help="appended to the figure's name: learning_<world><TAG>.png")
     parser.add_argument("--analyse-only", action="store_true", help="read the runs under --out, start none")
     parser.add_argument("--run-one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -345,8 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         if not figures:
             continue
         print(f"\n{CONFIG[world]} ({world} world), held-out questions only:\n{table(world, figures, warm_figures(world))}")
-        draw(world, figures, Path(args.figures) / f"learning_{world}.png")
-        print(f"figure: {Path(args.figures) / f'learning_{world}.png'}")
+        figure = Path(args.figures) / f"learning_{world}{args.figure_tag}.png"
+        draw(world, figures, figure)
+        print(f"figure: {figure}")
     return 0
 
 

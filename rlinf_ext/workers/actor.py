@@ -172,7 +172,7 @@ class ActorWorker(Worker):
                 f"actor rank {self._rank}/{self._world_size} ready on {self.policy.device}: "
                 f"{sum(p.numel() for p in self.policy.model.parameters()):,} params, data-parallel size "
                 f"{self.policy.dp.size}, reference={'yes' if self.policy.ref_model is not None else 'no'}, "
-            f"critic={'yes' if self.critic is not None else 'no'}"
+                f"critic={'yes' if self.critic is not None else 'no'}"
             )
 
     def _init_data_parallel(self) -> None:
@@ -372,4 +372,6 @@ class ActorWorker(Worker):
                         f"critic.use_critic_model=true but the checkpoint has no critic: {critic_dir(load_path)} is "
                         "missing (a GRPO run's checkpoint?). Resume a PPO run's checkpoint, or start without "
                         "runner.resume_dir.")
-                self.critic.load(critic_dir(load_path))
+                iteration = self.critic.load(critic_dir(load_path))
+                if self._rank == 0:
+                    self.log_info(f"critic restored from {critic_dir(load_path)} (iteration {iteration})")

@@ -30,6 +30,20 @@ def test_controls_on_several_seeds_are_told_apart():
     assert "runner.seed=2" in runs[1].overrides
 
 
+def test_ppo_runs_per_seed_with_its_own_control_in_the_text_world_only():
+    bench = load_bench()
+    runs = bench.planned_runs(["text", "vl"], [1234, 2], ["main", "ppo", "ppo_shuffled"])
+    assert [(r.world, r.name) for r in runs] == [("text", "main-1234"), ("text", "main-2"), ("text", "ppo-1234"),
+                                                 ("text", "ppo-2"), ("text", "ppo_shuffled"), ("vl", "main-1234"),
+                                                 ("vl", "main-2")]
+    ppo = {r.name: r for r in runs if r.world == "text"}
+    for name in ("ppo-2", "ppo_shuffled"):
+        assert {"algorithm.adv_type=gae", "critic.use_critic_model=true"} <= set(ppo[name].overrides)
+    assert "reward.shuffle_within_step=true" in ppo["ppo_shuffled"].overrides
+    assert "reward.shuffle_within_step=true" not in ppo["ppo-2"].overrides and "runner.seed=2" in ppo["ppo-2"].overrides
+    assert not any("adv_type" in o for o in ppo["main-2"].overrides)
+
+
 def test_the_table_reads_first_and_last_validation():
     bench = load_bench()
     figures = bench.RunFigures(bench.Run("text", "main-1", (), 1))

@@ -227,14 +227,21 @@ STATE = {"model.embed_tokens.weight": torch.arange(16.0).view(4, 4).bfloat16(), 
 
 
 def start_rollouts(wire, controls, syncs, errors):
+    """One thread per rollout rank receiving ``syncs`` transfers; what a rank raises goes to ``errors`` and breaks
+    the rendezvous, so an actor still waiting there fails at once instead of waiting out its timeout."""
     def run(rank):
-        worker = FakeRollout(wire, rank, controls[rank])
+        worker = None
         try:
+            worker = FakeRollout(wire, rank, controls[rank])
             for version in range(1, syncs + 1):
                 asyncio.run(worker._receive_distributed(version))
         except BaseException as exc:
             errors.append(exc)
-        controls[rank].engine.tokenizer_manager.version = worker.weight_version
+            collective = getattr(controls[rank].engine.tokenizer_manager, "collective", None)
+            if collective is not None:
+                collective.rendezvous.abort()
+        if worker is not None:
+            controls[rank].engine.tokenizer_manager.version = worker.weight_version
 
     threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(controls))]
     for t in threads:
@@ -259,7 +266,10 @@ def test_two_engines_of_tp2_join_once_with_their_offsets_and_load_every_bucket_i
     threads = start_rollouts(wire, controls, syncs=2, errors=errors)
     sender = sender_of(wire, collective, engines, tp)
     for version in (1, 2):
-        sender.sync(SyncHeader(version=version, sender=0), lambda: iter(STATE.items()))
+        try:
+            sender.sync(SyncHeader(version=version, sender=0), lambda: iter(STATE.items()))
+        except Exception as exc:  # a rollout rank that died first is the cause: show it
+            raise AssertionError(f"sync {version} failed; the rollout ranks raised {errors!r}") from exc
     for t in threads:
         t.join(WAIT_S)
     assert not errors
