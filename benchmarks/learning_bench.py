@@ -203,7 +203,7 @@ def table(world: str, figures: list[RunFigures], warm: dict[str, float]) -> str:
     """One markdown row per run: held-out accuracy first -> last validation (gain), the end probes, reward first
     vs last 10 steps, mixed groups, wall time."""
     label = next(iter(val_metrics(world)))
-    head = [f"run", f"held-out {label}, first -> last (gain)"]
+    head = ["run", f"held-out {label}, first -> last (gain)"]
     if world == TEXT:
         head += ["sampled pass@1 start -> end", "counterfactual-follow end", "answers right / other cand. / other / gave up, last 10 steps"]
     else:

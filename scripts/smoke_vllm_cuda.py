@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from smoke_common import GIB, Context, Record
-from smoke_stages_vllm import (
+from smoke_vllm_model import (
     CUDA_BUCKET_BYTES,
     CUDA_FRACTION,
     MEMORY_TOL,

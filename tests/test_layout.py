@@ -257,6 +257,32 @@ def test_lazy_imports_have_a_reason(package_imports):
     assert not bad, "\n".join(bad)
 
 
+def read_script_imports(folder: Path) -> tuple[set[str], list[Import]]:
+    """A folder of scripts run as ``python folder/x.py`` (the folder on ``sys.path``, so siblings import by bare
+    name): its modules, and every import of a sibling, function-local ones too."""
+    files = sorted(folder.glob("*.py"))
+    modules = {p.stem for p in files}
+    out: list[Import] = []
+    for path in files:
+        tree = ast.parse(path.read_text())
+        local = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            out += [Import(path.stem, n.split(".")[0], id(node) in local, False, node.lineno)
+                    for n in names if n.split(".")[0] in modules]
+    return modules, out
+
+
+@pytest.mark.parametrize("folder", ["scripts", "benchmarks"])
+def test_no_two_scripts_import_each_other(folder):
+    modules, imports = read_script_imports(PACKAGE_ROOT.parent / folder)
+    cycles = find_cycles(modules, imports)
+    assert not cycles, f"import cycles in {folder}/ (function-local imports included):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)
+
+
 def test_engines_room_is_gone():
     assert not (PACKAGE_ROOT / "engines").exists(), "rlinf_ext/engines was split by role; do not bring it back"
 
@@ -281,6 +307,14 @@ def test_checker_finds_a_cycle_hidden_in_a_function(tmp_path):
     })
     modules, imports = read_imports(pkg)
     assert find_cycles(modules, imports) == [["fakepkg.a.x", "fakepkg.a.y"]]
+
+
+def test_checker_finds_a_cycle_between_two_scripts(tmp_path):
+    (tmp_path / "stage.py").write_text("import common\n\ndef run():\n    from cuda_side import Side\n")
+    (tmp_path / "cuda_side.py").write_text("from stage import helper\n")
+    (tmp_path / "common.py").write_text("import json\n")
+    modules, imports = read_script_imports(tmp_path)
+    assert find_cycles(modules, imports) == [["cuda_side", "stage"]]
 
 
 def test_checker_finds_a_cycle_through_a_package_init(tmp_path):
