@@ -5,7 +5,7 @@ stores the channels; ``run_agentloop_rollout(input_channel, output_channel)`` ta
 generates through the rollout group (``GenerateRequest`` dicts on ``GenerateInput``, ``GenerateReply`` dicts keyed
 by ``channel_key`` on ``GenerateOutput``: ``ChannelGenerator``), lets the agent's rollout
 (``agent/core/rollout.py:AgentRollout``) run each group with its tools, and puts one ``AgentRolloutResult`` per
-prompt group.
+prompt group; the call returns an ``AgentLoopOutput`` (``workers/returns.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from rlinf_ext.protocol.generation import GenerateRequest, GenerationResult, Sam
 from rlinf_ext.protocol.payloads import AgentRolloutRequest
 from rlinf_ext.tools.base import ToolContext
 from rlinf_ext.tools.ledger import tool_ledger
+from rlinf_ext.workers.returns import AgentLoopOutput
 
 
 def request_seed(step_seed: int, prompt_ids: list[int], occurrence: int) -> int:
@@ -86,8 +87,8 @@ class AgentLoopWorker(Worker):
                                   launcher_ip=self.launcher_ip, search_server_addr=self.search_server_addr)
             self.agent = agent_spec(self.cfg).load("rollout")(self.cfg, context)
 
-    async def run_agentloop_rollout(self, input_channel, output_channel) -> dict:
-        """Roll out every prompt group of one request; returns agent metrics, trajectories and tool time."""
+    async def run_agentloop_rollout(self, input_channel, output_channel) -> AgentLoopOutput:
+        """Roll out every prompt group of one request; returns this rank's records, agent metrics and times."""
         with self.worker_timer():
             request: AgentRolloutRequest = await input_channel.get(async_op=True).async_wait()
             generator = ChannelGenerator(self.generate_input_channel, self.generate_output_channel, request.seed)
@@ -102,11 +103,10 @@ class AgentLoopWorker(Worker):
             with tool_ledger() as ledger:
                 done = await asyncio.gather(*(one(task, uid) for task, uid in self.agent.groups(request)))
             trajectories = [t for _, group in done for t in group]
-            return {
-                "metrics": self.agent.metrics(trajectories),
-                "num_trajectories": len(trajectories),
-                "tool_calls": int(sum(calls_of(t, self.agent.tools) for t in trajectories)),
-                "tool_time": ledger.seconds,
-                "wall_time": time.monotonic() - started,
-                "trajectories": [rec for res, _ in done for rec in self.agent.records(res)],
-            }
+            return AgentLoopOutput(
+                trajectories=[rec for res, _ in done for rec in self.agent.records(res)],
+                metrics=self.agent.metrics(trajectories),
+                num_trajectories=len(trajectories),
+                tool_calls=int(sum(calls_of(t, self.agent.tools) for t in trajectories)),
+                tool_time=ledger.seconds,
+                wall_time=time.monotonic() - started)

@@ -23,6 +23,7 @@ from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.agents import agent_spec, agent_tools
 from rlinf_ext.protocol.payloads import AgentRolloutResult
 from rlinf_ext.tools import registry as tool_registry
+from rlinf_ext.workers.returns import RewardOutput
 
 
 def takes_tool_tags(fn: Callable[..., Any]) -> bool:
@@ -77,9 +78,9 @@ class RewardWorker(Worker):
             self.reward_metrics = spec.load("reward_metrics") if spec.has("reward_metrics") else None
             self.tool_tags = configured_tool_tags(self.cfg)  # unknown tools fail at start too
 
-    def compute_rewards(self, input_channel, output_channel, num_results: int, step: int) -> dict:
-        """Score ``num_results`` groups of training step ``step`` (0 = the first); returns ``{"metrics": ...,
-        "rewards": {uid: [..]}}`` (the true rewards, also under ``reward.shuffle_within_step``)."""
+    def compute_rewards(self, input_channel, output_channel, num_results: int, step: int) -> RewardOutput:
+        """Score ``num_results`` groups of training step ``step`` (0 = the first); returns their true rewards
+        (also under ``reward.shuffle_within_step``) and the reward/... metrics."""
         with self.worker_timer():
             all_rewards, all_em, by_uid, scored = [], [], {}, []
             shuffle = bool(self.cfg.reward.shuffle_within_step)
@@ -110,4 +111,4 @@ class RewardWorker(Worker):
                 mk.REWARD_MIXED_GROUPS: mixed_group_share(list(by_uid.values())),
                 **(self.reward_metrics(scored) if self.reward_metrics else {}),
             }
-            return {"metrics": metrics, "rewards": by_uid}
+            return RewardOutput(rewards=by_uid, metrics=metrics)

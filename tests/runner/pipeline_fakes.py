@@ -22,6 +22,7 @@ from signature_checks import checked_against
 
 from rlinf_ext.runner.groups import Placement, WorkerGroups
 from rlinf_ext.sync.weight_sync import SyncRoutes
+from rlinf_ext.workers.returns import AgentLoopOutput, RewardOutput
 
 AGENT_LOOP_CALL = "agent_loop.run_agentloop_rollout"
 
@@ -120,8 +121,8 @@ class World:
         versions = [call["version"]] * 2 + [-1] + [self.engine_version] * 2
         records = [{"uid": uid, "index": i, "prompt_ids": [1], "response_ids": [2] * len(versions),
                     "versions": versions} for uid in call["request"].uids for i in range(self.group_size)]
-        return [{"trajectories": records, "metrics": {"agent/turns": 2.0}, "num_trajectories": len(records),
-                 "tool_time": 0.0, "wall_time": 0.0}]
+        return [AgentLoopOutput(trajectories=records, metrics={"agent/turns": 2.0}, num_trajectories=len(records),
+                                tool_calls=0, tool_time=0.0, wall_time=0.0)]
 
     # ---- reward
     def compute_rewards(self, input_channel, output_channel, num_results, step):
@@ -133,7 +134,7 @@ class World:
                 r.rewards = rewards[r.uid]
                 output_channel.put(r)
             flat = [x for values in rewards.values() for x in values]
-            return [{"metrics": {"reward/mean": sum(flat) / len(flat)}, "rewards": rewards}]
+            return [RewardOutput(rewards=rewards, metrics={"reward/mean": sum(flat) / len(flat)})]
         return work
 
     # ---- actor

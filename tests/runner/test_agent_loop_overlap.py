@@ -96,8 +96,8 @@ def test_two_overlapping_rollouts_on_one_agent_loop_worker(agent_loop):
             q[ch.GENERATE_OUTPUT].put(reply, key=request["channel_key"])
     for b in (1, 0):
         [out] = handles[b].wait()
-        assert out["num_trajectories"] == GROUP
-        assert {t["uid"] for t in out["trajectories"]} == {f"s{b}-0000-q"}
+        assert out.num_trajectories == GROUP
+        assert {t["uid"] for t in out.trajectories} == {f"s{b}-0000-q"}
         [result] = read(q[ch.ROLLOUT].sub(batch_key(b)), 1, seconds=30)
         assert result.uid == f"s{b}-0000-q" and result.num_sequence == GROUP
 

@@ -1,5 +1,5 @@
 """The pure part of dynamic sampling (runner/dynamic_sampling.py), hand-computed: the share unit, what a step trains
-from its scored batches, and the merged returns of several batches."""
+from its scored batches (the merged returns of several batches: tests/workers/test_returns.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from rlinf_ext.protocol import metric_keys as mk
-from rlinf_ext.runner.dynamic_sampling import (is_informative, merge_agent_outputs, merge_reward_outputs,
-                                               select_groups, share_unit)
+from rlinf_ext.runner.dynamic_sampling import is_informative, select_groups, share_unit
 
 
 def group(uid: str, *rewards: float):
@@ -58,29 +57,3 @@ def test_short_of_kept_groups_the_step_pads_to_a_whole_unit_with_dropped_groups(
 def test_a_target_that_is_no_whole_number_of_units_is_refused():
     with pytest.raises(ValueError, match="share units"):
         select_groups([[group("a", *MIXED)]], target=3, unit=2)
-
-
-def agent_out(n: int, turns: float, wall: float, tool: float, tag: str) -> dict:
-    return {"trajectories": [{"uid": f"{tag}{i}"} for i in range(n)], "metrics": {"agent/turns": turns},
-            "num_trajectories": n, "wall_time": wall, "tool_time": tool}
-
-
-def test_merged_agent_outputs_sum_times_and_weight_metrics_by_trajectories():
-    first = [agent_out(4, 2.0, 3.0, 1.0, "a"), agent_out(2, 1.0, 2.0, 0.5, "b")]
-    second = [agent_out(2, 5.0, 4.0, 2.0, "c"), agent_out(2, 4.0, 1.0, 0.0, "d")]
-    rank0, rank1 = merge_agent_outputs([first, second])
-    assert [t["uid"] for t in rank0["trajectories"]] == ["a0", "a1", "a2", "a3", "c0", "c1"]
-    assert (rank0["num_trajectories"], rank0["wall_time"], rank0["tool_time"]) == (6, 7.0, 3.0)
-    assert rank0["metrics"]["agent/turns"] == pytest.approx((4 * 2.0 + 2 * 5.0) / 6)
-    assert rank1["metrics"]["agent/turns"] == pytest.approx(2.5) and rank1["wall_time"] == 3.0
-
-
-def test_merged_reward_outputs_are_the_means_over_every_trajectory():
-    one = {"metrics": {mk.REWARD_MEAN: 0.25, mk.REWARD_MAX: 1.0, mk.REWARD_MIN: 0.0, mk.REWARD_MIXED_GROUPS: 0.5},
-           "rewards": {"a": [0.0, 0.0], "b": [0.0, 1.0]}}
-    two = {"metrics": {mk.REWARD_MEAN: 1.0, mk.REWARD_MAX: 1.0, mk.REWARD_MIN: 1.0, mk.REWARD_MIXED_GROUPS: 0.0},
-           "rewards": {"c": [1.0, 1.0], "d": [1.0, 1.0], "e": [1.0, 1.0], "f": [1.0, 1.0]}}
-    merged = merge_reward_outputs([one, two])
-    assert merged["rewards"] == {**one["rewards"], **two["rewards"]}
-    assert merged["metrics"] == {mk.REWARD_MEAN: pytest.approx(9 / 12), mk.REWARD_MAX: 1.0, mk.REWARD_MIN: 0.0,
-                                 mk.REWARD_MIXED_GROUPS: pytest.approx(1 / 6)}

@@ -21,8 +21,10 @@ from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.protocol.images import ImageRef
 from rlinf_ext.runner.groups import Placement, WorkerGroups
+from rlinf_ext.runner.pipeline import BatchPipeline
 from rlinf_ext.runner.trainer import GRPOTrainer
 from rlinf_ext.sync.weight_sync import SyncRoutes
+from rlinf_ext.workers.returns import AgentLoopOutput
 from rlinf_ext.workers.reward import RewardWorker
 
 SEARCH = "<reason> look it up </reason><search><img></search>"
@@ -69,8 +71,8 @@ class _AgentLoop:
         input_channel.get()  # the step's request
         output_channel.put(group_result([_traj([SEARCH, ANSWER], 1), _traj([ANSWER], 0)], "prompt"))
         records = [{"uid": "u", "index": i, "prompt_ids": [1, 2], "response_ids": [3, 4]} for i in range(2)]
-        return _Done({"trajectories": records, "metrics": {}, "num_trajectories": 2, "tool_time": 0.0,
-                      "wall_time": 0.0})
+        return _Done(AgentLoopOutput(trajectories=records, metrics={}, num_trajectories=2, tool_calls=0,
+                                     tool_time=0.0, wall_time=0.0))
 
 
 class _Reward:
@@ -113,7 +115,7 @@ def _trainer(reward_cfg: RewardConfig) -> GRPOTrainer:
                                                           component_placement={"actor,rollout,reward": "all"}))
     trainer.groups, trainer.verify_sync, trainer.global_step, trainer._rollout_current = groups, False, 0, True
     trainer.channels = {name: _Queue() for name in ("DataLoader", "Rollout", "Reward", "Inference")}
-    trainer.reset_pipeline(0)
+    trainer.pipeline = BatchPipeline(trainer.cfg, groups, trainer.channels, max_staleness=0)
     return trainer
 
 

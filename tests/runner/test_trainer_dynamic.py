@@ -15,7 +15,8 @@ from rlinf_ext.config.loader import load_config
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.runner import trainer as trainer_module
 from rlinf_ext.runner.data_order import BATCHES_READ
-from rlinf_ext.runner.trainer import REFILL_SEED_STRIDE, GRPOTrainer
+from rlinf_ext.runner.pipeline import REFILL_SEED_STRIDE
+from rlinf_ext.runner.trainer import GRPOTrainer
 
 SEED = 7
 BATCH, GROUP = 2, 2
@@ -94,7 +95,7 @@ def test_all_equal_groups_are_dropped_and_refilled_from_the_data_order(tmp_path)
     # reward/... spans every group the step generated: step 1's 4 groups of 2 are 1,1 | 0,1 | 0,0 | 0,1
     assert metrics[1][mk.REWARD_MEAN] == pytest.approx(4 / 8)
     assert metrics[1]["agent/turns"] == 2.0 and metrics[1][mk.ACTOR_LOSS] == 0.5
-    assert trainer.batches_read == 0 and trainer._trained_position == 7  # 7 batches read over 4 steps
+    assert trainer.pipeline.position() == 7  # 7 batches read over 4 steps
     assert not any(trainer._channel.queues.values())  # every group read, the dropped ones included
 
 

@@ -13,15 +13,17 @@ from signature_checks import checked_against
 
 from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.runner.groups import Placement, WorkerGroups
+from rlinf_ext.runner.pipeline import BatchPipeline
+from rlinf_ext.runner.step_metrics import EngineCounters
 from rlinf_ext.runner.trainer import GRPOTrainer
 from rlinf_ext.sync.weight_sync import SyncRoutes
+from rlinf_ext.workers.returns import AgentLoopOutput, RewardOutput
 
 REPLIES = {
-    "agent_loop.run_agentloop_rollout": [{
-        "trajectories": [{"uid": "u", "index": 0, "prompt_ids": [1, 2], "response_ids": [3]}],
-        "metrics": {"agent/turns": 1.0}, "num_trajectories": 1, "tool_time": 0.0, "wall_time": 0.0,
-    }],
-    "reward.compute_rewards": [{"rewards": {"u": [1.0]}, "metrics": {"reward/mean": 1.0}}],
+    "agent_loop.run_agentloop_rollout": [AgentLoopOutput(
+        trajectories=[{"uid": "u", "index": 0, "prompt_ids": [1, 2], "response_ids": [3]}],
+        metrics={"agent/turns": 1.0}, num_trajectories=1, tool_calls=0, tool_time=0.0, wall_time=0.0)],
+    "reward.compute_rewards": [RewardOutput(rewards={"u": [1.0]}, metrics={"reward/mean": 1.0})],
     "actor.run_training": [({"reward_scores": 1.0}, [{"loss": 0.5, "lr": 1e-6}])],
 }
 
@@ -106,7 +108,7 @@ def _trainer(placement: str, validate_every: int = -1, adv_type: str = "grpo") -
     trainer._serving, trainer.resume_dir = None, None
     trainer._validation = _Validation() if validate_every > 0 else None
     trainer._rollout_current, trainer.val_history = False, {}
-    trainer.reset_pipeline(0)
+    trainer.pipeline = BatchPipeline(trainer.cfg, groups, trainer.channels, max_staleness=0)
     return trainer, log
 
 
@@ -237,7 +239,7 @@ def test_engine_mismatch_rate_and_probe_gap_are_logged_per_step(monkeypatch):
 
     monkeypatch.setattr(_Handle, "wait", wait)
     trainer, log = _trainer("cpu", validate_every=1)
-    trainer.reads_engine_state, trainer._engine_counts = True, (0, 0)
+    trainer.engine_counters = EngineCounters(trainer.groups.rollout)
     trainer.init_workers()
     trainer.validate(0)
     item = [{"prompt_ids": [1, 2], "answers": ["a"], "uid": "q"}]
@@ -251,7 +253,7 @@ def test_engine_mismatch_rate_and_probe_gap_are_logged_per_step(monkeypatch):
 
 def test_engine_state_is_read_for_engines_that_expand_images(monkeypatch):
     from rlinf_ext.config import load_config
-    from rlinf_ext.runner.trainer import engine_counts_mismatches
+    from rlinf_ext.runner.step_metrics import engine_counts_mismatches
 
     assert engine_counts_mismatches(load_config("tiny-mm-cpu", ["rollout.rollout_backend=vllm"]))
     for key in ("RLINF_EXT_QWEN25_VL_7B", "RLINF_EXT_FVQA_DATA", "RLINF_EXT_RETRIEVER_ADDR"):

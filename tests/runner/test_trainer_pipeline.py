@@ -69,7 +69,7 @@ def run(out_dir, k: int, steps: int = 6, stop_after: int | None = None, behaviou
 
 
 def nothing_pending(trainer, world) -> bool:
-    return not trainer.in_flight and all(c["handle"].finished for c in world.rollouts)
+    return not trainer.pipeline.in_flight and all(c["handle"].finished for c in world.rollouts)
 
 
 @pytest.mark.parametrize("k", [0, 1, 2])
@@ -183,7 +183,7 @@ def test_a_crash_resumes_from_the_last_periodic_checkpoint_with_the_uninterrupte
 def test_a_stop_is_clean_when_a_discarded_batch_fails(tmp_path, capsys):
     trainer, world, _, summary = run(tmp_path, 2, stop_after=2, failing_batches=(3,))
     assert summary["stopped_early"] and summary["steps"] == 2 and sorted(world.requests) == [0, 1, 2, 3]
-    assert not trainer.in_flight
+    assert not trainer.pipeline.in_flight
     out = capsys.readouterr().out
     assert "2 batch(es) in flight after step 2 were aborted and discarded" in out
     assert "discarded batch 3 ended with RuntimeError: batch 3's rollout failed" in out

@@ -19,6 +19,7 @@ from rlinf_ext.protocol.payloads import AgentRolloutRequest
 from rlinf_ext.tools.image_search import ImageSearchTool
 from rlinf_ext.tools.search import SearchTool, TextSearch
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
+from rlinf_ext.workers.returns import AgentLoopOutput
 from signature_checks import checked_against
 from tests.support.latency_tool import Lookup
 
@@ -73,7 +74,7 @@ def request(tasks: list, batch: str) -> Channel:
     return channel
 
 
-async def two_batches(worker, tasks_a: list, tasks_b: list) -> tuple[dict, dict]:
+async def two_batches(worker, tasks_a: list, tasks_b: list) -> tuple[AgentLoopOutput, AgentLoopOutput]:
     """Both requests on the worker at once, as RLinf's async actor runs two calls of one method."""
     return tuple(await asyncio.gather(worker.run_agentloop_rollout(request(tasks_a, "a"), Channel()),
                                       worker.run_agentloop_rollout(request(tasks_b, "b"), Channel())))
@@ -87,9 +88,9 @@ def test_each_batch_in_flight_is_charged_only_its_own_tool_calls():
 
     worker = worker_with(BarrierAgent([lookup], call, groups_in_all=3))
     out_a, out_b = asyncio.run(two_batches(worker, [["0.25", "0.5"]], [["1.0"], ["2.0"]]))
-    assert out_a["tool_time"] == 0.75  # 0.25 + 0.5: batch a's group only
-    assert out_b["tool_time"] == 3.0  # 1.0 + 2.0: batch b's two groups
-    assert (out_a["tool_calls"], out_b["tool_calls"]) == (2, 2)
+    assert out_a.tool_time == 0.75  # 0.25 + 0.5: batch a's group only
+    assert out_b.tool_time == 3.0  # 1.0 + 2.0: batch b's two groups
+    assert (out_a.tool_calls, out_b.tool_calls) == (2, 2)
 
 
 def test_the_mmsearch_raw_searches_of_both_tools_are_charged_to_their_batch():
@@ -108,6 +109,6 @@ def test_the_mmsearch_raw_searches_of_both_tools_are_charged_to_their_batch():
     worker = worker_with(agent)
     out_a, out_b = asyncio.run(two_batches(worker, [[("image", "q-1"), ("text", "eiffel")]],
                                            [[("text", "louvre"), ("image", "q-2"), ("image", "q-3")]]))
-    assert out_a["tool_time"] == sum(agent.latencies["a-0"])
-    assert out_b["tool_time"] == sum(agent.latencies["b-0"])
+    assert out_a.tool_time == sum(agent.latencies["a-0"])
+    assert out_b.tool_time == sum(agent.latencies["b-0"])
     assert min(agent.latencies["a-0"] + agent.latencies["b-0"]) > 0.0  # every call took measurable time

@@ -55,7 +55,7 @@ def _run(shuffle: bool, step: int = 3):
 def test_without_the_switch_each_group_keeps_its_rewards():
     reply, given = _run(shuffle=False)
     assert given == [[1.0, 1.0, 1.0, 0.0], [0.0] * 4]
-    assert reply["rewards"] == {"a": [1.0, 1.0, 1.0, 0.0], "b": [0.0] * 4}
+    assert reply.rewards == {"a": [1.0, 1.0, 1.0, 0.0], "b": [0.0] * 4}
 
 
 def test_shuffled_rewards_are_the_steps_rewards_permuted_across_groups():
@@ -65,9 +65,9 @@ def test_shuffled_rewards_are_the_steps_rewards_permuted_across_groups():
     assert sorted(flat) == sorted([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])  # same mean and spread
     assert given != [[1.0, 1.0, 1.0, 0.0], [0.0] * 4]  # this seed moves rewards between the groups
     # what the run logs is what the policy earned
-    assert reply["rewards"] == {"a": [1.0, 1.0, 1.0, 0.0], "b": [0.0] * 4}
-    assert reply["metrics"][mk.REWARD_MEAN] == 3 / 8
-    assert reply["metrics"][mk.REWARD_MIXED_GROUPS] == 1 / 2  # group a is mixed, b is not (true rewards)
+    assert reply.rewards == {"a": [1.0, 1.0, 1.0, 0.0], "b": [0.0] * 4}
+    assert reply.metrics[mk.REWARD_MEAN] == 3 / 8
+    assert reply.metrics[mk.REWARD_MIXED_GROUPS] == 1 / 2  # group a is mixed, b is not (true rewards)
 
 
 def test_mixed_group_share():

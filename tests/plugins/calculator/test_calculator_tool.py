@@ -122,4 +122,4 @@ def test_the_reward_worker_scores_with_the_configured_tags(cfg):
     inbox, outbox = queue.Queue(), queue.Queue()
     inbox.put(result_from_group([traj]))
     out = worker.compute_rewards(inbox, outbox, num_results=1, step=0)
-    assert out["rewards"] == {traj.uid: [1.0]} and outbox.get_nowait().rewards.tolist() == [1.0]
+    assert out.rewards == {traj.uid: [1.0]} and outbox.get_nowait().rewards.tolist() == [1.0]
