@@ -31,7 +31,8 @@ def cuda_answering(real, answer):
     return checked_against(real)(lambda *args, **kwargs: answer)
 
 
-def test_evaluation_after_training_leaves_the_table_to_the_launcher(tiny_assets, tmp_path, monkeypatch):
+def test_evaluation_after_training_leaves_the_table_to_the_launcher(tiny_assets_registry, tmp_path, monkeypatch):
+    tiny_assets = tiny_assets_registry  # tiny-cpu-eval.yaml validates on the registry world's held-out file
     calls = []
 
     def fake_run_evaluation(cfg, generator=None, **kwargs):
@@ -122,7 +123,8 @@ class FakeEngine(RecordingEngine):
 
 
 @pytest.mark.parametrize("fails", [False, True])
-def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets, monkeypatch, fails, sglang_source):
+def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets_registry, monkeypatch, fails, sglang_source):
+    tiny_assets = tiny_assets_registry  # tiny-cpu-eval.yaml validates on the registry world's held-out file
     engines: list[FakeEngine] = []
     monkeypatch.setattr(torch.cuda, "is_available", cuda_answering(torch.cuda.is_available, True))
     monkeypatch.setattr(torch.cuda, "device_count", cuda_answering(torch.cuda.device_count, 2))
