@@ -10,7 +10,7 @@ Not a test: it measures. Teacher-forced on the warm start's own scripted turn te
 - searched accuracy: the same after the image-search turn and its cached results (the real loop builds them);
 - the direct accuracy on fresh jitters of the held-out cities' emblems (6 per city).
 The search penalty can teach "answer directly" only if the direct answers are right about as often as the
-searched ones (docs/results.md, 15b and 15c).
+searched ones.
 """
 
 from __future__ import annotations

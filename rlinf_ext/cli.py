@@ -17,6 +17,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "validate": ("rlinf_ext.config.commands", "Check an experiment YAML (all errors at once); exit 1 if invalid."),
     "show": ("rlinf_ext.config.commands", "Print the fully resolved experiment YAML."),
     "plan": ("rlinf_ext.config.commands", "Print the placement and the batch arithmetic of an experiment."),
+    "keys": ("rlinf_ext.config.reference", "Print the config keys under a prefix with type, default and help."),
     "make-tiny-assets": ("rlinf_ext.assets.core.commands", "Generate the offline tiny corpus, QA files, tokenizer and models."),
     "build-index": ("rlinf_ext.retrieval.commands", "Build a BM25 or dense (faiss) index over a jsonl corpus."),
     "adopt-index": ("rlinf_ext.retrieval.commands", "Serve a downloaded faiss index file (Search-R1's e5_Flat.index) without re-encoding."),

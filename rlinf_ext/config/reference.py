@@ -1,10 +1,9 @@
 """The key reference of ``docs/contracts.md``, generated from the schema and the compatibility table.
 
-``python -m rlinf_ext.config.reference`` rewrites the marked blocks of ``docs/contracts.md``
-(``<!-- keys:begin -->`` ... ``<!-- keys:end -->`` and ``<!-- compat:begin -->`` ... ``<!-- compat:end -->``);
-``--check`` exits 1 when they differ from what the schema says. A section defined outside ``schema.py`` (an
-agent's own dataclass mounted at ``agentloop.<name>``) is one more ``(prefix, dataclass)`` pair in ``sections``;
-``SCHEMA`` holds the central schema and every registered agent's section.
+``python -m rlinf_ext.config.reference`` rewrites the marked blocks of ``docs/contracts.md`` (key, type and default
+per key; the compatibility table); ``--check`` exits 1 when they differ from the schema. The help texts stay out of
+the doc, so it reads in one sitting: ``rlinf-ext keys [PREFIX]`` prints them. ``SCHEMA`` holds the central schema
+and every registered agent's section (one more ``(prefix, dataclass)`` pair each).
 """
 
 from __future__ import annotations
@@ -91,16 +90,25 @@ def _yaml(value: Any) -> str:
 
 
 def keys_markdown(sections: Sequence[Section] = SCHEMA) -> str:
-    """One table per top-level section (in order of first appearance): key, type, default, meaning."""
+    """One table per top-level section (in order of first appearance): key, type, default."""
     groups: dict[str, list[Leaf]] = {}
     for leaf in leaves(sections):
         groups.setdefault(leaf.key.split(".")[0], []).append(leaf)
     out: list[str] = []
     for top, group in groups.items():
-        out += ["", f"`{top}`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-        out += [f"| `{leaf.key}` | {_cell(type_name(leaf.annotation))} | `{_cell(_yaml(leaf.default()))}` "
-                f"| {_cell(leaf.help)} |" for leaf in group]
+        out += ["", f"`{top}`", "", "| key | type | default |", "|---|---|---|"]
+        out += [f"| `{leaf.key}` | {_cell(type_name(leaf.annotation))} | `{_cell(_yaml(leaf.default()))}` |"
+                for leaf in group]
     return "\n".join(out[1:])
+
+
+def keys_text(prefix: str = "", sections: Sequence[Section] = SCHEMA) -> str:
+    """Every key equal to ``prefix`` or below it, with its type, default and help; "" if none."""
+    out = []
+    for leaf in leaves(sections):
+        if not prefix or leaf.key == prefix or leaf.key.startswith(prefix.rstrip(".") + "."):
+            out += [f"{leaf.key}: {type_name(leaf.annotation)} = {_yaml(leaf.default())}", f"    {leaf.help}"]
+    return "\n".join(out)
 
 
 def compat_markdown() -> str:
@@ -122,6 +130,22 @@ def render(text: str, sections: Sequence[Section] = SCHEMA) -> str:
     """``text`` (docs/contracts.md) with its generated blocks rewritten."""
     text = _replace_block(text, KEYS_BLOCK, keys_markdown(sections))
     return _replace_block(text, COMPAT_BLOCK, compat_markdown())
+
+
+def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
+    """`rlinf-ext keys [PREFIX]`."""
+    parser.add_argument("prefix", nargs="?", default="", help="a key or a section, e.g. runner or tools.search")
+
+
+def run(verb: str, args: argparse.Namespace) -> int:
+    text = keys_text(args.prefix)
+    if not text:
+        sections = sorted({leaf.key.split(".")[0] for leaf in leaves()})
+        print(f"rlinf-ext keys: no key is {args.prefix!r} or below it; the sections are {', '.join(sections)}.",
+              file=sys.stderr)
+        return 1
+    print(text)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
