@@ -51,7 +51,10 @@ def check_config(name_or_path: str | Path, overrides: Iterable[str] = (), check_
         return CheckedConfig(None, [ConfigIssue(e.key, e.reason, e.fix) for e in exc.all])
     schema, agent_issues = _schema_of(raw)
     issues, values, bad = check_structure(raw, schema)
-    issues += agent_issues
+    if agent_issues:  # the cause first; the agent's own section is unknown only because the agent is
+        issues = agent_issues + [dataclasses.replace(i, fix=f"none of its own: fix {AGENT_KEY} above (its section "
+                                                     "is known once the agent resolves).")
+                                 if i.key.startswith("agentloop.") and i.key != AGENT_KEY else i for i in issues]
     bad |= {AGENT_KEY} if agent_issues else set()
     cfg = build(schema, values)
     found = run_rules(cfg, skip=bad, check_paths=check_paths)
@@ -73,9 +76,10 @@ def _schema_of(raw: DictConfig) -> tuple[type, list[ConfigIssue]]:
         return ExperimentConfig, []  # the structure check names the choices
     try:
         return experiment_schema(name), []
-    except ValueError as exc:
-        return ExperimentConfig, [ConfigIssue(AGENT_KEY, str(exc), f"give {AGENT_KEY} one of {sorted(AGENTS)} or the "
-                                              "import path of an AgentSpec importable here (pkg.module:SPEC).")]
+    except ValueError as exc:  # AgentError carries its own fix
+        return ExperimentConfig, [ConfigIssue(AGENT_KEY, getattr(exc, "problem", str(exc)), getattr(exc, "fix", None) or (
+            f"give {AGENT_KEY} one of {sorted(AGENTS)} or the import path of an AgentSpec importable here "
+            "(pkg.module:SPEC)."))]
 
 
 def load_config(name_or_path: str | Path, overrides: Iterable[str] = (), strict: bool = True) -> ExperimentConfig:

@@ -22,6 +22,7 @@ with a name. The components, each called with the experiment config:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,14 @@ from rlinf_ext.protocol.plugins import is_import_path, load_path
 
 SEARCHR1 = "searchr1"
 MMSEARCH = "mmsearch"
+
+
+class AgentError(ValueError):
+    """An ``agentloop.agent`` that names no usable agent: the problem, and its own ``fix``."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(f"{problem} Fix: {fix}")
+        self.problem, self.fix = problem, fix
 
 
 @dataclass(frozen=True)
@@ -96,15 +105,26 @@ def agent_spec(cfg_or_name: Any) -> AgentSpec:
     name = cfg_or_name if isinstance(cfg_or_name, str) else cfg_or_name.agentloop.agent
     if name in AGENTS:
         return AGENTS[name]
+    key = f"agentloop.agent={name!r}"
     if not is_import_path(name):
-        raise ValueError(f"agentloop.agent={name!r} is not a registered agent; choose one of {sorted(AGENTS)} or "
-                         "give the import path of an AgentSpec (pkg.module:SPEC)")
-    spec = load_path(name, f"agentloop.agent={name!r}")
+        raise AgentError(f"{key} is not a registered agent.",
+                         f"choose one of {sorted(AGENTS)} or give the import path of an AgentSpec (pkg.module:SPEC).")
+    try:
+        spec = load_path(name, key)
+    except ValueError as exc:
+        raise AgentError(str(exc), "fix the path, or put the package that defines it on PYTHONPATH.") from exc
     if not isinstance(spec, AgentSpec):
-        raise ValueError(f"agentloop.agent={name!r} names a {type(spec).__name__}, not an "
-                         "rlinf_ext.protocol.agents.AgentSpec")
+        raise AgentError(f"{key} names a {type(spec).__name__}, not an rlinf_ext.protocol.agents.AgentSpec.",
+                         "point agentloop.agent at an AgentSpec object (pkg.module:SPEC).")
     if spec.name in AGENTS:
-        raise ValueError(f"agentloop.agent={name!r}: its name {spec.name!r} is a built-in agent's; give it its own")
+        raise AgentError(f"{key}: its name {spec.name!r} is a built-in agent's.",
+                         f"give it its own, e.g. AgentSpec(name={spec.name + '_custom'!r}, ...).")
+    if not spec.name.isidentifier():  # it names the section agentloop.<name> and the metrics' prefix
+        fixed = re.sub(r"\W", "_", spec.name)
+        fixed = fixed if fixed.isidentifier() else f"agent_{fixed}"
+        raise AgentError(f"{key}: its AgentSpec name {spec.name!r} is not a Python identifier, and it names the "
+                         "config section agentloop.<name>.",
+                         f"use letters, digits and underscores, e.g. AgentSpec(name={fixed!r}, ...).")
     return spec
 
 

@@ -107,12 +107,23 @@ def test_an_agent_by_import_path(tmp_path):
     assert any(i.key == "agentloop.searchr1" for i in check_config("tiny-cpu", [f"agentloop.agent={__name__}:SPEC"]).issues)
 
 
-@pytest.mark.parametrize("path, words", [
-    ("no_such_pkg.agent:SPEC", "cannot import module"),
-    (f"{__name__}:MISSING", "has no attribute"),
-    (f"{__name__}:NOT_A_SPEC", "not an rlinf_ext.protocol.agents.AgentSpec"),
+HYPHENATED = dataclasses.replace(SPEC, name="my-echo")
+BUILT_IN_NAME = dataclasses.replace(SPEC, name="searchr1")
+
+
+@pytest.mark.parametrize("path, words, fix", [
+    ("no_such_pkg.agent:SPEC", "cannot import module", "PYTHONPATH"),
+    (f"{__name__}:MISSING", "has no attribute", "fix the path"),
+    (f"{__name__}:NOT_A_SPEC", "not an rlinf_ext.protocol.agents.AgentSpec", "an AgentSpec object (pkg.module:SPEC)"),
+    (f"{__name__}:HYPHENATED", "'my-echo' is not a Python identifier", "AgentSpec(name='my_echo', ...)"),
+    (f"{__name__}:BUILT_IN_NAME", "is a built-in agent's", "AgentSpec(name='searchr1_custom', ...)"),
 ])
-def test_a_bad_import_path_is_refused_with_the_reason(path, words):
-    result = check_config("tiny-cpu", [f"agentloop.agent={path}"])
-    issue = next(i for i in result.issues if i.key == "agentloop.agent")
-    assert words in issue.reason and "pkg.module:SPEC" in issue.fix
+def test_a_bad_agent_is_refused_first_with_its_own_fix(tmp_path, path, words, fix):
+    yaml = tmp_path / "echo.yaml"
+    yaml.write_text(ECHO_YAML.replace(f"{__name__}:SPEC", path).replace(
+        "response_length_total: 256}", "response_length_total: 256, echo_section_of_the_agent: {}}"))
+    result = check_config(yaml, [])
+    first, *knock_on = result.issues  # the cause before what follows from it
+    assert first.key == "agentloop.agent" and words in first.reason and fix in first.fix, str(first)
+    (section,) = [i for i in knock_on if i.key == "agentloop.echo_section_of_the_agent"]
+    assert "unknown key" in section.reason and "fix agentloop.agent above" in section.fix
