@@ -135,6 +135,13 @@ class RunnerConfig:
         "weights up to k steps old, and trained at step b). 0 = the synchronous order. k > 0 needs "
         "rollout.return_logprobs=true and a disaggregated or CPU placement."
     )
+    partial_rollout: bool = fld(
+        False, "A weight sync no longer waits for the turns in flight: they stop between decode steps and go on "
+        "from their prompt and tokens so far on the new weights, so one turn may carry tokens of two versions, each "
+        "trained with the log-probs of the weights that sampled it; no trained token may be older than "
+        "runner.max_staleness. Needs runner.max_staleness >= 1 and rollout.rollout_backend=hf (vLLM and SGLang: "
+        "not wired yet, refused)."
+    )
 
 
 # --------------------------------------------------------------------------------------------- algorithm

@@ -5,23 +5,45 @@ sampling settings are left-padded into one `model.generate` call, run in a worke
 keeps serving search calls meanwhile. Each row is then cut at its own end (``generation/turn_end.py``: the
 first EOS, the first token that completes a stop string, or its own `max_new_tokens`; rows that finished early
 are padded by HF, and those pad ids are never returned). The ids returned are exactly the sampled ones; nothing is re-encoded.
+
+Partial rollout (``interruptible``, ``runner.partial_rollout``): a weight sync no longer waits for a whole turn. The
+rollout worker sets ``sync_pending``; a stopping criterion then ends the running ``generate`` after its current
+decode step, and each turn cut short goes on, once the sync is done, from its prompt and its tokens so far on the
+new weights (``generate(..., turn=...)``: ``turn`` admits each segment and gives the weight version that samples it).
+The segments are joined: the ids and the log-probs as each segment sampled them (the prefix is never scored again
+by the new weights), one weight version per token, and the end of the turn found on the joined ids (a stop string
+may straddle the cut).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from rlinf_ext.generation.turn_end import turn_end
 from rlinf_ext.models.dtypes import dtype_of_hf_name
-from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
+from rlinf_ext.protocol.generation import (
+    GenerationResult,
+    SamplingParams,
+    token_versions,
+)
+
+# admits one segment of a turn and gives the weight version that samples it (the rollout worker's WeightGate.turn)
+Turn = Callable[[], AbstractAsyncContextManager[int]]
 
 
 @dataclass
@@ -36,6 +58,22 @@ def _batch_key(params: SamplingParams) -> tuple:
     """Requests are batched together only when everything but the token budget agrees."""
     return (params.do_sample, params.temperature, params.top_p, params.top_k, tuple(params.stop),
             params.repetition_penalty, params.include_stop_str_in_output)
+
+
+class SyncPending(StoppingCriteria):
+    """Ends every row of a ``generate`` once ``event`` is set (a weight sync waits: partial rollout); HF checks it
+    after each decode step, so the rows keep every token sampled so far."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+def cut_by_sync(result: GenerationResult, max_new_tokens: int) -> bool:
+    """A segment the sync cut short: it ended on neither EOS nor a stop string, before its own budget (pure)."""
+    return result.finish_reason == "length" and len(result.output_ids) < max_new_tokens
 
 
 def eos_token_ids(generation_config: Any, tokenizer: Any) -> set[int]:
@@ -80,6 +118,8 @@ class HFGenerator:
         self._pending: list[_Request] = []
         self._drainer: asyncio.Task | None = None
         self.batch_sizes: list[int] = []  # observed batch sizes (for benchmarks and tests)
+        self.interruptible = False  # partial rollout: a set sync_pending ends the running generate (module docstring)
+        self.sync_pending = threading.Event()
 
     @classmethod
     def from_pretrained(cls, model_path: str | Path, tokenizer_path: str | Path | None = None,
@@ -108,12 +148,45 @@ class HFGenerator:
 
     # ---- generation ----
     async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                       images: list[Any] | None = None) -> GenerationResult:
+                       images: list[Any] | None = None, *, turn: Turn | None = None) -> GenerationResult:
+        """``turn`` (interruptible engines): admits each segment of the turn and gives its weight version; the
+        result then carries one version per token when a sync cut the turn (the module docstring)."""
         if not prompt_ids:
             raise ValueError("generate needs a non-empty prompt")
         if sampling_params.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
         self._check_images(images)
+        if turn is None:
+            return await self._submit(prompt_ids, sampling_params, images)
+        segments: list[tuple[GenerationResult, int]] = []
+        sampled: list[int] = []
+        while True:
+            params = sampling_params.with_updates(max_new_tokens=sampling_params.max_new_tokens - len(sampled))
+            async with turn() as version:
+                segment = await self._submit(list(prompt_ids) + sampled, params, images)
+            segments.append((segment, version))
+            sampled += segment.output_ids
+            if not (self.interruptible and cut_by_sync(segment, params.max_new_tokens)):
+                return self.join_segments(segments, sampling_params)
+
+    def join_segments(self, segments: list[tuple[GenerationResult, int]], params: SamplingParams) -> GenerationResult:
+        """One turn from its ``(segment, weight version)`` pieces: the ids and log-probs as sampled, a version per
+        token (one int when a single version sampled them all), the end found again on the joined ids."""
+        ids = [t for seg, _ in segments for t in seg.output_ids]
+        versions = [v for seg, version in segments for v in token_versions(version, len(seg.output_ids))]
+        logprobs = None
+        if all(seg.logprobs is not None for seg, _ in segments):
+            logprobs = [lp for seg, _ in segments for lp in seg.logprobs]
+        end = turn_end(ids, self.decode, eos_ids=self.eos_ids, stop=params.stop, max_new_tokens=params.max_new_tokens,
+                       include_stop_str_in_output=params.include_stop_str_in_output)
+        kept = len(end.output_ids)
+        versions = versions[:kept]
+        return GenerationResult(output_ids=end.output_ids, text=end.text, finish_reason=end.finish_reason,
+                                matched_stop=end.matched_stop, logprobs=None if logprobs is None else logprobs[:kept],
+                                weight_version=versions[0] if len(set(versions)) == 1 else versions)
+
+    async def _submit(self, prompt_ids: list[int], sampling_params: SamplingParams,
+                      images: list[Any] | None) -> GenerationResult:
         loop = asyncio.get_running_loop()
         request = _Request(list(prompt_ids), sampling_params, loop.create_future(), list(images or []))
         self._pending.append(request)
@@ -124,6 +197,12 @@ class HFGenerator:
     async def _drain(self) -> None:
         while self._pending:
             await asyncio.sleep(0)  # let coroutines scheduled in the same tick join this batch
+            if self.interruptible and self.sync_pending.is_set():  # admitted before the sync: cut before a token
+                for request in self._pending:
+                    if not request.future.done():
+                        request.future.set_result(GenerationResult(output_ids=[], text="", finish_reason="length"))
+                self._pending = []
+                break
             key = _batch_key(self._pending[0].params)
             batch = [r for r in self._pending if _batch_key(r.params) == key][: self.max_batch_size]
             self._pending = [r for r in self._pending if not any(r is b for b in batch)]
@@ -217,6 +296,8 @@ class HFGenerator:
             kwargs["suppress_tokens"] = list(banned_ids)
         if self.logits_processors:
             kwargs["logits_processor"] = LogitsProcessorList(self.logits_processors)
+        if self.interruptible:
+            kwargs["stopping_criteria"] = StoppingCriteriaList([SyncPending(self.sync_pending)])
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
         return kwargs

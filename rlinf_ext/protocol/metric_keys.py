@@ -71,6 +71,7 @@ THROUGHPUT_TOKENS_PER_S = "throughput/tokens_per_s"
 STALENESS_HEAD_MAX = "async/staleness_head_max"  # global_step at training - weight version at the group's dispatch
 STALENESS_HEAD_MEAN = "async/staleness_head_mean"
 TRAJECTORIES_TWO_VERSIONS = "async/trajectories_two_versions"  # share sampled by more than one weight version
+STALENESS_TOKEN_MAX = "async/staleness_token_max"  # global_step at training - the oldest sampled token's version
 TIME_WAIT_ROLLOUT = "time/wait_rollout"  # the driver blocked on the rollout of the batch it trains
 TIME_ACTOR_IDLE_RATIO = "time/actor_idle_ratio"  # time/wait_rollout / time/step
 TIME_ROLLOUT_IDLE_RATIO = "time/rollout_idle_ratio"  # share of time/step with no batch being rolled out

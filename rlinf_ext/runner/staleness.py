@@ -12,9 +12,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Sequence
 
+from rlinf_ext.agent.core.response import OBSERVATION_VERSION
 from rlinf_ext.protocol import metric_keys as mk
-
-OBSERVATION_VERSION = -1  # tool output inserted into the response: sampled by no engine
+from rlinf_ext.training.staleness_bound import oldest_token_staleness
 
 
 def head_staleness_metrics(trained_version: int, dispatch_versions: Sequence[int]) -> dict[str, float]:
@@ -29,10 +29,12 @@ def head_staleness_metrics(trained_version: int, dispatch_versions: Sequence[int
 def token_staleness_metrics(trained_version: int, versions: Iterable[Sequence[int] | None],
                             max_staleness: int) -> dict[str, float]:
     """The share of sampled tokens at each staleness 0..``max_staleness`` (``async/token_staleness_<j>``) and the
-    share of trajectories sampled by more than one version (``async/trajectories_two_versions``), from each
+    share of trajectories sampled by more than one version (``async/trajectories_two_versions``) and the oldest
+    token's staleness (``async/staleness_token_max``), from each
     trajectory's per-token versions. Trajectories without versions (an engine that reports none) are left out;
     none at all gives no metric. A token outside 0..k means the engines' versions do not count training steps:
     warned, and left out of the shares."""
+    versions = list(versions)  # read twice: the shares, then the oldest token
     counts = [0] * (max_staleness + 1)
     outside, trajectories, mixed = 0, 0, 0
     for per_token in versions:
@@ -56,6 +58,7 @@ def token_staleness_metrics(trained_version: int, versions: Iterable[Sequence[in
     total = max(sum(counts), 1)
     out = {mk.token_staleness(j): c / total for j, c in enumerate(counts)}
     out[mk.TRAJECTORIES_TWO_VERSIONS] = mixed / trajectories
+    out[mk.STALENESS_TOKEN_MAX] = float(oldest_token_staleness(trained_version, versions))
     return out
 
 

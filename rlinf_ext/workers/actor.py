@@ -41,6 +41,7 @@ from rlinf_ext.protocol.payloads import AgentRolloutResult, pad_rows
 from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
 from rlinf_ext.training.grpo_policy import MMSample, Sample
 from rlinf_ext.training.settings import ActorSettings, CriticSettings
+from rlinf_ext.training.staleness_bound import check_token_bound
 from rlinf_ext.models.memory import BUCKET_BYTES
 from rlinf_ext.sync.weight_sync import (
     CastView,
@@ -321,6 +322,9 @@ class ActorWorker(Worker):
             results = [input_channel.get() for _ in range(share_of(num_results, dp))]
             results.sort(key=lambda r: r.uid)  # arrival order varies; training order must not
             samples = samples_of(results)
+            if self.cfg.runner.partial_rollout:  # a turn may span versions: the bound is on its oldest token
+                check_token_bound(step, [s.versions for s in samples], int(self.cfg.runner.max_staleness),
+                                  [s.uid for s in samples])
             if any(s.old_logprobs is None for s in samples):
                 raise ValueError("run_training got results without recomputed_logprobs; run run_inference first "
                                  "(algorithm.recompute_logprobs must be true).")

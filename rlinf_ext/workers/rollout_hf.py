@@ -46,6 +46,10 @@ class HFRolloutState:
     resume test and for reproducible runs); the default batches concurrent requests for throughput.
     Every reply carries the weight version that generated it: a sync waits for the requests in flight
     (``workers/rollout_serving.py:WeightGate``, paused once the actor's header is in, for at most ``sync_timeout_s``).
+    With ``runner.partial_rollout`` (``partial``) the sync no longer waits for whole turns: the engine stops between
+    decode steps (``generation/hf.py``: ``interruptible``, ``sync_pending``), each turn cut short leaves the gate and
+    goes on after the sync on the new weights; its reply carries one version per token. Deterministic mode's
+    one-at-a-time text path still waits for its turn (its seeded single call is not split).
     """
 
     def _setup(self, cfg: ExperimentConfig, deterministic: bool = False, verify_sync: bool = True,
@@ -62,6 +66,7 @@ class HFRolloutState:
         self.last_sync: dict | None = None  # sources and sizes of the last weight sync
         self.sync_routes: SyncRoutes | None = None
         self.requests_served = 0
+        self.partial = bool(cfg.runner.partial_rollout)  # runner.partial_rollout (the class docstring)
 
     @property
     def weight_version(self) -> int:
@@ -70,6 +75,8 @@ class HFRolloutState:
     async def _generate(self, request: GenerateRequest) -> GenerateReply:
         params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
         images = request.get("images") or None  # vision-language requests carry every image of the context
+        if self.generator.interruptible and not self.deterministic:
+            return await self._generate_across_syncs(request, params)
         async with self.gate.turn(request["channel_key"]) as version:
             if self.deterministic and not images:
                 seed = int(request.get("seed", 0))
@@ -87,6 +94,15 @@ class HFRolloutState:
                 result = await self.generator.generate(request["prompt_ids"], params)
         self.requests_served += 1
         return reply_of(replace(result, weight_version=version))
+
+    async def _generate_across_syncs(self, request: GenerateRequest, params: SamplingParams) -> GenerateReply:
+        """Partial rollout: each segment of the turn enters the gate on its own, so a sync waits only for the
+        decode step in progress; the engine stamps each token with the version of its segment."""
+        key = request["channel_key"]
+        result = await self.generator.generate(request["prompt_ids"], params, request.get("images") or None,
+                                               turn=lambda: self.gate.turn(key))
+        self.requests_served += 1
+        return reply_of(result)
 
     async def rollout_serverless(self, input_channel, output_channel) -> None:
         """Serve generate requests until a ``STOP_SERVING`` request arrives (RLinf's loop never ends); deterministic
@@ -107,7 +123,10 @@ class HFRolloutState:
         loader = HFWeightLoader(model)
         loaded = False
 
-        async def pause():  # the actor's header is in: the requests in flight finish on the old weights
+        async def pause():  # the actor's header is in: the requests in flight finish on the old weights, or
+            # (partial rollout) stop after their current decode step
+            if self.generator.interruptible:
+                self.generator.sync_pending.set()
             await self.gate.pause(f"HF rollout rank {self._rank}", self.sync_timeout_s)
 
         async def load(messages):  # one message: the HF engine has no tensor parallelism
@@ -119,6 +138,7 @@ class HFRolloutState:
             loader.finish()
             loaded = True
         finally:
+            self.generator.sync_pending.clear()  # before the gate opens: the turns cut short go on
             if self.gate.paused:  # serve again even when the sync broke off (the run stops on its error)
                 self.gate.resume(target if loaded else None)
         header = headers[0]
@@ -167,6 +187,8 @@ class HFRolloutWorker(HFRolloutState, Worker):
                 max_batch_size=int(rollout.hf.max_batch_size),
                 return_logprobs=bool(rollout.return_logprobs),
             )
+            # the deterministic text path generates each request in one seeded call, which a sync does not split
+            self.generator.interruptible = self.partial and not self.deterministic
             self.defaults = SamplingParams.from_config(self.cfg.algorithm.sampling_params)
 
     async def sync_model_from_actor(self, version: int | None = None) -> None:

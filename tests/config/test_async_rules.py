@@ -66,3 +66,16 @@ def test_plan_says_what_a_kv_cache_short_of_the_running_turns_costs(reference_en
     plan = format_plan(load_config("qwen2.5-3b-tool-1node", overrides + ["rollout.gpu_memory_utilization=0.2"]))
     assert "! the KV cache holds 33 full sequences for 96 running ones" in plan
     assert "its tokens span two versions (async/trajectories_two_versions)" in plan
+
+
+def partial_issues(name: str, overrides: list[str]) -> list[str]:
+    return [f"{i.reason} fix: {i.fix}" for i in check_config(name, overrides).issues if i.key == "runner.partial_rollout"]
+
+
+def test_partial_rollout_needs_batches_in_flight_and_an_engine_that_stops_between_decode_steps(reference_env):
+    on = "runner.partial_rollout=true"
+    assert check_config("tiny-cpu", ASYNC + [on, "rollout.rollout_backend=hf"]).ok
+    [issue] = partial_issues("tiny-cpu", [on, "rollout.rollout_backend=hf"])  # k = 0
+    assert "nothing to cut" in issue and "runner.max_staleness=1" in issue
+    [issue] = partial_issues("tiny-cpu", ASYNC + [on, "rollout.rollout_backend=vllm"])
+    assert "rollout.rollout_backend=vllm" in issue and "runner.partial_rollout=false" in issue

@@ -95,3 +95,28 @@ def test_bad_requests(generator):
         asyncio.run(generator.generate([1, 2], SamplingParams(max_new_tokens=0)))
     with pytest.raises(ValueError, match="non-empty"):
         asyncio.run(generator.generate([], SamplingParams()))
+
+
+def test_segments_cut_by_a_sync_join_into_one_turn_with_a_version_per_token(generator):
+    """Partial rollout's join (pure over the segments): ids and log-probs as sampled, one version per token, and the
+    end found on the joined ids, so a stop string that straddles the cut still ends the turn there."""
+    from rlinf_ext.generation.hf import cut_by_sync
+    from rlinf_ext.protocol.generation import GenerationResult
+
+    tok = generator.tokenizer
+    head = tok.encode(" the answer </sea", add_special_tokens=False)
+    tail = tok.encode("rch> more words", add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=40, stop=["</search>"])
+    first = GenerationResult(head, tok.decode(head), "length", logprobs=[-0.5] * len(head))
+    second = GenerationResult(tail, tok.decode(tail), "length", logprobs=[-1.5] * len(tail))
+    assert cut_by_sync(first, 40) and not cut_by_sync(GenerationResult(head, "", "eos"), 40)
+    assert not cut_by_sync(GenerationResult([1] * 40, "", "length"), 40)  # its own budget: not cut
+    joined = generator.join_segments([(first, 3), (second, 4)], params)
+    assert joined.finish_reason == "stop" and joined.matched_stop == "</search>"
+    assert joined.text.endswith("</search>") and "more" not in joined.text
+    n = len(joined.output_ids)
+    assert len(head) < n < len(head) + len(tail) and joined.output_ids == (head + tail)[:n]
+    assert joined.weight_version == [3] * len(head) + [4] * (n - len(head))
+    assert joined.logprobs == [-0.5] * len(head) + [-1.5] * (n - len(head))
+    one = generator.join_segments([(first, 3)], params.with_updates(max_new_tokens=len(head)))
+    assert one.weight_version == 3 and one.finish_reason == "length"  # one version: one int, as before

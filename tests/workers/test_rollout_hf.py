@@ -38,7 +38,8 @@ from tests.agent.test_loop import RecordingSearch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # slow: two tiny HF models and real generation
 
-CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"), rollout=SimpleNamespace(group_name="RolloutGroup"))
+CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"), rollout=SimpleNamespace(group_name="RolloutGroup"),
+                      runner=SimpleNamespace(partial_rollout=False))
 DRIVER_VERSION = 7  # the training steps behind the synced weights, as the driver passes them
 
 
@@ -252,3 +253,72 @@ def test_a_hung_generate_times_the_syncs_pause_out_naming_the_rank_and_the_reque
     assert "rank 0" in message and "uid-stuck" in message and "0.5 s" in message, message
     assert reopened and w.weight_version == INITIAL_WEIGHT_VERSION
     assert "error" not in reply and reply["weight_version"] == INITIAL_WEIGHT_VERSION
+
+
+class HoldAtToken:
+    """A logits processor (scores unchanged) that holds the first generation once it has sampled ``at`` tokens until
+    ``release`` is set (``reached`` tells the test it holds): the sync then lands mid-turn, between two decode steps,
+    at a known token."""
+
+    def __init__(self, prompt_len: int, at: int, release: threading.Event):
+        self.prompt_len, self.at, self.release = prompt_len, at, release
+        self.reached = threading.Event()
+
+    def __call__(self, input_ids, scores):
+        if not self.reached.is_set() and input_ids.shape[1] - self.prompt_len >= self.at:
+            self.reached.set()
+            assert self.release.wait(30), "the sync never asked the engine to stop"
+        return scores
+
+
+def teacher_logprobs(model, prompt: list[int], ids: list[int]) -> torch.Tensor:
+    """``model``'s log-prob of each of ``ids`` after ``prompt`` and the ids before it (one forward)."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + ids])).logits.float()[0]
+    steps = torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)
+    return steps.gather(-1, torch.tensor(ids).unsqueeze(-1)).squeeze(-1)
+
+
+def test_partial_rollout_a_sync_cuts_the_turn_in_flight_which_ends_on_the_new_weights(qwen2_head32_pair, models):
+    """runner.partial_rollout: a sync lands while a long turn is being generated. The sync does not wait for the
+    turn: the engine stops after its current decode step, the weights load, and the turn goes on from its prompt and
+    its tokens so far on the new weights. Its reply carries two versions, the old one on the tokens sampled before
+    the sync; the early tokens' log-probs are the old weights' (not scored again by the new ones), the later ones
+    the new weights', and the ids are the old model's greedy prefix followed by the new model's greedy
+    continuation."""
+    log: list = []
+    w = worker(qwen2_head32_pair[0], models[1], log)
+    w.partial, w.generator.interruptible = True, True
+    long = SamplingParams(max_new_tokens=24, do_sample=False)
+    prompt = [5, 9, 11, 13, 17]
+    old_ids = w.generator.generate_batch_sync([prompt], long)[0].output_ids
+    assert len(old_ids) == 24, "the old model's greedy turn must run to the budget for the sync to land inside it"
+    hold = HoldAtToken(len(prompt), 6, w.generator.sync_pending)
+    w.generator.logits_processors = [hold]
+
+    async def go():
+        generator, requests, loop = await serving(w, log)
+        in_flight = asyncio.create_task(generator.generate(prompt, long))
+        await until(hold.reached.is_set, "the turn to have sampled 6 tokens")
+        await asyncio.wait_for(w._receive_and_load(DRIVER_VERSION), 60)  # returns before the turn ends
+        synced_before_the_turn_ended = not in_flight.done()
+        reply = await asyncio.wait_for(in_flight, 60)
+        await stop(requests, loop)
+        return reply, synced_before_the_turn_ended
+
+    reply, synced_first = asyncio.run(go())
+    assert synced_first, "the sync waited for the whole turn"
+    versions = reply.weight_version
+    assert isinstance(versions, list) and len(versions) == len(reply.output_ids) == 24
+    cut = versions.count(INITIAL_WEIGHT_VERSION)
+    assert versions == [INITIAL_WEIGHT_VERSION] * cut + [DRIVER_VERSION] * (24 - cut) and 6 <= cut < 24
+    assert reply.output_ids[:cut] == old_ids[:cut]  # sampled by the old weights, kept as they were
+    w.generator.logits_processors = []
+    rest = w.generator.generate_batch_sync([prompt + old_ids[:cut]], long.with_updates(max_new_tokens=24 - cut))[0]
+    assert reply.output_ids[cut:] == rest.output_ids  # the new weights went on from prompt + prefix
+
+    got = torch.tensor(reply.logprobs)  # models: the old (the engine's start) and the new (the synced) weights
+    under_old, under_new = (teacher_logprobs(m, prompt, reply.output_ids) for m in models)
+    assert torch.allclose(got[:cut], under_old[:cut], atol=1e-4)  # the behaviour log-probs of the weights that sampled
+    assert torch.allclose(got[cut:], under_new[cut:], atol=1e-4)
+    assert not torch.allclose(under_old[:cut], under_new[:cut], atol=1e-2)  # rescoring the prefix would show

@@ -72,3 +72,24 @@ def staleness_needs_aligned_logprobs(cfg: ExperimentConfig) -> Iterator[ConfigIs
         yield ConfigIssue(KEY, f"{KEY}={cfg.runner.max_staleness} needs the engine's log-probs aligned with the trained "
                           f"tokens; agent {MMSEARCH} re-tokenises its responses and that alignment is not tested yet.",
                           f"set {KEY}=0 for agentloop.agent={MMSEARCH}.")
+
+
+PARTIAL = "runner.partial_rollout"
+PARTIAL_BACKENDS = ("hf",)  # the engines whose turns a sync can cut (vLLM's keep pause and SGLang's: not wired yet)
+
+
+@rule(PARTIAL, KEY, "runner.task_type", "rollout.rollout_backend")
+def partial_rollout_needs_batches_ahead(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """A sync cuts turns in flight only when batches are in flight during it (k >= 1), and only on an engine that
+    stops between decode steps."""
+    if not (cfg.runner.partial_rollout and is_training(cfg)):
+        return
+    if cfg.runner.max_staleness < 1:
+        yield ConfigIssue(PARTIAL, f"{PARTIAL}=true at {KEY}={cfg.runner.max_staleness}: no turn is in flight when "
+                          "the weights sync (the synchronous order), so there is nothing to cut.",
+                          f"set {KEY}=1 or more, or {PARTIAL}=false.")
+    backend = cfg.rollout.rollout_backend
+    if backend not in PARTIAL_BACKENDS:
+        yield ConfigIssue(PARTIAL, f"{PARTIAL}=true with rollout.rollout_backend={backend}: this engine's turns "
+                          "cannot be cut by a sync yet (only " + ", ".join(PARTIAL_BACKENDS) + "'s).",
+                          f"set rollout.rollout_backend=hf, or {PARTIAL}=false (the sync then waits for the turns).")
