@@ -66,3 +66,13 @@ def test_plan_says_what_a_kv_cache_short_of_the_running_turns_costs(reference_en
     plan = format_plan(load_config("qwen2.5-3b-tool-1node", overrides + ["rollout.gpu_memory_utilization=0.2"]))
     assert "! the KV cache holds 33 full sequences for 96 running ones" in plan
     assert "its tokens span two versions (async/trajectories_two_versions)" in plan
+
+
+@pytest.mark.parametrize("n,ok", [(-1, True), (1, True), (2, True), (3, False), (0, False)])
+def test_in_flight_batches_stay_within_k_plus_one(n, ok):
+    result = check_config("tiny-cpu", ["runner.max_staleness=1", "rollout.return_logprobs=true",
+                                       "runner.admission=group", f"runner.in_flight_batches={n}"])
+    assert result.ok == ok
+    if not ok:
+        [issue] = result.issues
+        assert issue.key == "runner.in_flight_batches" and "1..2" in issue.fix

@@ -72,3 +72,14 @@ def staleness_needs_aligned_logprobs(cfg: ExperimentConfig) -> Iterator[ConfigIs
         yield ConfigIssue(KEY, f"{KEY}={cfg.runner.max_staleness} needs the engine's log-probs aligned with the trained "
                           f"tokens; agent {MMSEARCH} re-tokenises its responses and that alignment is not tested yet.",
                           f"set {KEY}=0 for agentloop.agent={MMSEARCH}.")
+
+
+@rule("runner.in_flight_batches", KEY)
+def in_flight_batches_fit_the_bound(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """Group admission trains every group within k steps of its dispatch: more than k + 1 batches untrained at once
+    could not all be trained in time."""
+    n, k = cfg.runner.in_flight_batches, cfg.runner.max_staleness
+    if n != -1 and not 1 <= n <= k + 1:
+        yield ConfigIssue("runner.in_flight_batches", f"runner.in_flight_batches={n} with {KEY}={k}: between 1 and "
+                          f"k + 1 = {k + 1} batches can be untrained at once and still be trained within k steps.",
+                          f"set runner.in_flight_batches to 1..{k + 1}, or -1 (k + 1).")
