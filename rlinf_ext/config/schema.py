@@ -142,6 +142,19 @@ class RunnerConfig:
         "runner.max_staleness. Needs runner.max_staleness >= 1 and rollout.rollout_backend=hf (vLLM and SGLang: "
         "not wired yet, refused)."
     )
+    admission: Literal["batch", "group"] = fld(
+        "batch", "What a step trains. batch: step b trains exactly batch b. group: step b trains the first "
+        "data.rollout_batch_size prompt groups to complete among the batches in flight (whole groups, whichever batch "
+        "they came from), waiting only for the groups whose head staleness would otherwise pass runner.max_staleness; "
+        "batches are still dispatched k ahead, so at most k + 1 batches of prompts are untrained at once. k = 0 trains "
+        "batch b at step b either way. Not with algorithm.adv_type=grpo_dynamic."
+    )
+    in_flight_batches: int = fld(
+        -1, "runner.admission=group: at most this many batches of prompt groups dispatched and untrained at once "
+        "(-1 = k + 1, the most the staleness bound allows). At k + 1 every group is due at the step batch admission "
+        "would train it, so after the first k steps the order is batch admission's; each batch less gives every "
+        "group a step of slack to finish late in, for fewer rollouts overlapping the step. 1..k + 1."
+    )
 
 
 # --------------------------------------------------------------------------------------------- algorithm

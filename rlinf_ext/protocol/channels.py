@@ -7,7 +7,8 @@ each stage a ``KeyedChannel`` view with the ``put``/``get`` signature of a chann
 The names are RLinf's (its ``AgentRunner`` creates channels with them): prompts flow DataLoader -> agent loop ->
 Rollout -> reward -> Reward -> actor log-probs -> Inference -> actor training; GenerateInput/GenerateOutput carry
 ``protocol.generation.GenerateRequest`` / ``GenerateReply`` between the agent loop and the rollout engines. Each
-training batch has its own DataLoader and Rollout sub-queue (``batch_key``).
+training batch has its own DataLoader and Rollout sub-queue (``batch_key``); under ``runner.admission: group`` the
+finished groups of all batches share one (``STREAM``) and each step's admitted groups get another (``admitted_key``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ def batch_key(batch: int, refill: int = 0) -> str:
     (``runner.max_staleness``) several are in flight, and a stage must never read another batch's items. A dynamic
     sampling step's ``refill``-th extra batch has its own."""
     return f"b{batch}" if refill == 0 else f"b{batch}r{refill}"
+
+
+STREAM = "stream"  # runner.admission=group: the Rollout sub-queue every batch in flight puts its finished groups on
+
+
+def admitted_key(step: int) -> str:
+    """The Rollout sub-queue where group admission puts the groups step ``step`` trains, for its reward call."""
+    return f"a{step}"
 
 
 HELD = "held"  # the Reward queue's sub-queue where a dynamic-sampling step's scored groups wait for its selection

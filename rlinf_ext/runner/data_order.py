@@ -6,7 +6,9 @@ per epoch, the last partial batch dropped). An epoch's order is torch's ``Distri
 with ``set_epoch(epoch)``: a permutation seeded by ``data.seed + epoch`` (epoch 0 is the order a ``RandomSampler``
 seeded with ``data.seed`` gives), or the file order without ``data.shuffle``. A checkpoint therefore stores one
 integer, the batches read (``DataPosition``), and no generator state: the position after an epoch's last batch is
-the start of the next epoch, never an "exhausted" loader.
+the start of the next epoch, never an "exhausted" loader. Under group admission (``runner.admission: group``) some
+prompts of the batches read are still untrained at a checkpoint: it also stores them, as (batch, slot) pairs
+(``IN_FLIGHT``), which a resume dispatches again before reading on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.utils.data import DistributedSampler
 
 BATCHES_READ = "batches_read"  # data/data.pt: the batches of the run read so far
 ORDER = "order"  # data/data.pt: the BatchOrder they were read in (checked on resume)
+IN_FLIGHT = "in_flight"  # data/data.pt: [batch, slot] of each prompt read and not trained yet (group admission)
 
 
 @dataclass(frozen=True)
@@ -63,9 +66,13 @@ class BatchOrder:
             slot = batch % self.batches_per_epoch
             yield batch, [dataset[i] for i in order[slot * self.batch_size:(slot + 1) * self.batch_size]]
 
-    def state(self, batches_read: int) -> dict:
-        """What ``data/data.pt`` holds after ``batches_read`` batches."""
-        return {BATCHES_READ: batches_read, ORDER: {k: v for k, v in asdict(self).items() if k != "max_epochs"}}
+    def state(self, batches_read: int, in_flight: Sequence[Sequence[int]] = ()) -> dict:
+        """What ``data/data.pt`` holds after ``batches_read`` batches, ``in_flight`` of their prompts untrained
+        (the key only when some are: a batch-admission checkpoint stays as it was)."""
+        state = {BATCHES_READ: batches_read, ORDER: {k: v for k, v in asdict(self).items() if k != "max_epochs"}}
+        if in_flight:
+            state[IN_FLIGHT] = [[int(b), int(slot)] for b, slot in in_flight]
+        return state
 
     def position_of(self, state: dict, trained_steps: int, where: Path) -> int:
         """The batches read of a checkpoint's ``data/data.pt`` (``where``), refused when its order is not this
@@ -92,9 +99,15 @@ def batch_order(cfg, dataset_len: int) -> BatchOrder:
                       shuffle=bool(cfg.data.shuffle), max_epochs=int(cfg.runner.max_epochs))
 
 
-def save_position(order: BatchOrder, batches_read: int, path: Path) -> None:
-    torch.save(order.state(batches_read), path)
+def save_position(order: BatchOrder, batches_read: int, path: Path, in_flight: Sequence[Sequence[int]] = ()) -> None:
+    torch.save(order.state(batches_read, in_flight), path)
 
 
 def load_position(order: BatchOrder, path: Path, trained_steps: int) -> int:
     return order.position_of(torch.load(path, weights_only=True), trained_steps, path)
+
+
+def load_in_flight(path: Path) -> list[list[int]]:
+    """The (batch, slot) of the prompts a checkpoint's ``data/data.pt`` holds in flight (none before group
+    admission)."""
+    return [list(pair) for pair in torch.load(path, weights_only=True).get(IN_FLIGHT, [])]

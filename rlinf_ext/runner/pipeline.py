@@ -8,8 +8,11 @@ while later batches are mid-trajectory (the engines take the weights between tur
 follow the batch index, so a batch samples the same prompts with the same seeds whatever k is; k = 0 is the
 synchronous order.
 
-Admission is by batch: step b trains exactly batch b, or, under dynamic sampling (``runner/dynamic_sampling.py``),
-the groups selected from batch b and the refills it read. What the trainer gets is a ``RolledOutBatch``: a count of
+Admission is by batch (``runner.admission: batch``): step b trains exactly batch b, or, under dynamic sampling
+(``runner/dynamic_sampling.py``), the groups selected from batch b and the refills it read. By group
+(``runner.admission: group``, ``runner/admission.py``): the batches are dispatched the same way, but their agent loops
+put finished groups on one shared Rollout sub-queue, and step s trains the first groups to finish that keep every
+group within k steps of its head version; a batch leaves the flight once all its groups are trained. What the trainer gets is a ``RolledOutBatch``: a count of
 groups, where they wait, the agent-loop returns and one head version per group, so an admission that takes groups
 from several batches can hand over the same thing.
 
@@ -17,10 +20,18 @@ The order of batches is a pure function of the data position (``runner/data_orde
 batches admitted to a step, never those read ahead, and the trainer checkpoints only after a step trained its
 batch, so a resume trains exactly what the uninterrupted run trains. ``drain()`` cancels the batches in flight and
 discards them (a stop; a resume rolls them out again).
+
+Under group admission the position is the batches *dispatched*, and ``in_flight_prompts()`` names the prompts of
+those batches no step trained yet, by (batch, slot): a resume dispatches them first, each with its batch's seed and
+uid, then reads on from the position. Which step trains a prompt depends on when its group finishes, so "the same
+order" means: the same prompts dispatched in the same order with the same seeds and uids, each trained exactly once
+within k steps of its dispatch; the step that trains it may differ between an uninterrupted run and a resumed one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -30,11 +41,13 @@ from typing import Any
 from rlinf_ext.protocol import channels as ch
 from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.protocol.payloads import AgentRolloutRequest
+from rlinf_ext.runner.admission import GroupStream
 from rlinf_ext.runner.data_order import BatchOrder
 from rlinf_ext.runner.dynamic_sampling import Ready, kept_count, select_groups, share_unit
 from rlinf_ext.runner.groups import WorkerGroups, abort_call, wait_or_raise
-from rlinf_ext.workers.returns import AgentLoopOutput, RewardOutput
+from rlinf_ext.workers.returns import AgentLoopOutput, FinishedGroup, RewardOutput
 
+POLL_S = 0.05  # group admission: how often a wait for the next finished group looks for a failed rollout
 DRAIN_TIMEOUT_S = 60.0  # how long a stop waits for each cancelled batch in flight to end
 REFILL_SEED_STRIDE = 1_000_000_007  # a refill's request seed: the batch's + refill x this (far from any batch's seed)
 
@@ -61,6 +74,7 @@ class InFlight:
     version: int  # the engines' weight version when it was dispatched
     dispatched_at: float  # time.perf_counter()
     batches_read: int | None  # the data position just after this batch (None: not read from the run's order)
+    untrained: set[str] = field(default_factory=set)  # group admission: its groups' uids no step trained yet
 
     def rollout_interval(self, now: float) -> tuple[float, float]:
         """(start, end) of its rollout as seen from the driver: the end is known once the call has returned."""
@@ -107,10 +121,23 @@ class BatchPipeline:
         self._batches: Iterator[tuple[list[dict], int]] | None = None  # the run's order from the position
         self._position = 0  # the data position after the last batch admitted to a step (or a resume's)
         self.engine_version = 0  # the weight version the rollout engines hold (global_step at the last sync)
+        self.by_group = cfg.runner.admission == "group"
+        # group admission's finished groups in arrival order (batch admission reads each batch's own sub-queue)
+        self.stream = GroupStream(cfg.data.rollout_batch_size, max_staleness) if self.by_group else None
+        self._carried: list[tuple[int, list[int]]] = []  # a resume's (batch, slots) in flight at its checkpoint
 
     # ------------------------------------------------------------------ position and versions
-    def resume_at(self, position: int) -> None:
+    def resume_at(self, position: int, in_flight: Sequence[Sequence[int]] = ()) -> None:
+        """Resume at data position ``position`` with the checkpoint's prompts in flight ((batch, slot) pairs)."""
+        if in_flight and not self.by_group:
+            raise ValueError(f"the checkpoint holds {len(in_flight)} prompts in flight, written under "
+                             "runner.admission=group: batch admission cannot train them. Resume with "
+                             "runner.admission=group.")
         self._position = position
+        slots: dict[int, list[int]] = {}
+        for batch, slot in in_flight:
+            slots.setdefault(int(batch), []).append(int(slot))
+        self._carried = [(batch, sorted(slots[batch])) for batch in sorted(slots)]
 
     def start(self) -> None:
         """Read the run's order from the position on, to the last epoch's end."""
@@ -120,6 +147,14 @@ class BatchPipeline:
     def position(self) -> int:
         """The data position a checkpoint stores: batches read ahead are not counted (a resume reads them again)."""
         return self._position
+
+    def in_flight_prompts(self) -> list[list[int]]:
+        """Group admission: the (batch, slot) of every prompt dispatched and not trained yet, which a checkpoint
+        stores beside the position (batch admission: none, the position says it)."""
+        if not self.by_group:
+            return []
+        uids = self.stream.untrained() + [f"s{b}-{slot}-" for b, slots in self._carried for slot in slots]
+        return sorted([int(label[1:]), int(slot)] for label, slot, _ in (uid.split("-", 2) for uid in uids))
 
     def synced(self, version: int) -> None:
         """The engines now hold weight version ``version``: batches dispatched from now on start there."""
@@ -136,13 +171,15 @@ class BatchPipeline:
         return [flight.rollout_interval(now) for flight in self.in_flight]
 
     # ------------------------------------------------------------------ dispatch
-    def _put_batch(self, items: list[dict], batch: int, requests: KeyedChannel, refill: int = 0) -> None:
+    def _put_batch(self, items: list[dict], batch: int, requests: KeyedChannel, refill: int = 0,
+                   slots: Sequence[int] | None = None) -> list[str]:
         """Batch ``batch``'s requests, one per agent-loop rank; the seed and the uids follow the batch index (and a
-        dynamic-sampling step's refill number: ``s<batch>r<refill>-...``, so uids stay unique across refills)."""
+        dynamic-sampling step's refill number: ``s<batch>r<refill>-...``, so uids stay unique across refills) and
+        the prompt's slot in its batch (``slots``: a resume's prompts of a batch in flight, else 0, 1, ...)."""
         parts = self.groups.placement.agent_loop_world_size
         seed = self.cfg.runner.seed * 1_000_003 + batch + refill * REFILL_SEED_STRIDE
         label = f"s{batch}" if refill == 0 else f"s{batch}r{refill}"
-        uids = [f"{label}-{k:04d}-{it['uid']}" for k, it in enumerate(items)]
+        uids = [f"{label}-{k:04d}-{it['uid']}" for k, it in zip(slots or range(len(items)), items)]
         for chunk, chunk_uids in zip(split_list(items, parts), split_list(uids, parts)):
             requests.put(AgentRolloutRequest(
                 n=self.cfg.algorithm.group_size,
@@ -154,14 +191,20 @@ class BatchPipeline:
                 seed=seed,
                 tasks=[it["task"] for it in chunk if "task" in it],  # MMSearch-R1 questions with their images
             ))
+        return uids
 
-    def _start(self, items: list[dict], batches_read: int | None, batch: int, refill: int = 0) -> InFlight:
-        """Start the agent-loop rollout of one batch on its own DataLoader and Rollout sub-queues."""
+    def _start(self, items: list[dict], batches_read: int | None, batch: int, refill: int = 0,
+               slots: Sequence[int] | None = None) -> InFlight:
+        """Start the agent-loop rollout of one batch on its own DataLoader and Rollout sub-queues (group admission:
+        on the Rollout stream all batches share)."""
         requests = self.channels[ch.DATALOADER].sub(ch.batch_key(batch, refill))
-        results = self.channels[ch.ROLLOUT].sub(ch.batch_key(batch, refill))
-        self._put_batch(items, batch, requests, refill)
+        results = self.channels[ch.ROLLOUT].sub(ch.STREAM if self.by_group else ch.batch_key(batch, refill))
+        uids = self._put_batch(items, batch, requests, refill, slots)
         handle = self.groups.agent_loop.run_agentloop_rollout(requests, results)
-        return InFlight(batch, len(items), results, handle, self.engine_version, time.perf_counter(), batches_read)
+        if self.by_group:
+            self.stream.dispatched(uids, self.engine_version)
+        return InFlight(batch, len(items), results, handle, self.engine_version, time.perf_counter(), batches_read,
+                        set(uids) if self.by_group else set())
 
     def _fill(self, step: int) -> None:
         """Dispatch the run's next batches up to ``step + k`` (never past the last step)."""
@@ -172,17 +215,77 @@ class BatchPipeline:
                 break
             self.in_flight.append(self._start(*following, batch=step + len(self.in_flight)))
 
+    def _fill_groups(self, step: int) -> None:
+        """Group admission: a resume's prompts in flight first, then the run's next batches while at most
+        ``runner.in_flight_batches`` (-1: k + 1) batches of groups stay untrained (and no more than the remaining
+        steps train). A batch is labelled with its
+        index in the run's order, so its seed and uids follow its prompts, not the step that trains them."""
+        size = self.cfg.data.rollout_batch_size
+        while self._carried:
+            batch, slots = self._carried.pop(0)
+            items = [self.dataset[i] for i in self.order.batch_indices(batch)]
+            self.in_flight.append(self._start([items[k] for k in slots], None, batch, slots=slots))
+        cap = self.cfg.runner.in_flight_batches
+        room = min(self.max_staleness + 1 if cap == -1 else cap, self.max_steps - step) * size
+        while self._batches is not None and len(self.stream.versions) + size <= room:
+            following = next(self._batches, None)
+            if following is None:
+                break
+            items, batches_read = following
+            self.in_flight.append(self._start(items, batches_read, batch=batches_read - 1))
+            self._position = batches_read
+
+    def _read_finished(self) -> FinishedGroup:
+        """The next finished group off the Rollout stream; a batch's failed rollout is raised meanwhile (its groups
+        would never come)."""
+        work = self.channels[ch.ROLLOUT].sub(ch.STREAM).get(async_op=True)
+        while not work.done():
+            for flight in self.in_flight:
+                if flight.handle.done():
+                    wait_or_raise(flight.handle, "agent_loop", "run_agentloop_rollout")
+            time.sleep(POLL_S)
+        return work.wait()
+
+    def _admit_groups(self, step: int) -> RolledOutBatch:
+        """The groups ``runner/admission.py:admit`` picks for step ``step``, put on their own Rollout sub-queue for
+        the reward call; a batch whose groups are all trained leaves the flight."""
+        started = time.perf_counter()
+        picked = self.stream.take(step, self._read_finished)
+        results = self.channels[ch.ROLLOUT].sub(ch.admitted_key(step))
+        outs, versions, first, ends = [], [], math.inf, []
+        for group, version in picked:
+            uid = group.result.uid
+            flight = next(f for f in self.in_flight if uid in f.untrained)
+            flight.untrained.discard(uid)
+            results.put(group.result)
+            outs.append(group.output)
+            versions.append(version)
+            first = min(first, flight.dispatched_at)
+            ends.append(flight.dispatched_at + group.output.wall_time)
+        for flight in [f for f in self.in_flight if not f.untrained]:  # every group arrived: the call has ended
+            wait_or_raise(flight.handle, "agent_loop", "run_agentloop_rollout")
+            self.in_flight.remove(flight)
+        # one output of the step's groups; its wall time from the first dispatch to the last group's end
+        merged = dataclasses.replace(AgentLoopOutput.merged(outs), wall_time=max(ends) - first)
+        return RolledOutBatch(step, len(picked), results, Ready([merged]), versions, first,
+                              wait_s=time.perf_counter() - started)
+
     # ------------------------------------------------------------------ admission
     def next_batch(self, step: int, items: list[dict] | None = None) -> RolledOutBatch:
         """Dispatch the batches up to ``step + k`` not in flight yet (``items``: the one batch to dispatch, for a
-        caller that feeds the batches itself, k = 0), then admit batch ``step``."""
+        caller that feeds the batches itself, k = 0), then admit batch ``step`` (group admission: the groups
+        ``runner/admission.py`` picks)."""
         if items is not None:
             if self.in_flight:
                 raise RuntimeError(f"train_step(items) with {len(self.in_flight)} batch(es) in flight: batches "
                                    "dispatched ahead come from the run's data order (run()).")
             self.in_flight.append(self._start(items, None, step))
+        elif self.by_group:
+            self._fill_groups(step)
         else:
             self._fill(step)
+        if self.by_group:
+            return self._admit_groups(step)
         if not self.in_flight or self.in_flight[0].batch != step:
             raise RuntimeError(f"step {step} has no batch in flight: the data order ran out early.")
         flight = self.in_flight.popleft()
@@ -243,8 +346,12 @@ class BatchPipeline:
             flight = self.in_flight.popleft()
             ended.append((flight.batch, abort_call(flight.handle, "agent_loop", "run_agentloop_rollout",
                                                    DRAIN_TIMEOUT_S)))
+        if self.stream is not None:
+            self.stream.clear()
         return ended
 
     def forget(self) -> None:
         """Drop the batches in flight without waiting (their agent loops end with the worker groups)."""
         self.in_flight.clear()
+        if self.stream is not None:
+            self.stream.clear()

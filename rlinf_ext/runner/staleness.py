@@ -58,7 +58,8 @@ def token_staleness_metrics(trained_version: int, versions: Iterable[Sequence[in
     total = max(sum(counts), 1)
     out = {mk.token_staleness(j): c / total for j, c in enumerate(counts)}
     out[mk.TRAJECTORIES_TWO_VERSIONS] = mixed / trajectories
-    out[mk.STALENESS_TOKEN_MAX] = float(oldest_token_staleness(trained_version, versions))
+    if max_staleness > 0:  # at k = 0 every token is the step's own version: the synchronous run's metrics stay as they are
+        out[mk.STALENESS_TOKEN_MAX] = float(oldest_token_staleness(trained_version, versions))
     return out
 
 

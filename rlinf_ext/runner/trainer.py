@@ -38,7 +38,7 @@ from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.protocol.generation import STOP_SERVING, GenerateRequest
 from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
-from rlinf_ext.runner.data_order import batch_order, load_position, save_position
+from rlinf_ext.runner.data_order import batch_order, load_in_flight, load_position, save_position
 from rlinf_ext.runner.groups import WorkerGroups, is_cancellation, wait_all_or_raise, wait_or_raise
 from rlinf_ext.runner.pipeline import BatchPipeline
 from rlinf_ext.runner.step_metrics import (EngineCounters, StepClock, engine_counts_mismatches, flow_metrics,
@@ -171,7 +171,8 @@ class GRPOTrainer:
             wait_or_raise(g.actor.load_checkpoint(str(self.resume_dir / "actor")), "actor", "load_checkpoint")
             data_state = self.resume_dir / "data" / "data.pt"
             self.pipeline.resume_at(load_position(self.pipeline.order, data_state, self.global_step)
-                                    if data_state.is_file() else self.global_step)
+                                    if data_state.is_file() else self.global_step,
+                                    load_in_flight(data_state) if data_state.is_file() else ())
             print(f"[rlinf_ext] resumed from {self.resume_dir} (step {self.global_step})", flush=True)
         if self.collocated_gpu:  # the rollout gets the GPU first (weight sync, validation, generation)
             wait_or_raise(g.actor.offload_engine(), "actor", "offload_engine")
@@ -291,8 +292,10 @@ class GRPOTrainer:
         tmp = staging_dir(self.ckpt_root, self.global_step)
         wait_or_raise(self.groups.actor.save_checkpoint(str(tmp / "actor"), self.global_step), "actor", "save_checkpoint")
         (tmp / "data").mkdir()
-        # the position after the last trained batch: the batches read ahead are trained again after a resume
-        save_position(self.pipeline.order, self.pipeline.position(), tmp / "data" / "data.pt")
+        # batch admission: the position after the last trained batch (the batches read ahead are rolled out again
+        # after a resume); group admission: the batches dispatched, and which of their prompts are untrained
+        save_position(self.pipeline.order, self.pipeline.position(), tmp / "data" / "data.pt",
+                      self.pipeline.in_flight_prompts())
         return finalize(tmp, self.global_step, {"experiment": self.cfg.runner.experiment_name})
 
     def _save_due(self, last: bool) -> bool:

@@ -25,7 +25,7 @@ from rlinf_ext.protocol.generation import GenerateRequest, GenerationResult, Sam
 from rlinf_ext.protocol.payloads import AgentRolloutRequest
 from rlinf_ext.tools.base import ToolContext
 from rlinf_ext.tools.ledger import tool_ledger
-from rlinf_ext.workers.returns import AgentLoopOutput
+from rlinf_ext.workers.returns import AgentLoopOutput, FinishedGroup
 
 
 def request_seed(step_seed: int, prompt_ids: list[int], occurrence: int) -> int:
@@ -94,19 +94,28 @@ class AgentLoopWorker(Worker):
             generator = ChannelGenerator(self.generate_input_channel, self.generate_output_channel, request.seed)
             started = time.monotonic()
 
-            async def one(task, uid: str):
-                result, group = await self.agent.run_group(generator, task, request.n, uid)
-                await output_channel.put(result, async_op=True).async_wait()
-                return result, group
+            by_group = self.cfg.runner.admission == "group"  # each group goes out with its own records and times
 
-            # this request's own calls: the batches in flight beside it (max_staleness >= 1) have their ledgers
-            with tool_ledger() as ledger:
-                done = await asyncio.gather(*(one(task, uid) for task, uid in self.agent.groups(request)))
-            trajectories = [t for _, group in done for t in group]
+            async def one(task, uid: str):
+                # a ledger per group: this group's tool calls (the batches in flight beside it have their own)
+                with tool_ledger() as own:
+                    result, group = await self.agent.run_group(generator, task, request.n, uid)
+                if by_group:
+                    output = AgentLoopOutput(
+                        trajectories=self.agent.records(result), metrics=self.agent.metrics(group),
+                        num_trajectories=len(group), tool_calls=int(sum(calls_of(t, self.agent.tools) for t in group)),
+                        tool_time=own.seconds, wall_time=time.monotonic() - started)
+                    await output_channel.put(FinishedGroup(result, output), async_op=True).async_wait()
+                else:
+                    await output_channel.put(result, async_op=True).async_wait()
+                return result, group, own.seconds
+
+            done = await asyncio.gather(*(one(task, uid) for task, uid in self.agent.groups(request)))
+            trajectories = [t for _, group, _ in done for t in group]
             return AgentLoopOutput(
-                trajectories=[rec for res, _ in done for rec in self.agent.records(res)],
+                trajectories=[rec for res, _, _ in done for rec in self.agent.records(res)],
                 metrics=self.agent.metrics(trajectories),
                 num_trajectories=len(trajectories),
                 tool_calls=int(sum(calls_of(t, self.agent.tools) for t in trajectories)),
-                tool_time=ledger.seconds,
+                tool_time=sum(seconds for _, _, seconds in done),
                 wall_time=time.monotonic() - started)

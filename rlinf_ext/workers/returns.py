@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rlinf_ext.protocol import metric_keys as mk
 
@@ -35,6 +36,16 @@ class AgentLoopOutput:
             tool_calls=sum(out.tool_calls for out in outs),
             tool_time=sum(out.tool_time for out in outs),
             wall_time=sum(out.wall_time for out in outs))
+
+
+@dataclass
+class FinishedGroup:
+    """What the agent loop puts on the Rollout queue for each group it finishes under ``runner.admission: group``:
+    the group's result (what the reward worker scores) and its own share of the request's return, so a step that
+    admits groups of several requests reports exactly the groups it trains."""
+
+    result: Any  # the group's AgentRolloutResult
+    output: AgentLoopOutput  # this group alone; wall_time: from taking the request to this group's end
 
 
 @dataclass

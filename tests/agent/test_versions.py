@@ -140,7 +140,8 @@ def test_a_turn_sampled_by_two_versions_gives_its_tokens_each_their_own_and_coun
     assert [r["versions"] for r in trajectory_records(result)] == [spanned.rollout_versions, uniform.rollout_versions]
     # trained at version 3, k = 1: 3 of the 120 sampled tokens are 1 step stale; 1 of the 2 trajectories has two
     assert token_staleness_metrics(3, result.versions, 1) == {
-        mk.token_staleness(0): 117 / 120, mk.token_staleness(1): 3 / 120, mk.TRAJECTORIES_TWO_VERSIONS: 1 / 2}
+        mk.token_staleness(0): 117 / 120, mk.token_staleness(1): 3 / 120, mk.TRAJECTORIES_TWO_VERSIONS: 1 / 2,
+        mk.STALENESS_TOKEN_MAX: 1.0}
 
 
 def test_the_mask_invariant_follows_a_turns_per_token_versions():

@@ -79,3 +79,13 @@ def test_partial_rollout_needs_batches_in_flight_and_an_engine_that_stops_betwee
     assert "nothing to cut" in issue and "runner.max_staleness=1" in issue
     [issue] = partial_issues("tiny-cpu", ASYNC + [on, "rollout.rollout_backend=vllm"])
     assert "rollout.rollout_backend=vllm" in issue and "runner.partial_rollout=false" in issue
+
+
+@pytest.mark.parametrize("n,ok", [(-1, True), (1, True), (2, True), (3, False), (0, False)])
+def test_in_flight_batches_stay_within_k_plus_one(n, ok):
+    result = check_config("tiny-cpu", ["runner.max_staleness=1", "rollout.return_logprobs=true",
+                                       "runner.admission=group", f"runner.in_flight_batches={n}"])
+    assert result.ok == ok
+    if not ok:
+        [issue] = result.issues
+        assert issue.key == "runner.in_flight_batches" and "1..2" in issue.fix

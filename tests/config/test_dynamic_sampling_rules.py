@@ -37,3 +37,9 @@ def test_dynamic_sampling_is_accepted_with_and_without_refill():
     assert check_config("tiny-cpu", DYNAMIC + [f"{KEY}=4"]).ok
     assert check_config("tiny-cpu", DYNAMIC + ASYNC + [f"{KEY}=1"]).ok  # drop without refill: any k
     assert check_config("tiny-cpu", [f"{KEY}=1"]).ok
+
+
+def test_group_admission_with_dynamic_sampling_is_refused():
+    [(key, reason, fix)] = issues(DYNAMIC + ["runner.admission=group"])
+    assert key == "runner.admission" and "grpo_dynamic" in reason and "runner.admission=batch" in fix
+    assert check_config("tiny-cpu", ASYNC + ["runner.admission=group"]).ok

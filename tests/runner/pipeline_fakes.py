@@ -7,6 +7,10 @@ loop puts a batch's results on its Rollout queue when the trainer waits for any 
 newest first (so a Rollout queue shared by several batches would hand the oldest step the newest batch's
 results), and returns only when its own handle is waited. Reading an empty queue raises: under Ray it would block
 for ever. The engines' weight version is the number of updates the actor had made at the last sync.
+
+Under group admission (the batches' results go to the shared Rollout stream) the agent loop finishes one group each
+time the driver finds the stream empty: the first unfinished group in dispatch order whose prompt is not ``slow``,
+else the first slow one (a slow group finishes only when nothing else can).
 """
 
 from __future__ import annotations
@@ -20,18 +24,33 @@ from group_fakes import FuncResult, check_group_call
 from rlinf.scheduler import Channel, WorkerGroupFuncResult
 from signature_checks import checked_against
 
+from rlinf_ext.protocol import channels as ch
 from rlinf_ext.runner.groups import Placement, WorkerGroups
 from rlinf_ext.sync.weight_sync import SyncRoutes
-from rlinf_ext.workers.returns import AgentLoopOutput, RewardOutput
+from rlinf_ext.workers.returns import AgentLoopOutput, FinishedGroup, RewardOutput
 
 AGENT_LOOP_CALL = "agent_loop.run_agentloop_rollout"
 
 
+class Got:
+    """An asynchronous ``get``'s work (RLinf's ``AsyncWork``): the item is taken when it is asked for."""
+
+    def __init__(self, channel: "MemoryChannel", key: Any):
+        self.channel, self.key = channel, key
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> Any:
+        return self.channel.get(self.key)
+
+
 class MemoryChannel:
-    """RLinf's ``Channel``: one FIFO per key, in memory."""
+    """RLinf's ``Channel``: one FIFO per key, in memory; ``on_empty(key)`` may fill an empty queue before a get."""
 
     def __init__(self):
         self.queues: dict[Any, collections.deque] = collections.defaultdict(collections.deque)
+        self.on_empty: Callable[[Any], None] = lambda key: None
 
     @staticmethod
     @checked_against(Channel.create)
@@ -44,6 +63,10 @@ class MemoryChannel:
 
     @checked_against(Channel.get)
     def get(self, key="default_queue", async_op=False):
+        if async_op:
+            return Got(self, key)
+        if not self.queues[key]:
+            self.on_empty(key)
         if not self.queues[key]:
             raise AssertionError(f"get from the empty queue {key!r}: under Ray this call would wait for ever")
         return self.queues[key].popleft()
@@ -87,9 +110,12 @@ class World:
         self.trained: dict[int, list[str]] = {}  # step -> uids trained
         self.loads: list[str] = []
         self.rollouts: list[dict] = []  # one per agent-loop call: batch, handle, results put
-        self.most_in_flight = 0
+        self.most_in_flight = 0  # agent-loop calls running at once
+        self.most_untrained = 0  # groups dispatched and not trained yet, at most at once
         self.behaviour_metrics = False  # run_training returns the decoupled loss's metrics
         self.failing_batches: set[int] = set()  # their agent-loop calls fail when waited on
+        self.slow: set[str] = set()  # group admission: prompt uids whose groups finish only when nothing else can
+        self.finished_groups: list[str] = []  # group admission: the uids in the order their groups finished
 
     # ---- agent loop
     def run_agentloop_rollout(self, input_channel, output_channel):
@@ -99,16 +125,41 @@ class World:
         self.dispatched.append((batch, refill, request))
         if refill == 0:
             self.requests[batch] = request
+        by_group = output_channel.name.endswith(ch.STREAM)
         call = {"batch": batch, "request": request, "out": output_channel, "version": self.engine_version,
-                "put": False}
+                "put": False, "by_group": by_group, "unsent": list(request.uids) if by_group else []}
+        if by_group:
+            output_channel.channel.on_empty = self._finish_next_group
         call["handle"] = LazyResult(self, AGENT_LOOP_CALL, lambda: self._finish(call))
         self.rollouts.append(call)
         self.most_in_flight = max(self.most_in_flight, sum(not c["handle"].finished for c in self.rollouts))
+        untrained = {u for c in self.rollouts for u in c["request"].uids} - {u for t in self.trained.values() for u in t}
+        self.most_untrained = max(self.most_untrained, len(untrained))
         return call["handle"]
+
+    def _records(self, call: dict, uids: list[str]) -> list[dict]:
+        # two turns: the first sampled at the dispatch version, then an observation, then the engine's version now
+        versions = [call["version"]] * 2 + [-1] + [self.engine_version] * 2
+        return [{"uid": uid, "index": i, "prompt_ids": [1], "response_ids": [2] * len(versions),
+                 "versions": versions} for uid in uids for i in range(self.group_size)]
+
+    def _send_group(self, call: dict, uid: str) -> None:
+        call["unsent"].remove(uid)
+        records = self._records(call, [uid])
+        self.finished_groups.append(uid)
+        call["out"].put(FinishedGroup(SimpleNamespace(uid=uid), AgentLoopOutput(
+            trajectories=records, metrics={"agent/turns": 2.0}, num_trajectories=len(records), tool_calls=0,
+            tool_time=0.0, wall_time=0.0)))
+
+    def _finish_next_group(self, key) -> None:
+        waiting = [(call, uid) for call in self.rollouts if call["by_group"] for uid in call["unsent"]]
+        fast = [(call, uid) for call, uid in waiting if uid.split("-", 2)[2] not in self.slow]
+        if waiting:
+            self._send_group(*(fast or waiting)[0])
 
     def _put_results(self) -> None:
         for call in reversed(self.rollouts):  # newest first
-            if not call["put"]:
+            if not call["put"] and not call["by_group"]:
                 for uid in call["request"].uids:
                     call["out"].put(SimpleNamespace(uid=uid))
                 call["put"] = True
@@ -117,10 +168,9 @@ class World:
         if call["batch"] in self.failing_batches:
             raise RuntimeError(f"batch {call['batch']}'s rollout failed")
         self._put_results()
-        # two turns: the first sampled at the dispatch version, then an observation, then the engine's version now
-        versions = [call["version"]] * 2 + [-1] + [self.engine_version] * 2
-        records = [{"uid": uid, "index": i, "prompt_ids": [1], "response_ids": [2] * len(versions),
-                    "versions": versions} for uid in call["request"].uids for i in range(self.group_size)]
+        for uid in list(call["unsent"]):  # group admission: a call ends once all its groups are out
+            self._send_group(call, uid)
+        records = self._records(call, call["request"].uids)
         return [AgentLoopOutput(trajectories=records, metrics={"agent/turns": 2.0}, num_trajectories=len(records),
                                 tool_calls=0, tool_time=0.0, wall_time=0.0)]
 

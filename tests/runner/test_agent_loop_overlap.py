@@ -43,12 +43,14 @@ class AgentLoop:
     group: Any
     q: dict
 
-    def dispatch(self, b: int):
-        """Batch ``b``'s one-prompt request on its own sub-queues; the call's handle."""
+    def dispatch(self, b: int, results_key: str | None = None):
+        """Batch ``b``'s one-prompt request on its own sub-queues (``results_key``: another Rollout sub-queue);
+        the call's handle."""
         from rlinf_ext.protocol import channels as ch
         from rlinf_ext.protocol.payloads import AgentRolloutRequest
 
-        requests, results = self.q[ch.DATALOADER].sub(ch.batch_key(b)), self.q[ch.ROLLOUT].sub(ch.batch_key(b))
+        requests = self.q[ch.DATALOADER].sub(ch.batch_key(b))
+        results = self.q[ch.ROLLOUT].sub(results_key or ch.batch_key(b))
         requests.put(AgentRolloutRequest(n=GROUP, input_ids=[PROMPTS[b]], image_data=[[]], answers=[["paris"]],
                                          multi_modal_inputs=[None], uids=[f"s{b}-0000-q"], seed=b, tasks=[]))
         return self.group.run_agentloop_rollout(requests, results)
@@ -64,7 +66,9 @@ def agent_loop(tiny_assets, tmp_path, cluster, request):
     from rlinf_ext.workers.agent_loop import AgentLoopWorker
 
     name = "AgentLoop" + request.node.name.split("_")[1].capitalize()  # a group and channel of this test's own
-    cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:9", **{"algorithm.group_size": GROUP})
+    admission = getattr(request, "param", "batch")  # runner.admission, for the test that asks for it
+    cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:9",
+                   **{"algorithm.group_size": GROUP, "runner.admission": admission})
     group = AgentLoopWorker.create_group(cfg, search_server_addr="127.0.0.1:9").launch(
         cluster, placement_strategy=cpu_strategy(1), name=name)
     channel = Channel.create(f"{name.lower()}-channel")
@@ -74,6 +78,39 @@ def agent_loop(tiny_assets, tmp_path, cluster, request):
         yield AgentLoop(cfg, group, q)
     finally:
         kill_groups(WorkerGroups(rollout=None, actor=None, reward=None, agent_loop=group, placement=None))
+
+
+def answer(q, by_batch: dict, ids: list[int]) -> None:
+    from rlinf_ext.protocol import channels as ch
+
+    for b in (1, 0):  # the later batch is answered first
+        for request in by_batch[b]:
+            reply = {"output_ids": ids, "text": ANSWER, "finish_reason": "stop", "matched_stop": "</answer>",
+                     "logprobs": None, "num_generated": len(ids)}
+            q[ch.GENERATE_OUTPUT].put(reply, key=request["channel_key"])
+
+
+@pytest.mark.parametrize("agent_loop", ["group"], indirect=True)
+def test_group_admission_gets_each_finished_group_on_the_shared_stream_with_its_own_records(agent_loop):
+    """``runner.admission: group``: both batches put their groups on the one Rollout stream, as they finish, each
+    with the group's own records and trajectory count (what a step admitting it reports)."""
+    from transformers import AutoTokenizer
+
+    from rlinf_ext.protocol import channels as ch
+
+    q = agent_loop.q
+    handles = {b: agent_loop.dispatch(b, ch.STREAM) for b in PROMPTS}
+    generate = read(q[ch.GENERATE_INPUT], 2 * GROUP, seconds=120)
+    by_batch = {b: [r for r in generate if r["prompt_ids"][:3] == prompt] for b, prompt in PROMPTS.items()}
+    answer(q, by_batch, AutoTokenizer.from_pretrained(agent_loop.cfg.rollout.model.model_path).encode(ANSWER))
+    finished = read(q[ch.ROLLOUT].sub(ch.STREAM), 2, seconds=60)
+    assert sorted(f.result.uid for f in finished) == ["s0-0000-q", "s1-0000-q"]
+    for group in finished:
+        assert group.output.num_trajectories == GROUP and group.result.num_sequence == GROUP
+        assert {t["uid"] for t in group.output.trajectories} == {group.result.uid}
+    for b in PROMPTS:
+        [out] = handles[b].wait()
+        assert out.num_trajectories == GROUP
 
 
 def test_two_overlapping_rollouts_on_one_agent_loop_worker(agent_loop):
@@ -89,11 +126,7 @@ def test_two_overlapping_rollouts_on_one_agent_loop_worker(agent_loop):
     assert [len(by_batch[b]) for b in PROMPTS] == [GROUP, GROUP], "the two calls did not run at once"
 
     ids = AutoTokenizer.from_pretrained(agent_loop.cfg.rollout.model.model_path).encode(ANSWER)
-    for b in (1, 0):  # the later batch is answered first
-        for request in by_batch[b]:
-            reply = {"output_ids": ids, "text": ANSWER, "finish_reason": "stop", "matched_stop": "</answer>",
-                     "logprobs": None, "num_generated": len(ids)}
-            q[ch.GENERATE_OUTPUT].put(reply, key=request["channel_key"])
+    answer(q, by_batch, ids)
     for b in (1, 0):
         [out] = handles[b].wait()
         assert out.num_trajectories == GROUP

@@ -42,12 +42,13 @@ class Crash(RuntimeError):
 
 
 def run(out_dir, k: int, steps: int = 6, stop_after: int | None = None, behaviour: bool = False,
-        crash_after: int | None = None, failing_batches: tuple[int, ...] = (), **extra):
+        crash_after: int | None = None, failing_batches: tuple[int, ...] = (), slow: tuple[str, ...] = (), **extra):
     """(trainer, world, metrics per step, summary) of one run on fresh fake workers; ``crash_after``: raise
     ``Crash`` once that step is reported (its periodic checkpoint, if due, is written)."""
     world = World(GROUP)
     world.behaviour_metrics = behaviour
     world.failing_batches = set(failing_batches)
+    world.slow = set(slow)
     metrics: dict[int, dict] = {}
     cfg = make_cfg(out_dir, k, steps, **extra)
 
@@ -219,3 +220,69 @@ def test_k0_keeps_todays_calls_requests_and_metrics(tmp_path):
         assert set(metrics[step]) - {mk.TIME_ROLLOUT_START} == set(expected) | TODAY_TIMES | NEW_AT_K0
     # the new metrics at k = 0: nothing is stale
     assert all(metrics[s][mk.STALENESS_HEAD_MAX] == 0 and metrics[s][mk.token_staleness(0)] == 1.0 for s in (1, 2, 3))
+
+
+# ---------------------------------------------------------------- runner.admission: group
+GROUP_ADMISSION = {"runner.admission": "group"}
+SLOW = ("q2", "q1", "q7")  # batch 0 is [q2, q4] (TODAY_UIDS): its first group finishes last
+
+
+def trained_uids(*worlds: World) -> list[str]:
+    return [uid for world in worlds for step in sorted(world.trained) for uid in world.trained[step]]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_group_admission_trains_finished_groups_of_later_batches_within_k(tmp_path, k):
+    _, world, metrics, summary = run(tmp_path, k, slow=SLOW, **GROUP_ADMISSION)
+    assert summary["steps"] == 6
+    # step 0 does not wait for q2's slow group: batch 1's first finished group takes its place
+    assert world.trained[0] == ["s0-0001-q4", "s1-0000-q3"]
+    assert "s0-0000-q2" in world.trained[k]  # trained at its last chance, k steps after its dispatch
+    uids = trained_uids(world)
+    assert len(uids) == len(set(uids)) == 6 * BATCH  # every prompt dispatched is trained once
+    assert sorted(uids) == sorted(u for r in world.requests.values() for u in r.uids)
+    for step in range(1, 7):
+        assert 0 <= metrics[step][mk.STALENESS_HEAD_MAX] <= k
+        assert sorted(world.rewarded[step - 1]) == world.trained[step - 1]
+    assert world.most_untrained == (k + 1) * BATCH  # the in-flight cap: k + 1 batches of groups
+
+
+def test_group_admission_at_k0_is_batch_admission(tmp_path):
+    _, by_batch, _, _ = run(tmp_path / "batch", 0)
+    _, by_group, _, _ = run(tmp_path / "group", 0, slow=SLOW, **GROUP_ADMISSION)
+    assert by_group.trained == by_batch.trained and by_group.requests == by_batch.requests
+
+
+@pytest.mark.parametrize("k,stop_after", [(1, 2), (2, 3)])
+def test_group_admission_stop_and_resume_trains_every_prompt_once(tmp_path, k, stop_after):
+    _, whole, _, _ = run(tmp_path / "whole", k, slow=SLOW, **GROUP_ADMISSION)
+    _, first, _, summary = run(tmp_path / "cut", k, stop_after=stop_after, slow=SLOW, **GROUP_ADMISSION)
+    assert summary["steps"] == stop_after
+    resumed, second, metrics, summary = run(tmp_path / "cut", k, slow=SLOW, **GROUP_ADMISSION,
+                                            **{"runner.resume_dir": "auto"})
+    assert summary["steps"] == 6 and nothing_pending(resumed, second)
+    uids = trained_uids(first, second)
+    assert len(uids) == len(set(uids)) and sorted(uids) == sorted(trained_uids(whole))
+    # the prompts in flight at the stop are dispatched again first, with their batch's uids and seed
+    carried = [u for r in first.requests.values() for u in r.uids if u not in trained_uids(first)]
+    assert carried and [u for _, _, r in second.dispatched for u in r.uids][:len(carried)] == carried
+    assert all(r.seed == whole.requests[b].seed for b, _, r in second.dispatched)
+    assert all(metrics[step][mk.STALENESS_HEAD_MAX] <= k for step in range(stop_after + 1, 7))
+
+
+def test_a_group_admission_checkpoint_with_prompts_in_flight_refuses_batch_admission(tmp_path):
+    run(tmp_path, 1, stop_after=2, slow=SLOW, **GROUP_ADMISSION)
+    with pytest.raises(ValueError, match="runner.admission=group"):
+        run(tmp_path, 1, **{"runner.resume_dir": "auto"})
+
+
+def test_below_the_full_cap_a_slow_group_never_holds_a_step_it_is_not_due_in(tmp_path):
+    # k = 2 with two batches untrained at once: every group has a step of slack; q2's groups and q1's finish last
+    _, world, metrics, _ = run(tmp_path, 2, slow=SLOW, **GROUP_ADMISSION, **{"runner.in_flight_batches": 2})
+    assert world.most_untrained == 2 * BATCH
+    late = {u for step, uids in world.trained.items() for u in uids
+            if int(u.split("-")[0][1:]) < step}  # trained after the step batch admission trains it
+    assert late and all(metrics[s][mk.STALENESS_HEAD_MAX] <= 2 for s in range(1, 7))
+    assert any(u.endswith("-q2") for u in late)
+    uids = trained_uids(world)
+    assert len(uids) == len(set(uids)) == 6 * BATCH

@@ -60,6 +60,7 @@ def worker_with(agent) -> AgentLoopWorker:
     worker = AgentLoopWorker.__new__(AgentLoopWorker)  # no Ray actor: only what run_agentloop_rollout reads
     worker._timer_metrics = {}  # RLinf's Worker.worker_timer adds to it
     worker.agent = agent
+    worker.cfg = SimpleNamespace(runner=SimpleNamespace(admission="batch"))  # each request's groups together
     worker.generate_input_channel, worker.generate_output_channel = Channel(), Channel()
     return worker
 

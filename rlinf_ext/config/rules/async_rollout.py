@@ -93,3 +93,14 @@ def partial_rollout_needs_batches_ahead(cfg: ExperimentConfig) -> Iterator[Confi
         yield ConfigIssue(PARTIAL, f"{PARTIAL}=true with rollout.rollout_backend={backend}: this engine's turns "
                           "cannot be cut by a sync yet (only " + ", ".join(PARTIAL_BACKENDS) + "'s).",
                           f"set rollout.rollout_backend=hf, or {PARTIAL}=false (the sync then waits for the turns).")
+
+
+@rule("runner.in_flight_batches", KEY)
+def in_flight_batches_fit_the_bound(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """Group admission trains every group within k steps of its dispatch: more than k + 1 batches untrained at once
+    could not all be trained in time."""
+    n, k = cfg.runner.in_flight_batches, cfg.runner.max_staleness
+    if n != -1 and not 1 <= n <= k + 1:
+        yield ConfigIssue("runner.in_flight_batches", f"runner.in_flight_batches={n} with {KEY}={k}: between 1 and "
+                          f"k + 1 = {k + 1} batches can be untrained at once and still be trained within k steps.",
+                          f"set runner.in_flight_batches to 1..{k + 1}, or -1 (k + 1).")

@@ -1,6 +1,6 @@
 """Rules of dynamic sampling (``algorithm.adv_type: grpo_dynamic`` with ``algorithm.max_num_gen_batches``,
-``runner/dynamic_sampling.py``): a positive batch count, refills only where all-equal groups are dropped, and no
-refill with batches dispatched ahead."""
+``runner/dynamic_sampling.py``): a positive batch count, refills only where all-equal groups are dropped, no
+refill with batches dispatched ahead, and no group admission (``runner.admission: group``)."""
 
 from __future__ import annotations
 
@@ -43,3 +43,15 @@ def refills_need_the_synchronous_order(cfg: ExperimentConfig) -> Iterator[Config
                           "has already dispatched the next batches from it: a refill cannot tell which prompts "
                           "come next, and a resume could not either.",
                           f"set runner.max_staleness=0 with refills, or {KEY}=1 (drop without refill works at any k).")
+
+
+@rule(ADV, "runner.admission", "runner.task_type")
+def group_admission_keeps_every_group(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """Group admission trains every dispatched prompt exactly once, and its checkpoint names the prompts in flight
+    by batch and slot; dynamic sampling drops groups and reads refills from the order by score: the two do not
+    compose yet (no test shows which prompts a resume would owe)."""
+    if cfg.runner.admission == "group" and cfg.algorithm.adv_type == "grpo_dynamic" and is_training(cfg):
+        yield ConfigIssue("runner.admission", "runner.admission=group admits groups as they complete, but "
+                          f"{ADV}=grpo_dynamic selects them by score from whole batches and refills: the two "
+                          "selections do not compose.", f"set runner.admission=batch with {ADV}=grpo_dynamic, or "
+                          f"{ADV}=grpo with group admission.")
