@@ -183,6 +183,19 @@ def test_readme_is_a_front_page():
     assert len((REPO / "README.md").read_bytes()) <= 10 * 1024
 
 
+DOCS_BUDGET_BYTES = 170_000  # docs/*.md and every README: read in one sitting (figures live in results.md only)
+
+
+def test_the_docs_fit_in_one_sitting():
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "docs/*.md", "*README*.md"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.split()
+    sizes = {path: len((REPO / path).read_bytes()) for path in tracked if (REPO / path).is_file()}
+    assert "docs/results.md" in sizes and "README.md" in sizes
+    assert sum(sizes.values()) <= DOCS_BUDGET_BYTES, sorted(sizes.items(), key=lambda kv: -kv[1])
+
+
 def test_ci_runs_the_readmes_test_command_verbatim():
     """The README's "Install and run the tests" command is the line `.ci/run` executes, character for character."""
     readme = (REPO / "README.md").read_text()

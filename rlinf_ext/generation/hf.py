@@ -174,9 +174,9 @@ class HFGenerator:
         token (one int when a single version sampled them all), the end found again on the joined ids."""
         ids = [t for seg, _ in segments for t in seg.output_ids]
         versions = [v for seg, version in segments for v in token_versions(version, len(seg.output_ids))]
-        logprobs = None
-        if all(seg.logprobs is not None for seg, _ in segments):
-            logprobs = [lp for seg, _ in segments for lp in seg.logprobs]
+        logprobs = None  # a segment cut before its first token (queued at the sync) brings no log-probs, and lacks none
+        if all(seg.logprobs is not None or not seg.output_ids for seg, _ in segments):
+            logprobs = [lp for seg, _ in segments for lp in (seg.logprobs or [])]
         end = turn_end(ids, self.decode, eos_ids=self.eos_ids, stop=params.stop, max_new_tokens=params.max_new_tokens,
                        include_stop_str_in_output=params.include_stop_str_in_output)
         kept = len(end.output_ids)

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from collections import deque
+from concurrent import futures
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +109,20 @@ class RolledOutBatch:
         return reward_group.compute_rewards(self.results, scored, self.num_results, step)
 
 
+def read_in_thread(get: Any) -> futures.Future:
+    """``get()`` in a daemon thread (a read still blocked when the run stops must not hold the process's exit)."""
+    future: futures.Future = futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(get())
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver through the future
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="rlinf-ext-stream-read", daemon=True).start()
+    return future
+
+
 class BatchPipeline:
     """Dispatch, admission, weight versions and drain of the run's batches; the trainer asks for one
     ``RolledOutBatch`` per step (``next_batch``) after each weight sync (``synced``)."""
@@ -125,6 +141,7 @@ class BatchPipeline:
         # group admission's finished groups in arrival order (batch admission reads each batch's own sub-queue)
         self.stream = GroupStream(cfg.data.rollout_batch_size, max_staleness) if self.by_group else None
         self._carried: list[tuple[int, list[int]]] = []  # a resume's (batch, slots) in flight at its checkpoint
+        self._pending_read: futures.Future | None = None  # group admission: the stream's blocking get
 
     # ------------------------------------------------------------------ position and versions
     def resume_at(self, position: int, in_flight: Sequence[Sequence[int]] = ()) -> None:
@@ -237,14 +254,18 @@ class BatchPipeline:
 
     def _read_finished(self) -> FinishedGroup:
         """The next finished group off the Rollout stream; a batch's failed rollout is raised meanwhile (its groups
-        would never come)."""
-        work = self.channels[ch.ROLLOUT].sub(ch.STREAM).get(async_op=True)
-        while not work.done():
+        would never come). The driver's channel get has no completion test (RLinf's ``AsyncRayWork`` only waits),
+        so the blocking get runs in a reader thread and the driver polls its future; a read still pending when a
+        step ends is the next step's."""
+        if self._pending_read is None:
+            self._pending_read = read_in_thread(self.channels[ch.ROLLOUT].sub(ch.STREAM).get)
+        while not futures.wait([self._pending_read], timeout=POLL_S).done:
             for flight in self.in_flight:
                 if flight.handle.done():
                     wait_or_raise(flight.handle, "agent_loop", "run_agentloop_rollout")
-            time.sleep(POLL_S)
-        return work.wait()
+        read, self._pending_read = self._pending_read, None
+        return read.result()
+
 
     def _admit_groups(self, step: int) -> RolledOutBatch:
         """The groups ``runner/admission.py:admit`` picks for step ``step``, put on their own Rollout sub-queue for

@@ -120,3 +120,7 @@ def test_segments_cut_by_a_sync_join_into_one_turn_with_a_version_per_token(gene
     assert joined.logprobs == [-0.5] * len(head) + [-1.5] * (n - len(head))
     one = generator.join_segments([(first, 3)], params.with_updates(max_new_tokens=len(head)))
     assert one.weight_version == 3 and one.finish_reason == "length"  # one version: one int, as before
+    # a request still queued at the sync is cut before its first token: no ids, so no log-probs, and none missing
+    queued = GenerationResult([], "", "length")
+    late = generator.join_segments([(queued, 3), (second, 4)], params)
+    assert late.logprobs == [-1.5] * len(tail) and late.weight_version == 4

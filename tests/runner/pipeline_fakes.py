@@ -33,13 +33,14 @@ AGENT_LOOP_CALL = "agent_loop.run_agentloop_rollout"
 
 
 class Got:
-    """An asynchronous ``get``'s work (RLinf's ``AsyncWork``): the item is taken when it is asked for."""
+    """An asynchronous ``get``'s work as the driver gets it (RLinf's ``AsyncRayWork``: ``wait`` only, no
+    completion test): the item is taken when it is asked for."""
 
     def __init__(self, channel: "MemoryChannel", key: Any):
         self.channel, self.key = channel, key
 
     def done(self) -> bool:
-        return True
+        raise NotImplementedError("RLinf's AsyncRayWork (a driver's async get) has no done(); it only waits")
 
     def wait(self) -> Any:
         return self.channel.get(self.key)
