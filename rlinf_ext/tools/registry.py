@@ -7,7 +7,9 @@ subclass anywhere on the Python path, so a tool can live outside ``rlinf_ext/``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rlinf_ext.protocol.agents import agent_tools
@@ -24,48 +26,74 @@ RESERVED_TAGS = ("answer", "think", "information")
 
 
 class ToolNameError(ValueError):
-    """A configured tool name that resolves to no ``Tool`` subclass."""
+    """A configured tool name that resolves to no usable ``Tool`` subclass: the problem and its own ``fix``."""
+
+    def __init__(self, problem: str, fix: str = ""):
+        super().__init__(problem)
+        self.problem, self.fix = problem, fix
+
+
+@dataclass(frozen=True)
+class ToolProblem:
+    """One problem of a configured tool list, with the fix for that problem."""
+
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        return self.problem
 
 
 def resolve_tool(name: str) -> type[Tool]:
-    """The ``Tool`` subclass a configured name stands for; ToolNameError naming the choices otherwise."""
+    """The ``Tool`` subclass a configured name stands for; ToolNameError with the problem and its fix otherwise."""
     path = BUILTIN_TOOLS.get(name, name)
     if not is_import_path(path):
         raise ToolNameError(
             f"tool {name!r} is neither a registered tool ({sorted(BUILTIN_TOOLS)}) nor an import path "
-            "'pkg.module:Class' (e.g. 'mypkg.tools:Calculator')"
-        )
+            "'pkg.module:Class' (e.g. 'mypkg.tools:Calculator')",
+            f"use one of {sorted(BUILTIN_TOOLS)} or the import path of a Tool subclass (docs/extending.md).")
     try:
         cls = load_path(path, f"tool {name!r}")
     except ValueError as exc:
-        raise ToolNameError(str(exc)) from None
+        raise ToolNameError(str(exc), "fix the path, or put the package that defines it on PYTHONPATH.") from None
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
-        raise ToolNameError(f"tool {name!r}: {path} is {cls!r}, not a subclass of rlinf_ext.tools.base.Tool")
+        raise ToolNameError(f"tool {name!r}: {path} is {cls!r}, not a subclass of rlinf_ext.tools.base.Tool",
+                            "derive the class from rlinf_ext.tools.base.Tool.")
     if not cls.name:
-        raise ToolNameError(f"tool {name!r}: {path} sets no `name`")
+        raise ToolNameError(f"tool {name!r}: {path} sets no `name`",
+                            "set the class attribute name = '...' (its metrics' prefix, and its tag unless tag is set).")
+    if cls.__call__ is Tool.__call__:
+        raise ToolNameError(f"tool {name!r}: {path} does not implement __call__, so every call would fail",
+                            f"define `async def __call__(self, content: str) -> ToolOutput` on {cls.__name__}.")
+    if not inspect.iscoroutinefunction(cls.__call__):
+        raise ToolNameError(f"tool {name!r}: {path}'s __call__ is not a coroutine function (the loops await it)",
+                            f"make it `async def __call__(self, content: str) -> ToolOutput`.")
     return cls
 
 
-def check_tool_names(names: Sequence[str]) -> list[str]:
-    """Every problem of a configured tool list (empty when each name resolves, and no two tools share a name or
-    tag, and no tag is one of the protocol's own)."""
-    problems: list[str] = []
+def check_tool_names(names: Sequence[str]) -> list[ToolProblem]:
+    """Every problem of a configured tool list, each with its fix (empty when each name resolves, and no two tools
+    share a name or tag, and no tag is one of the protocol's own)."""
+    problems: list[ToolProblem] = []
     seen_names: dict[str, str] = {}
     seen_tags: dict[str, str] = {}
     for name in names:
         try:
             cls = resolve_tool(str(name))
         except ToolNameError as exc:
-            problems.append(str(exc))
+            problems.append(ToolProblem(exc.problem, exc.fix))
             continue
         tag = cls.tag_name()
         if tag in RESERVED_TAGS:
-            problems.append(f"tool {name!r} uses the tag <{tag}>, which the protocol itself uses "
-                            f"({', '.join(f'<{t}>' for t in RESERVED_TAGS)}); give it another tag")
+            problems.append(ToolProblem(f"tool {name!r} uses the tag <{tag}>, which the protocol itself uses "
+                                        f"({', '.join(f'<{t}>' for t in RESERVED_TAGS)}); give it another tag",
+                                        f"set the class attribute tag = '...' on {cls.__name__} to another name."))
         if cls.name in seen_names:
-            problems.append(f"tools {seen_names[cls.name]!r} and {name!r} share the name {cls.name!r}")
+            problems.append(ToolProblem(f"tools {seen_names[cls.name]!r} and {name!r} share the name {cls.name!r}",
+                                        "give one of them another name (or list it once)."))
         if tag in seen_tags:
-            problems.append(f"tools {seen_tags[tag]!r} and {name!r} share the tag <{tag}>")
+            problems.append(ToolProblem(f"tools {seen_tags[tag]!r} and {name!r} share the tag <{tag}>",
+                                        "give one of them another tag."))
         seen_names.setdefault(cls.name, str(name))
         seen_tags.setdefault(tag, str(name))
     return problems
@@ -75,7 +103,7 @@ def tool_classes(names: Sequence[str]) -> list[type[Tool]]:
     """The classes of a configured list, checked (ValueError listing every problem)."""
     problems = check_tool_names(names)
     if problems:
-        raise ToolNameError("; ".join(problems))
+        raise ToolNameError("; ".join(p.problem for p in problems), "; ".join(p.fix for p in problems))
     return [resolve_tool(str(name)) for name in names]
 
 

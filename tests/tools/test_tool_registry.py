@@ -21,14 +21,25 @@ class Echo(Tool):
         return ToolOutput(body=content)
 
 
-class Thinks(Tool):
+class Thinks(Echo):
     name = "thinker"
     tag = "think"
 
 
-class EchoTwin(Tool):
+class EchoTwin(Echo):
     name = "echo"
     tag = "echo2"
+
+
+class Uncallable(Tool):  # the new user's tool: settings and a name, no __call__
+    name = "uncallable"
+
+
+class Blocking(Tool):
+    name = "blocking"
+
+    def __call__(self, content):
+        return ToolOutput(body=content)
 
 
 @pytest.fixture
@@ -36,6 +47,7 @@ def plugin_module(monkeypatch):
     """A module of tool classes importable by path (as a plug-in package on PYTHONPATH would be)."""
     module = types.ModuleType("my_tools")
     module.Echo, module.Thinks, module.EchoTwin, module.not_a_tool = Echo, Thinks, EchoTwin, object
+    module.Uncallable, module.Blocking = Uncallable, Blocking
     monkeypatch.setitem(sys.modules, "my_tools", module)
     return module
 
@@ -59,11 +71,29 @@ def test_unknown_names_say_the_choices_and_the_import_path_form(plugin_module):
 
 def test_tag_collisions(plugin_module):
     (reserved,) = check_tool_names(["my_tools:Thinks"])
-    assert "<think>" in reserved and "another tag" in reserved
-    assert check_tool_names(["my_tools:Echo", "my_tools:EchoTwin"]) == [
+    assert "<think>" in reserved.problem and "tag = '...' on Thinks" in reserved.fix
+    assert [str(p) for p in check_tool_names(["my_tools:Echo", "my_tools:EchoTwin"])] == [
         "tools 'my_tools:Echo' and 'my_tools:EchoTwin' share the name 'echo'"]
-    assert check_tool_names(["search", "search"]) == [
-        "tools 'search' and 'search' share the name 'search'", "tools 'search' and 'search' share the tag <search>"]
+    assert [(p.problem, p.fix) for p in check_tool_names(["search", "search"])] == [
+        ("tools 'search' and 'search' share the name 'search'", "give one of them another name (or list it once)."),
+        ("tools 'search' and 'search' share the tag <search>", "give one of them another tag.")]
+
+
+@pytest.mark.parametrize("path, problem, fix", [
+    ("my_tools:Uncallable", "does not implement __call__", "async def __call__(self, content: str) -> ToolOutput` on Uncallable"),
+    ("my_tools:Blocking", "is not a coroutine function", "async def __call__"),
+    ("calculator", "neither a registered tool", "the import path of a Tool subclass"),
+    ("no_such_pkg.tools:Calc", "cannot import module", "PYTHONPATH"),
+    ("my_tools:not_a_tool", "not a subclass", "derive the class from rlinf_ext.tools.base.Tool"),
+])
+def test_each_refusal_states_its_own_fix_and_validate_refuses_it(plugin_module, path, problem, fix):
+    from rlinf_ext.config import check_config
+
+    (found,) = check_tool_names([path])
+    assert problem in found.problem and fix in found.fix, found
+    issues = [i for i in check_config("tiny-cpu", [f"agentloop.searchr1.tools=[{path}]"]).issues
+              if i.key == "agentloop.searchr1.tools"]
+    assert [(i.reason, i.fix) for i in issues] == [(found.problem, found.fix)]
 
 
 def test_defaults_derive_from_the_name(plugin_module):

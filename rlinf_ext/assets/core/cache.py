@@ -21,7 +21,6 @@ and prints the entry's path.
 from __future__ import annotations
 
 import ast
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -34,6 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from rlinf_ext.assets.core.lock import HOLDER_SUFFIX, held_lock
 from rlinf_ext.assets.core.tiny import (MANIFEST, Parts, TinyAssets, complete_assets, make_tiny_assets,
                                         part_of_file, read_manifest)
 
@@ -148,8 +148,7 @@ def cached_tiny_assets(parts: Parts, seed: int = 0, log: Callable[..., None] = p
     found = complete_assets(current, seed, parts) if current else None
     if found:
         return found
-    with open(link.parent / f"{link.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with held_lock(link.parent / f"{link.name}.lock", f"{parts.describe()} (seed {seed}) for {link.name}"):
         current = link.resolve() if link.is_symlink() else None
         found = complete_assets(current, seed, parts) if current else None
         if found:
@@ -158,10 +157,11 @@ def cached_tiny_assets(parts: Parts, seed: int = 0, log: Callable[..., None] = p
         tmp = link.parent / f".tmp-{link.name}-{uuid.uuid4().hex[:8]}"
         try:
             if current:
-                shutil.copytree(current, tmp, ignore=shutil.ignore_patterns(".lock"))
+                shutil.copytree(current, tmp, ignore=shutil.ignore_patterns(".lock", ".lock" + HOLDER_SUFFIX))
             log(f"[assets] building {parts.union(have).describe()} (seed {seed}) for cache entry {link}")
             make_tiny_assets(tmp, seed=seed, parts=parts.union(have), verbose=True)
             (tmp / ".lock").unlink(missing_ok=True)
+            (tmp / (".lock" + HOLDER_SUFFIX)).unlink(missing_ok=True)
             _write_manifest(tmp, {**read_manifest(tmp), "cache_key": link.name.rsplit("-seed", 1)[0]})
             version = link.parent / f"{link.name}.{uuid.uuid4().hex[:8]}"
             os.rename(tmp, version)

@@ -9,7 +9,6 @@ directories: they copy from the cache of generated directories (`assets/core/cac
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import time
@@ -17,6 +16,7 @@ from dataclasses import astuple, dataclass, field, fields
 from pathlib import Path
 
 from rlinf_ext.assets.core.generate import generate_base
+from rlinf_ext.assets.core.lock import HOLDER_SUFFIX, held_lock
 from rlinf_ext.assets.mmsearch.paths import MM_GENERATOR_VERSION, Assets, layout
 from rlinf_ext.assets.mmsearch.sft import build_mm_sft_model
 from rlinf_ext.assets.mmsearch.sft import manifest_entry as mm_sft_manifest_entry
@@ -148,7 +148,7 @@ def sha256_file(path: Path) -> str:
 
 def _file_hashes(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in (MANIFEST, ".lock")}
+            if p.is_file() and p.name not in (MANIFEST, ".lock", ".lock" + HOLDER_SUFFIX)}
 
 
 def read_manifest(root: Path) -> dict | None:
@@ -200,8 +200,7 @@ def make_tiny_assets(out_dir, seed: int = 0, verbose: bool = False, with_sft_sea
     root = Path(out_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     log = print if verbose else (lambda *a, **k: None)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with held_lock(root / ".lock", f"{want.describe()} (seed {seed}) in {root}"):
         manifest = read_manifest(root)
         have = _valid_parts(manifest, root, seed)
         if have is not None and have.covers(want):

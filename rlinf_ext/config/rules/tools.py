@@ -47,6 +47,4 @@ def agent_tools_resolve(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     if names is None:
         return
     for problem in check_tool_names([str(n) for n in names]):
-        yield ConfigIssue(f"agentloop.{agent_spec(cfg).name}.tools", problem,
-                          "use a registered tool name or the import path pkg.module:Class of a "
-                          "rlinf_ext.tools.base.Tool subclass (docs/extending.md).")
+        yield ConfigIssue(f"agentloop.{agent_spec(cfg).name}.tools", problem.problem, problem.fix)
