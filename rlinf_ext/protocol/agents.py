@@ -44,7 +44,7 @@ class AgentError(ValueError):
 class AgentSpec:
     name: str  # the key of its section, agentloop.<name>, and of its metrics
     title: str
-    stops: tuple[str, ...]  # the closing tags a turn must stop at for the loop to act
+    stops: tuple[str, ...]  # the closing tags the loop acts on besides its tools' (those follow the tools configured)
     vision: bool  # a vision-language model (images in the context)
     reward_scorings: tuple[str, ...]  # reward.scoring values its reward accepts
     eval_backends: tuple[str, ...]  # rollout.rollout_backend values `rlinf-ext eval` runs it on
@@ -58,6 +58,7 @@ class AgentSpec:
     validation: str = ""
     tiny_assets: str = ""
     tools: tuple[str, ...] = ()  # the tools it always uses, when its section lists none (agentloop.<name>.tools)
+    stops_from_tools: bool = True  # its turns also stop at each configured tool's closing tag (Tool.stops())
 
     def has(self, component: str) -> bool:
         return bool(getattr(self, component))
@@ -72,7 +73,7 @@ class AgentSpec:
 
 AGENTS: dict[str, AgentSpec] = {
     SEARCHR1: AgentSpec(
-        name=SEARCHR1, title="Search-R1", stops=("</search>", "</answer>"), vision=False,
+        name=SEARCHR1, title="Search-R1", stops=("</answer>",), vision=False,
         reward_scorings=("em", "subem", "f1", "format"), eval_backends=("vllm", "hf", "sglang"),
         rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
         dataset="rlinf_ext.data.prompts:build_prompt_datasets",
@@ -84,6 +85,7 @@ AGENTS: dict[str, AgentSpec] = {
     ),
     MMSEARCH: AgentSpec(
         name=MMSEARCH, title="MMSearch-R1", stops=("</search>", "</text_search>", "</answer>"), vision=True,
+        stops_from_tools=False,  # its loop tags its tools itself (image search </search>, text search </text_search>)
         reward_scorings=("em", "subem"), eval_backends=("vllm", "hf"),  # vLLM: generation/vllm_vl.py
         rollout="rlinf_ext.agent.mmsearch.rollout:MMSearchRollout",
         dataset="rlinf_ext.agent.mmsearch.dataset:build_datasets",

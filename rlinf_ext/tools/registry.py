@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_ext.protocol.agents import agent_tools
+from rlinf_ext.protocol.agents import agent_spec, agent_tools
 from rlinf_ext.protocol.plugins import is_import_path, load_path
 from rlinf_ext.tools.base import Tool, ToolContext
 
@@ -111,6 +111,15 @@ def build_tools(names: Sequence[str], cfg: Any, context: ToolContext | None = No
     """The tools of a configured list, each built from the experiment config ``cfg`` and ``context``."""
     context = context if context is not None else ToolContext(seed=int(cfg.runner.seed))
     return [cls.from_config(cfg, context) for cls in tool_classes(names)]
+
+
+def agent_stops(cfg: Any) -> tuple[str, ...]:
+    """The closing tags a turn of the configured agent must stop at: each configured tool's, then the agent's own
+    (``AgentSpec.stops``: ``</answer>``, ...), so the list follows the tools."""
+    spec, out = agent_spec(cfg), []
+    for cls in tool_classes(agent_tools(cfg)) if spec.stops_from_tools else ():
+        out += [s for s in cls.stops() if s not in out]
+    return tuple(out + [s for s in spec.stops if s not in out])
 
 
 def tool_tags(names: Sequence[str]) -> list[str]:

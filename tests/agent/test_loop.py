@@ -86,7 +86,7 @@ def test_parse_action_first_complete_block():
 
 def test_default_tools_give_searchr1_stops_and_published_invalid_action_text():
     protocol = TurnProtocol.of([TextSearch])
-    assert protocol.stops == SEARCHR1_STOPS == ("</search>", "</answer>")  # what the agent registry states
+    assert protocol.stops == SEARCHR1_STOPS == ("</search>", "</answer>")  # what agent_stops gives for its tools
     assert protocol.invalid_action_message == SEARCHR1_INVALID_ACTION
 
 

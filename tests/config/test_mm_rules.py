@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from test_rules import assert_issue, issues_for
 
-import pytest
+from rlinf_ext.config import check_config
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
 # where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
@@ -51,8 +52,10 @@ def test_vl_actor_backend_rules(reference_env):
 
 
 def test_mm_stops_and_search_limits(reference_env):
-    assert_issue("tiny-mm-cpu-eval", ["algorithm.sampling_params.stop=[</answer>]"], "algorithm.sampling_params.stop",
-                 "</search>", "</text_search>")
+    # a stop list without the loop's tags runs (the loop adds them) and is warned about
+    stale = check_config("tiny-mm-cpu-eval", ["algorithm.sampling_params.stop=[</answer>]"])
+    (warning,) = [w for w in stale.warnings if w.key == "algorithm.sampling_params.stop"]
+    assert "missing ['</search>', '</text_search>']" in warning.reason and stale.ok
     assert_issue("tiny-mm-cpu-eval", ["agentloop.mmsearch.image_search_limit=3"], "agentloop.mmsearch.image_search_limit",
                  "max_gen_round=3", "between 0 and 2")
     assert_issue("tiny-mm-cpu-eval", ["agentloop.mmsearch.max_gen_round=2", "agentloop.mmsearch.text_search_limit=2"],

@@ -111,3 +111,15 @@ def test_build_tools_passes_the_context_and_run_counts(plugin_module):
     assert output.body == "hi" and output.latency_s is not None and echo.stats.calls == 1
     with pytest.raises(ToolNameError, match="calculator"):
         build_tools(["calculator"], cfg)
+
+
+def test_the_agents_stops_follow_its_tools(plugin_module):
+    from rlinf_ext.config import check_config, load_config
+    from rlinf_ext.tools.registry import agent_stops
+
+    assert agent_stops(load_config("tiny-cpu")) == ("</search>", "</answer>")
+    tools = "agentloop.searchr1.tools=[search,my_tools:Echo]"
+    assert agent_stops(check_config("tiny-cpu", [tools]).cfg) == ("</search>", "</echo>", "</answer>")
+    stale = check_config("tiny-cpu", [tools, "algorithm.sampling_params.stop=[</search>,</answer>]"])
+    (warning,) = [w for w in stale.warnings if w.key == "algorithm.sampling_params.stop"]  # the loop adds it: runs
+    assert "missing ['</echo>']" in warning.reason and "add ['</echo>']" in warning.fix and stale.ok

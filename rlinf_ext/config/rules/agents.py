@@ -7,6 +7,7 @@ from __future__ import annotations
 from rlinf_ext.config.rule_registry import rule
 from rlinf_ext.config.structure import ConfigIssue
 from rlinf_ext.protocol.agents import agent_spec
+from rlinf_ext.tools.registry import ToolNameError, agent_stops
 
 
 @rule("agentloop.agent", "reward.scoring", "rollout.model.model_type")
@@ -28,13 +29,19 @@ def agent_reward_and_model_fit(cfg):
 @rule("agentloop.agent", "algorithm.sampling_params.stop")
 def stops_hold_the_action_tags(cfg):
     """The loop acts when the engine stops at an action's closing tag. Every request carries the agent's stops
-    (the loop adds them); a configured list that leaves one out says something the run does not do."""
+    (the loop adds them), so a configured list that leaves one out runs anyway: a warning, since the list then
+    says something the run does not do (often a tool added without its tag)."""
     spec = agent_spec(cfg)
     configured = cfg.algorithm.sampling_params.stop or []
-    missing = [t for t in spec.stops if t not in configured]
+    try:
+        stops = agent_stops(cfg)
+    except ToolNameError:  # a tool that does not resolve is reported by the tools' own rule
+        return
+    missing = [t for t in stops if t not in configured]
     if configured and missing:
-        yield ConfigIssue("algorithm.sampling_params.stop", f"{spec.title} turns end at {list(spec.stops)}; missing "
-                          f"{missing}.", f"add {missing} to algorithm.sampling_params.stop.")
+        yield ConfigIssue("algorithm.sampling_params.stop", f"{spec.title} turns with these tools end at "
+                          f"{list(stops)}; missing {missing}.", f"add {missing} to algorithm.sampling_params.stop, "
+                          "or leave it empty (the loop adds its stops).", warning=True)
 
 
 @rule("data.image_min_pixels", "data.image_max_pixels", "tools.image_search.thumbnail_min_pixels",
