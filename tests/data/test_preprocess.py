@@ -96,3 +96,19 @@ def test_cli_and_errors(tiny_assets, tmp_path, capsys):
     rc = main(["preprocess", "--input", str(tmp_path / "missing.parquet"), "--output", str(out),
                "--tokenizer", str(tiny_assets.tokenizer_dir), "--no-progress"])
     assert rc == 1 and "does not exist" in capsys.readouterr().err
+
+
+def test_the_documented_input_rows_parse_as_documented():
+    """docs/extending.md shows the rows `rlinf-ext preprocess` reads: each parses, with the question and answers
+    the doc implies."""
+    import json
+    import re
+    from pathlib import Path
+
+    from rlinf_ext.data.preprocess import parse_row
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text()
+    block = re.search(r"```jsonl\n(.*?)```", doc, re.S).group(1)
+    rows = [parse_row(json.loads(line), "Question:", "default") for line in block.splitlines() if line.strip()]
+    assert [(r.question, r.answers, r.data_source, r.source_id) for r in rows] == [
+        ("What is 3 + 11?", ["14"], "arith", "q1"), ("Who wrote Hamlet?", ["Shakespeare"], "default", None)]
