@@ -81,7 +81,9 @@ def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
     from rlinf_ext.assets.core.tiny import Parts  # lazy: the asset modules import transformers
 
     cache = cache_dir()
-    if root.resolve().is_relative_to(cache):
+    # the cache folder and where its entries' links point (a cache of links to another cache's entries counts too)
+    folders = {cache.resolve()} | {link.resolve().parent for link in cache.glob("*-seed*") if link.is_symlink()}
+    if any(root.resolve().is_relative_to(folder) for folder in folders):
         raise LaunchError(
             f"paths.tiny_assets={root} is inside the tiny-asset cache ({cache}), whose entries are shared and stay as "
             "built: a run writes its retrieval index beside the assets, and a launch of other code would replace the "

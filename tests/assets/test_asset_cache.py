@@ -201,6 +201,14 @@ def test_the_launcher_refuses_assets_inside_the_cache(monkeypatch, fake_generato
     with pytest.raises(LaunchError, match="inside the tiny-asset cache.*Fix: point paths.tiny_assets"):
         prepare.prepare_tiny_assets(cfg)
     assert read_manifest(entry) == before
+    # a cache of links to that cache's entries (a private $RLINF_EXT_ASSET_CACHE): the real entry is still refused
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / cache.entry_path().name).symlink_to(entry)
+    monkeypatch.setenv(cache.CACHE_ENV, str(links))
+    with pytest.raises(LaunchError, match="inside the tiny-asset cache"):
+        prepare.prepare_tiny_assets(cfg)
+    assert read_manifest(entry) == before
 
 
 CHILD_FILL = """
