@@ -20,7 +20,8 @@ reward/s (the reward summed over the trained trajectories per train second: traj
 ratio to k = 0, the actor and engine idle ratios, the mean per-phase times (``time/rollout``, ``time/wait_rollout``,
 ``time/train``, ``time/sync``, ``time/tool``, ``time/recompute``), the share of trajectories sampled by two weight
 versions, the behaviour-weight statistics and the share of trained tokens at each staleness. With several
-``--seeds``: a second table of medians with the spread (min-max) across seeds.
+``--seeds``: a second table of medians with the spread (min-max) across seeds. ``--tables a/figures.json
+b/figures.json`` prints the tables of earlier invocations merged, launching nothing.
 """
 
 from __future__ import annotations
@@ -256,6 +257,30 @@ def plot(results: dict[tuple[Setting, int], dict], png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
+def save_results(results: dict[tuple[Setting, int], dict], path: Path) -> None:
+    path.write_text(json.dumps(
+        [{"setting": vars(setting), "seed": seed, **fig} for (setting, seed), fig in sorted(results.items())]))
+
+
+def load_results(paths: list[str]) -> dict[tuple[Setting, int], dict]:
+    """The runs of earlier ``figures.json`` files, merged (e.g. seeds measured by separate invocations)."""
+    results = {}
+    for path in paths:
+        for run in json.loads(Path(path).read_text()):
+            fig = {k: v for k, v in run.items() if k not in ("setting", "seed")}
+            results[(Setting(**run["setting"]), int(run["seed"]))] = fig
+    return results
+
+
+def print_tables(results: dict[tuple[Setting, int], dict]) -> None:
+    print("\n" + throughput_table(results))
+    print("\nmedians across seeds (min-max):\n" + median_table(results))
+    print("\n| setting | seed | reward per step | elapsed s per step |\n|---|---|---|---|")
+    for (setting, seed), figures in sorted(results.items()):
+        print(f"| {setting.latency} {setting.label} | {seed} | {' '.join(f'{r:.3f}' for r in figures['reward'])} | "
+              f"{' '.join(f'{t:.0f}' for t in figures['elapsed_s'])} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ks", default="0,1,2")
@@ -270,8 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--assets", default=os.environ.get("RLINF_EXT_TINY_ASSETS"))
     parser.add_argument("--out", default=None)
     parser.add_argument("--png", default=str(REPO / "docs" / "async_curves.png"))
+    parser.add_argument("--tables", nargs="+", metavar="FIGURES_JSON", default=None,
+                        help="launch nothing: print the tables of earlier runs' figures.json files, merged")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
+    if args.tables:
+        print_tables(load_results(args.tables))
+        return 0
     if not args.assets:
         parser.error("--assets DIR (or RLINF_EXT_TINY_ASSETS): tiny assets with the warm start "
                      "(rlinf-ext make-tiny-assets --out DIR --with-registry)")
@@ -298,16 +328,10 @@ def main(argv: list[str] | None = None) -> int:
                                               args.overrides)
             print(f"[async_bench] {setting.latency} {setting.label} seed {seed}: "
                   f"{results[(setting, seed)]['trajectories_per_s']:.2f} trajectories/s", flush=True)
-    print("\n" + throughput_table(results))
-    print("\nmedians across seeds (min-max):\n" + median_table(results))
-    print("\n| setting | seed | reward per step | elapsed s per step |\n|---|---|---|---|")
-    for (setting, seed), figures in sorted(results.items()):
-        print(f"| {setting.latency} {setting.label} | {seed} | {' '.join(f'{r:.3f}' for r in figures['reward'])} | "
-              f"{' '.join(f'{t:.0f}' for t in figures['elapsed_s'])} |")
+    print_tables(results)
     plot(results, Path(args.png))
     print(f"\ncurves: {args.png}; runs under {out}")
-    (out / "figures.json").write_text(json.dumps(
-        [{"setting": vars(setting), "seed": seed, **fig} for (setting, seed), fig in sorted(results.items())]))
+    save_results(results, out / "figures.json")
     return 0
 
 

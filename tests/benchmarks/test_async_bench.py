@@ -85,6 +85,18 @@ def test_tables_give_the_ratio_to_k0_and_the_median_with_its_spread(bench):
     assert "| k=1 group partial=on | 2 | 1 | 4.0 | 2.00 | 2.00x | 0.500 | 1.000 |" in bench.throughput_table(results)
 
 
+def test_saved_runs_merge_into_one_table(bench, tmp_path, capsys):
+    base, k1 = bench.Setting(TAIL, 0), bench.Setting(TAIL, 1, "batch", True)
+    for seed in (1, 2):
+        results = {(s, seed): bench.run_figures([row(1, 0.5, 4.0 if s.k else 8.0)], 0.0, per_step=8)
+                   for s in (base, k1)}
+        bench.save_results(results, tmp_path / f"seed{seed}.json")
+    merged = bench.load_results([str(tmp_path / "seed1.json"), str(tmp_path / "seed2.json")])
+    assert sorted(merged) == [(base, 1), (base, 2), (k1, 1), (k1, 2)]
+    assert bench.main(["--tables", str(tmp_path / "seed1.json"), str(tmp_path / "seed2.json")]) == 0
+    assert f"| {TAIL} | k=1 batch partial=on | 2 | 2 (2-2) | 2 (2-2) |" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--partial", "on", "--backend", "vllm"], "--partial on with --backend vllm"),
     (["--latency", "lognormal:median_ms=300"], "--latency: RLINF_EXT_BENCH_SEARCH_LATENCY="),
