@@ -15,11 +15,15 @@ latency and seed (batch admission, no partial rollout: the synchronous order, wh
 against); k >= 1 runs every admission x partial. Partial rollout needs ``--backend hf`` (the only engine whose turns
 a sync can cut), so a comparison with it runs every setting on hf.
 
+``--assets``: a directory of the run's own (an empty one is filled from the tiny-asset cache at the first launch
+and reused; a run writes its retrieval index there, so never a cache entry itself).
+
 Figures per run, from ``metrics.jsonl``: train s (the sum of ``time/step``), trajectories/s, the mean reward per step,
 reward/s (the reward summed over the trained trajectories per train second: trajectories/s x mean reward), the
 ratio to k = 0, the actor and engine idle ratios, the mean per-phase times (``time/rollout``, ``time/wait_rollout``,
 ``time/train``, ``time/sync``, ``time/tool``, ``time/recompute``), the share of trajectories sampled by two weight
-versions, the behaviour-weight statistics and the share of trained tokens at each staleness. With several
+versions, the behaviour-weight statistics and the share of trained tokens at each staleness, and trajectories/s after the first ``--warmup-steps`` steps (at k >= 1 the first
+step has nothing to overlap: the pipeline fills once per run). With several
 ``--seeds``: a second table of medians with the spread (min-max) across seeds. ``--tables a/figures.json
 b/figures.json`` prints the tables of earlier invocations merged, launching nothing.
 """
@@ -179,6 +183,22 @@ def launch(out: Path, setting: Setting, seed: int, steps: int, assets: Path, bac
     return run_figures(read_rows(out / RUN_NAME), wall, cfg.data.rollout_batch_size * cfg.algorithm.group_size)
 
 
+def steady_per_s(fig: dict, warmup: int) -> float:
+    """Trajectories/s over the steps after the first ``warmup``: at k >= 1 the first step waits for a whole batch
+    with nothing to overlap (the pipeline fills), a cost a run pays once, not per step."""
+    n, elapsed = fig["steps"], fig["elapsed_s"]
+    if warmup <= 0:
+        return fig["trajectories_per_s"]
+    if n <= warmup or not math.isfinite(fig["trajectories_per_s"]):
+        return float("nan")
+    per_step = fig["trajectories_per_s"] * fig["train_s"] / n
+    return per_step * (n - warmup) / (elapsed[-1] - elapsed[warmup - 1])
+
+
+def with_steady(results: dict[tuple[Setting, int], dict], warmup: int) -> dict[tuple[Setting, int], dict]:
+    return {key: {**fig, "steady_per_s": steady_per_s(fig, warmup)} for key, fig in results.items()}
+
+
 def ratio(results: dict[tuple[Setting, int], dict], setting: Setting, seed: int, key: str) -> float:
     base = results.get((setting.baseline, seed))
     return results[(setting, seed)][key] / base[key] if base and base[key] else float("nan")
@@ -198,10 +218,11 @@ def fmt(value: float, digits: int = 2) -> str:
 
 
 def throughput_table(results: dict[tuple[Setting, int], dict]) -> str:
-    header = ("| latency | setting | seed | steps | train s | trajectories/s | vs k=0 | reward/step | reward/s | "
+    header = ("| latency | setting | seed | steps | train s | trajectories/s | vs k=0 | after warm-up | vs k=0 | "
+              "reward/step | reward/s | "
               "actor idle | engine idle | rollout s | wait_rollout s | train s/step | sync s | tool s | two versions | "
               "behaviour w mean / clip / kl | token staleness 0..k |")
-    lines = [header, "|" + "---|" * 19]
+    lines = [header, "|" + "---|" * 21]
     for (setting, seed), fig in sorted(results.items()):
         hist = " / ".join(f"{v:.2f}" for v in fig["staleness"].values()) or "-"
         behaviour = (f"{fmt(fig['behaviour_weight_mean'], 4)} / {fmt(fig['behaviour_clip'], 3)} / "
@@ -209,6 +230,7 @@ def throughput_table(results: dict[tuple[Setting, int], dict]) -> str:
         lines.append(
             f"| {setting.latency} | {setting.label} | {seed} | {fig['steps']} | {fig['train_s']:.1f} | "
             f"{fmt(fig['trajectories_per_s'])} | {fmt(ratio(results, setting, seed, 'trajectories_per_s'))}x | "
+            f"{fmt(fig['steady_per_s'])} | {fmt(ratio(results, setting, seed, 'steady_per_s'))}x | "
             f"{fmt(fig['reward_mean'], 3)} | {fmt(fig['reward_per_s'], 3)} | {fmt(fig['actor_idle'])} | "
             f"{fmt(fig['rollout_idle'])} | {fmt(fig['time_rollout_s'])} | {fmt(fig['wait_rollout_s'])} | "
             f"{fmt(fig['time_train_s'])} | {fmt(fig['time_sync_s'])} | {fmt(fig['time_tool_s'])} | "
@@ -219,17 +241,19 @@ def throughput_table(results: dict[tuple[Setting, int], dict]) -> str:
 def median_table(results: dict[tuple[Setting, int], dict]) -> str:
     """Per setting: the median across seeds with the spread (min-max)."""
     settings = sorted({setting for setting, _ in results})
-    header = ("| latency | setting | seeds | trajectories/s | vs k=0 | reward/step | reward/s | actor idle | "
+    header = ("| latency | setting | seeds | trajectories/s | vs k=0 | after warm-up | vs k=0 | reward/step | "
+              "reward/s | actor idle | "
               "engine idle | two versions | behaviour w mean |")
-    lines = [header, "|" + "---|" * 11]
+    lines = [header, "|" + "---|" * 13]
     for setting in settings:
         seeds = sorted(seed for s, seed in results if s == setting)
         cols = {key: median_spread([results[(setting, seed)][key] for seed in seeds]) for key in
-                ("trajectories_per_s", "reward_mean", "reward_per_s", "actor_idle", "rollout_idle", "two_versions",
+                ("trajectories_per_s", "steady_per_s", "reward_mean", "reward_per_s", "actor_idle", "rollout_idle", "two_versions",
                  "behaviour_weight_mean")}
         ratios = median_spread([ratio(results, setting, seed, "trajectories_per_s") for seed in seeds])
+        steady = median_spread([ratio(results, setting, seed, "steady_per_s") for seed in seeds])
         lines.append(f"| {setting.latency} | {setting.label} | {len(seeds)} | {cols['trajectories_per_s']} | "
-                     f"{ratios} | {cols['reward_mean']} | {cols['reward_per_s']} | {cols['actor_idle']} | "
+                     f"{ratios} | {cols['steady_per_s']} | {steady} | {cols['reward_mean']} | {cols['reward_per_s']} | {cols['actor_idle']} | "
                      f"{cols['rollout_idle']} | {cols['two_versions']} | {cols['behaviour_weight_mean']} |")
     return "\n".join(lines)
 
@@ -272,7 +296,9 @@ def load_results(paths: list[str]) -> dict[tuple[Setting, int], dict]:
     return results
 
 
-def print_tables(results: dict[tuple[Setting, int], dict]) -> None:
+def print_tables(results: dict[tuple[Setting, int], dict], warmup: int) -> None:
+    results = with_steady(results, warmup)
+    print(f"(after warm-up: trajectories/s over the steps after the first {warmup})")
     print("\n" + throughput_table(results))
     print("\nmedians across seeds (min-max):\n" + median_table(results))
     print("\n| setting | seed | reward per step | elapsed s per step |\n|---|---|---|---|")
@@ -295,12 +321,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--assets", default=os.environ.get("RLINF_EXT_TINY_ASSETS"))
     parser.add_argument("--out", default=None)
     parser.add_argument("--png", default=str(REPO / "docs" / "async_curves.png"))
+    parser.add_argument("--warmup-steps", type=int, default=1,
+                        help="steps left out of the after-warm-up trajectories/s (the pipeline's fill)")
     parser.add_argument("--tables", nargs="+", metavar="FIGURES_JSON", default=None,
                         help="launch nothing: print the tables of earlier runs' figures.json files, merged")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
     if args.tables:
-        print_tables(load_results(args.tables))
+        print_tables(load_results(args.tables), args.warmup_steps)
         return 0
     if not args.assets:
         parser.error("--assets DIR (or RLINF_EXT_TINY_ASSETS): tiny assets with the warm start "
@@ -328,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                                               args.overrides)
             print(f"[async_bench] {setting.latency} {setting.label} seed {seed}: "
                   f"{results[(setting, seed)]['trajectories_per_s']:.2f} trajectories/s", flush=True)
-    print_tables(results)
+    print_tables(results, args.warmup_steps)
     plot(results, Path(args.png))
     print(f"\ncurves: {args.png}; runs under {out}")
     save_results(results, out / "figures.json")

@@ -74,6 +74,7 @@ def test_tables_give_the_ratio_to_k0_and_the_median_with_its_spread(bench):
     for seed, k0_s in ((1, 8.0), (2, 8.0), (3, 10.0)):
         results[(base, seed)] = bench.run_figures([row(1, 0.5, k0_s)], 0.0, per_step=8)
         results[(k1, seed)] = bench.run_figures(rows[seed], 0.0, per_step=8)
+    results = bench.with_steady(results, 0)  # one step each: nothing after a warm-up
     assert bench.ratio(results, k1, 1, "trajectories_per_s") == pytest.approx(1.0)
     assert bench.ratio(results, k1, 2, "trajectories_per_s") == pytest.approx(2.0)
     assert bench.median_spread([1.0, 2.0, 3.0]) == "2 (1-3)"
@@ -81,8 +82,19 @@ def test_tables_give_the_ratio_to_k0_and_the_median_with_its_spread(bench):
     assert bench.median_spread([float("nan")]) == "-"
     medians = bench.median_table(results)
     # k=1 ratios 1.0, 2.0, 2.0 -> median 2; trajectories/s 1, 2, 1.6 -> median 1.6
-    assert f"| {TAIL} | k=1 group partial=on | 3 | 1.6 (1-2) | 2 (1-2) |" in medians
-    assert "| k=1 group partial=on | 2 | 1 | 4.0 | 2.00 | 2.00x | 0.500 | 1.000 |" in bench.throughput_table(results)
+    assert f"| {TAIL} | k=1 group partial=on | 3 | 1.6 (1-2) | 2 (1-2) | 1.6 (1-2) | 2 (1-2) |" in medians
+    assert ("| k=1 group partial=on | 2 | 1 | 4.0 | 2.00 | 2.00x | 2.00 | 2.00x | 0.500 | 1.000 |"
+            in bench.throughput_table(results))
+
+
+def test_after_warm_up_leaves_out_the_pipelines_fill(bench):
+    # k=1: step 1 waits 8 s for a whole batch, steps 2-4 take 4 s each; 16 trajectories a step
+    fig = bench.run_figures([row(1, 0.5, 8.0), row(2, 0.5, 4.0), row(3, 0.5, 4.0), row(4, 0.5, 4.0)], 0.0, 16)
+    assert fig["trajectories_per_s"] == pytest.approx(64 / 20)
+    assert bench.steady_per_s(fig, 1) == pytest.approx(48 / 12)
+    assert bench.steady_per_s(fig, 2) == pytest.approx(32 / 8)
+    assert bench.steady_per_s(fig, 0) == fig["trajectories_per_s"]
+    assert math.isnan(bench.steady_per_s(fig, 4))
 
 
 def test_saved_runs_merge_into_one_table(bench, tmp_path, capsys):
@@ -93,8 +105,9 @@ def test_saved_runs_merge_into_one_table(bench, tmp_path, capsys):
         bench.save_results(results, tmp_path / f"seed{seed}.json")
     merged = bench.load_results([str(tmp_path / "seed1.json"), str(tmp_path / "seed2.json")])
     assert sorted(merged) == [(base, 1), (base, 2), (k1, 1), (k1, 2)]
-    assert bench.main(["--tables", str(tmp_path / "seed1.json"), str(tmp_path / "seed2.json")]) == 0
-    assert f"| {TAIL} | k=1 batch partial=on | 2 | 2 (2-2) | 2 (2-2) |" in capsys.readouterr().out
+    assert bench.main(["--tables", str(tmp_path / "seed1.json"), str(tmp_path / "seed2.json"),
+                       "--warmup-steps", "0"]) == 0
+    assert f"| {TAIL} | k=1 batch partial=on | 2 | 2 (2-2) | 2 (2-2) | 2 (2-2) | 2 (2-2) |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("argv", "message"), [
