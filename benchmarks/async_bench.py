@@ -1,17 +1,31 @@
-"""Bounded-staleness rollout on the tiny Search-R1 experiment: throughput for k = runner.max_staleness, reward
-against step and wall-clock, the staleness histogram. Prints figures; writes the curves as a PNG.
+"""Bounded-staleness rollout on the tiny Search-R1 experiment under a slow (optionally long-tailed) search:
+throughput, reward against step and wall-clock, idle ratios, per-phase times, staleness and behaviour weights for
+each k = runner.max_staleness x runner.admission x runner.partial_rollout. Prints figures; writes the curves as a PNG.
 
-    python benchmarks/async_bench.py [--ks 0,1,2] [--latencies-ms 0,500] [--seeds 1] [--curve-seeds 1,2]
-                                     [--steps 10] [--assets DIR] [--out DIR] [--png docs/async_curves.png]
+    python benchmarks/async_bench.py [--ks 0,1,2] [--admissions batch,group] [--partial off,on]
+                                     [--latency lognormal:median_ms=300,p99_ms=3000 ...] [--backend hf]
+                                     [--seeds 1] [--steps 10] [--assets DIR] [--out DIR] [--png docs/async_curves.png]
                                      [key=value ...]
 
 Not a test: it measures. Each run is the real launcher in its own child process (``rlinf-ext train tiny-cpu
---no-eval``: Ray, the retrieval server, the vLLM rollout, the Megatron actor) from an empty output directory, with
-a benchmark-only latency added to every search (``benchmarks/slow_search.py``). Throughput runs: every k x latency
-on ``--seeds``; curve runs: k = 0 and 1 at the largest latency on ``--curve-seeds``. Figures per run: wall time of
-the training steps (the first step's start to the last step's end, from ``time/step``), trajectories/s, steps/s,
-the ratio to k = 0 at the same latency, ``time/wait_rollout`` and the idle ratios, and the fraction of trained
-tokens at each staleness.
+--no-eval``: Ray, the retrieval server, the rollout engine of ``--backend``, the Megatron actor; the registry warm
+start, which searches) from an empty output directory, with a benchmark-only latency added to every search
+(``benchmarks/slow_search.py``; a ``--latency`` without ``seed=`` draws with the run's seed). k = 0 runs once per
+latency and seed (batch admission, no partial rollout: the synchronous order, which the others are measured
+against); k >= 1 runs every admission x partial. Partial rollout needs ``--backend hf`` (the only engine whose turns
+a sync can cut), so a comparison with it runs every setting on hf.
+
+``--assets``: a directory of the run's own (an empty one is filled from the tiny-asset cache at the first launch
+and reused; a run writes its retrieval index there, so never a cache entry itself).
+
+Figures per run, from ``metrics.jsonl``: train s (the sum of ``time/step``), trajectories/s, the mean reward per step,
+reward/s (the reward summed over the trained trajectories per train second: trajectories/s x mean reward), the
+ratio to k = 0, the actor and engine idle ratios, the mean per-phase times (``time/rollout``, ``time/wait_rollout``,
+``time/train``, ``time/sync``, ``time/tool``, ``time/recompute``), the share of trajectories sampled by two weight
+versions, the behaviour-weight statistics and the share of trained tokens at each staleness, and trajectories/s after the first ``--warmup-steps`` steps (at k >= 1 the first
+step has nothing to overlap: the pipeline fills once per run). With several
+``--seeds``: a second table of medians with the spread (min-max) across seeds. ``--tables a/figures.json
+b/figures.json`` prints the tables of earlier invocations merged, launching nothing.
 """
 
 from __future__ import annotations
@@ -20,27 +34,84 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.slow_search import LATENCY_ENV  # noqa: E402
-from rlinf_ext.config import load_config  # noqa: E402
-from rlinf_ext.protocol import metric_keys as mk  # noqa: E402
+from benchmarks.slow_search import DISTRIBUTION_ENV, LATENCY_ENV, parse_latency
+from rlinf_ext.config import load_config
+from rlinf_ext.protocol import metric_keys as mk
 
 EXPERIMENT = "tiny-cpu"
 RUN_NAME = "searchr1-grpo-tiny-cpu"
 SLOW_SEARCH = "benchmarks.slow_search:SlowSearch"
 STALENESS_PREFIX = "async/token_staleness_"
+DEFAULT_LATENCY = "lognormal:median_ms=300,p99_ms=3000"
+PARTIAL_BACKENDS = ("hf",)
+# per-step means reported per run: (figure, metric key)
+STEP_MEANS = (
+    ("actor_idle", mk.TIME_ACTOR_IDLE_RATIO), ("rollout_idle", mk.TIME_ROLLOUT_IDLE_RATIO),
+    ("time_rollout_s", mk.TIME_ROLLOUT), ("wait_rollout_s", mk.TIME_WAIT_ROLLOUT), ("time_train_s", mk.TIME_TRAIN),
+    ("time_sync_s", mk.TIME_SYNC), ("time_tool_s", mk.TIME_TOOL), ("time_recompute_s", mk.TIME_RECOMPUTE),
+    ("two_versions", mk.TRAJECTORIES_TWO_VERSIONS), ("behaviour_weight_mean", mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN),
+    ("behaviour_clip", mk.ACTOR_BEHAVIOUR_WEIGHT_CLIP_FRACTION), ("behaviour_kl", mk.ACTOR_BEHAVIOUR_KL),
+)
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    """One cell of the grid (the seed apart)."""
+
+    latency: str
+    k: int
+    admission: str = "batch"
+    partial: bool = False
+
+    @property
+    def baseline(self) -> Setting:
+        return Setting(self.latency, 0)
+
+    @property
+    def label(self) -> str:
+        return f"k={self.k} {self.admission} partial={'on' if self.partial else 'off'}"
+
+    def overrides(self) -> list[str]:
+        return [f"runner.max_staleness={self.k}", f"runner.admission={self.admission}",
+                f"runner.partial_rollout={str(self.partial).lower()}"]
 
 
 def parse_list(text: str, kind=int) -> list:
     return [kind(x) for x in text.split(",") if x.strip()]
+
+
+def parse_switch(text: str) -> list[bool]:
+    values = {"off": False, "on": True, "false": False, "true": True}
+    out = []
+    for x in parse_list(text, str):
+        if x.strip().lower() not in values:
+            raise ValueError(f"--partial {text!r}: {x!r} is neither off nor on; write e.g. --partial off,on.")
+        out.append(values[x.strip().lower()])
+    return out
+
+
+def grid(latencies: list[str], ks: list[int], admissions: list[str], partials: list[bool]) -> list[Setting]:
+    """k = 0 once per latency (the synchronous order: group admission trains batch b at step b there, and partial
+    rollout has nothing to cut); every admission x partial at k >= 1."""
+    out = []
+    for latency in latencies:
+        for k in ks:
+            if k == 0:
+                out.append(Setting(latency, 0))
+                continue
+            out.extend(Setting(latency, k, a, p) for a in admissions for p in partials)
+    return out
 
 
 def read_rows(run_dir: Path) -> list[dict]:
@@ -69,26 +140,35 @@ def run_figures(rows: list[dict], wall_s: float, per_step: int) -> dict:
     for r in steps:
         clock += float(r.get(mk.TIME_STEP, 0.0))
         elapsed.append(clock)
+    reward = [float(r[mk.REWARD_MEAN]) for r in steps]
+    per_s = trajectories / train_s if train_s and trajectories else float("nan")
+    reward_mean = sum(reward) / len(reward) if reward else float("nan")
     return {
         "steps": len(steps), "wall_s": wall_s, "train_s": train_s,
         "steps_per_s": len(steps) / train_s if train_s else float("nan"),
-        "trajectories_per_s": trajectories / train_s if train_s and trajectories else float("nan"),
-        "wait_rollout_s": mean("time/wait_rollout"), "actor_idle": mean("time/actor_idle_ratio"),
-        "rollout_idle": mean("time/rollout_idle_ratio"), "time_rollout_s": mean(mk.TIME_ROLLOUT),
-        "time_train_s": mean(mk.TIME_TRAIN), "staleness": {j: v / total for j, v in sorted(staleness.items())},
-        "reward": [float(r[mk.REWARD_MEAN]) for r in steps], "elapsed_s": elapsed,
+        "trajectories_per_s": per_s, "reward_mean": reward_mean, "reward_per_s": per_s * reward_mean,
+        **{name: mean(key) for name, key in STEP_MEANS},
+        "staleness": {j: v / total for j, v in sorted(staleness.items())},
+        "reward": reward, "elapsed_s": elapsed,
     }
 
 
-def launch(out: Path, k: int, latency_ms: int, seed: int, steps: int, assets: Path, overrides: list[str]) -> dict:
-    env = {kk: v for kk, v in os.environ.items() if kk != "RAY_ADDRESS"}
-    env[LATENCY_ENV] = str(latency_ms)
+def with_seed(latency: str, seed: int) -> str:
+    """The latency spec of one run: a lognormal without its own seed draws with the run's."""
+    parsed = parse_latency(latency)
+    return f"{latency},seed={seed}" if parsed.kind == "lognormal" and "seed=" not in latency else latency
+
+
+def launch(out: Path, setting: Setting, seed: int, steps: int, assets: Path, backend: str,
+           overrides: list[str]) -> dict:
+    env = {kk: v for kk, v in os.environ.items() if kk not in ("RAY_ADDRESS", LATENCY_ENV)}
+    env[DISTRIBUTION_ENV] = with_seed(setting.latency, seed)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     command = [sys.executable, "-m", "rlinf_ext.cli", "train", EXPERIMENT, "--no-progress", "--no-eval",
                f"runner.output_dir={out}", f"paths.tiny_assets={assets}", f"runner.max_steps={steps}",
-               f"runner.max_staleness={k}", f"runner.seed={seed}", "runner.val_before_train=false",
-               "runner.val_check_interval=0", "runner.save_interval=-1", "rollout.return_logprobs=true",
-               f"agentloop.searchr1.tools=[{SLOW_SEARCH}]", *overrides]
+               *setting.overrides(), f"runner.seed={seed}", f"rollout.rollout_backend={backend}",
+               "runner.val_before_train=false", "runner.val_check_interval=0", "runner.save_interval=-1",
+               "rollout.return_logprobs=true", f"agentloop.searchr1.tools=[{SLOW_SEARCH}]", *overrides]
     started = time.monotonic()
     log = out / "launcher.log"
     out.mkdir(parents=True, exist_ok=True)
@@ -97,92 +177,189 @@ def launch(out: Path, k: int, latency_ms: int, seed: int, steps: int, assets: Pa
     wall = time.monotonic() - started
     if code != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-        raise RuntimeError(f"run k={k} latency={latency_ms} ms seed={seed} failed (exit {code}); {log}:\n{tail}")
+        raise RuntimeError(f"run {setting.label} latency={setting.latency} seed={seed} failed (exit {code}); "
+                           f"{log}:\n{tail}")
     cfg = load_config(EXPERIMENT, command[command.index("--no-eval") + 1:], strict=False)
     return run_figures(read_rows(out / RUN_NAME), wall, cfg.data.rollout_batch_size * cfg.algorithm.group_size)
 
 
-def throughput_table(results: dict[tuple[int, int, int], dict]) -> str:
-    lines = ["| latency (ms) | k | seed | steps | train s | steps/s | trajectories/s | vs k=0 | wait_rollout s | "
-             "actor idle | rollout idle | token staleness 0..k |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (latency, k, seed), fig in sorted(results.items()):
-        base = results.get((latency, 0, seed))
-        ratio = fig["trajectories_per_s"] / base["trajectories_per_s"] if base else float("nan")
+def steady_per_s(fig: dict, warmup: int) -> float:
+    """Trajectories/s over the steps after the first ``warmup``: at k >= 1 the first step waits for a whole batch
+    with nothing to overlap (the pipeline fills), a cost a run pays once, not per step."""
+    n, elapsed = fig["steps"], fig["elapsed_s"]
+    if warmup <= 0:
+        return fig["trajectories_per_s"]
+    if n <= warmup or not math.isfinite(fig["trajectories_per_s"]):
+        return float("nan")
+    per_step = fig["trajectories_per_s"] * fig["train_s"] / n
+    return per_step * (n - warmup) / (elapsed[-1] - elapsed[warmup - 1])
+
+
+def with_steady(results: dict[tuple[Setting, int], dict], warmup: int) -> dict[tuple[Setting, int], dict]:
+    return {key: {**fig, "steady_per_s": steady_per_s(fig, warmup)} for key, fig in results.items()}
+
+
+def ratio(results: dict[tuple[Setting, int], dict], setting: Setting, seed: int, key: str) -> float:
+    base = results.get((setting.baseline, seed))
+    return results[(setting, seed)][key] / base[key] if base and base[key] else float("nan")
+
+
+def median_spread(values: list[float]) -> str:
+    """``median (min-max)`` over seeds; the median alone for one seed."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "-"
+    med = statistics.median(finite)
+    return f"{med:.3g}" if len(finite) == 1 else f"{med:.3g} ({min(finite):.3g}-{max(finite):.3g})"
+
+
+def fmt(value: float, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if math.isfinite(value) else "-"
+
+
+def throughput_table(results: dict[tuple[Setting, int], dict]) -> str:
+    header = ("| latency | setting | seed | steps | train s | trajectories/s | vs k=0 | after warm-up | vs k=0 | "
+              "reward/step | reward/s | "
+              "actor idle | engine idle | rollout s | wait_rollout s | train s/step | sync s | tool s | two versions | "
+              "behaviour w mean / clip / kl | token staleness 0..k |")
+    lines = [header, "|" + "---|" * 21]
+    for (setting, seed), fig in sorted(results.items()):
         hist = " / ".join(f"{v:.2f}" for v in fig["staleness"].values()) or "-"
-        lines.append(f"| {latency} | {k} | {seed} | {fig['steps']} | {fig['train_s']:.1f} | {fig['steps_per_s']:.3f} | "
-                     f"{fig['trajectories_per_s']:.2f} | {ratio:.2f}x | {fig['wait_rollout_s']:.2f} | "
-                     f"{fig['actor_idle']:.2f} | {fig['rollout_idle']:.2f} | {hist} |")
+        behaviour = (f"{fmt(fig['behaviour_weight_mean'], 4)} / {fmt(fig['behaviour_clip'], 3)} / "
+                     f"{fmt(fig['behaviour_kl'], 5)}")
+        lines.append(
+            f"| {setting.latency} | {setting.label} | {seed} | {fig['steps']} | {fig['train_s']:.1f} | "
+            f"{fmt(fig['trajectories_per_s'])} | {fmt(ratio(results, setting, seed, 'trajectories_per_s'))}x | "
+            f"{fmt(fig['steady_per_s'])} | {fmt(ratio(results, setting, seed, 'steady_per_s'))}x | "
+            f"{fmt(fig['reward_mean'], 3)} | {fmt(fig['reward_per_s'], 3)} | {fmt(fig['actor_idle'])} | "
+            f"{fmt(fig['rollout_idle'])} | {fmt(fig['time_rollout_s'])} | {fmt(fig['wait_rollout_s'])} | "
+            f"{fmt(fig['time_train_s'])} | {fmt(fig['time_sync_s'])} | {fmt(fig['time_tool_s'])} | "
+            f"{fmt(fig['two_versions'])} | {behaviour} | {hist} |")
     return "\n".join(lines)
 
 
-def plot(curves: dict[tuple[int, int], dict], png: Path, latency_ms: int) -> None:
+def median_table(results: dict[tuple[Setting, int], dict]) -> str:
+    """Per setting: the median across seeds with the spread (min-max)."""
+    settings = sorted({setting for setting, _ in results})
+    header = ("| latency | setting | seeds | trajectories/s | vs k=0 | after warm-up | vs k=0 | reward/step | "
+              "reward/s | actor idle | "
+              "engine idle | two versions | behaviour w mean |")
+    lines = [header, "|" + "---|" * 13]
+    for setting in settings:
+        seeds = sorted(seed for s, seed in results if s == setting)
+        cols = {key: median_spread([results[(setting, seed)][key] for seed in seeds]) for key in
+                ("trajectories_per_s", "steady_per_s", "reward_mean", "reward_per_s", "actor_idle", "rollout_idle", "two_versions",
+                 "behaviour_weight_mean")}
+        ratios = median_spread([ratio(results, setting, seed, "trajectories_per_s") for seed in seeds])
+        steady = median_spread([ratio(results, setting, seed, "steady_per_s") for seed in seeds])
+        lines.append(f"| {setting.latency} | {setting.label} | {len(seeds)} | {cols['trajectories_per_s']} | "
+                     f"{ratios} | {cols['steady_per_s']} | {steady} | {cols['reward_mean']} | {cols['reward_per_s']} | {cols['actor_idle']} | "
+                     f"{cols['rollout_idle']} | {cols['two_versions']} | {cols['behaviour_weight_mean']} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[tuple[Setting, int], dict], png: Path) -> None:
     import matplotlib  # heavy, only for plots
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # heavy, only for plots
 
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
-    for (k, seed), figures in sorted(curves.items()):
+    for (setting, seed), figures in sorted(results.items()):
         steps = list(range(1, len(figures["reward"]) + 1))
-        style = "-" if k == 0 else "--"
-        by_step.plot(steps, figures["reward"], style, label=f"k={k} seed={seed}")
-        by_time.plot(figures["elapsed_s"], figures["reward"], style, label=f"k={k} seed={seed}")
+        style = "-" if setting.k == 0 else "--"
+        label = f"{setting.label} seed={seed}"
+        by_step.plot(steps, figures["reward"], style, label=label)
+        by_time.plot(figures["elapsed_s"], figures["reward"], style, label=label)
     by_step.set(xlabel="training step", ylabel="reward/mean", title="reward per step")
-    by_time.set(xlabel="wall-clock of the training steps (s)", ylabel="reward/mean",
-                title=f"reward per second (search latency {latency_ms} ms)")
+    by_time.set(xlabel="wall-clock of the training steps (s)", ylabel="reward/mean", title="reward per second")
     for ax in (by_step, by_time):
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=6)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
 
 
+def save_results(results: dict[tuple[Setting, int], dict], path: Path) -> None:
+    path.write_text(json.dumps(
+        [{"setting": vars(setting), "seed": seed, **fig} for (setting, seed), fig in sorted(results.items())]))
+
+
+def load_results(paths: list[str]) -> dict[tuple[Setting, int], dict]:
+    """The runs of earlier ``figures.json`` files, merged (e.g. seeds measured by separate invocations)."""
+    results = {}
+    for path in paths:
+        for run in json.loads(Path(path).read_text()):
+            fig = {k: v for k, v in run.items() if k not in ("setting", "seed")}
+            results[(Setting(**run["setting"]), int(run["seed"]))] = fig
+    return results
+
+
+def print_tables(results: dict[tuple[Setting, int], dict], warmup: int) -> None:
+    results = with_steady(results, warmup)
+    print(f"(after warm-up: trajectories/s over the steps after the first {warmup})")
+    print("\n" + throughput_table(results))
+    print("\nmedians across seeds (min-max):\n" + median_table(results))
+    print("\n| setting | seed | reward per step | elapsed s per step |\n|---|---|---|---|")
+    for (setting, seed), figures in sorted(results.items()):
+        print(f"| {setting.latency} {setting.label} | {seed} | {' '.join(f'{r:.3f}' for r in figures['reward'])} | "
+              f"{' '.join(f'{t:.0f}' for t in figures['elapsed_s'])} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ks", default="0,1,2")
-    parser.add_argument("--latencies-ms", default="0,500")
-    parser.add_argument("--seeds", default="1", help="seeds of the throughput runs")
-    parser.add_argument("--curve-seeds", default="1,2", help="seeds of the k=0/k=1 reward curves (largest latency)")
+    parser.add_argument("--admissions", default="batch,group", help="runner.admission values at k >= 1")
+    parser.add_argument("--partial", default="off,on", help="runner.partial_rollout values at k >= 1 (off,on)")
+    parser.add_argument("--latency", action="append", default=None,
+                        help=f"search latency per call, repeatable: ms, fixed:ms=N or lognormal:median_ms=M,p99_ms=P"
+                             f"[,seed=S] (default {DEFAULT_LATENCY}, seeded by the run's seed)")
+    parser.add_argument("--backend", default="hf", help="rollout.rollout_backend of every run")
+    parser.add_argument("--seeds", default="1")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--assets", default=os.environ.get("RLINF_EXT_TINY_ASSETS"))
     parser.add_argument("--out", default=None)
     parser.add_argument("--png", default=str(REPO / "docs" / "async_curves.png"))
+    parser.add_argument("--warmup-steps", type=int, default=1,
+                        help="steps left out of the after-warm-up trajectories/s (the pipeline's fill)")
+    parser.add_argument("--tables", nargs="+", metavar="FIGURES_JSON", default=None,
+                        help="launch nothing: print the tables of earlier runs' figures.json files, merged")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
+    if args.tables:
+        print_tables(load_results(args.tables), args.warmup_steps)
+        return 0
     if not args.assets:
         parser.error("--assets DIR (or RLINF_EXT_TINY_ASSETS): tiny assets with the warm start "
                      "(rlinf-ext make-tiny-assets --out DIR --with-registry)")
-    out = Path(args.out or tempfile.mkdtemp(prefix="async_bench_"))
-    ks, latencies = parse_list(args.ks), parse_list(args.latencies_ms)
-    results: dict[tuple[int, int, int], dict] = {}
+    latencies = args.latency or [DEFAULT_LATENCY]
     for latency in latencies:
-        for seed in parse_list(args.seeds):
-            for k in ks:
-                run_out = out / f"lat{latency}-k{k}-seed{seed}"
-                results[(latency, k, seed)] = launch(run_out, k, latency, seed, args.steps, Path(args.assets),
-                                                     args.overrides)
-                print(f"[async_bench] latency {latency} ms, k={k}, seed {seed}: "
-                      f"{results[(latency, k, seed)]['trajectories_per_s']:.2f} trajectories/s", flush=True)
-    print("\n" + throughput_table(results))
-    top = max(latencies)
-    curves = {}
-    for seed in parse_list(args.curve_seeds):
-        for k in (0, 1):
-            figures = results.get((top, k, seed))
-            if figures is None:
-                figures = launch(out / f"lat{top}-k{k}-seed{seed}", k, top, seed, args.steps, Path(args.assets),
-                                 args.overrides)
-            curves[(k, seed)] = figures
-    print("\n| k | seed | reward per step | elapsed s per step |\n|---|---|---|---|")
-    for (k, seed), figures in sorted(curves.items()):
-        print(f"| {k} | {seed} | {' '.join(f'{r:.3f}' for r in figures['reward'])} | "
-              f"{' '.join(f'{t:.0f}' for t in figures['elapsed_s'])} |")
-    plot(curves, Path(args.png), top)
+        try:
+            parse_latency(latency)
+        except ValueError as err:
+            parser.error(f"--latency: {err}")
+    try:
+        partials = parse_switch(args.partial)
+    except ValueError as err:
+        parser.error(str(err))
+    if True in partials and args.backend not in PARTIAL_BACKENDS:
+        parser.error(f"--partial on with --backend {args.backend}: partial rollout runs on "
+                     f"{', '.join(PARTIAL_BACKENDS)} only; add --backend hf, or --partial off.")
+    out = Path(args.out or tempfile.mkdtemp(prefix="async_bench_"))
+    settings = grid(latencies, parse_list(args.ks), parse_list(args.admissions, str), partials)
+    results: dict[tuple[Setting, int], dict] = {}
+    for seed in parse_list(args.seeds):
+        for i, setting in enumerate(settings):
+            run_out = out / f"run{i}-k{setting.k}-{setting.admission}-partial{int(setting.partial)}-seed{seed}"
+            results[(setting, seed)] = launch(run_out, setting, seed, args.steps, Path(args.assets), args.backend,
+                                              args.overrides)
+            print(f"[async_bench] {setting.latency} {setting.label} seed {seed}: "
+                  f"{results[(setting, seed)]['trajectories_per_s']:.2f} trajectories/s", flush=True)
+    print_tables(results, args.warmup_steps)
+    plot(results, Path(args.png))
     print(f"\ncurves: {args.png}; runs under {out}")
-    (out / "figures.json").write_text(json.dumps({f"{key}": fig for key, fig in
-                                                  {**{str(k): v for k, v in results.items()},
-                                                   **{f"curve{k}": v for k, v in curves.items()}}.items()}))
+    save_results(results, out / "figures.json")
     return 0
 
 
