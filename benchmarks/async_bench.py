@@ -4,7 +4,7 @@ each k = runner.max_staleness x runner.admission x runner.partial_rollout. Print
 
     python benchmarks/async_bench.py [--ks 0,1,2] [--admissions batch,group] [--partial off,on]
                                      [--latency lognormal:median_ms=300,p99_ms=3000 ...] [--backend hf]
-                                     [--seeds 1] [--steps 10] [--assets DIR] [--out DIR] [--png docs/async_curves.png]
+                                     [--seeds 1] [--steps 10] [--assets DIR] [--out DIR] [--png FILE]
                                      [key=value ...]
 
 Not a test: it measures. Each run is the real launcher in its own child process (``rlinf-ext train tiny-cpu
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--assets", default=os.environ.get("RLINF_EXT_TINY_ASSETS"))
     parser.add_argument("--out", default=None)
-    parser.add_argument("--png", default=str(REPO / "docs" / "async_curves.png"))
+    parser.add_argument("--png", default=None, help="the reward curves (default: curves.png under the runs' folder)")
     parser.add_argument("--warmup-steps", type=int, default=1,
                         help="steps left out of the after-warm-up trajectories/s (the pipeline's fill)")
     parser.add_argument("--tables", nargs="+", metavar="FIGURES_JSON", default=None,
@@ -357,8 +357,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[async_bench] {setting.latency} {setting.label} seed {seed}: "
                   f"{results[(setting, seed)]['trajectories_per_s']:.2f} trajectories/s", flush=True)
     print_tables(results, args.warmup_steps)
-    plot(results, Path(args.png))
-    print(f"\ncurves: {args.png}; runs under {out}")
+    png = Path(args.png) if args.png else Path(out) / "curves.png"
+    plot(results, png)
+    print(f"\ncurves: {png}; runs under {out}")
     save_results(results, out / "figures.json")
     return 0
 
