@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from rlinf_ext.tools.base import ToolOutput
+from rlinf_ext.tools.ledger import charge_tool_seconds
 from rlinf_ext.tools.search import TextSearch
 
 LATENCY_ENV = "RLINF_EXT_BENCH_SEARCH_LATENCY_MS"
@@ -100,6 +101,7 @@ class SlowSearch(TextSearch):
         delay = self._latency.draw_ms(content, repeat) / 1000.0
         if delay > 0:
             await asyncio.sleep(delay)
+            charge_tool_seconds(delay)  # the stand-in engine's wait is tool time too (time/tool); the client charges its own
         output = await super().__call__(content)
         output.latency_s = (output.latency_s or 0.0) + delay
         return output

@@ -72,3 +72,30 @@ def test_the_distribution_wins_over_the_fixed_form():
     assert latency_from_env({LATENCY_ENV: "500"}) == Latency("fixed", 500.0)
     both = {LATENCY_ENV: "500", DISTRIBUTION_ENV: "lognormal:median_ms=300,p99_ms=3000,seed=2"}
     assert latency_from_env(both) == Latency("lognormal", 300.0, 3000.0, 2)
+
+
+def test_the_added_wait_is_charged_as_tool_time(monkeypatch):
+    """``time/tool`` counts the stand-in engine's wait: the delay is charged to the request's ledger beside what
+    the search client charges for its own call (replaced here by an instant reply)."""
+    import asyncio
+    from collections import Counter
+
+    from benchmarks.slow_search import SlowSearch
+    from rlinf_ext.tools.base import ToolOutput
+    from rlinf_ext.tools.ledger import tool_ledger
+    from rlinf_ext.tools.search import TextSearch
+
+    async def instant(self, content):
+        return ToolOutput(body=content)
+
+    monkeypatch.setattr(TextSearch, "__call__", instant)
+    tool = SlowSearch.__new__(SlowSearch)
+    tool._latency, tool._repeats = parse_latency("fixed:ms=40"), Counter()
+
+    async def one_request():
+        with tool_ledger() as ledger:
+            await tool("q")
+            await tool("q")
+        return ledger.seconds
+
+    assert asyncio.run(one_request()) == pytest.approx(0.08)
