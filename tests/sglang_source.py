@@ -30,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,9 @@ def _kw_only(node: ast.ClassDef) -> bool:
     return any(kw.arg == "kw_only" and isinstance(kw.value, ast.Constant) and kw.value.value is True for kw in keywords)
 
 
+_PARSE_LOCK = threading.Lock()  # the engines of a test run in threads, and the first to check a call parses
+
+
 class SGLangSource:
     """sglang's modules parsed from ``folder``: signatures of its functions and methods, fields of its structs."""
 
@@ -122,7 +126,8 @@ class SGLangSource:
     def tree(self, module: str) -> ast.Module:
         base = self.folder.joinpath(*module.split("."))
         path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
-        return ast.parse(path.read_text(), filename=str(path))
+        with _PARSE_LOCK:  # one parse at a time: CPython 3.11's ast.parse in two threads at once can raise
+            return ast.parse(path.read_text(), filename=str(path))  # "AST constructor recursion depth mismatch"
 
     def _defined(self, module: str, name: str) -> tuple[str, ast.AST]:
         """Where ``name`` of ``module`` is defined: a top-level ``def``/``class``, or what an import brings in

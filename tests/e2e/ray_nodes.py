@@ -43,12 +43,17 @@ class LocalRayCluster:
         self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_USAGE_STATS_ENABLED="0")
         self.address: str | None = None
         self.nodes: dict[str, str] = {}  # name -> node IP
+        self.temp_dirs: dict[str, Path] = {}  # name -> the temp dir of its current start
 
     def _start(self, name: str, args: list[str], timeout_s: float = 240) -> None:
-        temp_dir = self.root / name
+        # a node started again under a name gets a fresh temp dir: the stopped node's session files stay behind
+        temp_dir, n = self.root / name, 1
+        while temp_dir.exists():
+            temp_dir, n = self.root / f"{name}.{n}", n + 1
+        self.temp_dirs[name] = temp_dir
         command = [str(RAY_BIN), "start", f"--temp-dir={temp_dir}", "--disable-usage-stats",
                    f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}", *args]
-        log = self.root / f"{name}.log"
+        log = self.root / f"{temp_dir.name}.log"
         with open(log, "w") as out:
             code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT, env=self.env, timeout=timeout_s)
         if code != 0:
@@ -72,7 +77,7 @@ class LocalRayCluster:
 
     def processes(self, name: str) -> list[psutil.Process]:
         """Every process of node ``name``: those started with its temp dir, and their descendants."""
-        temp_dir = str(self.root / name)
+        temp_dir = str(self.temp_dirs[name])
         found: set[psutil.Process] = set()
         for proc in psutil.process_iter(["cmdline"]):
             if proc.pid == os.getpid():
