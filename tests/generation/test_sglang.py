@@ -224,10 +224,10 @@ def eval_cfg(tiny_assets, *extra):
     ], check_paths=True)
 
 
-def test_one_engine_per_tp_group_never_sglang_data_parallelism(tiny_assets):
+def test_one_engine_per_tp_group_never_sglang_data_parallelism(tiny_assets_registry):
     """Each TP group gets its own engine (dp_size 1, base_gpu_id = its first GPU), as the training worker: SGLang's
     weight updates refuse data-parallel replicas."""
-    cfg = eval_cfg(tiny_assets, "rollout.model.precision=bf16", "rollout.gpu_memory_utilization=0.7")
+    cfg = eval_cfg(tiny_assets_registry, "rollout.model.precision=bf16", "rollout.gpu_memory_utilization=0.7")
     cfg.cluster.component_placement = {"rollout,reward": "2-7"}  # validated configs: TP divides the rollout GPUs
     cfg.rollout.tensor_parallel_size = 2
     gpus = usable_gpus(cfg, 8)
@@ -236,7 +236,7 @@ def test_one_engine_per_tp_group_never_sglang_data_parallelism(tiny_assets):
     assert [(k["tp_size"], k["dp_size"], k["base_gpu_id"]) for k in engines] == [(2, 1, 2), (2, 1, 4), (2, 1, 6)]
     assert [k["random_seed"] for k in engines] == [int(cfg.runner.seed) + i for i in range(3)]
     kwargs = engines[0]
-    assert kwargs["model_path"] == str(tiny_assets.qwen2_tiny) and kwargs["dtype"] == "bfloat16"
+    assert kwargs["model_path"] == str(tiny_assets_registry.qwen2_tiny) and kwargs["dtype"] == "bfloat16"
     assert kwargs["mem_fraction_static"] == 0.7 and kwargs["skip_tokenizer_init"] is False
     assert kwargs["load_format"] == "auto"  # evaluation reads the checkpoint (no sync follows)
     with pytest.raises(SGLangUnavailable, match="tensor_parallel_size=2 needs 2 GPU"):
@@ -247,18 +247,18 @@ def test_one_engine_per_tp_group_never_sglang_data_parallelism(tiny_assets):
         usable_gpus(cfg, 4)
 
 
-def test_all_means_every_gpu_of_the_node(tiny_assets):
-    cfg = eval_cfg(tiny_assets)
+def test_all_means_every_gpu_of_the_node(tiny_assets_registry):
+    cfg = eval_cfg(tiny_assets_registry)
     cfg.cluster.component_placement = {"rollout,reward": "all"}
     assert usable_gpus(cfg, 8) == list(range(8))
     engines = engine_kwargs(cfg, usable_gpus(cfg, 8))
     assert [k["base_gpu_id"] for k in engines] == list(range(8)) and {k["dp_size"] for k in engines} == {1}
 
 
-def test_training_engines_start_with_dummy_weights_and_the_memory_saver(tiny_assets):
+def test_training_engines_start_with_dummy_weights_and_the_memory_saver(tiny_assets_registry):
     from rlinf_ext.generation.sglang_engine import server_kwargs
 
-    cfg = eval_cfg(tiny_assets)
+    cfg = eval_cfg(tiny_assets_registry)
     kwargs = server_kwargs(cfg, tp_size=2, seed=5, load_format="dummy", training=True, memory_saver=True)
     assert kwargs["load_format"] == "dummy" and kwargs["dp_size"] == 1 and kwargs["tp_size"] == 2
     assert kwargs["enable_memory_saver"] is True
@@ -267,14 +267,14 @@ def test_training_engines_start_with_dummy_weights_and_the_memory_saver(tiny_ass
 
 
 @pytest.mark.slow  # ~5 s: a child process imports sglang's server_args
-def test_every_engines_kwargs_build_sglangs_own_server_args(tiny_assets, sglang_source):
+def test_every_engines_kwargs_build_sglangs_own_server_args(tiny_assets_registry, sglang_source):
     """``Engine(**kwargs)`` builds ``ServerArgs(**kwargs)``: sglang 0.5.23's real class takes the kwargs of the
     evaluation engines, of the training engines (collocated and not) and of vision-language engines, and refuses a
     field it does not have (the check can fail)."""
     from rlinf_ext.generation.sglang_engine import server_kwargs
     from rlinf_ext.generation.sglang_vl import vl_server_overrides
 
-    cfg = eval_cfg(tiny_assets, "rollout.model.precision=bf16")
+    cfg = eval_cfg(tiny_assets_registry, "rollout.model.precision=bf16")
     built = [*engine_kwargs(cfg, [0, 1]),
              server_kwargs(cfg, tp_size=2, seed=5, load_format="dummy", training=True, memory_saver=True),
              server_kwargs(cfg, tp_size=1, seed=5, load_format="dummy", training=True),
@@ -285,21 +285,21 @@ def test_every_engines_kwargs_build_sglangs_own_server_args(tiny_assets, sglang_
     assert "cuda_graph_max_bs" in errors[-1] and errors[-1].startswith("TypeError")
 
 
-def test_from_config_starts_one_engine_per_gpu_with_the_hf_eos_set(tiny_assets, eos_ids, sglang_source):
+def test_from_config_starts_one_engine_per_gpu_with_the_hf_eos_set(tiny_assets_registry, eos_ids, sglang_source):
     started = []
 
     def factory(**kwargs):
         started.append(kwargs)
         return SimulatedSGLang(sglang_source, None, [])
 
-    gen = SGLangEngineGenerator.from_config(eval_cfg(tiny_assets), gpus=[0, 1], engine_factory=factory)
+    gen = SGLangEngineGenerator.from_config(eval_cfg(tiny_assets_registry), gpus=[0, 1], engine_factory=factory)
     assert [(k["base_gpu_id"], k["dp_size"], k["tp_size"]) for k in started] == [(0, 1, 1), (1, 1, 1)]
     assert len(gen.engines) == 2
     assert set(gen.eos_ids) == set(eos_ids)
     assert gen.decode([2003]) == "</search>"
 
 
-def test_a_failed_start_stops_the_engines_already_started(tiny_assets, sglang_source):
+def test_a_failed_start_stops_the_engines_already_started(tiny_assets_registry, sglang_source):
     started = []
 
     def factory(**kwargs):
@@ -309,7 +309,7 @@ def test_a_failed_start_stops_the_engines_already_started(tiny_assets, sglang_so
         return started[-1]
 
     with pytest.raises(RuntimeError, match="out of memory"):
-        SGLangEngineGenerator.from_config(eval_cfg(tiny_assets), gpus=[0, 1, 2, 3], engine_factory=factory)
+        SGLangEngineGenerator.from_config(eval_cfg(tiny_assets_registry), gpus=[0, 1, 2, 3], engine_factory=factory)
     assert [e.shutdowns for e in started] == [1, 1]
 
 
@@ -363,4 +363,3 @@ def test_without_sglang_the_error_names_the_install():
     assert "sglang" not in sys.modules
     with pytest.raises(SGLangUnavailable, match=r"bash scripts/install.sh --sglang"):
         load_engine_class()
-
