@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools
     from rlinf_ext.agent.mmsearch.types import Task
     from rlinf_ext.assets.core.tiny import make_tiny_assets
-    from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
+    from rlinf_ext.config.schema import ImageSearchToolConfig
     from rlinf_ext.data.fvqa import read_fvqa
     from rlinf_ext.generation.hf_vl import HFVLGenerator
     from rlinf_ext.protocol.generation import SamplingParams
@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     from rlinf_ext.retrieval.config import BuildConfig
     from rlinf_ext.retrieval.launch import RetrievalServerProcess
     from rlinf_ext.tools import SearchTool
+    from rlinf_ext.tools.config import SearchToolConfig
     from rlinf_ext.tools.image_search import ImageSearchTool
 
     work = Path(tempfile.mkdtemp(prefix="mm-rollout-bench-"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Iterable
 
 from omegaconf import DictConfig, OmegaConf
@@ -15,8 +16,9 @@ from rlinf_ext.config.compose import ComposeError, compose
 from rlinf_ext.config.rules import run_rules
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue, build, check_structure
-from rlinf_ext.protocol.agents import AGENTS
+from rlinf_ext.protocol.agents import AGENTS, agent_spec, agent_tools
 from rlinf_ext.protocol.plugins import is_import_path
+from rlinf_ext.tools.registry import BUILTIN_TOOLS, ToolNameError, resolve_tool
 
 
 class ConfigError(ValueError):
@@ -49,12 +51,14 @@ def check_config(name_or_path: str | Path, overrides: Iterable[str] = (), check_
         raw = compose(name_or_path, overrides)
     except ComposeError as exc:
         return CheckedConfig(None, [ConfigIssue(e.key, e.reason, e.fix) for e in exc.all])
-    schema, agent_issues = _schema_of(raw)
+    schema, agent_issues, tools = _schema_of(raw)
     issues, values, bad = check_structure(raw, schema)
     if agent_issues:  # the cause first; the agent's own section is unknown only because the agent is
         issues = agent_issues + [dataclasses.replace(i, fix=f"none of its own: fix {AGENT_KEY} above (its section "
                                                      "is known once the agent resolves).")
                                  if i.key.startswith("agentloop.") and i.key != AGENT_KEY else i for i in issues]
+    else:
+        issues = [_tool_section_issue(i, raw.agentloop.agent, tools) if _is_tool_section(i) else i for i in issues]
     bad |= {AGENT_KEY} if agent_issues else set()
     cfg = build(schema, values)
     found = run_rules(cfg, skip=bad, check_paths=check_paths)
@@ -65,21 +69,61 @@ def check_config(name_or_path: str | Path, overrides: Iterable[str] = (), check_
 AGENT_KEY = "agentloop.agent"
 
 
-def _schema_of(raw: DictConfig) -> tuple[type, list[ConfigIssue]]:
-    """The schema of the agent a composed config names (its section mounted), or the base schema and the reason
-    the agent could not be resolved."""
+def _schema_of(raw: DictConfig) -> tuple[type, list[ConfigIssue], list[str]]:
+    """The schema of the agent a composed config names and of the tools it calls (their sections mounted), or the
+    schema without an agent and the reason the agent could not be resolved; and the configured tools."""
     try:
         name = raw.agentloop.agent
     except Exception:  # noqa: BLE001 - an unresolvable value is reported by the structure check at its key
-        return ExperimentConfig, []
+        return experiment_schema(None), [], []
     if not isinstance(name, str) or (name not in AGENTS and not is_import_path(name)):
-        return ExperimentConfig, []  # the structure check names the choices
+        return experiment_schema(None), [], []  # the structure check names the choices
     try:
-        return experiment_schema(name), []
+        tools = _configured_tools(raw, experiment_schema(name))
+        return experiment_schema(name, tools), [], tools
     except ValueError as exc:  # AgentError carries its own fix
-        return ExperimentConfig, [ConfigIssue(AGENT_KEY, getattr(exc, "problem", str(exc)), getattr(exc, "fix", None) or (
-            f"give {AGENT_KEY} one of {sorted(AGENTS)} or the import path of an AgentSpec importable here "
-            "(pkg.module:SPEC)."))]
+        return experiment_schema(None), [ConfigIssue(AGENT_KEY, getattr(exc, "problem", str(exc)), getattr(
+            exc, "fix", None) or (f"give {AGENT_KEY} one of {sorted(AGENTS)} or the import path of an AgentSpec "
+                                  "importable here (pkg.module:SPEC)."))], []
+
+
+def _configured_tools(raw: DictConfig, schema: type) -> list[str]:
+    """The tools the agent calls (``agent_tools`` of the typed ``agentloop`` section; a bad list is reported by the
+    structure check and the rules)."""
+    node = raw._get_node("agentloop")
+    if not isinstance(node, DictConfig):
+        return []
+    loop = next(f.default_factory for f in dataclasses.fields(schema) if f.name == "agentloop")
+    return agent_tools(SimpleNamespace(agentloop=build(loop, check_structure(node, loop, "agentloop.")[1])))
+
+
+def _is_tool_section(issue: ConfigIssue) -> bool:
+    return issue.key.startswith("tools.") and issue.key.count(".") == 1 and issue.reason.startswith("unknown key")
+
+
+def _tool_section_issue(issue: ConfigIssue, agent: str, tools: list[str]) -> ConfigIssue:
+    """``tools.<x>`` the schema lacks: say which tools are configured, and how to give ``x`` its settings."""
+    section, listed = issue.key.split(".")[1], f"agentloop.{agent_spec(agent).name}.tools"
+    classes = {cls.name: cls for cls in (_resolved(n) for n in [*BUILTIN_TOOLS, *tools]) if cls is not None}
+    if section in classes:  # configured, without settings
+        return dataclasses.replace(issue, reason=f"tool {section!r} declares no settings (its class "
+                                   f"{classes[section].__name__} sets no config_class).",
+                                   fix=f"remove {issue.key}, or give {classes[section].__name__} a config_class "
+                                   "dataclass (docs/extending.md).")
+    unresolved = [n for n in tools if _resolved(n) is None]
+    return dataclasses.replace(
+        issue, reason=f"no configured tool is named {section!r}; its settings have no section (configured tools: "
+        f"{', '.join(sorted(classes)) or 'none'}).",
+        fix=f"fix {listed} first: {', '.join(unresolved)} does not resolve (its section is known once it does)."
+        if unresolved else
+        f"add the tool to {listed} (a registered name or pkg.module:Class) or remove {issue.key}.")
+
+
+def _resolved(name: str):
+    try:
+        return resolve_tool(name)
+    except ToolNameError:
+        return None
 
 
 def load_config(name_or_path: str | Path, overrides: Iterable[str] = (), strict: bool = True) -> ExperimentConfig:

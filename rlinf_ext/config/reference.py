@@ -2,8 +2,8 @@
 
 ``python -m rlinf_ext.config.reference`` rewrites the marked blocks of ``docs/contracts.md`` (key, type and default
 per key; the compatibility table); ``--check`` exits 1 when they differ from the schema. The help texts stay out of
-the doc, so it reads in one sitting: ``rlinf-ext keys [PREFIX]`` prints them. ``SCHEMA`` holds the central schema
-and every registered agent's section (one more ``(prefix, dataclass)`` pair each).
+the doc, so it reads in one sitting: ``rlinf-ext keys [PREFIX]`` prints them. ``SCHEMA`` holds the central schema,
+every registered agent's section and every built-in tool's (one more ``(prefix, dataclass)`` pair each).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlinf_ext.config.agent_schema import agent_sections
+from rlinf_ext.config.agent_schema import agent_sections, builtin_tool_sections
 from rlinf_ext.config.compat import COMPAT
 from rlinf_ext.config.schema import REQUIRED, ExperimentConfig
 from rlinf_ext.config.structure import type_name
@@ -25,7 +25,8 @@ from rlinf_ext.protocol.agents import AGENTS
 
 Section = tuple[str, type]  # (dotted prefix, "" for the root; a dataclass)
 SCHEMA: tuple[Section, ...] = (("", ExperimentConfig),
-                                *(section for spec in AGENTS.values() for section in agent_sections(spec)))
+                                *(section for spec in AGENTS.values() for section in agent_sections(spec)),
+                                *builtin_tool_sections())
 DOC = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
 KEYS_BLOCK, COMPAT_BLOCK = "keys", "compat"
 REGENERATE = "python -m rlinf_ext.config.reference"

@@ -470,25 +470,6 @@ class AgentLoopConfig:
 
 
 @dataclass
-class SearchToolConfig:
-    backend: Literal["local", "web", "dummy"] = fld(
-        "local", "Text search engine: local = the retrieval server over HTTP (BM25/dense); web = the internet "
-        "through the optional ddgs package (pip install ddgs; off by default); dummy = canned passages (tests)."
-    )
-    server_addr: Any = fld(
-        None, "host:port, a list of them, or a directory of address files; null = the server launched by retrieval."
-    )
-    topk: int = fld(3, "Passages returned per query.")
-    num_workers: int = fld(8, "Concurrent search requests.")
-    rate_limit: Optional[float] = fld(None, "Requests per second at most (null = unlimited).")
-    default_timeout: float = fld(60.0, "Seconds before a search request times out.")
-    max_retries: int = fld(3, "Retries on connection errors / 5xx.")
-    backoff_base: float = fld(0.5, "Seconds; retry k waits backoff_base * 2**k.")
-    fail_on_search_error: bool = fld(False, "Abort the step on a failed search (False: insert an error text).")
-    observation_format: Literal["searchr1", "rlinf"] = fld("searchr1", "How retrieved passages are rendered.")
-
-
-@dataclass
 class ImageSearchToolConfig:
     backend: Literal["cache_dir", "cache_pickle", "dummy"] = fld(
         "cache_dir", "MMSearch-R1 image search: cache_dir (FVQA_Cache layout <cache_path>/<data_id>/meta.json + "
@@ -515,7 +496,9 @@ class ImageSearchToolConfig:
 
 @dataclass
 class ToolsConfig:
-    search: SearchToolConfig = fld(SearchToolConfig, "The search tool.")
+    """Each tool's own section, tools.<its name>, is its ``Tool.config_class``, mounted by ``config/agent_schema.py``
+    for the built-in tools and the configured ones."""
+
     image_search: ImageSearchToolConfig = fld(ImageSearchToolConfig, "The image-search tool (MMSearch-R1).")
 
 

@@ -12,6 +12,11 @@ A minimal tool::
         async def __call__(self, content: str) -> ToolOutput:
             return ToolOutput(body=content)
 
+A tool with settings names a dataclass as ``config_class``; its keys are ``tools.<name>.*`` in the YAML, typed and
+refused by key like the central schema's (``config/agent_schema.py`` mounts the section of each configured tool), and
+``from_config`` reads them with ``cls.settings(cfg)``. Range checks go in the dataclass's ``problems()``, which yields
+``SettingProblem``s: ``validate`` reports them by key.
+
 Kept free of heavy imports: config checks and the reward read tool classes without starting anything.
 """
 
@@ -57,6 +62,29 @@ class ToolMetricNames:
     failure_rate: str  # failures / calls over a step's trajectories (a step metric, not a trajectory's)
 
 
+@dataclass(frozen=True)
+class SettingProblem:
+    """A value of a tool's settings it cannot work with: the field's name in its section, what is wrong, the fix."""
+
+    key: str
+    problem: str
+    fix: str
+
+
+def setting_problems(settings: Any) -> list[SettingProblem]:
+    """What the settings' own ``problems()`` finds (none when the dataclass defines no check)."""
+    check = getattr(settings, "problems", None)
+    return list(check()) if callable(check) else []
+
+
+def refuse_setting_problems(settings: Any, section: str) -> None:
+    """ValueError naming each bad key of ``section`` (``tools.<name>``) and its fix: for a client built in code,
+    without ``validate`` (which reports the same problems)."""
+    problems = setting_problems(settings)
+    if problems:
+        raise ValueError("; ".join(f"{section}.{p.key}: {p.problem} Fix: {p.fix}" for p in problems))
+
+
 @dataclass
 class ToolStats:
     """Calls made through ``Tool.run`` over the tool's life (each request's share: ``tools/ledger.py``)."""
@@ -69,17 +97,30 @@ class ToolStats:
 class Tool:
     """Base class of a tool. A subclass sets ``name`` and ``instruction`` (and ``tag`` when it differs from the
     name) and implements ``async __call__(content) -> ToolOutput``; ``from_config`` builds it (default: no
-    arguments). Loops call ``run`` (timed, counted)."""
+    arguments). A ``config_class`` (a dataclass) declares its settings, ``tools.<name>.*``. Loops call ``run``
+    (timed, counted)."""
 
     name: ClassVar[str] = ""
     tag: ClassVar[str] = ""  # the action tag's name (<tag>…</tag>); "" = the tool's name
     instruction: ClassVar[str] = ""  # its sentence in the invalid-action text; "" = a generic one
     metric_names_override: ClassVar[ToolMetricNames | None] = None  # None = <name>_calls, <name>_failures, ...
+    config_class: ClassVar[type | None] = None  # a dataclass: the section tools.<name> (None = no settings)
 
     @classmethod
     def from_config(cls, cfg: Any, context: ToolContext) -> "Tool":
-        """The tool for an experiment config (``cfg``: the whole ``ExperimentConfig``)."""
+        """The tool for an experiment config (``cfg``: the whole ``ExperimentConfig``; ``cls.settings(cfg)``: its own
+        section)."""
         return cls()
+
+    @classmethod
+    def settings(cls, cfg: Any) -> Any:
+        """This tool's typed section of ``cfg`` (``tools.<name>``); its defaults when ``cfg`` was made without it
+        (in code, not by the loader), as any key left out of a config keeps its default."""
+        if cls.config_class is None:
+            raise TypeError(f"tool {cls.name!r} declares no settings: set config_class = <a dataclass> on "
+                            f"{cls.__name__} to read tools.{cls.name}.*")
+        section = getattr(getattr(cfg, "tools", None), cls.name, None)
+        return section if section is not None else cls.config_class()
 
     async def __call__(self, content: str) -> ToolOutput:
         raise NotImplementedError(f"{type(self).__name__} must implement async __call__(content) -> ToolOutput")

@@ -2,11 +2,13 @@
 subclass anywhere on the Python path, so a tool can live outside ``rlinf_ext/``.
 
 ``build_tools`` is the one way tools are built (the agent-loop worker's rollouts, evaluation, validation);
-``check_tool_names`` says what is wrong with a configured list without building anything.
+``check_tool_names`` says what is wrong with a configured list without building anything; ``settings_sections``
+gives the ``tools.<name>`` sections the config loader mounts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,6 +70,14 @@ def resolve_tool(name: str) -> type[Tool]:
     if not inspect.iscoroutinefunction(cls.__call__):
         raise ToolNameError(f"tool {name!r}: {path}'s __call__ is not a coroutine function (the loops await it)",
                             f"make it `async def __call__(self, content: str) -> ToolOutput`.")
+    if cls.config_class is not None and not (isinstance(cls.config_class, type)
+                                             and dataclasses.is_dataclass(cls.config_class)):
+        raise ToolNameError(f"tool {name!r}: {path}'s config_class is {cls.config_class!r}, not a dataclass",
+                            f"set config_class on {cls.__name__} to a @dataclass of its settings (tools.{cls.name}.*), "
+                            "or to None.")
+    if cls.config_class is not None and not cls.name.isidentifier():  # it names the section tools.<name>
+        raise ToolNameError(f"tool {name!r}: its name {cls.name!r} is not a Python identifier, and it names its "
+                            f"settings' section tools.<name>", "use letters, digits and underscores in `name`.")
     return cls
 
 
@@ -97,6 +107,21 @@ def check_tool_names(names: Sequence[str]) -> list[ToolProblem]:
         seen_names.setdefault(cls.name, str(name))
         seen_tags.setdefault(tag, str(name))
     return problems
+
+
+def settings_sections(names: Sequence[str]) -> dict[str, type]:
+    """``{tool name: config_class}``: the sections ``tools.<name>`` of the built-in tools (always there, so that
+    shared defaults files may set them) and of the configured tools that resolve (``check_tool_names`` reports the
+    others)."""
+    sections: dict[str, type] = {}
+    for name in [*BUILTIN_TOOLS, *names]:
+        try:
+            cls = resolve_tool(str(name))
+        except ToolNameError:
+            continue
+        if cls.config_class is not None:
+            sections.setdefault(cls.name, cls.config_class)
+    return sections
 
 
 def tool_classes(names: Sequence[str]) -> list[type[Tool]]:

@@ -17,8 +17,8 @@ from typing import Any
 
 from rlinf_ext.tools.addresses import resolve_server_urls, urls_for_node
 from rlinf_ext.tools.backends import RetryableSearchError, SearchRequestError, make_backend
-from rlinf_ext.tools.base import Tool, ToolContext, ToolMetricNames, ToolOutput
-from rlinf_ext.tools.config import check_search_config
+from rlinf_ext.tools.base import Tool, ToolContext, ToolMetricNames, ToolOutput, refuse_setting_problems
+from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.tools.documents import Document
 from rlinf_ext.tools.formatting import SEARCHR1_STYLE, format_documents, search_failed_text
 from rlinf_ext.tools.ledger import charge_tool_seconds
@@ -64,7 +64,7 @@ def backoff_delay(attempt: int, base: float, rng: random.Random) -> float:
 
 
 class SearchTool:
-    """`await tool.search(query) -> SearchResult`. Accepts any object with the `tools.search` attributes.
+    """`await tool.search(query) -> SearchResult`, with the `tools.search` settings (`SearchToolConfig`).
 
     Calls are spread round-robin over the servers of the client's node (``node_ip``: the Ray node a worker runs
     on; ``home_ip``: the launcher's node, where loopback addresses point), or over all servers when none is on
@@ -72,7 +72,7 @@ class SearchTool:
     """
 
     def __init__(self, cfg: Any, seed: int | None = None, node_ip: str | None = None, home_ip: str | None = None):
-        check_search_config(cfg)
+        refuse_setting_problems(cfg, "tools.search")
         self.cfg = cfg
         self.backend = make_backend(cfg.backend)
         if self.backend.needs_server:
@@ -160,6 +160,7 @@ class TextSearch(Tool):
     name = "search"
     instruction = "If I want to search, I should put the query between <search> and </search>."
     metric_names_override = SEARCH_METRICS
+    config_class = SearchToolConfig
 
     def __init__(self, client: SearchTool, observation_format: str = SEARCHR1_STYLE):
         self.client = client
@@ -167,7 +168,7 @@ class TextSearch(Tool):
 
     @classmethod
     def from_config(cls, cfg: Any, context: ToolContext) -> "TextSearch":
-        search_cfg = cfg.tools.search
+        search_cfg = cls.settings(cfg)
         if context.search_server_addr is not None:  # a server started by the launcher for this run
             search_cfg = replace(search_cfg, server_addr=context.search_server_addr)
         client = SearchTool(search_cfg, seed=context.seed, node_ip=context.node_ip, home_ip=context.launcher_ip)

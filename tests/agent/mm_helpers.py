@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools
 from tests.support.scripted import ScriptedGenerator
-from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
+from rlinf_ext.config.schema import ImageSearchToolConfig
+from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.tools.image_search import ImageSearchTool
 from rlinf_ext.tools.search import SearchTool
 

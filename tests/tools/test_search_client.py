@@ -175,6 +175,21 @@ def test_config_errors_name_the_key(tmp_path):
         resolve_server_urls(str(tmp_path))  # empty directory
 
 
+@pytest.mark.parametrize("key, value, says", [("topk", 0, ">= 1"), ("num_workers", 0, ">= 1"),
+                                             ("max_retries", -1, ">= 0"), ("rate_limit", -0.5, ">= 0"),
+                                             ("default_timeout", 0, "> 0"), ("backoff_base", -1, ">= 0")])
+def test_range_checks_are_written_once_and_name_the_key(key, value, says):
+    """``SearchToolConfig.problems`` is the one check: validate reports it by key, the client refuses it."""
+    from rlinf_ext.config import check_config
+
+    (issue,) = [i for i in check_config("tiny-cpu", [f"tools.search.{key}={value}"]).issues
+                if i.key.startswith("tools.search.")]
+    assert issue.key == f"tools.search.{key}" and says in issue.reason and f"tools.search.{key}" in issue.fix
+    with pytest.raises(ValueError, match=rf"tools\.search\.{key}: must be {says}"):
+        SearchTool(SearchToolConfig(backend="dummy", **{key: value}))
+    assert list(SearchToolConfig().problems()) == []
+
+
 def test_backoff_is_exponential_with_bounded_jitter():
     import random
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rlinf_ext.config.schema import SearchToolConfig
+from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.tools.base import Tool, ToolOutput
 from rlinf_ext.tools.ledger import tool_ledger
 from rlinf_ext.tools.search import SearchTool, TextSearch

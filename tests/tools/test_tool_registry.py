@@ -11,6 +11,7 @@ import pytest
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.tools.base import Tool, ToolContext, ToolOutput
 from rlinf_ext.tools.registry import ToolNameError, build_tools, check_tool_names, resolve_tool
+from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.tools.search import TextSearch
 
 
@@ -42,12 +43,22 @@ class Blocking(Tool):
         return ToolOutput(body=content)
 
 
+class Unsettled(Echo):  # settings that are not a dataclass
+    name = "unsettled"
+    config_class = dict
+
+
+class Dashed(Echo):  # settings under a name that cannot be a section's key
+    name = "my-tool"
+    config_class = SearchToolConfig
+
+
 @pytest.fixture
 def plugin_module(monkeypatch):
     """A module of tool classes importable by path (as a plug-in package on PYTHONPATH would be)."""
     module = types.ModuleType("my_tools")
     module.Echo, module.Thinks, module.EchoTwin, module.not_a_tool = Echo, Thinks, EchoTwin, object
-    module.Uncallable, module.Blocking = Uncallable, Blocking
+    module.Uncallable, module.Blocking, module.Unsettled, module.Dashed = Uncallable, Blocking, Unsettled, Dashed
     monkeypatch.setitem(sys.modules, "my_tools", module)
     return module
 
@@ -123,3 +134,17 @@ def test_the_agents_stops_follow_its_tools(plugin_module):
     stale = check_config("tiny-cpu", [tools, "algorithm.sampling_params.stop=[</search>,</answer>]"])
     (warning,) = [w for w in stale.warnings if w.key == "algorithm.sampling_params.stop"]  # the loop adds it: runs
     assert "missing ['</echo>']" in warning.reason and "add ['</echo>']" in warning.fix and stale.ok
+
+
+def test_settings_must_be_a_dataclass_under_an_identifier(plugin_module):
+    (unsettled,) = check_tool_names(["my_tools:Unsettled"])
+    assert "config_class is <class 'dict'>, not a dataclass" in unsettled.problem and "@dataclass" in unsettled.fix
+    (dashed,) = check_tool_names(["my_tools:Dashed"])
+    assert "'my-tool' is not a Python identifier" in dashed.problem and "tools.<name>" in dashed.problem
+
+
+def test_a_tools_settings_default_when_the_config_has_no_section():
+    """A config made in code without the loader's sections: the tool reads its defaults (as any key left out)."""
+    assert TextSearch.settings(ExperimentConfig()) == SearchToolConfig()
+    with pytest.raises(TypeError, match="echo.*declares no settings.*config_class"):
+        Echo.settings(ExperimentConfig())

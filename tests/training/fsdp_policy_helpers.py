@@ -12,7 +12,8 @@ from tests.support.scripted import ForcedFirstTurn
 from rlinf_ext.agent.mmsearch.protocol import STOPS
 from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools, run_group
 from rlinf_ext.agent.mmsearch.types import Task
-from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
+from rlinf_ext.config.schema import ImageSearchToolConfig
+from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import HFVLGenerator
 from rlinf_ext.protocol.generation import SamplingParams

@@ -1,4 +1,4 @@
-"""Tool rules: text search and the retrieval server it queries."""
+"""Tool rules: the tools' own settings, the configured list, and the retrieval server text search queries."""
 
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ from rlinf_ext.config.rule_registry import rule
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
 from rlinf_ext.protocol.agents import agent_section, agent_spec, agent_tools
-from rlinf_ext.tools.registry import SEARCH, check_tool_names
+from rlinf_ext.tools.base import setting_problems
+from rlinf_ext.tools.registry import SEARCH, check_tool_names, settings_sections
 
 
-@rule("tools.search.topk")
-def search_topk_positive(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    if cfg.tools.search.topk < 1:
-        yield ConfigIssue(
-            "tools.search.topk", f"must be >= 1, got {cfg.tools.search.topk}.", "set tools.search.topk=3."
-        )
+@rule("agentloop.agent")
+def tool_settings(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """Each tool's settings (``tools.<name>``) as its config_class's ``problems()`` checks them: the one place a
+    tool's value ranges are written (the built-in tools' clients refuse the same values when built in code)."""
+    for name in settings_sections(agent_tools(cfg)):
+        for problem in setting_problems(getattr(cfg.tools, name)):
+            yield ConfigIssue(f"tools.{name}.{problem.key}", problem.problem, problem.fix)
 
 
 @rule("agentloop.agent", "retrieval.launch", "retrieval.index_dir", "retrieval.corpus_path", "tools.search.server_addr")

@@ -5,6 +5,9 @@ names it, and its trajectories are scored as well-formed (and are not when the t
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import pickle
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -23,7 +26,8 @@ from rlinf_ext.tools.registry import check_tool_names
 from rlinf_ext.tools.search import TextSearch
 from rlinf_ext.rewards.searchr1 import searchr1_reward
 from rlinf_ext.workers.reward import score_result_details
-from tests.plugins.calculator.tool import Calculator, CalculatorError, evaluate
+from rlinf_ext.cli import main
+from tests.plugins.calculator.tool import Calculator, CalculatorError, CalculatorSettings, evaluate
 
 CALCULATOR = "tests.plugins.calculator.tool:Calculator"
 TOK = CharTokenizer()
@@ -41,6 +45,66 @@ def cfg():
                                         "agentloop.max_obs_length=320"])
     assert checked.ok, checked.issues
     return checked.cfg
+
+
+WITH_CALCULATOR = f"agentloop.searchr1.tools=[search,{CALCULATOR}]"
+
+
+def test_its_settings_validate_by_key_and_reach_the_tool(capsys):
+    """tools.calculator.* is typed by the tool's own config_class (written here, outside rlinf_ext) and reaches
+    from_config; a bad value, an unknown key and the section of a tool not configured are refused by name."""
+    assert main(["validate", "tiny-cpu", WITH_CALCULATOR, "tools.calculator.max_digits=5"]) == 0
+    assert "valid" in capsys.readouterr().out
+    cfg = check_config("tiny-cpu", [WITH_CALCULATOR, "tools.calculator.max_digits=3"]).cfg
+    assert cfg.tools.calculator == CalculatorSettings(max_digits=3)
+    (calculator,) = [t for t in build_agent_tools(cfg, ToolContext(search_server_addr="127.0.0.1:8000"))
+                     if isinstance(t, Calculator)]
+    assert asyncio.run(calculator("1/3")).body == "0.333"
+    assert main(["validate", "tiny-cpu", WITH_CALCULATOR, "tools.calculator.max_digits=abc",
+                 "tools.calculator.nope=1"]) == 1
+    err = capsys.readouterr().err
+    assert "tools.calculator.max_digits: expected int, got str 'abc'" in err and "tools.calculator.max_digits=4" in err
+    assert "tools.calculator.nope: unknown key" in err and "tools.calculator.max_digits" in err.split("nope")[1]
+
+
+@pytest.mark.parametrize("overrides, key, reason, fix", [
+    ([WITH_CALCULATOR, "tools.calculator.max_digits=0"], "tools.calculator.max_digits", "must be >= 1, got 0",
+     "tools.calculator.max_digits=12"),  # the settings' own problems(), run by validate
+    (["tools.calculator.max_digits=5"], "tools.calculator", "no configured tool is named 'calculator'",
+     "add the tool to agentloop.searchr1.tools"),
+    ([WITH_CALCULATOR.replace("calculator.tool:Calculator", "calculator.tool:Nope"), "tools.calculator.max_digits=5"],
+     "tools.calculator", "configured tools: search", f"fix agentloop.searchr1.tools first: "
+     f"{CALCULATOR.replace('Calculator', 'Nope')} does not resolve"),
+    ([WITH_CALCULATOR, "tools.Calculator.max_digits=5"], "tools.Calculator",  # keyed by the tool's name
+     "no configured tool is named 'Calculator'; its settings have no section (configured tools: calculator, search)",
+     "or remove tools.Calculator"),
+])
+def test_tool_settings_refused_by_name(overrides, key, reason, fix):
+    issues = [i for i in check_config("tiny-cpu", overrides).issues if i.key == key]
+    assert len(issues) == 1 and reason in issues[0].reason and fix in issues[0].fix, issues
+
+
+class PlainCalculator(Calculator):
+    config_class = None
+
+
+def test_a_tool_without_settings_says_so():
+    plain = WITH_CALCULATOR.replace(CALCULATOR, f"{__name__}:PlainCalculator")
+    (issue,) = check_config("tiny-cpu", [plain, "tools.calculator.max_digits=5"]).issues
+    assert issue.key == "tools.calculator" and "declares no settings" in issue.reason and "config_class" in issue.fix
+
+
+def _echo(value):
+    return value
+
+
+def test_a_config_with_a_tools_settings_pickles_into_a_fresh_process():
+    """The class mounting tools.calculator is found by name (config/agent_schema.py), as Ray's workers need."""
+    cfg = check_config("tiny-cpu", [WITH_CALCULATOR, "tools.calculator.max_digits=5"]).cfg
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        back = pool.submit(_echo, cfg).result()
+    assert back == cfg and back.tools.calculator.max_digits == 5
 
 
 def test_configured_by_import_path_and_built_like_the_worker_does(cfg):
