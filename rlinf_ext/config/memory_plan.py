@@ -3,16 +3,16 @@ config whose estimate does not fit the memory a GPU of ``cluster.gpu_memory_gib`
 would make it fit.
 
 The arithmetic is ``models/memory.py``; this module reads the config into its inputs (model dimensions from the
-``actor.model`` preset, else the checkpoint's config.json; a Qwen2.5-VL model's vision tower from its
-config.json, else the tower every Qwen2.5-VL size shares) and tries the knobs that lower the peak. The rollout
-engine is vLLM's (``rollout.gpu_memory_utilization`` of each of its GPUs: weights, runtime, KV cache, and its CUDA
-context beside it; asleep while a collocated actor trains, ``rollout.vllm.sleep_level``) or SGLang's figures, as
-the engine's entry says (``EngineSpec.memory_model``). Collocated, the weight sync is a phase of its own (the engine's weights awake beside
-the actor's transfer memory), and the host RAM per node is the actor's offloaded parts plus what the sleeping
+``actor.model`` preset, else the checkpoint's config.json; a Qwen2.5-VL model's vision tower from its config.json,
+else the tower every Qwen2.5-VL size shares) and tries the knobs that lower the peak. The rollout engine is vLLM's
+(``rollout.gpu_memory_utilization`` of each of its GPUs: weights, runtime, KV cache, and its CUDA context beside it;
+asleep while a collocated actor trains, ``rollout.vllm.sleep_level``) or SGLang's figures, as the engine's entry
+says (``EngineSpec.memory_model``). Collocated, the weight sync is a phase of its own (the engine's weights awake
+beside the actor's transfer memory), and the host RAM per node is the actor's offloaded parts plus what the sleeping
 engines back up. With batches dispatched ahead (``runner.max_staleness = k``), k + 1 batches share the engines
 (``format_in_flight``). Disaggregated, an FSDP2 actor's rank 0 gathers the full state in its host RAM for every
-sync. Every phase is checked against what the GPU gives CUDA (``capacity``: read on this node's GPU of the configured
-kind, else a table value), not against ``cluster.gpu_memory_gib``, its nominal size.
+sync. Every phase is checked against what the GPU gives CUDA (``capacity``: read on this node's GPU of the
+configured kind, else a table value), not against ``cluster.gpu_memory_gib``, its nominal size.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from signature_checks import checked_against
 
 from rlinf_ext.generation import sglang_engine as sglang_generator
 from rlinf_ext.protocol.generation import SamplingParams
-from rlinf_ext.runner import launch, services
+from rlinf_ext.runner import launch
 from rlinf_ext.runner.errors import LaunchError
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
@@ -88,8 +88,9 @@ def test_sglang_eval_with_too_few_visible_gpus_is_refused(monkeypatch):
 
 def test_vllm_eval_of_the_vision_language_agent_starts_the_vl_engine(monkeypatch):
     """``rollout_backend: vllm`` evaluates MMSearch-R1 on vLLM's VL engine (``generation/vllm_vl.py``: the entry's
-    ``vl_generator``), SGLang is refused with the fix. The engine start is recorded, not run: this process has loaded
-    bm25s (numba), beside which vLLM's CPU engine cannot start; the real start is in tests/generation/test_vllm_vl.py."""
+    ``vl_generator``), SGLang is refused with the fix. The engine start is recorded, not run: this process has
+    loaded bm25s (numba), beside which vLLM's CPU engine cannot start; the real start is in
+    tests/generation/test_vllm_vl.py."""
     from rlinf_ext.config import load_config
     from rlinf_ext.eval.core.runner import EvalError, build_generator
     from rlinf_ext.generation.vllm_vl import VLLMVLGenerator

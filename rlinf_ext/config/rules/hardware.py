@@ -46,7 +46,8 @@ def engine_fits_hardware(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         gpu = [n for n, s in ENGINES.items() if s.runs_on(gpu=True)]
         yield ConfigIssue(ENGINE_KEY, f"{spec.name} runs on CPU only but the cluster has GPUs "
                           f"(cluster.num_gpus_per_node={gpus}).",
-                          f"set {ENGINE_KEY}={gpu[0]} for a GPU run, or use the CPU profile (cluster.num_gpus_per_node=0).")
+                          f"set {ENGINE_KEY}={gpu[0]} for a GPU run, or use the CPU profile "
+                          "(cluster.num_gpus_per_node=0).")
 
 
 FUSED_KERNEL_SWITCHES = ("apply_rope_fusion", "bias_dropout_fusion", "bias_activation_fusion", "persist_layer_norm",

@@ -34,6 +34,7 @@ from rlinf_ext.eval.searchr1.benchmarks import display_name, paper_sorted
 from rlinf_ext.eval.searchr1.dataset import EvalItem, load_eval_items
 from rlinf_ext.eval.searchr1.records import Decode, GenerationRecord, error_record, record_from_trajectory
 from rlinf_ext.eval.searchr1.results import paper_table_rows, tabulate
+from rlinf_ext.protocol.engines import engine_dtype
 from rlinf_ext.tools.base import Tool
 
 
