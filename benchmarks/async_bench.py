@@ -48,13 +48,14 @@ sys.path.insert(0, str(REPO))
 from benchmarks.slow_search import DISTRIBUTION_ENV, LATENCY_ENV, parse_latency
 from rlinf_ext.config import load_config
 from rlinf_ext.protocol import metric_keys as mk
+from rlinf_ext.protocol.engines import engines_with
 
 EXPERIMENT = "tiny-cpu"
 RUN_NAME = "searchr1-grpo-tiny-cpu"
 SLOW_SEARCH = "benchmarks.slow_search:SlowSearch"
 STALENESS_PREFIX = "async/token_staleness_"
 DEFAULT_LATENCY = "lognormal:median_ms=300,p99_ms=3000"
-PARTIAL_BACKENDS = ("hf",)
+PARTIAL_BACKENDS = tuple(engines_with("partial_rollout"))  # the engines whose turns a sync can cut
 # per-step means reported per run: (figure, metric key)
 STEP_MEANS = (
     ("actor_idle", mk.TIME_ACTOR_IDLE_RATIO), ("rollout_idle", mk.TIME_ROLLOUT_IDLE_RATIO),

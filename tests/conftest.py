@@ -107,11 +107,11 @@ def actor_samples():
 
 @pytest.fixture
 def sglang_profile_installed(monkeypatch):
-    """Validation as on a node with the SGLang profile installed (config/rules/hardware.py `installed_sglang` reports
+    """Validation as on a node with the SGLang profile installed (protocol/engines.py `installed_version` reports
     sglang's pinned release): configs with rollout_backend=sglang validate on a CPU machine without sglang."""
-    from rlinf_ext.config.rules import hardware
+    from rlinf_ext.protocol import engines
 
-    monkeypatch.setattr(hardware, "installed_sglang", lambda: hardware.SGLANG_VERSION)
+    monkeypatch.setattr(engines, "installed_version", lambda package: engines.SGLANG_VERSION)
 
 
 @pytest.fixture(scope="session")

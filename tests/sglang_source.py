@@ -36,7 +36,7 @@ from typing import Any
 
 from signature_checks import bind_like
 
-from rlinf_ext.config.rules.hardware import SGLANG_VERSION
+from rlinf_ext.protocol.engines import SGLANG_VERSION
 
 SGLANG_SOURCE_ENV = "RLINF_EXT_SGLANG_SOURCE"  # overrides the folder (a scratch install)
 SGLANG_SOURCE_DIR = "sglang-source"  # scripts/install.sh --dev: <venv>/sglang-source

@@ -3,16 +3,16 @@ config whose estimate does not fit the memory a GPU of ``cluster.gpu_memory_gib`
 would make it fit.
 
 The arithmetic is ``models/memory.py``; this module reads the config into its inputs (model dimensions from the
-``actor.model`` preset, else the checkpoint's config.json; a Qwen2.5-VL model's vision tower from its
-config.json, else the tower every Qwen2.5-VL size shares) and tries the knobs that lower the peak. The rollout
-engine is vLLM's (``rollout.gpu_memory_utilization`` of each of its GPUs: weights, runtime, KV cache, and its CUDA
-context beside it; asleep while a collocated actor trains, ``rollout.vllm.sleep_level``) or SGLang's figures for
-``rollout_backend=sglang``. Collocated, the weight sync is a phase of its own (the engine's weights awake beside
-the actor's transfer memory), and the host RAM per node is the actor's offloaded parts plus what the sleeping
+``actor.model`` preset, else the checkpoint's config.json; a Qwen2.5-VL model's vision tower from its config.json,
+else the tower every Qwen2.5-VL size shares) and tries the knobs that lower the peak. The rollout engine is vLLM's
+(``rollout.gpu_memory_utilization`` of each of its GPUs: weights, runtime, KV cache, and its CUDA context beside it;
+asleep while a collocated actor trains, ``rollout.vllm.sleep_level``) or SGLang's figures, as the engine's entry
+says (``EngineSpec.memory_model``). Collocated, the weight sync is a phase of its own (the engine's weights awake
+beside the actor's transfer memory), and the host RAM per node is the actor's offloaded parts plus what the sleeping
 engines back up. With batches dispatched ahead (``runner.max_staleness = k``), k + 1 batches share the engines
 (``format_in_flight``). Disaggregated, an FSDP2 actor's rank 0 gathers the full state in its host RAM for every
-sync. Every phase is checked against what the GPU gives CUDA (``capacity``: read on this node's GPU of the configured
-kind, else a table value), not against ``cluster.gpu_memory_gib``, its nominal size.
+sync. Every phase is checked against what the GPU gives CUDA (``capacity``: read on this node's GPU of the
+configured kind, else a table value), not against ``cluster.gpu_memory_gib``, its nominal size.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from rlinf_ext.config.placement import is_collocated, placements
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
 from rlinf_ext.models.dtypes import dtype_of_precision
+from rlinf_ext.protocol.engines import ENGINE_KEY, VLLM, engine_spec, read_key
 from rlinf_ext.models.gpu_capacity import GpuCapacity, gpu_capacity, local_gpu_total_bytes
 from rlinf_ext.models.memory import (
     GIB,
@@ -146,13 +147,18 @@ def engine_plan(cfg: ExperimentConfig, shape: ModelShape, fraction: float | None
     return engine_memory(shape, gpu_bytes=capacity(cfg).usable_bytes,
                          fraction=float(r.gpu_memory_utilization if fraction is None else fraction),
                          dtype_bytes=rollout_dtype_bytes(cfg), tensor_parallel=int(r.tensor_parallel_size),
-                         backend="sglang" if r.rollout_backend == "sglang" else "vllm",
+                         backend=memory_model(cfg),
                          sleep_level=int(r.vllm.sleep_level))
 
 
+def memory_model(cfg: ExperimentConfig) -> str:
+    """The engine's memory model in ``models/memory.py`` (its entry's; vLLM's for an engine never planned on GPUs)."""
+    return engine_spec(cfg).memory_model or VLLM
+
+
 def sync_route(cfg: ExperimentConfig) -> str:
-    """The collocated sync's route: vLLM's packed CUDA IPC (``ipc``), else RLinf's paired buckets (SGLang)."""
-    return "ipc" if cfg.rollout.rollout_backend == "vllm" else "paired"
+    """The collocated sync's route: vLLM's packed CUDA IPC (``ipc``), or RLinf's paired buckets (SGLang)."""
+    return engine_spec(cfg).collocated_route
 
 
 def transfer_plan(cfg: ExperimentConfig, x: ActorMemoryInputs) -> SyncTransfer:
@@ -240,9 +246,8 @@ def _largest_rollout_fraction(cfg: ExperimentConfig, x: ActorMemoryInputs) -> fl
 
 def engine_concurrency(cfg: ExperimentConfig) -> tuple[str, int]:
     """(key, value): how many sequences one rollout engine generates at once."""
-    if cfg.rollout.rollout_backend == "hf":
-        return "rollout.hf.max_batch_size", int(cfg.rollout.hf.max_batch_size)
-    return "rollout.max_running_requests", int(cfg.rollout.max_running_requests)
+    key = engine_spec(cfg).concurrency_key
+    return key, int(read_key(cfg, key))
 
 
 def format_in_flight(cfg: ExperimentConfig) -> list[str]:
@@ -264,7 +269,7 @@ def format_in_flight(cfg: ExperimentConfig) -> list[str]:
     if per_engine > concurrency:
         lines.append(f"  ! {per_engine - concurrency} trajectories per engine wait in its queue; {key}={per_engine} "
                      "runs them all at once")
-    if cfg.cluster.num_gpus_per_node > 0 and cfg.rollout.rollout_backend != "sglang" and not placements(cfg)[1]:
+    if cfg.cluster.num_gpus_per_node > 0 and memory_model(cfg) == VLLM and not placements(cfg)[1]:
         shape, _ = model_shape(cfg)
         if shape is not None:
             sequences = engine_plan(cfg, shape).kv_tokens // max(int(cfg.runner.seq_length), 1)
@@ -330,10 +335,10 @@ def _engine_rows(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[tuple[str,
     """The engine's share of one of its GPUs: what its fraction holds (vLLM), or the fraction and workspace."""
     e, r = engine_plan(cfg, x.shape), cfg.rollout
     tp = f", TP {r.tensor_parallel_size}" if r.tensor_parallel_size > 1 else ""
-    rows = [(f"engine share ({r.rollout_backend}: {r.gpu_memory_utilization:g} x {e.gpu_bytes / GIB:.2f}{tp})",
+    rows = [(f"engine share ({engine_spec(cfg).name}: {r.gpu_memory_utilization:g} x {e.gpu_bytes / GIB:.2f}{tp})",
              f"{e.budget / GIB:7.2f}"),
             (f"  engine weights ({r.model.precision})", f"{e.weights / GIB:7.2f}")]
-    if r.rollout_backend != "sglang":
+    if memory_model(cfg) == VLLM:
         seqs = e.kv_tokens / max(int(cfg.runner.seq_length), 1)
         rows += [("  engine runtime (activations, CUDA graphs)", f"{e.runtime / GIB:7.2f}"),
                  (f"  engine KV cache ({e.kv_tokens:,} tokens = {seqs:.0f} x runner.seq_length)",
@@ -342,7 +347,7 @@ def _engine_rows(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[tuple[str,
     else:
         rows.append(("  engine workspace (outside its fraction)", f"{e.outside / GIB:7.2f}"))
     if is_collocated(cfg):
-        level = f", sleep level {r.vllm.sleep_level}" if r.rollout_backend != "sglang" else ""
+        level = f", sleep level {r.vllm.sleep_level}" if memory_model(cfg) == VLLM else ""
         rows.append((f"engine asleep (while the actor trains{level})", f"{e.asleep / GIB:7.2f}"))
     return rows
 
@@ -350,7 +355,7 @@ def _engine_rows(cfg: ExperimentConfig, x: ActorMemoryInputs) -> list[tuple[str,
 def _sync_rows(cfg: ExperimentConfig, x: ActorMemoryInputs, plan: GpuPlan) -> list[tuple[str, str]]:
     """The collocated weight sync: the engine awake without its KV cache, the actor's kept parts and transfer."""
     e, t, gpu = plan.engine, plan.transfer, plan.gpu_bytes / GIB
-    vllm = cfg.rollout.rollout_backend == "vllm"
+    vllm = sync_route(cfg) == "ipc"
     buffer = "vLLM's packed IPC buffer" if vllm else "a bucket and the tensors packed into it"
     conversion = ("the largest parameter gathered whole in fp32 and cast" if x.fsdp
                   else "2 x the largest tensor: brought over, cast or split")
@@ -373,7 +378,7 @@ def _host_ram_rows(cfg: ExperimentConfig, x: ActorMemoryInputs, plan: GpuPlan) -
     backups (while the actor trains), summed: an upper bound, pinned copies may stay allocated between phases."""
     actors, engines = ranks_per_node(cfg, "actor"), ranks_per_node(cfg, "rollout")
     e = plan.engine
-    if cfg.rollout.rollout_backend == "sglang":
+    if memory_model(cfg) != VLLM:
         asleep = "engines asleep (SGLang keeps no copy)"
     elif cfg.rollout.vllm.sleep_level == 1:
         asleep = "engines asleep (level 1 backs up weights, runtime and CUDA-graph pools)"
@@ -389,7 +394,7 @@ def _host_ram_rows(cfg: ExperimentConfig, x: ActorMemoryInputs, plan: GpuPlan) -
 
 def _engine_fits(cfg: ExperimentConfig, x: ActorMemoryInputs) -> bool:
     """vLLM's KV cache holds at least one sequence of ``runner.seq_length`` (its max_model_len) tokens."""
-    if cfg.rollout.rollout_backend == "sglang":
+    if memory_model(cfg) != VLLM:  # SGLang's KV cache is not modelled
         return True
     return engine_plan(cfg, x.shape).kv_tokens >= int(cfg.runner.seq_length)
 
@@ -410,7 +415,7 @@ def _engine_fix(cfg: ExperimentConfig, x: ActorMemoryInputs) -> str:
     "actor.model.recompute_granularity", "actor.model.recompute_method", "actor.model.recompute_num_layers",
     "actor.spec_name", "actor.optim.use_distributed_optimizer", "actor.logprob_chunk_tokens",
     "rollout.gpu_memory_utilization", "actor.offload_weight", "actor.offload_optimizer", "actor.offload_grad",
-    "actor.training_backend", "actor.fsdp_config.gradient_checkpointing", "rollout.rollout_backend",
+    "actor.training_backend", "actor.fsdp_config.gradient_checkpointing", ENGINE_KEY,
     "rollout.vllm.sleep_level", "rollout.model.precision", "rollout.tensor_parallel_size",
 )
 def actor_fits_gpu_memory(cfg):
@@ -467,7 +472,7 @@ def _phase_terms(cfg: ExperimentConfig, x: ActorMemoryInputs, plan: GpuPlan, pha
 
 
 @rule("cluster.num_gpus_per_node", "cluster.gpu_memory_gib", "runner.task_type", "runner.seq_length",
-      "rollout.rollout_backend", "rollout.gpu_memory_utilization", "rollout.tensor_parallel_size",
+      ENGINE_KEY, "rollout.gpu_memory_utilization", "rollout.tensor_parallel_size",
       "rollout.model.precision", "rollout.model.model_type")
 def engine_has_room_for_kv_cache(cfg):
     """vLLM refuses to start when its fraction of the GPU, after the weights and its runtime, cannot cache one

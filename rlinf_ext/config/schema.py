@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 from rlinf_ext.protocol.agents import AGENTS, SEARCHR1
+from rlinf_ext.protocol.engines import ENGINES, VLLM
 
 REQUIRED = "???"  # OmegaConf's marker for a value that must be supplied
 
@@ -56,6 +57,7 @@ class ImportPath(str):
 
 
 AgentName = Union[Literal[tuple(AGENTS)], ImportPath]  # the registered agents, or an AgentSpec's import path
+EngineName = Literal[tuple(ENGINES)]  # the registered engines: the structural check refuses any other name
 
 
 def fld(default: Any, help: str, **meta: Any) -> Any:
@@ -139,8 +141,8 @@ class RunnerConfig:
         False, "A weight sync no longer waits for the turns in flight: they stop between decode steps and go on "
         "from their prompt and tokens so far on the new weights, so one turn may carry tokens of two versions, each "
         "trained with the log-probs of the weights that sampled it; no trained token may be older than "
-        "runner.max_staleness. Needs runner.max_staleness >= 1 and rollout.rollout_backend=hf (vLLM and SGLang: "
-        "not wired yet, refused)."
+        "runner.max_staleness. Needs runner.max_staleness >= 1 and an engine whose turns a sync can cut "
+        "(EngineSpec.partial_rollout: hf; vLLM and SGLang not wired yet, refused)."
     )
     admission: Literal["batch", "group"] = fld(
         "batch", "What a step trains. batch: step b trains exactly batch b. group: step b trains the first "
@@ -293,7 +295,9 @@ class HFRolloutConfig:
 @dataclass
 class RolloutConfig:
     group_name: str = fld("RolloutGroup", "Ray worker group name.")
-    rollout_backend: Literal["sglang", "vllm", "hf"] = fld("sglang", "Generation engine (hf = CPU transformers).")
+    rollout_backend: EngineName = fld(
+        VLLM, "Generation engine, an entry of protocol/engines.py: vllm (CPU or GPU), hf (CPU transformers), sglang "
+        "(GPU). Set here and by the experiment YAML only.")
     model: RolloutModelConfig = fld(RolloutModelConfig, "Model served by the rollout engine.")
     tensor_parallel_size: int = fld(1, "Tensor parallel size of one rollout engine.")
     pipeline_parallel_size: int = fld(1, "Pipeline parallel size of one rollout engine.")

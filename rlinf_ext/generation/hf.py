@@ -128,6 +128,13 @@ class HFGenerator:
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype_of_hf_name(dtype, "rollout.hf.dtype"))
         return cls(model, tokenizer, **kwargs)
 
+    @classmethod
+    def from_config(cls, cfg: Any) -> "HFGenerator":
+        """The CPU engine of an experiment config (``rollout.hf``), seeded with ``runner.seed``."""
+        hf = cfg.rollout.hf
+        return cls.from_pretrained(str(cfg.rollout.model.model_path), dtype=hf.dtype,
+                                   max_batch_size=int(hf.max_batch_size), seed=int(cfg.runner.seed))
+
     def reseed(self, seed: int | None) -> None:
         """Restart the per-call seed sequence (call k uses seed + k), for reproducible sampling."""
         self._seed, self._calls = seed, 0

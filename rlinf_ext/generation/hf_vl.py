@@ -90,6 +90,12 @@ class HFVLGenerator(HFGenerator):
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(model_path), dtype=getattr(torch, dtype))
         return cls(model, load_vl_processor(model_path), **kwargs)
 
+    @classmethod
+    def from_config(cls, cfg: Any) -> "HFVLGenerator":
+        hf = cfg.rollout.hf
+        return cls.from_pretrained(str(cfg.rollout.model.model_path), dtype=hf.dtype, num_threads=1,
+                                   max_batch_size=int(hf.max_batch_size), seed=int(cfg.runner.seed))
+
     def _check_images(self, images: list[Any] | None) -> None:
         bad = [type(i).__name__ for i in images or [] if not isinstance(i, ImageRef)]
         if bad:

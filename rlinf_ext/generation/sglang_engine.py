@@ -2,8 +2,8 @@
 ``workers/rollout_sglang.py``), and the evaluation engines. Requests and replies go through
 ``generation/sglang_wire.py``.
 
-``SGLangEngineGenerator`` is a GPU ``Generator`` on SGLang's offline engine, for ``rlinf-ext eval`` with
-``rollout.rollout_backend: sglang`` (written against sglang 0.5.23's sources, NOT GPU-verified); no Ray worker
+``SGLangEngineGenerator`` is a GPU ``Generator`` on SGLang's offline engine, for ``rlinf-ext eval`` on the
+SGLang engine (written against sglang 0.5.23's sources, NOT GPU-verified); no Ray worker
 group: in-process engines (their scheduler/detokenizer subprocesses own the GPUs) serve every concurrent
 ``generate`` call.
 
@@ -32,18 +32,16 @@ from typing import Any
 import torch
 
 from rlinf_ext.config.placement import placement_entries
-from rlinf_ext.config.rules.hardware import SGLANG_INSTALL, SGLANG_VERSION
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.sglang_wire import hf_eos_ids, result_of_sglang, to_sglang_params
 from rlinf_ext.models.dtypes import PRECISIONS, hf_name_of_precision
+from rlinf_ext.protocol.engines import ENGINE_KEY, ENGINES, SGLANG, EngineUnavailable
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 
-GPU_INSTALL_FIX = "bash scripts/install.sh --gpu (the gpu extra: vllm 0.32.0, Transformer Engine)"
-SGLANG_INSTALL_FIX = (f"{SGLANG_INSTALL} (the SGLang profile: sglang {SGLANG_VERSION} on torch 2.14.1, "
-                      "Transformer Engine)")
+SGLANG_INSTALL_FIX = ENGINES[SGLANG].install_fix
 
 
-class SGLangUnavailable(RuntimeError):
+class SGLangUnavailable(EngineUnavailable):
     """SGLang cannot run here (no CUDA device, not installed, or a config it cannot serve); names the fix."""
 
 
@@ -150,9 +148,22 @@ def sglang_installed() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
+def check_evaluation_engine(cfg: ExperimentConfig) -> None:
+    """What ``rlinf-ext eval`` on SGLang needs here, checked before anything starts: a CUDA device, sglang, and
+    the GPUs placed, the TP size and the precision (``SGLangUnavailable`` with the fix otherwise)."""
+    if not torch.cuda.is_available():
+        raise SGLangUnavailable(
+            f"{ENGINE_KEY}='sglang' evaluates on GPUs, but no CUDA device is visible here. Fix: run `rlinf-ext eval` "
+            f"on a GPU node with the SGLang profile ({SGLANG_INSTALL_FIX}), or set {ENGINE_KEY}=hf to evaluate on CPU.")
+    if not sglang_installed():
+        raise SGLangUnavailable(f"{ENGINE_KEY}='sglang': sglang is not installed. Fix: {SGLANG_INSTALL_FIX}, or set "
+                                f"{ENGINE_KEY}=hf to evaluate on CPU.")
+    engine_kwargs(cfg, usable_gpus(cfg, torch.cuda.device_count()))
+
+
 def load_engine_class() -> Callable[..., Any]:
     """SGLang's own ``Engine``; a clear error when SGLang is unusable."""
-    return import_sglang("sglang.srt.entrypoints.engine", "Engine", "set rollout.rollout_backend=hf to evaluate on CPU")
+    return import_sglang("sglang.srt.entrypoints.engine", "Engine", f"set {ENGINE_KEY}=hf to evaluate on CPU")
 
 
 class SGLangEngineGenerator:

@@ -161,6 +161,11 @@ class VLLMVLGenerator(VLLMGenerator):
         gen.options = options
         return gen
 
+    @classmethod
+    def from_config(cls, cfg: Any, rank: int = 0, **kwargs: Any) -> "VLLMVLGenerator":
+        """Seeded with ``runner.seed`` unless ``seed=`` is given (per-request seeds: reproducible sampling)."""
+        return super().from_config(cfg, rank, **{"seed": int(cfg.runner.seed), **kwargs})
+
     @property
     def mismatch_rate(self) -> float:
         """Share of prompts whose engine-side expansion differed from the agent loop's ids (0.0 before any)."""

@@ -1,7 +1,7 @@
 """The agent registry: given ``agentloop.agent``, the one place that names everything that agent brings.
 
 An entry (``AgentSpec``) holds the agent's facts (the stop strings its loop acts on, whether it needs a
-vision-language model, the reward scorings it accepts, which engines evaluate it) and names each of its components
+vision-language model, the reward scorings it accepts) and names each of its components
 by import path (``"module:attr"``), imported only when asked for (``spec.load("rollout")``), so that validating a
 config reads the facts without importing torch or the loops.
 
@@ -47,7 +47,6 @@ class AgentSpec:
     stops: tuple[str, ...]  # the closing tags the loop acts on besides its tools' (those follow the tools configured)
     vision: bool  # a vision-language model (images in the context)
     reward_scorings: tuple[str, ...]  # reward.scoring values its reward accepts
-    eval_backends: tuple[str, ...]  # rollout.rollout_backend values `rlinf-ext eval` runs it on
     rollout: str
     dataset: str
     reward: str
@@ -74,7 +73,7 @@ class AgentSpec:
 AGENTS: dict[str, AgentSpec] = {
     SEARCHR1: AgentSpec(
         name=SEARCHR1, title="Search-R1", stops=("</answer>",), vision=False,
-        reward_scorings=("em", "subem", "f1", "format"), eval_backends=("vllm", "hf", "sglang"),
+        reward_scorings=("em", "subem", "f1", "format"),
         rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
         dataset="rlinf_ext.data.prompts:build_prompt_datasets",
         reward="rlinf_ext.rewards.searchr1:searchr1_reward",
@@ -86,7 +85,7 @@ AGENTS: dict[str, AgentSpec] = {
     MMSEARCH: AgentSpec(
         name=MMSEARCH, title="MMSearch-R1", stops=("</search>", "</text_search>", "</answer>"), vision=True,
         stops_from_tools=False,  # its loop tags its tools itself (image search </search>, text search </text_search>)
-        reward_scorings=("em", "subem"), eval_backends=("vllm", "hf"),  # vLLM: generation/vllm_vl.py
+        reward_scorings=("em", "subem"),
         rollout="rlinf_ext.agent.mmsearch.rollout:MMSearchRollout",
         dataset="rlinf_ext.agent.mmsearch.dataset:build_datasets",
         reward="rlinf_ext.agent.mmsearch.reward:mmsearch_reward",

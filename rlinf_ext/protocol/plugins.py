@@ -3,6 +3,7 @@ what a researcher adds can sit outside ``rlinf_ext`` and be chosen from a YAML."
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any
 
@@ -12,10 +13,11 @@ def is_import_path(name: str) -> bool:
 
 
 def load_path(path: str, what: str) -> Any:
-    """``"pkg.module:attr"`` -> the object; an error that names ``what`` and the path when it cannot be found."""
+    """``"pkg.module:attr"`` (or ``attr.member``, e.g. a classmethod) -> the object; an error that names ``what``
+    and the path when it cannot be found."""
     module, _, attr = path.partition(":")
     try:
-        return getattr(importlib.import_module(module), attr)
+        return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
     except ModuleNotFoundError as exc:
         raise ValueError(f"{what}: cannot import module {module!r} of {path!r} ({exc}); is its package on "
                          "PYTHONPATH?") from exc

@@ -1,13 +1,13 @@
-"""Compose the RLinf worker groups of a Search-R1 run: the CPU composition here, GPU clusters dispatched to
+"""Compose the RLinf worker groups of a run: the CPU composition here, GPU clusters dispatched to
 ``runner/gpu_groups.py``.
 
 On a CPU cluster every group is placed with ``NodePlacementStrategy`` (RLinf's packed strategies refuse nodes
 without accelerators) on the nodes ``cluster.component_placement`` names (node 0 unless ``NODES:PROCESSES``,
-nodes in the run's stable order: ``runner/cluster.py``): the HF rollout engine, the Megatron-core actor (one
-process per placed rank = data-parallel size, e.g. ``actor: 0-1`` = DP 2), the reward worker and the agent-loop
-workers (one per rollout process, on the rollout's nodes unless ``agentloop`` is placed). On a GPU cluster
-``gpu_groups.launch_gpu_groups`` places the SGLang rollout and the actor (one data-parallel process per actor GPU)
-with RLinf's placement (not GPU-verified).
+nodes in the run's stable order: ``runner/cluster.py``): the chosen engine's rollout worker
+(``protocol/engines.py``), the Megatron-core actor (one process per placed rank = data-parallel size, e.g.
+``actor: 0-1`` = DP 2), the reward worker and the agent-loop workers (one per rollout process, on the rollout's
+nodes unless ``agentloop`` is placed). On a GPU cluster ``gpu_groups.launch_gpu_groups`` places the rollout and
+the actor (one data-parallel process per actor GPU) with RLinf's placement (not GPU-verified).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from rlinf_ext.config.placement import PlacementError, component_ranks
 from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.protocol.engines import ENGINE_KEY, ENGINES, engine_spec
 from rlinf_ext.runner.cluster import NodeOrder, cpu_process_nodes
 from rlinf_ext.runner.gpu_groups import launch_gpu_groups
 from rlinf_ext.runner.groups import (
@@ -30,8 +31,6 @@ from rlinf_ext.runner.groups import (
 from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.reward import RewardWorker
-from rlinf_ext.workers.rollout_hf import HFRolloutWorker
-from rlinf_ext.workers.rollout_vllm import VLLMRolloutWorker
 from rlinf_ext.sync.weight_sync import SyncRoutes, sync_mode
 
 
@@ -60,18 +59,16 @@ def launch_worker_groups(
     except PlacementError as exc:
         raise WorkerStartupError("cluster", exc) from exc
     check_actor_data_parallel(cfg, len(nodes["actor"]))
-    backend = cfg.rollout.rollout_backend
-    if backend not in ("hf", "vllm"):
-        raise WorkerStartupError(
-            "rollout", f"rollout.rollout_backend={backend!r} needs GPUs; on CPU set rollout.rollout_backend=vllm "
-            "(or hf)")
+    engine = engine_spec(cfg)
+    if not engine.runs_on(gpu=False):
+        cpu = [name for name, spec in ENGINES.items() if spec.runs_on(gpu=False)]
+        raise WorkerStartupError("rollout", f"{ENGINE_KEY}={engine.name!r} needs GPUs; on CPU set {ENGINE_KEY} to "
+                                 + " or ".join(cpu))
     groups: dict[str, Any] = {}
-    if backend == "vllm":  # per-request seeds: reproducible without serving one request at a time
-        launch_group(groups, cluster, "rollout", VLLMRolloutWorker, cfg.rollout.group_name, strategies["rollout"],
-                     cfg, verify_sync=verify_sync)
-    else:
-        launch_group(groups, cluster, "rollout", HFRolloutWorker, cfg.rollout.group_name, strategies["rollout"], cfg,
-                     deterministic=deterministic_rollout, verify_sync=verify_sync)
+    # an engine that seeds each request is reproducible as it is; the others serve one request at a time for it
+    serial = {} if engine.seeds_each_request else {"deterministic": deterministic_rollout}
+    launch_group(groups, cluster, "rollout", engine.load("rollout_worker"), cfg.rollout.group_name,
+                 strategies["rollout"], cfg, verify_sync=verify_sync, **serial)
     launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name, strategies["actor"],
                  cfg, total_train_steps)
     launch_group(groups, cluster, "reward", RewardWorker, cfg.reward.group_name, strategies["reward"], cfg)

@@ -1,7 +1,7 @@
 """Worker groups on a GPU cluster (written, NOT GPU-verified).
 
-- rollout: ``VLLMRolloutWorker`` (``workers/rollout_vllm.py``) or ``SGLangRolloutWorker``
-  (``workers/rollout_sglang.py:rollout_worker_class``) on the rollout GPUs, placed by RLinf's
+- rollout: the chosen engine's worker (``protocol/engines.py``: ``workers/rollout_vllm.py`` or
+  ``workers/rollout_sglang.py``) on the rollout GPUs, placed by RLinf's
   ``ModelParallelComponentPlacement`` exactly as RLinf's runners place it (one engine per
   ``rollout.tensor_parallel_size`` GPUs; collocated with the actor or disaggregated, as
   ``config/placement.py:mode_of_ranks`` says);
@@ -25,6 +25,7 @@ from rlinf.utils.placement import ModelParallelComponentPlacement
 from rlinf_ext.config import to_dictconfig
 from rlinf_ext.config.placement import COLLOCATED, PlacementError, PlacementMode, component_ranks, mode_of_ranks
 from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.protocol.engines import ENGINE_KEY, engine_spec, missing_packages
 from rlinf_ext.runner.groups import (
     Placement,
     WorkerGroups,
@@ -37,8 +38,6 @@ from rlinf_ext.training.data_parallel import unsupported_model_parallelism
 from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.reward import RewardWorker
-from rlinf_ext.workers.rollout_sglang import rollout_worker_class
-from rlinf_ext.workers.rollout_vllm import VLLMRolloutWorker
 from rlinf_ext.sync.weight_sync import SyncRoutes
 
 
@@ -140,8 +139,8 @@ def gpu_layout(cfg: ExperimentConfig, num_gpus: int, gpus_per_node: int | None =
 
 
 def weight_sync_routes(layout: GpuLayout) -> SyncRoutes:
-    """Collocated: each actor rank hands its weights to the engine on its own GPU (CUDA IPC); disaggregated:
-    actor rank 0 broadcasts them to every engine (``sync/weight_sync.py``)."""
+    """Who sends to whom: collocated, each actor rank to the engine on its own GPU; disaggregated, actor rank 0 to
+    every engine (``sync/weight_sync.py``). The transport of each is the engine's (``EngineSpec.route``)."""
     mode = "paired" if layout.mode == "collocated" else "broadcast"
     return SyncRoutes(mode, layout.actor_dp_size, layout.rollout_dp_size, layout.rollout_tp)
 
@@ -154,11 +153,13 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
     except GpuLayoutError as exc:
         raise WorkerStartupError("placement", exc) from exc
     check_actor_data_parallel(cfg, layout.actor_dp_size)
-    vllm = cfg.rollout.rollout_backend == "vllm"
-    try:
-        rollout_cls = VLLMRolloutWorker if vllm else rollout_worker_class(cfg)
-    except Exception as exc:  # hf backend, or sglang missing
-        raise WorkerStartupError("rollout", exc) from exc
+    engine = engine_spec(cfg)
+    missing = missing_packages(engine, saver=layout.mode == COLLOCATED and not cfg.rollout.enforce_eager)
+    if not engine.runs_on(gpu=True) or missing:
+        raise WorkerStartupError("rollout", f"{ENGINE_KEY}={engine.name} cannot run on these GPUs"
+                                 + (f" ({', '.join(missing)} missing). Fix: on every GPU node, {engine.install_fix}."
+                                    if missing else f". Fix: set {ENGINE_KEY}=vllm."))
+    rollout_cls = engine.load("rollout_worker")
     print(f"[groups] GPU layout: {layout.describe()}", flush=True)
     rlinf_cfg = to_dictconfig(cfg)  # RLinf's placement reads a DictConfig
     try:

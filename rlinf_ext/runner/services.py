@@ -6,7 +6,6 @@ before anything starts; every one stops on success, error and Ctrl-C / SIGTERM.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import sys
@@ -17,7 +16,6 @@ from pathlib import Path
 from typing import Iterator
 
 import ray
-import torch
 from rlinf.scheduler import Cluster
 
 from rlinf_ext.config import to_dictconfig
@@ -25,15 +23,15 @@ from rlinf_ext.config.placement import component_ranks
 from rlinf_ext.config.memory_plan import VL_MODEL_TYPE
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.protocol.agents import agent_spec
-from rlinf_ext.generation.sglang_engine import (
-    GPU_INSTALL_FIX,
-    SGLANG_INSTALL_FIX,
-    SGLangEngineGenerator,
-    SGLangUnavailable,
-    engine_kwargs,
-    sglang_installed,
-    usable_gpus,
+from rlinf_ext.protocol.engines import (
+    ENGINE_KEY,
+    ENGINES,
+    EngineUnavailable,
+    engine_spec,
+    make_generator,
+    missing_packages,
 )
+from rlinf_ext.protocol.generation import Generator
 from rlinf_ext.retrieval.launch import RetrievalServerError, RetrievalServerProcess
 from rlinf_ext.runner.cluster import (
     JOIN_FIX,
@@ -260,78 +258,59 @@ def retrieval_server(cfg: ExperimentConfig, log_path: Path, startup_timeout: flo
         process.stop()
 
 
-# ---------------------------------------------------------------- the GPU extra
+# ---------------------------------------------------------------- the engine's GPU profile
 def missing_gpu_packages(cfg: ExperimentConfig) -> list[str]:
-    """The GPU-extra packages a training run on this config needs and cannot find (none on a CPU cluster).
-    Found without importing them (importing sglang initialises CUDA)."""
-    backend = cfg.rollout.rollout_backend
-    if cfg.cluster.num_gpus_per_node < 1 or backend not in ("sglang", "vllm"):
+    """The packages a training run on this config needs from its engine's GPU profile and cannot find (none on a
+    CPU cluster). Found without importing them (importing sglang initialises CUDA)."""
+    if cfg.cluster.num_gpus_per_node < 1:
         return []
-    needed = [backend]
-    if backend == "sglang" and not cfg.rollout.enforce_eager:  # SGLang's memory saver (collocated actor)
-        needed.append("torch_memory_saver")
-    return [name for name in needed if importlib.util.find_spec(name) is None]
+    return missing_packages(engine_spec(cfg), saver=not cfg.rollout.enforce_eager)
 
 
 def check_training_backend(cfg: ExperimentConfig) -> None:
-    """Refuse, before anything starts, a GPU run whose GPU extra is not installed on this node (and say that
+    """Refuse, before anything starts, a GPU run whose engine profile is not installed on this node (and say that
     MMSearch-R1's GPU path is not GPU-verified)."""
-    if cfg.rollout.model.model_type == VL_MODEL_TYPE and cfg.rollout.rollout_backend != "hf":
-        print("[launch] WARNING: a vision-language model on SGLang or vLLM (images in every request, banned-id logit processor, "
-              "multimodal sync probe) and the FSDP2 actor on CUDA are written but NOT GPU-verified.", flush=True)
+    spec = engine_spec(cfg)
+    if cfg.rollout.model.model_type == VL_MODEL_TYPE and spec.runs_on(gpu=True):
+        print(f"[launch] WARNING: a vision-language model on {spec.title} (images in every request, banned-id logit "
+              "processor, multimodal sync probe) and the FSDP2 actor on CUDA are written but NOT GPU-verified.",
+              flush=True)
     missing = missing_gpu_packages(cfg)
     if missing:
         raise LaunchError(
-            f"cluster.num_gpus_per_node={cfg.cluster.num_gpus_per_node} with rollout.rollout_backend="
-            f"{cfg.rollout.rollout_backend} needs "
-            f"its GPU profile, but {', '.join(missing)} cannot be imported here. Fix: "
-            f"{SGLANG_INSTALL_FIX if cfg.rollout.rollout_backend == 'sglang' else GPU_INSTALL_FIX} on every "
-            "node; or use the CPU profile (cluster.num_gpus_per_node=0, rollout.rollout_backend=hf)."
+            f"cluster.num_gpus_per_node={cfg.cluster.num_gpus_per_node} with {ENGINE_KEY}={spec.name} needs its GPU "
+            f"profile, but {', '.join(missing)} cannot be imported here. Fix: {spec.install_fix} on every node; or "
+            f"use the CPU profile (cluster.num_gpus_per_node=0, {ENGINE_KEY}=hf)."
         )
 
 
 # ---------------------------------------------------------------- the evaluation engine (rlinf-ext eval)
 def check_evaluation_backend(cfg: ExperimentConfig) -> None:
-    """Refuse, before anything starts, a ``rollout.rollout_backend`` that ``rlinf-ext eval`` cannot run here.
-
-    ``vllm``: vLLM in this process (the rollout's engine; CPU or this node's GPUs). ``hf``: the in-process CPU
-    transformers engine. ``sglang``: an in-process SGLang engine on this node's GPUs (``generation/sglang_engine.py``;
-    needs a CUDA device and the GPU extras).
-    """
-    backend = cfg.rollout.rollout_backend
-    spec = agent_spec(cfg)
-    if backend not in spec.eval_backends:
+    """Refuse, before anything starts, an engine that ``rlinf-ext eval`` cannot run here: one whose entry builds no
+    evaluation for the agent's modality, or whose own check (``EngineSpec.eval_preflight``) fails."""
+    spec, agent = engine_spec(cfg), agent_spec(cfg)
+    if not spec.evaluates(agent.vision):
+        able = [name for name, s in ENGINES.items() if s.evaluates(agent.vision)]
         raise LaunchError(
-            f"rollout.rollout_backend={backend!r} with agentloop.agent={spec.name}: `rlinf-ext eval` runs "
-            f"{spec.title} on {', '.join(spec.eval_backends)} only. Fix: set rollout.rollout_backend="
-            f"{spec.eval_backends[0]}."
+            f"{ENGINE_KEY}={spec.name!r} with agentloop.agent={agent.name}: `rlinf-ext eval` runs {agent.title} on "
+            f"{', '.join(able)} only. Fix: set {ENGINE_KEY}={able[0]}."
         )
-    if backend == "sglang":
-        if not torch.cuda.is_available():
-            raise LaunchError(
-                "rollout.rollout_backend='sglang' evaluates on GPUs, but no CUDA device is visible here. Fix: run "
-                f"`rlinf-ext eval` on a GPU node with the SGLang profile ({SGLANG_INSTALL_FIX}), or set "
-                "rollout.rollout_backend=hf to evaluate on CPU."
-            )
-        if not sglang_installed():
-            raise LaunchError(
-                f"rollout.rollout_backend='sglang': sglang is not installed. Fix: {SGLANG_INSTALL_FIX}, or set "
-                "rollout.rollout_backend=hf to evaluate on CPU."
-            )
-        try:  # GPUs placed vs visible, TP size, precision: known before anything starts
-            engine_kwargs(cfg, usable_gpus(cfg, torch.cuda.device_count()))
-        except SGLangUnavailable as exc:
+    if spec.eval_preflight:
+        try:
+            spec.load("eval_preflight")(cfg)
+        except EngineUnavailable as exc:
             raise LaunchError(f"rollout: {exc}") from exc
 
 
-def start_evaluation_generator(cfg: ExperimentConfig) -> SGLangEngineGenerator | None:
-    """The ``Generator`` ``rlinf-ext eval`` passes to ``run_evaluation``: None for ``hf`` (it builds
-    the CPU engine itself), a started ``SGLangEngineGenerator`` for ``sglang`` (the caller closes it)."""
-    if cfg.rollout.rollout_backend != "sglang":
+def start_evaluation_generator(cfg: ExperimentConfig) -> Generator | None:
+    """The ``Generator`` ``rlinf-ext eval`` passes to ``run_evaluation``: a started one (the caller closes it) for an
+    engine the launcher owns (``EngineSpec.started_by_launcher``: SGLang), else None (the agent's runner builds it)."""
+    spec = engine_spec(cfg)
+    if not spec.started_by_launcher:
         return None
     try:
-        return SGLangEngineGenerator.from_config(cfg)
-    except SGLangUnavailable as exc:
+        return make_generator(cfg, agent_spec(cfg).vision)
+    except EngineUnavailable as exc:
         raise LaunchError(f"rollout: {exc}") from exc
-    except Exception as exc:  # SGLang's own start-up failures (CUDA OOM, bad model dir, ...)
-        raise LaunchError(f"rollout: the SGLang engine failed to start: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # the engine's own start-up failures (CUDA OOM, bad model dir, ...)
+        raise LaunchError(f"rollout: the {spec.title} engine failed to start: {type(exc).__name__}: {exc}") from exc

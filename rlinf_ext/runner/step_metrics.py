@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rlinf_ext.protocol import metric_keys as mk
+from rlinf_ext.protocol.engines import engine_spec
 from rlinf_ext.runner.groups import wait_or_raise
 from rlinf_ext.runner.metrics import engine_mismatch_step
 from rlinf_ext.runner.pipeline import BatchPipeline, RolledOutBatch
@@ -89,9 +90,9 @@ def flow_metrics(batch: RolledOutBatch, outs: Sequence[AgentLoopOutput], traject
 
 
 def engine_counts_mismatches(cfg: Any) -> bool:
-    """Whether the rollout engine counts prompts it expanded differently from the agent loop's ids: vLLM and
-    SGLang with images (they expand each image's pads themselves; the HF engine takes the ids as they are)."""
-    return cfg.rollout.model.model_type == "qwen2.5_vl" and cfg.rollout.rollout_backend != "hf"
+    """Whether the rollout engine counts prompts it expanded differently from the agent loop's ids: with images, on
+    an engine that expands each image's pads itself (``EngineSpec.recounts_image_pads``: vLLM, SGLang)."""
+    return cfg.rollout.model.model_type == "qwen2.5_vl" and engine_spec(cfg).recounts_image_pads
 
 
 class EngineCounters:

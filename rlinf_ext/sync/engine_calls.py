@@ -21,7 +21,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rlinf_ext.config.placement import PlacementError, PlacementMode, component_ranks, placement_mode
+from rlinf_ext.config.placement import PlacementError, component_ranks, placement_mode
+from rlinf_ext.protocol.engines import engine_spec
 from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes, WeightSyncError
 
 SYNC_TIMEOUT_S = 600.0  # one whole transfer (rendezvous, wake-up, every bucket) or one control call
@@ -42,17 +43,17 @@ class EngineReply:
 
 
 # ------------------------------------------------------------------------------------------------ choices (pure)
-def engine_placement(cfg: Any, cuda: bool, engine: str) -> PlacementMode | None:
-    """Where this run's ``engine`` rollout sits against the actor (``config/placement.py:placement_mode``); None
-    off GPUs, for another engine, or without an actor (evaluation: no weights ever arrive)."""
-    if not cuda or str(cfg.rollout.rollout_backend) != engine:
+def gpu_route(cfg: Any, cuda: bool) -> str | None:
+    """The weight-sync route of this run's engine on GPUs (``EngineSpec.route`` of where it sits against the actor:
+    ``config/placement.py:placement_mode``); None off GPUs, or without an actor (evaluation: no weights arrive)."""
+    if not cuda:
         return None
     try:
         placed = component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * cfg.cluster.num_gpus_per_node)
         mode = placement_mode(cfg)
     except PlacementError:
         return None  # validate reports the placement
-    return mode if "actor" in placed else None
+    return engine_spec(cfg).route(collocated=mode == "collocated") if "actor" in placed else None
 
 
 def nccl_world_size(routes: SyncRoutes) -> int:

@@ -28,7 +28,7 @@ from rlinf_ext.sync.engine_calls import (
     SYNC_TIMEOUT_S,
     EngineCallClient,
     engine_init_info,
-    engine_placement,
+    gpu_route,
     nccl_rendezvous,
     nccl_world_size,
     run_with_timeout,
@@ -36,6 +36,7 @@ from rlinf_ext.sync.engine_calls import (
 from rlinf_ext.models.memory import BUCKET_BYTES
 from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes
 
+DISTRIBUTED = "distributed"  # the SGLang entry's disaggregated route (protocol/engines.py), carried here
 GROUP_NAME = "rlinf_ext_weight_update"
 INIT_GROUP = "init_weights_update_group"
 UPDATE_DISTRIBUTED = "update_weights_from_distributed"
@@ -46,7 +47,7 @@ SGLANG_CALLS = (INIT_GROUP, UPDATE_DISTRIBUTED)
 def uses_sglang_distributed(cfg: Any, cuda: bool) -> bool:
     """This route: SGLang rollout on GPUs apart from the actor's (collocated SGLang keeps the CUDA-IPC route of
     ``sync/weight_sync.py``; evaluation has no actor)."""
-    return engine_placement(cfg, cuda, "sglang") == "disaggregated"
+    return gpu_route(cfg, cuda) == DISTRIBUTED
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -39,7 +39,7 @@ from rlinf_ext.sync.engine_calls import (
     SYNC_TIMEOUT_S,
     EngineCallClient,
     engine_init_info,
-    engine_placement,
+    gpu_route,
     nccl_rendezvous,
     nccl_world_size,
     run_with_timeout,
@@ -48,6 +48,7 @@ from rlinf_ext.models.memory import BUCKET_BYTES
 from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes, release_cuda_cache
 
 TransferBackend = Literal["ipc", "nccl"]
+TRANSFER_BACKENDS = ("ipc", "nccl")  # the routes of the vLLM entry (protocol/engines.py) this module carries
 INIT = "init_weight_transfer_engine"
 START = "start_weight_update"
 UPDATE = "update_weights"
@@ -60,8 +61,8 @@ def transfer_backend(cfg: Any, cuda: bool) -> TransferBackend | None:
     """vLLM's backend for this run: ``ipc`` when actor and rollout share GPUs, ``nccl`` when they are apart, None
     off GPUs, for another engine (the RLinf routes of ``sync/weight_sync.py`` and vLLM's in-place reload) or
     without an actor (evaluation)."""
-    placed = engine_placement(cfg, cuda, "vllm")
-    return None if placed is None else ("ipc" if placed == "collocated" else "nccl")
+    route = gpu_route(cfg, cuda)
+    return route if route in TRANSFER_BACKENDS else None
 
 
 # ------------------------------------------------------------------------------------------------ actor side

@@ -34,8 +34,9 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator, Literal
 
 import torch
 
-from rlinf_ext.models.dtypes import dtype_of_hf_name, dtype_of_precision
+from rlinf_ext.models.dtypes import PRECISIONS, dtype_of_hf_name, dtype_of_precision
 from rlinf_ext.models.memory import BUCKET_BYTES
+from rlinf_ext.protocol.engines import engine_dtype, engine_spec
 
 PROBE_LENGTH = 16
 DEFAULT_ATOL = 1e-3  # fp32 on both sides differs by summation order only (~1e-6); bf16 engines need more
@@ -355,12 +356,10 @@ async def receive_weights(worker: Any, routes: SyncRoutes, load: Load, *, actor_
 # ------------------------------------------------------------------------------------------------ checks
 def rollout_dtype(cfg) -> torch.dtype:
     """The dtype the rollout engine holds its weights in, so the actor sends them already cast (half the bytes
-    of fp32 master weights for a bf16/fp16 engine): ``rollout.hf.dtype`` for the CPU transformers engine,
-    ``rollout.model.precision`` for SGLang."""
-    rollout = cfg.rollout
-    if str(rollout.rollout_backend) == "hf":
-        return dtype_of_hf_name(str(rollout.hf.dtype), "rollout.hf.dtype")
-    return dtype_of_precision(str(rollout.model.precision), "rollout.model.precision")
+    of fp32 master weights for a bf16/fp16 engine): the value of its entry's ``dtype_key`` (``rollout.hf.dtype``
+    for the CPU transformers engine, ``rollout.model.precision`` for the others)."""
+    name, key = engine_dtype(cfg), engine_spec(cfg).dtype_key
+    return dtype_of_precision(name, key) if name in PRECISIONS else dtype_of_hf_name(name, key)
 
 
 def probe_ids(vocab_size: int, length: int = PROBE_LENGTH, seed: int = 0) -> torch.Tensor:

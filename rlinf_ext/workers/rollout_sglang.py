@@ -43,9 +43,8 @@ import torch
 from rlinf.scheduler import Worker
 
 from rlinf_ext.config.placement import is_collocated
-from rlinf_ext.config.rules.hardware import SGLANG_VERSION, installed_sglang
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.generation.sglang_engine import SGLANG_INSTALL_FIX, SGLangUnavailable, load_engine_class, server_kwargs
+from rlinf_ext.generation.sglang_engine import load_engine_class, server_kwargs
 from rlinf_ext.generation.sglang_vl import disallowed_tokens_processor, mm_request, retokenize_mismatch, vl_server_overrides
 from rlinf_ext.generation.sglang_wire import INPUT_TOKEN_LOGPROBS, hf_eos_ids, result_of_sglang, to_sglang_params
 from rlinf_ext.models.qwen2 import load_hf_config_dict
@@ -438,15 +437,3 @@ class SGLangRolloutWorker(SGLangRolloutState, Worker):
     def shutdown_engine(self) -> None:
         if self.control is not None:
             self.control.shutdown()
-
-
-def rollout_worker_class(cfg: ExperimentConfig):
-    """The SGLang rollout worker class, refused where the SGLang profile is not installed (names the install)."""
-    backend = cfg.rollout.rollout_backend
-    if backend != "sglang":
-        raise ValueError(f"rollout.rollout_backend={backend!r} is not SGLang (the vLLM worker is workers/rollout_vllm.py).")
-    found = installed_sglang()
-    if found != SGLANG_VERSION:
-        raise SGLangUnavailable(f"rollout.rollout_backend=sglang needs sglang {SGLANG_VERSION}, found "
-                                f"{found or 'none'}. Fix: on every GPU node, {SGLANG_INSTALL_FIX}.")
-    return SGLangRolloutWorker

@@ -77,7 +77,7 @@ def test_an_agents_own_rules_run_only_when_it_is_chosen():
 
 
 SPEC = AgentSpec(name="echo", title="Echo", stops=("</answer>",), vision=False, reward_scorings=("em",),
-                 eval_backends=("hf",), rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
+                 rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
                  dataset="rlinf_ext.data.prompts:build_prompt_datasets",
                  reward="rlinf_ext.rewards.searchr1:searchr1_reward")
 NOT_A_SPEC = object()

@@ -220,8 +220,12 @@ def test_cpu_cluster_places_processes_on_nodes(reference_env):
 
 def test_gpu_backend_on_cpu_cluster(reference_env):
     assert_issue(
-        "tiny-cpu", ["rollout.rollout_backend=sglang"], "rollout.rollout_backend", "rollout.rollout_backend=hf"
+        "tiny-cpu", ["rollout.rollout_backend=sglang"], "rollout.rollout_backend", "rollout.rollout_backend=vllm"
     )
+
+
+def test_cpu_engine_on_gpu_cluster(reference_env):
+    assert_issue("qwen2.5-3b-tool-1node", ["rollout.rollout_backend=hf"], "rollout.rollout_backend", "CPU only")
 
 
 def test_vllm_serves_both_agents(reference_env):

@@ -52,8 +52,8 @@ def test_wrong_types():
     by_key = {i.key: i for i in result.issues}
     assert "expected int" in by_key["data.rollout_batch_size"].reason
     assert "expected bool" in by_key["rollout.detokenize"].reason
-    assert "'sglang' | 'vllm' | 'hf'" in by_key["rollout.rollout_backend"].reason
-    assert "allowed: sglang, vllm, hf" in by_key["rollout.rollout_backend"].fix
+    assert "'vllm' | 'hf' | 'sglang'" in by_key["rollout.rollout_backend"].reason
+    assert "allowed: vllm, hf, sglang" in by_key["rollout.rollout_backend"].fix
     assert "list[str]" in by_key["data.val_data_paths"].reason
     assert len(result.issues) == 4  # rules reading bad keys are skipped, not reported twice
 

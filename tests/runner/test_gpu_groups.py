@@ -16,10 +16,12 @@ from rlinf.utils.placement import ModelParallelComponentPlacement
 from signature_checks import attributes_of, bind_like, checked_against
 
 from rlinf_ext.config import load_config
+from rlinf_ext.protocol.engines import EngineSpec
 from rlinf_ext.runner.compose import launch_worker_groups
 from rlinf_ext.runner.gpu_groups import GpuLayoutError, gpu_layout, packed_process_gpus
 from rlinf_ext.runner.groups import WorkerStartupError
 from rlinf_ext.workers.rollout_sglang import SGLangRolloutWorker
+from rlinf_ext.workers.rollout_vllm import VLLMRolloutWorker
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
 # where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
@@ -178,7 +180,8 @@ def test_gpu_wiring_places_the_sglang_rollout_and_one_actor_process_per_gpu(ref_
 
     Recorder.launched = {}
     ref_cfg.rollout.rollout_backend = "sglang"
-    monkeypatch.setattr(gpu_groups, "rollout_worker_class", lambda cfg: Recorder("rollout", SGLangRolloutWorker))
+    monkeypatch.setattr(gpu_groups, "missing_packages", lambda spec, saver: [])  # as on a node with the profile
+    monkeypatch.setattr(EngineSpec, "load", lambda spec, part: Recorder("rollout", SGLangRolloutWorker))
     monkeypatch.setattr(gpu_groups, "ModelParallelComponentPlacement", FakeRLinfPlacement)
     monkeypatch.setattr(gpu_groups, "ActorWorker", Recorder("actor", gpu_groups.ActorWorker))
     monkeypatch.setattr(gpu_groups, "RewardWorker", Recorder("reward", gpu_groups.RewardWorker))
@@ -206,15 +209,17 @@ def test_gpu_wiring_gives_the_vllm_worker_the_experiment_config(ref_cfg, monkeyp
 
     Recorder.launched = {}
     ref_cfg.rollout.rollout_backend = "vllm"
-    monkeypatch.setattr(gpu_groups, "rollout_worker_class", lambda cfg: pytest.fail("the SGLang class was asked for"))
-    monkeypatch.setattr(gpu_groups, "VLLMRolloutWorker", Recorder("rollout", gpu_groups.VLLMRolloutWorker))
+    monkeypatch.setattr(gpu_groups, "missing_packages", lambda spec, saver: [])  # as on a node with the gpu extra
+    loaded = []
+    monkeypatch.setattr(EngineSpec, "load", lambda spec, part: loaded.append((spec.name, part)) or Recorder(
+        "rollout", VLLMRolloutWorker))
     monkeypatch.setattr(gpu_groups, "ModelParallelComponentPlacement", FakeRLinfPlacement)
     for name in ("ActorWorker", "RewardWorker", "AgentLoopWorker"):
         monkeypatch.setattr(gpu_groups, name, Recorder(name, getattr(gpu_groups, name)))
     launch_worker_groups(ref_cfg, FakeGpuCluster(), total_train_steps=7)
     rollout = Recorder.launched["rollout"]
     assert rollout["args"] == (ref_cfg,) and rollout["kwargs"] == {"verify_sync": True}
-    assert rollout["strategy"] == "rlinf-rollout-strategy"
+    assert rollout["strategy"] == "rlinf-rollout-strategy" and loaded == [("vllm", "rollout_worker")]
 
 
 def test_gpu_launch_refuses_a_batch_the_actor_ranks_cannot_share(ref_cfg):

@@ -120,15 +120,13 @@ def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(t
 
     import ray
 
-    from rlinf_ext.runner import services
-
     def must_not_run(*_a, **_k):
         raise AssertionError("the launcher went past the GPU-extra check")
 
     for name in ("prepare_tiny_assets", "ensure_index", "retrieval_server", "rlinf_cluster", "print_plan"):
         monkeypatch.setattr(f"rlinf_ext.runner.launch.{name}", must_not_run)
     found = importlib.util.find_spec
-    monkeypatch.setattr(services.importlib.util, "find_spec",
+    monkeypatch.setattr(importlib.util, "find_spec",
                         find_spec_answering(lambda name, package: None if name == "vllm" else found(name, package)))
     with pytest.raises(LaunchError) as info:
         run_training("qwen2.5-3b-tool-1node", _reference_overrides(tmp_path))
@@ -140,18 +138,19 @@ def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(t
 
 
 def test_the_gpu_extra_check_names_only_what_is_missing(tmp_path, monkeypatch):
+    from rlinf_ext.protocol import engines
     from rlinf_ext.runner import services
     from rlinf_ext.runner.prepare import load_checked_config
 
     cfg = load_checked_config("qwen2.5-3b-tool-1node", _reference_overrides(tmp_path))
-    monkeypatch.setattr(services.importlib.util, "find_spec", find_spec_answering(lambda name, package: None))
+    monkeypatch.setattr(engines.importlib.util, "find_spec", find_spec_answering(lambda name, package: None))
     assert services.missing_gpu_packages(cfg) == ["vllm"]
-    monkeypatch.setattr(services.importlib.util, "find_spec",
+    monkeypatch.setattr(engines.importlib.util, "find_spec",
                         find_spec_answering(lambda name, package: None if name == "vllm" else object()))
     assert services.missing_gpu_packages(cfg) == ["vllm"]
-    monkeypatch.setattr(services.importlib.util, "find_spec", find_spec_answering(lambda name, package: object()))
+    monkeypatch.setattr(engines.importlib.util, "find_spec", find_spec_answering(lambda name, package: object()))
     assert services.missing_gpu_packages(cfg) == []
-    monkeypatch.setattr(services.importlib.util, "find_spec", find_spec_answering(lambda name, package: None))
+    monkeypatch.setattr(engines.importlib.util, "find_spec", find_spec_answering(lambda name, package: None))
     cfg.cluster.num_gpus_per_node = 0  # a CPU cluster needs none of it
     assert services.missing_gpu_packages(cfg) == []
 

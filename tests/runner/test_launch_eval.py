@@ -14,7 +14,7 @@ from signature_checks import checked_against
 
 from rlinf_ext.generation import sglang_engine as sglang_generator
 from rlinf_ext.protocol.generation import SamplingParams
-from rlinf_ext.runner import launch, services
+from rlinf_ext.runner import launch
 from rlinf_ext.runner.errors import LaunchError
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
@@ -72,7 +72,7 @@ def test_sglang_eval_without_cuda_is_refused_before_anything_starts(monkeypatch)
 def test_sglang_eval_without_sglang_names_the_install(monkeypatch):
     reference_eval_env(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", cuda_answering(torch.cuda.is_available, True))
-    monkeypatch.setattr(services, "sglang_installed", lambda: False)
+    monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: False)
     with pytest.raises(LaunchError, match=r"sglang is not installed\. Fix: bash scripts/install\.sh --sglang"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
 
@@ -81,30 +81,42 @@ def test_sglang_eval_with_too_few_visible_gpus_is_refused(monkeypatch):
     reference_eval_env(monkeypatch)  # the reference places the rollout on all 8 GPUs of the node
     monkeypatch.setattr(torch.cuda, "is_available", cuda_answering(torch.cuda.is_available, True))
     monkeypatch.setattr(torch.cuda, "device_count", cuda_answering(torch.cuda.device_count, 4))
-    monkeypatch.setattr(services, "sglang_installed", lambda: True)
+    monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: True)
     with pytest.raises(LaunchError, match=r"GPUs 0-7, but only 4 CUDA device"):
         launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
 
 
 def test_vllm_eval_of_the_vision_language_agent_starts_the_vl_engine(monkeypatch):
-    """``rollout_backend: vllm`` evaluates MMSearch-R1 on vLLM's VL engine (``generation/vllm_vl.py``), SGLang is
-    refused with the fix. The engine start is recorded, not run: this process has loaded bm25s (numba), beside
-    which vLLM's CPU engine cannot start; the real start is in tests/generation/test_vllm_vl.py."""
+    """``rollout_backend: vllm`` evaluates MMSearch-R1 on vLLM's VL engine (``generation/vllm_vl.py``: the entry's
+    ``vl_generator``), SGLang is refused with the fix. The engine start is recorded, not run: this process has
+    loaded bm25s (numba), beside which vLLM's CPU engine cannot start; the real start is in
+    tests/generation/test_vllm_vl.py."""
     from rlinf_ext.config import load_config
-    from rlinf_ext.eval.core.runner import EvalError
-    from rlinf_ext.eval.mmsearch import runner as mm_runner
+    from rlinf_ext.eval.core.runner import EvalError, build_generator
+    from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 
     started = []
-    monkeypatch.setattr(mm_runner.VLLMVLGenerator, "start",
-                        staticmethod(lambda options, **kw: started.append((options, kw)) or "engine"))
+    monkeypatch.setattr(VLLMVLGenerator, "start",
+                        classmethod(lambda cls, options, **kw: started.append((cls, options, kw)) or "engine"))
     cfg = load_config("tiny-mm-cpu-eval", ["rollout.rollout_backend=vllm", "rollout.model.model_path=/m/vl"],
                       strict=False)
-    assert mm_runner.build_vl_generator(cfg) == "engine"
-    (options, kw), = started
-    assert options.model_path == "/m/vl" and options.in_process and kw == {"seed": int(cfg.runner.seed)}
+    assert build_generator(cfg, vision=True) == "engine"
+    (cls, options, kw), = started
+    assert cls is VLLMVLGenerator and options.model_path == "/m/vl" and options.in_process
+    assert kw == {"seed": int(cfg.runner.seed), "return_logprobs": bool(cfg.rollout.return_logprobs)}
     cfg.rollout.rollout_backend = "sglang"
     with pytest.raises(EvalError, match="rollout_backend=vllm"):
-        mm_runner.build_vl_generator(cfg)
+        build_generator(cfg, vision=True)
+
+
+def test_a_direct_evaluation_refuses_the_engine_the_launcher_owns():
+    """``run_evaluation(cfg)`` without a generator on SGLang: its engine subprocesses are the launcher's to stop."""
+    from rlinf_ext.config import load_config
+    from rlinf_ext.eval.core.runner import EvalError, build_generator
+
+    cfg = load_config("tiny-cpu-eval", ["rollout.rollout_backend=sglang"], strict=False)
+    with pytest.raises(EvalError, match="pass a started SGLang generator"):
+        build_generator(cfg, vision=False)
 
 
 class FakeEngine(RecordingEngine):
@@ -128,7 +140,7 @@ def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets_registry, 
     engines: list[FakeEngine] = []
     monkeypatch.setattr(torch.cuda, "is_available", cuda_answering(torch.cuda.is_available, True))
     monkeypatch.setattr(torch.cuda, "device_count", cuda_answering(torch.cuda.device_count, 2))
-    monkeypatch.setattr(services, "sglang_installed", lambda: True)
+    monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: True)
     monkeypatch.setattr(sglang_generator, "load_engine_class",
                         lambda: lambda **kw: engines.append(FakeEngine(sglang_source, **kw)) or engines[-1])
     monkeypatch.setattr(launch, "prepare_tiny_assets", lambda cfg: None)

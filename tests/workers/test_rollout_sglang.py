@@ -38,7 +38,6 @@ from rlinf_ext.workers.rollout_sglang import (
     SGLangRolloutState,
     rank_payloads,
     reduction_of,
-    rollout_worker_class,
 )
 
 
@@ -265,18 +264,6 @@ def test_serving_loop_sends_the_shared_reply_and_merges_the_config(engine_of):
     assert items["a"] == {"output_ids": [4, 7], "text": "<4><7>", "finish_reason": "eos", "matched_stop": None,
                           "logprobs": None, "num_generated": 2, "weight_version": 0}  # the engine's first weights
     assert "unknown sampling params" in items["b"]["error"] and w.requests_served == 1
-
-
-def test_the_worker_class_needs_the_sglang_profile(monkeypatch):
-    from rlinf_ext.config.rules.hardware import SGLANG_VERSION
-    from rlinf_ext.generation.sglang_engine import SGLangUnavailable
-
-    cfg = SimpleNamespace(rollout=SimpleNamespace(rollout_backend="sglang"))
-    monkeypatch.setattr("rlinf_ext.workers.rollout_sglang.installed_sglang", lambda: None)
-    with pytest.raises(SGLangUnavailable, match="bash scripts/install.sh --sglang"):
-        rollout_worker_class(cfg)
-    monkeypatch.setattr("rlinf_ext.workers.rollout_sglang.installed_sglang", lambda: SGLANG_VERSION)
-    assert rollout_worker_class(cfg).__name__ == "SGLangRolloutWorker"
 
 
 # ------------------------------------------------------------------------------------------------ flush before reopen

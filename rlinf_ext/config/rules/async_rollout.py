@@ -12,6 +12,7 @@ from rlinf_ext.config.rule_registry import is_training, rule
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
 from rlinf_ext.protocol.agents import MMSEARCH
+from rlinf_ext.protocol.engines import ENGINE_KEY, engine_spec, engines_with
 
 KEY = "runner.max_staleness"
 
@@ -75,10 +76,9 @@ def staleness_needs_aligned_logprobs(cfg: ExperimentConfig) -> Iterator[ConfigIs
 
 
 PARTIAL = "runner.partial_rollout"
-PARTIAL_BACKENDS = ("hf",)  # the engines whose turns a sync can cut (vLLM's keep pause and SGLang's: not wired yet)
 
 
-@rule(PARTIAL, KEY, "runner.task_type", "rollout.rollout_backend")
+@rule(PARTIAL, KEY, "runner.task_type", ENGINE_KEY)
 def partial_rollout_needs_batches_ahead(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """A sync cuts turns in flight only when batches are in flight during it (k >= 1), and only on an engine that
     stops between decode steps."""
@@ -88,11 +88,11 @@ def partial_rollout_needs_batches_ahead(cfg: ExperimentConfig) -> Iterator[Confi
         yield ConfigIssue(PARTIAL, f"{PARTIAL}=true at {KEY}={cfg.runner.max_staleness}: no turn is in flight when "
                           "the weights sync (the synchronous order), so there is nothing to cut.",
                           f"set {KEY}=1 or more, or {PARTIAL}=false.")
-    backend = cfg.rollout.rollout_backend
-    if backend not in PARTIAL_BACKENDS:
-        yield ConfigIssue(PARTIAL, f"{PARTIAL}=true with rollout.rollout_backend={backend}: this engine's turns "
-                          "cannot be cut by a sync yet (only " + ", ".join(PARTIAL_BACKENDS) + "'s).",
-                          f"set rollout.rollout_backend=hf, or {PARTIAL}=false (the sync then waits for the turns).")
+    engine, able = engine_spec(cfg), engines_with("partial_rollout")
+    if not engine.partial_rollout:  # vLLM's keep pause and SGLang's: not wired yet
+        yield ConfigIssue(PARTIAL, f"{PARTIAL}=true with {ENGINE_KEY}={engine.name}: this engine's turns "
+                          "cannot be cut by a sync yet (only " + ", ".join(able) + "'s).",
+                          f"set {ENGINE_KEY}={able[0]}, or {PARTIAL}=false (the sync then waits for the turns).")
 
 
 @rule("runner.in_flight_batches", KEY)

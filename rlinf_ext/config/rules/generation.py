@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from rlinf_ext.config.rule_registry import rule
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
+from rlinf_ext.protocol.engines import ENGINE_KEY, engine_spec
 
 
 @rule("algorithm.sampling_params.stop", "rollout.detokenize")
@@ -22,34 +23,22 @@ def stop_needs_detokenize(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
-# What each engine returns as the sampled token's log-prob when top-p, top-k or a repetition penalty is on: never
-# both the distribution it sampled from and the actor's log-softmax(logits / temperature)
-ENGINE_LOGPROBS = {
-    "vllm": "the log-probs of its processed distribution (generation/vllm_wire.py: logprobs_mode=processed_logprobs, "
-            "after the penalty and the top-k / top-p truncation), which the actor's recompute never applies",
-    "sglang": "log_softmax(logits / temperature) after its penalties and before its top-k / top-p filters "
-              "(SGLANG_RETURN_ORIGINAL_LOGPROB off): neither the distribution it sampled from nor the actor's",
-    "hf": "log_softmax(raw logits / temperature) (generation/hf.py: output_logits), before the repetition penalty "
-          "and the top-k / top-p filters it samples with: not the distribution it sampled from",
-}
-
-
-@rule("rollout.return_logprobs", "rollout.rollout_backend", "algorithm.sampling_params.top_p",
+@rule("rollout.return_logprobs", ENGINE_KEY, "algorithm.sampling_params.top_p",
       "algorithm.sampling_params.top_k", "algorithm.sampling_params.repetition_penalty")
 def engine_logprobs_mean_the_actors(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """The engine's log-probs are pi_behav of the behaviour weight pi_prox / pi_behav: the log-prob of the
     distribution the token was sampled from, comparable with the actor's log-softmax(logits / temperature). With
-    top-k / top-p / a repetition penalty on, no engine returns that (``ENGINE_LOGPROBS``), so the weight would be
+    top-k / top-p / a repetition penalty on, no engine returns that (``EngineSpec.logprobs``), so the weight would be
     off on every token; temperature alone is what the actor divides by."""
     sp = cfg.algorithm.sampling_params
     on = [k for k, off in (("top_p", sp.top_p >= 1.0), ("top_k", sp.top_k is None or sp.top_k <= 0),
                            ("repetition_penalty", sp.repetition_penalty == 1.0)) if not off]
-    backend = cfg.rollout.rollout_backend
+    engine = engine_spec(cfg)
     if cfg.rollout.return_logprobs and sp.do_sample and on:
         yield ConfigIssue(
             "rollout.return_logprobs",
-            f"with {', '.join('algorithm.sampling_params.' + k for k in on)} on, rollout.rollout_backend={backend} "
-            f"returns {ENGINE_LOGPROBS[backend]}; the kept engine log-probs would not be the behaviour policy the "
+            f"with {', '.join('algorithm.sampling_params.' + k for k in on)} on, {ENGINE_KEY}={engine.name} "
+            f"returns {engine.logprobs}; the kept engine log-probs would not be the behaviour policy the "
             "actor's log-probs are compared with.",
             "set rollout.return_logprobs=false (training uses the actor's recomputed log-probs), or turn "
             + " and ".join(on) + " off.",

@@ -1,58 +1,53 @@
-"""Hardware rules: the rollout backend fits the cluster, and ``rollout_backend: sglang`` finds the SGLang
-profile installed (``SGLANG_VERSION``, read by the SGLang engine and worker too)."""
+"""Hardware rules: the chosen engine runs on the cluster's devices and finds its pinned profile installed (facts of
+its entry, ``protocol/engines.py``; the schema's type refuses an unregistered name), and no fused kernel is asked
+of a CPU actor."""
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Iterator
 
 from rlinf_ext.config.rule_registry import rule
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
+from rlinf_ext.protocol import engines
+from rlinf_ext.protocol.engines import ENGINE_KEY, ENGINES, engine_spec
 
 
-# The SGLang profile: the release the SGLang code is written against (generation/sglang_*.py,
-# workers/rollout_sglang.py) and the command that installs it (setup.py's `sglang` extra)
-SGLANG_VERSION = "0.5.23"
-
-
-SGLANG_INSTALL = "bash scripts/install.sh --sglang"
-
-
-def installed_sglang() -> str | None:
-    """The installed sglang's version, read from its metadata (importing sglang initialises CUDA); None if absent."""
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-@rule("rollout.rollout_backend")
-def sglang_profile_installed(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    """``rollout_backend: sglang`` needs the SGLang profile (sglang 0.5.23 on torch 2.14.1) on this machine: the
-    SGLang code speaks that release's ``Engine`` API, and the vLLM profile (torch 2.13.0) cannot hold it."""
-    if cfg.rollout.rollout_backend != "sglang":
+@rule(ENGINE_KEY)
+def engine_profile_installed(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """An engine pinned to one release (SGLang: 0.5.23 on torch 2.14.1) needs that release on this machine: its
+    code speaks that release's API, and the vLLM profile (torch 2.13.0) cannot hold it."""
+    spec = engine_spec(cfg)
+    if not spec.pinned:
         return
-    found = installed_sglang()
-    if found != SGLANG_VERSION:
-        have = "sglang is not installed here" if found is None else f"sglang {found} is installed here"
+    package = spec.packages[0]
+    found = engines.installed_version(package)
+    if found != spec.pinned:
+        have = f"{package} is not installed here" if found is None else f"{package} {found} is installed here"
         yield ConfigIssue(
-            "rollout.rollout_backend",
-            f"sglang needs the SGLang profile (sglang {SGLANG_VERSION} on torch 2.14.1, transformers 5.19.0), but "
-            f"{have}.",
-            f"on the GPU node run `{SGLANG_INSTALL}` (into its own virtual environment: it replaces vLLM's torch "
-            "2.13.0), or set rollout.rollout_backend=vllm on GPUs (rollout.rollout_backend=hf on CPU).",
+            ENGINE_KEY,
+            f"{spec.name} needs {spec.profile}, but {have}.",
+            f"on the GPU node run `{spec.install}` (into its own virtual environment: it replaces "
+            f"vLLM's torch 2.13.0), or set {ENGINE_KEY}=vllm on GPUs ({ENGINE_KEY}=hf on CPU).",
         )
 
 
-@rule("cluster.num_gpus_per_node", "rollout.rollout_backend")
-def backend_fits_hardware(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    if cfg.cluster.num_gpus_per_node == 0 and cfg.rollout.rollout_backend == "sglang":
-        yield ConfigIssue(
-            "rollout.rollout_backend",
-            f"{cfg.rollout.rollout_backend} needs GPUs but the cluster has none (cluster.num_gpus_per_node=0).",
-            "set rollout.rollout_backend=hf for a CPU run, or use a GPU cluster profile.",
-        )
+@rule("cluster.num_gpus_per_node", ENGINE_KEY)
+def engine_fits_hardware(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    spec = engine_spec(cfg)
+    gpus = cfg.cluster.num_gpus_per_node
+    if spec.runs_on(gpu=gpus > 0):
+        return
+    if gpus == 0:
+        cpu = [n for n, s in ENGINES.items() if s.runs_on(gpu=False)]
+        yield ConfigIssue(ENGINE_KEY, f"{spec.name} needs GPUs but the cluster has none (cluster.num_gpus_per_node=0).",
+                          f"set {ENGINE_KEY}={cpu[0]} for a CPU run, or use a GPU cluster profile.")
+    else:
+        gpu = [n for n, s in ENGINES.items() if s.runs_on(gpu=True)]
+        yield ConfigIssue(ENGINE_KEY, f"{spec.name} runs on CPU only but the cluster has GPUs "
+                          f"(cluster.num_gpus_per_node={gpus}).",
+                          f"set {ENGINE_KEY}={gpu[0]} for a GPU run, or use the CPU profile "
+                          "(cluster.num_gpus_per_node=0).")
 
 
 FUSED_KERNEL_SWITCHES = ("apply_rope_fusion", "bias_dropout_fusion", "bias_activation_fusion", "persist_layer_norm",

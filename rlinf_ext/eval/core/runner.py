@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from rlinf_ext.eval.core.generations import GENERATIONS_FILE, completed_keys, read_generations
 from rlinf_ext.eval.core.records import EvalRecord
+from rlinf_ext.protocol.engines import ENGINE_KEY, EngineError, engine_spec, make_generator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.tools import close_http_session
 
@@ -39,6 +40,19 @@ class EvalSummary:
     errors: int  # questions whose rollout raised in this call (retried by the next run)
     seconds: float
     table_md: str = field(repr=False, default="")
+
+
+def build_generator(cfg: Any, vision: bool) -> Any:
+    """The chosen engine's generator, started in this process, unless the launcher owns that engine (its
+    subprocesses need a shutdown this call could not promise: the launcher's `rlinf-ext eval` passes it in)."""
+    spec = engine_spec(cfg)
+    if spec.started_by_launcher and spec.evaluates(vision):
+        raise EvalError(f"{ENGINE_KEY}={spec.name!r}: run_evaluation starts in-process engines only; pass a started "
+                        f"{spec.title} generator (the launcher's `rlinf-ext eval` does)")
+    try:
+        return make_generator(cfg, vision)
+    except EngineError as exc:
+        raise EvalError(str(exc)) from exc
 
 
 def eval_run_dir(cfg: Any) -> Path:

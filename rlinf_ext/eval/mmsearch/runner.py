@@ -24,6 +24,7 @@ from rlinf_ext.eval.core.results import RESULTS_MD
 from rlinf_ext.eval.core.runner import (
     EvalError,
     EvalSummary,
+    build_generator,
     check_same_setup,
     eval_concurrency,
     eval_run_dir,
@@ -33,10 +34,8 @@ from rlinf_ext.eval.core.runner import (
 )
 from rlinf_ext.eval.mmsearch.records import GenerationRecord, error_record, record_of
 from rlinf_ext.eval.mmsearch.results import tabulate
-from rlinf_ext.generation.hf_vl import HFVLGenerator, load_vl_processor
+from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.protocol.generation import SamplingParams
-from rlinf_ext.generation.vllm_wire import options_from_config
-from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 from rlinf_ext.tools.image_search import ImageSearchTool
 from rlinf_ext.tools.registry import build_tools
 
@@ -52,20 +51,6 @@ def load_tasks(cfg: Any) -> list[Item]:
         rows = read_fvqa(path, int(data.image_min_pixels), int(data.image_max_pixels), limit=limit)
         out += [(Path(path).stem, Task.from_row(r)) for r in rows]
     return out
-
-
-def build_vl_generator(cfg: Any):
-    """The VL engine of ``rollout.rollout_backend``: vLLM (``generation/vllm_vl.py``) or the CPU HF engine."""
-    backend = cfg.rollout.rollout_backend
-    if backend == "vllm":
-        return VLLMVLGenerator.start(options_from_config(cfg, 0), seed=int(cfg.runner.seed))
-    if backend != "hf":
-        raise EvalError(f"rollout.rollout_backend={backend!r}: the MMSearch-R1 evaluation runs on vllm or hf; the "
-                        "SGLang image path is not built. Fix: set rollout.rollout_backend=vllm (or hf).")
-
-    hf = cfg.rollout.hf
-    return HFVLGenerator.from_pretrained(str(cfg.rollout.model.model_path), dtype=hf.dtype, num_threads=1,
-                                         max_batch_size=int(hf.max_batch_size), seed=int(cfg.runner.seed))
 
 
 def search_tools(cfg: Any, image_search: Any = None) -> SearchTools:
@@ -116,7 +101,7 @@ def run_evaluation(cfg: Any, generator=None, *, run_dir: str | Path | None = Non
     out = Path(run_dir) if run_dir is not None else eval_run_dir(cfg)
     check_same_setup(out, {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature})
     if generator is None and needs_rollouts(out, GenerationRecord, ((b, t.data_id) for b, t in tasks)):
-        generator = build_vl_generator(cfg)  # not loaded at all when a rerun finds every question done
+        generator = build_generator(cfg, vision=True)  # not loaded at all when a rerun finds every question done
     tools = tools or search_tools(cfg)
     rollout = make_rollout_fn(cfg, generator, processor, tools, params)
     meta = {"experiment_name": str(cfg.runner.experiment_name), "model_path": model_path, "do_sample": params.do_sample,

@@ -22,6 +22,7 @@ from rlinf_ext.eval.core.results import RESULTS_MD, markdown_table
 from rlinf_ext.eval.core.runner import (
     EvalError,
     EvalSummary,
+    build_generator,
     check_same_setup,
     eval_concurrency,
     eval_run_dir,
@@ -33,9 +34,7 @@ from rlinf_ext.eval.searchr1.benchmarks import display_name, paper_sorted
 from rlinf_ext.eval.searchr1.dataset import EvalItem, load_eval_items
 from rlinf_ext.eval.searchr1.records import Decode, GenerationRecord, error_record, record_from_trajectory
 from rlinf_ext.eval.searchr1.results import paper_table_rows, tabulate
-from rlinf_ext.generation.hf import HFGenerator
-from rlinf_ext.generation.vllm_engine import VLLMGenerator
-from rlinf_ext.generation.vllm_wire import options_from_config
+from rlinf_ext.protocol.engines import engine_dtype
 from rlinf_ext.tools.base import Tool
 
 
@@ -70,32 +69,13 @@ def items_from_config(cfg: ExperimentConfig, tokenizer) -> list[EvalItem]:
     )
 
 
-def build_generator(cfg: ExperimentConfig) -> HFGenerator | VLLMGenerator:
-    """The in-process engine of `rollout.rollout_backend`: vLLM (the training rollout's engine) or transformers;
-    SGLang runs pass their started generator instead (the launcher's `rlinf-ext eval` does)."""
-    backend = cfg.rollout.rollout_backend
-    if backend == "vllm":
-        return VLLMGenerator.start(options_from_config(cfg, 0))
-    if backend != "hf":
-        raise EvalError(
-            f"rollout.rollout_backend={backend!r}: run_evaluation builds the vllm or hf engine itself; pass a "
-            "started generator for any other (the launcher's `rlinf-ext eval` does)"
-        )
-
-    hf = cfg.rollout.hf
-    return HFGenerator.from_pretrained(
-        str(cfg.rollout.model.model_path), dtype=hf.dtype, max_batch_size=int(hf.max_batch_size), seed=int(cfg.runner.seed)
-    )
-
-
 def eval_settings(cfg: ExperimentConfig) -> dict[str, Any]:
     """The settings besides the model that move EM (``results.SETTINGS``): recorded in the results, and a resumed
     run must share them."""
-    backend = cfg.rollout.rollout_backend
     section = loop_section(cfg)
     return {
         "max_turns": int(section.max_turns),
-        "precision": str(cfg.rollout.hf.dtype if backend == "hf" else cfg.rollout.model.precision),
+        "precision": engine_dtype(cfg),
         "on_no_action": str(section.on_no_action),
         "topk": int(cfg.tools.search.topk),
     }
@@ -179,7 +159,7 @@ def run_evaluation(
     """Evaluate `rollout.model.model_path` on `data.val_data_paths`; see the module docstring.
 
     `cfg` is the validated experiment config (attribute access). `generator` is any ``protocol.generation.Generator``;
-    None builds the CPU `HFGenerator` in-process (only for `rollout.rollout_backend: hf`). The tools are built
+    None builds the chosen engine's in-process generator (``eval/core/runner.py:build_generator``). The tools are built
     from `agentloop.searchr1.tools` unless given. Call from synchronous code (it runs its own event loop).
     """
     model_path = str(cfg.rollout.model.model_path)
@@ -191,7 +171,7 @@ def run_evaluation(
     check_same_setup(out, {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature,
                            **settings})
     if generator is None and needs_rollouts(out, GenerationRecord, ((it.benchmark, it.item_id) for it in items)):
-        generator = build_generator(cfg)  # not loaded at all when a rerun finds every question done
+        generator = build_generator(cfg, vision=False)  # not loaded at all when a rerun finds every question done
     tools = tools if tools is not None else build_agent_tools(cfg)
     meta = {
         "experiment_name": str(cfg.runner.experiment_name),
