@@ -37,7 +37,7 @@ from rlinf_ext.generation.hf_vl import HFVLGenerator, load_vl_processor
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.generation.vllm_wire import options_from_config
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
-from rlinf_ext.tools.image_search import ImageSearchTool
+from rlinf_ext.tools.image_search import ImageSearch
 from rlinf_ext.tools.registry import build_tools
 
 Item = tuple[str, Task]  # (benchmark = the file's stem, task)
@@ -72,7 +72,7 @@ def search_tools(cfg: Any, image_search: Any = None) -> SearchTools:
     """The two search tools of `cfg.tools` (`image_search`: another `tools.image_search` section, e.g. the
     validation questions' cache)."""
     (text_search,) = build_tools(["search"], cfg)
-    return SearchTools(ImageSearchTool(image_search if image_search is not None else cfg.tools.image_search), text_search)
+    return SearchTools(ImageSearch(image_search if image_search is not None else cfg.tools.image_search), text_search)
 
 
 RolloutFn = Callable[[Task], Awaitable[VLTrajectory]]
