@@ -14,8 +14,8 @@ the call's content, never state of the tool: the widely used fork closed over th
 last trajectory's id, so every image search of a round got one trajectory's results. A `data_id` is a single
 path component; one that could leave the cache directory is refused. Thumbnails are canonicalised
 (`protocol.images`). A miss (no entry) is a failed call (`stats.failures`), a missing thumbnail is counted
-(`missing_images`); both are handled as the config says (`on_missing_image`; misses become a failed result that the agent loop turns into its failure
-observation, or an error with `fail_on_miss`).
+(`missing_images`); both are handled as the config says (`on_missing_image`; a miss becomes the loop's
+failure observation, or an error with `fail_on_miss`).
 """
 
 from __future__ import annotations

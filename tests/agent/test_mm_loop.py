@@ -11,6 +11,7 @@ from mm_helpers import PX, ScriptedVLGenerator, settings, tools
 
 from rlinf_ext.agent.mmsearch.protocol import parse_action
 from rlinf_ext.agent.mmsearch.loop import check_invariants, first_prompt_ids, run_group, run_trajectory
+from rlinf_ext.agent.mmsearch.config import RewardShapingConfig
 from rlinf_ext.agent.mmsearch.metrics import reward_fn
 from rlinf_ext.agent.mmsearch.observation import build_observation
 from rlinf_ext.agent.mmsearch.config import MMSearchConfig
@@ -228,7 +229,7 @@ def test_actions_and_reward_on_a_scripted_three_turn_trajectory(world):
     mm, processor, tasks = world
     task = tasks["tinymm_city"]
     gold = task.answers[0]
-    reward = reward_fn(RewardConfig(format_penalty=0.1, search_penalty=0.1))
+    reward = reward_fn(RewardConfig(search_penalty=0.1), shaping=RewardShapingConfig(format_penalty=0.1))
     gen = ScriptedVLGenerator([IMG, TXT.format(city="X"), ANS.format(a=gold)], tokenizer=processor.tokenizer)
     traj = asyncio.run(run_trajectory(gen, processor, tools(mm.cache_test), task, settings(), reward_fn=reward))
     assert [t.action for t in traj.turns] == ["image_search", "text_search", "answer"]

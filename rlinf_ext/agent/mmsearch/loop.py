@@ -136,8 +136,9 @@ class _Run(ResponseBuffer):
         self.banned = vision_special_ids(processor.tokenizer)
 
     def limit_reached(self, action: str, turn_index: int) -> bool:
-        used = self.counts[self.tools.image_search.metric_names().calls if action == "image_search" else "text_searches"]
-        limit = self.s.image_search_limit if action == "image_search" else self.s.text_search_limit
+        image = action == "image_search"
+        used = self.counts[self.tools.image_search.metric_names().calls if image else "text_searches"]
+        limit = self.s.image_search_limit if image else self.s.text_search_limit
         return used >= limit or turn_index >= self.s.max_gen_round - 1
 
     async def observe(self, action: str, query: str | None, record: VLTurnRecord) -> Observation:

@@ -45,11 +45,11 @@ Item = tuple[str, Task]  # (benchmark = the file's stem, task)
 
 def load_tasks(cfg: Any) -> list[Item]:
     """(benchmark = file stem, task) for every row of every `data.val_data_paths` file."""
-    data = cfg.data
+    data, mm = cfg.data, cfg.agentloop.mmsearch
     limit = None if int(data.data_size) < 0 else int(data.data_size)
     out = []
     for path in data.val_data_paths:
-        rows = read_fvqa(path, int(data.image_min_pixels), int(data.image_max_pixels), limit=limit)
+        rows = read_fvqa(path, int(mm.image_min_pixels), int(mm.image_max_pixels), limit=limit)
         out += [(Path(path).stem, Task.from_row(r)) for r in rows]
     return out
 
@@ -81,7 +81,7 @@ RolloutFn = Callable[[Task], Awaitable[VLTrajectory]]
 def make_rollout_fn(cfg: Any, generator, processor, tools: SearchTools, params: SamplingParams) -> RolloutFn:
     """task -> scored trajectory through the training loop, tools and reward (one trajectory per question)."""
     settings, prompts = LoopSettings.from_config(cfg.agentloop), Prompts.from_config(cfg.agentloop.mmsearch.prompts)
-    reward = reward_fn(cfg.reward)
+    reward = reward_fn(cfg.reward, shaping=cfg.agentloop.mmsearch.reward)
 
     async def rollout(task: Task) -> VLTrajectory:
         ids = first_prompt_ids(processor, prompts, task)
