@@ -96,8 +96,8 @@ class RewardWorker(Worker):
             shuffle = bool(self.cfg.reward.shuffle_within_step)
             for _ in range(num_results):
                 result: AgentRolloutResult = input_channel.get()
-                rewards, em, details = score_result_details(result, self.cfg.reward, self.reward_fn, step, self.tool_tags,
-                                                            agent_section(self.cfg))
+                rewards, em, details = score_result_details(result, self.cfg.reward, self.reward_fn, step,
+                                                            self.tool_tags, agent_section(self.cfg))
                 scored.append((result, details))
                 result.rewards = torch.tensor(rewards, dtype=torch.float32)
                 by_uid[result.uid] = rewards

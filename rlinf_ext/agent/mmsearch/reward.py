@@ -139,4 +139,5 @@ def mmsearch_reward(response: str, golden_answers: Any, cfg: Any = None, num_sea
                          "agent loop does); a single response string is not enough")
     if cfg is None:
         cfg = RewardConfig()
-    return mmsearch_score(turns, golden_answers, cfg, step=step, shaping=None if agent_cfg is None else agent_cfg.reward)
+    shaping = None if agent_cfg is None else agent_cfg.reward
+    return mmsearch_score(turns, golden_answers, cfg, step=step, shaping=shaping)
