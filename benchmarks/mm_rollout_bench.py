@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     from rlinf_ext.retrieval.launch import RetrievalServerProcess
     from rlinf_ext.tools import SearchTool
     from rlinf_ext.tools.config import SearchToolConfig
-    from rlinf_ext.tools.image_search import ImageSearchTool
+    from rlinf_ext.tools.image_search import ImageSearch
 
     work = Path(tempfile.mkdtemp(prefix="mm-rollout-bench-"))
     assets = make_tiny_assets(Path(args.assets) if args.assets else work / "assets", seed=0, with_mm=True,
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     settings = LoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
                               response_length_total=1280, max_obs_length=320)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, stop=[])
-    image_tool = ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(mm.cache_test), topk=3,
+    image_tool = ImageSearch(ImageSearchToolConfig(backend="cache_dir", cache_path=str(mm.cache_test), topk=3,
                                                        thumbnail_min_pixels=px, thumbnail_max_pixels=px))
     with RetrievalServerProcess(index_dir, assets.corpus_path, startup_timeout_s=120) as url:
         text_tool = SearchTool(SearchToolConfig(backend="local", server_addr=url, topk=3, default_timeout=30))

@@ -121,10 +121,10 @@ def run_one(backend: str, assets: Path, out: Path, overrides: list[str], result:
             f"{r.get(k, float('nan')):>{len(k.removeprefix('rollout/'))}.3f}" for k in STEP_KEYS))
     k = summary.reward_window
     print(f"[{backend}] first {k} vs last {k} step(s): mean reward {summary.first_reward:.3f} -> {summary.last_reward:.3f}")
-    for label, first, last in summary.mm_trends:
+    for label, first, last in summary.trends:
         print(f"[{backend}]   {label}: {first:.3f} -> {last:.3f} ({last - first:+.3f})")
-    for point in summary.mm_validations:
-        print(f"[{backend}] validation {point.format()}")
+    for line in summary.agent_lines:
+        print(f"[{backend}] {line}")
     warm = pooled(json.loads((Path(before.run_dir) / "results.json").read_text()))
     trained = pooled(json.loads(summary.eval_table.with_suffix(".json").read_text()))
     print(f"[{backend}] greedy evaluation on the test split (warm start -> trained):")

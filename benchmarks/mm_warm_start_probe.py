@@ -42,7 +42,7 @@ from rlinf_ext.data.fvqa import read_fvqa  # noqa: E402
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor  # noqa: E402
 from rlinf_ext.protocol.images import canonicalize  # noqa: E402
 from rlinf_ext.protocol.vl_tokens import mm_token_type_ids  # noqa: E402
-from rlinf_ext.tools.image_search import ImageSearchTool  # noqa: E402
+from rlinf_ext.tools.image_search import ImageSearch  # noqa: E402
 
 COLOUR_QUESTION = "What colour is the emblem in the image?"
 FRESH_PER_CITY = 6
@@ -76,7 +76,7 @@ def searched_context(processor, task: Task, cache: Path, corpus: Path) -> tuple[
     """Prompt + the image-search turn + its observation, as the real loop builds them."""
     config = ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache), topk=3, thumbnail_min_pixels=PX,
                                    thumbnail_max_pixels=PX)
-    tools = SearchTools(ImageSearchTool(config), CorpusTextSearch(corpus_retriever(corpus), 3))
+    tools = SearchTools(ImageSearch(config), CorpusTextSearch(corpus_retriever(corpus), 3))
     settings = LoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
                               response_length_total=4096, max_obs_length=320)
     final = colour_answer_turn("red")

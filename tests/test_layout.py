@@ -257,6 +257,20 @@ def test_lazy_imports_have_a_reason(package_imports):
     assert not bad, "\n".join(bad)
 
 
+# what every agent shares (agent/core) is allowed; a named agent reaches these only through the registry
+SHARED_MACHINERY = ("config", "workers", "runner")
+
+
+def test_the_shared_machinery_imports_no_agent(package_imports):
+    """An agent is named by the registry (protocol/agents.py: AgentSpec's components), so the runner, the workers
+    and the config checks import none, function-local imports included (MMSearch-R1's summary once did)."""
+    _, imports = package_imports
+    bad = sorted({f"{imp.importer}:{imp.line} imports {imp.target}" for imp in imports
+           if imp.importer.split(".")[1] in SHARED_MACHINERY and imp.target.startswith("rlinf_ext.agent.")
+           and not imp.target.startswith("rlinf_ext.agent.core")})
+    assert not bad, "read the agent's parts through its AgentSpec instead:\n" + "\n".join(bad)
+
+
 def read_script_imports(folder: Path) -> tuple[set[str], list[Import]]:
     """A folder of scripts run as ``python folder/x.py`` (the folder on ``sys.path``, so siblings import by bare
     name): its modules, and every import of a sibling, function-local ones too."""

@@ -246,12 +246,6 @@ class DataConfig:
     prompt_key: str = fld("prompt", "Column holding the prompt.")
     answer_key: str = fld("solutions", "Column holding the gold answers.")
     apply_chat_template: bool = fld(False, "Apply the tokenizer chat template (False: prompts are pre-formatted).")
-    image_min_pixels: int = fld(
-        262144, "mmsearch: question images are canonicalised to at least this many pixels (512*512, MMSearch-R1)."
-    )
-    image_max_pixels: int = fld(
-        903168, "mmsearch: question images are canonicalised to at most this many pixels (672*672*2, MMSearch-R1)."
-    )
 
 
 # --------------------------------------------------------------------------------------------- rollout
@@ -445,14 +439,8 @@ class RewardConfig:
         "em", "em, subem, f1, or the format-aware variant (mmsearch: em or subem)."
     )
     answer_tag_limit: int = fld(10, "More <answer> tags than this score 0.25 (reward hacking guard).")
-    search_penalty: float = fld(0.0, "MMSearch-R1: correct answers that searched get (1 - penalty); 0 = off.")
-    format_penalty: float = fld(
-        0.0, "mmsearch: reward = (1 - format_penalty) * answer score + format_penalty * format score (MMSearch-R1: 0.1)."
-    )
-    use_search_count_penalty: bool = fld(False, "mmsearch: apply the search penalty once per search (False: once).")
-    search_penalty_warmup_steps: int = fld(
-        0, "mmsearch: ramp the search penalty linearly from -search_penalty to +search_penalty over these steps."
-    )
+    search_penalty: float = fld(0.0, "Correct answers that searched get (1 - penalty) (MMSearch-R1's idea; both "
+                                "agents' rewards apply it); 0 = off.")
     shuffle_within_step: bool = fld(
         False, "A control run's switch: each step's rewards are permuted across all its trajectories before the "
         "advantage (same mean and spread, no link to what was done); the reward/* metrics stay the true ones."

@@ -23,6 +23,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from rlinf_ext.config import compat
 from rlinf_ext.config.schema import REQUIRED, ImportPath
+from rlinf_ext.protocol.agents import AGENTS
 
 _ENV_RE = re.compile(r"oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)")
 _REF_RE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
@@ -171,7 +172,15 @@ def _resolve_one(node: DictConfig, name: str, key: str) -> tuple[Any, ConfigIssu
         )
 
 
+def _moved_to(key: str) -> str | None:
+    """Where a key of the shared schema went, when an agent's section took it over (``AgentSpec.moved_keys``)."""
+    return next((new for spec in AGENTS.values() for old, new in spec.moved_keys if old == key), None)
+
+
 def _unknown_issue(key: str, name: str, valid: list[str], parent: str) -> ConfigIssue:
+    moved = _moved_to(key)
+    if moved is not None:
+        return ConfigIssue(key, f"unknown key: it moved to {moved}.", f"write it as {moved} (same meaning and value).")
     close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
     full = [f"{parent}{c}" for c in close]
     fix = f"did you mean {' or '.join(full)}?" if close else f"remove it; valid keys here: {', '.join(valid)}."

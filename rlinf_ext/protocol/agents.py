@@ -17,7 +17,8 @@ with a name. The components, each called with the experiment config:
 - ``rules`` (optional): a module (a dotted name, no attribute) whose ``@rule(..., agent=<name>)`` checks run on
   configs that choose this agent (``config/rule_registry.py``);
 - ``evaluation`` / ``validation`` (optional): ``rlinf-ext eval``'s runner, the validation pass during training;
-- ``tiny_assets`` (optional): ``fn(cfg) -> assets.core.tiny.Parts`` the tiny experiments of this agent need.
+- ``tiny_assets`` (optional): ``fn(cfg) -> assets.core.tiny.Parts`` the tiny experiments of this agent need;
+- ``summary`` (optional): ``fn(metrics rows) -> [line]`` the run summary prints for it (validation per category).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.plugins import is_import_path, load_path
 
 SEARCHR1 = "searchr1"
@@ -56,8 +58,14 @@ class AgentSpec:
     evaluation: str = ""
     validation: str = ""
     tiny_assets: str = ""
+    summary: str = ""
     tools: tuple[str, ...] = ()  # the tools it always uses, when its section lists none (agentloop.<name>.tools)
     stops_from_tools: bool = True  # its turns also stop at each configured tool's closing tag (Tool.stops())
+    # its loop re-tokenises responses: the engine's log-probs are not shown to fit the trained tokens, so stale
+    # rollouts (runner.max_staleness > 0), weighted by them, are refused
+    retokenizes: bool = False
+    summary_trends: tuple[tuple[str, str], ...] = ()  # (metric key, label): first vs last steps in the run summary
+    moved_keys: tuple[tuple[str, str], ...] = ()  # (old key, new key) its section took over: named in the error
 
     def has(self, component: str) -> bool:
         return bool(getattr(self, component))
@@ -95,7 +103,16 @@ AGENTS: dict[str, AgentSpec] = {
         evaluation="rlinf_ext.eval.mmsearch.runner:run_evaluation",
         validation="rlinf_ext.eval.mmsearch.validation:ValidationPass",
         tiny_assets="rlinf_ext.agent.mmsearch.tiny:tiny_parts",
-        tools=("search",),  # its text search (the image search reads the task's cache, not a tool call's text)
+        summary="rlinf_ext.agent.mmsearch.summary:summary_lines",
+        tools=("search",),  # its text search; its loop builds the image search itself (tools/image_search.py)
+        retokenizes=True,  # observations encoded with their image pads expanded (agent/mmsearch/retokenize.py)
+        summary_trends=mk.MM_TRENDS,
+        moved_keys=(
+            ("data.image_min_pixels", "agentloop.mmsearch.image_min_pixels"),
+            ("data.image_max_pixels", "agentloop.mmsearch.image_max_pixels"),
+            *((f"reward.{k}", f"agentloop.mmsearch.reward.{k}")
+              for k in ("format_penalty", "use_search_count_penalty", "search_penalty_warmup_steps")),
+        ),
     ),
 }
 

@@ -1,6 +1,7 @@
 """The run summary printed at the end of ``rlinf-ext train``: where everything is, and the trends of the run read
-back from ``metrics.jsonl`` (mean reward and searches per trajectory over the first vs the last steps, validation
-per pass: Search-R1's EM, MMSearch-R1's accuracy and image-search ratio per FVQA category)."""
+back from ``metrics.jsonl`` (mean reward and searches per trajectory over the first vs the last steps, the agent's
+own trends, validation EM per pass) plus the lines the agent adds (``AgentSpec.summary``, e.g. MMSearch-R1's
+validation per FVQA category)."""
 
 from __future__ import annotations
 
@@ -8,30 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlinf_ext.agent.mmsearch.metrics import ACCURACY, ALL, IMAGE_SEARCH_RATIO
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.protocol import metric_keys as mk
+from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.runner.metrics import METRICS_FILE, PLOT_FILE, first_last_means, read_metrics
 
 # how many steps at each end of the run the "first vs last mean reward" averages over (at most; a third of
 # the run when shorter): one step's mean over 32 trajectories swings by +-0.1 with the prompts it drew
 REWARD_SUMMARY_WINDOW = 10
-
-
-@dataclass(frozen=True)
-class MMValidationPoint:
-    """One MMSearch-R1 validation pass: category -> accuracy and -> image-search ratio ('all' first)."""
-
-    step: int
-    accuracy: dict[str, float]
-    image_search: dict[str, float]
-    n: int
-
-    def format(self) -> str:
-        def cells(values: dict[str, float]) -> str:
-            return ", ".join(f"{c} {v:.3f}" for c, v in values.items())
-
-        return f"step {self.step}: accuracy {cells(self.accuracy)}; image-search ratio {cells(self.image_search)}"
 
 
 @dataclass
@@ -53,8 +38,8 @@ class RunSummary:
     reward_window: int = REWARD_SUMMARY_WINDOW  # steps averaged at each end for first/last reward
     validations: list[tuple[int, float, int]] = field(default_factory=list)  # (step, val/all/em, val/n)
     searches: tuple[float, float] | None = None  # mean searches per trajectory, first vs last window
-    mm_trends: list[tuple[str, float, float]] = field(default_factory=list)  # MMSearch-R1: (label, first, last)
-    mm_validations: list[MMValidationPoint] = field(default_factory=list)  # MMSearch-R1's validation passes
+    trends: list[tuple[str, float, float]] = field(default_factory=list)  # the agent's (label, first, last)
+    agent_lines: list[str] = field(default_factory=list)  # what the agent adds (AgentSpec.summary)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def format(self) -> str:
@@ -76,14 +61,12 @@ class RunSummary:
             )
         if self.searches is not None:
             lines.append(f"  searches per trajectory, same steps: {self.searches[0]:.2f} -> {self.searches[1]:.2f}")
-        for label, first, last in self.mm_trends:
+        for label, first, last in self.trends:
             lines.append(f"  {label}, same steps: {first:.3f} -> {last:.3f} ({last - first:+.3f})")
         if self.validations:
             points = ", ".join(f"step {step}: {em:.3f}" for step, em, _ in self.validations)
             lines.append(f"  validation EM (greedy, {self.validations[-1][2]} test questions): {points}")
-        if self.mm_validations:
-            lines.append(f"  validation accuracy per category (greedy, {self.mm_validations[-1].n} test questions):")
-            lines += [f"    {point.format()}" for point in self.mm_validations]
+        lines += [f"  {line}" for line in self.agent_lines]
         lines += [
             f"  checkpoint       : {show(self.checkpoint_dir)}",
             f"  converted HF     : {show(self.hf_model_dir)}",
@@ -134,25 +117,6 @@ def validation_trend(log_dir: Path, last_step: int | None = None) -> list[tuple[
     return [(int(r["step"]), float(r[mk.VAL_ALL_EM]), int(r.get(mk.VAL_N, 0))) for r in rows if mk.VAL_ALL_EM in r]
 
 
-def _category_values(row: dict, categories: list[str], column: str) -> dict[str, float]:
-    keys = {c: mk.mm_category_metric(c, column, mk.VAL_PREFIX) for c in categories}
-    return {c: float(row[k]) for c, k in keys.items() if k in row}
-
-
-def mm_validation_trend(log_dir: Path, last_step: int | None = None) -> list[MMValidationPoint]:
-    """Every MMSearch-R1 validation pass logged in metrics.jsonl (rows with ``val/<category>/accuracy``), in step
-    order: accuracy and image-search ratio per category, 'all' first, then the categories by name."""
-    points = []
-    for row in run_rows(log_dir, last_step):
-        found = {k.split("/")[1] for k in row if k.startswith(f"{mk.VAL_PREFIX}/") and k.endswith(f"/{ACCURACY}")}
-        categories = sorted(found, key=lambda c: (c != ALL, c))
-        if categories:
-            points.append(MMValidationPoint(int(row["step"]), _category_values(row, categories, ACCURACY),
-                                            _category_values(row, categories, IMAGE_SEARCH_RATIO),
-                                            int(row.get(mk.VAL_N, 0))))
-    return points
-
-
 def fill_from_logs(summary: RunSummary, cfg: ExperimentConfig, last_step: int | None = None) -> None:
     """Logs, plot, trajectory dumps and the reward / search / validation trends of the whole run (every launch
     up to ``last_step``), from its log dir."""
@@ -166,8 +130,10 @@ def fill_from_logs(summary: RunSummary, cfg: ExperimentConfig, last_step: int | 
     if first_searches is not None:
         summary.searches = (first_searches, last_searches)
     summary.validations = validation_trend(summary.log_dir, last_step)
-    summary.mm_validations = mm_validation_trend(summary.log_dir, last_step)
-    for key, label in mk.MM_TRENDS:  # MMSearch-R1: logged only by its reward worker
+    spec = agent_spec(cfg)
+    for key, label in spec.summary_trends:
         _, first, last = metric_trend(summary.log_dir, key, last_step=last_step)
         if first is not None:
-            summary.mm_trends.append((label, first, last))
+            summary.trends.append((label, first, last))
+    if spec.has("summary"):
+        summary.agent_lines = list(spec.load("summary")(run_rows(summary.log_dir, last_step)))

@@ -31,13 +31,14 @@ from rlinf_ext.tools.ledger import charge_tool_seconds, tool_call
 
 @dataclass
 class ToolOutput:
-    """One call's result: ``body`` is the text shown to the model (the loop wraps it in its observation tags).
-    ``latency_s`` None: the caller times the call itself."""
+    """One call's result: ``body`` is the text shown to the model (the loop wraps it in its observation tags),
+    ``images`` what its image placeholders stand for. ``latency_s`` None: the caller times the call itself."""
 
     body: str
     ok: bool = True
     latency_s: float | None = None
     error: str | None = None
+    images: list[Any] = field(default_factory=list)  # images the body shows (ImageRef), in order; text tools: none
 
 
 @dataclass(frozen=True)

@@ -8,25 +8,27 @@ Backends (`tools.image_search.backend`):
 - `dummy`: deterministic titles and solid-colour thumbnails derived from the `data_id` (engine-free tests);
   a `data_id` starting with `miss-` has no results, so dry runs can exercise the miss path too.
 
-The `data_id` is an argument of every call, never state of the tool: the widely used fork closed over the
+`ImageSearch` is a `Tool`: the loop calls `run(data_id)` (timed, counted, charged like the text tools) and gets
+an `ImageSearchOutput`, whose `images` are the thumbnails its `body`'s placeholders stand for. The `data_id` is
+the call's content, never state of the tool: the widely used fork closed over the
 last trajectory's id, so every image search of a round got one trajectory's results. A `data_id` is a single
 path component; one that could leave the cache directory is refused. Thumbnails are canonicalised
-(`protocol.images`). A miss (no entry) or a missing thumbnail is counted in `stats` and handled as the
-config says (`on_missing_image`; misses become a failed result that the agent loop turns into its failure
-observation, or an error with `fail_on_miss`).
+(`protocol.images`). A miss (no entry) is a failed call (`stats.failures`), a missing thumbnail is counted
+(`missing_images`); both are handled as the config says (`on_missing_image`; a miss becomes the loop's
+failure observation, or an error with `fail_on_miss`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlinf_ext.protocol.images import ImageError, ImageRef, canonicalize, encode_png
-from rlinf_ext.tools.ledger import charge_tool_seconds
+from rlinf_ext.protocol.vl_tokens import IMAGE_PLACEHOLDER
+from rlinf_ext.tools.base import Tool, ToolContext, ToolMetricNames, ToolOutput
 from rlinf_ext.tools.safe_pickle import PickledImage, image_from_state, load_cache_pickle
 
 BACKENDS = ("cache_dir", "cache_pickle", "dummy")
@@ -55,20 +57,17 @@ class ImageHit:
 
 
 @dataclass
-class ImageSearchResult:
-    data_id: str
-    ok: bool
+class ImageSearchOutput(ToolOutput):
+    """A call's `ToolOutput` (`body`: the ranked hits, one placeholder per thumbnail in `images`) plus the hits
+    themselves and how many lacked a thumbnail."""
+
     hits: list[ImageHit] = field(default_factory=list)
-    error: str | None = None
     missing_images: int = 0
-    latency_s: float = 0.0
 
 
-@dataclass
-class ImageSearchStats:
-    calls: int = 0
-    misses: int = 0
-    missing_images: int = 0
+# MMSearch-R1's metric names (agent/image_searches, agent/image_search_failures, ...), kept from before the Tool
+IMAGE_SEARCH_METRICS = ToolMetricNames(calls="image_searches", failures="image_search_failures",
+                                       latency_s="image_search_latency_s", failure_rate="image_search_failure_rate")
 
 
 @dataclass(frozen=True)
@@ -191,49 +190,68 @@ def make_image_backend(cfg: Any):
     return DummyImageBackend(int(cfg.topk))
 
 
-class ImageSearchTool:
-    """`await tool.search(data_id) -> ImageSearchResult`; reads the `tools.image_search` section."""
+def results_body(hits: list[ImageHit]) -> tuple[str, list[ImageRef]]:
+    """Ranked hits as text with one image placeholder per thumbnail (hits without one show the title only)."""
+    lines, images = [], []
+    for hit in hits:
+        if hit.image is not None:
+            lines.append(f"{hit.rank}. image: {IMAGE_PLACEHOLDER}\ntitle: {hit.title}\n")
+            images.append(hit.image)
+        else:
+            lines.append(f"{hit.rank}. title: {hit.title}\n")
+    return "".join(lines), images
+
+
+class ImageSearch(Tool):
+    """MMSearch-R1's `<search><img></search>`: the cached results of the task's image. The content of a call is
+    the task's `data_id` (the loop passes it; the model's call carries only `<img>`)."""
+
+    name = "image_search"
+    tag = "search"  # the call is <search><img></search>; MMSearch-R1's text search is <text_search>
+    instruction = "If I want to search the web for the image, I should write <search><img></search>."
+    metric_names_override = IMAGE_SEARCH_METRICS
 
     def __init__(self, cfg: Any):
         check_image_search_config(cfg)
         self.cfg = cfg
         self.backend = make_image_backend(cfg)
-        self.stats = ImageSearchStats()
+        self.missing_images = 0  # over the tool's life (each call's own count: ImageSearchOutput.missing_images)
         self._min, self._max = int(cfg.thumbnail_min_pixels), int(cfg.thumbnail_max_pixels)
+
+    @classmethod
+    def from_config(cls, cfg: Any, context: ToolContext) -> "ImageSearch":
+        return cls(cfg.tools.image_search)
 
     def metadata(self) -> dict:
         """What a run records about its image-search source (backend, path, sha256 of a pickle)."""
         return {"backend": self.cfg.backend, "topk": int(self.cfg.topk), **self.backend.describe()}
 
-    async def search(self, data_id: str) -> ImageSearchResult:
-        started = time.monotonic()
-        result = self._search(data_id)
-        result.latency_s = time.monotonic() - started
-        self.stats.calls += 1
-        self.stats.misses += 0 if result.ok else 1
-        self.stats.missing_images += result.missing_images
-        charge_tool_seconds(result.latency_s)
-        if not result.ok and self.cfg.fail_on_miss:
-            raise ImageSearchError(f"image search for data_id {data_id!r} failed: {result.error} "
+    async def __call__(self, content: str) -> ImageSearchOutput:
+        output = self._search(content)
+        self.missing_images += output.missing_images
+        if not output.ok and self.cfg.fail_on_miss:
+            raise ImageSearchError(f"image search for data_id {content!r} failed: {output.error} "
                                    "(set tools.image_search.fail_on_miss: false to continue with a failure observation)")
-        return result
+        return output
 
-    def _search(self, data_id: str) -> ImageSearchResult:
+    def _search(self, data_id: str) -> ImageSearchOutput:
         raw = self.backend.lookup(data_id)
         if not raw:
-            return ImageSearchResult(data_id, ok=False, error=f"no cached image search results for data_id {data_id!r}")
+            error = f"no cached image search results for data_id {data_id!r}"
+            return ImageSearchOutput(body=error, ok=False, error=error)
         hits, missing = [], 0
         for rank, item in enumerate(raw[: int(self.cfg.topk)], start=1):
             image = self._thumbnail(item, data_id, rank)
             if image is None:
                 missing += 1
                 if self.cfg.on_missing_image == "error":
-                    return ImageSearchResult(data_id, ok=False, missing_images=missing,
-                                             error=f"result {rank} of data_id {data_id!r} has no image")
+                    error = f"result {rank} of data_id {data_id!r} has no image"
+                    return ImageSearchOutput(body=error, ok=False, error=error, missing_images=missing)
                 if self.cfg.on_missing_image == "placeholder":
                     image = self._placeholder()
             hits.append(ImageHit(rank, item.title, image, item.url))
-        return ImageSearchResult(data_id, ok=True, hits=hits, missing_images=missing)
+        body, images = results_body(hits)
+        return ImageSearchOutput(body=body, images=images, hits=hits, missing_images=missing)
 
     def _thumbnail(self, item: RawHit, data_id: str, rank: int) -> ImageRef | None:
         if item.image is None:
@@ -247,3 +265,5 @@ class ImageSearchTool:
         from PIL import Image
 
         return canonicalize(Image.new("RGB", (56, 56), (PLACEHOLDER_GREY,) * 3), self._min, self._max)
+
+

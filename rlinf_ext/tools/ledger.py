@@ -5,9 +5,8 @@ tasks copy their context, so every call that request's coroutines make is charge
 on the same worker at the same time (``runner.max_staleness`` >= 1) has its own ledger. A charge made outside any
 ledger (evaluation, validation, benchmarks) is dropped.
 
-A call is charged once, where its latency is recorded: the search clients (``SearchTool.search``,
-``ImageSearchTool.search``) charge their own calls; ``Tool.run`` charges a call that nothing under it charged (a
-plug-in tool with only ``__call__``).
+A call is charged once, where its latency is recorded: the text-search client (``SearchTool.search``) charges its
+own calls; ``Tool.run`` charges a call that nothing under it charged (image search, a plug-in tool).
 """
 
 from __future__ import annotations

@@ -19,9 +19,10 @@ from rlinf_ext.protocol.plugins import is_import_path, load_path
 from rlinf_ext.tools.base import Tool, ToolContext
 
 # short name -> import path; modules are imported only when a tool is resolved
-SEARCH = "search"
+SEARCH, IMAGE_SEARCH = "search", "image_search"
 BUILTIN_TOOLS: dict[str, str] = {
     SEARCH: "rlinf_ext.tools.search:TextSearch",
+    IMAGE_SEARCH: "rlinf_ext.tools.image_search:ImageSearch",
 }
 # tags the Search-R1 protocol uses itself: a tool named after one would be read as that block
 RESERVED_TAGS = ("answer", "think", "information")

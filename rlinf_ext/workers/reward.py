@@ -3,9 +3,10 @@
 RLinf's ``RewardWorker`` is not importable without torchvision/vision models; this worker keeps its method
 (``compute_rewards(input_channel, output_channel)``) and payload (``RolloutResult.rewards``) and scores the
 model's own text (observations excluded) against the gold answers. The runner passes the step being trained
-(``step``: 0 for the first), which the MMSearch-R1 reward needs for ``reward.search_penalty_warmup_steps``. A reward
+(``step``: 0 for the first), which the MMSearch-R1 reward needs for its search penalty's warm-up. A reward
 that judges the agent's tool tags declares a ``tool_tags`` keyword (Search-R1's format score); it gets the configured
-tools' tags, so a trajectory that calls a plug-in tool is scored as well-formed.
+tools' tags, so a trajectory that calls a plug-in tool is scored as well-formed. A reward with its own settings
+declares an ``agent_cfg`` keyword and gets the agent's section (``agentloop.<name>``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rlinf.scheduler import Worker
 
 from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.protocol import metric_keys as mk
-from rlinf_ext.protocol.agents import agent_spec, agent_tools
+from rlinf_ext.protocol.agents import agent_section, agent_spec, agent_tools
 from rlinf_ext.protocol.payloads import AgentRolloutResult
 from rlinf_ext.tools import registry as tool_registry
 from rlinf_ext.workers.returns import RewardOutput
@@ -31,18 +32,27 @@ def takes_tool_tags(fn: Callable[..., Any]) -> bool:
     return "tool_tags" in inspect.signature(fn).parameters
 
 
+def takes_agent_cfg(fn: Callable[..., Any]) -> bool:
+    """Whether a reward function reads the agent's own section (declares an ``agent_cfg`` keyword)."""
+    return "agent_cfg" in inspect.signature(fn).parameters
+
+
 def configured_tool_tags(cfg: Any) -> list[str]:
     """The tags of the tools the chosen agent calls (``protocol/agents.py:agent_tools``)."""
     return tool_registry.tool_tags(agent_tools(cfg))
 
 
 def score_result_details(result: AgentRolloutResult, reward_cfg: RewardConfig, fn: Callable[..., Any],
-                         step: int = 0, tool_tags: Sequence[str] | None = None) -> tuple[list[float], list[float], list[Any]]:
+                         step: int = 0, tool_tags: Sequence[str] | None = None,
+                         agent_cfg: Any = None) -> tuple[list[float], list[float], list[Any]]:
     """``(rewards, em, reward results)`` of one group under reward ``fn``; results with turn texts pass each
     trajectory's turns (``turns=``) and the training step (``step=``: where a search penalty's warm-up stands);
-    ``tool_tags`` (the configured tools' tags) reach a reward that declares them (None: the reward's default)."""
+    ``tool_tags`` (the configured tools' tags) and ``agent_cfg`` (the agent's section) reach a reward that declares
+    them (None: the reward's default)."""
     texts = result.generated_texts or result.response_texts
     tags = {"tool_tags": tuple(tool_tags)} if tool_tags is not None and takes_tool_tags(fn) else {}
+    if agent_cfg is not None and takes_agent_cfg(fn):
+        tags["agent_cfg"] = agent_cfg
     rewards, em, details = [], [], []
     for i in range(result.num_sequence):
         extra = {**tags, **({"turns": result.turn_texts[i], "step": int(step)} if result.turn_texts else {})}
@@ -86,7 +96,8 @@ class RewardWorker(Worker):
             shuffle = bool(self.cfg.reward.shuffle_within_step)
             for _ in range(num_results):
                 result: AgentRolloutResult = input_channel.get()
-                rewards, em, details = score_result_details(result, self.cfg.reward, self.reward_fn, step, self.tool_tags)
+                rewards, em, details = score_result_details(result, self.cfg.reward, self.reward_fn, step,
+                                                            self.tool_tags, agent_section(self.cfg))
                 scored.append((result, details))
                 result.rewards = torch.tensor(rewards, dtype=torch.float32)
                 by_uid[result.uid] = rewards

@@ -8,7 +8,7 @@ from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools
 from tests.support.scripted import ScriptedGenerator
 from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.tools.config import SearchToolConfig
-from rlinf_ext.tools.image_search import ImageSearchTool
+from rlinf_ext.tools.image_search import ImageSearch
 from rlinf_ext.tools.search import SearchTool
 
 PX = 56 * 56
@@ -33,7 +33,7 @@ def settings(**kw) -> LoopSettings:
 
 
 def tools(cache_dir, topk: int = 3, text_topk: int = 2) -> SearchTools:
-    image = ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache_dir), topk=topk,
+    image = ImageSearch(ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache_dir), topk=topk,
                                                   thumbnail_min_pixels=PX, thumbnail_max_pixels=PX))
     text = SearchTool(SearchToolConfig(backend="dummy", topk=text_topk))
     return SearchTools(image, text)

@@ -11,8 +11,9 @@ from mm_helpers import PX, ScriptedVLGenerator, settings, tools
 
 from rlinf_ext.agent.mmsearch.protocol import parse_action
 from rlinf_ext.agent.mmsearch.loop import check_invariants, first_prompt_ids, run_group, run_trajectory
+from rlinf_ext.agent.mmsearch.config import RewardShapingConfig
 from rlinf_ext.agent.mmsearch.metrics import reward_fn
-from rlinf_ext.agent.mmsearch.observation import build_observation, image_results_body
+from rlinf_ext.agent.mmsearch.observation import build_observation
 from rlinf_ext.agent.mmsearch.config import MMSearchConfig
 from rlinf_ext.agent.mmsearch.prompts import Prompts, read_prompt
 from rlinf_ext.agent.mmsearch.types import Task
@@ -63,9 +64,9 @@ def test_invariants_with_0_1_2_image_observations(world, n_image_obs):
 def test_observation_ids_equal_a_processor_re_encode(world):
     mm, processor, tasks = world
     task = tasks["tinymm_city"]
-    found = asyncio.run(tools(mm.cache_test).image_search.search(task.data_id))
+    found = asyncio.run(tools(mm.cache_test).image_search.run(task.data_id))
     prompts = Prompts()
-    body, images = image_results_body(prompts, found.hits)
+    body, images = prompts.image_results_header + found.body, found.images
     obs = build_observation(processor, prompts, body, images, task.question, prompts.after_image_search, False)
     reference = processor(text=[obs.text], images=[r.to_pil() for r in images], return_tensors="pt").input_ids[0].tolist()
     assert obs.ids == reference and obs.image_tokens == 12
@@ -135,7 +136,7 @@ def test_each_trajectory_searches_its_own_data_id(world):
         return await asyncio.gather(*(run_group(gen, processor, t, task, settings(), 2) for task in tasks.values()))
 
     for task, group in zip(tasks.values(), asyncio.run(many())):
-        expected = asyncio.run(tools(mm.cache_test).image_search.search(task.data_id))
+        expected = asyncio.run(tools(mm.cache_test).image_search.run(task.data_id))
         for traj in group:
             assert traj.data_id == task.data_id and traj.turns[0].titles == [h.title for h in expected.hits]
             assert [i.sha1 for i in traj.images[1:]] == [h.image.sha1 for h in expected.hits]
@@ -228,7 +229,7 @@ def test_actions_and_reward_on_a_scripted_three_turn_trajectory(world):
     mm, processor, tasks = world
     task = tasks["tinymm_city"]
     gold = task.answers[0]
-    reward = reward_fn(RewardConfig(format_penalty=0.1, search_penalty=0.1))
+    reward = reward_fn(RewardConfig(search_penalty=0.1), shaping=RewardShapingConfig(format_penalty=0.1))
     gen = ScriptedVLGenerator([IMG, TXT.format(city="X"), ANS.format(a=gold)], tokenizer=processor.tokenizer)
     traj = asyncio.run(run_trajectory(gen, processor, tools(mm.cache_test), task, settings(), reward_fn=reward))
     assert [t.action for t in traj.turns] == ["image_search", "text_search", "answer"]

@@ -1,11 +1,16 @@
-"""The MMSearch-R1 reward against a table of hand-computed cases (format_penalty 0.1, search_penalty 0.1)."""
+"""The MMSearch-R1 reward against a table of hand-computed cases (format_penalty 0.1, search_penalty 0.1): the
+shared `reward` section and the agent's own terms (`agentloop.mmsearch.reward`)."""
 
 from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
 from rlinf_ext.protocol.agents import agent_spec
 
+from rlinf_ext.agent.mmsearch.config import RewardShapingConfig
 from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.agent.mmsearch.reward import (
     clean_turn,
@@ -22,10 +27,24 @@ ANS = "<reason> The page says so. </reason><answer> {} </answer>"
 GOLDS = ["Drelia", "City of Drelia"]
 
 
+SHAPING = {f.name for f in dataclasses.fields(RewardShapingConfig)}  # agentloop.mmsearch.reward's keys
+
+
 def cfg(**kw) -> RewardConfig:
-    base = dict(scoring="em", format_penalty=0.1, search_penalty=0.1)
-    base.update(kw)
+    """The shared `reward` section of the table (format_penalty 0.1 is the agent's: `shaping`)."""
+    base = dict(scoring="em", search_penalty=0.1)
+    base.update({k: v for k, v in kw.items() if k not in SHAPING})
     return RewardConfig(**base)
+
+
+def shaping(**kw) -> RewardShapingConfig:
+    base = dict(format_penalty=0.1)
+    base.update({k: v for k, v in kw.items() if k in SHAPING})
+    return RewardShapingConfig(**base)
+
+
+def score(turns, golds, step: int = 0, **kw):
+    return mmsearch_score(turns, golds, cfg(**kw), step=step, shaping=shaping(**kw))
 
 
 CASES = [
@@ -65,7 +84,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_reward_table(case):
     _, turns, golds, overrides, expected, expected_format = case
-    result = mmsearch_score(turns, golds, cfg(**overrides), step=0)
+    result = score(turns, golds, step=0, **overrides)
     assert result.score == pytest.approx(expected, abs=1e-12)
     assert result.format_score == expected_format
 
@@ -75,7 +94,7 @@ def test_warmup_ramp_midway_and_after():
     assert penalty_at(5, 0.1, 10) == pytest.approx(0.0)
     assert penalty_at(10, 0.1, 10) == pytest.approx(0.1)
     assert penalty_at(3, 0.1, 0) == pytest.approx(0.1)
-    r = mmsearch_score([IMG, ANS.format("Drelia")], GOLDS, cfg(search_penalty_warmup_steps=10), step=5)
+    r = score([IMG, ANS.format("Drelia")], GOLDS, step=5, search_penalty_warmup_steps=10)
     assert r.score == pytest.approx(0.9 * 1.0 + 0.1) and r.penalty == pytest.approx(0.0)
 
 
@@ -83,7 +102,7 @@ def test_counts_answer_and_cleaning():
     assert search_counts([IMG, TXT, ANS.format("x")]) == (1, 1)
     assert search_counts(["<text_search> unclosed"]) == (0, 0)
     assert clean_turn("  <answer> a </answer><|im_end|> \n<|endoftext|>") == "<answer> a </answer>"
-    r = mmsearch_score([IMG, ANS.format(" Drelia ")], GOLDS, cfg())
+    r = score([IMG, ANS.format(" Drelia ")], GOLDS)
     assert (r.answer, r.correct, r.em, r.image_searches, r.text_searches) == ("Drelia", True, 1.0, 1, 0)
     assert format_score([]) == 0.0
 
@@ -92,6 +111,10 @@ def test_the_agents_reward_and_clear_errors():
     fn = agent_spec("mmsearch").load("reward")
     assert fn is mmsearch_reward
     assert fn("ignored", GOLDS, cfg(), turns=[ANS.format("Drelia")]).score == pytest.approx(1.0)
+    # its own terms come from the agent's section: format_penalty 0.1 there, a direct answer without a reason
+    section = SimpleNamespace(reward=shaping())
+    assert fn("x", GOLDS, cfg(), turns=["<answer> Drelia </answer>"]).score == pytest.approx(1.0)
+    assert fn("x", GOLDS, cfg(), turns=["<answer> Drelia </answer>"], agent_cfg=section).score == pytest.approx(0.9)
     with pytest.raises(ValueError, match="turns="):
         fn("<reason> a </reason><answer> Drelia </answer>", GOLDS, cfg())
     with pytest.raises(ValueError, match="em or subem|one of"):

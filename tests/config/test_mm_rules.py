@@ -28,7 +28,13 @@ def test_the_agent_alone_chooses_its_data_and_reward(reference_env):
 @pytest.mark.slow
 def test_mm_scoring_pixels_cache_and_training(reference_env):
     assert_issue("tiny-mm-cpu-eval", ["reward.scoring=f1"], "reward.scoring", "em")
-    assert_issue("tiny-mm-cpu-eval", ["data.image_min_pixels=100"], "data.image_min_pixels", "784")
+    assert_issue("tiny-mm-cpu-eval", ["agentloop.mmsearch.image_min_pixels=100"],
+                 "agentloop.mmsearch.image_min_pixels", "784")
+    # a key that moved into the agent's section: the error names its new place
+    assert_issue("tiny-mm-cpu-eval", ["data.image_min_pixels=3136"], "data.image_min_pixels",
+                 "agentloop.mmsearch.image_min_pixels")
+    assert_issue("tiny-mm-cpu-eval", ["reward.format_penalty=0.1"], "reward.format_penalty",
+                 "agentloop.mmsearch.reward.format_penalty")
     assert_issue("tiny-mm-cpu-eval", ["tools.image_search.thumbnail_max_pixels=1000"],
                  "tools.image_search.thumbnail_max_pixels", "3136")
     assert_issue("tiny-mm-cpu-eval", ["tools.image_search.cache_path=null"], "tools.image_search.cache_path", "cache")

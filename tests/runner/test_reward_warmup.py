@@ -1,6 +1,6 @@
 """The search-penalty warm-up through the trainer -> reward-worker seam (no Ray): the runner hands the step it is
-training to ``RewardWorker.compute_rewards``, so ``reward.search_penalty_warmup_steps`` ramps the penalty over the
-steps instead of scoring every step as step 0.
+training to ``RewardWorker.compute_rewards``, so ``agentloop.mmsearch.reward.search_penalty_warmup_steps`` ramps the
+penalty over the steps instead of scoring every step as step 0.
 
 The trainer is GRPOTrainer itself (bare, without Ray); the reward group runs the real ``RewardWorker.compute_rewards``
 on in-memory channels; the agent loop puts the same MMSearch-R1 group every step: one correct answer after an
@@ -15,6 +15,7 @@ import pytest
 from group_fakes import FuncResult, check_group_call
 from signature_checks import checked_against
 
+from rlinf_ext.agent.mmsearch.config import MMSearchConfig, RewardShapingConfig
 from rlinf_ext.agent.mmsearch.rollout import group_result
 from rlinf_ext.agent.mmsearch.types import VLTrajectory, VLTurnRecord
 from rlinf_ext.config.schema import RewardConfig
@@ -78,9 +79,11 @@ class _AgentLoop:
 class _Reward:
     """The reward group: the real worker method, called in-process."""
 
-    def __init__(self, reward_cfg: RewardConfig):
+    def __init__(self, reward_cfg: RewardConfig, warmup_steps: int):
         self.worker = RewardWorker.__new__(RewardWorker)  # no Ray actor; only what compute_rewards reads
-        self.worker.cfg = SimpleNamespace(reward=reward_cfg, agentloop=SimpleNamespace(agent="mmsearch"))
+        section = MMSearchConfig(reward=RewardShapingConfig(search_penalty_warmup_steps=warmup_steps))
+        self.worker.cfg = SimpleNamespace(reward=reward_cfg, agentloop=SimpleNamespace(agent="mmsearch",
+                                                                                       mmsearch=section))
         self.worker._timer_metrics = {}
         self.worker.init_worker()  # the agent's reward and reward metrics
 
@@ -104,8 +107,9 @@ class _Actor:
         return call
 
 
-def _trainer(reward_cfg: RewardConfig) -> GRPOTrainer:
-    groups = WorkerGroups(rollout=_Actor("rollout"), actor=_Actor("actor"), reward=_Reward(reward_cfg), agent_loop=_AgentLoop(),
+def _trainer(reward_cfg: RewardConfig, warmup_steps: int) -> GRPOTrainer:
+    groups = WorkerGroups(rollout=_Actor("rollout"), actor=_Actor("actor"), reward=_Reward(reward_cfg, warmup_steps),
+                          agent_loop=_AgentLoop(),
                           placement=Placement(rollout_dp_size=1, agent_loop_world_size=1,
                                               actor_world_size=1, weight_sync=SyncRoutes("paired", 1, 1)))
     trainer = GRPOTrainer.__new__(GRPOTrainer)  # no Ray: only what train_step reads
@@ -119,8 +123,8 @@ def _trainer(reward_cfg: RewardConfig) -> GRPOTrainer:
     return trainer
 
 
-def _rewards_per_step(reward_cfg: RewardConfig, steps: int) -> list[list[float]]:
-    trainer = _trainer(reward_cfg)
+def _rewards_per_step(reward_cfg: RewardConfig, steps: int, warmup_steps: int = 0) -> list[list[float]]:
+    trainer = _trainer(reward_cfg, warmup_steps)
     out = []
     for _ in range(steps):
         _, trajectories = trainer.train_step([{"prompt_ids": [1, 2], "answers": ["red"], "uid": "q"}])
@@ -132,8 +136,8 @@ def test_search_penalty_ramps_over_the_training_steps():
     """warm-up 2, penalty 0.1 (``penalty_at``: -0.1 at step 0, 0 at step 1, +0.1 from step 2): the searching
     trajectory scores 1.1, 1.0, 0.9, 0.9; the direct answer 1.0 throughout. Scoring every step as step 0 (the old
     seam) gave 1.1 forever."""
-    cfg = RewardConfig(scoring="em", search_penalty=0.1, search_penalty_warmup_steps=2)
-    rewards = _rewards_per_step(cfg, 4)
+    cfg = RewardConfig(scoring="em", search_penalty=0.1)
+    rewards = _rewards_per_step(cfg, 4, warmup_steps=2)
     assert [r[0] for r in rewards] == pytest.approx([1.1, 1.0, 0.9, 0.9])
     assert [r[1] for r in rewards] == pytest.approx([1.0] * 4)
 

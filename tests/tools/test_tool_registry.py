@@ -70,7 +70,7 @@ def test_short_name_and_import_path(plugin_module):
 
 
 def test_unknown_names_say_the_choices_and_the_import_path_form(plugin_module):
-    with pytest.raises(ToolNameError, match=r"registered tool \(\['search'\]\).*'pkg\.module:Class'"):
+    with pytest.raises(ToolNameError, match=r"registered tool \(\['image_search', 'search'\]\).*'pkg\.module:Class'"):
         resolve_tool("calculator")
     with pytest.raises(ToolNameError, match="cannot import module"):
         resolve_tool("no_such_pkg.tools:Calc")

@@ -17,7 +17,7 @@ from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import HFVLGenerator
 from rlinf_ext.protocol.generation import SamplingParams
-from rlinf_ext.tools.image_search import ImageSearchTool
+from rlinf_ext.tools.image_search import ImageSearch
 from rlinf_ext.tools.search import SearchTool
 from rlinf_ext.training.fsdp_policy import FSDPPolicy
 from rlinf_ext.training.grpo_policy import MMSample
@@ -33,7 +33,7 @@ def mm_trajectories(mm, model_dir: Path, n_tasks: int = 3, group: int = 4, seed:
     gen = HFVLGenerator.from_pretrained(model_dir, num_threads=None, return_logprobs=True, seed=seed)
     if first_turn is not None:
         gen.logits_processors = [ForcedFirstTurn(gen.processor.tokenizer, first_turn)]
-    tools = SearchTools(ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(mm.cache_train), topk=2,
+    tools = SearchTools(ImageSearch(ImageSearchToolConfig(backend="cache_dir", cache_path=str(mm.cache_train), topk=2,
                                                           thumbnail_min_pixels=PX, thumbnail_max_pixels=PX)),
                     SearchTool(SearchToolConfig(backend="dummy", topk=1)))
     settings = LoopSettings.with_defaults(max_gen_round=3, response_length_total=1024, max_obs_length=64)

@@ -16,7 +16,7 @@ from channel_fakes import Channel
 from rlinf_ext.agent.core.rollout import AgentRollout
 from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
 from rlinf_ext.protocol.payloads import AgentRolloutRequest
-from rlinf_ext.tools.image_search import ImageSearchTool
+from rlinf_ext.tools.image_search import ImageSearch
 from rlinf_ext.tools.search import SearchTool, TextSearch
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.returns import AgentLoopOutput
@@ -95,15 +95,15 @@ def test_each_batch_in_flight_is_charged_only_its_own_tool_calls():
 
 
 def test_the_mmsearch_raw_searches_of_both_tools_are_charged_to_their_batch():
-    """MMSearch-R1's loop calls ``TextSearch.search`` and ``ImageSearchTool.search`` directly, not ``Tool.run``;
-    its ``tools`` lists only the text search. Each batch is charged the latencies its own results report."""
+    """MMSearch-R1's loop calls ``TextSearch.search`` directly and ``ImageSearch`` through ``Tool.run``; its
+    ``tools`` lists only the text search. Each batch is charged the latencies its own results report."""
     text = TextSearch(SearchTool(SearchToolConfig(backend="dummy", topk=2)))
-    image = ImageSearchTool(ImageSearchToolConfig(backend="dummy", topk=2, thumbnail_min_pixels=3136,
+    image = ImageSearch(ImageSearchToolConfig(backend="dummy", topk=2, thumbnail_min_pixels=3136,
                                                   thumbnail_max_pixels=3136))
 
     async def call(item: tuple[str, str]):
         kind, query = item
-        found = await (image.search(query) if kind == "image" else text.search(query))
+        found = await (image.run(query) if kind == "image" else text.search(query))
         return found.latency_s
 
     agent = BarrierAgent([text], call, groups_in_all=2)

@@ -23,8 +23,26 @@ class PromptsConfig:
 
 
 @dataclass
+class RewardShapingConfig:
+    """MMSearch-R1's terms of the reward beyond the shared ``reward`` section (``reward.search_penalty`` and
+    ``reward.scoring`` stay there: the Search-R1 reward reads them too)."""
+
+    format_penalty: float = fld(
+        0.0, "reward = (1 - format_penalty) * answer score + format_penalty * format score (MMSearch-R1: 0.1).")
+    use_search_count_penalty: bool = fld(False, "Apply reward.search_penalty once per search (False: once).")
+    search_penalty_warmup_steps: int = fld(
+        0, "Ramp reward.search_penalty linearly from -search_penalty to +search_penalty over these steps.")
+
+
+@dataclass
 class MMSearchConfig:
     max_gen_round: int = fld(3, "Generation turns at most (MMSearch-R1: 3; a search in the last turn ends it).")
     image_search_limit: int = fld(1, "Image searches per trajectory; one more ends the trajectory.")
     text_search_limit: int = fld(1, "Text searches per trajectory (official script: 2); one more ends it.")
+    image_min_pixels: int = fld(
+        262144, "Question images are canonicalised to at least this many pixels (512*512, MMSearch-R1).")
+    image_max_pixels: int = fld(
+        903168, "Question images are canonicalised to at most this many pixels (672*672*2, MMSearch-R1).")
+    reward: RewardShapingConfig = fld(RewardShapingConfig, "Its reward's own terms (format, per-search, warm-up).")
     prompts: PromptsConfig = fld(PromptsConfig, "Texts of the loop (the project's own wording by default).")
+

@@ -22,11 +22,12 @@ class TaskDataset(torch.utils.data.Dataset):
 
         data = cfg.data
         processor = load_vl_processor(str(cfg.rollout.model.model_path))
-        prompts = Prompts.from_config(cfg.agentloop.mmsearch.prompts)
+        mm = cfg.agentloop.mmsearch
+        prompts = Prompts.from_config(mm.prompts)
         limit = None if int(data.data_size) < 0 else int(data.data_size)
         self.items, self.dropped = [], 0
         for path in paths:
-            for row in read_fvqa(path, int(data.image_min_pixels), int(data.image_max_pixels), limit=limit):
+            for row in read_fvqa(path, int(mm.image_min_pixels), int(mm.image_max_pixels), limit=limit):
                 task = Task.from_row(row)
                 ids = first_prompt_ids(processor, prompts, task)
                 if len(ids) > data.max_prompt_length:

@@ -30,7 +30,6 @@ from rlinf_ext.agent.mmsearch.observation import (
     Observation,
     build_observation,
     failure_body,
-    image_results_body,
     text_results_body,
 )
 from rlinf_ext.agent.mmsearch.prompts import Prompts
@@ -74,7 +73,7 @@ class LoopSettings:
 
 @dataclass
 class SearchTools:
-    image_search: Any  # tools.image_search.ImageSearchTool: async search(data_id)
+    image_search: Any  # tools.image_search.ImageSearch: a Tool, run(data_id) -> ImageSearchOutput
     text_search: Any  # tools.search.TextSearch (or its client, SearchTool): async search(query) -> SearchResult
 
 
@@ -129,27 +128,33 @@ class _Run(ResponseBuffer):
         self.prompt_ids = prompt_ids
         self.images = list(task.images)
         self.turns: list[VLTurnRecord] = []
-        self.counts = dict(image_searches=0, text_searches=0, image_search_failures=0, text_search_failures=0,
+        names = tools.image_search.metric_names()
+        self.counts = {names.calls: 0, names.failures: 0, names.latency_s: 0.0}
+        self.counts.update(text_searches=0, text_search_failures=0,
                            missing_images=0, search_limit_hits=0, generated_tokens=0, image_pad_tokens=0,
                            truncated_observations=0, banned_dropped=0)
         self.banned = vision_special_ids(processor.tokenizer)
 
     def limit_reached(self, action: str, turn_index: int) -> bool:
-        used = self.counts["image_searches" if action == "image_search" else "text_searches"]
-        limit = self.s.image_search_limit if action == "image_search" else self.s.text_search_limit
+        image = action == "image_search"
+        used = self.counts[self.tools.image_search.metric_names().calls if image else "text_searches"]
+        limit = self.s.image_search_limit if image else self.s.text_search_limit
         return used >= limit or turn_index >= self.s.max_gen_round - 1
 
     async def observe(self, action: str, query: str | None, record: VLTurnRecord) -> Observation:
         after_im_end = bool(record.response_ids) and record.response_ids[-1] == self.p.tokenizer.convert_tokens_to_ids("<|im_end|>")
         if action == "image_search":
-            self.counts["image_searches"] += 1
-            found = await self.tools.image_search.search(self.task.data_id)
+            tool = self.tools.image_search
+            names = tool.metric_names()
+            found = await tool.run(self.task.data_id)  # the task's image is the query: the call carries only <img>
+            self.counts[names.calls] += 1
+            self.counts[names.failures] += 0 if found.ok else 1
+            self.counts[names.latency_s] += float(found.latency_s or 0.0)
             record.tool, record.tool_ok, record.titles = TOOL_IMAGE, found.ok, [h.title for h in found.hits]
             self.counts["missing_images"] += found.missing_images
             if found.ok:
-                body, images = image_results_body(self.prompts, found.hits)
+                body, images = self.prompts.image_results_header + found.body, list(found.images)
             else:
-                self.counts["image_search_failures"] += 1
                 body, images = failure_body(self.prompts, found.error or "no results"), []
             return build_observation(self.p, self.prompts, body, images, self.task.question,
                                         self.prompts.after_image_search, after_im_end)

@@ -19,11 +19,13 @@ TABLE_COLUMNS = (ACCURACY, REWARD, IMAGE_SEARCH_RATIO, TEXT_SEARCH_RATIO, MIX_SE
                  IMAGE_FAILURE_RATIO, TEXT_FAILURE_RATIO)
 
 
-def reward_fn(reward_cfg: Any, step: int = 0) -> Callable[[VLTrajectory], float]:
-    """`fn(trajectory) -> score` on the model's own turn texts; the details stay on the trajectory."""
+def reward_fn(reward_cfg: Any, step: int = 0, shaping: Any = None) -> Callable[[VLTrajectory], float]:
+    """`fn(trajectory) -> score` on the model's own turn texts (`shaping`: `agentloop.mmsearch.reward`); the
+    details stay on the trajectory."""
 
     def score(trajectory: VLTrajectory) -> float:
-        result = mmsearch_score([t.text for t in trajectory.turns], trajectory.answers, reward_cfg, step=step)
+        result = mmsearch_score([t.text for t in trajectory.turns], trajectory.answers, reward_cfg, step=step,
+                                shaping=shaping)
         trajectory.reward_details = result
         return result.score
 

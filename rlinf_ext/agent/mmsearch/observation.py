@@ -12,7 +12,7 @@ from typing import Any
 
 from rlinf_ext.agent.mmsearch.prompts import Prompts
 from rlinf_ext.protocol.images import ImageRef, image_pad_count
-from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, IMAGE_PLACEHOLDER, expand_image_pads, token_id
+from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, expand_image_pads, token_id
 
 TURN_OPEN = "<|im_end|>\n<|im_start|>user\n"
 TURN_CLOSE = "<|im_end|>\n<|im_start|>assistant\n"
@@ -25,18 +25,6 @@ class Observation:
     images: list[ImageRef]
     image_tokens: int  # expanded <|image_pad|> ids among `ids`
     truncated: bool = False
-
-
-def image_results_body(prompts: Prompts, hits: list[Any]) -> tuple[str, list[ImageRef]]:
-    """Ranked hits as text with one image placeholder per thumbnail; hits without one show the title only."""
-    lines, images = [prompts.image_results_header], []
-    for i, hit in enumerate(hits, start=1):
-        if hit.image is not None:
-            lines.append(f"{i}. image: {IMAGE_PLACEHOLDER}\ntitle: {hit.title}\n")
-            images.append(hit.image)
-        else:
-            lines.append(f"{i}. title: {hit.title}\n")
-    return "".join(lines), images
 
 
 def text_results_body(tokenizer: Any, prompts: Prompts, documents: list[Any], max_tokens: int) -> tuple[str, bool]:

@@ -9,10 +9,11 @@ Inputs are the model's own turn texts (no observations) and the gold answers (gr
   A direct answer has one reason and one answer block and no search call; an image search ends with
   `<search><img></search>` (once) and has no answer or text search; a text search ends with one
   `<text_search>…</text_search>` and has no answer or image search. More turns score 0.
-- Search penalty: a correct answer reached after searching is multiplied by (1 - p), once, or once per search
-  with `use_search_count_penalty`; with `search_penalty_warmup_steps` the penalty ramps linearly from -p
-  (searching is rewarded) at step 0 to +p at the end of the warm-up.
+- Search penalty: a correct answer reached after searching is multiplied by (1 - p) (`reward.search_penalty`),
+  once, or once per search with `use_search_count_penalty`; with `search_penalty_warmup_steps` the penalty ramps
+  linearly from -p (searching is rewarded) at step 0 to +p at the end of the warm-up.
 - Final: `((1 - format_penalty) * score + format_penalty * format_score) * reward_scale`.
+The shared terms come from the `reward` section, MMSearch-R1's own from `agentloop.mmsearch.reward` (`shaping`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from rlinf_ext.agent.mmsearch.config import RewardShapingConfig
 from rlinf_ext.agent.mmsearch.protocol import IMAGE_CALL, clean_turn
 from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.rewards.qa_metrics import em_score, golden_list, subem_score
@@ -102,8 +104,11 @@ class RewardResult:
     penalty: float  # the search penalty applied (0 when none)
 
 
-def mmsearch_score(turns: Sequence[str], golden_answers: Any, cfg: Any, step: int = 0) -> RewardResult:
-    """Score one trajectory's turns (see the module docstring); `cfg` is the `reward` section."""
+def mmsearch_score(turns: Sequence[str], golden_answers: Any, cfg: Any, step: int = 0,
+                   shaping: RewardShapingConfig | None = None) -> RewardResult:
+    """Score one trajectory's turns (see the module docstring); `cfg` is the `reward` section, `shaping` the
+    agent's `agentloop.mmsearch.reward` (None: its defaults)."""
+    shaping = shaping if shaping is not None else RewardShapingConfig()
     if cfg.scoring not in SCORINGS:
         raise ValueError(f"reward.scoring must be one of {SCORINGS} for the MMSearch-R1 reward, got {cfg.scoring!r}")
     if not turns:
@@ -117,20 +122,22 @@ def mmsearch_score(turns: Sequence[str], golden_answers: Any, cfg: Any, step: in
     n_image, n_text = search_counts(turns)
     score, applied = float(correct), 0.0
     if correct and n_image + n_text > 0:
-        applied = penalty_at(step, float(cfg.search_penalty), int(cfg.search_penalty_warmup_steps))
-        times = n_image + n_text if cfg.use_search_count_penalty else 1
+        applied = penalty_at(step, float(cfg.search_penalty), int(shaping.search_penalty_warmup_steps))
+        times = n_image + n_text if shaping.use_search_count_penalty else 1
         score *= (1.0 - applied) ** times
-    fp = float(cfg.format_penalty)
+    fp = float(shaping.format_penalty)
     total = ((1.0 - fp) * score + fp * fmt) * float(cfg.reward_scale)
     return RewardResult(total, answer, correct, em, subem, fmt, n_image, n_text, applied)
 
 
 def mmsearch_reward(response: str, golden_answers: Any, cfg: Any = None, num_searches: int = 0, *,
-                    turns: Sequence[str] | None = None, step: int = 0) -> RewardResult:
-    """MMSearch-R1's reward (``AgentSpec.reward``); the format rule needs the per-turn texts."""
+                    turns: Sequence[str] | None = None, step: int = 0, agent_cfg: Any = None) -> RewardResult:
+    """MMSearch-R1's reward (``AgentSpec.reward``); the format rule needs the per-turn texts, its own terms the
+    agent's section (``agent_cfg``: ``agentloop.mmsearch``; None: its defaults)."""
     if turns is None:
         raise ValueError("the MMSearch-R1 reward judges each turn on its own: call it with turns=[...] (the MMSearch "
                          "agent loop does); a single response string is not enough")
     if cfg is None:
         cfg = RewardConfig()
-    return mmsearch_score(turns, golden_answers, cfg, step=step)
+    shaping = None if agent_cfg is None else agent_cfg.reward
+    return mmsearch_score(turns, golden_answers, cfg, step=step, shaping=shaping)

@@ -17,8 +17,7 @@ from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import Generator, SamplingParams
 from rlinf_ext.protocol.payloads import AgentRolloutRequest, AgentRolloutResult
 from rlinf_ext.tools.base import ToolContext
-from rlinf_ext.tools.image_search import ImageSearchTool
-from rlinf_ext.tools.registry import build_tools
+from rlinf_ext.tools.registry import IMAGE_SEARCH, SEARCH, build_tools
 
 
 def group_result(group: list[VLTrajectory], prompt_text: str) -> AgentRolloutResult:
@@ -53,9 +52,10 @@ def result_records(result: AgentRolloutResult) -> list[dict[str, Any]]:
 class MMSearchRollout:
     def __init__(self, cfg: Any, context: ToolContext):
         self.processor = load_vl_processor(str(cfg.rollout.model.model_path))
-        (text_search,) = build_tools(["search"], cfg, context)
+        # built one by one: the image search's <search> tag is the text tool's in Search-R1 (here <text_search>)
+        (image_search,), (text_search,) = build_tools([IMAGE_SEARCH], cfg, context), build_tools([SEARCH], cfg, context)
         self.tools = [text_search]  # its `searches` counter holds both tools' calls (group_result)
-        self.search_tools = SearchTools(ImageSearchTool(cfg.tools.image_search), text_search)
+        self.search_tools = SearchTools(image_search, text_search)
         self.settings = LoopSettings.from_config(cfg.agentloop)
         self.prompts = Prompts.from_config(cfg.agentloop.mmsearch.prompts)
         self.sampling_params = SamplingParams.from_config(cfg.algorithm.sampling_params)

@@ -1,5 +1,5 @@
-"""MMSearch-R1's own config rules (``AgentSpec.rules``): its search limits fit its rounds, and its image search has
-a source. They run only on configs whose agent is mmsearch."""
+"""MMSearch-R1's own config rules (``AgentSpec.rules``): its search limits fit its rounds, its image search has
+a source, its image pixel bounds hold a 28x28 block. They run only on configs whose agent is mmsearch."""
 
 from __future__ import annotations
 
@@ -33,3 +33,20 @@ def image_search_source(cfg: Any) -> Iterator[ConfigIssue]:
                           "but no path is set.", "set tools.image_search.cache_path=DIR (FVQA_Cache) or FILE.pkl.")
     if cfg.agentloop.mmsearch.max_gen_round < 1:
         yield ConfigIssue("agentloop.mmsearch.max_gen_round", "must be >= 1.", "set agentloop.mmsearch.max_gen_round=3.")
+
+
+@rule("agentloop.mmsearch.image_min_pixels", "agentloop.mmsearch.image_max_pixels",
+      "tools.image_search.thumbnail_min_pixels", "tools.image_search.thumbnail_max_pixels", agent=MMSEARCH)
+def image_pixel_bounds(cfg: Any) -> Iterator[ConfigIssue]:
+    """Qwen2.5-VL merges 28x28 pixels into one token: a smaller bound leaves no token; max below min is empty."""
+    mm, thumbs = cfg.agentloop.mmsearch, cfg.tools.image_search
+    for lo_key, hi_key, lo, hi in (
+        ("agentloop.mmsearch.image_min_pixels", "agentloop.mmsearch.image_max_pixels", mm.image_min_pixels,
+         mm.image_max_pixels),
+        ("tools.image_search.thumbnail_min_pixels", "tools.image_search.thumbnail_max_pixels",
+         thumbs.thumbnail_min_pixels, thumbs.thumbnail_max_pixels),
+    ):
+        if lo < 28 * 28:
+            yield ConfigIssue(lo_key, f"{lo} pixels is below one 28x28 block (784).", f"set {lo_key}>=784.")
+        elif hi < lo:
+            yield ConfigIssue(hi_key, f"{hi} is below {lo_key}={lo}.", f"set {hi_key}>={lo}.")

@@ -59,7 +59,7 @@ from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
 from rlinf_ext.protocol.images import canonicalize, encode_png
 from rlinf_ext.protocol.vl_tokens import mm_token_type_ids
-from rlinf_ext.tools.image_search import ImageSearchTool
+from rlinf_ext.tools.image_search import ImageSearch
 
 PX = vl_models.TINY_MIN_PIXELS
 COLOUR_SOURCE = f"tinymm_{KIND_COLOUR}"  # the FVQA data_source of the colour questions (assets/mmsearch/tiny.py)
@@ -172,7 +172,7 @@ def demonstration_plans(tasks: list[Task], scripted: dict[str, dict], cache_dir:
 def play_back(processor, plans: list[Plan], cache_dir: Path, corpus_path: Path, cfg: SFTConfig) -> list[VLTrajectory]:
     """The loop's own trajectories for the planned turns (one task at a time: the playback is sequential)."""
     gen = PlaybackGenerator(processor.tokenizer)
-    image = ImageSearchTool(ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache_dir), topk=cfg.topk,
+    image = ImageSearch(ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache_dir), topk=cfg.topk,
                                                   thumbnail_min_pixels=PX, thumbnail_max_pixels=PX))
     tools = SearchTools(image, CorpusTextSearch(corpus_retriever(corpus_path), cfg.topk))
     settings = LoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,

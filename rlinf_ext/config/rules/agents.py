@@ -1,5 +1,5 @@
 """Rules every agent shares, read from its registry entry (``protocol/agents.py``): its model kind and reward
-scorings, its stop strings; the image pixel bounds. An agent's own rules live with it (``AgentSpec.rules``)."""
+scorings, its stop strings, its validation pass. An agent's own rules live with it (``AgentSpec.rules``)."""
 
 from __future__ import annotations
 
@@ -42,22 +42,6 @@ def stops_hold_the_action_tags(cfg):
         yield ConfigIssue("algorithm.sampling_params.stop", f"{spec.title} turns with these tools end at "
                           f"{list(stops)}; missing {missing}.", f"add {missing} to algorithm.sampling_params.stop, "
                           "or leave it empty (the loop adds its stops).", warning=True)
-
-
-@rule("data.image_min_pixels", "data.image_max_pixels", "tools.image_search.thumbnail_min_pixels",
-      "tools.image_search.thumbnail_max_pixels")
-def image_pixel_bounds(cfg):
-    for lo_key, hi_key, lo, hi in (
-        ("data.image_min_pixels", "data.image_max_pixels", cfg.data.image_min_pixels, cfg.data.image_max_pixels),
-        ("tools.image_search.thumbnail_min_pixels", "tools.image_search.thumbnail_max_pixels",
-         cfg.tools.image_search.thumbnail_min_pixels, cfg.tools.image_search.thumbnail_max_pixels),
-    ):
-        if lo < 28 * 28:
-            yield ConfigIssue(lo_key, f"{lo} pixels is below one 28x28 block (784).", f"set {lo_key}>=784.")
-        elif hi < lo:
-            yield ConfigIssue(hi_key, f"{hi} is below {lo_key}={lo}.", f"set {hi_key}>={lo}.")
-
-
 
 
 @rule("agentloop.agent", "runner.val_before_train", "runner.val_check_interval", "data.val_data_paths")

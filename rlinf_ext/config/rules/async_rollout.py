@@ -11,7 +11,7 @@ from rlinf_ext.config.placement import PlacementError, is_collocated
 from rlinf_ext.config.rule_registry import is_training, rule
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue
-from rlinf_ext.protocol.agents import MMSEARCH
+from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.protocol.engines import ENGINE_KEY, engine_spec, engines_with
 
 KEY = "runner.max_staleness"
@@ -67,12 +67,13 @@ def staleness_wants_a_behaviour_weight(cfg: ExperimentConfig) -> Iterator[Config
 
 @rule(KEY, "runner.task_type", "agentloop.agent")
 def staleness_needs_aligned_logprobs(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
-    """MMSearch-R1's loop re-tokenises its responses (image pads): no test shows yet that the engine's log-probs
-    stay aligned with the trained tokens there."""
-    if cfg.runner.max_staleness > 0 and is_training(cfg) and cfg.agentloop.agent == MMSEARCH:
+    """Stale tokens are weighted by the engine's log-probs, so they must be the trained tokens' (the registry's
+    ``AgentSpec.retokenizes``: MMSearch-R1's loop re-tokenises its responses, and that alignment is not tested)."""
+    spec = agent_spec(cfg)
+    if cfg.runner.max_staleness > 0 and is_training(cfg) and spec.retokenizes:
         yield ConfigIssue(KEY, f"{KEY}={cfg.runner.max_staleness} needs the engine's log-probs aligned with the trained "
-                          f"tokens; agent {MMSEARCH} re-tokenises its responses and that alignment is not tested yet.",
-                          f"set {KEY}=0 for agentloop.agent={MMSEARCH}.")
+                          f"tokens; agent {spec.name} re-tokenises its responses and that alignment is not tested yet.",
+                          f"set {KEY}=0 for agentloop.agent={spec.name}.")
 
 
 PARTIAL = "runner.partial_rollout"

@@ -36,7 +36,7 @@ from rlinf_ext.eval.mmsearch.records import GenerationRecord, error_record, reco
 from rlinf_ext.eval.mmsearch.results import tabulate
 from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.protocol.generation import SamplingParams
-from rlinf_ext.tools.image_search import ImageSearchTool
+from rlinf_ext.tools.image_search import ImageSearch
 from rlinf_ext.tools.registry import build_tools
 
 Item = tuple[str, Task]  # (benchmark = the file's stem, task)
@@ -44,11 +44,11 @@ Item = tuple[str, Task]  # (benchmark = the file's stem, task)
 
 def load_tasks(cfg: Any) -> list[Item]:
     """(benchmark = file stem, task) for every row of every `data.val_data_paths` file."""
-    data = cfg.data
+    data, mm = cfg.data, cfg.agentloop.mmsearch
     limit = None if int(data.data_size) < 0 else int(data.data_size)
     out = []
     for path in data.val_data_paths:
-        rows = read_fvqa(path, int(data.image_min_pixels), int(data.image_max_pixels), limit=limit)
+        rows = read_fvqa(path, int(mm.image_min_pixels), int(mm.image_max_pixels), limit=limit)
         out += [(Path(path).stem, Task.from_row(r)) for r in rows]
     return out
 
@@ -57,7 +57,7 @@ def search_tools(cfg: Any, image_search: Any = None) -> SearchTools:
     """The two search tools of `cfg.tools` (`image_search`: another `tools.image_search` section, e.g. the
     validation questions' cache)."""
     (text_search,) = build_tools(["search"], cfg)
-    return SearchTools(ImageSearchTool(image_search if image_search is not None else cfg.tools.image_search), text_search)
+    return SearchTools(ImageSearch(image_search if image_search is not None else cfg.tools.image_search), text_search)
 
 
 RolloutFn = Callable[[Task], Awaitable[VLTrajectory]]
@@ -66,7 +66,7 @@ RolloutFn = Callable[[Task], Awaitable[VLTrajectory]]
 def make_rollout_fn(cfg: Any, generator, processor, tools: SearchTools, params: SamplingParams) -> RolloutFn:
     """task -> scored trajectory through the training loop, tools and reward (one trajectory per question)."""
     settings, prompts = LoopSettings.from_config(cfg.agentloop), Prompts.from_config(cfg.agentloop.mmsearch.prompts)
-    reward = reward_fn(cfg.reward)
+    reward = reward_fn(cfg.reward, shaping=cfg.agentloop.mmsearch.reward)
 
     async def rollout(task: Task) -> VLTrajectory:
         ids = first_prompt_ids(processor, prompts, task)
