@@ -14,7 +14,8 @@ from types import SimpleNamespace
 from channel_fakes import Channel
 
 from rlinf_ext.agent.core.rollout import AgentRollout
-from rlinf_ext.config.schema import ImageSearchToolConfig, SearchToolConfig
+from rlinf_ext.config.schema import ImageSearchToolConfig
+from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.protocol.payloads import AgentRolloutRequest
 from rlinf_ext.tools.image_search import ImageSearch
 from rlinf_ext.tools.search import SearchTool, TextSearch
