@@ -206,6 +206,7 @@ class BatchPipeline:
                 multi_modal_inputs=[None for _ in chunk],
                 uids=chunk_uids,
                 seed=seed,
+                priority=batch,  # the oldest batch in flight is the one the next step waits for
                 tasks=[it["task"] for it in chunk if "task" in it],  # MMSearch-R1 questions with their images
             ))
         return uids

@@ -35,6 +35,7 @@ def test_batches_go_out_k_ahead_and_are_admitted_in_order_with_their_dispatch_ve
     pipe.start()
     first = pipe.next_batch(0)
     assert dispatched(world) == [(0, ["q0", "q1"]), (1, ["q2", "q3"])]  # batch 1 runs ahead of step 0
+    assert [request.priority for _, _, request in world.dispatched] == [0, 1]  # the engines serve batch 0 first
     assert (first.batch, first.num_results, first.head_versions, pipe.position()) == (0, BATCH, [0, 0], 1)
     pipe.synced(1)
     second = pipe.next_batch(1)
