@@ -30,14 +30,16 @@ Calibration (``calibrate``): ``turn_s`` so that the simulated k = 0 rollout time
 (``time_rollout_s``); ``sync_s`` measured; both slowdowns = the k = 1 / k = 0 ratio of ``time_train_s``;
 ``recompute_s`` so that the k = 1 batch trajectories/s equal the measured ones (k = 0 hides all but the last
 group's share in its wait, k >= 1 none: ``time_recompute`` itself counts waits), ``train_s`` = the k = 0 step
-minus its wait, its sync and that last share. The other settings (partial, group) are predictions, printed beside their measurements.
+minus its wait, its sync and that last share. The other settings (partial, group) are predictions, printed beside
+their measurements.
 
 8-GPU proportions (``gpu_scenario``, every number an assumption, each a flag): a disaggregated 8xH100 run (the
 placement k > 0 needs; k = 0 on the same placement), Search-R1's batch (512 prompts x 5 = 2560 trajectories,
-``searchr1-facts.md`` section 7) on vLLM with ``1024`` sequences at once, 0-3 searches per trajectory (max_turns 4),
-a turn of median 4 s (lognormal sigma 0.5), the same search tail, the actor's 20 s per step (6 s recompute, 14 s
-update) and a sync of 3 s: rollout (~ 50 s for the batch) >> train, as RLinf's published ~60 s steps on 8xH100 are
-mostly rollout.
+``docs/searchr1-facts.md`` section 7) on vLLM with 1024 sequences at once, 0-3 searches per trajectory (max_turns
+4), a turn of median 4 s (lognormal sigma 0.5), the same search tail, the actor's 20 s per step (6 s recompute,
+14 s update) and a sync of 3 s: rollout (~ 50 s for the batch) >> train, as RLinf's published ~60 s steps on
+8xH100 are mostly rollout. "partial" there assumes a sync that stops the engine without waiting for whole turns
+(vLLM's ``pause_generation(mode="keep")``); the runner cuts turns only on HF today.
 """
 
 from __future__ import annotations
@@ -138,7 +140,8 @@ def draw_batch(scenario: Scenario, seed: int, batch: int) -> list[list[tuple[flo
         calls = rng.choices(range(len(scenario.calls)), weights=scenario.calls)[0]
         turns = []
         for i in range(calls + 1):
-            work = scenario.turn_s * (math.exp(scenario.turn_sigma * rng.gauss(0.0, 1.0)) if scenario.turn_sigma else 1.0)
+            spread = math.exp(scenario.turn_sigma * rng.gauss(0.0, 1.0)) if scenario.turn_sigma else 1.0
+            work = scenario.turn_s * spread
             tool = _lognormal(rng, scenario.tool_median_s, scenario.tool_p99_s) if i < calls else 0.0
             turns.append((work, tool))
         out.append(turns)
@@ -307,7 +310,8 @@ class _Sim:
             else:
                 uid = {key: f"{key[0]}-{key[1]}" for key in untrained}
                 while True:
-                    waiting = [Waiting(uid[key], self.group_version[key], self.group_done.get(key)) for key in untrained]
+                    waiting = [Waiting(uid[key], self.group_version[key], self.group_done.get(key))
+                               for key in untrained]
                     chosen = admit(waiting, s, groups, po.k)
                     if chosen is not None:
                         break
@@ -414,7 +418,7 @@ def gpu_scenario(args: argparse.Namespace) -> Scenario:
 GRID = (Policy(0), Policy(1), Policy(1, partial=True), Policy(1, "group"), Policy(1, "group", True),
         Policy(1, priority=False), Policy(1, partial=True, priority=False), Policy(1, sync_every=2),
         Policy(1, partial=True, sync_every=2), Policy(2), Policy(2, partial=True), Policy(2, "group", True),
-        Policy(2, partial=True, sync_every=2), Policy(2, partial=True, sync_every=3))
+        Policy(2, sync_every=2), Policy(2, partial=True, sync_every=2), Policy(2, partial=True, sync_every=3))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -385,7 +385,11 @@ class VLLMGenerator:
         ``version`` (None: keep the label: a load that broke off), resume."""
         try:
             await self.engine.collective_rpc("rlinf_finish_weight_load")
-            await self.engine.reset_prefix_cache()
+            # vLLM keys cached blocks by tokens, not weights; it refuses (False) while a request holds blocks
+            if not await self.engine.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache after the weight load (a request still "
+                                   "holds KV blocks): the old weights' KV would serve new requests. The pause must "
+                                   "wait for every request (pause_generation(mode='wait')).")
             await self.engine.reset_encoder_cache()  # vision embeddings of the old weights (VL models)
             if version is not None:
                 await self.label_weights(version)

@@ -102,7 +102,8 @@ class HFRolloutState:
         decode step in progress; the engine stamps each token with the version of its segment."""
         key = request["channel_key"]
         result = await self.generator.generate(request["prompt_ids"], params, request.get("images") or None,
-                                               turn=lambda: self.gate.turn(key), priority=int(request.get("priority", 0)))
+                                               turn=lambda: self.gate.turn(key),
+                                               priority=int(request.get("priority", 0)))
         self.requests_served += 1
         return reply_of(result)
 
