@@ -157,6 +157,12 @@ class RunnerConfig:
         "would train it, so after the first k steps the order is batch admission's; each batch less gives every "
         "group a step of slack to finish late in, for fewer rollouts overlapping the step. 1..k + 1."
     )
+    sync_every: int = fld(
+        1, "Weight sync at every n-th step only (1 = every step). A skipped sync leaves the engines on older weights, "
+        "so batch b is dispatched only once they hold version b - k or later: needs n - 1 <= runner.max_staleness and "
+        "runner.admission=batch. Pays where a sync waits for whole turns (no partial rollout; "
+        "benchmarks/async_sim.py)."
+    )
 
 
 # --------------------------------------------------------------------------------------------- algorithm

@@ -2,7 +2,9 @@
 
 Concurrent `generate` calls (one per trajectory) are queued and served in batches: requests with the same
 sampling settings are left-padded into one `model.generate` call, run in a worker thread so the event loop
-keeps serving search calls meanwhile. Each row is then cut at its own end (``generation/turn_end.py``: the
+keeps serving search calls meanwhile. The queue serves the lowest ``priority`` first (the dispatch index of the
+request's batch: with batches rolled out ahead, the one the next step waits for), arrival order among equals
+(``pick_batch``). Each row is then cut at its own end (``generation/turn_end.py``: the
 first EOS, the first token that completes a stop string, or its own `max_new_tokens`; rows that finished early
 are padded by HF, and those pad ids are never returned). The ids returned are exactly the sampled ones; nothing is re-encoded.
 
@@ -52,6 +54,17 @@ class _Request:
     params: SamplingParams
     future: asyncio.Future
     images: list[Any] | None = None  # vision-language engines only (generation/hf_vl.py)
+    priority: int = 0  # lower is served first: the dispatch index of its batch
+
+
+def pick_batch(pending: list[_Request], max_batch_size: int) -> list[_Request]:
+    """The requests the next ``model.generate`` serves (pure): the first in queue order (lowest ``priority``, then
+    arrival; ``pending`` is in arrival order) and the requests batchable with it, in that order, up to
+    ``max_batch_size``. A later batch's request can join the call ahead of an older one only when the older one's
+    sampling settings differ from the head's (they cannot share a ``model.generate``)."""
+    queued = sorted(pending, key=lambda r: r.priority)  # stable: arrival order among equal priorities
+    key = _batch_key(queued[0].params)
+    return [r for r in queued if _batch_key(r.params) == key][:max_batch_size]
 
 
 def _batch_key(params: SamplingParams) -> tuple:
@@ -155,22 +168,24 @@ class HFGenerator:
 
     # ---- generation ----
     async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                       images: list[Any] | None = None, *, turn: Turn | None = None) -> GenerationResult:
+                       images: list[Any] | None = None, *, turn: Turn | None = None,
+                       priority: int = 0) -> GenerationResult:
         """``turn`` (interruptible engines): admits each segment of the turn and gives its weight version; the
-        result then carries one version per token when a sync cut the turn (the module docstring)."""
+        result then carries one version per token when a sync cut the turn (the module docstring). ``priority``:
+        the queue serves lower first (``pick_batch``)."""
         if not prompt_ids:
             raise ValueError("generate needs a non-empty prompt")
         if sampling_params.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
         self._check_images(images)
         if turn is None:
-            return await self._submit(prompt_ids, sampling_params, images)
+            return await self._submit(prompt_ids, sampling_params, images, priority)
         segments: list[tuple[GenerationResult, int]] = []
         sampled: list[int] = []
         while True:
             params = sampling_params.with_updates(max_new_tokens=sampling_params.max_new_tokens - len(sampled))
             async with turn() as version:
-                segment = await self._submit(list(prompt_ids) + sampled, params, images)
+                segment = await self._submit(list(prompt_ids) + sampled, params, images, priority)
             segments.append((segment, version))
             sampled += segment.output_ids
             if not (self.interruptible and cut_by_sync(segment, params.max_new_tokens)):
@@ -193,9 +208,9 @@ class HFGenerator:
                                 weight_version=versions[0] if len(set(versions)) == 1 else versions)
 
     async def _submit(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                      images: list[Any] | None) -> GenerationResult:
+                      images: list[Any] | None, priority: int = 0) -> GenerationResult:
         loop = asyncio.get_running_loop()
-        request = _Request(list(prompt_ids), sampling_params, loop.create_future(), list(images or []))
+        request = _Request(list(prompt_ids), sampling_params, loop.create_future(), list(images or []), priority)
         self._pending.append(request)
         if self._drainer is None or self._drainer.done() or self._drainer.get_loop() is not loop:
             self._drainer = loop.create_task(self._drain())
@@ -210,8 +225,7 @@ class HFGenerator:
                         request.future.set_result(GenerationResult(output_ids=[], text="", finish_reason="length"))
                 self._pending = []
                 break
-            key = _batch_key(self._pending[0].params)
-            batch = [r for r in self._pending if _batch_key(r.params) == key][: self.max_batch_size]
+            batch = pick_batch(self._pending, self.max_batch_size)
             self._pending = [r for r in self._pending if not any(r is b for b in batch)]
             try:
                 results = await asyncio.to_thread(self._run_batch, batch)

@@ -90,6 +90,8 @@ def server_kwargs(cfg: ExperimentConfig, *, tp_size: int, base_gpu_id: int = 0, 
     if training:
         kwargs.update(enable_memory_saver=bool(memory_saver), skip_tokenizer_init=not bool(rollout.detokenize),
                       log_level="info")
+        if int(cfg.runner.max_staleness) > 0:  # batches rolled out ahead: the oldest batch's requests first
+            kwargs.update(enable_priority_scheduling=True, schedule_low_priority_values_first=True)
     else:
         kwargs.update(skip_tokenizer_init=False, log_level="warning")  # stop strings need the detokenizer
     return kwargs

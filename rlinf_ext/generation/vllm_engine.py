@@ -94,14 +94,16 @@ class InprocVLLMEngine:
         _lap(parts, START_ENGINE, t)
         return cls(engine, eager_helpers=eager_helpers)
 
-    async def generate(self, prompt: dict, sampling_params: Any, request_id: str) -> AsyncIterator[Any]:
+    async def generate(self, prompt: dict, sampling_params: Any, request_id: str, *,
+                       priority: int = 0) -> AsyncIterator[Any]:
         while self._paused:
             await self._resume_event().wait()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._waiting[request_id] = future  # in flight from here on: a pause waits for it
         try:
-            await asyncio.to_thread(self._locked, self.engine.add_request, request_id, prompt, sampling_params)
+            await asyncio.to_thread(self._locked, self.engine.add_request, request_id, prompt, sampling_params,
+                                    priority=priority)
             if self._stepper is None or self._stepper.done():
                 self._stepper = loop.create_task(self._step_loop())
             yield await future
@@ -267,8 +269,9 @@ class WeightLoadExtension:
 
 # ------------------------------------------------------------------------------------------------ generator
 class VLLMGenerator:
-    """``await gen.generate(prompt_ids, SamplingParams, seed=...) -> GenerationResult``, safe from many coroutines
-    (vLLM batches them continuously). ``seed`` None: ``base seed + call index`` when the generator has one."""
+    """``await gen.generate(prompt_ids, SamplingParams, seed=..., priority=...) -> GenerationResult``, safe from many
+    coroutines (vLLM batches them continuously). ``seed`` None: ``base seed + call index`` when the generator has one.
+    ``priority``: vLLM's (lower first), which only an engine started with ``scheduling_policy="priority"`` reads."""
 
     def __init__(self, engine: Any, tokenizer: Any, eos_ids: Iterable[int], *, return_logprobs: bool = False,
                  seed: int | None = None, in_process: bool = True):
@@ -311,7 +314,8 @@ class VLLMGenerator:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                       images: list[Any] | None = None, *, seed: int | None = None) -> GenerationResult:
+                       images: list[Any] | None = None, *, seed: int | None = None,
+                       priority: int = 0) -> GenerationResult:
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -326,7 +330,7 @@ class VLLMGenerator:
                                  output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
         async for out in self.engine.generate({"prompt_token_ids": [int(t) for t in prompt_ids]}, params,
-                                              f"rlinf-{next(self._ids)}"):
+                                              f"rlinf-{next(self._ids)}", priority=int(priority)):
             final = out
         if final is None or not final.outputs:
             raise RuntimeError("vLLM returned no output for a generate request")
@@ -381,7 +385,11 @@ class VLLMGenerator:
         ``version`` (None: keep the label: a load that broke off), resume."""
         try:
             await self.engine.collective_rpc("rlinf_finish_weight_load")
-            await self.engine.reset_prefix_cache()
+            # vLLM keys cached blocks by tokens, not weights; it refuses (False) while a request holds blocks
+            if not await self.engine.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache after the weight load (a request still "
+                                   "holds KV blocks): the old weights' KV would serve new requests. The pause must "
+                                   "wait for every request (pause_generation(mode='wait')).")
             await self.engine.reset_encoder_cache()  # vision embeddings of the old weights (VL models)
             if version is not None:
                 await self.label_weights(version)

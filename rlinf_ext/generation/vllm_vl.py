@@ -186,22 +186,23 @@ class VLLMVLGenerator(VLLMGenerator):
         kwargs.update(overrides)
         return VSamplingParams(**kwargs, output_kind=RequestOutputKind.FINAL_ONLY)
 
-    async def _final(self, request: dict[str, Any], params: Any, prefix: str) -> Any:
+    async def _final(self, request: dict[str, Any], params: Any, prefix: str, priority: int = 0) -> Any:
         final = None
-        async for out in self.engine.generate(request, params, f"{prefix}-{next(self._ids)}"):
+        async for out in self.engine.generate(request, params, f"{prefix}-{next(self._ids)}", priority=int(priority)):
             final = out
         if final is None or not final.outputs:
             raise RuntimeError("vLLM returned no output for a generate request")
         return final
 
     async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                       images: list[Any] | None = None, *, seed: int | None = None) -> GenerationResult:
+                       images: list[Any] | None = None, *, seed: int | None = None,
+                       priority: int = 0) -> GenerationResult:
         check_generate_args(prompt_ids, sampling_params)
         request = mm_request(prompt_ids, list(images or []), self.token_ids)
         call = next(self._calls)
         if seed is None and self._seed is not None:
             seed = self._seed + call
-        final = await self._final(request, self._params(sampling_params, seed), "rlinf-vl")
+        final = await self._final(request, self._params(sampling_params, seed), "rlinf-vl", priority)
         self.prompts_checked += 1
         self.prompt_mismatches += int(engine_mismatch(prompt_ids, final.prompt_token_ids))
         return result_of_output(final.outputs[0], self.decode, sampling_params, self.eos_ids, self.return_logprobs)

@@ -73,6 +73,9 @@ class VLLMEngineOptions:
     enable_sleep_mode: bool = False  # GPU collocated route
     eager_helper_ops: bool = True  # in process: vLLM's torch.compile'd helper ops run eager (InprocVLLMEngine)
     weight_transfer_backend: Literal["ipc", "nccl"] | None = None  # GPU routes
+    # "priority" when batches are rolled out ahead (runner.max_staleness > 0): each request's ``priority`` (its
+    # batch's dispatch index) then orders vLLM's waiting queue, lowest first; "fcfs" ignores it
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,6 +106,8 @@ def engine_args(options: VLLMEngineOptions) -> dict[str, Any]:
         kwargs["enable_sleep_mode"] = True
     if options.weight_transfer_backend:
         kwargs["weight_transfer_config"] = {"backend": options.weight_transfer_backend}
+    if options.scheduling_policy != "fcfs":
+        kwargs["scheduling_policy"] = options.scheduling_policy
     kwargs.update(options.extra)
     return kwargs
 
@@ -164,6 +169,7 @@ def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) ->
         enable_sleep_mode=backend == "ipc",  # only a collocated engine sleeps (CuMem allocator)
         eager_helper_ops=not cuda,
         weight_transfer_backend=backend,
+        scheduling_policy="priority" if int(cfg.runner.max_staleness) > 0 else "fcfs",
     )
 
 

@@ -116,6 +116,7 @@ class GenerateRequest(TypedDict, total=False):
     sampling_params: dict[str, Any]  # SamplingParams fields; absent ones keep the rollout's config defaults, but
     # `stop` is the request's alone (sampling_params_from_request)
     seed: int  # per-request sampling seed (reproducible rollouts)
+    priority: int  # the dispatch index of its batch: lower is served first (AgentRolloutRequest.priority)
     images: list[Any]  # vision-language engines: every image of the context in order (protocol.images.ImageRef)
 
 

@@ -20,6 +20,7 @@ class AgentRolloutRequest(RolloutRequest):
 
     uids: list[str] = field(default_factory=list)
     seed: int = 0  # per-step sampling seed (same seed -> same trajectories)
+    priority: int = 0  # the batch's dispatch index: engines serve the lowest first (the oldest batch, needed next)
     tasks: list = field(default_factory=list)  # an agent's own per-prompt task objects, when ids alone do not do
 
 

@@ -54,6 +54,13 @@ DRAIN_TIMEOUT_S = 60.0  # how long a stop waits for each cancelled batch in flig
 REFILL_SEED_STRIDE = 1_000_000_007  # a refill's request seed: the batch's + refill x this (far from any batch's seed)
 
 
+def sync_due(step: int, engine_version: int, every: int, max_staleness: int) -> bool:
+    """Whether step ``step`` syncs the weights (``runner.sync_every``, pure): every ``every``-th step, and whenever
+    the engines' weights are more than k steps old, since batch ``step`` is dispatched only on version step - k or
+    later (a resume starts on version 0)."""
+    return step % every == 0 or step - engine_version > max_staleness
+
+
 def split_list(items: list, parts: int) -> list[list]:
     """Contiguous chunks whose sizes differ by at most one (RLinf's ``split_list``)."""
     q, r = divmod(len(items), parts)
@@ -206,6 +213,7 @@ class BatchPipeline:
                 multi_modal_inputs=[None for _ in chunk],
                 uids=chunk_uids,
                 seed=seed,
+                priority=batch,  # the oldest batch in flight is the one the next step waits for
                 tasks=[it["task"] for it in chunk if "task" in it],  # MMSearch-R1 questions with their images
             ))
         return uids
@@ -224,8 +232,10 @@ class BatchPipeline:
                         set(uids) if self.by_group else set())
 
     def _fill(self, step: int) -> None:
-        """Dispatch the run's next batches up to ``step + k`` (never past the last step)."""
-        last = min(step + self.max_staleness, self.max_steps - 1)
+        """Dispatch the run's next batches up to ``step + k`` (never past the last step), and only those whose
+        staleness the engines' weights keep within k (``runner.sync_every`` skips syncs)."""
+        last = min(step, self.engine_version) + self.max_staleness
+        last = min(last, self.max_steps - 1)
         while self._batches is not None and step + len(self.in_flight) <= last:
             following = next(self._batches, None)
             if following is None:

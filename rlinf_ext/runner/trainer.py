@@ -40,7 +40,7 @@ from rlinf_ext.protocol.generation import STOP_SERVING, GenerateRequest
 from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
 from rlinf_ext.runner.data_order import batch_order, load_in_flight, load_position, save_position
 from rlinf_ext.runner.groups import WorkerGroups, is_cancellation, wait_all_or_raise, wait_or_raise
-from rlinf_ext.runner.pipeline import BatchPipeline
+from rlinf_ext.runner.pipeline import BatchPipeline, sync_due
 from rlinf_ext.runner.step_metrics import (EngineCounters, StepClock, engine_counts_mismatches, flow_metrics,
                                            outcome_metrics)
 from rlinf_ext.workers.agent_loop import ChannelGenerator
@@ -208,7 +208,8 @@ class GRPOTrainer:
         batch to dispatch, for a caller that feeds the batches itself, k = 0), then reward, log-probs, update."""
         g, q, clock, collocated = self.groups, self.channels, StepClock(), self.collocated_gpu
         with clock.part(mk.TIME_SYNC):
-            synced = self._sync_weights()
+            synced = sync_due(self.global_step, self.pipeline.engine_version, self.cfg.runner.sync_every,
+                              self.pipeline.max_staleness) and self._sync_weights()
         if not synced:  # a skipped sync is no 0-second sync: it would pull the mean sync time down
             del clock.parts[mk.TIME_SYNC]
         batch = self.pipeline.next_batch(self.global_step, items)

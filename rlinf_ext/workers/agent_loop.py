@@ -41,12 +41,14 @@ def calls_of(trajectory: Any, tools) -> float:
 
 class ChannelGenerator:
     """A ``Generator`` (``protocol/generation.py``) that asks the rollout group over RLinf channels; each result
-    carries the weight version the rollout stamped on its reply (``result_of``)."""
+    carries the weight version the rollout stamped on its reply (``result_of``). Every request carries
+    ``priority``, its batch's dispatch index, so the engines serve the batch a step needs next first."""
 
-    def __init__(self, input_channel, output_channel, step_seed: int = 0):
+    def __init__(self, input_channel, output_channel, step_seed: int = 0, priority: int = 0):
         self.input_channel = input_channel
         self.output_channel = output_channel
         self.step_seed = step_seed
+        self.priority = priority
         self._seen: dict[tuple[int, ...], int] = {}
 
     async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
@@ -61,6 +63,7 @@ class ChannelGenerator:
             "prompt_ids": list(prompt_ids),
             "sampling_params": params,
             "seed": request_seed(self.step_seed, prompt_ids, occurrence),
+            "priority": self.priority,
         }
         if images:  # a vision-language context: the engine needs every image so far
             request["images"] = list(images)
@@ -91,7 +94,8 @@ class AgentLoopWorker(Worker):
         """Roll out every prompt group of one request; returns this rank's records, agent metrics and times."""
         with self.worker_timer():
             request: AgentRolloutRequest = await input_channel.get(async_op=True).async_wait()
-            generator = ChannelGenerator(self.generate_input_channel, self.generate_output_channel, request.seed)
+            generator = ChannelGenerator(self.generate_input_channel, self.generate_output_channel, request.seed,
+                                         request.priority)
             started = time.monotonic()
 
             by_group = self.cfg.runner.admission == "group"  # each group goes out with its own records and times

@@ -89,9 +89,11 @@ class HFRolloutState:
             elif images:
                 if self.deterministic:  # requests are served one at a time (rollout_serverless): the seed holds
                     torch.manual_seed(int(request.get("seed", 0)))
-                result = await self.generator.generate(request["prompt_ids"], params, images=images)
+                result = await self.generator.generate(request["prompt_ids"], params, images=images,
+                                                       priority=int(request.get("priority", 0)))
             else:
-                result = await self.generator.generate(request["prompt_ids"], params)
+                result = await self.generator.generate(request["prompt_ids"], params,
+                                                       priority=int(request.get("priority", 0)))
         self.requests_served += 1
         return reply_of(replace(result, weight_version=version))
 
@@ -100,7 +102,8 @@ class HFRolloutState:
         decode step in progress; the engine stamps each token with the version of its segment."""
         key = request["channel_key"]
         result = await self.generator.generate(request["prompt_ids"], params, request.get("images") or None,
-                                               turn=lambda: self.gate.turn(key))
+                                               turn=lambda: self.gate.turn(key),
+                                               priority=int(request.get("priority", 0)))
         self.requests_served += 1
         return reply_of(result)
 

@@ -195,6 +195,8 @@ class SGLangRolloutState:
         # disaggregated on GPUs: SGLang's own weight-update group (sync/sglang_transfer.py)
         self.distributed = uses_sglang_distributed(cfg, cuda=True) if distributed is None else distributed
         self.tp = int(cfg.rollout.tensor_parallel_size)
+        # batches rolled out ahead: the engine schedules by priority (server_kwargs), each request its batch's index
+        self.by_priority = int(cfg.runner.max_staleness) > 0
         self.control: Any = None
         self.decode: Callable[[list[int]], str] = lambda ids: ""
         self.eos_ids: list[int] = []
@@ -240,6 +242,8 @@ class SGLangRolloutState:
             token_ids, banned, processor = self.vl
             body = mm_request(body["input_ids"], images, body["sampling_params"], token_ids=token_ids,
                               banned_ids=banned, logit_processor=processor)
+        if self.by_priority:  # lower first (schedule_low_priority_values_first); SGLang may abort it when disabled
+            body["priority"] = int(request.get("priority", 0))
         async with self.gate.turn(request["channel_key"]) as version:
             result = await self.control.generate(**body, return_logprob=self.return_logprobs)
         if images:

@@ -89,7 +89,8 @@ class VLLMRolloutState:
         seed = request.get("seed")
         with self.requests.track(request["channel_key"]):
             result = await self.generator.generate(request["prompt_ids"], params, request.get("images") or None,
-                                                   seed=None if seed is None else int(seed))
+                                                   seed=None if seed is None else int(seed),
+                                                   priority=int(request.get("priority", 0)))
         self.requests_served += 1
         return reply_of(result)
 

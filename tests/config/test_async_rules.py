@@ -89,3 +89,17 @@ def test_in_flight_batches_stay_within_k_plus_one(n, ok):
     if not ok:
         [issue] = result.issues
         assert issue.key == "runner.in_flight_batches" and "1..2" in issue.fix
+
+
+@pytest.mark.parametrize("overrides,fix", [
+    (["runner.sync_every=0"], "runner.sync_every=1"),
+    (["runner.sync_every=3"], "runner.max_staleness=2 or more"),
+    (["runner.sync_every=2", "runner.admission=group"], "runner.admission=batch"),
+    (["runner.sync_every=2"], None)])
+def test_a_sync_every_n_steps_stays_within_the_staleness_bound(overrides, fix):
+    result = check_config("tiny-cpu", ["runner.max_staleness=1", "rollout.return_logprobs=true", *overrides])
+    if fix is None:
+        assert result.ok, result.issues
+    else:
+        [issue] = result.issues
+        assert issue.key == "runner.sync_every" and fix in issue.fix

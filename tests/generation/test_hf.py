@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import torch
 
-from rlinf_ext.generation.hf import HFGenerator
+from rlinf_ext.generation.hf import HFGenerator, _Request, pick_batch
 from rlinf_ext.protocol.generation import SamplingParams
 
 
@@ -78,6 +78,45 @@ def test_concurrent_calls_are_batched_and_each_cut_to_its_budget(generator):
         alone = generator.generate_batch_sync([prompt(generator, f"Question {i}?\n")],
                                               SamplingParams(max_new_tokens=3 + i, do_sample=False))[0]
         assert alone.output_ids == result.output_ids
+
+
+def test_pick_batch_serves_the_oldest_batch_first_then_arrival():
+    greedy, sampled = SamplingParams(do_sample=False), SamplingParams()
+    # arrival order a..e; priority = the batch's dispatch index
+    a, b, c, d, e = (_Request([i], params, None, priority=p) for i, (params, p) in
+                     enumerate([(greedy, 2), (greedy, 1), (sampled, 0), (greedy, 1), (greedy, 0)]))
+    # c (batch 0, sampled) heads the queue; e (batch 0) is greedy and cannot share its call
+    assert pick_batch([a, b, c, d, e], 4) == [c]
+    # without c: e (batch 0), then batch 1 in arrival order (b, d), then batch 2 (a); cut at the size
+    assert pick_batch([a, b, d, e], 3) == [e, b, d]
+    assert pick_batch([a, b, d, e], 8) == [e, b, d, a]
+    assert pick_batch([a], 1) == [a]
+
+
+def test_a_later_batch_queued_first_does_not_overtake_an_older_one(generator):
+    """One request per ``model.generate``: the later batch's two requests reach the queue before the older batch's,
+    and still wait for it."""
+    served: list[int] = []
+    run_batch = generator._run_batch
+
+    def recording(batch):
+        served.extend(r.priority for r in batch)
+        return run_batch(batch)
+
+    async def queued():
+        params = SamplingParams(max_new_tokens=2, do_sample=False)
+        calls = [generator.generate(prompt(generator, f"Question {i}?\n"), params, priority=p)
+                 for i, p in enumerate([3, 3, 2])]
+        return await asyncio.gather(*calls)
+
+    size = generator.max_batch_size
+    generator.max_batch_size, generator._run_batch = 1, recording
+    try:
+        asyncio.run(queued())
+    finally:
+        generator.max_batch_size = size
+        del generator._run_batch
+    assert served == [2, 3, 3]
 
 
 def test_update_weights_changes_outputs_and_rejects_unknown(generator):

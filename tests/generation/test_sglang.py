@@ -363,3 +363,23 @@ def test_without_sglang_the_error_names_the_install():
     assert "sglang" not in sys.modules
     with pytest.raises(SGLangUnavailable, match=r"bash scripts/install.sh --sglang"):
         load_engine_class()
+
+
+
+@pytest.mark.slow  # ~5 s: a child process imports sglang's server_args
+def test_training_engines_of_batches_rolled_out_ahead_schedule_the_lowest_priority_first(sglang_source):
+    """k > 0: sglang 0.5.23's priority scheduling, lower values first (each request's batch index); its own
+    ``ServerArgs`` takes the keys (and refuses a misspelt one: the check can fail)."""
+    from rlinf_ext.config import load_config
+    from rlinf_ext.generation.sglang_engine import server_kwargs
+
+    def kwargs(k: int) -> dict:
+        cfg = load_config("tiny-cpu", ["rollout.rollout_backend=sglang", "rollout.model.precision=bf16",
+                                       f"runner.max_staleness={k}"], strict=False)
+        return server_kwargs(cfg, tp_size=1, seed=5, training=True)
+
+    ahead, in_order = kwargs(1), kwargs(0)
+    assert ahead["enable_priority_scheduling"] and ahead["schedule_low_priority_values_first"]
+    assert "enable_priority_scheduling" not in in_order
+    errors = sglang_source.server_args_errors([ahead, {**ahead, "enable_priority_schedule": True}])
+    assert errors[0] is None and "enable_priority_schedule" in errors[1]

@@ -56,3 +56,27 @@ def test_seeded_burst_beyond_the_default_budget(qwen2_head32_dirs):
     finally:
         gen.shutdown()
     assert [len(r.output_ids) for r in results] == [2] * n
+
+
+@pytest.mark.parametrize("k, policy", [(0, "fcfs"), (1, "priority")])
+def test_batches_rolled_out_ahead_start_vllm_with_the_priority_policy(k, policy):
+    """k > 0: the engine orders its queue by each request's ``priority`` (its batch's dispatch index); the keyword
+    and its value exist in the installed vLLM, and so does the ``priority`` argument the generator passes."""
+    import dataclasses
+    import typing
+
+    from signature_checks import bind_like
+    from vllm import EngineArgs
+    from vllm.config.scheduler import SchedulerPolicy
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    cfg = load_config("tiny-cpu", ["rollout.rollout_backend=vllm", f"runner.max_staleness={k}"], strict=False)
+    options = options_from_config(cfg, cuda=False)
+    assert options.scheduling_policy == policy
+    args = engine_args(options)
+    assert args.get("scheduling_policy", "fcfs") == policy
+    assert "scheduling_policy" in {f.name for f in dataclasses.fields(EngineArgs)}
+    assert policy in typing.get_args(SchedulerPolicy)
+    bind_like(AsyncLLM.generate, None, {"prompt_token_ids": [1]}, None, "r", priority=3)
+    bind_like(LLMEngine.add_request, None, "r", {"prompt_token_ids": [1]}, None, priority=3)

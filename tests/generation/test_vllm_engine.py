@@ -193,6 +193,27 @@ def test_weight_reload_matches_fresh_engine_on_new_weights(engine, hf, model_dir
     assert [run(engine.generate(p, params)).output_ids for p in ps] == before
 
 
+def test_a_prompt_cached_before_a_reload_is_computed_again_on_the_new_weights(engine, hf, model_dirs):
+    """vLLM keys its cached blocks by their tokens (and salt, LoRA, images), never by the weights that computed them:
+    without the reset in ``finish_weight_load`` a prompt seen before the reload would attend to the old weights' KV
+    (as a prefix shared across turns and trajectories does)."""
+    from transformers import AutoModelForCausalLM
+
+    new = AutoModelForCausalLM.from_pretrained(str(model_dirs[1]), torch_dtype=torch.float32)
+    text = " ".join(f"Fact {i}: the book was written in the year {1800 + i}." for i in range(40))
+    long = hf.tokenizer.encode(text, add_special_tokens=False)[:300]  # several full blocks: cached
+    params = SamplingParams(max_new_tokens=4, stop=[], **GREEDY)
+    run(engine.generate(long, params))  # the old weights' KV of every full block of the prompt, cached
+    run(engine.load_weights(list(new.state_dict().items())))
+    try:
+        after = run(engine.generate(long, params))
+    finally:
+        run(engine.load_weights(list(hf.model.state_dict().items())))
+    expected = HFGenerator(new, hf.tokenizer, return_logprobs=True).generate_batch_sync([long], params)[0]
+    assert after.output_ids == expected.output_ids
+    assert max(abs(x - y) for x, y in zip(after.logprobs, expected.logprobs)) < 1e-4
+
+
 def test_a_label_changed_while_a_request_runs_gives_its_tokens_two_versions(engine, hf):
     """vLLM's own spans from the real engine, stepped by hand: the weights' label changes after the request's third
     step, as a sync's does for a request that sat out the pause preempted for KV space (issue 42; the pause itself

@@ -35,6 +35,7 @@ def test_batches_go_out_k_ahead_and_are_admitted_in_order_with_their_dispatch_ve
     pipe.start()
     first = pipe.next_batch(0)
     assert dispatched(world) == [(0, ["q0", "q1"]), (1, ["q2", "q3"])]  # batch 1 runs ahead of step 0
+    assert [request.priority for _, _, request in world.dispatched] == [0, 1]  # the engines serve batch 0 first
     assert (first.batch, first.num_results, first.head_versions, pipe.position()) == (0, BATCH, [0, 0], 1)
     pipe.synced(1)
     second = pipe.next_batch(1)
@@ -49,6 +50,7 @@ def test_the_last_step_reads_nothing_ahead_and_a_drain_leaves_nothing_in_flight(
     pipe = pipeline(world, k=2)
     pipe.start()
     for step in range(STEPS - 1):
+        pipe.synced(step)  # as the trainer does before each step
         pipe.next_batch(step)
     assert [b for b, _ in dispatched(world)] == [0, 1, 2, 3]  # never past the last step (3)
     assert pipe.drain() == [(3, None)] and not pipe.in_flight and pipe.position() == 3
@@ -61,3 +63,24 @@ def test_a_batch_fed_by_the_caller_is_refused_while_batches_are_in_flight():
     pipe.next_batch(0)
     with pytest.raises(RuntimeError, match="1 batch\\(es\\) in flight"):
         pipe.next_batch(1, prompts(2))
+
+
+def test_batches_wait_for_weights_within_k_when_syncs_are_skipped():
+    """runner.sync_every: batch b goes out only once the engines hold version b - k or later."""
+    world = World(GROUP)
+    pipe = pipeline(world, k=1)
+    pipe.start()
+    pipe.next_batch(0)
+    pipe.next_batch(1)  # no sync after step 0: the engines hold version 0, so batch 2 waits
+    assert [b for b, _ in dispatched(world)] == [0, 1]
+    pipe.synced(2)
+    assert pipe.next_batch(2).head_versions == [2, 2] and [b for b, _ in dispatched(world)] == [0, 1, 2, 3]
+
+
+def test_a_sync_is_due_every_n_steps_and_whenever_the_weights_are_older_than_k():
+    from rlinf_ext.runner.pipeline import sync_due
+
+    assert [s for s in range(7) if sync_due(s, s - s % 2, 2, 1)] == [0, 2, 4, 6]
+    assert sync_due(3, 1, 2, 1)  # version 1 is 2 steps old at step 3: past k = 1
+    assert not sync_due(1, 0, 2, 1) and sync_due(1, 0, 1, 1)
+    assert sync_due(5, 0, 3, 2) and not sync_due(2, 0, 3, 2)  # a resume at step 5 starts on version 0

@@ -97,6 +97,22 @@ def test_step_b_trains_exactly_batch_b(tmp_path, k):
     assert nothing_pending(trainer, world)
 
 
+@pytest.mark.parametrize("k, every, synced", [(1, 2, [0, 2, 4]), (2, 3, [0, 3])])
+def test_a_sync_every_n_steps_keeps_every_batch_within_k(tmp_path, k, every, synced):
+    """runner.sync_every: the weights go out at the due steps only, step b still trains batch b, and no group or
+    token is older than k (the engines' version gates the dispatch)."""
+    trainer, world, metrics, summary = run(tmp_path, k, **{"runner.sync_every": every})
+    assert summary["steps"] == 6 and sorted(world.requests) == list(range(6))
+    assert [s - 1 for s in range(1, 7) if mk.TIME_SYNC in metrics[s]] == synced
+    def head_version(b: int) -> int:  # the engines' version at the first step that may dispatch batch b
+        return next(v for s in range(6) for v in [max(x for x in synced if x <= s)] if b <= min(s, v) + k)
+
+    for b in range(6):
+        assert sorted(world.trained[b]) == sorted(world.requests[b].uids)
+        assert metrics[b + 1][mk.STALENESS_HEAD_MAX] == b - head_version(b) <= k
+        assert mk.token_staleness(k + 1) not in metrics[b + 1]
+
+
 def test_the_same_prompts_and_seeds_whatever_k(tmp_path):
     runs = {k: run(tmp_path / str(k), k)[1] for k in (0, 1, 2)}
     for k in (1, 2):

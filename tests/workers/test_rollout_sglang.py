@@ -137,7 +137,7 @@ def engine_of(sglang_source):
     return make
 
 
-CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
+CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"), runner=SimpleNamespace(max_staleness=0),
                       rollout=SimpleNamespace(group_name="RolloutGroup", tensor_parallel_size=1, return_logprobs=False))
 
 
@@ -264,6 +264,33 @@ def test_serving_loop_sends_the_shared_reply_and_merges_the_config(engine_of):
     assert items["a"] == {"output_ids": [4, 7], "text": "<4><7>", "finish_reason": "eos", "matched_stop": None,
                           "logprobs": None, "num_generated": 2, "weight_version": 0}  # the engine's first weights
     assert "unknown sampling params" in items["b"]["error"] and w.requests_served == 1
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_request_carries_its_batch_priority_only_when_the_engine_schedules_by_it(engine_of, k):
+    """k > 0: ``server_kwargs`` turns SGLang's priority scheduling on (lower first) and each request carries its
+    batch's index, bound to sglang's ``async_generate``; at k = 0 none (SGLang may abort a priority it ignores)."""
+    control, engine = engine_of()
+    seen = []
+    reply = engine.reply
+
+    async def recording(arguments):
+        seen.append(arguments["priority"])
+        return await reply(arguments)
+
+    engine.reply = recording
+    w = FakeWorker(control, collocated=False)
+    w.by_priority = k > 0  # what _setup reads from runner.max_staleness
+
+    async def go():
+        inp, out = Channel(), Channel()
+        for r in ({"channel_key": "a", "prompt_ids": [1, 2], "sampling_params": {}, "priority": 4},
+                  {"channel_key": STOP_SERVING}):
+            inp.queue.put_nowait(r)
+        await w.rollout_serverless(inp, out)
+
+    asyncio.run(go())
+    assert seen == ([4] if k else [None])
 
 
 # ------------------------------------------------------------------------------------------------ flush before reopen

@@ -96,6 +96,27 @@ def partial_rollout_needs_batches_ahead(cfg: ExperimentConfig) -> Iterator[Confi
                           f"set {ENGINE_KEY}={able[0]}, or {PARTIAL}=false (the sync then waits for the turns).")
 
 
+SYNC_EVERY = "runner.sync_every"
+
+
+@rule(SYNC_EVERY, KEY, "runner.admission")
+def sync_every_fits_the_bound(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
+    """Batch s + k needs the weights of step s at the latest: a sync may be skipped while the engines' version stays
+    within k of every step. Group admission's dispatch is not gated by the engines' version: refused."""
+    n, k = cfg.runner.sync_every, cfg.runner.max_staleness
+    if n < 1:
+        yield ConfigIssue(SYNC_EVERY, f"{SYNC_EVERY}={n}: the weights must reach the engines.",
+                          f"set {SYNC_EVERY}=1 (every step) or more.")
+    elif n - 1 > k:
+        yield ConfigIssue(SYNC_EVERY, f"{SYNC_EVERY}={n} with {KEY}={k}: batch s + {k + 1} would wait for weights "
+                          f"that are only sent {n} steps apart, past the staleness bound.",
+                          f"set {SYNC_EVERY} to 1..{k + 1}, or {KEY}={n - 1} or more.")
+    elif n > 1 and cfg.runner.admission == "group":
+        yield ConfigIssue(SYNC_EVERY, f"{SYNC_EVERY}={n} with runner.admission=group: group admission dispatches "
+                          "without waiting for the engines' weights to be recent enough.",
+                          f"set runner.admission=batch, or {SYNC_EVERY}=1.")
+
+
 @rule("runner.in_flight_batches", KEY)
 def in_flight_batches_fit_the_bound(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """Group admission trains every group within k steps of its dispatch: more than k + 1 batches untrained at once
