@@ -20,7 +20,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
                         help="auto: FVQA when the parquet has images/reward_model/data_id columns, else Search-R1")
     parser.add_argument("--tokenizer", default=None, help="Tokenizer directory (text QA: chat template and lengths)")
     parser.add_argument("--tools", default=None,
-                        help="Comma-separated tools (as in agentloop.<agent>.tools, e.g. search,mypkg.tools:Calculator) "
+                        help="Comma-separated tools (as in agentloop.<agent>.tools, e.g. search,mypkg.tools:Calc) "
                              "whose instruction sentences fill {tool_instructions} in the template; overrides the "
                              "YAML's tools")
     parser.add_argument("--max-prompt-length", type=int, default=None, help="Override the YAML's max_prompt_length")

@@ -225,18 +225,20 @@ def test_a_directory_made_with_out_is_used_as_it_is_or_refused_with_the_fix(monk
     monkeypatch.setattr(prepare, "copy_parts_in_child", lambda r, p: pytest.fail("copied into the user's directory"))
 
     def cfg(model):
-        return SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(root)), agentloop=SimpleNamespace(agent="searchr1"),
+        return SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(root)),
+                               agentloop=SimpleNamespace(agent="searchr1"),
                                rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{root}/{model}")))
 
     assert prepare.prepare_tiny_assets(cfg("models/qwen2-tiny-sft-search")) == root
-    with pytest.raises(LaunchError, match=r"lacks registry .*Fix: `rlinf-ext make-tiny-assets --out \S+ --with-registry`"):
+    fix = r"Fix: `rlinf-ext make-tiny-assets --out \S+ --with-registry`"
+    with pytest.raises(LaunchError, match=r"lacks registry .*" + fix):
         prepare.prepare_tiny_assets(cfg("registry/models/qwen2-tiny-reader"))
     (root / "models" / "qwen2-tiny-sft-search" / "w").unlink()
     with pytest.raises(LaunchError, match="lacks sft_search"):
         prepare.prepare_tiny_assets(cfg("models/qwen2-tiny-sft-search"))
     manifest = read_manifest(root)
     (root / "MANIFEST.json").write_text(json.dumps({**manifest, "cache_key": "older code"}))
-    with pytest.raises(LaunchError, match="made by other code: its MANIFEST.json's cache_key is older code.*Fix: `rlinf"):
+    with pytest.raises(LaunchError, match="made by other code: its MANIFEST.json's cache_key is older code.*Fix: `"):
         prepare.prepare_tiny_assets(cfg("models/qwen2-tiny"))
     assert fake_generators == ["base", "sft_search"] and not (tmp_path / "cache").exists()  # nothing built elsewhere
     # the command again regenerates it with this code, and the launch goes through

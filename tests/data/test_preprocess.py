@@ -133,8 +133,8 @@ def test_the_tools_instructions_fill_their_placeholder(tiny_assets, tmp_path, ca
     own.write_text('template: "{tool_instructions} Question: {question}\\n"\napply_chat_template: false\n')
     out = tmp_path / "tools.jsonl"
     rc = main(["preprocess", "--config", str(own), "--tools", f"search,{CALCULATOR}", "--input",
-               str(tiny_assets.searchr1_test["nq"]), "--output", str(out), "--tokenizer", str(tiny_assets.tokenizer_dir),
-               "--no-progress"])
+               str(tiny_assets.searchr1_test["nq"]), "--output", str(out),
+               "--tokenizer", str(tiny_assets.tokenizer_dir), "--no-progress"])
     assert rc == 0, capsys.readouterr().err
     prompt = read_jsonl(out)[0]["prompt"]
     assert prompt.startswith("If I want to search,") and "<calculate> and </calculate>. Question: " in prompt
