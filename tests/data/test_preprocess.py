@@ -115,6 +115,7 @@ def test_the_documented_input_rows_parse_as_documented():
 
 
 CALCULATOR = "examples.plugins.calculator.tool:Calculator"
+ARITH_YAML = EXAMPLE_YAML.parents[1] / "plugins" / "arith" / "arith-tiny.yaml"
 
 
 def test_the_tools_instructions_fill_their_placeholder(tiny_assets, tmp_path, capsys):
@@ -138,3 +139,9 @@ def test_the_tools_instructions_fill_their_placeholder(tiny_assets, tmp_path, ca
     assert rc == 0, capsys.readouterr().err
     prompt = read_jsonl(out)[0]["prompt"]
     assert prompt.startswith("If I want to search,") and "<calculate> and </calculate>. Question: " in prompt
+    # or the tools an experiment configures (the arithmetic agent's: the calculator alone)
+    rc = main(["preprocess", "--config", str(own), "--experiment", str(ARITH_YAML), "--input",
+               str(tiny_assets.searchr1_test["nq"]), "--output", str(out),
+               "--tokenizer", str(tiny_assets.tokenizer_dir), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    assert read_jsonl(out)[0]["prompt"].startswith("If I want to calculate, I should put the expression between")
