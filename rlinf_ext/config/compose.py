@@ -131,8 +131,28 @@ def _default_entry_path(entry: Any, current: Path) -> Path | None:
     )
 
 
-def compose_file(path: Path, _stack: tuple[Path, ...] = ()) -> DictConfig:
-    """Read one YAML and everything its `defaults:` list pulls in, merged in order."""
+def _note_origins(origins: dict[str, str] | None, layer: DictConfig, source: str) -> None:
+    """Record ``source`` as where each dotted key of ``layer`` (sections and leaves) was last set."""
+    if origins is None:
+        return
+
+    def walk(node: Any, prefix: str) -> None:
+        for name, value in node.items():
+            origins[f"{prefix}{name}"] = source
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{name}.")
+
+    walk(OmegaConf.to_container(layer, resolve=False), "")
+
+
+def layer_name(path: Path) -> str:
+    """A layer file as the errors name it: relative to the repository when inside it."""
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def compose_file(path: Path, _stack: tuple[Path, ...] = (), origins: dict[str, str] | None = None) -> DictConfig:
+    """Read one YAML and everything its `defaults:` list pulls in, merged in order. With ``origins``, each dotted
+    key is mapped there to the layer file that set it last (what an error about the key names)."""
     path = path.resolve()
     if path in _stack:
         chain = " -> ".join(p.name for p in (*_stack, path))
@@ -149,6 +169,7 @@ def compose_file(path: Path, _stack: tuple[Path, ...] = ()) -> DictConfig:
         target = _default_entry_path(entry, path)
         if target is None:
             acc = _merge(acc, cfg)
+            _note_origins(origins, cfg, layer_name(path))
             continue
         if not target.exists():
             group_dir = target.parent
@@ -159,7 +180,7 @@ def compose_file(path: Path, _stack: tuple[Path, ...] = ()) -> DictConfig:
                 f"{target} does not exist.",
                 f"use one of: {', '.join(options)}." if options else f"create {target}.",
             )
-        acc = _merge(acc, compose_file(target, (*_stack, path)))
+        acc = _merge(acc, compose_file(target, (*_stack, path), origins))
     return acc
 
 
@@ -192,9 +213,18 @@ def parse_overrides(overrides: Iterable[str]) -> DictConfig:
 def compose(name_or_path: str | Path, overrides: Iterable[str] = ()) -> DictConfig:
     """Schema defaults <- experiment YAML (with its defaults) <- overrides, with the agent's own section's defaults
     under what they set (``agentloop.<agent>``). Interpolations unresolved."""
+    return compose_traced(name_or_path, overrides)[0]
+
+
+def compose_traced(name_or_path: str | Path, overrides: Iterable[str] = ()) -> tuple[DictConfig, dict[str, str]]:
+    """`compose`, and where each key the YAMLs or the overrides set came from: dotted key -> layer file
+    (repository-relative) or "a command-line override"; keys only the schema or the agent's defaults set are absent."""
     register_resolvers()
-    cfg = _merge(schema_defaults(), compose_file(find_experiment(name_or_path)))
-    return with_agent_defaults(_merge(cfg, parse_overrides(overrides)))
+    origins: dict[str, str] = {}
+    cfg = _merge(schema_defaults(), compose_file(find_experiment(name_or_path), origins=origins))
+    command_line = parse_overrides(overrides)
+    _note_origins(origins, command_line, "a command-line override")
+    return with_agent_defaults(_merge(cfg, command_line)), origins
 
 
 def composed_agent(cfg: DictConfig) -> AgentSpec | None:

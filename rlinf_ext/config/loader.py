@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlinf_ext.config.agent_schema import experiment_schema
 from rlinf_ext.config.compat import with_compat_keys
-from rlinf_ext.config.compose import ComposeError, compose
+from rlinf_ext.config.compose import ComposeError, compose_traced
 from rlinf_ext.config.rules import run_rules
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue, build, check_structure
@@ -48,11 +48,14 @@ class CheckedConfig:
 def check_config(name_or_path: str | Path, overrides: Iterable[str] = (), check_paths: bool = False) -> CheckedConfig:
     """Compose, check structure and rules; never raises for a bad config (issues are returned)."""
     try:
-        raw = compose(name_or_path, overrides)
+        raw, origins = compose_traced(name_or_path, overrides)
     except ComposeError as exc:
         return CheckedConfig(None, [ConfigIssue(e.key, e.reason, e.fix) for e in exc.all])
     schema, agent_issues, tools = _schema_of(raw)
     issues, values, bad = check_structure(raw, schema)
+    # a key may come from a shared layer the experiment composes: say which file to edit
+    issues = [dataclasses.replace(i, reason=f"{i.reason} (set in {origins[i.key]})") if i.key in origins else i
+              for i in issues]
     if agent_issues:  # the cause first; the agent's own section is unknown only because the agent is
         issues = agent_issues + [dataclasses.replace(i, fix=f"none of its own: fix {AGENT_KEY} above (its section "
                                                      "is known once the agent resolves).")

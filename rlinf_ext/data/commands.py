@@ -19,6 +19,13 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default="auto",
                         help="auto: FVQA when the parquet has images/reward_model/data_id columns, else Search-R1")
     parser.add_argument("--tokenizer", default=None, help="Tokenizer directory (text QA: chat template and lengths)")
+    tools = parser.add_mutually_exclusive_group()
+    tools.add_argument("--tools", default=None,
+                       help="Comma-separated tools (as in agentloop.<agent>.tools, e.g. search,mypkg.tools:Calc) "
+                            "whose instruction sentences fill {tool_instructions} in the template; overrides the "
+                            "YAML's tools")
+    tools.add_argument("--experiment", default=None,
+                       help="An experiment YAML or name: its agent's configured tools fill {tool_instructions}")
     parser.add_argument("--max-prompt-length", type=int, default=None, help="Override the YAML's max_prompt_length")
     parser.add_argument("--image-min-pixels", type=int, default=512 * 512,
                         help="FVQA: canonical images have at least this many pixels (MMSearch-R1: 512*512)")
@@ -60,7 +67,15 @@ def _run_text(args: argparse.Namespace) -> str:
 
     if not args.tokenizer:
         raise PreprocessError("--tokenizer is required for text QA files (chat template and prompt lengths)")
-    cfg = load_prompt_config(args.config, max_prompt_length=args.max_prompt_length)
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()] if args.tools else None
+    if args.experiment:
+        # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
+        from rlinf_ext.config import load_config
+        from rlinf_ext.protocol.agents import agent_tools
+
+        # not strict: a data path left ??? until this very file exists must not stop its preprocessing
+        tools = agent_tools(load_config(args.experiment, strict=False))
+    cfg = load_prompt_config(args.config, max_prompt_length=args.max_prompt_length, tools=tools)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
         raise PreprocessError(f"tokenizer {args.tokenizer} has no chat template; set apply_chat_template: "

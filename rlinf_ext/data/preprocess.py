@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from rlinf_ext.data.prompt_config import PromptConfig
+from rlinf_ext.data.prompt_config import PromptConfig, with_tool_instructions
 from rlinf_ext.rewards import golden_list
 
 
@@ -126,6 +126,7 @@ def preprocess_files(inputs: list[Path], output: Path, cfg: PromptConfig, tokeni
                      show_progress: bool = True) -> PreprocessReport:
     from tqdm import tqdm
 
+    cfg = with_tool_instructions(cfg)
     report = PreprocessReport()
     used: set[str] = set()
     output.parent.mkdir(parents=True, exist_ok=True)

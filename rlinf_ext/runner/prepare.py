@@ -91,6 +91,11 @@ def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
             "<repo>/outputs/tiny_assets, or $RLINF_EXT_TINY_ASSETS); the launcher copies the parts there from the cache.")
     spec = agent_spec(cfg)
     parts = spec.load("tiny_assets")(cfg) if spec.has("tiny_assets") else Parts.of()
+    if made_with_out(root):
+        refuse_unfit_out_dir(root, parts)
+        print(f"[launch] tiny assets: {root} ({parts.describe()}, made by make-tiny-assets --out: used as it is)",
+              flush=True)
+        return root
     started = time.monotonic()
     if assets_in_place(root, parts):
         print(f"[launch] tiny assets: {root} ({parts.describe()}, in place)", flush=True)
@@ -99,6 +104,40 @@ def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
     copy_parts_in_child(root, parts)
     print(f"[launch] tiny assets ready in {time.monotonic() - started:.1f} s", flush=True)
     return root
+
+
+def made_with_out(root: Path) -> bool:
+    """Whether ``root`` was made by `make-tiny-assets --out` (the user's own directory, never refilled)."""
+    from rlinf_ext.assets.core.tiny import OUT_DIR_MARK, read_manifest  # lazy: the asset modules import transformers
+
+    manifest = read_manifest(root) if root.is_dir() else None
+    return bool(manifest and manifest.get(OUT_DIR_MARK))
+
+
+def refuse_unfit_out_dir(root: Path, parts: Parts, seed: int = 0) -> None:
+    """LaunchError unless ``root`` (made with ``--out``) holds ``parts`` for ``seed``, made by this code: the
+    launcher never fills such a directory from the cache (nor silently builds the cache instead)."""
+    from rlinf_ext.assets.core.cache import cache_key  # lazy: the asset modules import transformers
+    from rlinf_ext.assets.core.tiny import Parts, complete_assets, read_manifest  # lazy: as above
+
+    manifest, key = read_manifest(root), cache_key()
+    redo = f"rlinf-ext make-tiny-assets --out {root}{parts.flags()}"
+    where = f"paths.tiny_assets={root} (made by `make-tiny-assets --out`)"
+    elsewhere = "or point paths.tiny_assets at a directory of its own, which the launcher fills from the asset cache."
+    if manifest.get("cache_key") != key:
+        raise LaunchError(
+            f"{where} was made by other code: its MANIFEST.json's cache_key is {manifest.get('cache_key')}, this "
+            f"checkout's {key}, so its files may differ from what this code generates and reads. Fix: `{redo}` "
+            f"(regenerates it with this code), {elsewhere}")
+    if manifest.get("seed") != seed:
+        raise LaunchError(f"{where} is of seed {manifest.get('seed')}; the launcher's runs use seed {seed}. Fix: "
+                          f"`{redo} --seed {seed}`, {elsewhere}")
+    missing = [name for name in ("base", *parts.names())
+               if complete_assets(root, seed, Parts.of(**({} if name == "base" else {name: True}))) is None]
+    if missing:
+        raise LaunchError(
+            f"{where} lacks {', '.join(missing)} (a part not built, or a file of it gone), which this run needs "
+            f"({parts.describe()}). Fix: `{redo}` (adds what is missing), {elsewhere}")
 
 
 def assets_in_place(root: Path, parts: Parts, seed: int = 0) -> bool:

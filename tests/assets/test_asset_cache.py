@@ -211,6 +211,41 @@ def test_the_launcher_refuses_assets_inside_the_cache(monkeypatch, fake_generato
     assert read_manifest(entry) == before
 
 
+def test_a_directory_made_with_out_is_used_as_it_is_or_refused_with_the_fix(monkeypatch, fake_generators, tmp_path):
+    """`make-tiny-assets --out DIR` then a launch with paths.tiny_assets=DIR: the launcher copies nothing into DIR
+    and builds nothing in the cache; a part missing, or other code's DIR, is refused naming it and the command."""
+    from types import SimpleNamespace
+
+    import rlinf_ext.runner.prepare as prepare
+    from rlinf_ext.runner.errors import LaunchError
+
+    root = tmp_path / "mine"
+    tiny.make_tiny_assets(root, parts=Parts.of(sft_search=True), code_key=cache.cache_key())
+    assert read_manifest(root)[tiny.OUT_DIR_MARK] and read_manifest(root)["cache_key"] == cache.cache_key()
+    monkeypatch.setattr(prepare, "copy_parts_in_child", lambda r, p: pytest.fail("copied into the user's directory"))
+
+    def cfg(model):
+        return SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(root)),
+                               agentloop=SimpleNamespace(agent="searchr1"),
+                               rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{root}/{model}")))
+
+    assert prepare.prepare_tiny_assets(cfg("models/qwen2-tiny-sft-search")) == root
+    fix = r"Fix: `rlinf-ext make-tiny-assets --out \S+ --with-registry`"
+    with pytest.raises(LaunchError, match=r"lacks registry .*" + fix):
+        prepare.prepare_tiny_assets(cfg("registry/models/qwen2-tiny-reader"))
+    (root / "models" / "qwen2-tiny-sft-search" / "w").unlink()
+    with pytest.raises(LaunchError, match="lacks sft_search"):
+        prepare.prepare_tiny_assets(cfg("models/qwen2-tiny-sft-search"))
+    manifest = read_manifest(root)
+    (root / "MANIFEST.json").write_text(json.dumps({**manifest, "cache_key": "older code"}))
+    with pytest.raises(LaunchError, match="made by other code: its MANIFEST.json's cache_key is older code.*Fix: `"):
+        prepare.prepare_tiny_assets(cfg("models/qwen2-tiny"))
+    assert fake_generators == ["base", "sft_search"] and not (tmp_path / "cache").exists()  # nothing built elsewhere
+    # the command again regenerates it with this code, and the launch goes through
+    tiny.make_tiny_assets(root, code_key=cache.cache_key())
+    assert fake_generators[2:] == ["base"] and prepare.prepare_tiny_assets(cfg("models/qwen2-tiny")) == root
+
+
 CHILD_FILL = """
 import sys
 from types import SimpleNamespace

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlinf_ext.config import ConfigError, check_config, load_config
-from rlinf_ext.config.compose import ComposeError, parse_overrides
+from rlinf_ext.config.compose import REPO_ROOT as REPO
+from rlinf_ext.config.compose import ComposeError, compose_traced, parse_overrides
 from rlinf_ext.config.structure import matches
 
 
@@ -187,3 +188,25 @@ def test_defaults_mapping_form_and_group_path(tmp_path):
 def test_every_bad_override_reported():
     issues = check_config("tiny-cpu", ["novalue", "data.val_data_paths=[a,", "runner.seed=3"]).issues
     assert [i.key for i in issues] == ["novalue", "data.val_data_paths"]
+
+
+def test_an_error_names_the_layer_file_the_key_came_from(tmp_path):
+    (tmp_path / "shared.yaml").write_text("rollout:\n  detokenise: true\nrunner:\n  seq_length: long\n")
+    path = tmp_path / "exp.yaml"
+    path.write_text("defaults: [defaults/searchr1, model/qwen2-tiny, cluster/cpu, shared.yaml, _self_]\n"
+                    "runner:\n  max_steps: often\n")
+    by_key = {i.key: i for i in check_config(path, ["algorithm.group_size=two"]).issues}
+    assert by_key["rollout.detokenise"].reason.endswith(f"(set in {tmp_path / 'shared.yaml'})")  # unknown key
+    assert by_key["runner.seq_length"].reason.endswith(f"(set in {tmp_path / 'shared.yaml'})")  # wrong type
+    assert by_key["runner.max_steps"].reason.endswith(f"(set in {path})")
+    assert by_key["algorithm.group_size"].reason.endswith("(set in a command-line override)")
+    assert "(set in" not in by_key["runner.experiment_name"].reason  # ???: only the schema sets it
+
+
+def test_searchr1_and_arith_compose_the_text_agent_layer():
+    _, origins = compose_traced("tiny-cpu", ["runner.max_steps=3"])
+    assert origins["algorithm.kl_beta"] == origins["data.prompt_key"] == "configs/defaults/text_agent.yaml"
+    assert origins["algorithm.sampling_params.stop"] == "configs/defaults/searchr1.yaml"
+    assert origins["runner.max_steps"] == "a command-line override"
+    _, origins = compose_traced(REPO / "examples/plugins/arith/arith-tiny.yaml")
+    assert origins["algorithm.adv_type"] == "configs/defaults/text_agent.yaml"

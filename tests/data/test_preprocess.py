@@ -13,7 +13,7 @@ from rlinf_ext.data.preprocess import (
     preprocess_files,
     question_from_prompt,
 )
-from rlinf_ext.data.prompt_config import PromptConfig, load_prompt_config
+from rlinf_ext.data.prompt_config import PromptConfig, load_prompt_config, with_tool_instructions
 
 
 def test_question_recovery_and_template():
@@ -112,3 +112,36 @@ def test_the_documented_input_rows_parse_as_documented():
     rows = [parse_row(json.loads(line), "Question:", "default") for line in block.splitlines() if line.strip()]
     assert [(r.question, r.answers, r.data_source, r.source_id) for r in rows] == [
         ("What is 3 + 11?", ["14"], "arith", "q1"), ("Who wrote Hamlet?", ["Shakespeare"], "default", None)]
+
+
+CALCULATOR = "examples.plugins.calculator.tool:Calculator"
+ARITH_YAML = EXAMPLE_YAML.parents[1] / "plugins" / "arith" / "arith-tiny.yaml"
+
+
+def test_the_tools_instructions_fill_their_placeholder(tiny_assets, tmp_path, capsys):
+    cfg = PromptConfig(template="Solve it. {tool_instructions} Question: {question}\n", tools=["search", CALCULATOR])
+    user = build_user_message("2+3", with_tool_instructions(cfg))
+    assert user == ("Solve it. If I want to search, I should put the query between <search> and </search>. If I want "
+                    "to calculate, I should put the expression between <calculate> and </calculate>. Question: 2+3?\n")
+    with pytest.raises(ValueError, match=r"Fix: put \{tool_instructions\} in the template"):
+        PromptConfig(tools=["search"])  # Search-R1's template has no placeholder
+    with pytest.raises(ValueError, match="Fix: list the tools"):
+        PromptConfig(template="{tool_instructions} {question}")
+    with pytest.raises(ValueError, match="neither a registered tool.*Fix: use one of"):
+        with_tool_instructions(PromptConfig(template="{tool_instructions} {question}", tools=["calc"]))
+    # the command: the user's own prompt YAML names the placeholder, --tools the tools of their experiment
+    own = tmp_path / "prompt.yaml"
+    own.write_text('template: "{tool_instructions} Question: {question}\\n"\napply_chat_template: false\n')
+    out = tmp_path / "tools.jsonl"
+    rc = main(["preprocess", "--config", str(own), "--tools", f"search,{CALCULATOR}", "--input",
+               str(tiny_assets.searchr1_test["nq"]), "--output", str(out),
+               "--tokenizer", str(tiny_assets.tokenizer_dir), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    prompt = read_jsonl(out)[0]["prompt"]
+    assert prompt.startswith("If I want to search,") and "<calculate> and </calculate>. Question: " in prompt
+    # or the tools an experiment configures (the arithmetic agent's: the calculator alone)
+    rc = main(["preprocess", "--config", str(own), "--experiment", str(ARITH_YAML), "--input",
+               str(tiny_assets.searchr1_test["nq"]), "--output", str(out),
+               "--tokenizer", str(tiny_assets.tokenizer_dir), "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    assert read_jsonl(out)[0]["prompt"].startswith("If I want to calculate, I should put the expression between")

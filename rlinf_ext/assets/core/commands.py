@@ -2,7 +2,8 @@
 
 Without ``--out`` the assets go into the cache (`assets/core/cache.py`), built only when missing, and the entry's
 path is printed: the step CI runs before the tests, and what the tests and the tiny experiments copy from.
-With ``--out DIR`` they are generated into DIR (reused if its MANIFEST matches), without the cache."""
+With ``--out DIR`` they are generated into DIR (reused if its MANIFEST matches, this code's cache key included),
+without the cache, and the command prints the launch line that runs on DIR as it is (``paths.tiny_assets=DIR``)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,28 @@ def _mm_sft_lines(manifest: dict) -> list[str]:
             f"on held-out questions ({'passed' if entry['warm_start_gate_passed'] else 'MISSED'}): {gate}"]
 
 
+# the tiny experiments and the parts their rollout model and data need (AgentSpec.tiny_assets of their agents)
+TINY_EXPERIMENTS = (("tiny-cpu", "registry"), ("tiny-mm-cpu", "mm_sft"))
+
+
+def launch_lines(root: Path, seed: int) -> list[str]:
+    """How to run on a directory made with ``--out``: the launcher uses it as it is (no copy from the cache), or
+    refuses it naming what it lacks (`runner/prepare.py`)."""
+    # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
+    from rlinf_ext.assets.core.tiny import Parts, read_manifest
+
+    if seed != 0:
+        return [f"the tiny experiments run on seed 0: {root} (seed {seed}) serves your own scripts only"]
+    have = Parts.of_manifest(read_manifest(root))
+    lines = [f"the launcher uses {root} as it is (or says what it lacks); run on it with:"]
+    for name, part in TINY_EXPERIMENTS:
+        line = f"  rlinf-ext train {name} paths.tiny_assets={root}"
+        if not have.has(part):  # the launcher would refuse it: say how to add the part first
+            line += f"   (first: rlinf-ext make-tiny-assets --out {root}{have.union(Parts.of(**{part: True})).flags()})"
+        lines.append(line)
+    return lines
+
+
 def run(verb: str, args: argparse.Namespace) -> int:
     # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
     from rlinf_ext.assets.core.tiny import Parts, make_tiny_assets
@@ -86,7 +109,10 @@ def run(verb: str, args: argparse.Namespace) -> int:
     parts = Parts.of(sft_search=args.with_sft_search, registry=args.with_registry, mm=args.with_mm,
                      mm_sft=args.with_mm_sft)
     if args.out is not None:
-        assets = make_tiny_assets(args.out, seed=args.seed, parts=parts, verbose=True)
+        # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
+        from rlinf_ext.assets.core.cache import cache_key
+
+        assets = make_tiny_assets(args.out, seed=args.seed, parts=parts, verbose=True, code_key=cache_key())
     else:
         # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
         from rlinf_ext.assets.core.cache import CACHE_ENV, cache_dir, cached_tiny_assets
@@ -95,6 +121,8 @@ def run(verb: str, args: argparse.Namespace) -> int:
         assets = cached_tiny_assets(parts, seed=args.seed)
     print(_summary(assets))
     print(f"done in {time.perf_counter() - t0:.1f}s: {assets.root} ({parts.describe()})")
+    if args.out is not None:
+        print("\n".join(launch_lines(assets.root, args.seed)))
     if args.eval_sft:
         # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs
         from rlinf_ext.assets.searchr1.sft_eval import evaluate_assets, format_table

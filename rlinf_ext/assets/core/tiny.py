@@ -28,6 +28,8 @@ from rlinf_ext.assets.searchr1.sft import build_sft_search_model
 # Bump when the generated content changes, so that stale cached directories are regenerated.
 GENERATOR_VERSION = 8  # 8: the registry world replaces the give-up warm start
 MANIFEST = "MANIFEST.json"
+# a MANIFEST field: the directory was made by `make-tiny-assets --out`, so the launcher uses it as it is
+OUT_DIR_MARK = "made_by_out"
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,15 @@ class Parts:
         return part == "base" or getattr(self, part)
 
     def describe(self) -> str:
-        return "base" + "".join(f" + {f.name}" for f in fields(self) if getattr(self, f.name))
+        return "base" + "".join(f" + {name}" for name in self.names())
+
+    def names(self) -> list[str]:
+        """The fields set, beyond the base."""
+        return [f.name for f in fields(self) if getattr(self, f.name)]
+
+    def flags(self) -> str:
+        """The `make-tiny-assets` options that build these parts (" --with-registry", ...)."""
+        return "".join(f" --with-{name.replace('_', '-')}" for name in self.names())
 
     def manifest_fields(self) -> dict:
         out = {"with_sft_search": self.sft_search, "with_registry": self.registry}
@@ -189,12 +199,16 @@ def complete_assets(root: Path, seed: int, parts: Parts) -> TinyAssets | None:
 
 def make_tiny_assets(out_dir, seed: int = 0, verbose: bool = False, with_sft_search: bool = False,
                      with_registry: bool = False, with_mm: bool = False, with_mm_sft: bool = False,
-                     parts: Parts | None = None) -> TinyAssets:
+                     parts: Parts | None = None, code_key: str | None = None) -> TinyAssets:
     """Generate (or reuse) the tiny assets under `out_dir` with the optional ``parts`` (or the ``with_*`` flags);
     see the module docstring and docs/contracts.md, "Data and tiny assets".
 
     Parts already present for this seed and generator version are kept: asking for `with_mm` on a directory
-    that has the warm start only adds the multimodal world, and the other way round."""
+    that has the warm start only adds the multimodal world, and the other way round.
+
+    ``code_key`` (`make-tiny-assets --out`: the cache key of this code, `cache.cache_key`): a directory of another key,
+    or of none, is regenerated, and the MANIFEST records the key and `OUT_DIR_MARK` (the launcher then uses the
+    directory as it is, or says what it lacks)."""
     want = (parts or Parts()).union(Parts.of(sft_search=with_sft_search, registry=with_registry, mm=with_mm,
                                              mm_sft=with_mm_sft))
     root = Path(out_dir).resolve()
@@ -203,11 +217,19 @@ def make_tiny_assets(out_dir, seed: int = 0, verbose: bool = False, with_sft_sea
     with held_lock(root / ".lock", f"{want.describe()} (seed {seed}) in {root}"):
         manifest = read_manifest(root)
         have = _valid_parts(manifest, root, seed)
+        mark = {"cache_key": code_key, OUT_DIR_MARK: True} if code_key else {}
+        stale = None
+        if manifest is not None and have is None:
+            stale = f"MANIFEST is for seed {manifest.get('seed')} / version {manifest.get('version')}"
+        elif code_key and have is not None and manifest.get("cache_key") != code_key:
+            stale, have = f"made by other code (cache_key {manifest.get('cache_key')}, this code's {code_key})", None
         if have is not None and have.covers(want):
             log(f"reusing {root} (seed {seed}, version {GENERATOR_VERSION}, {have.describe()})")
+            if any(manifest.get(k) != v for k, v in mark.items()):
+                (root / MANIFEST).write_text(json.dumps({**manifest, **mark}, indent=1, sort_keys=True) + "\n")
             return _layout(root, seed, have)
-        if manifest is not None and have is None:
-            log(f"{root}: MANIFEST is for seed {manifest.get('seed')} / version {manifest.get('version')}; regenerating")
+        if stale:
+            log(f"{root}: {stale}; regenerating")
         timings: dict[str, float] = dict(manifest.get("timings_s", {})) if have is not None else {}
         if have is None:
             (root / MANIFEST).unlink(missing_ok=True)  # an interrupted run must not look complete
@@ -232,6 +254,6 @@ def make_tiny_assets(out_dir, seed: int = 0, verbose: bool = False, with_sft_sea
         new_manifest = {"seed": seed, "version": GENERATOR_VERSION, **done.manifest_fields(),
                         **({"registry": manifest_entry(root)} if done.registry else {}),
                         **({"mm_sft": mm_sft_manifest_entry(root)} if done.mm_sft else {}),
-                        "timings_s": timings, "files": _file_hashes(root)}
+                        "timings_s": timings, "files": _file_hashes(root), **mark}
         (root / MANIFEST).write_text(json.dumps(new_manifest, indent=1, sort_keys=True) + "\n")
         return assets

@@ -1,4 +1,4 @@
-"""The toy third agent (``tests/plugins/arith/agent.py``), added with no edit to ``rlinf_ext/``: its YAML validates
+"""The toy third agent (``examples/plugins/arith/agent.py``), added with no edit to ``rlinf_ext/``: its YAML validates
 with its own section and tool, its reward scores numbers, and it trains 2 steps of the tiny experiment through the
 real launcher (Ray workers, the agent loop with the calculator, the reward worker, the Megatron actor)."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from rlinf_ext.config import check_config
-from tests.plugins.arith.agent import SPEC, arith_reward
+from examples.plugins.arith.agent import SPEC, arith_reward
 
 REPO = Path(__file__).resolve().parents[3]
-YAML = Path(__file__).with_name("arith-tiny.yaml")
+YAML = REPO / "examples" / "plugins" / "arith" / "arith-tiny.yaml"
 QUESTIONS = [("2*(3+4)", 14), ("10-7", 3), ("6/4", 1.5), ("5+5*2", 15)]
 
 
@@ -35,7 +35,7 @@ def test_the_yaml_validates_with_its_own_section_and_tool(tmp_path):
     checked = check_config(YAML, [f"data.train_data_paths=[{data}]"])
     assert checked.ok, [str(i) for i in checked.issues]
     section = checked.cfg.agentloop.arith
-    assert section.tools == ["tests.plugins.calculator.tool:Calculator"] and section.max_turns == 2
+    assert section.tools == ["examples.plugins.calculator.tool:Calculator"] and section.max_turns == 2
     assert pickle.loads(pickle.dumps(checked.cfg)) == checked.cfg  # the agent's schema class is found by name
     bad = check_config(YAML, [f"data.train_data_paths=[{data}]", "agentloop.arith.tools=[calculator]"])
     assert any(i.key == "agentloop.arith.tools" and "neither a registered tool" in i.reason for i in bad.issues)

@@ -26,10 +26,10 @@ from rlinf_ext.tools.registry import check_tool_names
 from rlinf_ext.tools.search import TextSearch
 from rlinf_ext.rewards.searchr1 import searchr1_reward
 from rlinf_ext.workers.reward import score_result_details
+from examples.plugins.calculator.tool import Calculator, CalculatorError, CalculatorSettings, evaluate
 from rlinf_ext.cli import main
-from tests.plugins.calculator.tool import Calculator, CalculatorError, CalculatorSettings, evaluate
 
-CALCULATOR = "tests.plugins.calculator.tool:Calculator"
+CALCULATOR = "examples.plugins.calculator.tool:Calculator"
 TOK = CharTokenizer()
 PROMPT = TOK.encode("Question: what is 2*(3+4)?\n")
 CALL_TURN = "<think> I should compute it. </think>\n<calculate> 2*(3+4) </calculate>"

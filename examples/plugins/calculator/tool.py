@@ -1,6 +1,6 @@
-"""A calculator tool for the Search-R1 agent, living outside ``rlinf_ext/``: `<calculate> 2*(3+4) </calculate>` ->
-`14`. Configured by import path: ``agentloop.searchr1.tools=[search,tests.plugins.calculator.tool:Calculator]``; its own
-setting, ``tools.calculator.max_digits``, is its ``config_class`` (``CalculatorSettings``).
+"""A calculator tool for the Search-R1 agent, living outside ``rlinf_ext/``: `<calculate> 2*(3+4) </calculate>`
+-> `14`. Configured by import path: ``agentloop.searchr1.tools=[search,examples.plugins.calculator.tool:Calculator]``;
+its own setting, ``tools.calculator.max_digits``, is its ``config_class`` (``CalculatorSettings``).
 
 Arithmetic only (numbers, + - * / and parentheses), read with ``ast`` and evaluated node by node: no ``eval``, no
 names, no calls, no powers (a huge exponent would stall the loop)."""

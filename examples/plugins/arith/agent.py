@@ -1,10 +1,9 @@
 """A toy third agent, living outside ``rlinf_ext/``: arithmetic questions answered with the calculator tool
-(``tests/plugins/calculator``) and no search. Chosen from a YAML by import path:
-``agentloop.agent: tests.plugins.arith.agent:SPEC``.
+(``examples/plugins/calculator/tool.py``) and no search. Chosen from a YAML by import path:
+``agentloop.agent: examples.plugins.arith.agent:SPEC``.
 
-It brings its own reward, its own config section (mounted at ``agentloop.arith``) and its registry entry, and reuses
-the rest: the text tool-calling loop and rollout of Search-R1 (which read the chosen agent's section), the jsonl
-prompt reader, the tiny model."""
+Its own: the reward, the config section (``agentloop.arith``) and the registry entry. Reused: Search-R1's text
+tool-calling loop (it reads the chosen agent's section) and the jsonl prompt reader."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from rlinf_ext.config.schema import fld
 from rlinf_ext.protocol.agents import AgentSpec
 from rlinf_ext.rewards import golden_list
 
-CALCULATOR = "tests.plugins.calculator.tool:Calculator"
+CALCULATOR = "examples.plugins.calculator.tool:Calculator"
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
@@ -56,6 +55,6 @@ SPEC = AgentSpec(
     name="arith", title="Arithmetic QA", stops=("</answer>",), vision=False, reward_scorings=("em",),
     rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
     dataset="rlinf_ext.data.prompts:build_prompt_datasets",
-    reward="tests.plugins.arith.agent:arith_reward",
-    config="tests.plugins.arith.agent:ArithConfig",
+    reward="examples.plugins.arith.agent:arith_reward",
+    config="examples.plugins.arith.agent:ArithConfig",
 )
