@@ -113,7 +113,7 @@ def _trainer(reward_cfg: RewardConfig, warmup_steps: int) -> GRPOTrainer:
                           placement=Placement(rollout_dp_size=1, agent_loop_world_size=1,
                                               actor_world_size=1, weight_sync=SyncRoutes("paired", 1, 1)))
     trainer = GRPOTrainer.__new__(GRPOTrainer)  # no Ray: only what train_step reads
-    trainer.cfg = SimpleNamespace(runner=SimpleNamespace(seed=0, admission="batch"),
+    trainer.cfg = SimpleNamespace(runner=SimpleNamespace(seed=0, admission="batch", sync_every=1),
                                   algorithm=SimpleNamespace(group_size=2, kl_beta=0.0, adv_type="grpo"),
                                   cluster=SimpleNamespace(num_nodes=1, num_gpus_per_node=0,
                                                           component_placement={"actor,rollout,reward": "all"}))

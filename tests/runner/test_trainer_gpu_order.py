@@ -95,7 +95,7 @@ def _trainer(placement: str, validate_every: int = -1, adv_type: str = "grpo") -
     )
     trainer = GRPOTrainer.__new__(GRPOTrainer)  # no Ray: only what init_workers/train_step read
     trainer.cfg = SimpleNamespace(
-        runner=SimpleNamespace(resume_dir=None, seed=0, admission="batch", val_before_train=validate_every > 0,
+        runner=SimpleNamespace(resume_dir=None, seed=0, admission="batch", sync_every=1, val_before_train=validate_every > 0,
                                val_check_interval=validate_every),
         data=SimpleNamespace(val_data_paths=["val.jsonl"] if validate_every > 0 else [], rollout_batch_size=1),
         algorithm=SimpleNamespace(group_size=1, kl_beta=0.0, adv_type=adv_type, max_num_gen_batches=1,

@@ -200,7 +200,8 @@ def control_of(source, collective: Collective, tp: int, fail_update: bool = Fals
 
 CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
                       rollout=SimpleNamespace(group_name="RolloutGroup", tensor_parallel_size=2, return_logprobs=False,
-                                              model=SimpleNamespace(precision="bf16")))  # a GPU engine's dtype
+                                              model=SimpleNamespace(precision="bf16")),  # a GPU engine's dtype
+                      runner=SimpleNamespace(max_staleness=0))
 
 
 class FakeRollout(SGLangRolloutState):
