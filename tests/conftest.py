@@ -193,6 +193,24 @@ def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+# directories whose files share a per-process resource: tests/runner/'s Ray instance (tests/runner/conftest.py) goes
+# down after the directory's last test, so its files stay together (placed by their longest file)
+SHARED_PROCESS_DIRS = ("tests/runner/",)
+
+
+def file_order_key(seconds: dict[str, float]):
+    """The sort key of a test file's path: longest first by ``seconds``; a SHARED_PROCESS_DIRS directory as one
+    block. Unlisted files sort as 0 (a stable sort keeps their collection order)."""
+    def group(path: str) -> str:  # "" for a file on its own: equal keys keep collection order
+        return next((d for d in SHARED_PROCESS_DIRS if path.startswith(d)), "")
+
+    group_seconds: dict[str, float] = {}
+    for path, s in seconds.items():
+        key = group(path) or path
+        group_seconds[key] = max(s, group_seconds.get(key, 0.0))
+    return lambda path: (-group_seconds.get(group(path) or path, 0.0), group(path), -seconds.get(path, 0.0))
+
+
 def xdist_scope(nodeid: str) -> str:
     """The unit of work a test is handed out in: its file, or VLLM_IN_PROCESS_UNIT."""
     path = _file_of(nodeid)
@@ -225,9 +243,9 @@ def pytest_collection_modifyitems(items):
         raise pytest.UsageError(f"in-process vLLM tests in {stray}: add the file to VLLM_IN_PROCESS_FILES in "
                                 "tests/conftest.py (under -n 2 its tests must run in the worker's vLLM unit).")
     # a stable sort: a file's tests stay together and in order, unlisted files keep collection order
-    seconds = json.loads(FILE_SECONDS.read_text())
+    by_file = file_order_key(json.loads(FILE_SECONDS.read_text()))
     items.sort(key=lambda item: (not set(VLLM_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())),
-                                 -seconds.get(_file_of(item.nodeid), 0.0)))
+                                 by_file(_file_of(item.nodeid))))
     for item in items:
         extra = sum(s for name, s in WARM_START_BUDGET_S.items() if name in getattr(item, "fixturenames", ()))
         marker = item.get_closest_marker("timeout")

@@ -45,3 +45,17 @@ def test_longest_files_run_first_and_a_run_rewrites_what_it_timed(tmp_path):
     gone = {"tests/e2e/test_reference_recipe.py", "tests/runner/test_launch_config.py"}
     assert written == {path: s for path, s in table.items() if path not in gone}
     assert json.loads(FILE_SECONDS.read_text()) == table  # the repo's table untouched
+
+
+def test_the_order_key_by_hand():
+    from tests.conftest import file_order_key
+
+    seconds = {"tests/e2e/a.py": 100.0, "tests/runner/r1.py": 50.0, "tests/runner/r2.py": 5.0, "tests/x/b.py": 20.0,
+               "tests/x/d.py": 20.0}
+    collected = ["tests/runner/r0.py", "tests/runner/r2.py", "tests/x/c.py", "tests/x/d.py", "tests/runner/r1.py",
+                 "tests/x/b.py", "tests/e2e/a.py"]
+    # a first; the runner block at its longest file's 50 s (r1, r2, then unlisted r0); d before b (equal seconds:
+    # collection order); c unlisted, last
+    assert sorted(collected, key=file_order_key(seconds)) == [
+        "tests/e2e/a.py", "tests/runner/r1.py", "tests/runner/r2.py", "tests/runner/r0.py", "tests/x/d.py",
+        "tests/x/b.py", "tests/x/c.py"]
