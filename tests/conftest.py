@@ -242,10 +242,15 @@ def pytest_collection_modifyitems(items):
     if stray := sorted({item.nodeid.split("::", 1)[0] for item in in_vllm} - set(VLLM_IN_PROCESS_FILES)):
         raise pytest.UsageError(f"in-process vLLM tests in {stray}: add the file to VLLM_IN_PROCESS_FILES in "
                                 "tests/conftest.py (under -n 2 its tests must run in the worker's vLLM unit).")
-    # a stable sort: a file's tests stay together and in order, unlisted files keep collection order
+    # a stable sort: a file's tests stay together and in order, unlisted files keep collection order; the vLLM
+    # tests keep theirs
     by_file = file_order_key(json.loads(FILE_SECONDS.read_text()))
-    items.sort(key=lambda item: (not set(VLLM_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())),
-                                 by_file(_file_of(item.nodeid))))
+
+    def order(item):
+        in_vllm = bool(set(VLLM_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())))
+        return (not in_vllm, () if in_vllm else by_file(_file_of(item.nodeid)))
+
+    items.sort(key=order)
     for item in items:
         extra = sum(s for name, s in WARM_START_BUDGET_S.items() if name in getattr(item, "fixturenames", ()))
         marker = item.get_closest_marker("timeout")
