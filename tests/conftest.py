@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -159,9 +162,11 @@ WARM_START_BUDGET_S = {"tiny_assets_sft": 720, "tiny_assets_registry": 480, "tin
 VLLM_MODEL_FIXTURES = ("qwen2_head32_dirs", "qwen2_5_vl_head32_dirs")  # the in-process vLLM tests' models
 
 # Two workers (`-n 2`; pytest.ini: `--dist loadfile --no-loadscope-reorder`): a file's tests run in one worker
-# process, in collection order (its module fixtures are built once), files handed out in collection order (xdist's
-# default order, by test count, would hand out big files first). The in-process vLLM tests' files are one unit (the
-# scheduler below): the first of the collection, so the worker that takes it runs them before anything loads numba.
+# process, in collection order (its module fixtures are built once), files handed out in the order
+# `pytest_collection_modifyitems` leaves (xdist's own, by test count, says nothing about seconds). The in-process vLLM
+# tests' files are one unit (the scheduler below): the first of the collection, so the worker that takes it runs them
+# before anything loads numba. Then the longest files first (FILE_SECONDS): a 3-minute launcher file handed out last
+# would leave the other worker idle for its length; short files last fill the gaps.
 # pytest-xdist's own `loadgroup` cannot group on pytest 9.2: it tags node ids, which pytest 9.2's structured ids
 # ignore (pytest-xdist issue 1386).
 VLLM_IN_PROCESS_FILES = ("tests/generation/test_vllm_cpu_options.py", "tests/generation/test_vllm_engine.py",
@@ -171,9 +176,44 @@ VLLM_IN_PROCESS_UNIT = "vllm_in_process"
 XDIST_DIST = "loadfile"
 
 
+# seconds per test file (setup, call and teardown of its tests) under `-n 2`, written by `--write-file-durations`;
+# a file it lacks sorts as 0 (after every listed file, in collection order)
+FILE_SECONDS = Path(__file__).with_name("file_durations.json")
+MIN_LISTED_S = 1.0  # the table keeps files at least this long: below, the order hardly matters
+
+
+def pytest_addoption(parser):
+    parser.addoption("--write-file-durations", metavar="PATH",
+                     help=f"write tests/{FILE_SECONDS.name} to PATH with this run's seconds per test file merged in "
+                          f"(the order CI hands files out in); refresh it with `-n 2 --write-file-durations "
+                          f"tests/{FILE_SECONDS.name}` over the whole suite.")
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+# directories whose files share a per-process resource: tests/runner/'s Ray instance (tests/runner/conftest.py) goes
+# down after the directory's last test, so its files stay together (placed by their longest file)
+SHARED_PROCESS_DIRS = ("tests/runner/",)
+
+
+def file_order_key(seconds: dict[str, float]):
+    """The sort key of a test file's path: longest first by ``seconds``; a SHARED_PROCESS_DIRS directory as one
+    block. Unlisted files sort as 0 (a stable sort keeps their collection order)."""
+    def group(path: str) -> str:  # "" for a file on its own: equal keys keep collection order
+        return next((d for d in SHARED_PROCESS_DIRS if path.startswith(d)), "")
+
+    group_seconds: dict[str, float] = {}
+    for path, s in seconds.items():
+        key = group(path) or path
+        group_seconds[key] = max(s, group_seconds.get(key, 0.0))
+    return lambda path: (-group_seconds.get(group(path) or path, 0.0), group(path), -seconds.get(path, 0.0))
+
+
 def xdist_scope(nodeid: str) -> str:
     """The unit of work a test is handed out in: its file, or VLLM_IN_PROCESS_UNIT."""
-    path = nodeid.split("::", 1)[0]
+    path = _file_of(nodeid)
     return VLLM_IN_PROCESS_UNIT if path in VLLM_IN_PROCESS_FILES else path
 
 
@@ -202,12 +242,39 @@ def pytest_collection_modifyitems(items):
     if stray := sorted({item.nodeid.split("::", 1)[0] for item in in_vllm} - set(VLLM_IN_PROCESS_FILES)):
         raise pytest.UsageError(f"in-process vLLM tests in {stray}: add the file to VLLM_IN_PROCESS_FILES in "
                                 "tests/conftest.py (under -n 2 its tests must run in the worker's vLLM unit).")
-    items.sort(key=lambda item: not set(VLLM_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())))
+    # a stable sort: a file's tests stay together and in order, unlisted files keep collection order; the vLLM
+    # tests keep theirs
+    by_file = file_order_key(json.loads(FILE_SECONDS.read_text()))
+
+    def order(item):
+        in_vllm = bool(set(VLLM_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ())))
+        return (not in_vllm, () if in_vllm else by_file(_file_of(item.nodeid)))
+
+    items.sort(key=order)
     for item in items:
         extra = sum(s for name, s in WARM_START_BUDGET_S.items() if name in getattr(item, "fixturenames", ()))
         marker = item.get_closest_marker("timeout")
         if extra and marker is not None and marker.args:
             item.add_marker(pytest.mark.timeout(float(marker.args[0]) + extra), append=False)
+
+
+_ran_seconds: Counter = Counter()
+
+
+def pytest_runtest_logreport(report):
+    _ran_seconds[_file_of(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session):
+    # under xdist the controller sees every worker's reports; a worker (it has workerinput) writes nothing
+    out = session.config.getoption("write_file_durations")
+    if not out or hasattr(session.config, "workerinput"):
+        return
+    table = {**json.loads(FILE_SECONDS.read_text()), **_ran_seconds}
+    root = FILE_SECONDS.parent.parent
+    kept = sorted(((path, round(s, 1)) for path, s in table.items() if s >= MIN_LISTED_S and (root / path).exists()),
+                  key=lambda x: (-x[1], x[0]))
+    Path(out).write_text(json.dumps(dict(kept), indent=0) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ held-out questions rises far outside noise.
 The held-out subjects' facts are in no warm-start target and no train prompt (the asset manifest's
 ``heldout_fact_overlap`` is 0, asserted here), so the rise is reading learnt by RL, not recall. At the start the warm
 start gives up greedily (EM 0.00); measured on the full 40-step job (lr 2e-5): 0.00 after 5 steps, 0.91 after 10,
-while the shuffled-reward control stays at 0.00 through step 40 (docs/results.md, section 22). A binomial EM on 160
+while the shuffled-reward control stays at 0.00 through step 40 (docs/results.md, section 22). Validated after every
+step, seeds 1234 (this test's) and 2 both stay at 0.00 through step 5 and reach 0.87-0.90 at step 6. A binomial EM on 160
 questions has a standard error of at most 0.04, so a rise of 0.5 is over 12 of them. The controls are
 benchmarks/learning_bench.py's.
 """
@@ -20,7 +21,7 @@ from rlinf_ext.protocol import metric_keys as mk
 
 pytestmark = pytest.mark.slow
 
-STEPS = 12  # the 40-step job passes 0.9 between steps 5 and 10
+STEPS = 8  # the rise comes at step 6 on both seeds measured: two steps of margin
 
 
 @pytest.mark.timeout(600)
