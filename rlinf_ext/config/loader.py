@@ -114,9 +114,10 @@ def _tool_section_issue(issue: ConfigIssue, agent: str, tools: list[str]) -> Con
                                    fix=f"remove {issue.key}, or give {classes[section].__name__} a config_class "
                                    "dataclass (docs/extending.md).")
     unresolved = [n for n in tools if _resolved(n) is None]
+    configured = {cls.name for cls in (_resolved(n) for n in tools) if cls is not None}
     return dataclasses.replace(
         issue, reason=f"no configured tool is named {section!r}; its settings have no section (configured tools: "
-        f"{', '.join(sorted(classes)) or 'none'}).",
+        f"{', '.join(sorted(configured)) or 'none'}; built-in sections: {', '.join(sorted(BUILTIN_TOOLS))}).",
         fix=f"fix {listed} first: {', '.join(unresolved)} does not resolve (its section is known once it does)."
         if unresolved else
         f"add the tool to {listed} (a registered name or pkg.module:Class) or remove {issue.key}.")

@@ -76,7 +76,7 @@ def test_its_settings_validate_by_key_and_reach_the_tool(capsys):
      "tools.calculator", "configured tools: search", f"fix agentloop.searchr1.tools first: "
      f"{CALCULATOR.replace('Calculator', 'Nope')} does not resolve"),
     ([WITH_CALCULATOR, "tools.Calculator.max_digits=5"], "tools.Calculator",  # keyed by the tool's name
-     "no configured tool is named 'Calculator'; its settings have no section (configured tools: calculator, search)",
+     "no configured tool is named 'Calculator'; its settings have no section (configured tools: calculator, search;",
      "or remove tools.Calculator"),
 ])
 def test_tool_settings_refused_by_name(overrides, key, reason, fix):
