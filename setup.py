@@ -84,9 +84,9 @@ SGLANG_REQUIREMENTS = [
 # beside torch's CUDA 13 ones; the node's driver must support CUDA 13 anyway.
 FAISS_GPU_REQUIREMENT = "faiss-gpu-cu12==1.14.1.post1"
 
-# The SGLang tests' copy of the profile's engine (`bash scripts/install.sh --dev`; tests/sglang_source.py): the
+# The SGLang tests' copy of the profile's engine (`bash scripts/install.sh --dev`; tests/support/sglang_source.py): the
 # sglang wheel without its dependencies in <venv>/sglang-source, never on the package's import path. IPython is
-# the one dependency its `server_args` module needs beyond the CPU lane (tests/sglang_probe.py builds the real
+# the one dependency its `server_args` module needs beyond the CPU lane (tests/support/sglang_probe.py builds the real
 # ServerArgs there); its request types cannot import here (torchvision) and are read from the source instead.
 SGLANG_SOURCE_REQUIREMENT = "sglang==0.5.23"  # the `sglang` extra's pin (scripts/check_gpu_extras.py checks)
 SGLANG_SOURCE_IMPORT_REQUIREMENT = "ipython==9.18.1"

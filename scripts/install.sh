@@ -14,7 +14,7 @@
 #   extension built against that torch. `python scripts/check_gpu_extras.py --profile sglang` proves the pins.
 # --dev (any lane): the test tools, and sglang's release for the SGLang tests in <venv>/sglang-source (setup.py's
 #   SGLANG_SOURCE_REQUIREMENT without dependencies, plus IPython, which its server_args module needs): never on the
-#   import path; tests/sglang_source.py reads its types there, and builds its ServerArgs in a child process.
+#   import path; tests/support/sglang_source.py reads its types there, and builds its ServerArgs in a child process.
 # --faiss-gpu: swap faiss-cpu for the faiss-gpu pin (both install the `faiss` package; the one installed last
 #   wins, so faiss-cpu is removed first). A later `pip install -e .` brings faiss-cpu back over it: run this again.
 set -euo pipefail

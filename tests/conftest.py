@@ -119,10 +119,10 @@ def sglang_profile_installed(monkeypatch):
 
 @pytest.fixture(scope="session")
 def sglang_source():
-    """sglang 0.5.23's release for the SGLang tests (tests/sglang_source.py): its request types and signatures read
+    """sglang 0.5.23's release for the SGLang tests (tests/support/sglang_source.py): its request types and signatures read
     from the installed source, its real ServerArgs built in a child process. Missing: the test fails with the fix
     (`bash scripts/install.sh --dev`); CI installs it."""
-    from sglang_source import SGLangSource, SGLangSourceMissing
+    from tests.support.sglang_source import SGLangSource, SGLangSourceMissing
 
     try:
         return SGLangSource.find()

@@ -1,4 +1,4 @@
-"""Every module of the package imports first, alone (``tests/import_first.py``): an import cycle through a
+"""Every module of the package imports first, alone (``tests/support/import_first.py``): an import cycle through a
 package's ``__init__`` fails here the way it fails for a user's first import."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 
 def run_import_first(root: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, str(HERE / "import_first.py"), str(os.cpu_count() or 2)],
+    done = subprocess.run([sys.executable, str(HERE / "support" / "import_first.py"), str(os.cpu_count() or 2)],
                           capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

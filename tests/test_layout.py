@@ -366,3 +366,29 @@ def test_checker_finds_upward_and_unexplained_lazy_imports(tmp_path, monkeypatch
     assert layer_violations(imports, "fakepkg") == ["fakepkg.low.m:1 imports fakepkg.high.n (layer 4 > 0)"]
     lazy = lazy_violations(imports, "fakepkg")
     assert len(lazy) == 3 and "fakepkg.low.m" in lazy[0] and "json" in lazy[1] and "requests" in lazy[2]
+
+
+# tests/ mirrors the package: a test folder per package folder, the helpers under tests/support/
+TEST_FOLDERS_OUTSIDE_THE_PACKAGE = {
+    "e2e": "launcher runs end to end", "support": "shared helpers and fakes", "plugins": "plug-ins outside the package",
+    "benchmarks": "benchmarks/", "scripts": "scripts/",
+}
+
+
+def test_tests_mirror_the_package():
+    tests_root = PACKAGE_ROOT.parent / "tests"
+    bad = [f"tests/{p.name}: a helper at the root of tests/; move it to tests/support/"
+           for p in sorted(tests_root.glob("*.py")) if p.name != "conftest.py" and not p.name.startswith("test_")]
+    for folder in sorted(d for d in tests_root.rglob("*") if d.is_dir() and d.name != "__pycache__"):
+        rel = folder.relative_to(tests_root)
+        if rel.parts[0] in TEST_FOLDERS_OUTSIDE_THE_PACKAGE:
+            continue
+        package = PACKAGE_ROOT.joinpath(*rel.parts)
+        if not package.is_dir():
+            bad.append(f"tests/{rel}: no package rlinf_ext/{'/'.join(rel.parts)} to mirror")
+            continue
+        has_modules = any(p.name != "__init__.py" for p in package.glob("*.py"))
+        if not has_modules and any(folder.glob("test_*.py")):
+            bad.append(f"tests/{rel}: rlinf_ext/{'/'.join(rel.parts)} holds only sub-packages; put its tests in "
+                       "the sub-package's folder")
+    assert not bad, "\n".join(bad)

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from script_modules import load_script
+from tests.support.script_modules import load_script
 
 from rlinf_ext.protocol import metric_keys as mk
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from script_modules import load_script
+from tests.support.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from script_modules import load_script
+from tests.support.script_modules import load_script
 
 
 def load_bench():

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from script_modules import load_script
+from tests.support.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "rollout_bench.py"

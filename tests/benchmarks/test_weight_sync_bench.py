@@ -3,7 +3,7 @@ the second engine over the first, and a dash where an engine has no such row."""
 
 from __future__ import annotations
 
-from script_modules import load_script
+from tests.support.script_modules import load_script
 
 
 def load_bench():

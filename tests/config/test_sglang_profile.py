@@ -45,7 +45,7 @@ def test_both_agents_validate_on_sglang_with_the_profile(reference_env, monkeypa
 def test_installed_version_reads_the_metadata(monkeypatch):
     import importlib.metadata
 
-    from signature_checks import checked_against
+    from tests.support.signature_checks import checked_against
 
     def reporting(found):  # importlib.metadata.version, spelled and checked as the real one
         @checked_against(importlib.metadata.version)

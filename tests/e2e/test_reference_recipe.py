@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from eval_tables import check_tables_against_generations
+from tests.support.eval_tables import check_tables_against_generations
 from launch_helpers import launch, metrics_rows, when_step_logged
 
 from rlinf_ext.cli import VERBS

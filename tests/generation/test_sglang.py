@@ -24,7 +24,7 @@ from rlinf_ext.generation.sglang_engine import (
     usable_gpus,
 )
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
-from sglang_fakes import RecordingEngine
+from tests.support.sglang_fakes import RecordingEngine
 
 STOPS = ["</search>", "</answer>", "<|im_end|>"]
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def eos_ids(tiny_assets, tokenizer):
 
 
 class SimulatedSGLang(RecordingEngine):
-    """A fake engine (its calls checked against sglang's ``Engine``, tests/sglang_fakes.py): replays `script` (the
+    """A fake engine (its calls checked against sglang's ``Engine``, tests/support/sglang_fakes.py): replays `script` (the
     tokens the model would sample) under SGLang's stopping rules."""
 
     def __init__(self, source, tokenizer, script: list[int], config_eos: int | None = None):
@@ -314,7 +314,7 @@ def test_a_failed_start_stops_the_engines_already_started(tiny_assets_registry, 
 
 
 class HeldEngine(RecordingEngine):
-    """An engine (checked, tests/sglang_fakes.py) whose replies wait until the test releases them (to see where
+    """An engine (checked, tests/support/sglang_fakes.py) whose replies wait until the test releases them (to see where
     requests go while others run)."""
 
     def __init__(self, source, index: int, log: list):

@@ -6,7 +6,7 @@ Pure: no engine, no model."""
 from __future__ import annotations
 
 import pytest
-from sglang_fakes import check_generate
+from tests.support.sglang_fakes import check_generate
 
 from rlinf_ext.generation.sglang_engine import SGLANG_INSTALL_FIX, SGLangUnavailable, import_sglang
 from rlinf_ext.generation.sglang_wire import result_of_sglang, to_sglang_params

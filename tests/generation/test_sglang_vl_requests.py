@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sglang_fakes import check_generate
+from tests.support.sglang_fakes import check_generate
 from vl_helpers import chat_prompt_ids, mm_test_rows, text_positions_after_images
 
 from rlinf_ext.generation.hf_vl import load_vl_processor

@@ -65,7 +65,7 @@ def test_batches_rolled_out_ahead_start_vllm_with_the_priority_policy(k, policy)
     import dataclasses
     import typing
 
-    from signature_checks import bind_like
+    from tests.support.signature_checks import bind_like
     from vllm import EngineArgs
     from vllm.config.scheduler import SchedulerPolicy
     from vllm.v1.engine.async_llm import AsyncLLM

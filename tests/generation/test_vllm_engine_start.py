@@ -3,7 +3,7 @@ vLLM's real ``AsyncEngineArgs`` and sets the process environment before ``AsyncL
 engine core needs a GPU; the environment is captured there, as its engine-core process would inherit it). Under
 that environment, the update info vLLM's IPC trainer ships (``asdict(IPCWeightTransferUpdateInfo(...))`` around
 ``reduce_tensor``'s CUDA tuple) crosses vLLM's engine-core serialization as ``AsyncLLM.update_weights`` sends it,
-and vLLM's own worker takes it: its IPC engine, packed consumer and layerwise reload (``tests/vllm_boundary.py``)."""
+and vLLM's own worker takes it: its IPC engine, packed consumer and layerwise reload (``tests/support/vllm_boundary.py``)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateI
 from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
-from host_cuda import HostCuda  # noqa: E402
-from signature_checks import bind_like  # noqa: E402
-from vllm_boundary import (  # noqa: E402
+from tests.support.host_cuda import HostCuda  # noqa: E402
+from tests.support.signature_checks import bind_like  # noqa: E402
+from tests.support.vllm_boundary import (  # noqa: E402
     REAL_REBUILD_CUDA_TENSOR,
     EngineCoreWire,
     HostIpc,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 from transformers import LogitsProcessor
 
 from rlinf_ext.data.fvqa import read_fvqa

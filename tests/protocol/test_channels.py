@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlinf.scheduler import Channel
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 
 from rlinf_ext.protocol import channels, metric_keys
 

@@ -4,7 +4,7 @@ A call ``groups.<component>.<method>(*args, **kwargs)`` is RLinf's dispatch: eve
 ``method(*args, **kwargs)``. ``check_group_call`` binds it to that method of each worker class the component can
 be (the rollout: every engine's worker), so a trainer calling a method a worker lacks, or with arguments it
 refuses, fails here as it would under Ray. ``FuncResult`` stands for what the call returns, RLinf's
-``WorkerGroupFuncResult`` (its methods spelled and checked as RLinf's, tests/signature_checks.py).
+``WorkerGroupFuncResult`` (its methods spelled and checked as RLinf's, tests/support/signature_checks.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 from rlinf.scheduler import WorkerGroupFuncResult
-from signature_checks import bind_like, checked_against
+from tests.support.signature_checks import bind_like, checked_against
 
 
 @functools.cache

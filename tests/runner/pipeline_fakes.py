@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from group_fakes import FuncResult, check_group_call
 from rlinf.scheduler import Channel, WorkerGroupFuncResult
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 
 from rlinf_ext.protocol import channels as ch
 from rlinf_ext.runner.groups import Placement, WorkerGroups

@@ -13,7 +13,7 @@ import pytest
 from rlinf.scheduler import Cluster
 from rlinf.scheduler.worker.worker_group import WorkerGroup
 from rlinf.utils.placement import ModelParallelComponentPlacement
-from signature_checks import attributes_of, bind_like, checked_against
+from tests.support.signature_checks import attributes_of, bind_like, checked_against
 
 from rlinf_ext.config import load_config
 from rlinf_ext.protocol.engines import EngineSpec

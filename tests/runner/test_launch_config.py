@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 
 from rlinf_ext.runner.errors import LaunchError
 from rlinf_ext.runner.launch import run_training

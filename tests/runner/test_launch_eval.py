@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from sglang_fakes import RecordingEngine
-from signature_checks import checked_against
+from tests.support.sglang_fakes import RecordingEngine
+from tests.support.signature_checks import checked_against
 
 from rlinf_ext.generation import sglang_engine as sglang_generator
 from rlinf_ext.protocol.generation import SamplingParams
@@ -120,7 +120,7 @@ def test_a_direct_evaluation_refuses_the_engine_the_launcher_owns():
 
 
 class FakeEngine(RecordingEngine):
-    """sglang's ``Engine(**kwargs)``: its calls checked against sglang 0.5.23's (tests/sglang_fakes.py; the kwargs
+    """sglang's ``Engine(**kwargs)``: its calls checked against sglang 0.5.23's (tests/support/sglang_fakes.py; the kwargs
     build its real ServerArgs in tests/generation/test_sglang.py)."""
 
     def __init__(self, source, **kwargs):

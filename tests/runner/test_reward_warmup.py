@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from group_fakes import FuncResult, check_group_call
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 
 from rlinf_ext.agent.mmsearch.config import MMSearchConfig, RewardShapingConfig
 from rlinf_ext.agent.mmsearch.rollout import group_result

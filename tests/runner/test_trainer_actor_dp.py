@@ -48,7 +48,7 @@ def test_two_actor_processes_train_a_step(tiny_assets, tmp_path, cluster, retrie
 
 def NoGpuCluster():  # noqa: N802 - stands for RLinf's Cluster, of which launch reads the GPU count only
     from rlinf.scheduler import Cluster
-    from signature_checks import attributes_of
+    from tests.support.signature_checks import attributes_of
 
     return attributes_of(Cluster, num_accelerators=0)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from group_fakes import SYNC, FuncResult, c, check_group_call, w
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 
 from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.runner.groups import Placement, WorkerGroups

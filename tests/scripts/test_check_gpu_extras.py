@@ -43,7 +43,7 @@ def test_check_resolution_names_each_problem():
 
 
 def test_the_sglang_tests_copy_is_the_profiles_pin():
-    """scripts/install.sh --dev installs SGLANG_SOURCE_REQUIREMENT for the SGLang tests (tests/sglang_source.py):
+    """scripts/install.sh --dev installs SGLANG_SOURCE_REQUIREMENT for the SGLang tests (tests/support/sglang_source.py):
     the profile's own release, whose version config/rules/hardware.py names."""
     from rlinf_ext.protocol.engines import SGLANG_VERSION
 

@@ -16,9 +16,9 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 
-from sglang_fakes import UTILS, RecordingEngine, RecordingTokenizerManager, SourceSerializer
+from tests.support.sglang_fakes import UTILS, RecordingEngine, RecordingTokenizerManager, SourceSerializer
 from rlinf.scheduler import Worker
-from signature_checks import bind_like, checked_against
+from tests.support.signature_checks import bind_like, checked_against
 from transfer_fakes import Done, Op, Pending  # noqa: E402
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.sync.engine_calls import EngineCall
@@ -152,7 +152,7 @@ class Collective:
 
 
 class CollectiveManager(RecordingTokenizerManager):
-    """sglang's ``TokenizerManager`` (checked, tests/sglang_fakes.py): ``init_weights_update_group`` joins as
+    """sglang's ``TokenizerManager`` (checked, tests/support/sglang_fakes.py): ``init_weights_update_group`` joins as
     SGLang's TP workers do (``rank_offset + tp_rank``), ``update_weights_from_distributed`` receives the actor's
     broadcast in the request's order."""
 

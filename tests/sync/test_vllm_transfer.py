@@ -1,6 +1,6 @@
 """The GPU weight routes through vLLM's own weight-transfer API, on CPU: vLLM 0.32's real trainer engines drive our
 RLinf client; each rollout rank answers with the real rollout worker logic (``VLLMRolloutState`` + ``VLLMGpuSync``)
-over ``tests/vllm_boundary.py``'s ``RecordingEngine``: every call bound to the installed ``AsyncLLM``, every call to
+over ``tests/support/vllm_boundary.py``'s ``RecordingEngine``: every call bound to the installed ``AsyncLLM``, every call to
 the engine core through vLLM's msgpack serialization under the environment the engine start sets; on the IPC route
 the engine side is vLLM's own ``Worker``, IPC engine, packed consumer and layerwise reload. Only what needs a GPU is
 replaced: the NCCL broadcast (a barrier the engine's ``update_weights`` must meet at the same time, as NCCL does),
@@ -27,9 +27,9 @@ from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitI
 from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine  # noqa: E402
 
 from transfer_fakes import Done, Op, Pending  # noqa: E402
-from host_cuda import HostCuda  # noqa: E402
-from signature_checks import bind_like  # noqa: E402
-from vllm_boundary import (  # noqa: E402
+from tests.support.host_cuda import HostCuda  # noqa: E402
+from tests.support.signature_checks import bind_like  # noqa: E402
+from tests.support.vllm_boundary import (  # noqa: E402
     WAIT_S,
     HostIpc,
     HostIPCTrainer,

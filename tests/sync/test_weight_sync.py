@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 from rlinf.scheduler import Worker
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 from transfer_fakes import Done
 
 from rlinf_ext.convert.mapping import ConvertSpec
@@ -190,7 +190,7 @@ def test_an_engine_of_tp2_loads_slot_by_slot_after_the_probe_and_acknowledges_ea
 def test_a_paired_actor_frees_its_transfer_memory_before_the_end_of_the_sync(monkeypatch):
     # paired = the engine shares this GPU (collocated SGLang/HF): it maps its KV cache again on SYNC_END, so the
     # actor's cached blocks (the buckets, shared over CUDA IPC) go back to the driver before that message
-    from host_cuda import HostCuda
+    from tests.support.host_cuda import HostCuda
 
     from rlinf_ext.sync.weight_sync import SYNC_ACK, SYNC_END, SyncHeader, send_weights
 

@@ -1,13 +1,13 @@
 """Stand-ins for RLinf's point-to-point work handles (``Worker.send``/``recv`` with ``async_op=True`` return an
 ``AsyncCollWork``), shared by the engine weight-transfer tests; each method is checked against RLinf 0.3.0's own
-(tests/signature_checks.py)."""
+(tests/support/signature_checks.py)."""
 
 from __future__ import annotations
 
 import queue
 
 from rlinf.scheduler.collective.async_work import AsyncCollWork
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 
 
 class Done:

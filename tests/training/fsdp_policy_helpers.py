@@ -83,7 +83,7 @@ def dp_worker(rank: int, world: int, port: int, model_dir: str, payload: str, ou
     """One gloo rank: FSDP2 policy, this rank's GRPO groups, one step; rank 0 writes the full weights, every rank
     its streamed weights (``save_streamed_weights``)."""
     from rlinf_ext.training.data_parallel import ShardLayout
-    from gloo_dp import init_gloo_dp
+    from tests.support.gloo_dp import init_gloo_dp
 
     from rlinf_ext.training.fsdp_policy import FSDPStep
 

@@ -116,7 +116,7 @@ def dp_offload_worker(rank: int, world: int, port: int, model_dir: str, payload:
     from torch.distributed.tensor import DTensor
 
     from rlinf_ext.training.data_parallel import ShardLayout
-    from gloo_dp import init_gloo_dp
+    from tests.support.gloo_dp import init_gloo_dp
 
     from rlinf_ext.training.fsdp_policy import FSDPSettings
 

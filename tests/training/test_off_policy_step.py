@@ -154,7 +154,7 @@ def test_a_non_finite_value_on_an_observation_token_changes_nothing(tiny_model, 
 def _refusing_rank(rank: int, port: int, out_dir: str) -> None:
     """One of two gloo ranks checking its share: rank 1's trajectory has a NaN engine log-prob on a sampled token."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
-    from gloo_dp import init_gloo_dp
+    from tests.support.gloo_dp import init_gloo_dp
 
     policy = GRPOPolicy()  # the check reads only what every backend provides: settings, dp, device
     policy.settings, policy.dp, policy.device = ActorSettings(group_size=2), init_gloo_dp(), "cpu"

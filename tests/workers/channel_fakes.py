@@ -8,7 +8,7 @@ import asyncio
 
 from rlinf.scheduler import Channel as RLinfChannel
 from rlinf.scheduler.collective.async_work import AsyncChannelWork
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 
 
 class Op:

@@ -78,7 +78,7 @@ class IPCEngineSender:
 
 
 def ipc_rank(rank: int, world: int, port: int, cfg, out: str) -> None:
-    from gloo_dp import init_gloo_dp
+    from tests.support.gloo_dp import init_gloo_dp
 
     from rlinf_ext.training.fsdp_policy import FSDPPolicy
     from rlinf_ext.training.settings import ActorSettings

@@ -13,7 +13,7 @@ from rlinf_ext.agent.core.rollout import AgentRollout
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams, reply_of
 from rlinf_ext.protocol.payloads import AgentRolloutRequest
 from rlinf_ext.workers.agent_loop import AgentLoopWorker, ChannelGenerator
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 
 
 class OneTurnAgent:

@@ -21,7 +21,7 @@ from rlinf_ext.tools.image_search import ImageSearch
 from rlinf_ext.tools.search import SearchTool, TextSearch
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.returns import AgentLoopOutput
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 from tests.support.latency_tool import Lookup
 
 

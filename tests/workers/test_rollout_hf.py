@@ -15,7 +15,7 @@ import torch
 from rlinf.scheduler import Worker as RLinfWorker
 
 from channel_fakes import KeyedChannel, Op
-from signature_checks import bind_like
+from tests.support.signature_checks import bind_like
 from rlinf_ext.agent.core.response import OBSERVATION_VERSION, check_mask_invariant
 from rlinf_ext.agent.core.results import result_from_group
 from rlinf_ext.agent.searchr1.config import LoopSettings
@@ -34,7 +34,7 @@ from rlinf_ext.sync.weight_sync import (
 from rlinf_ext.workers.agent_loop import ChannelGenerator
 from rlinf_ext.workers.rollout_hf import HFRolloutState
 from rlinf_ext.workers.rollout_serving import INITIAL_WEIGHT_VERSION
-from tests.agent.test_loop import RecordingSearch
+from tests.agent.searchr1.test_loop import RecordingSearch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # slow: two tiny HF models and real generation
 

@@ -1,7 +1,7 @@
 """The SGLang rollout worker's logic on CPU without Ray or sglang (the engine needs a GPU): how received buckets
 become sglang 0.5.23's per-TP-rank ``serialized_named_tensors`` (checked by loading each payload the way a TP
 scheduler does: ``TpModelWorker.deserialize_own_rank`` opens entry ``tp_rank``); and the order of the engine calls (release / resume / begin / update / end / flush / probe): the real ``SGLangControl`` over
-a recording engine whose every call is checked against sglang 0.5.23's signatures (tests/sglang_fakes.py),
+a recording engine whose every call is checked against sglang 0.5.23's signatures (tests/support/sglang_fakes.py),
 fed by the real ``sync/weight_sync.py`` paired route over a fake transport (the disaggregated route:
 tests/sync/test_sglang_transfer.py)."""
 
@@ -16,9 +16,9 @@ import torch
 
 from channel_fakes import Channel, Op  # noqa: E402
 from rlinf.scheduler import Worker
-from sglang_fakes import MANAGER, RecordingEngine, RecordingTokenizerManager, SourceSerializer, forking_serialize
-from sglang_source import check_call
-from signature_checks import checked_against
+from tests.support.sglang_fakes import MANAGER, RecordingEngine, RecordingTokenizerManager, SourceSerializer, forking_serialize
+from tests.support.sglang_source import check_call
+from tests.support.signature_checks import checked_against
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams
 from rlinf_ext.sync.weight_sync import (
     SYNC_ACK,
@@ -87,7 +87,7 @@ def test_a_broadcast_bucket_is_refused():
 
 # ------------------------------------------------------------------------------------------------ call order
 class LoadingManager(RecordingTokenizerManager):
-    """sglang's ``TokenizerManager`` (checked, tests/sglang_fakes.py) that loads each update's rank-0 payload."""
+    """sglang's ``TokenizerManager`` (checked, tests/support/sglang_fakes.py) that loads each update's rank-0 payload."""
 
     def __init__(self, source, fail_update: bool = False):
         super().__init__(source)

@@ -15,7 +15,7 @@ pytest.importorskip("vllm")
 
 from channel_fakes import Channel, Op  # noqa: E402
 from rlinf.scheduler import Worker as RLinfWorker  # noqa: E402
-from signature_checks import bind_like  # noqa: E402
+from tests.support.signature_checks import bind_like  # noqa: E402
 from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
 from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams  # noqa: E402

@@ -10,7 +10,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 from transformers import PreTrainedTokenizerBase
 
 from rlinf_ext.agent.mmsearch.types import Task

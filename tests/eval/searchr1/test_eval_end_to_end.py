@@ -3,7 +3,7 @@
 1. In-process: the real agent loop, search tool, server, tokenizer and reward, with a scripted reader as the
    generator (it searches the question, then answers the gold answer only if the retrieved passages contain
    it, so the EM depends on what the real server returned). The table is checked against the saved
-   generations recomputed independently (``tests/eval_tables.py``), and resume is checked by growing
+   generations recomputed independently (``tests/support/eval_tables.py``), and resume is checked by growing
    `data.data_size`.
 2. The validation pass on a fixed subset.
 As a user runs it (the eval launcher with the tiny model on vLLM, against a running server): step 7 of the reference
@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
-from eval_tables import check_tables_against_generations, recompute_em
+from tests.support.eval_tables import check_tables_against_generations, recompute_em
 
 from rlinf_ext.protocol.generation import GenerationResult
 

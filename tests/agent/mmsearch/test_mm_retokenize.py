@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 
 import pytest
-from mm_helpers import PX, ScriptedVLGenerator, settings, tools
+from tests.support.mm_helpers import PX, ScriptedVLGenerator, settings, tools
 
 from rlinf_ext.agent.mmsearch.loop import run_trajectory
 from rlinf_ext.agent.mmsearch.retokenize import (

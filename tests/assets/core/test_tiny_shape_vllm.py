@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # one greedy generation on vLLM (in a fresh process: this one loaded numba through the tiny assets' BM25 step, and
 # an in-process vLLM engine cannot start beside it: tests/conftest.py, pytest_collection_modifyitems)

@@ -47,8 +47,8 @@ from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 from vllm.v1.worker.gpu_worker import Worker
 from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 
-from host_cuda import HostCuda
-from signature_checks import bind_like, checked_against
+from tests.support.host_cuda import HostCuda
+from tests.support.signature_checks import bind_like, checked_against
 
 WAIT_S = 20.0
 REAL_REDUCE_TENSOR = reductions.reduce_tensor

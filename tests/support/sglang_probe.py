@@ -1,6 +1,6 @@
-"""sglang 0.5.23's own classes, run in a process of their own (``tests/sglang_source.py:SGLangSource.probe``).
+"""sglang 0.5.23's own classes, run in a process of their own (``tests/support/sglang_source.py:SGLangSource.probe``).
 
-    python tests/sglang_probe.py SGLANG_SOURCE_DIR VERSION < {"server_args": [kwargs, ...], "banned": {...}} (JSON)
+    python tests/support/sglang_probe.py SGLANG_SOURCE_DIR VERSION < {"server_args": [kwargs, ...], "banned": {...}} (JSON)
 
 Prints one JSON line:
 - ``server_args``: per ``kwargs``, None where sglang's real ``ServerArgs(**kwargs)`` was built, else the error;
@@ -20,7 +20,7 @@ import sys
 
 def main() -> None:
     folder = sys.argv[1]
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's rlinf_ext
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's rlinf_ext
     sys.path.append(folder)
     request = json.load(sys.stdin)
     import sglang

@@ -7,7 +7,7 @@ never on the test process's ``sys.path``: importing ``sglang`` patches transform
 variables (``sglang/__init__.py``), and ``importlib.metadata`` would then report sglang as installed.
 
 - ``ServerArgs`` and the disallowed-tokens logit processor are sglang's real classes, run in a child process
-  (``probe``, ``tests/sglang_probe.py``).
+  (``probe``, ``tests/support/sglang_probe.py``).
 - ``io_struct``'s requests, ``TokenizerManager``'s methods, ``Engine.async_generate``, SGLang's ``SamplingParams``
   and ``init_custom_process_group`` cannot be imported on this lane: ``io_struct`` -> ``schedule_batch`` ->
   ``dllm.config`` -> ``sglang.srt.configs`` (which imports every model config) -> ``nano_nemotron_vl`` ->
@@ -34,7 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from signature_checks import bind_like
+from tests.support.signature_checks import bind_like
 
 from rlinf_ext.protocol.engines import SGLANG_VERSION
 
@@ -225,12 +225,12 @@ class SGLangSource:
 
     # ---- sglang's real classes, in a child process
     def probe(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``tests/sglang_probe.py``'s answer to ``request`` (it runs in a child: importing sglang patches
+        """``tests/support/sglang_probe.py``'s answer to ``request`` (it runs in a child: importing sglang patches
         transformers in place)."""
         done = subprocess.run([sys.executable, str(PROBE), str(self.folder), SGLANG_VERSION], input=json.dumps(request),
                               capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         if done.returncode != 0:
-            raise RuntimeError(f"tests/sglang_probe.py failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+            raise RuntimeError(f"tests/support/sglang_probe.py failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     def server_args_errors(self, kwargs_list: list[dict[str, Any]]) -> list[str | None]:

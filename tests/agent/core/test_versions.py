@@ -15,7 +15,7 @@ from rlinf_ext.agent.searchr1.loop import run_trajectory
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import SamplingParams, reply_of, result_of
 from rlinf_ext.runner.staleness import token_staleness_metrics
-from tests.agent.test_loop import CFG, PROMPT, TOK, RecordingSearch
+from tests.agent.searchr1.test_loop import CFG, PROMPT, TOK, RecordingSearch
 from tests.support.scripted import ScriptedGenerator
 
 SEARCH_THEN_ANSWER = ["<search> capital of france </search>", "<answer> Paris </answer>"]

@@ -7,7 +7,7 @@ import pickle
 from dataclasses import replace
 
 import pytest
-from mm_helpers import PX, ScriptedVLGenerator, settings, tools
+from tests.support.mm_helpers import PX, ScriptedVLGenerator, settings, tools
 
 from rlinf_ext.agent.mmsearch.protocol import parse_action
 from rlinf_ext.agent.mmsearch.loop import check_invariants, first_prompt_ids, run_group, run_trajectory

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def load_script(path: Path | str, name: str | None = None) -> ModuleType:

@@ -6,7 +6,7 @@ missing argument, a keyword-only one passed by position) raises the ``TypeError`
         async def sleep(self, level=1, mode="abort"): ...
 
 ``real`` is a callable (its ``inspect.signature``) or an ``inspect.Signature`` (for a library that cannot be
-imported here: ``tests/sglang_source.py`` reads SGLang's from its installed source). A method's signature keeps
+imported here: ``tests/support/sglang_source.py`` reads SGLang's from its installed source). A method's signature keeps
 ``self``: the fake's own ``self`` is bound there.
 """
 

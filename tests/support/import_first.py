@@ -15,8 +15,8 @@ import sys
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_layout import PACKAGE_ROOT, read_imports  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.test_layout import PACKAGE_ROOT, read_imports  # noqa: E402
 
 
 def import_alone(module: str) -> tuple[str, str | None]:

@@ -269,7 +269,7 @@ def test_the_launcher_generates_missing_assets_outside_its_process(tmp_path):
     root = tmp_path / "tiny_assets"
     env = {**os.environ, cache.CACHE_ENV: str(tmp_path / "cache")}
     out = subprocess.run([sys.executable, "-c", CHILD_FILL, str(root)], env=env, capture_output=True, text=True,
-                         timeout=600, cwd=str(Path(__file__).resolve().parents[2]))
+                         timeout=600, cwd=str(Path(__file__).resolve().parents[3]))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "loaded: []" in out.stdout, out.stdout[-2000:]
     assert read_manifest(root)["cache_key"] == cache.cache_key()

@@ -1,5 +1,5 @@
-"""The fakes' checks themselves: ``tests/signature_checks.py`` refuses what the real callable refuses, and
-``tests/sglang_source.py`` reads sglang 0.5.23's signatures and request types from its installed source (read once
+"""The fakes' checks themselves: ``tests/support/signature_checks.py`` refuses what the real callable refuses, and
+``tests/support/sglang_source.py`` reads sglang 0.5.23's signatures and request types from its installed source (read once
 against the real classes, imported in a scratch process with torchvision stubbed: every struct, method and function
 the fakes use gave the same parameters)."""
 
@@ -9,9 +9,9 @@ import asyncio
 import inspect
 
 import pytest
-from sglang_fakes import MANAGER, RecordingEngine, RecordingTokenizerManager, SourceSerializer
-from sglang_source import SGLANG_SOURCE_ENV, SGLangSource, SGLangSourceMissing
-from signature_checks import bind_like, checked_against
+from tests.support.sglang_fakes import MANAGER, RecordingEngine, RecordingTokenizerManager, SourceSerializer
+from tests.support.sglang_source import SGLANG_SOURCE_ENV, SGLangSource, SGLangSourceMissing
+from tests.support.signature_checks import bind_like, checked_against
 
 
 def real(a, b=1, *, c):

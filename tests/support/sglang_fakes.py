@@ -1,7 +1,7 @@
 """Recording stand-ins of sglang 0.5.23's ``Engine`` and its ``TokenizerManager`` (what needs a GPU), for the real
 ``SGLangControl`` (``workers/rollout_sglang.py``) and ``SGLangEngineGenerator`` to call on CPU.
 
-Every call is checked against sglang's own signature, read from its installed source (``tests/sglang_source.py``):
+Every call is checked against sglang's own signature, read from its installed source (``tests/support/sglang_source.py``):
 an unknown or missing argument raises sglang's ``TypeError``, a request struct of the wrong type is refused, and
 ``async_generate``'s ``sampling_params`` must build sglang's ``SamplingParams`` (the ``TokenizerManager`` calls
 ``SamplingParams(**sampling_params)``). Replies take the shapes sglang's methods return: ``(success, message)``
@@ -16,8 +16,8 @@ import io
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from sglang_source import SGLangSource, check_call
-from signature_checks import bind_like
+from tests.support.sglang_source import SGLangSource, check_call
+from tests.support.signature_checks import bind_like
 
 ENGINE = "sglang.srt.entrypoints.engine"
 MANAGER = "sglang.srt.managers.tokenizer_manager"

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from signature_checks import checked_against
+from tests.support.signature_checks import checked_against
 
 # torch's own functions, taken at import: a second install (another test, a forked rank) checks against these,
 # never against an earlier stand-in
