@@ -45,10 +45,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.slow_search import DISTRIBUTION_ENV, LATENCY_ENV, parse_latency
-from rlinf_ext.config import load_config
-from rlinf_ext.protocol import metric_keys as mk
-from rlinf_ext.protocol.engines import engines_with
+from benchmarks.slow_search import DISTRIBUTION_ENV, LATENCY_ENV, parse_latency  # noqa: E402 (after the repo joins sys.path)
+from rlinf_ext.config import load_config  # noqa: E402 (after the repo joins sys.path)
+from rlinf_ext.protocol import metric_keys as mk  # noqa: E402 (after the repo joins sys.path)
+from rlinf_ext.protocol.engines import engines_with  # noqa: E402 (after the repo joins sys.path)
 
 EXPERIMENT = "tiny-cpu"
 RUN_NAME = "searchr1-grpo-tiny-cpu"

@@ -100,7 +100,9 @@ def _train_peak(policy, samples, step: int, ctx: Context) -> tuple[dict, float]:
 
 
 def _snapshot(policy) -> dict:
-    local = (lambda t: t.to_local() if hasattr(t, "to_local") else t)
+    def local(t):
+        return t.to_local() if hasattr(t, "to_local") else t
+
     out = {f"p:{n}": local(p).detach().to("cpu", copy=True) for n, p in policy.model.named_parameters()}
     for i, state in enumerate(policy.step.optimizer.state.values()):
         out.update({f"o:{i}:{k}": local(v).detach().to("cpu", copy=True) for k, v in state.items() if hasattr(v, "dim")})

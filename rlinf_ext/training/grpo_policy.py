@@ -188,7 +188,6 @@ class GRPOPolicy:
         """
         s = self.settings
         layout = self._check_layout(samples, layout)
-        n = layout.global_size
         adv = self.advantages(samples)  # groups are whole on every rank: local = global advantages
         behaviour = self.uses_behaviour(samples, layout.global_size)
         total_opt_steps = s.total_train_steps * s.n_minibatches

@@ -74,7 +74,7 @@ def test_cli_mg2hf_verify_prints_logit_difference(qwen2_models, tmp_path, capsys
                "--verify", "--quiet"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    line = next(l for l in out.splitlines() if l.startswith("verify:"))
+    line = next(s for s in out.splitlines() if s.startswith("verify:"))
     diff = float(line.split("= ")[1].split()[0])
     assert diff < 1e-4 and line.endswith("OK")
     # a wrong conversion is caught: swap two q heads in the HF output, verify must fail

@@ -45,7 +45,7 @@ def test_sigint_after_workers_start_stops_everything(tiny_assets, tmp_path):
             lines.append(line)
             if "[launch] worker groups up" in line:
                 break
-        assert any("worker groups up" in l for l in lines), "".join(lines)[-3000:]
+        assert any("worker groups up" in s for s in lines), "".join(lines)[-3000:]
         time.sleep(2)  # workers are initialising now
         seen = {p.pid for p in launcher.children(recursive=True)}
         assert len(seen) >= 4, "expected the retrieval server, Ray and worker processes"

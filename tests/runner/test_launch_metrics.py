@@ -74,7 +74,7 @@ def test_sink_writes_tensorboard_jsonl_trajectories_and_plot(tmp_path):
     assert [r["reward/mean"] for r in rows] == rewards
     assert all(math.isfinite(r["actor/loss"]) for r in rows)
 
-    dumped = [json.loads(l) for l in (tmp_path / "rollouts" / "step_2.jsonl").read_text().splitlines()]
+    dumped = [json.loads(s) for s in (tmp_path / "rollouts" / "step_2.jsonl").read_text().splitlines()]
     assert dumped == [{"step": 2, "uid": "q1", "response_ids": [5, 6], "reward": 0.3}]
 
     assert plot == tmp_path / "logs" / "reward_curve.png"

@@ -92,7 +92,11 @@ def test_fused_adamw_switch_gives_the_fused_kernel_bit_for_bit():
             opt.step()
         return w.detach(), opt
 
-    switched = lambda p: (lambda o: (use_fused_adamw(o), o)[1])(torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1))
+    def switched(p):
+        opt = torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1)
+        use_fused_adamw(opt)
+        return opt
+
     w_switched, opt = run(switched)
     w_fused, _ = run(lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, fused=True))
     w_foreach, _ = run(lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, foreach=True))

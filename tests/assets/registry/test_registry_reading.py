@@ -93,8 +93,8 @@ def test_classify_answer():
 
 def test_sampled_figures_hand_computed():
     q = Question("capital", "Bb", "Yy", HELDOUT)
-    R, C, O, G = probes.RIGHT, probes.OTHER_CANDIDATE, probes.OTHER, probes.GAVE_UP
-    rows = [[probes.LiveOutcome(q, k, k != G) for k in kinds] for kinds in ([R, C, G, G], [C, O, G, G])]
+    R, C, OT, G = probes.RIGHT, probes.OTHER_CANDIDATE, probes.OTHER, probes.GAVE_UP
+    rows = [[probes.LiveOutcome(q, k, k != G) for k in kinds] for kinds in ([R, C, G, G], [C, OT, G, G])]
     f = probes.sampled_figures(rows)
     assert f["pass@1"] == 1 / 8 and f["pass@4"] == 1 / 2
     assert (f["share_right"], f["share_other_candidate"], f["share_other"], f["share_gave_up"]) == (1 / 8, 2 / 8, 1 / 8, 4 / 8)

@@ -131,7 +131,9 @@ def test_load_items_from_both_formats_with_data_size(tmp_path):
     (tmp_path / "bamboogle.jsonl").write_text(
         "\n".join(json.dumps({"prompt": f"<chat>Question: b{i}?\n", "solutions": [f"s{i}"], "uid": f"b-{i}"}) for i in range(3))
     )
-    render = lambda msgs: "<chat>" + msgs[0]["content"]
+    def render(msgs):
+        return "<chat>" + msgs[0]["content"]
+
     items = load_eval_items([str(tmp_path / "test.parquet"), str(tmp_path / "bamboogle.jsonl")], render, data_size=2)
     assert [(i.benchmark, i.item_id) for i in items] == [
         ("nq", "test.parquet#0"), ("nq", "test.parquet#1"), ("popqa", "test.parquet#3"),
