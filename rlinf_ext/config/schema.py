@@ -139,8 +139,8 @@ class RunnerConfig:
         False, "A weight sync no longer waits for the turns in flight: they stop between decode steps and go on "
         "from their prompt and tokens so far on the new weights, so one turn may carry tokens of two versions, each "
         "trained with the log-probs of the weights that sampled it; no trained token may be older than "
-        "runner.max_staleness. Needs runner.max_staleness >= 1 and rollout.rollout_backend=hf (vLLM and SGLang: "
-        "not wired yet, refused)."
+        "runner.max_staleness. Needs runner.max_staleness >= 1 and rollout.rollout_backend hf or vllm (vLLM's keep "
+        "pause; SGLang: not wired, refused)."
     )
     admission: Literal["batch", "group"] = fld(
         "batch", "What a step trains. batch: step b trains exactly batch b. group: step b trains the first "

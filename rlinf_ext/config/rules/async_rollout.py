@@ -75,13 +75,15 @@ def staleness_needs_aligned_logprobs(cfg: ExperimentConfig) -> Iterator[ConfigIs
 
 
 PARTIAL = "runner.partial_rollout"
-PARTIAL_BACKENDS = ("hf",)  # the engines whose turns a sync can cut (vLLM's keep pause and SGLang's: not wired yet)
+# the engines whose turns a sync can cut: HF between decode steps, vLLM by its keep pause (generation/vllm_engine.py);
+# SGLang's Engine has no pause of its own (only its HTTP server's tokenizer manager) and labels a reply with one version
+PARTIAL_BACKENDS = ("hf", "vllm")
 
 
 @rule(PARTIAL, KEY, "runner.task_type", "rollout.rollout_backend")
 def partial_rollout_needs_batches_ahead(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """A sync cuts turns in flight only when batches are in flight during it (k >= 1), and only on an engine that
-    stops between decode steps."""
+    stops them and goes on from their tokens so far (``PARTIAL_BACKENDS``)."""
     if not (cfg.runner.partial_rollout and is_training(cfg)):
         return
     if cfg.runner.max_staleness < 1:
@@ -92,7 +94,8 @@ def partial_rollout_needs_batches_ahead(cfg: ExperimentConfig) -> Iterator[Confi
     if backend not in PARTIAL_BACKENDS:
         yield ConfigIssue(PARTIAL, f"{PARTIAL}=true with rollout.rollout_backend={backend}: this engine's turns "
                           "cannot be cut by a sync yet (only " + ", ".join(PARTIAL_BACKENDS) + "'s).",
-                          f"set rollout.rollout_backend=hf, or {PARTIAL}=false (the sync then waits for the turns).")
+                          f"set rollout.rollout_backend to one of {', '.join(PARTIAL_BACKENDS)}, or {PARTIAL}=false "
+                          "(the sync then waits for the turns).")
 
 
 @rule("runner.in_flight_batches", KEY)
