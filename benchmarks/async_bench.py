@@ -12,8 +12,8 @@ Not a test: it measures. Each run is the real launcher in its own child process 
 start, which searches) from an empty output directory, with a benchmark-only latency added to every search
 (``benchmarks/slow_search.py``; a ``--latency`` without ``seed=`` draws with the run's seed). k = 0 runs once per
 latency and seed (batch admission, no partial rollout: the synchronous order, which the others are measured
-against); k >= 1 runs every admission x partial. Partial rollout needs ``--backend hf`` (the only engine whose turns
-a sync can cut), so a comparison with it runs every setting on hf.
+against); k >= 1 runs every admission x partial. Partial rollout needs a ``--backend`` whose turns a sync can cut
+(``config/rules/async_rollout.py:PARTIAL_BACKENDS``: hf, vllm), so a comparison with it runs every setting there.
 
 ``--assets``: a directory of the run's own (an empty one is filled from the tiny-asset cache at the first launch
 and reused; a run writes its retrieval index there, so never a cache entry itself).
@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.slow_search import DISTRIBUTION_ENV, LATENCY_ENV, parse_latency
 from rlinf_ext.config import load_config
+from rlinf_ext.config.rules.async_rollout import PARTIAL_BACKENDS
 from rlinf_ext.protocol import metric_keys as mk
 
 EXPERIMENT = "tiny-cpu"
@@ -54,7 +55,6 @@ RUN_NAME = "searchr1-grpo-tiny-cpu"
 SLOW_SEARCH = "benchmarks.slow_search:SlowSearch"
 STALENESS_PREFIX = "async/token_staleness_"
 DEFAULT_LATENCY = "lognormal:median_ms=300,p99_ms=3000"
-PARTIAL_BACKENDS = ("hf",)
 # per-step means reported per run: (figure, metric key)
 STEP_MEANS = (
     ("actor_idle", mk.TIME_ACTOR_IDLE_RATIO), ("rollout_idle", mk.TIME_ROLLOUT_IDLE_RATIO),
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if True in partials and args.backend not in PARTIAL_BACKENDS:
         parser.error(f"--partial on with --backend {args.backend}: partial rollout runs on "
-                     f"{', '.join(PARTIAL_BACKENDS)} only; add --backend hf, or --partial off.")
+                     f"{', '.join(PARTIAL_BACKENDS)} only; add --backend {PARTIAL_BACKENDS[0]}, or --partial off.")
     out = Path(args.out or tempfile.mkdtemp(prefix="async_bench_"))
     settings = grid(latencies, parse_list(args.ks), parse_list(args.admissions, str), partials)
     results: dict[tuple[Setting, int], dict] = {}
