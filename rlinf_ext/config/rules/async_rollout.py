@@ -75,8 +75,9 @@ def staleness_needs_aligned_logprobs(cfg: ExperimentConfig) -> Iterator[ConfigIs
 
 
 PARTIAL = "runner.partial_rollout"
-# the engines whose turns a sync can cut: HF between decode steps, vLLM by its keep pause (generation/vllm_engine.py);
-# SGLang's Engine has no pause of its own (only its HTTP server's tokenizer manager) and labels a reply with one version
+# the engines whose turns a sync can cut: HF between decode steps, vLLM by its keep pause (generation/vllm_engine.py).
+# SGLang: not wired; its worker's gate waits for the turns and stamps each reply with one version (0.5.23's
+# TokenizerManager.pause_generation(mode="retract") and per-token weight_versions spans are the way to it)
 PARTIAL_BACKENDS = ("hf", "vllm")
 
 
