@@ -75,6 +75,7 @@ class InprocVLLMEngine:
         self._stepper: asyncio.Task | None = None
         self._paused = False
         self._kept = False  # a keep pause: the requests in flight wait in vLLM's scheduler, nothing steps
+        self._keeping: asyncio.Future | None = None  # the keep pause's call into vLLM (it waits for the engine's lock)
 
     @classmethod
     def from_engine_args(cls, kwargs: dict[str, Any], *, eager_helpers: bool = True,
@@ -143,15 +144,19 @@ class InprocVLLMEngine:
         self._paused = True
         if mode == "keep":  # the turns in flight stop after the step in progress (it holds the lock)
             self._kept = True
-            await asyncio.to_thread(self._locked, self._core().pause_scheduler, "keep", clear_cache)
+            self._keeping = asyncio.ensure_future(
+                asyncio.to_thread(self._locked, self._core().pause_scheduler, "keep", clear_cache))
+            await asyncio.shield(self._keeping)  # a caller's timeout leaves the call to finish: resume waits for it
             return
         while self._waiting:  # requests already accepted finish on the current weights
             await asyncio.sleep(0.005)
 
     async def resume_generation(self) -> None:
         if self._kept:
+            if self._keeping is not None:  # vLLM's pause lands first even when a timeout cut its wait short
+                await asyncio.wait([self._keeping])
             await asyncio.to_thread(self._locked, self._core().resume_scheduler)
-            self._kept = False
+            self._kept, self._keeping = False, None
         self._paused = False
 
     def _core(self) -> Any:

@@ -257,6 +257,47 @@ def test_with_partial_rollout_a_sync_cuts_the_turn_in_flight_which_goes_on_under
     assert w.last_sync_logprob_gap < 1e-4 and not generator.engine._paused
 
 
+def test_a_keep_pause_cut_short_by_the_timeout_still_leaves_vllm_serving(generator, model_dirs):
+    """Partial rollout with the engine's step stuck longer than the worker's timeout (another thread holds the engine's
+    lock for 1.5 s): the sync fails naming this rank, and vLLM's scheduler is resumed only after the keep pause that
+    the timeout cut short has landed, so it is not left paused: the turn finishes on the old weights' label."""
+    import threading
+    import time
+
+    messages, _ = sync_messages({"model.embed_tokens.weight": torch.zeros(4, 4)})  # the header is all it reads
+    w = worker(generator, messages)
+    w.partial, w.sync_timeout_s = True, 0.3
+    asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
+    request = {"channel_key": "uid-stuck", "prompt_ids": [5, 9, 11, 13, 17], "sampling_params": {"max_new_tokens": 64},
+               "seed": 1}
+    engine = generator.engine
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with engine._lock:
+            held.set()
+            release.wait(1.5)
+
+    async def go():
+        await w._label_initial_weights()
+        in_flight = asyncio.create_task(w._generate(request))
+        while not engine._waiting:
+            await asyncio.sleep(0.001)
+        threading.Thread(target=hold, daemon=True).start()
+        while not held.is_set():
+            await asyncio.sleep(0.001)
+        t0 = time.perf_counter()
+        with pytest.raises(WeightSyncError) as raised:
+            await asyncio.wait_for(w._receive_and_load(5), 30)
+        return str(raised.value), time.perf_counter() - t0, await asyncio.wait_for(in_flight, 60)
+
+    message, took, reply = asyncio.run(go())
+    assert "rank 0" in message and "0.3 s" in message, message
+    assert not engine._paused and not engine._kept and not engine._core().is_scheduler_paused()
+    assert reply["weight_version"] == 0 and len(reply["output_ids"]) >= 1 and w.weight_version == 0
+    print(f"the failed keep pause returned after {took:.2f} s")
+
+
 def test_gpu_engine_options_follow_the_placement(qwen2_head32_dirs):
     """GPU engines: sleep mode and vLLM's ipc transfer when collocated, nccl without sleep mode when apart; the
     CPU engine needs neither (in-place reload). Log-probs after temperature on every engine; helper ops eager on CPU."""
