@@ -12,8 +12,8 @@ Not a test: it measures. Each run is the real launcher in its own child process 
 start, which searches) from an empty output directory, with a benchmark-only latency added to every search
 (``benchmarks/slow_search.py``; a ``--latency`` without ``seed=`` draws with the run's seed). k = 0 runs once per
 latency and seed (batch admission, no partial rollout: the synchronous order, which the others are measured
-against); k >= 1 runs every admission x partial. Partial rollout needs ``--backend hf`` (the only engine whose turns
-a sync can cut), so a comparison with it runs every setting on hf.
+against); k >= 1 runs every admission x partial. Partial rollout needs a ``--backend`` whose turns a sync can cut
+(the engine table: `EngineSpec.partial_rollout`, hf and vllm), so a comparison with it runs every setting there.
 
 ``--assets``: a directory of the run's own (an empty one is filled from the tiny-asset cache at the first launch
 and reused; a run writes its retrieval index there, so never a cache entry itself).
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if True in partials and args.backend not in PARTIAL_BACKENDS:
         parser.error(f"--partial on with --backend {args.backend}: partial rollout runs on "
-                     f"{', '.join(PARTIAL_BACKENDS)} only; add --backend hf, or --partial off.")
+                     f"{', '.join(PARTIAL_BACKENDS)} only; add --backend {PARTIAL_BACKENDS[0]}, or --partial off.")
     out = Path(args.out or tempfile.mkdtemp(prefix="async_bench_"))
     settings = grid(latencies, parse_list(args.ks), parse_list(args.admissions, str), partials)
     results: dict[tuple[Setting, int], dict] = {}

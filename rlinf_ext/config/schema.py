@@ -142,7 +142,7 @@ class RunnerConfig:
         "from their prompt and tokens so far on the new weights, so one turn may carry tokens of two versions, each "
         "trained with the log-probs of the weights that sampled it; no trained token may be older than "
         "runner.max_staleness. Needs runner.max_staleness >= 1 and an engine whose turns a sync can cut "
-        "(EngineSpec.partial_rollout: hf; vLLM and SGLang not wired yet, refused)."
+        "(EngineSpec.partial_rollout: hf between decode steps, vllm by its keep pause; SGLang not wired, refused)."
     )
     admission: Literal["batch", "group"] = fld(
         "batch", "What a step trains. batch: step b trains exactly batch b. group: step b trains the first "

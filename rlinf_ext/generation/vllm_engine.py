@@ -7,7 +7,8 @@ replies and the engine's options: ``generation/vllm_wire.py``).
   ``InprocVLLMEngine``: vLLM's ``LLMEngine`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
   ``distributed_executor_backend="uni"``, eager), stepped in a worker thread; it starts in ~3 s where ``AsyncLLM``
   takes ~50 s on a 2-core CPU.
-- Weights without restart (``load_weights``, the CPU route): pause (in-flight requests finish first), vLLM's
+- Weights without restart (``load_weights``, the CPU route): pause (in-flight requests finish first; with
+  ``keep``, partial rollout, they stop where they are and go on afterwards on the new weights), vLLM's
   layerwise in-place reload fed bucket by bucket through ``WeightLoadExtension`` (a ``worker_extension_cls``; the
   body of ``Worker.reload_weights`` split into begin / load / finish), prefix- and encoder-cache reset, the new
   weight version's label (vLLM stamps it on the tokens it samples: ``GenerationResult.weight_version``), resume. In
@@ -55,7 +56,10 @@ class InprocVLLMEngine:
 
     One step loop task per event loop runs ``LLMEngine.step`` in a worker thread while requests are unfinished;
     every engine call holds ``_lock`` (the engine is not thread-safe). ``pause_generation(mode="wait")`` holds
-    new requests back and returns once the running ones have finished.
+    new requests back and returns once the running ones have finished; ``mode="keep"`` (partial rollout) is vLLM's
+    own keep pause (``EngineCore.pause_scheduler``, as ``AsyncLLM`` does it): after the step in progress nothing is
+    scheduled, and its cache reset preempts the running requests, which after the resume recompute their KV (prompt
+    + tokens so far) on the weights loaded meanwhile and sample on from there; the step loop waits meanwhile.
 
     ``eager_helpers``: every engine call runs under ``torch.compiler.set_stance("force_eager")``. The model
     itself is eager already (``enforce_eager``), but vLLM ``torch.compile``s small helper ops with inductor
@@ -70,7 +74,8 @@ class InprocVLLMEngine:
         self._waiting: dict[str, asyncio.Future] = {}
         self._stepper: asyncio.Task | None = None
         self._paused = False
-        self._resumed: asyncio.Event | None = None
+        self._kept = False  # a keep pause: the requests in flight wait in vLLM's scheduler, nothing steps
+        self._keeping: asyncio.Future | None = None  # the keep pause's call into vLLM (it waits for the engine's lock)
 
     @classmethod
     def from_engine_args(cls, kwargs: dict[str, Any], *, eager_helpers: bool = True,
@@ -96,8 +101,8 @@ class InprocVLLMEngine:
 
     async def generate(self, prompt: dict, sampling_params: Any, request_id: str, *,
                        priority: int = 0) -> AsyncIterator[Any]:
-        while self._paused:
-            await self._resume_event().wait()
+        while self._paused:  # polled: an asyncio.Event binds to the first event loop that waits on it
+            await asyncio.sleep(0.005)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._waiting[request_id] = future  # in flight from here on: a pause waits for it
@@ -118,6 +123,9 @@ class InprocVLLMEngine:
 
     async def _step_loop(self) -> None:
         while self._waiting:
+            if self._kept:  # vLLM's scheduler is paused and schedules nothing: no stepping until the resume
+                await asyncio.sleep(0.005)
+                continue
             try:
                 outputs = await asyncio.to_thread(self._locked, self.engine.step)
             except Exception as exc:  # every waiting caller gets the error instead of hanging
@@ -132,22 +140,30 @@ class InprocVLLMEngine:
                     if not future.done():
                         future.set_result(out)
 
-    def _resume_event(self) -> asyncio.Event:
-        if self._resumed is None:
-            self._resumed = asyncio.Event()
-        return self._resumed
-
     async def pause_generation(self, *, mode: str = "wait", clear_cache: bool = True) -> None:
-        if mode != "wait":
-            raise ValueError(f"InprocVLLMEngine pauses with mode='wait' only, got {mode!r}")
+        if mode not in ("wait", "keep"):
+            raise ValueError(f"InprocVLLMEngine pauses with mode='wait' or 'keep', got {mode!r}")
         self._paused = True
-        self._resume_event().clear()
+        if mode == "keep":  # the turns in flight stop after the step in progress (it holds the lock)
+            self._kept = True
+            self._keeping = asyncio.ensure_future(
+                asyncio.to_thread(self._locked, self._core().pause_scheduler, "keep", clear_cache))
+            await asyncio.shield(self._keeping)  # a caller's timeout leaves the call to finish: resume waits for it
+            return
         while self._waiting:  # requests already accepted finish on the current weights
             await asyncio.sleep(0.005)
 
     async def resume_generation(self) -> None:
+        if self._kept:
+            if self._keeping is not None:  # vLLM's pause lands first even when a timeout cut its wait short
+                await asyncio.wait([self._keeping])
+            await asyncio.to_thread(self._locked, self._core().resume_scheduler)
+            self._kept, self._keeping = False, None
         self._paused = False
-        self._resume_event().set()
+
+    def _core(self) -> Any:
+        """vLLM's ``EngineCore`` behind the ``LLMEngine`` (its ``InprocClient``'s; ``LLMEngine`` reaches it so too)."""
+        return self.engine.engine_core.engine_core
 
     async def is_paused(self) -> bool:
         return self._paused
@@ -355,12 +371,14 @@ class VLLMGenerator:
         return entries
 
     # ---- weights (CPU route; the GPU routes are VLLMGpuSync's) ----
-    async def begin_weight_load(self) -> None:
-        """Pause (running requests finish, new ones wait), then open vLLM's layerwise reload; generation resumes if
-        either fails or is cancelled (a caller's timeout cuts the pause short after it has begun)."""
+    async def begin_weight_load(self, *, keep: bool = False) -> None:
+        """Pause (running requests finish, new ones wait; ``keep``, partial rollout: they stop where they are and
+        go on after the resume on the new weights, each token labelled by the weights that sampled it), then open
+        vLLM's layerwise reload; generation resumes if either fails or is cancelled (a caller's timeout cuts the
+        pause short after it has begun)."""
         self._load_t0 = time.perf_counter()
         try:
-            await self.engine.pause_generation(mode="wait")
+            await self.engine.pause_generation(mode="keep" if keep else "wait")
             await self.engine.collective_rpc("rlinf_begin_weight_load")
         except BaseException:
             await self.engine.resume_generation()

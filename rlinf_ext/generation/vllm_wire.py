@@ -17,7 +17,8 @@
   classified ``stop`` as on every engine); the text is the HF tokenizer's decoding of the kept ids. The weight
   version is vLLM's own label of the weights that sampled the tokens (``CompletionOutput.weight_versions``, the
   engine's ``update_weight_version``): usually one per call, as a sync pauses in wait mode, but one per token when
-  a sync passed the call (``weight_version_of``). vLLM 0.26 has no labels (no ``weight_versions``): none.
+  a sync passed the call (``weight_version_of``): a request preempted for KV space, or every turn in flight when
+  the sync pauses in keep mode (``runner.partial_rollout``). vLLM 0.26 has no labels (no ``weight_versions``): none.
 - Start: on CPU the engine runs in process (``InprocVLLMEngine``), on GPUs as ``AsyncLLM`` with the placement's
   weight-transfer backend (``ipc`` collocated with sleep mode, ``nccl`` disaggregated:
   ``sync/vllm_transfer.py:transfer_backend``); ``engine_environment`` is what that start sets in the process

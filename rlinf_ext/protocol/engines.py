@@ -100,6 +100,7 @@ ENGINES: dict[str, EngineSpec] = {  # in the order a fix suggests them
         collocated_route="ipc", disaggregated_route="nccl",  # vLLM's weight-transfer engines (sync/vllm_transfer.py)
         install="bash scripts/install.sh --gpu", profile="the gpu extra: vllm 0.32.0, Transformer Engine",
         packages=("vllm",), memory_model="vllm",
+        partial_rollout=True,  # its keep pause stops the turns in flight; they go on after the sync (vllm_engine.py)
         logprobs="the log-probs of its processed distribution (generation/vllm_wire.py: "
                  "logprobs_mode=processed_logprobs, after the penalty and the top-k / top-p truncation), which the "
                  "actor's recompute never applies",
@@ -126,6 +127,8 @@ ENGINES: dict[str, EngineSpec] = {  # in the order a fix suggests them
         profile=f"the SGLang profile: sglang {SGLANG_VERSION} on torch 2.14.1, Transformer Engine",
         packages=("sglang",), saver_packages=("torch_memory_saver",),
         pinned=SGLANG_VERSION, memory_model="sglang", started_by_launcher=True,
+        # partial rollout not wired: its gate waits for the turns, one version per reply (0.5.23's
+        # TokenizerManager.pause_generation(mode="retract") and per-token weight_versions spans are the way to it)
         eval_preflight="rlinf_ext.generation.sglang_engine:check_evaluation_engine",
         logprobs="log_softmax(logits / temperature) after its penalties and before its top-k / top-p filters "
                  "(SGLANG_RETURN_ORIGINAL_LOGPROB off): neither the distribution it sampled from nor the actor's",

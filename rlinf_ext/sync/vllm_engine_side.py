@@ -15,9 +15,10 @@ vLLM trainer engine (``sync/vllm_transfer.py``), which the rollout worker receiv
 - disaggregated (``nccl``): the engine never sleeps and serves the later batches' turns (``runner.max_staleness``)
   until START pauses generation with ``mode="wait"`` (the turns in flight finish on the old weights, new ones queue
   in the engine: one version per turn, except a turn vLLM preempted for KV space, which the pause does not wait for
-  and which resumes on the new weights, its reply carrying per-token versions; "keep" would freeze every turn
-  mid-way and finish it on the new weights), each
-  UPDATE receives the trainer's broadcast, FINISH finishes; ``serve`` resets the caches and resumes.
+  and which resumes on the new weights, its reply carrying per-token versions), each UPDATE receives the trainer's
+  broadcast, FINISH finishes; ``serve`` resets the caches and resumes. With ``keep`` (``runner.partial_rollout``)
+  START pauses with ``mode="keep"``: the turns in flight stop where they are (the pause's cache reset preempts them)
+  and go on after ``serve`` on the new weights, their KV computed again, each token labelled by its weights.
 - FINISH labels the weights with ``next_version`` (the rollout worker's, from the driver), vLLM's own weight version
   that it stamps on every token sampled from then on (``CompletionOutput.weight_versions``).
 - A broken transfer (a refused INIT, START or UPDATE, a timeout, START's pause cut short included): ``serve``
@@ -44,8 +45,9 @@ class VLLMGpuSync:
     ``serve`` (after ``SYNC_END`` or a broken transfer). Tracks what vLLM's engine holds back: the tags asleep,
     a paused scheduler, an update between start and finish."""
 
-    def __init__(self, engine: Any, backend: Literal["ipc", "nccl"], *, sleep_level: int = 2):
+    def __init__(self, engine: Any, backend: Literal["ipc", "nccl"], *, sleep_level: int = 2, keep: bool = False):
         self.engine, self.backend, self.sleep_level = engine, backend, int(sleep_level)
+        self.keep = keep  # partial rollout: a sync cuts the turns in flight instead of waiting for them
         self.asleep: list[str] = []  # memory tags asleep, in wake-up order
         self.paused = False  # the scheduler holds new requests back (a sleep or pause_generation)
         self.updating = False  # between a successful start_weight_update and its finish
@@ -84,7 +86,7 @@ class VLLMGpuSync:
             # marked first: vLLM pauses its scheduler before the wait for the requests in flight ends, so a START cut
             # short by its timeout leaves the engine paused, and serve() must resume it (as after a refused INIT)
             self.paused = True
-            await self.engine.pause_generation(mode="wait")
+            await self.engine.pause_generation(mode="keep" if self.keep else "wait")
         await self.engine.start_weight_update()
         self.updating = True
 

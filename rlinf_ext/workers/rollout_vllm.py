@@ -13,6 +13,10 @@ engine's weights ``0`` at start and ``sync_model_from_actor(version)``'s version
 generation is paused. A sync lands between turns: it may come while requests are being generated (an async actor),
 and the pause waits for them, so a reply is sampled by one version; but not for a request vLLM preempted for KV
 space, which resumes on the new weights: that reply carries one version per token (``weight_version_of``).
+With ``runner.partial_rollout`` (``partial``) the sync no longer waits for the turns: vLLM's own keep pause stops
+them after the step in progress, and after the load each goes on from its prompt and tokens so far, its KV computed
+again on the new weights (the pause preempts them); the reply carries one version per token, each token's log-prob
+that of the weights that sampled it, and the engine finds stop strings on the whole turn.
 
 CPU (in process): generation pauses once the sync's headers are in (running requests finish on the old weights; the
 pause waits at most ``sync_timeout_s``, then names the requests still in flight and resumes), every bucket goes into
@@ -76,13 +80,14 @@ class VLLMRolloutState:
         self.requests_served = 0
         self.requests = InFlight()  # vLLM pauses by itself; these name what a pause that timed out waited for
         self.sync_timeout_s = SYNC_TIMEOUT_S  # the longest a sync waits for the requests in flight, or for one call
+        self.partial = bool(cfg.runner.partial_rollout)  # a sync cuts the turns in flight (the module docstring)
 
     def _attach(self, generator: VLLMGenerator, defaults: SamplingParams) -> None:
         self.generator, self.defaults = generator, defaults
         options = getattr(generator, "options", None)
         if not generator.in_process and options is not None and options.weight_transfer_backend:
             self.gpu_sync = VLLMGpuSync(generator.engine, options.weight_transfer_backend,
-                                        sleep_level=int(self.cfg.rollout.vllm.sleep_level))
+                                        sleep_level=int(self.cfg.rollout.vllm.sleep_level), keep=self.partial)
 
     async def _generate(self, request: GenerateRequest) -> GenerateReply:
         params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
@@ -128,8 +133,8 @@ class VLLMRolloutState:
         async def begin():
             nonlocal begun, t_header
             t_header = time.perf_counter()
-            await timed_pause(gen.begin_weight_load(), f"vLLM rollout rank {self._rank}", self.requests,
-                              self.sync_timeout_s)  # begin_weight_load resumes generation when it is cut short
+            await timed_pause(gen.begin_weight_load(keep=self.partial), f"vLLM rollout rank {self._rank}",
+                              self.requests, self.sync_timeout_s)  # resumes generation when it is cut short
             begun = True
 
         async def load(messages):  # one message: one engine per rollout rank

@@ -111,7 +111,7 @@ def test_saved_runs_merge_into_one_table(bench, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--partial", "on", "--backend", "vllm"], "--partial on with --backend vllm"),
+    (["--partial", "on", "--backend", "sglang"], "--partial on with --backend sglang"),
     (["--latency", "lognormal:median_ms=300"], "--latency: RLINF_EXT_BENCH_SEARCH_LATENCY="),
     (["--partial", "sometimes"], "neither off nor on"),
 ])

@@ -77,8 +77,10 @@ def test_partial_rollout_needs_batches_in_flight_and_an_engine_that_stops_betwee
     assert check_config("tiny-cpu", ASYNC + [on, "rollout.rollout_backend=hf"]).ok
     [issue] = partial_issues("tiny-cpu", [on, "rollout.rollout_backend=hf"])  # k = 0
     assert "nothing to cut" in issue and "runner.max_staleness=1" in issue
-    [issue] = partial_issues("tiny-cpu", ASYNC + [on, "rollout.rollout_backend=vllm"])
-    assert "rollout.rollout_backend=vllm" in issue and "runner.partial_rollout=false" in issue
+    assert check_config("tiny-cpu", ASYNC + [on, "rollout.rollout_backend=vllm"]).ok  # vLLM's keep pause
+    [issue] = partial_issues("tiny-cpu", ASYNC + [on, "rollout.rollout_backend=sglang"])
+    assert "rollout.rollout_backend=sglang" in issue and "one of hf, vllm" in issue
+    assert "runner.partial_rollout=false" in issue
 
 
 @pytest.mark.parametrize("n,ok", [(-1, True), (1, True), (2, True), (3, False), (0, False)])

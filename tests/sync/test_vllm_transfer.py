@@ -190,7 +190,8 @@ class FakeRollout(VLLMRolloutState):
 
 
 CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),  # a GPU engine's dtype: bf16
-                      rollout=SimpleNamespace(group_name="RolloutGroup", model=SimpleNamespace(precision="bf16")))
+                      rollout=SimpleNamespace(group_name="RolloutGroup", model=SimpleNamespace(precision="bf16")),
+                      runner=SimpleNamespace(partial_rollout=False))
 
 
 def rollout_side(wire, rank, engine, backend, syncs, errors, versions=None):
@@ -401,6 +402,60 @@ def test_nccl_route_keeps_serving_and_each_turn_gets_one_version(monkeypatch):
     assert [a["new_version"] for n, a in engine.calls if n == "update_weight_version"] == ["0"]
     assert [a["weight_version"] for n, a in engine.calls if n == "finish_weight_update"] == ["5"]
     assert ("set_weight_version", ["5"]) in engine.wire.sent and engine.serving
+
+
+def test_nccl_route_with_partial_rollout_cuts_the_running_turn_which_goes_on_under_the_new_version():
+    """Disaggregated with ``runner.partial_rollout`` (written, not GPU-verified): the worker's ``VLLMGpuSync`` pauses
+    START in vLLM's keep mode, so the turn running when START comes stops where it is (no wait for its 40 tokens) and
+    finishes after the transfer: its first tokens labelled by the old weights, the rest by the driver's version."""
+    from rlinf_ext.generation.vllm_engine import VLLMGenerator
+    from rlinf_ext.protocol.generation import SamplingParams
+    from tests.support.scripted import CharTokenizer
+
+    routes = SyncRoutes("broadcast", actor_world=1, rollout_dp=1)
+    wire, barrier = Wire(1, 1), threading.Barrier(2)
+    engine = ServingEngine(NCCLWorker(barrier))
+    w = FakeRollout(wire, 0)
+    partial = SimpleNamespace(actor=CFG.actor, runner=SimpleNamespace(partial_rollout=True),
+                              rollout=SimpleNamespace(**vars(CFG.rollout), vllm=SimpleNamespace(sleep_level=2)))
+    w._setup(partial, verify_sync=True)
+    generator = VLLMGenerator(engine, CharTokenizer(), [0], in_process=False)
+    generator.options = VLLMEngineOptions(model_path="m", in_process=False, weight_transfer_backend="nccl")
+    w._attach(generator, SamplingParams(max_new_tokens=4))
+    w.sync_routes = routes
+    turn = {"channel_key": "b+1", "prompt_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 40}, "seed": 3}
+    outcome: dict = {}
+
+    async def rollout():
+        await w._label_initial_weights()
+        running = asyncio.create_task(w._generate(turn))
+        while not engine.running:
+            await asyncio.sleep(0.001)
+        sync = asyncio.create_task(w._receive_and_load(5))
+        while not engine.paused:
+            await asyncio.sleep(0.001)
+        await sync
+        outcome["reply"] = await running
+
+    def rollout_thread():
+        try:
+            asyncio.run(rollout())
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=rollout_thread, daemon=True)
+    with vllm_process_env(ENGINE_ENV["nccl"]):
+        thread.start()
+        while not engine.running:
+            time.sleep(0.001)
+        assert run_actor_ranks(nccl_senders(wire, routes, barrier, []), version=50) == []
+        thread.join(WAIT_S)
+    assert "error" not in outcome, outcome.get("error")
+    versions = outcome["reply"]["weight_version"]
+    assert len(versions) == 40 and versions[0] == 0 and versions[-1] == 5
+    assert versions == sorted(versions) and set(versions) == {0, 5}  # one cut: old tokens, then new ones
+    assert [a["mode"] for n, a in engine.calls if n == "pause_generation"] == ["keep"]
+    assert engine.serving and w.weight_version == 5
 
 
 def test_a_start_that_times_out_mid_pause_resumes_the_engine():

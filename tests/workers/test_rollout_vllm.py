@@ -16,6 +16,7 @@ pytest.importorskip("vllm")
 from channel_fakes import Channel, Op  # noqa: E402
 from rlinf.scheduler import Worker as RLinfWorker  # noqa: E402
 from tests.support.signature_checks import bind_like  # noqa: E402
+from tests.support.vllm_hold import HeldAfter  # noqa: E402
 from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
 from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams  # noqa: E402
@@ -67,7 +68,8 @@ def generator(model_dirs):
     gen.shutdown()
 
 
-CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"), rollout=SimpleNamespace(group_name="RolloutGroup"))
+CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
+                      rollout=SimpleNamespace(group_name="RolloutGroup"), runner=SimpleNamespace(partial_rollout=False))
 
 
 def worker(generator, messages=()):
@@ -214,6 +216,86 @@ def test_a_hung_turn_times_the_syncs_pause_out_and_vllm_serves_again(generator, 
     assert "rank 0" in message and "uid-stuck" in message and "0.5 s" in message, message
     assert not paused_after and w.weight_version == 0
     assert reply["weight_version"] == 0 and len(reply["output_ids"]) >= 1
+
+
+def test_with_partial_rollout_a_sync_cuts_the_turn_in_flight_which_goes_on_under_the_new_version(generator,
+                                                                                                   model_dirs):
+    """``runner.partial_rollout``: the sync does not wait for the turn in flight; vLLM's keep pause stops it after its
+    4th token, the weights are loaded and checked by the probe, and the turn goes on: its reply carries version 0 for
+    the 4 tokens the old weights sampled (the ids of the turn without a sync), the driver's version 5 for the rest."""
+    from transformers import AutoModelForCausalLM
+
+    new = AutoModelForCausalLM.from_pretrained(str(model_dirs[1]), dtype=torch.float32).eval()
+    messages, _ = sync_messages(dict(new.state_dict()), probe_model=new)
+    w = worker(generator, messages)
+    w.partial = True
+    asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
+    request = {"channel_key": "k", "prompt_ids": [5, 9, 11, 13, 17], "sampling_params": {"max_new_tokens": 24},
+               "seed": 1}
+    n = 4
+
+    async def go():
+        await w._label_initial_weights()
+        old = await w._generate(request)
+        held = HeldAfter(generator.engine, n)
+        try:
+            turn = asyncio.create_task(w._generate(request))
+            while not held.reached:
+                await asyncio.sleep(0.001)
+            sync = asyncio.create_task(w._receive_and_load(5))
+            while not generator.engine._kept:
+                await asyncio.sleep(0.001)
+        finally:
+            held.release()
+        await sync
+        return old, await turn
+
+    old, cut = asyncio.run(go())
+    assert len(old["output_ids"]) > n + 1, "the turn ends before the sync could cut it"
+    assert cut["output_ids"][:n] == old["output_ids"][:n]
+    assert cut["weight_version"] == [0] * n + [5] * (len(cut["output_ids"]) - n) and w.weight_version == 5
+    assert w.last_sync_logprob_gap < 1e-4 and not generator.engine._paused
+
+
+def test_a_keep_pause_cut_short_by_the_timeout_still_leaves_vllm_serving(generator, model_dirs):
+    """Partial rollout with the engine's step stuck longer than the worker's timeout (another thread holds the engine's
+    lock for 1.5 s): the sync fails naming this rank, and vLLM's scheduler is resumed only after the keep pause that
+    the timeout cut short has landed, so it is not left paused: the turn finishes on the old weights' label."""
+    import threading
+    import time
+
+    messages, _ = sync_messages({"model.embed_tokens.weight": torch.zeros(4, 4)})  # the header is all it reads
+    w = worker(generator, messages)
+    w.partial, w.sync_timeout_s = True, 0.3
+    asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
+    request = {"channel_key": "uid-stuck", "prompt_ids": [5, 9, 11, 13, 17], "sampling_params": {"max_new_tokens": 64},
+               "seed": 1}
+    engine = generator.engine
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with engine._lock:
+            held.set()
+            release.wait(1.5)
+
+    async def go():
+        await w._label_initial_weights()
+        in_flight = asyncio.create_task(w._generate(request))
+        while not engine._waiting:
+            await asyncio.sleep(0.001)
+        threading.Thread(target=hold, daemon=True).start()
+        while not held.is_set():
+            await asyncio.sleep(0.001)
+        t0 = time.perf_counter()
+        with pytest.raises(WeightSyncError) as raised:
+            await asyncio.wait_for(w._receive_and_load(5), 30)
+        return str(raised.value), time.perf_counter() - t0, await asyncio.wait_for(in_flight, 60)
+
+    message, took, reply = asyncio.run(go())
+    assert "rank 0" in message and "0.3 s" in message, message
+    assert not engine._paused and not engine._kept and not engine._core().is_scheduler_paused()
+    assert reply["weight_version"] == 0 and len(reply["output_ids"]) >= 1 and w.weight_version == 0
+    print(f"the failed keep pause returned after {took:.2f} s")
 
 
 def test_gpu_engine_options_follow_the_placement(qwen2_head32_dirs):

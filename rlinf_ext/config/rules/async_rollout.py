@@ -82,7 +82,7 @@ PARTIAL = "runner.partial_rollout"
 @rule(PARTIAL, KEY, "runner.task_type", ENGINE_KEY)
 def partial_rollout_needs_batches_ahead(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """A sync cuts turns in flight only when batches are in flight during it (k >= 1), and only on an engine that
-    stops between decode steps."""
+    stops them and goes on from their tokens so far (``EngineSpec.partial_rollout``)."""
     if not (cfg.runner.partial_rollout and is_training(cfg)):
         return
     if cfg.runner.max_staleness < 1:
@@ -90,7 +90,7 @@ def partial_rollout_needs_batches_ahead(cfg: ExperimentConfig) -> Iterator[Confi
                           "the weights sync (the synchronous order), so there is nothing to cut.",
                           f"set {KEY}=1 or more, or {PARTIAL}=false.")
     engine, able = engine_spec(cfg), engines_with("partial_rollout")
-    if not engine.partial_rollout:  # vLLM's keep pause and SGLang's: not wired yet
+    if not engine.partial_rollout:  # SGLang's: not wired yet
         yield ConfigIssue(PARTIAL, f"{PARTIAL}=true with {ENGINE_KEY}={engine.name}: this engine's turns "
                           "cannot be cut by a sync yet (only " + ", ".join(able) + "'s).",
                           f"set {ENGINE_KEY}={able[0]}, or {PARTIAL}=false (the sync then waits for the turns).")
