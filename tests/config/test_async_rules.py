@@ -79,7 +79,7 @@ def test_partial_rollout_needs_batches_in_flight_and_an_engine_that_stops_betwee
     assert "nothing to cut" in issue and "runner.max_staleness=1" in issue
     assert check_config("tiny-cpu", ASYNC + [on, "rollout.rollout_backend=vllm"]).ok  # vLLM's keep pause
     [issue] = partial_issues("tiny-cpu", ASYNC + [on, "rollout.rollout_backend=sglang"])
-    assert "rollout.rollout_backend=sglang" in issue and "one of hf, vllm" in issue
+    assert "rollout.rollout_backend=sglang" in issue and "only vllm, hf's" in issue
     assert "runner.partial_rollout=false" in issue
 
 
