@@ -98,6 +98,7 @@ DEV_REQUIREMENTS = [
     # tests/conftest.py). Pinned: tests/conftest.py subclasses its LoadFileScheduling.
     "pytest-xdist==3.8.0",
     "execnet==2.1.2",  # pytest-xdist's transport to its workers
+    "ruff==0.17.6",  # the formatter and linter of the test command (ruff.toml); pinned: its output is the check
 ]
 
 setup(

@@ -45,12 +45,30 @@ def estimate(shape: str, seq: int, recompute: dict, kl_beta: float, chunk: int):
     from rlinf_ext.models.memory import ActorMemoryInputs, ModelShape, estimate_actor
 
     c = shape_config(shape)
-    model = ModelShape(c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
-                       c["num_key_value_heads"], c["hidden_size"] // c["num_attention_heads"], c["vocab_size"],
-                       c["tie_word_embeddings"])
-    return estimate_actor(ActorMemoryInputs(
-        model, seq, precision="fp32", device="cpu", data_parallel=1, distributed_optimizer=False,
-        reference_model=kl_beta > 0, flash_attention=False, logprob_chunk_tokens=chunk, **recompute))
+    model = ModelShape(
+        c["num_hidden_layers"],
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["hidden_size"] // c["num_attention_heads"],
+        c["vocab_size"],
+        c["tie_word_embeddings"],
+    )
+    return estimate_actor(
+        ActorMemoryInputs(
+            model,
+            seq,
+            precision="fp32",
+            device="cpu",
+            data_parallel=1,
+            distributed_optimizer=False,
+            reference_model=kl_beta > 0,
+            flash_attention=False,
+            logprob_chunk_tokens=chunk,
+            **recompute,
+        )
+    )
 
 
 def run_case(name: str, model_dir: str) -> dict:
@@ -68,16 +86,30 @@ def run_case(name: str, model_dir: str) -> dict:
     init_parallel_state(1, 1)
     gc.collect()
     base = rss()
-    settings = ActorSettings(group_size=2, n_minibatches=1, micro_batch_size=1, logprob_micro_batch_size=1,
-                             loss=LossConfig(kl_beta=kl_beta), lr=1e-6, total_train_steps=2, model_overrides=recompute)
+    settings = ActorSettings(
+        group_size=2,
+        n_minibatches=1,
+        micro_batch_size=1,
+        logprob_micro_batch_size=1,
+        loss=LossConfig(kl_beta=kl_beta),
+        lr=1e-6,
+        total_train_steps=2,
+        model_overrides=recompute,
+    )
     policy = MegatronPolicy(model_dir, settings)
     gc.collect()
     built = rss() - base
     vocab = policy.model.hf_vocab_size
     g = torch.Generator().manual_seed(0)
-    samples = [Sample(torch.randint(0, vocab, (seq // 4,), generator=g).tolist(),
-                      torch.randint(0, vocab, (seq - seq // 4,), generator=g).tolist(), [1] * (seq - seq // 4),
-                      reward=float(i % 2)) for i in range(2)]
+    samples = [
+        Sample(
+            torch.randint(0, vocab, (seq // 4,), generator=g).tolist(),
+            torch.randint(0, vocab, (seq - seq // 4,), generator=g).tolist(),
+            [1] * (seq - seq // 4),
+            reward=float(i % 2),
+        )
+        for i in range(2)
+    ]
     with PeakRSS() as logprob_pass:
         policy.recompute(samples, compute_ref=kl_beta > 0)
     policy.train_step(samples, 0)  # Adam's moments come to life here
@@ -86,9 +118,17 @@ def run_case(name: str, model_dir: str) -> dict:
         policy.train_step(samples, 1)
     gc.collect()
     est = estimate(shape, seq, recompute, kl_beta, settings.logprob_chunk_tokens)
-    return {"case": name, "params": sum(p.numel() for p in policy.model.parameters()), "built": built,
-            "static": rss() - base, "logprob_peak": logprob_pass.peak - base, "train_peak": train.peak - base,
-            "est_static": est.static, "est_peak": est.peak, "est_items": est.items}
+    return {
+        "case": name,
+        "params": sum(p.numel() for p in policy.model.parameters()),
+        "built": built,
+        "static": rss() - base,
+        "logprob_peak": logprob_pass.peak - base,
+        "train_peak": train.peak - base,
+        "est_static": est.static,
+        "est_peak": est.peak,
+        "est_items": est.items,
+    }
 
 
 def measure(name: str) -> dict:
@@ -98,8 +138,9 @@ def measure(name: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         write_random_qwen2(tmp, CASES[name][0])
         env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": str(REPO)}
-        out = subprocess.run([sys.executable, __file__, "--child", name, tmp], env=env, capture_output=True,
-                             text=True, check=False)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", name, tmp], env=env, capture_output=True, text=True, check=False
+        )
     if out.returncode != 0:
         raise RuntimeError(f"case {name} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -107,12 +148,16 @@ def measure(name: str) -> dict:
 
 def report(rows: list[dict]) -> None:
     gib = 2**30
-    print(f"{'case':<14} {'params':>8} {'static meas':>11} {'est':>7} {'ratio':>6} {'peak meas':>10} {'est':>7} "
-          f"{'ratio':>6}  (GiB above the process baseline)")
+    print(
+        f"{'case':<14} {'params':>8} {'static meas':>11} {'est':>7} {'ratio':>6} {'peak meas':>10} {'est':>7} "
+        f"{'ratio':>6}  (GiB above the process baseline)"
+    )
     for r in rows:
-        print(f"{r['case']:<14} {r['params'] / 1e6:>7.1f}M {r['static'] / gib:>11.3f} {r['est_static'] / gib:>7.3f} "
-              f"{r['static'] / r['est_static']:>6.2f} {r['train_peak'] / gib:>10.3f} {r['est_peak'] / gib:>7.3f} "
-              f"{r['train_peak'] / r['est_peak']:>6.2f}")
+        print(
+            f"{r['case']:<14} {r['params'] / 1e6:>7.1f}M {r['static'] / gib:>11.3f} {r['est_static'] / gib:>7.3f} "
+            f"{r['static'] / r['est_static']:>6.2f} {r['train_peak'] / gib:>10.3f} {r['est_peak'] / gib:>7.3f} "
+            f"{r['train_peak'] / r['est_peak']:>6.2f}"
+        )
     for r in rows:
         items = ", ".join(f"{k} {v / gib:.3f}" for k, v in r["est_items"].items())
         print(f"  {r['case']}: estimate items (GiB): {items}; log-prob pass peak {r['logprob_peak'] / gib:.3f}")

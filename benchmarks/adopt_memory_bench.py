@@ -88,8 +88,9 @@ def write_index(path: Path, corpus_gz: Path, encoder: Path, rows: int, check_sam
     wanted = set(checked.tolist())
     with gzip.open(corpus_gz, "rt", encoding="utf-8") as f:
         texts = {i: json.loads(line)["contents"] for i, line in enumerate(f) if i in wanted}
-    real = TextEncoder(EncoderSpec.for_retriever("e5", str(encoder))).encode([texts[int(r)] for r in checked],
-                                                                            is_query=False)
+    real = TextEncoder(EncoderSpec.for_retriever("e5", str(encoder))).encode(
+        [texts[int(r)] for r in checked], is_query=False
+    )
     rng = np.random.default_rng(seed)
     index = faiss.IndexFlatIP(DIM)
     step = 100_000
@@ -113,8 +114,11 @@ def child_adopt(args_json: str) -> None:
     with PeakSampler() as peak:
         adopt_index(cfg, show_progress=False)
     after = process_memory()
-    print(json.dumps({"before": before, "after": after, "peak_anon_mb": peak.peak_anon,
-                      "wall_s": time.perf_counter() - t0}))
+    print(
+        json.dumps(
+            {"before": before, "after": after, "peak_anon_mb": peak.peak_anon, "wall_s": time.perf_counter() - t0}
+        )
+    )
 
 
 def serve_figures(index_dir: Path, corpus: Path, queries: list[str], in_ram: bool, threads: int) -> dict:
@@ -166,19 +170,30 @@ def main(argv: list[str] | None = None) -> int:
         corpus_gz, index_file = work / "wiki-18.jsonl.gz", work / "e5_Flat.index"
         write_corpus(corpus_gz, args.rows, words)
         write_index(index_file, corpus_gz, encoder, args.rows, args.check_sample)
-        print(f"# wrote {index_file} ({index_file.stat().st_size / 1e9:.2f} GB, {args.rows} x {DIM}) and "
-              f"{corpus_gz.name} ({corpus_gz.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s",
-              flush=True)
+        print(
+            f"# wrote {index_file} ({index_file.stat().st_size / 1e9:.2f} GB, {args.rows} x {DIM}) and "
+            f"{corpus_gz.name} ({corpus_gz.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
         out = work / "index" / "e5_flat"
-        cfg = {"faiss": str(index_file), "corpus": str(corpus_gz), "retriever": "e5", "model": str(encoder),
-               "out": str(out), "check_sample": args.check_sample, "device": "cpu", "threads": args.threads}
-        child = subprocess.run([sys.executable, __file__, CHILD_ADOPT, json.dumps(cfg)], capture_output=True,
-                               text=True, check=False)
+        cfg = {
+            "faiss": str(index_file),
+            "corpus": str(corpus_gz),
+            "retriever": "e5",
+            "model": str(encoder),
+            "out": str(out),
+            "check_sample": args.check_sample,
+            "device": "cpu",
+            "threads": args.threads,
+        }
+        child = subprocess.run(
+            [sys.executable, __file__, CHILD_ADOPT, json.dumps(cfg)], capture_output=True, text=True, check=False
+        )
         if child.returncode != 0:
             raise SystemExit(f"adopt-index failed:\n{child.stderr[-3000:]}")
         adopt = json.loads(child.stdout.strip().splitlines()[-1])
         corpus = work / "wiki-18.jsonl"
-        queries = [f"Doc {i} " + " ".join(words[i:i + 6]) for i in range(64)]
+        queries = [f"Doc {i} " + " ".join(words[i : i + 6]) for i in range(64)]
         mapped = serve_figures(out, corpus, queries, in_ram=False, threads=args.threads)
         in_ram = None if args.no_in_ram else serve_figures(out, corpus, queries, in_ram=True, threads=args.threads)
     finally:

@@ -58,11 +58,18 @@ DEFAULT_LATENCY = "lognormal:median_ms=300,p99_ms=3000"
 PARTIAL_BACKENDS = tuple(engines_with("partial_rollout"))  # the engines whose turns a sync can cut
 # per-step means reported per run: (figure, metric key)
 STEP_MEANS = (
-    ("actor_idle", mk.TIME_ACTOR_IDLE_RATIO), ("rollout_idle", mk.TIME_ROLLOUT_IDLE_RATIO),
-    ("time_rollout_s", mk.TIME_ROLLOUT), ("wait_rollout_s", mk.TIME_WAIT_ROLLOUT), ("time_train_s", mk.TIME_TRAIN),
-    ("time_sync_s", mk.TIME_SYNC), ("time_tool_s", mk.TIME_TOOL), ("time_recompute_s", mk.TIME_RECOMPUTE),
-    ("two_versions", mk.TRAJECTORIES_TWO_VERSIONS), ("behaviour_weight_mean", mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN),
-    ("behaviour_clip", mk.ACTOR_BEHAVIOUR_WEIGHT_CLIP_FRACTION), ("behaviour_kl", mk.ACTOR_BEHAVIOUR_KL),
+    ("actor_idle", mk.TIME_ACTOR_IDLE_RATIO),
+    ("rollout_idle", mk.TIME_ROLLOUT_IDLE_RATIO),
+    ("time_rollout_s", mk.TIME_ROLLOUT),
+    ("wait_rollout_s", mk.TIME_WAIT_ROLLOUT),
+    ("time_train_s", mk.TIME_TRAIN),
+    ("time_sync_s", mk.TIME_SYNC),
+    ("time_tool_s", mk.TIME_TOOL),
+    ("time_recompute_s", mk.TIME_RECOMPUTE),
+    ("two_versions", mk.TRAJECTORIES_TWO_VERSIONS),
+    ("behaviour_weight_mean", mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN),
+    ("behaviour_clip", mk.ACTOR_BEHAVIOUR_WEIGHT_CLIP_FRACTION),
+    ("behaviour_kl", mk.ACTOR_BEHAVIOUR_KL),
 )
 
 
@@ -84,8 +91,11 @@ class Setting:
         return f"k={self.k} {self.admission} partial={'on' if self.partial else 'off'}"
 
     def overrides(self) -> list[str]:
-        return [f"runner.max_staleness={self.k}", f"runner.admission={self.admission}",
-                f"runner.partial_rollout={str(self.partial).lower()}"]
+        return [
+            f"runner.max_staleness={self.k}",
+            f"runner.admission={self.admission}",
+            f"runner.partial_rollout={str(self.partial).lower()}",
+        ]
 
 
 def parse_list(text: str, kind=int) -> list:
@@ -134,7 +144,7 @@ def run_figures(rows: list[dict], wall_s: float, per_step: int) -> dict:
     for r in steps:
         for key, value in r.items():
             if key.startswith(STALENESS_PREFIX):
-                j = int(key[len(STALENESS_PREFIX):])
+                j = int(key[len(STALENESS_PREFIX) :])
                 staleness[j] = staleness.get(j, 0.0) + float(value)
     total = sum(staleness.values()) or 1.0
     elapsed, clock = [], 0.0
@@ -145,12 +155,17 @@ def run_figures(rows: list[dict], wall_s: float, per_step: int) -> dict:
     per_s = trajectories / train_s if train_s and trajectories else float("nan")
     reward_mean = sum(reward) / len(reward) if reward else float("nan")
     return {
-        "steps": len(steps), "wall_s": wall_s, "train_s": train_s,
+        "steps": len(steps),
+        "wall_s": wall_s,
+        "train_s": train_s,
         "steps_per_s": len(steps) / train_s if train_s else float("nan"),
-        "trajectories_per_s": per_s, "reward_mean": reward_mean, "reward_per_s": per_s * reward_mean,
+        "trajectories_per_s": per_s,
+        "reward_mean": reward_mean,
+        "reward_per_s": per_s * reward_mean,
         **{name: mean(key) for name, key in STEP_MEANS},
         "staleness": {j: v / total for j, v in sorted(staleness.items())},
-        "reward": reward, "elapsed_s": elapsed,
+        "reward": reward,
+        "elapsed_s": elapsed,
     }
 
 
@@ -160,16 +175,33 @@ def with_seed(latency: str, seed: int) -> str:
     return f"{latency},seed={seed}" if parsed.kind == "lognormal" and "seed=" not in latency else latency
 
 
-def launch(out: Path, setting: Setting, seed: int, steps: int, assets: Path, backend: str,
-           overrides: list[str]) -> dict:
+def launch(
+    out: Path, setting: Setting, seed: int, steps: int, assets: Path, backend: str, overrides: list[str]
+) -> dict:
     env = {kk: v for kk, v in os.environ.items() if kk not in ("RAY_ADDRESS", LATENCY_ENV)}
     env[DISTRIBUTION_ENV] = with_seed(setting.latency, seed)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    command = [sys.executable, "-m", "rlinf_ext.cli", "train", EXPERIMENT, "--no-progress", "--no-eval",
-               f"runner.output_dir={out}", f"paths.tiny_assets={assets}", f"runner.max_steps={steps}",
-               *setting.overrides(), f"runner.seed={seed}", f"rollout.rollout_backend={backend}",
-               "runner.val_before_train=false", "runner.val_check_interval=0", "runner.save_interval=-1",
-               "rollout.return_logprobs=true", f"agentloop.searchr1.tools=[{SLOW_SEARCH}]", *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "rlinf_ext.cli",
+        "train",
+        EXPERIMENT,
+        "--no-progress",
+        "--no-eval",
+        f"runner.output_dir={out}",
+        f"paths.tiny_assets={assets}",
+        f"runner.max_steps={steps}",
+        *setting.overrides(),
+        f"runner.seed={seed}",
+        f"rollout.rollout_backend={backend}",
+        "runner.val_before_train=false",
+        "runner.val_check_interval=0",
+        "runner.save_interval=-1",
+        "rollout.return_logprobs=true",
+        f"agentloop.searchr1.tools=[{SLOW_SEARCH}]",
+        *overrides,
+    ]
     started = time.monotonic()
     log = out / "launcher.log"
     out.mkdir(parents=True, exist_ok=True)
@@ -178,9 +210,10 @@ def launch(out: Path, setting: Setting, seed: int, steps: int, assets: Path, bac
     wall = time.monotonic() - started
     if code != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-        raise RuntimeError(f"run {setting.label} latency={setting.latency} seed={seed} failed (exit {code}); "
-                           f"{log}:\n{tail}")
-    cfg = load_config(EXPERIMENT, command[command.index("--no-eval") + 1:], strict=False)
+        raise RuntimeError(
+            f"run {setting.label} latency={setting.latency} seed={seed} failed (exit {code}); {log}:\n{tail}"
+        )
+    cfg = load_config(EXPERIMENT, command[command.index("--no-eval") + 1 :], strict=False)
     return run_figures(read_rows(out / RUN_NAME), wall, cfg.data.rollout_batch_size * cfg.algorithm.group_size)
 
 
@@ -219,15 +252,18 @@ def fmt(value: float, digits: int = 2) -> str:
 
 
 def throughput_table(results: dict[tuple[Setting, int], dict]) -> str:
-    header = ("| latency | setting | seed | steps | train s | trajectories/s | vs k=0 | after warm-up | vs k=0 | "
-              "reward/step | reward/s | "
-              "actor idle | engine idle | rollout s | wait_rollout s | train s/step | sync s | tool s | two versions | "
-              "behaviour w mean / clip / kl | token staleness 0..k |")
+    header = (
+        "| latency | setting | seed | steps | train s | trajectories/s | vs k=0 | after warm-up | vs k=0 | "
+        "reward/step | reward/s | "
+        "actor idle | engine idle | rollout s | wait_rollout s | train s/step | sync s | tool s | two versions | "
+        "behaviour w mean / clip / kl | token staleness 0..k |"
+    )
     lines = [header, "|" + "---|" * 21]
     for (setting, seed), fig in sorted(results.items()):
         hist = " / ".join(f"{v:.2f}" for v in fig["staleness"].values()) or "-"
-        behaviour = (f"{fmt(fig['behaviour_weight_mean'], 4)} / {fmt(fig['behaviour_clip'], 3)} / "
-                     f"{fmt(fig['behaviour_kl'], 5)}")
+        behaviour = (
+            f"{fmt(fig['behaviour_weight_mean'], 4)} / {fmt(fig['behaviour_clip'], 3)} / {fmt(fig['behaviour_kl'], 5)}"
+        )
         lines.append(
             f"| {setting.latency} | {setting.label} | {seed} | {fig['steps']} | {fig['train_s']:.1f} | "
             f"{fmt(fig['trajectories_per_s'])} | {fmt(ratio(results, setting, seed, 'trajectories_per_s'))}x | "
@@ -235,27 +271,42 @@ def throughput_table(results: dict[tuple[Setting, int], dict]) -> str:
             f"{fmt(fig['reward_mean'], 3)} | {fmt(fig['reward_per_s'], 3)} | {fmt(fig['actor_idle'])} | "
             f"{fmt(fig['rollout_idle'])} | {fmt(fig['time_rollout_s'])} | {fmt(fig['wait_rollout_s'])} | "
             f"{fmt(fig['time_train_s'])} | {fmt(fig['time_sync_s'])} | {fmt(fig['time_tool_s'])} | "
-            f"{fmt(fig['two_versions'])} | {behaviour} | {hist} |")
+            f"{fmt(fig['two_versions'])} | {behaviour} | {hist} |"
+        )
     return "\n".join(lines)
 
 
 def median_table(results: dict[tuple[Setting, int], dict]) -> str:
     """Per setting: the median across seeds with the spread (min-max)."""
     settings = sorted({setting for setting, _ in results})
-    header = ("| latency | setting | seeds | trajectories/s | vs k=0 | after warm-up | vs k=0 | reward/step | "
-              "reward/s | actor idle | "
-              "engine idle | two versions | behaviour w mean |")
+    header = (
+        "| latency | setting | seeds | trajectories/s | vs k=0 | after warm-up | vs k=0 | reward/step | "
+        "reward/s | actor idle | "
+        "engine idle | two versions | behaviour w mean |"
+    )
     lines = [header, "|" + "---|" * 13]
     for setting in settings:
         seeds = sorted(seed for s, seed in results if s == setting)
-        cols = {key: median_spread([results[(setting, seed)][key] for seed in seeds]) for key in
-                ("trajectories_per_s", "steady_per_s", "reward_mean", "reward_per_s", "actor_idle", "rollout_idle", "two_versions",
-                 "behaviour_weight_mean")}
+        cols = {
+            key: median_spread([results[(setting, seed)][key] for seed in seeds])
+            for key in (
+                "trajectories_per_s",
+                "steady_per_s",
+                "reward_mean",
+                "reward_per_s",
+                "actor_idle",
+                "rollout_idle",
+                "two_versions",
+                "behaviour_weight_mean",
+            )
+        }
         ratios = median_spread([ratio(results, setting, seed, "trajectories_per_s") for seed in seeds])
         steady = median_spread([ratio(results, setting, seed, "steady_per_s") for seed in seeds])
-        lines.append(f"| {setting.latency} | {setting.label} | {len(seeds)} | {cols['trajectories_per_s']} | "
-                     f"{ratios} | {cols['steady_per_s']} | {steady} | {cols['reward_mean']} | {cols['reward_per_s']} | {cols['actor_idle']} | "
-                     f"{cols['rollout_idle']} | {cols['two_versions']} | {cols['behaviour_weight_mean']} |")
+        lines.append(
+            f"| {setting.latency} | {setting.label} | {len(seeds)} | {cols['trajectories_per_s']} | "
+            f"{ratios} | {cols['steady_per_s']} | {steady} | {cols['reward_mean']} | {cols['reward_per_s']} | {cols['actor_idle']} | "
+            f"{cols['rollout_idle']} | {cols['two_versions']} | {cols['behaviour_weight_mean']} |"
+        )
     return "\n".join(lines)
 
 
@@ -283,8 +334,11 @@ def plot(results: dict[tuple[Setting, int], dict], png: Path) -> None:
 
 
 def save_results(results: dict[tuple[Setting, int], dict], path: Path) -> None:
-    path.write_text(json.dumps(
-        [{"setting": vars(setting), "seed": seed, **fig} for (setting, seed), fig in sorted(results.items())]))
+    path.write_text(
+        json.dumps(
+            [{"setting": vars(setting), "seed": seed, **fig} for (setting, seed), fig in sorted(results.items())]
+        )
+    )
 
 
 def load_results(paths: list[str]) -> dict[tuple[Setting, int], dict]:
@@ -304,8 +358,10 @@ def print_tables(results: dict[tuple[Setting, int], dict], warmup: int) -> None:
     print("\nmedians across seeds (min-max):\n" + median_table(results))
     print("\n| setting | seed | reward per step | elapsed s per step |\n|---|---|---|---|")
     for (setting, seed), figures in sorted(results.items()):
-        print(f"| {setting.latency} {setting.label} | {seed} | {' '.join(f'{r:.3f}' for r in figures['reward'])} | "
-              f"{' '.join(f'{t:.0f}' for t in figures['elapsed_s'])} |")
+        print(
+            f"| {setting.latency} {setting.label} | {seed} | {' '.join(f'{r:.3f}' for r in figures['reward'])} | "
+            f"{' '.join(f'{t:.0f}' for t in figures['elapsed_s'])} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,27 +369,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ks", default="0,1,2")
     parser.add_argument("--admissions", default="batch,group", help="runner.admission values at k >= 1")
     parser.add_argument("--partial", default="off,on", help="runner.partial_rollout values at k >= 1 (off,on)")
-    parser.add_argument("--latency", action="append", default=None,
-                        help=f"search latency per call, repeatable: ms, fixed:ms=N or lognormal:median_ms=M,p99_ms=P"
-                             f"[,seed=S] (default {DEFAULT_LATENCY}, seeded by the run's seed)")
+    parser.add_argument(
+        "--latency",
+        action="append",
+        default=None,
+        help=f"search latency per call, repeatable: ms, fixed:ms=N or lognormal:median_ms=M,p99_ms=P"
+        f"[,seed=S] (default {DEFAULT_LATENCY}, seeded by the run's seed)",
+    )
     parser.add_argument("--backend", default="hf", help="rollout.rollout_backend of every run")
     parser.add_argument("--seeds", default="1")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--assets", default=os.environ.get("RLINF_EXT_TINY_ASSETS"))
     parser.add_argument("--out", default=None)
     parser.add_argument("--png", default=None, help="the reward curves (default: curves.png under the runs' folder)")
-    parser.add_argument("--warmup-steps", type=int, default=1,
-                        help="steps left out of the after-warm-up trajectories/s (the pipeline's fill)")
-    parser.add_argument("--tables", nargs="+", metavar="FIGURES_JSON", default=None,
-                        help="launch nothing: print the tables of earlier runs' figures.json files, merged")
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=1,
+        help="steps left out of the after-warm-up trajectories/s (the pipeline's fill)",
+    )
+    parser.add_argument(
+        "--tables",
+        nargs="+",
+        metavar="FIGURES_JSON",
+        default=None,
+        help="launch nothing: print the tables of earlier runs' figures.json files, merged",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
     if args.tables:
         print_tables(load_results(args.tables), args.warmup_steps)
         return 0
     if not args.assets:
-        parser.error("--assets DIR (or RLINF_EXT_TINY_ASSETS): tiny assets with the warm start "
-                     "(rlinf-ext make-tiny-assets --out DIR --with-registry)")
+        parser.error(
+            "--assets DIR (or RLINF_EXT_TINY_ASSETS): tiny assets with the warm start "
+            "(rlinf-ext make-tiny-assets --out DIR --with-registry)"
+        )
     latencies = args.latency or [DEFAULT_LATENCY]
     for latency in latencies:
         try:
@@ -345,18 +416,24 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     if True in partials and args.backend not in PARTIAL_BACKENDS:
-        parser.error(f"--partial on with --backend {args.backend}: partial rollout runs on "
-                     f"{', '.join(PARTIAL_BACKENDS)} only; add --backend {PARTIAL_BACKENDS[0]}, or --partial off.")
+        parser.error(
+            f"--partial on with --backend {args.backend}: partial rollout runs on "
+            f"{', '.join(PARTIAL_BACKENDS)} only; add --backend {PARTIAL_BACKENDS[0]}, or --partial off."
+        )
     out = Path(args.out or tempfile.mkdtemp(prefix="async_bench_"))
     settings = grid(latencies, parse_list(args.ks), parse_list(args.admissions, str), partials)
     results: dict[tuple[Setting, int], dict] = {}
     for seed in parse_list(args.seeds):
         for i, setting in enumerate(settings):
             run_out = out / f"run{i}-k{setting.k}-{setting.admission}-partial{int(setting.partial)}-seed{seed}"
-            results[(setting, seed)] = launch(run_out, setting, seed, args.steps, Path(args.assets), args.backend,
-                                              args.overrides)
-            print(f"[async_bench] {setting.latency} {setting.label} seed {seed}: "
-                  f"{results[(setting, seed)]['trajectories_per_s']:.2f} trajectories/s", flush=True)
+            results[(setting, seed)] = launch(
+                run_out, setting, seed, args.steps, Path(args.assets), args.backend, args.overrides
+            )
+            print(
+                f"[async_bench] {setting.latency} {setting.label} seed {seed}: "
+                f"{results[(setting, seed)]['trajectories_per_s']:.2f} trajectories/s",
+                flush=True,
+            )
     print_tables(results, args.warmup_steps)
     png = Path(args.png) if args.png else Path(out) / "curves.png"
     plot(results, png)

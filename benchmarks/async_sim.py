@@ -62,8 +62,10 @@ sys.path.insert(0, str(REPO))
 from rlinf_ext.runner.admission import Waiting, admit  # noqa: E402
 
 Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile (slow_search.Z99)
-MEASURED = (REPO / "benchmarks/results/async_longtail_2026-11-29_seed0.json",
-            REPO / "benchmarks/results/async_longtail_2026-11-29_seeds12.json")
+MEASURED = (
+    REPO / "benchmarks/results/async_longtail_2026-11-29_seed0.json",
+    REPO / "benchmarks/results/async_longtail_2026-11-29_seeds12.json",
+)
 
 
 @dataclass(frozen=True)
@@ -122,8 +124,10 @@ def check_policy(policy: Policy) -> None:
     """Refuses what the pipeline cannot keep: a sync every n steps needs n - 1 <= k (else a batch waits for weights
     that are never sent)."""
     if policy.sync_every < 1 or policy.sync_every - 1 > policy.k:
-        raise ValueError(f"sync_every={policy.sync_every} with k={policy.k}: batch s + k + 1 needs the weights of step "
-                         f"s + 1, so a sync may be skipped only while n - 1 <= k")
+        raise ValueError(
+            f"sync_every={policy.sync_every} with k={policy.k}: batch s + k + 1 needs the weights of step "
+            f"s + 1, so a sync may be skipped only while n - 1 <= k"
+        )
 
 
 def _lognormal(rng: random.Random, median: float, p99: float) -> float:
@@ -284,8 +288,11 @@ class _Sim:
                 self.frozen, self.admitting = False, True
                 version = s
             cap = (po.k + 1) * groups
-            while dispatched < self.steps and dispatched - po.k <= version and (
-                    po.admission == "batch" or len(untrained) + groups <= cap):
+            while (
+                dispatched < self.steps
+                and dispatched - po.k <= version
+                and (po.admission == "batch" or len(untrained) + groups <= cap)
+            ):
                 self.dispatch(dispatched, version)
                 untrained |= {(dispatched, g) for g in range(groups)}
                 dispatched += 1
@@ -310,8 +317,9 @@ class _Sim:
             else:
                 uid = {key: f"{key[0]}-{key[1]}" for key in untrained}
                 while True:
-                    waiting = [Waiting(uid[key], self.group_version[key], self.group_done.get(key))
-                               for key in untrained]
+                    waiting = [
+                        Waiting(uid[key], self.group_version[key], self.group_done.get(key)) for key in untrained
+                    ]
                     chosen = admit(waiting, s, groups, po.k)
                     if chosen is not None:
                         break
@@ -339,8 +347,14 @@ def mean_over_seeds(scenario: Scenario, policy: Policy, steps: int, seeds: Seque
     values = []
     for seed in seeds:
         r = simulate(scenario, policy, steps, seed)
-        values.append({"per_s": r.per_s, "after_first": r.per_s_after_first,
-                       "rollout_s": statistics.mean(r.rollout_s), "wait_s": statistics.mean(r.wait_s)}[figure])
+        values.append(
+            {
+                "per_s": r.per_s,
+                "after_first": r.per_s_after_first,
+                "rollout_s": statistics.mean(r.rollout_s),
+                "wait_s": statistics.mean(r.wait_s),
+            }[figure]
+        )
     return statistics.mean(values)
 
 
@@ -382,8 +396,9 @@ def measured_means(runs: Sequence[dict]) -> dict[Policy, dict[str, float]]:
             "train_s": statistics.mean(r["time_train_s"] for r in rs),
             "sync_s": statistics.mean(r["time_sync_s"] for r in rs),
             "step_s": statistics.mean(x for st in steps for x in st),
-            "after_first": statistics.mean(64 * (len(r["elapsed_s"]) - 1) / (r["elapsed_s"][-1] - r["elapsed_s"][0])
-                                           for r in rs),
+            "after_first": statistics.mean(
+                64 * (len(r["elapsed_s"]) - 1) / (r["elapsed_s"][-1] - r["elapsed_s"][0]) for r in rs
+            ),
         }
     return out
 
@@ -399,26 +414,57 @@ def calibrate(measured: dict[Policy, dict[str, float]], base: Scenario, steps: i
     def with_recompute(x: float) -> Scenario:  # the last group's recompute is the only share k = 0 does not hide
         return dataclasses.replace(sc, recompute_s=x, train_s=after_wait - x / groups)
 
-    turn = _solve(lambda x: mean_over_seeds(dataclasses.replace(sc, turn_s=x, train_s=after_wait), Policy(0), steps,
-                                            seeds, "rollout_s"), k0["rollout_s"], 0.01, 5.0)
+    turn = _solve(
+        lambda x: mean_over_seeds(
+            dataclasses.replace(sc, turn_s=x, train_s=after_wait), Policy(0), steps, seeds, "rollout_s"
+        ),
+        k0["rollout_s"],
+        0.01,
+        5.0,
+    )
     sc = dataclasses.replace(sc, turn_s=turn)
     # trajectories/s fall as the recompute grows: solve on their negative
-    recompute = _solve(lambda x: -mean_over_seeds(with_recompute(x), Policy(1), steps, seeds, "per_s"),
-                       -k1["per_s"], 0.0, min(after_wait * groups, 10.0))
+    recompute = _solve(
+        lambda x: -mean_over_seeds(with_recompute(x), Policy(1), steps, seeds, "per_s"),
+        -k1["per_s"],
+        0.0,
+        min(after_wait * groups, 10.0),
+    )
     return with_recompute(recompute)
 
 
 def gpu_scenario(args: argparse.Namespace) -> Scenario:
-    return Scenario(trajectories=args.gpu_prompts * args.gpu_group, group_size=args.gpu_group,
-                    calls=tuple(float(x) for x in args.gpu_calls.split(",")), engine="continuous",
-                    slots=args.gpu_slots, turn_s=args.gpu_turn_s, turn_sigma=args.gpu_turn_sigma,
-                    recompute_s=args.gpu_recompute_s, train_s=args.gpu_train_s, sync_s=args.gpu_sync_s)
+    return Scenario(
+        trajectories=args.gpu_prompts * args.gpu_group,
+        group_size=args.gpu_group,
+        calls=tuple(float(x) for x in args.gpu_calls.split(",")),
+        engine="continuous",
+        slots=args.gpu_slots,
+        turn_s=args.gpu_turn_s,
+        turn_sigma=args.gpu_turn_sigma,
+        recompute_s=args.gpu_recompute_s,
+        train_s=args.gpu_train_s,
+        sync_s=args.gpu_sync_s,
+    )
 
 
-GRID = (Policy(0), Policy(1), Policy(1, partial=True), Policy(1, "group"), Policy(1, "group", True),
-        Policy(1, priority=False), Policy(1, partial=True, priority=False), Policy(1, sync_every=2),
-        Policy(1, partial=True, sync_every=2), Policy(2), Policy(2, partial=True), Policy(2, "group", True),
-        Policy(2, sync_every=2), Policy(2, partial=True, sync_every=2), Policy(2, partial=True, sync_every=3))
+GRID = (
+    Policy(0),
+    Policy(1),
+    Policy(1, partial=True),
+    Policy(1, "group"),
+    Policy(1, "group", True),
+    Policy(1, priority=False),
+    Policy(1, partial=True, priority=False),
+    Policy(1, sync_every=2),
+    Policy(1, partial=True, sync_every=2),
+    Policy(2),
+    Policy(2, partial=True),
+    Policy(2, "group", True),
+    Policy(2, sync_every=2),
+    Policy(2, partial=True, sync_every=2),
+    Policy(2, partial=True, sync_every=3),
+)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -441,27 +487,36 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     measured = measured_means(load_measured(args.measured))
     two = calibrate(measured, Scenario(), args.steps, seeds)
-    print(f"2-core scenario, calibrated: turn {two.turn_s:.3f} s, actor {two.recompute_s:.2f} s recompute + "
-          f"{two.train_s:.2f} s/step, sync "
-          f"{two.sync_s:.3f} s, generation x{two.gen_slowdown:.2f} and actor x{two.train_slowdown:.2f} slower "
-          f"while both work; {two.trajectories} trajectories, 0-1 search (lognormal 0.3 s / p99 3 s)")
+    print(
+        f"2-core scenario, calibrated: turn {two.turn_s:.3f} s, actor {two.recompute_s:.2f} s recompute + "
+        f"{two.train_s:.2f} s/step, sync "
+        f"{two.sync_s:.3f} s, generation x{two.gen_slowdown:.2f} and actor x{two.train_slowdown:.2f} slower "
+        f"while both work; {two.trajectories} trajectories, 0-1 search (lognormal 0.3 s / p99 3 s)"
+    )
     base = mean_over_seeds(two, Policy(0), args.steps, seeds, "per_s")
-    print(f"{'setting':<26}{'sim traj/s':>11}{'measured':>10}{'sim vs k=0':>11}{'measured':>10}"
-          f"{'sim rollout s':>14}{'measured':>10}")
+    print(
+        f"{'setting':<26}{'sim traj/s':>11}{'measured':>10}{'sim vs k=0':>11}{'measured':>10}"
+        f"{'sim rollout s':>14}{'measured':>10}"
+    )
     for policy in GRID:
         sim = mean_over_seeds(two, policy, args.steps, seeds, "per_s")
         roll = mean_over_seeds(two, policy, args.steps, seeds, "rollout_s")
         m = measured.get(policy)
         mk0 = measured[Policy(0)]["per_s"]
-        cells = (f"{m['per_s']:>10.2f}", f"{m['per_s'] / mk0:>10.2f}", f"{m['rollout_s']:>10.2f}") if m else (
-            f"{'-':>10}",) * 3
+        cells = (
+            (f"{m['per_s']:>10.2f}", f"{m['per_s'] / mk0:>10.2f}", f"{m['rollout_s']:>10.2f}")
+            if m
+            else (f"{'-':>10}",) * 3
+        )
         print(f"{policy.label():<26}{sim:>11.2f}{cells[0]}{sim / base:>11.2f}{cells[1]}{roll:>14.2f}{cells[2]}")
 
     gpu = gpu_scenario(args)
-    print(f"\n8-GPU proportions (assumed, see --help): {gpu.trajectories} trajectories/batch, vLLM {gpu.slots} "
-          f"at once, turn median {gpu.turn_s} s (sigma {gpu.turn_sigma}), searches P={gpu.calls}, lognormal "
-          f"0.3 s / p99 3 s, actor {gpu.recompute_s} s recompute + {gpu.train_s} s, sync {gpu.sync_s} s, no shared "
-          "devices")
+    print(
+        f"\n8-GPU proportions (assumed, see --help): {gpu.trajectories} trajectories/batch, vLLM {gpu.slots} "
+        f"at once, turn median {gpu.turn_s} s (sigma {gpu.turn_sigma}), searches P={gpu.calls}, lognormal "
+        f"0.3 s / p99 3 s, actor {gpu.recompute_s} s recompute + {gpu.train_s} s, sync {gpu.sync_s} s, no shared "
+        "devices"
+    )
     g_seeds = seeds[:3]
     gbase = mean_over_seeds(gpu, Policy(0), args.gpu_steps, g_seeds, "per_s")
     print(f"{'setting':<26}{'traj/s':>9}{'vs k=0':>8}{'after step 1':>13}{'rollout s':>10}{'wait s':>8}")
@@ -470,16 +525,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         r = [simulate(gpu, policy, args.gpu_steps, seed) for seed in g_seeds]
         per_s = statistics.mean(x.per_s for x in r)
         after = statistics.mean(x.per_s_after_first for x in r) / statistics.mean(
-            x.per_s_after_first for x in (simulate(gpu, Policy(0), args.gpu_steps, seed) for seed in g_seeds))
-        print(f"{policy.label():<26}{per_s:>9.1f}{per_s / gbase:>8.2f}{after:>13.2f}"
-              f"{statistics.mean(statistics.mean(x.rollout_s) for x in r):>10.1f}"
-              f"{statistics.mean(statistics.mean(x.wait_s) for x in r):>8.1f}")
+            x.per_s_after_first for x in (simulate(gpu, Policy(0), args.gpu_steps, seed) for seed in g_seeds)
+        )
+        print(
+            f"{policy.label():<26}{per_s:>9.1f}{per_s / gbase:>8.2f}{after:>13.2f}"
+            f"{statistics.mean(statistics.mean(x.rollout_s) for x in r):>10.1f}"
+            f"{statistics.mean(statistics.mean(x.wait_s) for x in r):>8.1f}"
+        )
         if policy.k and per_s / gbase > best[0]:
             best = (per_s / gbase, policy.label())
         if policy.k and not policy.partial and per_s / gbase > waiting[0]:
             waiting = (per_s / gbase, policy.label())
-    print(f"\npredicted best async / k=0 at 8-GPU proportions: {best[0]:.2f}x ({best[1]}); without partial "
-          f"rollout (a sync waits for whole turns): {waiting[0]:.2f}x ({waiting[1]})")
+    print(
+        f"\npredicted best async / k=0 at 8-GPU proportions: {best[0]:.2f}x ({best[1]}); without partial "
+        f"rollout (a sync waits for whole turns): {waiting[0]:.2f}x ({waiting[1]})"
+    )
 
 
 if __name__ == "__main__":

@@ -118,23 +118,78 @@ def run_measured(cmd: list[str], cwd: Path | None = None) -> dict:
 
 
 def run_ours(actor: Path, template: Path, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "rlinf_ext.cli", "convert", "mg2hf", "--mg", str(actor), "--out", str(out),
-           "--hf-template", str(template), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlinf_ext.cli",
+        "convert",
+        "mg2hf",
+        "--mg",
+        str(actor),
+        "--out",
+        str(out),
+        "--hf-template",
+        str(template),
+        "--quiet",
+    ]
     return run_measured(cmd)
 
 
 def run_rlinf(actor: Path, cfg: dict, preset: str, middle: Path, out: Path, tp: int, procs: int) -> dict:
     model = RLINF_MODEL_NAMES[preset]
     tie = "true" if cfg["tie_word_embeddings"] else "false"
-    step1 = [sys.executable, "-m", f"{RLINF_MODULE}.convert_mg_to_middle_file", "--load-path", str(actor),
-             "--save-path", str(middle), "--model", model, "--tp-size", str(tp), "--ep-size", "1", "--pp-size", "1",
-             "--te-ln-linear-qkv", "true", "--te-ln-linear-mlp_fc1", "true", "--te-extra-state-check-none", "true",
-             "--tie-word-embeddings", tie, "--num-layers", str(cfg["num_hidden_layers"]),
-             "--use-gpu-num", "0", "--process-num", str(procs), "--disable-tqdm"]
-    step2 = [sys.executable, "-m", f"{RLINF_MODULE}.convert_middle_file_to_hf", "--load-path", str(middle),
-             "--save-path", str(out), "--model", model, "--tie-word-embeddings", tie,
-             "--num-layers", str(cfg["num_hidden_layers"]), "--use-gpu-num", "0", "--process-num", str(procs),
-             "--disable-tqdm"]
+    step1 = [
+        sys.executable,
+        "-m",
+        f"{RLINF_MODULE}.convert_mg_to_middle_file",
+        "--load-path",
+        str(actor),
+        "--save-path",
+        str(middle),
+        "--model",
+        model,
+        "--tp-size",
+        str(tp),
+        "--ep-size",
+        "1",
+        "--pp-size",
+        "1",
+        "--te-ln-linear-qkv",
+        "true",
+        "--te-ln-linear-mlp_fc1",
+        "true",
+        "--te-extra-state-check-none",
+        "true",
+        "--tie-word-embeddings",
+        tie,
+        "--num-layers",
+        str(cfg["num_hidden_layers"]),
+        "--use-gpu-num",
+        "0",
+        "--process-num",
+        str(procs),
+        "--disable-tqdm",
+    ]
+    step2 = [
+        sys.executable,
+        "-m",
+        f"{RLINF_MODULE}.convert_middle_file_to_hf",
+        "--load-path",
+        str(middle),
+        "--save-path",
+        str(out),
+        "--model",
+        model,
+        "--tie-word-embeddings",
+        tie,
+        "--num-layers",
+        str(cfg["num_hidden_layers"]),
+        "--use-gpu-num",
+        "0",
+        "--process-num",
+        str(procs),
+        "--disable-tqdm",
+    ]
     a, b = run_measured(step1), run_measured(step2)
     return {
         "wall_s": a["wall_s"] + b["wall_s"],
@@ -164,24 +219,37 @@ def compare_outputs(ours: Path, theirs: Path) -> dict:
             x, y = ha.get_tensor(name), hb.get_tensor(name)
         if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x, y):
             different.append(name)
-    return {"tensors_compared": len(set(a) & set(b)), "only_ours": only_ours, "only_rlinf": only_theirs,
-            "different": different, "identical": not (only_ours or only_theirs or different)}
+    return {
+        "tensors_compared": len(set(a) & set(b)),
+        "only_ours": only_ours,
+        "only_rlinf": only_theirs,
+        "different": different,
+        "identical": not (only_ours or only_theirs or different),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="qwen2.5-1.5b", choices=sorted(RLINF_MODEL_NAMES), help="model shapes")
     ap.add_argument("--tp", type=int, default=2, help="tensor-parallel size of the synthetic checkpoint")
-    ap.add_argument("--rlinf-procs", type=int, default=2, help="RLinf --process-num (its docs use 16; 2 = the cores here)")
+    ap.add_argument(
+        "--rlinf-procs", type=int, default=2, help="RLinf --process-num (its docs use 16; 2 = the cores here)"
+    )
     ap.add_argument("--workdir", default="/tmp/convert_bench", help="scratch folder (removed unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint and outputs")
-    ap.add_argument("--reuse", action="store_true", help="reuse a checkpoint kept in --workdir by an earlier --keep run")
+    ap.add_argument(
+        "--reuse", action="store_true", help="reuse a checkpoint kept in --workdir by an earlier --keep run"
+    )
     args = ap.parse_args(argv)
 
     work = Path(args.workdir)
     template, actor = work / "template", work / "global_step_1" / "actor"
-    reuse = args.reuse and (template / "config.json").is_file() and actor.is_dir() and \
-        json.loads((template / "config.json").read_text()) == preset_hf_config(args.preset)
+    reuse = (
+        args.reuse
+        and (template / "config.json").is_file()
+        and actor.is_dir()
+        and json.loads((template / "config.json").read_text()) == preset_hf_config(args.preset)
+    )
     if not reuse:
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
@@ -196,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg = write_template(args.preset, template)
             t0 = time.perf_counter()
             size = write_synthetic_checkpoint(cfg, actor, args.tp)
-            print(f"synthetic {args.preset} TP={args.tp} checkpoint: {size / 1e9:.2f} GB in {time.perf_counter() - t0:.0f}s")
+            print(
+                f"synthetic {args.preset} TP={args.tp} checkpoint: {size / 1e9:.2f} GB in {time.perf_counter() - t0:.0f}s"
+            )
 
         # flush dirty pages before each run so neither pays for the other's writes
         os.sync()
@@ -208,19 +278,40 @@ def main(argv: list[str] | None = None) -> int:
 
         gb = 1024**3
         print(f"\n{'':28}{'rlinf_ext':>12}{'rlinf 0.3.0':>14}{'ratio':>10}")
-        print(f"{'wall time (s)':28}{ours['wall_s']:12.1f}{theirs['wall_s']:14.1f}{theirs['wall_s'] / ours['wall_s']:9.2f}x")
-        print(f"{'peak RSS, process tree (GiB)':28}{ours['peak_rss_tree'] / gb:12.2f}{theirs['peak_rss_tree'] / gb:14.2f}"
-              f"{ours['peak_rss_tree'] / theirs['peak_rss_tree']:10.2f}")
-        print(f"{'peak RSS, one process (GiB)':28}{ours['peak_rss_single'] / gb:12.2f}{theirs['peak_rss_single'] / gb:14.2f}"
-              f"{ours['peak_rss_single'] / theirs['peak_rss_single']:10.2f}")
-        print(f"RLinf steps (mg->middle, middle->hf): {theirs['steps_wall_s'][0]:.1f}s + {theirs['steps_wall_s'][1]:.1f}s, "
-              f"--process-num {args.rlinf_procs}")
+        print(
+            f"{'wall time (s)':28}{ours['wall_s']:12.1f}{theirs['wall_s']:14.1f}{theirs['wall_s'] / ours['wall_s']:9.2f}x"
+        )
+        print(
+            f"{'peak RSS, process tree (GiB)':28}{ours['peak_rss_tree'] / gb:12.2f}{theirs['peak_rss_tree'] / gb:14.2f}"
+            f"{ours['peak_rss_tree'] / theirs['peak_rss_tree']:10.2f}"
+        )
+        print(
+            f"{'peak RSS, one process (GiB)':28}{ours['peak_rss_single'] / gb:12.2f}{theirs['peak_rss_single'] / gb:14.2f}"
+            f"{ours['peak_rss_single'] / theirs['peak_rss_single']:10.2f}"
+        )
+        print(
+            f"RLinf steps (mg->middle, middle->hf): {theirs['steps_wall_s'][0]:.1f}s + {theirs['steps_wall_s'][1]:.1f}s, "
+            f"--process-num {args.rlinf_procs}"
+        )
         verdict = "IDENTICAL" if cmp["identical"] else "DIFFERENT"
-        print(f"outputs: {cmp['tensors_compared']} tensors compared, {verdict}"
-              + ("" if cmp["identical"] else f" (only ours {cmp['only_ours'][:5]}, only rlinf {cmp['only_rlinf'][:5]}, "
-                                             f"different {cmp['different'][:5]})"))
-        result = {"preset": args.preset, "tp": args.tp, "checkpoint_bytes": size, "rlinf_procs": args.rlinf_procs,
-                  "ours": ours, "rlinf": theirs, "compare": cmp}
+        print(
+            f"outputs: {cmp['tensors_compared']} tensors compared, {verdict}"
+            + (
+                ""
+                if cmp["identical"]
+                else f" (only ours {cmp['only_ours'][:5]}, only rlinf {cmp['only_rlinf'][:5]}, "
+                f"different {cmp['different'][:5]})"
+            )
+        )
+        result = {
+            "preset": args.preset,
+            "tp": args.tp,
+            "checkpoint_bytes": size,
+            "rlinf_procs": args.rlinf_procs,
+            "ours": ours,
+            "rlinf": theirs,
+            "compare": cmp,
+        }
         print("RESULT " + json.dumps(result))
         return 0 if cmp["identical"] else 1
     finally:

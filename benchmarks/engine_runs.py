@@ -20,8 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 def engine_run_parser(description: str, default_backends: str) -> argparse.ArgumentParser:
     """The options both benchmarks take, with the hidden ones of their per-engine child processes."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--backends", default=default_backends,
-                        help=f"rollout engines, comma-separated (vllm, hf; default {default_backends})")
+    parser.add_argument(
+        "--backends",
+        default=default_backends,
+        help=f"rollout engines, comma-separated (vllm, hf; default {default_backends})",
+    )
     parser.add_argument("--assets", help="tiny assets directory (default $RLINF_EXT_TINY_ASSETS, else under --out)")
     parser.add_argument("--out", help="output root (default: a fresh temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary output directory")
@@ -33,8 +36,11 @@ def engine_run_parser(description: str, default_backends: str) -> argparse.Argum
 def build_assets(root: Path, *flags: str) -> float:
     """``rlinf-ext make-tiny-assets --out ROOT FLAGS`` in a child process (the generator loads numba); seconds."""
     started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "rlinf_ext.cli", "make-tiny-assets", "--out", str(root), *flags],
-                   check=True, cwd=str(REPO))
+    subprocess.run(
+        [sys.executable, "-m", "rlinf_ext.cli", "make-tiny-assets", "--out", str(root), *flags],
+        check=True,
+        cwd=str(REPO),
+    )
     return time.monotonic() - started
 
 
@@ -51,21 +57,31 @@ def fresh_out_dir(out: str | None, prefix: str) -> Path | None:
     """``out`` (or a new temporary directory); None (after saying why) when it holds earlier runs."""
     path = Path(out) if out else Path(tempfile.mkdtemp(prefix=prefix))
     if path.exists() and any(p.name != "assets" for p in path.iterdir()):
-        print(f"--out {path} holds earlier runs; give an empty or new directory (a run there would resume)",
-              file=sys.stderr)
+        print(
+            f"--out {path} holds earlier runs; give an empty or new directory (a run there would resume)",
+            file=sys.stderr,
+        )
         return None
     return path
 
 
-def run_engines(script: Path, backends: Sequence[str], out: Path,
-                child_args: Callable[[str, Path], list[str]]) -> dict[str, dict] | int:
+def run_engines(
+    script: Path, backends: Sequence[str], out: Path, child_args: Callable[[str, Path], list[str]]
+) -> dict[str, dict] | int:
     """``python SCRIPT --run-one B --result OUT/B.json *child_args(B, OUT/B)`` for each engine in turn; their
     figures by engine, or the exit code of the first that failed."""
     figures: dict[str, dict] = {}
     for backend in backends:
         result = out / f"{backend}.json"
-        command = [sys.executable, str(script), "--run-one", backend, "--result", str(result),
-                   *child_args(backend, out / backend)]
+        command = [
+            sys.executable,
+            str(script),
+            "--run-one",
+            backend,
+            "--result",
+            str(result),
+            *child_args(backend, out / backend),
+        ]
         print(f"\n===== {backend}: {' '.join(command[1:])}", flush=True)
         code = subprocess.run(command, cwd=str(REPO)).returncode
         if code != 0:

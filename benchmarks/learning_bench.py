@@ -67,16 +67,22 @@ def control_overrides(world: str, control: str) -> list[str] | None:
     if control == "shuffled":
         return ["reward.shuffle_within_step=true"]
     if world == TEXT and control == "ablated":
-        return ["retrieval.corpus_path=${paths.tiny_assets}/registry/corpus/wiki_ablated.jsonl",
-                "retrieval.index_dir=${paths.tiny_assets}/registry/index/bm25_ablated"]
+        return [
+            "retrieval.corpus_path=${paths.tiny_assets}/registry/corpus/wiki_ablated.jsonl",
+            "retrieval.index_dir=${paths.tiny_assets}/registry/index/bm25_ablated",
+        ]
     if world == VL and control in ("ablated", "titles"):
         suffix = {"ablated": "ablated", "titles": "titles_permuted"}[control]
-        return [f"tools.image_search.cache_path=${{paths.tiny_assets}}/mm/image_search/tinymm_train_cache_{suffix}",
-                f"tools.image_search.val_cache_path=${{paths.tiny_assets}}/mm/image_search/tinymm_test_cache_{suffix}"]
+        return [
+            f"tools.image_search.cache_path=${{paths.tiny_assets}}/mm/image_search/tinymm_train_cache_{suffix}",
+            f"tools.image_search.val_cache_path=${{paths.tiny_assets}}/mm/image_search/tinymm_test_cache_{suffix}",
+        ]
     return None
 
 
-def planned_runs(worlds: list[str], seeds: list[int], runs: list[str], control_seeds: list[int] | None = None) -> list[Run]:
+def planned_runs(
+    worlds: list[str], seeds: list[int], runs: list[str], control_seeds: list[int] | None = None
+) -> list[Run]:
     """`main-<seed>` (and `ppo-<seed>`, text) per seed; each control on `control_seeds` (default: the first seed),
     named after the control on the first of them and `<control>-<seed>` on the others."""
     control_seeds = control_seeds or seeds[:1]
@@ -89,8 +95,10 @@ def planned_runs(worlds: list[str], seeds: list[int], runs: list[str], control_s
             overrides = control_overrides(world, control)
             if overrides is None:
                 continue
-            out += [Run(world, control if i == 0 else f"{control}-{s}", tuple(seed_overrides(s) + overrides), s)
-                    for i, s in enumerate(control_seeds)]
+            out += [
+                Run(world, control if i == 0 else f"{control}-{s}", tuple(seed_overrides(s) + overrides), s)
+                for i, s in enumerate(control_seeds)
+            ]
     return out
 
 
@@ -158,9 +166,11 @@ def val_metrics(world: str) -> dict[str, str]:
     """label -> metrics.jsonl key of the held-out figures a world's validation logs."""
     if world == TEXT:
         return {"greedy EM": mk.VAL_ALL_EM}
-    return {"search_required accuracy": mk.mm_category_metric("search_required", "accuracy", mk.VAL_PREFIX),
-            "search_free accuracy": mk.mm_category_metric("search_free", "accuracy", mk.VAL_PREFIX),
-            "search_free image search": mk.mm_category_metric("search_free", "search_ratio_image", mk.VAL_PREFIX)}
+    return {
+        "search_required accuracy": mk.mm_category_metric("search_required", "accuracy", mk.VAL_PREFIX),
+        "search_free accuracy": mk.mm_category_metric("search_free", "accuracy", mk.VAL_PREFIX),
+        "search_free image search": mk.mm_category_metric("search_free", "search_ratio_image", mk.VAL_PREFIX),
+    }
 
 
 def read_run(run: Run, run_dir: Path, world_obj) -> RunFigures:
@@ -181,12 +191,19 @@ def read_run(run: Run, run_dir: Path, world_obj) -> RunFigures:
         figures.steps.append(step)
         figures.reward.append(float(row[mk.REWARD_MEAN]))
         # the KL to the reference where a KL term is on (actor/kl), else the policy's step-to-step approx_kl
-        figures.kl.append(float(row.get(mk.prefixed(mk.ACTOR_PREFIX, "kl"),
-                                        row.get(mk.prefixed(mk.ACTOR_PREFIX, "approx_kl"), math.nan))))
+        figures.kl.append(
+            float(
+                row.get(
+                    mk.prefixed(mk.ACTOR_PREFIX, "kl"), row.get(mk.prefixed(mk.ACTOR_PREFIX, "approx_kl"), math.nan)
+                )
+            )
+        )
         dump = run_dir / "trajectories" / f"step_{step}.jsonl"
         records = [json.loads(line) for line in dump.read_text().splitlines()] if dump.exists() else []
         figures.mixed.append(float(row.get(mk.REWARD_MIXED_GROUPS, mixed_group_share(records))))
-        figures.shares.append(text_answer_shares(records, world_obj) if run.world == TEXT else vl_answer_shares(records))
+        figures.shares.append(
+            text_answer_shares(records, world_obj) if run.world == TEXT else vl_answer_shares(records)
+        )
     timing = run_dir / "wall_time_s.txt"
     figures.wall_s = float(timing.read_text()) if timing.exists() else math.nan
     probes = run_dir / "probes_end.json"
@@ -205,9 +222,17 @@ def table(world: str, figures: list[RunFigures], warm: dict[str, float]) -> str:
     label = next(iter(val_metrics(world)))
     head = ["run", f"held-out {label}, first -> last (gain)"]
     if world == TEXT:
-        head += ["sampled pass@1 start -> end", "counterfactual-follow end", "answers right / other cand. / other / gave up, last 10 steps"]
+        head += [
+            "sampled pass@1 start -> end",
+            "counterfactual-follow end",
+            "answers right / other cand. / other / gave up, last 10 steps",
+        ]
     else:
-        head += ["search_free image search first -> last", "search_free accuracy last", "city answers right / other title / other, last 10 steps"]
+        head += [
+            "search_free image search first -> last",
+            "search_free accuracy last",
+            "city answers right / other title / other, last 10 steps",
+        ]
     head += ["reward first 10 -> last 10", "mixed groups, mean", "wall (s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in figures:
@@ -215,14 +240,19 @@ def table(world: str, figures: list[RunFigures], warm: dict[str, float]) -> str:
         cells = [f.run.name, f"{v[0]:.3f} -> {v[-1]:.3f} ({v[-1] - v[0]:+.3f})"]
         last = {c: mean(s.get(c) for s in f.shares[-10:]) for c in (f.shares[-1] if f.shares else {})}
         if world == TEXT:
-            cells += [f"{warm.get('pass@1', math.nan):.3f} -> {f.probes_end.get('pass@1', math.nan):.3f}",
-                      f"{f.probes_end.get('counterfactual_follow', math.nan):.3f}",
-                      " / ".join(f"{last.get(c, math.nan):.2f}" for c in ANSWER_CLASSES)]
+            cells += [
+                f"{warm.get('pass@1', math.nan):.3f} -> {f.probes_end.get('pass@1', math.nan):.3f}",
+                f"{f.probes_end.get('counterfactual_follow', math.nan):.3f}",
+                " / ".join(f"{last.get(c, math.nan):.2f}" for c in ANSWER_CLASSES),
+            ]
         else:
             img = f.val.get("search_free image search", [math.nan])
             acc = f.val.get("search_free accuracy", [math.nan])
-            cells += [f"{img[0]:.3f} -> {img[-1]:.3f}", f"{acc[-1]:.3f}",
-                      " / ".join(f"{last.get(c, math.nan):.2f}" for c in ("right", "other_candidate", "other"))]
+            cells += [
+                f"{img[0]:.3f} -> {img[-1]:.3f}",
+                f"{acc[-1]:.3f}",
+                " / ".join(f"{last.get(c, math.nan):.2f}" for c in ("right", "other_candidate", "other")),
+            ]
         cells += [f"{mean(f.reward[:10]):.3f} -> {mean(f.reward[-10:]):.3f}", f"{mean(f.mixed):.2f}", f"{f.wall_s:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -241,8 +271,13 @@ def draw(world: str, figures: list[RunFigures], path: Path) -> None:
         axes[0, 0].plot(f.steps, f.reward, style, label=f.run.name)
         axes[0, 1].plot(f.val_steps, f.val.get(label, []), style + "o", label=f"{f.run.name}, greedy")
         if world == TEXT and f.probes_end and f.steps:
-            axes[0, 1].plot([f.steps[-1]], [f.probes_end.get("pass@1", math.nan)], "x", markersize=9,
-                            label=f"{f.run.name}, sampled pass@1")
+            axes[0, 1].plot(
+                [f.steps[-1]],
+                [f.probes_end.get("pass@1", math.nan)],
+                "x",
+                markersize=9,
+                label=f"{f.run.name}, sampled pass@1",
+            )
         axes[1, 1].plot(f.steps, f.mixed, style, label=f.run.name)
         axes[1, 2].plot(f.steps, f.kl, style, label=f.run.name)
     main = next((f for f in figures if f.run.name.startswith("main")), None)
@@ -252,8 +287,12 @@ def draw(world: str, figures: list[RunFigures], path: Path) -> None:
         axes[0, 2].set_ylim(0, 1)
     if world == VL:
         for f in figures:
-            axes[1, 0].plot(f.val_steps, f.val.get("search_free image search", []), "o-" if f.run.name.startswith("main") else "o--",
-                            label=f.run.name)
+            axes[1, 0].plot(
+                f.val_steps,
+                f.val.get("search_free image search", []),
+                "o-" if f.run.name.startswith("main") else "o--",
+                label=f.run.name,
+            )
         axes[1, 0].set_title("held-out search_free: image-search ratio (greedy)")
     else:
         for f in figures:
@@ -283,10 +322,17 @@ def run_one(run_json: str) -> int:
     from rlinf_ext.runner.launch import run_training
 
     started = time.monotonic()
-    summary = run_training(CONFIG[spec["world"]], [*spec["overrides"], f"runner.output_dir={out}",
-                                                   f"runner.experiment_name={spec['name']}",
-                                                   f"runner.rollout_data_dir={out / 'trajectories'}"],
-                           show_progress=False, evaluate=False)
+    summary = run_training(
+        CONFIG[spec["world"]],
+        [
+            *spec["overrides"],
+            f"runner.output_dir={out}",
+            f"runner.experiment_name={spec['name']}",
+            f"runner.rollout_data_dir={out / 'trajectories'}",
+        ],
+        show_progress=False,
+        evaluate=False,
+    )
     (out / "wall_time_s.txt").write_text(f"{time.monotonic() - started:.1f}\n")
     if spec["world"] == TEXT and summary.hf_model_dir is not None:
         (out / "probes_end.json").write_text(json.dumps(text_probes(summary.hf_model_dir, spec["assets"])))
@@ -304,7 +350,9 @@ def text_probes(model_dir: Path, assets: str) -> dict[str, float]:
     world = build_registry_world(0)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    return probe_all(model, tokenizer, world, world.questions(HELDOUT), LexicalRetriever([p.contents for p in world.pages]))
+    return probe_all(
+        model, tokenizer, world, world.questions(HELDOUT), LexicalRetriever([p.contents for p in world.pages])
+    )
 
 
 def assets_dir() -> Path:
@@ -333,17 +381,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.run_one:
         return run_one(args.run_one)
     worlds = [w for w in args.worlds.split(",") if w]
-    runs = planned_runs(worlds, [int(s) for s in args.seeds.split(",")], args.runs.split(","),
-                        [int(s) for s in args.control_seeds.split(",") if s])
+    runs = planned_runs(
+        worlds,
+        [int(s) for s in args.seeds.split(",")],
+        args.runs.split(","),
+        [int(s) for s in args.control_seeds.split(",") if s],
+    )
     out = Path(args.out)
     for run in runs:
         run_dir = out / run.world / run.name
         if args.analyse_only or (run_dir / "wall_time_s.txt").exists():
             continue
-        spec = json.dumps({"world": run.world, "name": run.name, "overrides": list(run.overrides),
-                           "out": str(run_dir), "assets": str(assets_dir())})
+        spec = json.dumps(
+            {
+                "world": run.world,
+                "name": run.name,
+                "overrides": list(run.overrides),
+                "out": str(run_dir),
+                "assets": str(assets_dir()),
+            }
+        )
         print(f"\n===== {run.world}/{run.name}: {' '.join(run.overrides)}", flush=True)
-        code = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-one", spec], cwd=str(REPO)).returncode
+        code = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--run-one", spec], cwd=str(REPO)
+        ).returncode
         if code != 0:
             print(f"{run.world}/{run.name} failed (exit {code}); its output is above", file=sys.stderr)
             return code
@@ -351,11 +412,16 @@ def main(argv: list[str] | None = None) -> int:
         from rlinf_ext.assets.registry.world import build_registry_world
 
         world_obj = build_registry_world(0) if world == TEXT else None
-        figures = [read_run(r, out / r.world / r.name, world_obj) for r in runs
-                   if r.world == world and (out / r.world / r.name).exists()]
+        figures = [
+            read_run(r, out / r.world / r.name, world_obj)
+            for r in runs
+            if r.world == world and (out / r.world / r.name).exists()
+        ]
         if not figures:
             continue
-        print(f"\n{CONFIG[world]} ({world} world), held-out questions only:\n{table(world, figures, warm_figures(world))}")
+        print(
+            f"\n{CONFIG[world]} ({world} world), held-out questions only:\n{table(world, figures, warm_figures(world))}"
+        )
         figure = Path(args.figures) / f"learning_{world}{args.figure_tag}.png"
         draw(world, figures, figure)
         print(f"figure: {figure}")

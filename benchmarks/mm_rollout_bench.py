@@ -42,8 +42,9 @@ async def run_all(generator, processor, tools, tasks, settings, params, group_si
     from rlinf_ext.tools import close_http_session
 
     try:
-        groups = await asyncio.gather(*(run_group(generator, processor, tools, t, settings, group_size,
-                                                     sampling_params=params) for t in tasks))
+        groups = await asyncio.gather(
+            *(run_group(generator, processor, tools, t, settings, group_size, sampling_params=params) for t in tasks)
+        )
     finally:
         await close_http_session()
     return [traj for g in groups for traj in g]
@@ -54,8 +55,10 @@ def per_turn(trajectories) -> list[tuple[int, int, float, float]]:
     for t in trajectories:
         for k, turn in enumerate(t.turns):
             by_turn[k].append((turn.generated_tokens or len(turn.response_ids), len(turn.response_ids)))
-    return [(k, len(v), statistics.mean(g for g, _ in v), statistics.mean(kept for _, kept in v))
-            for k, v in sorted(by_turn.items())]
+    return [
+        (k, len(v), statistics.mean(g for g, _ in v), statistics.mean(kept for _, kept in v))
+        for k, v in sorted(by_turn.items())
+    ]
 
 
 def main(argv=None) -> int:
@@ -85,55 +88,89 @@ def main(argv=None) -> int:
     from rlinf_ext.tools.image_search import ImageSearch
 
     work = Path(tempfile.mkdtemp(prefix="mm-rollout-bench-"))
-    assets = make_tiny_assets(Path(args.assets) if args.assets else work / "assets", seed=0, with_mm=True,
-                              with_mm_sft=not args.random, verbose=True)
+    assets = make_tiny_assets(
+        Path(args.assets) if args.assets else work / "assets",
+        seed=0,
+        with_mm=True,
+        with_mm_sft=not args.random,
+        verbose=True,
+    )
     mm = assets.mm
     index_dir = work / "bm25"
     build_index(BuildConfig(corpus=str(assets.corpus_path), out=str(index_dir), retriever="bm25"))
     model_dir = mm.qwen2_5_vl_tiny if args.random else mm.qwen2_5_vl_tiny_sft
-    engine = HFVLGenerator.from_pretrained(model_dir, num_threads=args.threads, seed=0,
-                                           max_batch_size=args.max_batch_size)
+    engine = HFVLGenerator.from_pretrained(
+        model_dir, num_threads=args.threads, seed=0, max_batch_size=args.max_batch_size
+    )
     generator = TimedGenerator(engine)
     px = 56 * 56
     tasks = [Task.from_row(r) for r in read_fvqa(mm.fvqa_test, px, px, limit=args.questions)]
-    settings = LoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
-                              response_length_total=1280, max_obs_length=320)
+    settings = LoopSettings(
+        max_gen_round=3, image_search_limit=1, text_search_limit=1, response_length_total=1280, max_obs_length=320
+    )
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, stop=[])
-    image_tool = ImageSearch(ImageSearchToolConfig(backend="cache_dir", cache_path=str(mm.cache_test), topk=3,
-                                                       thumbnail_min_pixels=px, thumbnail_max_pixels=px))
+    image_tool = ImageSearch(
+        ImageSearchToolConfig(
+            backend="cache_dir", cache_path=str(mm.cache_test), topk=3, thumbnail_min_pixels=px, thumbnail_max_pixels=px
+        )
+    )
     with RetrievalServerProcess(index_dir, assets.corpus_path, startup_timeout_s=120) as url:
         text_tool = SearchTool(SearchToolConfig(backend="local", server_addr=url, topk=3, default_timeout=30))
         started = time.perf_counter()
-        trajs = asyncio.run(run_all(generator, engine.processor, SearchTools(image_tool, text_tool), tasks, settings,
-                                    params, args.group_size))
+        trajs = asyncio.run(
+            run_all(
+                generator,
+                engine.processor,
+                SearchTools(image_tool, text_tool),
+                tasks,
+                settings,
+                params,
+                args.group_size,
+            )
+        )
         wall = time.perf_counter() - started
 
     turns = sum(len(t.turns) for t in trajs)
     generated = sum(t.metrics["generated_tokens"] for t in trajs)
     kept = sum(t.metrics["kept_tokens"] for t in trajs)
-    print(f"\nMM rollout benchmark: {len(tasks)} questions x group {args.group_size} = {len(trajs)} trajectories, "
-          f"model {model_dir.name}, max_new_tokens/turn {args.max_new_tokens}, torch threads {args.threads}, CPU\n")
+    print(
+        f"\nMM rollout benchmark: {len(tasks)} questions x group {args.group_size} = {len(trajs)} trajectories, "
+        f"model {model_dir.name}, max_new_tokens/turn {args.max_new_tokens}, torch threads {args.threads}, CPU\n"
+    )
     print(f"{'turn':>4} {'n':>4} {'generated':>10} {'kept':>8}")
     for k, n, g, kp in per_turn(trajs):
         print(f"{k + 1:>4} {n:>4} {g:>10.1f} {kp:>8.1f}")
     calls = sorted(generator.seconds)
     summary = {
-        "trajectories": len(trajs), "turns": turns, "wall_s": round(wall, 2),
-        "s_per_turn": round(wall / turns, 3), "s_per_trajectory": round(wall / len(trajs), 3),
-        "engine_call_s_median": round(statistics.median(calls), 3), "engine_batches": len(engine.batch_sizes),
+        "trajectories": len(trajs),
+        "turns": turns,
+        "wall_s": round(wall, 2),
+        "s_per_turn": round(wall / turns, 3),
+        "s_per_trajectory": round(wall / len(trajs), 3),
+        "engine_call_s_median": round(statistics.median(calls), 3),
+        "engine_batches": len(engine.batch_sizes),
         "mean_batch_size": round(statistics.mean(engine.batch_sizes), 2),
-        "generated_tokens": generated, "kept_tokens": kept, "kept_over_generated": round(kept / generated, 3),
+        "generated_tokens": generated,
+        "kept_tokens": kept,
+        "kept_over_generated": round(kept / generated, 3),
         "image_searches": sum(t.metrics["image_searches"] for t in trajs),
         "text_searches": sum(t.metrics["text_searches"] for t in trajs),
-        "image_cache_hits": engine.images.hits, "image_cache_misses": engine.images.misses,
-        "end_reasons": dict(sorted({r: sum(t.end_reason == r for t in trajs) for r in {t.end_reason for t in trajs}}.items())),
+        "image_cache_hits": engine.images.hits,
+        "image_cache_misses": engine.images.misses,
+        "end_reasons": dict(
+            sorted({r: sum(t.end_reason == r for t in trajs) for r in {t.end_reason for t in trajs}}.items())
+        ),
     }
-    print(f"\nwall {wall:.2f} s: {summary['s_per_turn']:.3f} s per turn, {summary['s_per_trajectory']:.3f} s per "
-          f"trajectory ({turns} turns); engine call median {summary['engine_call_s_median']:.3f} s over "
-          f"{len(calls)} calls in {summary['engine_batches']} batches (mean batch {summary['mean_batch_size']})")
+    print(
+        f"\nwall {wall:.2f} s: {summary['s_per_turn']:.3f} s per turn, {summary['s_per_trajectory']:.3f} s per "
+        f"trajectory ({turns} turns); engine call median {summary['engine_call_s_median']:.3f} s over "
+        f"{len(calls)} calls in {summary['engine_batches']} batches (mean batch {summary['mean_batch_size']})"
+    )
     print(f"tokens generated {generated:.0f}, kept {kept:.0f}: kept/generated {summary['kept_over_generated']:.2f}")
-    print(f"searches: image {summary['image_searches']:.0f}, text {summary['text_searches']:.0f}; image preprocessing "
-          f"cache hits {engine.images.hits} / misses {engine.images.misses}; end reasons {summary['end_reasons']}")
+    print(
+        f"searches: image {summary['image_searches']:.0f}, text {summary['text_searches']:.0f}; image preprocessing "
+        f"cache hits {engine.images.hits} / misses {engine.images.misses}; end reasons {summary['end_reasons']}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
     return 0

@@ -27,12 +27,23 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.engine_runs import (  # noqa: E402
-    build_assets, engine_run_parser, fresh_out_dir, parse_backends, run_engines)
+    build_assets,
+    engine_run_parser,
+    fresh_out_dir,
+    parse_backends,
+    run_engines,
+)
 from rlinf_ext.protocol import metric_keys as mk  # noqa: E402
 
 BACKENDS = ("vllm", "hf")
-STEP_KEYS = ("reward/mean", "rollout/search_free/search_ratio_image", "rollout/search_free/accuracy",
-             "rollout/search_required/search_ratio_image", "rollout/search_required/accuracy", "time/step")
+STEP_KEYS = (
+    "reward/mean",
+    "rollout/search_free/search_ratio_image",
+    "rollout/search_free/accuracy",
+    "rollout/search_required/search_ratio_image",
+    "rollout/search_required/accuracy",
+    "time/step",
+)
 EVAL_METRICS = ("accuracy", "reward", "search_ratio_image", "search_ratio_any")
 
 
@@ -87,12 +98,15 @@ def side_by_side(figures: dict[str, dict], assets_s: float) -> str:
     for label, get, fmt in SIDE_ROWS:
         lines.append(f"{label:<42}" + "".join(f"{fmt.format(get(figures[n])):>10}" for n in names))
     whole = {n: assets_s + sum(figures[n]["times"].values()) for n in names}
-    lines.append(f"{'whole pipeline incl. assets ' + f'{assets_s:.0f} s':<42}"
-                 + "".join(f"{whole[n]:>10.0f}" for n in names))
+    lines.append(
+        f"{'whole pipeline incl. assets ' + f'{assets_s:.0f} s':<42}" + "".join(f"{whole[n]:>10.0f}" for n in names)
+    )
     if len(names) >= 2:
         a, b = names[0], names[1]
-        lines.append(f"whole pipeline {b} / {a}: {whole[b] / whole[a]:.2f}x; training + evaluation "
-                     f"{b} / {a}: {figures[b]['times']['train_eval_s'] / figures[a]['times']['train_eval_s']:.2f}x")
+        lines.append(
+            f"whole pipeline {b} / {a}: {whole[b] / whole[a]:.2f}x; training + evaluation "
+            f"{b} / {a}: {figures[b]['times']['train_eval_s'] / figures[a]['times']['train_eval_s']:.2f}x"
+        )
     return "\n".join(lines)
 
 
@@ -105,22 +119,33 @@ def run_one(backend: str, assets: Path, out: Path, overrides: list[str], result:
     engine = f"rollout.rollout_backend={backend}"
     times: dict[str, float] = {}
     t = time.monotonic()
-    before = run_evaluation_only("tiny-mm-cpu-eval", [f"paths.tiny_assets={assets}",
-                                                      f"runner.output_dir={out}/eval-warm", engine],
-                                 show_progress=False)
+    before = run_evaluation_only(
+        "tiny-mm-cpu-eval",
+        [f"paths.tiny_assets={assets}", f"runner.output_dir={out}/eval-warm", engine],
+        show_progress=False,
+    )
     times["warm_eval_s"] = time.monotonic() - t
     t = time.monotonic()
-    summary = run_training("tiny-mm-cpu", [f"paths.tiny_assets={assets}", f"runner.output_dir={out}", engine,
-                                           *overrides], show_progress=False, evaluate=True, eval_overrides=[engine])
+    summary = run_training(
+        "tiny-mm-cpu",
+        [f"paths.tiny_assets={assets}", f"runner.output_dir={out}", engine, *overrides],
+        show_progress=False,
+        evaluate=True,
+        eval_overrides=[engine],
+    )
     times["train_eval_s"] = time.monotonic() - t
 
     rows = read_metrics(summary.log_dir / METRICS_FILE)
     print(f"\n[{backend}] step  " + "  ".join(k.removeprefix("rollout/") for k in STEP_KEYS))
     for r in (r for r in rows if int(r["step"]) > 0):
-        print(f"[{backend}] {int(r['step']):>4}  " + "  ".join(
-            f"{r.get(k, float('nan')):>{len(k.removeprefix('rollout/'))}.3f}" for k in STEP_KEYS))
+        print(
+            f"[{backend}] {int(r['step']):>4}  "
+            + "  ".join(f"{r.get(k, float('nan')):>{len(k.removeprefix('rollout/'))}.3f}" for k in STEP_KEYS)
+        )
     k = summary.reward_window
-    print(f"[{backend}] first {k} vs last {k} step(s): mean reward {summary.first_reward:.3f} -> {summary.last_reward:.3f}")
+    print(
+        f"[{backend}] first {k} vs last {k} step(s): mean reward {summary.first_reward:.3f} -> {summary.last_reward:.3f}"
+    )
     for label, first, last in summary.trends:
         print(f"[{backend}]   {label}: {first:.3f} -> {last:.3f} ({last - first:+.3f})")
     for line in summary.agent_lines:
@@ -150,8 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     assets = Path(args.assets or os.environ.get("RLINF_EXT_TINY_ASSETS") or out / "assets").resolve()
     assets_s = build_assets(assets, "--with-mm", "--with-mm-sft")
     print(f"tiny assets: {assets} ({assets_s:.0f} s, reused when already built)", flush=True)
-    figures = run_engines(Path(__file__).resolve(), backends, out,
-                          lambda backend, run_out: ["--assets", str(assets), "--out", str(run_out), *args.overrides])
+    figures = run_engines(
+        Path(__file__).resolve(),
+        backends,
+        out,
+        lambda backend, run_out: ["--assets", str(assets), "--out", str(run_out), *args.overrides],
+    )
     if isinstance(figures, int):
         return figures
     print(f"\n{side_by_side(figures, assets_s)}")

@@ -60,7 +60,10 @@ class Scorer:
 
     def logprob(self, prefix: list[int], continuation: list[int], images: list) -> float:
         ids = torch.tensor([prefix + continuation])
-        extra = {**self.images.batch(images), "mm_token_type_ids": mm_token_type_ids(ids, self.model.config.image_token_id)}
+        extra = {
+            **self.images.batch(images),
+            "mm_token_type_ids": mm_token_type_ids(ids, self.model.config.image_token_id),
+        }
         with torch.no_grad():
             lp = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).logits.log_softmax(-1)[0]
         return sum(float(lp[len(prefix) - 1 + i, t]) for i, t in enumerate(continuation))
@@ -74,11 +77,13 @@ class Scorer:
 
 def searched_context(processor, task: Task, cache: Path, corpus: Path) -> tuple[list[int], list]:
     """Prompt + the image-search turn + its observation, as the real loop builds them."""
-    config = ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache), topk=3, thumbnail_min_pixels=PX,
-                                   thumbnail_max_pixels=PX)
+    config = ImageSearchToolConfig(
+        backend="cache_dir", cache_path=str(cache), topk=3, thumbnail_min_pixels=PX, thumbnail_max_pixels=PX
+    )
     tools = SearchTools(ImageSearch(config), CorpusTextSearch(corpus_retriever(corpus), 3))
-    settings = LoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
-                              response_length_total=4096, max_obs_length=320)
+    settings = LoopSettings(
+        max_gen_round=3, image_search_limit=1, text_search_limit=1, response_length_total=4096, max_obs_length=320
+    )
     final = colour_answer_turn("red")
     playback = PlaybackGenerator(processor.tokenizer)
     playback.start([IMAGE_SEARCH_TURN, final])
@@ -97,11 +102,21 @@ def probe_split(scorer: Scorer, processor, fvqa: Path, cache: Path, corpus: Path
         direct = scorer.answers(prompt, images)
         searched = scorer.answers(*searched_context(processor, task, cache, corpus))
         gold = task.answers[0]
-        rows.append((scorer.p_search(prompt, images, direct), max(direct, key=direct.get) == gold,
-                     max(searched, key=searched.get) == gold))
+        rows.append(
+            (
+                scorer.p_search(prompt, images, direct),
+                max(direct, key=direct.get) == gold,
+                max(searched, key=searched.get) == gold,
+            )
+        )
     n = len(rows)
-    return {"n": n, "mean_p_search": sum(r[0] for r in rows) / n, "greedy_search": sum(r[0] > 0.5 for r in rows) / n,
-            "direct_accuracy": sum(r[1] for r in rows) / n, "searched_accuracy": sum(r[2] for r in rows) / n}
+    return {
+        "n": n,
+        "mean_p_search": sum(r[0] for r in rows) / n,
+        "greedy_search": sum(r[0] > 0.5 for r in rows) / n,
+        "direct_accuracy": sum(r[1] for r in rows) / n,
+        "searched_accuracy": sum(r[2] for r in rows) / n,
+    }
 
 
 def fresh_direct_accuracy(scorer: Scorer, processor, paths) -> float:
@@ -132,15 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     processor = load_vl_processor(paths.processor_dir)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     scorer, corpus = Scorer(model, processor), args.assets / "corpus" / "wiki.jsonl"
-    out = {split: probe_split(scorer, processor, fvqa, cache, corpus)
-           for split, fvqa, cache in (("train", paths.fvqa_train, paths.cache_train),
-                                      ("test", paths.fvqa_test, paths.cache_test))}
+    out = {
+        split: probe_split(scorer, processor, fvqa, cache, corpus)
+        for split, fvqa, cache in (
+            ("train", paths.fvqa_train, paths.cache_train),
+            ("test", paths.fvqa_test, paths.cache_test),
+        )
+    }
     out["fresh_test_cities_direct_accuracy"] = fresh_direct_accuracy(scorer, processor, paths)
     print(f"{'split':6} {'n':>3} {'P(search)':>9} {'greedy search':>13} {'direct acc':>10} {'searched acc':>12}")
     for split in ("train", "test"):
         r = out[split]
-        print(f"{split:6} {r['n']:3d} {r['mean_p_search']:9.3f} {r['greedy_search']:13.3f} {r['direct_accuracy']:10.3f} "
-              f"{r['searched_accuracy']:12.3f}")
+        print(
+            f"{split:6} {r['n']:3d} {r['mean_p_search']:9.3f} {r['greedy_search']:13.3f} {r['direct_accuracy']:10.3f} "
+            f"{r['searched_accuracy']:12.3f}"
+        )
     print(f"direct accuracy on fresh jitters of the held-out cities: {out['fresh_test_cities_direct_accuracy']:.3f}")
     print(json.dumps(out))
     return 0

@@ -36,8 +36,15 @@ import numpy as np
 DENSE_TYPES = ("flat", "flat-fp16", "approx")
 
 
-def synthetic_corpus(path: Path, n: int, words: list[str], seed: int = 0, topics: int = 1000,
-                     topic_words: int = 30, topic_share: float = 0.6) -> None:
+def synthetic_corpus(
+    path: Path,
+    n: int,
+    words: list[str],
+    seed: int = 0,
+    topics: int = 1000,
+    topic_words: int = 30,
+    topic_share: float = 0.6,
+) -> None:
     """``n`` Search-R1 rows (``"Title"\ntext``) of 20-60 words, like encyclopedia passages: each passage has a
     topic, ``topic_share`` of its words come from that topic's ``topic_words`` words and the rest from the whole
     vocabulary, both Zipf-distributed, in random order. (Topics give dense vectors the cluster structure of real
@@ -66,11 +73,15 @@ def synthetic_corpus(path: Path, n: int, words: list[str], seed: int = 0, topics
     with open(tmp, "w") as f:
         pos = 0
         for i in range(n):
-            text = " ".join(words[t] for t in tokens[pos:pos + lengths[i]])
+            text = " ".join(words[t] for t in tokens[pos : pos + lengths[i]])
             pos += lengths[i]
             title = f"{words[vocab_of_topic[doc_topic[i], 0]]} {i}"
-            f.write(json.dumps({"id": str(i), "contents": f'"{title}"\n{text}',
-                                "url": f"https://en.wikipedia.org/wiki/Doc_{i}"}) + "\n")
+            f.write(
+                json.dumps(
+                    {"id": str(i), "contents": f'"{title}"\n{text}', "url": f"https://en.wikipedia.org/wiki/Doc_{i}"}
+                )
+                + "\n"
+            )
     tmp.replace(path)
 
 
@@ -134,10 +145,11 @@ def write_embeddings(store, out_dir: Path, encoder_dir: Path, max_length: int, c
         texts = [spec.passage_prefix + t for t in store.iter_texts(start, min(n, start + chunk))]
         ids = tok(texts, max_length=max_length, truncation=True)["input_ids"]
         indptr = np.cumsum([0] + [len(x) for x in ids])
-        counts = sp.csr_matrix((np.ones(indptr[-1], np.float32), np.concatenate(ids), indptr),
-                               shape=(len(ids), len(weights)))
+        counts = sp.csr_matrix(
+            (np.ones(indptr[-1], np.float32), np.concatenate(ids), indptr), shape=(len(ids), len(weights))
+        )
         vectors = counts @ weights
-        emb[start:start + len(ids)] = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        emb[start : start + len(ids)] = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     emb.flush()
     sample = list(store.iter_texts(0, 64))
     torch.set_num_threads(2)
@@ -146,8 +158,7 @@ def write_embeddings(store, out_dir: Path, encoder_dir: Path, max_length: int, c
     assert gap < 1e-4, f"direct embeddings differ from the encoder's by {gap}"
     key = progress_key(spec, file_fingerprint(store.path), model_fingerprint(encoder_dir), n, dim)
     record_progress(out_dir, key, n)
-    print(f"# embeddings {n} x {dim} written directly (max gap to the real encoder on 64 rows: {gap:.1e})",
-          flush=True)
+    print(f"# embeddings {n} x {dim} written directly (max gap to the real encoder on 64 rows: {gap:.1e})", flush=True)
 
 
 def build_index_dir(corpus: Path, index: Path, kind: str, encoder: Path, emb_dir: Path, args) -> float:
@@ -164,9 +175,18 @@ def build_index_dir(corpus: Path, index: Path, kind: str, encoder: Path, emb_dir
         for name in (EMBEDDINGS_NAME, PROGRESS_NAME):
             (index / name).unlink(missing_ok=True)
             os.link(emb_dir / name, index / name)
-    cfg = BuildConfig(corpus=str(corpus), out=str(index), retriever="bm25" if kind == "bm25" else "e5",
-                      model=None if kind == "bm25" else str(encoder), faiss_type=kind, max_length=args.max_length,
-                      device="cpu", audit_sample=args.audit_queries, audit_k=args.k, threads=args.threads)
+    cfg = BuildConfig(
+        corpus=str(corpus),
+        out=str(index),
+        retriever="bm25" if kind == "bm25" else "e5",
+        model=None if kind == "bm25" else str(encoder),
+        faiss_type=kind,
+        max_length=args.max_length,
+        device="cpu",
+        audit_sample=args.audit_queries,
+        audit_k=args.k,
+        threads=args.threads,
+    )
     build_index(cfg)
     return time.perf_counter() - t0
 
@@ -182,8 +202,7 @@ def warm_page_cache(index: Path) -> None:
 
 async def _post(session, url, queries, topk):
     t0 = time.perf_counter()
-    async with session.post(f"{url}/retrieve", json={"queries": queries, "topk": topk,
-                                                     "return_scores": True}) as r:
+    async with session.post(f"{url}/retrieve", json={"queries": queries, "topk": topk, "return_scores": True}) as r:
         r.raise_for_status()
         body = await r.json()
     return time.perf_counter() - t0, body["result"]
@@ -198,11 +217,13 @@ async def run_single_query_clients(url: str, queries: list[str], clients: int, t
     next_i = iter(range(len(queries)))
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=1200)) as s:
+
         async def worker():
             for i in next_i:
                 dt, res = await _post(s, url, [queries[i]], topk)
                 latencies.append(dt)
                 results[i] = res[0]
+
         t0 = time.perf_counter()
         await asyncio.gather(*[worker() for _ in range(clients)])
         wall = time.perf_counter() - t0
@@ -213,12 +234,20 @@ def _ids(results, k: int) -> np.ndarray:
     out = np.full((len(results), k), -1, dtype=np.int64)
     for i, docs in enumerate(results):
         ids = [int(d["document"]["id"]) for d in docs][:k]
-        out[i, :len(ids)] = ids
+        out[i, : len(ids)] = ids
     return out
 
 
-def measure(index: Path, corpus: Path, queries: list[str], args, *, in_ram: bool = False,
-            no_batching: bool = False, src: str | None = None) -> dict:
+def measure(
+    index: Path,
+    corpus: Path,
+    queries: list[str],
+    args,
+    *,
+    in_ram: bool = False,
+    no_batching: bool = False,
+    src: str | None = None,
+) -> dict:
     """Start the server over ``index`` (from ``src`` when given), time its start-up and a 64-client load."""
     import httpx
 
@@ -230,9 +259,17 @@ def measure(index: Path, corpus: Path, queries: list[str], args, *, in_ram: bool
     if src:
         env["PYTHONPATH"] = src
     t0 = time.perf_counter()
-    server = RetrievalServerProcess(index, corpus, no_batching=no_batching, max_batch_size=args.max_batch_size,
-                                    max_wait_ms=args.max_wait_ms, threads=None if src else args.threads,
-                                    in_ram=in_ram, env=env, startup_timeout_s=1800)
+    server = RetrievalServerProcess(
+        index,
+        corpus,
+        no_batching=no_batching,
+        max_batch_size=args.max_batch_size,
+        max_wait_ms=args.max_wait_ms,
+        threads=None if src else args.threads,
+        in_ram=in_ram,
+        env=env,
+        startup_timeout_s=1800,
+    )
     with server as url:
         ready = process_memory(server.pid)
         open_s = httpx.get(f"{url}/health", timeout=60).json().get("searcher_open_s")  # None: an older server
@@ -241,10 +278,18 @@ def measure(index: Path, corpus: Path, queries: list[str], args, *, in_ram: bool
         first = process_memory(server.pid)
         wall, latencies, results = asyncio.run(run_single_query_clients(url, queries, args.clients, args.k))
         warm = process_memory(server.pid)
-    return {"startup_s": startup, "open_s": open_s, "memory_ready": ready, "memory_first_answer": first, "memory_warm": warm,
-            "qps": len(queries) / wall, "p50_ms": 1e3 * float(np.percentile(latencies, 50)),
-            "p99_ms": 1e3 * float(np.percentile(latencies, 99)), "ids": _ids(results, args.k),
-            "scores": [[d["score"] for d in r] for r in results]}
+    return {
+        "startup_s": startup,
+        "open_s": open_s,
+        "memory_ready": ready,
+        "memory_first_answer": first,
+        "memory_warm": warm,
+        "qps": len(queries) / wall,
+        "p50_ms": 1e3 * float(np.percentile(latencies, 50)),
+        "p99_ms": 1e3 * float(np.percentile(latencies, 99)),
+        "ids": _ids(results, args.k),
+        "scores": [[d["score"] for d in r] for r in results],
+    }
 
 
 def index_size_mb(index: Path) -> float:
@@ -275,13 +320,16 @@ def compare(rows: list[dict], k: int) -> None:
             bm25["qps_ratio"] = bm25["qps"] / r["qps"]
             bm25["ratio_of"] = "vs baseline"
             bm25["identical_to_baseline"] = bool(np.array_equal(r["ids"], bm25["ids"])) and all(
-                np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(r["scores"], bm25["scores"]))
+                np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(r["scores"], bm25["scores"])
+            )
 
 
 def print_rows(size: int, rows: list[dict], k: int) -> None:
     print(f"\n== {size:,} passages | RSS MB as total (own/mapped files) | {rows[0]['clients']} single-query clients")
-    print(f"{'index':<11}{'mode':<10}{'index MB':>9}{'start s':>9}{'open s':>8}{'RSS ready':>18}{'RSS 1st answer':>19}"
-          f"{'RSS warm':>18}{'q/s':>8}{'p50 ms':>8}{'p99 ms':>8}{f'R@{k}':>8}{'ratio':>7}  note")
+    print(
+        f"{'index':<11}{'mode':<10}{'index MB':>9}{'start s':>9}{'open s':>8}{'RSS ready':>18}{'RSS 1st answer':>19}"
+        f"{'RSS warm':>18}{'q/s':>8}{'p50 ms':>8}{'p99 ms':>8}{f'R@{k}':>8}{'ratio':>7}  note"
+    )
     for r in rows:
         recall = f"{r['recall_vs_flat']:.4f}" if "recall_vs_flat" in r else "-"
         ratio = f"{r['qps_ratio']:.2f}" if "qps_ratio" in r else "-"
@@ -292,9 +340,11 @@ def print_rows(size: int, rows: list[dict], k: int) -> None:
         if r.get("search_params"):
             note += f"; {r['search_params']}"
         open_s = "-" if r["open_s"] is None else f"{r['open_s']:.2f}"
-        print(f"{r['kind']:<11}{r['mode']:<10}{r['index_mb']:>9.0f}{r['startup_s']:>9.2f}{open_s:>8}"
-              f"{_mem(r['memory_ready']):>18}{_mem(r['memory_first_answer']):>19}{_mem(r['memory_warm']):>18}"
-              f"{r['qps']:>8.1f}{r['p50_ms']:>8.1f}{r['p99_ms']:>8.1f}{recall:>8}{ratio:>7}  {note}")
+        print(
+            f"{r['kind']:<11}{r['mode']:<10}{r['index_mb']:>9.0f}{r['startup_s']:>9.2f}{open_s:>8}"
+            f"{_mem(r['memory_ready']):>18}{_mem(r['memory_first_answer']):>19}{_mem(r['memory_warm']):>18}"
+            f"{r['qps']:>8.1f}{r['p50_ms']:>8.1f}{r['p99_ms']:>8.1f}{recall:>8}{ratio:>7}  {note}"
+        )
     sys.stdout.flush()
 
 
@@ -326,9 +376,19 @@ def bench_size(size: int, kinds: list[str], words: list[str], encoder: Path, wor
             modes.append(("baseline", False, args.baseline_src))
         for mode, in_ram, src in modes:
             r = measure(index, corpus, queries, args, in_ram=in_ram, src=src)
-            rows.append({"size": size, "kind": kind, "mode": mode, "faiss_type": meta.faiss_type,
-                         "search_params": meta.search_params, "index_mb": index_size_mb(index),
-                         "clients": args.clients, "build_s": build_s, **r})
+            rows.append(
+                {
+                    "size": size,
+                    "kind": kind,
+                    "mode": mode,
+                    "faiss_type": meta.faiss_type,
+                    "search_params": meta.search_params,
+                    "index_mb": index_size_mb(index),
+                    "clients": args.clients,
+                    "build_s": build_s,
+                    **r,
+                }
+            )
             print(f"#   {mode}: {r['qps']:.1f} q/s, start-up {r['startup_s']:.2f}s", flush=True)
     store.close()
     if args.drop_embeddings:
@@ -341,8 +401,11 @@ def bench_size(size: int, kinds: list[str], words: list[str], encoder: Path, wor
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="250000,500000,1000000,2000000", help="Comma list of corpus sizes (passages).")
-    p.add_argument("--types", default="bm25,flat,flat-fp16,approx",
-                   help=f"Comma list: bm25 and dense presets ({', '.join(DENSE_TYPES)}); flat is the recall reference.")
+    p.add_argument(
+        "--types",
+        default="bm25,flat,flat-fp16,approx",
+        help=f"Comma list: bm25 and dense presets ({', '.join(DENSE_TYPES)}); flat is the recall reference.",
+    )
     p.add_argument("--work-dir", default="/tmp/retrieval_bench", help="Corpora and indexes are cached here.")
     p.add_argument("--encoder-hidden", type=int, default=768, help="Width of the dense encoder (e5-base: 768).")
     p.add_argument("--max-length", type=int, default=64, help="Tokens per passage / query.")
@@ -351,8 +414,11 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=3, help="topk of every request; recall@k against Flat.")
     p.add_argument("--clients", type=int, default=64, help="Concurrent single-query clients.")
     p.add_argument("--in-ram-too", action="store_true", help="Also serve Flat read into RAM (--in-ram).")
-    p.add_argument("--baseline-src", default=None,
-                   help="Directory holding an older rlinf_ext checkout: BM25 is also served from it (PYTHONPATH).")
+    p.add_argument(
+        "--baseline-src",
+        default=None,
+        help="Directory holding an older rlinf_ext checkout: BM25 is also served from it (PYTHONPATH).",
+    )
     p.add_argument("--drop-embeddings", action="store_true", help="Delete a size's embedding memmap when done.")
     p.add_argument("--max-batch-size", type=int, default=512)
     p.add_argument("--max-wait-ms", type=float, default=2.0)

@@ -57,8 +57,14 @@ ENGINES = ("vllm", "hf")
 DTYPES = ("float32", "bfloat16")
 # "tiny": the issue's 2-layer hidden-128 model with head size 32 (vLLM's CPU attention refuses the assets' 16);
 # its vocabulary is the tokenizer's, padded. "0.5b": random_qwen2's shape as it is.
-TINY_SHAPE = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, tie_word_embeddings=True)
+TINY_SHAPE = dict(
+    hidden_size=128,
+    intermediate_size=352,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+)
 SHAPES = ("tiny", "0.5b")
 LOGIT_STD = 8.0  # of the reachable tokens' logits; an unreachable id's logit is 0
 ACTION_TAGS = ("<search>", "</search>", "<answer>", "</answer>")
@@ -74,7 +80,7 @@ def unreachable_ids(eos_ids: set[int], tag_ids: list[int], tokenizer_len: int, v
 def final_norm_scale(hidden_size: int, logit_std: float = LOGIT_STD, init_std: float = INIT_STD) -> float:
     """The final RMSNorm weight that gives logits of std ``logit_std``: the normed state has unit RMS and a
     random embedding row has entries of std ``init_std``, so a logit has std ``scale * init_std * sqrt(H)``."""
-    return logit_std / (init_std * hidden_size ** 0.5)
+    return logit_std / (init_std * hidden_size**0.5)
 
 
 def ratio_rows(results: dict[str, dict], baseline: str, key: str = "tokens_per_s") -> list[tuple[str, float, float]]:
@@ -84,14 +90,18 @@ def ratio_rows(results: dict[str, dict], baseline: str, key: str = "tokens_per_s
 
 
 def format_engine_table(results: dict[str, dict], baseline: str) -> str:
-    lines = [f"{'engine':<6} {'start s':>8} {'rollout s':>10} {'tokens':>8} {'turns':>6} {'tokens/s':>10} "
-             f"{'vs ' + baseline:>8} {'CPU s':>8} {'tokens/CPU-s':>13} {'vs ' + baseline:>8}"]
+    lines = [
+        f"{'engine':<6} {'start s':>8} {'rollout s':>10} {'tokens':>8} {'turns':>6} {'tokens/s':>10} "
+        f"{'vs ' + baseline:>8} {'CPU s':>8} {'tokens/CPU-s':>13} {'vs ' + baseline:>8}"
+    ]
     per_cpu = {name: (value, ratio) for name, value, ratio in ratio_rows(results, baseline, "tokens_per_cpu_s")}
     for name, tps, ratio in ratio_rows(results, baseline):
         r = results[name]
-        lines.append(f"{name:<6} {r['start_s']:>8.2f} {r['seconds']:>10.2f} {r['generated_tokens']:>8d} "
-                     f"{r['turns']:>6d} {tps:>10.1f} {ratio:>7.2f}x {r['cpu_s']:>8.2f} {per_cpu[name][0]:>13.1f} "
-                     f"{per_cpu[name][1]:>7.2f}x")
+        lines.append(
+            f"{name:<6} {r['start_s']:>8.2f} {r['seconds']:>10.2f} {r['generated_tokens']:>8d} "
+            f"{r['turns']:>6d} {tps:>10.1f} {ratio:>7.2f}x {r['cpu_s']:>8.2f} {per_cpu[name][0]:>13.1f} "
+            f"{per_cpu[name][1]:>7.2f}x"
+        )
     return "\n".join(lines)
 
 
@@ -162,8 +172,9 @@ def build_bench_model(out_dir: str, shape: str, tokenizer_dir: str, dtype: str) 
     if done.exists():
         return str(out)
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    fields = (shape_config(TINY_SHAPE, vocab_size=padded_vocab_size(len(tok))) if shape == "tiny"
-              else shape_config(shape))
+    fields = (
+        shape_config(TINY_SHAPE, vocab_size=padded_vocab_size(len(tok))) if shape == "tiny" else shape_config(shape)
+    )
     if not fields["tie_word_embeddings"]:
         raise ValueError(f"shape {shape!r}: the benchmark's construction needs tied embeddings")
     write_random_qwen2(out, fields, seed=0, dtype=dtype)
@@ -252,34 +263,52 @@ def engine_run(spec: dict) -> dict:
         # no chunked prefill: vLLM 0.32 rewinds a seeded request's generator after a partial prefill with
         # Generator.set_offset, which CPU generators lack ("CPU Generator does not use offset"); whole prompts
         # only, in a budget that holds the longest context
-        options = VLLMEngineOptions(model_path=model_dir, dtype=spec["dtype"], seed=spec["seed"],
-                                    max_num_seqs=max(n_seqs, 1), max_model_len=spec["max_model_len"],
-                                    kv_cache_memory_bytes=spec["kv_cache_bytes"], enable_chunked_prefill=False,
-                                    max_num_batched_tokens=max(8192, spec["max_model_len"]))
+        options = VLLMEngineOptions(
+            model_path=model_dir,
+            dtype=spec["dtype"],
+            seed=spec["seed"],
+            max_num_seqs=max(n_seqs, 1),
+            max_model_len=spec["max_model_len"],
+            kv_cache_memory_bytes=spec["kv_cache_bytes"],
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(8192, spec["max_model_len"]),
+        )
         generator = VLLMGenerator.start(options, seed=spec["seed"])
     elif name == "hf":
         from rlinf_ext.generation.hf import HFGenerator
 
-        generator = HFGenerator.from_pretrained(model_dir, dtype=spec["dtype"], seed=spec["seed"],
-                                                max_batch_size=max(n_seqs, 1))
+        generator = HFGenerator.from_pretrained(
+            model_dir, dtype=spec["dtype"], seed=spec["seed"], max_batch_size=max(n_seqs, 1)
+        )
     else:
         raise ValueError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")
     start_s = time.perf_counter() - t0
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = spec["prompt_ids"]
     params = SamplingParams(max_new_tokens=spec["max_new_tokens"], temperature=1.0, stop=list(SEARCHR1_STOPS))
-    agent_cfg = LoopSettings(max_turns=spec["max_turns"], response_length_total=spec["response_length"],
-                             max_obs_length=500)
+    agent_cfg = LoopSettings(
+        max_turns=spec["max_turns"], response_length_total=spec["response_length"], max_obs_length=500
+    )
 
     async def warm_up():
         await generator.generate(prompts[0], params.with_updates(max_new_tokens=4))
 
     async def rollout():
-        return await asyncio.gather(*(
-            run_group(generator, tokenizer, p, ["-"], agent_cfg, [no_retrieval()], spec["group_size"],
-                      sampling_params=params)
-            for p in prompts
-        ))
+        return await asyncio.gather(
+            *(
+                run_group(
+                    generator,
+                    tokenizer,
+                    p,
+                    ["-"],
+                    agent_cfg,
+                    [no_retrieval()],
+                    spec["group_size"],
+                    sampling_params=params,
+                )
+                for p in prompts
+            )
+        )
 
     try:
         asyncio.run(warm_up())
@@ -298,14 +327,19 @@ def engine_run(spec: dict) -> dict:
     trajectories = [t for g in groups for t in g]
     per_turn = [t.generated_tokens for traj in trajectories for t in traj.turns]
     out = {
-        "engine": name, "start_s": start_s, "seconds": seconds,
-        "generated_tokens": sum(per_turn), "turns": len(per_turn),
+        "engine": name,
+        "start_s": start_s,
+        "seconds": seconds,
+        "generated_tokens": sum(per_turn),
+        "turns": len(per_turn),
         "tokens_per_s": sum(per_turn) / seconds,
-        "cpu_s": cpu_s, "tokens_per_cpu_s": sum(per_turn) / cpu_s,  # this process's CPU time: less load-bound
+        "cpu_s": cpu_s,
+        "tokens_per_cpu_s": sum(per_turn) / cpu_s,  # this process's CPU time: less load-bound
         "turn_tokens": dict(Counter(per_turn)),
         "finish_reasons": dict(Counter(t.finish_reason for traj in trajectories for t in traj.turns)),
         "searches": sum(t.metrics["searches"] for t in trajectories),
-        "time_s": dict(timers.seconds), "calls": dict(timers.calls),
+        "time_s": dict(timers.seconds),
+        "calls": dict(timers.calls),
         "torch_threads": torch.get_num_threads(),
     }
     if name == "hf":
@@ -325,12 +359,15 @@ def run_engines(args) -> int:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     bad = [e for e in engines if e not in ENGINES]
     if bad or not engines:
-        raise SystemExit(f"--engines: unknown {bad or 'empty list'}; choose from {', '.join(ENGINES)} (comma-separated)")
+        raise SystemExit(
+            f"--engines: unknown {bad or 'empty list'}; choose from {', '.join(ENGINES)} (comma-separated)"
+        )
     work = Path(args.work or tempfile.mkdtemp(prefix="rollout-bench-"))
     tokenizer_dir, train_rows, _, _ = run_in_child(prepare_assets, str(work / "assets"))
     t0 = time.perf_counter()
-    model_dir = run_in_child(build_bench_model, str(work / "models" / f"{args.shape}-{args.dtype}"), args.shape,
-                             tokenizer_dir, args.dtype)
+    model_dir = run_in_child(
+        build_bench_model, str(work / "models" / f"{args.shape}-{args.dtype}"), args.shape, tokenizer_dir, args.dtype
+    )
     print(f"model {args.shape} ({args.dtype}) ready in {time.perf_counter() - t0:.1f} s: {model_dir}", flush=True)
 
     from transformers import AutoTokenizer
@@ -342,10 +379,19 @@ def run_engines(args) -> int:
     prompt_ids = [tok.encode(r["prompt"], add_special_tokens=False) for r in rows]
     max_model_len = max(len(p) for p in prompt_ids) + args.response_length + 64
     n_seqs = args.prompts * args.group_size
-    spec = dict(model_dir=model_dir, dtype=args.dtype, seed=args.seed, prompts=args.prompts,
-                group_size=args.group_size, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
-                response_length=args.response_length, prompt_ids=prompt_ids, max_model_len=max_model_len,
-                kv_cache_bytes=max(64 << 20, int(1.25 * n_seqs * max_model_len * kv_bytes_per_token(model_dir, args.dtype))))
+    spec = dict(
+        model_dir=model_dir,
+        dtype=args.dtype,
+        seed=args.seed,
+        prompts=args.prompts,
+        group_size=args.group_size,
+        max_new_tokens=args.max_new_tokens,
+        max_turns=args.max_turns,
+        response_length=args.response_length,
+        prompt_ids=prompt_ids,
+        max_model_len=max_model_len,
+        kv_cache_bytes=max(64 << 20, int(1.25 * n_seqs * max_model_len * kv_bytes_per_token(model_dir, args.dtype))),
+    )
     results: dict[str, dict] = {}
     for name in engines:
         print(f"running {name} ...", flush=True)
@@ -353,17 +399,25 @@ def run_engines(args) -> int:
 
     baseline = engines[-1]
     threads = ", ".join(f"{n} {r['torch_threads']}" for n, r in results.items())
-    print(f"\nAgent rollout, vLLM vs HF: shape {args.shape} (random weights), {args.dtype}, CPU "
-          f"(torch threads: {threads}); {args.prompts} prompts x group {args.group_size} "
-          f"concurrent, max_new_tokens/turn {args.max_new_tokens}, max_turns {args.max_turns}, temperature 1, "
-          f"seed {args.seed}\n")
+    print(
+        f"\nAgent rollout, vLLM vs HF: shape {args.shape} (random weights), {args.dtype}, CPU "
+        f"(torch threads: {threads}); {args.prompts} prompts x group {args.group_size} "
+        f"concurrent, max_new_tokens/turn {args.max_new_tokens}, max_turns {args.max_turns}, temperature 1, "
+        f"seed {args.seed}\n"
+    )
     print(format_engine_table(results, baseline))
     counts = {name: r["generated_tokens"] for name, r in results.items()}
     equal = len(set(counts.values())) == 1
-    print(f"\nsame token counts on every engine: {'yes' if equal else 'NO: ' + str(counts)}; tokens per turn "
-          + "; ".join(f"{n}: {r['turn_tokens']}" for n, r in results.items()))
-    print("finish reasons: " + "; ".join(f"{n}: {r['finish_reasons']}" for n, r in results.items())
-          + "; searches: " + ", ".join(f"{n} {r['searches']}" for n, r in results.items()))
+    print(
+        f"\nsame token counts on every engine: {'yes' if equal else 'NO: ' + str(counts)}; tokens per turn "
+        + "; ".join(f"{n}: {r['turn_tokens']}" for n, r in results.items())
+    )
+    print(
+        "finish reasons: "
+        + "; ".join(f"{n}: {r['finish_reasons']}" for n, r in results.items())
+        + "; searches: "
+        + ", ".join(f"{n} {r['searches']}" for n, r in results.items())
+    )
     print("\nwhere the rollout time goes (rest = our async wrapper, agent loop, tokenisation, event loop):")
     for name, r in results.items():
         print(format_breakdown(name, r))
@@ -372,11 +426,22 @@ def run_engines(args) -> int:
         else:
             steps = r["calls"].get("forward", 0)
             if steps:
-                print(f"{'':<6} {steps} engine steps, {1000 * r['seconds'] / steps:.1f} ms per step "
-                      f"({1000 * r['time_s']['forward'] / steps:.1f} ms forward)")
+                print(
+                    f"{'':<6} {steps} engine steps, {1000 * r['seconds'] / steps:.1f} ms per step "
+                    f"({1000 * r['time_s']['forward'] / steps:.1f} ms forward)"
+                )
     if args.json:
-        Path(args.json).write_text(json.dumps({"mode": "engines", "args": {k: v for k, v in vars(args).items()},
-                                               "same_token_counts": equal, "results": results}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "mode": "engines",
+                    "args": {k: v for k, v in vars(args).items()},
+                    "same_token_counts": equal,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
     return 0 if equal else 1
 
 
@@ -403,8 +468,9 @@ class GenerateThenCut:
         cuts = [(text.find(s) + len(s), s) for s in stops if s in text]
         self.stats.turns += 1
         if not cuts:
-            return GenerationResult(raw.output_ids, text, raw.finish_reason, None, raw.logprobs,
-                                    num_generated=len(raw.output_ids))
+            return GenerationResult(
+                raw.output_ids, text, raw.finish_reason, None, raw.logprobs, num_generated=len(raw.output_ids)
+            )
         end, matched = min(cuts)
         kept_text = text[:end]
         ids = tokenizer.encode(kept_text, add_special_tokens=False)
@@ -443,10 +509,14 @@ async def run_mode(name, generator, tokenizer, prompts, titles, agent_cfg, searc
     tool = SearchTool(search_cfg, seed=0)
     started = time.perf_counter()
     try:
-        groups = await asyncio.gather(*(
-            run_group(generator, tokenizer, p, [t], agent_cfg, [TextSearch(tool)], group_size, sampling_params=params)
-            for p, t in zip(prompts, titles)
-        ))
+        groups = await asyncio.gather(
+            *(
+                run_group(
+                    generator, tokenizer, p, [t], agent_cfg, [TextSearch(tool)], group_size, sampling_params=params
+                )
+                for p, t in zip(prompts, titles)
+            )
+        )
     finally:
         await close_http_session()
     result = ModeResult(name, time.perf_counter() - started, [t for g in groups for t in g])
@@ -455,8 +525,8 @@ async def run_mode(name, generator, tokenizer, prompts, titles, agent_cfg, searc
 
 def run_stop_vs_cut(args) -> int:
     from rlinf_ext.agent.searchr1.config import LoopSettings
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: the logits processor is a test double
-    from tests.support.scripted import ForcedActions
     from rlinf_ext.agent.searchr1.protocol import SEARCHR1_STOPS
     from rlinf_ext.generation.hf import HFGenerator
     from rlinf_ext.protocol.generation import SamplingParams
@@ -464,6 +534,7 @@ def run_stop_vs_cut(args) -> int:
     from rlinf_ext.retrieval.config import BuildConfig
     from rlinf_ext.retrieval.launch import RetrievalServerProcess
     from rlinf_ext.tools import SearchToolConfig
+    from tests.support.scripted import ForcedActions
 
     work = Path(args.work or tempfile.mkdtemp(prefix="rollout-bench-"))
     tokenizer_dir, train_rows, corpus_path, tiny_model = prepare_assets(str(work / "assets"))
@@ -472,16 +543,16 @@ def run_stop_vs_cut(args) -> int:
 
     model_dir = Path(args.model) if args.model else Path(tiny_model)
     tokenizer_dir = model_dir if args.model else Path(tokenizer_dir)
-    generator = HFGenerator.from_pretrained(model_dir, tokenizer_dir, dtype=args.dtype, seed=args.seed,
-                                            max_batch_size=args.prompts * args.group_size)
+    generator = HFGenerator.from_pretrained(
+        model_dir, tokenizer_dir, dtype=args.dtype, seed=args.seed, max_batch_size=args.prompts * args.group_size
+    )
     tokenizer = generator.tokenizer
     rows = [json.loads(line) for line in Path(train_rows).read_text().splitlines()[: args.prompts]]
     docs = [json.loads(line) for line in Path(corpus_path).read_text().splitlines()[: args.prompts]]
     titles = [d["contents"].split("\n")[0].strip('"') for d in docs]
     prompts = [tokenizer.encode(r["prompt"], add_special_tokens=False) for r in rows]
 
-    agent_cfg = LoopSettings(max_turns=args.max_turns, response_length_total=args.response_length,
-                             max_obs_length=500)
+    agent_cfg = LoopSettings(max_turns=args.max_turns, response_length_total=args.response_length, max_obs_length=500)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, stop=list(SEARCHR1_STOPS))
 
     with RetrievalServerProcess(index_dir, corpus_path, startup_timeout_s=120) as url:
@@ -495,17 +566,24 @@ def run_stop_vs_cut(args) -> int:
             for prompt, title in zip(prompts, titles):
                 generator.logits_processors = [] if args.no_force else [ForcedActions(tokenizer, title, title)]
                 generator.reseed(args.seed)
-                res, tool = asyncio.run(run_mode(name, gen, tokenizer, [prompt], [title], agent_cfg, search_cfg,
-                                                 params, args.group_size))
+                res, tool = asyncio.run(
+                    run_mode(name, gen, tokenizer, [prompt], [title], agent_cfg, search_cfg, params, args.group_size)
+                )
                 mode_results.append(res)
                 tools.append((name, tool))
-            merged = ModeResult(name, sum(r.seconds for r in mode_results),
-                                [t for r in mode_results for t in r.trajectories], cut if name != "engine-stop" else None)
+            merged = ModeResult(
+                name,
+                sum(r.seconds for r in mode_results),
+                [t for r in mode_results for t in r.trajectories],
+                cut if name != "engine-stop" else None,
+            )
             results.append(merged)
 
-    print(f"\nStop strings in the engine vs generate-then-cut (HF engine): {args.prompts} prompts x group "
-          f"{args.group_size}, max_new_tokens/turn {args.max_new_tokens}, max_turns {args.max_turns}, model "
-          f"{model_dir.name}{'' if args.no_force else ' (actions forced)'}, CPU\n")
+    print(
+        f"\nStop strings in the engine vs generate-then-cut (HF engine): {args.prompts} prompts x group "
+        f"{args.group_size}, max_new_tokens/turn {args.max_new_tokens}, max_turns {args.max_turns}, model "
+        f"{model_dir.name}{'' if args.no_force else ' (actions forced)'}, CPU\n"
+    )
     print(f"{'mode':<18} {'turn':>4} {'n':>4} {'generated':>10} {'kept':>8} {'wasted':>8}")
     summary: dict[str, Any] = {}
     for result in results:
@@ -515,27 +593,40 @@ def run_stop_vs_cut(args) -> int:
         generated = sum(t.metrics["generated_tokens"] for t in result.trajectories)
         kept = sum(t.metrics["kept_tokens"] for t in result.trajectories)
         summary[result.name] = {
-            "seconds": round(result.seconds, 2), "generated_tokens": generated, "kept_tokens": kept,
+            "seconds": round(result.seconds, 2),
+            "generated_tokens": generated,
+            "kept_tokens": kept,
             "generated_per_s": round(generated / result.seconds, 1),
             "reencode_changed_turns": None if result.cut is None else result.cut.reencode_changed,
             "cut_turns": None if result.cut is None else result.cut.turns,
         }
     print()
-    print(f"{'mode':<18} {'time s':>8} {'generated':>10} {'kept':>8} {'kept/generated':>15} {'re-encode changed ids':>22}")
+    print(
+        f"{'mode':<18} {'time s':>8} {'generated':>10} {'kept':>8} {'kept/generated':>15} {'re-encode changed ids':>22}"
+    )
     for name, s in summary.items():
         changed = "-" if s["cut_turns"] is None else f"{s['reencode_changed_turns']}/{s['cut_turns']} turns"
-        print(f"{name:<18} {s['seconds']:>8.2f} {s['generated_tokens']:>10.0f} {s['kept_tokens']:>8.0f} "
-              f"{s['kept_tokens'] / s['generated_tokens']:>15.2f} {changed:>22}")
+        print(
+            f"{name:<18} {s['seconds']:>8.2f} {s['generated_tokens']:>10.0f} {s['kept_tokens']:>8.0f} "
+            f"{s['kept_tokens'] / s['generated_tokens']:>15.2f} {changed:>22}"
+        )
 
     latencies = [lat * 1000 for _, tool in tools for lat in tool.stats.latencies_s]
     failures = sum(tool.stats.failures for _, tool in tools)
     if latencies:
         q = statistics.quantiles(latencies, n=20) if len(latencies) > 1 else latencies * 19
-        print(f"\nsearch latency per call (client side, HTTP to BM25 server on loopback, topk {args.topk}): "
-              f"n={len(latencies)} mean {statistics.mean(latencies):.1f} ms, p50 {statistics.median(latencies):.1f} ms, "
-              f"p95 {q[18]:.1f} ms, max {max(latencies):.1f} ms, failures {failures}")
-        summary["search_latency_ms"] = {"n": len(latencies), "mean": statistics.mean(latencies),
-                                        "p50": statistics.median(latencies), "p95": q[18], "max": max(latencies)}
+        print(
+            f"\nsearch latency per call (client side, HTTP to BM25 server on loopback, topk {args.topk}): "
+            f"n={len(latencies)} mean {statistics.mean(latencies):.1f} ms, p50 {statistics.median(latencies):.1f} ms, "
+            f"p95 {q[18]:.1f} ms, max {max(latencies):.1f} ms, failures {failures}"
+        )
+        summary["search_latency_ms"] = {
+            "n": len(latencies),
+            "mean": statistics.mean(latencies),
+            "p50": statistics.median(latencies),
+            "p95": q[18],
+            "max": max(latencies),
+        }
     if args.json:
         Path(args.json).write_text(json.dumps({"mode": "stop-vs-cut", "results": summary}, indent=2))
     return 0
@@ -543,8 +634,9 @@ def run_stop_vs_cut(args) -> int:
 
 # ------------------------------------------------------------------------------------------------ CLI
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mode", choices=("engines", "stop-vs-cut"), default="engines")
     parser.add_argument("--engines", default="vllm,hf", help="comma-separated, the last is the ratio's baseline")
     parser.add_argument("--shape", choices=SHAPES, default="tiny", help="random-weight model shape (engines mode)")
@@ -555,9 +647,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-turns", type=int, default=2)
     parser.add_argument("--response-length", type=int, default=4096, help="agentloop.response_length_total")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="OMP_NUM_THREADS of every engine process (on an oversubscribed CPU, more threads than "
-                             "free cores spin-wait in OpenMP barriers)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS of every engine process (on an oversubscribed CPU, more threads than "
+        "free cores spin-wait in OpenMP barriers)",
+    )
     parser.add_argument("--work", default=None, help="dir for assets and models (reused when given); default: temp")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     parser.add_argument("--model", default=None, help="stop-vs-cut: HF model dir (default: the tiny random Qwen2)")

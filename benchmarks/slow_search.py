@@ -74,14 +74,17 @@ def parse_latency(spec: str) -> Latency:
         if kind == "fixed" and set(values) == {"ms"}:
             return Latency("fixed", float(values["ms"]))
         if kind == "lognormal" and {"median_ms", "p99_ms"} <= set(values) <= {"median_ms", "p99_ms", "seed"}:
-            latency = Latency("lognormal", float(values["median_ms"]), float(values["p99_ms"]),
-                              int(values.get("seed", 0)))
+            latency = Latency(
+                "lognormal", float(values["median_ms"]), float(values["p99_ms"]), int(values.get("seed", 0))
+            )
             if 0 < latency.median_ms <= latency.p99_ms:
                 return latency
     except ValueError:
         pass
-    raise ValueError(f"{DISTRIBUTION_ENV}={spec!r}: not a search latency; write a number of ms, 'fixed:ms=500' or "
-                     "'lognormal:median_ms=300,p99_ms=3000,seed=0' (0 < median_ms <= p99_ms).")
+    raise ValueError(
+        f"{DISTRIBUTION_ENV}={spec!r}: not a search latency; write a number of ms, 'fixed:ms=500' or "
+        "'lognormal:median_ms=300,p99_ms=3000,seed=0' (0 < median_ms <= p99_ms)."
+    )
 
 
 def latency_from_env(environ=os.environ) -> Latency:
@@ -101,7 +104,9 @@ class SlowSearch(TextSearch):
         delay = self._latency.draw_ms(content, repeat) / 1000.0
         if delay > 0:
             await asyncio.sleep(delay)
-            charge_tool_seconds(delay)  # the stand-in engine's wait is tool time too (time/tool); the client charges its own
+            charge_tool_seconds(
+                delay
+            )  # the stand-in engine's wait is tool time too (time/tool); the client charges its own
         output = await super().__call__(content)
         output.latency_s = (output.latency_s or 0.0) + delay
         return output

@@ -17,8 +17,8 @@ training and after the last step.
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 import shutil
 import sys
 import time
@@ -28,7 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.engine_runs import (  # noqa: E402
-    build_assets, engine_run_parser, fresh_out_dir, parse_backends, run_engines)
+    build_assets,
+    engine_run_parser,
+    fresh_out_dir,
+    parse_backends,
+    run_engines,
+)
 from rlinf_ext.protocol import metric_keys as mk  # noqa: E402
 
 BACKENDS = ("vllm", "hf")
@@ -48,8 +53,14 @@ def run_figures(rows: list[dict], wall_s: float, window: int = WINDOW) -> dict:
     vals = [r for r in rows if mk.VAL_ALL_EM in r]
     start = next((r[mk.TIME_ROLLOUT_START] for r in rows if mk.TIME_ROLLOUT_START in r), float("nan"))
     part_prefix = mk.prefixed(mk.TIME_ROLLOUT_START, "")
-    parts = next(({k[len(part_prefix):]: v for k, v in r.items() if k.startswith(part_prefix)}
-                  for r in rows if mk.TIME_ROLLOUT_START in r), {})
+    parts = next(
+        (
+            {k[len(part_prefix) :]: v for k, v in r.items() if k.startswith(part_prefix)}
+            for r in rows
+            if mk.TIME_ROLLOUT_START in r
+        ),
+        {},
+    )
     syncs = [r[mk.TIME_SYNC] for r in steps if mk.TIME_SYNC in r]
     first, last = steps[:k], steps[-k:] if k else []
     return {
@@ -98,8 +109,10 @@ def side_by_side(figures: dict[str, dict]) -> str:
         lines.append(f"{label.format(k=k):<34}" + "".join(f"{fmt.format(figures[n][key]):>12}" for n in names))
         if key == "rollout_start_s":  # its parts, where the engine reports them
             for part in part_names:
-                lines.append(f"{'  start-up: ' + part + ' (s)':<34}" + "".join(
-                    f"{figures[n].get('start_parts', {}).get(part, float('nan')):>12.1f}" for n in names))
+                lines.append(
+                    f"{'  start-up: ' + part + ' (s)':<34}"
+                    + "".join(f"{figures[n].get('start_parts', {}).get(part, float('nan')):>12.1f}" for n in names)
+                )
     if len(names) >= 2:
         a, b = figures[names[0]], figures[names[1]]
         for label, key in (("whole pipeline", "wall_s"), ("rollout per step", "rollout_s")):
@@ -116,10 +129,13 @@ def run_one(backend: str, out: Path, overrides: list[str], no_eval: bool, result
 
     started = time.monotonic()
     try:
-        summary = run_training("tiny-cpu", [f"runner.output_dir={out}", f"rollout.rollout_backend={backend}",
-                                            *overrides],
-                               show_progress=False, evaluate=False if no_eval else None,
-                               eval_overrides=[f"rollout.rollout_backend={backend}"])
+        summary = run_training(
+            "tiny-cpu",
+            [f"runner.output_dir={out}", f"rollout.rollout_backend={backend}", *overrides],
+            show_progress=False,
+            evaluate=False if no_eval else None,
+            eval_overrides=[f"rollout.rollout_backend={backend}"],
+        )
     except LaunchError as exc:
         print(f"tiny experiment on {backend} failed: {exc}", file=sys.stderr)
         return 1
@@ -131,9 +147,11 @@ def run_one(backend: str, out: Path, overrides: list[str], no_eval: bool, result
     print(f"\n[{backend}] step  reward/mean  searches  time/rollout  time/sync  time/step")
     for r in rows:
         if mk.REWARD_MEAN in r:
-            print(f"[{backend}] {int(r['step']):>4}  {r[mk.REWARD_MEAN]:>11.3f}  {r.get(mk.AGENT_SEARCHES, math.nan):>8.2f}"
-                  f"  {r.get(mk.TIME_ROLLOUT, math.nan):>12.1f}  {r.get(mk.TIME_SYNC, math.nan):>9.2f}"
-                  f"  {r.get(mk.TIME_STEP, math.nan):>9.1f}")
+            print(
+                f"[{backend}] {int(r['step']):>4}  {r[mk.REWARD_MEAN]:>11.3f}  {r.get(mk.AGENT_SEARCHES, math.nan):>8.2f}"
+                f"  {r.get(mk.TIME_ROLLOUT, math.nan):>12.1f}  {r.get(mk.TIME_SYNC, math.nan):>9.2f}"
+                f"  {r.get(mk.TIME_STEP, math.nan):>9.1f}"
+            )
     return 0
 
 
@@ -153,9 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     assets = Path(args.assets or os.environ.get("RLINF_EXT_TINY_ASSETS") or out / "assets").resolve()
     assets_s = build_assets(assets, "--with-registry")
     print(f"tiny assets: {assets} ({assets_s:.0f} s, reused when already built)", flush=True)
-    figures = run_engines(Path(__file__).resolve(), backends, out, lambda backend, run_out: [
-        "--out", str(run_out), *(["--no-eval"] if args.no_eval else []), f"paths.tiny_assets={assets}",
-        *args.overrides])
+    figures = run_engines(
+        Path(__file__).resolve(),
+        backends,
+        out,
+        lambda backend, run_out: [
+            "--out",
+            str(run_out),
+            *(["--no-eval"] if args.no_eval else []),
+            f"paths.tiny_assets={assets}",
+            *args.overrides,
+        ],
+    )
     if isinstance(figures, int):
         return figures
     print(f"\n{side_by_side(figures)}")

@@ -44,14 +44,27 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, job: dict, out_d
     init_parallel_state(1, 1, rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}", seed=0)
     base = rss()
     batch, seq, steps = job["batch"], job["seq"], job["steps"]
-    settings = ActorSettings(group_size=2, n_minibatches=1, micro_batch_size=1, logprob_micro_batch_size=1,
-                             loss=LossConfig(kl_beta=0.0), lr=1e-6, total_train_steps=steps + 1)
+    settings = ActorSettings(
+        group_size=2,
+        n_minibatches=1,
+        micro_batch_size=1,
+        logprob_micro_batch_size=1,
+        loss=LossConfig(kl_beta=0.0),
+        lr=1e-6,
+        total_train_steps=steps + 1,
+    )
     policy = MegatronPolicy(model_dir, settings)
     vocab, prompt = policy.model.hf_vocab_size, seq // 4
     g = torch.Generator().manual_seed(0)
-    everyone = [Sample(torch.randint(0, vocab, (prompt,), generator=g).tolist(),
-                       torch.randint(0, vocab, (seq - prompt,), generator=g).tolist(), [1] * (seq - prompt),
-                       reward=float(i % 2)) for i in range(batch)]
+    everyone = [
+        Sample(
+            torch.randint(0, vocab, (prompt,), generator=g).tolist(),
+            torch.randint(0, vocab, (seq - prompt,), generator=g).tolist(),
+            [1] * (seq - prompt),
+            reward=float(i % 2),
+        )
+        for i in range(batch)
+    ]
     uids = [f"g{k}" for k in range(batch // 2)][rank::world]  # whole GRPO groups per rank
     samples = [s for u in uids for s in everyone[2 * int(u[1:]) : 2 * int(u[1:]) + 2]]
     layout = shard_layout(uids, [2] * len(uids), policy.dp)
@@ -65,9 +78,14 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, job: dict, out_d
             policy.train_step(samples, step, layout)
             times.append(time.perf_counter() - t)
     local_tokens = len(samples) * seq
-    result = {"rank": rank, "params": sum(p.numel() for p in policy.model.parameters()),
-              "logprob_peak": logprob_peak.peak - base, "train_peak": train_peak.peak - base,
-              "tokens_per_s": world * local_tokens / min(times), "step_s": min(times)}
+    result = {
+        "rank": rank,
+        "params": sum(p.numel() for p in policy.model.parameters()),
+        "logprob_peak": logprob_peak.peak - base,
+        "train_peak": train_peak.peak - base,
+        "tokens_per_s": world * local_tokens / min(times),
+        "step_s": min(times),
+    }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     torch.distributed.barrier()
 
@@ -92,8 +110,13 @@ def make_checkpoint(shape: str, out_dir: str) -> str:
 def run(model_dir: str, job: dict) -> list[dict]:
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": str(REPO)}
-        proc = subprocess.run([sys.executable, __file__, "--child", model_dir, json.dumps(job), out], env=env,
-                              capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", model_dir, json.dumps(job), out],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{job}: failed\n{proc.stderr[-4000:]}")
         return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(job["dp"])]
@@ -103,8 +126,10 @@ def table(rows: list[dict]) -> None:
     gib = 2**30
     print(f"\n{'shape':<8} {'DP':>2} {'log-prob peak/rank':>20} {'train peak/rank':>18} {'tok/s':>10}")
     for r in sorted(rows, key=lambda r: (r["shape"], r["dp"])):
-        print(f"{r['shape']:<8} {r['dp']:>2} {r['logprob_peak'] / gib:>16.2f} GiB {r['train_peak'] / gib:>14.2f} GiB "
-              f"{r['tokens_per_s']:>10.0f}")
+        print(
+            f"{r['shape']:<8} {r['dp']:>2} {r['logprob_peak'] / gib:>16.2f} GiB {r['train_peak'] / gib:>14.2f} GiB "
+            f"{r['tokens_per_s']:>10.0f}"
+        )
 
 
 def main() -> None:
@@ -125,10 +150,16 @@ def main() -> None:
             for dp in args.dp:
                 job = {"dp": dp, "batch": args.batch, "seq": args.seq, "steps": args.steps}
                 ranks = run(model_dir, job)
-                row = {"shape": shape, "dp": dp, **job, "params": ranks[0]["params"],
-                       "train_peak": max(r["train_peak"] for r in ranks),
-                       "logprob_peak": max(r["logprob_peak"] for r in ranks),
-                       "tokens_per_s": ranks[0]["tokens_per_s"], "step_s": ranks[0]["step_s"]}
+                row = {
+                    "shape": shape,
+                    "dp": dp,
+                    **job,
+                    "params": ranks[0]["params"],
+                    "train_peak": max(r["train_peak"] for r in ranks),
+                    "logprob_peak": max(r["logprob_peak"] for r in ranks),
+                    "tokens_per_s": ranks[0]["tokens_per_s"],
+                    "step_s": ranks[0]["step_s"],
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     table(rows)

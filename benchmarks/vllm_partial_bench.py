@@ -33,16 +33,26 @@ def write_model(out: Path) -> tuple[Path, dict]:
     from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2, save_hf_model
     from rlinf_ext.assets.core.tokenizer import train_tokenizer
 
-    texts = [f"Question {i}: which city is the capital of country {i % 17}? <search> capital of country {i % 17} "
-             f"</search> <answer> city {i * 7 % 23} </answer>" for i in range(400)]
+    texts = [
+        f"Question {i}: which city is the capital of country {i % 17}? <search> capital of country {i % 17} "
+        f"</search> <answer> city {i * 7 % 23} </answer>"
+        for i in range(400)
+    ]
     tok = train_tokenizer(texts, vocab_size=800)
     model = make_qwen2(tok, TinyQwen2Shape(), seed=1)
     save_hf_model(model, tok, out)
     return out, dict(model.state_dict())
 
 
-async def one_sync(gen: VLLMGenerator, prompts: list[list[int]], params: SamplingParams, after_s: float,
-                   keep: bool, state: dict, version: int) -> dict:
+async def one_sync(
+    gen: VLLMGenerator,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    after_s: float,
+    keep: bool,
+    state: dict,
+    version: int,
+) -> dict:
     await gen.label_weights(version - 1)
     t0 = time.perf_counter()
     turns = asyncio.gather(*(gen.generate(p, params) for p in prompts))
@@ -55,10 +65,17 @@ async def one_sync(gen: VLLMGenerator, prompts: list[list[int]], params: Samplin
     t_synced = time.perf_counter()
     results = await turns
     t_end = time.perf_counter()
-    labels = [v for r in results for v in (r.weight_version if isinstance(r.weight_version, list)
-                                           else [r.weight_version] * len(r.output_ids))]
-    return {"pause_s": t_paused - t_sync, "sync_s": t_synced - t_sync, "turns_s": t_end - t0,
-            "new_share": sum(v == version for v in labels) / max(len(labels), 1)}
+    labels = [
+        v
+        for r in results
+        for v in (r.weight_version if isinstance(r.weight_version, list) else [r.weight_version] * len(r.output_ids))
+    ]
+    return {
+        "pause_s": t_paused - t_sync,
+        "sync_s": t_synced - t_sync,
+        "turns_s": t_end - t0,
+        "new_share": sum(v == version for v in labels) / max(len(labels), 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,17 +87,24 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, state = write_model(Path(tmp) / "model")
-        gen = VLLMGenerator.start(VLLMEngineOptions(model_path=str(model_dir), max_model_len=1024,
-                                                    kv_cache_memory_bytes=64 << 20, max_num_seqs=64))
+        gen = VLLMGenerator.start(
+            VLLMEngineOptions(
+                model_path=str(model_dir), max_model_len=1024, kv_cache_memory_bytes=64 << 20, max_num_seqs=64
+            )
+        )
         try:
-            prompts = [gen.tokenizer.encode(f"Question {i}: who wrote the book?\n", add_special_tokens=False)
-                       for i in range(args.turns)]
+            prompts = [
+                gen.tokenizer.encode(f"Question {i}: who wrote the book?\n", add_special_tokens=False)
+                for i in range(args.turns)
+            ]
             params = SamplingParams(max_new_tokens=args.tokens, stop=[], do_sample=False)
             asyncio.run(one_sync(gen, prompts, params, args.after_ms / 1000, False, state, 1))  # warm-up
             rows = {}
             for mode, keep in (("wait", False), ("keep", True)):
-                runs = [asyncio.run(one_sync(gen, prompts, params, args.after_ms / 1000, keep, state, 2 + i))
-                        for i in range(args.repeats)]
+                runs = [
+                    asyncio.run(one_sync(gen, prompts, params, args.after_ms / 1000, keep, state, 2 + i))
+                    for i in range(args.repeats)
+                ]
                 rows[mode] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         finally:
             gen.shutdown()

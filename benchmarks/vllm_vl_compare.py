@@ -16,8 +16,8 @@ from pathlib import Path
 
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import HFVLGenerator
-from rlinf_ext.generation.vllm_wire import VLLMEngineOptions
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions
 from rlinf_ext.protocol.generation import SamplingParams
 
 PX = 56 * 56
@@ -49,8 +49,12 @@ def main() -> None:
     t0 = time.perf_counter()
     ref = asyncio.run(run(hf))
     hf_s = time.perf_counter() - t0
-    vllm = VLLMVLGenerator.start(VLLMEngineOptions(model_path=str(model), dtype="float32", max_model_len=1536,
-                                                   kv_cache_memory_bytes=64 << 20, max_num_seqs=64), cuda=False)
+    vllm = VLLMVLGenerator.start(
+        VLLMEngineOptions(
+            model_path=str(model), dtype="float32", max_model_len=1536, kv_cache_memory_bytes=64 << 20, max_num_seqs=64
+        ),
+        cuda=False,
+    )
     t0 = time.perf_counter()
     ours = asyncio.run(run(vllm))
     vllm_s = time.perf_counter() - t0
@@ -58,8 +62,10 @@ def main() -> None:
     print(f"questions: {len(cases)}")
     print(f"identical greedy first turns: {same}/{len(cases)}")
     print(f"expansion mismatches: {vllm.prompt_mismatches}/{vllm.prompts_checked}")
-    print(f"seconds for all first turns: HF {hf_s:.1f}  vLLM {vllm_s:.1f}  (HF / vLLM {hf_s / vllm_s:.1f}x); "
-          f"vLLM engine start {vllm.start_s:.1f}")
+    print(
+        f"seconds for all first turns: HF {hf_s:.1f}  vLLM {vllm_s:.1f}  (HF / vLLM {hf_s / vllm_s:.1f}x); "
+        f"vLLM engine start {vllm.start_s:.1f}"
+    )
     for a, b in zip(ref, ours):
         if a.output_ids != b.output_ids:
             print(f"differs: HF {a.text!r} | vLLM {b.text!r}")

@@ -18,9 +18,15 @@ VERBS: dict[str, tuple[str, str]] = {
     "show": ("rlinf_ext.config.commands", "Print the fully resolved experiment YAML."),
     "plan": ("rlinf_ext.config.commands", "Print the placement and the batch arithmetic of an experiment."),
     "keys": ("rlinf_ext.config.reference", "Print the config keys under a prefix with type, default and help."),
-    "make-tiny-assets": ("rlinf_ext.assets.core.commands", "Generate the offline tiny corpus, QA files, tokenizer and models."),
+    "make-tiny-assets": (
+        "rlinf_ext.assets.core.commands",
+        "Generate the offline tiny corpus, QA files, tokenizer and models.",
+    ),
     "build-index": ("rlinf_ext.retrieval.commands", "Build a BM25 or dense (faiss) index over a jsonl corpus."),
-    "adopt-index": ("rlinf_ext.retrieval.commands", "Serve a downloaded faiss index file (Search-R1's e5_Flat.index) without re-encoding."),
+    "adopt-index": (
+        "rlinf_ext.retrieval.commands",
+        "Serve a downloaded faiss index file (Search-R1's e5_Flat.index) without re-encoding.",
+    ),
     "serve-retriever": ("rlinf_ext.retrieval.commands", "Serve /retrieve, /access and /health over a built index."),
     "audit-index": ("rlinf_ext.retrieval.commands", "Recall@k and latency of a dense index against a Flat one."),
     "preprocess": ("rlinf_ext.data.commands", "Turn Search-R1 parquet / RLinf jsonl QA data into prompt jsonl."),

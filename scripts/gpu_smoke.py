@@ -61,15 +61,30 @@ STAGES = {
 
 def _child_env() -> dict:
     paths = [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths),
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
 def run_stage_process(stage: str, args: argparse.Namespace, timeout: float) -> dict:
     """Run one stage in a subprocess; return its JSON line (written by the child, or here when it died)."""
     results = Path(args.out) / "results.jsonl"
     before = results.read_text().count("\n") if results.is_file() else 0
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--run-stage", stage, "--out", args.out, "--device",
-           args.device, "--work", args.work]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--run-stage",
+        stage,
+        "--out",
+        args.out,
+        "--device",
+        args.device,
+        "--work",
+        args.work,
+    ]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True, timeout=timeout)
@@ -81,8 +96,15 @@ def run_stage_process(stage: str, args: argparse.Namespace, timeout: float) -> d
     lines = results.read_text().splitlines() if results.is_file() else []
     if len(lines) > before:
         return json.loads(lines[-1])
-    record = {"stage": stage, "title": STAGES[stage][0], "status": "fail", "seconds": round(time.perf_counter() - start, 1),
-              "checks": {}, "figures": {}, "error": f"the stage process died ({died}) before writing its result:\n{tail}"}
+    record = {
+        "stage": stage,
+        "title": STAGES[stage][0],
+        "status": "fail",
+        "seconds": round(time.perf_counter() - start, 1),
+        "checks": {},
+        "figures": {},
+        "error": f"the stage process died ({died}) before writing its result:\n{tail}",
+    }
     with results.open("a") as f:
         f.write(json.dumps(record) + "\n")
     return record
@@ -111,8 +133,15 @@ def drive(args: argparse.Namespace) -> int:
         own = STAGES[stage][1] * scale
         timeout = min(own, left) if stage != "S5" else max(min(own, left), 30)
         if left < 15:
-            record = {"stage": stage, "title": STAGES[stage][0], "status": "skipped", "seconds": 0, "checks": {},
-                      "figures": {}, "error": f"no time left in the {args.budget_s} s budget"}
+            record = {
+                "stage": stage,
+                "title": STAGES[stage][0],
+                "status": "skipped",
+                "seconds": 0,
+                "checks": {},
+                "figures": {},
+                "error": f"no time left in the {args.budget_s} s budget",
+            }
             with (Path(args.out) / "results.jsonl").open("a") as f:
                 f.write(json.dumps(record) + "\n")
         else:
@@ -134,11 +163,20 @@ def run_one(args: argparse.Namespace) -> int:
     import smoke_stages_vl as vl
     import smoke_stages_vllm as vllm_stage
 
-    functions = {"S0": actor.s0_environment, "S1": actor.s1_assets, "S2": actor.s2_converter, "S3": actor.s3_actor,
-                 "S4": io.s4_ipc, "S5": io.s5_memory, "S6": io.s6_encoder,
-                 "S7": vl.s7_fsdp_vl, "S8": vllm_stage.s8_vllm}
-    return smoke_common.run_stage(args.run_stage, STAGES[args.run_stage][0], functions[args.run_stage], args,
-                                  stubs=args.run_stage != "S8")
+    functions = {
+        "S0": actor.s0_environment,
+        "S1": actor.s1_assets,
+        "S2": actor.s2_converter,
+        "S3": actor.s3_actor,
+        "S4": io.s4_ipc,
+        "S5": io.s5_memory,
+        "S6": io.s6_encoder,
+        "S7": vl.s7_fsdp_vl,
+        "S8": vllm_stage.s8_vllm,
+    }
+    return smoke_common.run_stage(
+        args.run_stage, STAGES[args.run_stage][0], functions[args.run_stage], args, stubs=args.run_stage != "S8"
+    )
 
 
 def main() -> int:
@@ -148,8 +186,9 @@ def main() -> int:
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
     ap.add_argument("--work", default=None, help="scratch directory for generated models (default OUT/work)")
     ap.add_argument("--budget-s", type=float, default=530.0, help="wall-clock budget of the whole run")
-    ap.add_argument("--timeout-scale", type=float, default=None,
-                    help="multiply every stage's timeout (default 1 on cuda, 3 on cpu)")
+    ap.add_argument(
+        "--timeout-scale", type=float, default=None, help="multiply every stage's timeout (default 1 on cuda, 3 on cpu)"
+    )
     ap.add_argument("--run-stage", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.work = args.work or str(Path(args.out) / "work")

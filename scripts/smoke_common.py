@@ -119,8 +119,17 @@ def run_stage(stage: str, title: str, function, args, *, stubs: bool = True) -> 
         status, error = "skipped", str(exc)
     except BaseException as exc:  # noqa: BLE001 - any failure is the stage's result
         status, error = "fail", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"
-    line = {"stage": stage, "title": title, "status": status, "seconds": round(time.perf_counter() - start, 1),
-            "device": args.device, "checks": rec.checks, "skipped": rec.skipped, "figures": rec.figures, "error": error}
+    line = {
+        "stage": stage,
+        "title": title,
+        "status": status,
+        "seconds": round(time.perf_counter() - start, 1),
+        "device": args.device,
+        "checks": rec.checks,
+        "skipped": rec.skipped,
+        "figures": rec.figures,
+        "error": error,
+    }
     with (Path(args.out) / "results.jsonl").open("a") as f:
         f.write(json.dumps(line, default=str) + "\n")
     return 0
@@ -160,8 +169,11 @@ def tiny_model_dir(ctx: Context) -> Path:
 def hf_model(model_dir: Path, ctx: Context, dtype):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager").to(
-        ctx.torch_device).eval()
+    return (
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager")
+        .to(ctx.torch_device)
+        .eval()
+    )
 
 
 def actor_samples(vocab: int, n: int = 4, prompt: int = 6, response: int = 10, seed: int = 0):
@@ -174,8 +186,14 @@ def actor_samples(vocab: int, n: int = 4, prompt: int = 6, response: int = 10, s
     for i in range(n):
         mask = [1] * response
         mask[3:5] = [0, 0]  # an observation inside the response
-        out.append(Sample(torch.randint(3, vocab, (prompt + i,), generator=g).tolist(),
-                          torch.randint(3, vocab, (response,), generator=g).tolist(), mask, reward=float(i % 2)))
+        out.append(
+            Sample(
+                torch.randint(3, vocab, (prompt + i,), generator=g).tolist(),
+                torch.randint(3, vocab, (response,), generator=g).tolist(),
+                mask,
+                reward=float(i % 2),
+            )
+        )
     return out
 
 
@@ -184,5 +202,3 @@ def max_abs(a, b, mask=None) -> float:
     if mask is not None:
         diff = diff[mask.bool()]
     return float(diff.max())
-
-

@@ -33,11 +33,26 @@ def s0_environment(rec: Record, ctx: Context) -> None:
         if ok:
             props = torch.cuda.get_device_properties(0)
             free, total = torch.cuda.mem_get_info()
-            rec.figure("gpu", f"{props.name}, capability {props.major}.{props.minor}, {total / GIB:.1f} GiB total, "
-                              f"{free / GIB:.1f} GiB free")
+            rec.figure(
+                "gpu",
+                f"{props.name}, capability {props.major}.{props.minor}, {total / GIB:.1f} GiB total, "
+                f"{free / GIB:.1f} GiB free",
+            )
     imported = set()
-    for name in ("megatron.core", "transformers", "tokenizers", "huggingface_hub", "omegaconf", "hydra", "faiss",
-                 "numpy", "triton", "transformer_engine", "bm25s", "pyarrow"):
+    for name in (
+        "megatron.core",
+        "transformers",
+        "tokenizers",
+        "huggingface_hub",
+        "omegaconf",
+        "hydra",
+        "faiss",
+        "numpy",
+        "triton",
+        "transformer_engine",
+        "bm25s",
+        "pyarrow",
+    ):
         try:
             module = importlib.import_module(name)
             rec.figure(name, getattr(module, "__version__", "present"))
@@ -62,15 +77,21 @@ def s0_environment(rec: Record, ctx: Context) -> None:
 def s1_assets(rec: Record, ctx: Context) -> None:
     missing = [m for m in ("bm25s", "pyarrow") if importlib.util.find_spec(m) is None]
     if missing:
-        raise SkipStage(f"rlinf_ext's tiny-asset generator needs {', '.join(missing)} (lexical retriever, parquet "
-                        "files), not installed here; stages S2-S6 build their own random models instead")
+        raise SkipStage(
+            f"rlinf_ext's tiny-asset generator needs {', '.join(missing)} (lexical retriever, parquet "
+            "files), not installed here; stages S2-S6 build their own random models instead"
+        )
     from rlinf_ext.assets.core.tiny import make_tiny_assets
 
     t = time.perf_counter()
     assets = make_tiny_assets(ctx.work / "tiny_assets", seed=0)
     rec.figure("seconds", round(time.perf_counter() - t, 1))
-    rec.check("built (manifest, tokenizer, qwen2-tiny, bert encoder)", assets.manifest_path.is_file()
-              and (assets.qwen2_tiny / "config.json").is_file() and (assets.bert_encoder / "config.json").is_file())
+    rec.check(
+        "built (manifest, tokenizer, qwen2-tiny, bert encoder)",
+        assets.manifest_path.is_file()
+        and (assets.qwen2_tiny / "config.json").is_file()
+        and (assets.bert_encoder / "config.json").is_file(),
+    )
 
 
 # ------------------------------------------------------------------------------------------ S2
@@ -106,12 +127,15 @@ def s2_converter(rec: Record, ctx: Context) -> None:
     rec.figure("bf16 autocast max |logit difference|", f"{d16:.2e}")
     rec.check("fp32 logits match (max |diff| <= 1e-4)", d32 <= 1e-4)
     rec.check("bf16 autocast logits match (max |diff| <= 5e-2)", d16 <= 5e-2)
-    mg_state = {k: v.detach().cpu() for k, v in mg.state_dict().items() if torch.is_tensor(v)
-                and not k.endswith("_extra_state")}
+    mg_state = {
+        k: v.detach().cpu() for k, v in mg.state_dict().items() if torch.is_tensor(v) and not k.endswith("_extra_state")
+    }
     back = megatron_to_hf({(0, 0): mg_state}, spec)
     expected = {k for k in hf_state if not (k == "lm_head.weight" and hf.config.tie_word_embeddings)}
-    rec.check("megatron_to_hf round trip is exact (names and values)",
-              set(back) == expected and all(torch.equal(back[k], hf_state[k]) for k in back))
+    rec.check(
+        "megatron_to_hf round trip is exact (names and values)",
+        set(back) == expected and all(torch.equal(back[k], hf_state[k]) for k in back),
+    )
 
 
 # ------------------------------------------------------------------------------------------ S3
@@ -119,8 +143,17 @@ def _settings(**kw):
     from rlinf_ext.training.rl_math import LossConfig
     from rlinf_ext.training.settings import ActorSettings
 
-    base = dict(group_size=2, n_minibatches=1, micro_batch_size=2, logprob_micro_batch_size=4,
-                loss=LossConfig(kl_beta=1e-3), lr=1e-4, weight_decay=0.0, total_train_steps=8, spec_name="local_gpt")
+    base = dict(
+        group_size=2,
+        n_minibatches=1,
+        micro_batch_size=2,
+        logprob_micro_batch_size=4,
+        loss=LossConfig(kl_beta=1e-3),
+        lr=1e-4,
+        weight_decay=0.0,
+        total_train_steps=8,
+        spec_name="local_gpt",
+    )
     base.update(kw)
     return ActorSettings(**base)
 
@@ -130,8 +163,9 @@ def _hf_logprobs(hf, samples, temperature: float):
 
     from rlinf_ext.training.batching import gather_logprobs, pack_sequences
 
-    batch = pack_sequences([s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                           [s.response_mask for s in samples], 0)
+    batch = pack_sequences(
+        [s.prompt_ids for s in samples], [s.response_ids for s in samples], [s.response_mask for s in samples], 0
+    )
     with torch.no_grad():
         logits = hf(input_ids=batch.input_ids.to(hf.device)).logits.float().cpu()
     lp = gather_logprobs(logits / temperature, batch.input_ids)
@@ -187,12 +221,15 @@ def _s3_save_load(rec, ctx, label, policy, samples, settings, model_dir) -> None
     policy.save(ckpt, iteration=4)
     other = MegatronPolicy(model_dir, settings)
     other.load(ckpt)
-    twins = [Sample(s.prompt_ids, s.response_ids, s.response_mask, s.reward, s.old_logprobs, s.ref_logprobs)
-             for s in samples]
+    twins = [
+        Sample(s.prompt_ids, s.response_ids, s.response_mask, s.reward, s.old_logprobs, s.ref_logprobs) for s in samples
+    ]
     m1, m2 = policy.train_step(samples, 11)[-1], other.train_step(twins, 11)[-1]
     same = all(torch.equal(v, other.megatron_state_dict()[k]) for k, v in policy.megatron_state_dict().items())
-    rec.check(f"{label}: save/load resumes identically (loss, loss scale, weights)",
-              m1["loss"] == m2["loss"] and m1.get("loss_scale") == m2.get("loss_scale") and same)
+    rec.check(
+        f"{label}: save/load resumes identically (loss, loss scale, weights)",
+        m1["loss"] == m2["loss"] and m1.get("loss_scale") == m2.get("loss_scale") and same,
+    )
 
 
 def s3_actor(rec: Record, ctx: Context) -> None:
@@ -204,14 +241,21 @@ def s3_actor(rec: Record, ctx: Context) -> None:
     model_dir = tiny_model_dir(ctx)
     hf32 = hf_model(model_dir, ctx, torch.float32)
     vocab = hf32.config.vocab_size
-    for temperature in (1.0, 0.7) if ctx.cuda else (0.7,):  # fp32 actor: log-probs of exactly the trajectory ids, tempered
+    for temperature in (
+        (1.0, 0.7) if ctx.cuda else (0.7,)
+    ):  # fp32 actor: log-probs of exactly the trajectory ids, tempered
         policy = MegatronPolicy(model_dir, _settings(precision="fp32", temperature=temperature))
         samples = actor_samples(vocab)
-        gap = max(max_abs(a, b) for a, b in zip(policy.compute_logprobs(samples), _hf_logprobs(hf32, samples, temperature)))
+        gap = max(
+            max_abs(a, b) for a, b in zip(policy.compute_logprobs(samples), _hf_logprobs(hf32, samples, temperature))
+        )
         rec.figure(f"fp32 log-probs vs HF at temperature {temperature}: max |diff|", f"{gap:.2e}")
         rec.check(f"fp32 log-probs match HF at temperature {temperature} (<= 1e-3)", gap <= 1e-3)
-    variants = (("bf16", dict(precision="bf16")), ("fp16 static", dict(precision="fp16", loss_scale=65536.0)),
-                ("fp16 dynamic", dict(precision="fp16")))
+    variants = (
+        ("bf16", dict(precision="bf16")),
+        ("fp16 static", dict(precision="fp16", loss_scale=65536.0)),
+        ("fp16 dynamic", dict(precision="fp16")),
+    )
     if not ctx.cuda:  # CPU (the script's own test): the CPU paths are unit-tested; keep the run short
         variants = variants[::2]
     for label, kw in variants:
@@ -225,11 +269,16 @@ def s3_actor(rec: Record, ctx: Context) -> None:
         metrics, tokens_per_s = _train(policy, samples, 3, 0, ctx)
         m = metrics[-1]
         changed = any(not torch.equal(before[k], v) for k, v in policy.megatron_state_dict().items())
-        rec.figure(label, f"loss {m['loss']:.5f}, grad norm {m['grad_norm']:.4g}, loss scale {m.get('loss_scale', '-')}, "
-                          f"updates {[x['update_success'] for x in metrics]}, {tokens_per_s:.0f} tokens/s, "
-                          f"log-probs vs HF fp32 max |diff| {gap:.3f}")
-        rec.check(f"{label}: finite loss and grad norm, weights changed",
-                  math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) and changed)
+        rec.figure(
+            label,
+            f"loss {m['loss']:.5f}, grad norm {m['grad_norm']:.4g}, loss scale {m.get('loss_scale', '-')}, "
+            f"updates {[x['update_success'] for x in metrics]}, {tokens_per_s:.0f} tokens/s, "
+            f"log-probs vs HF fp32 max |diff| {gap:.3f}",
+        )
+        rec.check(
+            f"{label}: finite loss and grad norm, weights changed",
+            math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) and changed,
+        )
         rec.check(f"{label}: log-probs close to HF fp32 (<= 0.2)", gap <= 0.2)
         if label == "fp16 dynamic":
             _s3_offload(rec, ctx, policy, samples, held)
@@ -250,5 +299,3 @@ def _s3_probe(rec, ctx, policy, model_dir) -> None:
     gap = max_abs(ours, theirs)
     rec.figure("probe: max |log-prob gap| actor vs fp16 HF", f"{gap:.3e}")
     rec.check("probe gap <= 0.5", gap <= 0.5)
-
-

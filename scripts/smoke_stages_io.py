@@ -36,8 +36,13 @@ def ipc_consumer(model_dir: str, dtype_name: str, device: str, inbox, outbox, id
     if device == "cpu":
         torch.multiprocessing.set_sharing_strategy("file_system")
     dtype = getattr(torch, dtype_name)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=dtype,
-                                             attn_implementation="eager").to(device).eval()
+    model = (
+        AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(model_dir), dtype=dtype, attn_implementation="eager"
+        )
+        .to(device)
+        .eval()
+    )
     loaded = set()
     while (blob := inbox.get()) is not None:
         bucket = ForkingPickler.loads(blob)
@@ -65,8 +70,9 @@ def s4_ipc(rec: Record, ctx: Context) -> None:
     ids = [list(range(3, 30))]
     spawn = mp.get_context("spawn")
     inbox, outbox = spawn.Queue(), spawn.Queue()
-    consumer = spawn.Process(target=ipc_consumer, args=(str(model_dir), str(dtype).split(".")[-1], ctx.device,
-                                                        inbox, outbox, ids))
+    consumer = spawn.Process(
+        target=ipc_consumer, args=(str(model_dir), str(dtype).split(".")[-1], ctx.device, inbox, outbox, ids)
+    )
     consumer.start()
     t = time.perf_counter()
     for bucket in buckets:
@@ -78,8 +84,11 @@ def s4_ipc(rec: Record, ctx: Context) -> None:
     with torch.no_grad():
         ours = producer(input_ids=torch.tensor(ids, device=ctx.torch_device)).logits.float().cpu()
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
-    rec.figure("transport", f"{len(buckets)} buckets, {nbytes / 2**20:.2f} MiB {str(dtype)[6:]}, {seconds:.2f} s "
-                            "(consumer start, model build and load included)")
+    rec.figure(
+        "transport",
+        f"{len(buckets)} buckets, {nbytes / 2**20:.2f} MiB {str(dtype)[6:]}, {seconds:.2f} s "
+        "(consumer start, model build and load included)",
+    )
     rec.check("the consumer received every tensor", names == sorted(state))
     rec.check("consumer logits == producer logits (bitwise)", torch.equal(theirs, ours))
     rec.check("the consumer exited cleanly", consumer.exitcode == 0)
@@ -91,11 +100,26 @@ def _memory_inputs(shape: str, seq: int, ctx: Context, recompute: dict):
     from rlinf_ext.models.memory import ActorMemoryInputs, ModelShape
 
     c = shape_config(shape)
-    model = ModelShape(c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
-                       c["num_key_value_heads"], c["hidden_size"] // c["num_attention_heads"], c["vocab_size"],
-                       c["tie_word_embeddings"])
-    return ActorMemoryInputs(model, seq, precision="fp16" if ctx.cuda else "fp32", device=ctx.device,
-                             data_parallel=1, reference_model=True, flash_attention=False, **recompute)
+    model = ModelShape(
+        c["num_hidden_layers"],
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["hidden_size"] // c["num_attention_heads"],
+        c["vocab_size"],
+        c["tie_word_embeddings"],
+    )
+    return ActorMemoryInputs(
+        model,
+        seq,
+        precision="fp16" if ctx.cuda else "fp32",
+        device=ctx.device,
+        data_parallel=1,
+        reference_model=True,
+        flash_attention=False,
+        **recompute,
+    )
 
 
 def s5_memory(rec: Record, ctx: Context) -> None:
@@ -119,13 +143,25 @@ def s5_memory(rec: Record, ctx: Context) -> None:
         if ctx.cuda:
             torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated() if ctx.cuda else rss()
-    settings = ActorSettings(group_size=2, n_minibatches=1, micro_batch_size=1, logprob_micro_batch_size=1,
-                             loss=LossConfig(kl_beta=1e-3), lr=1e-6, total_train_steps=4, spec_name="local_gpt",
-                             precision="fp16" if ctx.cuda else "fp32", model_overrides=recompute)
+    settings = ActorSettings(
+        group_size=2,
+        n_minibatches=1,
+        micro_batch_size=1,
+        logprob_micro_batch_size=1,
+        loss=LossConfig(kl_beta=1e-3),
+        lr=1e-6,
+        total_train_steps=4,
+        spec_name="local_gpt",
+        precision="fp16" if ctx.cuda else "fp32",
+        model_overrides=recompute,
+    )
     policy = MegatronPolicy(model_dir, settings)
     ctx.sync()
-    rec.figure("set-up (random checkpoint, actor + reference built)", f"{time.perf_counter() - t:.1f} s, "
-               f"{((torch.cuda.memory_allocated() if ctx.cuda else rss()) - base) / GIB:.2f} GiB")
+    rec.figure(
+        "set-up (random checkpoint, actor + reference built)",
+        f"{time.perf_counter() - t:.1f} s, "
+        f"{((torch.cuda.memory_allocated() if ctx.cuda else rss()) - base) / GIB:.2f} GiB",
+    )
     ratios = []
     for step, seq in enumerate(lengths):
         samples = actor_samples(policy.model.hf_vocab_size, n=2, prompt=seq // 4, response=seq - seq // 4, seed=step)
@@ -134,12 +170,18 @@ def s5_memory(rec: Record, ctx: Context) -> None:
         try:
             peak, seconds = _measured_step(policy, samples, step, ctx, base)
         except torch.cuda.OutOfMemoryError as exc:
-            rec.figure(f"T={seq}", f"out of memory (estimate {expected / GIB:.2f} GiB + reserve = {est.peak / GIB:.2f} "
-                                   f"GiB): {str(exc).splitlines()[0]}")
+            rec.figure(
+                f"T={seq}",
+                f"out of memory (estimate {expected / GIB:.2f} GiB + reserve = {est.peak / GIB:.2f} "
+                f"GiB): {str(exc).splitlines()[0]}",
+            )
             break
         ratios.append(peak / expected)
-        rec.figure(f"T={seq}", f"peak {peak / GIB:.2f} GiB measured vs {expected / GIB:.2f} GiB estimated (ratio "
-                               f"{peak / expected:.3f}; with reserve {est.peak / GIB:.2f} GiB); train step {seconds:.2f} s")
+        rec.figure(
+            f"T={seq}",
+            f"peak {peak / GIB:.2f} GiB measured vs {expected / GIB:.2f} GiB estimated (ratio "
+            f"{peak / expected:.3f}; with reserve {est.peak / GIB:.2f} GiB); train step {seconds:.2f} s",
+        )
     _forward_backward_seconds(rec, policy, ctx, lengths[1])
     if ctx.cuda:
         policy.offload(weights=True, optimizer=True, grads=True)
@@ -147,8 +189,9 @@ def s5_memory(rec: Record, ctx: Context) -> None:
         rec.figure("device", f"{torch.cuda.get_device_name(0)}, {torch.cuda.mem_get_info()[1] / GIB:.1f} GiB")
     rec.check("figures reported for at least one length", bool(ratios))
     if ctx.cuda:  # on CPU the tiny shape's figures are dominated by the process's fixed overheads
-        rec.check("measured / estimated within 0.75-1.25 at every length that ran",
-                  all(0.75 <= r <= 1.25 for r in ratios))
+        rec.check(
+            "measured / estimated within 0.75-1.25 at every length that ran", all(0.75 <= r <= 1.25 for r in ratios)
+        )
 
 
 def _measured_step(policy, samples, step: int, ctx: Context, base: int) -> tuple[int, float]:
@@ -194,14 +237,23 @@ def _bert_encoder(ctx: Context):
     from rlinf_ext.assets.core.models import build_wordpiece
 
     topics = ["river", "castle", "violin", "glacier", "harbor", "orchard", "comet", "lantern", "meadow", "quarry"]
-    passages = [f"passage {i} tells of the {topics[i % 10]} near the {topics[(3 * i) % 10]} in year {1800 + i}"
-                for i in range(200 if ctx.cuda else 100)]
+    passages = [
+        f"passage {i} tells of the {topics[i % 10]} near the {topics[(3 * i) % 10]} in year {1800 + i}"
+        for i in range(200 if ctx.cuda else 100)
+    ]
     out = ctx.work / "bert-random"
     if not (out / "config.json").is_file():
         tok = build_wordpiece(passages, out, vocab_size=400)
         torch.manual_seed(0)
-        cfg = BertConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=128, max_position_embeddings=128, initializer_range=0.2)
+        cfg = BertConfig(
+            vocab_size=len(tok),
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            initializer_range=0.2,
+        )
         BertModel(cfg).save_pretrained(str(out), safe_serialization=True)
         tok.save_pretrained(str(out))
     return out, passages
@@ -235,9 +287,12 @@ def s6_encoder(rec: Record, ctx: Context) -> None:
         # passage scores far below the k-th): 1e-3 for fp16 on CUDA, 1e-2 for bf16 (8 bits of mantissa) on CPU
         margin, floor = (1e-3, 0.999) if ctx.cuda else (1e-2, 0.99)
         fp32_scores_of_device_picks = np.einsum("qd,qkd->qk", q32, p32[idev])
-        valid = fp32_scores_of_device_picks >= s32[:, k - 1:k] - margin
-        rec.figure(f"{pooling} pooling", f"min cosine {cosine:.5f}; device top-{k} picks within {margin:g} of the "
-                                         f"fp32 k-th score: {valid.mean():.3f}; same ids in order: "
-                                         f"{(idev == i32).mean():.3f}")
+        valid = fp32_scores_of_device_picks >= s32[:, k - 1 : k] - margin
+        rec.figure(
+            f"{pooling} pooling",
+            f"min cosine {cosine:.5f}; device top-{k} picks within {margin:g} of the "
+            f"fp32 k-th score: {valid.mean():.3f}; same ids in order: "
+            f"{(idev == i32).mean():.3f}",
+        )
         rec.check(f"{pooling}: min cosine >= {floor}", cosine >= floor)
         rec.check(f"{pooling}: top-{k} valid under fp32 scores (margin {margin:g})", bool(valid.all()))

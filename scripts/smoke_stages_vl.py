@@ -19,11 +19,23 @@ import socket
 from smoke_common import GIB, Context, Record, max_abs
 
 # ~0.4B on CUDA: big enough that the offload and the checkpointing gains are far above allocator noise
-CUDA_SHAPE = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=8, num_attention_heads=12,
-                  num_key_value_heads=2, vision_depth=4, vision_hidden_size=640, vision_intermediate_size=1664,
-                  vision_num_heads=10)
-TEXTS = ["the emblem of the city is a red circle with stripes", "search the image then answer the question",
-         "which colour is the flag of the northern province", "<think> the picture shows a square </think>"] * 8
+CUDA_SHAPE = dict(
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=8,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    vision_depth=4,
+    vision_hidden_size=640,
+    vision_intermediate_size=1664,
+    vision_num_heads=10,
+)
+TEXTS = [
+    "the emblem of the city is a red circle with stripes",
+    "search the image then answer the question",
+    "which colour is the flag of the northern province",
+    "<think> the picture shows a square </think>",
+] * 8
 
 
 def _one_rank_group(ctx: Context):
@@ -68,15 +80,27 @@ def _samples(policy, n: int, length: int):
 def _settings(ctx: Context):
     from rlinf_ext.training.settings import ActorSettings
 
-    return ActorSettings(group_size=2, optimizer="adam", lr=1e-4 if ctx.cuda else 1e-3, clip_grad=1.0, seed=3,
-                         weight_decay=0.0, total_train_steps=8)
+    return ActorSettings(
+        group_size=2,
+        optimizer="adam",
+        lr=1e-4 if ctx.cuda else 1e-3,
+        clip_grad=1.0,
+        seed=3,
+        weight_decay=0.0,
+        total_train_steps=8,
+    )
 
 
 def _fsdp(checkpointing: bool):
     from rlinf_ext.training.fsdp_policy import FSDPSettings
 
-    return FSDPSettings(freeze_vision_tower=False, gradient_checkpointing=checkpointing, reshard_after_forward=True,
-                        param_dtype="bf16", reduce_dtype="fp32")
+    return FSDPSettings(
+        freeze_vision_tower=False,
+        gradient_checkpointing=checkpointing,
+        reshard_after_forward=True,
+        param_dtype="bf16",
+        reduce_dtype="fp32",
+    )
 
 
 def _allocated(ctx: Context) -> int:
@@ -105,7 +129,9 @@ def _snapshot(policy) -> dict:
 
     out = {f"p:{n}": local(p).detach().to("cpu", copy=True) for n, p in policy.model.named_parameters()}
     for i, state in enumerate(policy.step.optimizer.state.values()):
-        out.update({f"o:{i}:{k}": local(v).detach().to("cpu", copy=True) for k, v in state.items() if hasattr(v, "dim")})
+        out.update(
+            {f"o:{i}:{k}": local(v).detach().to("cpu", copy=True) for k, v in state.items() if hasattr(v, "dim")}
+        )
     return out
 
 
@@ -137,12 +163,17 @@ def s7_fsdp_vl(rec: Record, ctx: Context) -> None:
         label = "checkpointing" if checkpointing else "no checkpointing"
         rec.check(f"{label}: decoder computes in {expected}", seen and all(d == expected for d in seen))
         after = _snapshot(policy)
-        rec.check(f"{label}: finite loss and grad norm, weights changed",
-                  math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
-                  and any(not torch.equal(before[k], after[k]) for k in before))
+        rec.check(
+            f"{label}: finite loss and grad norm, weights changed",
+            math.isfinite(metrics["loss"])
+            and math.isfinite(metrics["grad_norm"])
+            and any(not torch.equal(before[k], after[k]) for k in before),
+        )
         peaks[checkpointing] = peak
-        rec.figure(f"{label}: second train step at {n}x{length} tokens", f"loss {metrics['loss']:.4f}, grad norm "
-                   f"{metrics['grad_norm']:.3g}, peak above resident {peak:.2f} GiB")
+        rec.figure(
+            f"{label}: second train step at {n}x{length} tokens",
+            f"loss {metrics['loss']:.4f}, grad norm {metrics['grad_norm']:.3g}, peak above resident {peak:.2f} GiB",
+        )
         if not checkpointing:
             n_params = sum(p.numel() for p in policy.model.parameters())
             rec.figure("parameters", f"{n_params / 1e6:.1f} M")
@@ -164,13 +195,17 @@ def _offload_round_trip(rec: Record, ctx: Context, policy, samples, base: int) -
     off = _allocated(ctx) - base
     policy.onload()
     back = _allocated(ctx) - base
-    rec.figure("device memory: trained / offloaded / onloaded", f"{resident / GIB:.2f} / {off / GIB:.3f} / "
-               f"{back / GIB:.2f} GiB")
+    rec.figure(
+        "device memory: trained / offloaded / onloaded",
+        f"{resident / GIB:.2f} / {off / GIB:.3f} / {back / GIB:.2f} GiB",
+    )
     if ctx.cuda:
         rec.check("offload frees >= 95% of the policy's device memory", off <= 0.05 * resident)
     restored = _snapshot(policy)
-    rec.check("onload restores weights and AdamW state bit-exactly",
-              restored.keys() == state.keys() and all(torch.equal(state[k], restored[k]) for k in state))
+    rec.check(
+        "onload restores weights and AdamW state bit-exactly",
+        restored.keys() == state.keys() and all(torch.equal(state[k], restored[k]) for k in state),
+    )
     metrics, _ = _train_peak(policy, samples, 1, ctx)
     rec.check("a training step after the round trip is finite", math.isfinite(metrics["loss"]))
 
@@ -186,12 +221,17 @@ def _sync_probe(rec: Record, ctx: Context, policy, model_dir, load_vl_model) -> 
     ours = policy.probe_logits(ids, images)[0, positions]
     plain = load_vl_model(model_dir).to(policy.device).eval()
     plain.load_state_dict(policy.hf_state_dict(dtype=torch.float32), strict=True)
-    batch = policy._pack([MMSample(ids[0, :1].tolist(), ids[0, 1:].tolist(), [1] * (ids.shape[1] - 1),
-                                   images=list(images))])
+    batch = policy._pack(
+        [MMSample(ids[0, :1].tolist(), ids[0, 1:].tolist(), [1] * (ids.shape[1] - 1), images=list(images))]
+    )
     with torch.no_grad():
-        out = plain(input_ids=batch.input_ids.to(policy.device), attention_mask=batch.attention_mask.to(policy.device),
-                    position_ids=policy.rope_positions(batch).to(policy.device), use_cache=False,
-                    **{k: v.to(policy.device) for k, v in batch.vision.items()})
+        out = plain(
+            input_ids=batch.input_ids.to(policy.device),
+            attention_mask=batch.attention_mask.to(policy.device),
+            position_ids=policy.rope_positions(batch).to(policy.device),
+            use_cache=False,
+            **{k: v.to(policy.device) for k, v in batch.vision.items()},
+        )
     theirs = out.logits.float().cpu()[0, positions]
     gap = max_abs(torch.log_softmax(ours, -1), torch.log_softmax(theirs, -1))
     rec.figure("probe: max |log-prob gap| sharded actor vs plain model with the gathered weights", f"{gap:.3e}")

@@ -51,6 +51,7 @@ from smoke_vllm_model import (
     write_stop_model,
 )
 
+
 def expected_turn(ids: list[int], decode, eos_ids, stops, budget: int) -> tuple:
     """(ids, finish reason, matched stop, text) of a reply with ``stops``, from the free reply ``ids`` of the same
     seed (pure but for ``decode``): cut at the first token that is EOS or completes a stop string (the earliest in
@@ -67,13 +68,18 @@ def expected_turn(ids: list[int], decode, eos_ids, stops, budget: int) -> tuple:
 
 
 def _prompts(tokenizer, n: int) -> list[list[int]]:
-    return [tokenizer.encode(f"Question {i}: which river runs through the old town {i}? ", add_special_tokens=False)
-            for i in range(n)]
+    return [
+        tokenizer.encode(f"Question {i}: which river runs through the old town {i}? ", add_special_tokens=False)
+        for i in range(n)
+    ]
 
 
 def _probe_ids(tokenizer) -> list[int]:
-    return tokenizer.encode("<search> river of Corvo </search> <information> the river Elsbywater runs north "
-                            "</information> <answer> Elsbywater </answer>", add_special_tokens=False)
+    return tokenizer.encode(
+        "<search> river of Corvo </search> <information> the river Elsbywater runs north "
+        "</information> <answer> Elsbywater </answer>",
+        add_special_tokens=False,
+    )
 
 
 # ------------------------------------------------------------------------------------------ generation checks
@@ -103,18 +109,26 @@ async def check_stops(rec: Record, gen, prompts) -> None:
             if got.matched_stop not in examples:  # the first of each: the stop string excluded from the text
                 examples[got.matched_stop] = got.text
                 cut = await _generate(gen, p, stop_params.with_updates(include_stop_str_in_output=False), seed)
-                excluded_ok.append(cut.output_ids == got.output_ids and cut.finish_reason == "stop"
-                                   and cut.text == got.text[:got.text.find(got.matched_stop)])
+                excluded_ok.append(
+                    cut.output_ids == got.output_ids
+                    and cut.finish_reason == "stop"
+                    and cut.text == got.text[: got.text.find(got.matched_stop)]
+                )
     rec.figure("stop strings: replies stopped at", f"{counts} of {STOP_SEEDS} seeds ({STOP_BUDGET} tokens at most)")
     for stop, text in examples.items():
         rec.figure(f"stop strings: first reply stopped at {stop}", repr(text[-80:]))
     if wrong:
         rec.figure("stop strings: replies unlike the free reply cut at its first stop", repr(wrong[:3]))
-    rec.check("stop strings: every reply = the free reply of its seed cut at the first stop string or EOS (ids, "
-              "finish reason, matched stop, text)", not wrong)
+    rec.check(
+        "stop strings: every reply = the free reply of its seed cut at the first stop string or EOS (ids, "
+        "finish reason, matched stop, text)",
+        not wrong,
+    )
     rec.check("stop strings: replies stopped at </search> and at </answer>", all(counts.values()))
-    rec.check("stop strings: excluded from the text on request (same ids, text cut before the stop)",
-              len(excluded_ok) == len(STOP_STRINGS) and all(excluded_ok))
+    rec.check(
+        "stop strings: excluded from the text on request (same ids, text cut before the stop)",
+        len(excluded_ok) == len(STOP_STRINGS) and all(excluded_ok),
+    )
 
 
 async def check_logprobs(rec: Record, gen, ref, prompts, device: str) -> None:
@@ -133,15 +147,22 @@ async def check_logprobs(rec: Record, gen, ref, prompts, device: str) -> None:
             if temperature != 1.0:
                 untempered.append((ours - forward_logprobs(ref, p, reply.output_ids, 1.0)).abs())
         gap = torch.cat(gaps)
-        rec.figure(f"log-probs T={temperature}: |engine - HF forward| mean / max", f"{gap.mean():.2e} / "
-                   f"{gap.max():.2e} over {gap.numel()} tokens (tolerances {mean_tol:g} / {max_tol:g})")
-        rec.check(f"log-probs at T={temperature} = log-softmax(HF logits / T) (mean gap <= {mean_tol:g}, max <= "
-                  f"{max_tol:g})", gap.mean() <= mean_tol and gap.max() <= max_tol)
+        rec.figure(
+            f"log-probs T={temperature}: |engine - HF forward| mean / max",
+            f"{gap.mean():.2e} / {gap.max():.2e} over {gap.numel()} tokens (tolerances {mean_tol:g} / {max_tol:g})",
+        )
+        rec.check(
+            f"log-probs at T={temperature} = log-softmax(HF logits / T) (mean gap <= {mean_tol:g}, max <= {max_tol:g})",
+            gap.mean() <= mean_tol and gap.max() <= max_tol,
+        )
         if untempered:
             raw = torch.cat(untempered).mean()
             rec.figure(f"log-probs T={temperature}: mean |engine - untempered log-softmax|", f"{raw:.3f}")
-            rec.check(f"log-probs at T={temperature} are processed, not raw (the untempered values are > 5x "
-                      "further on average)", raw > 5 * max(float(gap.mean()), mean_tol))
+            rec.check(
+                f"log-probs at T={temperature} are processed, not raw (the untempered values are > 5x "
+                "further on average)",
+                raw > 5 * max(float(gap.mean()), mean_tol),
+            )
 
 
 async def check_seeds(rec: Record, gen, prompt) -> None:
@@ -185,12 +206,27 @@ def engine_options(model: SmokeModel, ctx: Context):
 
     common = dict(model_path=str(model.path), seed=0, enforce_eager=True, max_num_seqs=32)
     if ctx.cuda:
-        return VLLMEngineOptions(**common, dtype="bfloat16", in_process=False, gpu_memory_utilization=CUDA_FRACTION,
-                                 distributed_executor_backend="mp", max_model_len=1024, enable_sleep_mode=True,
-                                 weight_transfer_backend="ipc", eager_helper_ops=False)
-    return VLLMEngineOptions(**common, dtype="float32", in_process=True, distributed_executor_backend="uni",
-                             max_model_len=512, kv_cache_memory_bytes=32 << 20, enable_chunked_prefill=False,
-                             max_num_batched_tokens=cpu_batched_tokens(None, 512))
+        return VLLMEngineOptions(
+            **common,
+            dtype="bfloat16",
+            in_process=False,
+            gpu_memory_utilization=CUDA_FRACTION,
+            distributed_executor_backend="mp",
+            max_model_len=1024,
+            enable_sleep_mode=True,
+            weight_transfer_backend="ipc",
+            eager_helper_ops=False,
+        )
+    return VLLMEngineOptions(
+        **common,
+        dtype="float32",
+        in_process=True,
+        distributed_executor_backend="uni",
+        max_model_len=512,
+        kv_cache_memory_bytes=32 << 20,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=cpu_batched_tokens(None, 512),
+    )
 
 
 class Phases:
@@ -210,8 +246,10 @@ def s8_vllm(rec: Record, ctx: Context) -> None:
     if importlib.util.find_spec("vllm") is None:
         from smoke_common import SkipStage
 
-        raise SkipStage("vLLM is not installed here (docs/environment.md, 'vLLM on the lent GPU': "
-                        "scripts/device_vllm_smoke.sh carries vLLM 0.26 to the lent device)")
+        raise SkipStage(
+            "vLLM is not installed here (docs/environment.md, 'vLLM on the lent GPU': "
+            "scripts/device_vllm_smoke.sh carries vLLM 0.26 to the lent device)"
+        )
     if ctx.cuda:
         # torch.compile off in this process and vLLM's (inherited): the engine is eager, and vLLM's compiled helper
         # ops (log-prob ranks) would wait for a cold inductor build, which is not under test here
@@ -227,7 +265,9 @@ async def _s8(rec: Record, ctx: Context) -> None:
 
     from rlinf_ext.generation.vllm_engine import VLLMGenerator
 
-    rec.figure("versions", f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
+    rec.figure(
+        "versions", f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}"
+    )
     cuda = gen = None
     phase = Phases()
     try:
@@ -239,10 +279,13 @@ async def _s8(rec: Record, ctx: Context) -> None:
         t = time.perf_counter()
         model = write_stop_model(ctx)
         ref = reference_model(model, ctx)
-        rec.figure("model", f"random Qwen2, {sum(p.numel() for p in ref.parameters()) / 1e6:.1f}M parameters, "
-                            f"{str(model.dtype)[6:]}, hidden {model.shape.hidden_size}, "
-                            f"{model.shape.num_hidden_layers} layers, {model.vocab_rows} vocabulary rows "
-                            f"({time.perf_counter() - t:.1f} s to build)")
+        rec.figure(
+            "model",
+            f"random Qwen2, {sum(p.numel() for p in ref.parameters()) / 1e6:.1f}M parameters, "
+            f"{str(model.dtype)[6:]}, hidden {model.shape.hidden_size}, "
+            f"{model.shape.num_hidden_layers} layers, {model.vocab_rows} vocabulary rows "
+            f"({time.perf_counter() - t:.1f} s to build)",
+        )
         tokenizer = AutoTokenizer.from_pretrained(str(model.path))
         prompts, probe = _prompts(tokenizer, 4), _probe_ids(tokenizer)
         phase.done("model")
@@ -256,8 +299,9 @@ async def _s8(rec: Record, ctx: Context) -> None:
             gen.engine = EngineCompat(gen.engine)
         phase.done("engine start")
         parts = ", ".join(f"{k} {v:.1f}" for k, v in gen.start_parts.items())
-        rec.figure("engine start", f"{gen.start_s:.1f} s ({parts}); "
-                                   f"{'InprocVLLMEngine' if gen.in_process else 'AsyncLLM'}")
+        rec.figure(
+            "engine start", f"{gen.start_s:.1f} s ({parts}); {'InprocVLLMEngine' if gen.in_process else 'AsyncLLM'}"
+        )
         await check_stops(rec, gen, prompts)
         phase.done("stop strings")
         await check_logprobs(rec, gen, ref, prompts, ctx.device)
@@ -266,10 +310,14 @@ async def _s8(rec: Record, ctx: Context) -> None:
         if cuda is None:
             await check_reload(rec, gen, ref, model, probe, ctx.device, seed=1)
             phase.done("in-place reload")
-            rec.skip("sleep level 1 and 2, wake_up, memory vs the plan", "CUDA only: vLLM's sleep mode needs CUDA's "
-                     "CuMem allocator; the CPU engine has no sleep")
-            rec.skip("collocated IPC route from a second process + probe", "CUDA only: CUDA-IPC handles and the ipc "
-                     "weight-transfer backend need a CUDA device")
+            rec.skip(
+                "sleep level 1 and 2, wake_up, memory vs the plan",
+                "CUDA only: vLLM's sleep mode needs CUDA's CuMem allocator; the CPU engine has no sleep",
+            )
+            rec.skip(
+                "collocated IPC route from a second process + probe",
+                "CUDA only: CUDA-IPC handles and the ipc weight-transfer backend need a CUDA device",
+            )
             return
         await cuda.check_sleep(rec, gen, model, prompts[0])  # ends with a level-2 sleep and both wake-ups
         phase.done("sleep levels")

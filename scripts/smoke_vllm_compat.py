@@ -51,8 +51,9 @@ def ensure_ipc_engine_importable(work: Path) -> str:
     (root / "ray").mkdir(parents=True, exist_ok=True)
     (root / "ray" / "__init__.py").write_text(RAY_STANDIN)
     sys.path.insert(0, str(root))
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(
-        os.pathsep) if p])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     importlib.invalidate_caches()
     importlib.import_module("vllm.distributed.weight_transfer.ipc_engine")
     return f"ray stand-in at {root} (vLLM's ipc_engine imports ray at module level; no Ray here)"
@@ -81,8 +82,11 @@ class Vllm026IpcTrainer:
         )
 
         self.client.start_weight_update()
-        args = IPCTrainerSendWeightsArgs(send_mode=lambda info: self.client.update_weights(asdict(info)), packed=True,
-                                         packed_buffer_size_bytes=self.buffer_bytes)
+        args = IPCTrainerSendWeightsArgs(
+            send_mode=lambda info: self.client.update_weights(asdict(info)),
+            packed=True,
+            packed_buffer_size_bytes=self.buffer_bytes,
+        )
         IPCWeightTransferEngine.trainer_send_weights(iter(self.source), args)
         self.client.finish_weight_update()
 
@@ -96,7 +100,9 @@ def ipc_trainer(client: Any, source: Any, buffer_bytes: int) -> tuple[Any, str]:
 
         routes = SyncRoutes("paired", actor_world=1, rollout_dp=1, rollout_tp=1)  # collocated, one GPU
         info = trainer_init_info("ipc", routes, 0, buffer_bytes)
-        return vllm_trainer_init(info, client=client, source=source), "vLLM's IPC trainer engine (sync/vllm_transfer.py)"
+        return vllm_trainer_init(
+            info, client=client, source=source
+        ), "vLLM's IPC trainer engine (sync/vllm_transfer.py)"
     return Vllm026IpcTrainer(client, source, buffer_bytes), "vLLM 0.26's static trainer_send_weights (smoke shim)"
 
 

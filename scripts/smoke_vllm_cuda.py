@@ -103,8 +103,8 @@ def ipc_producer(work: str, inbox, outbox) -> None:
         import vllm.distributed.weight_transfer.ipc_engine  # noqa: F401  (the slow import, while the engine starts)
         from smoke_vllm_compat import ipc_trainer
 
-        from rlinf_ext.sync.weight_sync import release_cuda_cache
         from rlinf_ext.sync.vllm_transfer import HFWeightSource, ipc_buffer_bytes
+        from rlinf_ext.sync.weight_sync import release_cuda_cache
 
         outbox.put(("ready", torch.cuda.is_initialized()))
         kind, detail = inbox.get(timeout=900)
@@ -131,8 +131,15 @@ def ipc_producer(work: str, inbox, outbox) -> None:
         del trainer, source
         release_cuda_cache()
         # by value (numpy): a CPU tensor would travel as a handle into this process's memory, which ends now
-        outbox.put(("done", (logits.numpy(), {"trainer side": how, "seconds": seconds, "buffer bytes": buffer,
-                                              "peak reserved": peak})))
+        outbox.put(
+            (
+                "done",
+                (
+                    logits.numpy(),
+                    {"trainer side": how, "seconds": seconds, "buffer bytes": buffer, "peak reserved": peak},
+                ),
+            )
+        )
     except BaseException:
         outbox.put(("failed", traceback.format_exc()))
         raise
@@ -156,8 +163,7 @@ class CudaSide:
         torch.backends.cuda.matmul.allow_tf32 = False  # the reference forward in true fp32
         spawn = mp.get_context("spawn")
         self.to_producer, self.from_producer = spawn.Queue(), spawn.Queue()
-        self.producer = spawn.Process(target=ipc_producer, args=(str(ctx.work), self.to_producer,
-                                                                 self.from_producer))
+        self.producer = spawn.Process(target=ipc_producer, args=(str(ctx.work), self.to_producer, self.from_producer))
         self.producer.start()
 
     def read(self) -> Reading:
@@ -184,8 +190,10 @@ class CudaSide:
         if kind != "ready":
             raise RuntimeError(f"the producer process failed while importing:\n{detail}")
         if detail:
-            raise RuntimeError("the producer process initialised CUDA while importing vLLM: the memory baseline "
-                               "would move under the measurements")
+            raise RuntimeError(
+                "the producer process initialised CUDA while importing vLLM: the memory baseline "
+                "would move under the measurements"
+            )
         self.base = self.read()
         rec.figure("ray for vLLM's ipc_engine", self.standin)
         from rlinf_ext.models.memory import VLLM_CUDA_CONTEXT_BYTES
@@ -193,22 +201,43 @@ class CudaSide:
         if self.context is None:
             rec.figure("CUDA context of this process", "not measured (no NVML, or CUDA was initialised by an import)")
         else:
-            rec.figure("CUDA context of this process (NVML free before - after torch's CUDA init)",
-                       f"{_gib(self.context)} measured vs {_gib(VLLM_CUDA_CONTEXT_BYTES)} planned per vLLM worker")
-            rec.check("a CUDA context <= the plan's VLLM_CUDA_CONTEXT_BYTES (+256 MiB)",
-                      self.context <= VLLM_CUDA_CONTEXT_BYTES + MEMORY_TOL)
-        rec.figure("GPU", f"{torch.cuda.get_device_name(0)}, {_gib(self.total)} total, "
-                          f"{_gib(self.base.free)} free before the engine")
+            rec.figure(
+                "CUDA context of this process (NVML free before - after torch's CUDA init)",
+                f"{_gib(self.context)} measured vs {_gib(VLLM_CUDA_CONTEXT_BYTES)} planned per vLLM worker",
+            )
+            rec.check(
+                "a CUDA context <= the plan's VLLM_CUDA_CONTEXT_BYTES (+256 MiB)",
+                self.context <= VLLM_CUDA_CONTEXT_BYTES + MEMORY_TOL,
+            )
+        rec.figure(
+            "GPU",
+            f"{torch.cuda.get_device_name(0)}, {_gib(self.total)} total, {_gib(self.base.free)} free before the engine",
+        )
 
     def plan(self, model: SmokeModel, level: int):
         from rlinf_ext.models.memory import ModelShape, engine_memory
 
         s = model.shape
-        shape = ModelShape(s.num_hidden_layers, s.hidden_size, s.intermediate_size, s.num_attention_heads,
-                           s.num_key_value_heads, s.hidden_size // s.num_attention_heads, model.vocab_rows,
-                           s.tie_word_embeddings)
-        return engine_memory(shape, gpu_bytes=self.total, fraction=CUDA_FRACTION, dtype_bytes=2, tensor_parallel=1,
-                             backend="vllm", sleep_level=level, bucket_bytes=CUDA_BUCKET_BYTES)
+        shape = ModelShape(
+            s.num_hidden_layers,
+            s.hidden_size,
+            s.intermediate_size,
+            s.num_attention_heads,
+            s.num_key_value_heads,
+            s.hidden_size // s.num_attention_heads,
+            model.vocab_rows,
+            s.tie_word_embeddings,
+        )
+        return engine_memory(
+            shape,
+            gpu_bytes=self.total,
+            fraction=CUDA_FRACTION,
+            dtype_bytes=2,
+            tensor_parallel=1,
+            backend="vllm",
+            sleep_level=level,
+            bucket_bytes=CUDA_BUCKET_BYTES,
+        )
 
     async def check_sleep(self, rec: Record, gen, model: SmokeModel, prompt: list[int]) -> None:
         """Level 1, wake_up; level 2, wake_up(weights), wake_up(kv_cache); measured against the plan. The weights
@@ -239,51 +268,84 @@ class CudaSide:
         used = base.free - awake.free
         weights, kv = s2.free - ww.free, ww.free - wk.free
         runtime = plan1.budget - weights - kv
-        rec.figure("plan (models/memory.py engine_memory)", f"fraction {CUDA_FRACTION} of {_gib(self.total)} = "
-                   f"{_gib(plan1.budget)}: weights {_gib(plan1.weights)}, runtime {_gib(plan1.runtime)}, KV cache "
-                   f"{_gib(plan1.kv_cache)}; CUDA context {_gib(plan1.outside)}; asleep {_gib(plan1.asleep)}; host RAM "
-                   f"asleep {_gib(plan1.host_asleep)} (level 1) / {_gib(plan2.host_asleep)} (level 2)")
-        rec.figure("awake: the engine's GPU memory", f"{_gib(used)} measured vs {_gib(plan1.budget + plan1.outside)} "
-                   "planned (fraction + CUDA context)")
-        rec.check("awake: the engine's GPU memory <= the plan's fraction + CUDA context (+256 MiB)",
-                  used <= plan1.budget + plan1.outside + tol)
-        rec.check("awake: the KV cache takes the fraction (engine memory >= fraction - planned runtime)",
-                  used >= plan1.budget - plan1.runtime)
+        rec.figure(
+            "plan (models/memory.py engine_memory)",
+            f"fraction {CUDA_FRACTION} of {_gib(self.total)} = "
+            f"{_gib(plan1.budget)}: weights {_gib(plan1.weights)}, runtime {_gib(plan1.runtime)}, KV cache "
+            f"{_gib(plan1.kv_cache)}; CUDA context {_gib(plan1.outside)}; asleep {_gib(plan1.asleep)}; host RAM "
+            f"asleep {_gib(plan1.host_asleep)} (level 1) / {_gib(plan2.host_asleep)} (level 2)",
+        )
+        rec.figure(
+            "awake: the engine's GPU memory",
+            f"{_gib(used)} measured vs {_gib(plan1.budget + plan1.outside)} planned (fraction + CUDA context)",
+        )
+        rec.check(
+            "awake: the engine's GPU memory <= the plan's fraction + CUDA context (+256 MiB)",
+            used <= plan1.budget + plan1.outside + tol,
+        )
+        rec.check(
+            "awake: the KV cache takes the fraction (engine memory >= fraction - planned runtime)",
+            used >= plan1.budget - plan1.runtime,
+        )
         self._level(rec, 1, awake, s1, w1, base, plan1, s1_seconds, w1_seconds)
         rec.check("level 1: greedy reply after wake_up = before the sleep (weights kept in host RAM)", after == before)
         self._level(rec, 2, awake2, s2, wk, base, plan2, None, None)
         rec.figure("level 2 wake_up(weights) / wake_up(kv_cache) re-take", f"{_gib(weights)} / {_gib(kv)}")
         rec.figure("weights", f"{_gib(weights)} measured vs {_gib(plan2.weights)} planned")
-        rec.check("weights woken = planned weights (+-10% + 32 MiB)",
-                  abs(weights - plan2.weights) <= WEIGHTS_REL_TOL * plan2.weights + (32 << 20))
+        rec.check(
+            "weights woken = planned weights (+-10% + 32 MiB)",
+            abs(weights - plan2.weights) <= WEIGHTS_REL_TOL * plan2.weights + (32 << 20),
+        )
         rec.figure("KV cache", f"{_gib(kv)} measured vs {_gib(plan2.kv_cache)} planned")
-        rec.check("KV cache woken >= planned KV cache - 256 MiB (the plan's runtime term bounds the rest)",
-                  kv >= plan2.kv_cache - tol)
-        rec.figure("runtime (fraction - weights - KV cache)", f"{_gib(runtime)} measured vs {_gib(plan2.runtime)} "
-                                                               "planned")
+        rec.check(
+            "KV cache woken >= planned KV cache - 256 MiB (the plan's runtime term bounds the rest)",
+            kv >= plan2.kv_cache - tol,
+        )
+        rec.figure(
+            "runtime (fraction - weights - KV cache)", f"{_gib(runtime)} measured vs {_gib(plan2.runtime)} planned"
+        )
         rec.check("runtime within the fraction <= planned runtime (+256 MiB)", runtime <= plan2.runtime + tol)
         rec.check("awake again after wake_up(weights) and wake_up(kv_cache)", not sleeping)
 
-    def _level(self, rec: Record, level: int, awake: Reading, asleep: Reading, woken: Reading, base: Reading, plan,
-               sleep_s: float | None, wake_s: float | None) -> None:
+    def _level(
+        self,
+        rec: Record,
+        level: int,
+        awake: Reading,
+        asleep: Reading,
+        woken: Reading,
+        base: Reading,
+        plan,
+        sleep_s: float | None,
+        wake_s: float | None,
+    ) -> None:
         tol = MEMORY_TOL
         freed, retaken, resident = asleep.free - awake.free, asleep.free - woken.free, base.free - asleep.free
         host, rss = awake.host_available - asleep.host_available, asleep.engine_rss - awake.engine_rss
         timing = "" if sleep_s is None else f"; sleep {sleep_s:.2f} s, wake_up {wake_s:.2f} s"
-        nvml = "" if asleep.nvml_free is None else f"; NVML free awake/asleep {_gib(awake.nvml_free)} / " \
-                                                   f"{_gib(asleep.nvml_free)}"
+        nvml = (
+            ""
+            if asleep.nvml_free is None
+            else f"; NVML free awake/asleep {_gib(awake.nvml_free)} / {_gib(asleep.nvml_free)}"
+        )
         rec.figure(f"level {level}: GPU freed / re-taken by wake_up", f"{_gib(freed)} / {_gib(retaken)}{timing}{nvml}")
         rec.figure(f"level {level}: resident asleep", f"{_gib(resident)} measured vs {_gib(plan.asleep)} planned")
-        rec.figure(f"level {level}: host RAM taken asleep", f"{_gib(host)} (system available; engine RSS "
-                   f"{_gib(rss)}) vs {_gib(plan.host_asleep)} planned")
-        rec.check(f"level {level}: sleep frees the weights and the KV cache (>= planned weights + KV - 256 MiB)",
-                  freed >= plan.weights + plan.kv_cache - tol)
+        rec.figure(
+            f"level {level}: host RAM taken asleep",
+            f"{_gib(host)} (system available; engine RSS {_gib(rss)}) vs {_gib(plan.host_asleep)} planned",
+        )
+        rec.check(
+            f"level {level}: sleep frees the weights and the KV cache (>= planned weights + KV - 256 MiB)",
+            freed >= plan.weights + plan.kv_cache - tol,
+        )
         rec.check(f"level {level}: wake_up re-takes what the sleep freed (+-256 MiB)", abs(retaken - freed) <= tol)
         rec.check(f"level {level}: resident asleep <= planned (+256 MiB)", resident <= plan.asleep + tol)
         rec.check(f"level {level}: host RAM asleep <= planned (+256 MiB)", max(host, rss) <= plan.host_asleep + tol)
         if level == 1:
-            rec.check("level 1: host RAM holds the weights' backup (>= 80% of the planned weights)",
-                      max(host, rss) >= 0.8 * plan.weights)
+            rec.check(
+                "level 1: host RAM holds the weights' backup (>= 80% of the planned weights)",
+                max(host, rss) >= 0.8 * plan.weights,
+            )
 
     async def check_ipc(self, rec: Record, gen, model: SmokeModel, ref, probe: list[int]) -> None:
         """The collocated route as the rollout worker runs it (``_serve_transfer``): ``VLLMGpuSync`` handles the
@@ -328,22 +390,37 @@ class CudaSide:
         self.producer.join(timeout=60)
         plan = self.plan(model, 2)
         rec.figure("IPC route: trainer side", figures["trainer side"])
-        rec.figure("IPC route: engine-side adaptations (smoke_vllm_compat.EngineCompat)",
-                   ", ".join(sorted(engine.adaptations)) or "none")
-        rec.figure("IPC route: calls", f"{calls[:1]} {calls[1:2]} {len([c for c in calls if c == UPDATE])} x "
-                   f"{UPDATE} {calls[-1:]}; {seconds:.2f} s from go to the last answer (producer: "
-                   f"{figures['seconds']:.2f} s sending, buffer {figures['buffer bytes'] >> 20} MiB, peak reserved "
-                   f"{_gib(figures['peak reserved'])})")
-        rec.figure("IPC route: GPU in use, asleep / lowest free during the transfer / served",
-                   f"{_gib(self.base.free - asleep.free)} / {_gib(self.base.free - lowest)} (engine + producer) / "
-                   f"{_gib(self.base.free - served.free)}; the plan's engine while updating {_gib(plan.updating)}")
-        rec.check("IPC route: INIT, START, one UPDATE per packed chunk (>= 2), FINISH, in order",
-                  calls[:2] == [INIT, START] and calls[-1:] == [FINISH] and len(calls) >= 5
-                  and all(c == UPDATE for c in calls[2:-1]))
-        rec.check("IPC route: asleep after the rollout, resident <= planned (+256 MiB)",
-                  self.base.free - asleep.free <= plan.asleep + MEMORY_TOL)
-        rec.check("IPC route: the engine serves again (nothing asleep, paused or mid-update)",
-                  not (sync.asleep or sync.paused or sync.updating) and not await gen.engine.is_sleeping())
+        rec.figure(
+            "IPC route: engine-side adaptations (smoke_vllm_compat.EngineCompat)",
+            ", ".join(sorted(engine.adaptations)) or "none",
+        )
+        rec.figure(
+            "IPC route: calls",
+            f"{calls[:1]} {calls[1:2]} {len([c for c in calls if c == UPDATE])} x "
+            f"{UPDATE} {calls[-1:]}; {seconds:.2f} s from go to the last answer (producer: "
+            f"{figures['seconds']:.2f} s sending, buffer {figures['buffer bytes'] >> 20} MiB, peak reserved "
+            f"{_gib(figures['peak reserved'])})",
+        )
+        rec.figure(
+            "IPC route: GPU in use, asleep / lowest free during the transfer / served",
+            f"{_gib(self.base.free - asleep.free)} / {_gib(self.base.free - lowest)} (engine + producer) / "
+            f"{_gib(self.base.free - served.free)}; the plan's engine while updating {_gib(plan.updating)}",
+        )
+        rec.check(
+            "IPC route: INIT, START, one UPDATE per packed chunk (>= 2), FINISH, in order",
+            calls[:2] == [INIT, START]
+            and calls[-1:] == [FINISH]
+            and len(calls) >= 5
+            and all(c == UPDATE for c in calls[2:-1]),
+        )
+        rec.check(
+            "IPC route: asleep after the rollout, resident <= planned (+256 MiB)",
+            self.base.free - asleep.free <= plan.asleep + MEMORY_TOL,
+        )
+        rec.check(
+            "IPC route: the engine serves again (nothing asleep, paused or mid-update)",
+            not (sync.asleep or sync.paused or sync.updating) and not await gen.engine.is_sleeping(),
+        )
         rec.check("IPC route: the producer process exited cleanly", self.producer.exitcode == 0)
         await check_probe(rec, gen, "IPC route", new_logits, old, probe, "cuda")
         reply = await gen.generate(probe[:8], SamplingParams(max_new_tokens=8, do_sample=False, stop=[]))

@@ -36,16 +36,26 @@ def _shape(ctx: Context):
     from rlinf_ext.assets.core.models import TinyQwen2Shape
 
     if ctx.cuda:  # head size 64 (FA3); 8 layers x 11.3M + 2 x vocabulary x 1024 parameters
-        return TinyQwen2Shape(num_hidden_layers=8, hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
-                              num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False)
+        return TinyQwen2Shape(
+            num_hidden_layers=8,
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            max_position_embeddings=2048,
+            tie_word_embeddings=False,
+        )
     return TinyQwen2Shape(max_position_embeddings=1024, tie_word_embeddings=False)  # head size 32 (vLLM's CPU)
 
 
 def _texts() -> list[str]:
     towns = ["Arlen", "Brisk", "Corvo", "Dunmere", "Elsby", "Farrow", "Gilda", "Hollin", "Istra", "Jorvik"]
-    return [f"Question {i}: which river runs through {towns[i % 10]}? <search> river of {towns[i % 10]} </search> "
-            f"<information> the river {towns[(3 * i) % 10]}water </information> <answer> {towns[(7 * i) % 10]}water "
-            f"</answer>" for i in range(300)]
+    return [
+        f"Question {i}: which river runs through {towns[i % 10]}? <search> river of {towns[i % 10]} </search> "
+        f"<information> the river {towns[(3 * i) % 10]}water </information> <answer> {towns[(7 * i) % 10]}water "
+        f"</answer>"
+        for i in range(300)
+    ]
 
 
 def lift_stop_tokens(model, stop_ids: list[int], per_token_p: float = STOP_P_PER_TOKEN, seed: int = 0) -> float:
@@ -66,7 +76,7 @@ def lift_stop_tokens(model, stop_ids: list[int], per_token_p: float = STOP_P_PER
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, head.shape[0], (16, 32), generator=g).to(head.device)
         hidden = model.model(input_ids=ids).last_hidden_state.float()  # after the final norm
-        base, lift = model.lm_head(hidden.to(head.dtype)).float(), hidden[..., c:c + 1]
+        base, lift = model.lm_head(hidden.to(head.dtype)).float(), hidden[..., c : c + 1]
 
         def mean_p(weight: float) -> float:
             logits = base.clone()
@@ -136,8 +146,11 @@ def reference_model(model: SmokeModel, ctx: Context):
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(model.path), dtype=torch.float32,
-                                                attn_implementation="eager").to(ctx.torch_device).eval()
+    return (
+        AutoModelForCausalLM.from_pretrained(str(model.path), dtype=torch.float32, attn_implementation="eager")
+        .to(ctx.torch_device)
+        .eval()
+    )
 
 
 def load_reference(ref, state: dict) -> None:
@@ -158,7 +171,7 @@ def forward_logprobs(ref, prompt: list[int], ids: list[int], temperature: float)
     """log-softmax(logits / T) of ``ids`` after ``prompt`` (what the actor recomputes as old log-probs)."""
     import torch
 
-    logits = reference_logits(ref, prompt + ids)[0, len(prompt) - 1:-1]
+    logits = reference_logits(ref, prompt + ids)[0, len(prompt) - 1 : -1]
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
 
 
@@ -173,10 +186,14 @@ async def check_probe(rec: Record, gen, label: str, new_logits, old_logits, prob
     ids = torch.tensor(probe)
     gap, gap_old = probe_logprob_gap(ids, new_logits, entries), probe_logprob_gap(ids, old_logits, entries)
     tol = PROBE_MEAN_GAP[device]
-    rec.figure(f"{label}: probe gap vs the new / the old weights", f"{gap:.2e} / {gap_old:.3f} nats (mean over "
-                                                                   f"{len(probe) - 1} tokens)")
+    rec.figure(
+        f"{label}: probe gap vs the new / the old weights",
+        f"{gap:.2e} / {gap_old:.3f} nats (mean over {len(probe) - 1} tokens)",
+    )
     rec.check(f"{label}: probe gap vs the HF forward of the new weights <= {tol:g}", gap <= tol)
     rec.check(f"{label}: the new weights arrived (probe gap vs the old weights > 10x that)", gap_old > 10 * tol)
     worker_atol = probe_atol("bf16" if device == "cuda" else "fp32")  # the engine's dtype on each device
-    rec.check(f"{label}: probe gap within the rollout worker's threshold (sync/probe.py probe_atol "
-              f"{worker_atol:g})", gap <= worker_atol)
+    rec.check(
+        f"{label}: probe gap within the rollout worker's threshold (sync/probe.py probe_atol {worker_atol:g})",
+        gap <= worker_atol,
+    )

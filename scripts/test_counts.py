@@ -44,7 +44,7 @@ def main(argv: list[str]) -> None:
     for name, marker in TIERS:
         ids = collect(marker, argv)
         every = ids if marker is None else every
-        print(f"{name:<6} {len(ids):>5} tests" + (f"  (-m \"{marker}\")" if marker else ""))
+        print(f"{name:<6} {len(ids):>5} tests" + (f'  (-m "{marker}")' if marker else ""))
     print()
     for folder, n in sorted(Counter(folder_of(i) for i in every).items()):
         print(f"  {folder:<24} {n:>5}")

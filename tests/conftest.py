@@ -169,9 +169,13 @@ VLLM_MODEL_FIXTURES = ("qwen2_head32_dirs", "qwen2_5_vl_head32_dirs")  # the in-
 # would leave the other worker idle for its length; short files last fill the gaps.
 # pytest-xdist's own `loadgroup` cannot group on pytest 9.2: it tags node ids, which pytest 9.2's structured ids
 # ignore (pytest-xdist issue 1386).
-VLLM_IN_PROCESS_FILES = ("tests/generation/test_vllm_cpu_options.py", "tests/generation/test_vllm_engine.py",
-                         "tests/generation/test_vllm_tied_reload.py", "tests/workers/test_rollout_vllm.py",
-                         "tests/generation/vllm_vl_checks.py")  # the last: run in an interpreter of its own
+VLLM_IN_PROCESS_FILES = (
+    "tests/generation/test_vllm_cpu_options.py",
+    "tests/generation/test_vllm_engine.py",
+    "tests/generation/test_vllm_tied_reload.py",
+    "tests/workers/test_rollout_vllm.py",
+    "tests/generation/vllm_vl_checks.py",
+)  # the last: run in an interpreter of its own
 VLLM_IN_PROCESS_UNIT = "vllm_in_process"
 XDIST_DIST = "loadfile"
 
@@ -183,10 +187,13 @@ MIN_LISTED_S = 1.0  # the table keeps files at least this long: below, the order
 
 
 def pytest_addoption(parser):
-    parser.addoption("--write-file-durations", metavar="PATH",
-                     help=f"write tests/{FILE_SECONDS.name} to PATH with this run's seconds per test file merged in "
-                          f"(the order CI hands files out in); refresh it with `-n 2 --write-file-durations "
-                          f"tests/{FILE_SECONDS.name}` over the whole suite.")
+    parser.addoption(
+        "--write-file-durations",
+        metavar="PATH",
+        help=f"write tests/{FILE_SECONDS.name} to PATH with this run's seconds per test file merged in "
+        f"(the order CI hands files out in); refresh it with `-n 2 --write-file-durations "
+        f"tests/{FILE_SECONDS.name}` over the whole suite.",
+    )
 
 
 def _file_of(nodeid: str) -> str:
@@ -201,6 +208,7 @@ SHARED_PROCESS_DIRS = ("tests/runner/",)
 def file_order_key(seconds: dict[str, float]):
     """The sort key of a test file's path: longest first by ``seconds``; a SHARED_PROCESS_DIRS directory as one
     block. Unlisted files sort as 0 (a stable sort keeps their collection order)."""
+
     def group(path: str) -> str:  # "" for a file on its own: equal keys keep collection order
         return next((d for d in SHARED_PROCESS_DIRS if path.startswith(d)), "")
 
@@ -219,9 +227,11 @@ def xdist_scope(nodeid: str) -> str:
 
 def pytest_configure(config):
     if getattr(config.option, "numprocesses", None) and config.option.dist != XDIST_DIST:
-        raise pytest.UsageError(f"--dist {config.option.dist}: the tests are handed out for `--dist {XDIST_DIST}` "
-                                "(tests/conftest.py, VLLM_IN_PROCESS_FILES: the in-process vLLM tests must run first "
-                                "in their worker); drop --dist (pytest.ini sets it) or run with -n 0.")
+        raise pytest.UsageError(
+            f"--dist {config.option.dist}: the tests are handed out for `--dist {XDIST_DIST}` "
+            "(tests/conftest.py, VLLM_IN_PROCESS_FILES: the in-process vLLM tests must run first "
+            "in their worker); drop --dist (pytest.ini sets it) or run with -n 0."
+        )
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -240,8 +250,10 @@ def pytest_collection_modifyitems(items):
     # The launcher's and the rollout worker's processes never import it (tests/workers/test_rollout_vllm.py checks).
     in_vllm = [item for item in items if set(VLLM_MODEL_FIXTURES) & set(getattr(item, "fixturenames", ()))]
     if stray := sorted({item.nodeid.split("::", 1)[0] for item in in_vllm} - set(VLLM_IN_PROCESS_FILES)):
-        raise pytest.UsageError(f"in-process vLLM tests in {stray}: add the file to VLLM_IN_PROCESS_FILES in "
-                                "tests/conftest.py (under -n 2 its tests must run in the worker's vLLM unit).")
+        raise pytest.UsageError(
+            f"in-process vLLM tests in {stray}: add the file to VLLM_IN_PROCESS_FILES in "
+            "tests/conftest.py (under -n 2 its tests must run in the worker's vLLM unit)."
+        )
     # a stable sort: a file's tests stay together and in order, unlisted files keep collection order; the vLLM
     # tests keep theirs
     by_file = file_order_key(json.loads(FILE_SECONDS.read_text()))
@@ -272,8 +284,10 @@ def pytest_sessionfinish(session):
         return
     table = {**json.loads(FILE_SECONDS.read_text()), **_ran_seconds}
     root = FILE_SECONDS.parent.parent
-    kept = sorted(((path, round(s, 1)) for path, s in table.items() if s >= MIN_LISTED_S and (root / path).exists()),
-                  key=lambda x: (-x[1], x[0]))
+    kept = sorted(
+        ((path, round(s, 1)) for path, s in table.items() if s >= MIN_LISTED_S and (root / path).exists()),
+        key=lambda x: (-x[1], x[0]),
+    )
     Path(out).write_text(json.dumps(dict(kept), indent=0) + "\n")
 
 
@@ -286,8 +300,11 @@ def qwen2_head32_pair(tmp_path_factory):
     from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2, save_hf_model
     from rlinf_ext.assets.core.tokenizer import train_tokenizer
 
-    texts = [f"Question {i}: which city is the capital of country {i % 17}? <search> capital of country {i % 17} "
-             f"</search> <answer> city {i * 7 % 23} </answer>" for i in range(400)]
+    texts = [
+        f"Question {i}: which city is the capital of country {i % 17}? <search> capital of country {i % 17} "
+        f"</search> <answer> city {i * 7 % 23} </answer>"
+        for i in range(400)
+    ]
     tok = train_tokenizer(texts, vocab_size=800)
     root = tmp_path_factory.mktemp("qwen2_head32")
     out = []
@@ -312,9 +329,11 @@ def qwen2_5_vl_head32_dirs(tmp_path_factory):
     without the tiny assets (see ``pytest_collection_modifyitems``)."""
     from rlinf_ext.assets.mmsearch import models as vl_models
 
-    texts = [f"Question {i}: which city shows this emblem? <reason> the colour is {('red', 'blue')[i % 2]} </reason> "
-             f"<search><img></search> <text_search> city {i % 13} </text_search> <answer> city {i * 7 % 23} </answer>"
-             for i in range(300)]
+    texts = [
+        f"Question {i}: which city shows this emblem? <reason> the colour is {('red', 'blue')[i % 2]} </reason> "
+        f"<search><img></search> <text_search> city {i % 13} </text_search> <answer> city {i * 7 % 23} </answer>"
+        for i in range(300)
+    ]
     tok = vl_models.train_vl_tokenizer(texts, vocab_size=600)
     processor = vl_models.make_processor(tok)
     shape = vl_models.TinyVLShape(hidden_size=64, num_attention_heads=2, num_key_value_heads=1)

@@ -25,7 +25,11 @@ def _doc_texts():
         # docstrings and comments only (string literals in code may be user-facing examples)
         parts = re.findall(r'"""(.*?)"""', text, re.S) + re.findall(r"#[^\n]*", text)
         yield path, "\n".join(parts)
-    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "examples" / "searchr1" / "README.md"]:
+    for path in [
+        REPO / "README.md",
+        *sorted((REPO / "docs").glob("*.md")),
+        REPO / "examples" / "searchr1" / "README.md",
+    ]:
         if path.is_file():
             yield path, path.read_text()
 
@@ -50,9 +54,7 @@ def test_every_documented_path_exists():
 # --- extension-less references: `rlinf_ext/agent/mm_loop`, `scripts/install`, a folder that is not there ---------
 # a path anchored at a top-level folder of this repository, with or without an extension; it stops at characters
 # that start placeholders or globs (`<bench>`, `*.yaml`, `{a,b}`), so what is left must exist as written
-ROOTED = re.compile(
-    r"(?<![\w./-])((?:rlinf_ext|scripts|docs|examples|configs|tests|benchmarks|toolkits)/[\w./-]*)"
-)
+ROOTED = re.compile(r"(?<![\w./-])((?:rlinf_ext|scripts|docs|examples|configs|tests|benchmarks|toolkits)/[\w./-]*)")
 
 
 def _markdown_docs():
@@ -83,10 +85,15 @@ def test_rooted_paths_in_markdown_exist_even_without_an_extension():
 
 
 def test_the_rooted_path_check_can_fail():
-    text = ("see `rlinf_ext/agent/no_such_module`, `scripts/install` and rlinf_ext/no_such_package/; "
-            "`rlinf_ext/runner/launch.py`, `rlinf_ext/agent/` and `examples/searchr1/config/*.yaml` exist.")
-    assert rooted_paths_missing(text) == ["rlinf_ext/agent/no_such_module", "rlinf_ext/no_such_package/",
-                                          "scripts/install"]
+    text = (
+        "see `rlinf_ext/agent/no_such_module`, `scripts/install` and rlinf_ext/no_such_package/; "
+        "`rlinf_ext/runner/launch.py`, `rlinf_ext/agent/` and `examples/searchr1/config/*.yaml` exist."
+    )
+    assert rooted_paths_missing(text) == [
+        "rlinf_ext/agent/no_such_module",
+        "rlinf_ext/no_such_package/",
+        "scripts/install",
+    ]
 
 
 # --- nothing points outside the repository: notes, reviews and design documents the reader does not have -------
@@ -95,8 +102,7 @@ OUTSIDE = re.compile(
     r"|\.\./shared|(?<![\w-])reference/|\breview (?:R\d|§|D\d)|\bGPU review\b|design notes"
     r"|(?<!docs/)searchr1-facts"  # docs/searchr1-facts.md is in this repository; any other spelling is not
 )
-SCANNED = ("README.md", "docs", "rlinf_ext", "scripts", "benchmarks", "tests", "examples", "configs",
-           "toolkits", ".ci")
+SCANNED = ("README.md", "docs", "rlinf_ext", "scripts", "benchmarks", "tests", "examples", "configs", "toolkits", ".ci")
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".txt", ".sbatch", ".jinja", ".ini", ".toml", ""}
 
 
@@ -122,7 +128,9 @@ def test_no_reference_to_material_outside_the_repository():
 
 def test_the_outside_reference_check_can_fail():
     assert outside_references("see gpu-path-review §4 and review R1; docs/searchr1-facts.md §2 is ours") == [
-        "gpu-path-review", "review R1"]
+        "gpu-path-review",
+        "review R1",
+    ]
     assert outside_references("(searchr1-facts §3, ../shared/x)") == ["../shared", "searchr1-facts"]
 
 
@@ -173,9 +181,12 @@ def test_the_status_row_check_can_fail():
     assert status_row_problems("| a | written, not GPU-verified | — |") == []
     assert status_row_problems("| a | works | `tests/no_such_test.py`, `tests/test_layout.py::test_gone` |") == [
         "status 'works' is not one of ['GPU-verified (one H100)', 'working', 'written, not GPU-verified', '—']",
-        "tests/no_such_test.py does not exist", "tests/test_layout.py defines no test_gone"]
+        "tests/no_such_test.py does not exist",
+        "tests/test_layout.py defines no test_gone",
+    ]
     assert status_row_problems("| a | working | 717 tests in 154 s |") == [
-        "the test cell names no test file: '717 tests in 154 s'"]
+        "the test cell names no test file: '717 tests in 154 s'"
+    ]
     assert status_row_problems("| a | working |") == ["2 cells, not 3 (capability | status | test)"]
 
 
@@ -189,8 +200,9 @@ DOCS_BUDGET_BYTES = 170_000  # docs/*.md and every README: read in one sitting (
 def test_the_docs_fit_in_one_sitting():
     import subprocess
 
-    tracked = subprocess.run(["git", "ls-files", "docs/*.md", "*README*.md"], cwd=REPO, capture_output=True,
-                             text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "docs/*.md", "*README*.md"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     sizes = {path: len((REPO / path).read_bytes()) for path in tracked if (REPO / path).is_file()}
     assert "docs/results.md" in sizes and "README.md" in sizes
     assert sum(sizes.values()) <= DOCS_BUDGET_BYTES, sorted(sizes.items(), key=lambda kv: -kv[1])
@@ -210,11 +222,16 @@ TYPED_COUNT = re.compile(r"\b\d+ (?:of \d+ )?tests?\b")
 
 
 def test_no_hand_typed_test_counts():
-    found = [f"{name}: {m.group(0)}" for name in ("README.md", "docs/status.md")
-             for m in TYPED_COUNT.finditer((REPO / name).read_text())]
+    found = [
+        f"{name}: {m.group(0)}"
+        for name in ("README.md", "docs/status.md")
+        for m in TYPED_COUNT.finditer((REPO / name).read_text())
+    ]
     assert not found, "test counts typed by hand (name scripts/test_counts.py instead):\n" + "\n".join(found)
 
 
 def test_the_typed_count_check_can_fail():
     assert [m.group(0) for m in TYPED_COUNT.finditer("904 tests in 872 s; 785 of 904 tests stay; 2 workers")] == [
-        "904 tests", "785 of 904 tests"]
+        "904 tests",
+        "785 of 904 tests",
+    ]

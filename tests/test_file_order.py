@@ -34,9 +34,27 @@ def test_longest_files_run_first_and_a_run_rewrites_what_it_timed(tmp_path):
     assert table["tests/e2e/test_reference_recipe.py"] > table["tests/runner/test_launch_config.py"] >= MIN_LISTED_S
     assert "tests/test_layout.py" not in table
     out = tmp_path / "durations.json"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", UNLISTED, SHORT,
-                          LONG, "--write-file-durations", str(out)],
-                         cwd=REPO, capture_output=True, text=True, timeout=240)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-v",
+            "-n",
+            "0",
+            "-p",
+            "no:cacheprovider",
+            UNLISTED,
+            SHORT,
+            LONG,
+            "--write-file-durations",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     ran = re.findall(r"^(tests/\S+::\S+) PASSED", run.stdout, re.M)
     assert ran == [LONG, SHORT, UNLISTED], run.stdout[-3000:]
@@ -50,12 +68,30 @@ def test_longest_files_run_first_and_a_run_rewrites_what_it_timed(tmp_path):
 def test_the_order_key_by_hand():
     from tests.conftest import file_order_key
 
-    seconds = {"tests/e2e/a.py": 100.0, "tests/runner/r1.py": 50.0, "tests/runner/r2.py": 5.0, "tests/x/b.py": 20.0,
-               "tests/x/d.py": 20.0}
-    collected = ["tests/runner/r0.py", "tests/runner/r2.py", "tests/x/c.py", "tests/x/d.py", "tests/runner/r1.py",
-                 "tests/x/b.py", "tests/e2e/a.py"]
+    seconds = {
+        "tests/e2e/a.py": 100.0,
+        "tests/runner/r1.py": 50.0,
+        "tests/runner/r2.py": 5.0,
+        "tests/x/b.py": 20.0,
+        "tests/x/d.py": 20.0,
+    }
+    collected = [
+        "tests/runner/r0.py",
+        "tests/runner/r2.py",
+        "tests/x/c.py",
+        "tests/x/d.py",
+        "tests/runner/r1.py",
+        "tests/x/b.py",
+        "tests/e2e/a.py",
+    ]
     # a first; the runner block at its longest file's 50 s (r1, r2, then unlisted r0); d before b (equal seconds:
     # collection order); c unlisted, last
     assert sorted(collected, key=file_order_key(seconds)) == [
-        "tests/e2e/a.py", "tests/runner/r1.py", "tests/runner/r2.py", "tests/runner/r0.py", "tests/x/d.py",
-        "tests/x/b.py", "tests/x/c.py"]
+        "tests/e2e/a.py",
+        "tests/runner/r1.py",
+        "tests/runner/r2.py",
+        "tests/runner/r0.py",
+        "tests/x/d.py",
+        "tests/x/b.py",
+        "tests/x/c.py",
+    ]

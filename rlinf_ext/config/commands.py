@@ -12,7 +12,9 @@ from rlinf_ext.config.schema import ExperimentConfig
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="experiment YAML: a path, or a name under examples/searchr1/config/ or examples/mmsearch/config/")
+    parser.add_argument(
+        "config", help="experiment YAML: a path, or a name under examples/searchr1/config/ or examples/mmsearch/config/"
+    )
     parser.add_argument(
         "overrides", nargs="*", help="key=value overrides (OmegaConf dotlist), e.g. data.rollout_batch_size=16"
     )
@@ -88,7 +90,9 @@ def format_plan(cfg: ExperimentConfig) -> str:
             )
     if gpu and "actor" in plans and "rollout" in plans and not issues:
         mode = placement_mode(cfg)
-        lines.append(f"  actor and rollout: {mode}" + (" (they take turns on the same GPUs)" if mode == COLLOCATED else ""))
+        lines.append(
+            f"  actor and rollout: {mode}" + (" (they take turns on the same GPUs)" if mode == COLLOCATED else "")
+        )
     for issue in issues:
         lines.append(f"  ! {issue.key}: {issue.reason}")
     b = batch_plan(cfg)

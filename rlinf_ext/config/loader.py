@@ -54,12 +54,19 @@ def check_config(name_or_path: str | Path, overrides: Iterable[str] = (), check_
     schema, agent_issues, tools = _schema_of(raw)
     issues, values, bad = check_structure(raw, schema)
     # a key may come from a shared layer the experiment composes: say which file to edit
-    issues = [dataclasses.replace(i, reason=f"{i.reason} (set in {origins[i.key]})") if i.key in origins else i
-              for i in issues]
+    issues = [
+        dataclasses.replace(i, reason=f"{i.reason} (set in {origins[i.key]})") if i.key in origins else i
+        for i in issues
+    ]
     if agent_issues:  # the cause first; the agent's own section is unknown only because the agent is
-        issues = agent_issues + [dataclasses.replace(i, fix=f"none of its own: fix {AGENT_KEY} above (its section "
-                                                     "is known once the agent resolves).")
-                                 if i.key.startswith("agentloop.") and i.key != AGENT_KEY else i for i in issues]
+        issues = agent_issues + [
+            dataclasses.replace(
+                i, fix=f"none of its own: fix {AGENT_KEY} above (its section is known once the agent resolves)."
+            )
+            if i.key.startswith("agentloop.") and i.key != AGENT_KEY
+            else i
+            for i in issues
+        ]
     else:
         issues = [_tool_section_issue(i, raw.agentloop.agent, tools) if _is_tool_section(i) else i for i in issues]
     bad |= {AGENT_KEY} if agent_issues else set()
@@ -85,9 +92,21 @@ def _schema_of(raw: DictConfig) -> tuple[type, list[ConfigIssue], list[str]]:
         tools = _configured_tools(raw, experiment_schema(name))
         return experiment_schema(name, tools), [], tools
     except ValueError as exc:  # AgentError carries its own fix
-        return experiment_schema(None), [ConfigIssue(AGENT_KEY, getattr(exc, "problem", str(exc)), getattr(
-            exc, "fix", None) or (f"give {AGENT_KEY} one of {sorted(AGENTS)} or the import path of an AgentSpec "
-                                  "importable here (pkg.module:SPEC)."))], []
+        return (
+            experiment_schema(None),
+            [
+                ConfigIssue(
+                    AGENT_KEY,
+                    getattr(exc, "problem", str(exc)),
+                    getattr(exc, "fix", None)
+                    or (
+                        f"give {AGENT_KEY} one of {sorted(AGENTS)} or the import path of an AgentSpec "
+                        "importable here (pkg.module:SPEC)."
+                    ),
+                )
+            ],
+            [],
+        )
 
 
 def _configured_tools(raw: DictConfig, schema: type) -> list[str]:
@@ -109,18 +128,23 @@ def _tool_section_issue(issue: ConfigIssue, agent: str, tools: list[str]) -> Con
     section, listed = issue.key.split(".")[1], f"agentloop.{agent_spec(agent).name}.tools"
     classes = {cls.name: cls for cls in (_resolved(n) for n in [*BUILTIN_TOOLS, *tools]) if cls is not None}
     if section in classes:  # configured, without settings
-        return dataclasses.replace(issue, reason=f"tool {section!r} declares no settings (its class "
-                                   f"{classes[section].__name__} sets no config_class).",
-                                   fix=f"remove {issue.key}, or give {classes[section].__name__} a config_class "
-                                   "dataclass (docs/extending.md).")
+        return dataclasses.replace(
+            issue,
+            reason=f"tool {section!r} declares no settings (its class "
+            f"{classes[section].__name__} sets no config_class).",
+            fix=f"remove {issue.key}, or give {classes[section].__name__} a config_class "
+            "dataclass (docs/extending.md).",
+        )
     unresolved = [n for n in tools if _resolved(n) is None]
     configured = {cls.name for cls in (_resolved(n) for n in tools) if cls is not None}
     return dataclasses.replace(
-        issue, reason=f"no configured tool is named {section!r}; its settings have no section (configured tools: "
+        issue,
+        reason=f"no configured tool is named {section!r}; its settings have no section (configured tools: "
         f"{', '.join(sorted(configured)) or 'none'}; built-in sections: {', '.join(sorted(BUILTIN_TOOLS))}).",
         fix=f"fix {listed} first: {', '.join(unresolved)} does not resolve (its section is known once it does)."
-        if unresolved else
-        f"add the tool to {listed} (a registered name or pkg.module:Class) or remove {issue.key}.")
+        if unresolved
+        else f"add the tool to {listed} (a registered name or pkg.module:Class) or remove {issue.key}.",
+    )
 
 
 def _resolved(name: str):

@@ -93,18 +93,23 @@ def parse_cpu_spec(spec: object, num_nodes: int) -> tuple[list[int], list[int]]:
         ranks = parse_ranks(text, None)
         return ranks, [0] * len(ranks)
     if ":" in procs_text or "," in nodes_text:
-        raise PlacementError(f"'{text}' has more than one NODES:PROCESSES part.",
-                             "write one range of nodes and one range of processes, e.g. 0-1:0-3.")
+        raise PlacementError(
+            f"'{text}' has more than one NODES:PROCESSES part.",
+            "write one range of nodes and one range of processes, e.g. 0-1:0-3.",
+        )
     nodes = parse_ranks(nodes_text, None)
     if nodes[-1] >= num_nodes:
         raise PlacementError(
             f"'{text}' puts processes on node {nodes[-1]} but cluster.num_nodes is {num_nodes} "
-            f"(nodes 0-{num_nodes - 1}).", f"use nodes within 0-{num_nodes - 1}, or raise cluster.num_nodes.")
+            f"(nodes 0-{num_nodes - 1}).",
+            f"use nodes within 0-{num_nodes - 1}, or raise cluster.num_nodes.",
+        )
     ranks = parse_ranks(procs_text, None)
     if ranks[0] != 0 or len(ranks) % len(nodes):
         raise PlacementError(
             f"'{text}': processes {fmt_ranks(ranks)} do not split evenly over {len(nodes)} node(s) starting at 0.",
-            f"give a multiple of {len(nodes)} processes from 0, e.g. {nodes_text}:0-{len(nodes) - 1}.")
+            f"give a multiple of {len(nodes)} processes from 0, e.g. {nodes_text}:0-{len(nodes) - 1}.",
+        )
     per_node = len(ranks) // len(nodes)
     return ranks, [nodes[i // per_node] for i in range(len(ranks))]
 
@@ -118,8 +123,10 @@ def placement_entries(placement: Mapping[str, Any], total: int | None, num_nodes
         spec = placement[key]
         components = tuple(split_components(key))
         if isinstance(spec, Mapping) or hasattr(spec, "keys"):
-            error = PlacementError("node-group placement mappings are not supported by rlinf_ext's planner.",
-                                   "give GPU ranks directly, e.g. '0-7' (CPU cluster: NODES:PROCESSES, e.g. '1:0').")
+            error = PlacementError(
+                "node-group placement mappings are not supported by rlinf_ext's planner.",
+                "give GPU ranks directly, e.g. '0-7' (CPU cluster: NODES:PROCESSES, e.g. '1:0').",
+            )
             entries.append(PlacementEntry(str(key), components, error=error))
             continue
         try:
@@ -153,8 +160,9 @@ def component_ranks(placement: Mapping[str, Any], total: int | None, num_nodes: 
 
 def component_nodes(placement: Mapping[str, Any], num_nodes: int) -> dict[str, list[int]]:
     """CPU cluster: component -> the node of each of its processes (``PlacementError`` as ``component_ranks``)."""
-    return {name: list(entry.nodes) for entry in checked_entries(placement, None, num_nodes)
-            for name in entry.components}
+    return {
+        name: list(entry.nodes) for entry in checked_entries(placement, None, num_nodes) for name in entry.components
+    }
 
 
 @dataclass(frozen=True)

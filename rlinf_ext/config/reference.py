@@ -24,9 +24,11 @@ from rlinf_ext.config.structure import type_name
 from rlinf_ext.protocol.agents import AGENTS
 
 Section = tuple[str, type]  # (dotted prefix, "" for the root; a dataclass)
-SCHEMA: tuple[Section, ...] = (("", ExperimentConfig),
-                                *(section for spec in AGENTS.values() for section in agent_sections(spec)),
-                                *builtin_tool_sections())
+SCHEMA: tuple[Section, ...] = (
+    ("", ExperimentConfig),
+    *(section for spec in AGENTS.values() for section in agent_sections(spec)),
+    *builtin_tool_sections(),
+)
 DOC = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
 KEYS_BLOCK, COMPAT_BLOCK = "keys", "compat"
 REGENERATE = "python -m rlinf_ext.config.reference"
@@ -98,8 +100,10 @@ def keys_markdown(sections: Sequence[Section] = SCHEMA) -> str:
     out: list[str] = []
     for top, group in groups.items():
         out += ["", f"`{top}`", "", "| key | type | default |", "|---|---|---|"]
-        out += [f"| `{leaf.key}` | {_cell(type_name(leaf.annotation))} | `{_cell(_yaml(leaf.default()))}` |"
-                for leaf in group]
+        out += [
+            f"| `{leaf.key}` | {_cell(type_name(leaf.annotation))} | `{_cell(_yaml(leaf.default()))}` |"
+            for leaf in group
+        ]
     return "\n".join(out[1:])
 
 
@@ -142,8 +146,10 @@ def run(verb: str, args: argparse.Namespace) -> int:
     text = keys_text(args.prefix)
     if not text:
         sections = sorted({leaf.key.split(".")[0] for leaf in leaves()})
-        print(f"rlinf-ext keys: no key is {args.prefix!r} or below it; the sections are {', '.join(sections)}.",
-              file=sys.stderr)
+        print(
+            f"rlinf-ext keys: no key is {args.prefix!r} or below it; the sections are {', '.join(sections)}.",
+            file=sys.stderr,
+        )
         return 1
     print(text)
     return 0

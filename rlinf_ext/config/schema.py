@@ -88,17 +88,20 @@ class ClusterConfig:
     )
     node_groups: Optional[list[Any]] = fld(None, "Optional RLinf node groups (heterogeneous clusters).")
     ray_address: Optional[str] = fld(
-        None, "Ray cluster to join (HEAD_IP:PORT); null = the RAY_ADDRESS environment variable, else one node: a "
-        "private Ray instance for the run, several nodes: the cluster `ray start` joined on this node."
+        None,
+        "Ray cluster to join (HEAD_IP:PORT); null = the RAY_ADDRESS environment variable, else one node: a "
+        "private Ray instance for the run, several nodes: the cluster `ray start` joined on this node.",
     )
     join_timeout_s: float = fld(
-        300.0, "Several nodes: how long the launcher waits for cluster.num_nodes nodes to join before it stops "
-        "with the list of nodes it saw."
+        300.0,
+        "Several nodes: how long the launcher waits for cluster.num_nodes nodes to join before it stops "
+        "with the list of nodes it saw.",
     )
     gpu_memory_gib: float = fld(
-        80.0, "Nominal memory of one GPU in GiB (H100 80GB: 80, H200: 141). `rlinf-ext plan` checks the per-GPU memory "
+        80.0,
+        "Nominal memory of one GPU in GiB (H100 80GB: 80, H200: 141). `rlinf-ext plan` checks the per-GPU memory "
         "estimate against what such a GPU gives CUDA (read on this node's GPU of that kind, else the table of "
-        "models/gpu_capacity.py: 80 -> 79.14) and `validate` refuses a config that does not fit."
+        "models/gpu_capacity.py: 80 -> 79.14) and `validate` refuses a config that does not fit.",
     )
 
 
@@ -129,39 +132,45 @@ class RunnerConfig:
     rollout_data_dir: Optional[str] = fld(None, "If set, trajectories of every step are dumped here as jsonl.")
     val_before_train: bool = fld(False, "Run validation once before the first training step.")
     val_samples_per_benchmark: int = fld(
-        64, "Validation during training: questions per benchmark of data.val_data_paths, a fixed subset drawn "
-        "with data.seed (-1 = all). Decoding is greedy."
+        64,
+        "Validation during training: questions per benchmark of data.val_data_paths, a fixed subset drawn "
+        "with data.seed (-1 = all). Decoding is greedy.",
     )
     max_staleness: int = fld(
-        0, "k: batches dispatched ahead of the step that trains them (batch b is rolled out during steps b-k..b, on "
+        0,
+        "k: batches dispatched ahead of the step that trains them (batch b is rolled out during steps b-k..b, on "
         "weights up to k steps old, and trained at step b). 0 = the synchronous order. k > 0 needs "
-        "rollout.return_logprobs=true and a disaggregated or CPU placement."
+        "rollout.return_logprobs=true and a disaggregated or CPU placement.",
     )
     partial_rollout: bool = fld(
-        False, "A weight sync no longer waits for the turns in flight: they stop between decode steps and go on "
+        False,
+        "A weight sync no longer waits for the turns in flight: they stop between decode steps and go on "
         "from their prompt and tokens so far on the new weights, so one turn may carry tokens of two versions, each "
         "trained with the log-probs of the weights that sampled it; no trained token may be older than "
         "runner.max_staleness. Needs runner.max_staleness >= 1 and an engine whose turns a sync can cut "
-        "(EngineSpec.partial_rollout: hf between decode steps, vllm by its keep pause; SGLang not wired, refused)."
+        "(EngineSpec.partial_rollout: hf between decode steps, vllm by its keep pause; SGLang not wired, refused).",
     )
     admission: Literal["batch", "group"] = fld(
-        "batch", "What a step trains. batch: step b trains exactly batch b. group: step b trains the first "
+        "batch",
+        "What a step trains. batch: step b trains exactly batch b. group: step b trains the first "
         "data.rollout_batch_size prompt groups to complete among the batches in flight (whole groups, whichever batch "
         "they came from), waiting only for the groups whose head staleness would otherwise pass runner.max_staleness; "
         "batches are still dispatched k ahead, so at most k + 1 batches of prompts are untrained at once. k = 0 trains "
-        "batch b at step b either way. Not with algorithm.adv_type=grpo_dynamic."
+        "batch b at step b either way. Not with algorithm.adv_type=grpo_dynamic.",
     )
     in_flight_batches: int = fld(
-        -1, "runner.admission=group: at most this many batches of prompt groups dispatched and untrained at once "
+        -1,
+        "runner.admission=group: at most this many batches of prompt groups dispatched and untrained at once "
         "(-1 = k + 1, the most the staleness bound allows). At k + 1 every group is due at the step batch admission "
         "would train it, so after the first k steps the order is batch admission's; each batch less gives every "
-        "group a step of slack to finish late in, for fewer rollouts overlapping the step. 1..k + 1."
+        "group a step of slack to finish late in, for fewer rollouts overlapping the step. 1..k + 1.",
     )
     sync_every: int = fld(
-        1, "Weight sync at every n-th step only (1 = every step). A skipped sync leaves the engines on older weights, "
+        1,
+        "Weight sync at every n-th step only (1 = every step). A skipped sync leaves the engines on older weights, "
         "so batch b is dispatched only once they hold version b - k or later: needs n - 1 <= runner.max_staleness and "
         "runner.admission=batch. Pays where a sync waits for whole turns (no partial rollout; "
-        "benchmarks/async_sim.py)."
+        "benchmarks/async_sim.py).",
     )
 
 
@@ -180,7 +189,8 @@ class SamplingParamsConfig:
 @dataclass
 class OffPolicyConfig:
     behaviour_weight: Literal["truncate", "mask", "none"] = fld(
-        "truncate", "Decoupled PPO: each loss token's clipped surrogate is weighted by w = pi_prox / pi_behav (the "
+        "truncate",
+        "Decoupled PPO: each loss token's clipped surrogate is weighted by w = pi_prox / pi_behav (the "
         "actor's recompute over the engine's sampled log-probs): 'truncate' caps w at behaviour_weight_cap, 'mask' "
         "zeroes it outside [behaviour_weight_floor, behaviour_weight_cap], 'none' keeps w = 1 (the plain clipped "
         "loss). Applies only when the engine's log-probs reach the actor (rollout.return_logprobs: true; "
@@ -190,26 +200,34 @@ class OffPolicyConfig:
         "log-probs on, 'truncate' reweights a synchronous step too (the engine-actor gap, TIS), so k = 0 trains the "
         "plain loss bit for bit only with rollout.return_logprobs: false or 'none'. runner.max_staleness > 0 with "
         "'none' trains stale tokens uncorrected (validate warns). A NaN or infinite engine log-prob on a sampled token "
-        "is refused, naming the trajectory.")
+        "is refused, naming the trajectory.",
+    )
     behaviour_weight_cap: float = fld(
-        2.0, "Upper bound C of the behaviour weight: truncation point ('truncate') or upper edge of the kept range "
-        "('mask'); >= 1.")
+        2.0,
+        "Upper bound C of the behaviour weight: truncation point ('truncate') or upper edge of the kept range "
+        "('mask'); >= 1.",
+    )
     behaviour_weight_floor: float = fld(
-        0.5, "Lower edge of the kept range of the behaviour weight in 'mask' mode; in (0, 1].")
+        0.5, "Lower edge of the kept range of the behaviour weight in 'mask' mode; in (0, 1]."
+    )
 
 
 @dataclass
 class AlgorithmConfig:
     adv_type: Literal["grpo", "grpo_dynamic", "gae"] = fld(
-        "grpo", "Advantage estimator: grpo (group-relative, no critic); grpo_dynamic: GRPO with dynamic sampling "
+        "grpo",
+        "Advantage estimator: grpo (group-relative, no critic); grpo_dynamic: GRPO with dynamic sampling "
         "(DAPO): groups whose rewards are all equal are dropped and batches are refilled "
         "(algorithm.max_num_gen_batches; runner/dynamic_sampling.py); gae: PPO with a critic "
-        "(critic.use_critic_model=true; GAE over the generated tokens, whitened over the batch, training/ppo_math.py).")
+        "(critic.use_critic_model=true; GAE over the generated tokens, whitened over the batch, training/ppo_math.py).",
+    )
     max_num_gen_batches: int = fld(
-        1, "grpo_dynamic: batches a step may generate (the first and its refills from the run's data order) until "
+        1,
+        "grpo_dynamic: batches a step may generate (the first and its refills from the run's data order) until "
         "data.rollout_batch_size groups with mixed rewards are kept. Short of them after N batches (or at the end of "
         "the data) the step trains the kept groups, completed with all-equal ones to a whole share of the actor's "
-        "data-parallel ranks and minibatches (logged as dynamic/padded_groups). 1 = drop without refill.")
+        "data-parallel ranks and minibatches (logged as dynamic/padded_groups). 1 = drop without refill.",
+    )
     advantage_mode: Literal["trajectory"] = fld("trajectory", "One advantage per trajectory, broadcast to tokens.")
     group_size: int = fld(REQUIRED, "Responses sampled per prompt (GRPO group).")
     n_minibatches: int = fld(1, "Optimizer steps per rollout step (the rollout batch is split this many ways).")
@@ -228,11 +246,14 @@ class AlgorithmConfig:
     gamma: float = fld(1.0, "gae: discount per generated token (observation tokens cost no step); Search-R1: 1.0.")
     gae_lambda: float = fld(1.0, "gae: GAE's lambda; Search-R1: 1.0 (then A_t = reward - V_t).")
     value_clip: float = fld(
-        0.5, "gae: the critic's new values are clipped to old value +- value_clip in the value loss (verl's "
-        "cliprange_value, Search-R1: 0.5).")
+        0.5,
+        "gae: the critic's new values are clipped to old value +- value_clip in the value loss (verl's "
+        "cliprange_value, Search-R1: 0.5).",
+    )
     sampling_params: SamplingParamsConfig = fld(SamplingParamsConfig, "Rollout sampling parameters.")
     off_policy: OffPolicyConfig = fld(
-        OffPolicyConfig, "Off-policy correction with the engine's log-probs (decoupled PPO behaviour weight).")
+        OffPolicyConfig, "Off-policy correction with the engine's log-probs (decoupled PPO behaviour weight)."
+    )
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -245,8 +266,11 @@ class DataConfig:
     max_prompt_length: int = fld(REQUIRED, "Prompts longer than this (tokens) are dropped.")
     rollout_batch_size: int = fld(REQUIRED, "Prompts per rollout step.")
     val_rollout_batch_size: Optional[int] = fld(None, "Prompts per validation batch (null = rollout_batch_size).")
-    shuffle: bool = fld(True, "Shuffle training prompts: epoch e is a permutation seeded by data.seed + e, so a resume at "
-                              "any step trains what the uninterrupted run trains (runner/data_order.py).")
+    shuffle: bool = fld(
+        True,
+        "Shuffle training prompts: epoch e is a permutation seeded by data.seed + e, so a resume at "
+        "any step trains what the uninterrupted run trains (runner/data_order.py).",
+    )
     seed: int = fld(1234, "Seed of the data order.")
     data_size: int = fld(-1, "Use only the first N rows of each file (-1 = all).")
     prompt_key: str = fld("prompt", "Column holding the prompt.")
@@ -273,17 +297,24 @@ class SGLangConfig:
 @dataclass
 class VLLMConfig:
     attention_backend: str = fld("FLASH_ATTN", "vLLM attention backend.")
-    enable_chunked_prefill: bool = fld(True, "vLLM chunked prefill (GPU engines; always off on CPU, where vLLM 0.32 fails on a seeded "
-                                                 "request prefilled in parts).")
+    enable_chunked_prefill: bool = fld(
+        True,
+        "vLLM chunked prefill (GPU engines; always off on CPU, where vLLM 0.32 fails on a seeded "
+        "request prefilled in parts).",
+    )
     enable_prefix_caching: bool = fld(True, "vLLM prefix caching.")
     max_num_batched_tokens: Optional[int] = fld(None, "vLLM token budget per batch (null = vLLM default).")
     kv_cache_memory_bytes: Optional[int] = fld(
-        None, "KV cache bytes of one engine; null = 512 MiB on CPU (vLLM would otherwise reserve "
-        "rollout.gpu_memory_utilization of the machine's RAM) and rollout.gpu_memory_utilization on GPUs.")
+        None,
+        "KV cache bytes of one engine; null = 512 MiB on CPU (vLLM would otherwise reserve "
+        "rollout.gpu_memory_utilization of the machine's RAM) and rollout.gpu_memory_utilization on GPUs.",
+    )
     sleep_level: Literal[1, 2] = fld(
-        2, "GPU, actor and rollout on the same GPUs: how the engine releases its GPU for training. 2 = weights and "
+        2,
+        "GPU, actor and rollout on the same GPUs: how the engine releases its GPU for training. 2 = weights and "
         "KV cache discarded (the next weight sync refills them); 1 = weights kept in host RAM (`rlinf-ext plan` "
-        "counts it per node), KV cache discarded.")
+        "counts it per node), KV cache discarded.",
+    )
 
 
 @dataclass
@@ -296,20 +327,26 @@ class HFRolloutConfig:
 class RolloutConfig:
     group_name: str = fld("RolloutGroup", "Ray worker group name.")
     rollout_backend: EngineName = fld(
-        VLLM, "Generation engine, an entry of protocol/engines.py: vllm (CPU or GPU), hf (CPU transformers), sglang "
-        "(GPU). Set here and by the experiment YAML only.")
+        VLLM,
+        "Generation engine, an entry of protocol/engines.py: vllm (CPU or GPU), hf (CPU transformers), sglang "
+        "(GPU). Set here and by the experiment YAML only.",
+    )
     model: RolloutModelConfig = fld(RolloutModelConfig, "Model served by the rollout engine.")
     tensor_parallel_size: int = fld(1, "Tensor parallel size of one rollout engine.")
     pipeline_parallel_size: int = fld(1, "Pipeline parallel size of one rollout engine.")
     detokenize: bool = fld(False, "Engine detokenizes while generating; required for stop strings.")
     gpu_memory_utilization: float = fld(
-        0.65, "Fraction of each of its GPUs the engine takes: vLLM holds its weights, runtime and KV cache in it "
+        0.65,
+        "Fraction of each of its GPUs the engine takes: vLLM holds its weights, runtime and KV cache in it "
         "(`rlinf-ext plan` shows the split; validate refuses a fraction that cannot cache one runner.seq_length "
-        "sequence).")
+        "sequence).",
+    )
     return_logprobs: bool = fld(
-        False, "Engine returns the sampled tokens' log-probs; the loop keeps them on each turn and trajectory, and the "
+        False,
+        "Engine returns the sampled tokens' log-probs; the loop keeps them on each turn and trajectory, and the "
         "actor weights its loss by them (algorithm.off_policy). The PPO ratio's anchor stays the actor's recomputed "
-        "log-probs.")
+        "log-probs.",
+    )
     enforce_eager: bool = fld(False, "Disable CUDA graphs.")
     distributed_executor_backend: str = fld("mp", "vLLM executor backend (mp, ray).")
     max_running_requests: int = fld(128, "Concurrent requests per engine.")
@@ -356,8 +393,9 @@ class MegatronConfig:
 
 @dataclass
 class FSDPMixedPrecisionConfig:
-    param_dtype: Literal["fp32", "bf16", "fp16"] = fld("bf16", "fsdp (CUDA): parameter dtype in compute (the "
-                                                       "fp32 master copy stays sharded); CPU runs keep fp32.")
+    param_dtype: Literal["fp32", "bf16", "fp16"] = fld(
+        "bf16", "fsdp (CUDA): parameter dtype in compute (the fp32 master copy stays sharded); CPU runs keep fp32."
+    )
     reduce_dtype: Literal["fp32", "bf16", "fp16"] = fld("fp32", "fsdp (CUDA): gradient reduce-scatter dtype.")
 
 
@@ -396,17 +434,22 @@ class LRSchedConfig:
 class ActorConfig:
     group_name: str = fld("ActorGroup", "Ray worker group name.")
     training_backend: Literal["megatron", "fsdp"] = fld(
-        "megatron", "Training engine: megatron (text models, Megatron-core) or fsdp (qwen2.5_vl: transformers' "
-        "model, FSDP2 when data-parallel).")
+        "megatron",
+        "Training engine: megatron (text models, Megatron-core) or fsdp (qwen2.5_vl: transformers' "
+        "model, FSDP2 when data-parallel).",
+    )
     seed: int = fld(1234, "Actor random seed.")
     micro_batch_size: int = fld("${algorithm.training_batch_size_per_gpu}", "Derived: micro-batch per DP rank.")
     spec_name: Literal["decoder_gpt", "local_gpt"] = fld("decoder_gpt", "RLinf layer spec (decoder_gpt needs TE).")
-    offload_optimizer: bool = fld(False, "Offload optimizer state while rolling out (collocated GPUs only; refused elsewhere).")
+    offload_optimizer: bool = fld(
+        False, "Offload optimizer state while rolling out (collocated GPUs only; refused elsewhere)."
+    )
     offload_weight: bool = fld(False, "Offload weights while rolling out (collocated GPUs only; refused elsewhere).")
     offload_grad: bool = fld(False, "Offload gradients while rolling out (collocated GPUs only; refused elsewhere).")
     logprob_chunk_tokens: int = fld(
-        512, "Tokens per chunk of the log-prob computation: the fp32 [chunk, vocab] logits are the only "
-        "full-vocabulary tensors the actor holds (lower = less memory, more kernel launches)."
+        512,
+        "Tokens per chunk of the log-prob computation: the fp32 [chunk, vocab] logits are the only "
+        "full-vocabulary tensors the actor holds (lower = less memory, more kernel launches).",
     )
     model: ActorModelConfig = fld(ActorModelConfig, "Model parallelism and dimensions.")
     megatron: MegatronConfig = fld(MegatronConfig, "Megatron options.")
@@ -424,15 +467,23 @@ class CriticOptimConfig(OptimConfig):
 @dataclass
 class CriticConfig:
     use_critic_model: bool = fld(
-        False, "PPO's value model (algorithm.adv_type=gae): the policy's Megatron-core backbone with a scalar head, "
+        False,
+        "PPO's value model (algorithm.adv_type=gae): the policy's Megatron-core backbone with a scalar head, "
         "initialised from model_path, held and trained in the actor's processes (collocated with it, offloaded "
-        "with it), checkpointed beside it. Text (megatron) actor only.")
-    model_path: str = fld("${rollout.model.model_path}", "Hugging Face directory the critic's backbone starts from "
-                          "(the policy's by default).", path="dir")
+        "with it), checkpointed beside it. Text (megatron) actor only.",
+    )
+    model_path: str = fld(
+        "${rollout.model.model_path}",
+        "Hugging Face directory the critic's backbone starts from (the policy's by default).",
+        path="dir",
+    )
     micro_batch_size: int = fld("${actor.micro_batch_size}", "Micro-batch size of the critic's forward and update.")
     critic_warmup: int = fld(0, "The first N steps train the critic only (the policy is left unchanged).")
-    offload: bool = fld("${actor.offload_weight}", "Move the critic's weights, optimizer state and gradients off the "
-                        "GPU between phases (collocated GPUs only, as actor.offload_*).")
+    offload: bool = fld(
+        "${actor.offload_weight}",
+        "Move the critic's weights, optimizer state and gradients off the "
+        "GPU between phases (collocated GPUs only, as actor.offload_*).",
+    )
     optim: CriticOptimConfig = fld(CriticOptimConfig, "The critic's optimizer (the LR schedule is the actor's).")
 
 
@@ -445,11 +496,14 @@ class RewardConfig:
         "em", "em, subem, f1, or the format-aware variant (mmsearch: em or subem)."
     )
     answer_tag_limit: int = fld(10, "More <answer> tags than this score 0.25 (reward hacking guard).")
-    search_penalty: float = fld(0.0, "Correct answers that searched get (1 - penalty) (MMSearch-R1's idea; both "
-                                "agents' rewards apply it); 0 = off.")
+    search_penalty: float = fld(
+        0.0,
+        "Correct answers that searched get (1 - penalty) (MMSearch-R1's idea; both agents' rewards apply it); 0 = off.",
+    )
     shuffle_within_step: bool = fld(
-        False, "A control run's switch: each step's rewards are permuted across all its trajectories before the "
-        "advantage (same mean and spread, no link to what was done); the reward/* metrics stay the true ones."
+        False,
+        "A control run's switch: each step's rewards are permuted across all its trajectories before the "
+        "advantage (same mean and spread, no link to what was done); the reward/* metrics stay the true ones.",
     )
 
 
@@ -458,9 +512,10 @@ class RewardConfig:
 class AgentLoopConfig:
     group_name: str = fld("AgentLoopGroup", "Ray worker group name.")
     agent: AgentName = fld(
-        SEARCHR1, "The agent (protocol/agents.py): searchr1 (<search>/<information>/<answer>), mmsearch (MMSearch-R1: "
+        SEARCHR1,
+        "The agent (protocol/agents.py): searchr1 (<search>/<information>/<answer>), mmsearch (MMSearch-R1: "
         "image search <search><img></search>, <text_search>, <answer>; a Qwen2.5-VL model and FVQA data), or the "
-        "import path of an AgentSpec (pkg.module:SPEC). Its own settings are the section agentloop.<its name>."
+        "import path of an AgentSpec (pkg.module:SPEC). Its own settings are the section agentloop.<its name>.",
     )
     response_length_total: int = fld(4096, "Token budget of the whole multi-turn response.")
     max_obs_length: int = fld(500, "Observation tokens kept per tool result (closing tag preserved).")
@@ -470,14 +525,16 @@ class AgentLoopConfig:
 @dataclass
 class ImageSearchToolConfig:
     backend: Literal["cache_dir", "cache_pickle", "dummy"] = fld(
-        "cache_dir", "MMSearch-R1 image search: cache_dir (FVQA_Cache layout <cache_path>/<data_id>/meta.json + "
+        "cache_dir",
+        "MMSearch-R1 image search: cache_dir (FVQA_Cache layout <cache_path>/<data_id>/meta.json + "
         "img_000.jpg ...), cache_pickle (the released *_image_search_results_cache.pkl, loaded without running "
-        "code), dummy (canned results for tests)."
+        "code), dummy (canned results for tests).",
     )
     cache_path: Optional[str] = fld(None, "The cache directory (cache_dir) or .pkl file (cache_pickle).")
     val_cache_path: Optional[str] = fld(
-        None, "Validation during training: the cache (same backend) holding the questions of data.val_data_paths, "
-        "when cache_path holds only the training questions (null = cache_path)."
+        None,
+        "Validation during training: the cache (same backend) holding the questions of data.val_data_paths, "
+        "when cache_path holds only the training questions (null = cache_path).",
     )
     topk: int = fld(5, "Results (thumbnail + page title) shown per image search.")
     thumbnail_min_pixels: int = fld(3136, "Thumbnails are canonicalised to at least this many pixels (4 tokens).")
@@ -485,8 +542,8 @@ class ImageSearchToolConfig:
         200704, "Thumbnails are canonicalised to at most this many pixels (256*28*28: <= 256 tokens each)."
     )
     on_missing_image: Literal["title_only", "placeholder", "error"] = fld(
-        "title_only", "A result without a usable thumbnail: show its title only, a grey placeholder image, or "
-        "fail the search."
+        "title_only",
+        "A result without a usable thumbnail: show its title only, a grey placeholder image, or fail the search.",
     )
     max_cache_bytes: int = fld(1 << 30, "cache_pickle: refuse pickles larger than this many bytes.")
     fail_on_miss: bool = fld(False, "Raise on a data_id without cached results (False: a failure observation).")
@@ -510,8 +567,9 @@ class RetrievalConfig:
     model_path: Optional[str] = fld(None, "Encoder for dense retrieval.", path="dir")
     host: str = fld("127.0.0.1", "Bind address of a launched server.")
     per_node: bool = fld(
-        False, "With launch: one server on every node of the cluster (bound to the node's IP, address files in "
-        "RUN_DIR/retrievers/); each agent loop asks its own node's server first and fails over to the others."
+        False,
+        "With launch: one server on every node of the cluster (bound to the node's IP, address files in "
+        "RUN_DIR/retrievers/); each agent loop asks its own node's server first and fails over to the others.",
     )
     port: int = fld(0, "Port of a launched server (0 = a free port).")
     topk: int = fld(3, "Default top-k of the server.")

@@ -116,7 +116,9 @@ def _example(tp: Any) -> str:
         return repr(typing.get_args(tp)[0])
     if origin in (Union, types.UnionType):
         return _example(next(a for a in typing.get_args(tp) if a is not type(None)))
-    return {bool: "true", int: "4", float: "0.5", str: "text", ImportPath: "mypkg.agent:SPEC"}.get(tp, "[a, b]" if origin is list else "...")
+    return {bool: "true", int: "4", float: "0.5", str: "text", ImportPath: "mypkg.agent:SPEC"}.get(
+        tp, "[a, b]" if origin is list else "..."
+    )
 
 
 # ------------------------------------------------------------------------------------------ walking
@@ -200,7 +202,7 @@ def _compat_issues(node: DictConfig, name: str, key: str) -> list[ConfigIssue]:
             if sub_key in compat.BY_KEY or compat.is_compat_section(sub_key):
                 issues += _compat_issues(child, str(sub), sub_key)
             else:
-                valid = sorted(k[len(key) + 1:].split(".")[0] for k in compat.BY_KEY if k.startswith(key + "."))
+                valid = sorted(k[len(key) + 1 :].split(".")[0] for k in compat.BY_KEY if k.startswith(key + "."))
                 issues.append(_unknown_issue(sub_key, str(sub), valid, key + "."))
         return issues
     value, issue, transitive = _resolve_one(node, name, key)

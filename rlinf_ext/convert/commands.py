@@ -29,13 +29,22 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     mg.add_argument("--mg", required=True, help="Megatron checkpoint folder (actor dir or iteration dir)")
     mg.add_argument("--out", required=True, help="output HF model folder (must not exist, unless --force)")
     mg.add_argument("--hf-template", required=True, help="the original HF model folder (config.json, tokenizer)")
-    mg.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
-                    help="dtype of the written weights (default: keep the checkpoint's, bit-exact)")
+    mg.add_argument(
+        "--dtype",
+        choices=["bf16", "fp16", "fp32"],
+        default=None,
+        help="dtype of the written weights (default: keep the checkpoint's, bit-exact)",
+    )
     mg.add_argument("--max-shard-size", type=_size, default="5GB", help="largest safetensors shard (default 5GB)")
-    mg.add_argument("--verify", action="store_true",
-                    help="after converting, compare logits of the HF result and the Megatron-core model on fixed "
-                    "prompts (loads both models in fp32 on CPU) and print the max abs difference")
-    mg.add_argument("--verify-tol", type=float, default=None, help="max abs logit difference --verify accepts (default 5e-3)")
+    mg.add_argument(
+        "--verify",
+        action="store_true",
+        help="after converting, compare logits of the HF result and the Megatron-core model on fixed "
+        "prompts (loads both models in fp32 on CPU) and print the max abs difference",
+    )
+    mg.add_argument(
+        "--verify-tol", type=float, default=None, help="max abs logit difference --verify accepts (default 5e-3)"
+    )
     mg.add_argument("--force", action="store_true", help="replace --out if it exists")
     mg.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -50,12 +59,24 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     hf.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     hf.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
     hf.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None, help="dtype to store (default: keep)")
-    hf.add_argument("--layernorm-names", choices=["te", "local"], default="te",
-                    help="write Transformer-Engine fused layer-norm names (Megatron on GPU, default) or local-spec names")
-    hf.add_argument("--iteration", type=int, default=None,
-                    help="write iter_{N:07d} and N in the tracker file (N > 0) instead of 'release'")
-    hf.add_argument("--padded-vocab-size", type=int, default=None,
-                    help="embedding rows in Megatron (default: the HF vocab_size, as RLinf sets it)")
+    hf.add_argument(
+        "--layernorm-names",
+        choices=["te", "local"],
+        default="te",
+        help="write Transformer-Engine fused layer-norm names (Megatron on GPU, default) or local-spec names",
+    )
+    hf.add_argument(
+        "--iteration",
+        type=int,
+        default=None,
+        help="write iter_{N:07d} and N in the tracker file (N > 0) instead of 'release'",
+    )
+    hf.add_argument(
+        "--padded-vocab-size",
+        type=int,
+        default=None,
+        help="embedding rows in Megatron (default: the HF vocab_size, as RLinf sets it)",
+    )
     hf.add_argument("--force", action="store_true", help="replace --out if it exists")
     hf.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -80,8 +101,13 @@ def _run_mg2hf(args: argparse.Namespace, dtype) -> int:
     from rlinf_ext.convert.mg2hf import convert_mg_to_hf
 
     res = convert_mg_to_hf(
-        args.mg, args.out, args.hf_template, dtype=dtype, max_shard_bytes=args.max_shard_size,
-        force=args.force, progress=not args.quiet,
+        args.mg,
+        args.out,
+        args.hf_template,
+        dtype=dtype,
+        max_shard_bytes=args.max_shard_size,
+        force=args.force,
+        progress=not args.quiet,
     )
     print(
         f"mg2hf: {res.iter_dir} (TP={res.tp}, PP={res.pp}) -> {res.out_dir}: {res.num_tensors} tensors in "
@@ -108,9 +134,18 @@ def _run_hf2mg(args: argparse.Namespace, dtype) -> int:
     from rlinf_ext.convert.hf2mg import convert_hf_to_mg
 
     res = convert_hf_to_mg(
-        args.hf, args.out, tp=args.tp, pp=args.pp, dtype=dtype, te_layernorm_names=args.layernorm_names == "te",
-        padded_vocab_size=args.padded_vocab_size, iteration=args.iteration, force=args.force, progress=not args.quiet,
+        args.hf,
+        args.out,
+        tp=args.tp,
+        pp=args.pp,
+        dtype=dtype,
+        te_layernorm_names=args.layernorm_names == "te",
+        padded_vocab_size=args.padded_vocab_size,
+        iteration=args.iteration,
+        force=args.force,
+        progress=not args.quiet,
     )
-    print(f"hf2mg: {args.hf} -> {res.out_dir} (TP={res.tp}, PP={res.pp}): {len(res.rank_files)} rank file(s), {res.seconds:.1f}s")
+    print(
+        f"hf2mg: {args.hf} -> {res.out_dir} (TP={res.tp}, PP={res.pp}): {len(res.rank_files)} rank file(s), {res.seconds:.1f}s"
+    )
     return 0
-

@@ -47,7 +47,9 @@ def convert_hf_to_mg(
     ``dtype=None`` keeps the HF dtypes (bit-exact)."""
     start = time.perf_counter()
     if iteration is not None and iteration <= 0:
-        raise ConversionError(f"--iteration must be > 0 (Megatron-LM rejects 0), got {iteration}; omit it for 'release'")
+        raise ConversionError(
+            f"--iteration must be > 0 (Megatron-LM rejects 0), got {iteration}; omit it for 'release'"
+        )
     hf_dir = Path(hf_dir)
     if not (hf_dir / "config.json").is_file():
         raise ConversionError(f"{hf_dir}: not a HF model folder (no config.json)")

@@ -177,9 +177,7 @@ class SafetensorsStreamWriter:
         shape = (rows, *pieces[0].shape[1:]) if rows is not None else tuple(pieces[0].shape)
         tails_ok = all(tuple(p.shape[1:]) == tuple(pieces[0].shape[1:]) for p in pieces)
         if any(p.dtype != plan.dtype for p in pieces) or shape != plan.shape or not tails_ok:
-            raise ConversionError(
-                f"{name}: produced {pieces[0].dtype} {shape}, planned {plan.dtype} {plan.shape}"
-            )
+            raise ConversionError(f"{name}: produced {pieces[0].dtype} {shape}, planned {plan.dtype} {plan.shape}")
         for p in pieces:
             data = p.contiguous().reshape(-1).view(torch.uint8).numpy()
             self._f.write(memoryview(data))

@@ -58,13 +58,13 @@ class Mg2HfResult:
 def open_megatron_checkpoint(mg_dir: str | Path) -> tuple[RankLayout, dict[tuple[int, int], dict[str, Any]]]:
     """Locate and memory-map every rank of a Megatron checkpoint: ``(layout, {(tp, pp): state})``."""
     layout = discover_ranks(resolve_iteration_dir(mg_dir))
-    states = {
-        (t, p): load_rank_file(layout.rank_file(t, p)) for p in range(layout.pp) for t in range(layout.tp)
-    }
+    states = {(t, p): load_rank_file(layout.rank_file(t, p)) for p in range(layout.pp) for t in range(layout.tp)}
     return layout, states
 
 
-def spec_for_checkpoint(hf_config: Any, layout: RankLayout, states, padded_vocab_size: int | None = None) -> ConvertSpec:
+def spec_for_checkpoint(
+    hf_config: Any, layout: RankLayout, states, padded_vocab_size: int | None = None
+) -> ConvertSpec:
     """The spec for a checkpoint; padded vocab rows are read from the embedding shard when not given."""
     spec = ConvertSpec.from_hf_config(hf_config, padded_vocab_size=padded_vocab_size)
     try:
@@ -213,7 +213,9 @@ def convert_mg_to_hf(
         if unfinished:
             raise ConversionError(f"internal error: shards not completed: {unfinished}")
         check_tied_copy(
-            spec, tp, pp,
+            spec,
+            tp,
+            pp,
             lambda t: states[(t, pp - 1)].get("output_layer.weight"),
             lambda t: states[(t, 0)]["embedding.word_embeddings.weight"],
             consumed,

@@ -251,5 +251,3 @@ def release_pages(tensor: torch.Tensor) -> None:
     the whole checkpoint. Only for tensors from `load_rank_file`: on ordinary memory it would zero them.
     """
     _madvise(tensor, _MADV_DONTNEED, inner=True)
-
-

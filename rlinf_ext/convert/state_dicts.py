@@ -194,8 +194,14 @@ def iter_megatron_to_hf(
         yield from tensors.items()
         for t in range(tp):
             consumed[(t, pp_rank)].update(names)
-    check_tied_copy(spec, tp, pp, lambda t: rank_states[(t, pp - 1)].get("output_layer.weight"),
-                    lambda t: rank_states[(t, 0)]["embedding.word_embeddings.weight"], consumed)
+    check_tied_copy(
+        spec,
+        tp,
+        pp,
+        lambda t: rank_states[(t, pp - 1)].get("output_layer.weight"),
+        lambda t: rank_states[(t, 0)]["embedding.word_embeddings.weight"],
+        consumed,
+    )
     for key, state in rank_states.items():
         check_mg_leftovers(state.keys(), consumed[key], where=f"tp{key[0]}/pp{key[1]}")
 
@@ -258,6 +264,8 @@ def merge_megatron_ranks(
                 merged = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
             else:
                 merged = merge_from_tp(spec, rule, pieces, name=used, where=f"pp{pp_rank}")[0]
-            global_name = used if layer is None else used.replace(f"decoder.layers.{local}.", f"decoder.layers.{layer}.", 1)
+            global_name = (
+                used if layer is None else used.replace(f"decoder.layers.{local}.", f"decoder.layers.{layer}.", 1)
+            )
             out[global_name] = merged
     return out

@@ -11,26 +11,48 @@ FORMATS = ("auto", "searchr1", "fvqa")
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=None, help="Prompt YAML (e.g. examples/searchr1/prompt.yaml); "
-                        "defaults to the Search-R1 base template")
-    parser.add_argument("--input", nargs="+", required=True,
-                        help="Input files: Search-R1 .parquet, RLinf .jsonl, or FVQA .parquet")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="Prompt YAML (e.g. examples/searchr1/prompt.yaml); defaults to the Search-R1 base template",
+    )
+    parser.add_argument(
+        "--input", nargs="+", required=True, help="Input files: Search-R1 .parquet, RLinf .jsonl, or FVQA .parquet"
+    )
     parser.add_argument("--output", required=True, help="Output path (.jsonl for text QA, .parquet for FVQA)")
-    parser.add_argument("--format", choices=FORMATS, default="auto",
-                        help="auto: FVQA when the parquet has images/reward_model/data_id columns, else Search-R1")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="auto",
+        help="auto: FVQA when the parquet has images/reward_model/data_id columns, else Search-R1",
+    )
     parser.add_argument("--tokenizer", default=None, help="Tokenizer directory (text QA: chat template and lengths)")
     tools = parser.add_mutually_exclusive_group()
-    tools.add_argument("--tools", default=None,
-                       help="Comma-separated tools (as in agentloop.<agent>.tools, e.g. search,mypkg.tools:Calc) "
-                            "whose instruction sentences fill {tool_instructions} in the template; overrides the "
-                            "YAML's tools")
-    tools.add_argument("--experiment", default=None,
-                       help="An experiment YAML or name: its agent's configured tools fill {tool_instructions}")
+    tools.add_argument(
+        "--tools",
+        default=None,
+        help="Comma-separated tools (as in agentloop.<agent>.tools, e.g. search,mypkg.tools:Calc) "
+        "whose instruction sentences fill {tool_instructions} in the template; overrides the "
+        "YAML's tools",
+    )
+    tools.add_argument(
+        "--experiment",
+        default=None,
+        help="An experiment YAML or name: its agent's configured tools fill {tool_instructions}",
+    )
     parser.add_argument("--max-prompt-length", type=int, default=None, help="Override the YAML's max_prompt_length")
-    parser.add_argument("--image-min-pixels", type=int, default=512 * 512,
-                        help="FVQA: canonical images have at least this many pixels (MMSearch-R1: 512*512)")
-    parser.add_argument("--image-max-pixels", type=int, default=672 * 672 * 2,
-                        help="FVQA: canonical images have at most this many pixels (MMSearch-R1: 672*672*2)")
+    parser.add_argument(
+        "--image-min-pixels",
+        type=int,
+        default=512 * 512,
+        help="FVQA: canonical images have at least this many pixels (MMSearch-R1: 512*512)",
+    )
+    parser.add_argument(
+        "--image-max-pixels",
+        type=int,
+        default=672 * 672 * 2,
+        help="FVQA: canonical images have at most this many pixels (MMSearch-R1: 672*672*2)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="Hide the progress bar")
 
 
@@ -78,11 +100,12 @@ def _run_text(args: argparse.Namespace) -> str:
     cfg = load_prompt_config(args.config, max_prompt_length=args.max_prompt_length, tools=tools)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     if cfg.apply_chat_template and not getattr(tokenizer, "chat_template", None):
-        raise PreprocessError(f"tokenizer {args.tokenizer} has no chat template; set apply_chat_template: "
-                              "false in the prompt YAML or use a chat tokenizer")
+        raise PreprocessError(
+            f"tokenizer {args.tokenizer} has no chat template; set apply_chat_template: "
+            "false in the prompt YAML or use a chat tokenizer"
+        )
     output = Path(args.output)
-    report = preprocess_files([Path(p) for p in args.input], output, cfg, tokenizer,
-                              show_progress=not args.no_progress)
+    report = preprocess_files([Path(p) for p in args.input], output, cfg, tokenizer, show_progress=not args.no_progress)
     return report.summary(output)
 
 

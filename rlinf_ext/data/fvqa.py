@@ -148,8 +148,10 @@ def read_fvqa(path: str | Path, min_pixels: int, max_pixels: int, limit: int | N
             break
         row = parse_row(raw, min_pixels, max_pixels, where=f"{path} row {n}")
         if row.data_id in seen:
-            raise FVQAError(f"{path}: data_id {row.data_id!r} appears in rows {seen[row.data_id]} and {n}; "
-                            "data_id keys the image-search cache and must be unique")
+            raise FVQAError(
+                f"{path}: data_id {row.data_id!r} appears in rows {seen[row.data_id]} and {n}; "
+                "data_id keys the image-search cache and must be unique"
+            )
         seen[row.data_id] = n
         rows.append(row)
     return rows
@@ -158,16 +160,20 @@ def read_fvqa(path: str | Path, min_pixels: int, max_pixels: int, limit: int | N
 def _schema():
     import pyarrow as pa
 
-    return pa.schema([
-        ("data_source", pa.string()),
-        ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
-        ("images", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))),
-        ("reward_model", pa.struct([("ground_truth", pa.string()), ("candidate_answers", pa.string()),
-                                    ("style", pa.string())])),
-        ("data_id", pa.string()),
-        ("category", pa.string()),
-        ("image_urls", pa.list_(pa.string())),
-    ])
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("content", pa.string()), ("role", pa.string())]))),
+            ("images", pa.list_(pa.struct([("bytes", pa.binary()), ("path", pa.string())]))),
+            (
+                "reward_model",
+                pa.struct([("ground_truth", pa.string()), ("candidate_answers", pa.string()), ("style", pa.string())]),
+            ),
+            ("data_id", pa.string()),
+            ("category", pa.string()),
+            ("image_urls", pa.list_(pa.string())),
+        ]
+    )
 
 
 def to_record(row: FVQARow) -> dict:
@@ -175,8 +181,11 @@ def to_record(row: FVQARow) -> dict:
         "data_source": row.data_source,
         "prompt": [{"content": f"{IMAGE_PLACEHOLDER}{row.question}", "role": "user"}],
         "images": [{"bytes": ref.data, "path": None} for ref in row.images],
-        "reward_model": {"ground_truth": row.ground_truth, "candidate_answers": json.dumps(row.candidate_answers),
-                         "style": "rule"},
+        "reward_model": {
+            "ground_truth": row.ground_truth,
+            "candidate_answers": json.dumps(row.candidate_answers),
+            "style": "rule",
+        },
         "data_id": row.data_id,
         "category": row.category,
         "image_urls": None,
@@ -206,8 +215,10 @@ class FVQAReport:
 
     def summary(self, output: Path) -> str:
         fmt = lambda c: ", ".join(f"{k}: {v}" for k, v in sorted(c.items()))  # noqa: E731
-        return (f"read {self.read} FVQA rows, wrote {self.written} to {output} ({self.images} images, canonical "
-                f"sizes {fmt(self.grids)}); by source: {fmt(self.by_source)}; by category: {fmt(self.by_category)}")
+        return (
+            f"read {self.read} FVQA rows, wrote {self.written} to {output} ({self.images} images, canonical "
+            f"sizes {fmt(self.grids)}); by source: {fmt(self.by_source)}; by category: {fmt(self.by_category)}"
+        )
 
 
 def preprocess_fvqa(inputs: list[Path], output: Path, min_pixels: int, max_pixels: int) -> FVQAReport:
@@ -217,8 +228,10 @@ def preprocess_fvqa(inputs: list[Path], output: Path, min_pixels: int, max_pixel
         for row in read_fvqa(path, min_pixels, max_pixels):
             report.read += 1
             if row.data_id in seen:
-                raise FVQAError(f"data_id {row.data_id!r} appears in {seen[row.data_id]} and {path}; "
-                                "data_id keys the image-search cache and must be unique")
+                raise FVQAError(
+                    f"data_id {row.data_id!r} appears in {seen[row.data_id]} and {path}; "
+                    "data_id keys the image-search cache and must be unique"
+                )
             seen[row.data_id] = path
             rows.append(row)
             report.by_source[row.data_source] += 1

@@ -40,8 +40,10 @@ class PreprocessReport:
     def summary(self, output: Path) -> str:
         mean = self.total_prompt_tokens / self.written if self.written else 0.0
         sources = ", ".join(f"{k}: {v}" for k, v in sorted(self.by_source.items()))
-        return (f"read {self.read} rows, wrote {self.written} to {output}, dropped {self.too_long} over "
-                f"max_prompt_length; prompt tokens mean {mean:.1f} max {self.max_prompt_tokens}; by source: {sources}")
+        return (
+            f"read {self.read} rows, wrote {self.written} to {output}, dropped {self.too_long} over "
+            f"max_prompt_length; prompt tokens mean {mean:.1f} max {self.max_prompt_tokens}; by source: {sources}"
+        )
 
 
 def _plain(value: Any) -> Any:
@@ -56,9 +58,11 @@ def question_from_prompt(prompt: Any, marker: str) -> str:
     text = str(prompt)
     at = text.rfind(marker)
     if at < 0:
-        raise PreprocessError(f"no {marker!r} in the prompt, so the question cannot be recovered; add a "
-                              "'question' field to the rows or set question_marker in the prompt YAML")
-    question = text[at + len(marker):]
+        raise PreprocessError(
+            f"no {marker!r} in the prompt, so the question cannot be recovered; add a "
+            "'question' field to the rows or set question_marker in the prompt YAML"
+        )
+    question = text[at + len(marker) :]
     for end in ("<|im_end|>", "\n"):
         question = question.split(end)[0]
     return question.strip()
@@ -85,8 +89,12 @@ def parse_row(row: dict, marker: str, default_source: str) -> QARow:
         raise PreprocessError("row has an empty answer list")
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
     source_id = row.get("uid") or row.get("id") or extra.get("index")
-    return QARow(question=question, answers=answers, data_source=str(row.get("data_source") or default_source),
-                 source_id=None if source_id is None else str(source_id))
+    return QARow(
+        question=question,
+        answers=answers,
+        data_source=str(row.get("data_source") or default_source),
+        source_id=None if source_id is None else str(source_id),
+    )
 
 
 def build_user_message(question: str, cfg: PromptConfig) -> str:
@@ -119,11 +127,14 @@ def read_rows(path: Path) -> Iterator[dict]:
                     except json.JSONDecodeError as exc:
                         raise PreprocessError(f"{path}:{n}: not valid JSON ({exc})") from None
     else:
-        raise PreprocessError(f"{path}: unsupported input type {path.suffix!r}; use .parquet (Search-R1) or .jsonl (RLinf)")
+        raise PreprocessError(
+            f"{path}: unsupported input type {path.suffix!r}; use .parquet (Search-R1) or .jsonl (RLinf)"
+        )
 
 
-def preprocess_files(inputs: list[Path], output: Path, cfg: PromptConfig, tokenizer: Any,
-                     show_progress: bool = True) -> PreprocessReport:
+def preprocess_files(
+    inputs: list[Path], output: Path, cfg: PromptConfig, tokenizer: Any, show_progress: bool = True
+) -> PreprocessReport:
     from tqdm import tqdm
 
     cfg = with_tool_instructions(cfg)
@@ -147,8 +158,19 @@ def preprocess_files(inputs: list[Path], output: Path, cfg: PromptConfig, tokeni
                     report.too_long += 1
                     continue
                 uid = unique_uid(qa, path, n, used)
-                out.write(json.dumps({"prompt": prompt, "solutions": qa.answers, "data_source": qa.data_source,
-                                      "uid": uid, "question": qa.question}, ensure_ascii=False) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "prompt": prompt,
+                            "solutions": qa.answers,
+                            "data_source": qa.data_source,
+                            "uid": uid,
+                            "question": qa.question,
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
                 report.written += 1
                 report.by_source[qa.data_source] += 1
                 report.max_prompt_tokens = max(report.max_prompt_tokens, length)

@@ -23,15 +23,24 @@ class PromptConfig:
     template: str = field(default=SEARCHR1_TEMPLATE, metadata={"help": "User message; must contain {question}."})
     append_question_mark: bool = field(default=True, metadata={"help": "Add '?' to questions that lack one."})
     apply_chat_template: bool = field(default=True, metadata={"help": "Wrap with the tokenizer's chat template."})
-    system_prompt: str | None = field(default=None, metadata={
-        "help": "System message; null = the chat template's default (Qwen2.5 adds its own)."})
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System message; null = the chat template's default (Qwen2.5 adds its own)."}
+    )
     max_prompt_length: int = field(default=4096, metadata={"help": "Drop prompts longer than this (tokens)."})
-    question_marker: str = field(default="Question: ", metadata={
-        "help": "When a row has no question field, the question is read after the last occurrence of this "
-                "marker in its prompt (Search-R1 parquet and RLinf jsonl rows carry templated prompts)."})
-    tools: list[str] = field(default_factory=list, metadata={
-        "help": "Tools, named as in agentloop.<agent>.tools, whose `instruction` sentences replace "
-                "{tool_instructions} in the template: a new tool reaches the prompt without editing the template."})
+    question_marker: str = field(
+        default="Question: ",
+        metadata={
+            "help": "When a row has no question field, the question is read after the last occurrence of this "
+            "marker in its prompt (Search-R1 parquet and RLinf jsonl rows carry templated prompts)."
+        },
+    )
+    tools: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Tools, named as in agentloop.<agent>.tools, whose `instruction` sentences replace "
+            "{tool_instructions} in the template: a new tool reaches the prompt without editing the template."
+        },
+    )
 
     def __post_init__(self) -> None:
         if "{question}" not in self.template:
@@ -40,8 +49,12 @@ class PromptConfig:
             raise ValueError(
                 f"prompt tools {self.tools} and a template {'with' if self.tools else 'without'} "
                 f"{TOOLS_PLACEHOLDER}: the tools' sentences go where the template has that placeholder. Fix: "
-                + ("put {tool_instructions} in the template, or drop tools." if self.tools else
-                   "list the tools (prompt YAML `tools:` or --tools), or remove the placeholder."))
+                + (
+                    "put {tool_instructions} in the template, or drop tools."
+                    if self.tools
+                    else "list the tools (prompt YAML `tools:` or --tools), or remove the placeholder."
+                )
+            )
         if self.max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {self.max_prompt_length}")
 

@@ -14,8 +14,9 @@ from typing import Any, Sequence
 import torch
 
 
-def load_jsonl_prompts(paths: Sequence[str | Path], prompt_key: str = "prompt", answer_key: str = "solutions",
-                       data_size: int = -1) -> list[dict]:
+def load_jsonl_prompts(
+    paths: Sequence[str | Path], prompt_key: str = "prompt", answer_key: str = "solutions", data_size: int = -1
+) -> list[dict]:
     """RLinf-style jsonl rows ``{prompt, solutions, uid?}`` -> ``[{"prompt", "answers", "uid"}]``."""
     rows: list[dict] = []
     for path in paths:
@@ -25,8 +26,16 @@ def load_jsonl_prompts(paths: Sequence[str | Path], prompt_key: str = "prompt", 
             file_rows = file_rows[:data_size]
         for i, row in enumerate(file_rows):
             if prompt_key not in row or answer_key not in row:
-                raise ValueError(f"{path}:{i + 1}: row lacks {prompt_key!r} or {answer_key!r} (data.prompt_key/answer_key).")
-            rows.append({"prompt": row[prompt_key], "answers": row[answer_key], "uid": str(row.get("uid", f"{Path(path).stem}-{i}"))})
+                raise ValueError(
+                    f"{path}:{i + 1}: row lacks {prompt_key!r} or {answer_key!r} (data.prompt_key/answer_key)."
+                )
+            rows.append(
+                {
+                    "prompt": row[prompt_key],
+                    "answers": row[answer_key],
+                    "uid": str(row.get("uid", f"{Path(path).stem}-{i}")),
+                }
+            )
     return rows
 
 
@@ -43,7 +52,9 @@ class PromptDataset(torch.utils.data.Dataset):
             if len(ids) > max_prompt_length:
                 self.dropped += 1
                 continue
-            self.items.append({"prompt_ids": list(ids), "answers": row["answers"], "uid": str(row.get("uid", len(self.items)))})
+            self.items.append(
+                {"prompt_ids": list(ids), "answers": row["answers"], "uid": str(row.get("uid", len(self.items)))}
+            )
         if not self.items:
             raise ValueError(f"no prompt fits data.max_prompt_length={max_prompt_length} ({self.dropped} dropped).")
 

@@ -47,16 +47,18 @@ def searchr1_schema():
     import pyarrow as pa  # lazy: heavy
 
     strings = pa.list_(pa.string())
-    return pa.schema([
-        ("id", pa.string()),
-        ("question", pa.string()),
-        ("golden_answers", strings),
-        ("data_source", pa.string()),
-        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-        ("ability", pa.string()),
-        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.struct([("target", strings)]))])),
-        ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64())])),
-    ])
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("question", pa.string()),
+            ("golden_answers", strings),
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.struct([("target", strings)]))])),
+            ("extra_info", pa.struct([("split", pa.string()), ("index", pa.int64())])),
+        ]
+    )
 
 
 def published_row(row: dict, split: str, index: int) -> dict:
@@ -105,10 +107,12 @@ def write_published_data(tiny: Any, work: Path) -> PublishedData:
             dst.write(json.dumps({"prompt": row["prompt"], "solutions": row["solutions"]}) + "\n")
     data = Path(work) / DATA_SUBDIR
     return PublishedData(
-        train_parquet=write_searchr1_parquet(merged_rows(train_by_source, TRAIN_SOURCES, "train"),
-                                             data / "train.parquet"),
-        test_parquet=write_searchr1_parquet(merged_rows(test_by_source, tiny.benchmarks, "test"),
-                                            data / "test.parquet"),
+        train_parquet=write_searchr1_parquet(
+            merged_rows(train_by_source, TRAIN_SOURCES, "train"), data / "train.parquet"
+        ),
+        test_parquet=write_searchr1_parquet(
+            merged_rows(test_by_source, tiny.benchmarks, "test"), data / "test.parquet"
+        ),
         rlinf_train_jsonl=rlinf,
     )
 
@@ -117,6 +121,7 @@ def write_tiny_download(work: Path) -> dict[str, Path]:
     """Everything the reference recipe reads after its download, at tiny size, under ``work``; returns the paths."""
     from rlinf_ext.assets.core.cache import cached_tiny_assets  # lazy: the asset modules import transformers
     from rlinf_ext.assets.core.tiny import Parts  # lazy: the asset modules import transformers
+
     # lazy: faiss and transformers, only when the fixtures are written
     from rlinf_ext.retrieval.published_fixtures import make_published_retrieval
 
@@ -128,14 +133,23 @@ def write_tiny_download(work: Path) -> dict[str, Path]:
     if policy.exists():
         shutil.rmtree(policy)
     shutil.copytree(tiny.qwen2_tiny_sft_search, policy)
-    return {"flat_index": retrieval.flat_index, "corpus_gz": retrieval.corpus_gz, "corpus": retrieval.corpus,
-            "encoder": retrieval.encoder, "train_parquet": data.train_parquet, "test_parquet": data.test_parquet,
-            "rlinf_train_jsonl": data.rlinf_train_jsonl, "policy": policy}
+    return {
+        "flat_index": retrieval.flat_index,
+        "corpus_gz": retrieval.corpus_gz,
+        "corpus": retrieval.corpus,
+        "encoder": retrieval.encoder,
+        "train_parquet": data.train_parquet,
+        "test_parquet": data.test_parquet,
+        "rlinf_train_jsonl": data.rlinf_train_jsonl,
+        "policy": policy,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write what the reference recipe downloads, at tiny size and in the "
-                                                 "published formats, offline, from the tiny assets (download.py's layout).")
+    parser = argparse.ArgumentParser(
+        description="Write what the reference recipe downloads, at tiny size and in the "
+        "published formats, offline, from the tiny assets (download.py's layout)."
+    )
     parser.add_argument("--work", required=True, type=Path, help="Directory to write into (download.py's --save_path).")
     args = parser.parse_args(argv)
     for name, path in write_tiny_download(args.work).items():

@@ -9,7 +9,9 @@ from rlinf_ext.eval.searchr1.report import METRICS, render_report
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="evaluation run directories (each holds results.json)")
+    parser.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="evaluation run directories (each holds results.json)"
+    )
     parser.add_argument("--with-paper", action="store_true", help="add the published Search-R1 EM rows (paper v5)")
     parser.add_argument("--metric", choices=METRICS, default="em", help="score to tabulate (default: em)")
 

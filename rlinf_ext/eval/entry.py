@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.eval.core.runner import EvalSummary
+from rlinf_ext.protocol.agents import agent_spec
 
 
 def evaluate_agent(cfg: Any, generator=None, **kwargs: Any) -> EvalSummary:

@@ -69,8 +69,15 @@ def pick_batch(pending: list[_Request], max_batch_size: int) -> list[_Request]:
 
 def _batch_key(params: SamplingParams) -> tuple:
     """Requests are batched together only when everything but the token budget agrees."""
-    return (params.do_sample, params.temperature, params.top_p, params.top_k, tuple(params.stop),
-            params.repetition_penalty, params.include_stop_str_in_output)
+    return (
+        params.do_sample,
+        params.temperature,
+        params.top_p,
+        params.top_k,
+        tuple(params.stop),
+        params.repetition_penalty,
+        params.include_stop_str_in_output,
+    )
 
 
 class SyncPending(StoppingCriteria):
@@ -135,8 +142,9 @@ class HFGenerator:
         self.sync_pending = threading.Event()
 
     @classmethod
-    def from_pretrained(cls, model_path: str | Path, tokenizer_path: str | Path | None = None,
-                        dtype: str = "float32", **kwargs: Any) -> "HFGenerator":
+    def from_pretrained(
+        cls, model_path: str | Path, tokenizer_path: str | Path | None = None, dtype: str = "float32", **kwargs: Any
+    ) -> "HFGenerator":
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path or model_path))
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype_of_hf_name(dtype, "rollout.hf.dtype"))
         return cls(model, tokenizer, **kwargs)
@@ -145,8 +153,12 @@ class HFGenerator:
     def from_config(cls, cfg: Any) -> "HFGenerator":
         """The CPU engine of an experiment config (``rollout.hf``), seeded with ``runner.seed``."""
         hf = cfg.rollout.hf
-        return cls.from_pretrained(str(cfg.rollout.model.model_path), dtype=hf.dtype,
-                                   max_batch_size=int(hf.max_batch_size), seed=int(cfg.runner.seed))
+        return cls.from_pretrained(
+            str(cfg.rollout.model.model_path),
+            dtype=hf.dtype,
+            max_batch_size=int(hf.max_batch_size),
+            seed=int(cfg.runner.seed),
+        )
 
     def reseed(self, seed: int | None) -> None:
         """Restart the per-call seed sequence (call k uses seed + k), for reproducible sampling."""
@@ -167,9 +179,15 @@ class HFGenerator:
                 params[name].copy_(tensor.to(params[name].dtype))
 
     # ---- generation ----
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                       images: list[Any] | None = None, *, turn: Turn | None = None,
-                       priority: int = 0) -> GenerationResult:
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: SamplingParams,
+        images: list[Any] | None = None,
+        *,
+        turn: Turn | None = None,
+        priority: int = 0,
+    ) -> GenerationResult:
         """``turn`` (interruptible engines): admits each segment of the turn and gives its weight version; the
         result then carries one version per token when a sync cut the turn (the module docstring). ``priority``:
         the queue serves lower first (``pick_batch``)."""
@@ -199,16 +217,28 @@ class HFGenerator:
         logprobs = None  # a segment cut before its first token (queued at the sync) brings no log-probs, and lacks none
         if all(seg.logprobs is not None or not seg.output_ids for seg, _ in segments):
             logprobs = [lp for seg, _ in segments for lp in (seg.logprobs or [])]
-        end = turn_end(ids, self.decode, eos_ids=self.eos_ids, stop=params.stop, max_new_tokens=params.max_new_tokens,
-                       include_stop_str_in_output=params.include_stop_str_in_output)
+        end = turn_end(
+            ids,
+            self.decode,
+            eos_ids=self.eos_ids,
+            stop=params.stop,
+            max_new_tokens=params.max_new_tokens,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
         kept = len(end.output_ids)
         versions = versions[:kept]
-        return GenerationResult(output_ids=end.output_ids, text=end.text, finish_reason=end.finish_reason,
-                                matched_stop=end.matched_stop, logprobs=None if logprobs is None else logprobs[:kept],
-                                weight_version=versions[0] if len(set(versions)) == 1 else versions)
+        return GenerationResult(
+            output_ids=end.output_ids,
+            text=end.text,
+            finish_reason=end.finish_reason,
+            matched_stop=end.matched_stop,
+            logprobs=None if logprobs is None else logprobs[:kept],
+            weight_version=versions[0] if len(set(versions)) == 1 else versions,
+        )
 
-    async def _submit(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                      images: list[Any] | None, priority: int = 0) -> GenerationResult:
+    async def _submit(
+        self, prompt_ids: list[int], sampling_params: SamplingParams, images: list[Any] | None, priority: int = 0
+    ) -> GenerationResult:
         loop = asyncio.get_running_loop()
         request = _Request(list(prompt_ids), sampling_params, loop.create_future(), list(images or []), priority)
         self._pending.append(request)
@@ -240,7 +270,9 @@ class HFGenerator:
 
     def _check_images(self, images: list[Any] | None) -> None:
         if images:
-            raise ValueError("this text engine got images; a vision-language model needs generation.hf_vl.HFVLGenerator")
+            raise ValueError(
+                "this text engine got images; a vision-language model needs generation.hf_vl.HFVLGenerator"
+            )
 
     def _run_batch(self, batch: list[_Request]) -> list[GenerationResult]:
         return self._generate_batch([r.prompt_ids for r in batch], [r.params for r in batch])
@@ -253,9 +285,13 @@ class HFGenerator:
         """What `generate` gets beside the left-padded ids and their mask (the VL generator adds modality ids)."""
         return dict(extra_inputs or {})
 
-    def _generate_batch(self, prompts: list[list[int]], params_list: list[SamplingParams],
-                        extra_inputs: dict[str, Any] | None = None,
-                        banned_ids: list[int] | None = None) -> list[GenerationResult]:
+    def _generate_batch(
+        self,
+        prompts: list[list[int]],
+        params_list: list[SamplingParams],
+        extra_inputs: dict[str, Any] | None = None,
+        banned_ids: list[int] | None = None,
+    ) -> list[GenerationResult]:
         """One left-padded `model.generate`; `extra_inputs` (e.g. pixel values) go to the model as they are and
         `banned_ids` are never sampled and get log-prob -inf (the distribution actually sampled from)."""
         params = params_list[0]
@@ -263,15 +299,16 @@ class HFGenerator:
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, prompt in enumerate(prompts):  # left padding: new tokens line up at column `width`
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention[row, width - len(prompt):] = 1
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention[row, width - len(prompt) :] = 1
         kwargs = self._generate_kwargs(params, max(p.max_new_tokens for p in params_list), banned_ids)
         with self._model_lock, torch.no_grad():
             if self._seed is not None:
                 torch.manual_seed(self._seed + self._calls)
             self._calls += 1
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention,
-                                      **self._model_inputs(input_ids, extra_inputs), **kwargs)
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=attention, **self._model_inputs(input_ids, extra_inputs), **kwargs
+            )
         self.batch_sizes.append(len(prompts))
         new_tokens = out.sequences[:, width:].tolist()
         logprobs = None
@@ -283,22 +320,36 @@ class HFGenerator:
                 logits[..., banned_ids] = float("-inf")
             chosen = out.sequences[:, width:].unsqueeze(-1)
             logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).tolist()
-        return [self._result(new_tokens[row], p, None if logprobs is None else logprobs[row])
-                for row, p in enumerate(params_list)]
+        return [
+            self._result(new_tokens[row], p, None if logprobs is None else logprobs[row])
+            for row, p in enumerate(params_list)
+        ]
 
     def _result(self, ids: list[int], params: SamplingParams, logprobs: list[float] | None) -> GenerationResult:
         """One row cut at its own end (``turn_end``: HF pads rows that ended early, the budget is the batch's)."""
-        end = turn_end(ids, self.decode, eos_ids=self.eos_ids, stop=params.stop, max_new_tokens=params.max_new_tokens,
-                       include_stop_str_in_output=params.include_stop_str_in_output)
+        end = turn_end(
+            ids,
+            self.decode,
+            eos_ids=self.eos_ids,
+            stop=params.stop,
+            max_new_tokens=params.max_new_tokens,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
         kept = len(end.output_ids)
-        return GenerationResult(output_ids=end.output_ids, text=end.text, finish_reason=end.finish_reason,
-                                matched_stop=end.matched_stop, logprobs=None if logprobs is None else logprobs[:kept])
+        return GenerationResult(
+            output_ids=end.output_ids,
+            text=end.text,
+            finish_reason=end.finish_reason,
+            matched_stop=end.matched_stop,
+            logprobs=None if logprobs is None else logprobs[:kept],
+        )
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def _generate_kwargs(self, params: SamplingParams, max_new_tokens: int,
-                         banned_ids: list[int] | None) -> dict[str, Any]:
+    def _generate_kwargs(
+        self, params: SamplingParams, max_new_tokens: int, banned_ids: list[int] | None
+    ) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(
             max_new_tokens=max_new_tokens,
             do_sample=params.do_sample,
@@ -309,8 +360,11 @@ class HFGenerator:
             repetition_penalty=params.repetition_penalty,
         )
         if params.do_sample:
-            kwargs.update(temperature=params.temperature, top_p=params.top_p,
-                          top_k=params.top_k if params.top_k and params.top_k > 0 else 0)
+            kwargs.update(
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k if params.top_k and params.top_k > 0 else 0,
+            )
         else:  # greedy: sampling flags are not passed (HF warns "only used in sample-based generation modes")
             kwargs.update(self._unset_model_sampling_flags())
         if banned_ids:

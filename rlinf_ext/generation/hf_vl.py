@@ -66,21 +66,40 @@ class ImageInputs:
 
 
 class HFVLGenerator(HFGenerator):
-    def __init__(self, model: Any, processor: Any, *, max_batch_size: int = 16, return_logprobs: bool = False,
-                 seed: int | None = None, banned_ids: list[int] | None = None, image_cache_size: int = 512,
-                 logits_processors: list[Any] | None = None):
+    def __init__(
+        self,
+        model: Any,
+        processor: Any,
+        *,
+        max_batch_size: int = 16,
+        return_logprobs: bool = False,
+        seed: int | None = None,
+        banned_ids: list[int] | None = None,
+        image_cache_size: int = 512,
+        logits_processors: list[Any] | None = None,
+    ):
         """`banned_ids=None`: the vision special ids and the padded vocabulary rows (`vl_tokens.banned_token_ids`)."""
-        super().__init__(model, processor.tokenizer, max_batch_size=max_batch_size,
-                         return_logprobs=return_logprobs, seed=seed, logits_processors=logits_processors)
+        super().__init__(
+            model,
+            processor.tokenizer,
+            max_batch_size=max_batch_size,
+            return_logprobs=return_logprobs,
+            seed=seed,
+            logits_processors=logits_processors,
+        )
         self.processor = processor
         self.image_pad_id = token_id(processor.tokenizer, IMAGE_PAD)
-        self.banned_ids = (banned_token_ids(processor.tokenizer, text_vocab_size(model.config))
-                           if banned_ids is None else sorted(banned_ids))
+        self.banned_ids = (
+            banned_token_ids(processor.tokenizer, text_vocab_size(model.config))
+            if banned_ids is None
+            else sorted(banned_ids)
+        )
         self.images = ImageInputs(processor.image_processor, image_cache_size)
 
     @classmethod
-    def from_pretrained(cls, model_path: str | Path, dtype: str = "float32", num_threads: int | None = 1,
-                        **kwargs: Any) -> "HFVLGenerator":
+    def from_pretrained(
+        cls, model_path: str | Path, dtype: str = "float32", num_threads: int | None = 1, **kwargs: Any
+    ) -> "HFVLGenerator":
         """`num_threads`: torch intra-op threads of this process (1: several CPU workers share the cores;
         two threads per process on a busy 2-core box ran ~30x slower). None leaves torch's setting."""
         from transformers import Qwen2_5_VLForConditionalGeneration
@@ -93,8 +112,13 @@ class HFVLGenerator(HFGenerator):
     @classmethod
     def from_config(cls, cfg: Any) -> "HFVLGenerator":
         hf = cfg.rollout.hf
-        return cls.from_pretrained(str(cfg.rollout.model.model_path), dtype=hf.dtype, num_threads=1,
-                                   max_batch_size=int(hf.max_batch_size), seed=int(cfg.runner.seed))
+        return cls.from_pretrained(
+            str(cfg.rollout.model.model_path),
+            dtype=hf.dtype,
+            num_threads=1,
+            max_batch_size=int(hf.max_batch_size),
+            seed=int(cfg.runner.seed),
+        )
 
     def _check_images(self, images: list[Any] | None) -> None:
         bad = [type(i).__name__ for i in images or [] if not isinstance(i, ImageRef)]
@@ -113,9 +137,12 @@ class HFVLGenerator(HFGenerator):
             expected = sum(self.images.tokens(r) for r in request.images or [])
             found = request.prompt_ids.count(self.image_pad_id)
             if found != expected:
-                raise ValueError(f"the context holds {found} <|image_pad|> ids but its {len(request.images or [])} "
-                                 f"image(s) need {expected}; expand each image's pad to its grid before generating")
+                raise ValueError(
+                    f"the context holds {found} <|image_pad|> ids but its {len(request.images or [])} "
+                    f"image(s) need {expected}; expand each image's pad to its grid before generating"
+                )
             refs += request.images or []
         extra = self.images.batch(refs) if refs else None
-        return self._generate_batch([r.prompt_ids for r in batch], [r.params for r in batch],
-                                    extra_inputs=extra, banned_ids=self.banned_ids)
+        return self._generate_batch(
+            [r.prompt_ids for r in batch], [r.params for r in batch], extra_inputs=extra, banned_ids=self.banned_ids
+        )

@@ -56,8 +56,16 @@ def import_sglang(module: str, name: str, alternative: str = ""):
         ) from exc
 
 
-def server_kwargs(cfg: ExperimentConfig, *, tp_size: int, base_gpu_id: int = 0, seed: int, load_format: str = "auto",
-                  training: bool = False, memory_saver: bool = False) -> dict[str, Any]:
+def server_kwargs(
+    cfg: ExperimentConfig,
+    *,
+    tp_size: int,
+    base_gpu_id: int = 0,
+    seed: int,
+    load_format: str = "auto",
+    training: bool = False,
+    memory_saver: bool = False,
+) -> dict[str, Any]:
     """``Engine(**kwargs)`` (sglang 0.5.23's ``ServerArgs`` fields) of ONE SGLang engine for ``cfg.rollout``
     (pure), shared by the training worker and the evaluation engines. ``dp_size`` is always 1 (one engine per TP
     group: SGLang's weight updates refuse data-parallel replicas). ``load_format="dummy"`` starts with random
@@ -88,8 +96,9 @@ def server_kwargs(cfg: ExperimentConfig, *, tp_size: int, base_gpu_id: int = 0, 
         "decode_log_interval": int(rollout.sglang.decode_log_interval),
     }
     if training:
-        kwargs.update(enable_memory_saver=bool(memory_saver), skip_tokenizer_init=not bool(rollout.detokenize),
-                      log_level="info")
+        kwargs.update(
+            enable_memory_saver=bool(memory_saver), skip_tokenizer_init=not bool(rollout.detokenize), log_level="info"
+        )
         if int(cfg.runner.max_staleness) > 0:  # batches rolled out ahead: the oldest batch's requests first
             kwargs.update(enable_priority_scheduling=True, schedule_low_priority_values_first=True)
     else:
@@ -103,8 +112,9 @@ def usable_gpus(cfg: ExperimentConfig, visible: int) -> list[int]:
     per_node = int(cfg.cluster.num_gpus_per_node)
     if per_node < 1:
         raise SGLangUnavailable("cluster.num_gpus_per_node=0 (a CPU cluster). Fix: use a GPU cluster profile.")
-    entry = next((e for e in placement_entries(cfg.cluster.component_placement, per_node) if "rollout" in e.components),
-                 None)  # ranks are read against one node: evaluation runs on this node only
+    entry = next(
+        (e for e in placement_entries(cfg.cluster.component_placement, per_node) if "rollout" in e.components), None
+    )  # ranks are read against one node: evaluation runs on this node only
     if entry is None:
         raise SGLangUnavailable("cluster.component_placement has no rollout entry. Fix: add e.g. `rollout: all`.")
     if entry.error is not None:
@@ -134,15 +144,17 @@ def engine_kwargs(cfg: ExperimentConfig, gpus: list[int]) -> list[dict[str, Any]
             f"rollout.tensor_parallel_size={tp} needs {tp} GPU(s) per engine, but {len(gpus)} are usable here. "
             "Fix: lower rollout.tensor_parallel_size or run on a node with more GPUs."
         )
-    groups = [gpus[k:k + tp] for k in range(0, len(gpus) - len(gpus) % tp, tp)]  # leftover GPUs stay idle
+    groups = [gpus[k : k + tp] for k in range(0, len(gpus) - len(gpus) % tp, tp)]  # leftover GPUs stay idle
     for group in groups:
         if group != list(range(group[0], group[0] + tp)):
             raise SGLangUnavailable(
                 f"the TP group on GPUs {group} is not consecutive; an SGLang engine takes base_gpu_id, "
                 "base_gpu_id+1, ... Fix: give the rollout consecutive GPU ranks in cluster.component_placement."
             )
-    return [server_kwargs(cfg, tp_size=tp, base_gpu_id=group[0], seed=int(cfg.runner.seed) + k)
-            for k, group in enumerate(groups)]
+    return [
+        server_kwargs(cfg, tp_size=tp, base_gpu_id=group[0], seed=int(cfg.runner.seed) + k)
+        for k, group in enumerate(groups)
+    ]
 
 
 def sglang_installed() -> bool:
@@ -156,10 +168,13 @@ def check_evaluation_engine(cfg: ExperimentConfig) -> None:
     if not torch.cuda.is_available():
         raise SGLangUnavailable(
             f"{ENGINE_KEY}='sglang' evaluates on GPUs, but no CUDA device is visible here. Fix: run `rlinf-ext eval` "
-            f"on a GPU node with the SGLang profile ({SGLANG_INSTALL_FIX}), or set {ENGINE_KEY}=hf to evaluate on CPU.")
+            f"on a GPU node with the SGLang profile ({SGLANG_INSTALL_FIX}), or set {ENGINE_KEY}=hf to evaluate on CPU."
+        )
     if not sglang_installed():
-        raise SGLangUnavailable(f"{ENGINE_KEY}='sglang': sglang is not installed. Fix: {SGLANG_INSTALL_FIX}, or set "
-                                f"{ENGINE_KEY}=hf to evaluate on CPU.")
+        raise SGLangUnavailable(
+            f"{ENGINE_KEY}='sglang': sglang is not installed. Fix: {SGLANG_INSTALL_FIX}, or set "
+            f"{ENGINE_KEY}=hf to evaluate on CPU."
+        )
     engine_kwargs(cfg, usable_gpus(cfg, torch.cuda.device_count()))
 
 
@@ -219,9 +234,11 @@ class SGLangEngineGenerator:
         from transformers import AutoTokenizer  # heavy: only where an engine starts, never for the launcher's checks
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        print(f"[sglang] starting {len(all_kwargs)} engine(s) with tp_size={all_kwargs[0]['tp_size']} on GPUs "
-              f"{', '.join(str(k['base_gpu_id']) for k in all_kwargs)} (first GPU of each), model {model_path}",
-              flush=True)
+        print(
+            f"[sglang] starting {len(all_kwargs)} engine(s) with tp_size={all_kwargs[0]['tp_size']} on GPUs "
+            f"{', '.join(str(k['base_gpu_id']) for k in all_kwargs)} (first GPU of each), model {model_path}",
+            flush=True,
+        )
         engines: list[Any] = []
         try:
             for kwargs in all_kwargs:
@@ -243,8 +260,9 @@ class SGLangEngineGenerator:
     def _pick(self) -> int:
         return min(range(len(self.engines)), key=lambda k: (self.in_flight[k], k))
 
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                       images: list[Any] | None = None) -> GenerationResult:
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: SamplingParams, images: list[Any] | None = None
+    ) -> GenerationResult:
         if self.closed:
             raise RuntimeError("SGLangEngineGenerator.generate after close(): build a new generator")
         if not prompt_ids:
@@ -257,14 +275,16 @@ class SGLangEngineGenerator:
         self.in_flight[k] += 1
         try:
             result = await self.engines[k].async_generate(
-                input_ids=list(prompt_ids), sampling_params=self.sglang_params(sampling_params),
+                input_ids=list(prompt_ids),
+                sampling_params=self.sglang_params(sampling_params),
                 return_logprob=self.return_logprobs,
             )
         finally:
             self.in_flight[k] -= 1
         self.served[k] += 1
-        return result_of_sglang(result, self.decode, sampling_params, self.eos_ids,
-                                return_logprobs=self.return_logprobs)
+        return result_of_sglang(
+            result, self.decode, sampling_params, self.eos_ids, return_logprobs=self.return_logprobs
+        )
 
     def close(self) -> None:
         """Shut every engine down (their GPU subprocesses exit), even when one of them fails; safe to call twice."""

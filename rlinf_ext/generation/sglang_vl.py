@@ -26,7 +26,9 @@ def vl_server_overrides(model_type: str) -> dict[str, Any]:
     return dict(VL_SERVER_ARGS) if model_type == "qwen2.5_vl" else {}
 
 
-def vision_runs(ids: Sequence[int], vision_start_id: int, image_pad_id: int, vision_end_id: int) -> list[tuple[int, int]]:
+def vision_runs(
+    ids: Sequence[int], vision_start_id: int, image_pad_id: int, vision_end_id: int
+) -> list[tuple[int, int]]:
     """``(start, end)`` index pairs of each ``<|vision_start|><|image_pad|>+<|vision_end|>`` run (end exclusive)."""
     runs, i = [], 0
     while i < len(ids):
@@ -35,8 +37,10 @@ def vision_runs(ids: Sequence[int], vision_start_id: int, image_pad_id: int, vis
             while j < len(ids) and ids[j] == image_pad_id:
                 j += 1
             if j == i + 1 or j >= len(ids) or ids[j] != vision_end_id:
-                raise ValueError(f"malformed image run at position {i}: <|vision_start|> must be followed by "
-                                 "<|image_pad|> ids and <|vision_end|>")
+                raise ValueError(
+                    f"malformed image run at position {i}: <|vision_start|> must be followed by "
+                    "<|image_pad|> ids and <|vision_end|>"
+                )
             runs.append((i, j + 1))
             i = j + 1
         else:
@@ -44,9 +48,15 @@ def vision_runs(ids: Sequence[int], vision_start_id: int, image_pad_id: int, vis
     return runs
 
 
-def mm_request(prompt_ids: Sequence[int], images: Sequence[ImageRef], sampling_params: dict[str, Any], *,
-               token_ids: tuple[int, int, int], banned_ids: Sequence[int] = (),
-               logit_processor: str | None = None) -> dict[str, Any]:
+def mm_request(
+    prompt_ids: Sequence[int],
+    images: Sequence[ImageRef],
+    sampling_params: dict[str, Any],
+    *,
+    token_ids: tuple[int, int, int],
+    banned_ids: Sequence[int] = (),
+    logit_processor: str | None = None,
+) -> dict[str, Any]:
     """The ``Engine.async_generate`` kwargs of one request: ids, every image so far (encoded bytes, in order), and
     the sampling params with the banned ids for the disallowed-tokens processor.
 
@@ -54,8 +64,10 @@ def mm_request(prompt_ids: Sequence[int], images: Sequence[ImageRef], sampling_p
     ``DisallowedTokensLogitsProcessor`` (``disallowed_tokens_processor()``), required when ``banned_ids`` is set."""
     runs = vision_runs(prompt_ids, *token_ids)
     if len(runs) != len(images):
-        raise ValueError(f"the context holds {len(runs)} image run(s) but {len(images)} image(s) were given; "
-                         "SGLang needs every image of the context, in order of appearance")
+        raise ValueError(
+            f"the context holds {len(runs)} image run(s) but {len(images)} image(s) were given; "
+            "SGLang needs every image of the context, in order of appearance"
+        )
     bad = [type(i).__name__ for i in images if not isinstance(i, ImageRef)]
     if bad:
         raise TypeError(f"images must be protocol.images.ImageRef objects, got {bad}")

@@ -51,8 +51,14 @@ def to_sglang_params(params: SamplingParams, eos_ids: Iterable[int]) -> dict[str
     return out
 
 
-def result_of_sglang(result: dict[str, Any], decode: Callable[[list[int]], str], params: SamplingParams,
-                     eos_ids: Iterable[int], *, return_logprobs: bool = False) -> GenerationResult:
+def result_of_sglang(
+    result: dict[str, Any],
+    decode: Callable[[list[int]], str],
+    params: SamplingParams,
+    eos_ids: Iterable[int],
+    *,
+    return_logprobs: bool = False,
+) -> GenerationResult:
     """One ``async_generate`` reply for a request with ``params`` -> ``GenerationResult`` (pure but for
     ``decode``). An aborted request, or log-probs that do not belong to the returned ids, raise."""
     meta = result.get("meta_info") or {}
@@ -73,12 +79,23 @@ def result_of_sglang(result: dict[str, Any], decode: Callable[[list[int]], str],
                 "return_logprob=True"
             )
         logprobs = [float(e[0]) for e in entries]
-    end = turn_end(ids, decode, eos_ids=set(int(i) for i in eos_ids), stop=params.stop,
-                   max_new_tokens=params.max_new_tokens, include_stop_str_in_output=params.include_stop_str_in_output,
-                   engine_reason=reason, engine_stop=stop)
-    return GenerationResult(output_ids=end.output_ids, text=end.text, finish_reason=end.finish_reason,
-                            matched_stop=end.matched_stop,
-                            logprobs=None if logprobs is None else logprobs[: len(end.output_ids)])
+    end = turn_end(
+        ids,
+        decode,
+        eos_ids=set(int(i) for i in eos_ids),
+        stop=params.stop,
+        max_new_tokens=params.max_new_tokens,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        engine_reason=reason,
+        engine_stop=stop,
+    )
+    return GenerationResult(
+        output_ids=end.output_ids,
+        text=end.text,
+        finish_reason=end.finish_reason,
+        matched_stop=end.matched_stop,
+        logprobs=None if logprobs is None else logprobs[: len(end.output_ids)],
+    )
 
 
 def hf_eos_ids(model_path: str, tokenizer: Any = None) -> list[int]:

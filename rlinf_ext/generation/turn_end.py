@@ -38,13 +38,15 @@ class TurnEnd:
     matched_stop: str | None
 
 
-def stop_completed_at(ids: Sequence[int], n: int, stop: Sequence[str], decode: Callable[[list[int]], str]) -> str | None:
+def stop_completed_at(
+    ids: Sequence[int], n: int, stop: Sequence[str], decode: Callable[[list[int]], str]
+) -> str | None:
     """The stop string found in the decoded tail ending at token ``n`` (1-based), else None. Several found: the
     one whose last occurrence starts first."""
     longest = max((len(s) for s in stop), default=0)
     if not longest or n < 1:
         return None
-    tail = decode(list(ids[max(0, n - longest - _TAIL_SLACK):n]))
+    tail = decode(list(ids[max(0, n - longest - _TAIL_SLACK) : n]))
     hits = [s for s in stop if s in tail]
     return min(hits, key=tail.rfind) if hits else None
 

@@ -29,10 +29,12 @@ class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
         # this signature: image_processor and tokenizer)
         self.image_token = getattr(tokenizer, "image_token", "<|image_pad|>")
         self.video_token = getattr(tokenizer, "video_token", "<|video_pad|>")
-        self.image_token_id = (getattr(tokenizer, "image_token_id", None)
-                               or tokenizer.convert_tokens_to_ids(self.image_token))
-        self.video_token_id = (getattr(tokenizer, "video_token_id", None)
-                               or tokenizer.convert_tokens_to_ids(self.video_token))
+        self.image_token_id = getattr(tokenizer, "image_token_id", None) or tokenizer.convert_tokens_to_ids(
+            self.image_token
+        )
+        self.video_token_id = getattr(tokenizer, "video_token_id", None) or tokenizer.convert_tokens_to_ids(
+            self.video_token
+        )
         ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
     def to_dict(self):
@@ -53,5 +55,6 @@ ImageOnlyQwen2_5_VLProcessor.register_for_auto_class("AutoProcessor")
 def load_image_only_processor(path: str | Path) -> ImageOnlyQwen2_5_VLProcessor:
     """The fast tokenizer and the slow (PIL) image processor of a saved Qwen2.5-VL processor directory, with
     the processor's saved chat template."""
-    return ImageOnlyQwen2_5_VLProcessor.from_pretrained(str(path), use_fast=False,
-                                                        tokenizer=AutoTokenizer.from_pretrained(str(path)))
+    return ImageOnlyQwen2_5_VLProcessor.from_pretrained(
+        str(path), use_fast=False, tokenizer=AutoTokenizer.from_pretrained(str(path))
+    )

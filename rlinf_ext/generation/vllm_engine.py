@@ -78,8 +78,9 @@ class InprocVLLMEngine:
         self._keeping: asyncio.Future | None = None  # the keep pause's call into vLLM (it waits for the engine's lock)
 
     @classmethod
-    def from_engine_args(cls, kwargs: dict[str, Any], *, eager_helpers: bool = True,
-                         parts: dict[str, float] | None = None) -> "InprocVLLMEngine":
+    def from_engine_args(
+        cls, kwargs: dict[str, Any], *, eager_helpers: bool = True, parts: dict[str, float] | None = None
+    ) -> "InprocVLLMEngine":
         """vLLM's ``LLMEngine.from_engine_args`` in its two steps, timed into ``parts`` (``START_*`` keys):
         the import, the engine config, the engine (model load, KV cache, warm-up)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine is built: InprocClient
@@ -94,21 +95,26 @@ class InprocVLLMEngine:
         config = EngineArgs(**kwargs).create_engine_config(UsageContext.ENGINE_CONTEXT)
         t = _lap(parts, START_CONFIG, t)
         with _stance(eager_helpers):
-            engine = LLMEngine(vllm_config=config, executor_class=Executor.get_class(config),
-                               log_stats=not kwargs.get("disable_log_stats", False))
+            engine = LLMEngine(
+                vllm_config=config,
+                executor_class=Executor.get_class(config),
+                log_stats=not kwargs.get("disable_log_stats", False),
+            )
         _lap(parts, START_ENGINE, t)
         return cls(engine, eager_helpers=eager_helpers)
 
-    async def generate(self, prompt: dict, sampling_params: Any, request_id: str, *,
-                       priority: int = 0) -> AsyncIterator[Any]:
+    async def generate(
+        self, prompt: dict, sampling_params: Any, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[Any]:
         while self._paused:  # polled: an asyncio.Event binds to the first event loop that waits on it
             await asyncio.sleep(0.005)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._waiting[request_id] = future  # in flight from here on: a pause waits for it
         try:
-            await asyncio.to_thread(self._locked, self.engine.add_request, request_id, prompt, sampling_params,
-                                    priority=priority)
+            await asyncio.to_thread(
+                self._locked, self.engine.add_request, request_id, prompt, sampling_params, priority=priority
+            )
             if self._stepper is None or self._stepper.done():
                 self._stepper = loop.create_task(self._step_loop())
             yield await future
@@ -147,7 +153,8 @@ class InprocVLLMEngine:
         if mode == "keep":  # the turns in flight stop after the step in progress (it holds the lock)
             self._kept = True
             self._keeping = asyncio.ensure_future(
-                asyncio.to_thread(self._locked, self._core().pause_scheduler, "keep", clear_cache))
+                asyncio.to_thread(self._locked, self._core().pause_scheduler, "keep", clear_cache)
+            )
             await asyncio.shield(self._keeping)  # a caller's timeout leaves the call to finish: resume waits for it
             return
         while self._waiting:  # requests already accepted finish on the current weights
@@ -172,8 +179,9 @@ class InprocVLLMEngine:
         """``AsyncLLM.update_weight_version``: the label vLLM puts on every token sampled from now on."""
         await asyncio.to_thread(self._locked, self.engine.set_weight_version, new_version)
 
-    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
-                             kwargs: dict | None = None) -> list:
+    async def collective_rpc(
+        self, method: str, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None
+    ) -> list:
         return await asyncio.to_thread(self._locked, self.engine.collective_rpc, method, timeout, args, kwargs)
 
     async def reset_prefix_cache(self, *args: Any) -> bool:
@@ -289,8 +297,16 @@ class VLLMGenerator:
     coroutines (vLLM batches them continuously). ``seed`` None: ``base seed + call index`` when the generator has one.
     ``priority``: vLLM's (lower first), which only an engine started with ``scheduling_policy="priority"`` reads."""
 
-    def __init__(self, engine: Any, tokenizer: Any, eos_ids: Iterable[int], *, return_logprobs: bool = False,
-                 seed: int | None = None, in_process: bool = True):
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        eos_ids: Iterable[int],
+        *,
+        return_logprobs: bool = False,
+        seed: int | None = None,
+        in_process: bool = True,
+    ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_ids = set(int(i) for i in eos_ids)
@@ -304,8 +320,9 @@ class VLLMGenerator:
         self.start_parts: dict[str, float] = {}
 
     @classmethod
-    def start(cls, options: VLLMEngineOptions, *, return_logprobs: bool = False,
-              seed: int | None = None) -> "VLLMGenerator":
+    def start(
+        cls, options: VLLMEngineOptions, *, return_logprobs: bool = False, seed: int | None = None
+    ) -> "VLLMGenerator":
         from transformers import AutoTokenizer
 
         parts: dict[str, float] = {}
@@ -329,9 +346,15 @@ class VLLMGenerator:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                       images: list[Any] | None = None, *, seed: int | None = None,
-                       priority: int = 0) -> GenerationResult:
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: SamplingParams,
+        images: list[Any] | None = None,
+        *,
+        seed: int | None = None,
+        priority: int = 0,
+    ) -> GenerationResult:
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -341,12 +364,17 @@ class VLLMGenerator:
         call = next(self._calls)
         if seed is None and self._seed is not None:
             seed = self._seed + call
-        params = VSamplingParams(**to_vllm_params(sampling_params, self.eos_ids, seed=seed,
-                                                  return_logprobs=self.return_logprobs),
-                                 output_kind=RequestOutputKind.FINAL_ONLY)
+        params = VSamplingParams(
+            **to_vllm_params(sampling_params, self.eos_ids, seed=seed, return_logprobs=self.return_logprobs),
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
         final = None
-        async for out in self.engine.generate({"prompt_token_ids": [int(t) for t in prompt_ids]}, params,
-                                              f"rlinf-{next(self._ids)}", priority=int(priority)):
+        async for out in self.engine.generate(
+            {"prompt_token_ids": [int(t) for t in prompt_ids]},
+            params,
+            f"rlinf-{next(self._ids)}",
+            priority=int(priority),
+        ):
             final = out
         if final is None or not final.outputs:
             raise RuntimeError("vLLM returned no output for a generate request")
@@ -359,11 +387,13 @@ class VLLMGenerator:
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        params = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False,
-                                 output_kind=RequestOutputKind.FINAL_ONLY)
+        params = VSamplingParams(
+            max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
+        )
         final = None
-        async for out in self.engine.generate({"prompt_token_ids": [int(t) for t in ids]}, params,
-                                              f"rlinf-probe-{next(self._ids)}"):
+        async for out in self.engine.generate(
+            {"prompt_token_ids": [int(t) for t in ids]}, params, f"rlinf-probe-{next(self._ids)}"
+        ):
             final = out
         entries: list[tuple[float | None, int, None]] = [(None, int(ids[0]), None)]
         for tok, step in zip(ids[1:], final.prompt_logprobs[1:]):
@@ -405,9 +435,11 @@ class VLLMGenerator:
             await self.engine.collective_rpc("rlinf_finish_weight_load")
             # vLLM keys cached blocks by tokens, not weights; it refuses (False) while a request holds blocks
             if not await self.engine.reset_prefix_cache():
-                raise RuntimeError("vLLM refused to reset its prefix cache after the weight load (a request still "
-                                   "holds KV blocks): the old weights' KV would serve new requests. The pause must "
-                                   "wait for every request (pause_generation(mode='wait')).")
+                raise RuntimeError(
+                    "vLLM refused to reset its prefix cache after the weight load (a request still "
+                    "holds KV blocks): the old weights' KV would serve new requests. The pause must "
+                    "wait for every request (pause_generation(mode='wait'))."
+                )
             await self.engine.reset_encoder_cache()  # vision embeddings of the old weights (VL models)
             if version is not None:
                 await self.label_weights(version)

@@ -35,8 +35,14 @@ from rlinf_ext.generation.vllm_engine import VLLMGenerator, start_engine
 from rlinf_ext.generation.vllm_wire import VLLMEngineOptions, check_generate_args, result_of_output, to_vllm_params
 from rlinf_ext.protocol.generation import GenerationResult, SamplingParams
 from rlinf_ext.protocol.images import ImageRef
-from rlinf_ext.protocol.vl_tokens import (IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size,
-                                          token_id)
+from rlinf_ext.protocol.vl_tokens import (
+    IMAGE_PAD,
+    VISION_END,
+    VISION_START,
+    banned_token_ids,
+    text_vocab_size,
+    token_id,
+)
 
 MAX_IMAGES_PER_PROMPT = 16  # vLLM's limit_mm_per_prompt; an MMSearch-R1 context holds the question's image + results
 # vLLM's Transformers backend (vLLM's own Qwen2.5-VL module needs torchvision) and the processor's custom code
@@ -55,15 +61,19 @@ def collapse_image_runs(ids: Sequence[int], token_ids: tuple[int, int, int]) -> 
     return out + [int(t) for t in ids[last:]]
 
 
-def mm_request(prompt_ids: Sequence[int], images: Sequence[ImageRef], token_ids: tuple[int, int, int]) -> dict[str, Any]:
+def mm_request(
+    prompt_ids: Sequence[int], images: Sequence[ImageRef], token_ids: tuple[int, int, int]
+) -> dict[str, Any]:
     """vLLM's prompt dict of one request: collapsed ids, every image in order of appearance, their sha1s as ids."""
     bad = [type(i).__name__ for i in images if not isinstance(i, ImageRef)]
     if bad:
         raise TypeError(f"images must be protocol.images.ImageRef objects, got {bad}")
     runs = vision_runs(prompt_ids, *token_ids)
     if len(runs) != len(images):
-        raise ValueError(f"the context holds {len(runs)} image run(s) but {len(images)} image(s) were given; "
-                         "vLLM needs every image of the context, in order of appearance")
+        raise ValueError(
+            f"the context holds {len(runs)} image run(s) but {len(images)} image(s) were given; "
+            "vLLM needs every image of the context, in order of appearance"
+        )
     request: dict[str, Any] = {"prompt_token_ids": collapse_image_runs(prompt_ids, token_ids)}
     if images:
         request["multi_modal_data"] = {"image": [img.to_pil() for img in images]}
@@ -79,7 +89,9 @@ def allowed_token_ids(vocab_size: int, banned: Sequence[int]) -> list[int] | Non
     return [i for i in range(int(vocab_size)) if i not in banned_set]
 
 
-def vl_engine_options(options: VLLMEngineOptions, *, cuda: bool, max_images: int = MAX_IMAGES_PER_PROMPT) -> VLLMEngineOptions:
+def vl_engine_options(
+    options: VLLMEngineOptions, *, cuda: bool, max_images: int = MAX_IMAGES_PER_PROMPT
+) -> VLLMEngineOptions:
     """``options`` for a Qwen2.5-VL checkpoint: image limit, processed log-probs, and on CPU the Transformers
     backend with the processor's custom code (pure)."""
     extra = dict(options.extra)
@@ -102,7 +114,8 @@ def check_processor_dir(model_path: str | Path) -> None:
             f"{model_path}: its processor_config.json has no auto_map to rlinf_ext's image-only Qwen2.5-VL processor, "
             "and vLLM on a CPU torch (no torchvision) cannot load the stock one. Save the processor again with "
             "generation.vl_processor.load_image_only_processor(DIR).save_pretrained(DIR) (the tiny assets do: "
-            "re-run `rlinf-ext make-tiny-assets --with-mm`).")
+            "re-run `rlinf-ext make-tiny-assets --with-mm`)."
+        )
 
 
 # module prefix -> checkpoint prefix: the inverse of transformers 5's Qwen2.5-VL conversion mapping
@@ -115,7 +128,7 @@ def checkpoint_name(module_name: str) -> str:
     loader maps (pure): the Transformers backend's ``load_weights`` takes the on-disk layout."""
     for module_prefix, checkpoint_prefix in _CHECKPOINT_PREFIXES:
         if module_name.startswith(module_prefix):
-            return checkpoint_prefix + module_name[len(module_prefix):]
+            return checkpoint_prefix + module_name[len(module_prefix) :]
     return module_name
 
 
@@ -129,8 +142,16 @@ class VLLMVLGenerator(VLLMGenerator):
     """``await gen.generate(prompt_ids, params, images=[ImageRef, ...], seed=...)``: ``images`` are every image of
     the context in order, ``prompt_ids`` hold each image's expanded pad run (as the actor's processor makes it)."""
 
-    def __init__(self, engine: Any, tokenizer: Any, eos_ids, *, vocab_size: int, banned_ids: Sequence[int] | None = None,
-                 **kwargs: Any):
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        eos_ids,
+        *,
+        vocab_size: int,
+        banned_ids: Sequence[int] | None = None,
+        **kwargs: Any,
+    ):
         """``banned_ids=None``: the vision special ids and the padded vocabulary rows (``vl_tokens.banned_token_ids``)."""
         super().__init__(engine, tokenizer, eos_ids, **kwargs)
         self.token_ids = tuple(token_id(tokenizer, t) for t in (VISION_START, IMAGE_PAD, VISION_END))
@@ -140,8 +161,15 @@ class VLLMVLGenerator(VLLMGenerator):
         self.prompt_mismatches = 0
 
     @classmethod
-    def start(cls, options: VLLMEngineOptions, *, return_logprobs: bool = False, seed: int | None = None,
-              cuda: bool | None = None, banned_ids: Sequence[int] | None = None) -> "VLLMVLGenerator":
+    def start(
+        cls,
+        options: VLLMEngineOptions,
+        *,
+        return_logprobs: bool = False,
+        seed: int | None = None,
+        cuda: bool | None = None,
+        banned_ids: Sequence[int] | None = None,
+    ) -> "VLLMVLGenerator":
         from transformers import AutoTokenizer
 
         if cuda is None:
@@ -155,8 +183,16 @@ class VLLMVLGenerator(VLLMGenerator):
         vocab = text_vocab_size(json.loads((Path(options.model_path) / "config.json").read_text()))
         t0 = time.perf_counter()
         engine = start_engine(options)
-        gen = cls(engine, tokenizer, hf_eos_ids(str(options.model_path), tokenizer), vocab_size=vocab,
-                  banned_ids=banned_ids, return_logprobs=return_logprobs, seed=seed, in_process=options.in_process)
+        gen = cls(
+            engine,
+            tokenizer,
+            hf_eos_ids(str(options.model_path), tokenizer),
+            vocab_size=vocab,
+            banned_ids=banned_ids,
+            return_logprobs=return_logprobs,
+            seed=seed,
+            in_process=options.in_process,
+        )
         gen.start_s = time.perf_counter() - t0
         gen.options = options
         return gen
@@ -194,9 +230,15 @@ class VLLMVLGenerator(VLLMGenerator):
             raise RuntimeError("vLLM returned no output for a generate request")
         return final
 
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                       images: list[Any] | None = None, *, seed: int | None = None,
-                       priority: int = 0) -> GenerationResult:
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: SamplingParams,
+        images: list[Any] | None = None,
+        *,
+        seed: int | None = None,
+        priority: int = 0,
+    ) -> GenerationResult:
         check_generate_args(prompt_ids, sampling_params)
         request = mm_request(prompt_ids, list(images or []), self.token_ids)
         call = next(self._calls)
@@ -211,22 +253,41 @@ class VLLMVLGenerator(VLLMGenerator):
         """One bucket of ``(module name, tensor)`` pairs, renamed to the checkpoint layout vLLM loads."""
         await super().load_weight_bucket((checkpoint_name(n), t) for n, t in named)
 
-    async def prompt_logprobs(self, ids: list[int], images: list[Any] | None = None) -> list[tuple[float | None, int, None]]:
+    async def prompt_logprobs(
+        self, ids: list[int], images: list[Any] | None = None
+    ) -> list[tuple[float | None, int, None]]:
         """The post-sync probe with its images: vLLM's log-prob of every prompt token given the ones before (raw
         distribution, no banned ids), as ``VLLMGenerator.prompt_logprobs``. The ids are vLLM's expanded prompt,
         which must equal ``ids``."""
         request = mm_request(ids, list(images or []), self.token_ids)
-        params = self._params(SamplingParams(max_new_tokens=1, do_sample=False), None, prompt_logprobs=0,
-                              detokenize=False, allowed_token_ids=None, logprobs=None)
+        params = self._params(
+            SamplingParams(max_new_tokens=1, do_sample=False),
+            None,
+            prompt_logprobs=0,
+            detokenize=False,
+            allowed_token_ids=None,
+            logprobs=None,
+        )
         final = await self._final(request, params, "rlinf-vl-probe")
         if engine_mismatch(ids, final.prompt_token_ids):
-            raise ValueError("vLLM expanded the probe's images differently from the actor's processor; the probe "
-                             "positions would not line up")
+            raise ValueError(
+                "vLLM expanded the probe's images differently from the actor's processor; the probe "
+                "positions would not line up"
+            )
         entries: list[tuple[float | None, int, None]] = [(None, int(ids[0]), None)]
         for tok, step in zip(ids[1:], final.prompt_logprobs[1:]):
             entries.append((float(step[int(tok)].logprob), int(tok), None))
         return entries
 
 
-__all__ = ["VLLMVLGenerator", "VL_CPU_ENGINE_ARGS", "allowed_token_ids", "check_processor_dir", "checkpoint_name", "collapse_image_runs",
-           "engine_mismatch", "mm_request", "vl_engine_options"]
+__all__ = [
+    "VLLMVLGenerator",
+    "VL_CPU_ENGINE_ARGS",
+    "allowed_token_ids",
+    "check_processor_dir",
+    "checkpoint_name",
+    "collapse_image_runs",
+    "engine_mismatch",
+    "mm_request",
+    "vl_engine_options",
+]

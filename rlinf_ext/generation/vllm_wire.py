@@ -161,9 +161,11 @@ def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) ->
         enable_prefix_caching=bool(vcfg.enable_prefix_caching),
         enable_chunked_prefill=bool(vcfg.enable_chunked_prefill) if cuda else False,
         max_num_seqs=int(rollout.max_running_requests),
-        max_num_batched_tokens=vcfg.max_num_batched_tokens if cuda
+        max_num_batched_tokens=vcfg.max_num_batched_tokens
+        if cuda
         else cpu_batched_tokens(vcfg.max_num_batched_tokens, cfg.runner.seq_length),
-        kv_cache_memory_bytes=(vcfg.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES) if not cuda
+        kv_cache_memory_bytes=(vcfg.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES)
+        if not cuda
         else vcfg.kv_cache_memory_bytes,
         max_model_len=int(cfg.runner.seq_length),
         attention_backend=str(vcfg.attention_backend) if cuda and vcfg.attention_backend else None,
@@ -175,8 +177,9 @@ def options_from_config(cfg: Any, rank: int = 0, *, cuda: bool | None = None) ->
 
 
 # ------------------------------------------------------------------------------------------------ wire (pure)
-def to_vllm_params(params: SamplingParams, eos_ids: Iterable[int], *, seed: int | None = None,
-                   return_logprobs: bool = False) -> dict[str, Any]:
+def to_vllm_params(
+    params: SamplingParams, eos_ids: Iterable[int], *, seed: int | None = None, return_logprobs: bool = False
+) -> dict[str, Any]:
     """``vllm.SamplingParams`` keywords of one request (pure): ``turn_end.engine_sampling`` in vLLM's names;
     ``skip_special_tokens=False`` as the HF decode; stop strings always kept in the output (``turn_end`` cuts the
     text when the caller excludes them, as for HF)."""
@@ -227,19 +230,29 @@ def weight_version_of(spans: Any, num_tokens: int) -> WeightVersion:
     bounds = [(int(span.start), int(span.end)) for span in spans]
     if bounds[0][0] != 0 or bounds[-1][1] != num_tokens or any(a[1] != b[0] for a, b in pairwise(bounds)):
         covered = " + ".join(f"[{a}, {b})" for a, b in bounds)
-        raise ValueError(f"vLLM's weight-version spans cover tokens {covered} of {num_tokens}: they must tile the "
-                         "output tokens from 0 (vllm/v1/engine/output_processor.py builds them so)")
+        raise ValueError(
+            f"vLLM's weight-version spans cover tokens {covered} of {num_tokens}: they must tile the "
+            "output tokens from 0 (vllm/v1/engine/output_processor.py builds them so)"
+        )
     return [int(span.version) for span in spans for _ in range(span.start, span.end)]
 
 
-def result_of_output(output: Any, decode, params: SamplingParams, eos_ids: Iterable[int],
-                     return_logprobs: bool = False) -> GenerationResult:
+def result_of_output(
+    output: Any, decode, params: SamplingParams, eos_ids: Iterable[int], return_logprobs: bool = False
+) -> GenerationResult:
     """One ``vllm.CompletionOutput`` -> ``GenerationResult`` (pure but for ``decode``)."""
     ids = [int(t) for t in output.token_ids]
     reason, stop = engine_reason(output.finish_reason, output.stop_reason)
-    end = turn_end(ids, decode, eos_ids=set(eos_ids), stop=params.stop, max_new_tokens=params.max_new_tokens,
-                   include_stop_str_in_output=params.include_stop_str_in_output, engine_reason=reason,
-                   engine_stop=stop)
+    end = turn_end(
+        ids,
+        decode,
+        eos_ids=set(eos_ids),
+        stop=params.stop,
+        max_new_tokens=params.max_new_tokens,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        engine_reason=reason,
+        engine_stop=stop,
+    )
     logprobs = None
     if return_logprobs and output.logprobs is not None:
         logprobs = [float(step[tok].logprob) for tok, step in zip(ids, output.logprobs)][: len(end.output_ids)]
@@ -248,8 +261,14 @@ def result_of_output(output: Any, decode, params: SamplingParams, eos_ids: Itera
     if isinstance(version, list):  # the versions follow the kept ids; one left is the call's one version
         version = version[: len(end.output_ids)]
         version = version[0] if len(set(version)) == 1 else version
-    return GenerationResult(output_ids=end.output_ids, text=end.text, finish_reason=end.finish_reason,
-                            matched_stop=end.matched_stop, logprobs=logprobs, weight_version=version)
+    return GenerationResult(
+        output_ids=end.output_ids,
+        text=end.text,
+        finish_reason=end.finish_reason,
+        matched_stop=end.matched_stop,
+        logprobs=logprobs,
+        weight_version=version,
+    )
 
 
 def check_generate_args(prompt_ids: list[int], sampling_params: SamplingParams) -> None:
@@ -260,5 +279,14 @@ def check_generate_args(prompt_ids: list[int], sampling_params: SamplingParams) 
         raise ValueError(f"max_new_tokens must be >= 1, got {sampling_params.max_new_tokens}")
 
 
-__all__ = ["VLLMEngineOptions", "engine_args", "engine_environment", "options_from_config", "to_vllm_params",
-           "engine_reason", "result_of_output", "weight_version_of", "check_generate_args"]
+__all__ = [
+    "VLLMEngineOptions",
+    "engine_args",
+    "engine_environment",
+    "options_from_config",
+    "to_vllm_params",
+    "engine_reason",
+    "result_of_output",
+    "weight_version_of",
+    "check_generate_args",
+]

@@ -177,10 +177,7 @@ def init_parallel_state(
     apply_cpu_shims()
     world_size = tp * pp if world_size is None else world_size
     if world_size % (tp * pp) != 0:
-        raise ValueError(
-            f"world size {world_size} is not a multiple of TP*PP = {tp}*{pp}; "
-            "start TP*PP*DP processes."
-        )
+        raise ValueError(f"world size {world_size} is not a multiple of TP*PP = {tp}*{pp}; start TP*PP*DP processes.")
     created = False
     if not dist.is_initialized():
         if init_method is None:

@@ -59,8 +59,11 @@ def gpu_capacity(nominal_gib: float, measured_bytes: int | None = None) -> GpuCa
     if listed is not None:
         kind, usable = listed
         return GpuCapacity(nominal_gib, int(usable * GIB), f"{kind}: the table's figure")
-    return GpuCapacity(nominal_gib, int(UNLISTED_FRACTION * nominal),
-                       f"{UNLISTED_FRACTION:.0%} of the nominal size: no figure for a {nominal_gib:g} GiB GPU")
+    return GpuCapacity(
+        nominal_gib,
+        int(UNLISTED_FRACTION * nominal),
+        f"{UNLISTED_FRACTION:.0%} of the nominal size: no figure for a {nominal_gib:g} GiB GPU",
+    )
 
 
 @functools.cache
@@ -72,8 +75,9 @@ def local_gpu_total_bytes() -> int | None:
     if torch.cuda.device_count() == 0:  # NVML or the driver's count: no context is created
         return None
     try:
-        out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                             check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True
+        )
         return int(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError):
         return None  # the table stands in

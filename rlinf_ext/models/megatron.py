@@ -190,7 +190,9 @@ class StateDictMismatch(ValueError):
     """A Megatron state dict does not fit the model (keys or shapes)."""
 
 
-def load_megatron_state_dict(model: torch.nn.Module, state_dict: Mapping[str, Any], *, source: str = "state dict") -> None:
+def load_megatron_state_dict(
+    model: torch.nn.Module, state_dict: Mapping[str, Any], *, source: str = "state dict"
+) -> None:
     """Strictly load one rank's Megatron state dict into ``model``.
 
     ``_extra_state`` entries are not weights (TE stores pickled metadata there, the local spec
@@ -259,7 +261,9 @@ def forward_logits(
     mask and, unless ``position_ids`` are given, the positions.
     """
     if parallel_state.get_pipeline_model_parallel_world_size() != 1:
-        raise ValueError("forward_logits runs a whole model on one pipeline stage (PP=1); use Megatron's schedules for PP>1")
+        raise ValueError(
+            "forward_logits runs a whole model on one pipeline stage (PP=1); use Megatron's schedules for PP>1"
+        )
     batch, seq_len = input_ids.shape
     device = next(model.parameters()).device
     if position_ids is None:
@@ -272,9 +276,7 @@ def forward_logits(
     was_training = model.training
     model.eval()
     try:
-        logits = model(
-            input_ids.to(device), position_ids.to(device), mask, runtime_gather_output=True
-        )
+        logits = model(input_ids.to(device), position_ids.to(device), mask, runtime_gather_output=True)
     finally:
         model.train(was_training)
     vocab = getattr(model, "hf_vocab_size", logits.shape[-1])

@@ -114,16 +114,30 @@ class ModelShape:
     vision_params: int = 0  # a vision-language model's vision tower (``vision_tower_params``)
 
 
-def vision_tower_params(depth: int = 32, hidden: int = 1280, ffn: int = 3420, out_hidden: int = 3584,
-                        patch: int = 14, temporal_patch: int = 2, in_channels: int = 3, spatial_merge: int = 2) -> int:
+def vision_tower_params(
+    depth: int = 32,
+    hidden: int = 1280,
+    ffn: int = 3420,
+    out_hidden: int = 3584,
+    patch: int = 14,
+    temporal_patch: int = 2,
+    in_channels: int = 3,
+    spatial_merge: int = 2,
+) -> int:
     """Parameters of Qwen2.5-VL's vision tower (transformers' ``Qwen2_5_VisionTransformerPretrainedModel``):
     the patch embedding (a bias-free 3D convolution), ``depth`` blocks (two RMSNorms, qkv and output projections
     with biases, a gated MLP with biases) and the merger (RMSNorm, then an MLP from ``spatial_merge**2`` patches
     to the language model's hidden size). The defaults are the tower every Qwen2.5-VL size shares (3B: out 2048,
     7B: 3584)."""
     patch_embed = in_channels * temporal_patch * patch * patch * hidden
-    block = 2 * hidden + (3 * hidden * hidden + 3 * hidden) + (hidden * hidden + hidden) \
-        + 3 * hidden * ffn + 2 * ffn + hidden
+    block = (
+        2 * hidden
+        + (3 * hidden * hidden + 3 * hidden)
+        + (hidden * hidden + hidden)
+        + 3 * hidden * ffn
+        + 2 * ffn
+        + hidden
+    )
     merged = hidden * spatial_merge * spatial_merge
     merger = hidden + merged * merged + merged + merged * out_hidden + out_hidden
     return patch_embed + depth * block + merger
@@ -176,8 +190,15 @@ class MemoryEstimate:
 
 CRITIC_STATE = "critic weights + optimizer"
 CRITIC_GRADS = "critic gradients"
-STATIC_ITEMS = ("weights", "gradients", "main params (fp32)", "optimizer state", "reference model", CRITIC_STATE,
-                CRITIC_GRADS)
+STATIC_ITEMS = (
+    "weights",
+    "gradients",
+    "main params (fp32)",
+    "optimizer state",
+    "reference model",
+    CRITIC_STATE,
+    CRITIC_GRADS,
+)
 
 
 def critic_bytes(x: ActorMemoryInputs) -> dict[str, int]:
@@ -186,8 +207,10 @@ def critic_bytes(x: ActorMemoryInputs) -> dict[str, int]:
     if not x.critic:
         return {}
     st = static_bytes(replace(x, critic=False, reference_model=False))
-    return {CRITIC_STATE: st["weights"] + st["main params (fp32)"] + st["optimizer state"],
-            CRITIC_GRADS: st["gradients"]}
+    return {
+        CRITIC_STATE: st["weights"] + st["main params (fp32)"] + st["optimizer state"],
+        CRITIC_GRADS: st["gradients"],
+    }
 
 
 def static_bytes(x: ActorMemoryInputs) -> dict[str, int]:
@@ -195,9 +218,13 @@ def static_bytes(x: ActorMemoryInputs) -> dict[str, int]:
     if x.fsdp:
         dp = max(x.data_parallel, 1)
         moments = 8 if x.optimizer == "adam" else 0
-        return {"weights": n * 4 // dp, "gradients": n * 4 // dp, "main params (fp32)": 0,
-                "optimizer state": n * moments // dp,
-                "reference model": n * x.compute_bytes // dp if x.reference_model else 0}
+        return {
+            "weights": n * 4 // dp,
+            "gradients": n * 4 // dp,
+            "main params (fp32)": 0,
+            "optimizer state": n * moments // dp,
+            "reference model": n * x.compute_bytes // dp if x.reference_model else 0,
+        }
     shard = x.data_parallel if x.distributed_optimizer else 1
     cuda_mixed = x.device == "cuda" and x.precision != "fp32"
     moments = 8 if x.optimizer == "adam" else 0  # SGD runs without momentum
@@ -337,9 +364,17 @@ def transfer_buffer_bytes(shape: ModelShape, dtype_bytes: int, bucket_bytes: int
     return max(bucket_bytes, shape.largest_tensor * dtype_bytes)
 
 
-def engine_memory(shape: ModelShape, *, gpu_bytes: int, fraction: float, dtype_bytes: int,
-                  tensor_parallel: int = 1, backend: str = "vllm", sleep_level: int = 2,
-                  bucket_bytes: int = BUCKET_BYTES) -> EngineMemory:
+def engine_memory(
+    shape: ModelShape,
+    *,
+    gpu_bytes: int,
+    fraction: float,
+    dtype_bytes: int,
+    tensor_parallel: int = 1,
+    backend: str = "vllm",
+    sleep_level: int = 2,
+    bucket_bytes: int = BUCKET_BYTES,
+) -> EngineMemory:
     """The engine of ``shape`` (vision tower included) on one of its GPUs.
 
     vLLM: its CUDA context is outside its fraction (``VLLM_CUDA_CONTEXT_BYTES``). Asleep, ``CuMemBackend.suspend``
@@ -358,13 +393,21 @@ def engine_memory(shape: ModelShape, *, gpu_bytes: int, fraction: float, dtype_b
     weights = shape.all_params * dtype_bytes // tp
     kv = shape.kv_bytes_per_token(dtype_bytes, tp)
     if backend == "sglang":
-        return EngineMemory(gpu_bytes, fraction, weights, 0, kv, outside=ROLLOUT_WORKSPACE_BYTES,
-                            asleep=ROLLOUT_RESIDENT_BYTES)
+        return EngineMemory(
+            gpu_bytes, fraction, weights, 0, kv, outside=ROLLOUT_WORKSPACE_BYTES, asleep=ROLLOUT_RESIDENT_BYTES
+        )
     largest_unit = max(shape.largest_tensor, shape.layer_params) * dtype_bytes
-    return EngineMemory(gpu_bytes, fraction, weights, VLLM_RUNTIME_BYTES, kv, outside=VLLM_CUDA_CONTEXT_BYTES,
-                        asleep=VLLM_ASLEEP_RESIDENT_BYTES,
-                        host_asleep=VLLM_RUNTIME_BYTES + (weights if sleep_level == 1 else 0),
-                        update_transient=transfer_buffer_bytes(shape, dtype_bytes, bucket_bytes) + 2 * largest_unit)
+    return EngineMemory(
+        gpu_bytes,
+        fraction,
+        weights,
+        VLLM_RUNTIME_BYTES,
+        kv,
+        outside=VLLM_CUDA_CONTEXT_BYTES,
+        asleep=VLLM_ASLEEP_RESIDENT_BYTES,
+        host_asleep=VLLM_RUNTIME_BYTES + (weights if sleep_level == 1 else 0),
+        update_transient=transfer_buffer_bytes(shape, dtype_bytes, bucket_bytes) + 2 * largest_unit,
+    )
 
 
 @dataclass(frozen=True)
@@ -380,8 +423,9 @@ class SyncTransfer:
         return self.buffers + self.conversion
 
 
-def sync_transfer(shape: ModelShape, *, route: str, dtype_bytes: int, fsdp: bool = False,
-                  bucket_bytes: int = BUCKET_BYTES) -> SyncTransfer:
+def sync_transfer(
+    shape: ModelShape, *, route: str, dtype_bytes: int, fsdp: bool = False, bucket_bytes: int = BUCKET_BYTES
+) -> SyncTransfer:
     """The actor's transfer memory on its GPU for one collocated sync, in the rollout's dtype (``dtype_bytes``).
 
     ``route``: ``ipc`` (vLLM's packed IPC producer: one buffer per transfer, packed_tensor.py:342, allocated inside
@@ -452,17 +496,28 @@ class GpuPlan:
         return self.peak <= self.gpu_bytes
 
 
-def plan_gpu(x: ActorMemoryInputs, *, engine: EngineMemory, collocated: bool, offload_weight: bool,
-             offload_optimizer: bool, offload_grad: bool, transfer: SyncTransfer | None = None,
-             rank0_host: int = 0) -> GpuPlan:
+def plan_gpu(
+    x: ActorMemoryInputs,
+    *,
+    engine: EngineMemory,
+    collocated: bool,
+    offload_weight: bool,
+    offload_optimizer: bool,
+    offload_grad: bool,
+    transfer: SyncTransfer | None = None,
+    rank0_host: int = 0,
+) -> GpuPlan:
     """The actor on a GPU it shares with ``engine`` (collocated) or owns; offloaded parts leave the GPU for host
     RAM while the engine runs (gradients are freed), and an FSDP2 actor brings its weight shards back for the
     gathers of a sync. ``transfer``: the collocated sync's transfer memory (None: no sync phase planned);
     ``rank0_host``: what a sync that rank 0 sends alone gathers in its host RAM."""
     actor = estimate_actor(x)
     st = actor.items
-    parts = {"weights": ("weights", "reference model"), "optimizer": ("main params (fp32)", "optimizer state"),
-             "grads": ("gradients",)}
+    parts = {
+        "weights": ("weights", "reference model"),
+        "optimizer": ("main params (fp32)", "optimizer state"),
+        "grads": ("gradients",),
+    }
     offloaded = {"weights": offload_weight, "optimizer": offload_optimizer, "grads": offload_grad}
     kept = CUDA_RESERVE_BYTES + sum(st[k] for part, keys in parts.items() if not offloaded[part] for k in keys)
     host = sum(st[k] for part, keys in parts.items() if offloaded[part] and part != "grads" for k in keys)

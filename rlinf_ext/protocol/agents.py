@@ -80,7 +80,10 @@ class AgentSpec:
 
 AGENTS: dict[str, AgentSpec] = {
     SEARCHR1: AgentSpec(
-        name=SEARCHR1, title="Search-R1", stops=("</answer>",), vision=False,
+        name=SEARCHR1,
+        title="Search-R1",
+        stops=("</answer>",),
+        vision=False,
         reward_scorings=("em", "subem", "f1", "format"),
         rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
         dataset="rlinf_ext.data.prompts:build_prompt_datasets",
@@ -91,7 +94,10 @@ AGENTS: dict[str, AgentSpec] = {
         tiny_assets="rlinf_ext.agent.searchr1.tiny:tiny_parts",
     ),
     MMSEARCH: AgentSpec(
-        name=MMSEARCH, title="MMSearch-R1", stops=("</search>", "</text_search>", "</answer>"), vision=True,
+        name=MMSEARCH,
+        title="MMSearch-R1",
+        stops=("</search>", "</text_search>", "</answer>"),
+        vision=True,
         stops_from_tools=False,  # its loop tags its tools itself (image search </search>, text search </text_search>)
         reward_scorings=("em", "subem"),
         rollout="rlinf_ext.agent.mmsearch.rollout:MMSearchRollout",
@@ -110,8 +116,10 @@ AGENTS: dict[str, AgentSpec] = {
         moved_keys=(
             ("data.image_min_pixels", "agentloop.mmsearch.image_min_pixels"),
             ("data.image_max_pixels", "agentloop.mmsearch.image_max_pixels"),
-            *((f"reward.{k}", f"agentloop.mmsearch.reward.{k}")
-              for k in ("format_penalty", "use_search_count_penalty", "search_penalty_warmup_steps")),
+            *(
+                (f"reward.{k}", f"agentloop.mmsearch.reward.{k}")
+                for k in ("format_penalty", "use_search_count_penalty", "search_penalty_warmup_steps")
+            ),
         ),
     ),
 }
@@ -125,24 +133,32 @@ def agent_spec(cfg_or_name: Any) -> AgentSpec:
         return AGENTS[name]
     key = f"agentloop.agent={name!r}"
     if not is_import_path(name):
-        raise AgentError(f"{key} is not a registered agent.",
-                         f"choose one of {sorted(AGENTS)} or give the import path of an AgentSpec (pkg.module:SPEC).")
+        raise AgentError(
+            f"{key} is not a registered agent.",
+            f"choose one of {sorted(AGENTS)} or give the import path of an AgentSpec (pkg.module:SPEC).",
+        )
     try:
         spec = load_path(name, key)
     except ValueError as exc:
         raise AgentError(str(exc), "fix the path, or put the package that defines it on PYTHONPATH.") from exc
     if not isinstance(spec, AgentSpec):
-        raise AgentError(f"{key} names a {type(spec).__name__}, not an rlinf_ext.protocol.agents.AgentSpec.",
-                         "point agentloop.agent at an AgentSpec object (pkg.module:SPEC).")
+        raise AgentError(
+            f"{key} names a {type(spec).__name__}, not an rlinf_ext.protocol.agents.AgentSpec.",
+            "point agentloop.agent at an AgentSpec object (pkg.module:SPEC).",
+        )
     if spec.name in AGENTS:
-        raise AgentError(f"{key}: its name {spec.name!r} is a built-in agent's.",
-                         f"give it its own, e.g. AgentSpec(name={spec.name + '_custom'!r}, ...).")
+        raise AgentError(
+            f"{key}: its name {spec.name!r} is a built-in agent's.",
+            f"give it its own, e.g. AgentSpec(name={spec.name + '_custom'!r}, ...).",
+        )
     if not spec.name.isidentifier():  # it names the section agentloop.<name> and the metrics' prefix
         fixed = re.sub(r"\W", "_", spec.name)
         fixed = fixed if fixed.isidentifier() else f"agent_{fixed}"
-        raise AgentError(f"{key}: its AgentSpec name {spec.name!r} is not a Python identifier, and it names the "
-                         "config section agentloop.<name>.",
-                         f"use letters, digits and underscores, e.g. AgentSpec(name={fixed!r}, ...).")
+        raise AgentError(
+            f"{key}: its AgentSpec name {spec.name!r} is not a Python identifier, and it names the "
+            "config section agentloop.<name>.",
+            f"use letters, digits and underscores, e.g. AgentSpec(name={fixed!r}, ...).",
+        )
     return spec
 
 

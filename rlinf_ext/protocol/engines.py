@@ -93,45 +93,63 @@ class EngineSpec:
 
 ENGINES: dict[str, EngineSpec] = {  # in the order a fix suggests them
     VLLM: EngineSpec(
-        name=VLLM, title="vLLM", devices=("cpu", "gpu"),
+        name=VLLM,
+        title="vLLM",
+        devices=("cpu", "gpu"),
         rollout_worker="rlinf_ext.workers.rollout_vllm:VLLMRolloutWorker",
         generator="rlinf_ext.generation.vllm_engine:VLLMGenerator.from_config",
         vl_generator="rlinf_ext.generation.vllm_vl:VLLMVLGenerator.from_config",
-        collocated_route="ipc", disaggregated_route="nccl",  # vLLM's weight-transfer engines (sync/vllm_transfer.py)
-        install="bash scripts/install.sh --gpu", profile="the gpu extra: vllm 0.32.0, Transformer Engine",
-        packages=("vllm",), memory_model="vllm",
+        collocated_route="ipc",
+        disaggregated_route="nccl",  # vLLM's weight-transfer engines (sync/vllm_transfer.py)
+        install="bash scripts/install.sh --gpu",
+        profile="the gpu extra: vllm 0.32.0, Transformer Engine",
+        packages=("vllm",),
+        memory_model="vllm",
         partial_rollout=True,  # its keep pause stops the turns in flight; they go on after the sync (vllm_engine.py)
         logprobs="the log-probs of its processed distribution (generation/vllm_wire.py: "
-                 "logprobs_mode=processed_logprobs, after the penalty and the top-k / top-p truncation), which the "
-                 "actor's recompute never applies",
+        "logprobs_mode=processed_logprobs, after the penalty and the top-k / top-p truncation), which the "
+        "actor's recompute never applies",
     ),
     HF: EngineSpec(
-        name=HF, title="transformers (CPU)", devices=("cpu",),
+        name=HF,
+        title="transformers (CPU)",
+        devices=("cpu",),
         rollout_worker="rlinf_ext.workers.rollout_hf:HFRolloutWorker",
         generator="rlinf_ext.generation.hf:HFGenerator.from_config",
         vl_generator="rlinf_ext.generation.hf_vl:HFVLGenerator.from_config",
-        collocated_route="paired", disaggregated_route="broadcast", install="", profile="the CPU install",
-        dtype_key="rollout.hf.dtype", concurrency_key="rollout.hf.max_batch_size",
-        seeds_each_request=False, partial_rollout=True,  # it stops between decode steps (generation/hf.py: SyncPending)
+        collocated_route="paired",
+        disaggregated_route="broadcast",
+        install="",
+        profile="the CPU install",
+        dtype_key="rollout.hf.dtype",
+        concurrency_key="rollout.hf.max_batch_size",
+        seeds_each_request=False,
+        partial_rollout=True,  # it stops between decode steps (generation/hf.py: SyncPending)
         recounts_image_pads=False,  # the loop's own processor builds its inputs
         logprobs="log_softmax(raw logits / temperature) (generation/hf.py: output_logits), before the repetition "
-                 "penalty and the top-k / top-p filters it samples with: not the distribution it sampled from",
+        "penalty and the top-k / top-p filters it samples with: not the distribution it sampled from",
     ),
     SGLANG: EngineSpec(
-        name=SGLANG, title="SGLang", devices=("gpu",),
+        name=SGLANG,
+        title="SGLang",
+        devices=("gpu",),
         rollout_worker="rlinf_ext.workers.rollout_sglang:SGLangRolloutWorker",
         generator="rlinf_ext.generation.sglang_engine:SGLangEngineGenerator.from_config",
         vl_generator="",  # its image path is not built for evaluation
-        collocated_route="paired", disaggregated_route="distributed",  # sync/weight_sync.py, sync/sglang_transfer.py
+        collocated_route="paired",
+        disaggregated_route="distributed",  # sync/weight_sync.py, sync/sglang_transfer.py
         install=SGLANG_INSTALL,
         profile=f"the SGLang profile: sglang {SGLANG_VERSION} on torch 2.14.1, Transformer Engine",
-        packages=("sglang",), saver_packages=("torch_memory_saver",),
-        pinned=SGLANG_VERSION, memory_model="sglang", started_by_launcher=True,
+        packages=("sglang",),
+        saver_packages=("torch_memory_saver",),
+        pinned=SGLANG_VERSION,
+        memory_model="sglang",
+        started_by_launcher=True,
         # partial rollout not wired: its gate waits for the turns, one version per reply (0.5.23's
         # TokenizerManager.pause_generation(mode="retract") and per-token weight_versions spans are the way to it)
         eval_preflight="rlinf_ext.generation.sglang_engine:check_evaluation_engine",
         logprobs="log_softmax(logits / temperature) after its penalties and before its top-k / top-p filters "
-                 "(SGLANG_RETURN_ORIGINAL_LOGPROB off): neither the distribution it sampled from nor the actor's",
+        "(SGLANG_RETURN_ORIGINAL_LOGPROB off): neither the distribution it sampled from nor the actor's",
     ),
 }
 
@@ -184,7 +202,9 @@ def make_generator(cfg: Any, vision: bool) -> Any:
     spec = engine_spec(cfg)
     if not spec.evaluates(vision):
         able = [n for n, s in ENGINES.items() if s.evaluates(vision)]
-        raise EngineError(f"{ENGINE_KEY}={spec.name!r}: {spec.title} does not evaluate a "
-                          f"{'vision-language' if vision else 'text'} agent (only {', '.join(able)}).",
-                          f"set {ENGINE_KEY}={able[0]}.")
+        raise EngineError(
+            f"{ENGINE_KEY}={spec.name!r}: {spec.title} does not evaluate a "
+            f"{'vision-language' if vision else 'text'} agent (only {', '.join(able)}).",
+            f"set {ENGINE_KEY}={able[0]}.",
+        )
     return spec.load("vl_generator" if vision else "generator")(cfg)

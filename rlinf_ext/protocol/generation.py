@@ -89,8 +89,10 @@ def token_versions(version: WeightVersion, num_ids: int) -> list[int] | None:
     if isinstance(version, int):
         return [version] * num_ids
     if len(version) != num_ids:
-        raise ValueError(f"{len(version)} weight versions for {num_ids} sampled ids: a per-token version list must "
-                         "follow the ids it labels (cut it with them)")
+        raise ValueError(
+            f"{len(version)} weight versions for {num_ids} sampled ids: a per-token version list must "
+            "follow the ids it labels (cut it with them)"
+        )
     return [int(v) for v in version]
 
 
@@ -98,8 +100,9 @@ def token_versions(version: WeightVersion, num_ids: int) -> list[int] | None:
 class Generator(Protocol):
     """`images`: vision-language engines only; every image of the context, in order of appearance."""
 
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                       images: list[Any] | None = None) -> GenerationResult: ...
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: SamplingParams, images: list[Any] | None = None
+    ) -> GenerationResult: ...
 
 
 # --------------------------------------------------------------------------------------------- over channels

@@ -19,7 +19,8 @@ def load_path(path: str, what: str) -> Any:
     try:
         return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
     except ModuleNotFoundError as exc:
-        raise ValueError(f"{what}: cannot import module {module!r} of {path!r} ({exc}); is its package on "
-                         "PYTHONPATH?") from exc
+        raise ValueError(
+            f"{what}: cannot import module {module!r} of {path!r} ({exc}); is its package on PYTHONPATH?"
+        ) from exc
     except AttributeError:
         raise ValueError(f"{what}: module {module!r} has no attribute {attr!r} ({path!r})") from None

@@ -58,8 +58,7 @@ def mrope_positions(model: Any, input_ids: Any, image_grid_thw: Any, attention_m
     argument; the image pad id comes from the model's config."""
     inner = getattr(model, "model", model)
     types = mm_token_type_ids(input_ids, model.config.image_token_id)
-    positions, _ = inner.get_rope_index(input_ids, types, image_grid_thw=image_grid_thw,
-                                        attention_mask=attention_mask)
+    positions, _ = inner.get_rope_index(input_ids, types, image_grid_thw=image_grid_thw, attention_mask=attention_mask)
     return positions
 
 

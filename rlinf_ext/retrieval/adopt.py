@@ -78,9 +78,11 @@ def index_type_name(index: faiss.Index) -> str | None:
 
 def _refuse_directory(path: Path) -> AdoptError:
     if any(p.name.startswith(LUCENE_MARK) for p in path.iterdir()):
-        return AdoptError(f"{path} is a Lucene index (Search-R1's BM25 index, built by pyserini), which this server "
-                          "does not read. Build a BM25 index from the corpus instead: `rlinf-ext build-index "
-                          "--retriever bm25 --corpus wiki-18.jsonl --out DIR` (CPU, no model).")
+        return AdoptError(
+            f"{path} is a Lucene index (Search-R1's BM25 index, built by pyserini), which this server "
+            "does not read. Build a BM25 index from the corpus instead: `rlinf-ext build-index "
+            "--retriever bm25 --corpus wiki-18.jsonl --out DIR` (CPU, no model)."
+        )
     return AdoptError(f"--faiss {path} is a directory; pass the faiss index file itself (e.g. e5_Flat.index)")
 
 
@@ -90,8 +92,11 @@ def open_bare_index(path: str | os.PathLike) -> faiss.Index:
     if path.is_dir():
         raise _refuse_directory(path)
     if not path.is_file():
-        hint = " (the download writes part_aa, part_ab: `cat part_* > e5_Flat.index`)" if path.parent.is_dir() and \
-            any(path.parent.glob("part_a?")) else ""
+        hint = (
+            " (the download writes part_aa, part_ab: `cat part_* > e5_Flat.index`)"
+            if path.parent.is_dir() and any(path.parent.glob("part_a?"))
+            else ""
+        )
         raise AdoptError(f"--faiss {path}: file not found{hint}")
     try:
         return faiss.read_index(str(path), MMAP_FLAGS)
@@ -101,30 +106,40 @@ def open_bare_index(path: str | os.PathLike) -> faiss.Index:
             f"--faiss {path} ({path.stat().st_size} bytes) is truncated or not a faiss index: faiss cannot read it "
             f"({detail[:200]}). A download cut off, or parts concatenated incompletely or out of order. Fix: rerun "
             "examples/searchr1/download.py (it resumes, checks the hub's sha256 and concatenates part_aa, part_ab "
-            "in order), or `cat part_aa part_ab > e5_Flat.index` once both parts are complete.") from e
+            "in order), or `cat part_aa part_ab > e5_Flat.index` once both parts are complete."
+        ) from e
 
 
-def header_problems(index: faiss.Index, *, retriever: str, encoder_dim: int, model: str, corpus_rows: int,
-                    corpus: str) -> list[str]:
+def header_problems(
+    index: faiss.Index, *, retriever: str, encoder_dim: int, model: str, corpus_rows: int, corpus: str
+) -> list[str]:
     """What the index's header says that disagrees with the encoder and the corpus, each with its fix."""
     problems = []
     if index_type_name(index) is None:
-        problems.append(f"it is a {type(faiss.downcast_index(index)).__name__}; adopt-index takes Flat and HNSW "
-                        "(IndexFlatIP, IndexHNSWFlat) files. Fix: build the index with `rlinf-ext build-index "
-                        "--faiss-type ...` (any faiss type)")
+        problems.append(
+            f"it is a {type(faiss.downcast_index(index)).__name__}; adopt-index takes Flat and HNSW "
+            "(IndexFlatIP, IndexHNSWFlat) files. Fix: build the index with `rlinf-ext build-index "
+            "--faiss-type ...` (any faiss type)"
+        )
     if index.metric_type != faiss.METRIC_INNER_PRODUCT:
-        problems.append(f"its metric is not inner product (faiss metric {index.metric_type}), but {retriever} vectors "
-                        f"are compared by inner product (cosine). Fix: use an index built with METRIC_INNER_PRODUCT "
-                        f"(Search-R1's are), or build one with `rlinf-ext build-index --retriever {retriever}`")
+        problems.append(
+            f"its metric is not inner product (faiss metric {index.metric_type}), but {retriever} vectors "
+            f"are compared by inner product (cosine). Fix: use an index built with METRIC_INNER_PRODUCT "
+            f"(Search-R1's are), or build one with `rlinf-ext build-index --retriever {retriever}`"
+        )
     if index.d != encoder_dim:
-        problems.append(f"its vectors are {index.d}-d but the encoder {model} gives {encoder_dim}-d vectors. Fix: pass "
-                        "the encoder the index was built with (--model; Search-R1's e5 indexes are 768-d, "
-                        "intfloat/e5-base-v2)")
+        problems.append(
+            f"its vectors are {index.d}-d but the encoder {model} gives {encoder_dim}-d vectors. Fix: pass "
+            "the encoder the index was built with (--model; Search-R1's e5 indexes are 768-d, "
+            "intfloat/e5-base-v2)"
+        )
     if index.ntotal != corpus_rows:
-        problems.append(f"it holds {index.ntotal} vectors but the corpus {corpus} has {corpus_rows} rows (row i must "
-                        "be the passage of vector i). Fix: pass the corpus the index was built over, complete "
-                        "(Search-R1's e5 indexes: wiki-18.jsonl, 21015324 rows; a cut-off download or unpack has "
-                        "fewer)")
+        problems.append(
+            f"it holds {index.ntotal} vectors but the corpus {corpus} has {corpus_rows} rows (row i must "
+            "be the passage of vector i). Fix: pass the corpus the index was built over, complete "
+            "(Search-R1's e5 indexes: wiki-18.jsonl, 21015324 rows; a cut-off download or unpack has "
+            "fewer)"
+        )
     return problems
 
 
@@ -149,15 +164,22 @@ def check_rank_one(index: faiss.Index, encoder: TextEncoder, store: CorpusStore,
         if found[i, 0] == row or scores[i, 0] - own[i] <= RANK_TIE_TOLERANCE:
             continue
         title = str(docs[i].get("title") or docs[i]["contents"])[:60]
-        failures.append(f"row {row} ({title!r}) comes back behind row {found[i, 0]} (score {scores[i, 0]:.4f} vs "
-                        f"{own[i]:.4f} for its own vector; cosine of the re-encoded passage to its stored vector "
-                        f"{cosine[i]:.3f})")
-    return RankCheck(rows=[int(r) for r in rows], at_rank1=len(rows) - len(failures),
-                     min_cosine=float(cosine.min()) if len(rows) else 1.0, failures=failures)
+        failures.append(
+            f"row {row} ({title!r}) comes back behind row {found[i, 0]} (score {scores[i, 0]:.4f} vs "
+            f"{own[i]:.4f} for its own vector; cosine of the re-encoded passage to its stored vector "
+            f"{cosine[i]:.3f})"
+        )
+    return RankCheck(
+        rows=[int(r) for r in rows],
+        at_rank1=len(rows) - len(failures),
+        min_cosine=float(cosine.min()) if len(rows) else 1.0,
+        failures=failures,
+    )
 
 
-def audit_hnsw(index: faiss.Index, encoder: TextEncoder, store: CorpusStore, sample: int, k: int,
-               target: float) -> tuple[dict, dict]:
+def audit_hnsw(
+    index: faiss.Index, encoder: TextEncoder, store: CorpusStore, sample: int, k: int, target: float
+) -> tuple[dict, dict]:
     """efSearch reaching ``target`` recall@k on sampled queries against exact search over the vectors the HNSW index
     stores (its Flat storage: the same vectors, searched exhaustively); returns (search params, audit record)."""
     queries = sample_queries(store, sample)
@@ -166,9 +188,15 @@ def audit_hnsw(index: faiss.Index, encoder: TextEncoder, store: CorpusStore, sam
     _, truth = storage.search(vectors, k)
     params, sweep = choose_search_params(index, vectors, truth, k, target)
     _, rows = index.search(vectors, k)
-    record = audit_record(k=k, queries=f"{len(queries)} sampled from the corpus", recall=recall_at_k(rows, truth, k),
-                          reference="exact search over the vectors stored in the HNSW index", params=params,
-                          latency=time_batches(index.search, vectors, k, [1, 16, 64]), sweep=sweep)
+    record = audit_record(
+        k=k,
+        queries=f"{len(queries)} sampled from the corpus",
+        recall=recall_at_k(rows, truth, k),
+        reference="exact search over the vectors stored in the HNSW index",
+        params=params,
+        latency=time_batches(index.search, vectors, k, [1, 16, 64]),
+        sweep=sweep,
+    )
     return params, record
 
 
@@ -176,8 +204,9 @@ def link_index_file(out: Path, target: Path) -> Path:
     """``out/faiss.index`` -> ``target`` (absolute symbolic link, replaced if it pointed elsewhere)."""
     link = out / FAISS_NAME
     if link.exists() and not link.is_symlink():
-        raise AdoptError(f"--out {out} already holds an index built here ({link} is a file, not a link); pass "
-                         "another --out")
+        raise AdoptError(
+            f"--out {out} already holds an index built here ({link} is a file, not a link); pass another --out"
+        )
     tmp = out / (FAISS_NAME + ".link.tmp")
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target)
@@ -188,8 +217,9 @@ def link_index_file(out: Path, target: Path) -> Path:
 def adopt_index(cfg: AdoptConfig, show_progress: bool = True) -> IndexMetadata:
     """Check ``cfg.faiss`` against the encoder and the corpus, then write the index directory ``cfg.out``."""
     if cfg.check_sample < 1:
-        raise ValueError(f"--check-sample must be >= 1 (passages re-encoded and found at rank 1), got "
-                         f"{cfg.check_sample}")
+        raise ValueError(
+            f"--check-sample must be >= 1 (passages re-encoded and found at rank 1), got {cfg.check_sample}"
+        )
     source = Path(cfg.faiss).expanduser()
     index = open_bare_index(source)
     model_dir = resolve_model_dir(cfg.model)
@@ -200,38 +230,61 @@ def adopt_index(cfg: AdoptConfig, show_progress: bool = True) -> IndexMetadata:
     (out / METADATA_NAME).unlink(missing_ok=True)  # unfinished until the end
     store = CorpusStore.open(cfg.corpus, cache_dir=out, show_progress=show_progress)
     try:
-        problems = header_problems(index, retriever=cfg.retriever, encoder_dim=encoder.dim, model=cfg.model,
-                                   corpus_rows=len(store), corpus=str(store.path))
+        problems = header_problems(
+            index,
+            retriever=cfg.retriever,
+            encoder_dim=encoder.dim,
+            model=cfg.model,
+            corpus_rows=len(store),
+            corpus=str(store.path),
+        )
         if problems:
             raise AdoptError(f"cannot adopt {source}:\n  - " + "\n  - ".join(problems))
         faiss_type = index_type_name(index)
         use_blas_for_batches()  # the sample is searched in one pass over a Flat index, not one pass per passage
         if show_progress:
-            print(f"checking that {min(cfg.check_sample, index.ntotal)} re-encoded passages come back at rank 1 "
-                  f"(one search over {index.ntotal} vectors)", flush=True)
+            print(
+                f"checking that {min(cfg.check_sample, index.ntotal)} re-encoded passages come back at rank 1 "
+                f"(one search over {index.ntotal} vectors)",
+                flush=True,
+            )
         check = check_rank_one(index, encoder, store, check_rows(index.ntotal, cfg.check_sample))
         if check.failures:
             raise AdoptError(
                 f"cannot adopt {source}: {len(check.failures)} of {len(check.rows)} sampled passages re-encoded with "
-                f"{cfg.model} do not come back at rank 1:\n  - " + "\n  - ".join(check.failures)
+                f"{cfg.model} do not come back at rank 1:\n  - "
+                + "\n  - ".join(check.failures)
                 + f"\nThe corpus rows are not in the order the index was built in, or the encoder differs from the "
                 f"build's (--model, --retriever {cfg.retriever}, --max-length {cfg.max_length}). Fix: pass the corpus "
                 "and encoder the index was built with (Search-R1's e5_Flat.index: wiki-18.jsonl and "
-                "intfloat/e5-base-v2, --retriever e5).")
+                "intfloat/e5-base-v2, --retriever e5)."
+            )
         search_params, audit = {}, None
         if faiss_type != EXACT_TYPE and cfg.audit_sample > 0:
-            search_params, audit = audit_hnsw(index, encoder, store, cfg.audit_sample, cfg.audit_k,
-                                              cfg.recall_target)
+            search_params, audit = audit_hnsw(index, encoder, store, cfg.audit_sample, cfg.audit_k, cfg.recall_target)
         target = source.resolve()
         link_index_file(out, target)
         meta = IndexMetadata(
-            retriever=cfg.retriever, corpus_path=str(store.path.resolve()), corpus_size=store.path.stat().st_size,
-            corpus_checksum=file_fingerprint(store.path), passages=int(index.ntotal), model=str(model_dir.resolve()),
-            model_checksum=model_fingerprint(model_dir), dim=int(index.d), pooling=spec.pooling,
-            query_prefix=spec.query_prefix, passage_prefix=spec.passage_prefix, max_length=spec.max_length,
-            faiss_type=faiss_type, faiss_checksum=file_fingerprint(target), search_params=search_params,
-            audit=audit, extra={ADOPTED_FROM: str(target), ADOPT_CHECK: {
-                CHECK_ROWS: check.rows, CHECK_RANK1: check.at_rank1, CHECK_MIN_COSINE: check.min_cosine}},
+            retriever=cfg.retriever,
+            corpus_path=str(store.path.resolve()),
+            corpus_size=store.path.stat().st_size,
+            corpus_checksum=file_fingerprint(store.path),
+            passages=int(index.ntotal),
+            model=str(model_dir.resolve()),
+            model_checksum=model_fingerprint(model_dir),
+            dim=int(index.d),
+            pooling=spec.pooling,
+            query_prefix=spec.query_prefix,
+            passage_prefix=spec.passage_prefix,
+            max_length=spec.max_length,
+            faiss_type=faiss_type,
+            faiss_checksum=file_fingerprint(target),
+            search_params=search_params,
+            audit=audit,
+            extra={
+                ADOPTED_FROM: str(target),
+                ADOPT_CHECK: {CHECK_ROWS: check.rows, CHECK_RANK1: check.at_rank1, CHECK_MIN_COSINE: check.min_cosine},
+            },
         )
         meta.save(out)
     finally:
@@ -247,11 +300,15 @@ def format_summary(meta: IndexMetadata, out: str) -> str:
         f"  faiss    {meta.faiss_type}, {meta.passages} x {meta.dim}, inner product",
         f"  encoder  {meta.model} ({meta.retriever}, {meta.pooling} pooling, max length {meta.max_length})",
         f"  corpus   {meta.corpus_path}: {meta.passages} rows",
-        (f"  check    {check[CHECK_RANK1]}/{len(check[CHECK_ROWS])} sampled passages re-encoded at rank 1 (cosine to "
-         f"the stored vectors >= {check[CHECK_MIN_COSINE]:.4f})"),
+        (
+            f"  check    {check[CHECK_RANK1]}/{len(check[CHECK_ROWS])} sampled passages re-encoded at rank 1 (cosine to "
+            f"the stored vectors >= {check[CHECK_MIN_COSINE]:.4f})"
+        ),
     ]
     if meta.search_params:
-        lines.append(f"  search   {meta.search_params} (recall@{meta.audit[AUDIT_K]} {meta.audit[AUDIT_RECALL]:.4f} "
-                     "against exact search)")
+        lines.append(
+            f"  search   {meta.search_params} (recall@{meta.audit[AUDIT_K]} {meta.audit[AUDIT_RECALL]:.4f} "
+            "against exact search)"
+        )
     lines.append(f"serve it: rlinf-ext serve-retriever --index {out} --corpus {meta.corpus_path}")
     return "\n".join(lines)

@@ -43,17 +43,18 @@ def sample_queries(store: CorpusStore, n: int, seed: int = 0) -> list[str]:
     for doc in store.get_many(rows):
         words = (doc.get("text") or doc["contents"]).split() or ["empty"]
         start = int(rng.integers(0, max(1, len(words) - 8)))
-        queries.append(" ".join(words[start:start + int(rng.integers(3, 9))]))
+        queries.append(" ".join(words[start : start + int(rng.integers(3, 9))]))
     return queries
 
 
-def exact_search(emb: np.ndarray, vectors: np.ndarray, k: int,
-                 chunk_rows: int = 1 << 18) -> tuple[np.ndarray, np.ndarray]:
+def exact_search(
+    emb: np.ndarray, vectors: np.ndarray, k: int, chunk_rows: int = 1 << 18
+) -> tuple[np.ndarray, np.ndarray]:
     """Brute-force inner-product top-k over an (N, d) array or memmap (float32 or float16), chunk by chunk."""
     heap = faiss.ResultHeap(len(vectors), k, keep_max=True)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     for start in range(0, len(emb), chunk_rows):
-        block = np.ascontiguousarray(emb[start:start + chunk_rows], dtype=np.float32)
+        block = np.ascontiguousarray(emb[start : start + chunk_rows], dtype=np.float32)
         scores, rows = faiss.knn(vectors, block, min(k, len(block)), metric=faiss.METRIC_INNER_PRODUCT)
         heap.add_result(scores, np.where(rows >= 0, rows + start, -1))
     heap.finalize()
@@ -66,29 +67,49 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int) -> float:
     return float(np.mean(hits)) / k
 
 
-def time_batches(search: SearchVectors, vectors: np.ndarray, k: int, batch_sizes: list[int],
-                 max_calls: int = 50) -> dict[str, dict[str, float]]:
+def time_batches(
+    search: SearchVectors, vectors: np.ndarray, k: int, batch_sizes: list[int], max_calls: int = 50
+) -> dict[str, dict[str, float]]:
     """Per batch size: mean / p99 milliseconds of one ``search`` call and the queries per second it gives."""
     out = {}
     for b in batch_sizes:
         calls = max(1, min(max_calls, len(vectors) // b))
         times = []
         for i in range(calls):
-            chunk = vectors[(i * b) % len(vectors):][:b]
+            chunk = vectors[(i * b) % len(vectors) :][:b]
             t0 = time.perf_counter()
             search(chunk, k)
             times.append(time.perf_counter() - t0)
         mean = float(np.mean(times))
-        out[str(b)] = {"mean_ms": 1e3 * mean, "p99_ms": 1e3 * float(np.percentile(times, 99)),
-                       "queries_per_s": b / mean}
+        out[str(b)] = {
+            "mean_ms": 1e3 * mean,
+            "p99_ms": 1e3 * float(np.percentile(times, 99)),
+            "queries_per_s": b / mean,
+        }
     return out
 
 
-def audit_record(*, k: int, queries: str, recall: float, reference: str, params: dict, latency: dict,
-                 memory: dict | None = None, sweep: list | None = None) -> dict:
+def audit_record(
+    *,
+    k: int,
+    queries: str,
+    recall: float,
+    reference: str,
+    params: dict,
+    latency: dict,
+    memory: dict | None = None,
+    sweep: list | None = None,
+) -> dict:
     """One audit's figures, as stored in the metadata and shown by /health."""
-    record = {AUDIT_K: k, AUDIT_QUERIES: queries, AUDIT_RECALL: recall, AUDIT_REFERENCE: reference,
-              AUDIT_PARAMS: params, AUDIT_LATENCY: latency, AUDIT_WHEN: time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    record = {
+        AUDIT_K: k,
+        AUDIT_QUERIES: queries,
+        AUDIT_RECALL: recall,
+        AUDIT_REFERENCE: reference,
+        AUDIT_PARAMS: params,
+        AUDIT_LATENCY: latency,
+        AUDIT_WHEN: time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     if memory is not None:
         record[AUDIT_MEMORY] = memory
     if sweep is not None:
@@ -102,8 +123,9 @@ def _values(ranges: dict[str, list[float]], names: tuple[str, ...], cap: float |
     return name, values
 
 
-def choose_search_params(index: faiss.Index, vectors: np.ndarray, truth: np.ndarray, k: int,
-                         target: float) -> tuple[dict[str, float], list[dict]]:
+def choose_search_params(
+    index: faiss.Index, vectors: np.ndarray, truth: np.ndarray, k: int, target: float
+) -> tuple[dict[str, float], list[dict]]:
     """The cheapest tuned setting whose recall@k reaches ``target`` (the most thorough one if none does).
 
     Hand-written instead of faiss's ParameterSpace.explore: explore ranks settings by measured time, which is

@@ -71,8 +71,9 @@ def audit_index(cfg: AuditConfig) -> dict:
     check_reference(meta, ref_meta, cfg.index, cfg.reference)
     queries, source = _queries(cfg, meta)
     batch_sizes = [int(b) for b in cfg.batch_sizes.split(",") if b.strip()]
-    searcher = DenseSearcher.load(cfg.index, meta, model=cfg.model, threads=cfg.threads, in_ram=cfg.in_ram,
-                                  search_params=search_params(cfg))
+    searcher = DenseSearcher.load(
+        cfg.index, meta, model=cfg.model, threads=cfg.threads, in_ram=cfg.in_ram, search_params=search_params(cfg)
+    )
     vectors = searcher.encoder.encode(queries, is_query=True, batch_size=64)
     before = process_memory()
     _, rows = searcher.search_vectors(vectors, cfg.k)
@@ -80,9 +81,15 @@ def audit_index(cfg: AuditConfig) -> dict:
     memory = {"before_search": before, "after_search": process_memory(), "memory_mapped": searcher.memory_mapped}
     reference, _, _ = open_faiss_index(cfg.reference, ref_meta)  # after the memory figures: its pages are not A's
     _, truth = reference.search(vectors, cfg.k)
-    record = audit_record(k=cfg.k, queries=source, recall=recall_at_k(rows, truth, cfg.k),
-                          reference=str(Path(cfg.reference).resolve()), params=searcher.search_params,
-                          latency=latency, memory=memory)
+    record = audit_record(
+        k=cfg.k,
+        queries=source,
+        recall=recall_at_k(rows, truth, cfg.k),
+        reference=str(Path(cfg.reference).resolve()),
+        params=searcher.search_params,
+        latency=latency,
+        memory=memory,
+    )
     if cfg.write:
         meta.audit = record
         meta.save(cfg.index)
@@ -90,17 +97,21 @@ def audit_index(cfg: AuditConfig) -> dict:
 
 
 def format_record(record: dict, index: str) -> str:
-    lines = [f"audit of {index} ({record['queries']} queries; reference {record['reference']})",
-             f"  recall@{record['k']}: {record['recall']:.4f}   search parameters: {record['search_params'] or 'none'}",
-             f"  {'batch':>7}{'mean ms':>11}{'p99 ms':>11}{'queries/s':>12}"]
+    lines = [
+        f"audit of {index} ({record['queries']} queries; reference {record['reference']})",
+        f"  recall@{record['k']}: {record['recall']:.4f}   search parameters: {record['search_params'] or 'none'}",
+        f"  {'batch':>7}{'mean ms':>11}{'p99 ms':>11}{'queries/s':>12}",
+    ]
     for batch, row in record["latency"].items():
         lines.append(f"  {batch:>7}{row['mean_ms']:>11.2f}{row['p99_ms']:>11.2f}{row['queries_per_s']:>12.1f}")
     memory = record.get("memory")
     if memory:
         for when in ("before_search", "after_search"):
             m = memory[when]
-            lines.append(f"  memory {when.replace('_', ' ')}: RSS {_mb(m['rss_mb'])} MB (own {_mb(m['anon_mb'])} MB, "
-                         f"mapped files {_mb(m['file_mb'])} MB)")
+            lines.append(
+                f"  memory {when.replace('_', ' ')}: RSS {_mb(m['rss_mb'])} MB (own {_mb(m['anon_mb'])} MB, "
+                f"mapped files {_mb(m['file_mb'])} MB)"
+            )
     return "\n".join(lines)
 
 

@@ -43,14 +43,15 @@ def run_grouped_by_k(search: SearchFn, items: list[_Pending]) -> list[tuple[np.n
         start = 0
         for i in members:
             n = len(items[i].queries)
-            results[i] = (scores[start:start + n], rows[start:start + n])
+            results[i] = (scores[start : start + n], rows[start : start + n])
             start += n
     return results
 
 
 class QueryBatcher:
-    def __init__(self, search: SearchFn, executor: ThreadPoolExecutor, max_batch_size: int = 512,
-                 max_wait_s: float = 0.002) -> None:
+    def __init__(
+        self, search: SearchFn, executor: ThreadPoolExecutor, max_batch_size: int = 512, max_wait_s: float = 0.002
+    ) -> None:
         self._search = search
         self._executor = executor
         self.max_batch_size = max_batch_size

@@ -31,6 +31,8 @@ def _stopwords() -> frozenset[str]:
     from bm25s.stopwords import STOPWORDS_EN
 
     return frozenset(STOPWORDS_EN)
+
+
 BM25_SUBDIR = "bm25"
 VOCAB_KEYS_NAME = "vocab_keys.npy"  # sorted [[token_hash, term_id], ...]: the vocabulary without a Python dict
 
@@ -63,8 +65,9 @@ def bm25_tokenize(text: str) -> list[str]:
     return [t for t in _TOKEN_RE.findall(text.lower()) if t not in stopwords]
 
 
-def build_bm25_index(store: CorpusStore, out_dir: str | Path, *, k1: float = 1.5, b: float = 0.75,
-                     show_progress: bool = True) -> IndexMetadata:
+def build_bm25_index(
+    store: CorpusStore, out_dir: str | Path, *, k1: float = 1.5, b: float = 0.75, show_progress: bool = True
+) -> IndexMetadata:
     """Tokenise every passage, index with bm25s and save under ``out_dir/bm25`` plus the metadata file."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -85,8 +88,12 @@ def build_bm25_index(store: CorpusStore, out_dir: str | Path, *, k1: float = 1.5
     retriever.save(out_dir / BM25_SUBDIR, show_progress=False)
     vocab_keys(out_dir / BM25_SUBDIR)
     meta = IndexMetadata(
-        retriever="bm25", corpus_path=str(Path(store.path).resolve()), corpus_size=store.path.stat().st_size,
-        corpus_checksum=file_fingerprint(store.path), passages=len(store), faiss_type=None,
+        retriever="bm25",
+        corpus_path=str(Path(store.path).resolve()),
+        corpus_size=store.path.stat().st_size,
+        corpus_checksum=file_fingerprint(store.path),
+        passages=len(store),
+        faiss_type=None,
         extra={"k1": k1, "b": b, "tokenizer": "lowercase, (?u)\\b\\w\\w+\\b, bm25s English stopwords"},
     )
     meta.save(out_dir)
@@ -120,8 +127,9 @@ class BM25Searcher:
     retriever = "bm25"
     index_type = "bm25"
 
-    def __init__(self, model: Any, keys: np.ndarray, passages: int, threads: int | None = None,
-                 memory_mapped: bool = False) -> None:
+    def __init__(
+        self, model: Any, keys: np.ndarray, passages: int, threads: int | None = None, memory_mapped: bool = False
+    ) -> None:
         self._keys = keys
         self._data = model.scores["data"]
         self._indices = model.scores["indices"]
@@ -139,8 +147,9 @@ class BM25Searcher:
         self.search_one([], 1)
 
     @classmethod
-    def load(cls, index_dir: str | Path, meta: IndexMetadata, *, in_ram: bool = False,
-             threads: int | None = None) -> BM25Searcher:
+    def load(
+        cls, index_dir: str | Path, meta: IndexMetadata, *, in_ram: bool = False, threads: int | None = None
+    ) -> BM25Searcher:
         # mmap (default): the score matrix stays on disk and pages in on demand (fast start, small RSS).
         bm25_dir = Path(index_dir) / BM25_SUBDIR
         import bm25s
@@ -162,8 +171,14 @@ class BM25Searcher:
     def query_scores(self, term_ids: list[int]) -> np.ndarray:
         """BM25 score of every passage for a query's term ids (bm25s' scoring, float32, length = passages)."""
         with self._lock:
-            return self._scores(self._data, self._indptr, self._indices, self.passages,
-                                np.asarray(term_ids, dtype=self._int_dtype), self._dtype)
+            return self._scores(
+                self._data,
+                self._indptr,
+                self._indices,
+                self.passages,
+                np.asarray(term_ids, dtype=self._int_dtype),
+                self._dtype,
+            )
 
     def search_one(self, term_ids: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-``k`` of one query from its full score vector (ties to the lower row)."""
@@ -180,8 +195,20 @@ class BM25Searcher:
                 import numba
 
                 numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
-            return self._top_k(flat, pointers, k, False, self._dtype, self._int_dtype, self._data, self._indptr,
-                               self._indices, self.passages, self._nonoccurrence, None)
+            return self._top_k(
+                flat,
+                pointers,
+                k,
+                False,
+                self._dtype,
+                self._int_dtype,
+                self._data,
+                self._indptr,
+                self._indices,
+                self.passages,
+                self._nonoccurrence,
+                None,
+            )
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, self.passages)

@@ -22,16 +22,27 @@ def build_index(cfg: BuildConfig, on_chunk=None) -> IndexMetadata:
         if cfg.retriever == "bm25":
             return build_bm25_index(store, out)
         if not cfg.model:
-            raise ValueError(f"--retriever {cfg.retriever} is dense and needs --model (an encoder directory in "
-                             "Hugging Face format such as $WORK/models/e5-base-v2, or a hub id such as "
-                             "intfloat/e5-base-v2)")
+            raise ValueError(
+                f"--retriever {cfg.retriever} is dense and needs --model (an encoder directory in "
+                "Hugging Face format such as $WORK/models/e5-base-v2, or a hub id such as "
+                "intfloat/e5-base-v2)"
+            )
         # a hub id becomes its local snapshot here: the fingerprint and the metadata need a directory
         model_dir = resolve_model_dir(cfg.model)
-        spec = EncoderSpec.for_retriever(cfg.retriever, str(model_dir), max_length=cfg.max_length,
-                                         pooling=cfg.pooling)
+        spec = EncoderSpec.for_retriever(cfg.retriever, str(model_dir), max_length=cfg.max_length, pooling=cfg.pooling)
         audit = AuditSpec(sample=cfg.audit_sample, k=cfg.audit_k, target=cfg.recall_target)
-        return build_dense_index(store, out, spec, faiss_type=cfg.faiss_type, batch_size=cfg.batch_size,
-                                 device=cfg.device, gpus=cfg.gpus, keep_embeddings=cfg.keep_embeddings,
-                                 threads=cfg.threads, audit=audit, on_chunk=on_chunk)
+        return build_dense_index(
+            store,
+            out,
+            spec,
+            faiss_type=cfg.faiss_type,
+            batch_size=cfg.batch_size,
+            device=cfg.device,
+            gpus=cfg.gpus,
+            keep_embeddings=cfg.keep_embeddings,
+            threads=cfg.threads,
+            audit=audit,
+            on_chunk=on_chunk,
+        )
     finally:
         store.close()

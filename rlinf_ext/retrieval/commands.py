@@ -7,8 +7,12 @@ import sys
 
 from .config import AdoptConfig, AuditConfig, BuildConfig, ServerConfig, add_dataclass_arguments, from_args
 
-CONFIGS = {"build-index": BuildConfig, "adopt-index": AdoptConfig, "serve-retriever": ServerConfig,
-           "audit-index": AuditConfig}
+CONFIGS = {
+    "build-index": BuildConfig,
+    "adopt-index": AdoptConfig,
+    "serve-retriever": ServerConfig,
+    "audit-index": AuditConfig,
+}
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
@@ -28,8 +32,10 @@ def run(verb: str, args: argparse.Namespace) -> int:
             from .build import build_index
 
             meta = build_index(from_args(BuildConfig, args))
-            print(f"index written to {args.out}: {meta.retriever}, {meta.passages} passages"
-                  + (f", faiss {meta.faiss_type}, dim {meta.dim}" if meta.dim else ""))
+            print(
+                f"index written to {args.out}: {meta.retriever}, {meta.passages} passages"
+                + (f", faiss {meta.faiss_type}, dim {meta.dim}" if meta.dim else "")
+            )
             return 0
         if verb == "adopt-index":
             # lazy: a CLI verb module; `rlinf-ext --help` must not import what the verb needs

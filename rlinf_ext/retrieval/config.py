@@ -13,8 +13,10 @@ def parse_gpu_ids(spec: str, available: int) -> list[int]:
     ids = list(range(available)) if spec.strip() == "all" else [int(g) for g in spec.split(",") if g.strip()]
     missing = [g for g in ids if not 0 <= g < available]
     if not ids or missing:
-        raise ValueError(f"--gpus {spec!r}: {available} GPU(s) visible (ids 0..{available - 1}), asked for "
-                         f"{missing or 'none'}; pass 'all' or ids below {available}")
+        raise ValueError(
+            f"--gpus {spec!r}: {available} GPU(s) visible (ids 0..{available - 1}), asked for "
+            f"{missing or 'none'}; pass 'all' or ids below {available}"
+        )
     return ids
 
 
@@ -25,11 +27,16 @@ def _opt(default, help: str, **kw):
 @dataclass
 class ServerConfig:
     index: str = _opt(None, "Index directory written by build-index (holds index_meta.json).", required=True)
-    corpus: str = _opt(None, "Corpus jsonl the index was built from (rows: id, contents[, url, title, text]); a "
-                             ".jsonl.gz is unpacked once beside it.", required=True)
+    corpus: str = _opt(
+        None,
+        "Corpus jsonl the index was built from (rows: id, contents[, url, title, text]); a "
+        ".jsonl.gz is unpacked once beside it.",
+        required=True,
+    )
     pages: str | None = _opt(None, "Pages jsonl (ASearcher wiki_webpages.jsonl) served by POST /access.")
-    model: str | None = _opt(None, "Dense encoder directory or hub id; default: the one recorded in the index "
-                                   "metadata.")
+    model: str | None = _opt(
+        None, "Dense encoder directory or hub id; default: the one recorded in the index metadata."
+    )
     retriever: str | None = _opt(None, "Expected retriever (bm25|e5|bge); refused if the index is another.")
     host: str = _opt("127.0.0.1", "Bind address. 127.0.0.1 by default; pass 0.0.0.0 explicitly to expose it.")
     port: int = _opt(8000, "Port; 0 picks a free port (printed and written to the address file).")
@@ -43,17 +50,30 @@ class ServerConfig:
     no_batching: bool = _opt(False, "Serve one request at a time without cross-request batching (comparison).")
     device: str = _opt("auto", "Dense encoder device: auto (cuda if available), cpu or cuda.")
     gpus: str | None = _opt(None, "Put the faiss index on GPUs (sharded, fp16): 'all' or a list like 0,1.")
-    threads: int | None = _opt(None, "CPU threads of the dense query encoder and of BM25 scoring (default: "
-                                     "torch's / numba's default; 1 is often fastest on an oversubscribed machine).")
-    in_ram: bool = _opt(False, "Read the index into RAM instead of memory-mapping it (mapped: opens in seconds, "
-                               "its pages are page cache the kernel can evict).")
-    nprobe: int | None = _opt(None, "IVF lists searched per query (default: the index metadata's, chosen by the "
-                                    "build's audit).")
+    threads: int | None = _opt(
+        None,
+        "CPU threads of the dense query encoder and of BM25 scoring (default: "
+        "torch's / numba's default; 1 is often fastest on an oversubscribed machine).",
+    )
+    in_ram: bool = _opt(
+        False,
+        "Read the index into RAM instead of memory-mapping it (mapped: opens in seconds, "
+        "its pages are page cache the kernel can evict).",
+    )
+    nprobe: int | None = _opt(
+        None, "IVF lists searched per query (default: the index metadata's, chosen by the build's audit)."
+    )
     ef_search: int | None = _opt(None, "HNSW search breadth efSearch (default: the index metadata's).")
-    k_factor: int | None = _opt(None, "Re-ranking indexes (...,Refine(...)): candidates re-scored exactly = "
-                                      "k_factor x topk (default: the index metadata's).")
-    save_address_to: str | None = _opt(None, "Directory to write this server's address file into "
-                                             "(Host<host>_IP<port>.txt containing host:port; removed on exit).")
+    k_factor: int | None = _opt(
+        None,
+        "Re-ranking indexes (...,Refine(...)): candidates re-scored exactly = "
+        "k_factor x topk (default: the index metadata's).",
+    )
+    save_address_to: str | None = _opt(
+        None,
+        "Directory to write this server's address file into "
+        "(Host<host>_IP<port>.txt containing host:port; removed on exit).",
+    )
     log_level: str = _opt("warning", "uvicorn log level.")
 
 
@@ -61,48 +81,83 @@ class ServerConfig:
 class BuildConfig:
     corpus: str = _opt(None, "Corpus jsonl to index (a .jsonl.gz is unpacked once beside it).", required=True)
     out: str = _opt(None, "Output index directory.", required=True)
-    retriever: str = _opt("bm25", "bm25 (sparse, no model), e5 or bge (dense, needs --model).",
-                          choices=["bm25", "e5", "bge"])
-    model: str | None = _opt(None, "Dense encoder: a directory in HF transformers format, or a hub id such as "
-                                   "intfloat/e5-base-v2 (fetched once into the Hugging Face cache).")
-    faiss_type: str = _opt("Flat", "A preset (flat; flat-fp16: exact over fp16 codes; approx: IVF + 4-bit PQ "
-                                   "with exact re-rank over fp16 vectors) or a faiss index_factory string "
-                                   "(HNSW32, IVF4096,PQ96x4fs,Refine(SQfp16), ...).")
+    retriever: str = _opt(
+        "bm25", "bm25 (sparse, no model), e5 or bge (dense, needs --model).", choices=["bm25", "e5", "bge"]
+    )
+    model: str | None = _opt(
+        None,
+        "Dense encoder: a directory in HF transformers format, or a hub id such as "
+        "intfloat/e5-base-v2 (fetched once into the Hugging Face cache).",
+    )
+    faiss_type: str = _opt(
+        "Flat",
+        "A preset (flat; flat-fp16: exact over fp16 codes; approx: IVF + 4-bit PQ "
+        "with exact re-rank over fp16 vectors) or a faiss index_factory string "
+        "(HNSW32, IVF4096,PQ96x4fs,Refine(SQfp16), ...).",
+    )
     batch_size: int = _opt(64, "Dense: passages per encoder batch.")
     max_length: int = _opt(256, "Dense: max tokens per passage/query.")
     pooling: str | None = _opt(None, "Dense pooling (mean|cls); default from the retriever (e5 mean, bge cls).")
     device: str = _opt("auto", "Encoder device: auto, cpu or cuda.")
-    gpus: str | None = _opt(None, "Encode on these GPUs ('all' or 0,1,...): each batch is split over them (torch DataParallel).")
+    gpus: str | None = _opt(
+        None, "Encode on these GPUs ('all' or 0,1,...): each batch is split over them (torch DataParallel)."
+    )
     threads: int | None = _opt(None, "CPU threads of the encoder (default: torch's default).")
     keep_embeddings: bool = _opt(False, "Dense: keep the passage embedding memmap after the index is written.")
-    audit_sample: int = _opt(1000, "Approximate dense types: queries sampled from the corpus to choose nprobe / "
-                                   "efSearch / k_factor by recall against exact search (0: skip, keep faiss's "
-                                   "defaults).")
+    audit_sample: int = _opt(
+        1000,
+        "Approximate dense types: queries sampled from the corpus to choose nprobe / "
+        "efSearch / k_factor by recall against exact search (0: skip, keep faiss's "
+        "defaults).",
+    )
     audit_k: int = _opt(3, "Approximate dense types: the k of the recall@k the audit tunes for.")
     recall_target: float = _opt(0.99, "Approximate dense types: recall@k the chosen search parameters must reach.")
 
 
 @dataclass
 class AdoptConfig:
-    faiss: str = _opt(None, "Bare faiss index file written by faiss.write_index over the corpus's passage vectors "
-                            "(Search-R1's e5_Flat.index or e5_HNSW64.index). Linked, never copied.", required=True)
-    corpus: str = _opt(None, "Corpus the index was built over, row i = vector i (wiki-18.jsonl, or wiki-18.jsonl.gz "
-                             "which is unpacked once beside it).", required=True)
-    retriever: str = _opt(None, "Encoder family the vectors come from (sets prefixes and pooling).", required=True,
-                          choices=["e5", "bge"])
-    model: str = _opt(None, "Encoder the passages were embedded with: a directory ($WORK/models/e5-base-v2) or a hub "
-                            "id (intfloat/e5-base-v2).", required=True)
-    out: str = _opt(None, "Index directory to write (index_meta.json, a link faiss.index -> --faiss, the corpus's "
-                          "offsets); serve it with serve-retriever --index.", required=True)
+    faiss: str = _opt(
+        None,
+        "Bare faiss index file written by faiss.write_index over the corpus's passage vectors "
+        "(Search-R1's e5_Flat.index or e5_HNSW64.index). Linked, never copied.",
+        required=True,
+    )
+    corpus: str = _opt(
+        None,
+        "Corpus the index was built over, row i = vector i (wiki-18.jsonl, or wiki-18.jsonl.gz "
+        "which is unpacked once beside it).",
+        required=True,
+    )
+    retriever: str = _opt(
+        None, "Encoder family the vectors come from (sets prefixes and pooling).", required=True, choices=["e5", "bge"]
+    )
+    model: str = _opt(
+        None,
+        "Encoder the passages were embedded with: a directory ($WORK/models/e5-base-v2) or a hub "
+        "id (intfloat/e5-base-v2).",
+        required=True,
+    )
+    out: str = _opt(
+        None,
+        "Index directory to write (index_meta.json, a link faiss.index -> --faiss, the corpus's "
+        "offsets); serve it with serve-retriever --index.",
+        required=True,
+    )
     max_length: int = _opt(256, "Max tokens per passage/query (Search-R1 built its indexes with 256).")
     pooling: str | None = _opt(None, "Pooling (mean|cls); default from the retriever (e5 mean, bge cls).")
-    check_sample: int = _opt(16, "Passages (spread over the corpus, first and last included) re-encoded with --model "
-                                 "that must come back at rank 1; one search over the whole index.")
+    check_sample: int = _opt(
+        16,
+        "Passages (spread over the corpus, first and last included) re-encoded with --model "
+        "that must come back at rank 1; one search over the whole index.",
+    )
     device: str = _opt("auto", "Encoder device for the check: auto, cpu or cuda.")
     threads: int | None = _opt(None, "CPU threads of the encoder (default: torch's default).")
-    audit_sample: int = _opt(1000, "HNSW indexes: queries sampled from the corpus to choose efSearch by recall "
-                                   "against exact search over the vectors the index stores (0: keep faiss's "
-                                   "default efSearch 16).")
+    audit_sample: int = _opt(
+        1000,
+        "HNSW indexes: queries sampled from the corpus to choose efSearch by recall "
+        "against exact search over the vectors the index stores (0: keep faiss's "
+        "default efSearch 16).",
+    )
     audit_k: int = _opt(3, "HNSW indexes: the k of the recall@k the audit tunes for.")
     recall_target: float = _opt(0.99, "HNSW indexes: recall@k the chosen efSearch must reach.")
 
@@ -110,8 +165,9 @@ class AdoptConfig:
 @dataclass
 class AuditConfig:
     index: str = _opt(None, "Index directory to audit (an approximate or fp16 dense index).", required=True)
-    reference: str = _opt(None, "Flat index directory over the same corpus with the same encoder (exact search).",
-                          required=True)
+    reference: str = _opt(
+        None, "Flat index directory over the same corpus with the same encoder (exact search).", required=True
+    )
     queries: str | None = _opt(None, "Query file: one query per line, or jsonl with a 'question' or 'query' field.")
     sample: int | None = _opt(None, "Instead of --queries: this many queries sampled from the corpus passages.")
     corpus: str | None = _opt(None, "Corpus to sample from (default: the one recorded in the index metadata).")

@@ -92,9 +92,7 @@ def _cache_candidates(path: Path, cache_dir: Path | None, suffix: str) -> list[P
     return [d / name for d in dirs]
 
 
-def _load_or_build_cached(
-    path: Path, cache_dir: Path | None, suffix: str, build, show_progress: bool
-) -> np.ndarray:
+def _load_or_build_cached(path: Path, cache_dir: Path | None, suffix: str, build, show_progress: bool) -> np.ndarray:
     """Memory-map ``<name>.<suffix>.npy`` (next to the index or the corpus) when its sidecar fingerprint
     matches the file; otherwise build it and save it to the first writable candidate directory."""
     fingerprint = file_fingerprint(path)
@@ -222,8 +220,12 @@ def unpack_gzip(gz_path: str | os.PathLike, show_progress: bool = False) -> Path
     state_path = out.with_name(out.name + UNPACK_STATE_SUFFIX)
     source = file_fingerprint(gz)
     state = _read_state(state_path)
-    if state.get("source") == source and state.get("done") and out.is_file() \
-            and out.stat().st_size == state.get("bytes"):
+    if (
+        state.get("source") == source
+        and state.get("done")
+        and out.is_file()
+        and out.stat().st_size == state.get("bytes")
+    ):
         return out
     done = 0
     if state.get("source") == source and not state.get("done") and partial.is_file():
@@ -232,8 +234,12 @@ def unpack_gzip(gz_path: str | os.PathLike, show_progress: bool = False) -> Path
     if show_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=gz.stat().st_size, unit="B", unit_scale=True,
-                   desc=f"unpacking {gz.name}" + (f" (resuming after {done / 2**30:.1f} GiB)" if done else ""))
+        bar = tqdm(
+            total=gz.stat().st_size,
+            unit="B",
+            unit_scale=True,
+            desc=f"unpacking {gz.name}" + (f" (resuming after {done / 2**30:.1f} GiB)" if done else ""),
+        )
     try:
         with open(gz, "rb") as raw, gzip.GzipFile(fileobj=raw) as src, open(partial, "r+b" if done else "wb") as dst:
             dst.truncate(done)  # bytes past the last recorded block may be half written
@@ -256,11 +262,15 @@ def unpack_gzip(gz_path: str | os.PathLike, show_progress: bool = False) -> Path
                     read_before = raw.tell()
     except (EOFError, OSError, zlib.error) as e:
         if isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile) and e.errno is not None:
-            raise CorpusError(f"cannot unpack {gz} into {partial} ({e}); free disk space or make "
-                              f"{out.parent} writable, then rerun (it resumes)") from e
-        raise CorpusError(f"{gz} is truncated or not gzip ({type(e).__name__}: {e}); the download was cut off: "
-                          "rerun examples/searchr1/download.py (it resumes and checks the hub's sha256) or fetch "
-                          "the file again") from e
+            raise CorpusError(
+                f"cannot unpack {gz} into {partial} ({e}); free disk space or make "
+                f"{out.parent} writable, then rerun (it resumes)"
+            ) from e
+        raise CorpusError(
+            f"{gz} is truncated or not gzip ({type(e).__name__}: {e}); the download was cut off: "
+            "rerun examples/searchr1/download.py (it resumes and checks the hub's sha256) or fetch "
+            "the file again"
+        ) from e
     finally:
         if bar is not None:
             bar.close()
@@ -291,15 +301,19 @@ class CorpusStore:
         self._file = _LineFile(path, ranges)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
-             show_progress: bool = False) -> CorpusStore:
+    def open(
+        cls, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, show_progress: bool = False
+    ) -> CorpusStore:
         path = Path(path)
         if not path.is_file():
             raise CorpusError(f"corpus file not found: {path} (pass --corpus pointing to a .jsonl or .jsonl.gz file)")
         path = plain_corpus_path(path, show_progress=show_progress)
         ranges = _load_or_build_cached(
-            path, Path(cache_dir) if cache_dir else None, "offsets",
-            lambda progress: scan_line_ranges(path, progress), show_progress,
+            path,
+            Path(cache_dir) if cache_dir else None,
+            "offsets",
+            lambda progress: scan_line_ranges(path, progress),
+            show_progress,
         )
         return cls(path, ranges)
 
@@ -331,8 +345,7 @@ def normalize_url(url: str) -> str:
 
 def url_hash(url: str) -> int:
     """Stable signed 64-bit key of a normalised url (blake2b), used in the sorted lookup array."""
-    return int.from_bytes(hashlib.blake2b(normalize_url(url).encode(), digest_size=8).digest(), "little",
-                          signed=True)
+    return int.from_bytes(hashlib.blake2b(normalize_url(url).encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def _build_page_keys(path: Path, ranges: np.ndarray, show_progress: bool) -> np.ndarray:
@@ -369,16 +382,19 @@ class PagesStore:
         self._keys = keys
 
     @classmethod
-    def open(cls, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
-             show_progress: bool = False) -> PagesStore:
+    def open(
+        cls, path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, show_progress: bool = False
+    ) -> PagesStore:
         path = Path(path)
         if not path.is_file():
             raise CorpusError(f"pages file not found: {path} (pass --pages pointing to wiki_webpages.jsonl)")
         cache = Path(cache_dir) if cache_dir else None
-        ranges = _load_or_build_cached(path, cache, "offsets",
-                                       lambda progress: scan_line_ranges(path, progress), show_progress)
-        keys = _load_or_build_cached(path, cache, "urlkeys",
-                                     lambda progress: _build_page_keys(path, ranges, progress), show_progress)
+        ranges = _load_or_build_cached(
+            path, cache, "offsets", lambda progress: scan_line_ranges(path, progress), show_progress
+        )
+        keys = _load_or_build_cached(
+            path, cache, "urlkeys", lambda progress: _build_page_keys(path, ranges, progress), show_progress
+        )
         return cls(path, ranges, keys)
 
     def __len__(self) -> int:

@@ -60,9 +60,15 @@ def resolve_device(device: str) -> str:
 
 def progress_key(spec: EncoderSpec, corpus_checksum: str, model_checksum: str, passages: int, dim: int) -> dict:
     """What an embedding memmap was made from; a resumed build continues it only when this is unchanged."""
-    return {"corpus_checksum": corpus_checksum, "model_checksum": model_checksum, "passages": passages,
-            "dim": dim, "pooling": spec.pooling, "passage_prefix": spec.passage_prefix,
-            "max_length": spec.max_length}
+    return {
+        "corpus_checksum": corpus_checksum,
+        "model_checksum": model_checksum,
+        "passages": passages,
+        "dim": dim,
+        "pooling": spec.pooling,
+        "passage_prefix": spec.passage_prefix,
+        "max_length": spec.max_length,
+    }
 
 
 def record_progress(out_dir: Path, key: dict, rows_done: int) -> None:
@@ -72,9 +78,18 @@ def record_progress(out_dir: Path, key: dict, rows_done: int) -> None:
     os.replace(tmp, out_dir / PROGRESS_NAME)
 
 
-def encode_corpus(store: CorpusStore, out_dir: Path, encoder: TextEncoder, *, batch_size: int,
-                  corpus_checksum: str, model_checksum: str, chunk_rows: int | None = None, on_chunk=None,
-                  show_progress: bool = True) -> np.memmap:
+def encode_corpus(
+    store: CorpusStore,
+    out_dir: Path,
+    encoder: TextEncoder,
+    *,
+    batch_size: int,
+    corpus_checksum: str,
+    model_checksum: str,
+    chunk_rows: int | None = None,
+    on_chunk=None,
+    show_progress: bool = True,
+) -> np.memmap:
     """Fill (or resume filling) the embedding memmap; returns it complete."""
     n, dim = len(store), encoder.dim
     emb_path, progress_path = out_dir / EMBEDDINGS_NAME, out_dir / PROGRESS_NAME
@@ -129,7 +144,7 @@ def make_faiss_index(emb: np.ndarray, faiss_type: str, show_progress: bool = Tru
 
         iterator = tqdm(iterator, desc=f"adding to faiss {faiss_type}", unit="chunk")
     for start in iterator:
-        index.add(np.ascontiguousarray(emb[start:start + step]))
+        index.add(np.ascontiguousarray(emb[start : start + step]))
     return index
 
 
@@ -142,11 +157,22 @@ class AuditSpec:
     target: float = 0.99
 
 
-def build_dense_index(store: CorpusStore, out_dir: str | Path, spec: EncoderSpec, *, faiss_type: str = "Flat",
-                      batch_size: int = 64, device: str = "auto", gpus: str | None = None,
-                      keep_embeddings: bool = False, chunk_rows: int | None = None, on_chunk=None,
-                      threads: int | None = None, audit: AuditSpec = AuditSpec(),
-                      show_progress: bool = True) -> IndexMetadata:
+def build_dense_index(
+    store: CorpusStore,
+    out_dir: str | Path,
+    spec: EncoderSpec,
+    *,
+    faiss_type: str = "Flat",
+    batch_size: int = 64,
+    device: str = "auto",
+    gpus: str | None = None,
+    keep_embeddings: bool = False,
+    chunk_rows: int | None = None,
+    on_chunk=None,
+    threads: int | None = None,
+    audit: AuditSpec = AuditSpec(),
+    show_progress: bool = True,
+) -> IndexMetadata:
     """Encode (resumably), build, write, and for approximate types tune + audit on a query sample."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -160,23 +186,41 @@ def build_dense_index(store: CorpusStore, out_dir: str | Path, spec: EncoderSpec
     faiss_type = resolve_faiss_type(faiss_type, len(store), encoder.dim)
     new_faiss_index(encoder.dim, faiss_type)  # a bad factory string fails now, not after hours of encoding
     corpus_checksum = file_fingerprint(store.path)
-    emb = encode_corpus(store, out_dir, encoder, batch_size=batch_size, corpus_checksum=corpus_checksum,
-                        model_checksum=model_checksum, chunk_rows=chunk_rows, on_chunk=on_chunk,
-                        show_progress=show_progress)
+    emb = encode_corpus(
+        store,
+        out_dir,
+        encoder,
+        batch_size=batch_size,
+        corpus_checksum=corpus_checksum,
+        model_checksum=model_checksum,
+        chunk_rows=chunk_rows,
+        on_chunk=on_chunk,
+        show_progress=show_progress,
+    )
     index = make_faiss_index(emb, faiss_type, show_progress=show_progress)
     meta = IndexMetadata(
-        retriever="e5" if spec.query_prefix == "query: " else "bge", corpus_path=str(store.path.resolve()),
-        corpus_size=store.path.stat().st_size, corpus_checksum=corpus_checksum, passages=len(store),
-        model=str(Path(spec.model_path).resolve()), model_checksum=model_checksum, dim=encoder.dim,
-        pooling=spec.pooling, query_prefix=spec.query_prefix, passage_prefix=spec.passage_prefix,
-        max_length=spec.max_length, faiss_type=faiss_type,
+        retriever="e5" if spec.query_prefix == "query: " else "bge",
+        corpus_path=str(store.path.resolve()),
+        corpus_size=store.path.stat().st_size,
+        corpus_checksum=corpus_checksum,
+        passages=len(store),
+        model=str(Path(spec.model_path).resolve()),
+        model_checksum=model_checksum,
+        dim=encoder.dim,
+        pooling=spec.pooling,
+        query_prefix=spec.query_prefix,
+        passage_prefix=spec.passage_prefix,
+        max_length=spec.max_length,
+        faiss_type=faiss_type,
     )
     if faiss_type != EXACT_TYPE and audit.sample > 0:
         meta.search_params, meta.audit = tune_and_audit(index, emb, encoder, store, audit)
     elif tunable_params(index):
-        print(f"warning: {faiss_type} is approximate and no audit ran (--audit-sample 0), so its search parameters "
-              "stay at faiss's defaults (nprobe 1, efSearch 16); pass --nprobe / --ef-search to serve-retriever",
-              flush=True)
+        print(
+            f"warning: {faiss_type} is approximate and no audit ran (--audit-sample 0), so its search parameters "
+            "stay at faiss's defaults (nprobe 1, efSearch 16); pass --nprobe / --ef-search to serve-retriever",
+            flush=True,
+        )
     meta.faiss_checksum = write_faiss_index(index, out_dir / FAISS_NAME)
     meta.save(out_dir)
     del emb
@@ -186,19 +230,28 @@ def build_dense_index(store: CorpusStore, out_dir: str | Path, spec: EncoderSpec
     return meta
 
 
-def tune_and_audit(index: faiss.Index, emb: np.ndarray, encoder: TextEncoder, store: CorpusStore,
-                   spec: AuditSpec) -> tuple[dict, dict]:
+def tune_and_audit(
+    index: faiss.Index, emb: np.ndarray, encoder: TextEncoder, store: CorpusStore, spec: AuditSpec
+) -> tuple[dict, dict]:
     """Choose the search parameters reaching ``spec.target`` recall@k on sampled queries; returns them + the audit."""
     queries = sample_queries(store, spec.sample)
     vectors = encoder.encode(queries, is_query=True, batch_size=64)
     _, truth = exact_search(emb, vectors, spec.k)
     params, sweep = choose_search_params(index, vectors, truth, spec.k, spec.target)
     _, rows = index.search(vectors, spec.k)
-    record = audit_record(k=spec.k, queries=f"{len(queries)} sampled from the corpus",
-                          recall=recall_at_k(rows, truth, spec.k), reference="exact search over the build's embeddings",
-                          params=params, latency=time_batches(index.search, vectors, spec.k, [1, 16, 64]), sweep=sweep)
-    print(f"audit: recall@{spec.k} {record[AUDIT_RECALL]:.4f} with {params or 'defaults'} "
-          f"(target {spec.target})", flush=True)
+    record = audit_record(
+        k=spec.k,
+        queries=f"{len(queries)} sampled from the corpus",
+        recall=recall_at_k(rows, truth, spec.k),
+        reference="exact search over the build's embeddings",
+        params=params,
+        latency=time_batches(index.search, vectors, spec.k, [1, 16, 64]),
+        sweep=sweep,
+    )
+    print(
+        f"audit: recall@{spec.k} {record[AUDIT_RECALL]:.4f} with {params or 'defaults'} (target {spec.target})",
+        flush=True,
+    )
     return params, record
 
 
@@ -215,8 +268,14 @@ def use_blas_for_batches(threshold: int = FLAT_BLAS_THRESHOLD) -> None:
     faiss.cvar.distance_compute_blas_threshold = int(threshold)
 
 
-def load_encoder(meta: IndexMetadata, index_dir: str | Path, *, model: str | None = None, device: str = "cpu",
-                 threads: int | None = None) -> TextEncoder:
+def load_encoder(
+    meta: IndexMetadata,
+    index_dir: str | Path,
+    *,
+    model: str | None = None,
+    device: str = "cpu",
+    threads: int | None = None,
+) -> TextEncoder:
     """The query encoder of a dense index (``model`` overrides the recorded one), checked against its width."""
     model_path = model or meta.model
     source = "--model" if model else "the index metadata"
@@ -225,20 +284,34 @@ def load_encoder(meta: IndexMetadata, index_dir: str | Path, *, model: str | Non
             raise EncoderNotFoundError("no encoder recorded")
         model_dir = resolve_model_dir(model_path)
     except EncoderNotFoundError as e:
-        raise IndexMismatchError(f"encoder {model_path!r} (from {source}) not found ({e}); pass --model "
-                                 "pointing to the encoder the index was built with") from e
-    spec = EncoderSpec(model_path=str(model_dir), pooling=meta.pooling or "mean",
-                       query_prefix=meta.query_prefix, passage_prefix=meta.passage_prefix,
-                       max_length=meta.max_length or 256)
+        raise IndexMismatchError(
+            f"encoder {model_path!r} (from {source}) not found ({e}); pass --model "
+            "pointing to the encoder the index was built with"
+        ) from e
+    spec = EncoderSpec(
+        model_path=str(model_dir),
+        pooling=meta.pooling or "mean",
+        query_prefix=meta.query_prefix,
+        passage_prefix=meta.passage_prefix,
+        max_length=meta.max_length or 256,
+    )
     encoder = TextEncoder(spec, device=device, threads=threads)
     if encoder.dim != meta.dim:
-        raise IndexMismatchError(f"encoder {model_path} gives {encoder.dim}-d vectors but the index in "
-                                 f"{index_dir} holds {meta.dim}-d ones; pass the encoder it was built with")
+        raise IndexMismatchError(
+            f"encoder {model_path} gives {encoder.dim}-d vectors but the index in "
+            f"{index_dir} holds {meta.dim}-d ones; pass the encoder it was built with"
+        )
     return encoder
 
 
-def open_faiss_index(index_dir: str | Path, meta: IndexMetadata, *, in_ram: bool = False, gpus: str | None = None,
-                     search_params: dict | None = None) -> tuple[faiss.Index, bool, dict]:
+def open_faiss_index(
+    index_dir: str | Path,
+    meta: IndexMetadata,
+    *,
+    in_ram: bool = False,
+    gpus: str | None = None,
+    search_params: dict | None = None,
+) -> tuple[faiss.Index, bool, dict]:
     """Read ``faiss.index`` (memory-mapped unless ``in_ram``), put it on GPUs if asked, set its search parameters
     (the metadata's, updated by ``search_params``); returns ``(index, memory_mapped, params)``."""
     index, mapped = read_faiss_index(Path(index_dir) / FAISS_NAME, meta, in_ram=in_ram)
@@ -251,8 +324,16 @@ def open_faiss_index(index_dir: str | Path, meta: IndexMetadata, *, in_ram: bool
 
 
 class DenseSearcher:
-    def __init__(self, encoder: TextEncoder, index: faiss.Index, meta: IndexMetadata, query_batch_size: int,
-                 *, memory_mapped: bool = False, search_params: dict | None = None) -> None:
+    def __init__(
+        self,
+        encoder: TextEncoder,
+        index: faiss.Index,
+        meta: IndexMetadata,
+        query_batch_size: int,
+        *,
+        memory_mapped: bool = False,
+        search_params: dict | None = None,
+    ) -> None:
         self.encoder = encoder
         self.index = index
         self.retriever = meta.retriever
@@ -263,12 +344,21 @@ class DenseSearcher:
         self.search_params = dict(search_params or {})
 
     @classmethod
-    def load(cls, index_dir: str | Path, meta: IndexMetadata, *, model: str | None = None, device: str = "cpu",
-             gpus: str | None = None, query_batch_size: int = 256, threads: int | None = None,
-             in_ram: bool = False, search_params: dict | None = None) -> DenseSearcher:
+    def load(
+        cls,
+        index_dir: str | Path,
+        meta: IndexMetadata,
+        *,
+        model: str | None = None,
+        device: str = "cpu",
+        gpus: str | None = None,
+        query_batch_size: int = 256,
+        threads: int | None = None,
+        in_ram: bool = False,
+        search_params: dict | None = None,
+    ) -> DenseSearcher:
         encoder = load_encoder(meta, index_dir, model=model, device=device, threads=threads)
-        index, mapped, params = open_faiss_index(index_dir, meta, in_ram=in_ram, gpus=gpus,
-                                                 search_params=search_params)
+        index, mapped, params = open_faiss_index(index_dir, meta, in_ram=in_ram, gpus=gpus, search_params=search_params)
         return cls(encoder, index, meta, query_batch_size, memory_mapped=mapped, search_params=params)
 
     def search_vectors(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

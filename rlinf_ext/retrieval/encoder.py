@@ -23,16 +23,18 @@ class EncoderSpec:
     max_length: int = 256
 
     @classmethod
-    def for_retriever(cls, retriever: str, model_path: str, max_length: int = 256,
-                      pooling: str | None = None) -> EncoderSpec:
+    def for_retriever(
+        cls, retriever: str, model_path: str, max_length: int = 256, pooling: str | None = None
+    ) -> EncoderSpec:
         if retriever not in RETRIEVER_DEFAULTS:
             raise ValueError(f"unknown dense retriever '{retriever}'; choose one of {sorted(RETRIEVER_DEFAULTS)}")
         default_pooling, qp, pp = RETRIEVER_DEFAULTS[retriever]
         pooling = pooling or default_pooling
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling must be 'mean' or 'cls', got '{pooling}'")
-        return cls(model_path=str(model_path), pooling=pooling, query_prefix=qp, passage_prefix=pp,
-                   max_length=max_length)
+        return cls(
+            model_path=str(model_path), pooling=pooling, query_prefix=qp, passage_prefix=pp, max_length=max_length
+        )
 
 
 def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -48,8 +50,9 @@ def pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) 
 class TextEncoder:
     """Encode queries or passages into float32 L2-normalised vectors."""
 
-    def __init__(self, spec: EncoderSpec, device: str = "cpu", threads: int | None = None,
-                 gpus: list[int] | None = None) -> None:
+    def __init__(
+        self, spec: EncoderSpec, device: str = "cpu", threads: int | None = None, gpus: list[int] | None = None
+    ) -> None:
         from transformers import AutoModel, AutoTokenizer
 
         self.spec = spec
@@ -79,9 +82,10 @@ class TextEncoder:
         prefix = self.spec.query_prefix if is_query else self.spec.passage_prefix
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for start in range(0, len(texts), batch_size):
-            chunk = [prefix + t for t in texts[start:start + batch_size]]
-            batch = self.tokenizer(chunk, max_length=self.spec.max_length, padding=True, truncation=True,
-                                   return_tensors="pt").to(self.device)
+            chunk = [prefix + t for t in texts[start : start + batch_size]]
+            batch = self.tokenizer(
+                chunk, max_length=self.spec.max_length, padding=True, truncation=True, return_tensors="pt"
+            ).to(self.device)
             hidden = self.forward(**batch).last_hidden_state
-            out[start:start + len(chunk)] = pool(hidden, batch["attention_mask"], self.spec.pooling).cpu().numpy()
+            out[start : start + len(chunk)] = pool(hidden, batch["attention_mask"], self.spec.pooling).cpu().numpy()
         return out

@@ -58,9 +58,11 @@ def new_faiss_index(dim: int, faiss_type: str) -> faiss.Index:
         return faiss.index_factory(dim, faiss_type, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
         first_line = str(e).strip().splitlines()[-1] if str(e).strip() else ""
-        raise ValueError(f"faiss cannot build '{faiss_type}' for dim {dim} ({first_line}). Use a preset "
-                         f"({', '.join(PRESETS)}) or a factory string such as Flat, SQfp16, HNSW32, "
-                         "IVF4096,Flat or IVF4096,PQ96x4fs,Refine(SQfp16) (PQ needs dim divisible by its size).") from e
+        raise ValueError(
+            f"faiss cannot build '{faiss_type}' for dim {dim} ({first_line}). Use a preset "
+            f"({', '.join(PRESETS)}) or a factory string such as Flat, SQfp16, HNSW32, "
+            "IVF4096,Flat or IVF4096,PQ96x4fs,Refine(SQfp16) (PQ needs dim divisible by its size)."
+        ) from e
 
 
 def write_faiss_index(index: faiss.Index, path: Path) -> str:
@@ -72,9 +74,11 @@ def write_faiss_index(index: faiss.Index, path: Path) -> str:
 
 
 def _refuse(path: Path, problem: str) -> IndexMismatchError:
-    return IndexMismatchError(f"{path}: {problem}. Rebuild the index with `rlinf-ext build-index`, or for an "
-                              "adopted file rerun `rlinf-ext adopt-index` (or restore the file the metadata next to it "
-                              "was written for).")
+    return IndexMismatchError(
+        f"{path}: {problem}. Rebuild the index with `rlinf-ext build-index`, or for an "
+        "adopted file rerun `rlinf-ext adopt-index` (or restore the file the metadata next to it "
+        "was written for)."
+    )
 
 
 def read_faiss_index(path: str | os.PathLike, meta: IndexMetadata, *, in_ram: bool = False) -> tuple[faiss.Index, bool]:
@@ -88,8 +92,11 @@ def read_faiss_index(path: str | os.PathLike, meta: IndexMetadata, *, in_ram: bo
         missing = f"it links to {os.readlink(path)}, which is missing" if path.is_symlink() else "not found"
         raise _refuse(path, f"faiss index file {missing}")
     if meta.faiss_checksum is not None and file_fingerprint(path) != meta.faiss_checksum:
-        raise _refuse(path, f"size/checksum differ from the ones recorded at build time ({meta.faiss_checksum}; "
-                            f"found {file_fingerprint(path)}): the file is truncated or another index")
+        raise _refuse(
+            path,
+            f"size/checksum differ from the ones recorded at build time ({meta.faiss_checksum}; "
+            f"found {file_fingerprint(path)}): the file is truncated or another index",
+        )
     mapped = not in_ram
     try:
         index = faiss.read_index(str(path), MMAP_FLAGS if mapped else 0)
@@ -129,8 +136,7 @@ def tunable_params(index: faiss.Index) -> dict[str, list[float]]:
     return out
 
 
-def apply_search_params(index: faiss.Index, params: dict[str, float], faiss_type: str = "",
-                        gpu: bool = False) -> None:
+def apply_search_params(index: faiss.Index, params: dict[str, float], faiss_type: str = "", gpu: bool = False) -> None:
     """Set faiss search parameters (``{"nprobe": 64, "efSearch": 128, "k_factor_rf": 8}``) on ``index``."""
     space = faiss.GpuParameterSpace() if gpu else faiss.ParameterSpace()
     for name, value in params.items():
@@ -138,8 +144,10 @@ def apply_search_params(index: faiss.Index, params: dict[str, float], faiss_type
             space.set_index_parameter(index, name, float(value))
         except RuntimeError as e:
             takes = "see faiss's GpuParameterSpace" if gpu else ", ".join(tunable_params(index)) or "none"
-            raise ValueError(f"search parameter {name}={value} does not apply to faiss index '{faiss_type}' "
-                             f"(it takes: {takes}); drop the option or build another index type") from e
+            raise ValueError(
+                f"search parameter {name}={value} does not apply to faiss index '{faiss_type}' "
+                f"(it takes: {takes}); drop the option or build another index type"
+            ) from e
 
 
 def to_gpus(index: faiss.Index, gpus: str) -> faiss.Index:
@@ -149,10 +157,12 @@ def to_gpus(index: faiss.Index, gpus: str) -> faiss.Index:
     index goes to the GPUs; the exact re-rank reads the mapped vectors on the CPU.
     """
     if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
-        raise ValueError("--gpus asks for faiss-GPU but this faiss has no GPU support or sees no GPU (faiss-cpu, "
-                         "a base requirement, overwrites faiss-gpu when installed after it); fix: "
-                         "`bash scripts/install.sh --gpu --faiss-gpu` (removes faiss-cpu, then installs "
-                         "faiss-gpu-cu12), or drop --gpus")
+        raise ValueError(
+            "--gpus asks for faiss-GPU but this faiss has no GPU support or sees no GPU (faiss-cpu, "
+            "a base requirement, overwrites faiss-gpu when installed after it); fix: "
+            "`bash scripts/install.sh --gpu --faiss-gpu` (removes faiss-cpu, then installs "
+            "faiss-gpu-cu12), or drop --gpus"
+        )
     concrete = faiss.downcast_index(index)
     if isinstance(concrete, faiss.IndexRefine):
         gpu_base = to_gpus(concrete.base_index, gpus)
@@ -172,5 +182,7 @@ def to_gpus(index: faiss.Index, gpus: str) -> faiss.Index:
         resources = [faiss.StandardGpuResources() for _ in ids]
         return faiss.index_cpu_to_gpu_multiple_py(resources, index, co=options, gpus=ids)
     except RuntimeError as e:
-        raise ValueError(f"faiss-GPU cannot hold a {type(concrete).__name__} ({_last_line(e)}); serve it on CPU "
-                         "(drop --gpus) or build a Flat, IVF...,Flat or IVF...,PQ index for GPUs") from e
+        raise ValueError(
+            f"faiss-GPU cannot hold a {type(concrete).__name__} ({_last_line(e)}); serve it on CPU "
+            "(drop --gpus) or build a Flat, IVF...,Flat or IVF...,PQ index for GPUs"
+        ) from e

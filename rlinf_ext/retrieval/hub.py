@@ -26,8 +26,10 @@ def is_hub_id(model: str) -> bool:
 
 
 def _fetch_hint(model: str) -> str:
-    return (f"download it once (`python examples/searchr1/download.py --save_path $WORK --what encoder` writes "
-            f"$WORK/models/e5-base-v2, or `hf download {model} --local-dir DIR`) and pass --model DIR")
+    return (
+        f"download it once (`python examples/searchr1/download.py --save_path $WORK --what encoder` writes "
+        f"$WORK/models/e5-base-v2, or `hf download {model} --local-dir DIR`) and pass --model DIR"
+    )
 
 
 def resolve_model_dir(model: str | Path) -> Path:
@@ -38,11 +40,14 @@ def resolve_model_dir(model: str | Path) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise EncoderNotFoundError(f"--model {text} is a file; pass the encoder's directory (config.json, tokenizer "
-                                   "and weights), e.g. $WORK/models/e5-base-v2")
+        raise EncoderNotFoundError(
+            f"--model {text} is a file; pass the encoder's directory (config.json, tokenizer "
+            "and weights), e.g. $WORK/models/e5-base-v2"
+        )
     if not is_hub_id(text):
-        raise EncoderNotFoundError(f"--model {text}: no such directory, and not a hub id (owner/name); "
-                                   + _fetch_hint("intfloat/e5-base-v2"))
+        raise EncoderNotFoundError(
+            f"--model {text}: no such directory, and not a hub id (owner/name); " + _fetch_hint("intfloat/e5-base-v2")
+        )
     import huggingface_hub
 
     try:
@@ -51,6 +56,8 @@ def resolve_model_dir(model: str | Path) -> Path:
             snapshot = Path(huggingface_hub.snapshot_download(text, allow_patterns=ENCODER_FALLBACK_WEIGHTS))
     except Exception as e:  # hub errors come in many types (offline, not found, gated, network)
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise EncoderNotFoundError(f"--model {text}: cannot fetch it from the Hugging Face hub "
-                                   f"({type(e).__name__}: {first_line}); " + _fetch_hint(text)) from e
+        raise EncoderNotFoundError(
+            f"--model {text}: cannot fetch it from the Hugging Face hub "
+            f"({type(e).__name__}: {first_line}); " + _fetch_hint(text)
+        ) from e
     return snapshot

@@ -26,20 +26,54 @@ class RetrievalServerError(RuntimeError):
 
 
 class RetrievalServerProcess:
-    def __init__(self, index_dir: str | os.PathLike, corpus: str | os.PathLike, *, pages: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0, topk: int = 3, model: str | None = None,
-                 retriever: str | None = None, no_batching: bool = False, max_batch_size: int | None = None,
-                 max_wait_ms: float | None = None, threads: int | None = None, in_ram: bool = False,
-                 nprobe: int | None = None, ef_search: int | None = None, k_factor: int | None = None,
-                 save_address_to: str | os.PathLike | None = None,
-                 extra_args: list[str] | None = None, startup_timeout_s: float = 300.0,
-                 env: dict[str, str] | None = None, log_path: str | os.PathLike | None = None) -> None:
-        args = ["--index", str(index_dir), "--corpus", str(corpus), "--host", host, "--port", str(port),
-                "--topk", str(topk)]
-        for flag, value in (("--pages", pages), ("--model", model), ("--retriever", retriever),
-                            ("--max-batch-size", max_batch_size), ("--max-wait-ms", max_wait_ms),
-                            ("--threads", threads), ("--nprobe", nprobe), ("--ef-search", ef_search),
-                            ("--k-factor", k_factor)):
+    def __init__(
+        self,
+        index_dir: str | os.PathLike,
+        corpus: str | os.PathLike,
+        *,
+        pages: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        topk: int = 3,
+        model: str | None = None,
+        retriever: str | None = None,
+        no_batching: bool = False,
+        max_batch_size: int | None = None,
+        max_wait_ms: float | None = None,
+        threads: int | None = None,
+        in_ram: bool = False,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        k_factor: int | None = None,
+        save_address_to: str | os.PathLike | None = None,
+        extra_args: list[str] | None = None,
+        startup_timeout_s: float = 300.0,
+        env: dict[str, str] | None = None,
+        log_path: str | os.PathLike | None = None,
+    ) -> None:
+        args = [
+            "--index",
+            str(index_dir),
+            "--corpus",
+            str(corpus),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--topk",
+            str(topk),
+        ]
+        for flag, value in (
+            ("--pages", pages),
+            ("--model", model),
+            ("--retriever", retriever),
+            ("--max-batch-size", max_batch_size),
+            ("--max-wait-ms", max_wait_ms),
+            ("--threads", threads),
+            ("--nprobe", nprobe),
+            ("--ef-search", ef_search),
+            ("--k-factor", k_factor),
+        ):
             if value is not None:
                 args += [flag, str(value)]
         if no_batching:
@@ -76,8 +110,7 @@ class RetrievalServerProcess:
             if self.process.poll() is not None:
                 output = self.output()
                 self.stop()  # closes the log and removes the scratch dir
-                raise RetrievalServerError(f"retrieval server exited with code {self.process.returncode}:\n"
-                                           f"{output}")
+                raise RetrievalServerError(f"retrieval server exited with code {self.process.returncode}:\n{output}")
             if self.url is None:
                 new = [p for p in self.address_dir.glob(pattern) if p not in known]
                 if new:

@@ -72,8 +72,15 @@ def model_fingerprint(model_path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def check_matches(meta: IndexMetadata, *, corpus_checksum: str, passages: int, retriever: str | None = None,
-                  model_checksum: str | None = None, index_dir: str = "") -> None:
+def check_matches(
+    meta: IndexMetadata,
+    *,
+    corpus_checksum: str,
+    passages: int,
+    retriever: str | None = None,
+    model_checksum: str | None = None,
+    index_dir: str = "",
+) -> None:
     """Raise IndexMismatchError naming every field where the index and the given corpus/encoder differ."""
     problems = []
     if meta.corpus_checksum != corpus_checksum:
@@ -86,10 +93,12 @@ def check_matches(meta: IndexMetadata, *, corpus_checksum: str, passages: int, r
     if retriever is not None and retriever != meta.retriever:
         problems.append(f"retriever differs: index is '{meta.retriever}', server was asked for '{retriever}'")
     if model_checksum is not None and meta.model_checksum is not None and model_checksum != meta.model_checksum:
-        problems.append(f"encoder differs: index embedded with {meta.model}, the given --model has other "
-                        "config/tokenizer/weights")
+        problems.append(
+            f"encoder differs: index embedded with {meta.model}, the given --model has other config/tokenizer/weights"
+        )
     if problems:
         raise IndexMismatchError(
-            f"index {index_dir} does not match what the server was given:\n  - " + "\n  - ".join(problems)
+            f"index {index_dir} does not match what the server was given:\n  - "
+            + "\n  - ".join(problems)
             + "\nPass the corpus/encoder the index was built from, or rebuild the index with build-index."
         )

@@ -64,8 +64,14 @@ def write_wiki18_gz(contents: list[str], path: str | Path) -> Path:
     return path
 
 
-def encode_like_searchr1(encoder: str | Path, texts: list[str], *, prefix: str = PASSAGE_PREFIX,
-                         max_length: int = MAX_LENGTH, batch_size: int = 64) -> np.ndarray:
+def encode_like_searchr1(
+    encoder: str | Path,
+    texts: list[str],
+    *,
+    prefix: str = PASSAGE_PREFIX,
+    max_length: int = MAX_LENGTH,
+    batch_size: int = 64,
+) -> np.ndarray:
     """Search-R1's e5 passage vectors: prefix, tokenise (pad, truncate), masked mean of the last hidden states, L2
     normalised; float32 (n, hidden)."""
     import torch
@@ -76,8 +82,13 @@ def encode_like_searchr1(encoder: str | Path, texts: list[str], *, prefix: str =
     chunks = []
     with torch.inference_mode():
         for start in range(0, len(texts), batch_size):
-            batch = tokenizer([prefix + t for t in texts[start:start + batch_size]], padding=True, truncation=True,
-                              max_length=max_length, return_tensors="pt")
+            batch = tokenizer(
+                [prefix + t for t in texts[start : start + batch_size]],
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+                return_tensors="pt",
+            )
             hidden = model(**batch).last_hidden_state
             mask = batch["attention_mask"].unsqueeze(-1).bool()
             mean = hidden.masked_fill(~mask, 0.0).sum(dim=1) / mask.sum(dim=1)
@@ -97,8 +108,9 @@ def write_bare_index(vectors: np.ndarray, path: str | Path, faiss_type: str = "F
     return path
 
 
-def make_published_retrieval(work: str | Path, corpus: str | Path, encoder: str | Path, *, hnsw: bool = False,
-                             as_downloaded: bool = True) -> PublishedRetrieval:
+def make_published_retrieval(
+    work: str | Path, corpus: str | Path, encoder: str | Path, *, hnsw: bool = False, as_downloaded: bool = True
+) -> PublishedRetrieval:
     """Write the published files for ``corpus`` (a jsonl with ``contents``) and ``encoder`` under ``work``.
 
     ``as_downloaded``: also unpack the corpus the way download.py does (``wiki-18.jsonl`` beside the .gz).
@@ -114,18 +126,25 @@ def make_published_retrieval(work: str | Path, corpus: str | Path, encoder: str 
     flat = write_bare_index(vectors, work / FLAT_INDEX_NAME)
     hnsw_path = write_bare_index(vectors, work / HNSW_INDEX_NAME, HNSW_TYPE) if hnsw else None
     plain = unpack_gzip(corpus_gz) if as_downloaded else None
-    return PublishedRetrieval(work=work, flat_index=flat, corpus_gz=corpus_gz, corpus=plain, encoder=encoder_dir,
-                              hnsw_index=hnsw_path)
+    return PublishedRetrieval(
+        work=work, flat_index=flat, corpus_gz=corpus_gz, corpus=plain, encoder=encoder_dir, hnsw_index=hnsw_path
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write Search-R1's published retrieval files (e5_Flat.index, "
-                                                 "wiki-18.jsonl.gz, models/e5-base-v2) for a small corpus, offline.")
+    parser = argparse.ArgumentParser(
+        description="Write Search-R1's published retrieval files (e5_Flat.index, "
+        "wiki-18.jsonl.gz, models/e5-base-v2) for a small corpus, offline."
+    )
     parser.add_argument("--work", required=True, help="Directory to write into (download.py's --save_path layout).")
-    parser.add_argument("--corpus", required=True, help="Source jsonl whose rows have 'contents' (e.g. the tiny "
-                                                        "assets' corpus/wiki.jsonl).")
-    parser.add_argument("--encoder", required=True, help="Encoder directory (e.g. the tiny assets' "
-                                                         "models/bert-tiny-encoder).")
+    parser.add_argument(
+        "--corpus",
+        required=True,
+        help="Source jsonl whose rows have 'contents' (e.g. the tiny assets' corpus/wiki.jsonl).",
+    )
+    parser.add_argument(
+        "--encoder", required=True, help="Encoder directory (e.g. the tiny assets' models/bert-tiny-encoder)."
+    )
     parser.add_argument("--hnsw", action="store_true", help="Also write e5_HNSW64.index.")
     args = parser.parse_args(argv)
     made = make_published_retrieval(args.work, args.corpus, args.encoder, hnsw=args.hnsw)

@@ -76,8 +76,14 @@ def open_backend(cfg: ServerConfig) -> Backend:
     corpus_checksum = file_fingerprint(corpus) if corpus.is_file() else "missing"
     model = str(resolve_model_dir(cfg.model)) if cfg.model else None  # a hub id: its local snapshot
     # Checksum first: a mismatched 20 GB corpus is refused before its offsets are scanned.
-    check_matches(meta, corpus_checksum=corpus_checksum, passages=meta.passages, retriever=cfg.retriever,
-                  model_checksum=model_fingerprint(model) if model else None, index_dir=cfg.index)
+    check_matches(
+        meta,
+        corpus_checksum=corpus_checksum,
+        passages=meta.passages,
+        retriever=cfg.retriever,
+        model_checksum=model_fingerprint(model) if model else None,
+        index_dir=cfg.index,
+    )
     store = CorpusStore.open(corpus, cache_dir=cfg.index, show_progress=True)
     check_matches(meta, corpus_checksum=corpus_checksum, passages=len(store), index_dir=cfg.index)
     device = cfg.device
@@ -86,16 +92,24 @@ def open_backend(cfg: ServerConfig) -> Backend:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.perf_counter()
-    searcher, _ = open_searcher(cfg.index, model=model, device=device, gpus=cfg.gpus, threads=cfg.threads,
-                                in_ram=cfg.in_ram, search_params=search_params(cfg))
+    searcher, _ = open_searcher(
+        cfg.index,
+        model=model,
+        device=device,
+        gpus=cfg.gpus,
+        threads=cfg.threads,
+        in_ram=cfg.in_ram,
+        search_params=search_params(cfg),
+    )
     open_s = time.perf_counter() - started
     pages = PagesStore.open(cfg.pages, cache_dir=cfg.index, show_progress=True) if cfg.pages else None
     return Backend(searcher=searcher, store=store, pages=pages, meta=meta, searcher_open_s=open_s)
 
 
 def _json(payload, status: int = 200) -> Response:
-    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
-                    media_type="application/json")
+    return Response(
+        orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status, media_type="application/json"
+    )
 
 
 def _error(status: int, message: str) -> Response:
@@ -105,20 +119,29 @@ def _error(status: int, message: str) -> Response:
 async def _read_json_body(request: Request, max_bytes: int):
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise BadRequest(413, f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes "
-                              "(send fewer queries per request or raise --max-body-bytes)")
+        raise BadRequest(
+            413,
+            f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes "
+            "(send fewer queries per request or raise --max-body-bytes)",
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise BadRequest(413, f"request body exceeds the limit of {max_bytes} bytes "
-                                  "(send fewer queries per request or raise --max-body-bytes)")
+            raise BadRequest(
+                413,
+                f"request body exceeds the limit of {max_bytes} bytes "
+                "(send fewer queries per request or raise --max-body-bytes)",
+            )
         chunks.append(chunk)
     try:
         return orjson.loads(b"".join(chunks))
     except orjson.JSONDecodeError as e:
-        raise BadRequest(400, f"body is not valid JSON ({e}); send e.g. "
-                              '{"queries": ["who wrote hamlet"], "topk": 3, "return_scores": false}') from e
+        raise BadRequest(
+            400,
+            f"body is not valid JSON ({e}); send e.g. "
+            '{"queries": ["who wrote hamlet"], "topk": 3, "return_scores": false}',
+        ) from e
 
 
 def _validate(model, payload):
@@ -127,9 +150,7 @@ def _validate(model, payload):
     try:
         return model.model_validate(payload)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors())
         allowed = ", ".join(model.model_fields)
         raise BadRequest(422, f"invalid {model.__name__}: {problems} (allowed fields: {allowed})") from e
 
@@ -139,14 +160,16 @@ def check_retrieve_limits(req: RetrieveRequest, cfg: ServerConfig) -> int:
     if not req.queries:
         raise BadRequest(422, "queries is empty; send at least one query string")
     if len(req.queries) > cfg.max_queries:
-        raise BadRequest(422, f"{len(req.queries)} queries in one request exceeds the limit of "
-                              f"{cfg.max_queries}; split the request")
+        raise BadRequest(
+            422, f"{len(req.queries)} queries in one request exceeds the limit of {cfg.max_queries}; split the request"
+        )
     for i, q in enumerate(req.queries):
         if not q.strip():
             raise BadRequest(422, f"queries[{i}] is empty or whitespace; every query needs some text")
         if len(q) > cfg.max_query_chars:
-            raise BadRequest(422, f"queries[{i}] has {len(q)} characters, above the limit of "
-                                  f"{cfg.max_query_chars}; shorten it")
+            raise BadRequest(
+                422, f"queries[{i}] has {len(q)} characters, above the limit of {cfg.max_query_chars}; shorten it"
+            )
     topk = cfg.topk if req.topk is None else req.topk
     if not 1 <= topk <= cfg.max_topk:
         raise BadRequest(422, f"topk={topk} is outside 1..{cfg.max_topk}")
@@ -155,8 +178,11 @@ def check_retrieve_limits(req: RetrieveRequest, cfg: ServerConfig) -> int:
 
 def create_app(cfg: ServerConfig, backend: Backend, address_file: Path | None = None) -> FastAPI:
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval-search")
-    batcher = None if cfg.no_batching else QueryBatcher(
-        backend.searcher.search, executor, cfg.max_batch_size, cfg.max_wait_ms / 1000.0)
+    batcher = (
+        None
+        if cfg.no_batching
+        else QueryBatcher(backend.searcher.search, executor, cfg.max_batch_size, cfg.max_wait_ms / 1000.0)
+    )
     waiting = {"unbatched": 0}
 
     @asynccontextmanager
@@ -224,24 +250,26 @@ def create_app(cfg: ServerConfig, backend: Backend, address_file: Path | None = 
     @app.get("/health")
     async def health() -> Response:
         depth = batcher.queue_depth if batcher is not None else waiting["unbatched"]
-        return _json({
-            "status": "ok",
-            "passages": len(backend.store),
-            "retriever": backend.meta.retriever,
-            "index_type": backend.searcher.index_type,
-            "model": backend.meta.model,
-            "pages": len(backend.pages) if backend.pages is not None else None,
-            "batching": batcher is not None,
-            "max_batch_size": cfg.max_batch_size,
-            "queue_depth": depth,
-            "batches_run": batcher.batches_run if batcher is not None else None,
-            "default_topk": cfg.topk,
-            "memory_mapped": backend.searcher.memory_mapped,
-            "search_params": backend.searcher.search_params,
-            "audit": backend.meta.audit,
-            "memory": process_memory(),
-            "searcher_open_s": backend.searcher_open_s,
-        })
+        return _json(
+            {
+                "status": "ok",
+                "passages": len(backend.store),
+                "retriever": backend.meta.retriever,
+                "index_type": backend.searcher.index_type,
+                "model": backend.meta.model,
+                "pages": len(backend.pages) if backend.pages is not None else None,
+                "batching": batcher is not None,
+                "max_batch_size": cfg.max_batch_size,
+                "queue_depth": depth,
+                "batches_run": batcher.batches_run if batcher is not None else None,
+                "default_topk": cfg.topk,
+                "memory_mapped": backend.searcher.memory_mapped,
+                "search_params": backend.searcher.search_params,
+                "audit": backend.meta.audit,
+                "memory": process_memory(),
+                "searcher_open_s": backend.searcher_open_s,
+            }
+        )
 
     return app
 
@@ -283,10 +311,13 @@ def serve(cfg: ServerConfig) -> int:
     address_file = address_file_path(cfg.save_address_to, cfg.host, port) if cfg.save_address_to else None
     app = create_app(cfg, backend, address_file)
     app.state.port = port
-    print(f"retrieval server: {backend.meta.retriever} index over {len(backend.store)} passages, "
-          f"listening on http://{cfg.host}:{port} (opened in {time.perf_counter() - t0:.1f}s, "
-          f"{'memory-mapped' if backend.searcher.memory_mapped else 'in RAM'}, "
-          f"batching {'off' if cfg.no_batching else 'on'})", flush=True)
+    print(
+        f"retrieval server: {backend.meta.retriever} index over {len(backend.store)} passages, "
+        f"listening on http://{cfg.host}:{port} (opened in {time.perf_counter() - t0:.1f}s, "
+        f"{'memory-mapped' if backend.searcher.memory_mapped else 'in RAM'}, "
+        f"batching {'off' if cfg.no_batching else 'on'})",
+        flush=True,
+    )
     config = uvicorn.Config(app, log_level=cfg.log_level, access_log=False, timeout_keep_alive=30)
     server = uvicorn.Server(config)
     try:
@@ -296,4 +327,3 @@ def serve(cfg: ServerConfig) -> int:
             address_file.unlink(missing_ok=True)
         sock.close()
     return 0
-

@@ -52,7 +52,11 @@ class RewardResult:
 
 
 def searchr1_reward(
-    response: str, golden_answers: Any, cfg: RewardConfig | None = None, num_searches: int = 0, *,
+    response: str,
+    golden_answers: Any,
+    cfg: RewardConfig | None = None,
+    num_searches: int = 0,
+    *,
     tool_tags: Sequence[str] = DEFAULT_TOOL_TAGS,
 ) -> RewardResult:
     """Score one response (the model's text, with inserted observations allowed) against the gold answers;

@@ -41,16 +41,20 @@ def admit(waiting: Sequence[Waiting], step: int, size: int, max_staleness: int) 
     deadline = {w.uid: w.version + max_staleness for w in waiting}
     late = sorted(uid for uid, d in deadline.items() if d < step)
     if late:
-        raise RuntimeError(f"step {step}: group(s) {late[:4]} passed their staleness bound (runner.max_staleness="
-                           f"{max_staleness}) untrained")
+        raise RuntimeError(
+            f"step {step}: group(s) {late[:4]} passed their staleness bound (runner.max_staleness="
+            f"{max_staleness}) untrained"
+        )
     finished = sorted((w for w in waiting if w.arrival is not None), key=lambda w: w.arrival)
     chosen: list[str] = []
     for d in sorted(set(deadline.values())):
         due = [uid for uid, dl in deadline.items() if dl <= d]
         owed = len(due) - (d - step) * size  # what the steps after this one up to d cannot take
         if owed > size:
-            raise RuntimeError(f"step {step}: {len(due)} groups are due by step {d}, more than {d - step + 1} steps "
-                               f"of {size} can train")
+            raise RuntimeError(
+                f"step {step}: {len(due)} groups are due by step {d}, more than {d - step + 1} steps "
+                f"of {size} can train"
+            )
         short = owed - sum(deadline[uid] <= d for uid in chosen)
         if short > 0:
             ready = [w.uid for w in finished if deadline[w.uid] <= d and w.uid not in chosen]

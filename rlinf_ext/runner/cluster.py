@@ -31,8 +31,10 @@ from rlinf_ext.runner.errors import LaunchError
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 PRIVATE_INSTANCE = "local"  # Ray's address for "start a new instance owned by this driver"
-JOIN_FIX = ("start Ray on every node first: `ray start --head --port=6379` on the first node, "
-            "`ray start --address=HEAD_IP:6379` on the others (examples/searchr1/multinode/), then launch on the head")
+JOIN_FIX = (
+    "start Ray on every node first: `ray start --head --port=6379` on the first node, "
+    "`ray start --address=HEAD_IP:6379` on the others (examples/searchr1/multinode/), then launch on the head"
+)
 
 
 def ray_address_for(num_nodes: int, environ: dict[str, str], configured: str | None = None) -> str | None:
@@ -75,8 +77,16 @@ def stable_order(nodes: Sequence[NodeView]) -> list[NodeView]:
 
 def nodes_from_ray(listing: Sequence[dict]) -> list[NodeView]:
     """``ray.nodes()`` entries -> the alive nodes."""
-    return [NodeView(n["NodeManagerAddress"], n["NodeID"], float(n["Resources"].get("CPU", 0)),
-                     float(n["Resources"].get("GPU", 0))) for n in listing if n.get("Alive")]
+    return [
+        NodeView(
+            n["NodeManagerAddress"],
+            n["NodeID"],
+            float(n["Resources"].get("CPU", 0)),
+            float(n["Resources"].get("GPU", 0)),
+        )
+        for n in listing
+        if n.get("Alive")
+    ]
 
 
 @dataclass
@@ -91,8 +101,9 @@ class NodeOrder:
         views = []
         for rank in range(cluster.num_nodes):
             info = cluster.get_node_info(rank)
-            views.append(NodeView(info.node_ip, info.ray_id, float(info.num_cpus), float(info.num_accelerators),
-                                  rlinf_rank=rank))
+            views.append(
+                NodeView(info.node_ip, info.ray_id, float(info.num_cpus), float(info.num_accelerators), rlinf_rank=rank)
+            )
         return cls(stable_order(views))
 
     @classmethod
@@ -102,13 +113,17 @@ class NodeOrder:
 
     def rlinf_rank(self, node: int) -> int:
         if not 0 <= node < len(self.nodes):
-            raise PlacementError(f"placement node {node} does not exist: the cluster has {len(self.nodes)} node(s).",
-                                 f"use nodes 0-{len(self.nodes) - 1}, or start more nodes.")
+            raise PlacementError(
+                f"placement node {node} does not exist: the cluster has {len(self.nodes)} node(s).",
+                f"use nodes 0-{len(self.nodes) - 1}, or start more nodes.",
+            )
         return self.nodes[node].rlinf_rank
 
     def table(self) -> str:
-        return "\n".join(f"  node {k}: {n.label()}, {n.cpus:g} CPU(s), {n.gpus:g} GPU(s), RLinf rank {n.rlinf_rank}"
-                         for k, n in enumerate(self.nodes))
+        return "\n".join(
+            f"  node {k}: {n.label()}, {n.cpus:g} CPU(s), {n.gpus:g} GPU(s), RLinf rank {n.rlinf_rank}"
+            for k, n in enumerate(self.nodes)
+        )
 
 
 # ---------------------------------------------------------------- what the placement needs from each node
@@ -128,9 +143,14 @@ def cpu_process_nodes(cfg: ExperimentConfig) -> dict[str, list[int]]:
         raise PlacementError(
             f"cluster.component_placement: the agent loop has {len(agent_loop)} process(es) but the rollout has "
             f"{len(rollout)}; each agent-loop process pairs with one rollout process.",
-            f"place agentloop on {len(rollout)} process(es), or leave it out (it follows the rollout).")
-    return {"rollout": rollout, "actor": placed.get("actor", [0]), "reward": placed.get("reward", [0])[:1],
-            "agent_loop": agent_loop}
+            f"place agentloop on {len(rollout)} process(es), or leave it out (it follows the rollout).",
+        )
+    return {
+        "rollout": rollout,
+        "actor": placed.get("actor", [0]),
+        "reward": placed.get("reward", [0])[:1],
+        "agent_loop": agent_loop,
+    }
 
 
 def placement_needs(cfg: ExperimentConfig) -> dict[int, NodeNeed]:
@@ -166,11 +186,15 @@ def placement_problems(nodes: Sequence[NodeView], needs: dict[int, NodeNeed], nu
         node = nodes[k]
         where = f"node {k} ({node.label()})"
         if need.components and node.cpus < 1:
-            problems.append(f"{where} hosts {', '.join(sorted(set(need.components)))} but Ray gives it 0 CPUs "
-                            "(start it with `ray start --num-cpus=N`, N >= 1)")
+            problems.append(
+                f"{where} hosts {', '.join(sorted(set(need.components)))} but Ray gives it 0 CPUs "
+                "(start it with `ray start --num-cpus=N`, N >= 1)"
+            )
         if need.gpus > node.gpus:
-            problems.append(f"{where} has {node.gpus:g} GPU(s); the placement uses {need.gpus} there "
-                            "(cluster.num_gpus_per_node / cluster.component_placement)")
+            problems.append(
+                f"{where} has {node.gpus:g} GPU(s); the placement uses {need.gpus} there "
+                "(cluster.num_gpus_per_node / cluster.component_placement)"
+            )
     return problems
 
 
@@ -185,8 +209,10 @@ def check_placement_fits(order: NodeOrder, cfg: ExperimentConfig) -> None:
     problems = placement_problems(nodes, needs, cfg.cluster.num_nodes)
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
-        raise LaunchError(f"cluster: the placement does not fit the Ray cluster; nothing was started:\n{lines}\n"
-                          f"nodes (stable order):\n{order.table()}")
+        raise LaunchError(
+            f"cluster: the placement does not fit the Ray cluster; nothing was started:\n{lines}\n"
+            f"nodes (stable order):\n{order.table()}"
+        )
 
 
 # ---------------------------------------------------------------- joining: wait for the nodes
@@ -195,11 +221,12 @@ def wait_for_nodes(address: str | None, num_nodes: int, timeout_s: float, poll_s
     alive, disconnect. LaunchError when Ray is unreachable or the nodes do not come within ``timeout_s``
     (RLinf's ``Cluster`` itself would wait forever)."""
     try:
-        ray.init(address=address or "auto", namespace="rlinf_ext_join", logging_level="ERROR",
-                 log_to_driver=False)
+        ray.init(address=address or "auto", namespace="rlinf_ext_join", logging_level="ERROR", log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise LaunchError(f"cluster: cannot reach the Ray cluster at {address or 'auto'}: {exc}. Fix: {JOIN_FIX}, "
-                          "and set RAY_ADDRESS=HEAD_IP:6379 or cluster.ray_address.") from exc
+        raise LaunchError(
+            f"cluster: cannot reach the Ray cluster at {address or 'auto'}: {exc}. Fix: {JOIN_FIX}, "
+            "and set RAY_ADDRESS=HEAD_IP:6379 or cluster.ray_address."
+        ) from exc
     try:
         deadline = time.monotonic() + timeout_s
         next_note = time.monotonic() + 10.0
@@ -213,7 +240,8 @@ def wait_for_nodes(address: str | None, num_nodes: int, timeout_s: float, poll_s
                     f"cluster: cluster.num_nodes={num_nodes} but {len(nodes)} node(s) joined the Ray cluster at "
                     f"{ray.get_runtime_context().gcs_address} within {timeout_s:g} s (cluster.join_timeout_s):\n"
                     f"{seen}\nFix: start the missing node(s) with `ray start --address=...`, or lower "
-                    "cluster.num_nodes.")
+                    "cluster.num_nodes."
+                )
             if time.monotonic() >= next_note:
                 print(f"[launch] waiting for {num_nodes} Ray nodes, {len(nodes)} joined so far", flush=True)
                 next_note += 10.0

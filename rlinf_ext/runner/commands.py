@@ -27,12 +27,21 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="no tqdm progress bars (line-oriented logs)")
     if verb == "train":
-        parser.add_argument("--eval", dest="evaluate", action="store_true", default=None,
-                            help="evaluate the converted model with the sibling -eval YAML (default: only for "
-                            "the tiny experiment)")
+        parser.add_argument(
+            "--eval",
+            dest="evaluate",
+            action="store_true",
+            default=None,
+            help="evaluate the converted model with the sibling -eval YAML (default: only for the tiny experiment)",
+        )
         parser.add_argument("--no-eval", dest="evaluate", action="store_false", help="skip the evaluation")
-        parser.add_argument("--eval-override", action="append", default=None, metavar="key=value",
-                            help="override for the evaluation YAML (repeatable), e.g. data.data_size=4")
+        parser.add_argument(
+            "--eval-override",
+            action="append",
+            default=None,
+            metavar="key=value",
+            help="override for the evaluation YAML (repeatable), e.g. data.data_size=4",
+        )
 
 
 def pull_flags(args: argparse.Namespace, rest: list[str]) -> list[str]:
@@ -68,8 +77,13 @@ def run(verb: str, args: argparse.Namespace) -> int:
 
     try:
         if verb == "train":
-            run_training(args.config, args.overrides, show_progress=not args.no_progress,
-                         evaluate=args.evaluate, eval_overrides=args.eval_override)
+            run_training(
+                args.config,
+                args.overrides,
+                show_progress=not args.no_progress,
+                evaluate=args.evaluate,
+                eval_overrides=args.eval_override,
+            )
         elif verb == "eval":
             run_evaluation_only(args.config, args.overrides, show_progress=not args.no_progress)
         else:
@@ -88,8 +102,10 @@ def run(verb: str, args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except Exception as exc:
         if name := interrupt_received():
-            print(f"\nrlinf-ext {verb}: interrupted ({name}); while stopping: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+            print(
+                f"\nrlinf-ext {verb}: interrupted ({name}); while stopping: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
             return EXIT_INTERRUPTED
         raise
     return 0

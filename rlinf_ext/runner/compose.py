@@ -28,10 +28,10 @@ from rlinf_ext.runner.groups import (
     node_strategy,
     quiet_worker_failures,
 )
+from rlinf_ext.sync.weight_sync import SyncRoutes, sync_mode
 from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.reward import RewardWorker
-from rlinf_ext.sync.weight_sync import SyncRoutes, sync_mode
 
 
 def launch_worker_groups(
@@ -50,8 +50,14 @@ def launch_worker_groups(
     node, where a loopback search server address points (agent loops on other nodes never use one)."""
     quiet_worker_failures()
     if int(getattr(cluster, "num_accelerators", 0) or 0) > 0:
-        return launch_gpu_groups(cfg, cluster, total_train_steps=total_train_steps, verify_sync=verify_sync,
-                                 search_server_addr=search_server_addr, launcher_ip=launcher_ip)
+        return launch_gpu_groups(
+            cfg,
+            cluster,
+            total_train_steps=total_train_steps,
+            verify_sync=verify_sync,
+            search_server_addr=search_server_addr,
+            launcher_ip=launcher_ip,
+        )
     order = node_order or NodeOrder.single()
     try:
         nodes = cpu_process_nodes(cfg)
@@ -62,18 +68,38 @@ def launch_worker_groups(
     engine = engine_spec(cfg)
     if not engine.runs_on(gpu=False):
         cpu = [name for name, spec in ENGINES.items() if spec.runs_on(gpu=False)]
-        raise WorkerStartupError("rollout", f"{ENGINE_KEY}={engine.name!r} needs GPUs; on CPU set {ENGINE_KEY} to "
-                                 + " or ".join(cpu))
+        raise WorkerStartupError(
+            "rollout", f"{ENGINE_KEY}={engine.name!r} needs GPUs; on CPU set {ENGINE_KEY} to " + " or ".join(cpu)
+        )
     groups: dict[str, Any] = {}
     # an engine that seeds each request is reproducible as it is; the others serve one request at a time for it
     serial = {} if engine.seeds_each_request else {"deterministic": deterministic_rollout}
-    launch_group(groups, cluster, "rollout", engine.load("rollout_worker"), cfg.rollout.group_name,
-                 strategies["rollout"], cfg, verify_sync=verify_sync, **serial)
-    launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name, strategies["actor"],
-                 cfg, total_train_steps)
+    launch_group(
+        groups,
+        cluster,
+        "rollout",
+        engine.load("rollout_worker"),
+        cfg.rollout.group_name,
+        strategies["rollout"],
+        cfg,
+        verify_sync=verify_sync,
+        **serial,
+    )
+    launch_group(
+        groups, cluster, "actor", ActorWorker, cfg.actor.group_name, strategies["actor"], cfg, total_train_steps
+    )
     launch_group(groups, cluster, "reward", RewardWorker, cfg.reward.group_name, strategies["reward"], cfg)
-    launch_group(groups, cluster, "agent_loop", AgentLoopWorker, cfg.agentloop.group_name,
-                 strategies["agent_loop"], cfg, search_server_addr=search_server_addr, launcher_ip=launcher_ip)
+    launch_group(
+        groups,
+        cluster,
+        "agent_loop",
+        AgentLoopWorker,
+        cfg.agentloop.group_name,
+        strategies["agent_loop"],
+        cfg,
+        search_server_addr=search_server_addr,
+        launcher_ip=launcher_ip,
+    )
     ranks = component_ranks(cfg.cluster.component_placement, None, max(cfg.cluster.num_nodes, 1))
     # (node, process) pairs: the same pairs = the CPU stand-in of collocated GPUs (shared memory, rank to rank)
     actor_at = list(zip(nodes["actor"], ranks.get("actor", [0])))

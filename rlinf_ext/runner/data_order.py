@@ -46,15 +46,16 @@ class BatchOrder:
 
     def epoch_indices(self, epoch: int) -> list[int]:
         """The dataset indices in epoch ``epoch``'s order (all of them, before the last partial batch is dropped)."""
-        sampler = DistributedSampler(range(self.dataset_len), num_replicas=1, rank=0, shuffle=self.shuffle,
-                                     seed=self.seed)
+        sampler = DistributedSampler(
+            range(self.dataset_len), num_replicas=1, rank=0, shuffle=self.shuffle, seed=self.seed
+        )
         sampler.set_epoch(epoch)
         return list(sampler)
 
     def batch_indices(self, batch: int) -> list[int]:
         """The dataset indices of batch ``batch`` of the run."""
         epoch, slot = divmod(batch, self.batches_per_epoch)
-        return self.epoch_indices(epoch)[slot * self.batch_size:(slot + 1) * self.batch_size]
+        return self.epoch_indices(epoch)[slot * self.batch_size : (slot + 1) * self.batch_size]
 
     def batches(self, dataset: Sequence, start: int) -> Iterator[tuple[int, list]]:
         """``(batch, items)`` from batch ``start`` to the run's last one (each epoch's order computed once)."""
@@ -64,7 +65,7 @@ class BatchOrder:
                 epoch = batch // self.batches_per_epoch
                 order = self.epoch_indices(epoch)
             slot = batch % self.batches_per_epoch
-            yield batch, [dataset[i] for i in order[slot * self.batch_size:(slot + 1) * self.batch_size]]
+            yield batch, [dataset[i] for i in order[slot * self.batch_size : (slot + 1) * self.batch_size]]
 
     def state(self, batches_read: int, in_flight: Sequence[Sequence[int]] = ()) -> dict:
         """What ``data/data.pt`` holds after ``batches_read`` batches, ``in_flight`` of their prompts untrained
@@ -78,25 +79,34 @@ class BatchOrder:
         """The batches read of a checkpoint's ``data/data.pt`` (``where``), refused when its order is not this
         run's: the same position would then name other prompts."""
         if BATCHES_READ not in state:  # a torchdata StatefulDataLoader state, before this module
-            warnings.warn(f"{where} holds a data-loader state of an older format: resuming at batch {trained_steps} "
-                          "(one batch per trained step); epochs after the first follow this version's order",
-                          RuntimeWarning)
+            warnings.warn(
+                f"{where} holds a data-loader state of an older format: resuming at batch {trained_steps} "
+                "(one batch per trained step); epochs after the first follow this version's order",
+                RuntimeWarning,
+            )
             return trained_steps
         saved, ours = state[ORDER], self.state(0)[ORDER]
         changed = {k: (saved.get(k), v) for k, v in ours.items() if saved.get(k) != v}
         if changed:
             detail = ", ".join(f"{k}: {old} then, {new} now" for k, (old, new) in changed.items())
-            raise ValueError(f"{where} was written for another data order ({detail}); the same position would train "
-                             "other prompts. Resume with the settings and training set of that run, or start a new "
-                             "run (runner.resume_dir=null, another runner.experiment_name).")
+            raise ValueError(
+                f"{where} was written for another data order ({detail}); the same position would train "
+                "other prompts. Resume with the settings and training set of that run, or start a new "
+                "run (runner.resume_dir=null, another runner.experiment_name)."
+            )
         return int(state[BATCHES_READ])
 
 
 def batch_order(cfg, dataset_len: int) -> BatchOrder:
     """The run's order from its config (``data.rollout_batch_size``, ``data.seed``, ``data.shuffle``,
     ``runner.max_epochs``)."""
-    return BatchOrder(dataset_len=dataset_len, batch_size=int(cfg.data.rollout_batch_size), seed=int(cfg.data.seed),
-                      shuffle=bool(cfg.data.shuffle), max_epochs=int(cfg.runner.max_epochs))
+    return BatchOrder(
+        dataset_len=dataset_len,
+        batch_size=int(cfg.data.rollout_batch_size),
+        seed=int(cfg.data.seed),
+        shuffle=bool(cfg.data.shuffle),
+        max_epochs=int(cfg.runner.max_epochs),
+    )
 
 
 def save_position(order: BatchOrder, batches_read: int, path: Path, in_flight: Sequence[Sequence[int]] = ()) -> None:

@@ -52,8 +52,12 @@ class Selection:
     surplus: int  # informative groups generated beyond data.rollout_batch_size, discarded
 
     def metrics(self, gen_batches: int) -> dict[str, float]:
-        return {mk.DYNAMIC_KEPT_GROUPS: float(self.kept), mk.DYNAMIC_DROPPED_GROUPS: float(self.dropped),
-                mk.DYNAMIC_GEN_BATCHES: float(gen_batches), mk.DYNAMIC_PADDED_GROUPS: float(self.padded)}
+        return {
+            mk.DYNAMIC_KEPT_GROUPS: float(self.kept),
+            mk.DYNAMIC_DROPPED_GROUPS: float(self.dropped),
+            mk.DYNAMIC_GEN_BATCHES: float(gen_batches),
+            mk.DYNAMIC_PADDED_GROUPS: float(self.padded),
+        }
 
 
 def _rewards(result: Any) -> list[float]:
@@ -79,7 +83,7 @@ def select_groups(batches: Sequence[Sequence[Any]], target: int, unit: int) -> S
     if len(kept) >= target:
         return Selection(kept[:target], target, len(dropped), 0, len(kept) - target)
     size = max(unit, -(-len(kept) // unit) * unit)
-    padding = dropped[:size - len(kept)]
+    padding = dropped[: size - len(kept)]
     if len(kept) + len(padding) < size:  # only when a batch held fewer groups than one unit
         raise ValueError(f"{len(flat)} groups generated cannot fill one share unit of {unit} groups.")
     return Selection(kept + padding, len(kept), len(dropped), len(padding), 0)

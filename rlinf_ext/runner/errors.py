@@ -19,5 +19,7 @@ class RunPreempted(RuntimeError):
     def __init__(self, signal_name: str, step: int, checkpoint: str | None):
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
         where = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint yet (nothing trained)"
-        super().__init__(f"stopped by {signal_name} after step {step}; {where}. Continue with the same command "
-                         "plus runner.resume_dir=auto.")
+        super().__init__(
+            f"stopped by {signal_name} after step {step}; {where}. Continue with the same command "
+            "plus runner.resume_dir=auto."
+        )

@@ -34,11 +34,11 @@ from rlinf_ext.runner.groups import (
     cpu_strategy,
     launch_group,
 )
+from rlinf_ext.sync.weight_sync import SyncRoutes
 from rlinf_ext.training.data_parallel import unsupported_model_parallelism
 from rlinf_ext.workers.actor import ActorWorker
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.reward import RewardWorker
-from rlinf_ext.sync.weight_sync import SyncRoutes
 
 
 class GpuLayoutError(ValueError):
@@ -67,9 +67,11 @@ class GpuLayout:
     def describe(self) -> str:
         engines = ", ".join("+".join(map(str, p)) for p in self.rollout_process_gpus)
         gpus = ", ".join(map(str, self.actor_gpus))
-        return (f"{self.mode}: {self.rollout_dp_size} SGLang engine(s) on GPUs [{engines}] (TP={self.rollout_tp}); "
-                f"actor: {self.actor_dp_size} data-parallel process(es) on GPUs [{gpus}] (TP=PP=1 each); "
-                "reward + agent loop: CPU of node 0")
+        return (
+            f"{self.mode}: {self.rollout_dp_size} SGLang engine(s) on GPUs [{engines}] (TP={self.rollout_tp}); "
+            f"actor: {self.actor_dp_size} data-parallel process(es) on GPUs [{gpus}] (TP=PP=1 each); "
+            "reward + agent loop: CPU of node 0"
+        )
 
 
 def packed_process_gpus(start: int, end: int, per_process: int = 1, stride: int = 1) -> list[tuple[int, ...]]:
@@ -105,8 +107,9 @@ def gpu_layout(cfg: ExperimentConfig, num_gpus: int, gpus_per_node: int | None =
                 f"cluster.component_placement places no '{name}'. Fix: add it, e.g. 'actor,rollout,reward: all' "
                 "(the reward worker itself runs on CPU)."
             )
-    problem = unsupported_model_parallelism(cfg.actor.model.tensor_model_parallel_size,
-                                            cfg.actor.model.pipeline_model_parallel_size)
+    problem = unsupported_model_parallelism(
+        cfg.actor.model.tensor_model_parallel_size, cfg.actor.model.pipeline_model_parallel_size
+    )
     if problem is not None:
         raise GpuLayoutError(problem)
     tp, pp = cfg.rollout.tensor_parallel_size, cfg.rollout.pipeline_parallel_size
@@ -145,8 +148,15 @@ def weight_sync_routes(layout: GpuLayout) -> SyncRoutes:
     return SyncRoutes(mode, layout.actor_dp_size, layout.rollout_dp_size, layout.rollout_tp)
 
 
-def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps: int, verify_sync: bool = True,
-                      search_server_addr: Any = None, launcher_ip: str | None = None) -> WorkerGroups:
+def launch_gpu_groups(
+    cfg: ExperimentConfig,
+    cluster: Any,
+    *,
+    total_train_steps: int,
+    verify_sync: bool = True,
+    search_server_addr: Any = None,
+    launcher_ip: str | None = None,
+) -> WorkerGroups:
     """Launch the GPU composition (module docstring); start-up failures raise ``WorkerStartupError``."""
     try:
         layout = gpu_layout(cfg, int(cluster.num_accelerators))
@@ -156,30 +166,65 @@ def launch_gpu_groups(cfg: ExperimentConfig, cluster: Any, *, total_train_steps:
     engine = engine_spec(cfg)
     missing = missing_packages(engine, saver=layout.mode == COLLOCATED and not cfg.rollout.enforce_eager)
     if not engine.runs_on(gpu=True) or missing:
-        raise WorkerStartupError("rollout", f"{ENGINE_KEY}={engine.name} cannot run on these GPUs"
-                                 + (f" ({', '.join(missing)} missing). Fix: on every GPU node, {engine.install_fix}."
-                                    if missing else f". Fix: set {ENGINE_KEY}=vllm."))
+        raise WorkerStartupError(
+            "rollout",
+            f"{ENGINE_KEY}={engine.name} cannot run on these GPUs"
+            + (
+                f" ({', '.join(missing)} missing). Fix: on every GPU node, {engine.install_fix}."
+                if missing
+                else f". Fix: set {ENGINE_KEY}=vllm."
+            ),
+        )
     rollout_cls = engine.load("rollout_worker")
     print(f"[groups] GPU layout: {layout.describe()}", flush=True)
     rlinf_cfg = to_dictconfig(cfg)  # RLinf's placement reads a DictConfig
     try:
         placement = ModelParallelComponentPlacement(rlinf_cfg, cluster)
     except Exception as exc:
-        raise WorkerStartupError("placement", f"RLinf's ModelParallelComponentPlacement refused the config: {exc}") from exc
+        raise WorkerStartupError(
+            "placement", f"RLinf's ModelParallelComponentPlacement refused the config: {exc}"
+        ) from exc
     if placement.rollout_dp_size != layout.rollout_dp_size or placement.is_collocated != (layout.mode == "collocated"):
-        raise WorkerStartupError("placement", f"RLinf's placement (rollout DP {placement.rollout_dp_size}, collocated="
-                                 f"{placement.is_collocated}) disagrees with rlinf_ext's layout ({layout.describe()}).")
+        raise WorkerStartupError(
+            "placement",
+            f"RLinf's placement (rollout DP {placement.rollout_dp_size}, collocated="
+            f"{placement.is_collocated}) disagrees with rlinf_ext's layout ({layout.describe()}).",
+        )
     groups: dict[str, Any] = {}
     # both rollout workers read the experiment config (the SGLang one derives collocation from the placement)
-    launch_group(groups, cluster, "rollout", rollout_cls, cfg.rollout.group_name, placement.get_strategy("rollout"),
-                 cfg, verify_sync=verify_sync)
+    launch_group(
+        groups,
+        cluster,
+        "rollout",
+        rollout_cls,
+        cfg.rollout.group_name,
+        placement.get_strategy("rollout"),
+        cfg,
+        verify_sync=verify_sync,
+    )
     # one process per actor GPU (RLinf's packing, as its MegatronActor with TP=PP=1): data-parallel ranks
-    launch_group(groups, cluster, "actor", ActorWorker, cfg.actor.group_name,
-                 PackedPlacementStrategy(layout.actor_gpus[0], layout.actor_gpus[-1]), cfg, total_train_steps)
+    launch_group(
+        groups,
+        cluster,
+        "actor",
+        ActorWorker,
+        cfg.actor.group_name,
+        PackedPlacementStrategy(layout.actor_gpus[0], layout.actor_gpus[-1]),
+        cfg,
+        total_train_steps,
+    )
     launch_group(groups, cluster, "reward", RewardWorker, cfg.reward.group_name, cpu_strategy(1), cfg)
-    launch_group(groups, cluster, "agent_loop", AgentLoopWorker, cfg.agentloop.group_name,
-                 cpu_strategy(layout.rollout_dp_size), cfg, search_server_addr=search_server_addr,
-                 launcher_ip=launcher_ip)
+    launch_group(
+        groups,
+        cluster,
+        "agent_loop",
+        AgentLoopWorker,
+        cfg.agentloop.group_name,
+        cpu_strategy(layout.rollout_dp_size),
+        cfg,
+        search_server_addr=search_server_addr,
+        launcher_ip=launcher_ip,
+    )
     return WorkerGroups(
         placement=Placement(
             rollout_dp_size=layout.rollout_dp_size,

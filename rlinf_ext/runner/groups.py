@@ -20,8 +20,8 @@ from rlinf.scheduler.placement import NodePlacementStrategy
 
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.runner.cluster import NodeOrder
-from rlinf_ext.training.data_parallel import DataParallel, DataParallelError, share_of, unsupported_model_parallelism
 from rlinf_ext.sync.weight_sync import SyncRoutes
+from rlinf_ext.training.data_parallel import DataParallel, DataParallelError, share_of, unsupported_model_parallelism
 
 
 class WorkerStartupError(RuntimeError):
@@ -128,8 +128,9 @@ def quiet_worker_failures() -> None:
 def check_actor_data_parallel(cfg: ExperimentConfig, actor_processes: int) -> None:
     """Refuse, before anything starts, a batch the actor's data-parallel ranks cannot share: every rank trains
     on whole GRPO groups (``data.rollout_batch_size`` results per step), TP=PP=1 per process."""
-    problem = unsupported_model_parallelism(cfg.actor.model.tensor_model_parallel_size,
-                                            cfg.actor.model.pipeline_model_parallel_size)
+    problem = unsupported_model_parallelism(
+        cfg.actor.model.tensor_model_parallel_size, cfg.actor.model.pipeline_model_parallel_size
+    )
     if problem is not None:
         raise WorkerStartupError("actor", problem)
     try:
@@ -149,7 +150,9 @@ def node_strategy(nodes: list[int], order: NodeOrder):
     return NodePlacementStrategy([order.rlinf_rank(n) for n in nodes])
 
 
-def launch_group(groups: dict[str, Any], cluster: Any, component: str, cls, name: str, strategy, *args, **kwargs) -> None:
+def launch_group(
+    groups: dict[str, Any], cluster: Any, component: str, cls, name: str, strategy, *args, **kwargs
+) -> None:
     """``cls.create_group(*args, **kwargs).launch(...)`` into ``groups[component]``; failures name the component."""
     try:
         groups[component] = cls.create_group(*args, **kwargs).launch(cluster, placement_strategy=strategy, name=name)

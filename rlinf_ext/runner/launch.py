@@ -34,8 +34,8 @@ from typing import Sequence
 
 from rlinf_ext.config.compose import find_experiment
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.eval.entry import evaluate_agent
 from rlinf_ext.eval.core.results import RESULTS_MD
+from rlinf_ext.eval.entry import evaluate_agent
 from rlinf_ext.runner.checkpoints import latest_complete_checkpoint
 from rlinf_ext.runner.cluster import alive_node_ids, describe_lost, lost_nodes, placement_needs
 from rlinf_ext.runner.compose import launch_worker_groups
@@ -78,9 +78,14 @@ def launch_groups(cfg: ExperimentConfig, joined: JoinedCluster, total_train_step
     """``compose.launch_worker_groups`` with start-up failures turned into one LaunchError."""
     started = time.monotonic()
     try:
-        worker_groups = launch_worker_groups(cfg, joined.cluster, total_train_steps=total_train_steps,
-                                             search_server_addr=cfg.tools.search.server_addr,
-                                             node_order=joined.order, launcher_ip=joined.driver_ip)
+        worker_groups = launch_worker_groups(
+            cfg,
+            joined.cluster,
+            total_train_steps=total_train_steps,
+            search_server_addr=cfg.tools.search.server_addr,
+            node_order=joined.order,
+            launcher_ip=joined.driver_ip,
+        )
     except WorkerStartupError as exc:
         raise LaunchError(f"{exc.component} workers failed to start: {exc.cause}") from exc
     except Exception as exc:
@@ -101,11 +106,16 @@ def worker_failure(cfg: ExperimentConfig, joined: JoinedCluster, what: str, exc:
     if not lost:
         return LaunchError(f"{what}: {exc}")
     ckpt = latest_complete_checkpoint(checkpoints_root(cfg))
-    resume = (f"resume from {ckpt} with runner.resume_dir=auto" if ckpt is not None
-              else "no checkpoint was written yet; rerun from the start")
-    return LaunchError(f"{what}: {describe_lost(lost, placement_needs(cfg))} left the Ray cluster. Bring the "
-                       f"node back (`ray start --address={joined.gcs_address}`) or lower cluster.num_nodes, then "
-                       f"{resume}.\n(cause: {exc})")
+    resume = (
+        f"resume from {ckpt} with runner.resume_dir=auto"
+        if ckpt is not None
+        else "no checkpoint was written yet; rerun from the start"
+    )
+    return LaunchError(
+        f"{what}: {describe_lost(lost, placement_needs(cfg))} left the Ray cluster. Bring the "
+        f"node back (`ray start --address={joined.gcs_address}`) or lower cluster.num_nodes, then "
+        f"{resume}.\n(cause: {exc})"
+    )
 
 
 def train(cfg: ExperimentConfig, joined: JoinedCluster, stop: StopRequest) -> dict:
@@ -118,8 +128,7 @@ def train(cfg: ExperimentConfig, joined: JoinedCluster, stop: StopRequest) -> di
     sink = sink_from_config(cfg, total_steps=total_steps, show_progress=False)
     trainer = None
     try:
-        trainer = GRPOTrainer(cfg, worker_groups, train_ds, val_ds, on_step=sink,
-                                  should_stop=lambda: stop.requested)
+        trainer = GRPOTrainer(cfg, worker_groups, train_ds, val_ds, on_step=sink, should_stop=lambda: stop.requested)
         try:
             trainer.init_workers()
         except WorkerCallError as exc:
@@ -138,8 +147,9 @@ def train(cfg: ExperimentConfig, joined: JoinedCluster, stop: StopRequest) -> di
         sink.close()
 
 
-def serve_retrieval(cfg: ExperimentConfig, joined: JoinedCluster, stack: contextlib.ExitStack,
-                    server: LaunchedServer | None) -> None:
+def serve_retrieval(
+    cfg: ExperimentConfig, joined: JoinedCluster, stack: contextlib.ExitStack, server: LaunchedServer | None
+) -> None:
     """Point the search tool at this run's servers: one per node (``retrieval.per_node``), or the one launched
     before Ray, reached through the head's IP when it listens on every interface."""
     if cfg.retrieval.launch and cfg.retrieval.per_node:
@@ -176,8 +186,12 @@ def evaluate_after_training(
     show_progress: bool = True,
 ) -> Path | None:
     """Run the evaluation YAML on the converted model; returns the results table (``results.md``)."""
-    overrides = [f"rollout.model.model_path={hf_dir}", f"runner.output_dir={out_dir.parent}",
-                 f"runner.experiment_name={out_dir.name}", *extra_overrides]
+    overrides = [
+        f"rollout.model.model_path={hf_dir}",
+        f"runner.output_dir={out_dir.parent}",
+        f"runner.experiment_name={out_dir.name}",
+        *extra_overrides,
+    ]
     if server_address:
         overrides += [f"tools.search.server_addr={server_address}", "retrieval.launch=false"]
     cfg = load_checked_config(eval_yaml, overrides, check_paths=True)
@@ -238,9 +252,12 @@ def run_training(
                     raise LaunchError(f"evaluation asked for, but there is no {Path(str(config)).stem}-eval.yaml")
                 # one directory per checkpoint: extending a finished run evaluates its new model beside the old
                 summary.eval_table = evaluate_after_training(
-                    eval_yaml, summary.hf_model_dir, server.address if server else None,
+                    eval_yaml,
+                    summary.hf_model_dir,
+                    server.address if server else None,
                     run_dir(cfg) / "eval" / summary.checkpoint_dir.name,
-                    ([f"paths.tiny_assets={tiny_root}"] if tiny_root else []) + list(eval_overrides), show_progress,
+                    ([f"paths.tiny_assets={tiny_root}"] if tiny_root else []) + list(eval_overrides),
+                    show_progress,
                 )
             except LaunchError as exc:  # training results stand; report them, then the evaluation failure
                 eval_error = exc

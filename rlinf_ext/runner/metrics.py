@@ -242,10 +242,14 @@ def plot_reward_curve(history: list[dict], out_path: Path, title: str = "") -> P
         points = [(h["step"], h[key]) for h in history if key in h and _finite(h[key])]
         if points:
             steps, values = zip(*points)
-            line, = ax.plot(steps, values, marker="o", markersize=3, alpha=0.5, label=label)
+            (line,) = ax.plot(steps, values, marker="o", markersize=3, alpha=0.5, label=label)
             if len(values) >= 2 * SMOOTHING_WINDOW:  # noisy per-step rewards: show the trend as well
-                ax.plot(steps, moving_average(values, SMOOTHING_WINDOW), color=line.get_color(),
-                        label=f"{label} ({SMOOTHING_WINDOW}-step mean)")
+                ax.plot(
+                    steps,
+                    moving_average(values, SMOOTHING_WINDOW),
+                    color=line.get_color(),
+                    label=f"{label} ({SMOOTHING_WINDOW}-step mean)",
+                )
     ax.set_xlabel("step")
     ax.set_ylabel("reward / ratio")
     ax.set_title(title)

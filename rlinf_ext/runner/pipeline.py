@@ -35,8 +35,8 @@ import math
 import threading
 import time
 from collections import deque
-from concurrent import futures
 from collections.abc import Iterator, Sequence
+from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,8 +134,16 @@ class BatchPipeline:
     """Dispatch, admission, weight versions and drain of the run's batches; the trainer asks for one
     ``RolledOutBatch`` per step (``next_batch``) after each weight sync (``synced``)."""
 
-    def __init__(self, cfg: Any, groups: WorkerGroups, channels: dict[str, KeyedChannel], max_staleness: int,
-                 order: BatchOrder | None = None, dataset: Sequence = (), max_steps: int = 0):
+    def __init__(
+        self,
+        cfg: Any,
+        groups: WorkerGroups,
+        channels: dict[str, KeyedChannel],
+        max_staleness: int,
+        order: BatchOrder | None = None,
+        dataset: Sequence = (),
+        max_steps: int = 0,
+    ):
         self.cfg, self.groups, self.channels = cfg, groups, channels
         self.max_staleness = max_staleness
         self.order, self.dataset, self.max_steps = order, dataset, max_steps
@@ -154,9 +162,11 @@ class BatchPipeline:
     def resume_at(self, position: int, in_flight: Sequence[Sequence[int]] = ()) -> None:
         """Resume at data position ``position`` with the checkpoint's prompts in flight ((batch, slot) pairs)."""
         if in_flight and not self.by_group:
-            raise ValueError(f"the checkpoint holds {len(in_flight)} prompts in flight, written under "
-                             "runner.admission=group: batch admission cannot train them. Resume with "
-                             "runner.admission=group.")
+            raise ValueError(
+                f"the checkpoint holds {len(in_flight)} prompts in flight, written under "
+                "runner.admission=group: batch admission cannot train them. Resume with "
+                "runner.admission=group."
+            )
         self._position = position
         slots: dict[int, list[int]] = {}
         for batch, slot in in_flight:
@@ -187,16 +197,21 @@ class BatchPipeline:
     def exhausted(self) -> bool:
         """A dynamic-sampling run reads more than one batch per step, so its data can end before
         ``runner.max_steps``: nothing is in flight and the position is at the end of the last epoch."""
-        return (self.dynamic_sampling and self.order is not None and not self.in_flight
-                and self._position >= self.order.total_batches)
+        return (
+            self.dynamic_sampling
+            and self.order is not None
+            and not self.in_flight
+            and self._position >= self.order.total_batches
+        )
 
     def rollout_intervals(self, now: float) -> list[tuple[float, float]]:
         """The rollouts in flight (not admitted yet), for the step's rollout busy time."""
         return [flight.rollout_interval(now) for flight in self.in_flight]
 
     # ------------------------------------------------------------------ dispatch
-    def _put_batch(self, items: list[dict], batch: int, requests: KeyedChannel, refill: int = 0,
-                   slots: Sequence[int] | None = None) -> list[str]:
+    def _put_batch(
+        self, items: list[dict], batch: int, requests: KeyedChannel, refill: int = 0, slots: Sequence[int] | None = None
+    ) -> list[str]:
         """Batch ``batch``'s requests, one per agent-loop rank; the seed and the uids follow the batch index (and a
         dynamic-sampling step's refill number: ``s<batch>r<refill>-...``, so uids stay unique across refills) and
         the prompt's slot in its batch (``slots``: a resume's prompts of a batch in flight, else 0, 1, ...)."""
@@ -205,21 +220,29 @@ class BatchPipeline:
         label = f"s{batch}" if refill == 0 else f"s{batch}r{refill}"
         uids = [f"{label}-{k:04d}-{it['uid']}" for k, it in zip(slots or range(len(items)), items)]
         for chunk, chunk_uids in zip(split_list(items, parts), split_list(uids, parts)):
-            requests.put(AgentRolloutRequest(
-                n=self.cfg.algorithm.group_size,
-                input_ids=[it["prompt_ids"] for it in chunk],
-                image_data=[[] for _ in chunk],
-                answers=[it["answers"] for it in chunk],
-                multi_modal_inputs=[None for _ in chunk],
-                uids=chunk_uids,
-                seed=seed,
-                priority=batch,  # the oldest batch in flight is the one the next step waits for
-                tasks=[it["task"] for it in chunk if "task" in it],  # MMSearch-R1 questions with their images
-            ))
+            requests.put(
+                AgentRolloutRequest(
+                    n=self.cfg.algorithm.group_size,
+                    input_ids=[it["prompt_ids"] for it in chunk],
+                    image_data=[[] for _ in chunk],
+                    answers=[it["answers"] for it in chunk],
+                    multi_modal_inputs=[None for _ in chunk],
+                    uids=chunk_uids,
+                    seed=seed,
+                    priority=batch,  # the oldest batch in flight is the one the next step waits for
+                    tasks=[it["task"] for it in chunk if "task" in it],  # MMSearch-R1 questions with their images
+                )
+            )
         return uids
 
-    def _start(self, items: list[dict], batches_read: int | None, batch: int, refill: int = 0,
-               slots: Sequence[int] | None = None) -> InFlight:
+    def _start(
+        self,
+        items: list[dict],
+        batches_read: int | None,
+        batch: int,
+        refill: int = 0,
+        slots: Sequence[int] | None = None,
+    ) -> InFlight:
         """Start the agent-loop rollout of one batch on its own DataLoader and Rollout sub-queues (group admission:
         on the Rollout stream all batches share)."""
         requests = self.channels[ch.DATALOADER].sub(ch.batch_key(batch, refill))
@@ -228,8 +251,16 @@ class BatchPipeline:
         handle = self.groups.agent_loop.run_agentloop_rollout(requests, results)
         if self.by_group:
             self.stream.dispatched(uids, self.engine_version)
-        return InFlight(batch, len(items), results, handle, self.engine_version, time.perf_counter(), batches_read,
-                        set(uids) if self.by_group else set())
+        return InFlight(
+            batch,
+            len(items),
+            results,
+            handle,
+            self.engine_version,
+            time.perf_counter(),
+            batches_read,
+            set(uids) if self.by_group else set(),
+        )
 
     def _fill(self, step: int) -> None:
         """Dispatch the run's next batches up to ``step + k`` (never past the last step), and only those whose
@@ -276,7 +307,6 @@ class BatchPipeline:
         read, self._pending_read = self._pending_read, None
         return read.result()
 
-
     def _admit_groups(self, step: int) -> RolledOutBatch:
         """The groups ``runner/admission.py:admit`` picks for step ``step``, put on their own Rollout sub-queue for
         the reward call; a batch whose groups are all trained leaves the flight."""
@@ -298,8 +328,9 @@ class BatchPipeline:
             self.in_flight.remove(flight)
         # one output of the step's groups; its wall time from the first dispatch to the last group's end
         merged = dataclasses.replace(AgentLoopOutput.merged(outs), wall_time=max(ends) - first)
-        return RolledOutBatch(step, len(picked), results, Ready([merged]), versions, first,
-                              wait_s=time.perf_counter() - started)
+        return RolledOutBatch(
+            step, len(picked), results, Ready([merged]), versions, first, wait_s=time.perf_counter() - started
+        )
 
     # ------------------------------------------------------------------ admission
     def next_batch(self, step: int, items: list[dict] | None = None) -> RolledOutBatch:
@@ -308,8 +339,10 @@ class BatchPipeline:
         ``runner/admission.py`` picks)."""
         if items is not None:
             if self.in_flight:
-                raise RuntimeError(f"train_step(items) with {len(self.in_flight)} batch(es) in flight: batches "
-                                   "dispatched ahead come from the run's data order (run()).")
+                raise RuntimeError(
+                    f"train_step(items) with {len(self.in_flight)} batch(es) in flight: batches "
+                    "dispatched ahead come from the run's data order (run())."
+                )
             self.in_flight.append(self._start(items, None, step))
         elif self.by_group:
             self._fill_groups(step)
@@ -323,8 +356,14 @@ class BatchPipeline:
         if self.dynamic_sampling:
             admitted, position = self._sample_dynamic(flight, step)
         else:
-            admitted = RolledOutBatch(flight.batch, flight.groups, flight.results, flight.handle,
-                                      [flight.version] * flight.groups, flight.dispatched_at)
+            admitted = RolledOutBatch(
+                flight.batch,
+                flight.groups,
+                flight.results,
+                flight.handle,
+                [flight.version] * flight.groups,
+                flight.dispatched_at,
+            )
             position = flight.batches_read
         if position is not None:
             self._position = position
@@ -360,11 +399,16 @@ class BatchPipeline:
             q[ch.REWARD].put(result)
         trained = len(selection.trained)
         admitted = RolledOutBatch(
-            flight.batch, trained, flight.results,
+            flight.batch,
+            trained,
+            flight.results,
             rollout=Ready([AgentLoopOutput.merged(rank) for rank in zip(*agent_outs)]),
-            head_versions=[flight.version] * trained, dispatched_at=flight.dispatched_at,
-            scored=Ready([RewardOutput.merged(reward_outs)]), metrics=selection.metrics(gen_batches=len(batches)),
-            wait_s=time.perf_counter() - started)
+            head_versions=[flight.version] * trained,
+            dispatched_at=flight.dispatched_at,
+            scored=Ready([RewardOutput.merged(reward_outs)]),
+            metrics=selection.metrics(gen_batches=len(batches)),
+            wait_s=time.perf_counter() - started,
+        )
         return admitted, current.batches_read
 
     # ------------------------------------------------------------------ the end
@@ -375,8 +419,9 @@ class BatchPipeline:
         ended = []
         while self.in_flight:
             flight = self.in_flight.popleft()
-            ended.append((flight.batch, abort_call(flight.handle, "agent_loop", "run_agentloop_rollout",
-                                                   DRAIN_TIMEOUT_S)))
+            ended.append(
+                (flight.batch, abort_call(flight.handle, "agent_loop", "run_agentloop_rollout", DRAIN_TIMEOUT_S))
+            )
         if self.stream is not None:
             self.stream.clear()
         return ended

@@ -16,7 +16,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-
 from rlinf_ext.config import check_config
 from rlinf_ext.config.commands import format_plan
 from rlinf_ext.config.schema import ExperimentConfig
@@ -32,15 +31,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------- config
-def load_checked_config(config: str | os.PathLike, overrides: Sequence[str] = (),
-                        check_paths: bool = False) -> ExperimentConfig:
+def load_checked_config(
+    config: str | os.PathLike, overrides: Sequence[str] = (), check_paths: bool = False
+) -> ExperimentConfig:
     """Compose and validate a config (a name or a path, ``key=value`` overrides): every problem in one LaunchError."""
     checked = check_config(str(config), list(overrides), check_paths=check_paths)
     if checked.issues or checked.cfg is None:
         lines = "\n".join(f"  - {issue}" for issue in checked.issues)
-        raise LaunchError(
-            f"config {config}: {len(checked.issues)} problem(s); nothing was started:\n{lines}"
-        )
+        raise LaunchError(f"config {config}: {len(checked.issues)} problem(s); nothing was started:\n{lines}")
     for warning in checked.warnings:
         print(f"[launch] warning: {warning}", flush=True)
     return checked.cfg
@@ -88,13 +86,16 @@ def prepare_tiny_assets(cfg: ExperimentConfig) -> Path | None:
             f"paths.tiny_assets={root} is inside the tiny-asset cache ({cache}), whose entries are shared and stay as "
             "built: a run writes its retrieval index beside the assets, and a launch of other code would replace the "
             "entry with only the parts it needs. Fix: point paths.tiny_assets at a directory of its own (the default, "
-            "<repo>/outputs/tiny_assets, or $RLINF_EXT_TINY_ASSETS); the launcher copies the parts there from the cache.")
+            "<repo>/outputs/tiny_assets, or $RLINF_EXT_TINY_ASSETS); the launcher copies the parts there from the cache."
+        )
     spec = agent_spec(cfg)
     parts = spec.load("tiny_assets")(cfg) if spec.has("tiny_assets") else Parts.of()
     if made_with_out(root):
         refuse_unfit_out_dir(root, parts)
-        print(f"[launch] tiny assets: {root} ({parts.describe()}, made by make-tiny-assets --out: used as it is)",
-              flush=True)
+        print(
+            f"[launch] tiny assets: {root} ({parts.describe()}, made by make-tiny-assets --out: used as it is)",
+            flush=True,
+        )
         return root
     started = time.monotonic()
     if assets_in_place(root, parts):
@@ -128,16 +129,23 @@ def refuse_unfit_out_dir(root: Path, parts: Parts, seed: int = 0) -> None:
         raise LaunchError(
             f"{where} was made by other code: its MANIFEST.json's cache_key is {manifest.get('cache_key')}, this "
             f"checkout's {key}, so its files may differ from what this code generates and reads. Fix: `{redo}` "
-            f"(regenerates it with this code), {elsewhere}")
+            f"(regenerates it with this code), {elsewhere}"
+        )
     if manifest.get("seed") != seed:
-        raise LaunchError(f"{where} is of seed {manifest.get('seed')}; the launcher's runs use seed {seed}. Fix: "
-                          f"`{redo} --seed {seed}`, {elsewhere}")
-    missing = [name for name in ("base", *parts.names())
-               if complete_assets(root, seed, Parts.of(**({} if name == "base" else {name: True}))) is None]
+        raise LaunchError(
+            f"{where} is of seed {manifest.get('seed')}; the launcher's runs use seed {seed}. Fix: "
+            f"`{redo} --seed {seed}`, {elsewhere}"
+        )
+    missing = [
+        name
+        for name in ("base", *parts.names())
+        if complete_assets(root, seed, Parts.of(**({} if name == "base" else {name: True}))) is None
+    ]
     if missing:
         raise LaunchError(
             f"{where} lacks {', '.join(missing)} (a part not built, or a file of it gone), which this run needs "
-            f"({parts.describe()}). Fix: `{redo}` (adds what is missing), {elsewhere}")
+            f"({parts.describe()}). Fix: `{redo}` (adds what is missing), {elsewhere}"
+        )
 
 
 def assets_in_place(root: Path, parts: Parts, seed: int = 0) -> bool:
@@ -148,8 +156,12 @@ def assets_in_place(root: Path, parts: Parts, seed: int = 0) -> bool:
     from rlinf_ext.assets.core.tiny import complete_assets, read_manifest  # lazy: the asset modules import transformers
 
     manifest = read_manifest(root) if root.is_dir() else None
-    return (bool(manifest) and manifest.get("cache_key") == cache_key() and manifest.get("seed") == seed
-            and complete_assets(root, seed, parts) is not None)
+    return (
+        bool(manifest)
+        and manifest.get("cache_key") == cache_key()
+        and manifest.get("seed") == seed
+        and complete_assets(root, seed, parts) is not None
+    )
 
 
 def _print_flushed(*args: object) -> None:
@@ -202,8 +214,9 @@ def ensure_index(cfg: ExperimentConfig) -> None:
     if index_is_built(index_dir):
         print(f"[launch] retrieval index: {index_dir} (already built)", flush=True)
         return
-    command = cli_command("build-index", "--corpus", str(r.corpus_path), "--out", str(index_dir),
-                          "--retriever", r.retriever)
+    command = cli_command(
+        "build-index", "--corpus", str(r.corpus_path), "--out", str(index_dir), "--retriever", r.retriever
+    )
     if r.model_path:
         command += ["--model", str(r.model_path)]
     run_step(f"retrieval index ({r.retriever})", command, run_dir(cfg) / "logs" / "build_index.log")
@@ -216,9 +229,11 @@ def build_datasets(cfg: ExperimentConfig) -> tuple[Any, Any | None]:
         train_ds, val_ds = agent_spec(cfg).load("dataset")(cfg)
     except (ValueError, OSError) as exc:
         raise LaunchError(f"data: {exc}") from exc
-    print(f"[launch] data: {len(train_ds)} training prompts ({getattr(train_ds, 'dropped', 0)} over "
-          "data.max_prompt_length dropped)" + (f", {len(val_ds)} validation prompts" if val_ds is not None else ""),
-          flush=True)
+    print(
+        f"[launch] data: {len(train_ds)} training prompts ({getattr(train_ds, 'dropped', 0)} over "
+        "data.max_prompt_length dropped)" + (f", {len(val_ds)} validation prompts" if val_ds is not None else ""),
+        flush=True,
+    )
     return train_ds, val_ds
 
 
@@ -254,7 +269,16 @@ def convert_last_checkpoint_to_hf(cfg: ExperimentConfig) -> tuple[Path | None, P
             f"{actor_dir} is not a Megatron checkpoint (no latest_checkpointed_iteration.txt); it was written by an "
             "older version (actor/model.pt). Train again, or convert it with an older rlinf_ext."
         )
-    command = cli_command("convert", "mg2hf", "--mg", str(actor_dir), "--out", str(out),
-                          "--hf-template", cfg.rollout.model.model_path, "--quiet")
+    command = cli_command(
+        "convert",
+        "mg2hf",
+        "--mg",
+        str(actor_dir),
+        "--out",
+        str(out),
+        "--hf-template",
+        cfg.rollout.model.model_path,
+        "--quiet",
+    )
     run_step("Megatron -> HF conversion", command, run_dir(cfg) / "logs" / "convert_mg2hf.log")
     return ckpt, out

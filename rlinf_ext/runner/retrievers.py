@@ -42,9 +42,20 @@ class NodeRetriever:
 def server_kwargs(cfg: ExperimentConfig, host: str, address_dir: Path, log_path: Path) -> dict[str, Any]:
     """``RetrievalServerProcess`` arguments for a server on ``host`` (a free port) from ``cfg.retrieval``."""
     r = cfg.retrieval
-    return dict(index_dir=r.index_dir, corpus=r.corpus_path, pages=r.pages_path, host=host, port=0, topk=r.topk,
-                model=r.model_path, retriever=r.retriever, max_batch_size=r.max_batch_size,
-                max_wait_ms=r.max_wait_ms, save_address_to=str(address_dir), log_path=str(log_path))
+    return dict(
+        index_dir=r.index_dir,
+        corpus=r.corpus_path,
+        pages=r.pages_path,
+        host=host,
+        port=0,
+        topk=r.topk,
+        model=r.model_path,
+        retriever=r.retriever,
+        max_batch_size=r.max_batch_size,
+        max_wait_ms=r.max_wait_ms,
+        save_address_to=str(address_dir),
+        log_path=str(log_path),
+    )
 
 
 @contextlib.contextmanager
@@ -58,15 +69,20 @@ def node_retrievers(cfg: ExperimentConfig, order: NodeOrder, run_dir: Path) -> I
         for k, node in enumerate(order.nodes):
             log_path = run_dir / "logs" / f"retrieval_server_node{k}.log"
             strategy = NodeAffinitySchedulingStrategy(node_id=node.node_id, soft=False)
-            actors.append(remote_cls.options(scheduling_strategy=strategy)
-                          .remote(server_kwargs(cfg, node.ip, address_dir, log_path)))
+            actors.append(
+                remote_cls.options(scheduling_strategy=strategy).remote(
+                    server_kwargs(cfg, node.ip, address_dir, log_path)
+                )
+            )
         urls = []
         for k, handle in enumerate([a.start.remote() for a in actors]):
             try:
                 urls.append(ray.get(handle))
             except Exception as exc:
-                raise LaunchError(f"retrieval server on node {k} ({order.nodes[k].label()}) failed to start "
-                                  f"(log on that node: {run_dir / 'logs'}): {exc}") from exc
+                raise LaunchError(
+                    f"retrieval server on node {k} ({order.nodes[k].label()}) failed to start "
+                    f"(log on that node: {run_dir / 'logs'}): {exc}"
+                ) from exc
         for k, url in enumerate(urls):
             print(f"[launch] retrieval server of node {k}: {url}", flush=True)
         yield [u.removeprefix("http://") for u in urls]

@@ -19,8 +19,8 @@ import ray
 from rlinf.scheduler import Cluster
 
 from rlinf_ext.config import to_dictconfig
-from rlinf_ext.config.placement import component_ranks
 from rlinf_ext.config.memory_plan import VL_MODEL_TYPE
+from rlinf_ext.config.placement import component_ranks
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.protocol.engines import (
@@ -90,15 +90,20 @@ def stop_on_signals() -> Iterator[StopRequest]:
     def interrupt(signum, _frame):
         name = signal.Signals(signum).name
         _interrupts.append(name)
-        print(f"\n[launch] {name} received: stopping workers, retrieval server and Ray ...", file=sys.stderr,
-              flush=True)
+        print(
+            f"\n[launch] {name} received: stopping workers, retrieval server and Ray ...", file=sys.stderr, flush=True
+        )
         raise RunInterrupted(name)
 
     def terminate(signum, frame):
         if stop.deferring and not stop.requested:
             stop.signal_name = signal.Signals(signum).name
-            print(f"\n[launch] {stop.signal_name} received: finishing the current step, writing a checkpoint, aborting "
-                  "the batches rolled out ahead (runner.max_staleness), then exiting (send it again to stop at once)", file=sys.stderr, flush=True)
+            print(
+                f"\n[launch] {stop.signal_name} received: finishing the current step, writing a checkpoint, aborting "
+                "the batches rolled out ahead (runner.max_staleness), then exiting (send it again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         interrupt(signum, frame)
 
@@ -139,11 +144,15 @@ def start_rlinf_cluster(cfg: ExperimentConfig, address: str | None) -> Cluster:
         return Cluster(cluster_cfg=to_dictconfig(cfg).cluster)
     except Exception as exc:
         if address == PRIVATE_INSTANCE:
-            raise LaunchError(f"cluster: could not start this run's private Ray instance: {exc}. Fix: check "
-                              "/tmp/ray/session_latest/logs (raylet.err, gcs_server.err); on a busy machine, "
-                              "retry.") from exc
-        raise LaunchError(f"cluster: could not join Ray for {cfg.cluster.num_nodes} node(s) at "
-                          f"{address or 'auto'}: {exc}. Fix: {JOIN_FIX}.") from exc
+            raise LaunchError(
+                f"cluster: could not start this run's private Ray instance: {exc}. Fix: check "
+                "/tmp/ray/session_latest/logs (raylet.err, gcs_server.err); on a busy machine, "
+                "retry."
+            ) from exc
+        raise LaunchError(
+            f"cluster: could not join Ray for {cfg.cluster.num_nodes} node(s) at "
+            f"{address or 'auto'}: {exc}. Fix: {JOIN_FIX}."
+        ) from exc
 
 
 @contextlib.contextmanager
@@ -224,8 +233,11 @@ def retrieval_server_device(cfg: ExperimentConfig) -> tuple[list[str], dict[str,
     gpn = cfg.cluster.num_gpus_per_node
     if gpn < 1:
         return [], {}
-    used = {g for ranks in component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * gpn).values()
-            for g in ranks}
+    used = {
+        g
+        for ranks in component_ranks(cfg.cluster.component_placement, cfg.cluster.num_nodes * gpn).values()
+        for g in ranks
+    }
     free = [g for g in range(gpn) if g not in used]
     if free:
         return ["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": str(free[0])}
@@ -239,10 +251,20 @@ def retrieval_server(cfg: ExperimentConfig, log_path: Path, startup_timeout: flo
     r = cfg.retrieval
     device_args, device_env = retrieval_server_device(cfg)
     process = RetrievalServerProcess(
-        r.index_dir, r.corpus_path, pages=r.pages_path, host=r.host, port=r.port, topk=r.topk,
-        model=r.model_path, retriever=r.retriever, max_batch_size=r.max_batch_size,
-        max_wait_ms=r.max_wait_ms, startup_timeout_s=startup_timeout, log_path=log_path,
-        extra_args=device_args, env=device_env,
+        r.index_dir,
+        r.corpus_path,
+        pages=r.pages_path,
+        host=r.host,
+        port=r.port,
+        topk=r.topk,
+        model=r.model_path,
+        retriever=r.retriever,
+        max_batch_size=r.max_batch_size,
+        max_wait_ms=r.max_wait_ms,
+        startup_timeout_s=startup_timeout,
+        log_path=log_path,
+        extra_args=device_args,
+        env=device_env,
     )
     started = time.monotonic()
     try:
@@ -251,8 +273,11 @@ def retrieval_server(cfg: ExperimentConfig, log_path: Path, startup_timeout: flo
         except RetrievalServerError as exc:
             raise LaunchError(f"retrieval server failed to start (log: {log_path}): {exc}") from exc
         server = LaunchedServer(url.removeprefix("http://"), process.pid, log_path)
-        print(f"[launch] retrieval server on {url} (pid {server.pid}, up in {time.monotonic() - started:.1f} s, "
-              f"log: {log_path})", flush=True)
+        print(
+            f"[launch] retrieval server on {url} (pid {server.pid}, up in {time.monotonic() - started:.1f} s, "
+            f"log: {log_path})",
+            flush=True,
+        )
         yield server
     finally:
         process.stop()
@@ -272,9 +297,11 @@ def check_training_backend(cfg: ExperimentConfig) -> None:
     MMSearch-R1's GPU path is not GPU-verified)."""
     spec = engine_spec(cfg)
     if cfg.rollout.model.model_type == VL_MODEL_TYPE and spec.runs_on(gpu=True):
-        print(f"[launch] WARNING: a vision-language model on {spec.title} (images in every request, banned-id logit "
-              "processor, multimodal sync probe) and the FSDP2 actor on CUDA are written but NOT GPU-verified.",
-              flush=True)
+        print(
+            f"[launch] WARNING: a vision-language model on {spec.title} (images in every request, banned-id logit "
+            "processor, multimodal sync probe) and the FSDP2 actor on CUDA are written but NOT GPU-verified.",
+            flush=True,
+        )
     missing = missing_gpu_packages(cfg)
     if missing:
         raise LaunchError(

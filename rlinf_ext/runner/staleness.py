@@ -26,8 +26,9 @@ def head_staleness_metrics(trained_version: int, dispatch_versions: Sequence[int
     return {mk.STALENESS_HEAD_MAX: float(max(stale)), mk.STALENESS_HEAD_MEAN: sum(stale) / len(stale)}
 
 
-def token_staleness_metrics(trained_version: int, versions: Iterable[Sequence[int] | None],
-                            max_staleness: int) -> dict[str, float]:
+def token_staleness_metrics(
+    trained_version: int, versions: Iterable[Sequence[int] | None], max_staleness: int
+) -> dict[str, float]:
     """The share of sampled tokens at each staleness 0..``max_staleness`` (``async/token_staleness_<j>``) and the
     share of trajectories sampled by more than one version (``async/trajectories_two_versions``) and the oldest
     token's staleness (``async/staleness_token_max``), from each
@@ -52,13 +53,18 @@ def token_staleness_metrics(trained_version: int, versions: Iterable[Sequence[in
     if not trajectories:
         return {}
     if outside:
-        warnings.warn(f"{outside} sampled token(s) have a staleness outside 0..{max_staleness} at version "
-                      f"{trained_version}: the rollout engines' weight versions do not count training steps.",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"{outside} sampled token(s) have a staleness outside 0..{max_staleness} at version "
+            f"{trained_version}: the rollout engines' weight versions do not count training steps.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     total = max(sum(counts), 1)
     out = {mk.token_staleness(j): c / total for j, c in enumerate(counts)}
     out[mk.TRAJECTORIES_TWO_VERSIONS] = mixed / trajectories
-    if max_staleness > 0:  # at k = 0 every token is the step's own version: the synchronous run's metrics stay as they are
+    if (
+        max_staleness > 0
+    ):  # at k = 0 every token is the step's own version: the synchronous run's metrics stay as they are
         out[mk.STALENESS_TOKEN_MAX] = float(oldest_token_staleness(trained_version, versions))
     return out
 
@@ -80,5 +86,7 @@ def idle_ratios(step_seconds: float, wait_rollout: float, rollout_busy: float) -
     verl's trainer idle ratio); ``time/rollout_idle_ratio``: the share of the step in which no batch was being rolled
     out (the engines had nothing to sample: the weight sync, and training once every dispatched batch is done)."""
     step = max(step_seconds, 1e-9)
-    return {mk.TIME_ACTOR_IDLE_RATIO: min(wait_rollout / step, 1.0),
-            mk.TIME_ROLLOUT_IDLE_RATIO: max(0.0, 1.0 - rollout_busy / step)}
+    return {
+        mk.TIME_ACTOR_IDLE_RATIO: min(wait_rollout / step, 1.0),
+        mk.TIME_ROLLOUT_IDLE_RATIO: max(0.0, 1.0 - rollout_busy / step),
+    }

@@ -19,9 +19,22 @@ from rlinf_ext.workers.returns import AgentLoopOutput
 
 RECORD_VERSIONS = "versions"  # a trajectory record's per-token weight versions (-1 on observation tokens), if any
 # the actor's training metrics a step logs as actor/<name>: the mean over its mini-batches (lr: the last one's)
-ACTOR_STEP_KEYS = ("loss", "policy_loss", "kl", "entropy", "grad_norm", "lr", "clip_fraction", "ratio", "approx_kl",
-                   "update_success", "advantages_mean", "advantages_max", "advantages_min",
-                   *(mk.actor_name(key) for key in mk.ACTOR_BEHAVIOUR_METRICS))  # steps weighted by pi_behav
+ACTOR_STEP_KEYS = (
+    "loss",
+    "policy_loss",
+    "kl",
+    "entropy",
+    "grad_norm",
+    "lr",
+    "clip_fraction",
+    "ratio",
+    "approx_kl",
+    "update_success",
+    "advantages_mean",
+    "advantages_max",
+    "advantages_min",
+    *(mk.actor_name(key) for key in mk.ACTOR_BEHAVIOUR_METRICS),
+)  # steps weighted by pi_behav
 
 
 class StepClock:
@@ -49,8 +62,9 @@ def critic_step_metrics(training: list[dict]) -> dict[str, float]:
     return {key: float(sum(m[key] for m in training) / len(training)) for key in keys}
 
 
-def outcome_metrics(outs: Sequence[AgentLoopOutput], reward_metrics: dict, rollout_metrics: dict,
-                    training: list[dict]) -> dict[str, float]:
+def outcome_metrics(
+    outs: Sequence[AgentLoopOutput], reward_metrics: dict, rollout_metrics: dict, training: list[dict]
+) -> dict[str, float]:
     """reward/..., agent/... (trajectory-weighted over the agent-loop ranks), rollout/..., actor/... and critic/..."""
     metrics: dict[str, float] = dict(reward_metrics)
     total = sum(out.num_trajectories for out in outs) or 1
@@ -62,14 +76,20 @@ def outcome_metrics(outs: Sequence[AgentLoopOutput], reward_metrics: dict, rollo
     for key in ACTOR_STEP_KEYS:
         if key in last:
             metrics[mk.prefixed(mk.ACTOR_PREFIX, key)] = (
-                float(sum(m[key] for m in training) / len(training)) if key != "lr" else float(last[key]))
+                float(sum(m[key] for m in training) / len(training)) if key != "lr" else float(last[key])
+            )
     metrics[mk.ACTOR_OPTIMIZER_STEPS] = float(sum("loss" in m for m in training))  # 0 in critic.critic_warmup
     metrics.update(critic_step_metrics(training))
     return metrics
 
 
-def flow_metrics(batch: RolledOutBatch, outs: Sequence[AgentLoopOutput], trajectories: list[dict],
-                 clock: StepClock, pipeline: BatchPipeline) -> dict[str, float]:
+def flow_metrics(
+    batch: RolledOutBatch,
+    outs: Sequence[AgentLoopOutput],
+    trajectories: list[dict],
+    clock: StepClock,
+    pipeline: BatchPipeline,
+) -> dict[str, float]:
     """The step's times, throughput, staleness and idle shares; the rollouts still in ``pipeline``'s flight count
     towards the engines' busy time."""
     ended = time.perf_counter()
@@ -80,12 +100,19 @@ def flow_metrics(batch: RolledOutBatch, outs: Sequence[AgentLoopOutput], traject
     busy = busy_seconds([(batch.dispatched_at, batch.dispatched_at + time_rollout), *in_flight], clock.started, ended)
     tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in trajectories)
     metrics = head_staleness_metrics(batch.batch, batch.head_versions)
-    metrics.update(token_staleness_metrics(batch.batch, (rec.get(RECORD_VERSIONS) for rec in trajectories),
-                                           pipeline.max_staleness))
+    metrics.update(
+        token_staleness_metrics(batch.batch, (rec.get(RECORD_VERSIONS) for rec in trajectories), pipeline.max_staleness)
+    )
     metrics.update(idle_ratios(step_time, clock.parts.get(mk.TIME_WAIT_ROLLOUT, 0.0), busy))
-    metrics.update({mk.TIME_ROLLOUT: float(time_rollout), mk.TIME_TOOL: max(out.tool_time for out in outs),
-                    **clock.parts, mk.TIME_STEP: step_time,
-                    mk.THROUGHPUT_TOKENS_PER_S: tokens / max(step_time, 1e-9)})
+    metrics.update(
+        {
+            mk.TIME_ROLLOUT: float(time_rollout),
+            mk.TIME_TOOL: max(out.tool_time for out in outs),
+            **clock.parts,
+            mk.TIME_STEP: step_time,
+            mk.THROUGHPUT_TOKENS_PER_S: tokens / max(step_time, 1e-9),
+        }
+    )
     return metrics
 
 

@@ -92,8 +92,9 @@ def run_rows(log_dir: Path, last_step: int | None = None) -> list[dict]:
     return [r for r in rows if last_step is None or int(r["step"]) <= last_step]
 
 
-def metric_trend(log_dir: Path, key: str, window: int = REWARD_SUMMARY_WINDOW,
-                 last_step: int | None = None) -> tuple[int, float | None, float | None]:
+def metric_trend(
+    log_dir: Path, key: str, window: int = REWARD_SUMMARY_WINDOW, last_step: int | None = None
+) -> tuple[int, float | None, float | None]:
     """(training steps logged, mean of ``key`` over the first ``reward_window`` steps, over the last) from
     metrics.jsonl; the means are None when no step logged ``key``."""
     # step 0 is the validation before training (no reward): not a training step
@@ -105,8 +106,9 @@ def metric_trend(log_dir: Path, key: str, window: int = REWARD_SUMMARY_WINDOW,
     return len(rows), first, last
 
 
-def reward_trend(log_dir: Path, window: int = REWARD_SUMMARY_WINDOW,
-                 last_step: int | None = None) -> tuple[int, float | None, float | None]:
+def reward_trend(
+    log_dir: Path, window: int = REWARD_SUMMARY_WINDOW, last_step: int | None = None
+) -> tuple[int, float | None, float | None]:
     """(steps logged, mean reward of the first ``window`` steps, of the last ``window`` steps) from metrics.jsonl."""
     return metric_trend(log_dir, mk.REWARD_MEAN, window, last_step)
 

@@ -41,8 +41,13 @@ from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_comple
 from rlinf_ext.runner.data_order import batch_order, load_in_flight, load_position, save_position
 from rlinf_ext.runner.groups import WorkerGroups, is_cancellation, wait_all_or_raise, wait_or_raise
 from rlinf_ext.runner.pipeline import BatchPipeline, sync_due
-from rlinf_ext.runner.step_metrics import (EngineCounters, StepClock, engine_counts_mismatches, flow_metrics,
-                                           outcome_metrics)
+from rlinf_ext.runner.step_metrics import (
+    EngineCounters,
+    StepClock,
+    engine_counts_mismatches,
+    flow_metrics,
+    outcome_metrics,
+)
 from rlinf_ext.workers.agent_loop import ChannelGenerator
 from rlinf_ext.workers.returns import scored_trajectories
 
@@ -79,9 +84,16 @@ def part_metrics(rank_results: list, prefix: str) -> dict[str, float]:
 class GRPOTrainer:
     engine_counters: EngineCounters | None = None  # __init__: for engines that re-count prompts; bare fakes: None
 
-    def __init__(self, cfg: ExperimentConfig, groups: WorkerGroups, train_dataset, val_dataset=None,
-                 on_step: StepCallback | None = None, verify_sync: bool = True,
-                 should_stop: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        groups: WorkerGroups,
+        train_dataset,
+        val_dataset=None,
+        on_step: StepCallback | None = None,
+        verify_sync: bool = True,
+        should_stop: Callable[[], bool] | None = None,
+    ):
         self.cfg = cfg
         self.groups = groups
         self.train_dataset = train_dataset
@@ -95,15 +107,24 @@ class GRPOTrainer:
         self.history: list[dict[str, float]] = []
         batch = cfg.data.rollout_batch_size
         if len(train_dataset) < batch:
-            raise ValueError(f"data.rollout_batch_size={batch} is larger than the training set ({len(train_dataset)} prompts).")
+            raise ValueError(
+                f"data.rollout_batch_size={batch} is larger than the training set ({len(train_dataset)} prompts)."
+            )
         self.max_steps = self.total_steps(cfg, len(train_dataset))
         self.run_dir = Path(cfg.runner.output_dir) / cfg.runner.experiment_name
         self.ckpt_root = self.run_dir / "checkpoints"
         # One channel process, one named queue per stage (RLinf's channel names).
         self._channel = Channel.create(f"SearchR1-{cfg.runner.experiment_name}-{uuid.uuid4().hex[:8]}")
         self.channels = {name: KeyedChannel(self._channel, name) for name in ch.STEP_CHANNELS}
-        self.pipeline = BatchPipeline(cfg, groups, self.channels, cfg.runner.max_staleness,
-                                      batch_order(cfg, len(train_dataset)), train_dataset, self.max_steps)
+        self.pipeline = BatchPipeline(
+            cfg,
+            groups,
+            self.channels,
+            cfg.runner.max_staleness,
+            batch_order(cfg, len(train_dataset)),
+            train_dataset,
+            self.max_steps,
+        )
         self.resume_dir: Path | None = None
         self._serving = None
         self._validation = None  # ValidationPass, built on first use (see validation_pass)
@@ -136,8 +157,10 @@ class GRPOTrainer:
         path = Path(resume)
         reason = check_complete(path)
         if reason is not None:
-            raise ValueError(f"runner.resume_dir={path} is not a complete checkpoint: {reason}. "
-                             "Pass another global_step_N directory, 'auto', or null.")
+            raise ValueError(
+                f"runner.resume_dir={path} is not a complete checkpoint: {reason}. "
+                "Pass another global_step_N directory, 'auto', or null."
+            )
         return path
 
     @cached_property
@@ -160,8 +183,10 @@ class GRPOTrainer:
         handles.append(("actor", "init_worker", g.actor.init_worker()))
         for component, method, handle in handles:
             results[component] = wait_or_raise(handle, component, method, startup=True)
-        self._launch_metrics = {mk.TIME_ROLLOUT_START: float(rollout_init.consume_duration()),
-                                **part_metrics(results["rollout"], mk.TIME_ROLLOUT_START)}
+        self._launch_metrics = {
+            mk.TIME_ROLLOUT_START: float(rollout_init.consume_duration()),
+            **part_metrics(results["rollout"], mk.TIME_ROLLOUT_START),
+        }
         routes = g.placement.weight_sync
         wait_or_raise(g.actor.set_weight_sync(routes), "actor", "set_weight_sync")
         wait_or_raise(g.rollout.set_weight_sync(routes), "rollout", "set_weight_sync")
@@ -170,9 +195,12 @@ class GRPOTrainer:
             self.global_step = step_of(self.resume_dir)
             wait_or_raise(g.actor.load_checkpoint(str(self.resume_dir / "actor")), "actor", "load_checkpoint")
             data_state = self.resume_dir / "data" / "data.pt"
-            self.pipeline.resume_at(load_position(self.pipeline.order, data_state, self.global_step)
-                                    if data_state.is_file() else self.global_step,
-                                    load_in_flight(data_state) if data_state.is_file() else ())
+            self.pipeline.resume_at(
+                load_position(self.pipeline.order, data_state, self.global_step)
+                if data_state.is_file()
+                else self.global_step,
+                load_in_flight(data_state) if data_state.is_file() else (),
+            )
             print(f"[rlinf_ext] resumed from {self.resume_dir} (step {self.global_step})", flush=True)
         if self.collocated_gpu:  # the rollout gets the GPU first (weight sync, validation, generation)
             wait_or_raise(g.actor.offload_engine(), "actor", "offload_engine")
@@ -190,9 +218,12 @@ class GRPOTrainer:
             return False
         g = self.groups
         version = {"version": self.global_step}
-        _, received = wait_all_or_raise([
-            (g.actor.sync_model_to_rollout(self.verify_sync), "actor", "sync_model_to_rollout"),
-            (g.rollout.sync_model_from_actor(**version), "rollout", "sync_model_from_actor")])
+        _, received = wait_all_or_raise(
+            [
+                (g.actor.sync_model_to_rollout(self.verify_sync), "actor", "sync_model_to_rollout"),
+                (g.rollout.sync_model_from_actor(**version), "rollout", "sync_model_from_actor"),
+            ]
+        )
         self._sync_parts = part_metrics(received, mk.TIME_SYNC)
         self._rollout_current = True
         self.pipeline.synced(self.global_step)
@@ -208,8 +239,15 @@ class GRPOTrainer:
         batch to dispatch, for a caller that feeds the batches itself, k = 0), then reward, log-probs, update."""
         g, q, clock, collocated = self.groups, self.channels, StepClock(), self.collocated_gpu
         with clock.part(mk.TIME_SYNC):
-            synced = sync_due(self.global_step, self.pipeline.engine_version, self.cfg.runner.sync_every,
-                              self.pipeline.max_staleness) and self._sync_weights()
+            synced = (
+                sync_due(
+                    self.global_step,
+                    self.pipeline.engine_version,
+                    self.cfg.runner.sync_every,
+                    self.pipeline.max_staleness,
+                )
+                and self._sync_weights()
+            )
         if not synced:  # a skipped sync is no 0-second sync: it would pull the mean sync time down
             del clock.parts[mk.TIME_SYNC]
         batch = self.pipeline.next_batch(self.global_step, items)
@@ -220,8 +258,9 @@ class GRPOTrainer:
             self._offload_rollout()
             wait_or_raise(g.actor.onload_engine(), "actor", "onload_engine")
         reward_h = batch.score(g.reward, q[ch.REWARD], self.global_step)
-        infer_h = g.actor.run_inference(q[ch.REWARD], q[ch.INFERENCE], self.cfg.algorithm.kl_beta > 0,
-                                        batch.num_results)
+        infer_h = g.actor.run_inference(
+            q[ch.REWARD], q[ch.INFERENCE], self.cfg.algorithm.kl_beta > 0, batch.num_results
+        )
         train_h = g.actor.run_training(q[ch.INFERENCE], batch.num_results, self.global_step)
         if not collocated:
             with clock.part(mk.TIME_WAIT_ROLLOUT):
@@ -261,11 +300,15 @@ class GRPOTrainer:
                 raise RuntimeError("validation needs the rollout group's serving loop: call init_workers() first.")
             per_benchmark = self.cfg.runner.val_samples_per_benchmark
             if per_benchmark == 0:
-                raise ValueError("runner.val_samples_per_benchmark=0 leaves nothing to validate; "
-                                 "use N > 0 questions per benchmark, or -1 for all of them.")
+                raise ValueError(
+                    "runner.val_samples_per_benchmark=0 leaves nothing to validate; "
+                    "use N > 0 questions per benchmark, or -1 for all of them."
+                )
             self._validation = validation_pass_class(self.cfg)(
-                self.cfg, ChannelGenerator(*self.generate_channels),
-                samples_per_benchmark=per_benchmark, do_sample=False,
+                self.cfg,
+                ChannelGenerator(*self.generate_channels),
+                samples_per_benchmark=per_benchmark,
+                do_sample=False,
                 out_dir=self.run_dir / VALIDATION_DIR,
             )
         return self._validation
@@ -284,19 +327,24 @@ class GRPOTrainer:
             self.engine_counters.read(synced=False)
         metrics[mk.TIME_VALIDATION] = time.perf_counter() - started
         self.val_history[step] = metrics
-        tqdm.write(f"[rlinf_ext] validation at step {step} ({metrics[mk.TIME_VALIDATION]:.1f} s): "
-                   f"{self.validation_pass().summary(metrics)}")
+        tqdm.write(
+            f"[rlinf_ext] validation at step {step} ({metrics[mk.TIME_VALIDATION]:.1f} s): "
+            f"{self.validation_pass().summary(metrics)}"
+        )
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
         tmp = staging_dir(self.ckpt_root, self.global_step)
-        wait_or_raise(self.groups.actor.save_checkpoint(str(tmp / "actor"), self.global_step), "actor", "save_checkpoint")
+        wait_or_raise(
+            self.groups.actor.save_checkpoint(str(tmp / "actor"), self.global_step), "actor", "save_checkpoint"
+        )
         (tmp / "data").mkdir()
         # batch admission: the position after the last trained batch (the batches read ahead are rolled out again
         # after a resume); group admission: the batches dispatched, and which of their prompts are untrained
-        save_position(self.pipeline.order, self.pipeline.position(), tmp / "data" / "data.pt",
-                      self.pipeline.in_flight_prompts())
+        save_position(
+            self.pipeline.order, self.pipeline.position(), tmp / "data" / "data.pt", self.pipeline.in_flight_prompts()
+        )
         return finalize(tmp, self.global_step, {"experiment": self.cfg.runner.experiment_name})
 
     def _save_due(self, last: bool) -> bool:
@@ -350,13 +398,19 @@ class GRPOTrainer:
                 done, ckpt = self._finish_step(metrics, trajectories)
                 last_ckpt = ckpt or last_ckpt
                 bar.update(1)
-                bar.set_postfix(reward=f"{metrics[mk.REWARD_MEAN]:.3f}", loss=f"{metrics.get(mk.ACTOR_LOSS, math.nan):.4f}")
+                bar.set_postfix(
+                    reward=f"{metrics[mk.REWARD_MEAN]:.3f}", loss=f"{metrics.get(mk.ACTOR_LOSS, math.nan):.4f}"
+                )
         finally:
             bar.close()
-        drained = self.pipeline.drain()  # a stop leaves the batches read ahead in flight (never on an error: see shutdown)
+        drained = (
+            self.pipeline.drain()
+        )  # a stop leaves the batches read ahead in flight (never on an error: see shutdown)
         if drained:
-            tqdm.write(f"[rlinf_ext] {len(drained)} batch(es) in flight after step {self.global_step} were aborted "
-                       "and discarded (a resume rolls them out again)")
+            tqdm.write(
+                f"[rlinf_ext] {len(drained)} batch(es) in flight after step {self.global_step} were aborted "
+                "and discarded (a resume rolls them out again)"
+            )
         for batch, error in drained:
             if error is not None and not is_cancellation(error):
                 tqdm.write(f"[rlinf_ext] discarded batch {batch} ended with {type(error).__name__}: {error}")

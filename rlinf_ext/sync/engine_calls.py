@@ -84,14 +84,15 @@ def wait_work(work: Any, timeout_s: float, what: str) -> Any:
     deadline = time.monotonic() + timeout_s
     while not work.done():
         if time.monotonic() > deadline:
-            raise WeightSyncError(f"{what} did not complete within {timeout_s:g} s; the other side is gone or stuck "
-                                  "(check the rollout workers' logs).")
+            raise WeightSyncError(
+                f"{what} did not complete within {timeout_s:g} s; the other side is gone or stuck "
+                "(check the rollout workers' logs)."
+            )
         time.sleep(0.002)
     return work.wait()
 
 
-async def wait_async(awaitable: Awaitable, timeout_s: float, what: str,
-                     stuck: Callable[[], str] | None = None) -> Any:
+async def wait_async(awaitable: Awaitable, timeout_s: float, what: str, stuck: Callable[[], str] | None = None) -> Any:
     """``await awaitable`` in an async worker, cancelled after ``timeout_s``: the timeout raises ``WeightSyncError``
     naming ``what`` and, with ``stuck``, what was still awaited at that moment (read then, not before)."""
     deadline = asyncio.timeout(timeout_s)
@@ -128,8 +129,10 @@ def run_with_timeout(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise WeightSyncError(f"{what} did not finish within {timeout_s:g} s (an engine did not join the transfer, "
-                              "or the NCCL group hangs); restart the run and check the rollout workers' logs.")
+        raise WeightSyncError(
+            f"{what} did not finish within {timeout_s:g} s (an engine did not join the transfer, "
+            "or the NCCL group hangs); restart the run and check the rollout workers' logs."
+        )
     if "error" in box:
         raise box["error"]
     return box.get("value")
@@ -155,8 +158,11 @@ class EngineCallClient:
 
     def to_every_rollout_rank(self, messages: Iterable[Any], what: str) -> None:
         for rank, message in zip(range(self.routes.rollout_dp), messages, strict=True):
-            wait_work(self.worker.send(message, self.rollout_group, rank, async_op=True), self.timeout_s,
-                      f"sending {what} to rollout rank {rank}")
+            wait_work(
+                self.worker.send(message, self.rollout_group, rank, async_op=True),
+                self.timeout_s,
+                f"sending {what} to rollout rank {rank}",
+            )
 
     def send(self, method: str, payloads: list[Any]) -> None:
         self.to_every_rollout_rank([EngineCall(method, p) for p in payloads], method)
@@ -164,8 +170,11 @@ class EngineCallClient:
     def collect(self, method: str) -> None:
         errors = []
         for rank in range(self.routes.rollout_dp):
-            reply = wait_work(self.worker.recv(self.rollout_group, rank, async_op=True), self.timeout_s,
-                              f"rollout rank {rank}'s answer to {method}")
+            reply = wait_work(
+                self.worker.recv(self.rollout_group, rank, async_op=True),
+                self.timeout_s,
+                f"rollout rank {rank}'s answer to {method}",
+            )
             if not isinstance(reply, EngineReply) or reply.method != method:
                 raise WeightSyncError(f"rollout rank {rank} answered {method} with {reply!r}")
             if reply.error:
@@ -179,12 +188,19 @@ class EngineCallClient:
 
 
 # ------------------------------------------------------------------------------------------------ rollout side
-async def serve_engine_calls(worker: Any, handle: Callable[[EngineCall], Any], *, actor_group: str,
-                             methods: tuple[str, ...], timeout_s: float = SYNC_TIMEOUT_S) -> SyncHeader:
+async def serve_engine_calls(
+    worker: Any,
+    handle: Callable[[EngineCall], Any],
+    *,
+    actor_group: str,
+    methods: tuple[str, ...],
+    timeout_s: float = SYNC_TIMEOUT_S,
+) -> SyncHeader:
     """Rollout side (an async RLinf worker): the header from actor rank 0, then every ``EngineCall`` (one of
     ``methods``) handed to ``handle`` (the engine side) and answered with an ``EngineReply`` until ``SYNC_END``. A
     failed call is answered with its error (the actor raises it) and raised here after the answer; an engine call
     that does not finish within ``timeout_s`` fails the same way."""
+
     async def recv():
         return await worker.recv(actor_group, 0, async_op=True).async_wait()
 
@@ -199,8 +215,12 @@ async def serve_engine_calls(worker: Any, handle: Callable[[EngineCall], Any], *
             await wait_async(handle(message), timeout_s, f"rollout rank {worker._rank}: the engine's {message.method}")
         except Exception as exc:  # answered first: the actor must not wait for a reply that never comes
             error = exc
-        await worker.send(EngineReply(message.method, None if error is None else f"{type(error).__name__}: {error}"),
-                          actor_group, 0, async_op=True).async_wait()
+        await worker.send(
+            EngineReply(message.method, None if error is None else f"{type(error).__name__}: {error}"),
+            actor_group,
+            0,
+            async_op=True,
+        ).async_wait()
         if error is not None:
             raise error
     return header

@@ -22,8 +22,9 @@ def probe_atol(precision: str) -> float:
     return FP32_PROBE_ATOL if precision == "fp32" else HALF_PROBE_ATOL
 
 
-def probe_logprob_gap(probe_ids: torch.Tensor, actor_logits: torch.Tensor, input_token_logprobs: list,
-                      positions: list[int] | None = None) -> float:
+def probe_logprob_gap(
+    probe_ids: torch.Tensor, actor_logits: torch.Tensor, input_token_logprobs: list, positions: list[int] | None = None
+) -> float:
     """Mean |engine - actor| log-prob of the probe's tokens 1..L-1 (pure); ``positions``: only those tokens (the
     multimodal probe compares the text after its image).
 

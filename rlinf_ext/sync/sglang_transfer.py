@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rlinf_ext.models.memory import BUCKET_BYTES
 from rlinf_ext.sync.engine_calls import (
     SYNC_TIMEOUT_S,
     EngineCallClient,
@@ -33,7 +34,6 @@ from rlinf_ext.sync.engine_calls import (
     nccl_world_size,
     run_with_timeout,
 )
-from rlinf_ext.models.memory import BUCKET_BYTES
 from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes
 
 DISTRIBUTED = "distributed"  # the SGLang entry's disaggregated route (protocol/engines.py), carried here
@@ -55,7 +55,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def named_buckets(
+    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Consecutive ``(name, tensor)`` runs of at most ``bucket_bytes`` (a larger tensor alone), in order: the
     engine holds one bucket's received tensors at a time (pure)."""
     bucket: list[tuple[str, torch.Tensor]] = []
@@ -74,8 +76,13 @@ def named_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) 
 def update_request(bucket: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
     """The ``update_weights_from_distributed`` arguments of one bucket (pure): names, dtypes and shapes in the
     order the tensors are broadcast; no flush per bucket (the worker flushes once after the session)."""
-    return {"names": [n for n, _ in bucket], "dtypes": [dtype_name(t.dtype) for _, t in bucket],
-            "shapes": [list(t.shape) for _, t in bucket], "group_name": GROUP_NAME, "flush_cache": False}
+    return {
+        "names": [n for n, _ in bucket],
+        "dtypes": [dtype_name(t.dtype) for _, t in bucket],
+        "shapes": [list(t.shape) for _, t in bucket],
+        "group_name": GROUP_NAME,
+        "flush_cache": False,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ GPU parts (thin)
@@ -85,8 +92,13 @@ def sglang_init_group(*, master_address: str, master_port: int, world_size: int,
     from sglang.srt.utils import init_custom_process_group
 
     host = f"[{master_address}]" if ":" in master_address else master_address
-    return init_custom_process_group(backend="nccl", init_method=f"tcp://{host}:{master_port}",
-                                     world_size=world_size, rank=rank, group_name=group_name)
+    return init_custom_process_group(
+        backend="nccl",
+        init_method=f"tcp://{host}:{master_port}",
+        world_size=world_size,
+        rank=rank,
+        group_name=group_name,
+    )
 
 
 def nccl_broadcast(tensors: list[torch.Tensor], group: Any) -> None:
@@ -102,10 +114,18 @@ class SGLangDistributedSender:
     """The actor side of one run's SGLang distributed transfers (every actor rank holds one; rank 0 sends).
     ``init_group`` and ``broadcast`` are SGLang's group and NCCL's broadcast (tests pass recorders)."""
 
-    def __init__(self, worker: Any, routes: SyncRoutes, *, rollout_group: str, bucket_bytes: int = BUCKET_BYTES,
-                 timeout_s: float = SYNC_TIMEOUT_S, init_group: Callable[..., Any] = sglang_init_group,
-                 broadcast: Callable[[list[torch.Tensor], Any], None] = nccl_broadcast,
-                 rendezvous: Callable[[], tuple[str, int]] = nccl_rendezvous):
+    def __init__(
+        self,
+        worker: Any,
+        routes: SyncRoutes,
+        *,
+        rollout_group: str,
+        bucket_bytes: int = BUCKET_BYTES,
+        timeout_s: float = SYNC_TIMEOUT_S,
+        init_group: Callable[..., Any] = sglang_init_group,
+        broadcast: Callable[[list[torch.Tensor], Any], None] = nccl_broadcast,
+        rendezvous: Callable[[], tuple[str, int]] = nccl_rendezvous,
+    ):
         self.rank, self.routes, self.timeout_s, self.bucket_bytes = int(worker._rank), routes, timeout_s, bucket_bytes
         self.client = EngineCallClient(worker, rollout_group, routes, timeout_s)
         self.client.engine_name = "SGLang"
@@ -126,8 +146,11 @@ class SGLangDistributedSender:
             self._join()
         for bucket in named_buckets(passes(), self.bucket_bytes):
             self.client.send(UPDATE_DISTRIBUTED, [update_request(bucket)] * self.routes.rollout_dp)
-            run_with_timeout(lambda b=bucket: self._broadcast([t for _, t in b], self.group), self.timeout_s,
-                             f"the broadcast of {len(bucket)} weight(s) to the SGLang engines")
+            run_with_timeout(
+                lambda b=bucket: self._broadcast([t for _, t in b], self.group),
+                self.timeout_s,
+                f"the broadcast of {len(bucket)} weight(s) to the SGLang engines",
+            )
             self.client.collect(UPDATE_DISTRIBUTED)
         self.client.to_every_rollout_rank([SYNC_END] * self.routes.rollout_dp, "the end of the sync")
 
@@ -135,13 +158,23 @@ class SGLangDistributedSender:
         """Every engine starts joining (its call waits for the whole group), then this rank; then the answers."""
         host, port = self._rendezvous()
         world = nccl_world_size(self.routes)
-        info = {"master_address": host, "master_port": port, "rank_offset": 1, "world_size": world,
-                "group_name": GROUP_NAME, "backend": "nccl"}
+        info = {
+            "master_address": host,
+            "master_port": port,
+            "rank_offset": 1,
+            "world_size": world,
+            "group_name": GROUP_NAME,
+            "backend": "nccl",
+        }
         tp = self.routes.rollout_tp
         self.client.send(INIT_GROUP, [engine_init_info(info, e, tp) for e in range(self.routes.rollout_dp)])
         self.group = run_with_timeout(
-            lambda: self._init_group(master_address=host, master_port=port, world_size=world, rank=0,
-                                     group_name=GROUP_NAME), self.timeout_s, "the SGLang weight-update group's rendezvous")
+            lambda: self._init_group(
+                master_address=host, master_port=port, world_size=world, rank=0, group_name=GROUP_NAME
+            ),
+            self.timeout_s,
+            "the SGLang weight-update group's rendezvous",
+        )
         self.client.collect(INIT_GROUP)
 
     def shutdown(self) -> None:

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import torch
 
+from rlinf_ext.models.memory import BUCKET_BYTES
 from rlinf_ext.sync.engine_calls import (
     SYNC_TIMEOUT_S,
     EngineCallClient,
@@ -44,7 +45,6 @@ from rlinf_ext.sync.engine_calls import (
     nccl_world_size,
     run_with_timeout,
 )
-from rlinf_ext.models.memory import BUCKET_BYTES
 from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes, release_cuda_cache
 
 TransferBackend = Literal["ipc", "nccl"]
@@ -118,8 +118,13 @@ def ipc_buffer_bytes(meta: Iterable[Any], bucket_bytes: int) -> int:
     return max([int(bucket_bytes)] + [math.prod(m.shape) * m.dtype.itemsize for m in meta])
 
 
-def trainer_init_info(backend: TransferBackend, routes: SyncRoutes, rank: int, bucket_bytes: int = BUCKET_BYTES,
-                      rendezvous: Callable[[], tuple[str, int]] = nccl_rendezvous) -> Any:
+def trainer_init_info(
+    backend: TransferBackend,
+    routes: SyncRoutes,
+    rank: int,
+    bucket_bytes: int = BUCKET_BYTES,
+    rendezvous: Callable[[], tuple[str, int]] = nccl_rendezvous,
+) -> Any:
     """vLLM's trainer init info: packed transfers in buffers of ``bucket_bytes`` (bounded extra memory on both
     sides); NCCL: the rendezvous and the group size (rank 0 only opens it)."""
     if backend == "ipc":
@@ -129,8 +134,14 @@ def trainer_init_info(backend: TransferBackend, routes: SyncRoutes, rank: int, b
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo  # lazy: vllm, GPU routes only
 
     host, port = rendezvous() if rank == 0 else ("", 0)
-    return NCCLTrainerInitInfo(rank=rank, master_address=host, master_port=port, world_size=nccl_world_size(routes),
-                               packed=True, packed_buffer_size_bytes=bucket_bytes)
+    return NCCLTrainerInitInfo(
+        rank=rank,
+        master_address=host,
+        master_port=port,
+        world_size=nccl_world_size(routes),
+        packed=True,
+        packed_buffer_size_bytes=bucket_bytes,
+    )
 
 
 def vllm_trainer_init(init_info: Any, *, client: Any, source: Any) -> Any:
@@ -152,10 +163,18 @@ class VLLMTransferSender:
     then (``ipc``) every rank frees its transfer memory and the ranks meet, then ``SYNC_END``. ``trainer_init`` is
     vLLM's factory (tests pass one whose broadcast runs on CPU)."""
 
-    def __init__(self, worker: Any, backend: TransferBackend, routes: SyncRoutes, *, rollout_group: str,
-                 bucket_bytes: int = BUCKET_BYTES, timeout_s: float = SYNC_TIMEOUT_S,
-                 trainer_init: Callable[..., Any] = vllm_trainer_init,
-                 rendezvous: Callable[[], tuple[str, int]] = nccl_rendezvous):
+    def __init__(
+        self,
+        worker: Any,
+        backend: TransferBackend,
+        routes: SyncRoutes,
+        *,
+        rollout_group: str,
+        bucket_bytes: int = BUCKET_BYTES,
+        timeout_s: float = SYNC_TIMEOUT_S,
+        trainer_init: Callable[..., Any] = vllm_trainer_init,
+        rendezvous: Callable[[], tuple[str, int]] = nccl_rendezvous,
+    ):
         self.worker, self.backend, self.routes, self.timeout_s = worker, backend, routes, timeout_s
         self.rank = int(worker._rank)
         self.client = RolloutEngineClient(worker, rollout_group, routes, timeout_s)
@@ -184,8 +203,10 @@ class VLLMTransferSender:
                 buffer_bytes = ipc_buffer_bytes(self.source.metadata(), self.bucket_bytes)
             info = trainer_init_info(self.backend, self.routes, self.rank, buffer_bytes, self._rendezvous)
             self.engine = run_with_timeout(
-                lambda: self._trainer_init(info, client=self.client, source=self.source), self.timeout_s,
-                f"vLLM's {self.backend} weight-transfer rendezvous")
+                lambda: self._trainer_init(info, client=self.client, source=self.source),
+                self.timeout_s,
+                f"vLLM's {self.backend} weight-transfer rendezvous",
+            )
         run_with_timeout(self.engine.send_weights, self.timeout_s, f"the {self.backend} weight transfer")
         if self.backend == "ipc":  # the engines wake their KV cache after SYNC_END: this GPU's share goes back first
             release_cuda_cache()

@@ -120,7 +120,7 @@ class WeightBucket:
             n = 1
             for d in shape:
                 n *= d
-            out.append((name, self.flat[offset:offset + n].view(shape)))
+            out.append((name, self.flat[offset : offset + n].view(shape)))
             offset += n
         return out
 
@@ -162,7 +162,7 @@ def retry_shm_manager(fn: Callable[..., Any], *args: Any) -> Any:
         except RuntimeError as exc:
             if SHM_MANAGER_TIMEOUT not in str(exc) or attempt == SHM_MANAGER_ATTEMPTS - 1:
                 raise
-            time.sleep(0.2 * 2 ** attempt)
+            time.sleep(0.2 * 2**attempt)
 
 
 def open_handle(blob: bytes) -> torch.Tensor:
@@ -193,8 +193,9 @@ def named_tensors_of(message: WeightBucket | HandleBucket) -> list[tuple[str, to
     return message.named_tensors()
 
 
-def pack_buckets(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int = BUCKET_BYTES, *,
-                 shared: bool = False) -> Iterator[WeightBucket]:
+def pack_buckets(
+    named: Iterable[tuple[str, torch.Tensor]], max_bytes: int = BUCKET_BYTES, *, shared: bool = False
+) -> Iterator[WeightBucket]:
     """Pack a stream of tensors into buckets of at most ``max_bytes`` and one dtype (a bigger tensor goes alone),
     in order. ``shared``: CPU buffers in shared memory, so handles to them open in another process."""
     pending: list[tuple[str, torch.Tensor]] = []
@@ -217,7 +218,7 @@ def _pack(named: list[tuple[str, torch.Tensor]], shared: bool) -> WeightBucket:
         retry_shm_manager(flat.share_memory_)
     offset = 0
     for _, tensor in named:
-        flat[offset:offset + tensor.numel()].copy_(tensor.reshape(-1))
+        flat[offset : offset + tensor.numel()].copy_(tensor.reshape(-1))
         offset += tensor.numel()
     return WeightBucket(flat, [n for n, _ in named], [tuple(t.shape) for _, t in named])
 
@@ -261,8 +262,15 @@ def release_cuda_cache() -> None:
         torch.cuda.empty_cache()
 
 
-def send_weights(worker: Any, routes: SyncRoutes, header: SyncHeader, buckets: Iterable[WeightBucket], *,
-                 actor_group: str, rollout_group: str) -> SyncStats:
+def send_weights(
+    worker: Any,
+    routes: SyncRoutes,
+    header: SyncHeader,
+    buckets: Iterable[WeightBucket],
+    *,
+    actor_group: str,
+    rollout_group: str,
+) -> SyncStats:
     """Actor side (a threaded RLinf worker): send ``header``, the buckets and ``SYNC_END`` along ``routes``."""
     stats = SyncStats(routes.mode)
     targets = routes.targets_of(worker._rank)
@@ -278,7 +286,7 @@ def send_weights(worker: Any, routes: SyncRoutes, header: SyncHeader, buckets: I
             stats.wire_bytes += bucket.nbytes * routes.rollout_dp
         worker.broadcast(SYNC_END, groups=groups, src=src)
         return stats
-    (rollout_rank, _slot), = targets
+    ((rollout_rank, _slot),) = targets
     worker.send(header, rollout_group, rollout_rank)
     for bucket in buckets:
         message = share_bucket(bucket)
@@ -306,8 +314,15 @@ def _expect_ack(message: Any) -> None:
 Load = Callable[[list], Awaitable[None]]
 
 
-async def receive_weights(worker: Any, routes: SyncRoutes, load: Load, *, actor_group: str, rollout_group: str,
-                          on_header: Callable[[], Awaitable[None]] | None = None) -> tuple[list[SyncHeader], SyncStats]:
+async def receive_weights(
+    worker: Any,
+    routes: SyncRoutes,
+    load: Load,
+    *,
+    actor_group: str,
+    rollout_group: str,
+    on_header: Callable[[], Awaitable[None]] | None = None,
+) -> tuple[list[SyncHeader], SyncStats]:
     """Rollout side (an async RLinf worker): receive what ``send_weights`` sends to this rank and hand every
     bucket to ``load``: a list with one ``HandleBucket`` per TP slot (paired) or one ``WeightBucket``
     (broadcast). ``on_header`` runs once the headers are in, before the first bucket: the actor has finished
@@ -343,8 +358,9 @@ async def receive_weights(worker: Any, routes: SyncRoutes, load: Load, *, actor_
         if ends == len(messages):
             return headers, stats
         if ends or any(m.names != messages[0].names for m in messages):
-            raise WeightSyncError(f"the actor ranks {sources} of one engine sent different buckets; "
-                                  "their weights (or conversion) differ")
+            raise WeightSyncError(
+                f"the actor ranks {sources} of one engine sent different buckets; their weights (or conversion) differ"
+            )
         await load(messages)
         stats.buckets += 1
         stats.tensor_bytes += messages[0].nbytes
@@ -370,7 +386,9 @@ def probe_ids(vocab_size: int, length: int = PROBE_LENGTH, seed: int = 0) -> tor
 def check_logits_match(expected: torch.Tensor, actual: torch.Tensor, atol: float = DEFAULT_ATOL) -> float:
     """Max absolute logit difference; raises ``WeightSyncError`` above ``atol``."""
     if expected.shape != actual.shape:
-        raise WeightSyncError(f"probe logits shape {tuple(actual.shape)} != actor's {tuple(expected.shape)} (vocab mismatch?)")
+        raise WeightSyncError(
+            f"probe logits shape {tuple(actual.shape)} != actor's {tuple(expected.shape)} (vocab mismatch?)"
+        )
     diff = float((expected.float() - actual.float()).abs().max())
     if not diff <= atol:
         raise WeightSyncError(
@@ -401,4 +419,6 @@ class HFWeightLoader:
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         missing = [k for k in self.own if k not in self.loaded and not (k == "lm_head.weight" and tied)]
         if missing:
-            raise WeightSyncError(f"weight sync did not send {len(missing)} weight(s) of the rollout model: {missing[:8]}")
+            raise WeightSyncError(
+                f"weight sync did not send {len(missing)} weight(s) of the rollout model: {missing[:8]}"
+            )

@@ -97,8 +97,7 @@ def is_loopback_host(host: str | None) -> bool:
         return False
 
 
-def urls_for_node(urls: Sequence[str], node_ip: str | None,
-                  home_ip: str | None = None) -> tuple[list[str], list[str]]:
+def urls_for_node(urls: Sequence[str], node_ip: str | None, home_ip: str | None = None) -> tuple[list[str], list[str]]:
     """(servers on this node, the other usable servers) for a client on ``node_ip``; ``home_ip`` is the node the
     addresses were written on (the launcher's), where a loopback address points. A client on another node whose
     own IP is not a loopback address cannot use a loopback address: ValueError when nothing else is left.

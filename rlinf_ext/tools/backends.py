@@ -98,8 +98,9 @@ class WebBackend:
             raise RetryableSearchError(f"web search timeout after {timeout:g}s") from exc
         except Exception as exc:  # the package raises its own exception types for rate limits / network
             raise RetryableSearchError(f"web search failed: {type(exc).__name__}: {exc}") from exc
-        return [Document(title=str(r.get("title", "")), text=str(r.get("body", "")), url=r.get("href"))
-                for r in rows[:topk]]
+        return [
+            Document(title=str(r.get("title", "")), text=str(r.get("body", "")), url=r.get("href")) for r in rows[:topk]
+        ]
 
 
 def make_backend(name: str):

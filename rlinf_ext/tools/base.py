@@ -118,8 +118,10 @@ class Tool:
         """This tool's typed section of ``cfg`` (``tools.<name>``); its defaults when ``cfg`` was made without it
         (in code, not by the loader), as any key left out of a config keeps its default."""
         if cls.config_class is None:
-            raise TypeError(f"tool {cls.name!r} declares no settings: set config_class = <a dataclass> on "
-                            f"{cls.__name__} to read tools.{cls.name}.*")
+            raise TypeError(
+                f"tool {cls.name!r} declares no settings: set config_class = <a dataclass> on "
+                f"{cls.__name__} to read tools.{cls.name}.*"
+            )
         section = getattr(getattr(cfg, "tools", None), cls.name, None)
         return section if section is not None else cls.config_class()
 
@@ -155,7 +157,9 @@ class Tool:
     @classmethod
     def metric_names(cls) -> ToolMetricNames:
         return cls.metric_names_override or ToolMetricNames(
-            calls=f"{cls.name}_calls", failures=f"{cls.name}_failures", latency_s=f"{cls.name}_latency_s",
+            calls=f"{cls.name}_calls",
+            failures=f"{cls.name}_failures",
+            latency_s=f"{cls.name}_latency_s",
             failure_rate=f"{cls.name}_failure_rate",
         )
 

@@ -14,8 +14,9 @@ from rlinf_ext.tools.base import SettingProblem
 @dataclass
 class SearchToolConfig:
     backend: Literal["local", "web", "dummy"] = fld(
-        "local", "Text search engine: local = the retrieval server over HTTP (BM25/dense); web = the internet "
-        "through the optional ddgs package (pip install ddgs; off by default); dummy = canned passages (tests)."
+        "local",
+        "Text search engine: local = the retrieval server over HTTP (BM25/dense); web = the internet "
+        "through the optional ddgs package (pip install ddgs; off by default); dummy = canned passages (tests).",
     )
     server_addr: Any = fld(
         None, "host:port, a list of them, or a directory of address files; null = the server launched by retrieval."
@@ -35,14 +36,22 @@ class SearchToolConfig:
         lower_bounds = (("topk", 1, 3), ("num_workers", 1, 8), ("max_retries", 0, 3))
         for key, least, example in lower_bounds:
             if int(getattr(self, key)) < least:
-                yield SettingProblem(key, f"must be >= {least}, got {getattr(self, key)}.",
-                                     f"set tools.search.{key}={example}.")
+                yield SettingProblem(
+                    key, f"must be >= {least}, got {getattr(self, key)}.", f"set tools.search.{key}={example}."
+                )
         if self.rate_limit is not None and float(self.rate_limit) < 0:
-            yield SettingProblem("rate_limit", f"must be >= 0 requests per second, got {self.rate_limit}.",
-                                 "set tools.search.rate_limit=null (unlimited) or a positive rate.")
+            yield SettingProblem(
+                "rate_limit",
+                f"must be >= 0 requests per second, got {self.rate_limit}.",
+                "set tools.search.rate_limit=null (unlimited) or a positive rate.",
+            )
         if float(self.default_timeout) <= 0:
-            yield SettingProblem("default_timeout", f"must be > 0 seconds, got {self.default_timeout}.",
-                                 "set tools.search.default_timeout=60.")
+            yield SettingProblem(
+                "default_timeout",
+                f"must be > 0 seconds, got {self.default_timeout}.",
+                "set tools.search.default_timeout=60.",
+            )
         if float(self.backoff_base) < 0:
-            yield SettingProblem("backoff_base", f"must be >= 0 seconds, got {self.backoff_base}.",
-                                 "set tools.search.backoff_base=0.5.")
+            yield SettingProblem(
+                "backoff_base", f"must be >= 0 seconds, got {self.backoff_base}.", "set tools.search.backoff_base=0.5."
+            )

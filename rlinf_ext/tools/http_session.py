@@ -7,9 +7,7 @@ import weakref
 
 import aiohttp
 
-_SESSIONS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = (
-    weakref.WeakKeyDictionary()
-)
+_SESSIONS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession]" = weakref.WeakKeyDictionary()
 
 
 def get_http_session() -> aiohttp.ClientSession:

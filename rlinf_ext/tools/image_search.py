@@ -66,8 +66,12 @@ class ImageSearchOutput(ToolOutput):
 
 
 # MMSearch-R1's metric names (agent/image_searches, agent/image_search_failures, ...), kept from before the Tool
-IMAGE_SEARCH_METRICS = ToolMetricNames(calls="image_searches", failures="image_search_failures",
-                                       latency_s="image_search_latency_s", failure_rate="image_search_failure_rate")
+IMAGE_SEARCH_METRICS = ToolMetricNames(
+    calls="image_searches",
+    failures="image_search_failures",
+    latency_s="image_search_latency_s",
+    failure_rate="image_search_failure_rate",
+)
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,10 @@ def check_data_id(data_id: Any) -> str:
     if not isinstance(data_id, str) or not data_id:
         raise UnsafeDataIdError(f"data_id must be a non-empty string, got {data_id!r}")
     if any(c in data_id for c in ("/", "\\", "\0")) or data_id.startswith(".") or data_id != data_id.strip():
-        raise UnsafeDataIdError(f"data_id {data_id!r} is not a plain name (no '/', '\\\\', NUL, leading dot or "
-                                "surrounding spaces); it keys a cache directory and must stay inside it")
+        raise UnsafeDataIdError(
+            f"data_id {data_id!r} is not a plain name (no '/', '\\\\', NUL, leading dot or "
+            "surrounding spaces); it keys a cache directory and must stay inside it"
+        )
     return data_id
 
 
@@ -93,8 +99,10 @@ class CacheDirBackend:
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
         if not self.root.is_dir():
-            raise FileNotFoundError(f"tools.image_search.cache_path {root} is not a directory (FVQA_Cache layout: "
-                                    "<cache_path>/<data_id>/meta.json + img_000.jpg ...)")
+            raise FileNotFoundError(
+                f"tools.image_search.cache_path {root} is not a directory (FVQA_Cache layout: "
+                "<cache_path>/<data_id>/meta.json + img_000.jpg ...)"
+            )
 
     def describe(self) -> dict:
         return {"cache_path": str(self.root)}
@@ -141,8 +149,12 @@ class CachePickleBackend:
             self.entries[str(data_id)] = hits
 
     def describe(self) -> dict:
-        return {"cache_path": self.path, "sha256": self.sha256, "size_bytes": self.size_bytes,
-                "entries": len(self.entries)}
+        return {
+            "cache_path": self.path,
+            "sha256": self.sha256,
+            "size_bytes": self.size_bytes,
+            "entries": len(self.entries),
+        }
 
     def lookup(self, data_id: str) -> list[RawHit] | None:
         return self.entries.get(check_data_id(data_id))
@@ -158,7 +170,6 @@ class DummyImageBackend:
     def lookup(self, data_id: str) -> list[RawHit] | None:
         from PIL import Image
 
-
         if check_data_id(data_id).startswith(DUMMY_MISS_PREFIX):
             return None
         digest = hashlib.sha1(data_id.encode("utf-8")).digest()
@@ -173,11 +184,14 @@ def check_image_search_config(cfg: Any) -> None:
     if cfg.backend not in BACKENDS:
         raise ValueError(f"tools.image_search.backend must be one of {BACKENDS}, got {cfg.backend!r}")
     if cfg.backend != "dummy" and not cfg.cache_path:
-        raise ValueError(f"tools.image_search.cache_path is empty; backend {cfg.backend} needs the cache "
-                         "(a FVQA_Cache directory or the .pkl file), or use backend: dummy")
+        raise ValueError(
+            f"tools.image_search.cache_path is empty; backend {cfg.backend} needs the cache "
+            "(a FVQA_Cache directory or the .pkl file), or use backend: dummy"
+        )
     if cfg.on_missing_image not in MISSING_IMAGE_MODES:
-        raise ValueError(f"tools.image_search.on_missing_image must be one of {MISSING_IMAGE_MODES}, "
-                         f"got {cfg.on_missing_image!r}")
+        raise ValueError(
+            f"tools.image_search.on_missing_image must be one of {MISSING_IMAGE_MODES}, got {cfg.on_missing_image!r}"
+        )
     if int(cfg.topk) < 1:
         raise ValueError(f"tools.image_search.topk must be >= 1, got {cfg.topk}")
 
@@ -230,8 +244,10 @@ class ImageSearch(Tool):
         output = self._search(content)
         self.missing_images += output.missing_images
         if not output.ok and self.cfg.fail_on_miss:
-            raise ImageSearchError(f"image search for data_id {content!r} failed: {output.error} "
-                                   "(set tools.image_search.fail_on_miss: false to continue with a failure observation)")
+            raise ImageSearchError(
+                f"image search for data_id {content!r} failed: {output.error} "
+                "(set tools.image_search.fail_on_miss: false to continue with a failure observation)"
+            )
         return output
 
     def _search(self, data_id: str) -> ImageSearchOutput:
@@ -265,5 +281,3 @@ class ImageSearch(Tool):
         from PIL import Image
 
         return canonicalize(Image.new("RGB", (56, 56), (PLACEHOLDER_GREY,) * 3), self._min, self._max)
-
-

@@ -54,31 +54,45 @@ def resolve_tool(name: str) -> type[Tool]:
         raise ToolNameError(
             f"tool {name!r} is neither a registered tool ({sorted(BUILTIN_TOOLS)}) nor an import path "
             "'pkg.module:Class' (e.g. 'mypkg.tools:Calculator')",
-            f"use one of {sorted(BUILTIN_TOOLS)} or the import path of a Tool subclass (docs/extending.md).")
+            f"use one of {sorted(BUILTIN_TOOLS)} or the import path of a Tool subclass (docs/extending.md).",
+        )
     try:
         cls = load_path(path, f"tool {name!r}")
     except ValueError as exc:
         raise ToolNameError(str(exc), "fix the path, or put the package that defines it on PYTHONPATH.") from None
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
-        raise ToolNameError(f"tool {name!r}: {path} is {cls!r}, not a subclass of rlinf_ext.tools.base.Tool",
-                            "derive the class from rlinf_ext.tools.base.Tool.")
+        raise ToolNameError(
+            f"tool {name!r}: {path} is {cls!r}, not a subclass of rlinf_ext.tools.base.Tool",
+            "derive the class from rlinf_ext.tools.base.Tool.",
+        )
     if not cls.name:
-        raise ToolNameError(f"tool {name!r}: {path} sets no `name`",
-                            "set the class attribute name = '...' (its metrics' prefix, and its tag unless tag is set).")
+        raise ToolNameError(
+            f"tool {name!r}: {path} sets no `name`",
+            "set the class attribute name = '...' (its metrics' prefix, and its tag unless tag is set).",
+        )
     if cls.__call__ is Tool.__call__:
-        raise ToolNameError(f"tool {name!r}: {path} does not implement __call__, so every call would fail",
-                            f"define `async def __call__(self, content: str) -> ToolOutput` on {cls.__name__}.")
+        raise ToolNameError(
+            f"tool {name!r}: {path} does not implement __call__, so every call would fail",
+            f"define `async def __call__(self, content: str) -> ToolOutput` on {cls.__name__}.",
+        )
     if not inspect.iscoroutinefunction(cls.__call__):
-        raise ToolNameError(f"tool {name!r}: {path}'s __call__ is not a coroutine function (the loops await it)",
-                            f"make it `async def __call__(self, content: str) -> ToolOutput`.")
-    if cls.config_class is not None and not (isinstance(cls.config_class, type)
-                                             and dataclasses.is_dataclass(cls.config_class)):
-        raise ToolNameError(f"tool {name!r}: {path}'s config_class is {cls.config_class!r}, not a dataclass",
-                            f"set config_class on {cls.__name__} to a @dataclass of its settings (tools.{cls.name}.*), "
-                            "or to None.")
+        raise ToolNameError(
+            f"tool {name!r}: {path}'s __call__ is not a coroutine function (the loops await it)",
+            "make it `async def __call__(self, content: str) -> ToolOutput`.",
+        )
+    if cls.config_class is not None and not (
+        isinstance(cls.config_class, type) and dataclasses.is_dataclass(cls.config_class)
+    ):
+        raise ToolNameError(
+            f"tool {name!r}: {path}'s config_class is {cls.config_class!r}, not a dataclass",
+            f"set config_class on {cls.__name__} to a @dataclass of its settings (tools.{cls.name}.*), or to None.",
+        )
     if cls.config_class is not None and not cls.name.isidentifier():  # it names the section tools.<name>
-        raise ToolNameError(f"tool {name!r}: its name {cls.name!r} is not a Python identifier, and it names its "
-                            f"settings' section tools.<name>", "use letters, digits and underscores in `name`.")
+        raise ToolNameError(
+            f"tool {name!r}: its name {cls.name!r} is not a Python identifier, and it names its "
+            f"settings' section tools.<name>",
+            "use letters, digits and underscores in `name`.",
+        )
     return cls
 
 
@@ -96,15 +110,26 @@ def check_tool_names(names: Sequence[str]) -> list[ToolProblem]:
             continue
         tag = cls.tag_name()
         if tag in RESERVED_TAGS:
-            problems.append(ToolProblem(f"tool {name!r} uses the tag <{tag}>, which the protocol itself uses "
-                                        f"({', '.join(f'<{t}>' for t in RESERVED_TAGS)}); give it another tag",
-                                        f"set the class attribute tag = '...' on {cls.__name__} to another name."))
+            problems.append(
+                ToolProblem(
+                    f"tool {name!r} uses the tag <{tag}>, which the protocol itself uses "
+                    f"({', '.join(f'<{t}>' for t in RESERVED_TAGS)}); give it another tag",
+                    f"set the class attribute tag = '...' on {cls.__name__} to another name.",
+                )
+            )
         if cls.name in seen_names:
-            problems.append(ToolProblem(f"tools {seen_names[cls.name]!r} and {name!r} share the name {cls.name!r}",
-                                        "give one of them another name (or list it once)."))
+            problems.append(
+                ToolProblem(
+                    f"tools {seen_names[cls.name]!r} and {name!r} share the name {cls.name!r}",
+                    "give one of them another name (or list it once).",
+                )
+            )
         if tag in seen_tags:
-            problems.append(ToolProblem(f"tools {seen_tags[tag]!r} and {name!r} share the tag <{tag}>",
-                                        "give one of them another tag."))
+            problems.append(
+                ToolProblem(
+                    f"tools {seen_tags[tag]!r} and {name!r} share the tag <{tag}>", "give one of them another tag."
+                )
+            )
         seen_names.setdefault(cls.name, str(name))
         seen_tags.setdefault(tag, str(name))
     return problems

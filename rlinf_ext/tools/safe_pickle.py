@@ -22,17 +22,19 @@ from pathlib import Path
 from typing import Any
 
 # (module, class) names under which Pillow pickles its image objects
-ALLOWED_IMAGE_CLASSES = frozenset({
-    ("PIL.Image", "Image"),
-    ("PIL.ImageFile", "ImageFile"),
-    ("PIL.JpegImagePlugin", "JpegImageFile"),
-    ("PIL.MpoImagePlugin", "MpoImageFile"),
-    ("PIL.PngImagePlugin", "PngImageFile"),
-    ("PIL.WebPImagePlugin", "WebPImageFile"),
-    ("PIL.GifImagePlugin", "GifImageFile"),
-    ("PIL.BmpImagePlugin", "BmpImageFile"),
-    ("PIL.TiffImagePlugin", "TiffImageFile"),
-})
+ALLOWED_IMAGE_CLASSES = frozenset(
+    {
+        ("PIL.Image", "Image"),
+        ("PIL.ImageFile", "ImageFile"),
+        ("PIL.JpegImagePlugin", "JpegImageFile"),
+        ("PIL.MpoImagePlugin", "MpoImageFile"),
+        ("PIL.PngImagePlugin", "PngImageFile"),
+        ("PIL.WebPImagePlugin", "WebPImageFile"),
+        ("PIL.GifImagePlugin", "GifImageFile"),
+        ("PIL.BmpImagePlugin", "BmpImageFile"),
+        ("PIL.TiffImagePlugin", "TiffImageFile"),
+    }
+)
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024  # a pickled thumbnail larger than this is refused, not decoded
 
 
@@ -62,7 +64,8 @@ class CacheUnpickler(pickle.Unpickler):
         raise UnsafePickleError(
             f"refused global {module}.{name}: an image-search cache may only contain dicts, lists, strings and "
             "PIL images; this file would run other code when loaded with pickle. Rebuild the cache or use "
-            "tools.image_search.backend: cache_dir")
+            "tools.image_search.backend: cache_dir"
+        )
 
 
 def image_from_state(record: PickledImage):
@@ -71,9 +74,11 @@ def image_from_state(record: PickledImage):
 
     state = record.state
     if not isinstance(state, (list, tuple)) or len(state) < 5:
-        raise ValueError(f"pickled {record.class_name or 'image'} has an unknown state layout "
-                         f"({type(state).__name__} of length {len(state) if hasattr(state, '__len__') else '?'}); "
-                         "expected [info, mode, size, palette, data, ...]")
+        raise ValueError(
+            f"pickled {record.class_name or 'image'} has an unknown state layout "
+            f"({type(state).__name__} of length {len(state) if hasattr(state, '__len__') else '?'}); "
+            "expected [info, mode, size, palette, data, ...]"
+        )
     _info, mode, size, palette, data = state[:5]
     if not isinstance(mode, str) or not isinstance(data, (bytes, bytearray)):
         raise ValueError(f"pickled {record.class_name}: mode must be a str and data bytes")
@@ -100,8 +105,10 @@ def load_cache_pickle(path: str | Path, max_bytes: int) -> LoadedPickle:
         raise FileNotFoundError(f"image-search cache pickle {path} does not exist")
     size = path.stat().st_size
     if size > max_bytes:
-        raise ValueError(f"image-search cache {path} has {size} bytes, over tools.image_search.max_cache_bytes="
-                         f"{max_bytes}; raise the limit if the file is trusted to be this large")
+        raise ValueError(
+            f"image-search cache {path} has {size} bytes, over tools.image_search.max_cache_bytes="
+            f"{max_bytes}; raise the limit if the file is trusted to be this large"
+        )
     raw = path.read_bytes()
     data = CacheUnpickler(io.BytesIO(raw)).load()
     return LoadedPickle(data=data, sha256=hashlib.sha256(raw).hexdigest(), size_bytes=size)

@@ -123,8 +123,9 @@ class SearchTool:
     def _attempt_order(self, call: int) -> list[str | None]:
         """The servers call number ``call`` tries, in order: this node's (rotated by ``call``), then the others
         (rotated likewise)."""
+
         def rotated(urls: list) -> list:
-            return urls[call % len(urls):] + urls[:call % len(urls)] if urls else []
+            return urls[call % len(urls) :] + urls[: call % len(urls)] if urls else []
 
         return rotated(self.local_urls) + rotated(self.other_urls)
 
@@ -135,9 +136,7 @@ class SearchTool:
         for attempt in range(int(self.cfg.max_retries) + 1):
             url = order[attempt % len(order)]  # retries move on to the next server
             try:
-                docs = await asyncio.wait_for(
-                    self.backend.search(query, int(self.cfg.topk), timeout, url), timeout
-                )
+                docs = await asyncio.wait_for(self.backend.search(query, int(self.cfg.topk), timeout, url), timeout)
                 return SearchResult(query=query, ok=True, documents=docs, attempts=attempt + 1)
             except SearchRequestError as exc:  # 4xx / malformed: not retried
                 return SearchResult(query=query, ok=False, error=str(exc), attempts=attempt + 1)
@@ -149,8 +148,9 @@ class SearchTool:
 
 
 # Search-R1's metric names (``protocol/metric_keys.py``: AGENT_SEARCHES, AGENT_SEARCH_FAILURE_RATE)
-SEARCH_METRICS = ToolMetricNames(calls="searches", failures="search_failures", latency_s="search_latency_s",
-                                 failure_rate="search_failure_rate")
+SEARCH_METRICS = ToolMetricNames(
+    calls="searches", failures="search_failures", latency_s="search_latency_s", failure_rate="search_failure_rate"
+)
 
 
 class TextSearch(Tool):
@@ -179,5 +179,7 @@ class TextSearch(Tool):
 
     async def __call__(self, content: str) -> ToolOutput:
         found = await self.client.search(content)
-        body = format_documents(found.documents, self.observation_format) if found.ok else search_failed_text(found.error)
+        body = (
+            format_documents(found.documents, self.observation_format) if found.ok else search_failed_text(found.error)
+        )
         return ToolOutput(body=body, ok=found.ok, latency_s=found.latency_s, error=found.error)

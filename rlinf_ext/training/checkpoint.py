@@ -98,12 +98,16 @@ def load_actor_checkpoint(actor_dir: str | Path) -> dict[str, Any]:
     try:  # our own file: numpy / python RNG states need the full unpickler
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:
-        raise ValueError(f"{path}: cannot be read as a torch checkpoint ({type(exc).__name__}: {exc}); "
-                         "it is truncated or corrupt, resume from another global_step_N") from exc
+        raise ValueError(
+            f"{path}: cannot be read as a torch checkpoint ({type(exc).__name__}: {exc}); "
+            "it is truncated or corrupt, resume from another global_step_N"
+        ) from exc
     missing = [k for k in ("model", "iteration", *ACTOR_TRAINING_KEYS) if k not in ckpt]
     if missing:
-        raise ValueError(f"{path}: no {missing} entries; a weights-only Megatron checkpoint (e.g. from hf2mg) "
-                         "cannot resume training; point runner.resume_dir at a global_step_N the trainer saved")
+        raise ValueError(
+            f"{path}: no {missing} entries; a weights-only Megatron checkpoint (e.g. from hf2mg) "
+            "cannot resume training; point runner.resume_dir at a global_step_N the trainer saved"
+        )
     return ckpt
 
 

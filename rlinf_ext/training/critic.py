@@ -113,8 +113,9 @@ class MegatronCritic(MegatronPolicy):
                 mask = batch.loss_mask.to(self.device)
                 old = response_scatter(pad_rows([c.values for c in chunk]), batch).to(self.device)
                 ret = response_scatter(pad_rows([c.returns for c in chunk]), batch).to(self.device)
-                loss, metrics = value_loss(self._token_values(batch), old, ret, mask, self.critic.value_clip,
-                                           num_tokens=num_tokens)
+                loss, metrics = value_loss(
+                    self._token_values(batch), old, ret, mask, self.critic.value_clip, num_tokens=num_tokens
+                )
                 self.step.scale_loss(loss).backward()
                 weight = sum(sum(x.response_mask) for x in chunk) / max(num_tokens, 1.0)
                 for key, val in metrics.items():
@@ -125,8 +126,9 @@ class MegatronCritic(MegatronPolicy):
             result = self.step.step(lr)
             self.optimizer_steps += 1
             sums = {k: self.dp.sum_float(v, self.device) for k, v in sums.items()}  # each rank holds its share
-            sums.update({mk.prefixed(mk.CRITIC_PREFIX, "grad_norm"): result.grad_norm,
-                         mk.prefixed(mk.CRITIC_PREFIX, "lr"): lr})
+            sums.update(
+                {mk.prefixed(mk.CRITIC_PREFIX, "grad_norm"): result.grad_norm, mk.prefixed(mk.CRITIC_PREFIX, "lr"): lr}
+            )
             results.append(sums)
         return results
 
@@ -141,8 +143,9 @@ def assign_gae(samples: Sequence[Sample], critic: CriticSettings, dp: DataParall
             raise ValueError("assign_gae needs the critic's values on every sample (MegatronCritic.compute_values).")
         mask = torch.as_tensor(smp.response_mask, dtype=torch.float32)[None]
         values = smp.values.float()[None]
-        adv, ret = masked_gae(last_token_rewards(torch.tensor([float(smp.reward)]), mask), values, mask,
-                              critic.gamma, critic.gae_lambda)
+        adv, ret = masked_gae(
+            last_token_rewards(torch.tensor([float(smp.reward)]), mask), values, mask, critic.gamma, critic.gae_lambda
+        )
         smp.returns = ret[0]
         raw.append((adv, mask))
         adv_parts.append(masked_moments(adv, mask))
@@ -153,5 +156,7 @@ def assign_gae(samples: Sequence[Sample], critic: CriticSettings, dp: DataParall
     adv_m, ret_m, res_m, val_m = (add_moments(p) for p in zip(*dp.gather_objects(mine)))
     for smp, (adv, mask) in zip(samples, raw):
         smp.advantages = whiten(adv, mask, adv_m)[0]
-    return {mk.CRITIC_VF_EXPLAINED_VAR: explained_variance_of(ret_m, res_m),
-            mk.CRITIC_VALUES_MEAN: val_m[1] / max(val_m[0], 1.0)}
+    return {
+        mk.CRITIC_VF_EXPLAINED_VAR: explained_variance_of(ret_m, res_m),
+        mk.CRITIC_VALUES_MEAN: val_m[1] / max(val_m[0], 1.0),
+    }

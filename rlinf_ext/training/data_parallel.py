@@ -81,8 +81,10 @@ def unsupported_model_parallelism(tp: int, pp: int) -> str | None:
     Megatron-core actor runs TP=PP=1 per process and scales by data parallelism only."""
     if (tp, pp) == (1, 1):
         return None
-    return (f"actor.model.tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}: the Megatron-core actor "
-            "runs TP=PP=1 per process (data parallelism over its processes/GPUs). Fix: set both to 1.")
+    return (
+        f"actor.model.tensor_model_parallel_size={tp}, pipeline_model_parallel_size={pp}: the Megatron-core actor "
+        "runs TP=PP=1 per process (data parallelism over its processes/GPUs). Fix: set both to 1."
+    )
 
 
 def share_of(num_results: int, dp: DataParallel) -> int:
@@ -114,8 +116,10 @@ def shard_layout(local_uids: Sequence[str], local_sizes: Sequence[int], dp: Data
     everyone = dp.gather_objects(list(zip(local_uids, local_sizes)))
     entries = sorted((uid, rank, size) for rank, items in enumerate(everyone) for uid, size in items)
     if len({uid for uid, _, _ in entries}) != len(entries):
-        raise DataParallelError("two rollout results share a uid; the actor orders results by uid. Fix: give every "
-                                "prompt of a step its own uid (the trainer prefixes them with the step and index).")
+        raise DataParallelError(
+            "two rollout results share a uid; the actor orders results by uid. Fix: give every "
+            "prompt of a step its own uid (the trainer prefixes them with the step and index)."
+        )
     start, offsets = 0, {}
     for uid, rank, size in entries:
         offsets[uid] = start

@@ -30,8 +30,8 @@ from typing import Any, Sequence
 import torch
 
 from rlinf_ext.config.schema import FSDPConfig
-from rlinf_ext.models.dtypes import dtype_of_precision
 from rlinf_ext.generation.hf_vl import ImageInputs, load_vl_processor
+from rlinf_ext.models.dtypes import dtype_of_precision
 from rlinf_ext.protocol.images import ImageRef, canonicalize
 from rlinf_ext.protocol.vl_tokens import (
     IMAGE_PAD,
@@ -42,12 +42,12 @@ from rlinf_ext.protocol.vl_tokens import (
     text_vocab_size,
 )
 from rlinf_ext.training import fsdp_policy_io
-from rlinf_ext.training.fsdp_policy_offload import FSDPOffload
 from rlinf_ext.training.batching import PackedBatch, pack_sequences
 from rlinf_ext.training.data_parallel import DataParallel
+from rlinf_ext.training.fsdp_policy_offload import FSDPOffload
+from rlinf_ext.training.grpo_policy import GRPOPolicy, MMSample, Sample
 from rlinf_ext.training.logprobs import next_token_logprobs
 from rlinf_ext.training.optimizer import StepResult, decay_groups
-from rlinf_ext.training.grpo_policy import GRPOPolicy, MMSample, Sample
 from rlinf_ext.training.settings import ActorSettings
 
 
@@ -65,11 +65,18 @@ class FSDPSettings:
     def from_config(cls, fsdp: FSDPConfig | None = None) -> FSDPSettings:
         fsdp = fsdp or FSDPConfig()
         if fsdp.cpu_offload:
-            raise ValueError("actor.fsdp_config.cpu_offload=true (FSDP2's CPUOffloadPolicy: parameters always on CPU) "
-                             "is not implemented; set it false (actor.offload_* moves the actor off the GPUs between "
-                             "phases instead).")
-        return cls(bool(fsdp.freeze_vision_tower), bool(fsdp.gradient_checkpointing), bool(fsdp.reshard_after_forward),
-                   str(fsdp.mixed_precision.param_dtype), str(fsdp.mixed_precision.reduce_dtype))
+            raise ValueError(
+                "actor.fsdp_config.cpu_offload=true (FSDP2's CPUOffloadPolicy: parameters always on CPU) "
+                "is not implemented; set it false (actor.offload_* moves the actor off the GPUs between "
+                "phases instead)."
+            )
+        return cls(
+            bool(fsdp.freeze_vision_tower),
+            bool(fsdp.gradient_checkpointing),
+            bool(fsdp.reshard_after_forward),
+            str(fsdp.mixed_precision.param_dtype),
+            str(fsdp.mixed_precision.reduce_dtype),
+        )
 
 
 @dataclass
@@ -99,8 +106,10 @@ def shard_fsdp2(model: torch.nn.Module, dp: DataParallel, fsdp: FSDPSettings, de
     kw: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": fsdp.reshard_after_forward}
     if device.type == "cuda":  # NOT GPU-verified
         key = "actor.fsdp_config.mixed_precision."
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype_of_precision(fsdp.param_dtype, key + "param_dtype"),
-                                               reduce_dtype=dtype_of_precision(fsdp.reduce_dtype, key + "reduce_dtype"))
+        kw["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=dtype_of_precision(fsdp.param_dtype, key + "param_dtype"),
+            reduce_dtype=dtype_of_precision(fsdp.reduce_dtype, key + "reduce_dtype"),
+        )
     for block in vision_tower(model).blocks:
         fully_shard(block, **kw)
     for layer in model.model.language_model.layers:  # transformers 5: the decoder is `model.language_model`
@@ -144,12 +153,21 @@ class FSDPStep:
 class FSDPPolicy(GRPOPolicy):
     """Policy (+ frozen reference when ``kl_beta > 0``) as a transformers Qwen2.5-VL model, with its optimizer."""
 
-    def __init__(self, hf_model_path: str | Path, settings: ActorSettings, *, dp: DataParallel | None = None,
-                 fsdp: FSDPSettings | None = None, banned_ids: Sequence[int] | None = None):
+    def __init__(
+        self,
+        hf_model_path: str | Path,
+        settings: ActorSettings,
+        *,
+        dp: DataParallel | None = None,
+        fsdp: FSDPSettings | None = None,
+        banned_ids: Sequence[int] | None = None,
+    ):
         self.settings, self.fsdp = settings, fsdp or FSDPSettings.from_config()
         self.hf_model_path = str(hf_model_path)
         self.dp = dp or DataParallel()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
         # FSDP2 over more than one rank, and over a one-rank group when one is given: on CUDA its
         # MixedPrecisionPolicy is what computes in bf16 (scripts/gpu_smoke.py S7 runs that on one GPU)
         self.sharded = self.dp.enabled or self.dp.group is not None
@@ -194,14 +212,25 @@ class FSDPPolicy(GRPOPolicy):
 
     # ------------------------------------------------------------------ forward passes
     def _pack(self, samples: Sequence[Sample]) -> MMPackedBatch:
-        base = pack_sequences([s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                              [s.response_mask for s in samples], self.pad_id)
+        base = pack_sequences(
+            [s.prompt_ids for s in samples],
+            [s.response_ids for s in samples],
+            [s.response_mask for s in samples],
+            self.pad_id,
+        )
         lengths = [p + r for p, r in zip(base.prompt_lengths, base.response_lengths)]
         attention = (torch.arange(base.input_ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]).long()
         refs = [img for s in samples for img in getattr(s, "images", [])]
         vision = self.images.batch(refs) if refs else {}
-        return MMPackedBatch(base.input_ids, base.position_ids, base.loss_mask, base.prompt_lengths,
-                             base.response_lengths, attention, vision)
+        return MMPackedBatch(
+            base.input_ids,
+            base.position_ids,
+            base.loss_mask,
+            base.prompt_lengths,
+            base.response_lengths,
+            attention,
+            vision,
+        )
 
     def rope_positions(self, batch: MMPackedBatch) -> torch.Tensor:
         """``[3, B, T]`` mrope positions from the model's own ``get_rope_index`` (images in row order)."""
@@ -214,14 +243,24 @@ class FSDPPolicy(GRPOPolicy):
         """(log-probs ``[B, T-1]`` of the tempered, banned-masked distribution, entropy or None), fp32."""
         ids = batch.input_ids.to(self.device)
         vision = {k: v.to(self.device) for k, v in batch.vision.items()}
-        out = model(input_ids=ids, attention_mask=batch.attention_mask.to(self.device),
-                    position_ids=self.rope_positions(batch).to(self.device), use_cache=False, **vision)
+        out = model(
+            input_ids=ids,
+            attention_mask=batch.attention_mask.to(self.device),
+            position_ids=self.rope_positions(batch).to(self.device),
+            use_cache=False,
+            **vision,
+        )
         banned = self.banned.to(self.device)[ids]
         banned_target = banned[:, 1:]
         safe = ids.masked_fill(banned, self.pad_id)  # only used as targets; the model saw the real ids
         logprobs, entropy = next_token_logprobs(
-            self._project, out.logits.transpose(0, 1), safe, temperature=self.settings.temperature,
-            chunk_tokens=self.settings.logprob_chunk_tokens, with_entropy=with_entropy)
+            self._project,
+            out.logits.transpose(0, 1),
+            safe,
+            temperature=self.settings.temperature,
+            chunk_tokens=self.settings.logprob_chunk_tokens,
+            with_entropy=with_entropy,
+        )
         logprobs = logprobs.masked_fill(banned_target, 0.0)
         if entropy is not None:
             entropy = entropy.masked_fill(banned_target, 0.0)
@@ -238,7 +277,9 @@ class FSDPPolicy(GRPOPolicy):
 
         with self._offload.on_device(optimizer=False):  # the gathers run on the device's process group
             if self.sharded:
-                state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+                state = get_model_state_dict(
+                    self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+                )
             else:
                 state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         if dtype is not None:
@@ -258,8 +299,11 @@ class FSDPPolicy(GRPOPolicy):
         from torch.distributed.tensor import DTensor
 
         # sharded: the local shards under their FQNs (no gather); one rank: the module's own tensors
-        state = (get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=False)) if self.sharded
-                 else self.model.state_dict())
+        state = (
+            get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=False))
+            if self.sharded
+            else self.model.state_dict()
+        )
         for name, value in state.items():
             cast = dtype if dtype is not None and value.is_floating_point() else value.dtype
             tensor = value.detach().to(device=self.device, dtype=cast)  # a DTensor stays sharded: only its shard
@@ -276,9 +320,13 @@ class FSDPPolicy(GRPOPolicy):
         try:
             with self._offload.on_device(optimizer=False):
                 vision = {k: v.to(self.device) for k, v in batch.vision.items()}
-                out = self.model(input_ids=batch.input_ids.to(self.device),
-                                 attention_mask=batch.attention_mask.to(self.device),
-                                 position_ids=self.rope_positions(batch).to(self.device), use_cache=False, **vision)
+                out = self.model(
+                    input_ids=batch.input_ids.to(self.device),
+                    attention_mask=batch.attention_mask.to(self.device),
+                    position_ids=self.rope_positions(batch).to(self.device),
+                    use_cache=False,
+                    **vision,
+                )
                 return out.logits.float().cpu()
         finally:
             self.model.train(was_training)
@@ -289,7 +337,9 @@ class FSDPPolicy(GRPOPolicy):
         from PIL import Image
 
         tok = self.processor.tokenizer
-        image = canonicalize(Image.linear_gradient("L").resize((56, 56)).convert("RGB"), 56 * 56, 56 * 56, "probe image")
+        image = canonicalize(
+            Image.linear_gradient("L").resize((56, 56)).convert("RGB"), 56 * 56, 56 * 56, "probe image"
+        )
         start, pad, end = (tok.convert_tokens_to_ids(t) for t in (VISION_START, IMAGE_PAD, VISION_END))
         allowed = (~self.banned[: len(tok)]).nonzero().flatten()
         g = torch.Generator().manual_seed(seed)
@@ -304,9 +354,11 @@ class FSDPPolicy(GRPOPolicy):
         (``training/fsdp_policy_offload.py``). Training and log-prob calls onload first; a weight sync or a
         checkpoint brings the state for its call only."""
         s = self.settings
-        self._offload.offload(weights=s.offload_weight if weights is None else weights,
-                              optimizer=s.offload_optimizer if optimizer is None else optimizer,
-                              grads=s.offload_grad if grads is None else grads)
+        self._offload.offload(
+            weights=s.offload_weight if weights is None else weights,
+            optimizer=s.offload_optimizer if optimizer is None else optimizer,
+            grads=s.offload_grad if grads is None else grads,
+        )
 
     def onload(self) -> None:
         """Undo ``offload`` (no-op when nothing is offloaded)."""

@@ -77,8 +77,15 @@ def save_fsdp_policy(policy: FSDPPolicy, directory: str | Path, iteration: int) 
     config["architectures"] = [ARCHITECTURE]
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     policy.processor.save_pretrained(directory)
-    _atomic_torch_save({"iteration": int(iteration), "optimizer": optimizer,
-                        "opt_param_scheduler": scheduler_state(policy), "rng_state": rng}, directory / TRAINING_STATE)
+    _atomic_torch_save(
+        {
+            "iteration": int(iteration),
+            "optimizer": optimizer,
+            "opt_param_scheduler": scheduler_state(policy),
+            "rng_state": rng,
+        },
+        directory / TRAINING_STATE,
+    )
     marker = {"format": HF_ACTOR_FORMAT, "iteration": int(iteration), "hf_model_path": policy.hf_model_path}
     tmp = directory / f".{MARKER}.tmp"
     tmp.write_text(json.dumps(marker, indent=1) + "\n")
@@ -88,13 +95,17 @@ def save_fsdp_policy(policy: FSDPPolicy, directory: str | Path, iteration: int) 
 
 def _check_dir(directory: Path) -> dict[str, Any]:
     if not (directory / MARKER).is_file():
-        raise ValueError(f"{directory} is not a complete HF actor checkpoint (no {MARKER}: interrupted while writing, "
-                         "or not written by the fsdp actor); point runner.resume_dir at a global_step_N/ the trainer "
-                         "saved, or use resume_dir: auto to pick the newest complete one")
+        raise ValueError(
+            f"{directory} is not a complete HF actor checkpoint (no {MARKER}: interrupted while writing, "
+            "or not written by the fsdp actor); point runner.resume_dir at a global_step_N/ the trainer "
+            "saved, or use resume_dir: auto to pick the newest complete one"
+        )
     marker = json.loads((directory / MARKER).read_text())
     if marker.get("format") != HF_ACTOR_FORMAT:
-        raise ValueError(f"{directory / MARKER}: format {marker.get('format')!r}, expected {HF_ACTOR_FORMAT!r} "
-                         "(a Megatron actor checkpoint cannot resume the fsdp actor)")
+        raise ValueError(
+            f"{directory / MARKER}: format {marker.get('format')!r}, expected {HF_ACTOR_FORMAT!r} "
+            "(a Megatron actor checkpoint cannot resume the fsdp actor)"
+        )
     return marker
 
 
@@ -109,8 +120,10 @@ def to_module_names(model: torch.nn.Module, weights: dict[str, torch.Tensor]) ->
     transforms = get_model_conversion_mapping(model)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     if len(renamings) != len(transforms):
-        raise NotImplementedError(f"{type(model).__name__}: its checkpoint conversion transforms tensors, "
-                                  "not only names; load it with from_pretrained")
+        raise NotImplementedError(
+            f"{type(model).__name__}: its checkpoint conversion transforms tensors, "
+            "not only names; load it with from_pretrained"
+        )
     return {rename_source_key(name, renamings, [])[0]: tensor for name, tensor in weights.items()}
 
 
@@ -133,8 +146,9 @@ def load_fsdp_policy(policy: FSDPPolicy, directory: str | Path) -> int:
         weights["lm_head.weight"] = weights[_embedding_name(policy.model)]  # tied: saved once
     set_model_state_dict(policy.model, weights, options=StateDictOptions(full_state_dict=True))
     state = torch.load(directory / TRAINING_STATE, weights_only=False, map_location="cpu")
-    set_optimizer_state_dict(policy.model, policy.step.optimizer, state["optimizer"],
-                             options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(
+        policy.model, policy.step.optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True)
+    )
     policy.optimizer_steps = int(state["opt_param_scheduler"]["num_steps"])
     rng = state["rng_state"]
     restore_rng_state(rng[policy.dp.rank] if policy.dp.rank < len(rng) else rng[0])

@@ -45,8 +45,13 @@ class OffloadState:
 class FSDPOffload:
     """Offload / onload of one FSDP2 policy: its model, the frozen reference, the optimizer state, the gradients."""
 
-    def __init__(self, model: torch.nn.Module, ref_model: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
-                 device: torch.device):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        ref_model: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+    ):
         self.model, self.ref_model, self.optimizer, self.device = model, ref_model, optimizer, device
         self.state = OffloadState()
 

@@ -109,8 +109,9 @@ class GRPOPolicy:
         )
         return adv[:, 0]
 
-    def _micro_loss(self, chunk: Sequence[Sample], chunk_adv: torch.Tensor, num_tokens: float,
-                    behaviour: bool | None = None):
+    def _micro_loss(
+        self, chunk: Sequence[Sample], chunk_adv: torch.Tensor, num_tokens: float, behaviour: bool | None = None
+    ):
         """Loss and metrics of one micro-batch; ``behaviour`` (default: ``uses_behaviour(chunk)``) weights it by
         the engine's log-probs (decoupled PPO, ``algorithm.off_policy``)."""
         s = self.settings
@@ -131,8 +132,17 @@ class GRPOPolicy:
             adv = response_scatter(pad_rows(_present_advantages(chunk)), batch).to(self.device).float() * mask
         else:
             adv = (chunk_adv.to(self.device)[:, None] * mask).float()
-        return grpo_actor_loss(logprobs, old, adv, mask, s.loss, ref_logprobs=ref, entropy=entropy,
-                               num_tokens=num_tokens, behaviour_logprobs=behav)
+        return grpo_actor_loss(
+            logprobs,
+            old,
+            adv,
+            mask,
+            s.loss,
+            ref_logprobs=ref,
+            entropy=entropy,
+            num_tokens=num_tokens,
+            behaviour_logprobs=behav,
+        )
 
     def uses_behaviour(self, samples: Sequence[Sample], global_size: int | None = None) -> bool:
         """Whether the step weights its loss by the engine's log-probs: ``algorithm.off_policy.behaviour_weight`` is
@@ -148,8 +158,10 @@ class GRPOPolicy:
             if smp.behaviour_logprobs is None:
                 continue
             if len(smp.behaviour_logprobs) != len(smp.response_ids):
-                raise ValueError(f"a trajectory has {len(smp.behaviour_logprobs)} engine log-probs for "
-                                 f"{len(smp.response_ids)} response tokens; they must line up one to one.")
+                raise ValueError(
+                    f"a trajectory has {len(smp.behaviour_logprobs)} engine log-probs for "
+                    f"{len(smp.response_ids)} response tokens; they must line up one to one."
+                )
             non_finite = non_finite or _non_finite_behaviour(smp)
             have += 1
         total = len(samples) if global_size is None else global_size
@@ -161,23 +173,29 @@ class GRPOPolicy:
         if non_finite is not None:
             raise ValueError(non_finite)
         if refusing:
-            raise ValueError(f"{refusing} other data-parallel rank(s) hold a trajectory with a non-finite engine "
-                             "log-prob on a sampled token; their error names it.")
+            raise ValueError(
+                f"{refusing} other data-parallel rank(s) hold a trajectory with a non-finite engine "
+                "log-prob on a sampled token; their error names it."
+            )
         if have == 0 and total and self.settings.behaviour_required:
             raise ValueError(
                 "no trajectory of the step has engine log-probs, but runner.max_staleness > 0 trains on samples of "
                 f"older weights and algorithm.off_policy.behaviour_weight={self.settings.loss.behaviour_weight!r} "
                 "corrects for that with them. Set rollout.return_logprobs=true (and check that the engine returns "
-                "them).")
+                "them)."
+            )
         if have not in (0, total):
             raise ValueError(
                 f"{total - have} of the step's {total} trajectories have no engine log-probs while the others have: "
                 "algorithm.off_policy.behaviour_weight needs them on every trajectory (the agent loop drops them when "
                 "they do not line up with the sampled tokens). Fix the engine's log-probs, or set "
-                "algorithm.off_policy.behaviour_weight=none.")
+                "algorithm.off_policy.behaviour_weight=none."
+            )
         return have > 0
 
-    def train_step(self, samples: Sequence[Sample], step: int, layout: ShardLayout | None = None) -> list[dict[str, float]]:
+    def train_step(
+        self, samples: Sequence[Sample], step: int, layout: ShardLayout | None = None
+    ) -> list[dict[str, float]]:
         """One rollout step: ``n_minibatches`` optimizer steps; returns one metrics dict per mini-batch.
 
         With data parallelism (``self.dp.size > 1``) ``samples`` are this rank's share (whole GRPO groups) and
@@ -211,8 +229,15 @@ class GRPOPolicy:
             result = self.step.step(lr)  # reduce over the ranks, unscale, clip, step (skipped if not finite)
             self.optimizer_steps += 1
             sums, adv_stats = self._global_minibatch_metrics(sums, mb_adv)
-            sums.update({"grad_norm": result.grad_norm, "lr": lr, "update_success": float(result.ok),
-                         "num_tokens": num_tokens, **adv_stats})
+            sums.update(
+                {
+                    "grad_norm": result.grad_norm,
+                    "lr": lr,
+                    "update_success": float(result.ok),
+                    "num_tokens": num_tokens,
+                    **adv_stats,
+                }
+            )
             if result.loss_scale is not None:
                 sums["loss_scale"] = result.loss_scale
             results.append(sums)
@@ -228,29 +253,43 @@ class GRPOPolicy:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(s.seed + step)).tolist()
         local_pos = {g: i for i, g in enumerate(layout.global_index)}
         per_mb = n // s.n_minibatches
-        return [[local_pos[g] for g in order[m * per_mb : (m + 1) * per_mb] if g in local_pos]
-                for m in range(s.n_minibatches)]
+        return [
+            [local_pos[g] for g in order[m * per_mb : (m + 1) * per_mb] if g in local_pos]
+            for m in range(s.n_minibatches)
+        ]
 
     def _check_layout(self, samples: Sequence[Sample], layout: ShardLayout | None) -> ShardLayout:
         if layout is None:
             if self.dp.enabled:
-                raise ValueError("train_step with data parallelism needs the ShardLayout of this rank's samples "
-                                 "(data_parallel.shard_layout).")
+                raise ValueError(
+                    "train_step with data parallelism needs the ShardLayout of this rank's samples "
+                    "(data_parallel.shard_layout)."
+                )
             layout = ShardLayout(tuple(range(len(samples))), len(samples))
         if len(layout.global_index) != len(samples):
             raise ValueError(f"ShardLayout places {len(layout.global_index)} samples but {len(samples)} were given.")
         if layout.global_size % self.settings.n_minibatches:
-            raise ValueError(f"{layout.global_size} trajectories cannot be split into algorithm.n_minibatches="
-                             f"{self.settings.n_minibatches} equal parts.")
+            raise ValueError(
+                f"{layout.global_size} trajectories cannot be split into algorithm.n_minibatches="
+                f"{self.settings.n_minibatches} equal parts."
+            )
         return layout
 
     def _global_minibatch_metrics(self, sums: dict[str, float], mb_adv: torch.Tensor):
         """(loss metrics, advantage stats) of the global mini-batch (this rank's alone with one rank)."""
         if not self.dp.enabled:
-            return sums, {"advantages_mean": float(mb_adv.mean()), "advantages_max": float(mb_adv.max()),
-                          "advantages_min": float(mb_adv.min())}
-        mine = (sums, float(mb_adv.sum()), len(mb_adv), [float(mb_adv.max())] if len(mb_adv) else [],
-                [float(mb_adv.min())] if len(mb_adv) else [])
+            return sums, {
+                "advantages_mean": float(mb_adv.mean()),
+                "advantages_max": float(mb_adv.max()),
+                "advantages_min": float(mb_adv.min()),
+            }
+        mine = (
+            sums,
+            float(mb_adv.sum()),
+            len(mb_adv),
+            [float(mb_adv.max())] if len(mb_adv) else [],
+            [float(mb_adv.min())] if len(mb_adv) else [],
+        )
         everyone = self.dp.gather_objects(mine)
         count = sum(e[2] for e in everyone)
         return merge_minibatch_metrics([e[0] for e in everyone]), {
@@ -275,7 +314,8 @@ def _non_finite_behaviour(smp: Sample) -> str | None:
         f"at response token {pos} (token id {smp.response_ids[pos]}), a sampled token ({len(bad)} such token(s) in "
         "all): its behaviour weight would be undefined. Find why the engine returned it (a sampled token must have a "
         "finite log-prob under rollout.return_logprobs), or set algorithm.off_policy.behaviour_weight=none to train "
-        "without the engine's log-probs.")
+        "without the engine's log-probs."
+    )
 
 
 def _present(rows: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
@@ -292,6 +332,8 @@ def _token_mean_advantage(smp: Sample) -> float:
 
 def _present_advantages(rows: Sequence[Sample]) -> list[torch.Tensor]:
     if any(r.advantages is None or len(r.advantages) != len(r.response_ids) for r in rows):
-        raise ValueError("algorithm.adv_type=gae: a trajectory has no per-token advantages (or not one per response "
-                         "token); the actor worker computes them from the critic's values before training.")
+        raise ValueError(
+            "algorithm.adv_type=gae: a trajectory has no per-token advantages (or not one per response "
+            "token); the actor worker computes them from the critic's values before training."
+        )
     return [r.advantages for r in rows]

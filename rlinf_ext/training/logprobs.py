@@ -19,8 +19,9 @@ from torch.utils.checkpoint import checkpoint
 Projection = Callable[[torch.Tensor], torch.Tensor]  # hidden [s, B, H] -> logits [s, B, V]
 
 
-def _chunk_math(project: Projection, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_math(
+    project: Projection, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     logits = project(hidden).float()  # log-prob math in fp32
     if temperature != 1.0:
         logits = logits / temperature

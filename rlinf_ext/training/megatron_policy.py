@@ -57,7 +57,9 @@ class MegatronPolicy(GRPOPolicy):
     def __init__(self, hf_model_path: str | Path, settings: ActorSettings, *, init_distributed: bool = True):
         self.settings = settings
         self.hf_model_path = str(hf_model_path)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
         native = self.device.type == "cuda"  # Megatron's mixed precision (16-bit params) on CUDA, autocast on CPU
         compute_dtype = autocast_dtype(settings.precision) or torch.float32
         self.params_dtype = compute_dtype if native else torch.float32
@@ -82,8 +84,13 @@ class MegatronPolicy(GRPOPolicy):
 
     def _build(self, mg_state: dict[str, torch.Tensor], trainable: bool, dtype: torch.dtype) -> torch.nn.Module:
         overrides = dict(self.settings.model_overrides, calculate_per_token_loss=True)  # DDP sums: optimizer.py
-        model = build_gpt_model(self.hf_model_path, params_dtype=dtype, init_weights=False,
-                                use_te=layer_spec_uses_te(self.settings.spec_name), **overrides)
+        model = build_gpt_model(
+            self.hf_model_path,
+            params_dtype=dtype,
+            init_weights=False,
+            use_te=layer_spec_uses_te(self.settings.spec_name),
+            **overrides,
+        )
         load_megatron_state_dict(model, mg_state, source=f"HF checkpoint {self.hf_model_path}")
         model.to(self.device)
         model.requires_grad_(trainable)
@@ -113,12 +120,21 @@ class MegatronPolicy(GRPOPolicy):
         with self.amp.autocast():
             with hidden_states_only(model):
                 hidden = model(ids, pos, mask)
-            return next_token_logprobs(output_projection(model), hidden, ids, temperature=self.settings.temperature,
-                                       chunk_tokens=self.settings.logprob_chunk_tokens, with_entropy=with_entropy)
+            return next_token_logprobs(
+                output_projection(model),
+                hidden,
+                ids,
+                temperature=self.settings.temperature,
+                chunk_tokens=self.settings.logprob_chunk_tokens,
+                with_entropy=with_entropy,
+            )
 
     def _pack(self, samples: Sequence[Sample]) -> PackedBatch:
         return pack_sequences(
-            [s.prompt_ids for s in samples], [s.response_ids for s in samples], [s.response_mask for s in samples], self.pad_id
+            [s.prompt_ids for s in samples],
+            [s.response_ids for s in samples],
+            [s.response_mask for s in samples],
+            self.pad_id,
         )
 
     # ------------------------------------------------------------------ weights
@@ -169,8 +185,10 @@ class MegatronPolicy(GRPOPolicy):
             if self.ref_model is not None:
                 move_module_(self.ref_model, torch.device("cpu"), pin_memory=True)
             self._weights_offloaded = True
-        self.step.offload(optimizer=s.offload_optimizer if optimizer is None else optimizer,
-                          grads=s.offload_grad if grads is None else grads)
+        self.step.offload(
+            optimizer=s.offload_optimizer if optimizer is None else optimizer,
+            grads=s.offload_grad if grads is None else grads,
+        )
         release_device_memory(self.device)
 
     def onload(self) -> None:

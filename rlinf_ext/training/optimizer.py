@@ -54,8 +54,10 @@ def wrap_ddp(model: torch.nn.Module, settings: ActorSettings, device: torch.devi
     """Megatron's DDP around ``model``: fp32 gradient buffer; reduce-scatter when the CUDA distributed
     optimizer shards the state, else all-reduce. Gradients are summed (see the module docstring)."""
     if not model.config.calculate_per_token_loss:
-        raise ValueError("the actor's TransformerConfig needs calculate_per_token_loss=True: its loss is divided by "
-                         "the global token count, so DDP must sum gradients instead of averaging them.")
+        raise ValueError(
+            "the actor's TransformerConfig needs calculate_per_token_loss=True: its loss is divided by "
+            "the global token count, so DDP must sum gradients instead of averaging them."
+        )
     config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,  # 100+ micro-batches accumulate per step: 16-bit sums would lose them
         overlap_grad_reduce=False,
@@ -101,8 +103,13 @@ class TorchStep:
         else:
             raise ValueError(f"actor.optim.optimizer={s.optimizer!r}; use 'adam' or 'sgd'.")
         if dp.enabled and s.use_distributed_optimizer:
-            self.optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=cls, process_group=dp.group,
-                                                     weight_decay=groups[0]["weight_decay"], **kwargs)
+            self.optimizer = ZeroRedundancyOptimizer(
+                groups[0]["params"],
+                optimizer_class=cls,
+                process_group=dp.group,
+                weight_decay=groups[0]["weight_decay"],
+                **kwargs,
+            )
             self.optimizer.add_param_group(groups[1])
         else:
             self.optimizer = cls(groups, **kwargs)
@@ -173,13 +180,26 @@ class MegatronStep:
         self.fp16 = params_dtype == torch.float16
         self.sharded = s.use_distributed_optimizer
         if self.sharded and s.optimizer != "adam":
-            raise ValueError("actor.optim.use_distributed_optimizer=true supports actor.optim.optimizer=adam only "
-                             "(Megatron's DistributedOptimizer); set use_distributed_optimizer=false for sgd.")
+            raise ValueError(
+                "actor.optim.use_distributed_optimizer=true supports actor.optim.optimizer=adam only "
+                "(Megatron's DistributedOptimizer); set use_distributed_optimizer=false for sgd."
+            )
         config = OptimizerConfig(
-            optimizer=s.optimizer, lr=s.lr, min_lr=s.min_lr, weight_decay=s.weight_decay, adam_beta1=s.adam_beta1,
-            adam_beta2=s.adam_beta2, adam_eps=s.adam_eps, sgd_momentum=0.0, clip_grad=s.clip_grad,
-            bf16=params_dtype == torch.bfloat16, fp16=self.fp16, params_dtype=params_dtype,
-            loss_scale=s.loss_scale, initial_loss_scale=2.0**16, use_distributed_optimizer=self.sharded,
+            optimizer=s.optimizer,
+            lr=s.lr,
+            min_lr=s.min_lr,
+            weight_decay=s.weight_decay,
+            adam_beta1=s.adam_beta1,
+            adam_beta2=s.adam_beta2,
+            adam_eps=s.adam_eps,
+            sgd_momentum=0.0,
+            clip_grad=s.clip_grad,
+            bf16=params_dtype == torch.bfloat16,
+            fp16=self.fp16,
+            params_dtype=params_dtype,
+            loss_scale=s.loss_scale,
+            initial_loss_scale=2.0**16,
+            use_distributed_optimizer=self.sharded,
         )
         self.optimizer = get_megatron_optimizer(config, [ddp])
         self.fused = any(use_fused_adamw(o.optimizer) for o in self.optimizer.chained_optimizers)
@@ -217,8 +237,10 @@ class MegatronStep:
         self.optimizer.load_state_dict(state)
         if self.sharded:
             if directory is None or not (Path(directory) / DISTRIB_OPTIM_FILE).is_file():
-                raise FileNotFoundError(f"{directory}: no {DISTRIB_OPTIM_FILE}; a checkpoint of the distributed "
-                                        "optimizer needs it (resume with the same actor.optim.use_distributed_optimizer)")
+                raise FileNotFoundError(
+                    f"{directory}: no {DISTRIB_OPTIM_FILE}; a checkpoint of the distributed "
+                    "optimizer needs it (resume with the same actor.optim.use_distributed_optimizer)"
+                )
             load_parameter_state_keeping_steps(self.optimizer, Path(directory) / DISTRIB_OPTIM_FILE)
 
     def offload(self, optimizer: bool, grads: bool) -> None:
@@ -253,8 +275,12 @@ def load_parameter_state_keeping_steps(optimizer: Any, path: Path) -> None:
     (Megatron's optimizer when neither TE nor Apex is installed) also keeps a per-parameter ``step``, restored by
     ``load_state_dict`` from the common step just before: the load raised ``KeyError: 'step'`` on an H100
     (scripts/gpu_smoke.py S3). TE's FusedAdam keeps the step per group, so nothing is set aside there."""
-    held = [(state, state.pop("step")) for inner in optimizer.chained_optimizers
-            for state in inner.optimizer.state.values() if "step" in state]
+    held = [
+        (state, state.pop("step"))
+        for inner in optimizer.chained_optimizers
+        for state in inner.optimizer.state.values()
+        if "step" in state
+    ]
     try:
         optimizer.load_parameter_state(str(path))
     finally:
@@ -276,8 +302,14 @@ def offload_weights(ddp: DistributedDataParallel, to_cpu: bool, device: torch.de
         move_module_(ddp.module, torch.device("cpu") if to_cpu else device, pin_memory=to_cpu)
 
 
-def build_step(ddp: DistributedDataParallel, settings: ActorSettings, dp: DataParallel, amp: MixedPrecision,
-               device: torch.device, params_dtype: torch.dtype) -> TorchStep | MegatronStep:
+def build_step(
+    ddp: DistributedDataParallel,
+    settings: ActorSettings,
+    dp: DataParallel,
+    amp: MixedPrecision,
+    device: torch.device,
+    params_dtype: torch.dtype,
+) -> TorchStep | MegatronStep:
     if device.type == "cuda":
         return MegatronStep(ddp, settings, params_dtype)
     return TorchStep(ddp, settings, dp, amp)

@@ -30,7 +30,9 @@ def last_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     """``[B, R]`` token-level rewards: each trajectory's scalar reward ``[B]`` on its last generated token, 0
     elsewhere (a trajectory without a generated token gets none)."""
     if rewards.ndim != 1 or rewards.shape[0] != mask.shape[0]:
-        raise ValueError(f"rewards must be [B] matching mask [B, R]; got {tuple(rewards.shape)} and {tuple(mask.shape)}.")
+        raise ValueError(
+            f"rewards must be [B] matching mask [B, R]; got {tuple(rewards.shape)} and {tuple(mask.shape)}."
+        )
     out = torch.zeros(mask.shape, dtype=torch.float32)
     m = mask.bool()
     cols = torch.arange(mask.shape[1]).expand_as(m)
@@ -40,16 +42,19 @@ def last_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return out
 
 
-def masked_gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-               lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_gae(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns) ``[B, R]`` of GAE over the generated tokens only (0 off the mask).
 
     For generated tokens t < t' consecutive among the generated ones: ``delta_t = r_t + gamma * V_t' - V_t`` (V after
     the last generated token = 0, the episode ends) and ``A_t = delta_t + gamma * lam * A_t'``; observation tokens
     are skipped (module docstring). ``returns = A + V`` on the mask."""
     if not (token_rewards.shape == values.shape == mask.shape):
-        raise ValueError(f"token_rewards, values and mask must have one shape; got {tuple(token_rewards.shape)}, "
-                         f"{tuple(values.shape)}, {tuple(mask.shape)}.")
+        raise ValueError(
+            f"token_rewards, values and mask must have one shape; got {tuple(token_rewards.shape)}, "
+            f"{tuple(values.shape)}, {tuple(mask.shape)}."
+        )
     m = mask.float()
     v = values.float() * m
     r = token_rewards.float() * m
@@ -72,8 +77,9 @@ def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, flo
     return float(picked.numel()), float(picked.sum()), float((picked * picked).sum())
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, moments: tuple[float, float, float] | None = None,
-           eps: float = 1e-8) -> torch.Tensor:
+def whiten(
+    values: torch.Tensor, mask: torch.Tensor, moments: tuple[float, float, float] | None = None, eps: float = 1e-8
+) -> torch.Tensor:
     """``values`` shifted and scaled to mean 0, variance 1 over the mask (0 off it); unbiased variance, as verl.
     ``moments`` (``masked_moments`` summed over the ranks) makes it the whole step's statistics."""
     moments = masked_moments(values, mask) if moments is None else moments
@@ -84,15 +90,22 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, moments: tuple[float, float
     return torch.where(mask.bool(), out, 0.0)
 
 
-def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-                   lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def gae_advantages(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's (whitened advantages, returns) ``[B, R]`` from scalar rewards ``[B]`` and the critic's values."""
     adv, returns = masked_gae(last_token_rewards(rewards, mask), values, mask, gamma, lam)
     return whiten(adv, mask), returns
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               value_clip: float, num_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    value_clip: float,
+    num_tokens: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss ``0.5 * max((V - G)^2, (V_clip - G)^2)``, ``V_clip = V_old + clamp(V - V_old, +-value_clip)``,
     summed over the mask and divided by ``num_tokens`` (default: the mask's count; the mini-batch's loss-token
     count keeps micro-batch losses additive, as ``rl_math.token_mean``). Metrics (``critic/...`` names) over the mask:
@@ -122,8 +135,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return explained_variance_of(masked_moments(g, mask), masked_moments(g - values.float(), mask))
 
 
-def explained_variance_of(return_moments: tuple[float, float, float],
-                          residual_moments: tuple[float, float, float]) -> float:
+def explained_variance_of(
+    return_moments: tuple[float, float, float], residual_moments: tuple[float, float, float]
+) -> float:
     """``explained_variance`` from the ``masked_moments`` of the returns and of ``returns - values`` (summed over
     data-parallel ranks: the whole step's)."""
     var_g, var_d = _variance(return_moments), _variance(residual_moments)

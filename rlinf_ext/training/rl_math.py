@@ -48,9 +48,13 @@ def compute_advantages(
     if adv_type not in SUPPORTED_ADV_TYPES:
         raise ValueError(f"algorithm.adv_type={adv_type!r} is not supported here; use one of {SUPPORTED_ADV_TYPES}.")
     if rewards.ndim != 1 or rewards.shape[0] != loss_mask.shape[0]:
-        raise ValueError(f"rewards must be [B] matching loss_mask [B, T]; got {tuple(rewards.shape)} and {tuple(loss_mask.shape)}.")
+        raise ValueError(
+            f"rewards must be [B] matching loss_mask [B, T]; got {tuple(rewards.shape)} and {tuple(loss_mask.shape)}."
+        )
     if group_size < 2 or rewards.shape[0] % group_size:
-        raise ValueError(f"GRPO needs group_size >= 2 dividing the batch; got group_size={group_size}, batch={rewards.shape[0]}.")
+        raise ValueError(
+            f"GRPO needs group_size >= 2 dividing the batch; got group_size={group_size}, batch={rewards.shape[0]}."
+        )
     kwargs = dict(
         task_type="reasoning",
         adv_type=adv_type,
@@ -160,8 +164,14 @@ def grpo_actor_loss(
     denom = float(mask.sum().item()) if num_tokens is None else float(num_tokens)
     weight, weight_metrics = None, {}
     if behaviour_logprobs is not None and cfg.behaviour_weight != "none":
-        weight, weight_metrics = behaviour_weights(old_logprobs, behaviour_logprobs, mask, cfg.behaviour_weight,
-                                                   cfg.behaviour_weight_cap, cfg.behaviour_weight_floor)
+        weight, weight_metrics = behaviour_weights(
+            old_logprobs,
+            behaviour_logprobs,
+            mask,
+            cfg.behaviour_weight,
+            cfg.behaviour_weight_cap,
+            cfg.behaviour_weight_floor,
+        )
 
     # RLinf's surrogate, weighted where it is aggregated, as its compute_decoupled_ppo_actor_loss does (for w >= 0
     # the same as scaling the advantages by w, dual clip included), so the clip metrics stay those of pi / pi_prox.
@@ -185,7 +195,9 @@ def grpo_actor_loss(
     metrics.update(weight_metrics)
     if cfg.kl_beta > 0:
         if ref_logprobs is None:
-            raise ValueError("algorithm.kl_beta > 0 needs reference logprobs (recompute them with the frozen reference).")
+            raise ValueError(
+                "algorithm.kl_beta > 0 needs reference logprobs (recompute them with the frozen reference)."
+            )
         # The where() keeps masked positions out of the graph entirely (no 0 * inf = nan).
         kl = torch.where(mask, low_var_kl(logprobs.float(), ref_logprobs.float()), 0.0)
         kl_loss = token_mean(kl, mask, denom)

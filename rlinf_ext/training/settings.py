@@ -14,9 +14,16 @@ from rlinf_ext.training.rl_math import LossConfig
 
 # actor.model keys that are Megatron TransformerConfig fields of the same name, passed through as set
 TRANSFORMER_CONFIG_KEYS = (
-    "recompute_granularity", "recompute_method", "recompute_num_layers",
-    "apply_rope_fusion", "bias_dropout_fusion", "bias_activation_fusion", "persist_layer_norm",
-    "attention_softmax_in_fp32", "gradient_accumulation_fusion", "use_cpu_initialization",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "apply_rope_fusion",
+    "bias_dropout_fusion",
+    "bias_activation_fusion",
+    "persist_layer_norm",
+    "attention_softmax_in_fp32",
+    "gradient_accumulation_fusion",
+    "use_cpu_initialization",
 )
 
 
@@ -81,8 +88,10 @@ class ActorSettings:
         if alg.kl_beta > 0 and alg.kl_penalty_type != "low_var_kl":
             raise ValueError(f"algorithm.kl_penalty_type={alg.kl_penalty_type!r}: only 'low_var_kl' is implemented.")
         if alg.normalize_advantages:
-            raise ValueError("algorithm.normalize_advantages=True is not supported: GRPO's advantages are normalised "
-                             "within groups (RLinf asserts it off) and gae whitens its own (training/ppo_math.py).")
+            raise ValueError(
+                "algorithm.normalize_advantages=True is not supported: GRPO's advantages are normalised "
+                "within groups (RLinf asserts it off) and gae whitens its own (training/ppo_math.py)."
+            )
         return cls(
             group_size=int(alg.group_size),
             n_minibatches=int(alg.n_minibatches),
@@ -149,12 +158,27 @@ class CriticSettings:
         critic, alg, optim = cfg.critic, cfg.algorithm, cfg.critic.optim
         offload = bool(critic.offload)
         train = replace(
-            actor, micro_batch_size=int(critic.micro_batch_size), logprob_micro_batch_size=int(critic.micro_batch_size),
-            optimizer=str(optim.optimizer), lr=float(optim.lr), weight_decay=float(optim.weight_decay),
-            adam_beta1=float(optim.adam_beta1), adam_beta2=float(optim.adam_beta2), adam_eps=float(optim.adam_eps),
-            clip_grad=float(optim.clip_grad), use_distributed_optimizer=bool(optim.use_distributed_optimizer),
+            actor,
+            micro_batch_size=int(critic.micro_batch_size),
+            logprob_micro_batch_size=int(critic.micro_batch_size),
+            optimizer=str(optim.optimizer),
+            lr=float(optim.lr),
+            weight_decay=float(optim.weight_decay),
+            adam_beta1=float(optim.adam_beta1),
+            adam_beta2=float(optim.adam_beta2),
+            adam_eps=float(optim.adam_eps),
+            clip_grad=float(optim.clip_grad),
+            use_distributed_optimizer=bool(optim.use_distributed_optimizer),
             loss_scale=None if optim.loss_scale is None else float(optim.loss_scale),
-            offload_weight=offload, offload_optimizer=offload, offload_grad=offload)
-        return cls(train=train, model_path=str(critic.model_path), gamma=float(alg.gamma),
-                   gae_lambda=float(alg.gae_lambda), value_clip=float(alg.value_clip),
-                   critic_warmup=int(critic.critic_warmup))
+            offload_weight=offload,
+            offload_optimizer=offload,
+            offload_grad=offload,
+        )
+        return cls(
+            train=train,
+            model_path=str(critic.model_path),
+            gamma=float(alg.gamma),
+            gae_lambda=float(alg.gae_lambda),
+            value_clip=float(alg.value_clip),
+            critic_warmup=int(critic.critic_warmup),
+        )

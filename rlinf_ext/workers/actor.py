@@ -37,12 +37,10 @@ from rlinf.scheduler import Worker
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.convert.state_dicts import iter_megatron_to_hf
 from rlinf_ext.models.cpu_shims import env_init_method, init_parallel_state
-from rlinf_ext.protocol.payloads import AgentRolloutResult, pad_rows
-from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
-from rlinf_ext.training.grpo_policy import MMSample, Sample
-from rlinf_ext.training.settings import ActorSettings, CriticSettings
-from rlinf_ext.training.staleness_bound import check_token_bound
 from rlinf_ext.models.memory import BUCKET_BYTES
+from rlinf_ext.protocol.payloads import AgentRolloutResult, pad_rows
+from rlinf_ext.sync.sglang_transfer import SGLangDistributedSender, uses_sglang_distributed
+from rlinf_ext.sync.vllm_transfer import VLLMTransferSender, transfer_backend
 from rlinf_ext.sync.weight_sync import (
     CastView,
     SyncHeader,
@@ -54,8 +52,10 @@ from rlinf_ext.sync.weight_sync import (
     rollout_dtype,
     send_weights,
 )
-from rlinf_ext.sync.sglang_transfer import SGLangDistributedSender, uses_sglang_distributed
-from rlinf_ext.sync.vllm_transfer import VLLMTransferSender, transfer_backend
+from rlinf_ext.training.data_parallel import DataParallel, shard_layout, share_of
+from rlinf_ext.training.grpo_policy import MMSample, Sample
+from rlinf_ext.training.settings import ActorSettings, CriticSettings
+from rlinf_ext.training.staleness_bound import check_token_bound
 
 if TYPE_CHECKING:  # the policies import Megatron / transformers: only build_policy, in the worker, loads them
     from rlinf_ext.training.critic import MegatronCritic
@@ -77,7 +77,9 @@ def samples_of(results: list[AgentRolloutResult]) -> list[Sample]:
     when it carries them: ``MMSample`` for the vision-language actor)."""
     out: list[Sample] = []
     for res in results:
-        rewards = res.rewards.tolist() if torch.is_tensor(res.rewards) else list(res.rewards or [0.0] * res.num_sequence)
+        rewards = (
+            res.rewards.tolist() if torch.is_tensor(res.rewards) else list(res.rewards or [0.0] * res.num_sequence)
+        )
         versions = getattr(res, "versions", None) or []  # per response token, when the engine stamped its replies
         for i in range(res.num_sequence):
             n = res.response_lengths[i]
@@ -92,8 +94,9 @@ def samples_of(results: list[AgentRolloutResult]) -> list[Sample]:
                 versions=list(versions[i]) if i < len(versions) and versions[i] else None,
                 uid=f"{res.uid}#{i}",
             )
-            out.append(MMSample(**fields, images=list(res.trajectory_images[i])) if res.trajectory_images
-                       else Sample(**fields))
+            out.append(
+                MMSample(**fields, images=list(res.trajectory_images[i])) if res.trajectory_images else Sample(**fields)
+            )
     return out
 
 
@@ -114,8 +117,9 @@ def build_policy(cfg: ExperimentConfig, settings: ActorSettings) -> MegatronPoli
         # lazy: heavy (transformers, Megatron via data_parallel); loaded in the actor's process only
         from rlinf_ext.training.fsdp_policy import FSDPPolicy, FSDPSettings
 
-        return FSDPPolicy(path, settings, dp=DataParallel.from_parallel_state(),
-                          fsdp=FSDPSettings.from_config(cfg.actor.fsdp_config))
+        return FSDPPolicy(
+            path, settings, dp=DataParallel.from_parallel_state(), fsdp=FSDPSettings.from_config(cfg.actor.fsdp_config)
+        )
     # lazy: heavy (Megatron-core); loaded in the actor's process only, never in the launcher
     from rlinf_ext.training.megatron_policy import MegatronPolicy
 
@@ -185,11 +189,19 @@ class ActorWorker(Worker):
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         init_method = env_init_method() if world > 1 else None
         if world > 1 and init_method is None:
-            raise RuntimeError("the actor group has several processes but RLinf set no MASTER_ADDR/MASTER_PORT; "
-                               "launch the actor as an RLinf WorkerGroup (runner/compose.py).")
-        init_parallel_state(1, 1, rank=int(self._rank) if world > 1 else 0, world_size=world,
-                            init_method=init_method, seed=self.settings.seed,
-                            timeout_s=60.0 * self.settings.distributed_timeout_minutes)
+            raise RuntimeError(
+                "the actor group has several processes but RLinf set no MASTER_ADDR/MASTER_PORT; "
+                "launch the actor as an RLinf WorkerGroup (runner/compose.py)."
+            )
+        init_parallel_state(
+            1,
+            1,
+            rank=int(self._rank) if world > 1 else 0,
+            world_size=world,
+            init_method=init_method,
+            seed=self.settings.seed,
+            timeout_s=60.0 * self.settings.distributed_timeout_minutes,
+        )
 
     def offload_engine(self) -> None:
         """Give the GPU to the collocated rollout engine (no-op on CPU, see ``MegatronPolicy.offload``)."""
@@ -210,11 +222,13 @@ class ActorWorker(Worker):
         cuda = self.policy.device.type == "cuda"
         backend = transfer_backend(self.cfg, cuda)
         if backend is not None:
-            self._engine_sender = VLLMTransferSender(self, backend, routes, rollout_group=self.cfg.rollout.group_name,
-                                                     bucket_bytes=self._sync_bucket_bytes)
+            self._engine_sender = VLLMTransferSender(
+                self, backend, routes, rollout_group=self.cfg.rollout.group_name, bucket_bytes=self._sync_bucket_bytes
+            )
         elif uses_sglang_distributed(self.cfg, cuda):
-            self._engine_sender = SGLangDistributedSender(self, routes, rollout_group=self.cfg.rollout.group_name,
-                                                          bucket_bytes=self._sync_bucket_bytes)
+            self._engine_sender = SGLangDistributedSender(
+                self, routes, rollout_group=self.cfg.rollout.group_name, bucket_bytes=self._sync_bucket_bytes
+            )
 
     def sync_model_to_rollout(self, verify: bool = True) -> dict:
         """Send the weights under HF names, in the rollout's dtype, along the routes (every rank in parallel on
@@ -242,8 +256,14 @@ class ActorWorker(Worker):
                 buckets = self._hf_buckets(shared=routes.mode == "paired")
             if routes.mode == "paired":
                 prepare_handles(self.policy.device)
-            stats = send_weights(self, routes, header, buckets,
-                                 actor_group=self.cfg.actor.group_name, rollout_group=self.cfg.rollout.group_name)
+            stats = send_weights(
+                self,
+                routes,
+                header,
+                buckets,
+                actor_group=self.cfg.actor.group_name,
+                rollout_group=self.cfg.rollout.group_name,
+            )
             return dataclasses.asdict(stats)
 
     def _sync_through_engine(self, verify: bool) -> dict:
@@ -287,8 +307,11 @@ class ActorWorker(Worker):
     def _hf_named(self):
         """The policy weights under HF names in the rollout's dtype, converted one unit at a time on this rank's
         device (offloaded weights are brought over tensor by tensor, never all at once)."""
-        state = {k: v for k, v in self.policy.model.state_dict().items()
-                 if torch.is_tensor(v) and not k.endswith("._extra_state")}
+        state = {
+            k: v
+            for k, v in self.policy.model.state_dict().items()
+            if torch.is_tensor(v) and not k.endswith("._extra_state")
+        }
         view = CastView(state, self.policy.device, rollout_dtype(self.cfg))
         return iter_megatron_to_hf({(0, 0): view}, self.policy.spec)
 
@@ -323,11 +346,14 @@ class ActorWorker(Worker):
             results.sort(key=lambda r: r.uid)  # arrival order varies; training order must not
             samples = samples_of(results)
             if self.cfg.runner.partial_rollout:  # a turn may span versions: the bound is on its oldest token
-                check_token_bound(step, [s.versions for s in samples], int(self.cfg.runner.max_staleness),
-                                  [s.uid for s in samples])
+                check_token_bound(
+                    step, [s.versions for s in samples], int(self.cfg.runner.max_staleness), [s.uid for s in samples]
+                )
             if any(s.old_logprobs is None for s in samples):
-                raise ValueError("run_training got results without recomputed_logprobs; run run_inference first "
-                                 "(algorithm.recompute_logprobs must be true).")
+                raise ValueError(
+                    "run_training got results without recomputed_logprobs; run run_inference first "
+                    "(algorithm.recompute_logprobs must be true)."
+                )
             layout = shard_layout([r.uid for r in results], [r.num_sequence for r in results], dp)
             if self.critic is not None:
                 return rollout_metrics(samples, dp), self._ppo_step(samples, step, layout)
@@ -375,7 +401,8 @@ class ActorWorker(Worker):
                     raise FileNotFoundError(
                         f"critic.use_critic_model=true but the checkpoint has no critic: {critic_dir(load_path)} is "
                         "missing (a GRPO run's checkpoint?). Resume a PPO run's checkpoint, or start without "
-                        "runner.resume_dir.")
+                        "runner.resume_dir."
+                    )
                 iteration = self.critic.load(critic_dir(load_path))
                 if self._rank == 0:
                     self.log_info(f"critic restored from {critic_dir(load_path)} (iteration {iteration})")

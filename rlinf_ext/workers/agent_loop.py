@@ -19,8 +19,8 @@ from typing import Any
 import ray
 from rlinf.scheduler import Worker
 
-from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.config.schema import ExperimentConfig
+from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.protocol.generation import GenerateRequest, GenerationResult, SamplingParams, result_of
 from rlinf_ext.protocol.payloads import AgentRolloutRequest
 from rlinf_ext.tools.base import ToolContext
@@ -51,8 +51,9 @@ class ChannelGenerator:
         self.priority = priority
         self._seen: dict[tuple[int, ...], int] = {}
 
-    async def generate(self, prompt_ids: list[int], sampling_params: SamplingParams,
-                       images: list[Any] | None = None) -> GenerationResult:
+    async def generate(
+        self, prompt_ids: list[int], sampling_params: SamplingParams, images: list[Any] | None = None
+    ) -> GenerationResult:
         key = tuple(prompt_ids)
         occurrence = self._seen.get(key, 0)
         self._seen[key] = occurrence + 1
@@ -86,16 +87,21 @@ class AgentLoopWorker(Worker):
             self.generate_input_channel = generate_input_channel
             self.generate_output_channel = generate_output_channel
             # the node this worker runs on: its own node's server first, never another machine's loopback
-            context = ToolContext(seed=int(self.cfg.runner.seed) + self._rank, node_ip=ray.util.get_node_ip_address(),
-                                  launcher_ip=self.launcher_ip, search_server_addr=self.search_server_addr)
+            context = ToolContext(
+                seed=int(self.cfg.runner.seed) + self._rank,
+                node_ip=ray.util.get_node_ip_address(),
+                launcher_ip=self.launcher_ip,
+                search_server_addr=self.search_server_addr,
+            )
             self.agent = agent_spec(self.cfg).load("rollout")(self.cfg, context)
 
     async def run_agentloop_rollout(self, input_channel, output_channel) -> AgentLoopOutput:
         """Roll out every prompt group of one request; returns this rank's records, agent metrics and times."""
         with self.worker_timer():
             request: AgentRolloutRequest = await input_channel.get(async_op=True).async_wait()
-            generator = ChannelGenerator(self.generate_input_channel, self.generate_output_channel, request.seed,
-                                         request.priority)
+            generator = ChannelGenerator(
+                self.generate_input_channel, self.generate_output_channel, request.seed, request.priority
+            )
             started = time.monotonic()
 
             by_group = self.cfg.runner.admission == "group"  # each group goes out with its own records and times
@@ -106,9 +112,13 @@ class AgentLoopWorker(Worker):
                     result, group = await self.agent.run_group(generator, task, request.n, uid)
                 if by_group:
                     output = AgentLoopOutput(
-                        trajectories=self.agent.records(result), metrics=self.agent.metrics(group),
-                        num_trajectories=len(group), tool_calls=int(sum(calls_of(t, self.agent.tools) for t in group)),
-                        tool_time=own.seconds, wall_time=time.monotonic() - started)
+                        trajectories=self.agent.records(result),
+                        metrics=self.agent.metrics(group),
+                        num_trajectories=len(group),
+                        tool_calls=int(sum(calls_of(t, self.agent.tools) for t in group)),
+                        tool_time=own.seconds,
+                        wall_time=time.monotonic() - started,
+                    )
                     await output_channel.put(FinishedGroup(result, output), async_op=True).async_wait()
                 else:
                     await output_channel.put(result, async_op=True).async_wait()
@@ -122,4 +132,5 @@ class AgentLoopWorker(Worker):
                 num_trajectories=len(trajectories),
                 tool_calls=int(sum(calls_of(t, self.agent.tools) for t in trajectories)),
                 tool_time=sum(seconds for _, _, seconds in done),
-                wall_time=time.monotonic() - started)
+                wall_time=time.monotonic() - started,
+            )

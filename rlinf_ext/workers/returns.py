@@ -30,12 +30,14 @@ class AgentLoopOutput:
         keys = set().union(*(out.metrics.keys() for out in outs))
         return AgentLoopOutput(
             trajectories=[rec for out in outs for rec in out.trajectories],
-            metrics={k: sum(out.metrics.get(k, 0.0) * out.num_trajectories for out in outs) / max(total, 1)
-                     for k in keys},
+            metrics={
+                k: sum(out.metrics.get(k, 0.0) * out.num_trajectories for out in outs) / max(total, 1) for k in keys
+            },
             num_trajectories=total,
             tool_calls=sum(out.tool_calls for out in outs),
             tool_time=sum(out.tool_time for out in outs),
-            wall_time=sum(out.wall_time for out in outs))
+            wall_time=sum(out.wall_time for out in outs),
+        )
 
 
 @dataclass

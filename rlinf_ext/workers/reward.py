@@ -42,9 +42,14 @@ def configured_tool_tags(cfg: Any) -> list[str]:
     return tool_registry.tool_tags(agent_tools(cfg))
 
 
-def score_result_details(result: AgentRolloutResult, reward_cfg: RewardConfig, fn: Callable[..., Any],
-                         step: int = 0, tool_tags: Sequence[str] | None = None,
-                         agent_cfg: Any = None) -> tuple[list[float], list[float], list[Any]]:
+def score_result_details(
+    result: AgentRolloutResult,
+    reward_cfg: RewardConfig,
+    fn: Callable[..., Any],
+    step: int = 0,
+    tool_tags: Sequence[str] | None = None,
+    agent_cfg: Any = None,
+) -> tuple[list[float], list[float], list[Any]]:
     """``(rewards, em, reward results)`` of one group under reward ``fn``; results with turn texts pass each
     trajectory's turns (``turns=``) and the training step (``step=``: where a search penalty's warm-up stands);
     ``tool_tags`` (the configured tools' tags) and ``agent_cfg`` (the agent's section) reach a reward that declares
@@ -56,8 +61,13 @@ def score_result_details(result: AgentRolloutResult, reward_cfg: RewardConfig, f
     rewards, em, details = [], [], []
     for i in range(result.num_sequence):
         extra = {**tags, **({"turns": result.turn_texts[i], "step": int(step)} if result.turn_texts else {})}
-        res = fn(texts[i], result.answers[i], reward_cfg,
-                 num_searches=result.num_searches[i] if result.num_searches else 0, **extra)
+        res = fn(
+            texts[i],
+            result.answers[i],
+            reward_cfg,
+            num_searches=result.num_searches[i] if result.num_searches else 0,
+            **extra,
+        )
         rewards.append(float(res.score))
         em.append(float(res.em))
         details.append(res)
@@ -96,8 +106,9 @@ class RewardWorker(Worker):
             shuffle = bool(self.cfg.reward.shuffle_within_step)
             for _ in range(num_results):
                 result: AgentRolloutResult = input_channel.get()
-                rewards, em, details = score_result_details(result, self.cfg.reward, self.reward_fn, step,
-                                                            self.tool_tags, agent_section(self.cfg))
+                rewards, em, details = score_result_details(
+                    result, self.cfg.reward, self.reward_fn, step, self.tool_tags, agent_section(self.cfg)
+                )
                 scored.append((result, details))
                 result.rewards = torch.tensor(rewards, dtype=torch.float32)
                 by_uid[result.uid] = rewards
@@ -110,7 +121,7 @@ class RewardWorker(Worker):
                 start = 0
                 for result, _ in scored:
                     n = result.num_sequence
-                    result.rewards = torch.tensor(permuted[start:start + n], dtype=torch.float32)
+                    result.rewards = torch.tensor(permuted[start : start + n], dtype=torch.float32)
                     start += n
                     output_channel.put(result)
             n = max(len(all_rewards), 1)

@@ -19,7 +19,6 @@ import torch
 from rlinf.scheduler import Worker
 
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.protocol.vl_tokens import mm_token_type_ids
 from rlinf_ext.protocol.generation import (
     GenerateReply,
     GenerateRequest,
@@ -27,6 +26,7 @@ from rlinf_ext.protocol.generation import (
     reply_of,
     sampling_params_from_request,
 )
+from rlinf_ext.protocol.vl_tokens import mm_token_type_ids
 from rlinf_ext.sync.engine_calls import SYNC_TIMEOUT_S
 from rlinf_ext.sync.weight_sync import (
     HFWeightLoader,
@@ -52,8 +52,9 @@ class HFRolloutState:
     one-at-a-time text path still waits for its turn (its seeded single call is not split).
     """
 
-    def _setup(self, cfg: ExperimentConfig, deterministic: bool = False, verify_sync: bool = True,
-               sync_atol: float = 1e-3) -> None:
+    def _setup(
+        self, cfg: ExperimentConfig, deterministic: bool = False, verify_sync: bool = True, sync_atol: float = 1e-3
+    ) -> None:
         self.cfg = cfg
         self.deterministic = deterministic
         self.verify_sync = verify_sync
@@ -89,11 +90,13 @@ class HFRolloutState:
             elif images:
                 if self.deterministic:  # requests are served one at a time (rollout_serverless): the seed holds
                     torch.manual_seed(int(request.get("seed", 0)))
-                result = await self.generator.generate(request["prompt_ids"], params, images=images,
-                                                       priority=int(request.get("priority", 0)))
+                result = await self.generator.generate(
+                    request["prompt_ids"], params, images=images, priority=int(request.get("priority", 0))
+                )
             else:
-                result = await self.generator.generate(request["prompt_ids"], params,
-                                                       priority=int(request.get("priority", 0)))
+                result = await self.generator.generate(
+                    request["prompt_ids"], params, priority=int(request.get("priority", 0))
+                )
         self.requests_served += 1
         return reply_of(replace(result, weight_version=version))
 
@@ -101,9 +104,13 @@ class HFRolloutState:
         """Partial rollout: each segment of the turn enters the gate on its own, so a sync waits only for the
         decode step in progress; the engine stamps each token with the version of its segment."""
         key = request["channel_key"]
-        result = await self.generator.generate(request["prompt_ids"], params, request.get("images") or None,
-                                               turn=lambda: self.gate.turn(key),
-                                               priority=int(request.get("priority", 0)))
+        result = await self.generator.generate(
+            request["prompt_ids"],
+            params,
+            request.get("images") or None,
+            turn=lambda: self.gate.turn(key),
+            priority=int(request.get("priority", 0)),
+        )
         self.requests_served += 1
         return reply_of(result)
 
@@ -136,8 +143,14 @@ class HFRolloutState:
             loader.load(named_tensors_of(messages[0]))
 
         try:
-            headers, stats = await receive_weights(self, self.sync_routes, load, actor_group=self.cfg.actor.group_name,
-                                                   rollout_group=self.cfg.rollout.group_name, on_header=pause)
+            headers, stats = await receive_weights(
+                self,
+                self.sync_routes,
+                load,
+                actor_group=self.cfg.actor.group_name,
+                rollout_group=self.cfg.rollout.group_name,
+                on_header=pause,
+            )
             loader.finish()
             loaded = True
         finally:
@@ -171,7 +184,9 @@ class HFRolloutWorker(HFRolloutState, Worker):
     """The RLinf worker (an async actor) around ``HFRolloutState``: generation on CPU with transformers;
     ``deterministic`` seeds every request by its ``seed``."""
 
-    def __init__(self, cfg: ExperimentConfig, deterministic: bool = False, verify_sync: bool = True, sync_atol: float = 1e-3):
+    def __init__(
+        self, cfg: ExperimentConfig, deterministic: bool = False, verify_sync: bool = True, sync_atol: float = 1e-3
+    ):
         Worker.__init__(self)
         self._setup(cfg, deterministic, verify_sync, sync_atol)
 

@@ -26,8 +26,13 @@ from rlinf_ext.protocol.generation import STOP_SERVING, GenerateReply, GenerateR
 from rlinf_ext.sync.engine_calls import SYNC_TIMEOUT_S, wait_async
 
 
-async def serve_requests(input_channel, output_channel, generate: Callable[[GenerateRequest], Awaitable[GenerateReply]],
-                         *, one_at_a_time: bool = False) -> None:
+async def serve_requests(
+    input_channel,
+    output_channel,
+    generate: Callable[[GenerateRequest], Awaitable[GenerateReply]],
+    *,
+    one_at_a_time: bool = False,
+) -> None:
     """Serve until ``STOP_SERVING``; ``one_at_a_time`` answers each request before taking the next (deterministic
     engines), otherwise requests run concurrently and the loop waits for the last ones before returning."""
     pending: set[asyncio.Task] = set()
@@ -88,9 +93,11 @@ class InFlight:
             return "no generate request was in flight (the engine itself is stuck)"
         keys = sorted(self.keys)
         more = f" and {len(keys) - self.SHOWN} more" if len(keys) > self.SHOWN else ""
-        named = ", ".join(keys[:self.SHOWN])
-        return f"{len(self)} generate request(s) still in flight, channel key(s) {named}{more}: a hung generate " \
-               "(see that engine's log)"
+        named = ", ".join(keys[: self.SHOWN])
+        return (
+            f"{len(self)} generate request(s) still in flight, channel key(s) {named}{more}: a hung generate "
+            "(see that engine's log)"
+        )
 
 
 async def timed_pause(pause: Awaitable, engine: str, requests: InFlight, timeout_s: float = SYNC_TIMEOUT_S) -> None:

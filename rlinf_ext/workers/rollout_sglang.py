@@ -45,10 +45,21 @@ from rlinf.scheduler import Worker
 from rlinf_ext.config.placement import is_collocated
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.generation.sglang_engine import load_engine_class, server_kwargs
-from rlinf_ext.generation.sglang_vl import disallowed_tokens_processor, mm_request, retokenize_mismatch, vl_server_overrides
+from rlinf_ext.generation.sglang_vl import (
+    disallowed_tokens_processor,
+    mm_request,
+    retokenize_mismatch,
+    vl_server_overrides,
+)
 from rlinf_ext.generation.sglang_wire import INPUT_TOKEN_LOGPROBS, hf_eos_ids, result_of_sglang, to_sglang_params
 from rlinf_ext.models.qwen2 import load_hf_config_dict
-from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
+from rlinf_ext.protocol.generation import (
+    GenerateReply,
+    GenerateRequest,
+    SamplingParams,
+    reply_of,
+    sampling_params_from_request,
+)
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_COUNTS, RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids, text_vocab_size
 from rlinf_ext.sync.engine_calls import SYNC_TIMEOUT_S, EngineCall, serve_engine_calls, wait_async
@@ -106,8 +117,9 @@ def rank_payloads(messages: list, tp: int, serialize: Callable[[Any], bytes]) ->
     ``TpModelWorker.deserialize_own_rank`` opens entry ``tp_rank`` only) made of the handle bucket of that TP slot
     (from the actor rank on its GPU), re-pickled unopened. Pure but for ``serialize``."""
     if not messages or not all(isinstance(m, HandleBucket) for m in messages):
-        raise WeightSyncError(f"expected one handle bucket per TP slot (the collocated route), got "
-                              f"{[type(m).__name__ for m in messages]}")
+        raise WeightSyncError(
+            f"expected one handle bucket per TP slot (the collocated route), got {[type(m).__name__ for m in messages]}"
+        )
     if len(messages) != tp:
         raise WeightSyncError(f"{len(messages)} handle bucket(s) for an engine of TP size {tp}")
     names = messages[0].names
@@ -146,17 +158,24 @@ class SGLangControl:
         _check(await self.manager.begin_weight_update(self.io.BeginWeightUpdateReqInput(), None), "begin_weight_update")
 
     async def update(self, payloads: list[bytes]) -> None:
-        request = self.io.UpdateWeightsFromTensorReqInput(serialized_named_tensors=payloads, load_format=None,
-                                                          flush_cache=False)
+        request = self.io.UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=payloads, load_format=None, flush_cache=False
+        )
         _check(await self.manager.update_weights_from_tensor(request, None), "update_weights_from_tensor")
 
     async def init_group(self, info: dict) -> None:
-        _check(await self.manager.init_weights_update_group(self.io.InitWeightsUpdateGroupReqInput(**info), None),
-               "init_weights_update_group")
+        _check(
+            await self.manager.init_weights_update_group(self.io.InitWeightsUpdateGroupReqInput(**info), None),
+            "init_weights_update_group",
+        )
 
     async def update_distributed(self, request: dict) -> None:
-        _check(await self.manager.update_weights_from_distributed(
-            self.io.UpdateWeightsFromDistributedReqInput(**request), None), "update_weights_from_distributed")
+        _check(
+            await self.manager.update_weights_from_distributed(
+                self.io.UpdateWeightsFromDistributedReqInput(**request), None
+            ),
+            "update_weights_from_distributed",
+        )
 
     async def end_update(self) -> None:
         _check(await self.manager.end_weight_update(self.io.EndWeightUpdateReqInput(), None), "end_weight_update")
@@ -185,8 +204,14 @@ class SGLangRolloutState:
     """The worker's logic without RLinf's ``Worker`` (tests drive it with ``SGLangControl`` over a recording engine,
     and fake channels)."""
 
-    def _setup(self, cfg: ExperimentConfig, verify_sync: bool = True, sync_atol: float | None = None,
-               collocated: bool | None = None, distributed: bool | None = None) -> None:
+    def _setup(
+        self,
+        cfg: ExperimentConfig,
+        verify_sync: bool = True,
+        sync_atol: float | None = None,
+        collocated: bool | None = None,
+        distributed: bool | None = None,
+    ) -> None:
         """``sync_atol`` None: the probe's tolerance for the engine's precision (``sync/probe.py:probe_atol``)."""
         self.cfg = cfg
         self.verify_sync = verify_sync
@@ -211,8 +236,14 @@ class SGLangRolloutState:
         self.requests_served = 0
         self.retokenize_mismatches = 0.0  # rollout/retokenize_mismatch: requests SGLang re-tokenised differently
 
-    def _attach(self, control: Any, decode: Callable[[list[int]], str], eos_ids: list[int],
-                defaults: SamplingParams, vl: tuple | None = None) -> None:
+    def _attach(
+        self,
+        control: Any,
+        decode: Callable[[list[int]], str],
+        eos_ids: list[int],
+        defaults: SamplingParams,
+        vl: tuple | None = None,
+    ) -> None:
         self.control, self.decode, self.eos_ids, self.defaults, self.vl = control, decode, list(eos_ids), defaults, vl
 
     @property
@@ -230,18 +261,28 @@ class SGLangRolloutState:
     # ---- generation
     async def _generate(self, request: GenerateRequest) -> GenerateReply:
         if self.released:
-            raise RuntimeError("a generate request reached the SGLang engine while its memory is released "
-                               "(between offload_engine and the next weight sync)")
+            raise RuntimeError(
+                "a generate request reached the SGLang engine while its memory is released "
+                "(between offload_engine and the next weight sync)"
+            )
         params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
-        body: dict[str, Any] = {"input_ids": [int(t) for t in request["prompt_ids"]],
-                                "sampling_params": to_sglang_params(params, self.eos_ids)}
+        body: dict[str, Any] = {
+            "input_ids": [int(t) for t in request["prompt_ids"]],
+            "sampling_params": to_sglang_params(params, self.eos_ids),
+        }
         images = request.get("images")
         if images:  # vision-language: every image of the context, the banned ids (generation/sglang_vl.py)
             if self.vl is None:
                 raise ValueError("images sent to a text SGLang engine (rollout.model.model_type is not qwen2.5_vl)")
             token_ids, banned, processor = self.vl
-            body = mm_request(body["input_ids"], images, body["sampling_params"], token_ids=token_ids,
-                              banned_ids=banned, logit_processor=processor)
+            body = mm_request(
+                body["input_ids"],
+                images,
+                body["sampling_params"],
+                token_ids=token_ids,
+                banned_ids=banned,
+                logit_processor=processor,
+            )
         if self.by_priority:  # lower first (schedule_low_priority_values_first); SGLang may abort it when disabled
             body["priority"] = int(request.get("priority", 0))
         async with self.gate.turn(request["channel_key"]) as version:
@@ -249,8 +290,12 @@ class SGLangRolloutState:
         if images:
             self.retokenize_mismatches += retokenize_mismatch(body["input_ids"], result.get("meta_info") or {})
         self.requests_served += 1
-        return reply_of(replace(result_of_sglang(result, self.decode, params, self.eos_ids,
-                                                 return_logprobs=self.return_logprobs), weight_version=version))
+        return reply_of(
+            replace(
+                result_of_sglang(result, self.decode, params, self.eos_ids, return_logprobs=self.return_logprobs),
+                weight_version=version,
+            )
+        )
 
     async def rollout_serverless(self, input_channel, output_channel) -> None:
         """Serve generate requests until a ``STOP_SERVING`` request arrives."""
@@ -261,8 +306,10 @@ class SGLangRolloutState:
         if not self.collocated or self.released:
             return
         if self.in_flight:
-            raise RuntimeError(f"offload_engine with {self.in_flight} generate request(s) in flight: SGLang releases "
-                               "its memory only when idle (the rollout must finish before the engine is offloaded)")
+            raise RuntimeError(
+                f"offload_engine with {self.in_flight} generate request(s) in flight: SGLang releases "
+                "its memory only when idle (the rollout must finish before the engine is offloaded)"
+            )
         await self.control.release()
         self.released = True
 
@@ -291,8 +338,9 @@ class SGLangRolloutState:
                 await control.update_distributed(call.payload)
 
         try:
-            header = await serve_engine_calls(self, handle, actor_group=self.cfg.actor.group_name,
-                                              methods=SGLANG_CALLS, timeout_s=self.sync_timeout_s)
+            header = await serve_engine_calls(
+                self, handle, actor_group=self.cfg.actor.group_name, methods=SGLANG_CALLS, timeout_s=self.sync_timeout_s
+            )
             loaded = True
         finally:
             if self.gate.paused:  # the update began, or its pause timed out
@@ -317,15 +365,17 @@ class SGLangRolloutState:
     async def _flush(self) -> None:
         refusals = []
         for _ in range(FLUSH_ATTEMPTS):
-            ok, message = await wait_async(self.control.flush(FLUSH_IDLE_WAIT_S), self.sync_timeout_s,
-                                           f"{self.engine_name}: flush_cache")
+            ok, message = await wait_async(
+                self.control.flush(FLUSH_IDLE_WAIT_S), self.sync_timeout_s, f"{self.engine_name}: flush_cache"
+            )
             if ok:
                 return
             refusals.append(message or "refused")
         raise WeightSyncError(
             f"{self.engine_name} could not flush its prefix cache after the weight sync in {FLUSH_ATTEMPTS} attempts "
             f"({'; '.join(refusals)}): its scheduler still held requests, and cached prefixes would hold the old "
-            "weights' KV. Check the engine's log (#running-req, #queue-req) for requests that never finish.")
+            "weights' KV. Check the engine's log (#running-req, #queue-req) for requests that never finish."
+        )
 
     async def _after_load(self, header, last_sync: dict) -> None:
         self.last_sync = last_sync
@@ -359,8 +409,14 @@ class SGLangRolloutState:
             await control.update(rank_payloads(messages, self.tp, control.serialize))
 
         try:
-            headers, stats = await receive_weights(self, self.sync_routes, load, actor_group=self.cfg.actor.group_name,
-                                                   rollout_group=self.cfg.rollout.group_name, on_header=begin)
+            headers, stats = await receive_weights(
+                self,
+                self.sync_routes,
+                load,
+                actor_group=self.cfg.actor.group_name,
+                rollout_group=self.cfg.rollout.group_name,
+                on_header=begin,
+            )
             loaded = True
         finally:
             if self.gate.paused:  # close the update and give the engine its cache back even when the sync broke off
@@ -370,10 +426,16 @@ class SGLangRolloutState:
     async def _check_probe(self, header) -> None:
         ids = header.probe_ids.reshape(-1).tolist()
         extra = {"image_data": [img.data for img in header.probe_images]} if header.probe_images else {}
-        result = await self.control.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                                             return_logprob=True, logprob_start_len=0, **extra)
-        gap = probe_logprob_gap(header.probe_ids, header.probe_logits, result["meta_info"][INPUT_TOKEN_LOGPROBS],
-                                header.probe_positions)
+        result = await self.control.generate(
+            input_ids=ids,
+            sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+            return_logprob=True,
+            logprob_start_len=0,
+            **extra,
+        )
+        gap = probe_logprob_gap(
+            header.probe_ids, header.probe_logits, result["meta_info"][INPUT_TOKEN_LOGPROBS], header.probe_positions
+        )
         self.last_sync_logprob_gap = gap
         if not gap <= self.sync_atol:
             raise WeightSyncError(
@@ -383,10 +445,14 @@ class SGLangRolloutState:
             )
 
     async def get_state(self) -> dict:
-        return {"weight_version": self.weight_version, "last_sync_logprob_gap": self.last_sync_logprob_gap,
-                "last_sync": self.last_sync, "requests_served": self.requests_served,
-                RETOKENIZE_MISMATCH: self.retokenize_mismatches / max(self.requests_served, 1),
-                RETOKENIZE_COUNTS: (int(self.retokenize_mismatches), self.requests_served)}  # the runner's per-step rate
+        return {
+            "weight_version": self.weight_version,
+            "last_sync_logprob_gap": self.last_sync_logprob_gap,
+            "last_sync": self.last_sync,
+            "requests_served": self.requests_served,
+            RETOKENIZE_MISMATCH: self.retokenize_mismatches / max(self.requests_served, 1),
+            RETOKENIZE_COUNTS: (int(self.retokenize_mismatches), self.requests_served),
+        }  # the runner's per-step rate
 
 
 def vl_request_parts(tokenizer: Any, model_path: str) -> tuple:
@@ -410,15 +476,25 @@ class SGLangRolloutWorker(SGLangRolloutState, Worker):
         with self.worker_timer():
             rollout = self.cfg.rollout
             model_path = str(rollout.model.model_path)
-            kwargs = server_kwargs(self.cfg, tp_size=self.tp, seed=int(self.cfg.runner.seed) + int(self._rank),
-                                   load_format="dummy", training=True, memory_saver=self.collocated)
+            kwargs = server_kwargs(
+                self.cfg,
+                tp_size=self.tp,
+                seed=int(self.cfg.runner.seed) + int(self._rank),
+                load_format="dummy",
+                training=True,
+                memory_saver=self.collocated,
+            )
             kwargs.update(vl_server_overrides(str(rollout.model.model_type)))
             engine = load_engine_class()(**kwargs)
             tokenizer = AutoTokenizer.from_pretrained(model_path)
             vl = vl_request_parts(tokenizer, model_path) if str(rollout.model.model_type) == "qwen2.5_vl" else None
-            self._attach(SGLangControl(engine), lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
-                         hf_eos_ids(model_path, tokenizer), SamplingParams.from_config(self.cfg.algorithm.sampling_params),
-                         vl)
+            self._attach(
+                SGLangControl(engine),
+                lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                hf_eos_ids(model_path, tokenizer),
+                SamplingParams.from_config(self.cfg.algorithm.sampling_params),
+                vl,
+            )
             if self.collocated:  # as RLinf: the actor initialises next on the same GPUs
                 await self._release()
 

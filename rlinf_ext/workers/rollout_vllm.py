@@ -41,7 +41,13 @@ from rlinf.scheduler import Worker
 from rlinf_ext.generation.vllm_engine import VLLMGenerator
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 from rlinf_ext.generation.vllm_wire import options_from_config
-from rlinf_ext.protocol.generation import GenerateReply, GenerateRequest, SamplingParams, reply_of, sampling_params_from_request
+from rlinf_ext.protocol.generation import (
+    GenerateReply,
+    GenerateRequest,
+    SamplingParams,
+    reply_of,
+    sampling_params_from_request,
+)
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_COUNTS, RETOKENIZE_MISMATCH
 from rlinf_ext.sync.engine_calls import SYNC_TIMEOUT_S, serve_engine_calls
 from rlinf_ext.sync.probe import probe_atol, probe_logprob_gap
@@ -86,16 +92,24 @@ class VLLMRolloutState:
         self.generator, self.defaults = generator, defaults
         options = getattr(generator, "options", None)
         if not generator.in_process and options is not None and options.weight_transfer_backend:
-            self.gpu_sync = VLLMGpuSync(generator.engine, options.weight_transfer_backend,
-                                        sleep_level=int(self.cfg.rollout.vllm.sleep_level), keep=self.partial)
+            self.gpu_sync = VLLMGpuSync(
+                generator.engine,
+                options.weight_transfer_backend,
+                sleep_level=int(self.cfg.rollout.vllm.sleep_level),
+                keep=self.partial,
+            )
 
     async def _generate(self, request: GenerateRequest) -> GenerateReply:
         params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
         seed = request.get("seed")
         with self.requests.track(request["channel_key"]):
-            result = await self.generator.generate(request["prompt_ids"], params, request.get("images") or None,
-                                                   seed=None if seed is None else int(seed),
-                                                   priority=int(request.get("priority", 0)))
+            result = await self.generator.generate(
+                request["prompt_ids"],
+                params,
+                request.get("images") or None,
+                seed=None if seed is None else int(seed),
+                priority=int(request.get("priority", 0)),
+            )
         self.requests_served += 1
         return reply_of(result)
 
@@ -133,16 +147,26 @@ class VLLMRolloutState:
         async def begin():
             nonlocal begun, t_header
             t_header = time.perf_counter()
-            await timed_pause(gen.begin_weight_load(keep=self.partial), f"vLLM rollout rank {self._rank}",
-                              self.requests, self.sync_timeout_s)  # resumes generation when it is cut short
+            await timed_pause(
+                gen.begin_weight_load(keep=self.partial),
+                f"vLLM rollout rank {self._rank}",
+                self.requests,
+                self.sync_timeout_s,
+            )  # resumes generation when it is cut short
             begun = True
 
         async def load(messages):  # one message: one engine per rollout rank
             await gen.load_weight_bucket(named_tensors_of(messages[0]))
 
         try:
-            headers, stats = await receive_weights(self, self.sync_routes, load, actor_group=self.cfg.actor.group_name,
-                                                   rollout_group=self.cfg.rollout.group_name, on_header=begin)
+            headers, stats = await receive_weights(
+                self,
+                self.sync_routes,
+                load,
+                actor_group=self.cfg.actor.group_name,
+                rollout_group=self.cfg.rollout.group_name,
+                on_header=begin,
+            )
             loaded = True
         finally:
             if begun:  # resume serving even when the sync broke off (the probe below then refuses the weights)
@@ -159,8 +183,13 @@ class VLLMRolloutState:
         actor ranks have freed their transfer memory, so a collocated engine maps its KV cache again only now), or
         after a broken transfer (asleep or mid-update: woken fully and resumed)."""
         try:
-            return await serve_engine_calls(self, gpu.handle, actor_group=self.cfg.actor.group_name,
-                                            methods=ENGINE_CALLS, timeout_s=self.sync_timeout_s)
+            return await serve_engine_calls(
+                self,
+                gpu.handle,
+                actor_group=self.cfg.actor.group_name,
+                methods=ENGINE_CALLS,
+                timeout_s=self.sync_timeout_s,
+            )
         finally:
             await gpu.serve()
 
@@ -168,18 +197,26 @@ class VLLMRolloutState:
         gen = self.generator
         if self.verify_sync and header.probe_logits is not None:
             ids = header.probe_ids.reshape(-1).tolist()
-            entries = await (gen.prompt_logprobs(ids, images=header.probe_images) if header.probe_images
-                             else gen.prompt_logprobs(ids))  # the multimodal probe carries its images
+            entries = await (
+                gen.prompt_logprobs(ids, images=header.probe_images)
+                if header.probe_images
+                else gen.prompt_logprobs(ids)
+            )  # the multimodal probe carries its images
             gap = probe_logprob_gap(header.probe_ids, header.probe_logits, entries, header.probe_positions)
             self.last_sync_logprob_gap = gap
             if not gap <= self.sync_atol:
                 raise WeightSyncError(
                     f"vLLM's probe log-probs differ from the actor's by {gap:.3g} nats on average (> {self.sync_atol:g}) "
-                    "after weight sync: the Megatron->HF mapping or the load is wrong.")
+                    "after weight sync: the Megatron->HF mapping or the load is wrong."
+                )
 
     async def get_state(self) -> dict:
-        state = {"weight_version": self.weight_version, "last_sync_logprob_gap": self.last_sync_logprob_gap,
-                 "last_sync": self.last_sync, "requests_served": self.requests_served}
+        state = {
+            "weight_version": self.weight_version,
+            "last_sync_logprob_gap": self.last_sync_logprob_gap,
+            "last_sync": self.last_sync,
+            "requests_served": self.requests_served,
+        }
         if isinstance(self.generator, VLLMVLGenerator):  # vLLM expanded an image differently from the actor's ids
             state[RETOKENIZE_MISMATCH] = self.generator.mismatch_rate
             state[RETOKENIZE_COUNTS] = self.generator.mismatch_counts  # the runner's per-step rate

@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 
 import pytest
-from tests.support.script_modules import load_script
 
 from rlinf_ext.protocol import metric_keys as mk
+from tests.support.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 TAIL = "lognormal:median_ms=300,p99_ms=3000"
@@ -23,10 +23,18 @@ def bench():
 def test_grid_runs_k0_once_and_every_admission_and_partial_above(bench):
     settings = bench.grid([TAIL], [0, 1], ["batch", "group"], [False, True])
     assert [(s.k, s.admission, s.partial) for s in settings] == [
-        (0, "batch", False), (1, "batch", False), (1, "batch", True), (1, "group", False), (1, "group", True)]
+        (0, "batch", False),
+        (1, "batch", False),
+        (1, "batch", True),
+        (1, "group", False),
+        (1, "group", True),
+    ]
     assert all(s.baseline == bench.Setting(TAIL, 0) for s in settings)
-    assert settings[4].overrides() == ["runner.max_staleness=1", "runner.admission=group",
-                                       "runner.partial_rollout=true"]
+    assert settings[4].overrides() == [
+        "runner.max_staleness=1",
+        "runner.admission=group",
+        "runner.partial_rollout=true",
+    ]
 
 
 def test_a_lognormal_without_its_seed_takes_the_runs(bench):
@@ -48,11 +56,24 @@ def row(step, reward, step_s, **extra):
 def test_run_figures_by_hand(bench):
     rows = [
         {"step": 0, mk.TIME_ROLLOUT_START: 9.0},  # start-up row: not a training step
-        row(1, 0.25, 4.0, **{mk.TIME_ACTOR_IDLE_RATIO: 0.5, mk.TRAJECTORIES_TWO_VERSIONS: 0.0,
-                             "async/token_staleness_0": 30.0}),
-        row(2, 0.75, 6.0, **{mk.TIME_ACTOR_IDLE_RATIO: 0.1, mk.TRAJECTORIES_TWO_VERSIONS: 0.5,
-                             mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN: 0.98, "async/token_staleness_0": 10.0,
-                             "async/token_staleness_1": 60.0}),
+        row(
+            1,
+            0.25,
+            4.0,
+            **{mk.TIME_ACTOR_IDLE_RATIO: 0.5, mk.TRAJECTORIES_TWO_VERSIONS: 0.0, "async/token_staleness_0": 30.0},
+        ),
+        row(
+            2,
+            0.75,
+            6.0,
+            **{
+                mk.TIME_ACTOR_IDLE_RATIO: 0.1,
+                mk.TRAJECTORIES_TWO_VERSIONS: 0.5,
+                mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN: 0.98,
+                "async/token_staleness_0": 10.0,
+                "async/token_staleness_1": 60.0,
+            },
+        ),
     ]
     fig = bench.run_figures(rows, wall_s=60.0, per_step=16)
     assert fig["steps"] == 2 and fig["train_s"] == 10.0
@@ -83,8 +104,10 @@ def test_tables_give_the_ratio_to_k0_and_the_median_with_its_spread(bench):
     medians = bench.median_table(results)
     # k=1 ratios 1.0, 2.0, 2.0 -> median 2; trajectories/s 1, 2, 1.6 -> median 1.6
     assert f"| {TAIL} | k=1 group partial=on | 3 | 1.6 (1-2) | 2 (1-2) | 1.6 (1-2) | 2 (1-2) |" in medians
-    assert ("| k=1 group partial=on | 2 | 1 | 4.0 | 2.00 | 2.00x | 2.00 | 2.00x | 0.500 | 1.000 |"
-            in bench.throughput_table(results))
+    assert (
+        "| k=1 group partial=on | 2 | 1 | 4.0 | 2.00 | 2.00x | 2.00 | 2.00x | 0.500 | 1.000 |"
+        in bench.throughput_table(results)
+    )
 
 
 def test_after_warm_up_leaves_out_the_pipelines_fill(bench):
@@ -100,21 +123,26 @@ def test_after_warm_up_leaves_out_the_pipelines_fill(bench):
 def test_saved_runs_merge_into_one_table(bench, tmp_path, capsys):
     base, k1 = bench.Setting(TAIL, 0), bench.Setting(TAIL, 1, "batch", True)
     for seed in (1, 2):
-        results = {(s, seed): bench.run_figures([row(1, 0.5, 4.0 if s.k else 8.0)], 0.0, per_step=8)
-                   for s in (base, k1)}
+        results = {
+            (s, seed): bench.run_figures([row(1, 0.5, 4.0 if s.k else 8.0)], 0.0, per_step=8) for s in (base, k1)
+        }
         bench.save_results(results, tmp_path / f"seed{seed}.json")
     merged = bench.load_results([str(tmp_path / "seed1.json"), str(tmp_path / "seed2.json")])
     assert sorted(merged) == [(base, 1), (base, 2), (k1, 1), (k1, 2)]
-    assert bench.main(["--tables", str(tmp_path / "seed1.json"), str(tmp_path / "seed2.json"),
-                       "--warmup-steps", "0"]) == 0
+    assert (
+        bench.main(["--tables", str(tmp_path / "seed1.json"), str(tmp_path / "seed2.json"), "--warmup-steps", "0"]) == 0
+    )
     assert f"| {TAIL} | k=1 batch partial=on | 2 | 2 (2-2) | 2 (2-2) | 2 (2-2) | 2 (2-2) |" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--partial", "on", "--backend", "sglang"], "--partial on with --backend sglang"),
-    (["--latency", "lognormal:median_ms=300"], "--latency: RLINF_EXT_BENCH_SEARCH_LATENCY="),
-    (["--partial", "sometimes"], "neither off nor on"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--partial", "on", "--backend", "sglang"], "--partial on with --backend sglang"),
+        (["--latency", "lognormal:median_ms=300"], "--latency: RLINF_EXT_BENCH_SEARCH_LATENCY="),
+        (["--partial", "sometimes"], "neither off nor on"),
+    ],
+)
 def test_refuses_before_launching(bench, argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as stop:
         bench.main(["--assets", str(tmp_path), "--out", str(tmp_path / "out"), *argv])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from tests.support.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,8 +19,9 @@ def sim():
 
 def one_turn(sim, **changes):
     """A batch is one trajectory of one 3 s turn and no search; the actor works 1 s per step, a sync takes 0.5 s."""
-    fields = dict(trajectories=1, group_size=1, calls=(1.0,), engine="continuous", slots=8, turn_s=3.0, train_s=1.0,
-                  sync_s=0.5)
+    fields = dict(
+        trajectories=1, group_size=1, calls=(1.0,), engine="continuous", slots=8, turn_s=3.0, train_s=1.0, sync_s=0.5
+    )
     return sim.Scenario(**{**fields, **changes})
 
 
@@ -54,8 +56,18 @@ def test_partial_rollout_does_not_wait_for_a_later_batch(sim):
 def test_the_engine_queue_serves_the_oldest_batch_first(sim):
     # one turn at a time; a batch is one group of 2 trajectories: turn 3 s, a 1 s search, turn 3 s; k=1 queues
     # batch 0's two trajectories, then batch 1's. 0-3 b0t0, 3-6 b0t1 (b0t0's second turn queued at 4).
-    sc = sim.Scenario(trajectories=2, group_size=2, calls=(0.0, 1.0), tool_median_s=1.0, tool_p99_s=1.0,
-                      engine="batched", slots=1, turn_s=3.0, train_s=1.0, sync_s=0.5)
+    sc = sim.Scenario(
+        trajectories=2,
+        group_size=2,
+        calls=(0.0, 1.0),
+        tool_median_s=1.0,
+        tool_p99_s=1.0,
+        engine="batched",
+        slots=1,
+        turn_s=3.0,
+        train_s=1.0,
+        sync_s=0.5,
+    )
     # by batch: 6-9 b0t0's second turn, 9-12 b0t1's (queued at 7): batch 0 in at 12, trained 12-13
     assert sim.simulate(sc, sim.Policy(1), steps=2).step_end[0] == 13.0
     # arrival order: b1t0 and b1t1 (queued at 0) go first, 6-12; then batch 0's second turns 12-18; trained 18-19
@@ -79,8 +91,16 @@ def test_draws_follow_the_batch_not_the_policy(sim):
 
 
 def test_measured_means_read_the_benchmark_json(sim):
-    runs = [{"setting": {"k": 0, "admission": "batch", "partial": False}, "trajectories_per_s": 10.0,
-             "time_rollout_s": 4.0, "wait_rollout_s": 3.0, "time_train_s": 1.5, "time_sync_s": 0.1,
-             "elapsed_s": [5.0, 11.0, 17.0]}]
+    runs = [
+        {
+            "setting": {"k": 0, "admission": "batch", "partial": False},
+            "trajectories_per_s": 10.0,
+            "time_rollout_s": 4.0,
+            "wait_rollout_s": 3.0,
+            "time_train_s": 1.5,
+            "time_sync_s": 0.1,
+            "elapsed_s": [5.0, 11.0, 17.0],
+        }
+    ]
     m = sim.measured_means(runs)[sim.Policy(0)]
     assert m["step_s"] == pytest.approx(17.0 / 3) and m["after_first"] == pytest.approx(64 * 2 / 12.0)

@@ -13,8 +13,17 @@ def test_main_runs_per_seed_and_each_world_only_its_own_controls():
     bench = load_bench()
     runs = bench.planned_runs(["text", "vl"], [1234, 2], ["main", "shuffled", "ablated", "titles"])
     names = [(r.world, r.name) for r in runs]
-    assert names == [("text", "main-1234"), ("text", "main-2"), ("text", "shuffled"), ("text", "ablated"),
-                     ("vl", "main-1234"), ("vl", "main-2"), ("vl", "shuffled"), ("vl", "ablated"), ("vl", "titles")]
+    assert names == [
+        ("text", "main-1234"),
+        ("text", "main-2"),
+        ("text", "shuffled"),
+        ("text", "ablated"),
+        ("vl", "main-1234"),
+        ("vl", "main-2"),
+        ("vl", "shuffled"),
+        ("vl", "ablated"),
+        ("vl", "titles"),
+    ]
     shuffled = next(r for r in runs if r.name == "shuffled")
     assert "reward.shuffle_within_step=true" in shuffled.overrides and "runner.seed=1234" in shuffled.overrides
     text_ablated = next(r for r in runs if (r.world, r.name) == ("text", "ablated"))
@@ -33,9 +42,15 @@ def test_controls_on_several_seeds_are_told_apart():
 def test_ppo_runs_per_seed_with_its_own_control_in_the_text_world_only():
     bench = load_bench()
     runs = bench.planned_runs(["text", "vl"], [1234, 2], ["main", "ppo", "ppo_shuffled"])
-    assert [(r.world, r.name) for r in runs] == [("text", "main-1234"), ("text", "main-2"), ("text", "ppo-1234"),
-                                                 ("text", "ppo-2"), ("text", "ppo_shuffled"), ("vl", "main-1234"),
-                                                 ("vl", "main-2")]
+    assert [(r.world, r.name) for r in runs] == [
+        ("text", "main-1234"),
+        ("text", "main-2"),
+        ("text", "ppo-1234"),
+        ("text", "ppo-2"),
+        ("text", "ppo_shuffled"),
+        ("vl", "main-1234"),
+        ("vl", "main-2"),
+    ]
     ppo = {r.name: r for r in runs if r.world == "text"}
     for name in ("ppo-2", "ppo_shuffled"):
         assert {"algorithm.adv_type=gae", "critic.use_critic_model=true"} <= set(ppo[name].overrides)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.support.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,9 +60,33 @@ def test_script_runs_both_engines_with_equal_token_counts(tmp_path, tiny_assets)
     (work / "assets").symlink_to(tiny_assets.root)  # reused: the child finds the manifest
     out = tmp_path / "figures.json"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--engines", "vllm,hf", "--shape", "tiny", "--prompts", "2",
-                           "--group-size", "2", "--max-new-tokens", "8", "--max-turns", "1", "--work", str(work),
-                           "--json", str(out)], capture_output=True, text=True, env=env, cwd=REPO, timeout=850)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--engines",
+            "vllm,hf",
+            "--shape",
+            "tiny",
+            "--prompts",
+            "2",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--max-turns",
+            "1",
+            "--work",
+            str(work),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=850,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["same_token_counts"] is True

@@ -49,19 +49,30 @@ def test_draws_follow_the_distribution():
     assert all(d > 0 and math.isfinite(d) for d in draws)
 
 
-@pytest.mark.parametrize(("spec", "expected"), [
-    ("500", Latency("fixed", 500.0)),
-    ("fixed:ms=250", Latency("fixed", 250.0)),
-    ("lognormal:median_ms=300,p99_ms=3000", Latency("lognormal", 300.0, 3000.0, 0)),
-    ("lognormal:median_ms=300,p99_ms=3000,seed=4", Latency("lognormal", 300.0, 3000.0, 4)),
-])
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("500", Latency("fixed", 500.0)),
+        ("fixed:ms=250", Latency("fixed", 250.0)),
+        ("lognormal:median_ms=300,p99_ms=3000", Latency("lognormal", 300.0, 3000.0, 0)),
+        ("lognormal:median_ms=300,p99_ms=3000,seed=4", Latency("lognormal", 300.0, 3000.0, 4)),
+    ],
+)
 def test_parse_latency(spec, expected):
     assert parse_latency(spec) == expected
 
 
-@pytest.mark.parametrize("spec", ["lognormal:median_ms=300", "lognormal:median_ms=3000,p99_ms=300",
-                                  "lognormal:median_ms=0,p99_ms=3", "gamma:k=2", "fixed:ms=x",
-                                  "lognormal:median_ms=300,p99_ms=3000,tail=9"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "lognormal:median_ms=300",
+        "lognormal:median_ms=3000,p99_ms=300",
+        "lognormal:median_ms=0,p99_ms=3",
+        "gamma:k=2",
+        "fixed:ms=x",
+        "lognormal:median_ms=300,p99_ms=3000,tail=9",
+    ],
+)
 def test_parse_latency_refuses_and_names_the_fix(spec):
     with pytest.raises(ValueError, match=f"{DISTRIBUTION_ENV}=.*lognormal:median_ms=300,p99_ms=3000,seed=0"):
         parse_latency(spec)

@@ -12,9 +12,11 @@ def load_bench():
 
 def test_side_by_side_rows_columns_and_ratio():
     bench = load_bench()
-    rows = [dict(engine="hf", shape="tiny", path="broadcast", s=0.2, first=1.0),
-            dict(engine="hf", shape="tiny", path="paired", s=0.1, first=1.0),
-            dict(engine="vllm", shape="tiny", path="paired", s=0.25, first=2.0)]
+    rows = [
+        dict(engine="hf", shape="tiny", path="broadcast", s=0.2, first=1.0),
+        dict(engine="hf", shape="tiny", path="paired", s=0.1, first=1.0),
+        dict(engine="vllm", shape="tiny", path="paired", s=0.25, first=2.0),
+    ]
     lines = bench.side_by_side(rows).splitlines()
     assert lines[0].split() == ["shape", "path", "hf", "s/sync", "vllm", "s/sync", "vllm/hf"]
     assert lines[1].split() == ["tiny", "broadcast", "0.200", "-"]

@@ -44,7 +44,8 @@ def _annotation_names(node: ast.AST | None) -> set[str]:
         except SyntaxError:
             return set()
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
-        n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+        n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+    }
 
 
 def _base(node: ast.AST) -> tuple[str, str] | None:
@@ -65,8 +66,12 @@ def scan_module(source: str) -> ModuleReads:
                 reads.chains.add((base[1], node.attr))
             elif base:
                 reads.on_names.add((base[1], node.attr))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
-                and len(node.args) >= 2:
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and len(node.args) >= 2
+        ):
             base, name = _base(node.args[0]), node.args[1]
             if base is None:
                 continue
@@ -76,8 +81,11 @@ def scan_module(source: str) -> ModuleReads:
                 reads.dynamic_on.add(base[1])
         elif isinstance(node, ast.Assign):
             for target in node.targets:
-                pairs = (zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple)
-                         and isinstance(node.value, ast.Tuple) else [(target, node.value)])
+                pairs = (
+                    zip(target.elts, node.value.elts)
+                    if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                    else [(target, node.value)]
+                )
                 for t, v in pairs:
                     holder = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else None
                     if holder and isinstance(v, ast.Attribute):
@@ -122,8 +130,11 @@ def _reads_leaf(reads: ModuleReads, leaf: Leaf) -> bool:
 
 def modules(root: Path = PACKAGE) -> dict[Path, ModuleReads]:
     """Every module of the package outside config/, scanned."""
-    return {path: scan_module(path.read_text()) for path in sorted(root.rglob("*.py"))
-            if path.relative_to(root).parts[0] != "config"}
+    return {
+        path: scan_module(path.read_text())
+        for path in sorted(root.rglob("*.py"))
+        if path.relative_to(root).parts[0] != "config"
+    }
 
 
 def readers(leaf: Leaf, scanned: dict[Path, ModuleReads] | None = None) -> list[Path]:
@@ -132,8 +143,9 @@ def readers(leaf: Leaf, scanned: dict[Path, ModuleReads] | None = None) -> list[
     return [path for path, reads in scanned.items() if _reads_leaf(reads, leaf)]
 
 
-def unread_leaves(sections: Sequence[Section] = SCHEMA, allowed: Iterable[str] = (),
-                  scanned: dict[Path, ModuleReads] | None = None) -> list[str]:
+def unread_leaves(
+    sections: Sequence[Section] = SCHEMA, allowed: Iterable[str] = (), scanned: dict[Path, ModuleReads] | None = None
+) -> list[str]:
     """Keys of ``sections`` that no scanned module reads, minus ``allowed``."""
     scanned = modules() if scanned is None else scanned
     all_leaves = list(leaves(sections))

@@ -12,8 +12,13 @@ pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 KEY = "runner.max_staleness"
 ASYNC = [f"{KEY}=1", "rollout.return_logprobs=true"]
-DISAGGREGATED = ["cluster.component_placement={actor: 0-5, 'rollout,reward': 6-7}", "data.rollout_batch_size=24",
-                 "actor.offload_weight=false", "actor.offload_optimizer=false", "actor.offload_grad=false"]
+DISAGGREGATED = [
+    "cluster.component_placement={actor: 0-5, 'rollout,reward': 6-7}",
+    "data.rollout_batch_size=24",
+    "actor.offload_weight=false",
+    "actor.offload_optimizer=false",
+    "actor.offload_grad=false",
+]
 
 
 def staleness_issues(name: str, overrides: list[str]) -> list[str]:
@@ -49,8 +54,11 @@ def test_negative_k_is_refused():
 
 def test_plan_counts_the_batches_in_flight(reference_env):
     assert "batches in flight" not in format_plan(load_config("tiny-cpu"))
-    plan = format_plan(load_config("tiny-cpu", ASYNC + ["runner.max_staleness=2", "rollout.max_running_requests=64",
-                                                        "algorithm.group_size=4"]))
+    plan = format_plan(
+        load_config(
+            "tiny-cpu", ASYNC + ["runner.max_staleness=2", "rollout.max_running_requests=64", "algorithm.group_size=4"]
+        )
+    )
     assert "3 x 8 prompts x 4 = 96 trajectories, 96 per engine (1 engine(s))" in plan
     assert "! 32 trajectories per engine wait in its queue; rollout.max_running_requests=96" in plan
     gpu = format_plan(load_config("qwen2.5-3b-tool-1node", ASYNC + DISAGGREGATED))
@@ -69,7 +77,9 @@ def test_plan_says_what_a_kv_cache_short_of_the_running_turns_costs(reference_en
 
 
 def partial_issues(name: str, overrides: list[str]) -> list[str]:
-    return [f"{i.reason} fix: {i.fix}" for i in check_config(name, overrides).issues if i.key == "runner.partial_rollout"]
+    return [
+        f"{i.reason} fix: {i.fix}" for i in check_config(name, overrides).issues if i.key == "runner.partial_rollout"
+    ]
 
 
 def test_partial_rollout_needs_batches_in_flight_and_an_engine_that_stops_between_decode_steps(reference_env):
@@ -85,19 +95,30 @@ def test_partial_rollout_needs_batches_in_flight_and_an_engine_that_stops_betwee
 
 @pytest.mark.parametrize("n,ok", [(-1, True), (1, True), (2, True), (3, False), (0, False)])
 def test_in_flight_batches_stay_within_k_plus_one(n, ok):
-    result = check_config("tiny-cpu", ["runner.max_staleness=1", "rollout.return_logprobs=true",
-                                       "runner.admission=group", f"runner.in_flight_batches={n}"])
+    result = check_config(
+        "tiny-cpu",
+        [
+            "runner.max_staleness=1",
+            "rollout.return_logprobs=true",
+            "runner.admission=group",
+            f"runner.in_flight_batches={n}",
+        ],
+    )
     assert result.ok == ok
     if not ok:
         [issue] = result.issues
         assert issue.key == "runner.in_flight_batches" and "1..2" in issue.fix
 
 
-@pytest.mark.parametrize("overrides,fix", [
-    (["runner.sync_every=0"], "runner.sync_every=1"),
-    (["runner.sync_every=3"], "runner.max_staleness=2 or more"),
-    (["runner.sync_every=2", "runner.admission=group"], "runner.admission=batch"),
-    (["runner.sync_every=2"], None)])
+@pytest.mark.parametrize(
+    "overrides,fix",
+    [
+        (["runner.sync_every=0"], "runner.sync_every=1"),
+        (["runner.sync_every=3"], "runner.max_staleness=2 or more"),
+        (["runner.sync_every=2", "runner.admission=group"], "runner.admission=batch"),
+        (["runner.sync_every=2"], None),
+    ],
+)
 def test_a_sync_every_n_steps_stays_within_the_staleness_bound(overrides, fix):
     result = check_config("tiny-cpu", ["runner.max_staleness=1", "rollout.return_logprobs=true", *overrides])
     if fix is None:

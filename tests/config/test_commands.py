@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from rlinf_ext.cli import main
-
-import pytest
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
 # where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
@@ -23,7 +22,9 @@ def plan_rows(out: str) -> dict[str, str]:
 
 def placement_rows(out: str) -> list[list[str]]:
     block = out.split("placement:")[1].split("batch arithmetic")[0]
-    return [line.split() for line in block.strip().splitlines()[1:] if not line.strip().startswith("actor and rollout:")]
+    return [
+        line.split() for line in block.strip().splitlines()[1:] if not line.strip().startswith("actor and rollout:")
+    ]
 
 
 def test_validate_exit_codes(reference_env, capsys):

@@ -64,8 +64,12 @@ def _select(tree, dotted):
 
 
 def test_accepted_values_that_follow_other_keys():
-    by_key = {issue.key: issue for issue in check_config("tiny-cpu", ["actor.megatron.distributed_backend=nccl",
-                                                                      "rollout.is_eval=true"]).issues}
+    by_key = {
+        issue.key: issue
+        for issue in check_config(
+            "tiny-cpu", ["actor.megatron.distributed_backend=nccl", "rollout.is_eval=true"]
+        ).issues
+    }
     assert "gloo on a CPU cluster" in by_key["actor.megatron.distributed_backend"].fix
     assert "runner.task_type=reasoning_eval" in by_key["rollout.is_eval"].fix
     assert check_config("tiny-cpu", ["actor.megatron.distributed_backend=gloo", "rollout.is_eval=false"]).ok
@@ -77,8 +81,12 @@ def test_accepted_values_that_follow_other_keys():
 
 
 def test_a_compat_section_holds_only_compat_keys():
-    by_key = {issue.key: issue for issue in check_config("tiny-cpu", ["actor.tokenizer.use_fast=false",
-                                                                      "actor.tokenizer.use_fsat=true"]).issues}
+    by_key = {
+        issue.key: issue
+        for issue in check_config(
+            "tiny-cpu", ["actor.tokenizer.use_fast=false", "actor.tokenizer.use_fsat=true"]
+        ).issues
+    }
     assert "transformers' default" in by_key["actor.tokenizer.use_fast"].reason
     assert "did you mean actor.tokenizer.use_fast" in by_key["actor.tokenizer.use_fsat"].fix
     assert check_config("tiny-cpu", ["actor.tokenizer.use_fast=true"]).ok

@@ -35,16 +35,19 @@ def test_the_fsdp_vision_language_actor_has_no_critic():
     assert "FSDP2" in text and "adv_type=grpo" in text
 
 
-@pytest.mark.parametrize("override, key", [
-    ("algorithm.gamma=0", "algorithm.gamma"),
-    ("algorithm.gae_lambda=1.5", "algorithm.gae_lambda"),
-    ("algorithm.value_clip=0", "algorithm.value_clip"),
-    ("critic.micro_batch_size=0", "critic.micro_batch_size"),
-    ("critic.critic_warmup=-1", "critic.critic_warmup"),
-    ("critic.optim.lr=0", "critic.optim.lr"),
-    ("critic.offload=true", "critic.offload"),  # a CPU cluster: nothing to free
-    ("runner.max_staleness=1", "runner.max_staleness"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("algorithm.gamma=0", "algorithm.gamma"),
+        ("algorithm.gae_lambda=1.5", "algorithm.gae_lambda"),
+        ("algorithm.value_clip=0", "algorithm.value_clip"),
+        ("critic.micro_batch_size=0", "critic.micro_batch_size"),
+        ("critic.critic_warmup=-1", "critic.critic_warmup"),
+        ("critic.optim.lr=0", "critic.optim.lr"),
+        ("critic.offload=true", "critic.offload"),  # a CPU cluster: nothing to free
+        ("runner.max_staleness=1", "runner.max_staleness"),
+    ],
+)
 def test_out_of_range_is_refused(override, key):
     assert key in _issue("tiny-cpu", PPO + [override], key)
 
@@ -67,8 +70,9 @@ def test_the_memory_plan_counts_the_critic(reference_env):
     items = plan_p.actor.items
     # a second model without a reference: its weights, fp32 main params and Adam state, and its fp32 gradients
     assert items[CRITIC_GRADS] == plan_g.actor.items["gradients"]
-    assert items[CRITIC_STATE] == sum(plan_g.actor.items[k] for k in ("weights", "main params (fp32)",
-                                                                       "optimizer state"))
+    assert items[CRITIC_STATE] == sum(
+        plan_g.actor.items[k] for k in ("weights", "main params (fp32)", "optimizer state")
+    )
     assert plan_p.actor.peak > plan_g.actor.peak + items[CRITIC_GRADS]
     # offloaded whole while the engine runs: host RAM, not the rollout phase
     assert plan_p.rollout_phase == plan_g.rollout_phase

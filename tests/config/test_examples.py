@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from rlinf_ext.config import check_config, load_config, to_dictconfig
 from rlinf_ext.config.compose import REPO_ROOT
-
-import pytest
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
 # where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
@@ -18,8 +18,10 @@ EXPERIMENT_YAMLS = [p for p in EXAMPLE_YAMLS if p.parent.name == "config"]
 
 
 # the model the reference recipe passes on the command line (examples/searchr1/reference_recipe.sh)
-COMMAND_LINE = {"tiny-recipe.yaml": ["rollout.model.model_path=/models/tiny"],
-                "tiny-recipe-eval.yaml": ["rollout.model.model_path=/models/tiny"]}
+COMMAND_LINE = {
+    "tiny-recipe.yaml": ["rollout.model.model_path=/models/tiny"],
+    "tiny-recipe-eval.yaml": ["rollout.model.model_path=/models/tiny"],
+}
 
 
 def test_every_example_yaml_validates(reference_env):
@@ -137,16 +139,22 @@ def test_tiny_config_resolves_with_real_assets(tiny_assets_registry, monkeypatch
 
     reader = json.loads((root / "registry" / "models" / "qwen2-tiny-reader" / "config.json").read_text())
     actor = load_config("tiny-cpu").actor.model
-    assert (reader["hidden_size"], reader["num_attention_heads"], reader["num_key_value_heads"],
-            reader["intermediate_size"]) == (actor.hidden_size, actor.num_attention_heads, actor.num_query_groups,
-                                             actor.ffn_hidden_size)
+    assert (
+        reader["hidden_size"],
+        reader["num_attention_heads"],
+        reader["num_key_value_heads"],
+        reader["intermediate_size"],
+    ) == (actor.hidden_size, actor.num_attention_heads, actor.num_query_groups, actor.ffn_hidden_size)
     # the model preset's dims agree with the generated random model's config.json
     import yaml
 
     hf = json.loads((root / "models" / "qwen2-tiny" / "config.json").read_text())
     preset = yaml.safe_load((REPO_ROOT / "configs" / "model" / "qwen2-tiny.yaml").read_text())["actor"]["model"]
     assert (hf["num_attention_heads"], hf["num_key_value_heads"], hf["hidden_size"]) == (
-        preset["num_attention_heads"], preset["num_query_groups"], preset["hidden_size"])
+        preset["num_attention_heads"],
+        preset["num_query_groups"],
+        preset["hidden_size"],
+    )
     cfg = result.cfg.actor.model
     assert hf["hidden_size"] // hf["num_attention_heads"] == 32  # vLLM's CPU attention refuses 16
     assert (cfg.hidden_size // cfg.num_attention_heads, cfg.num_query_groups) == (32, 2)  # the warm start's

@@ -14,10 +14,10 @@ from rlinf_ext.config.schema import fld
 
 ALLOWED = {
     "cluster.node_groups": "RLinf's Cluster reads it: runner/services.py:140 Cluster(cluster_cfg=to_dictconfig(cfg)"
-                           ".cluster) -> rlinf/scheduler/cluster/config.py ClusterConfig.from_dict_cfg, node.py:320",
+    ".cluster) -> rlinf/scheduler/cluster/config.py ClusterConfig.from_dict_cfg, node.py:320",
     "cluster.gpu_memory_gib": "the memory plan of validate and `rlinf-ext plan`: config/memory_plan.py:capacity",
     "runner.task_type": "chooses training or evaluation checks and plan: config/rule_registry.py:is_training, "
-                        "config/commands.py:53,104, config/memory_plan.py:342",
+    "config/commands.py:53,104, config/memory_plan.py:342",
 }
 
 
@@ -26,7 +26,8 @@ def test_every_schema_key_is_read_outside_config():
     unread = unread_leaves(SCHEMA, ALLOWED, scanned)
     assert not unread, (
         f"schema keys no module outside rlinf_ext/config/ reads: {unread}. Read them where they take effect, "
-        "move an RLinf key rlinf_ext does not implement to config/compat.py, or delete them.")
+        "move an RLinf key rlinf_ext does not implement to config/compat.py, or delete them."
+    )
     # the allowed ones are really unread by the scan (else the entry is stale)
     assert set(unread_leaves(SCHEMA, (), scanned)) == set(ALLOWED)
 
@@ -47,8 +48,10 @@ class _Probe:
 
 def test_the_scan_finds_an_unread_key_and_takes_extra_sections():
     scanned = modules()
-    assert unread_leaves([("unmounted", _Probe)], (), scanned) == ["unmounted.never_read_by_any_module",
-                                                                   "unmounted.max_epochs"]
+    assert unread_leaves([("unmounted", _Probe)], (), scanned) == [
+        "unmounted.never_read_by_any_module",
+        "unmounted.max_epochs",
+    ]
     assert unread_leaves([("runner", _Probe)], (), scanned) == ["runner.never_read_by_any_module"]
     (max_steps,) = [leaf for leaf in leaves(SCHEMA) if leaf.key == "runner.max_steps"]
     assert any(p.name == "trainer.py" for p in readers(max_steps, scanned))

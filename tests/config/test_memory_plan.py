@@ -70,16 +70,24 @@ def test_the_reference_run_fits_80_gib_at_its_seq_length_and_plan_prints_the_fig
     # sharded over 8 (4n/8 + 8n/8): 5.5n = 15.81 GiB; the sleeping engine's runtime and CUDA-graph pools
     assert plan.actor_host == 11 * QWEN25_3B.params // 2 and plan.engine.host_asleep == VLLM_RUNTIME_BYTES
     text = format_plan(cfg)
-    for line in ("memory per GPU", "3.09B params", "recompute full/block/20", "actor optimizer state",
-                 "actor log-prob chunk", "engine share (vllm: 0.75 x 79.14)", "engine KV cache",
-                 "engine CUDA context (beside its share)", "engine asleep (while the actor trains, sleep level 2)",
-                 "GPU, training phase (actor peak + engine asleep)",
-                 "GPU, weight-sync phase (engine without its KV cache + actor + transfer)",
-                 "actor transfer buffers (vLLM's packed IPC buffer)",
-                 "GPU, rollout phase (engine + its CUDA context + what the actor keeps)",
-                 "host RAM per node, actor offload: 8 x 15.81",
-                 "host RAM per node, engines asleep (level 2 backs up the runtime and CUDA-graph pools): 8 x 2.00",
-                 FITS_80):
+    for line in (
+        "memory per GPU",
+        "3.09B params",
+        "recompute full/block/20",
+        "actor optimizer state",
+        "actor log-prob chunk",
+        "engine share (vllm: 0.75 x 79.14)",
+        "engine KV cache",
+        "engine CUDA context (beside its share)",
+        "engine asleep (while the actor trains, sleep level 2)",
+        "GPU, training phase (actor peak + engine asleep)",
+        "GPU, weight-sync phase (engine without its KV cache + actor + transfer)",
+        "actor transfer buffers (vLLM's packed IPC buffer)",
+        "GPU, rollout phase (engine + its CUDA context + what the actor keeps)",
+        "host RAM per node, actor offload: 8 x 15.81",
+        "host RAM per node, engines asleep (level 2 backs up the runtime and CUDA-graph pools): 8 x 2.00",
+        FITS_80,
+    ):
         assert line in text, line
     rows = _rows(text)
     assert rows["GPU, weight-sync phase (engine without its KV cache + actor + transfer)"] == "14.07 of 79.14"
@@ -103,10 +111,19 @@ def test_a_config_that_does_not_fit_is_refused_with_the_keys_that_make_it_fit(re
         assert fix in issue.fix, fix
     # each suggestion really fits
     seq = int(issue.fix.split("runner.seq_length=")[1].split()[0])
-    assert check_config(REFERENCE, ["actor.spec_name=local_gpt", f"runner.seq_length={seq}",
-                                    "agentloop.response_length_total=2000", "data.max_prompt_length=1024"]).ok
-    assert check_config(REFERENCE, ["actor.spec_name=local_gpt", "actor.model.recompute_method=uniform",
-                                    "actor.model.recompute_num_layers=1"]).ok
+    assert check_config(
+        REFERENCE,
+        [
+            "actor.spec_name=local_gpt",
+            f"runner.seq_length={seq}",
+            "agentloop.response_length_total=2000",
+            "data.max_prompt_length=1024",
+        ],
+    ).ok
+    assert check_config(
+        REFERENCE,
+        ["actor.spec_name=local_gpt", "actor.model.recompute_method=uniform", "actor.model.recompute_num_layers=1"],
+    ).ok
     assert "NO" in format_plan(load_config(REFERENCE, ["actor.spec_name=local_gpt"], strict=False))
 
 
@@ -117,8 +134,10 @@ def test_collocated_without_offload_does_not_fit_while_the_engine_generates(refe
     assert "actor.offload_weight=true actor.offload_optimizer=true actor.offload_grad=true" in issue.fix
     assert "rollout.gpu_memory_utilization=0." in issue.fix
     # on GPUs of its own (disaggregated) the actor keeps everything
-    assert check_config(REFERENCE, overrides + ["cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}",
-                                                "data.rollout_batch_size=512"]).ok
+    assert check_config(
+        REFERENCE,
+        overrides + ["cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}", "data.rollout_batch_size=512"],
+    ).ok
 
 
 def test_smaller_gpus_and_cpu_clusters(reference_env):
@@ -127,18 +146,24 @@ def test_smaller_gpus_and_cpu_clusters(reference_env):
     assert "memory per GPU" not in format_plan(load_config("tiny-cpu"))  # no GPU: nothing to fit
 
 
-@pytest.mark.parametrize("overrides, key, words", [
-    (["actor.model.recompute_method=null"], "actor.model.recompute_method", "needs a method"),
-    (["actor.model.recompute_num_layers=40"], "actor.model.recompute_num_layers", "1..36"),
-    (["actor.model.recompute_granularity=null"], "actor.model.recompute_granularity", "do nothing"),
-    (["actor.model.recompute_granularity=selective", "actor.model.recompute_method=null"],
-     "actor.model.recompute_num_layers", "remove actor.model.recompute_num_layers"),
-    (["actor.optim.optimizer=sgd"], "actor.optim.use_distributed_optimizer", "Adam only"),
-    (["actor.model.activation=gelu"], "actor.model.activation", "config.json"),
-    (["actor.megatron.distributed_backend=gloo"], "actor.megatron.distributed_backend", "nccl"),
-    (["actor.megatron.ckpt_format=torch_dist"], "actor.megatron.ckpt_format", "legacy torch layout"),
-    (["actor.model.seq_length=4096"], "actor.model.seq_length", "set runner.seq_length"),
-])
+@pytest.mark.parametrize(
+    "overrides, key, words",
+    [
+        (["actor.model.recompute_method=null"], "actor.model.recompute_method", "needs a method"),
+        (["actor.model.recompute_num_layers=40"], "actor.model.recompute_num_layers", "1..36"),
+        (["actor.model.recompute_granularity=null"], "actor.model.recompute_granularity", "do nothing"),
+        (
+            ["actor.model.recompute_granularity=selective", "actor.model.recompute_method=null"],
+            "actor.model.recompute_num_layers",
+            "remove actor.model.recompute_num_layers",
+        ),
+        (["actor.optim.optimizer=sgd"], "actor.optim.use_distributed_optimizer", "Adam only"),
+        (["actor.model.activation=gelu"], "actor.model.activation", "config.json"),
+        (["actor.megatron.distributed_backend=gloo"], "actor.megatron.distributed_backend", "nccl"),
+        (["actor.megatron.ckpt_format=torch_dist"], "actor.megatron.ckpt_format", "legacy torch layout"),
+        (["actor.model.seq_length=4096"], "actor.model.seq_length", "set runner.seq_length"),
+    ],
+)
 def test_megatron_knobs_are_checked(reference_env, overrides, key, words):
     issue = issue_on(REFERENCE, overrides, key)
     assert words in f"{issue.reason} {issue.fix}"
@@ -166,7 +191,9 @@ def test_vllm_engine_share_by_hand():
     assert e2.weights == QWEN25_3B.params and e2.kv_per_token == 36864 // 2
     assert e2.host_asleep == e2.weights + VLLM_RUNTIME_BYTES
     # 4 KV-replicating GPUs for 2 heads: still one head each
-    assert engine_memory(QWEN25_3B, gpu_bytes=gpu, fraction=0.75, dtype_bytes=2, tensor_parallel=4).kv_per_token == 18432
+    assert (
+        engine_memory(QWEN25_3B, gpu_bytes=gpu, fraction=0.75, dtype_bytes=2, tensor_parallel=4).kv_per_token == 18432
+    )
     # smallest fraction that caches 10,000 tokens: (weights + runtime + 10,000 x 36 KiB) / 80 GiB, rounded up
     need = (QWEN25_3B.params * 2 + VLLM_RUNTIME_BYTES + 10_000 * 36864) / gpu
     assert e.min_fraction(10_000) == pytest.approx(-(-need * 100 // 1) / 100) and e.min_fraction(10_000) >= need
@@ -180,8 +207,11 @@ def test_vision_tower_count_matches_transformers():
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
     with torch.device("meta"):
-        tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(Qwen2_5_VLVisionConfig(
-            depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584))
+        tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(
+            Qwen2_5_VLVisionConfig(
+                depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584
+            )
+        )
     assert sum(p.numel() for p in tower.parameters()) == QWEN25_VL_7B_VISION
 
 
@@ -201,8 +231,14 @@ def test_vl_plan_counts_the_vision_tower_and_the_engine_share(reference_env):
     assert not plan.collocated and plan.rollout_phase == e.budget + VLLM_CUDA_CONTEXT_BYTES
     assert plan.sync_phase == 0 and plan.actor_host == 0  # disaggregated: no collocated sync, no offload
     text = format_plan(cfg)
-    for line in ("7.62B params + vision tower 0.68B", "engine share (vllm: 0.6 x 79.14)", "engine weights (bf16)",
-                 f"{total * 2 / GIB:7.2f}", f"engine KV cache ({e.kv_tokens:,} tokens", "rollout GPUs"):
+    for line in (
+        "7.62B params + vision tower 0.68B",
+        "engine share (vllm: 0.6 x 79.14)",
+        "engine weights (bf16)",
+        f"{total * 2 / GIB:7.2f}",
+        f"engine KV cache ({e.kv_tokens:,} tokens",
+        "rollout GPUs",
+    ):
         assert line in text, line
     # disaggregated: the engine never sleeps, the actor offloads nothing (rank 0's gather: the test below)
     assert "engine asleep" not in text and "host RAM per node" not in text
@@ -235,20 +271,28 @@ def test_collocated_vl_plan_counts_the_vision_tower_and_the_sleeping_engine(refe
     engine = VLLM_ASLEEP_RESIDENT_BYTES + e.weights + VLLM_RUNTIME_BYTES + embedding * 2 + 2 * embedding * 2
     assert plan.sync_phase == engine + CUDA_RESERVE_BYTES + total * 4 // 8 + embedding * 2 + embedding * 6
     text = format_plan(cfg)
-    for line in ("7.62B params + vision tower 0.68B", "FSDP2 over DP 8", "engine share (vllm: 0.6 x 79.14)",
-                 "engine asleep (while the actor trains, sleep level 2)", "actor weight shards brought back",
-                 "the largest parameter gathered whole in fp32", FITS_80):
+    for line in (
+        "7.62B params + vision tower 0.68B",
+        "FSDP2 over DP 8",
+        "engine share (vllm: 0.6 x 79.14)",
+        "engine asleep (while the actor trains, sleep level 2)",
+        "actor weight shards brought back",
+        "the largest parameter gathered whole in fp32",
+        FITS_80,
+    ):
         assert line in text, line
     rows = {k: v for k, v in _rows(text).items() if k.startswith("GPU, ")}
-    assert rows == {"GPU, training phase (actor peak + engine asleep)": f"{plan.training_phase / GIB:.2f} of 79.14",
-                    "GPU, weight-sync phase (engine without its KV cache + actor + transfer)":
-                        f"{plan.sync_phase / GIB:.2f} of 79.14",
-                    "GPU, rollout phase (engine + its CUDA context + what the actor keeps)":
-                        f"{plan.rollout_phase / GIB:.2f} of 79.14"}
+    assert rows == {
+        "GPU, training phase (actor peak + engine asleep)": f"{plan.training_phase / GIB:.2f} of 79.14",
+        "GPU, weight-sync phase (engine without its KV cache + actor + transfer)": f"{plan.sync_phase / GIB:.2f} of 79.14",
+        "GPU, rollout phase (engine + its CUDA context + what the actor keeps)": f"{plan.rollout_phase / GIB:.2f} of 79.14",
+    }
     # without the offload flags the actor's state stays beside the engine's share while it generates
     kept = gpu_plan(cfg, x, offload_weight=False, offload_optimizer=False, offload_grad=False)
-    assert kept.rollout_phase == plan.rollout_phase + sum(plan.actor.items[k] for k in (
-        "weights", "reference model", "main params (fp32)", "optimizer state", "gradients"))
+    assert kept.rollout_phase == plan.rollout_phase + sum(
+        plan.actor.items[k]
+        for k in ("weights", "reference model", "main params (fp32)", "optimizer state", "gradients")
+    )
 
 
 def test_collocated_refused_when_actor_peak_and_the_sleeping_engine_exceed_the_gpu(reference_env):
@@ -271,8 +315,10 @@ def test_sleep_level_1_counts_host_ram_per_node(reference_env):
     assert e.host_asleep == e.weights + VLLM_RUNTIME_BYTES  # 5.75 + 2 GiB per engine
     text = format_plan(cfg)
     assert "engines asleep (level 1 backs up weights, runtime and CUDA-graph pools): 8 x 7.75" in text
-    assert _rows(text)["host RAM per node, both (their sum: an upper bound)"] == \
-        f"{(8 * 5.5 * QWEN25_3B.params + 8 * e.host_asleep) / GIB:.2f}"
+    assert (
+        _rows(text)["host RAM per node, both (their sum: an upper bound)"]
+        == f"{(8 * 5.5 * QWEN25_3B.params + 8 * e.host_asleep) / GIB:.2f}"
+    )
 
 
 def test_sglang_collocated_sync_and_host_ram(reference_env):
@@ -283,8 +329,10 @@ def test_sglang_collocated_sync_and_host_ram(reference_env):
     plan = gpu_plan(cfg, x)
     weights = QWEN25_3B.params * 2
     assert plan.engine.updating == ROLLOUT_RESIDENT_BYTES + weights
-    assert plan.sync_phase == ROLLOUT_RESIDENT_BYTES + weights + CUDA_RESERVE_BYTES + 2 * GIB \
-        + 2 * QWEN25_3B_EMBEDDING_BYTES
+    assert (
+        plan.sync_phase
+        == ROLLOUT_RESIDENT_BYTES + weights + CUDA_RESERVE_BYTES + 2 * GIB + 2 * QWEN25_3B_EMBEDDING_BYTES
+    )
     text = format_plan(cfg)
     assert "actor transfer buffers (a bucket and the tensors packed into it)" in text
     assert "engines asleep (SGLang keeps no copy): 8 x 0.00" in text
@@ -337,8 +385,10 @@ def test_disaggregated_fsdp2_plan_counts_rank_0s_host_gather(reference_env):
         assert _rows(format_plan(cfg))[RANK0_GATHER] == "46.34"
         assert gpu_plan(cfg, memory_inputs(cfg)[0]).rank0_host == QWEN25_VL_7B_PARAMS * 6 == 49_752_999_936
     # collocated, each rank streams its own engine's weights a tensor at a time; Megatron converts on the GPU
-    for name, overrides in (("qwen2.5-vl-7b-1node-collocated", []),
-                            (REFERENCE, ["cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}"])):
+    for name, overrides in (
+        ("qwen2.5-vl-7b-1node-collocated", []),
+        (REFERENCE, ["cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}"]),
+    ):
         cfg = load_config(name, overrides, strict=False)
         assert gpu_plan(cfg, memory_inputs(cfg)[0]).rank0_host == 0
         assert RANK0_GATHER not in format_plan(cfg)
@@ -361,8 +411,10 @@ def test_the_plan_reads_this_nodes_gpu_of_the_configured_kind(reference_env, mon
     monkeypatch.setattr(memory_plan, "local_gpu_total_bytes", lambda: int(79.3 * GIB))
     cfg = load_config(REFERENCE)
     assert gpu_plan(cfg, memory_inputs(cfg)[0]).gpu_bytes == int(79.3 * GIB)
-    assert "fits the 79.30 GiB a GPU of cluster.gpu_memory_gib=80 gives CUDA (read from this node's GPU): yes" in \
-        format_plan(cfg)
+    assert (
+        "fits the 79.30 GiB a GPU of cluster.gpu_memory_gib=80 gives CUDA (read from this node's GPU): yes"
+        in format_plan(cfg)
+    )
     # an H200 node validating an 80 GiB config: the table's figure for 80
     monkeypatch.setattr(memory_plan, "local_gpu_total_bytes", lambda: int(139.8 * GIB))
     assert gpu_plan(cfg, memory_inputs(cfg)[0]).gpu_bytes == USABLE_80

@@ -13,12 +13,22 @@ def _issues(overrides):
     return {i.key: i for i in check_config("tiny-cpu", overrides).issues}
 
 
-@pytest.mark.parametrize("overrides, key, words", [
-    (["algorithm.off_policy.behaviour_weight_cap=0.9"], "algorithm.off_policy.behaviour_weight_cap",
-     ("below 1", ">= 1")),
-    (["algorithm.off_policy.behaviour_weight_floor=1.5"], "algorithm.off_policy.behaviour_weight_floor", ("(0, 1]",)),
-    (["algorithm.off_policy.behaviour_weight_floor=0"], "algorithm.off_policy.behaviour_weight_floor", ("(0, 1]",)),
-])
+@pytest.mark.parametrize(
+    "overrides, key, words",
+    [
+        (
+            ["algorithm.off_policy.behaviour_weight_cap=0.9"],
+            "algorithm.off_policy.behaviour_weight_cap",
+            ("below 1", ">= 1"),
+        ),
+        (
+            ["algorithm.off_policy.behaviour_weight_floor=1.5"],
+            "algorithm.off_policy.behaviour_weight_floor",
+            ("(0, 1]",),
+        ),
+        (["algorithm.off_policy.behaviour_weight_floor=0"], "algorithm.off_policy.behaviour_weight_floor", ("(0, 1]",)),
+    ],
+)
 def test_behaviour_weight_range_is_checked(reference_env, overrides, key, words):
     issues = _issues(overrides)
     assert key in issues, [str(i) for i in issues.values()]
@@ -35,10 +45,18 @@ def test_edges_of_the_range_are_accepted(reference_env):
 def test_actor_settings_carry_the_off_policy_keys(reference_env):
     default = ActorSettings.from_config(load_config("tiny-cpu"), 1).loss
     assert (default.behaviour_weight, default.behaviour_weight_cap, default.behaviour_weight_floor) == (
-        "truncate", 2.0, 0.5)
-    cfg = load_config("tiny-cpu", ["algorithm.off_policy.behaviour_weight=mask",
-                                   "algorithm.off_policy.behaviour_weight_cap=3",
-                                   "algorithm.off_policy.behaviour_weight_floor=0.25"])
+        "truncate",
+        2.0,
+        0.5,
+    )
+    cfg = load_config(
+        "tiny-cpu",
+        [
+            "algorithm.off_policy.behaviour_weight=mask",
+            "algorithm.off_policy.behaviour_weight_cap=3",
+            "algorithm.off_policy.behaviour_weight_floor=0.25",
+        ],
+    )
     settings = ActorSettings.from_config(cfg, 1)
     loss = settings.loss
     assert (loss.behaviour_weight, loss.behaviour_weight_cap, loss.behaviour_weight_floor) == ("mask", 3.0, 0.25)

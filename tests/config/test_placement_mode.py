@@ -13,15 +13,18 @@ from rlinf_ext.config.placement import PlacementError, is_collocated, mode_of_ra
 pytestmark = pytest.mark.usefixtures("sglang_profile_installed")
 
 
-@pytest.mark.parametrize("actor, rollout, mode", [
-    ([0, 1, 2, 3], [0, 1, 2, 3], "collocated"),  # the same GPUs
-    ([0, 1], [2, 3, 4, 5], "disaggregated"),  # disjoint
-    ([4, 5, 6, 7], [0, 1, 2, 3], "disaggregated"),  # disjoint, the actor above
-    ([0], [0], "collocated"),
-    (None, [0, 1], "disaggregated"),  # no actor (evaluation)
-    ([], [0, 1], "disaggregated"),
-    ([0, 1], None, "disaggregated"),
-])
+@pytest.mark.parametrize(
+    "actor, rollout, mode",
+    [
+        ([0, 1, 2, 3], [0, 1, 2, 3], "collocated"),  # the same GPUs
+        ([0, 1], [2, 3, 4, 5], "disaggregated"),  # disjoint
+        ([4, 5, 6, 7], [0, 1, 2, 3], "disaggregated"),  # disjoint, the actor above
+        ([0], [0], "collocated"),
+        (None, [0, 1], "disaggregated"),  # no actor (evaluation)
+        ([], [0, 1], "disaggregated"),
+        ([0, 1], None, "disaggregated"),
+    ],
+)
 def test_mode_of_ranks(actor, rollout, mode):
     assert mode_of_ranks(actor, rollout) == mode
 
@@ -34,8 +37,9 @@ def test_a_partial_overlap_is_refused(actor, rollout):
 
 
 def _cfg(gpus_per_node: int, placement: dict, num_nodes: int = 1):
-    return SimpleNamespace(cluster=SimpleNamespace(num_nodes=num_nodes, num_gpus_per_node=gpus_per_node,
-                                                   component_placement=placement))
+    return SimpleNamespace(
+        cluster=SimpleNamespace(num_nodes=num_nodes, num_gpus_per_node=gpus_per_node, component_placement=placement)
+    )
 
 
 def test_placement_mode_of_a_config():
@@ -78,8 +82,9 @@ def test_the_plan_names_the_mode(reference_env):
         return format_plan(check_config("qwen2.5-3b-tool-1node", list(overrides)).cfg)
 
     assert "actor and rollout: collocated (they take turns on the same GPUs)" in plan()
-    assert "actor and rollout: disaggregated\n" in plan("cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}",
-                                                        "data.rollout_batch_size=256")
+    assert "actor and rollout: disaggregated\n" in plan(
+        "cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}", "data.rollout_batch_size=256"
+    )
     partial = plan("cluster.component_placement={'actor,reward': 0-3, rollout: 2-7}")
     assert "overlap partly" in partial and "actor and rollout:" not in partial
     assert "memory per GPU: not estimated (fix the placement first)" in partial

@@ -46,27 +46,47 @@ def test_searchr1_agent_needs_recompute_logprobs(reference_env):
 
 def test_vllm_logprobs_with_truncating_sampling_are_refused(reference_env):
     on = ["rollout.return_logprobs=true", "algorithm.sampling_params.top_p=0.9", "algorithm.sampling_params.top_k=20"]
-    issue = assert_issue("qwen2.5-3b-tool-1node", on, "rollout.return_logprobs", "algorithm.sampling_params.top_p",
-                         "algorithm.sampling_params.top_k", "rollout.return_logprobs=false")
+    issue = assert_issue(
+        "qwen2.5-3b-tool-1node",
+        on,
+        "rollout.return_logprobs",
+        "algorithm.sampling_params.top_p",
+        "algorithm.sampling_params.top_k",
+        "rollout.return_logprobs=false",
+    )
     assert "repetition_penalty" not in issue.reason
     # temperature alone is what the actor scales by; without kept log-probs any sampling is fine
-    assert check_config("qwen2.5-3b-tool-1node", ["rollout.return_logprobs=true",
-                                                  "algorithm.sampling_params.temperature=0.7"]).ok
+    assert check_config(
+        "qwen2.5-3b-tool-1node", ["rollout.return_logprobs=true", "algorithm.sampling_params.temperature=0.7"]
+    ).ok
     assert check_config("qwen2.5-3b-tool-1node", on[1:]).ok
 
 
-@pytest.mark.parametrize("name, backend, why", [
-    ("tiny-cpu", "hf", "raw logits"),
-    ("qwen2.5-3b-tool-1node", "sglang", "before its top-k / top-p filters"),
-    ("qwen2.5-3b-tool-1node", "vllm", "processed_logprobs"),
-])
+@pytest.mark.parametrize(
+    "name, backend, why",
+    [
+        ("tiny-cpu", "hf", "raw logits"),
+        ("qwen2.5-3b-tool-1node", "sglang", "before its top-k / top-p filters"),
+        ("qwen2.5-3b-tool-1node", "vllm", "processed_logprobs"),
+    ],
+)
 def test_engine_logprobs_with_truncating_sampling_are_refused_on_every_engine(reference_env, name, backend, why):
     """No engine returns, with top-p / top-k / a repetition penalty on, the log-prob of the distribution it sampled
     from computed as the actor computes it (logits / temperature): the behaviour weight would be wrong."""
-    on = [f"rollout.rollout_backend={backend}", "rollout.return_logprobs=true",
-          "algorithm.sampling_params.repetition_penalty=1.1"]
-    issue = assert_issue(name, on, "rollout.return_logprobs", "algorithm.sampling_params.repetition_penalty",
-                         f"rollout.rollout_backend={backend}", why, "rollout.return_logprobs=false")
+    on = [
+        f"rollout.rollout_backend={backend}",
+        "rollout.return_logprobs=true",
+        "algorithm.sampling_params.repetition_penalty=1.1",
+    ]
+    issue = assert_issue(
+        name,
+        on,
+        "rollout.return_logprobs",
+        "algorithm.sampling_params.repetition_penalty",
+        f"rollout.rollout_backend={backend}",
+        why,
+        "rollout.return_logprobs=false",
+    )
     assert "top_p" not in issue.reason
     assert check_config(name, on[:2] + ["algorithm.sampling_params.temperature=0.7"]).ok
 
@@ -136,8 +156,11 @@ def test_tp_read_from_hf_config_when_no_preset(reference_env, tmp_path):
 
 
 def test_tp_times_pp_divides_actor_gpus(reference_env):
-    overrides = ["cluster.component_placement={actor: 0-5, 'rollout,reward': 6-7}", "data.rollout_batch_size=24",
-                 *NO_OFFLOAD]
+    overrides = [
+        "cluster.component_placement={actor: 0-5, 'rollout,reward': 6-7}",
+        "data.rollout_batch_size=24",
+        *NO_OFFLOAD,
+    ]
     assert check_config("qwen2.5-3b-tool-1node", overrides).ok
     assert_issue(
         "qwen2.5-3b-tool-1node",
@@ -175,11 +198,16 @@ def test_two_nodes_make_room(reference_env):
 NO_OFFLOAD = ["actor.offload_weight=false", "actor.offload_optimizer=false", "actor.offload_grad=false"]
 
 
-@pytest.mark.parametrize("overrides, words", [
-    (["cluster.num_nodes=2", "cluster.component_placement={actor: 0-7, 'rollout,reward': 8-15}"], "disjoint GPUs"),
-    (["cluster.component_placement={actor: 0-5, 'rollout,reward': 6-7}", "data.rollout_batch_size=24"],
-     "disjoint GPUs"),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["cluster.num_nodes=2", "cluster.component_placement={actor: 0-7, 'rollout,reward': 8-15}"], "disjoint GPUs"),
+        (
+            ["cluster.component_placement={actor: 0-5, 'rollout,reward': 6-7}", "data.rollout_batch_size=24"],
+            "disjoint GPUs",
+        ),
+    ],
+)
 def test_offload_refused_where_nothing_is_offloaded(reference_env, overrides, words):
     """The reference config offloads for its collocated rollout; on disaggregated GPUs the same keys would do nothing."""
     issue = assert_issue("qwen2.5-3b-tool-1node", overrides, "actor.offload_weight", words)
@@ -193,8 +221,9 @@ def test_offload_refused_on_a_cpu_cluster():
 
 def test_recompute_logprobs_false_is_refused_for_every_agent():
     for name in ("tiny-cpu", "tiny-mm-cpu"):
-        issue = assert_issue(name, ["algorithm.recompute_logprobs=false"], "algorithm.recompute_logprobs",
-                             "re-tokenises")
+        issue = assert_issue(
+            name, ["algorithm.recompute_logprobs=false"], "algorithm.recompute_logprobs", "re-tokenises"
+        )
         assert "recompute_logprobs=true" in issue.fix
 
 
@@ -208,14 +237,21 @@ def test_cpu_cluster_ranks_are_processes(reference_env):
 
 def test_cpu_cluster_places_processes_on_nodes(reference_env):
     """RLinf's NODES:PROCESSES form on a CPU cluster: the nodes are checked against cluster.num_nodes."""
-    two_nodes = ["cluster.num_nodes=2", "cluster.component_placement={actor: '0:0', 'rollout,agentloop': '1:0', "
-                 "reward: '0:0'}"]
+    two_nodes = [
+        "cluster.num_nodes=2",
+        "cluster.component_placement={actor: '0:0', 'rollout,agentloop': '1:0', reward: '0:0'}",
+    ]
     result = check_config("tiny-cpu", two_nodes)
     assert result.ok, [str(i) for i in result.issues]
-    assert_issue("tiny-cpu", two_nodes[1:], "cluster.component_placement.rollout,agentloop", "node 1",
-                 "cluster.num_nodes is 1")
-    assert_issue("tiny-cpu", ["cluster.num_nodes=2", "cluster.component_placement={'actor,rollout,reward': '0-1:0-2'}"],
-                 "cluster.component_placement.actor,rollout,reward", "do not split evenly over 2 node(s)")
+    assert_issue(
+        "tiny-cpu", two_nodes[1:], "cluster.component_placement.rollout,agentloop", "node 1", "cluster.num_nodes is 1"
+    )
+    assert_issue(
+        "tiny-cpu",
+        ["cluster.num_nodes=2", "cluster.component_placement={'actor,rollout,reward': '0-1:0-2'}"],
+        "cluster.component_placement.actor,rollout,reward",
+        "do not split evenly over 2 node(s)",
+    )
 
 
 def test_gpu_backend_on_cpu_cluster(reference_env):
@@ -235,21 +271,39 @@ def test_vllm_serves_both_agents(reference_env):
 
 
 def test_collocated_gpus_need_both_offload_flags(reference_env):
-    issue = assert_issue("qwen2.5-3b-tool-1node", ["actor.offload_weight=false", "actor.offload_optimizer=false"],
-                         "actor.offload_weight", "actor.offload_weight and actor.offload_optimizer", "collocated",
-                         "actor.offload_weight=true actor.offload_optimizer=true")
+    issue = assert_issue(
+        "qwen2.5-3b-tool-1node",
+        ["actor.offload_weight=false", "actor.offload_optimizer=false"],
+        "actor.offload_weight",
+        "actor.offload_weight and actor.offload_optimizer",
+        "collocated",
+        "actor.offload_weight=true actor.offload_optimizer=true",
+    )
     assert "gpu_memory_utilization=0.75" in issue.reason
-    assert_issue("qwen2.5-3b-tool-1node", ["actor.offload_optimizer=false"], "actor.offload_optimizer",
-                 "actor.offload_optimizer=true")
-    disaggregated = ["cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}", "actor.offload_weight=false",
-                     "actor.offload_optimizer=false", "data.rollout_batch_size=256"]
+    assert_issue(
+        "qwen2.5-3b-tool-1node",
+        ["actor.offload_optimizer=false"],
+        "actor.offload_optimizer",
+        "actor.offload_optimizer=true",
+    )
+    disaggregated = [
+        "cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}",
+        "actor.offload_weight=false",
+        "actor.offload_optimizer=false",
+        "data.rollout_batch_size=256",
+    ]
     assert "actor.offload_weight" not in issues_for("qwen2.5-3b-tool-1node", disaggregated)[0]
     assert check_config("tiny-cpu").ok  # CPU runs never offload
 
 
 def test_the_actor_starts_from_the_rollout_model(reference_env):
-    assert_issue("qwen2.5-3b-tool-1node", ["actor.megatron.ckpt_convertor.hf_model_path=/other/model"],
-                 "actor.megatron.ckpt_convertor.hf_model_path", "rollout.model.model_path", "ignored")
+    assert_issue(
+        "qwen2.5-3b-tool-1node",
+        ["actor.megatron.ckpt_convertor.hf_model_path=/other/model"],
+        "actor.megatron.ckpt_convertor.hf_model_path",
+        "rollout.model.model_path",
+        "ignored",
+    )
 
 
 def test_search_topk_positive(reference_env):
@@ -280,15 +334,27 @@ def test_parallel_sizes_positive(reference_env):
 def test_prompts_split_over_actor_data_parallel_ranks():
     # two CPU actor processes train on whole GRPO groups: 3 prompts cannot be shared, 4 can
     overrides = ["cluster.component_placement={actor: 0-1, 'rollout,reward': 0}", "algorithm.n_minibatches=1"]
-    issue = assert_issue("tiny-cpu", overrides + ["data.rollout_batch_size=3"], "data.rollout_batch_size",
-                         "do not split over the actor's data-parallel size 2")
+    issue = assert_issue(
+        "tiny-cpu",
+        overrides + ["data.rollout_batch_size=3"],
+        "data.rollout_batch_size",
+        "do not split over the actor's data-parallel size 2",
+    )
     assert "data.rollout_batch_size=4" in issue.fix
     assert check_config("tiny-cpu", overrides + ["data.rollout_batch_size=4"]).ok
 
 
 def test_values_supported_only_in_some_settings_are_refused_there(reference_env):
-    fused = [f"actor.model.{k}" for k in ("apply_rope_fusion", "bias_dropout_fusion", "bias_activation_fusion",
-                                          "persist_layer_norm", "gradient_accumulation_fusion")]
+    fused = [
+        f"actor.model.{k}"
+        for k in (
+            "apply_rope_fusion",
+            "bias_dropout_fusion",
+            "bias_activation_fusion",
+            "persist_layer_norm",
+            "gradient_accumulation_fusion",
+        )
+    ]
     by_key, result = issues_for("tiny-cpu", [f"{k}=true" for k in fused] + ["data.apply_chat_template=true"])
     for key in fused:
         assert "CUDA-only" in by_key[key].reason and f"{key}=false" in by_key[key].fix, result.issues

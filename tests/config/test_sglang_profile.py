@@ -16,8 +16,11 @@ SGLANG_CONFIGS = ("qwen2.5-3b-tool-1node", "qwen2.5-3b-tool-1node-eval", "qwen2.
 
 
 def backend_issues(name: str, overrides=()) -> list:
-    return [i for i in check_config(name, ["rollout.rollout_backend=sglang", *overrides]).issues
-            if i.key == "rollout.rollout_backend"]
+    return [
+        i
+        for i in check_config(name, ["rollout.rollout_backend=sglang", *overrides]).issues
+        if i.key == "rollout.rollout_backend"
+    ]
 
 
 @pytest.mark.parametrize("reported", [None, "0.4.6.post5", "0.5.24"])
@@ -75,5 +78,6 @@ def test_the_launcher_refuses_sglang_before_starting_anything(reference_env, mon
     monkeypatch.setattr(launch, "prepare_tiny_assets", must_not_run)
     monkeypatch.setattr(launch, "evaluate_agent", must_not_run)
     with pytest.raises(LaunchError, match=r"rollout.rollout_backend: sglang needs the SGLang profile"):
-        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"],
-                                   show_progress=False)
+        launch.run_evaluation_only(
+            "qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False
+        )

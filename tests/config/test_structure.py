@@ -193,8 +193,10 @@ def test_every_bad_override_reported():
 def test_an_error_names_the_layer_file_the_key_came_from(tmp_path):
     (tmp_path / "shared.yaml").write_text("rollout:\n  detokenise: true\nrunner:\n  seq_length: long\n")
     path = tmp_path / "exp.yaml"
-    path.write_text("defaults: [defaults/searchr1, model/qwen2-tiny, cluster/cpu, shared.yaml, _self_]\n"
-                    "runner:\n  max_steps: often\n")
+    path.write_text(
+        "defaults: [defaults/searchr1, model/qwen2-tiny, cluster/cpu, shared.yaml, _self_]\n"
+        "runner:\n  max_steps: often\n"
+    )
     by_key = {i.key: i for i in check_config(path, ["algorithm.group_size=two"]).issues}
     assert by_key["rollout.detokenise"].reason.endswith(f"(set in {tmp_path / 'shared.yaml'})")  # unknown key
     assert by_key["runner.seq_length"].reason.endswith(f"(set in {tmp_path / 'shared.yaml'})")  # wrong type

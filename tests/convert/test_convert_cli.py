@@ -47,7 +47,9 @@ def test_mg2hf_script_runs_from_another_directory(shell, qwen2_models, read_weig
     convert_hf_to_mg(src, actor, tp=2, pp=1, iteration=3, progress=False)
     work = tmp_path / "elsewhere"
     work.mkdir()
-    r = _run([shell, str(SCRIPTS / "mg2hf_3b.sh"), "../ckpts/global_step_3/actor", "hf_out", str(src), "--quiet"], cwd=work)
+    r = _run(
+        [shell, str(SCRIPTS / "mg2hf_3b.sh"), "../ckpts/global_step_3/actor", "hf_out", str(src), "--quiet"], cwd=work
+    )
     assert r.returncode == 0, r.stderr
     assert "TP=2, PP=1" in r.stdout
     out, ref = read_weights(work / "hf_out"), read_weights(src)
@@ -69,9 +71,24 @@ def test_cli_mg2hf_verify_prints_logit_difference(qwen2_models, tmp_path, capsys
     from rlinf_ext.cli import main
 
     src = qwen2_models[("untied", "fp32")]
-    assert main(["convert", "hf2mg", "--hf", str(src), "--out", str(tmp_path / "mg"), "--tp", "2", "--pp", "2", "--quiet"]) == 0
-    rc = main(["convert", "mg2hf", "--mg", str(tmp_path / "mg"), "--out", str(tmp_path / "hf"), "--hf-template", str(src),
-               "--verify", "--quiet"])
+    assert (
+        main(["convert", "hf2mg", "--hf", str(src), "--out", str(tmp_path / "mg"), "--tp", "2", "--pp", "2", "--quiet"])
+        == 0
+    )
+    rc = main(
+        [
+            "convert",
+            "mg2hf",
+            "--mg",
+            str(tmp_path / "mg"),
+            "--out",
+            str(tmp_path / "hf"),
+            "--hf-template",
+            str(src),
+            "--verify",
+            "--quiet",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     line = next(s for s in out.splitlines() if s.startswith("verify:"))
@@ -99,7 +116,9 @@ def test_cli_errors_exit_1_with_the_reason(qwen2_models, tmp_path, capsys):
     assert main(["convert", "hf2mg", "--hf", str(src), "--out", str(tmp_path / "mg"), "--tp", "3", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "error: --tp 3 --pp 1 does not fit" in err and "not divisible by TP=3" in err
-    assert main(["convert", "mg2hf", "--mg", str(tmp_path), "--out", str(tmp_path / "hf"), "--hf-template", str(src)]) == 1
+    assert (
+        main(["convert", "mg2hf", "--mg", str(tmp_path), "--out", str(tmp_path / "hf"), "--hf-template", str(src)]) == 1
+    )
     assert "not a Megatron checkpoint" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["convert", "mg2hf", "--help"])

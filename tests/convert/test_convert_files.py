@@ -86,8 +86,9 @@ def test_accepts_actor_dir_iteration_dir_and_single_iter_folder(qwen2_models, re
     assert "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight" in ckpt["model"]
     for i, mg in enumerate([actor, iter_dir]):
         _mg2hf(mg, tmp_path / f"hf{i}", src)
-        assert torch.equal(read_weights(tmp_path / f"hf{i}")["model.norm.weight"],
-                           read_weights(src)["model.norm.weight"])
+        assert torch.equal(
+            read_weights(tmp_path / f"hf{i}")["model.norm.weight"], read_weights(src)["model.norm.weight"]
+        )
     shutil.copytree(iter_dir, actor / "iter_0000009")
     with pytest.raises(ConversionError, match="several iterations \\(iter_0000005, iter_0000009\\)"):
         resolve_iteration_dir(actor)
@@ -102,12 +103,17 @@ def test_local_layernorm_names_and_training_style_checkpoints_convert(qwen2_mode
     f = tmp_path / "mg" / "release" / "mp_rank_00" / RANK_FILE
     ckpt = torch.load(f, weights_only=False)
     assert "decoder.layers.0.input_layernorm.weight" in ckpt["model"]
-    ckpt.update(args=argparse.Namespace(tensor_model_parallel_size=1), optimizer={"step": torch.tensor(3)},
-                rng_state=[{"random_rng_state": (3, (1, 2), None)}])
+    ckpt.update(
+        args=argparse.Namespace(tensor_model_parallel_size=1),
+        optimizer={"step": torch.tensor(3)},
+        rng_state=[{"random_rng_state": (3, (1, 2), None)}],
+    )
     torch.save(ckpt, f)
     _mg2hf(tmp_path / "mg", tmp_path / "hf", src)
-    assert torch.equal(read_weights(tmp_path / "hf")["model.layers.0.input_layernorm.weight"],
-                       read_weights(src)["model.layers.0.input_layernorm.weight"])
+    assert torch.equal(
+        read_weights(tmp_path / "hf")["model.layers.0.input_layernorm.weight"],
+        read_weights(src)["model.layers.0.input_layernorm.weight"],
+    )
 
 
 # --------------------------------------------------------------------------- failures, one test each
@@ -136,9 +142,14 @@ def test_missing_rank_is_named(tp2_checkpoint, tmp_path):
 
 def test_shape_mismatch_is_named(tp2_checkpoint, tmp_path):
     src, mg, it = tp2_checkpoint
-    _edit_rank(it / "mp_rank_01_000" / RANK_FILE,
-               lambda m: m.__setitem__("decoder.layers.0.mlp.linear_fc2.weight", torch.zeros(64, 10)))
-    with pytest.raises(ConversionError, match="mp_rank_01_000/model_optim_rng.pt: decoder.layers.0.mlp.linear_fc2.weight has shape \\(64, 10\\), expected \\(64, 88\\)"):
+    _edit_rank(
+        it / "mp_rank_01_000" / RANK_FILE,
+        lambda m: m.__setitem__("decoder.layers.0.mlp.linear_fc2.weight", torch.zeros(64, 10)),
+    )
+    with pytest.raises(
+        ConversionError,
+        match="mp_rank_01_000/model_optim_rng.pt: decoder.layers.0.mlp.linear_fc2.weight has shape \\(64, 10\\), expected \\(64, 88\\)",
+    ):
         _mg2hf(mg, tmp_path / "hf", src)
 
 
@@ -152,9 +163,13 @@ def test_replicated_tensor_differing_across_tp_is_named(tp2_checkpoint, tmp_path
 
 def test_unconsumed_tensor_is_named(tp2_checkpoint, tmp_path):
     src, mg, it = tp2_checkpoint
-    _edit_rank(it / "mp_rank_00_001" / RANK_FILE,
-               lambda m: m.__setitem__("decoder.layers.0.self_attention.q_layernorm.weight", torch.ones(16)))
-    with pytest.raises(ConversionError, match="mp_rank_00_001/model_optim_rng.pt: Megatron tensors not consumed.*q_layernorm"):
+    _edit_rank(
+        it / "mp_rank_00_001" / RANK_FILE,
+        lambda m: m.__setitem__("decoder.layers.0.self_attention.q_layernorm.weight", torch.ones(16)),
+    )
+    with pytest.raises(
+        ConversionError, match="mp_rank_00_001/model_optim_rng.pt: Megatron tensors not consumed.*q_layernorm"
+    ):
         _mg2hf(mg, tmp_path / "hf", src)
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf.tmp-*"))
 
@@ -162,13 +177,18 @@ def test_unconsumed_tensor_is_named(tp2_checkpoint, tmp_path):
 def test_missing_tensor_is_named(tp2_checkpoint, tmp_path):
     src, mg, it = tp2_checkpoint
     _edit_rank(it / "mp_rank_00_000" / RANK_FILE, lambda m: m.pop("decoder.layers.0.self_attention.linear_qkv.bias"))
-    with pytest.raises(ConversionError, match="mp_rank_00_000/model_optim_rng.pt: tensor decoder.layers.0.self_attention.linear_qkv.bias is missing"):
+    with pytest.raises(
+        ConversionError,
+        match="mp_rank_00_000/model_optim_rng.pt: tensor decoder.layers.0.self_attention.linear_qkv.bias is missing",
+    ):
         _mg2hf(mg, tmp_path / "hf", src)
 
 
 def test_tp_pp_inconsistent_with_the_model(qwen2_models, tmp_path):
     src = qwen2_models[("tied", "fp32")]
-    with pytest.raises(ConversionError, match="--tp 4 --pp 1 does not fit.*num_key_value_heads=2 is not divisible by TP=4"):
+    with pytest.raises(
+        ConversionError, match="--tp 4 --pp 1 does not fit.*num_key_value_heads=2 is not divisible by TP=4"
+    ):
         _hf2mg(src, tmp_path / "mg4", 4, 1)
     with pytest.raises(ConversionError, match="num_hidden_layers=2 is not divisible by PP=3"):
         _hf2mg(src, tmp_path / "mg3", 1, 3)

@@ -36,8 +36,12 @@ def test_tp2_logits_in_two_gloo_processes_match_hf(qwen2_models, tmp_path):
         cases += [str(tmp_path / f"mg-{tie}"), str(src), str(tmp_path / f"logits-{tie}.pt")]
     port = free_port()
     procs = [
-        subprocess.Popen([sys.executable, str(WORKER), str(r), "2", str(port), str(tmp_path / "batch.pt"), *cases],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(r), "2", str(port), str(tmp_path / "batch.pt"), *cases],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for r in range(2)
     ]
     try:

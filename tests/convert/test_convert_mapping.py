@@ -12,8 +12,17 @@ from rlinf_ext.convert.state_dicts import hf_to_megatron, megatron_to_hf, merge_
 from rlinf_ext.convert.tensor_math import merge_from_tp, split_for_tp
 from rlinf_ext.models.qwen2 import adapt_layernorm_names
 
-TOY = dict(model_type="qwen2", num_hidden_layers=2, hidden_size=4, intermediate_size=4, num_attention_heads=4,
-           num_key_value_heads=2, head_dim=1, vocab_size=5, tie_word_embeddings=False)
+TOY = dict(
+    model_type="qwen2",
+    num_hidden_layers=2,
+    hidden_size=4,
+    intermediate_size=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=1,
+    vocab_size=5,
+    tie_word_embeddings=False,
+)
 
 
 def rule(mg_suffix: str):
@@ -70,16 +79,25 @@ def test_replicated_tensors_that_differ_are_an_error():
     spec = ConvertSpec.from_hf_config(TOY)
     r = rule("final_layernorm.weight")
     assert r.kind is Kind.REPLICATED
-    with pytest.raises(ConversionError, match="replicated tensor decoder.final_layernorm.weight differs between TP rank 0 and TP rank 1"):
+    with pytest.raises(
+        ConversionError,
+        match="replicated tensor decoder.final_layernorm.weight differs between TP rank 0 and TP rank 1",
+    ):
         merge_from_tp(spec, r, [torch.ones(4), torch.ones(4) * 2], name="decoder.final_layernorm.weight", where="x")
 
 
 def test_layernorm_names_translate_both_ways():
-    local = {"decoder.layers.3.input_layernorm.weight": 1, "decoder.layers.3.pre_mlp_layernorm.weight": 2,
-             "decoder.final_layernorm.weight": 3}
+    local = {
+        "decoder.layers.3.input_layernorm.weight": 1,
+        "decoder.layers.3.pre_mlp_layernorm.weight": 2,
+        "decoder.final_layernorm.weight": 3,
+    }
     te = adapt_layernorm_names(local, to_te=True)
-    assert set(te) == {"decoder.layers.3.self_attention.linear_qkv.layer_norm_weight",
-                       "decoder.layers.3.mlp.linear_fc1.layer_norm_weight", "decoder.final_layernorm.weight"}
+    assert set(te) == {
+        "decoder.layers.3.self_attention.linear_qkv.layer_norm_weight",
+        "decoder.layers.3.mlp.linear_fc1.layer_norm_weight",
+        "decoder.final_layernorm.weight",
+    }
     assert adapt_layernorm_names(te, to_te=False) == local
 
 
@@ -128,7 +146,10 @@ def test_strictness_of_the_pure_functions():
         megatron_to_hf(ranks, spec)
     del ranks[(1, 0)]["decoder.layers.0.self_attention.rogue.weight"]
     ranks[(1, 0)]["decoder.layers.1.mlp.linear_fc2.weight"] = torch.ones(4, 3)
-    with pytest.raises(ConversionError, match="tp1/pp0: decoder.layers.1.mlp.linear_fc2.weight has shape \\(4, 3\\), expected \\(4, 2\\)"):
+    with pytest.raises(
+        ConversionError,
+        match="tp1/pp0: decoder.layers.1.mlp.linear_fc2.weight has shape \\(4, 3\\), expected \\(4, 2\\)",
+    ):
         megatron_to_hf(ranks, spec)
     with pytest.raises(ConversionError, match="missing Megatron ranks"):
         grid_of([(0, 0), (1, 1)])
@@ -147,7 +168,13 @@ def test_presets_have_the_published_dimensions():
 
     d = dims_from_hf_config(preset_hf_config("Qwen2.5-3B"))
     assert (d.num_layers, d.hidden_size, d.num_attention_heads, d.num_query_groups, d.head_dim, d.vocab_size) == (
-        36, 2048, 16, 2, 128, 151936)
+        36,
+        2048,
+        16,
+        2,
+        128,
+        151936,
+    )
     assert d.tie_word_embeddings
     assert not dims_from_hf_config(preset_hf_config("qwen2.5-7b")).tie_word_embeddings
     with pytest.raises(ConversionError, match="unknown preset"):

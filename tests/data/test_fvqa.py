@@ -34,9 +34,15 @@ def _official_like(path, rows):
 
 
 def _raw(data_id, question="What is this?", gt="Drelia", cands='["City of Drelia"]', category="search_required"):
-    return {"data_source": "fvqa_test", "prompt": [{"content": f"<image>{question}", "role": "user"}],
-            "images": [{"bytes": _jpeg(), "path": None}], "data_id": data_id, "category": category,
-            "reward_model": {"ground_truth": gt, "candidate_answers": cands, "style": "rule"}, "image_urls": None}
+    return {
+        "data_source": "fvqa_test",
+        "prompt": [{"content": f"<image>{question}", "role": "user"}],
+        "images": [{"bytes": _jpeg(), "path": None}],
+        "data_id": data_id,
+        "category": category,
+        "reward_model": {"ground_truth": gt, "candidate_answers": cands, "style": "rule"},
+        "image_urls": None,
+    }
 
 
 def test_read_canonicalises_and_golds_are_truth_then_candidates(tmp_path):
@@ -83,8 +89,20 @@ def test_preprocess_cli_on_fvqa(tmp_path):
     src = tmp_path / "in.parquet"
     _official_like(src, [_raw("a"), _raw("b", category="search_free")])
     out = tmp_path / "out.parquet"
-    cmd = [sys.executable, "-m", "rlinf_ext.cli", "preprocess", "--input", str(src), "--output", str(out),
-           "--image-min-pixels", "3136", "--image-max-pixels", "12544"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlinf_ext.cli",
+        "preprocess",
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--image-min-pixels",
+        "3136",
+        "--image-max-pixels",
+        "12544",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "wrote 2" in proc.stdout and "search_free: 1" in proc.stdout

@@ -27,10 +27,15 @@ def test_question_recovery_and_template():
 
 
 def test_parse_row_layouts():
-    searchr1 = {"data_source": "nq", "prompt": [{"role": "user", "content": "Question: q1\n"}],
-                "reward_model": {"ground_truth": {"target": ["A", "B"]}}, "extra_info": {"index": 7}}
-    assert parse_row(searchr1, "Question: ", "f").__dict__ == dict(question="q1", answers=["A", "B"],
-                                                                    data_source="nq", source_id="7")
+    searchr1 = {
+        "data_source": "nq",
+        "prompt": [{"role": "user", "content": "Question: q1\n"}],
+        "reward_model": {"ground_truth": {"target": ["A", "B"]}},
+        "extra_info": {"index": 7},
+    }
+    assert parse_row(searchr1, "Question: ", "f").__dict__ == dict(
+        question="q1", answers=["A", "B"], data_source="nq", source_id="7"
+    )
     rlinf = {"prompt": "Question: q2\n", "solutions": ["C"]}
     parsed = parse_row(rlinf, "Question: ", "myfile")
     assert (parsed.question, parsed.answers, parsed.data_source, parsed.source_id) == ("q2", ["C"], "myfile", None)
@@ -40,8 +45,9 @@ def test_parse_row_layouts():
 
 def test_searchr1_parquet_matches_rlinf_layout(tiny_assets, tokenizer, tmp_path):
     out = tmp_path / "train.jsonl"
-    report = preprocess_files([tiny_assets.searchr1_train], out, load_prompt_config(EXAMPLE_YAML), tokenizer,
-                              show_progress=False)
+    report = preprocess_files(
+        [tiny_assets.searchr1_train], out, load_prompt_config(EXAMPLE_YAML), tokenizer, show_progress=False
+    )
     rows = read_jsonl(out)
     reference = read_jsonl(tiny_assets.rlinf_train)
     assert report.read == report.written == len(rows) == len(reference)
@@ -54,9 +60,16 @@ def test_searchr1_parquet_matches_rlinf_layout(tiny_assets, tokenizer, tmp_path)
 
 def test_uids_unique_when_indices_restart_per_dataset(tokenizer, tmp_path):
     # Search-R1's extra_info.index restarts per dataset and files may repeat ids
-    rows = [{"data_source": ds, "prompt": [{"role": "user", "content": f"Question: q{i}{ds}\n"}],
-             "reward_model": {"ground_truth": {"target": ["x"]}}, "extra_info": {"index": i % 2}}
-            for ds in ("nq", "hotpotqa") for i in range(4)]
+    rows = [
+        {
+            "data_source": ds,
+            "prompt": [{"role": "user", "content": f"Question: q{i}{ds}\n"}],
+            "reward_model": {"ground_truth": {"target": ["x"]}},
+            "extra_info": {"index": i % 2},
+        }
+        for ds in ("nq", "hotpotqa")
+        for i in range(4)
+    ]
     src = tmp_path / "mixed.parquet"
     pq.write_table(pa.Table.from_pylist(rows), src)
     out = tmp_path / "out.jsonl"
@@ -84,8 +97,20 @@ def test_length_filter_counts_dropped(tiny_assets, tokenizer, tmp_path):
 
 def test_cli_and_errors(tiny_assets, tmp_path, capsys):
     out = tmp_path / "cli.jsonl"
-    rc = main(["preprocess", "--config", str(EXAMPLE_YAML), "--input", str(tiny_assets.searchr1_test["nq"]),
-               "--output", str(out), "--tokenizer", str(tiny_assets.tokenizer_dir), "--no-progress"])
+    rc = main(
+        [
+            "preprocess",
+            "--config",
+            str(EXAMPLE_YAML),
+            "--input",
+            str(tiny_assets.searchr1_test["nq"]),
+            "--output",
+            str(out),
+            "--tokenizer",
+            str(tiny_assets.tokenizer_dir),
+            "--no-progress",
+        ]
+    )
     assert rc == 0 and "wrote" in capsys.readouterr().out and out.exists()
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("tempalte: x\n")
@@ -93,8 +118,18 @@ def test_cli_and_errors(tiny_assets, tmp_path, capsys):
         load_prompt_config(bad_yaml)
     with pytest.raises(ValueError, match="{question}"):
         PromptConfig(template="no placeholder")
-    rc = main(["preprocess", "--input", str(tmp_path / "missing.parquet"), "--output", str(out),
-               "--tokenizer", str(tiny_assets.tokenizer_dir), "--no-progress"])
+    rc = main(
+        [
+            "preprocess",
+            "--input",
+            str(tmp_path / "missing.parquet"),
+            "--output",
+            str(out),
+            "--tokenizer",
+            str(tiny_assets.tokenizer_dir),
+            "--no-progress",
+        ]
+    )
     assert rc == 1 and "does not exist" in capsys.readouterr().err
 
 
@@ -111,7 +146,9 @@ def test_the_documented_input_rows_parse_as_documented():
     block = re.search(r"```jsonl\n(.*?)```", doc, re.S).group(1)
     rows = [parse_row(json.loads(line), "Question:", "default") for line in block.splitlines() if line.strip()]
     assert [(r.question, r.answers, r.data_source, r.source_id) for r in rows] == [
-        ("What is 3 + 11?", ["14"], "arith", "q1"), ("Who wrote Hamlet?", ["Shakespeare"], "default", None)]
+        ("What is 3 + 11?", ["14"], "arith", "q1"),
+        ("Who wrote Hamlet?", ["Shakespeare"], "default", None),
+    ]
 
 
 CALCULATOR = "examples.plugins.calculator.tool:Calculator"
@@ -121,8 +158,10 @@ ARITH_YAML = EXAMPLE_YAML.parents[1] / "plugins" / "arith" / "arith-tiny.yaml"
 def test_the_tools_instructions_fill_their_placeholder(tiny_assets, tmp_path, capsys):
     cfg = PromptConfig(template="Solve it. {tool_instructions} Question: {question}\n", tools=["search", CALCULATOR])
     user = build_user_message("2+3", with_tool_instructions(cfg))
-    assert user == ("Solve it. If I want to search, I should put the query between <search> and </search>. If I want "
-                    "to calculate, I should put the expression between <calculate> and </calculate>. Question: 2+3?\n")
+    assert user == (
+        "Solve it. If I want to search, I should put the query between <search> and </search>. If I want "
+        "to calculate, I should put the expression between <calculate> and </calculate>. Question: 2+3?\n"
+    )
     with pytest.raises(ValueError, match=r"Fix: put \{tool_instructions\} in the template"):
         PromptConfig(tools=["search"])  # Search-R1's template has no placeholder
     with pytest.raises(ValueError, match="Fix: list the tools"):
@@ -133,15 +172,41 @@ def test_the_tools_instructions_fill_their_placeholder(tiny_assets, tmp_path, ca
     own = tmp_path / "prompt.yaml"
     own.write_text('template: "{tool_instructions} Question: {question}\\n"\napply_chat_template: false\n')
     out = tmp_path / "tools.jsonl"
-    rc = main(["preprocess", "--config", str(own), "--tools", f"search,{CALCULATOR}", "--input",
-               str(tiny_assets.searchr1_test["nq"]), "--output", str(out),
-               "--tokenizer", str(tiny_assets.tokenizer_dir), "--no-progress"])
+    rc = main(
+        [
+            "preprocess",
+            "--config",
+            str(own),
+            "--tools",
+            f"search,{CALCULATOR}",
+            "--input",
+            str(tiny_assets.searchr1_test["nq"]),
+            "--output",
+            str(out),
+            "--tokenizer",
+            str(tiny_assets.tokenizer_dir),
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     prompt = read_jsonl(out)[0]["prompt"]
     assert prompt.startswith("If I want to search,") and "<calculate> and </calculate>. Question: " in prompt
     # or the tools an experiment configures (the arithmetic agent's: the calculator alone)
-    rc = main(["preprocess", "--config", str(own), "--experiment", str(ARITH_YAML), "--input",
-               str(tiny_assets.searchr1_test["nq"]), "--output", str(out),
-               "--tokenizer", str(tiny_assets.tokenizer_dir), "--no-progress"])
+    rc = main(
+        [
+            "preprocess",
+            "--config",
+            str(own),
+            "--experiment",
+            str(ARITH_YAML),
+            "--input",
+            str(tiny_assets.searchr1_test["nq"]),
+            "--output",
+            str(out),
+            "--tokenizer",
+            str(tiny_assets.tokenizer_dir),
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     assert read_jsonl(out)[0]["prompt"].startswith("If I want to calculate, I should put the expression between")

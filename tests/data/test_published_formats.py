@@ -23,8 +23,16 @@ def render(tokenizer):
 
 def test_the_fixture_has_the_published_columns_and_seven_sources(published_data):
     test = pq.read_table(published_data.test_parquet)
-    assert test.column_names == ["id", "question", "golden_answers", "data_source", "prompt", "ability",
-                                 "reward_model", "extra_info"]
+    assert test.column_names == [
+        "id",
+        "question",
+        "golden_answers",
+        "data_source",
+        "prompt",
+        "ability",
+        "reward_model",
+        "extra_info",
+    ]
     rows = test.to_pylist()
     assert list(dict.fromkeys(r["data_source"] for r in rows)) == list(PAPER_ORDER)
     assert sum(r["extra_info"]["index"] == 0 for r in rows) == 7  # the index restarts in every source
@@ -33,8 +41,9 @@ def test_the_fixture_has_the_published_columns_and_seven_sources(published_data)
 
 def test_merged_test_parquet_becomes_one_jsonl_with_every_source(published_data, tiny_assets, tokenizer, tmp_path):
     out = tmp_path / "test.jsonl"
-    report = preprocess_files([published_data.test_parquet], out, load_prompt_config(EXAMPLE_YAML), tokenizer,
-                              show_progress=False)
+    report = preprocess_files(
+        [published_data.test_parquet], out, load_prompt_config(EXAMPLE_YAML), tokenizer, show_progress=False
+    )
     rows = read_jsonl(out)
     expected = {b: len(read_jsonl(tiny_assets.rlinf_test[b])) for b in PAPER_ORDER}
     assert dict(report.by_source) == expected and report.written == len(rows) == sum(expected.values())
@@ -50,19 +59,22 @@ def test_merged_test_parquet_becomes_one_jsonl_with_every_source(published_data,
     assert Counter(i.benchmark for i in items) == expected
     assert list(dict.fromkeys(i.benchmark for i in items)) == list(PAPER_ORDER)
     assert [i.benchmark for i in load_eval_items([str(out)], render(tokenizer), data_size=2)] == [
-        b for b in PAPER_ORDER for _ in range(2)]
+        b for b in PAPER_ORDER for _ in range(2)
+    ]
     # validation draws its per-benchmark sample from the one file as from seven
     assert Counter(i.benchmark for i in sample_items(items, 3, seed=1234)) == {b: 3 for b in PAPER_ORDER}
     # and the published parquet itself is read the same way, without preprocessing
     raw = load_eval_items([str(published_data.test_parquet)], render(tokenizer))
     assert [(i.benchmark, i.prompt, i.golden_answers) for i in raw] == [
-        (i.benchmark, i.prompt, i.golden_answers) for i in items]
+        (i.benchmark, i.prompt, i.golden_answers) for i in items
+    ]
 
 
 def test_train_parquet_becomes_one_jsonl_the_trainer_reads(published_data, tokenizer, tmp_path):
     out = tmp_path / "train.jsonl"
-    report = preprocess_files([published_data.train_parquet], out, load_prompt_config(EXAMPLE_YAML), tokenizer,
-                              show_progress=False)
+    report = preprocess_files(
+        [published_data.train_parquet], out, load_prompt_config(EXAMPLE_YAML), tokenizer, show_progress=False
+    )
     published = pq.read_table(published_data.train_parquet).to_pylist()
     assert dict(report.by_source) == dict(Counter(r["data_source"] for r in published)) == {"nq": 240, "hotpotqa": 160}
     prompts = load_jsonl_prompts([out])
@@ -75,8 +87,9 @@ def test_rlinf_train_jsonl_is_read_as_published(published_data, tiny_assets, tok
     assert set(rlinf_rows[0]) == {"prompt", "solutions"}
     # preprocessed: the question is recovered from the chat-formatted prompt and templated back to the same text
     out = tmp_path / "train.jsonl"
-    report = preprocess_files([published_data.rlinf_train_jsonl], out, load_prompt_config(EXAMPLE_YAML), tokenizer,
-                              show_progress=False)
+    report = preprocess_files(
+        [published_data.rlinf_train_jsonl], out, load_prompt_config(EXAMPLE_YAML), tokenizer, show_progress=False
+    )
     rows = read_jsonl(out)
     assert report.written == len(rlinf_rows) and [r["prompt"] for r in rows] == [r["prompt"] for r in rlinf_rows]
     assert [r["solutions"] for r in rows] == [r["solutions"] for r in rlinf_rows]

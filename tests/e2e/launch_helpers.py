@@ -27,15 +27,24 @@ CI_SIZE = [
 ]
 
 
-def launch(args: list[str], on_line: Callable | None = None, timeout: float = 480,
-           env: dict[str, str] | None = None, config: str = "tiny-cpu") -> tuple[int, str]:
+def launch(
+    args: list[str],
+    on_line: Callable | None = None,
+    timeout: float = 480,
+    env: dict[str, str] | None = None,
+    config: str = "tiny-cpu",
+) -> tuple[int, str]:
     """Run `rlinf-ext train CONFIG --no-progress ARGS`; `on_line(line, proc)` sees each output line as it
     comes. ``env``: the child's environment (default: this one without RAY_ADDRESS)."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlinf_ext.cli", "train", config, "--no-progress", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=str(REPO),
     )
     lines: list[str] = []
     timer = threading.Timer(timeout, proc.kill)

@@ -51,8 +51,15 @@ class LocalRayCluster:
         while temp_dir.exists():
             temp_dir, n = self.root / f"{name}.{n}", n + 1
         self.temp_dirs[name] = temp_dir
-        command = [str(RAY_BIN), "start", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-                   f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}", *args]
+        command = [
+            str(RAY_BIN),
+            "start",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            *args,
+        ]
         log = self.root / f"{temp_dir.name}.log"
         with open(log, "w") as out:
             code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT, env=self.env, timeout=timeout_s)
@@ -60,8 +67,16 @@ class LocalRayCluster:
             raise RuntimeError(f"`{' '.join(command)}` failed ({code}):\n{log.read_text()[-3000:]}")
 
     def start_head(self, num_cpus: int) -> str:
-        self._start("head", ["--head", "--port=0", f"--num-cpus={num_cpus}", "--include-dashboard=false",
-                             f"--ray-client-server-port={free_port()}"])
+        self._start(
+            "head",
+            [
+                "--head",
+                "--port=0",
+                f"--num-cpus={num_cpus}",
+                "--include-dashboard=false",
+                f"--ray-client-server-port={free_port()}",
+            ],
+        )
         self.address = (self.root / "head" / "ray_current_cluster").read_text().strip()
         self.nodes["head"] = self.address.rpartition(":")[0]
         self.env["RAY_ADDRESS"] = self.address

@@ -25,14 +25,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 STEPS, BATCH, GROUP, N = 3, 2, 4, 2
 
 
-def test_three_dynamic_sampling_steps_log_their_groups_and_count_their_refills_in_the_data_position(tiny_assets_registry, tmp_path):
+def test_three_dynamic_sampling_steps_log_their_groups_and_count_their_refills_in_the_data_position(
+    tiny_assets_registry, tmp_path
+):
     run_dir = tmp_path / "searchr1-grpo-tiny-cpu"
-    args = ["--no-eval", f"paths.tiny_assets={tiny_assets_registry.root}", f"runner.output_dir={tmp_path}",
-            f"runner.rollout_data_dir={tmp_path / 'dumps'}",
-            *[a for a in CI_SIZE if not a.startswith(("runner.save_interval=", "algorithm.group_size="))],
-            f"algorithm.group_size={GROUP}", "runner.save_interval=-1",
-            "rollout.rollout_backend=hf", "runner.val_before_train=false", "runner.val_check_interval=-1",
-            f"runner.max_steps={STEPS}", "algorithm.adv_type=grpo_dynamic", f"algorithm.max_num_gen_batches={N}"]
+    args = [
+        "--no-eval",
+        f"paths.tiny_assets={tiny_assets_registry.root}",
+        f"runner.output_dir={tmp_path}",
+        f"runner.rollout_data_dir={tmp_path / 'dumps'}",
+        *[a for a in CI_SIZE if not a.startswith(("runner.save_interval=", "algorithm.group_size="))],
+        f"algorithm.group_size={GROUP}",
+        "runner.save_interval=-1",
+        "rollout.rollout_backend=hf",
+        "runner.val_before_train=false",
+        "runner.val_check_interval=-1",
+        f"runner.max_steps={STEPS}",
+        "algorithm.adv_type=grpo_dynamic",
+        f"algorithm.max_num_gen_batches={N}",
+    ]
     code, log = launch(args, timeout=420)
     (tmp_path / "launch.log").write_text(log)
     assert code == 0, log[-3000:]
@@ -40,7 +51,9 @@ def test_three_dynamic_sampling_steps_log_their_groups_and_count_their_refills_i
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for row in rows:
         # the step's dump holds every group it generated, with the rewards: recount from it, batch by batch
-        dump = [json.loads(line) for line in (tmp_path / "dumps" / f"step_{row['step']}.jsonl").read_text().splitlines()]
+        dump = [
+            json.loads(line) for line in (tmp_path / "dumps" / f"step_{row['step']}.jsonl").read_text().splitlines()
+        ]
         groups: dict[str, dict[str, list[float]]] = {}  # batch label s<b>[r<r>] -> group uid -> rewards
         for rec in dump:
             groups.setdefault(rec["uid"].split("-")[0], {}).setdefault(rec["uid"], []).append(rec["reward"])
@@ -56,5 +69,15 @@ def test_three_dynamic_sampling_steps_log_their_groups_and_count_their_refills_i
     checkpoint = latest_complete_checkpoint(run_dir / "checkpoints")
     position = torch.load(checkpoint / "data" / "data.pt")[BATCHES_READ]
     assert position == sum(r[mk.DYNAMIC_GEN_BATCHES] for r in rows)
-    print("dynamic metrics per step:", [(r[mk.DYNAMIC_KEPT_GROUPS], r[mk.DYNAMIC_DROPPED_GROUPS],
-                                         r[mk.DYNAMIC_GEN_BATCHES], r[mk.DYNAMIC_PADDED_GROUPS]) for r in rows])
+    print(
+        "dynamic metrics per step:",
+        [
+            (
+                r[mk.DYNAMIC_KEPT_GROUPS],
+                r[mk.DYNAMIC_DROPPED_GROUPS],
+                r[mk.DYNAMIC_GEN_BATCHES],
+                r[mk.DYNAMIC_PADDED_GROUPS],
+            )
+            for r in rows
+        ],
+    )

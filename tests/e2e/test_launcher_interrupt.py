@@ -29,10 +29,17 @@ def running(pid: int) -> bool:
 def test_sigint_after_workers_start_stops_everything(tiny_assets, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     args = [
-        sys.executable, "-m", "rlinf_ext.cli", "train", "tiny-cpu", "--no-progress", "--no-eval",
+        sys.executable,
+        "-m",
+        "rlinf_ext.cli",
+        "train",
+        "tiny-cpu",
+        "--no-progress",
+        "--no-eval",
         f"paths.tiny_assets={tiny_assets.root}",
         "rollout.model.model_path=${paths.tiny_assets}/models/qwen2-tiny",  # no warm-start needed here
-        f"runner.output_dir={tmp_path}", "runner.max_steps=50",
+        f"runner.output_dir={tmp_path}",
+        "runner.max_steps=50",
     ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(REPO))
     launcher = psutil.Process(proc.pid)

@@ -29,9 +29,17 @@ def test_held_out_em_rises_under_grpo(tiny_assets_registry, tmp_path):
     manifest = read_manifest(tiny_assets_registry.root)
     assert manifest["registry"]["heldout_fact_overlap"] == 0
     run_dir = tmp_path / "searchr1-grpo-tiny-cpu"
-    code, log = launch(["--no-eval", f"paths.tiny_assets={tiny_assets_registry.root}", f"runner.output_dir={tmp_path}",
-                        f"runner.max_steps={STEPS}", f"runner.val_check_interval={STEPS}", "runner.save_interval=-1"],
-                       timeout=540)
+    code, log = launch(
+        [
+            "--no-eval",
+            f"paths.tiny_assets={tiny_assets_registry.root}",
+            f"runner.output_dir={tmp_path}",
+            f"runner.max_steps={STEPS}",
+            f"runner.val_check_interval={STEPS}",
+            "runner.save_interval=-1",
+        ],
+        timeout=540,
+    )
     assert code == 0, log[-4000:]
     rows = metrics_rows(run_dir)
     val = {r["step"]: r[mk.VAL_ALL_EM] for r in rows if mk.VAL_ALL_EM in r}

@@ -24,9 +24,21 @@ QUESTIONS = 6
 def _run(root, out_dir):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RLINF_EXT_EVAL_MODEL")}
     res = subprocess.run(
-        ["bash", str(REPO / "examples" / "mmsearch" / "run_main_mmsearch_eval.sh"), "tiny-mm-cpu-eval",
-         "--no-progress", f"paths.tiny_assets={root}", f"runner.output_dir={out_dir}", f"data.data_size={QUESTIONS}"],
-        capture_output=True, text=True, env=env, timeout=400, cwd="/")
+        [
+            "bash",
+            str(REPO / "examples" / "mmsearch" / "run_main_mmsearch_eval.sh"),
+            "tiny-mm-cpu-eval",
+            "--no-progress",
+            f"paths.tiny_assets={root}",
+            f"runner.output_dir={out_dir}",
+            f"data.data_size={QUESTIONS}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
+        cwd="/",
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     return res.stdout + res.stderr
 
@@ -48,12 +60,17 @@ def _recompute(generations: list[dict]) -> dict[tuple[str, str], dict[str, float
                     calls[t["tool"]] += 1
                     fails[t["tool"]] += t["search_ok"] is False
         n = len(gs)
-        table[key] = {"n": n, "accuracy": sum(g["scores"]["correct"] for g in gs) / n,
-                      "reward": sum(g["scores"]["reward"] for g in gs) / n,
-                      "search_ratio_image": kinds.count("image") / n, "search_ratio_text": kinds.count("text") / n,
-                      "search_ratio_mix": kinds.count("mix") / n, "search_ratio_any": 1 - kinds.count("none") / n,
-                      "image_search_failure_ratio": fails["image"] / calls["image"] if calls["image"] else 0.0,
-                      "text_search_failure_ratio": fails["text"] / calls["text"] if calls["text"] else 0.0}
+        table[key] = {
+            "n": n,
+            "accuracy": sum(g["scores"]["correct"] for g in gs) / n,
+            "reward": sum(g["scores"]["reward"] for g in gs) / n,
+            "search_ratio_image": kinds.count("image") / n,
+            "search_ratio_text": kinds.count("text") / n,
+            "search_ratio_mix": kinds.count("mix") / n,
+            "search_ratio_any": 1 - kinds.count("none") / n,
+            "image_search_failure_ratio": fails["image"] / calls["image"] if calls["image"] else 0.0,
+            "text_search_failure_ratio": fails["text"] / calls["text"] if calls["text"] else 0.0,
+        }
     return table
 
 

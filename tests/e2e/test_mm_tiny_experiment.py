@@ -21,9 +21,14 @@ from launch_helpers import launch, metrics_rows
 
 pytestmark = pytest.mark.slow
 
-CI_SIZE = ["data.rollout_batch_size=2", "algorithm.group_size=2", "algorithm.n_minibatches=1",
-           "algorithm.training_batch_size_per_gpu=2", "algorithm.sampling_params.max_new_tokens=32",
-           "runner.save_interval=1"]
+CI_SIZE = [
+    "data.rollout_batch_size=2",
+    "algorithm.group_size=2",
+    "algorithm.n_minibatches=1",
+    "algorithm.training_batch_size_per_gpu=2",
+    "algorithm.sampling_params.max_new_tokens=32",
+    "runner.save_interval=1",
+]
 VAL_QUESTIONS = 4
 EVAL_QUESTIONS = 2
 VLLM_SYNC_LINE = "Successfully reset prefix cache"  # vLLM logs it at each in-place weight reload
@@ -32,12 +37,24 @@ VLLM_SYNC_LINE = "Successfully reset prefix cache"  # vLLM logs it at each in-pl
 @pytest.mark.timeout(600)
 def test_tiny_mm_experiment_trains_checkpoints_resumes_and_exports_an_hf_model(tiny_mm_assets_sft, tmp_path):
     out, rollouts = tmp_path / "runs", tmp_path / "rollouts"
-    common = [f"paths.tiny_assets={tiny_mm_assets_sft.root}", f"runner.output_dir={out}",
-              f"runner.rollout_data_dir={rollouts}", *CI_SIZE]
+    common = [
+        f"paths.tiny_assets={tiny_mm_assets_sft.root}",
+        f"runner.output_dir={out}",
+        f"runner.rollout_data_dir={rollouts}",
+        *CI_SIZE,
+    ]
     run_dir = out / "mmsearch-r1-grpo-tiny-cpu"
-    code, log1 = launch([*common, "runner.max_steps=2", "runner.val_check_interval=2",
-                         f"runner.val_samples_per_benchmark={VAL_QUESTIONS}",
-                         "--eval-override", f"data.data_size={EVAL_QUESTIONS}"], config="tiny-mm-cpu")
+    code, log1 = launch(
+        [
+            *common,
+            "runner.max_steps=2",
+            "runner.val_check_interval=2",
+            f"runner.val_samples_per_benchmark={VAL_QUESTIONS}",
+            "--eval-override",
+            f"data.data_size={EVAL_QUESTIONS}",
+        ],
+        config="tiny-mm-cpu",
+    )
     assert code == 0, log1[-4000:]
     rows = metrics_rows(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the validation before training (tiny-mm-cpu.yaml)
@@ -59,21 +76,33 @@ def test_tiny_mm_experiment_trains_checkpoints_resumes_and_exports_an_hf_model(t
         for c in categories:
             for m in ("accuracy", "reward", "search_ratio_image", "search_ratio_text"):
                 assert math.isfinite(row[f"val/{c}/{m}"]), (c, m, row)
-        records = [json.loads(line) for line in (run_dir / "validation" / f"global_step_{row['step']}"
-                                                 / "generations.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line)
+            for line in (run_dir / "validation" / f"global_step_{row['step']}" / "generations.jsonl")
+            .read_text()
+            .splitlines()
+        ]
         assert len(records) == VAL_QUESTIONS and all(r["error"] is None for r in records)
-        assert not any(t["tool"] == "image" and t["search_ok"] is False for r in records for t in r["turns"]), \
+        assert not any(t["tool"] == "image" and t["search_ok"] is False for r in records for t in r["turns"]), (
             "an image search of a test question missed: the validation cache was not used"
+        )
         val_sets.append({r["item_id"] for r in records})
     assert val_sets[0] == val_sets[1]  # the same fixed questions at every pass
     assert "validation at step 2" in log1 and "| data source | category |" in log1
     rows = rows[1:]
-    dumped = {r["step"]: [json.loads(line) for line in (rollouts / f"step_{r['step']}.jsonl").read_text().splitlines()]
-              for r in rows}
+    dumped = {
+        r["step"]: [json.loads(line) for line in (rollouts / f"step_{r['step']}.jsonl").read_text().splitlines()]
+        for r in rows
+    }
     for row in rows:
         categories = {d["category"] for d in dumped[row["step"]]}  # metrics are split by the step's categories
-        keys = ["reward/mean", "actor/loss", "agent/image_searches", "rollout/all/accuracy",
-                *(f"rollout/{c}/{m}" for c in categories for m in ("accuracy", "reward", "search_ratio_image"))]
+        keys = [
+            "reward/mean",
+            "actor/loss",
+            "agent/image_searches",
+            "rollout/all/accuracy",
+            *(f"rollout/{c}/{m}" for c in categories for m in ("accuracy", "reward", "search_ratio_image")),
+        ]
         for key in keys:
             assert key in row and math.isfinite(row[key]), (key, row)
     assert sum(r["agent/image_searches"] for r in rows) > 0, "the over-searching warm start never searched images"
@@ -101,10 +130,19 @@ def test_tiny_mm_experiment_with_a_two_rank_fsdp2_actor(tiny_mm_assets_sft, tmp_
     On the transformers engine (``rollout.rollout_backend=hf``): the one MM launch that keeps the fallback's
     path honest (rollout worker, sync with the multimodal probe on HF logits)."""
     out = tmp_path / "runs"
-    code, log = launch([f"paths.tiny_assets={tiny_mm_assets_sft.root}", f"runner.output_dir={out}", "--no-eval",
-                        "cluster.component_placement={actor: 0-1, rollout: 0, reward: 0}", *CI_SIZE,
-                        "runner.max_steps=1", "runner.val_before_train=false", "rollout.rollout_backend=hf"],
-                       config="tiny-mm-cpu")
+    code, log = launch(
+        [
+            f"paths.tiny_assets={tiny_mm_assets_sft.root}",
+            f"runner.output_dir={out}",
+            "--no-eval",
+            "cluster.component_placement={actor: 0-1, rollout: 0, reward: 0}",
+            *CI_SIZE,
+            "runner.max_steps=1",
+            "runner.val_before_train=false",
+            "rollout.rollout_backend=hf",
+        ],
+        config="tiny-mm-cpu",
+    )
     assert code == 0, log[-4000:]
     assert "actor rank 1/2 ready on cpu" in log and "data-parallel size 2" in log
     run_dir = out / "mmsearch-r1-grpo-tiny-cpu"

@@ -22,9 +22,15 @@ pytestmark = pytest.mark.slow
 
 WORKER_IP = "127.0.0.2"
 SMALL = [  # the smallest run that still searches and trains: one prompt, a group of two
-    "data.rollout_batch_size=1", "algorithm.group_size=2", "algorithm.n_minibatches=1", "algorithm.training_batch_size_per_gpu=2",
-    "algorithm.sampling_params.max_new_tokens=24", "agentloop.response_length_total=160",
-    "runner.val_before_train=false", "runner.save_interval=1", "--no-eval",
+    "data.rollout_batch_size=1",
+    "algorithm.group_size=2",
+    "algorithm.n_minibatches=1",
+    "algorithm.training_batch_size_per_gpu=2",
+    "algorithm.sampling_params.max_new_tokens=24",
+    "agentloop.response_length_total=160",
+    "runner.val_before_train=false",
+    "runner.save_interval=1",
+    "--no-eval",
 ]
 # Ray's actor table from the GCS (ray.util.state needs the dashboard, which the test cluster does not run)
 ACTOR_TABLE = """
@@ -52,18 +58,24 @@ def node_numbers(cluster: LocalRayCluster) -> tuple[int, int]:
 
 def two_node_args(cluster: LocalRayCluster, tiny_assets, out, tag: str) -> list[str]:
     head, worker = node_numbers(cluster)
-    return [f"paths.tiny_assets={tiny_assets.root}", f"runner.output_dir={out}",
-            f"rollout.model.model_path={tiny_assets.qwen2_tiny_sft_search}", *SMALL,
-            "cluster.num_nodes=2", "retrieval.per_node=true",
-            f"cluster.component_placement={{actor: '{head}:0', reward: '{head}:0', 'rollout,agentloop': '{worker}:0'}}",
-            # group names of this test's own, to find its workers in Ray's actor table
-            *(f"{key}.group_name={tag}{key.capitalize()}" for key in ("actor", "reward", "rollout", "agentloop"))]
+    return [
+        f"paths.tiny_assets={tiny_assets.root}",
+        f"runner.output_dir={out}",
+        f"rollout.model.model_path={tiny_assets.qwen2_tiny_sft_search}",
+        *SMALL,
+        "cluster.num_nodes=2",
+        "retrieval.per_node=true",
+        f"cluster.component_placement={{actor: '{head}:0', reward: '{head}:0', 'rollout,agentloop': '{worker}:0'}}",
+        # group names of this test's own, to find its workers in Ray's actor table
+        *(f"{key}.group_name={tag}{key.capitalize()}" for key in ("actor", "reward", "rollout", "agentloop")),
+    ]
 
 
 # One run for both checks (a launch on two nodes costs ~80 s on 2 cores): where each worker ran, then a lost node.
 @pytest.mark.timeout(900)
 def test_two_nodes_place_each_worker_and_a_lost_node_stops_the_run_naming_it_and_a_resume_finishes(
-        two_nodes, tiny_assets_sft, tmp_path):
+    two_nodes, tiny_assets_sft, tmp_path
+):
     run_dir = tmp_path / "searchr1-grpo-tiny-cpu"
     args = [*two_node_args(two_nodes, tiny_assets_sft, tmp_path, "TwoNode"), "runner.max_steps=3"]
     done = when_step_logged(run_dir, 1, lambda: two_nodes.stop_node("w1"))
@@ -81,7 +93,7 @@ def test_two_nodes_place_each_worker_and_a_lost_node_stops_the_run_naming_it_and
     assert servers == {str(head): head_ip, str(worker): WORKER_IP}, log[-4000:]
     checkpoint = latest_complete_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None and checkpoint.name != "global_step_3", "the run finished before the node stopped"
-    message = log[log.index("rlinf-ext train: "):]
+    message = log[log.index("rlinf-ext train: ") :]
     assert f"node {worker} ({WORKER_IP}, Ray node" in message and "left the Ray cluster" in message, message
     assert f"resume from {checkpoint} with runner.resume_dir=auto" in message, message
 
@@ -94,8 +106,9 @@ def test_two_nodes_place_each_worker_and_a_lost_node_stops_the_run_naming_it_and
     assert latest_complete_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "global_step_3"
 
     # both launches' workers (the first's died with their node) ran where the placement says
-    table = subprocess.run([sys.executable, "-c", ACTOR_TABLE], env=two_nodes.env, capture_output=True, text=True,
-                           timeout=120)
+    table = subprocess.run(
+        [sys.executable, "-c", ACTOR_TABLE], env=two_nodes.env, capture_output=True, text=True, timeout=120
+    )
     assert table.returncode == 0, table.stderr[-3000:]
     where: dict[str, set[str]] = {}
     for actor in json.loads(table.stdout.strip().splitlines()[-1]):
@@ -108,12 +121,13 @@ def test_two_nodes_place_each_worker_and_a_lost_node_stops_the_run_naming_it_and
 def test_joining_waits_for_the_nodes_and_names_those_it_saw(two_nodes):
     """cluster.num_nodes=3 on a 2-node cluster: RLinf's Cluster would wait forever; the launcher's join gives up
     after cluster.join_timeout_s with the nodes it saw."""
-    probe = ("from rlinf_ext.runner.cluster import wait_for_nodes\n"
-             "print(len(wait_for_nodes(None, 2, 60)), flush=True)\n"
-             "wait_for_nodes(None, 3, 3)\n")
-    done = subprocess.run([sys.executable, "-c", probe], env=two_nodes.env, capture_output=True, text=True,
-                          timeout=240)
+    probe = (
+        "from rlinf_ext.runner.cluster import wait_for_nodes\n"
+        "print(len(wait_for_nodes(None, 2, 60)), flush=True)\n"
+        "wait_for_nodes(None, 3, 3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env=two_nodes.env, capture_output=True, text=True, timeout=240)
     assert done.returncode != 0 and done.stdout.strip() == "2", done.stdout + done.stderr[-3000:]
-    error = done.stderr[done.stderr.index("LaunchError"):]
+    error = done.stderr[done.stderr.index("LaunchError") :]
     assert "cluster.num_nodes=3 but 2 node(s) joined the Ray cluster" in error, error
     assert two_nodes.nodes["head"] in error and WORKER_IP in error and "ray start --address" in error, error

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from tests.support.eval_tables import check_tables_against_generations
 from launch_helpers import launch, metrics_rows, when_step_logged
 
 from rlinf_ext.cli import VERBS
 from rlinf_ext.eval.searchr1.benchmarks import DISPLAY_NAMES, PAPER_ORDER
+from tests.support.eval_tables import check_tables_against_generations
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "searchr1" / "reference_recipe.sh"
@@ -64,7 +64,8 @@ def test_the_readme_lists_the_scripts_steps():
     block = script_block()
     assert readme_block(README.read_text()) == block, (
         "examples/searchr1/README.md §2 and reference_recipe.sh differ: paste the output of "
-        "`bash examples/searchr1/reference_recipe.sh --readme` into the README's block")
+        "`bash examples/searchr1/reference_recipe.sh --readme` into the README's block"
+    )
     assert [int(n) for n in STEP_RE.findall(block)] == list(range(1, 8))
     verbs = set(re.findall(r"^rlinf-ext ([\w-]+)", block, re.M))
     assert verbs == {"adopt-index", "serve-retriever", "preprocess", "validate", "convert", "eval-report"}
@@ -115,8 +116,14 @@ class RecipeRun:
 def recipe(tmp_path_factory) -> RecipeRun:
     work = tmp_path_factory.mktemp("recipe") / "work"
     started = time.monotonic()
-    proc = subprocess.run(["bash", str(SCRIPT), "tiny", str(work)], capture_output=True, text=True, env=_environment(),
-                          cwd=str(work.parent), timeout=880)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "tiny", str(work)],
+        capture_output=True,
+        text=True,
+        env=_environment(),
+        cwd=str(work.parent),
+        timeout=880,
+    )
     run = RecipeRun(work, proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started)
     (work.parent / "recipe.log").write_text(run.log)  # kept for a failure's reading (pytest's basetemp)
     print(f"reference_recipe.sh tiny: {run.seconds:.1f} s")
@@ -168,10 +175,14 @@ def test_the_tiny_recipe_runs_every_step(recipe):
     generations = [json.loads(x) for x in (recipe.eval_dir / "generations.jsonl").read_text().splitlines()]
     assert all(g["error"] is None and g["turns"] and g["response_length"] > 0 for g in generations)
     header = "| run | " + " | ".join(DISPLAY_NAMES[b] for b in PAPER_ORDER) + " | Avg | n | settings |"
-    report = log[log.rindex(header):]
+    report = log[log.rindex(header) :]
     # the settings column: the tiny recipe's (1 turn, fp32 on CPU, Search-R1's EOS rule, top-1)
-    assert re.search(rf"^\| searchr1-eval-{CONFIG} \|( \d\.\d{{3}} \|){{8}} 7 \| "
-                     r"1 search turns, fp32, EOS without action: retry, top-1 \|$", report, re.M), report
+    assert re.search(
+        rf"^\| searchr1-eval-{CONFIG} \|( \d\.\d{{3}} \|){{8}} 7 \| "
+        r"1 search turns, fp32, EOS without action: retry, top-1 \|$",
+        report,
+        re.M,
+    ), report
     assert "| Search-R1 paper: Qwen2.5-3B-Instruct GRPO |" in report, report
 
 
@@ -181,12 +192,19 @@ def test_extending_the_recipes_run_survives_a_dead_server_and_evaluates_each_mod
     assert recipe.code == 0, "the recipe itself failed (see test_the_tiny_recipe_runs_every_step)"
     work, run_dir = recipe.work, recipe.run_dir
     recipe_results = json.loads((recipe.eval_dir / "results.json").read_text())
-    env = {**_environment(), "RLINF_EXT_SEARCHR1_DATA": str(work / "searchr1_data"),
-           "RLINF_EXT_RETRIEVER_ADDR": "127.0.0.1:1"}  # unused: the launcher starts its own server
+    env = {
+        **_environment(),
+        "RLINF_EXT_SEARCHR1_DATA": str(work / "searchr1_data"),
+        "RLINF_EXT_RETRIEVER_ADDR": "127.0.0.1:1",
+    }  # unused: the launcher starts its own server
     served_by_launcher = [
-        "retrieval.launch=true", "retrieval.retriever=e5", f"retrieval.index_dir={work / 'index' / 'e5_flat'}",
-        f"retrieval.corpus_path={work / 'wiki-18.jsonl'}", f"retrieval.model_path={work / 'models' / 'e5-base-v2'}",
-        "tools.search.server_addr=null"]
+        "retrieval.launch=true",
+        "retrieval.retriever=e5",
+        f"retrieval.index_dir={work / 'index' / 'e5_flat'}",
+        f"retrieval.corpus_path={work / 'wiki-18.jsonl'}",
+        f"retrieval.model_path={work / 'models' / 'e5-base-v2'}",
+        "tools.search.server_addr=null",
+    ]
     server: dict = {}
 
     def note_server_pid(line: str, _proc) -> None:
@@ -199,10 +217,21 @@ def test_extending_the_recipes_run_survives_a_dead_server_and_evaluates_each_mod
 
     done = when_step_logged(run_dir, 3, kill_server)
     # the evaluation of the new model (one question per benchmark) then runs against the dead server too
-    code, log = launch(["--eval", "--eval-override", "data.data_size=1", f"rollout.model.model_path="
-                        f"{work / 'models' / 'qwen2-tiny-sft-search'}", f"runner.output_dir={work / 'runs'}",
-                        *served_by_launcher, "runner.max_steps=4", "runner.resume_dir=auto"],
-                       on_line=note_server_pid, env=env, config=CONFIG)
+    code, log = launch(
+        [
+            "--eval",
+            "--eval-override",
+            "data.data_size=1",
+            f"rollout.model.model_path={work / 'models' / 'qwen2-tiny-sft-search'}",
+            f"runner.output_dir={work / 'runs'}",
+            *served_by_launcher,
+            "runner.max_steps=4",
+            "runner.resume_dir=auto",
+        ],
+        on_line=note_server_pid,
+        env=env,
+        config=CONFIG,
+    )
     done.set()
     assert code == 0, log[-4000:]
     assert server.get("killed"), "the test never saw step 3 and did not kill the server"

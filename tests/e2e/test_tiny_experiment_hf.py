@@ -48,12 +48,24 @@ GROUP = 2
 EVAL_OVERRIDES = ["--eval-override", "data.data_size=1", "--eval-override", HF]
 # CI_SIZE without its checkpoint every step (a checkpoint before the last step can only come from the SIGTERM), with
 # turns long enough to be in flight at a sync
-ARGS = [a for a in CI_SIZE if not a.startswith(("runner.save_interval=", "algorithm.sampling_params.max_new_tokens=",
-                                                 "agentloop.response_length_total="))] + [
-    "runner.save_interval=-1", HF, "rollout.return_logprobs=true", "runner.max_staleness=1",
-    "runner.admission=group", "runner.partial_rollout=true", "algorithm.sampling_params.max_new_tokens=64",
-    "agentloop.response_length_total=256", "agentloop.searchr1.tools=[benchmarks.slow_search:SlowSearch]",
-    f"runner.max_steps={MAX_STEPS}"]
+ARGS = [
+    a
+    for a in CI_SIZE
+    if not a.startswith(
+        ("runner.save_interval=", "algorithm.sampling_params.max_new_tokens=", "agentloop.response_length_total=")
+    )
+] + [
+    "runner.save_interval=-1",
+    HF,
+    "rollout.return_logprobs=true",
+    "runner.max_staleness=1",
+    "runner.admission=group",
+    "runner.partial_rollout=true",
+    "algorithm.sampling_params.max_new_tokens=64",
+    "agentloop.response_length_total=256",
+    "agentloop.searchr1.tools=[benchmarks.slow_search:SlowSearch]",
+    f"runner.max_steps={MAX_STEPS}",
+]
 SLOW_SEARCH_ENV = {LATENCY_ENV: "300"}
 
 
@@ -76,9 +88,13 @@ def preempted_run(tiny_assets_registry, tmp_path_factory) -> PreemptedRun:
     tiny_assets = tiny_assets_registry  # tiny-cpu.yaml trains on the registry world
     out = tmp_path_factory.mktemp("hf_async_preempted")
     run_dir = out / "searchr1-grpo-tiny-cpu"
-    overrides = [f"paths.tiny_assets={tiny_assets.root}", f"runner.output_dir={out}",
-                 f"rollout.model.model_path={tiny_assets.qwen2_tiny}", f"runner.rollout_data_dir={out / 'dumps'}",
-                 *ARGS]
+    overrides = [
+        f"paths.tiny_assets={tiny_assets.root}",
+        f"runner.output_dir={out}",
+        f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
+        f"runner.rollout_data_dir={out / 'dumps'}",
+        *ARGS,
+    ]
     args = [*EVAL_OVERRIDES, *overrides]
     launcher = {}
 
@@ -105,7 +121,9 @@ def loader_batches(run: PreemptedRun) -> list[list[str]]:
 
     cfg = load_checked_config("tiny-cpu", run.overrides, check_paths=False)
     train_ds, _ = build_datasets(cfg)
-    return [[items["uid"] for items in batch] for _, batch in batch_order(cfg, len(train_ds)).batches(train_ds, 0)][:MAX_STEPS]
+    return [[items["uid"] for items in batch] for _, batch in batch_order(cfg, len(train_ds)).batches(train_ds, 0)][
+        :MAX_STEPS
+    ]
 
 
 def dumped(run: PreemptedRun, step: int) -> list[dict]:
@@ -130,8 +148,10 @@ def test_sigterm_finishes_the_step_drains_checkpoints_exits_75_and_resume_contin
     assert run.resume_code == 0, run.resume_log[-4000:]
     assert f"resumed from {checkpoint}" in run.resume_log
     assert [r["step"] for r in metrics_rows(run.run_dir)] == list(range(0, MAX_STEPS + 1))
-    assert latest_complete_checkpoint(run.run_dir / "checkpoints") == \
-        run.run_dir / "checkpoints" / f"global_step_{MAX_STEPS}"
+    assert (
+        latest_complete_checkpoint(run.run_dir / "checkpoints")
+        == run.run_dir / "checkpoints" / f"global_step_{MAX_STEPS}"
+    )
     # every group trained once and whole: the prompts of the run's first MAX_STEPS batches, across the stop
     trained = Counter(rec["uid"] for step in range(1, MAX_STEPS + 1) for rec in dumped(run, step))
     expected = {f"s{b}-{k:04d}-{uid}" for b, batch in enumerate(loader_batches(run)) for k, uid in enumerate(batch)}
@@ -169,6 +189,7 @@ def test_one_step_ahead_with_partial_rollout_logs_staleness_within_k_idle_time_a
         assert math.isclose(row[mk.token_staleness(0)] + row.get(mk.token_staleness(1), 0.0), 1.0), row
         assert 0.0 <= row[mk.TRAJECTORIES_TWO_VERSIONS] <= 1.0
     # a sync landed inside turns: their tokens keep the version that sampled each
-    versions = [sorted({v for v in rec["versions"] if v >= 0}) for step in range(1, MAX_STEPS + 1)
-                for rec in dumped(run, step)]
+    versions = [
+        sorted({v for v in rec["versions"] if v >= 0}) for step in range(1, MAX_STEPS + 1) for rec in dumped(run, step)
+    ]
     assert any(len(v) == 2 for v in versions), versions

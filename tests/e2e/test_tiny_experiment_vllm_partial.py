@@ -20,19 +20,39 @@ from rlinf_ext.protocol import metric_keys as mk
 pytestmark = pytest.mark.slow
 
 STEPS = 5
-ARGS = [a for a in CI_SIZE if not a.startswith(("runner.save_interval=", "algorithm.sampling_params.max_new_tokens=",
-                                                 "agentloop.response_length_total="))] + [
-    "runner.save_interval=-1", "rollout.rollout_backend=vllm", "rollout.return_logprobs=true",
-    "runner.max_staleness=1", "runner.admission=group", "runner.partial_rollout=true",
-    "algorithm.sampling_params.max_new_tokens=64", "agentloop.response_length_total=256",
-    "agentloop.searchr1.tools=[benchmarks.slow_search:SlowSearch]", f"runner.max_steps={STEPS}", "--no-eval"]
+ARGS = [
+    a
+    for a in CI_SIZE
+    if not a.startswith(
+        ("runner.save_interval=", "algorithm.sampling_params.max_new_tokens=", "agentloop.response_length_total=")
+    )
+] + [
+    "runner.save_interval=-1",
+    "rollout.rollout_backend=vllm",
+    "rollout.return_logprobs=true",
+    "runner.max_staleness=1",
+    "runner.admission=group",
+    "runner.partial_rollout=true",
+    "algorithm.sampling_params.max_new_tokens=64",
+    "agentloop.response_length_total=256",
+    "agentloop.searchr1.tools=[benchmarks.slow_search:SlowSearch]",
+    f"runner.max_steps={STEPS}",
+    "--no-eval",
+]
 
 
 @pytest.mark.timeout(900)
 def test_vllm_syncs_cut_turns_and_every_trained_token_is_within_k(tiny_assets_registry, tmp_path, monkeypatch):
     monkeypatch.setenv(LATENCY_ENV, "300")
-    code, log = launch([f"paths.tiny_assets={tiny_assets_registry.root}", f"runner.output_dir={tmp_path}",
-                        f"rollout.model.model_path={tiny_assets_registry.qwen2_tiny}", *ARGS], timeout=600)
+    code, log = launch(
+        [
+            f"paths.tiny_assets={tiny_assets_registry.root}",
+            f"runner.output_dir={tmp_path}",
+            f"rollout.model.model_path={tiny_assets_registry.qwen2_tiny}",
+            *ARGS,
+        ],
+        timeout=600,
+    )
     assert code == 0, log[-5000:]
     rows = metrics_rows(tmp_path / "searchr1-grpo-tiny-cpu")
     assert [r["step"] for r in rows] == list(range(STEPS + 1))  # step 0: the validation before training
@@ -43,4 +63,5 @@ def test_vllm_syncs_cut_turns_and_every_trained_token_is_within_k(tiny_assets_re
         assert math.isfinite(row[mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN]) and math.isfinite(row[mk.ACTOR_BEHAVIOUR_KL])
     # a sync landed inside turns: vLLM labelled their tokens with two versions, and the actor trained them
     assert any(row[mk.TRAJECTORIES_TWO_VERSIONS] > 0 for row in rows[1:]), [
-        row[mk.TRAJECTORIES_TWO_VERSIONS] for row in rows[1:]]
+        row[mk.TRAJECTORIES_TWO_VERSIONS] for row in rows[1:]
+    ]

@@ -21,9 +21,16 @@ pytestmark = pytest.mark.slow
 
 STEPS = 3  # SIGTERM once step 1 is logged stops after step 2 at the latest: the resume trains step 3 at least
 ARGS = [a for a in CI_SIZE if not a.startswith("runner.save_interval=")] + [
-    "runner.save_interval=-1", "rollout.rollout_backend=hf", f"runner.max_steps={STEPS}",
-    "runner.val_before_train=false", "runner.val_check_interval=0",
-    "algorithm.adv_type=gae", "critic.use_critic_model=true", "critic.critic_warmup=1", "critic.optim.lr=1e-3"]
+    "runner.save_interval=-1",
+    "rollout.rollout_backend=hf",
+    f"runner.max_steps={STEPS}",
+    "runner.val_before_train=false",
+    "runner.val_check_interval=0",
+    "algorithm.adv_type=gae",
+    "critic.use_critic_model=true",
+    "critic.critic_warmup=1",
+    "critic.optim.lr=1e-3",
+]
 
 
 @pytest.mark.timeout(480)

@@ -17,4 +17,4 @@ def generate_from_image(model, model_dir, mm, max_new_tokens: int = 16) -> str:
     inputs = processor(text=[text], images=[r.to_pil() for r in row.images], return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    return processor.tokenizer.decode(out[0, inputs.input_ids.shape[1]:])
+    return processor.tokenizer.decode(out[0, inputs.input_ids.shape[1] :])

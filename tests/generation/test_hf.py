@@ -11,8 +11,7 @@ from rlinf_ext.protocol.generation import SamplingParams
 
 @pytest.fixture(scope="module")
 def generator(tiny_assets):
-    return HFGenerator.from_pretrained(tiny_assets.qwen2_tiny, tiny_assets.tokenizer_dir, seed=0,
-                                       return_logprobs=True)
+    return HFGenerator.from_pretrained(tiny_assets.qwen2_tiny, tiny_assets.tokenizer_dir, seed=0, return_logprobs=True)
 
 
 def prompt(gen, text="Question: who wrote the book?\n"):
@@ -25,7 +24,7 @@ def test_stop_string_cuts_exactly_after_completing_token(generator):
     assert free.finish_reason in ("length", "eos")
     text = generator.tokenizer.decode(free.output_ids[:-1], skip_special_tokens=False)
     # a stop string that occurs in the free sample: the same seed and context must stop at/before it
-    stop = text[len(text) // 2:len(text) // 2 + 2] or text[-1]
+    stop = text[len(text) // 2 : len(text) // 2 + 2] or text[-1]
     generator.reseed(0)
     result = generator.generate_batch_sync([prompt(generator)], SamplingParams(max_new_tokens=40, stop=[stop]))[0]
     assert result.finish_reason == "stop" and result.matched_stop == stop
@@ -49,6 +48,7 @@ def test_length_and_greedy_determinism(generator):
 
 def test_eos_kept_and_nothing_after(generator):
     eos = sorted(generator.eos_ids)[0]
+
     # make EOS the overwhelmingly likely next token with a hook on the LM head
     def push_eos(module, inputs, logits):
         logits = logits.clone()
@@ -65,8 +65,12 @@ def test_eos_kept_and_nothing_after(generator):
 
 def test_concurrent_calls_are_batched_and_each_cut_to_its_budget(generator):
     async def many():
-        calls = [generator.generate(prompt(generator, f"Question {i}?\n"),
-                                    SamplingParams(max_new_tokens=3 + i, do_sample=False)) for i in range(6)]
+        calls = [
+            generator.generate(
+                prompt(generator, f"Question {i}?\n"), SamplingParams(max_new_tokens=3 + i, do_sample=False)
+            )
+            for i in range(6)
+        ]
         return await asyncio.gather(*calls)
 
     before = len(generator.batch_sizes)
@@ -75,16 +79,19 @@ def test_concurrent_calls_are_batched_and_each_cut_to_its_budget(generator):
     for i, result in enumerate(results):
         assert len(result.output_ids) <= 3 + i
         # batched (left-padded) greedy output equals the same request alone
-        alone = generator.generate_batch_sync([prompt(generator, f"Question {i}?\n")],
-                                              SamplingParams(max_new_tokens=3 + i, do_sample=False))[0]
+        alone = generator.generate_batch_sync(
+            [prompt(generator, f"Question {i}?\n")], SamplingParams(max_new_tokens=3 + i, do_sample=False)
+        )[0]
         assert alone.output_ids == result.output_ids
 
 
 def test_pick_batch_serves_the_oldest_batch_first_then_arrival():
     greedy, sampled = SamplingParams(do_sample=False), SamplingParams()
     # arrival order a..e; priority = the batch's dispatch index
-    a, b, c, d, e = (_Request([i], params, None, priority=p) for i, (params, p) in
-                     enumerate([(greedy, 2), (greedy, 1), (sampled, 0), (greedy, 1), (greedy, 0)]))
+    a, b, c, d, e = (
+        _Request([i], params, None, priority=p)
+        for i, (params, p) in enumerate([(greedy, 2), (greedy, 1), (sampled, 0), (greedy, 1), (greedy, 0)])
+    )
     # c (batch 0, sampled) heads the queue; e (batch 0) is greedy and cannot share its call
     assert pick_batch([a, b, c, d, e], 4) == [c]
     # without c: e (batch 0), then batch 1 in arrival order (b, d), then batch 2 (a); cut at the size
@@ -105,8 +112,10 @@ def test_a_later_batch_queued_first_does_not_overtake_an_older_one(generator):
 
     async def queued():
         params = SamplingParams(max_new_tokens=2, do_sample=False)
-        calls = [generator.generate(prompt(generator, f"Question {i}?\n"), params, priority=p)
-                 for i, p in enumerate([3, 3, 2])]
+        calls = [
+            generator.generate(prompt(generator, f"Question {i}?\n"), params, priority=p)
+            for i, p in enumerate([3, 3, 2])
+        ]
         return await asyncio.gather(*calls)
 
     size = generator.max_batch_size

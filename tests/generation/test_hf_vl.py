@@ -44,17 +44,22 @@ def test_batched_equals_single_greedy(vl):
     assert gen.images.hits > 0  # the second pass reused the preprocessed images
 
 
-@pytest.mark.parametrize("continuation,stop", [
-    ("<reason> I should look at the image. </reason><search><img></search> never here", "</search>"),
-    ("<reason> It is Drelia. </reason><text_search> Drelia founded </text_search> never here", "</text_search>"),
-])
+@pytest.mark.parametrize(
+    "continuation,stop",
+    [
+        ("<reason> I should look at the image. </reason><search><img></search> never here", "</search>"),
+        ("<reason> It is Drelia. </reason><text_search> Drelia founded </text_search> never here", "</text_search>"),
+    ],
+)
 def test_stop_strings_for_both_search_tags(tiny_mm_assets, continuation, stop):
     rows = mm_test_rows(tiny_mm_assets.mm, 1)
     probe = HFVLGenerator.from_pretrained(tiny_mm_assets.mm.qwen2_5_vl_tiny, num_threads=None)
     ids = chat_prompt_ids(probe.processor, rows[0].question, rows[0].images)
     forced = probe.tokenizer.encode(continuation, add_special_tokens=False)
     gen = HFVLGenerator(probe.model, probe.processor, logits_processors=[ForceTokens(forced, len(ids))])
-    params = SamplingParams(max_new_tokens=len(forced), do_sample=False, stop=["</search>", "</text_search>", "</answer>"])
+    params = SamplingParams(
+        max_new_tokens=len(forced), do_sample=False, stop=["</search>", "</text_search>", "</answer>"]
+    )
     result = asyncio.run(gen.generate(ids, params, images=rows[0].images))
     assert result.finish_reason == "stop" and result.matched_stop == stop
     assert result.text.endswith(stop) and "never" not in result.text
@@ -73,6 +78,7 @@ def test_banned_ids_are_never_sampled(vl):
     def sample(engine):
         async def run():
             return await asyncio.gather(*(engine.generate(ids, params, images=imgs) for _ in range(8)))
+
         return [t for r in asyncio.run(run()) for t in r.output_ids]
 
     assert banned & set(sample(free))  # the random model does sample them (so this test can fail)
@@ -87,9 +93,17 @@ def test_logprobs_equal_a_forward_pass(vl):
     full = torch.tensor([ids + result.output_ids])
     vision = gen.images.batch(imgs)
     with torch.no_grad():
-        logits = gen.model(input_ids=full, attention_mask=torch.ones_like(full), **vision,  # mrope positions:
-                           mm_token_type_ids=mm_token_type_ids(full, gen.image_pad_id)).logits[0].float()
-    logits = logits[len(ids) - 1: full.shape[1] - 1] / 0.7
+        logits = (
+            gen.model(
+                input_ids=full,
+                attention_mask=torch.ones_like(full),
+                **vision,  # mrope positions:
+                mm_token_type_ids=mm_token_type_ids(full, gen.image_pad_id),
+            )
+            .logits[0]
+            .float()
+        )
+    logits = logits[len(ids) - 1 : full.shape[1] - 1] / 0.7
     logits[:, gen.banned_ids] = float("-inf")
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(result.output_ids)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-5)
@@ -142,13 +156,16 @@ def test_the_image_only_processor_round_trips_under_the_stock_name(vl, tmp_path)
     processor = gen.processor
     assert isinstance(processor, ImageOnlyQwen2_5_VLProcessor) and not hasattr(processor, "video_processor")
     processor.save_pretrained(tmp_path)
-    saved = {**json.loads((tmp_path / "processor_config.json").read_text()),
-             **json.loads((tmp_path / "tokenizer_config.json").read_text())}
+    saved = {
+        **json.loads((tmp_path / "processor_config.json").read_text()),
+        **json.loads((tmp_path / "tokenizer_config.json").read_text()),
+    }
     assert saved["processor_class"] == "Qwen2_5_VLProcessor"
     again = load_vl_processor(tmp_path)
     image = rows[0].images[0]
-    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q"}]}],
-                                         add_generation_prompt=True)
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q"}]}], add_generation_prompt=True
+    )
     a = processor(text=[text], images=[image.to_pil()], return_tensors="pt")
     b = again(text=[text], images=[image.to_pil()], return_tensors="pt")
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.image_grid_thw, b.image_grid_thw)

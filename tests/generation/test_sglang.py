@@ -61,10 +61,12 @@ class SimulatedSGLang(RecordingEngine):
         return self.tokenizer.decode(ids, skip_special_tokens=bool(self.params.get("skip_special_tokens", True)))
 
     async def reply(self, arguments):
-        input_ids, sampling_params, return_logprob = (arguments[k] for k in ("input_ids", "sampling_params",
-                                                                             "return_logprob"))
-        self.calls.append({"input_ids": input_ids, "sampling_params": dict(sampling_params),
-                           "return_logprob": return_logprob})
+        input_ids, sampling_params, return_logprob = (
+            arguments[k] for k in ("input_ids", "sampling_params", "return_logprob")
+        )
+        self.calls.append(
+            {"input_ids": input_ids, "sampling_params": dict(sampling_params), "return_logprob": return_logprob}
+        )
         self.params = p = sampling_params
         stop_token_ids = set(p.get("stop_token_ids") or []) | ({self.config_eos} if self.config_eos else set())
         stops = p.get("stop") or []
@@ -72,7 +74,7 @@ class SimulatedSGLang(RecordingEngine):
         out, finish = [], None
         for token in self.script:
             out.append(token)
-            tail = self.tokenizer.decode(out[-(tail_len + 1):]) if stops else ""
+            tail = self.tokenizer.decode(out[-(tail_len + 1) :]) if stops else ""
             hit = next((s for s in stops if s in tail), None)
             if hit is not None:
                 finish = {"type": "stop", "matched": hit}
@@ -164,17 +166,34 @@ def test_greedy_and_sampling_params_reach_the_engine(tokenizer, eos_ids, sglang_
     engine = SimulatedSGLang(sglang_source, tokenizer, encode(tokenizer, "<answer> z</answer>"))
     gen = SGLangEngineGenerator(engine, tokenizer.decode, eos_ids={2010, 2008})
     generate(gen, [9, 8], SamplingParams(max_new_tokens=32, do_sample=False, temperature=0.7, top_p=0.9, stop=STOPS))
-    generate(gen, [9, 8], SamplingParams(max_new_tokens=16, do_sample=True, temperature=0.7, top_p=0.9, top_k=20,
-                                         stop=["</answer>"]))
+    generate(
+        gen,
+        [9, 8],
+        SamplingParams(max_new_tokens=16, do_sample=True, temperature=0.7, top_p=0.9, top_k=20, stop=["</answer>"]),
+    )
     greedy, sampled = engine.calls
     assert greedy["input_ids"] == [9, 8] and greedy["return_logprob"] is False
     assert greedy["sampling_params"] == {
-        "max_new_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0,
-        "skip_special_tokens": False, "stop": STOPS, "no_stop_trim": True, "stop_token_ids": [2008, 2010],
+        "max_new_tokens": 32,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "repetition_penalty": 1.0,
+        "skip_special_tokens": False,
+        "stop": STOPS,
+        "no_stop_trim": True,
+        "stop_token_ids": [2008, 2010],
     }
     assert sampled["sampling_params"] == {
-        "max_new_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.0,
-        "skip_special_tokens": False, "stop": ["</answer>"], "no_stop_trim": True, "stop_token_ids": [2008, 2010],
+        "max_new_tokens": 16,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "repetition_penalty": 1.0,
+        "skip_special_tokens": False,
+        "stop": ["</answer>"],
+        "no_stop_trim": True,
+        "stop_token_ids": [2008, 2010],
     }
 
 
@@ -216,12 +235,19 @@ def test_close_shuts_the_engine_down_once(tokenizer, sglang_source):
 def eval_cfg(tiny_assets, *extra):
     from rlinf_ext.runner.prepare import load_checked_config
 
-    return load_checked_config("tiny-cpu-eval", [
-        f"paths.tiny_assets={tiny_assets.root}", f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
-        "rollout.rollout_backend=sglang", "cluster.num_gpus_per_node=8",
-        "retrieval.launch=false",
-        "tools.search.server_addr=127.0.0.1:1", *extra,
-    ], check_paths=True)
+    return load_checked_config(
+        "tiny-cpu-eval",
+        [
+            f"paths.tiny_assets={tiny_assets.root}",
+            f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
+            "rollout.rollout_backend=sglang",
+            "cluster.num_gpus_per_node=8",
+            "retrieval.launch=false",
+            "tools.search.server_addr=127.0.0.1:1",
+            *extra,
+        ],
+        check_paths=True,
+    )
 
 
 def test_one_engine_per_tp_group_never_sglang_data_parallelism(tiny_assets_registry):
@@ -275,10 +301,12 @@ def test_every_engines_kwargs_build_sglangs_own_server_args(tiny_assets_registry
     from rlinf_ext.generation.sglang_vl import vl_server_overrides
 
     cfg = eval_cfg(tiny_assets_registry, "rollout.model.precision=bf16")
-    built = [*engine_kwargs(cfg, [0, 1]),
-             server_kwargs(cfg, tp_size=2, seed=5, load_format="dummy", training=True, memory_saver=True),
-             server_kwargs(cfg, tp_size=1, seed=5, load_format="dummy", training=True),
-             {**server_kwargs(cfg, tp_size=1, seed=5, training=True), **vl_server_overrides("qwen2.5_vl")}]
+    built = [
+        *engine_kwargs(cfg, [0, 1]),
+        server_kwargs(cfg, tp_size=2, seed=5, load_format="dummy", training=True, memory_saver=True),
+        server_kwargs(cfg, tp_size=1, seed=5, load_format="dummy", training=True),
+        {**server_kwargs(cfg, tp_size=1, seed=5, training=True), **vl_server_overrides("qwen2.5_vl")},
+    ]
     wrong = {**built[0], "cuda_graph_max_bs": 8}  # not a field in 0.5.23 (cuda_graph_max_bs_decode is)
     errors = sglang_source.server_args_errors([*built, wrong])
     assert errors[:-1] == [None] * len(built), errors
@@ -365,7 +393,6 @@ def test_without_sglang_the_error_names_the_install():
         load_engine_class()
 
 
-
 @pytest.mark.slow  # ~5 s: a child process imports sglang's server_args
 def test_training_engines_of_batches_rolled_out_ahead_schedule_the_lowest_priority_first(sglang_source):
     """k > 0: sglang 0.5.23's priority scheduling, lower values first (each request's batch index); its own
@@ -374,8 +401,11 @@ def test_training_engines_of_batches_rolled_out_ahead_schedule_the_lowest_priori
     from rlinf_ext.generation.sglang_engine import server_kwargs
 
     def kwargs(k: int) -> dict:
-        cfg = load_config("tiny-cpu", ["rollout.rollout_backend=sglang", "rollout.model.precision=bf16",
-                                       f"runner.max_staleness={k}"], strict=False)
+        cfg = load_config(
+            "tiny-cpu",
+            ["rollout.rollout_backend=sglang", "rollout.model.precision=bf16", f"runner.max_staleness={k}"],
+            strict=False,
+        )
         return server_kwargs(cfg, tp_size=1, seed=5, training=True)
 
     ahead, in_order = kwargs(1), kwargs(0)

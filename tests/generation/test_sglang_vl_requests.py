@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from tests.support.sglang_fakes import check_generate
 from vl_helpers import chat_prompt_ids, mm_test_rows, text_positions_after_images
 
 from rlinf_ext.generation.hf_vl import load_vl_processor
-from rlinf_ext.generation.sglang_wire import result_of_sglang
 from rlinf_ext.generation.sglang_vl import (
     mm_request,
     retokenize_mismatch,
     vision_runs,
     vl_server_overrides,
 )
+from rlinf_ext.generation.sglang_wire import result_of_sglang
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.protocol.metric_keys import RETOKENIZE_MISMATCH
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD, VISION_END, VISION_START, banned_token_ids
+from tests.support.sglang_fakes import check_generate
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,14 @@ def test_request_carries_every_image_in_order_and_the_banned_ids(vl, sglang_sour
     images = rows[0].images + rows[1].images
     ids = chat_prompt_ids(processor, "Compare.", images)
     banned = banned_token_ids(processor.tokenizer, 448)
-    req = mm_request(ids, images, {"max_new_tokens": 8, "stop": ["</search>"]}, token_ids=token_ids,
-                     banned_ids=banned, logit_processor="serialised")
+    req = mm_request(
+        ids,
+        images,
+        {"max_new_tokens": 8, "stop": ["</search>"]},
+        token_ids=token_ids,
+        banned_ids=banned,
+        logit_processor="serialised",
+    )
     assert req["input_ids"] == ids and req["image_data"] == [images[0].data, images[1].data]
     assert req["sampling_params"]["custom_params"] == {"token_ids": sorted(banned)}
     assert req["custom_logit_processor"] == "serialised" and req["sampling_params"]["stop"] == ["</search>"]
@@ -55,10 +61,17 @@ def test_sglangs_own_processor_bans_the_ids_the_request_carries(vl, sglang_sourc
     vocab = max(448, len(processor.tokenizer))  # the logits' width: the engine's vocabulary rows (vl_request_parts)
     banned = banned_token_ids(processor.tokenizer, vocab)
     ids = chat_prompt_ids(processor, "Q", rows[0].images)
-    req = mm_request(ids, rows[0].images, {"max_new_tokens": 4}, token_ids=token_ids, banned_ids=banned,
-                     logit_processor="(serialised in the child)")
-    masked = sglang_source.probe({"banned": {"custom_params": req["sampling_params"]["custom_params"], "vocab": vocab,
-                                             "rows": 2}})["banned"]
+    req = mm_request(
+        ids,
+        rows[0].images,
+        {"max_new_tokens": 4},
+        token_ids=token_ids,
+        banned_ids=banned,
+        logit_processor="(serialised in the child)",
+    )
+    masked = sglang_source.probe(
+        {"banned": {"custom_params": req["sampling_params"]["custom_params"], "vocab": vocab, "rows": 2}}
+    )["banned"]
     assert masked == [sorted(banned)] * 2 and len(banned) > 0
 
 
@@ -80,8 +93,10 @@ def test_reply_parsing_and_retokenize_mismatch(vl):
     processor, rows, token_ids = vl
     ids = chat_prompt_ids(processor, "Q", rows[0].images)
     out = processor.tokenizer.encode("<reason> x </reason><search><img></search>", add_special_tokens=False)
-    result = {"output_ids": out, "meta_info": {"finish_reason": {"type": "stop", "matched": "</search>"},
-                                               "prompt_tokens": len(ids)}}
+    result = {
+        "output_ids": out,
+        "meta_info": {"finish_reason": {"type": "stop", "matched": "</search>"}, "prompt_tokens": len(ids)},
+    }
     params = SamplingParams(stop=["</search>", "</answer>"])
     got = result_of_sglang(result, processor.tokenizer.decode, params, [processor.tokenizer.eos_token_id])
     assert got.matched_stop == "</search>" and got.text.endswith("<search><img></search>")
@@ -90,6 +105,8 @@ def test_reply_parsing_and_retokenize_mismatch(vl):
     with pytest.raises(ValueError, match="prompt_tokens"):
         retokenize_mismatch(ids, {})
     assert RETOKENIZE_MISMATCH == "rollout/retokenize_mismatch"
-    assert vl_server_overrides("qwen2.5_vl") == {"disable_fast_image_processor": True,
-                                                  "enable_custom_logit_processor": True}
+    assert vl_server_overrides("qwen2.5_vl") == {
+        "disable_fast_image_processor": True,
+        "enable_custom_logit_processor": True,
+    }
     assert vl_server_overrides("qwen2.5") == {}

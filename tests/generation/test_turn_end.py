@@ -25,8 +25,17 @@ def hf(ids, budget=8, include=True):
 
 def sglang(ids, reason, budget=8, matched=None, text=None, include=True):
     """An SGLang-style reply: the engine's own finish reason (SGLang checks the budget before EOS and stops)."""
-    return turn_end(ids, decode, eos_ids={EOS}, stop=STOPS, max_new_tokens=budget, include_stop_str_in_output=include,
-                    engine_reason=reason, engine_stop=matched, text=text)
+    return turn_end(
+        ids,
+        decode,
+        eos_ids={EOS},
+        stop=STOPS,
+        max_new_tokens=budget,
+        include_stop_str_in_output=include,
+        engine_reason=reason,
+        engine_stop=matched,
+        text=text,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- HF style
@@ -93,7 +102,12 @@ def test_both_styles_agree_on_the_same_sampled_tokens():
 
 def test_stop_completed_at_finds_the_stop_in_the_tail_only():
     ids = [1, 2, 3, 4, 5]
-    assert [stop_completed_at(ids, n, STOPS, decode) for n in range(1, 6)] == [None, None, None, "</search>",
-                                                                               "</search>"]
+    assert [stop_completed_at(ids, n, STOPS, decode) for n in range(1, 6)] == [
+        None,
+        None,
+        None,
+        "</search>",
+        "</search>",
+    ]
     assert stop_completed_at(ids, 4, [], decode) is None
     assert stop_completed_at([8, 3, 4], 3, STOPS, decode) == "</answer>"  # several: the earliest last occurrence

@@ -34,16 +34,21 @@ def test_seeded_burst_beyond_the_default_budget(qwen2_head32_dirs):
     from transformers import AutoTokenizer
 
     model = str(qwen2_head32_dirs[0])
-    cfg = load_config("tiny-cpu", [f"rollout.model.model_path={model}", "rollout.rollout_backend=vllm",
-                                   "runner.seq_length=512"], strict=False)
+    cfg = load_config(
+        "tiny-cpu",
+        [f"rollout.model.model_path={model}", "rollout.rollout_backend=vllm", "runner.seq_length=512"],
+        strict=False,
+    )
     options = options_from_config(cfg, cuda=False)
     args = engine_args(options)
     assert args["enable_chunked_prefill"] is False and args["max_num_batched_tokens"] >= CPU_MIN_BATCHED_TOKENS
     options.kv_cache_memory_bytes = 64 << 20
     tok = AutoTokenizer.from_pretrained(model)
     n = 12  # 12 distinct prompts of 300 tokens (no shared prefix to cache): more than vLLM's default CPU budget (2048)
-    prompts = [tok.encode(" ".join(f"capital of country {i * 7 + j}" for i in range(60)), add_special_tokens=False)[:300]
-               for j in range(n)]
+    prompts = [
+        tok.encode(" ".join(f"capital of country {i * 7 + j}" for i in range(60)), add_special_tokens=False)[:300]
+        for j in range(n)
+    ]
     assert sum(map(len, prompts)) > 2048
     gen = VLLMGenerator.start(options)
     try:
@@ -65,11 +70,12 @@ def test_batches_rolled_out_ahead_start_vllm_with_the_priority_policy(k, policy)
     import dataclasses
     import typing
 
-    from tests.support.signature_checks import bind_like
     from vllm import EngineArgs
     from vllm.config.scheduler import SchedulerPolicy
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.llm_engine import LLMEngine
+
+    from tests.support.signature_checks import bind_like
 
     cfg = load_config("tiny-cpu", ["rollout.rollout_backend=vllm", f"runner.max_staleness={k}"], strict=False)
     options = options_from_config(cfg, cuda=False)

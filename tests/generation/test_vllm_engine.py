@@ -12,11 +12,11 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
-from tests.support.vllm_hold import HeldAfter  # noqa: E402
 from rlinf_ext.generation.hf import HFGenerator  # noqa: E402
 from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
 from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.protocol.generation import SamplingParams  # noqa: E402
+from tests.support.vllm_hold import HeldAfter  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: a vLLM engine start
 GREEDY = dict(do_sample=False)
@@ -32,9 +32,16 @@ def engine(model_dirs):
     from torch._dynamo.utils import counters
 
     frames = counters["frames"]["total"]  # frames compiled before this module's engine
-    gen = VLLMGenerator.start(VLLMEngineOptions(model_path=str(model_dirs[0]), dtype="float32", max_model_len=512,
-                                                kv_cache_memory_bytes=32 << 20, max_num_seqs=16),
-                              return_logprobs=True)
+    gen = VLLMGenerator.start(
+        VLLMEngineOptions(
+            model_path=str(model_dirs[0]),
+            dtype="float32",
+            max_model_len=512,
+            kv_cache_memory_bytes=32 << 20,
+            max_num_seqs=16,
+        ),
+        return_logprobs=True,
+    )
     print(f"vLLM engine start: {gen.start_s:.2f} s, parts {gen.start_parts}")
     gen.frames_before = frames
     yield gen
@@ -73,7 +80,7 @@ def test_sampled_logprobs_are_those_of_the_tempered_distribution_like_hf_and_the
 
     def forward_logprobs(prompt, ids, scale):
         with torch.no_grad():
-            logits = hf.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
+            logits = hf.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
         return torch.log_softmax(logits / scale, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
 
     raw_gaps = []
@@ -90,7 +97,7 @@ def test_stop_string_and_matched_stop_like_hf(engine, hf):
     p = prompts(hf.tokenizer)[0]
     free = run(engine.generate(p, SamplingParams(max_new_tokens=16, stop=[], **GREEDY)))
     text = hf.decode(free.output_ids[:-1])
-    stop = text[len(text) // 2:len(text) // 2 + 2] or text[-1]
+    stop = text[len(text) // 2 : len(text) // 2 + 2] or text[-1]
     params = SamplingParams(max_new_tokens=16, stop=[stop], **GREEDY)
     ours = run(engine.generate(p, params))
     ref = hf.generate_batch_sync([p], params)[0]
@@ -110,8 +117,11 @@ def test_stop_completed_by_last_allowed_token_is_stop(engine, hf):
     params = SamplingParams(max_new_tokens=8, stop=[last], **GREEDY)
     ours = run(engine.generate(p, params))
     ref = hf.generate_batch_sync([p], params)[0]
-    assert (ours.output_ids, ours.finish_reason, ours.matched_stop) == (ref.output_ids, ref.finish_reason,
-                                                                        ref.matched_stop)
+    assert (ours.output_ids, ours.finish_reason, ours.matched_stop) == (
+        ref.output_ids,
+        ref.finish_reason,
+        ref.matched_stop,
+    )
 
 
 def test_eos_on_the_last_allowed_token(engine, hf, model_dirs):
@@ -133,8 +143,15 @@ def test_eos_on_the_last_allowed_token(engine, hf, model_dirs):
 
     from rlinf_ext.generation.vllm_wire import result_of_output
 
-    out = CompletionOutput(index=0, text="", token_ids=[7, 9, eos[0]], cumulative_logprob=None, logprobs=None,
-                           finish_reason="stop", stop_reason=None)
+    out = CompletionOutput(
+        index=0,
+        text="",
+        token_ids=[7, 9, eos[0]],
+        cumulative_logprob=None,
+        logprobs=None,
+        finish_reason="stop",
+        stop_reason=None,
+    )
     res = result_of_output(out, hf.decode, SamplingParams(max_new_tokens=3), engine.eos_ids)
     assert res.finish_reason == "eos" and res.output_ids[-1] == eos[0]
 
@@ -226,8 +243,10 @@ def test_a_label_changed_while_a_request_runs_gives_its_tokens_two_versions(engi
 
     inproc, prompt = engine.engine, prompts(hf.tokenizer, 1)[0]
     params = SamplingParams(max_new_tokens=8, stop=[], **GREEDY)
-    request = VSamplingParams(**{**to_vllm_params(params, engine.eos_ids, return_logprobs=True), "ignore_eos": True},
-                              output_kind=RequestOutputKind.FINAL_ONLY)
+    request = VSamplingParams(
+        **{**to_vllm_params(params, engine.eos_ids, return_logprobs=True), "ignore_eos": True},
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
     llm = inproc.engine  # vLLM's LLMEngine; no call of ours is in flight, so nothing else steps it
     inproc._locked(llm.set_weight_version, "4")
     inproc._locked(llm.add_request, "two-labels", {"prompt_token_ids": prompt}, request)
@@ -301,12 +320,13 @@ def test_a_keep_pause_cuts_a_turn_that_goes_on_from_its_prefix_on_the_new_weight
     finally:
         run(engine.load_weights(list(hf.model.state_dict().items())))  # the module's engine keeps its weights
     rest = HFGenerator(new, hf.tokenizer, return_logprobs=True).generate_batch_sync(
-        [p + got.output_ids[:n]], params.with_updates(max_new_tokens=params.max_new_tokens - n))[0]
+        [p + got.output_ids[:n]], params.with_updates(max_new_tokens=params.max_new_tokens - n)
+    )[0]
     assert got.output_ids[:n] == old.output_ids[:n] and got.output_ids[n:] == rest.output_ids
     assert got.weight_version == [4] * n + [5] * len(rest.output_ids)
     assert max(abs(a - b) for a, b in zip(got.logprobs[:n], old.logprobs[:n])) < 1e-4
     assert max(abs(a - b) for a, b in zip(got.logprobs[n:], rest.logprobs)) < 1e-4
-    assert got.output_ids[n:] != old.output_ids[n:len(got.output_ids)]  # the new weights sampled the rest
+    assert got.output_ids[n:] != old.output_ids[n : len(got.output_ids)]  # the new weights sampled the rest
     assert got.finish_reason == rest.finish_reason
 
 
@@ -316,15 +336,18 @@ def test_a_stop_string_across_the_cut_ends_the_turn(engine, hf):
     checks the stop strings on the whole output of the request, which the keep pause does not split)."""
     p, n = prompts(hf.tokenizer, 2)[1], 3  # its greedy text grows by whole characters (no split UTF-8 bytes)
     free = run(engine.generate(p, SamplingParams(max_new_tokens=12, stop=[], **GREEDY)))
-    before, through = hf.decode(free.output_ids[:n]), hf.decode(free.output_ids[:n + 1])
+    before, through = hf.decode(free.output_ids[:n]), hf.decode(free.output_ids[: n + 1])
     assert through.startswith(before) and len(through) > len(before), "the token after the cut adds no character"
     # the shortest such string that the text before the cut does not hold already
-    stop = next(through[len(before) - k:len(before) + 1] for k in range(1, len(before) + 1)
-                if through[len(before) - k:len(before) + 1] not in before)
+    stop = next(
+        through[len(before) - k : len(before) + 1]
+        for k in range(1, len(before) + 1)
+        if through[len(before) - k : len(before) + 1] not in before
+    )
     params = SamplingParams(max_new_tokens=12, stop=[stop], **GREEDY)
     got = cut_by_a_sync(engine, p, params, n, hf.model.state_dict())
     ref = hf.generate_batch_sync([p], params)[0]
-    assert (got.output_ids, got.finish_reason, got.matched_stop) == (free.output_ids[:n + 1], "stop", stop)
+    assert (got.output_ids, got.finish_reason, got.matched_stop) == (free.output_ids[: n + 1], "stop", stop)
     assert (got.output_ids, got.text, got.matched_stop) == (ref.output_ids, ref.text, ref.matched_stop)
     assert got.weight_version == [4] * n + [5]
     assert max(abs(a - b) for a, b in zip(got.logprobs, free.logprobs)) < 1e-4

@@ -20,6 +20,13 @@ from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferUpdateI
 from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402
 from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
 
+from rlinf_ext.generation.vllm_engine import START_ENGINE, WeightLoadExtension, start_engine  # noqa: E402
+from rlinf_ext.generation.vllm_wire import (  # noqa: E402
+    ALLOW_PICKLED_CALLS_ENV,
+    WORKER_EXTENSION,
+    VLLMEngineOptions,
+    engine_environment,
+)
 from tests.support.host_cuda import HostCuda  # noqa: E402
 from tests.support.signature_checks import bind_like  # noqa: E402
 from tests.support.vllm_boundary import (  # noqa: E402
@@ -30,16 +37,11 @@ from tests.support.vllm_boundary import (  # noqa: E402
     ipc_worker,
     vllm_process_env,
 )
-from rlinf_ext.generation.vllm_engine import START_ENGINE, WeightLoadExtension, start_engine  # noqa: E402
-from rlinf_ext.generation.vllm_wire import (  # noqa: E402
-    ALLOW_PICKLED_CALLS_ENV,
-    WORKER_EXTENSION,
-    VLLMEngineOptions,
-    engine_environment,
-)
 
-CHUNK = {"model.embed_tokens.weight": torch.arange(12.0).reshape(4, 3),
-         "model.layers.0.mlp.up_proj.weight": torch.full((2, 3), 0.5, dtype=torch.bfloat16)}
+CHUNK = {
+    "model.embed_tokens.weight": torch.arange(12.0).reshape(4, 3),
+    "model.layers.0.mlp.up_proj.weight": torch.full((2, 3), 0.5, dtype=torch.bfloat16),
+}
 
 
 def start_captured(monkeypatch, backend) -> dict:
@@ -57,8 +59,12 @@ def start_captured(monkeypatch, backend) -> dict:
 
     monkeypatch.setattr(AsyncLLM, "from_engine_args", classmethod(from_engine_args))
     parts: dict = {}
-    start_engine(VLLMEngineOptions(model_path="unused", in_process=False, enable_sleep_mode=backend == "ipc",
-                                   weight_transfer_backend=backend), parts)
+    start_engine(
+        VLLMEngineOptions(
+            model_path="unused", in_process=False, enable_sleep_mode=backend == "ipc", weight_transfer_backend=backend
+        ),
+        parts,
+    )
     assert START_ENGINE in parts
     return started
 
@@ -71,12 +77,22 @@ def ipc_update_info(ipc: HostIpc) -> dict:
     buffer[: sum(f.numel() for f in flat)].copy_(torch.cat(flat))
     _, args = ipc.reduce_tensor(buffer)
     bind_like(REAL_REBUILD_CUDA_TENSOR, *args)  # the 15 arguments of torch's rebuild
-    assert (type(args[0]), type(args[1]), args[4], type(args[5]), type(args[7])) == \
-        (type(torch.Tensor), torch.Size, torch.storage.TypedStorage, torch.dtype, bytes)
-    return asdict(IPCWeightTransferUpdateInfo(
-        names=list(CHUNK), dtype_names=[str(t.dtype).split(".")[-1] for t in CHUNK.values()],
-        shapes=[list(t.shape) for t in CHUNK.values()], ipc_handles={"GPU-0": args},
-        tensor_sizes=[f.numel() for f in flat]))
+    assert (type(args[0]), type(args[1]), args[4], type(args[5]), type(args[7])) == (
+        type(torch.Tensor),
+        torch.Size,
+        torch.storage.TypedStorage,
+        torch.dtype,
+        bytes,
+    )
+    return asdict(
+        IPCWeightTransferUpdateInfo(
+            names=list(CHUNK),
+            dtype_names=[str(t.dtype).split(".")[-1] for t in CHUNK.values()],
+            shapes=[list(t.shape) for t in CHUNK.values()],
+            ipc_handles={"GPU-0": args},
+            tensor_sizes=[f.numel() for f in flat],
+        )
+    )
 
 
 def test_ipc_update_info_crosses_the_engine_core_socket_of_a_started_engine(monkeypatch, tmp_path):
@@ -95,8 +111,9 @@ def test_ipc_update_info_crosses_the_engine_core_socket_of_a_started_engine(monk
         wire.call("collective_rpc", "init_weight_transfer_engine", None, (), {"init_info": {"packed": True}})
         method, _, _, kwargs = wire.call("collective_rpc", "update_weights", None, (), {"update_info": info})
     decoded = kwargs["update_info"]["ipc_handles"]["GPU-0"]
-    assert [type(a) for a in decoded] == [type(a) if not isinstance(a, tuple) else list for a in
-                                          info["ipc_handles"]["GPU-0"]]  # tuples (torch.Size too) come back as lists
+    assert [type(a) for a in decoded] == [
+        type(a) if not isinstance(a, tuple) else list for a in info["ipc_handles"]["GPU-0"]
+    ]  # tuples (torch.Size too) come back as lists
 
     model = LoadableModel({k: (tuple(t.shape), t.dtype) for k, t in CHUNK.items()})
     worker = ipc_worker(model, device_index=0)
@@ -110,8 +127,9 @@ def test_ipc_update_info_crosses_the_engine_core_socket_of_a_started_engine(monk
 
 
 def test_only_the_ipc_engine_allows_pickled_calls(monkeypatch):
-    assert engine_environment(VLLMEngineOptions(model_path="m", weight_transfer_backend="ipc")) == \
-        {ALLOW_PICKLED_CALLS_ENV: "1"}
+    assert engine_environment(VLLMEngineOptions(model_path="m", weight_transfer_backend="ipc")) == {
+        ALLOW_PICKLED_CALLS_ENV: "1"
+    }
     assert engine_environment(VLLMEngineOptions(model_path="m", weight_transfer_backend="nccl")) == {}
     assert engine_environment(VLLMEngineOptions(model_path="m")) == {}
     assert ALLOW_PICKLED_CALLS_ENV not in start_captured(monkeypatch, "nccl")["env"]

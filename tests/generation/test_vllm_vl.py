@@ -20,8 +20,13 @@ N_CHECKS = 4
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_vllm_vl_checks_pass_in_their_own_interpreter():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CHECKS)],
-                          cwd=CHECKS.parents[2], capture_output=True, text=True, timeout=840)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CHECKS)],
+        cwd=CHECKS.parents[2],
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
     tail = proc.stdout[-8000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
     assert re.search(rf"\b{N_CHECKS} passed\b", proc.stdout), tail  # every check ran: none skipped or deselected

@@ -9,9 +9,16 @@ import json
 
 import pytest
 
+from rlinf_ext.generation.vllm_vl import (
+    allowed_token_ids,
+    check_processor_dir,
+    checkpoint_name,
+    collapse_image_runs,
+    engine_mismatch,
+    mm_request,
+    vl_engine_options,
+)
 from rlinf_ext.generation.vllm_wire import VLLMEngineOptions
-from rlinf_ext.generation.vllm_vl import (allowed_token_ids, check_processor_dir, checkpoint_name, collapse_image_runs,
-                                          engine_mismatch, mm_request, vl_engine_options)
 from rlinf_ext.protocol.images import ImageRef
 
 S, P, E = 90, 91, 92  # vision_start, image_pad, vision_end
@@ -62,8 +69,12 @@ def test_mismatch_is_any_difference_from_the_engine_prompt():
 
 def test_engine_options_cpu_and_gpu():
     cpu = vl_engine_options(VLLMEngineOptions(model_path="m"), cuda=False, max_images=5)
-    assert cpu.extra == {"limit_mm_per_prompt": {"image": 5}, "logprobs_mode": "processed_logprobs",
-                         "model_impl": "transformers", "trust_remote_code": True}
+    assert cpu.extra == {
+        "limit_mm_per_prompt": {"image": 5},
+        "logprobs_mode": "processed_logprobs",
+        "model_impl": "transformers",
+        "trust_remote_code": True,
+    }
     gpu = vl_engine_options(VLLMEngineOptions(model_path="m", extra={"model_impl": "vllm"}), cuda=True)
     assert gpu.extra["model_impl"] == "vllm" and "trust_remote_code" not in gpu.extra
 
@@ -74,11 +85,19 @@ def test_checkpoint_names_invert_transformers_conversion_mapping():
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     from transformers.core_model_loading import WeightRenaming, rename_source_key
 
-    renamings = [t for t in get_checkpoint_conversion_mapping("Qwen2_5_VLForConditionalGeneration")
-                 if isinstance(t, WeightRenaming)]
-    names = ["model.language_model.layers.0.mlp.down_proj.weight", "model.language_model.embed_tokens.weight",
-             "model.language_model.norm.weight", "model.visual.blocks.1.attn.qkv.bias",
-             "model.visual.merger.mlp.0.weight", "lm_head.weight"]
+    renamings = [
+        t
+        for t in get_checkpoint_conversion_mapping("Qwen2_5_VLForConditionalGeneration")
+        if isinstance(t, WeightRenaming)
+    ]
+    names = [
+        "model.language_model.layers.0.mlp.down_proj.weight",
+        "model.language_model.embed_tokens.weight",
+        "model.language_model.norm.weight",
+        "model.visual.blocks.1.attn.qkv.bias",
+        "model.visual.merger.mlp.0.weight",
+        "lm_head.weight",
+    ]
     saved = [checkpoint_name(n) for n in names]
     assert saved[0] == "model.layers.0.mlp.down_proj.weight" and saved[3] == "visual.blocks.1.attn.qkv.bias"
     assert [rename_source_key(n, renamings, [])[0] for n in saved] == names
@@ -88,8 +107,9 @@ def test_processor_dir_without_auto_map_is_refused_with_the_fix(tmp_path):
     (tmp_path / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2_5_VLProcessor"}))
     with pytest.raises(ValueError, match="auto_map.*make-tiny-assets"):
         check_processor_dir(tmp_path)
-    (tmp_path / "processor_config.json").write_text(json.dumps(
-        {"auto_map": {"AutoProcessor": "vl_processor.ImageOnlyQwen2_5_VLProcessor"}}))
+    (tmp_path / "processor_config.json").write_text(
+        json.dumps({"auto_map": {"AutoProcessor": "vl_processor.ImageOnlyQwen2_5_VLProcessor"}})
+    )
     check_processor_dir(tmp_path)
 
 
@@ -107,8 +127,9 @@ def test_saved_processor_carries_its_class_for_auto_processor(tmp_path):
     loaded = AutoProcessor.from_pretrained(str(tmp_path), trust_remote_code=True)
     assert type(loaded).__name__ == "ImageOnlyQwen2_5_VLProcessor" and not hasattr(loaded, "video_processor")
     image = png("green")
-    text = loaded.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
-                                      add_generation_prompt=True)
+    text = loaded.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}], add_generation_prompt=True
+    )
     ours = processor(text=[text], images=[image.to_pil()], return_tensors="pt")
     theirs = loaded(text=[text], images=[image.to_pil()], return_tensors="pt")
     assert ours.input_ids.tolist() == theirs.input_ids.tolist()

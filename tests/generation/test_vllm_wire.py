@@ -24,15 +24,22 @@ def decode(ids: list[int]) -> str:
     return "".join(VOCAB[i] for i in ids)
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(max_new_tokens=32, do_sample=False, stop=["</search>", "</answer>"]),
-    SamplingParams(max_new_tokens=16, temperature=0.8, top_p=0.95, top_k=40, repetition_penalty=1.05),
-    SamplingParams(max_new_tokens=8, temperature=1.0, top_k=-1),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=32, do_sample=False, stop=["</search>", "</answer>"]),
+        SamplingParams(max_new_tokens=16, temperature=0.8, top_p=0.95, top_k=40, repetition_penalty=1.05),
+        SamplingParams(max_new_tokens=8, temperature=1.0, top_k=-1),
+    ],
+)
 def test_request_keywords_make_vllms_sampling_params(params):
     made = VSamplingParams(**to_vllm_params(params, [151643, 151645], seed=3, return_logprobs=True))
-    assert (made.max_tokens, made.seed, made.logprobs, made.include_stop_str_in_output) == \
-        (params.max_new_tokens, 3, 0, True)
+    assert (made.max_tokens, made.seed, made.logprobs, made.include_stop_str_in_output) == (
+        params.max_new_tokens,
+        3,
+        0,
+        True,
+    )
     assert set(made.stop_token_ids) == {151643, 151645}
 
 
@@ -40,14 +47,28 @@ def test_vllm_and_sglang_replies_give_the_same_result():
     """The same sampled ids, finished the same way, read from each engine's reply shape."""
     ids = [1, 2, 3, 4, 8, 5]
     params = SamplingParams(max_new_tokens=64, stop=["</search>"], include_stop_str_in_output=False)
-    vllm_out = CompletionOutput(index=0, text="(vLLM's own text, not used)", token_ids=ids, cumulative_logprob=None,
-                                logprobs=[{t: Logprob(logprob=-0.1 * k, rank=1)} for k, t in enumerate(ids)],
-                                finish_reason="stop", stop_reason="</search>")
+    vllm_out = CompletionOutput(
+        index=0,
+        text="(vLLM's own text, not used)",
+        token_ids=ids,
+        cumulative_logprob=None,
+        logprobs=[{t: Logprob(logprob=-0.1 * k, rank=1)} for k, t in enumerate(ids)],
+        finish_reason="stop",
+        stop_reason="</search>",
+    )
     # one finished non-streaming reply of sglang 0.5.23's Engine.async_generate (tokenizer_manager.py)
-    sglang_reply = {"text": "(SGLang's own text, not used)", "output_ids": ids, "meta_info": {
-        "id": "8c1f", "finish_reason": {"type": "stop", "matched": "</search>"}, "prompt_tokens": 11,
-        "output_token_logprobs": [(-0.1 * k, t, None) for k, t in enumerate(ids)],
-        "input_token_logprobs": [(None, 3, None)], "output_token_logprobs_length": len(ids)}}
+    sglang_reply = {
+        "text": "(SGLang's own text, not used)",
+        "output_ids": ids,
+        "meta_info": {
+            "id": "8c1f",
+            "finish_reason": {"type": "stop", "matched": "</search>"},
+            "prompt_tokens": 11,
+            "output_token_logprobs": [(-0.1 * k, t, None) for k, t in enumerate(ids)],
+            "input_token_logprobs": [(None, 3, None)],
+            "output_token_logprobs_length": len(ids),
+        },
+    }
     got_v = result_of_output(vllm_out, decode, params, [EOS], return_logprobs=True)
     got_s = result_of_sglang(sglang_reply, decode, params, [EOS], return_logprobs=True)
     assert got_v == got_s
@@ -59,10 +80,16 @@ def spanned_output(ids, spans, finish_reason="length"):
     ``version`` for each ``(start, end, version)`` in ``spans``."""
     from vllm.outputs import WeightVersionSpan
 
-    return CompletionOutput(index=0, text="", token_ids=list(ids), cumulative_logprob=None,
-                            logprobs=[{t: Logprob(logprob=-0.1 * k, rank=1)} for k, t in enumerate(ids)],
-                            finish_reason=finish_reason, stop_reason=None,
-                            weight_versions=[WeightVersionSpan(version=v, start=a, end=b) for a, b, v in spans])
+    return CompletionOutput(
+        index=0,
+        text="",
+        token_ids=list(ids),
+        cumulative_logprob=None,
+        logprobs=[{t: Logprob(logprob=-0.1 * k, rank=1)} for k, t in enumerate(ids)],
+        finish_reason=finish_reason,
+        stop_reason=None,
+        weight_versions=[WeightVersionSpan(version=v, start=a, end=b) for a, b, v in spans],
+    )
 
 
 def test_one_label_is_the_replys_version_and_vllms_default_is_none():
@@ -88,8 +115,13 @@ def test_a_reply_that_spans_two_labels_gives_each_token_its_own_version():
     from rlinf_ext.generation.vllm_wire import weight_version_of
 
     ids = [1, 2, 4, 8, 2, 8, 3]
-    got = result_of_output(spanned_output(ids, [(0, 3, "4"), (3, 7, "5")]), decode, SamplingParams(max_new_tokens=7),
-                           [EOS], return_logprobs=True)
+    got = result_of_output(
+        spanned_output(ids, [(0, 3, "4"), (3, 7, "5")]),
+        decode,
+        SamplingParams(max_new_tokens=7),
+        [EOS],
+        return_logprobs=True,
+    )
     assert got.weight_version == [4, 4, 4, 5, 5, 5, 5] and got.output_ids == ids
     assert got.logprobs == pytest.approx([-0.1 * k for k in range(7)])  # each token's own, as sampled
     spans = [WeightVersionSpan(version="4", start=0, end=3), WeightVersionSpan(version="5", start=3, end=7)]
@@ -120,8 +152,17 @@ def test_spans_that_do_not_tile_the_tokens_are_refused():
 
 # vLLM 0.26.0's CompletionOutput (its wheel's vllm/outputs.py): 0.32's fields up to lora_request; no weight_versions
 # (0.26 has no weight-version labels at all: no WeightVersionSpan, no AsyncLLM.update_weight_version)
-V026_COMPLETION_FIELDS = ("index", "text", "token_ids", "cumulative_logprob", "logprobs", "routed_experts",
-                          "finish_reason", "stop_reason", "lora_request")
+V026_COMPLETION_FIELDS = (
+    "index",
+    "text",
+    "token_ids",
+    "cumulative_logprob",
+    "logprobs",
+    "routed_experts",
+    "finish_reason",
+    "stop_reason",
+    "lora_request",
+)
 
 
 def test_vllm_0_26s_output_without_spans_reads_as_unlabelled():

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from tests.support.signature_checks import checked_against
 from transformers import LogitsProcessor
 
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.sglang_vl import vision_runs
+from tests.support.signature_checks import checked_against
 
 PX = 56 * 56
 
@@ -28,7 +28,9 @@ def chat_prompt_ids(processor, question: str, images) -> list[int]:
     """The chat template with the images first, pads expanded by the processor itself."""
     content = [{"type": "image"} for _ in images] + [{"type": "text", "text": question}]
     text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
-    return processor(text=[text], images=[r.to_pil() for r in images] or None, return_tensors="pt").input_ids[0].tolist()
+    return (
+        processor(text=[text], images=[r.to_pil() for r in images] or None, return_tensors="pt").input_ids[0].tolist()
+    )
 
 
 class ForceTokens(LogitsProcessor):

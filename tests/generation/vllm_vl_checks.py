@@ -20,8 +20,8 @@ vllm = pytest.importorskip("vllm")
 from vl_helpers import chat_prompt_ids, text_positions_after_images  # noqa: E402
 
 from rlinf_ext.generation.hf_vl import HFVLGenerator  # noqa: E402
-from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.generation.vllm_vl import VLLMVLGenerator  # noqa: E402
+from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.protocol.generation import SamplingParams  # noqa: E402
 from rlinf_ext.protocol.images import ImageRef  # noqa: E402
 from rlinf_ext.protocol.vl_tokens import mm_token_type_ids  # noqa: E402
@@ -68,8 +68,13 @@ def expected(qwen2_5_vl_head32_dirs):
 
 @pytest.fixture(scope="module")
 def engine(qwen2_5_vl_head32_dirs, expected):
-    options = VLLMEngineOptions(model_path=str(qwen2_5_vl_head32_dirs[0]), dtype="float32", max_model_len=1024,
-                                kv_cache_memory_bytes=32 << 20, max_num_seqs=8)
+    options = VLLMEngineOptions(
+        model_path=str(qwen2_5_vl_head32_dirs[0]),
+        dtype="float32",
+        max_model_len=1024,
+        kv_cache_memory_bytes=32 << 20,
+        max_num_seqs=8,
+    )
     gen = VLLMVLGenerator.start(options, return_logprobs=True, cuda=False)
     print(f"vLLM VL engine start: {gen.start_s:.2f} s")
     yield gen
@@ -79,20 +84,25 @@ def engine(qwen2_5_vl_head32_dirs, expected):
 def contexts(processor):
     """(ids, images): no image, one, two, and a second user turn holding a result image after an answer."""
     imgs = [image(s) for s in range(4)]
-    two_turns = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "which city is it?"}]},
-                 {"role": "assistant", "content": [{"type": "text", "text": "<search><img></search>"}]},
-                 {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "city 3"}]}]
+    two_turns = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "which city is it?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "<search><img></search>"}]},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "city 3"}]},
+    ]
     text = processor.apply_chat_template(two_turns, add_generation_prompt=True)
     turn_ids = processor(text=[text], images=[imgs[2].to_pil(), imgs[3].to_pil()], return_tensors="pt").input_ids[0]
-    return [(chat_prompt_ids(processor, "answer without an image", []), []),
-            (chat_prompt_ids(processor, "which city shows this emblem?", imgs[:1]), imgs[:1]),
-            (chat_prompt_ids(processor, "compare the colour", imgs[:2]), imgs[:2]),
-            (turn_ids.tolist(), imgs[2:4])]
+    return [
+        (chat_prompt_ids(processor, "answer without an image", []), []),
+        (chat_prompt_ids(processor, "which city shows this emblem?", imgs[:1]), imgs[:1]),
+        (chat_prompt_ids(processor, "compare the colour", imgs[:2]), imgs[:2]),
+        (turn_ids.tolist(), imgs[2:4]),
+    ]
 
 
 def run_all(gen, cases, params):
     async def go():
         return await asyncio.gather(*(gen.generate(ids, params, images=imgs) for ids, imgs in cases))
+
     return asyncio.run(go())
 
 
@@ -121,8 +131,9 @@ def test_banned_ids_never_sampled(engine, expected):
     banned = set(expected["banned"])
 
     def sample(banned_ids):
-        gen = VLLMVLGenerator(engine.engine, engine.tokenizer, engine.eos_ids, vocab_size=0, banned_ids=banned_ids,
-                              seed=3)
+        gen = VLLMVLGenerator(
+            engine.engine, engine.tokenizer, engine.eos_ids, vocab_size=0, banned_ids=banned_ids, seed=3
+        )
         return [t for r in run_all(gen, [(ids, imgs)] * 8, params) for t in r.output_ids]
 
     assert banned & set(sample([]))  # the random model does sample them (so this test can fail)

@@ -8,8 +8,15 @@ import torch
 from rlinf_ext.models.gpu_capacity import GIB, gpu_capacity, local_gpu_total_bytes
 
 
-@pytest.mark.parametrize("nominal, usable, kind", [(40, 39.25, "A100 40GB"), (80, 79.14, "A100 / H100 80GB"),
-                                                   (141, 139.72, "H200 141GB"), (180, 178.35, "B200 180GB")])
+@pytest.mark.parametrize(
+    "nominal, usable, kind",
+    [
+        (40, 39.25, "A100 40GB"),
+        (80, 79.14, "A100 / H100 80GB"),
+        (141, 139.72, "H200 141GB"),
+        (180, 178.35, "B200 180GB"),
+    ],
+)
 def test_listed_kinds_give_the_tables_figure(nominal, usable, kind):
     c = gpu_capacity(nominal)
     assert c.usable_bytes == int(usable * GIB) and c.source == f"{kind}: the table's figure"

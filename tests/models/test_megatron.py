@@ -35,8 +35,15 @@ def test_unsupported_model_and_bad_parallel_are_named():
     with pytest.raises(ValueError, match="model_type 'llama' is not supported"):
         dims_from_hf_config({"model_type": "llama"})
     d = dims_from_hf_config(
-        dict(model_type="qwen2", num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
-             intermediate_size=176, num_hidden_layers=3, vocab_size=100)
+        dict(
+            model_type="qwen2",
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            hidden_size=64,
+            intermediate_size=176,
+            num_hidden_layers=3,
+            vocab_size=100,
+        )
     )
     with pytest.raises(ValueError, match="num_key_value_heads=2 is not divisible by TP=4"):
         check_parallel_fits(d, 4, 1)
@@ -107,7 +114,9 @@ def test_load_rejects_missing_and_misshaped_tensors(tiny_assets):
             load_megatron_state_dict(model, sd, source="rank 0")
         sd = dict(model.state_dict())
         sd["decoder.final_layernorm.weight"] = torch.ones(65)
-        with pytest.raises(StateDictMismatch, match="decoder.final_layernorm.weight: checkpoint \\(65,\\) vs model \\(64,\\)"):
+        with pytest.raises(
+            StateDictMismatch, match="decoder.final_layernorm.weight: checkpoint \\(65,\\) vs model \\(64,\\)"
+        ):
             load_megatron_state_dict(model, sd)
         sd = dict(model.state_dict())
         sd["decoder.layers.9.mlp.linear_fc2.weight"] = torch.ones(1)

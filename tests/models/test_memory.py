@@ -3,12 +3,12 @@
 import pytest
 
 from rlinf_ext.models.memory import (
+    BUCKET_BYTES,
     CUDA_FRAGMENTATION,
     CUDA_RESERVE_BYTES,
     GIB,
     ROLLOUT_RESIDENT_BYTES,
     ROLLOUT_WORKSPACE_BYTES,
-    BUCKET_BYTES,
     VLLM_ASLEEP_RESIDENT_BYTES,
     VLLM_CUDA_CONTEXT_BYTES,
     VLLM_RUNTIME_BYTES,
@@ -26,8 +26,9 @@ from rlinf_ext.models.memory import (
 )
 
 QWEN25_3B = ModelShape(num_layers=36, hidden=2048, ffn=11008, heads=16, groups=2, head_dim=128, vocab=151936, tied=True)
-QWEN25_VL_7B_TEXT = ModelShape(num_layers=28, hidden=3584, ffn=18944, heads=28, groups=4, head_dim=128, vocab=152064,
-                               tied=False)
+QWEN25_VL_7B_TEXT = ModelShape(
+    num_layers=28, hidden=3584, ffn=18944, heads=28, groups=4, head_dim=128, vocab=152064, tied=False
+)
 # small enough to compute by hand: h=8, 2 heads of 4, 1 KV group, ffn 16, vocab 10
 SMALL = ModelShape(num_layers=2, hidden=8, ffn=16, heads=2, groups=1, head_dim=4, vocab=10, tied=False)
 
@@ -47,8 +48,16 @@ def test_parameter_count_matches_a_real_checkpoint(tiny_assets):
     from rlinf_ext.models.qwen2 import dims_from_hf_config
 
     d = dims_from_hf_config(tiny_assets.qwen2_tiny)
-    shape = ModelShape(d.num_layers, d.hidden_size, d.ffn_hidden_size, d.num_attention_heads, d.num_query_groups,
-                       d.head_dim, d.vocab_size, d.tie_word_embeddings)
+    shape = ModelShape(
+        d.num_layers,
+        d.hidden_size,
+        d.ffn_hidden_size,
+        d.num_attention_heads,
+        d.num_query_groups,
+        d.head_dim,
+        d.vocab_size,
+        d.tie_word_embeddings,
+    )
     tensors = load_file(str(next(tiny_assets.qwen2_tiny.glob("*.safetensors"))))
     assert shape.params == sum(t.numel() for t in tensors.values())
 
@@ -56,12 +65,25 @@ def test_parameter_count_matches_a_real_checkpoint(tiny_assets):
 def test_static_memory_on_cuda_with_and_without_the_distributed_optimizer():
     n = SMALL.params
     x = ActorMemoryInputs(SMALL, seq_length=4, precision="bf16", data_parallel=8)
-    assert static_bytes(x) == {"weights": 2 * n, "gradients": 4 * n, "main params (fp32)": 4 * n // 8,
-                               "optimizer state": 8 * n // 8, "reference model": 2 * n}
-    whole = static_bytes(ActorMemoryInputs(SMALL, 4, precision="fp16", data_parallel=8, distributed_optimizer=False,
-                                           reference_model=False))
-    assert whole == {"weights": 2 * n, "gradients": 4 * n, "main params (fp32)": 4 * n, "optimizer state": 8 * n,
-                     "reference model": 0}
+    assert static_bytes(x) == {
+        "weights": 2 * n,
+        "gradients": 4 * n,
+        "main params (fp32)": 4 * n // 8,
+        "optimizer state": 8 * n // 8,
+        "reference model": 2 * n,
+    }
+    whole = static_bytes(
+        ActorMemoryInputs(
+            SMALL, 4, precision="fp16", data_parallel=8, distributed_optimizer=False, reference_model=False
+        )
+    )
+    assert whole == {
+        "weights": 2 * n,
+        "gradients": 4 * n,
+        "main params (fp32)": 4 * n,
+        "optimizer state": 8 * n,
+        "reference model": 0,
+    }
     # the reference run: 3.09B params, fp16, DP 8, sharded: 5.75 + 11.50 + 1.44 + 2.87 + 5.75 GiB
     ref = static_bytes(ActorMemoryInputs(QWEN25_3B, 7096, precision="fp16", data_parallel=8))
     assert [round(v / GIB, 2) for v in ref.values()] == [5.75, 11.5, 1.44, 2.87, 5.75]
@@ -71,8 +93,13 @@ def test_static_memory_of_the_cpu_actor():
     n = SMALL.params
     x = ActorMemoryInputs(SMALL, 4, precision="fp32", device="cpu", data_parallel=2, reference_model=True)
     # fp32 master weights, fp32 gradients, Adam moments halved by ZeRO, fp32 reference
-    assert static_bytes(x) == {"weights": 4 * n, "gradients": 4 * n, "main params (fp32)": 0,
-                               "optimizer state": 4 * n, "reference model": 4 * n}
+    assert static_bytes(x) == {
+        "weights": 4 * n,
+        "gradients": 4 * n,
+        "main params (fp32)": 0,
+        "optimizer state": 4 * n,
+        "reference model": 4 * n,
+    }
     sgd = static_bytes(ActorMemoryInputs(SMALL, 4, precision="fp32", device="cpu", optimizer="sgd"))
     assert sgd["optimizer state"] == 0
 
@@ -82,12 +109,14 @@ def test_activations_with_and_without_recompute():
     x = ActorMemoryInputs(SMALL, seq_length=3, micro_batch_size=2, precision="bf16")  # 6 tokens, 2 bytes
     layer = 104 * 6 * 2
     assert activation_bytes(x) == {"activations (stored)": 2 * layer, "activations (backward)": layer}
-    block = ActorMemoryInputs(SMALL, 3, 2, "bf16", recompute_granularity="full", recompute_method="block",
-                              recompute_num_layers=1)
+    block = ActorMemoryInputs(
+        SMALL, 3, 2, "bf16", recompute_granularity="full", recompute_method="block", recompute_num_layers=1
+    )
     # layer 1 keeps its input (h per token), layer 2 everything; backward: the recomputed layer + one layer
     assert activation_bytes(block) == {"activations (stored)": 8 * 6 * 2 + layer, "activations (backward)": 2 * layer}
-    uniform = ActorMemoryInputs(SMALL, 3, 2, "bf16", recompute_granularity="full", recompute_method="uniform",
-                                recompute_num_layers=2)
+    uniform = ActorMemoryInputs(
+        SMALL, 3, 2, "bf16", recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2
+    )
     assert activation_bytes(uniform) == {"activations (stored)": 2 * 8 * 6 * 2, "activations (backward)": 3 * layer}
 
 
@@ -97,9 +126,11 @@ def test_local_spec_attention_is_quadratic_and_selective_recompute_drops_it():
     # backward: 2.5 fp32 probability-sized gradients; on CUDA Megatron's score buffer (2 * 9 elements, bf16)
     attention = 2 * 9 * 6 + 2 * 1 * 4 * 3 * 2
     layer = 104 * 3 * 2 + attention
-    assert activation_bytes(x) == {"activations (stored)": 2 * layer,
-                                   "activations (backward)": layer + int(2.5 * 2 * 9 * 4),
-                                   "attention score buffer": 2 * 9 * 2}
+    assert activation_bytes(x) == {
+        "activations (stored)": 2 * layer,
+        "activations (backward)": layer + int(2.5 * 2 * 9 * 4),
+        "attention score buffer": 2 * 9 * 2,
+    }
     selective = ActorMemoryInputs(SMALL, 3, 1, "bf16", flash_attention=False, recompute_granularity="selective")
     assert activation_bytes(selective)["activations (stored)"] == 2 * 104 * 3 * 2
 
@@ -109,8 +140,10 @@ def test_logprob_chunk_and_reserve():
     # 16 tokens x 10 vocab x (bf16 logits 2 + fp32 copy 4 + log-softmax 4 + its gradient 4 + fp32 gradient 4 + bf16 2)
     # + the decoder output 50 x 8 x 2
     assert logits_bytes(x) == 16 * 10 * 20 + 50 * 8 * 2
-    assert logits_bytes(ActorMemoryInputs(SMALL, 50, 1, "bf16", logprob_chunk_tokens=16, entropy=True)) == \
-        16 * 10 * 28 + 800
+    assert (
+        logits_bytes(ActorMemoryInputs(SMALL, 50, 1, "bf16", logprob_chunk_tokens=16, entropy=True))
+        == 16 * 10 * 28 + 800
+    )
     assert logits_bytes(ActorMemoryInputs(SMALL, 5, 1, "fp32", device="cpu")) == 5 * 10 * 16 + 5 * 8 * 4  # whole seq
     est = estimate_actor(x)
     body = sum(v for k, v in est.items.items() if not k.startswith("reserve"))
@@ -147,8 +180,12 @@ def test_vllm_engine_context_sleep_backups_and_update_copies():
     assert e.update_transient == 1000 + 2 * 608 * 2
     assert e.updating == VLLM_ASLEEP_RESIDENT_BYTES + 2768 + VLLM_RUNTIME_BYTES + 3432
     sglang = engine_memory(SMALL, gpu_bytes=10_000, fraction=0.5, dtype_bytes=2, backend="sglang")
-    assert (sglang.outside, sglang.asleep, sglang.host_asleep, sglang.update_transient) == \
-        (ROLLOUT_WORKSPACE_BYTES, ROLLOUT_RESIDENT_BYTES, 0, 0)
+    assert (sglang.outside, sglang.asleep, sglang.host_asleep, sglang.update_transient) == (
+        ROLLOUT_WORKSPACE_BYTES,
+        ROLLOUT_RESIDENT_BYTES,
+        0,
+        0,
+    )
     assert sglang.updating == ROLLOUT_RESIDENT_BYTES + 2768
 
 
@@ -168,8 +205,9 @@ def test_gpu_plan_phases_and_offload():
     gpu = 80 * GIB
     e = engine_memory(SMALL, gpu_bytes=gpu, fraction=0.75, dtype_bytes=2, bucket_bytes=1000)
     t = sync_transfer(SMALL, route="ipc", dtype_bytes=2, bucket_bytes=1000)
-    plan = plan_gpu(x, engine=e, collocated=True, offload_weight=True, offload_optimizer=True, offload_grad=True,
-                    transfer=t)
+    plan = plan_gpu(
+        x, engine=e, collocated=True, offload_weight=True, offload_optimizer=True, offload_grad=True, transfer=t
+    )
     st = plan.actor.items
     assert plan.training_phase == plan.actor.peak + VLLM_ASLEEP_RESIDENT_BYTES
     assert plan.rollout_phase == int(0.75 * gpu) + VLLM_CUDA_CONTEXT_BYTES + CUDA_RESERVE_BYTES
@@ -179,13 +217,15 @@ def test_gpu_plan_phases_and_offload():
     assert plan.peak == plan.rollout_phase and plan.fits
     # host RAM: weights, reference, main parameters and Adam moments; the gradients are freed
     assert plan.actor_host == st["weights"] + st["reference model"] + st["main params (fp32)"] + st["optimizer state"]
-    kept = plan_gpu(x, engine=e, collocated=True, offload_weight=False, offload_optimizer=True, offload_grad=False,
-                    transfer=t)
+    kept = plan_gpu(
+        x, engine=e, collocated=True, offload_weight=False, offload_optimizer=True, offload_grad=False, transfer=t
+    )
     assert kept.rollout_phase - plan.rollout_phase == st["weights"] + st["reference model"] + st["gradients"]
     assert kept.sync_phase - plan.sync_phase == st["weights"] + st["reference model"] + st["gradients"]
     assert kept.actor_host == st["main params (fp32)"] + st["optimizer state"]
-    apart = plan_gpu(x, engine=e, collocated=False, offload_weight=True, offload_optimizer=True, offload_grad=True,
-                     transfer=t)
+    apart = plan_gpu(
+        x, engine=e, collocated=False, offload_weight=True, offload_optimizer=True, offload_grad=True, transfer=t
+    )
     assert apart.training_phase == apart.actor.peak and apart.fits
     assert (apart.sync_phase, apart.actor_host, apart.rollout_phase) == (0, 0, e.budget + VLLM_CUDA_CONTEXT_BYTES)
 
@@ -194,13 +234,15 @@ def test_fsdp2_sync_brings_the_weight_shards_back():
     x = ActorMemoryInputs(SMALL, seq_length=4, precision="bf16", data_parallel=4, fsdp=True)  # reference kept
     e = engine_memory(SMALL, gpu_bytes=80 * GIB, fraction=0.5, dtype_bytes=2, bucket_bytes=1000)
     t = sync_transfer(SMALL, route="ipc", dtype_bytes=2, fsdp=True, bucket_bytes=1000)
-    off = plan_gpu(x, engine=e, collocated=True, offload_weight=True, offload_optimizer=True, offload_grad=True,
-                   transfer=t)
+    off = plan_gpu(
+        x, engine=e, collocated=True, offload_weight=True, offload_optimizer=True, offload_grad=True, transfer=t
+    )
     # 1384 params over 4 ranks: fp32 weights 1384, bf16 reference 692, brought back for the gathers
     assert off.sync_onloaded == 1384 + 692
     assert off.sync_phase == e.updating + CUDA_RESERVE_BYTES + 1384 + 692 + 1000 + 1536
-    on = plan_gpu(x, engine=e, collocated=True, offload_weight=False, offload_optimizer=True, offload_grad=True,
-                  transfer=t)
+    on = plan_gpu(
+        x, engine=e, collocated=True, offload_weight=False, offload_optimizer=True, offload_grad=True, transfer=t
+    )
     assert on.sync_onloaded == 0 and on.sync_phase == off.sync_phase  # kept instead of brought back
 
 
@@ -209,8 +251,15 @@ def test_the_sync_phase_can_be_the_peak():
     FSDP2 actor's shards and its transfer memory."""
     x = ActorMemoryInputs(SMALL, seq_length=4, precision="bf16", data_parallel=4, fsdp=True)
     e = engine_memory(SMALL, gpu_bytes=6 * GIB, fraction=0.5, dtype_bytes=2)
-    plan = plan_gpu(x, engine=e, collocated=True, offload_weight=True, offload_optimizer=True, offload_grad=True,
-                    transfer=sync_transfer(SMALL, route="ipc", dtype_bytes=2, fsdp=True))
+    plan = plan_gpu(
+        x,
+        engine=e,
+        collocated=True,
+        offload_weight=True,
+        offload_optimizer=True,
+        offload_grad=True,
+        transfer=sync_transfer(SMALL, route="ipc", dtype_bytes=2, fsdp=True),
+    )
     # asleep 1 + runtime 2 + buffer 1 (update copies) + buffer 1 (actor) + context 1 GiB, and a few KiB
     assert plan.sync_phase > 6 * GIB > plan.rollout_phase and plan.training_phase < 6 * GIB
     assert plan.peak == plan.sync_phase and not plan.fits
@@ -218,20 +267,39 @@ def test_the_sync_phase_can_be_the_peak():
 
 @pytest.mark.parametrize("seq, fits", [(4096, True), (7096, True)])
 def test_the_reference_run_fits_an_h100_with_transformer_engine(seq, fits):
-    x = ActorMemoryInputs(QWEN25_3B, seq, precision="fp16", data_parallel=8, recompute_granularity="full",
-                          recompute_method="block", recompute_num_layers=20)
-    plan = plan_gpu(x, engine=engine_memory(QWEN25_3B, gpu_bytes=80 * GIB, fraction=0.75, dtype_bytes=2),
-                    collocated=True, offload_weight=True, offload_optimizer=True, offload_grad=True,
-                    transfer=sync_transfer(QWEN25_3B, route="ipc", dtype_bytes=2))
+    x = ActorMemoryInputs(
+        QWEN25_3B,
+        seq,
+        precision="fp16",
+        data_parallel=8,
+        recompute_granularity="full",
+        recompute_method="block",
+        recompute_num_layers=20,
+    )
+    plan = plan_gpu(
+        x,
+        engine=engine_memory(QWEN25_3B, gpu_bytes=80 * GIB, fraction=0.75, dtype_bytes=2),
+        collocated=True,
+        offload_weight=True,
+        offload_optimizer=True,
+        offload_grad=True,
+        transfer=sync_transfer(QWEN25_3B, route="ipc", dtype_bytes=2),
+    )
     assert plan.fits is fits
 
 
 def test_fsdp2_shards_every_static_item_and_counts_the_full_logits():
-    x = ActorMemoryInputs(SMALL, seq_length=4, micro_batch_size=2, precision="bf16", data_parallel=4,
-                          reference_model=True, fsdp=True)
+    x = ActorMemoryInputs(
+        SMALL, seq_length=4, micro_batch_size=2, precision="bf16", data_parallel=4, reference_model=True, fsdp=True
+    )
     # 1384 params: fp32 weights, fp32 gradients, Adam's two fp32 moments, a bf16 reference, each over 4 ranks
-    assert static_bytes(x) == {"weights": 1384, "gradients": 1384, "main params (fp32)": 0, "optimizer state": 2768,
-                               "reference model": 692}
+    assert static_bytes(x) == {
+        "weights": 1384,
+        "gradients": 1384,
+        "main params (fp32)": 0,
+        "optimizer state": 2768,
+        "reference model": 692,
+    }
     # HF's forward returns all 2 x 4 positions' logits over 10 ids in bf16 on top of the chunked log-prob pass
     unsharded = ActorMemoryInputs(SMALL, seq_length=4, micro_batch_size=2, precision="bf16")
     assert logits_bytes(x) - logits_bytes(unsharded) == 2 * 4 * 10 * 2

@@ -76,10 +76,16 @@ def test_an_agents_own_rules_run_only_when_it_is_chosen():
     assert check_config("tiny-cpu", []).ok  # no MMSearch-R1 rule reads the missing section
 
 
-SPEC = AgentSpec(name="echo", title="Echo", stops=("</answer>",), vision=False, reward_scorings=("em",),
-                 rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
-                 dataset="rlinf_ext.data.prompts:build_prompt_datasets",
-                 reward="rlinf_ext.rewards.searchr1:searchr1_reward")
+SPEC = AgentSpec(
+    name="echo",
+    title="Echo",
+    stops=("</answer>",),
+    vision=False,
+    reward_scorings=("em",),
+    rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
+    dataset="rlinf_ext.data.prompts:build_prompt_datasets",
+    reward="rlinf_ext.rewards.searchr1:searchr1_reward",
+)
 NOT_A_SPEC = object()
 
 
@@ -104,24 +110,36 @@ def test_an_agent_by_import_path(tmp_path):
     assert result.ok, [str(i) for i in result.issues]
     assert result.cfg.agentloop.agent == f"{__name__}:SPEC"
     # a Search-R1 YAML's own section is not this agent's: refused as an unknown key, not silently ignored
-    assert any(i.key == "agentloop.searchr1" for i in check_config("tiny-cpu", [f"agentloop.agent={__name__}:SPEC"]).issues)
+    assert any(
+        i.key == "agentloop.searchr1" for i in check_config("tiny-cpu", [f"agentloop.agent={__name__}:SPEC"]).issues
+    )
 
 
 HYPHENATED = dataclasses.replace(SPEC, name="my-echo")
 BUILT_IN_NAME = dataclasses.replace(SPEC, name="searchr1")
 
 
-@pytest.mark.parametrize("path, words, fix", [
-    ("no_such_pkg.agent:SPEC", "cannot import module", "PYTHONPATH"),
-    (f"{__name__}:MISSING", "has no attribute", "fix the path"),
-    (f"{__name__}:NOT_A_SPEC", "not an rlinf_ext.protocol.agents.AgentSpec", "an AgentSpec object (pkg.module:SPEC)"),
-    (f"{__name__}:HYPHENATED", "'my-echo' is not a Python identifier", "AgentSpec(name='my_echo', ...)"),
-    (f"{__name__}:BUILT_IN_NAME", "is a built-in agent's", "AgentSpec(name='searchr1_custom', ...)"),
-])
+@pytest.mark.parametrize(
+    "path, words, fix",
+    [
+        ("no_such_pkg.agent:SPEC", "cannot import module", "PYTHONPATH"),
+        (f"{__name__}:MISSING", "has no attribute", "fix the path"),
+        (
+            f"{__name__}:NOT_A_SPEC",
+            "not an rlinf_ext.protocol.agents.AgentSpec",
+            "an AgentSpec object (pkg.module:SPEC)",
+        ),
+        (f"{__name__}:HYPHENATED", "'my-echo' is not a Python identifier", "AgentSpec(name='my_echo', ...)"),
+        (f"{__name__}:BUILT_IN_NAME", "is a built-in agent's", "AgentSpec(name='searchr1_custom', ...)"),
+    ],
+)
 def test_a_bad_agent_is_refused_first_with_its_own_fix(tmp_path, path, words, fix):
     yaml = tmp_path / "echo.yaml"
-    yaml.write_text(ECHO_YAML.replace(f"{__name__}:SPEC", path).replace(
-        "response_length_total: 256}", "response_length_total: 256, echo_section_of_the_agent: {}}"))
+    yaml.write_text(
+        ECHO_YAML.replace(f"{__name__}:SPEC", path).replace(
+            "response_length_total: 256}", "response_length_total: 256, echo_section_of_the_agent: {}}"
+        )
+    )
     result = check_config(yaml, [])
     first, *knock_on = result.issues  # the cause before what follows from it
     assert first.key == "agentloop.agent" and words in first.reason and fix in first.fix, str(first)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from rlinf.scheduler import Channel
-from tests.support.signature_checks import checked_against
 
 from rlinf_ext.protocol import channels, metric_keys
+from tests.support.signature_checks import checked_against
 
 
 class RecordingChannel:

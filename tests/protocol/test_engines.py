@@ -19,8 +19,9 @@ PARTS = ("rollout_worker", "generator", "vl_generator", "eval_preflight")
 
 
 def test_the_engine_key_is_read_in_at_most_four_modules():
-    readers = sorted(str(p.relative_to(REPO)) for p in (REPO / "rlinf_ext").rglob("*.py")
-                     if "rollout_backend" in p.read_text())
+    readers = sorted(
+        str(p.relative_to(REPO)) for p in (REPO / "rlinf_ext").rglob("*.py") if "rollout_backend" in p.read_text()
+    )
     assert len(readers) <= 4, f"rollout_backend appears in {len(readers)} modules; ask engine_spec(cfg): {readers}"
 
 

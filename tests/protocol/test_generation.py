@@ -27,9 +27,15 @@ def test_request_overrides_defaults_key_by_key():
 
 
 def test_reply_round_trip_keeps_every_field():
-    result = GenerationResult(output_ids=[4, 2, 5], text="<search> q</search>", finish_reason="stop",
-                              matched_stop="</search>", logprobs=[-0.1, -0.2, -0.3], num_generated=3,
-                              weight_version=4)
+    result = GenerationResult(
+        output_ids=[4, 2, 5],
+        text="<search> q</search>",
+        finish_reason="stop",
+        matched_stop="</search>",
+        logprobs=[-0.1, -0.2, -0.3],
+        num_generated=3,
+        weight_version=4,
+    )
     assert result_of(reply_of(result)) == result
     assert reply_of(result)[WEIGHT_VERSION] == 4 == result_of(reply_of(result)).weight_version
     no_logprobs = GenerationResult(output_ids=[8, 7], text=" ans<|im_end|>", finish_reason="eos")
@@ -43,8 +49,9 @@ def test_a_reply_sampled_by_two_versions_carries_one_per_token():
     """A vLLM request a sync passed while it was preempted: one version per output id, across a channel too."""
     from rlinf_ext.protocol.generation import token_versions
 
-    result = GenerationResult(output_ids=[4, 2, 5, 6], text="", finish_reason="length", num_generated=4,
-                              weight_version=[4, 4, 5, 5])
+    result = GenerationResult(
+        output_ids=[4, 2, 5, 6], text="", finish_reason="length", num_generated=4, weight_version=[4, 4, 5, 5]
+    )
     assert result_of(reply_of(result)) == result and reply_of(result)[WEIGHT_VERSION] == [4, 4, 5, 5]
     assert token_versions([4, 4, 5, 5], 4) == [4, 4, 5, 5]
     assert token_versions(3, 2) == [3, 3] and token_versions(3, 0) == [] and token_versions(None, 2) is None

@@ -58,8 +58,9 @@ def test_image_pad_count_reads_the_processors_own_pixel_bounds(size):
 
     from rlinf_ext.protocol.images import image_pad_count
 
-    processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56 * 4, max_pixels=28 * 28 * 64, patch_size=14,
-                                         temporal_patch_size=2, merge_size=2)
+    processor = Qwen2VLImageProcessorPil(
+        min_pixels=56 * 56 * 4, max_pixels=28 * 28 * 64, patch_size=14, temporal_patch_size=2, merge_size=2
+    )
     ref = canonicalize(_jpeg(size), min_pixels=28 * 28, max_pixels=1000 * 1000)
     grid = processor(images=[ref.to_pil()], return_tensors="pt")["image_grid_thw"][0]
     assert image_pad_count(processor, ref) == int(grid.prod()) // 4

@@ -38,16 +38,26 @@ def _make_fallback_assets(root: Path) -> RetrievalAssets:
                 fp.write(json.dumps({"url": url, "title": title, "contents": text}) + "\n")
     enc = root / "models" / "bert-tiny-encoder"
     enc.mkdir(parents=True, exist_ok=True)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "query", ":", "passage", '"', "topic"] + words \
-        + [str(i) for i in range(10)] + list("abcdefghijklmnopqrstuvwxyz")
+    vocab = (
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "query", ":", "passage", '"', "topic"]
+        + words
+        + [str(i) for i in range(10)]
+        + list("abcdefghijklmnopqrstuvwxyz")
+    )
     (enc / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
     # transformers 5: the vocabulary is `vocab` (a `vocab_file` argument is ignored: a 5-token vocabulary)
     BertTokenizerFast(vocab={t: i for i, t in enumerate(dict.fromkeys(vocab))}).save_pretrained(enc)
     import torch
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(dict.fromkeys(vocab)), hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=512)
+    config = BertConfig(
+        vocab_size=len(dict.fromkeys(vocab)),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    )
     BertModel(config).save_pretrained(enc)
     return RetrievalAssets(corpus=corpus, pages=pages, encoder=enc)
 
@@ -78,8 +88,17 @@ def dense_index(retrieval_assets, tmp_path_factory) -> Path:
     from rlinf_ext.retrieval.config import BuildConfig
 
     out = tmp_path_factory.mktemp("dense_index")
-    build_index(BuildConfig(corpus=str(retrieval_assets.corpus), out=str(out), retriever="e5",
-                            model=str(retrieval_assets.encoder), batch_size=16, device="cpu", threads=1))
+    build_index(
+        BuildConfig(
+            corpus=str(retrieval_assets.corpus),
+            out=str(out),
+            retriever="e5",
+            model=str(retrieval_assets.encoder),
+            batch_size=16,
+            device="cpu",
+            threads=1,
+        )
+    )
     return out
 
 
@@ -90,9 +109,18 @@ def dense_embeddings(retrieval_assets, tmp_path_factory) -> Path:
     from rlinf_ext.retrieval.config import BuildConfig
 
     out = tmp_path_factory.mktemp("dense_embeddings")
-    build_index(BuildConfig(corpus=str(retrieval_assets.corpus), out=str(out), retriever="e5",
-                            model=str(retrieval_assets.encoder), batch_size=16, device="cpu", threads=1,
-                            keep_embeddings=True))
+    build_index(
+        BuildConfig(
+            corpus=str(retrieval_assets.corpus),
+            out=str(out),
+            retriever="e5",
+            model=str(retrieval_assets.encoder),
+            batch_size=16,
+            device="cpu",
+            threads=1,
+            keep_embeddings=True,
+        )
+    )
     return out
 
 
@@ -114,9 +142,18 @@ def build_dense_variant(retrieval_assets, dense_embeddings, tmp_path_factory):
             out = tmp_path_factory.mktemp("dense_variant")
             for name in (EMBEDDINGS_NAME, PROGRESS_NAME):
                 shutil.copy(dense_embeddings / name, out / name)
-            build_index(BuildConfig(corpus=str(retrieval_assets.corpus), out=str(out), retriever="e5",
-                                    model=str(retrieval_assets.encoder), faiss_type=faiss_type, device="cpu",
-                                    threads=1, audit_sample=audit_sample))
+            build_index(
+                BuildConfig(
+                    corpus=str(retrieval_assets.corpus),
+                    out=str(out),
+                    retriever="e5",
+                    model=str(retrieval_assets.encoder),
+                    faiss_type=faiss_type,
+                    device="cpu",
+                    threads=1,
+                    audit_sample=audit_sample,
+                )
+            )
             built[key] = out
         return built[key]
 
@@ -129,5 +166,6 @@ def published_retrieval(retrieval_assets, tmp_path_factory):
     e5_HNSW64.index (faiss.write_index, inner product), wiki-18.jsonl.gz (and its unpacked copy), models/e5-base-v2."""
     from rlinf_ext.retrieval.published_fixtures import make_published_retrieval
 
-    return make_published_retrieval(tmp_path_factory.mktemp("published"), retrieval_assets.corpus,
-                                    retrieval_assets.encoder, hnsw=True)
+    return make_published_retrieval(
+        tmp_path_factory.mktemp("published"), retrieval_assets.corpus, retrieval_assets.encoder, hnsw=True
+    )

@@ -33,15 +33,38 @@ from rlinf_ext.retrieval.server import open_backend
 
 
 def _config(pub, out, **overrides) -> AdoptConfig:
-    args = {"faiss": pub.flat_index, "corpus": pub.corpus_gz, "retriever": "e5", "model": pub.encoder, "out": out,
-            "device": "cpu", "threads": 1, **overrides}
+    args = {
+        "faiss": pub.flat_index,
+        "corpus": pub.corpus_gz,
+        "retriever": "e5",
+        "model": pub.encoder,
+        "out": out,
+        "device": "cpu",
+        "threads": 1,
+        **overrides,
+    }
     return AdoptConfig(**{k: str(v) if k in ("faiss", "corpus", "model", "out") else v for k, v in args.items()})
 
 
 def _cli_adopt(pub, out, capsys, **kw) -> str:
     cfg = _config(pub, out, **kw)
-    argv = ["adopt-index", "--faiss", cfg.faiss, "--corpus", cfg.corpus, "--retriever", cfg.retriever,
-            "--model", cfg.model, "--out", cfg.out, "--device", "cpu", "--threads", "1"]
+    argv = [
+        "adopt-index",
+        "--faiss",
+        cfg.faiss,
+        "--corpus",
+        cfg.corpus,
+        "--retriever",
+        cfg.retriever,
+        "--model",
+        cfg.model,
+        "--out",
+        cfg.out,
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    ]
     assert cli(argv) == 1
     assert not (out / METADATA_NAME).exists()  # nothing servable is left behind
     return capsys.readouterr().err
@@ -55,8 +78,9 @@ def adopted_flat(published_retrieval, tmp_path_factory):
 
 
 @pytest.mark.timeout(300)
-def test_adopted_flat_gives_the_top_k_of_a_built_index_on_200_queries(adopted_flat, dense_index, published_retrieval,
-                                                                     retrieval_assets):
+def test_adopted_flat_gives_the_top_k_of_a_built_index_on_200_queries(
+    adopted_flat, dense_index, published_retrieval, retrieval_assets
+):
     adopted, meta = open_searcher(adopted_flat, threads=1)
     built, _ = open_searcher(dense_index, threads=1)
     # the same vectors: Search-R1's recipe (fixture) and build-index's encoder agree on every passage
@@ -144,14 +168,15 @@ def test_metric_type_and_lucene_are_refused(published_retrieval, tmp_path):
         adopt_index(_config(published_retrieval, tmp_path / "c", faiss=lucene), show_progress=False)
     (tmp_path / "part_aa").write_bytes(b"\0")
     with pytest.raises(AdoptError, match=r"file not found .*cat part_\* > e5_Flat.index"):
-        adopt_index(_config(published_retrieval, tmp_path / "d", faiss=tmp_path / "e5_Flat.index"),
-                    show_progress=False)
+        adopt_index(_config(published_retrieval, tmp_path / "d", faiss=tmp_path / "e5_Flat.index"), show_progress=False)
 
 
 @pytest.mark.timeout(300)
 def test_adopted_hnsw64_gets_an_audited_ef_search(published_retrieval, adopted_flat, tmp_path):
-    meta = adopt_index(_config(published_retrieval, tmp_path, faiss=published_retrieval.hnsw_index,
-                               audit_sample=100), show_progress=False)
+    meta = adopt_index(
+        _config(published_retrieval, tmp_path, faiss=published_retrieval.hnsw_index, audit_sample=100),
+        show_progress=False,
+    )
     assert meta.faiss_type == "HNSW64" and "efSearch" in meta.search_params
     assert meta.audit[AUDIT_RECALL] >= 0.99
     hnsw, _ = open_searcher(tmp_path, threads=1)
@@ -181,8 +206,9 @@ def test_asearcher_corpus_with_urls_is_adopted_and_served_with_them(published_re
     first = json.loads(retrieval_assets.corpus.read_text().splitlines()[0])
     assert set(first) == {"id", "contents", "url"}
     adopt_index(_config(published_retrieval, tmp_path, corpus=retrieval_assets.corpus), show_progress=False)
-    backend = open_backend(ServerConfig(index=str(tmp_path), corpus=str(retrieval_assets.corpus), device="cpu",
-                                        threads=1))
+    backend = open_backend(
+        ServerConfig(index=str(tmp_path), corpus=str(retrieval_assets.corpus), device="cpu", threads=1)
+    )
     _, rows = backend.searcher.search([first["contents"]], 1)
     doc = backend.store.get(int(rows[0, 0]))
     assert doc["url"] == first["url"] and doc["id"] == "0"

@@ -84,8 +84,17 @@ def test_build_records_the_chosen_parameters_and_the_audit(build_dense_variant):
 @pytest.mark.timeout(300)
 def test_audit_recall_equals_brute_force_numpy(build_dense_variant, dense_embeddings, retrieval_assets, capsys):
     approx, flat = build_dense_variant("approx", audit_sample=40), build_dense_variant("flat")
-    cfg = AuditConfig(index=str(approx), reference=str(flat), sample=60, k=3, nprobe=1, k_factor=1, threads=1,
-                      batch_sizes="1,8", latency_calls=5)
+    cfg = AuditConfig(
+        index=str(approx),
+        reference=str(flat),
+        sample=60,
+        k=3,
+        nprobe=1,
+        k_factor=1,
+        threads=1,
+        batch_sizes="1,8",
+        latency_calls=5,
+    )
     record = audit_index(cfg)
 
     store = CorpusStore.open(retrieval_assets.corpus)
@@ -104,9 +113,31 @@ def test_audit_recall_equals_brute_force_numpy(build_dense_variant, dense_embedd
     assert record["memory"]["memory_mapped"] and record["memory"]["after_search"]["file_mb"] > 0
     assert set(record["latency"]) == {"1", "8"} and record["latency"]["8"]["queries_per_s"] > 0
 
-    assert main(["audit-index", "--index", str(approx), "--reference", str(flat), "--sample", "60",
-                 "--nprobe", "1", "--k-factor", "1", "--batch-sizes", "4", "--latency-calls", "2",
-                 "--threads", "1", "--write"]) == 0
+    assert (
+        main(
+            [
+                "audit-index",
+                "--index",
+                str(approx),
+                "--reference",
+                str(flat),
+                "--sample",
+                "60",
+                "--nprobe",
+                "1",
+                "--k-factor",
+                "1",
+                "--batch-sizes",
+                "4",
+                "--latency-calls",
+                "2",
+                "--threads",
+                "1",
+                "--write",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"recall@3: {expected:.4f}" in out and "mapped files" in out
     assert IndexMetadata.load(approx).audit["recall"] == pytest.approx(expected)
@@ -121,8 +152,10 @@ def test_audit_refuses_what_it_cannot_compare(build_dense_variant, bm25_index, t
         audit_index(AuditConfig(index=str(bm25_index), reference=str(flat), sample=5))
     with pytest.raises(ValueError, match="exactly one of --queries FILE or --sample N"):
         audit_index(AuditConfig(index=str(approx), reference=str(flat)))
-    assert main(["audit-index", "--index", str(approx), "--reference", str(flat), "--queries",
-                 str(tmp_path / "none.txt")]) == 1
+    assert (
+        main(["audit-index", "--index", str(approx), "--reference", str(flat), "--queries", str(tmp_path / "none.txt")])
+        == 1
+    )
     err = capsys.readouterr().err
     assert "query file" in err and "none.txt not found" in err
 

@@ -58,23 +58,51 @@ def test_interrupted_dense_build_resumes_from_the_embedding_memmap(retrieval_ass
         raise _Interrupt(rows_done)
 
     with pytest.raises(_Interrupt):
-        build_dense_index(store, out, spec, batch_size=16, device="cpu", chunk_rows=100, threads=1,
-                          on_chunk=interrupt_after_first_chunk, show_progress=False)
+        build_dense_index(
+            store,
+            out,
+            spec,
+            batch_size=16,
+            device="cpu",
+            chunk_rows=100,
+            threads=1,
+            on_chunk=interrupt_after_first_chunk,
+            show_progress=False,
+        )
     assert json.loads((out / PROGRESS_NAME).read_text())["rows_done"] == 100
     assert not (out / "index_meta.json").exists()  # unfinished index has no metadata
     with pytest.raises(IndexMismatchError, match="not a finished index"):
         IndexMetadata.load(out)
 
     seen = []
-    meta = build_dense_index(store, out, spec, batch_size=16, device="cpu", chunk_rows=100, threads=1,
-                             on_chunk=seen.append, keep_embeddings=True, show_progress=False)
+    meta = build_dense_index(
+        store,
+        out,
+        spec,
+        batch_size=16,
+        device="cpu",
+        chunk_rows=100,
+        threads=1,
+        on_chunk=seen.append,
+        keep_embeddings=True,
+        show_progress=False,
+    )
     n = len(store)
     assert seen[0] == min(200, n) and seen[-1] == n  # the first 100 rows were not encoded again
     resumed = np.memmap(out / EMBEDDINGS_NAME, dtype=np.float32, mode="r", shape=(n, meta.dim))
 
     fresh_dir = tmp_path / "fresh"
-    build_dense_index(store, fresh_dir, spec, batch_size=16, device="cpu", chunk_rows=100, threads=1,
-                      keep_embeddings=True, show_progress=False)
+    build_dense_index(
+        store,
+        fresh_dir,
+        spec,
+        batch_size=16,
+        device="cpu",
+        chunk_rows=100,
+        threads=1,
+        keep_embeddings=True,
+        show_progress=False,
+    )
     fresh = np.memmap(fresh_dir / EMBEDDINGS_NAME, dtype=np.float32, mode="r", shape=(n, meta.dim))
     np.testing.assert_allclose(resumed, fresh, atol=1e-6)
     assert faiss.read_index(str(out / FAISS_NAME)).ntotal == n
@@ -83,8 +111,15 @@ def test_interrupted_dense_build_resumes_from_the_embedding_memmap(retrieval_ass
 
 
 def test_check_matches_names_every_difference():
-    meta = IndexMetadata(retriever="e5", corpus_path="/c", corpus_size=1, corpus_checksum="A", passages=10,
-                         model="/m", model_checksum="M")
+    meta = IndexMetadata(
+        retriever="e5",
+        corpus_path="/c",
+        corpus_size=1,
+        corpus_checksum="A",
+        passages=10,
+        model="/m",
+        model_checksum="M",
+    )
     check_matches(meta, corpus_checksum="A", passages=10, retriever="e5", model_checksum="M")
     with pytest.raises(IndexMismatchError) as e:
         check_matches(meta, corpus_checksum="B", passages=11, retriever="bm25", model_checksum="N")
@@ -98,14 +133,35 @@ def test_cli_build_index_bm25_and_errors(retrieval_assets, tmp_path, capsys):
     out = tmp_path / "bm25"
     assert main(["build-index", "--corpus", str(retrieval_assets.corpus), "--out", str(out)]) == 0
     assert IndexMetadata.load(out).retriever == "bm25"
-    assert main(["build-index", "--corpus", str(retrieval_assets.corpus), "--out", str(tmp_path / "d"),
-                 "--retriever", "e5"]) == 1
+    assert (
+        main(
+            ["build-index", "--corpus", str(retrieval_assets.corpus), "--out", str(tmp_path / "d"), "--retriever", "e5"]
+        )
+        == 1
+    )
     assert "needs --model" in capsys.readouterr().err
     assert main(["build-index", "--corpus", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "x")]) == 1
     assert "corpus file not found" in capsys.readouterr().err
-    assert main(["build-index", "--corpus", str(retrieval_assets.corpus), "--out", str(tmp_path / "f"),
-                 "--retriever", "e5", "--model", str(retrieval_assets.encoder), "--faiss-type", "Bogus7",
-                 "--threads", "1"]) == 1
+    assert (
+        main(
+            [
+                "build-index",
+                "--corpus",
+                str(retrieval_assets.corpus),
+                "--out",
+                str(tmp_path / "f"),
+                "--retriever",
+                "e5",
+                "--model",
+                str(retrieval_assets.encoder),
+                "--faiss-type",
+                "Bogus7",
+                "--threads",
+                "1",
+            ]
+        )
+        == 1
+    )
     assert "faiss cannot build 'Bogus7'" in capsys.readouterr().err
 
 

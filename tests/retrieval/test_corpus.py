@@ -37,7 +37,7 @@ def test_scan_line_ranges_skips_blank_lines_and_handles_missing_final_newline(tm
     path.write_bytes(b'{"a":1}\n\n{"b":22}\r\n{"c":3}')
     ranges = scan_line_ranges(path)
     data = path.read_bytes()
-    assert [data[s:s + n] for s, n in ranges] == [b'{"a":1}', b'{"b":22}\r', b'{"c":3}']
+    assert [data[s : s + n] for s, n in ranges] == [b'{"a":1}', b'{"b":22}\r', b'{"c":3}']
 
 
 def _write_rows(path, rows):
@@ -90,8 +90,9 @@ def test_fingerprint_sees_head_tail_and_size_changes(tmp_path):
 
 def test_pages_store_lookup_rewrites_index_php_and_returns_none_for_unknown(tmp_path):
     pages = tmp_path / "pages.jsonl"
-    rows = [{"url": f"https://en.wikipedia.org/wiki/P{i}", "title": f"P{i}", "contents": f"page {i}"}
-            for i in range(100)]
+    rows = [
+        {"url": f"https://en.wikipedia.org/wiki/P{i}", "title": f"P{i}", "contents": f"page {i}"} for i in range(100)
+    ]
     rows.append({"url": "https://x.org/w/index.php?title=Foo", "title": "Foo", "contents": "foo"})
     _write_rows(pages, rows)
     store = PagesStore.open(pages, cache_dir=tmp_path / "idx")
@@ -112,8 +113,9 @@ def test_pages_store_requires_url_field(tmp_path):
 
 def _wiki18_gz(path, n: int = 300) -> bytes:
     """A wiki-18.jsonl.gz of ``n`` rows; returns the plain bytes."""
-    plain = "".join(json.dumps({"id": str(i), "contents": f'"T{i}"\ntext {i} ' + "w " * (i % 7)}) + "\n"
-                    for i in range(n)).encode()
+    plain = "".join(
+        json.dumps({"id": str(i), "contents": f'"T{i}"\ntext {i} ' + "w " * (i % 7)}) + "\n" for i in range(n)
+    ).encode()
     path.write_bytes(gzip.compress(plain))
     return plain
 

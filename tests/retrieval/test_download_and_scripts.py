@@ -59,8 +59,11 @@ class FakeHub:
             if p.is_file():
                 data = p.read_bytes()
                 blob = hashlib.sha1(f"blob {len(data)}\0".encode() + data).hexdigest()
-                lfs = {"size": len(data), "oid": hashlib.sha256(data).hexdigest(), "pointerSize": 130} \
-                    if len(data) > 1000 else None
+                lfs = (
+                    {"size": len(data), "oid": hashlib.sha256(data).hexdigest(), "pointerSize": 130}
+                    if len(data) > 1000
+                    else None
+                )
                 yield RepoFile(path=str(p.relative_to(root)), size=len(data), oid=blob, lfs=lfs)
 
     def hf_hub_download(self, *args, **kw):
@@ -83,7 +86,9 @@ def fake_hub(tmp_path, monkeypatch):
 
     hub = FakeHub(tmp_path / "hub")
     hub.real_download = huggingface_hub.hf_hub_download
-    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", lambda api, *a, **kw: hub.list_repo_tree(api, *a, **kw))
+    monkeypatch.setattr(
+        huggingface_hub.HfApi, "list_repo_tree", lambda api, *a, **kw: hub.list_repo_tree(api, *a, **kw)
+    )
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", hub.hf_hub_download)
     return hub
 
@@ -94,8 +99,11 @@ def _searchr1_repos(hub: FakeHub, index: bytes, corpus_gz: bytes, encoder: dict[
     half = len(index) // 2
     hub.add("PeterJinGo/wiki-18-e5-index", {"part_aa": index[:half], "part_ab": index[half:], "README.md": b"card"})
     hub.add("PeterJinGo/wiki-18-corpus", {"wiki-18.jsonl.gz": corpus_gz})
-    hub.add("intfloat/e5-base-v2", {**encoder, "onnx/model.onnx": os.urandom(3000), "pytorch_model.bin": b"pt" * 900},
-            repo_type="model")
+    hub.add(
+        "intfloat/e5-base-v2",
+        {**encoder, "onnx/model.onnx": os.urandom(3000), "pytorch_model.bin": b"pt" * 900},
+        repo_type="model",
+    )
     hub.add("PeterJinGo/nq_hotpotqa_train", {"train.parquet": b"PAR1train" * 200, "test.parquet": b"PAR1test"})
 
 
@@ -115,15 +123,23 @@ def test_download_lays_files_out_where_the_next_steps_read_them(fake_hub, tmp_pa
     assert (save / "wiki-18.jsonl").read_bytes() == published["corpus"] and (save / "wiki-18.jsonl.gz").is_file()
     encoder = save / "models" / "e5-base-v2"
     assert sorted(p.name for p in encoder.iterdir() if p.is_file()) == sorted(published["encoder"])  # no onnx, .bin
-    assert sorted(p.name for p in (save / "data" / "nq_hotpotqa_train").glob("*.parquet")) == \
-        ["test.parquet", "train.parquet"]
+    assert sorted(p.name for p in (save / "data" / "nq_hotpotqa_train").glob("*.parquet")) == [
+        "test.parquet",
+        "train.parquet",
+    ]
     assert not (save / "parts").exists()  # removed after a verified concatenation
-    assert set(outputs) == {save / "e5_Flat.index", save / "wiki-18.jsonl", encoder,
-                            save / "data/nq_hotpotqa_train/test.parquet", save / "data/nq_hotpotqa_train/train.parquet"}
+    assert set(outputs) == {
+        save / "e5_Flat.index",
+        save / "wiki-18.jsonl",
+        encoder,
+        save / "data/nq_hotpotqa_train/test.parquet",
+        save / "data/nq_hotpotqa_train/train.parquet",
+    }
     out = capsys.readouterr().out
-    plan = out[out.index("download plan"):out.index("downloading")]  # printed before anything starts
-    assert re.search(rf"index +PeterJinGo/wiki-18-e5-index \(2 files\) +300.0 KB +~ *0 s +-> {save}/e5_Flat.index",
-                     plan)
+    plan = out[out.index("download plan") : out.index("downloading")]  # printed before anything starts
+    assert re.search(
+        rf"index +PeterJinGo/wiki-18-e5-index \(2 files\) +300.0 KB +~ *0 s +-> {save}/e5_Flat.index", plan
+    )
     assert f"-> {encoder}" in plan and "to download, then" in plan and "disk needed" in plan
     assert "checking part_aa (sha256)" in out and "checking config.json (git blob id)" in out
     # a second run downloads and hashes nothing: every file is recorded as verified
@@ -176,16 +192,18 @@ def test_an_interrupted_concatenation_resumes(fake_hub, tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(300)
-def test_the_published_files_downloaded_are_adopted_by_the_next_command(fake_hub, published_retrieval, tmp_path,
-                                                                       capsys):
+def test_the_published_files_downloaded_are_adopted_by_the_next_command(
+    fake_hub, published_retrieval, tmp_path, capsys
+):
     """The hub serves the published fixtures; download.py, then the `next:` command of its --help, runs as is."""
     dl = _load_download_module()
     encoder = {p.name: p.read_bytes() for p in published_retrieval.encoder.iterdir() if p.is_file()}
-    _searchr1_repos(fake_hub, published_retrieval.flat_index.read_bytes(), published_retrieval.corpus_gz.read_bytes(),
-                    encoder)
+    _searchr1_repos(
+        fake_hub, published_retrieval.flat_index.read_bytes(), published_retrieval.corpus_gz.read_bytes(), encoder
+    )
     work = tmp_path / "work"
     assert dl.main(["--save_path", str(work), "--what", "index,corpus,encoder"]) == 0
-    command = dl.LAYOUT[dl.LAYOUT.index("next: ") + len("next: "):].replace("\\\n", " ").replace("$WORK", str(work))
+    command = dl.LAYOUT[dl.LAYOUT.index("next: ") + len("next: ") :].replace("\\\n", " ").replace("$WORK", str(work))
     argv = command.split()
     assert argv[0] == "rlinf-ext"
     from rlinf_ext.cli import main as cli
@@ -197,9 +215,13 @@ def test_the_published_files_downloaded_are_adopted_by_the_next_command(fake_hub
 
 def test_download_fvqa_data_and_cache(fake_hub, tmp_path, capsys):
     dl = _load_download_module()
-    fvqa = {"fvqa_train.parquet": b"PAR1train", "fvqa_test.parquet": b"PAR1test",
-            "fvqa_train_image_search_results_cache.pkl": os.urandom(5000),
-            "fvqa_test_image_search_results_cache.pkl": os.urandom(3000), "README.md": b"card"}
+    fvqa = {
+        "fvqa_train.parquet": b"PAR1train",
+        "fvqa_test.parquet": b"PAR1test",
+        "fvqa_train_image_search_results_cache.pkl": os.urandom(5000),
+        "fvqa_test_image_search_results_cache.pkl": os.urandom(3000),
+        "README.md": b"card",
+    }
     fake_hub.add("lmms-lab/FVQA", fvqa)
     save = tmp_path / "fvqa"
     assert dl.main(["--save_path", str(save), "--source", "fvqa"]) == 0  # default: data,cache
@@ -235,14 +257,22 @@ def test_download_offline_gives_a_clear_error(tmp_path, monkeypatch, capsys):
 def test_shell_wrappers_work_from_any_directory_and_honour_port(retrieval_assets, tmp_path):
     env = {**os.environ, "PYTHON": sys.executable}
     index = tmp_path / "idx"
-    subprocess.run(["bash", str(EXAMPLES / "build_index.sh"), str(retrieval_assets.corpus), str(index)],
-                   cwd=tmp_path, env=env, check=True, capture_output=True)
+    subprocess.run(
+        ["bash", str(EXAMPLES / "build_index.sh"), str(retrieval_assets.corpus), str(index)],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     assert (index / "index_meta.json").exists()
     addr = tmp_path / "addr"
     proc = subprocess.Popen(
         ["bash", str(EXAMPLES / "launch_local_server.sh"), "--port", "0", "--save-address-to", str(addr)],
-        cwd="/", env={**env, "INDEX_DIR": str(index), "CORPUS": str(retrieval_assets.corpus)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        cwd="/",
+        env={**env, "INDEX_DIR": str(index), "CORPUS": str(retrieval_assets.corpus)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.time() + 120
         while not list(addr.glob("Host*_IP*.txt")) and time.time() < deadline and proc.poll() is None:

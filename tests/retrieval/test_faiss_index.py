@@ -131,8 +131,9 @@ def _recall(rows: np.ndarray, truth: np.ndarray) -> float:
 
 def _save_plain_index(tmp_path, index, n, dim) -> tuple:
     faiss.write_index(index, str(tmp_path / FAISS_NAME))
-    meta = IndexMetadata(retriever="e5", corpus_path="c", corpus_size=0, corpus_checksum="c", passages=n, dim=dim,
-                         faiss_type="test")
+    meta = IndexMetadata(
+        retriever="e5", corpus_path="c", corpus_size=0, corpus_checksum="c", passages=n, dim=dim, faiss_type="test"
+    )
     return tmp_path, meta
 
 

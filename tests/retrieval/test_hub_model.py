@@ -46,8 +46,11 @@ def test_resolve_model_dir_keeps_directories_and_names_the_fix_otherwise(retriev
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
     snapshot = _hub_cache(tmp_path / "hf", retrieval_assets.encoder)
     assert resolve_model_dir(HUB_ID) == snapshot
-    with pytest.raises(EncoderNotFoundError, match=r"tiny-org/absent: cannot fetch it from the Hugging Face hub "
-                                                   r"\(LocalEntryNotFoundError.*--what encoder"):
+    with pytest.raises(
+        EncoderNotFoundError,
+        match=r"tiny-org/absent: cannot fetch it from the Hugging Face hub "
+        r"\(LocalEntryNotFoundError.*--what encoder",
+    ):
         resolve_model_dir("tiny-org/absent")
 
 
@@ -58,9 +61,31 @@ def test_build_index_takes_a_hub_id_and_the_server_reopens_it(retrieval_assets, 
     snapshot = _hub_cache(tmp_path / "hf", retrieval_assets.encoder)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hf"), "PYTHONPATH": str(REPO)}
     out = tmp_path / "index"
-    run = subprocess.run([sys.executable, "-m", "rlinf_ext.cli", "build-index", "--corpus", str(retrieval_assets.corpus),
-                          "--out", str(out), "--retriever", "e5", "--model", HUB_ID, "--device", "cpu", "--threads", "1"],
-                         env=env, capture_output=True, text=True, timeout=150, check=False)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlinf_ext.cli",
+            "build-index",
+            "--corpus",
+            str(retrieval_assets.corpus),
+            "--out",
+            str(out),
+            "--retriever",
+            "e5",
+            "--model",
+            HUB_ID,
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     meta = IndexMetadata.load(out)
     assert meta.model == str(snapshot.resolve())  # a directory the server can open, not the id

@@ -42,9 +42,14 @@ def brute_force_bm25(docs, query, k1=1.5, b=0.75):
 def test_bm25_top_k_matches_brute_force(tmp_path):
     import json
 
-    docs = ['"Paris"\nParis is the capital of France', '"Lyon"\nLyon is a city in France',
-            '"Berlin"\nBerlin is the capital of Germany', '"Rivers"\nThe Seine flows through Paris Paris',
-            '"Empty"\nof the and', '"Alps"\nMountains in France and Germany']
+    docs = [
+        '"Paris"\nParis is the capital of France',
+        '"Lyon"\nLyon is a city in France',
+        '"Berlin"\nBerlin is the capital of Germany',
+        '"Rivers"\nThe Seine flows through Paris Paris',
+        '"Empty"\nof the and',
+        '"Alps"\nMountains in France and Germany',
+    ]
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"id": str(i), "contents": d}) + "\n" for i, d in enumerate(docs)))
     store = CorpusStore.open(corpus)

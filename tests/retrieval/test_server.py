@@ -23,8 +23,9 @@ def _corpus_rows(path):
 @pytest.fixture(scope="module")
 def bm25_server(bm25_index, retrieval_assets, tmp_path_factory):
     addr = tmp_path_factory.mktemp("addr")
-    server = RetrievalServerProcess(bm25_index, retrieval_assets.corpus, pages=str(retrieval_assets.pages),
-                                    save_address_to=addr, max_wait_ms=5)
+    server = RetrievalServerProcess(
+        bm25_index, retrieval_assets.corpus, pages=str(retrieval_assets.pages), save_address_to=addr, max_wait_ms=5
+    )
     with server as url:
         yield url, server, addr
     assert not list(addr.glob("Host*_IP*.txt")), "address file must be removed on shutdown"
@@ -68,10 +69,8 @@ def test_both_response_shapes_field_by_field(bm25_server, retrieval_assets):
     url = bm25_server[0]
     rows = {r["id"]: r for r in _corpus_rows(retrieval_assets.corpus)}
     query = rows["0"]["contents"]
-    plain = httpx.post(f"{url}/retrieve", json={"queries": [query, "city"], "topk": 3,
-                                                  "return_scores": False}).json()
-    scored = httpx.post(f"{url}/retrieve", json={"queries": [query, "city"], "topk": 3,
-                                                   "return_scores": True}).json()
+    plain = httpx.post(f"{url}/retrieve", json={"queries": [query, "city"], "topk": 3, "return_scores": False}).json()
+    scored = httpx.post(f"{url}/retrieve", json={"queries": [query, "city"], "topk": 3, "return_scores": True}).json()
     assert set(plain) == {"result"} and len(plain["result"]) == 2
     for docs, pairs in zip(plain["result"], scored["result"]):
         assert len(docs) == 3 and len(pairs) == 3
@@ -146,10 +145,12 @@ def test_oversized_body_is_413(bm25_server):
 
 async def _concurrent(url, queries, return_scores):
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as client:
+
         async def one(q):
             r = await client.post(f"{url}/retrieve", json={"queries": [q], "topk": 3, "return_scores": return_scores})
             r.raise_for_status()
             return r.json()["result"][0]
+
         return await asyncio.gather(*[one(q) for q in queries])
 
 
@@ -164,17 +165,21 @@ def test_64_concurrent_clients_get_the_sequential_answers(which, retrieval_asset
     url = _server_url(which, request)
     assert httpx.get(f"{url}/health").json()["memory_mapped"] is True
     queries = _queries(retrieval_assets.corpus)
-    sequential = [httpx.post(f"{url}/retrieve", json={"queries": [q], "topk": 3, "return_scores": True}).json()
-                  ["result"][0] for q in queries]
+    sequential = [
+        httpx.post(f"{url}/retrieve", json={"queries": [q], "topk": 3, "return_scores": True}).json()["result"][0]
+        for q in queries
+    ]
     concurrent = asyncio.run(_concurrent(url, queries, True))
-    assert [[d["document"]["id"] for d in r] for r in concurrent] == [[d["document"]["id"] for d in r]
-                                                                       for r in sequential]
+    assert [[d["document"]["id"] for d in r] for r in concurrent] == [
+        [d["document"]["id"] for d in r] for r in sequential
+    ]
     for c, s in zip(concurrent, sequential):
         np.testing.assert_allclose([d["score"] for d in c], [d["score"] for d in s], rtol=1e-5, atol=1e-6)
     # One request holding all 64 queries (Search-R1's pattern) answers the same again.
     batch = httpx.post(f"{url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": True}).json()
-    assert [[d["document"]["id"] for d in r] for r in batch["result"]] == [[d["document"]["id"] for d in r]
-                                                                           for r in sequential]
+    assert [[d["document"]["id"] for d in r] for r in batch["result"]] == [
+        [d["document"]["id"] for d in r] for r in sequential
+    ]
     if which == "bm25":
         assert httpx.get(f"{url}/health").json()["batches_run"] >= 1
 
@@ -239,13 +244,15 @@ def test_in_ram_and_serve_time_parameters(build_dense_variant, dense_index, dens
     with RetrievalServerProcess(dense_index, retrieval_assets.corpus, in_ram=True, threads=1) as url:
         assert httpx.get(f"{url}/health").json()["memory_mapped"] is False
         body = {"queries": queries, "topk": 5, "return_scores": True}  # one request: the same batch on both
-        assert httpx.post(f"{url}/retrieve", json=body).json() == httpx.post(f"{dense_server}/retrieve",
-                                                                              json=body).json()
+        assert (
+            httpx.post(f"{url}/retrieve", json=body).json() == httpx.post(f"{dense_server}/retrieve", json=body).json()
+        )
     approx = build_dense_variant("approx", audit_sample=40)
     with RetrievalServerProcess(approx, retrieval_assets.corpus, nprobe=1, k_factor=2, threads=1) as url:
         assert httpx.get(f"{url}/health").json()["search_params"] == {"nprobe": 1, "k_factor_rf": 2}
     with pytest.raises(RetrievalServerError, match=r"efSearch=8 does not apply .*\(it takes: k_factor_rf, nprobe\)"):
         RetrievalServerProcess(approx, retrieval_assets.corpus, ef_search=8, threads=1, startup_timeout_s=120).start()
+
 
 @pytest.mark.timeout(120)
 def test_search_parameters_on_a_bm25_index_are_refused(bm25_index, retrieval_assets):

@@ -7,7 +7,7 @@ from rlinf_ext.rewards import RewardConfig, is_well_formed, searchr1_reward
 
 GOOD = (
     "<think>need info</think><search> capital of france </search>\n\n"
-    "<information>Doc 1(Title: \"Paris\") Paris is the capital.</information>\n\n"
+    '<information>Doc 1(Title: "Paris") Paris is the capital.</information>\n\n'
     "<think>it is Paris</think>\n<answer> Paris </answer><|im_end|>"
 )
 
@@ -23,7 +23,9 @@ def test_well_formed_grammar():
     assert not is_well_formed("<think>x</think><search>q</search><answer>z</answer>")  # no think after search
     assert not is_well_formed("<think>x</think><search>q</search><information>d</information><answer>z</answer>")
     assert not is_well_formed("<think>x</think>")  # never answered
-    invalid_msg = "<think>x</think>\nMy previous action is invalid. Let me try again.\n<think>y</think><answer>a</answer>"
+    invalid_msg = (
+        "<think>x</think>\nMy previous action is invalid. Let me try again.\n<think>y</think><answer>a</answer>"
+    )
     assert not is_well_formed(invalid_msg)
 
 
@@ -78,8 +80,10 @@ def test_well_formed_over_the_configured_tool_tags():
     two_tools = ("search", "calculate")
     calc = "<think>x</think><calculate>1+1</calculate><information>2</information><think>y</think><answer>2</answer>"
     assert is_well_formed(calc, two_tools) and not is_well_formed(calc)  # the default set is Search-R1's
-    mixed = ("<think>a</think><search>q</search><information>d</information><think>b</think>"
-             "<calculate>1+1</calculate><think>c</think><answer>2</answer>")
+    mixed = (
+        "<think>a</think><search>q</search><information>d</information><think>b</think>"
+        "<calculate>1+1</calculate><think>c</think><answer>2</answer>"
+    )
     assert is_well_formed(mixed, two_tools)
     assert not is_well_formed(mixed, ("calculate",))  # search is not configured
     assert not is_well_formed("<think>x</think><calculate>1+1</search><think>y</think><answer>2</answer>", two_tools)

@@ -13,6 +13,7 @@ import functools
 from typing import Any
 
 from rlinf.scheduler import WorkerGroupFuncResult
+
 from tests.support.signature_checks import bind_like, checked_against
 
 
@@ -25,8 +26,12 @@ def worker_classes() -> dict[str, tuple[type, ...]]:
     from rlinf_ext.workers.rollout_sglang import SGLangRolloutWorker
     from rlinf_ext.workers.rollout_vllm import VLLMRolloutWorker
 
-    return {"actor": (ActorWorker,), "reward": (RewardWorker,), "agent_loop": (AgentLoopWorker,),
-            "rollout": (HFRolloutWorker, VLLMRolloutWorker, SGLangRolloutWorker)}
+    return {
+        "actor": (ActorWorker,),
+        "reward": (RewardWorker,),
+        "agent_loop": (AgentLoopWorker,),
+        "rollout": (HFRolloutWorker, VLLMRolloutWorker, SGLangRolloutWorker),
+    }
 
 
 def check_group_call(component: str, method: str, *args: Any, **kwargs: Any) -> None:
@@ -70,5 +75,9 @@ def w(name):
     return ("wait", name)
 
 
-SYNC = [c("actor.sync_model_to_rollout"), c("rollout.sync_model_from_actor"), w("actor.sync_model_to_rollout"),
-        w("rollout.sync_model_from_actor")]
+SYNC = [
+    c("actor.sync_model_to_rollout"),
+    c("rollout.sync_model_from_actor"),
+    w("actor.sync_model_to_rollout"),
+    w("rollout.sync_model_from_actor"),
+]

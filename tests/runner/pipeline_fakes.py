@@ -22,12 +22,12 @@ from typing import Any, Callable
 
 from group_fakes import FuncResult, check_group_call
 from rlinf.scheduler import Channel, WorkerGroupFuncResult
-from tests.support.signature_checks import checked_against
 
 from rlinf_ext.protocol import channels as ch
 from rlinf_ext.runner.groups import Placement, WorkerGroups
 from rlinf_ext.sync.weight_sync import SyncRoutes
 from rlinf_ext.workers.returns import AgentLoopOutput, FinishedGroup, RewardOutput
+from tests.support.signature_checks import checked_against
 
 AGENT_LOOP_CALL = "agent_loop.run_agentloop_rollout"
 
@@ -127,30 +127,52 @@ class World:
         if refill == 0:
             self.requests[batch] = request
         by_group = output_channel.name.endswith(ch.STREAM)
-        call = {"batch": batch, "request": request, "out": output_channel, "version": self.engine_version,
-                "put": False, "by_group": by_group, "unsent": list(request.uids) if by_group else []}
+        call = {
+            "batch": batch,
+            "request": request,
+            "out": output_channel,
+            "version": self.engine_version,
+            "put": False,
+            "by_group": by_group,
+            "unsent": list(request.uids) if by_group else [],
+        }
         if by_group:
             output_channel.channel.on_empty = self._finish_next_group
         call["handle"] = LazyResult(self, AGENT_LOOP_CALL, lambda: self._finish(call))
         self.rollouts.append(call)
         self.most_in_flight = max(self.most_in_flight, sum(not c["handle"].finished for c in self.rollouts))
-        untrained = {u for c in self.rollouts for u in c["request"].uids} - {u for t in self.trained.values() for u in t}
+        untrained = {u for c in self.rollouts for u in c["request"].uids} - {
+            u for t in self.trained.values() for u in t
+        }
         self.most_untrained = max(self.most_untrained, len(untrained))
         return call["handle"]
 
     def _records(self, call: dict, uids: list[str]) -> list[dict]:
         # two turns: the first sampled at the dispatch version, then an observation, then the engine's version now
         versions = [call["version"]] * 2 + [-1] + [self.engine_version] * 2
-        return [{"uid": uid, "index": i, "prompt_ids": [1], "response_ids": [2] * len(versions),
-                 "versions": versions} for uid in uids for i in range(self.group_size)]
+        return [
+            {"uid": uid, "index": i, "prompt_ids": [1], "response_ids": [2] * len(versions), "versions": versions}
+            for uid in uids
+            for i in range(self.group_size)
+        ]
 
     def _send_group(self, call: dict, uid: str) -> None:
         call["unsent"].remove(uid)
         records = self._records(call, [uid])
         self.finished_groups.append(uid)
-        call["out"].put(FinishedGroup(SimpleNamespace(uid=uid), AgentLoopOutput(
-            trajectories=records, metrics={"agent/turns": 2.0}, num_trajectories=len(records), tool_calls=0,
-            tool_time=0.0, wall_time=0.0)))
+        call["out"].put(
+            FinishedGroup(
+                SimpleNamespace(uid=uid),
+                AgentLoopOutput(
+                    trajectories=records,
+                    metrics={"agent/turns": 2.0},
+                    num_trajectories=len(records),
+                    tool_calls=0,
+                    tool_time=0.0,
+                    wall_time=0.0,
+                ),
+            )
+        )
 
     def _finish_next_group(self, key) -> None:
         waiting = [(call, uid) for call in self.rollouts if call["by_group"] for uid in call["unsent"]]
@@ -172,8 +194,16 @@ class World:
         for uid in list(call["unsent"]):  # group admission: a call ends once all its groups are out
             self._send_group(call, uid)
         records = self._records(call, call["request"].uids)
-        return [AgentLoopOutput(trajectories=records, metrics={"agent/turns": 2.0}, num_trajectories=len(records),
-                                tool_calls=0, tool_time=0.0, wall_time=0.0)]
+        return [
+            AgentLoopOutput(
+                trajectories=records,
+                metrics={"agent/turns": 2.0},
+                num_trajectories=len(records),
+                tool_calls=0,
+                tool_time=0.0,
+                wall_time=0.0,
+            )
+        ]
 
     # ---- reward
     def compute_rewards(self, input_channel, output_channel, num_results, step):
@@ -186,6 +216,7 @@ class World:
                 output_channel.put(r)
             flat = [x for values in rewards.values() for x in values]
             return [RewardOutput(rewards=rewards, metrics={"reward/mean": sum(flat) / len(flat)})]
+
         return work
 
     # ---- actor
@@ -194,6 +225,7 @@ class World:
             for _ in range(num_results):
                 output_channel.put(input_channel.get())
             return [None]
+
         return work
 
     def run_training(self, input_channel, num_results, step):
@@ -203,9 +235,11 @@ class World:
             self.updates += 1
             training = {"loss": 0.5 + step, "lr": 1e-6}
             if self.behaviour_metrics:  # the decoupled loss's (training/rl_math.py:behaviour_weights)
-                training.update({"behaviour_weight_mean": 0.9, "behaviour_weight_clip_fraction": 0.25,
-                                 "behaviour_kl": 0.01})
+                training.update(
+                    {"behaviour_weight_mean": 0.9, "behaviour_weight_clip_fraction": 0.25, "behaviour_kl": 0.01}
+                )
             return [({"reward_scores": 0.0}, [training])]
+
         return work
 
     def save_checkpoint(self, save_path, step):
@@ -248,9 +282,12 @@ class FakeGroup:
 
 
 def fake_groups(world: World) -> WorkerGroups:
-    return WorkerGroups(**{c: FakeGroup(c, world) for c in ("rollout", "actor", "reward", "agent_loop")},
-                        placement=Placement(rollout_dp_size=1, agent_loop_world_size=1, actor_world_size=1,
-                                            weight_sync=SyncRoutes("paired", 1, 1)))
+    return WorkerGroups(
+        **{c: FakeGroup(c, world) for c in ("rollout", "actor", "reward", "agent_loop")},
+        placement=Placement(
+            rollout_dp_size=1, agent_loop_world_size=1, actor_world_size=1, weight_sync=SyncRoutes("paired", 1, 1)
+        ),
+    )
 
 
 def prompts(n: int) -> list[dict]:

@@ -51,8 +51,18 @@ class AgentLoop:
 
         requests = self.q[ch.DATALOADER].sub(ch.batch_key(b))
         results = self.q[ch.ROLLOUT].sub(results_key or ch.batch_key(b))
-        requests.put(AgentRolloutRequest(n=GROUP, input_ids=[PROMPTS[b]], image_data=[[]], answers=[["paris"]],
-                                         multi_modal_inputs=[None], uids=[f"s{b}-0000-q"], seed=b, tasks=[]))
+        requests.put(
+            AgentRolloutRequest(
+                n=GROUP,
+                input_ids=[PROMPTS[b]],
+                image_data=[[]],
+                answers=[["paris"]],
+                multi_modal_inputs=[None],
+                uids=[f"s{b}-0000-q"],
+                seed=b,
+                tasks=[],
+            )
+        )
         return self.group.run_agentloop_rollout(requests, results)
 
 
@@ -67,10 +77,12 @@ def agent_loop(tiny_assets, tmp_path, cluster, request):
 
     name = "AgentLoop" + request.node.name.split("_")[1].capitalize()  # a group and channel of this test's own
     admission = getattr(request, "param", "batch")  # runner.admission, for the test that asks for it
-    cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:9",
-                   **{"algorithm.group_size": GROUP, "runner.admission": admission})
+    cfg = make_cfg(
+        tiny_assets, tmp_path, "http://127.0.0.1:9", **{"algorithm.group_size": GROUP, "runner.admission": admission}
+    )
     group = AgentLoopWorker.create_group(cfg, search_server_addr="127.0.0.1:9").launch(
-        cluster, placement_strategy=cpu_strategy(1), name=name)
+        cluster, placement_strategy=cpu_strategy(1), name=name
+    )
     channel = Channel.create(f"{name.lower()}-channel")
     q = {key: KeyedChannel(channel, key) for key in ch.STEP_CHANNELS}
     try:
@@ -85,8 +97,14 @@ def answer(q, by_batch: dict, ids: list[int]) -> None:
 
     for b in (1, 0):  # the later batch is answered first
         for request in by_batch[b]:
-            reply = {"output_ids": ids, "text": ANSWER, "finish_reason": "stop", "matched_stop": "</answer>",
-                     "logprobs": None, "num_generated": len(ids)}
+            reply = {
+                "output_ids": ids,
+                "text": ANSWER,
+                "finish_reason": "stop",
+                "matched_stop": "</answer>",
+                "logprobs": None,
+                "num_generated": len(ids),
+            }
             q[ch.GENERATE_OUTPUT].put(reply, key=request["channel_key"])
 
 

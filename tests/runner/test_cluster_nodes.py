@@ -23,8 +23,13 @@ from rlinf_ext.runner.retrievers import advertised_address
 
 
 def test_stable_order_is_by_ip_numerically_then_node_id():
-    nodes = [NodeView("10.0.0.10", "b"), NodeView("10.0.0.9", "z"), NodeView("10.0.0.10", "a"),
-             NodeView("127.0.0.2", "c"), NodeView("node-x", "d")]
+    nodes = [
+        NodeView("10.0.0.10", "b"),
+        NodeView("10.0.0.9", "z"),
+        NodeView("10.0.0.10", "a"),
+        NodeView("127.0.0.2", "c"),
+        NodeView("node-x", "d"),
+    ]
     order = [(n.ip, n.node_id) for n in stable_order(nodes)]
     # "10.0.0.9" < "10.0.0.10" as addresses (not as strings); one IP, two raylets: by id; names last
     assert order == [("10.0.0.9", "z"), ("10.0.0.10", "a"), ("10.0.0.10", "b"), ("127.0.0.2", "c"), ("node-x", "d")]
@@ -53,8 +58,12 @@ def test_cpu_spec_spreads_processes_evenly_over_nodes():
     assert parse_cpu_spec("0-1", 1) == ([0, 1], [0, 0])  # plain ranks: processes on node 0
     assert parse_cpu_spec("1:0", 2) == ([0], [1])
     assert parse_cpu_spec("0-1:0-3", 2) == ([0, 1, 2, 3], [0, 0, 1, 1])
-    for spec, words in (("2:0", "node 2 but cluster.num_nodes is 2"), ("0-1:0-2", "do not split evenly"),
-                        ("0:1", "do not split evenly"), ("0:0:1", "more than one")):
+    for spec, words in (
+        ("2:0", "node 2 but cluster.num_nodes is 2"),
+        ("0-1:0-2", "do not split evenly"),
+        ("0:1", "do not split evenly"),
+        ("0:0:1", "more than one"),
+    ):
         with pytest.raises(PlacementError, match=words):
             parse_cpu_spec(spec, 2)
     plan = ComponentPlan("actor", (0, 1, 2, 3), 0, process_nodes=(0, 0, 1, 1))
@@ -88,8 +97,14 @@ def test_placement_problems_name_the_node_and_the_missing_resource():
 
 
 def test_gpu_placement_needs_the_gpus_its_ranks_name():
-    cfg = load_config("tiny-cpu", ["cluster.num_nodes=2", "cluster.num_gpus_per_node=4",
-                                   "cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}"])
+    cfg = load_config(
+        "tiny-cpu",
+        [
+            "cluster.num_nodes=2",
+            "cluster.num_gpus_per_node=4",
+            "cluster.component_placement={actor: 0-3, 'rollout,reward': 4-7}",
+        ],
+    )
     needs = placement_needs(cfg)
     assert {k: n.gpus for k, n in needs.items()} == {0: 4, 1: 4}
     short = [NodeView("10.0.0.1", "a", cpus=8, gpus=4), NodeView("10.0.0.2", "b", cpus=8, gpus=2)]
@@ -102,7 +117,10 @@ def test_lost_nodes_are_named_with_what_they_hosted():
     order = NodeOrder([NodeView("10.0.0.1", "aaaa1111", rlinf_rank=0), NodeView("10.0.0.2", "bbbb2222", rlinf_rank=1)])
     assert lost_nodes(order, {"aaaa1111", "bbbb2222"}) == []
     lost = lost_nodes(order, {"aaaa1111"})
-    assert describe_lost(lost, placement_needs(cfg)) == "node 1 (10.0.0.2, Ray node bbbb2222; it hosted agent_loop, rollout)"
+    assert (
+        describe_lost(lost, placement_needs(cfg))
+        == "node 1 (10.0.0.2, Ray node bbbb2222; it hosted agent_loop, rollout)"
+    )
 
 
 def test_a_wildcard_server_is_advertised_through_the_node_ip():

@@ -13,7 +13,6 @@ import pytest
 from rlinf.scheduler import Cluster
 from rlinf.scheduler.worker.worker_group import WorkerGroup
 from rlinf.utils.placement import ModelParallelComponentPlacement
-from tests.support.signature_checks import attributes_of, bind_like, checked_against
 
 from rlinf_ext.config import load_config
 from rlinf_ext.protocol.engines import EngineSpec
@@ -22,6 +21,7 @@ from rlinf_ext.runner.gpu_groups import GpuLayoutError, gpu_layout, packed_proce
 from rlinf_ext.runner.groups import WorkerStartupError
 from rlinf_ext.workers.rollout_sglang import SGLangRolloutWorker
 from rlinf_ext.workers.rollout_vllm import VLLMRolloutWorker
+from tests.support.signature_checks import attributes_of, bind_like, checked_against
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
 # where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
@@ -33,8 +33,11 @@ REFERENCE = "qwen2.5-3b-tool-1node"
 @pytest.fixture
 def ref_cfg(monkeypatch):
     """The reference 8-GPU config (env paths need not exist: nothing is read)."""
-    for key, value in {"RLINF_EXT_QWEN25_3B": "/models/qwen2.5-3b", "RLINF_EXT_SEARCHR1_DATA": "/data/searchr1",
-                       "RLINF_EXT_RETRIEVER_ADDR": "127.0.0.1:8000"}.items():
+    for key, value in {
+        "RLINF_EXT_QWEN25_3B": "/models/qwen2.5-3b",
+        "RLINF_EXT_SEARCHR1_DATA": "/data/searchr1",
+        "RLINF_EXT_RETRIEVER_ADDR": "127.0.0.1:8000",
+    }.items():
         monkeypatch.setenv(key, value)
     return load_config(REFERENCE)
 
@@ -93,7 +96,10 @@ def test_placement_beyond_the_cluster_is_refused_with_the_key_and_fix(ref_cfg):
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
-        (lambda c: setattr(c.cluster, "component_placement", {"actor,reward": "0-3", "rollout": "2-7"}), "overlap partly"),
+        (
+            lambda c: setattr(c.cluster, "component_placement", {"actor,reward": "0-3", "rollout": "2-7"}),
+            "overlap partly",
+        ),
         (lambda c: setattr(c.cluster, "component_placement", {"actor,rollout": "all"}), "places no 'reward'"),
         (lambda c: setattr(c.actor.model, "tensor_model_parallel_size", 2), "TP=PP=1"),
         (lambda c: setattr(c.rollout, "tensor_parallel_size", 3), "not a multiple of rollout.tensor_parallel_size=3"),
@@ -153,10 +159,22 @@ class Recorder:
 
         class Group:
             @checked_against(WorkerGroup.launch)
-            def launch(self, cluster, placement_strategy=None, name=None, max_concurrency=None, isolate_gpu=True,
-                       catch_system_failure=None, disable_distributed_log=False):
-                Recorder.launched[recorder.name] = {"args": args, "kwargs": kwargs, "strategy": placement_strategy,
-                                                    "group_name": name}
+            def launch(
+                self,
+                cluster,
+                placement_strategy=None,
+                name=None,
+                max_concurrency=None,
+                isolate_gpu=True,
+                catch_system_failure=None,
+                disable_distributed_log=False,
+            ):
+                Recorder.launched[recorder.name] = {
+                    "args": args,
+                    "kwargs": kwargs,
+                    "strategy": placement_strategy,
+                    "group_name": name,
+                }
                 return f"<{recorder.name} group>"
 
         return Group()
@@ -211,8 +229,11 @@ def test_gpu_wiring_gives_the_vllm_worker_the_experiment_config(ref_cfg, monkeyp
     ref_cfg.rollout.rollout_backend = "vllm"
     monkeypatch.setattr(gpu_groups, "missing_packages", lambda spec, saver: [])  # as on a node with the gpu extra
     loaded = []
-    monkeypatch.setattr(EngineSpec, "load", lambda spec, part: loaded.append((spec.name, part)) or Recorder(
-        "rollout", VLLMRolloutWorker))
+    monkeypatch.setattr(
+        EngineSpec,
+        "load",
+        lambda spec, part: loaded.append((spec.name, part)) or Recorder("rollout", VLLMRolloutWorker),
+    )
     monkeypatch.setattr(gpu_groups, "ModelParallelComponentPlacement", FakeRLinfPlacement)
     for name in ("ActorWorker", "RewardWorker", "AgentLoopWorker"):
         monkeypatch.setattr(gpu_groups, name, Recorder(name, getattr(gpu_groups, name)))

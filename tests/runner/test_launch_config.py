@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.support.signature_checks import checked_against
 
 from rlinf_ext.runner.errors import LaunchError
 from rlinf_ext.runner.launch import run_training
+from tests.support.signature_checks import checked_against
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
 # where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
@@ -97,8 +97,10 @@ def test_options_may_follow_the_overrides():
 
     parser = argparse.ArgumentParser()
     add_arguments("train", parser)
-    for argv in (["tiny-cpu", "a=1", "--no-eval", "--eval-override", "data.data_size=1", "--no-progress", "b=2"],
-                 ["--no-progress", "--no-eval", "--eval-override", "data.data_size=1", "tiny-cpu", "a=1", "b=2"]):
+    for argv in (
+        ["tiny-cpu", "a=1", "--no-eval", "--eval-override", "data.data_size=1", "--no-progress", "b=2"],
+        ["--no-progress", "--no-eval", "--eval-override", "data.data_size=1", "tiny-cpu", "a=1", "b=2"],
+    ):
         args = parser.parse_args(argv)
         args.overrides = pull_flags(args, args.overrides)
         assert args.config == "tiny-cpu" and args.overrides == ["a=1", "b=2"], argv
@@ -110,9 +112,13 @@ def test_options_may_follow_the_overrides():
 
 def _reference_overrides(tmp_path) -> list[str]:
     """The 8-GPU reference config with placeholder paths (validation without --check-paths needs no files)."""
-    return [f"rollout.model.model_path={tmp_path / 'model'}", f"data.train_data_paths=[{tmp_path / 'train.jsonl'}]",
-            f"data.val_data_paths=[{tmp_path / 'val.jsonl'}]", "tools.search.server_addr=127.0.0.1:1",
-            f"runner.output_dir={tmp_path / 'out'}"]
+    return [
+        f"rollout.model.model_path={tmp_path / 'model'}",
+        f"data.train_data_paths=[{tmp_path / 'train.jsonl'}]",
+        f"data.val_data_paths=[{tmp_path / 'val.jsonl'}]",
+        "tools.search.server_addr=127.0.0.1:1",
+        f"runner.output_dir={tmp_path / 'out'}",
+    ]
 
 
 def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(tmp_path, monkeypatch, no_shared_ray):
@@ -126,8 +132,11 @@ def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(t
     for name in ("prepare_tiny_assets", "ensure_index", "retrieval_server", "rlinf_cluster", "print_plan"):
         monkeypatch.setattr(f"rlinf_ext.runner.launch.{name}", must_not_run)
     found = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        find_spec_answering(lambda name, package: None if name == "vllm" else found(name, package)))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        find_spec_answering(lambda name, package: None if name == "vllm" else found(name, package)),
+    )
     with pytest.raises(LaunchError) as info:
         run_training("qwen2.5-3b-tool-1node", _reference_overrides(tmp_path))
     text = str(info.value)
@@ -145,8 +154,11 @@ def test_the_gpu_extra_check_names_only_what_is_missing(tmp_path, monkeypatch):
     cfg = load_checked_config("qwen2.5-3b-tool-1node", _reference_overrides(tmp_path))
     monkeypatch.setattr(engines.importlib.util, "find_spec", find_spec_answering(lambda name, package: None))
     assert services.missing_gpu_packages(cfg) == ["vllm"]
-    monkeypatch.setattr(engines.importlib.util, "find_spec",
-                        find_spec_answering(lambda name, package: None if name == "vllm" else object()))
+    monkeypatch.setattr(
+        engines.importlib.util,
+        "find_spec",
+        find_spec_answering(lambda name, package: None if name == "vllm" else object()),
+    )
     assert services.missing_gpu_packages(cfg) == ["vllm"]
     monkeypatch.setattr(engines.importlib.util, "find_spec", find_spec_answering(lambda name, package: object()))
     assert services.missing_gpu_packages(cfg) == []

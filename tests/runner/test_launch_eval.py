@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tests.support.sglang_fakes import RecordingEngine
-from tests.support.signature_checks import checked_against
 
 from rlinf_ext.generation import sglang_engine as sglang_generator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.runner import launch
 from rlinf_ext.runner.errors import LaunchError
+from tests.support.sglang_fakes import RecordingEngine
+from tests.support.signature_checks import checked_against
 
 # The GPU example YAMLs (and these tests' SGLang wiring) name rollout_backend=sglang, which validate accepts only
 # where the SGLang profile is installed (tests/config/test_sglang_profile.py): validate as there.
@@ -43,8 +43,14 @@ def test_evaluation_after_training_leaves_the_table_to_the_launcher(tiny_assets_
         return SimpleNamespace(run_dir=out)
 
     monkeypatch.setattr(launch, "evaluate_agent", fake_run_evaluation)
-    table = launch.evaluate_after_training(EVAL_YAML, Path(tiny_assets.qwen2_tiny), "127.0.0.1:1", tmp_path / "eval",
-                                           [f"paths.tiny_assets={tiny_assets.root}"], show_progress=False)
+    table = launch.evaluate_after_training(
+        EVAL_YAML,
+        Path(tiny_assets.qwen2_tiny),
+        "127.0.0.1:1",
+        tmp_path / "eval",
+        [f"paths.tiny_assets={tiny_assets.root}"],
+        show_progress=False,
+    )
     assert table == tmp_path / "eval" / "results.md"
     # run_training prints results.md itself at the end; run_evaluation must not print it a first time
     assert len(calls) == 1 and calls[0].get("print_table") is False
@@ -65,8 +71,12 @@ def reference_eval_env(monkeypatch):
 def test_sglang_eval_without_cuda_is_refused_before_anything_starts(monkeypatch):
     reference_eval_env(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", cuda_answering(torch.cuda.is_available, False))
-    with pytest.raises(LaunchError, match=r"rollout_backend='sglang'.*no CUDA device.*bash scripts/install\.sh --sglang"):
-        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
+    with pytest.raises(
+        LaunchError, match=r"rollout_backend='sglang'.*no CUDA device.*bash scripts/install\.sh --sglang"
+    ):
+        launch.run_evaluation_only(
+            "qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False
+        )
 
 
 def test_sglang_eval_without_sglang_names_the_install(monkeypatch):
@@ -74,7 +84,9 @@ def test_sglang_eval_without_sglang_names_the_install(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", cuda_answering(torch.cuda.is_available, True))
     monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: False)
     with pytest.raises(LaunchError, match=r"sglang is not installed\. Fix: bash scripts/install\.sh --sglang"):
-        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
+        launch.run_evaluation_only(
+            "qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False
+        )
 
 
 def test_sglang_eval_with_too_few_visible_gpus_is_refused(monkeypatch):
@@ -83,7 +95,9 @@ def test_sglang_eval_with_too_few_visible_gpus_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", cuda_answering(torch.cuda.device_count, 4))
     monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: True)
     with pytest.raises(LaunchError, match=r"GPUs 0-7, but only 4 CUDA device"):
-        launch.run_evaluation_only("qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False)
+        launch.run_evaluation_only(
+            "qwen2.5-3b-tool-1node-eval", ["rollout.rollout_backend=sglang"], show_progress=False
+        )
 
 
 def test_vllm_eval_of_the_vision_language_agent_starts_the_vl_engine(monkeypatch):
@@ -96,12 +110,14 @@ def test_vllm_eval_of_the_vision_language_agent_starts_the_vl_engine(monkeypatch
     from rlinf_ext.generation.vllm_vl import VLLMVLGenerator
 
     started = []
-    monkeypatch.setattr(VLLMVLGenerator, "start",
-                        classmethod(lambda cls, options, **kw: started.append((cls, options, kw)) or "engine"))
-    cfg = load_config("tiny-mm-cpu-eval", ["rollout.rollout_backend=vllm", "rollout.model.model_path=/m/vl"],
-                      strict=False)
+    monkeypatch.setattr(
+        VLLMVLGenerator, "start", classmethod(lambda cls, options, **kw: started.append((cls, options, kw)) or "engine")
+    )
+    cfg = load_config(
+        "tiny-mm-cpu-eval", ["rollout.rollout_backend=vllm", "rollout.model.model_path=/m/vl"], strict=False
+    )
     assert build_generator(cfg, vision=True) == "engine"
-    (cls, options, kw), = started
+    ((cls, options, kw),) = started
     assert cls is VLLMVLGenerator and options.model_path == "/m/vl" and options.in_process
     assert kw == {"seed": int(cfg.runner.seed), "return_logprobs": bool(cfg.rollout.return_logprobs)}
     cfg.rollout.rollout_backend = "sglang"
@@ -130,8 +146,11 @@ class FakeEngine(RecordingEngine):
 
     async def reply(self, arguments):
         self.requests.append((arguments["input_ids"], arguments["sampling_params"]))
-        return {"text": "<answer> z</answer>", "output_ids": [2004, 220, 89, 2005],
-                "meta_info": {"finish_reason": {"type": "stop", "matched": "</answer>"}}}
+        return {
+            "text": "<answer> z</answer>",
+            "output_ids": [2004, 220, 89, 2005],
+            "meta_info": {"finish_reason": {"type": "stop", "matched": "</answer>"}},
+        }
 
 
 @pytest.mark.parametrize("fails", [False, True])
@@ -141,8 +160,11 @@ def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets_registry, 
     monkeypatch.setattr(torch.cuda, "is_available", cuda_answering(torch.cuda.is_available, True))
     monkeypatch.setattr(torch.cuda, "device_count", cuda_answering(torch.cuda.device_count, 2))
     monkeypatch.setattr(sglang_generator, "sglang_installed", lambda: True)
-    monkeypatch.setattr(sglang_generator, "load_engine_class",
-                        lambda: lambda **kw: engines.append(FakeEngine(sglang_source, **kw)) or engines[-1])
+    monkeypatch.setattr(
+        sglang_generator,
+        "load_engine_class",
+        lambda: lambda **kw: engines.append(FakeEngine(sglang_source, **kw)) or engines[-1],
+    )
     monkeypatch.setattr(launch, "prepare_tiny_assets", lambda cfg: None)
     monkeypatch.setattr(launch, "ensure_index", lambda cfg: None)
     seen = {}
@@ -156,10 +178,14 @@ def test_sglang_eval_runs_on_one_engine_and_shuts_it_down(tiny_assets_registry, 
         return SimpleNamespace(run_dir="somewhere")
 
     monkeypatch.setattr(launch, "evaluate_agent", fake_run_evaluation)
-    overrides = [f"paths.tiny_assets={tiny_assets.root}", f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
-                 "rollout.rollout_backend=sglang", "cluster.num_gpus_per_node=2",
-                 "retrieval.launch=false",
-                 "tools.search.server_addr=127.0.0.1:1"]
+    overrides = [
+        f"paths.tiny_assets={tiny_assets.root}",
+        f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
+        "rollout.rollout_backend=sglang",
+        "cluster.num_gpus_per_node=2",
+        "retrieval.launch=false",
+        "tools.search.server_addr=127.0.0.1:1",
+    ]
     if fails:
         with pytest.raises(RuntimeError, match="evaluation broke"):
             launch.run_evaluation_only("tiny-cpu-eval", overrides, show_progress=False)

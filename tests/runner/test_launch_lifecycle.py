@@ -45,15 +45,25 @@ def test_reward_window_never_overlaps():
 
 
 def test_reward_trend_and_summary(tmp_path):
-    rows = [{"step": s, "reward/mean": r, "agent/searches": 0.5 + s / 10}
-            for s, r in enumerate([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], start=1)]
+    rows = [
+        {"step": s, "reward/mean": r, "agent/searches": 0.5 + s / 10}
+        for s, r in enumerate([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8], start=1)
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     steps, first, last = reward_trend(tmp_path, window=10)  # 9 steps: a third = 3 at each end
     assert steps == 9 and first == pytest.approx(0.1) and last == pytest.approx(0.7)
     assert metric_trend(tmp_path, "agent/searches")[1:] == pytest.approx((0.7, 1.3))
     assert metric_trend(tmp_path, "no/such/key") == (9, None, None)
-    text = RunSummary("tiny", steps=steps, first_reward=first, last_reward=last, log_dir=tmp_path,
-                      wall_time_s=12, reward_window=3, searches=(0.7, 1.3)).format()
+    text = RunSummary(
+        "tiny",
+        steps=steps,
+        first_reward=first,
+        last_reward=last,
+        log_dir=tmp_path,
+        wall_time_s=12,
+        reward_window=3,
+        searches=(0.7, 1.3),
+    ).format()
     assert "first 3 vs last 3 step(s): 0.100 -> 0.700 (+0.600)" in text
     assert "searches per trajectory, same steps: 0.70 -> 1.30" in text
     assert f"logs (TB, jsonl) : {tmp_path}" in text and "converted HF     : (none)" in text
@@ -62,14 +72,26 @@ def test_reward_trend_and_summary(tmp_path):
 def test_summary_of_an_extended_run_covers_every_launch(tmp_path):
     """Launch 1 logged steps 1-3 and crashed after its step-2 checkpoint; launch 2 resumed at 2 and ran 3-4:
     the summary reads the whole history, the re-done step 3 as launch 2 logged it."""
-    rows = [{"step": 1, "reward/mean": 0.1}, {"step": 2, "reward/mean": 0.2}, {"step": 3, "reward/mean": 0.9},
-            {"step": 3, "reward/mean": 0.3}, {"step": 4, "reward/mean": 0.4}, {"step": 5, "reward/mean": 9.0}]
+    rows = [
+        {"step": 1, "reward/mean": 0.1},
+        {"step": 2, "reward/mean": 0.2},
+        {"step": 3, "reward/mean": 0.9},
+        {"step": 3, "reward/mean": 0.3},
+        {"step": 4, "reward/mean": 0.4},
+        {"step": 5, "reward/mean": 9.0},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # step 5: a row an earlier launch logged past where this run ended (resumed from before it)
     steps, first, last = reward_trend(tmp_path, window=2, last_step=4)
     assert steps == 4 and first == pytest.approx(0.1) and last == pytest.approx(0.4)
-    text = RunSummary("tiny", steps=steps, first_reward=first, last_reward=last, reward_window=1,
-                      resumed_from=tmp_path / "checkpoints" / "global_step_2").format()
+    text = RunSummary(
+        "tiny",
+        steps=steps,
+        first_reward=first,
+        last_reward=last,
+        reward_window=1,
+        resumed_from=tmp_path / "checkpoints" / "global_step_2",
+    ).format()
     assert f"resumed from {tmp_path / 'checkpoints' / 'global_step_2'}; trends below cover the whole run" in text
     assert "finished: 4 step(s)" in text
 

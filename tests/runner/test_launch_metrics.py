@@ -61,8 +61,9 @@ def test_scalar_metrics_and_jsonable():
 def test_sink_writes_tensorboard_jsonl_trajectories_and_plot(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    sink = MetricsSink(log_dir=tmp_path / "logs", rollout_data_dir=tmp_path / "rollouts", total_steps=3,
-                       show_progress=False)
+    sink = MetricsSink(
+        log_dir=tmp_path / "logs", rollout_data_dir=tmp_path / "rollouts", total_steps=3, show_progress=False
+    )
     rewards = [0.1, 0.3, 0.6]
     for step, r in enumerate(rewards, start=1):
         traj = [{"uid": "q1", "response_ids": torch.tensor([5, 6]), "reward": r}]
@@ -107,8 +108,9 @@ def test_unknown_backend_is_an_error(tmp_path):
 def test_wandb_runs_offline_without_a_key(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    sink = MetricsSink(log_dir=tmp_path, backends=["tensorboard", "wandb"], project="p", experiment="e",
-                       show_progress=False)
+    sink = MetricsSink(
+        log_dir=tmp_path, backends=["tensorboard", "wandb"], project="p", experiment="e", show_progress=False
+    )
     assert sink._wandb is not None and sink._wandb.settings.mode == "offline"
     sink(1, {"reward/mean": 0.5}, None)
     sink.close()

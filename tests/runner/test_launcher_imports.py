@@ -23,12 +23,13 @@ LAUNCHER_MODULES = ("rlinf_ext.runner.launch", "rlinf_ext.runner.commands", "rli
 
 def loaded_after_import(modules: tuple[str, ...]) -> list[str]:
     """The ``HEAVY`` packages in ``sys.modules`` of a fresh interpreter after importing ``modules``."""
-    code = (f"import importlib, json, sys\n"
-            f"for m in {list(modules)!r}: importlib.import_module(m)\n"
-            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(HEAVY)!r}))))")
+    code = (
+        f"import importlib, json, sys\n"
+        f"for m in {list(modules)!r}: importlib.import_module(m)\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(HEAVY)!r}))))"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -17,9 +17,18 @@ BATCH, GROUP, STEPS = 2, 2, 4
 
 
 def pipeline(world: World, k: int) -> BatchPipeline:
-    cfg = load_config("tiny-cpu", [f"data.rollout_batch_size={BATCH}", f"algorithm.group_size={GROUP}",
-                                   "data.shuffle=false", "runner.seed=7", "algorithm.n_minibatches=1",
-                                   "algorithm.training_batch_size_per_gpu=2", "data.val_data_paths=[]"])
+    cfg = load_config(
+        "tiny-cpu",
+        [
+            f"data.rollout_batch_size={BATCH}",
+            f"algorithm.group_size={GROUP}",
+            "data.shuffle=false",
+            "runner.seed=7",
+            "algorithm.n_minibatches=1",
+            "algorithm.training_batch_size_per_gpu=2",
+            "data.val_data_paths=[]",
+        ],
+    )
     channel = MemoryChannel()
     channels = {name: KeyedChannel(channel, name) for name in ch.STEP_CHANNELS}
     return BatchPipeline(cfg, fake_groups(world), channels, k, batch_order(cfg, 8), prompts(8), STEPS)

@@ -54,8 +54,12 @@ def make_probe_worker():
         def spawn_nested_worker(self, timeout_s: float) -> tuple[int, str, float]:
             started = time.monotonic()
             try:
-                done = subprocess.run([sys.executable, "-c", NON_ACTOR_WORKER, self.worker_address.get_name()],
-                                      capture_output=True, text=True, timeout=timeout_s)
+                done = subprocess.run(
+                    [sys.executable, "-c", NON_ACTOR_WORKER, self.worker_address.get_name()],
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout_s,
+                )
                 out, code = done.stdout + done.stderr, done.returncode
             except subprocess.TimeoutExpired as exc:
                 out, code = f"no answer in {timeout_s} s: {exc.stdout or ''}{exc.stderr or ''}", -1
@@ -75,8 +79,11 @@ def test_a_process_started_by_a_worker_joins_the_launchers_cluster(tiny_assets, 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     cfg = load_config("tiny-cpu", [f"paths.tiny_assets={tiny_assets.root}", f"runner.output_dir={tmp_path}"])
     with rlinf_cluster(cfg) as joined:
-        group = make_probe_worker().create_group().launch(
-            joined.cluster, placement_strategy=NodePlacementStrategy([0]), name="d1_probe")
+        group = (
+            make_probe_worker()
+            .create_group()
+            .launch(joined.cluster, placement_strategy=NodePlacementStrategy([0]), name="d1_probe")
+        )
         assert group.environment().wait() == [joined.gcs_address]  # not "local"
         code, out, seconds = group.spawn_nested_worker(JOIN_TIMEOUT_S).wait()[0]
     assert code == 0, out[-3000:]

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 from group_fakes import FuncResult, check_group_call
-from tests.support.signature_checks import checked_against
 
 from rlinf_ext.agent.mmsearch.config import MMSearchConfig, RewardShapingConfig
 from rlinf_ext.agent.mmsearch.rollout import group_result
@@ -27,6 +26,7 @@ from rlinf_ext.runner.trainer import GRPOTrainer
 from rlinf_ext.sync.weight_sync import SyncRoutes
 from rlinf_ext.workers.returns import AgentLoopOutput
 from rlinf_ext.workers.reward import RewardWorker
+from tests.support.signature_checks import checked_against
 
 SEARCH = "<reason> look it up </reason><search><img></search>"
 ANSWER = "<reason> it is red </reason><answer> red </answer>"
@@ -34,12 +34,26 @@ IMG = ImageRef("ab" * 20, b"png", 56, 56)
 
 
 def _traj(turn_texts: list[str], image_searches: int) -> VLTrajectory:
-    turns = [VLTurnRecord(prompt_ids=[1], response_ids=[2], observation_ids=[], text=t, action="answer")
-             for t in turn_texts]
-    return VLTrajectory(uid="u", prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 1], turns=turns,
-                        response_text="".join(turn_texts), answers=["red"], images=[IMG] * (1 + image_searches),
-                        category="search_free", metrics={"image_searches": float(image_searches), "text_searches": 0.0,
-                                                         "image_search_failures": 0.0, "text_search_failures": 0.0})
+    turns = [
+        VLTurnRecord(prompt_ids=[1], response_ids=[2], observation_ids=[], text=t, action="answer") for t in turn_texts
+    ]
+    return VLTrajectory(
+        uid="u",
+        prompt_ids=[1, 2],
+        response_ids=[3, 4],
+        response_mask=[1, 1],
+        turns=turns,
+        response_text="".join(turn_texts),
+        answers=["red"],
+        images=[IMG] * (1 + image_searches),
+        category="search_free",
+        metrics={
+            "image_searches": float(image_searches),
+            "text_searches": 0.0,
+            "image_search_failures": 0.0,
+            "text_search_failures": 0.0,
+        },
+    )
 
 
 class _Queue:
@@ -72,8 +86,11 @@ class _AgentLoop:
         input_channel.get()  # the step's request
         output_channel.put(group_result([_traj([SEARCH, ANSWER], 1), _traj([ANSWER], 0)], "prompt"))
         records = [{"uid": "u", "index": i, "prompt_ids": [1, 2], "response_ids": [3, 4]} for i in range(2)]
-        return _Done(AgentLoopOutput(trajectories=records, metrics={}, num_trajectories=2, tool_calls=0,
-                                     tool_time=0.0, wall_time=0.0))
+        return _Done(
+            AgentLoopOutput(
+                trajectories=records, metrics={}, num_trajectories=2, tool_calls=0, tool_time=0.0, wall_time=0.0
+            )
+        )
 
 
 class _Reward:
@@ -82,8 +99,9 @@ class _Reward:
     def __init__(self, reward_cfg: RewardConfig, warmup_steps: int):
         self.worker = RewardWorker.__new__(RewardWorker)  # no Ray actor; only what compute_rewards reads
         section = MMSearchConfig(reward=RewardShapingConfig(search_penalty_warmup_steps=warmup_steps))
-        self.worker.cfg = SimpleNamespace(reward=reward_cfg, agentloop=SimpleNamespace(agent="mmsearch",
-                                                                                       mmsearch=section))
+        self.worker.cfg = SimpleNamespace(
+            reward=reward_cfg, agentloop=SimpleNamespace(agent="mmsearch", mmsearch=section)
+        )
         self.worker._timer_metrics = {}
         self.worker.init_worker()  # the agent's reward and reward metrics
 
@@ -108,15 +126,21 @@ class _Actor:
 
 
 def _trainer(reward_cfg: RewardConfig, warmup_steps: int) -> GRPOTrainer:
-    groups = WorkerGroups(rollout=_Actor("rollout"), actor=_Actor("actor"), reward=_Reward(reward_cfg, warmup_steps),
-                          agent_loop=_AgentLoop(),
-                          placement=Placement(rollout_dp_size=1, agent_loop_world_size=1,
-                                              actor_world_size=1, weight_sync=SyncRoutes("paired", 1, 1)))
+    groups = WorkerGroups(
+        rollout=_Actor("rollout"),
+        actor=_Actor("actor"),
+        reward=_Reward(reward_cfg, warmup_steps),
+        agent_loop=_AgentLoop(),
+        placement=Placement(
+            rollout_dp_size=1, agent_loop_world_size=1, actor_world_size=1, weight_sync=SyncRoutes("paired", 1, 1)
+        ),
+    )
     trainer = GRPOTrainer.__new__(GRPOTrainer)  # no Ray: only what train_step reads
-    trainer.cfg = SimpleNamespace(runner=SimpleNamespace(seed=0, admission="batch", sync_every=1),
-                                  algorithm=SimpleNamespace(group_size=2, kl_beta=0.0, adv_type="grpo"),
-                                  cluster=SimpleNamespace(num_nodes=1, num_gpus_per_node=0,
-                                                          component_placement={"actor,rollout,reward": "all"}))
+    trainer.cfg = SimpleNamespace(
+        runner=SimpleNamespace(seed=0, admission="batch", sync_every=1),
+        algorithm=SimpleNamespace(group_size=2, kl_beta=0.0, adv_type="grpo"),
+        cluster=SimpleNamespace(num_nodes=1, num_gpus_per_node=0, component_placement={"actor,rollout,reward": "all"}),
+    )
     trainer.groups, trainer.verify_sync, trainer.global_step, trainer._rollout_current = groups, False, 0, True
     trainer.channels = {name: _Queue() for name in ("DataLoader", "Rollout", "Reward", "Inference")}
     trainer.pipeline = BatchPipeline(trainer.cfg, groups, trainer.channels, max_staleness=0)

@@ -38,8 +38,9 @@ def test_two_actor_processes_train_a_step(tiny_assets, tmp_path, cluster, retrie
         # rank 0 synced them to the rollout (logits check passed) and wrote the checkpoint with both RNG states
         state = groups.rollout.get_state().wait()[0]
         assert state["last_sync_logit_diff"] is not None and state["last_sync_logit_diff"] < 1e-3
-        ckpt = torch.load(f"{summary['checkpoint_dir']}/actor/iter_0000001/mp_rank_00/model_optim_rng.pt",
-                          weights_only=False)
+        ckpt = torch.load(
+            f"{summary['checkpoint_dir']}/actor/iter_0000001/mp_rank_00/model_optim_rng.pt", weights_only=False
+        )
         assert len(ckpt["rng_state"]) == 2
     finally:
         trainer.shutdown()
@@ -48,6 +49,7 @@ def test_two_actor_processes_train_a_step(tiny_assets, tmp_path, cluster, retrie
 
 def NoGpuCluster():  # noqa: N802 - stands for RLinf's Cluster, of which launch reads the GPU count only
     from rlinf.scheduler import Cluster
+
     from tests.support.signature_checks import attributes_of
 
     return attributes_of(Cluster, num_accelerators=0)
@@ -57,8 +59,13 @@ def test_cpu_launch_refuses_a_batch_the_actor_processes_cannot_share(tiny_assets
     from rlinf_ext.runner.compose import launch_worker_groups
     from rlinf_ext.runner.groups import WorkerStartupError
 
-    cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:1", **DP2,
-                   **{"data.rollout_batch_size": 4, "algorithm.n_minibatches": 1})
+    cfg = make_cfg(
+        tiny_assets,
+        tmp_path,
+        "http://127.0.0.1:1",
+        **DP2,
+        **{"data.rollout_batch_size": 4, "algorithm.n_minibatches": 1},
+    )
     # `validate` already refuses 3 prompts on 2 ranks (tests/config/test_rules.py); a config changed after
     # validation (programmatic use) is still refused here, before any worker starts
     cfg.data.rollout_batch_size = 3

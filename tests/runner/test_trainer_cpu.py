@@ -17,8 +17,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # slow: worker groups
 
 def check_step(metrics, trajectories, group_size=2, batch=2):
     assert math.isfinite(metrics["actor/loss"]) and math.isfinite(metrics["actor/grad_norm"])
-    for key in ("reward/mean", "agent/turns", "agent/searches", "time/rollout", "time/train", "time/sync",
-                "time/recompute", "time/tool", "throughput/tokens_per_s", "actor/lr"):
+    for key in (
+        "reward/mean",
+        "agent/turns",
+        "agent/searches",
+        "time/rollout",
+        "time/train",
+        "time/sync",
+        "time/recompute",
+        "time/tool",
+        "throughput/tokens_per_s",
+        "actor/lr",
+    ):
         assert key in metrics and math.isfinite(metrics[key]), key
     assert len(trajectories) == group_size * batch and all(t["reward"] is not None for t in trajectories)
     # observation tokens (mask 0) appear exactly when the agent searched
@@ -30,9 +40,17 @@ def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cl
     3 uninterrupted steps == (2 steps, checkpoint, resume, 1 step); a truncated newest checkpoint is skipped."""
     from rlinf_ext.runner.trainer import GRPOTrainer
 
-    cfg = make_cfg(tiny_assets, tmp_path / "a", retrieval_url, **{
-        "runner.max_steps": 3, "runner.save_interval": 1, "algorithm.n_minibatches": 1,
-        "algorithm.training_batch_size_per_gpu": 2})
+    cfg = make_cfg(
+        tiny_assets,
+        tmp_path / "a",
+        retrieval_url,
+        **{
+            "runner.max_steps": 3,
+            "runner.save_interval": 1,
+            "algorithm.n_minibatches": 1,
+            "algorithm.training_batch_size_per_gpu": 2,
+        },
+    )
     metrics_a, trajs_a = {}, {}
 
     def record(step, metrics, trajectories):
@@ -46,8 +64,12 @@ def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cl
         assert summary["steps"] == 3 and summary["checkpoint_dir"]
         for step in (1, 2, 3):
             check_step(metrics_a[step], trajs_a[step])
-        print("searches per step:", [metrics_a[s]["agent/searches"] for s in (1, 2, 3)],
-              "reward:", [metrics_a[s]["reward/mean"] for s in (1, 2, 3)])
+        print(
+            "searches per step:",
+            [metrics_a[s]["agent/searches"] for s in (1, 2, 3)],
+            "reward:",
+            [metrics_a[s]["reward/mean"] for s in (1, 2, 3)],
+        )
         # logprobs of step-1 trajectories: reference (= initial policy) vs the trained policy
         t1 = trajs_a[1]
         args = ([t["prompt_ids"] for t in t1], [t["response_ids"] for t in t1], [t["response_mask"] for t in t1])
@@ -70,12 +92,20 @@ def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cl
         model_pt = ckpts_b / "global_step_3" / "actor" / "iter_0000003" / "mp_rank_00" / "model_optim_rng.pt"
         model_pt.write_bytes(model_pt.read_bytes()[:100])
 
-        cfg_b = make_cfg(tiny_assets, tmp_path / "b", retrieval_url, **{
-            "runner.max_steps": 3, "runner.save_interval": 1, "algorithm.n_minibatches": 1,
-            "algorithm.training_batch_size_per_gpu": 2, "runner.resume_dir": "auto"})
+        cfg_b = make_cfg(
+            tiny_assets,
+            tmp_path / "b",
+            retrieval_url,
+            **{
+                "runner.max_steps": 3,
+                "runner.save_interval": 1,
+                "algorithm.n_minibatches": 1,
+                "algorithm.training_batch_size_per_gpu": 2,
+                "runner.resume_dir": "auto",
+            },
+        )
         metrics_b = {}
-        resumed = GRPOTrainer(cfg_b, groups, trainer.train_dataset,
-                                  on_step=lambda s, m, t: metrics_b.setdefault(s, m))
+        resumed = GRPOTrainer(cfg_b, groups, trainer.train_dataset, on_step=lambda s, m, t: metrics_b.setdefault(s, m))
         with pytest.warns(RuntimeWarning, match="global_step_3"):
             resumed.init_workers()  # same worker processes, re-initialised from HF, then the checkpoint
         assert resumed.resume_dir.name == "global_step_2" and resumed.global_step == 2

@@ -31,9 +31,11 @@ def memory_channels(monkeypatch):
 def rewards_by_prompt(all_one: set[str], all_zero: set[str]):
     """A reward per (group uid, trajectory): 1.0 for every trajectory of ``all_one``'s prompts, 0.0 for
     ``all_zero``'s, 0.0/1.0 (mixed) for the others."""
+
     def reward(uid: str, index: int) -> float:
         prompt = uid.split("-", 2)[2]
         return 1.0 if prompt in all_one else 0.0 if prompt in all_zero else float(index % 2)
+
     return reward
 
 
@@ -45,15 +47,29 @@ def run(out_dir, reward=MOSTLY_MIXED, steps: int = 4, stop_after: int | None = N
     world = World(GROUP)
     world.reward = reward
     metrics: dict[int, dict] = {}
-    overrides = {"runner.output_dir": str(out_dir), "runner.experiment_name": "t", "runner.max_steps": steps,
-                 "runner.max_epochs": 3, "runner.save_interval": -1, "runner.seed": SEED, "data.shuffle": "false",
-                 "data.rollout_batch_size": BATCH, "algorithm.group_size": GROUP, "data.val_data_paths": "[]",
-                 "runner.val_before_train": "false", "runner.val_check_interval": -1, "algorithm.n_minibatches": 1,
-                 "algorithm.training_batch_size_per_gpu": 2, "algorithm.adv_type": "grpo_dynamic",
-                 "algorithm.max_num_gen_batches": 3, **extra}
+    overrides = {
+        "runner.output_dir": str(out_dir),
+        "runner.experiment_name": "t",
+        "runner.max_steps": steps,
+        "runner.max_epochs": 3,
+        "runner.save_interval": -1,
+        "runner.seed": SEED,
+        "data.shuffle": "false",
+        "data.rollout_batch_size": BATCH,
+        "algorithm.group_size": GROUP,
+        "data.val_data_paths": "[]",
+        "runner.val_before_train": "false",
+        "runner.val_check_interval": -1,
+        "algorithm.n_minibatches": 1,
+        "algorithm.training_batch_size_per_gpu": 2,
+        "algorithm.adv_type": "grpo_dynamic",
+        "algorithm.max_num_gen_batches": 3,
+        **extra,
+    }
     cfg = load_config("tiny-cpu", [f"{key}={value}" for key, value in overrides.items()])
-    trainer = GRPOTrainer(cfg, fake_groups(world), prompts(PROMPTS),
-                          on_step=lambda step, m, _t: metrics.setdefault(step, m))
+    trainer = GRPOTrainer(
+        cfg, fake_groups(world), prompts(PROMPTS), on_step=lambda step, m, _t: metrics.setdefault(step, m)
+    )
     if stop_after is not None:
         trainer.should_stop = lambda: trainer.global_step >= stop_after
     trainer.init_workers()
@@ -61,8 +77,12 @@ def run(out_dir, reward=MOSTLY_MIXED, steps: int = 4, stop_after: int | None = N
 
 
 def dynamic_metrics(m: dict) -> tuple[float, float, float, float]:
-    return (m[mk.DYNAMIC_KEPT_GROUPS], m[mk.DYNAMIC_DROPPED_GROUPS], m[mk.DYNAMIC_GEN_BATCHES],
-            m[mk.DYNAMIC_PADDED_GROUPS])
+    return (
+        m[mk.DYNAMIC_KEPT_GROUPS],
+        m[mk.DYNAMIC_DROPPED_GROUPS],
+        m[mk.DYNAMIC_GEN_BATCHES],
+        m[mk.DYNAMIC_PADDED_GROUPS],
+    )
 
 
 def position(run_dir, step: int) -> int:
@@ -83,13 +103,24 @@ def test_all_equal_groups_are_dropped_and_refilled_from_the_data_order(tmp_path)
         3: ["s3-0001-q3", "s3r1-0000-q4"],
     }
     assert [dynamic_metrics(metrics[s]) for s in (1, 2, 3, 4)] == [
-        (2.0, 2.0, 2.0, 0.0), (2.0, 0.0, 1.0, 0.0), (2.0, 2.0, 2.0, 0.0), (2.0, 1.0, 2.0, 0.0)]
+        (2.0, 2.0, 2.0, 0.0),
+        (2.0, 0.0, 1.0, 0.0),
+        (2.0, 2.0, 2.0, 0.0),
+        (2.0, 1.0, 2.0, 0.0),
+    ]
     # the requests: each step's batch, then its refills, from the run's order, with seeds of their own
     assert [(b, r, [u.split("-", 2)[2] for u in req.uids]) for b, r, req in world.dispatched] == [
-        (0, 0, ["q0", "q1"]), (0, 1, ["q2", "q3"]), (1, 0, ["q4", "q5"]), (2, 0, ["q6", "q7"]),
-        (2, 1, ["q0", "q1"]), (3, 0, ["q2", "q3"]), (3, 1, ["q4", "q5"])]
+        (0, 0, ["q0", "q1"]),
+        (0, 1, ["q2", "q3"]),
+        (1, 0, ["q4", "q5"]),
+        (2, 0, ["q6", "q7"]),
+        (2, 1, ["q0", "q1"]),
+        (3, 0, ["q2", "q3"]),
+        (3, 1, ["q4", "q5"]),
+    ]
     assert [req.seed for b, r, req in world.dispatched] == [
-        SEED * 1_000_003 + b + r * REFILL_SEED_STRIDE for b, r, _ in world.dispatched]
+        SEED * 1_000_003 + b + r * REFILL_SEED_STRIDE for b, r, _ in world.dispatched
+    ]
     uids = [u for _, _, req in world.dispatched for u in req.uids]
     assert len(set(uids)) == len(uids)
     # reward/... spans every group the step generated: step 1's 4 groups of 2 are 1,1 | 0,1 | 0,0 | 0,1
@@ -103,9 +134,16 @@ def test_after_max_num_gen_batches_the_kept_groups_train_padded_to_a_share_unit(
     """Only q1 is mixed. algorithm.n_minibatches=4 over groups of 2: a step trains whole pairs of groups (8
     trajectories / 4 minibatches needs an even count of groups), so a lone kept group takes one dropped group."""
     only_q1 = rewards_by_prompt(set(), {f"q{i}" for i in range(PROMPTS) if i != 1})
-    _, world, metrics, _ = run(tmp_path, reward=only_q1, steps=2, **{"algorithm.max_num_gen_batches": 2,
-                                                                     "algorithm.n_minibatches": 4,
-                                                                     "algorithm.training_batch_size_per_gpu": 1})
+    _, world, metrics, _ = run(
+        tmp_path,
+        reward=only_q1,
+        steps=2,
+        **{
+            "algorithm.max_num_gen_batches": 2,
+            "algorithm.n_minibatches": 4,
+            "algorithm.training_batch_size_per_gpu": 1,
+        },
+    )
     # step 1: batches 0 [q0, q1] and 1 [q2, q3]: q1 kept, padded with the first dropped group, q0
     # step 2: batches 2 [q4, q5] and 3 [q6, q7]: nothing kept, one unit of dropped groups (zero advantage)
     assert world.trained == {0: ["s0-0000-q0", "s0-0001-q1"], 1: ["s1-0000-q4", "s1-0001-q5"]}
@@ -137,9 +175,9 @@ def test_a_run_whose_data_ends_early_stops_there_with_a_checkpoint(tmp_path):
 def test_drop_without_refill_works_with_batches_dispatched_ahead(tmp_path):
     """algorithm.max_num_gen_batches=1 reads no extra batch, so it runs at runner.max_staleness=1: each step trains
     its own batch's mixed groups."""
-    _, world, metrics, summary = run(tmp_path, **{"algorithm.max_num_gen_batches": 1, "runner.max_staleness": 1,
-                                                  "rollout.return_logprobs": "true"})
+    _, world, metrics, summary = run(
+        tmp_path, **{"algorithm.max_num_gen_batches": 1, "runner.max_staleness": 1, "rollout.return_logprobs": "true"}
+    )
     assert summary["steps"] == 4 and world.most_in_flight == 2
-    assert world.trained == {0: ["s0-0001-q1"], 1: ["s1-0001-q3"], 2: ["s2-0000-q4", "s2-0001-q5"],
-                             3: ["s3-0000-q6"]}
+    assert world.trained == {0: ["s0-0001-q1"], 1: ["s1-0001-q3"], 2: ["s2-0000-q4", "s2-0001-q5"], 3: ["s3-0000-q6"]}
     assert [metrics[s][mk.DYNAMIC_GEN_BATCHES] for s in (1, 2, 3, 4)] == [1.0] * 4

@@ -9,7 +9,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from group_fakes import SYNC, FuncResult, c, check_group_call, w
-from tests.support.signature_checks import checked_against
 
 from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.runner.groups import Placement, WorkerGroups
@@ -18,11 +17,19 @@ from rlinf_ext.runner.step_metrics import EngineCounters
 from rlinf_ext.runner.trainer import GRPOTrainer
 from rlinf_ext.sync.weight_sync import SyncRoutes
 from rlinf_ext.workers.returns import AgentLoopOutput, RewardOutput
+from tests.support.signature_checks import checked_against
 
 REPLIES = {
-    "agent_loop.run_agentloop_rollout": [AgentLoopOutput(
-        trajectories=[{"uid": "u", "index": 0, "prompt_ids": [1, 2], "response_ids": [3]}],
-        metrics={"agent/turns": 1.0}, num_trajectories=1, tool_calls=0, tool_time=0.0, wall_time=0.0)],
+    "agent_loop.run_agentloop_rollout": [
+        AgentLoopOutput(
+            trajectories=[{"uid": "u", "index": 0, "prompt_ids": [1, 2], "response_ids": [3]}],
+            metrics={"agent/turns": 1.0},
+            num_trajectories=1,
+            tool_calls=0,
+            tool_time=0.0,
+            wall_time=0.0,
+        )
+    ],
     "reward.compute_rewards": [RewardOutput(rewards={"u": [1.0]}, metrics={"reward/mean": 1.0})],
     "actor.run_training": [({"reward_scores": 1.0}, [{"loss": 0.5, "lr": 1e-6}])],
 }
@@ -95,16 +102,22 @@ def _trainer(placement: str, validate_every: int = -1, adv_type: str = "grpo") -
     )
     trainer = GRPOTrainer.__new__(GRPOTrainer)  # no Ray: only what init_workers/train_step read
     trainer.cfg = SimpleNamespace(
-        runner=SimpleNamespace(resume_dir=None, seed=0, admission="batch", sync_every=1, val_before_train=validate_every > 0,
-                               val_check_interval=validate_every),
+        runner=SimpleNamespace(
+            resume_dir=None,
+            seed=0,
+            admission="batch",
+            sync_every=1,
+            val_before_train=validate_every > 0,
+            val_check_interval=validate_every,
+        ),
         data=SimpleNamespace(val_data_paths=["val.jsonl"] if validate_every > 0 else [], rollout_batch_size=1),
-        algorithm=SimpleNamespace(group_size=1, kl_beta=0.0, adv_type=adv_type, max_num_gen_batches=1,
-                                  n_minibatches=1),
+        algorithm=SimpleNamespace(group_size=1, kl_beta=0.0, adv_type=adv_type, max_num_gen_batches=1, n_minibatches=1),
         cluster=SimpleNamespace(num_nodes=1, num_gpus_per_node=gpus_per_node, component_placement=component_placement),
     )
     trainer.groups, trainer.verify_sync, trainer.global_step = groups, True, 0
-    trainer.channels = {n: _Channel() for n in ("DataLoader", "GenerateInput", "GenerateOutput", "Rollout",
-                                                "Reward", "Inference")}
+    trainer.channels = {
+        n: _Channel() for n in ("DataLoader", "GenerateInput", "GenerateOutput", "Rollout", "Reward", "Inference")
+    }
     trainer._serving, trainer.resume_dir = None, None
     trainer._validation = _Validation() if validate_every > 0 else None
     trainer._rollout_current, trainer.val_history = False, {}
@@ -122,17 +135,35 @@ def _run(placement: str, adv_type: str = "grpo") -> tuple[list, list]:
     return init, list(log)
 
 
-SET_ROUTES = [c("actor.set_weight_sync"), w("actor.set_weight_sync"), c("rollout.set_weight_sync"),
-              w("rollout.set_weight_sync")]
+SET_ROUTES = [
+    c("actor.set_weight_sync"),
+    w("actor.set_weight_sync"),
+    c("rollout.set_weight_sync"),
+    w("rollout.set_weight_sync"),
+]
 OVERLAPPED_INIT = [
-    c("rollout.init_worker"), c("reward.init_worker"), c("agent_loop.init_worker"), c("actor.init_worker"),
-    w("rollout.init_worker"), w("reward.init_worker"), w("agent_loop.init_worker"), w("actor.init_worker"),
-    *SET_ROUTES, c("rollout.rollout_serverless"),
+    c("rollout.init_worker"),
+    c("reward.init_worker"),
+    c("agent_loop.init_worker"),
+    c("actor.init_worker"),
+    w("rollout.init_worker"),
+    w("reward.init_worker"),
+    w("agent_loop.init_worker"),
+    w("actor.init_worker"),
+    *SET_ROUTES,
+    c("rollout.rollout_serverless"),
 ]
 OVERLAPPED_STEP = SYNC + [
-    c("agent_loop.run_agentloop_rollout"), c("reward.compute_rewards"), c("actor.run_inference"),
-    c("actor.run_training"), w("agent_loop.run_agentloop_rollout"), w("reward.compute_rewards"),
-    w("actor.run_inference"), w("actor.run_training"), c("rollout.offload_engine"), w("rollout.offload_engine"),
+    c("agent_loop.run_agentloop_rollout"),
+    c("reward.compute_rewards"),
+    c("actor.run_inference"),
+    c("actor.run_training"),
+    w("agent_loop.run_agentloop_rollout"),
+    w("reward.compute_rewards"),
+    w("actor.run_inference"),
+    w("actor.run_training"),
+    c("rollout.offload_engine"),
+    w("rollout.offload_engine"),
 ]
 
 
@@ -145,21 +176,34 @@ def test_cpu_and_disaggregated_order_is_unchanged():
 def test_collocated_gpu_takes_turns_on_the_gpu():
     init, step = _run("collocated")
     assert init == [
-        c("rollout.init_worker"), c("reward.init_worker"), c("agent_loop.init_worker"),
+        c("rollout.init_worker"),
+        c("reward.init_worker"),
+        c("agent_loop.init_worker"),
         w("rollout.init_worker"),  # the engine has released its memory before the actor builds its model
         c("actor.init_worker"),
-        w("reward.init_worker"), w("agent_loop.init_worker"), w("actor.init_worker"),
+        w("reward.init_worker"),
+        w("agent_loop.init_worker"),
+        w("actor.init_worker"),
         *SET_ROUTES,
-        c("actor.offload_engine"), w("actor.offload_engine"),  # the rollout gets the GPU first
+        c("actor.offload_engine"),
+        w("actor.offload_engine"),  # the rollout gets the GPU first
         c("rollout.rollout_serverless"),
     ]
     assert step == SYNC + [
-        c("agent_loop.run_agentloop_rollout"), w("agent_loop.run_agentloop_rollout"),
-        c("rollout.offload_engine"), w("rollout.offload_engine"),
-        c("actor.onload_engine"), w("actor.onload_engine"),
-        c("reward.compute_rewards"), c("actor.run_inference"), c("actor.run_training"),
-        w("reward.compute_rewards"), w("actor.run_inference"), w("actor.run_training"),
-        c("actor.offload_engine"), w("actor.offload_engine"),
+        c("agent_loop.run_agentloop_rollout"),
+        w("agent_loop.run_agentloop_rollout"),
+        c("rollout.offload_engine"),
+        w("rollout.offload_engine"),
+        c("actor.onload_engine"),
+        w("actor.onload_engine"),
+        c("reward.compute_rewards"),
+        c("actor.run_inference"),
+        c("actor.run_training"),
+        w("reward.compute_rewards"),
+        w("actor.run_inference"),
+        w("actor.run_training"),
+        c("actor.offload_engine"),
+        w("actor.offload_engine"),
     ]
 
 
@@ -169,11 +213,19 @@ def test_a_collocated_dynamic_step_scores_its_groups_before_the_engine_gives_the
     _, step = _run("collocated", adv_type="grpo_dynamic")
     assert step == SYNC + [
         c("agent_loop.run_agentloop_rollout"),
-        c("reward.compute_rewards"), w("agent_loop.run_agentloop_rollout"), w("reward.compute_rewards"),
-        c("rollout.offload_engine"), w("rollout.offload_engine"),
-        c("actor.onload_engine"), w("actor.onload_engine"),
-        c("actor.run_inference"), c("actor.run_training"), w("actor.run_inference"), w("actor.run_training"),
-        c("actor.offload_engine"), w("actor.offload_engine"),
+        c("reward.compute_rewards"),
+        w("agent_loop.run_agentloop_rollout"),
+        w("reward.compute_rewards"),
+        c("rollout.offload_engine"),
+        w("rollout.offload_engine"),
+        c("actor.onload_engine"),
+        w("actor.onload_engine"),
+        c("actor.run_inference"),
+        c("actor.run_training"),
+        w("actor.run_inference"),
+        w("actor.run_training"),
+        c("actor.offload_engine"),
+        w("actor.offload_engine"),
     ]
 
 
@@ -225,13 +277,19 @@ def test_engine_mismatch_rate_and_probe_gap_are_logged_per_step(monkeypatch):
     counts and logs the step's share (validation's prompts are read and dropped), and the probe gap of the sync."""
     from rlinf_ext.protocol import metric_keys as mk
 
-    states = iter([
-        [{mk.RETOKENIZE_COUNTS: (0, 4)}, {mk.RETOKENIZE_COUNTS: (1, 4)}],  # validation 0: 8 prompts, dropped
-        [{mk.RETOKENIZE_COUNTS: (1, 6), "last_sync_logprob_gap": 2e-7},  # step 1: 1 of 4 new prompts
-         {mk.RETOKENIZE_COUNTS: (1, 6), "last_sync_logprob_gap": 5e-7}],
-        [{mk.RETOKENIZE_COUNTS: (1, 9), "last_sync_logprob_gap": 3e-7},  # step 2: 0 of 6, synced
-         {mk.RETOKENIZE_COUNTS: (1, 9), "last_sync_logprob_gap": 1e-7}],
-    ])
+    states = iter(
+        [
+            [{mk.RETOKENIZE_COUNTS: (0, 4)}, {mk.RETOKENIZE_COUNTS: (1, 4)}],  # validation 0: 8 prompts, dropped
+            [
+                {mk.RETOKENIZE_COUNTS: (1, 6), "last_sync_logprob_gap": 2e-7},  # step 1: 1 of 4 new prompts
+                {mk.RETOKENIZE_COUNTS: (1, 6), "last_sync_logprob_gap": 5e-7},
+            ],
+            [
+                {mk.RETOKENIZE_COUNTS: (1, 9), "last_sync_logprob_gap": 3e-7},  # step 2: 0 of 6, synced
+                {mk.RETOKENIZE_COUNTS: (1, 9), "last_sync_logprob_gap": 1e-7},
+            ],
+        ]
+    )
     plain_wait = _Handle.wait
 
     def wait(self):  # each read of the rollout state gets the next states of the two ranks
@@ -258,6 +316,8 @@ def test_engine_state_is_read_for_engines_that_expand_images(monkeypatch):
     assert engine_counts_mismatches(load_config("tiny-mm-cpu", ["rollout.rollout_backend=vllm"]))
     for key in ("RLINF_EXT_QWEN25_VL_7B", "RLINF_EXT_FVQA_DATA", "RLINF_EXT_RETRIEVER_ADDR"):
         monkeypatch.setenv(key, "/x")
-    assert engine_counts_mismatches(load_config("qwen2.5-vl-7b-1node", ["rollout.rollout_backend=sglang"], strict=False))
+    assert engine_counts_mismatches(
+        load_config("qwen2.5-vl-7b-1node", ["rollout.rollout_backend=sglang"], strict=False)
+    )
     assert not engine_counts_mismatches(load_config("tiny-mm-cpu", ["rollout.rollout_backend=hf"]))
     assert not engine_counts_mismatches(load_config("tiny-cpu"))

@@ -24,11 +24,25 @@ PROMPTS = 8  # 4 steps per epoch
 
 
 def make_cfg(out_dir, k: int, steps: int, **extra):
-    overrides = {"runner.output_dir": str(out_dir), "runner.experiment_name": "t", "runner.max_steps": steps,
-                 "runner.max_epochs": 3, "runner.save_interval": -1, "runner.seed": SEED, "runner.max_staleness": k,
-                 "data.rollout_batch_size": BATCH, "algorithm.group_size": GROUP, "data.val_data_paths": "[]",
-                 "runner.val_before_train": "false", "runner.val_check_interval": -1, "data.seed": 3, "algorithm.n_minibatches": 1,
-                 "algorithm.training_batch_size_per_gpu": 2, "rollout.return_logprobs": "true", **extra}
+    overrides = {
+        "runner.output_dir": str(out_dir),
+        "runner.experiment_name": "t",
+        "runner.max_steps": steps,
+        "runner.max_epochs": 3,
+        "runner.save_interval": -1,
+        "runner.seed": SEED,
+        "runner.max_staleness": k,
+        "data.rollout_batch_size": BATCH,
+        "algorithm.group_size": GROUP,
+        "data.val_data_paths": "[]",
+        "runner.val_before_train": "false",
+        "runner.val_check_interval": -1,
+        "data.seed": 3,
+        "algorithm.n_minibatches": 1,
+        "algorithm.training_batch_size_per_gpu": 2,
+        "rollout.return_logprobs": "true",
+        **extra,
+    }
     return load_config("tiny-cpu", [f"{key}={value}" for key, value in overrides.items()])
 
 
@@ -41,8 +55,17 @@ class Crash(RuntimeError):
     """What a test raises after a step to cut a run without a stop's checkpoint (a killed job)."""
 
 
-def run(out_dir, k: int, steps: int = 6, stop_after: int | None = None, behaviour: bool = False,
-        crash_after: int | None = None, failing_batches: tuple[int, ...] = (), slow: tuple[str, ...] = (), **extra):
+def run(
+    out_dir,
+    k: int,
+    steps: int = 6,
+    stop_after: int | None = None,
+    behaviour: bool = False,
+    crash_after: int | None = None,
+    failing_batches: tuple[int, ...] = (),
+    slow: tuple[str, ...] = (),
+    **extra,
+):
     """(trainer, world, metrics per step, summary) of one run on fresh fake workers; ``crash_after``: raise
     ``Crash`` once that step is reported (its periodic checkpoint, if due, is written)."""
     world = World(GROUP)
@@ -91,8 +114,11 @@ def test_step_b_trains_exactly_batch_b(tmp_path, k):
         assert m[mk.token_staleness(min(b, k))] >= 0.5
         assert m[mk.TRAJECTORIES_TWO_VERSIONS] == (1.0 if min(b, k) else 0.0)
         assert 0.0 <= m[mk.TIME_ACTOR_IDLE_RATIO] <= 1.0 and 0.0 <= m[mk.TIME_ROLLOUT_IDLE_RATIO] <= 1.0
-        assert (m[mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN], m[mk.ACTOR_BEHAVIOUR_WEIGHT_CLIP_FRACTION],
-                m[mk.ACTOR_BEHAVIOUR_KL]) == (0.9, 0.25, 0.01)
+        assert (
+            m[mk.ACTOR_BEHAVIOUR_WEIGHT_MEAN],
+            m[mk.ACTOR_BEHAVIOUR_WEIGHT_CLIP_FRACTION],
+            m[mk.ACTOR_BEHAVIOUR_KL],
+        ) == (0.9, 0.25, 0.01)
     assert world.most_in_flight == k + 1
     assert nothing_pending(trainer, world)
 
@@ -104,6 +130,7 @@ def test_a_sync_every_n_steps_keeps_every_batch_within_k(tmp_path, k, every, syn
     trainer, world, metrics, summary = run(tmp_path, k, **{"runner.sync_every": every})
     assert summary["steps"] == 6 and sorted(world.requests) == list(range(6))
     assert [s - 1 for s in range(1, 7) if mk.TIME_SYNC in metrics[s]] == synced
+
     def head_version(b: int) -> int:  # the engines' version at the first step that may dispatch batch b
         return next(v for s in range(6) for v in [max(x for x in synced if x <= s)] if b <= min(s, v) + k)
 
@@ -164,8 +191,10 @@ def assert_trains_the_uninterrupted_prompts(whole: World, *parts: World) -> None
 def test_each_epoch_trains_every_prompt_once_in_a_new_order(tmp_path):
     _, whole, _, summary = run(tmp_path, 0, steps=EPOCH * EPOCHS)
     assert summary["steps"] == EPOCH * EPOCHS
-    orders = [[uid for b in range(e * EPOCH, (e + 1) * EPOCH) for uid in prompt_uids(whole.requests[b])]
-              for e in range(EPOCHS)]
+    orders = [
+        [uid for b in range(e * EPOCH, (e + 1) * EPOCH) for uid in prompt_uids(whole.requests[b])]
+        for e in range(EPOCHS)
+    ]
     assert all(sorted(order) == sorted(p["uid"] for p in prompts(PROMPTS)) for order in orders)
     assert len({tuple(order) for order in orders}) == EPOCHS
 
@@ -186,8 +215,9 @@ def test_a_stop_at_or_inside_a_later_epoch_resumes_the_uninterrupted_prompts(tmp
 
 @pytest.mark.parametrize("save_interval,resumes_at", [(EPOCH, 2 * EPOCH), (3, 9)])  # a boundary; inside epoch 2
 @pytest.mark.parametrize("k", [0, 1])
-def test_a_crash_resumes_from_the_last_periodic_checkpoint_with_the_uninterrupted_prompts(tmp_path, k, save_interval,
-                                                                                         resumes_at):
+def test_a_crash_resumes_from_the_last_periodic_checkpoint_with_the_uninterrupted_prompts(
+    tmp_path, k, save_interval, resumes_at
+):
     steps, interval = EPOCH * EPOCHS, {"runner.save_interval": save_interval}
     _, whole, _, _ = run(tmp_path / "whole", k, steps=steps, **interval)
     _, first, _, _ = run(tmp_path / "cut", k, steps=steps, crash_after=steps - 1, **interval)
@@ -207,22 +237,49 @@ def test_a_stop_is_clean_when_a_discarded_batch_fails(tmp_path, capsys):
 
 
 STEP = SYNC + [
-    c(AGENT_LOOP_CALL), c("reward.compute_rewards"), c("actor.run_inference"), c("actor.run_training"),
-    w(AGENT_LOOP_CALL), w("reward.compute_rewards"), w("actor.run_inference"), w("actor.run_training"),
-    c("rollout.offload_engine"), w("rollout.offload_engine"),
+    c(AGENT_LOOP_CALL),
+    c("reward.compute_rewards"),
+    c("actor.run_inference"),
+    c("actor.run_training"),
+    w(AGENT_LOOP_CALL),
+    w("reward.compute_rewards"),
+    w("actor.run_inference"),
+    w("actor.run_training"),
+    c("rollout.offload_engine"),
+    w("rollout.offload_engine"),
 ]
 SAVE = [c("actor.save_checkpoint"), w("actor.save_checkpoint")]
 # what the trainer before runner.max_staleness produced on these fakes (same seeds, 3 steps; its time/* vary)
 TODAY_UIDS = {0: ["s0-0000-q2", "s0-0001-q4"], 1: ["s1-0000-q3", "s1-0001-q5"], 2: ["s2-0000-q1", "s2-0001-q0"]}
 TODAY_METRICS = {
-    step: {"reward/mean": reward, "agent/turns": 2.0, "rollout/reward_scores": 0.0, "actor/loss": loss,
-           "actor/lr": 1e-06, "actor/optimizer_steps": 1.0}
+    step: {
+        "reward/mean": reward,
+        "agent/turns": 2.0,
+        "rollout/reward_scores": 0.0,
+        "actor/loss": loss,
+        "actor/lr": 1e-06,
+        "actor/optimizer_steps": 1.0,
+    }
     for step, reward, loss in ((1, 0.5, 0.5), (2, 0.75, 1.5), (3, 0.25, 2.5))
 }
-TODAY_TIMES = {"time/rollout", "time/tool", "time/recompute", "time/train", "time/step", "time/sync",
-               "throughput/tokens_per_s"}
-NEW_AT_K0 = {mk.STALENESS_HEAD_MAX, mk.STALENESS_HEAD_MEAN, mk.token_staleness(0), mk.TRAJECTORIES_TWO_VERSIONS,
-             mk.TIME_WAIT_ROLLOUT, mk.TIME_ACTOR_IDLE_RATIO, mk.TIME_ROLLOUT_IDLE_RATIO}
+TODAY_TIMES = {
+    "time/rollout",
+    "time/tool",
+    "time/recompute",
+    "time/train",
+    "time/step",
+    "time/sync",
+    "throughput/tokens_per_s",
+}
+NEW_AT_K0 = {
+    mk.STALENESS_HEAD_MAX,
+    mk.STALENESS_HEAD_MEAN,
+    mk.token_staleness(0),
+    mk.TRAJECTORIES_TWO_VERSIONS,
+    mk.TIME_WAIT_ROLLOUT,
+    mk.TIME_ACTOR_IDLE_RATIO,
+    mk.TIME_ROLLOUT_IDLE_RATIO,
+}
 
 
 def test_k0_keeps_todays_calls_requests_and_metrics(tmp_path):
@@ -274,14 +331,15 @@ def test_group_admission_stop_and_resume_trains_every_prompt_once(tmp_path, k, s
     _, whole, _, _ = run(tmp_path / "whole", k, slow=SLOW, **GROUP_ADMISSION)
     _, first, _, summary = run(tmp_path / "cut", k, stop_after=stop_after, slow=SLOW, **GROUP_ADMISSION)
     assert summary["steps"] == stop_after
-    resumed, second, metrics, summary = run(tmp_path / "cut", k, slow=SLOW, **GROUP_ADMISSION,
-                                            **{"runner.resume_dir": "auto"})
+    resumed, second, metrics, summary = run(
+        tmp_path / "cut", k, slow=SLOW, **GROUP_ADMISSION, **{"runner.resume_dir": "auto"}
+    )
     assert summary["steps"] == 6 and nothing_pending(resumed, second)
     uids = trained_uids(first, second)
     assert len(uids) == len(set(uids)) and sorted(uids) == sorted(trained_uids(whole))
     # the prompts in flight at the stop are dispatched again first, with their batch's uids and seed
     carried = [u for r in first.requests.values() for u in r.uids if u not in trained_uids(first)]
-    assert carried and [u for _, _, r in second.dispatched for u in r.uids][:len(carried)] == carried
+    assert carried and [u for _, _, r in second.dispatched for u in r.uids][: len(carried)] == carried
     assert all(r.seed == whole.requests[b].seed for b, _, r in second.dispatched)
     assert all(metrics[step][mk.STALENESS_HEAD_MAX] <= k for step in range(stop_after + 1, 7))
 
@@ -296,8 +354,9 @@ def test_below_the_full_cap_a_slow_group_never_holds_a_step_it_is_not_due_in(tmp
     # k = 2 with two batches untrained at once: every group has a step of slack; q2's groups and q1's finish last
     _, world, metrics, _ = run(tmp_path, 2, slow=SLOW, **GROUP_ADMISSION, **{"runner.in_flight_batches": 2})
     assert world.most_untrained == 2 * BATCH
-    late = {u for step, uids in world.trained.items() for u in uids
-            if int(u.split("-")[0][1:]) < step}  # trained after the step batch admission trains it
+    late = {
+        u for step, uids in world.trained.items() for u in uids if int(u.split("-")[0][1:]) < step
+    }  # trained after the step batch admission trains it
     assert late and all(metrics[s][mk.STALENESS_HEAD_MAX] <= 2 for s in range(1, 7))
     assert any(u.endswith("-q2") for u in late)
     uids = trained_uids(world)

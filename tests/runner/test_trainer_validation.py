@@ -85,14 +85,22 @@ def test_no_validation_pass_without_validation(monkeypatch, tmp_path):
 def test_validation_before_and_after_every_step(tiny_assets, tmp_path, cluster, retrieval_url):
     from rlinf_ext.runner.metrics import MetricsSink, read_metrics
 
-    cfg = make_cfg(tiny_assets, tmp_path, retrieval_url, **{
-        "runner.max_steps": 2, "algorithm.n_minibatches": 1, "algorithm.training_batch_size_per_gpu": 2,
-        "algorithm.sampling_params.max_new_tokens": 16,
-        "runner.val_check_interval": 1, "runner.val_before_train": True,
-        "runner.val_samples_per_benchmark": PER_BENCH,
-        "data.val_data_paths": [str(tiny_assets.rlinf_test[b]) for b in VAL_BENCHES],
-        "data.val_rollout_batch_size": PER_BENCH * len(VAL_BENCHES),
-    })
+    cfg = make_cfg(
+        tiny_assets,
+        tmp_path,
+        retrieval_url,
+        **{
+            "runner.max_steps": 2,
+            "algorithm.n_minibatches": 1,
+            "algorithm.training_batch_size_per_gpu": 2,
+            "algorithm.sampling_params.max_new_tokens": 16,
+            "runner.val_check_interval": 1,
+            "runner.val_before_train": True,
+            "runner.val_samples_per_benchmark": PER_BENCH,
+            "data.val_data_paths": [str(tiny_assets.rlinf_test[b]) for b in VAL_BENCHES],
+            "data.val_rollout_batch_size": PER_BENCH * len(VAL_BENCHES),
+        },
+    )
     sink = MetricsSink(log_dir=tmp_path / "logs", show_progress=False)
     seen: dict[int, tuple[dict, list]] = {}
 
@@ -112,8 +120,15 @@ def test_validation_before_and_after_every_step(tiny_assets, tmp_path, cluster, 
         for step in (1, 2):
             assert "reward/mean" in seen[step][0] and len(seen[step][1]) == 2 * 2
         for step, (metrics, _) in seen.items():
-            for key in ("val/all/em", "val/all/f1", "val/avg/em", "val/nq/em", "val/bamboogle/subem",
-                        "val/all/turns", "time/validation"):
+            for key in (
+                "val/all/em",
+                "val/all/f1",
+                "val/avg/em",
+                "val/nq/em",
+                "val/bamboogle/subem",
+                "val/all/turns",
+                "time/validation",
+            ):
                 assert key in metrics and math.isfinite(metrics[key]), (step, key)
             assert metrics["val/n"] == n_val and metrics["val/errors"] == 0.0, step
             assert metrics["time/validation"] > 0

@@ -46,10 +46,12 @@ def sync_two_ranks(actor_cfg, rollout_cfg, cluster) -> tuple[list[dict], list[di
     from rlinf_ext.workers.actor import ActorWorker
     from rlinf_ext.workers.rollout_vllm import VLLMRolloutWorker
 
-    actor = ActorWorker.create_group(actor_cfg, 1).launch(cluster, placement_strategy=cpu_strategy(2),
-                                                          name=actor_cfg.actor.group_name)
-    rollout = VLLMRolloutWorker.create_group(rollout_cfg).launch(cluster, placement_strategy=cpu_strategy(2),
-                                                                 name=rollout_cfg.rollout.group_name)
+    actor = ActorWorker.create_group(actor_cfg, 1).launch(
+        cluster, placement_strategy=cpu_strategy(2), name=actor_cfg.actor.group_name
+    )
+    rollout = VLLMRolloutWorker.create_group(rollout_cfg).launch(
+        cluster, placement_strategy=cpu_strategy(2), name=rollout_cfg.rollout.group_name
+    )
     try:
         for handle, name in [(actor.init_worker(), "actor"), (rollout.init_worker(), "rollout")]:
             wait_or_raise(handle, name, "init_worker", startup=True)
@@ -57,8 +59,12 @@ def sync_two_ranks(actor_cfg, rollout_cfg, cluster) -> tuple[list[dict], list[di
         routes = SyncRoutes("paired", actor_world=2, rollout_dp=2)
         wait_or_raise(actor.set_weight_sync(routes, BUCKET), "actor", "set_weight_sync")
         wait_or_raise(rollout.set_weight_sync(routes), "rollout", "set_weight_sync")
-        sent, _ = wait_all_or_raise([(actor.sync_model_to_rollout(True), "actor", "sync_model_to_rollout"),
-                                     (rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor")])
+        sent, _ = wait_all_or_raise(
+            [
+                (actor.sync_model_to_rollout(True), "actor", "sync_model_to_rollout"),
+                (rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor"),
+            ]
+        )
         return sent, rollout.get_state().wait()
     finally:
         for group in (actor, rollout):
@@ -80,11 +86,16 @@ def test_megatron_actor_ranks_each_sync_their_own_engine(tiny_assets, tmp_path, 
     from transformers import AutoModelForCausalLM
 
     model = tiny_assets.qwen2_tiny
-    common = {"cluster.component_placement": COLLOCATED, "rollout.rollout_backend": "vllm",
-              "rollout.vllm.kv_cache_memory_bytes": ENGINE_KV_BYTES}
+    common = {
+        "cluster.component_placement": COLLOCATED,
+        "rollout.rollout_backend": "vllm",
+        "rollout.vllm.kv_cache_memory_bytes": ENGINE_KV_BYTES,
+    }
     start = perturbed_copy(AutoModelForCausalLM, model, tmp_path / "engine-start", seed=3)
-    actor_cfg, rollout_cfg = (make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:1", **common,
-                                       **{"rollout.model.model_path": str(path)}) for path in (model, start))
+    actor_cfg, rollout_cfg = (
+        make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:1", **common, **{"rollout.model.model_path": str(path)})
+        for path in (model, start)
+    )
     check_each_engine_has_its_ranks_weights(*sync_two_ranks(actor_cfg, rollout_cfg, cluster))
 
 
@@ -99,10 +110,16 @@ def test_fsdp2_vl_actor_ranks_each_sync_their_own_engine(tiny_mm_assets_sft, tmp
     start = perturbed_copy(Qwen2_5_VLForConditionalGeneration, model, tmp_path / "engine-start", seed=3)
 
     def cfg(model_path):
-        overrides = {"paths.tiny_assets": str(tiny_mm_assets_sft.root), "runner.output_dir": str(tmp_path),
-                     "cluster.component_placement": COLLOCATED, "rollout.model.model_path": str(model_path),
-                     "rollout.vllm.kv_cache_memory_bytes": ENGINE_KV_BYTES, "retrieval.launch": "false",
-                     "tools.search.server_addr": "127.0.0.1:1", "actor.fsdp_config.gradient_checkpointing": "true"}
+        overrides = {
+            "paths.tiny_assets": str(tiny_mm_assets_sft.root),
+            "runner.output_dir": str(tmp_path),
+            "cluster.component_placement": COLLOCATED,
+            "rollout.model.model_path": str(model_path),
+            "rollout.vllm.kv_cache_memory_bytes": ENGINE_KV_BYTES,
+            "retrieval.launch": "false",
+            "tools.search.server_addr": "127.0.0.1:1",
+            "actor.fsdp_config.gradient_checkpointing": "true",
+        }
         return load_config("tiny-mm-cpu", [f"{k}={v}" for k, v in overrides.items()])
 
     check_each_engine_has_its_ranks_weights(*sync_two_ranks(cfg(model), cfg(start), cluster))

@@ -27,10 +27,12 @@ def launch_pair(cfg, rollout_cfg, cluster):
     from rlinf_ext.workers.rollout_hf import HFRolloutWorker
 
     placement = component_ranks(cfg.cluster.component_placement, None)
-    actor = ActorWorker.create_group(cfg, 1).launch(cluster, placement_strategy=cpu_strategy(2),
-                                                            name=cfg.actor.group_name)
-    rollout = HFRolloutWorker.create_group(rollout_cfg).launch(cluster, placement_strategy=cpu_strategy(2),
-                                                               name=cfg.rollout.group_name)
+    actor = ActorWorker.create_group(cfg, 1).launch(
+        cluster, placement_strategy=cpu_strategy(2), name=cfg.actor.group_name
+    )
+    rollout = HFRolloutWorker.create_group(rollout_cfg).launch(
+        cluster, placement_strategy=cpu_strategy(2), name=cfg.rollout.group_name
+    )
     handles = [(actor.init_worker(), "actor"), (rollout.init_worker(), "rollout")]
     for handle, name in handles:
         wait_or_raise(handle, name, "init_worker", startup=True)
@@ -42,8 +44,12 @@ def sync(actor, rollout, routes):
 
     wait_or_raise(actor.set_weight_sync(routes, BUCKET), "actor", "set_weight_sync")
     wait_or_raise(rollout.set_weight_sync(routes), "rollout", "set_weight_sync")
-    sent, _ = wait_all_or_raise([(actor.sync_model_to_rollout(True), "actor", "sync_model_to_rollout"),
-                                 (rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor")])
+    sent, _ = wait_all_or_raise(
+        [
+            (actor.sync_model_to_rollout(True), "actor", "sync_model_to_rollout"),
+            (rollout.sync_model_from_actor(), "rollout", "sync_model_from_actor"),
+        ]
+    )
     return sent, rollout.get_state().wait()
 
 
@@ -58,8 +64,12 @@ def randomized_model_dir(tiny_assets, tmp_path, randomized_qwen2):
 
 def configs(tiny_assets, tmp_path, placement, model_dir):
     cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:1", **{"cluster.component_placement": placement})
-    rollout_cfg = make_cfg(tiny_assets, tmp_path, "http://127.0.0.1:1",
-                           **{"cluster.component_placement": placement, "rollout.model.model_path": str(model_dir)})
+    rollout_cfg = make_cfg(
+        tiny_assets,
+        tmp_path,
+        "http://127.0.0.1:1",
+        **{"cluster.component_placement": placement, "rollout.model.model_path": str(model_dir)},
+    )
     return cfg, rollout_cfg
 
 
@@ -123,7 +133,11 @@ def test_a_failed_side_is_raised_instead_of_waiting_for_its_partner(cluster):
 
     hung = blocked.remote()
     with pytest.raises(WorkerCallError) as info:
-        wait_all_or_raise([(Call(hung), "actor", "sync_model_to_rollout"),
-                           (Call(refuses.remote()), "rollout", "sync_model_from_actor")])
+        wait_all_or_raise(
+            [
+                (Call(hung), "actor", "sync_model_to_rollout"),
+                (Call(refuses.remote()), "rollout", "sync_model_from_actor"),
+            ]
+        )
     assert info.value.component == "rollout" and "refused the actor's weights" in str(info.value)
     ray.cancel(hung, force=True)

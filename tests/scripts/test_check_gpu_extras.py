@@ -28,18 +28,29 @@ def test_profiles_name_setup_pins():
 
 def test_check_resolution_names_each_problem():
     profile = check.PROFILES["sglang"]
-    good = {"sglang": "0.5.23", "torch": "2.14.1", "transformers": "5.19.0", "rlinf": "0.3.0",
-            "megatron-core": "0.16.1", "transformer-engine-cu13": "2.11.0", "sglang-kernel": "0.4.10",
-            "torch-memory-saver": "0.0.10", "flashinfer-python": "0.7.2", "transformer-engine": "2.11.0"}
+    good = {
+        "sglang": "0.5.23",
+        "torch": "2.14.1",
+        "transformers": "5.19.0",
+        "rlinf": "0.3.0",
+        "megatron-core": "0.16.1",
+        "transformer-engine-cu13": "2.11.0",
+        "sglang-kernel": "0.4.10",
+        "torch-memory-saver": "0.0.10",
+        "flashinfer-python": "0.7.2",
+        "transformer-engine": "2.11.0",
+    }
     pins = ["sglang==0.5.23", "transformer-engine[core-cu13]==2.11.0"]
     assert check.check_resolution(good, profile["expected"], profile["forbidden"], pins) == []
     bad = {**good, "torch": "2.13.0", "vllm": "0.32.0", "transformer-engine": "2.10.0"}
     del bad["torch-memory-saver"]
     problems = check.check_resolution(bad, profile["expected"], profile["forbidden"], pins)
-    assert problems == ["torch: expected 2.14.1, resolved 2.13.0",
-                        "torch-memory-saver: expected a version, resolved None",
-                        "vllm 0.32.0 is in the resolution (it must not be)",
-                        "transformer-engine[core-cu13]==2.11.0: resolved 2.10.0"]
+    assert problems == [
+        "torch: expected 2.14.1, resolved 2.13.0",
+        "torch-memory-saver: expected a version, resolved None",
+        "vllm 0.32.0 is in the resolution (it must not be)",
+        "transformer-engine[core-cu13]==2.11.0: resolved 2.10.0",
+    ]
 
 
 def test_the_sglang_tests_copy_is_the_profiles_pin():
@@ -53,4 +64,5 @@ def test_the_sglang_tests_copy_is_the_profiles_pin():
     stale = {**pins, "SGLANG_SOURCE_REQUIREMENT": "sglang==0.5.22"}
     assert check.source_pin_problems(stale) == [
         "SGLANG_SOURCE_REQUIREMENT=sglang==0.5.22 (the SGLang tests' copy) is not the sglang extra's pin "
-        "['sglang==0.5.23']"]
+        "['sglang==0.5.23']"
+    ]

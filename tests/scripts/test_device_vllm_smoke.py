@@ -33,8 +33,13 @@ def run_on_device(tmp_path: Path, command: str, python: str, torch: str) -> subp
     (tmp_path / "repo" / "scripts").mkdir(parents=True)
     (tmp_path / "repo" / "scripts" / SCRIPT.name).write_text(SCRIPT.read_text())
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out")}
-    return subprocess.run(["bash", str(tmp_path / "repo" / "scripts" / SCRIPT.name), command], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", str(tmp_path / "repo" / "scripts" / SCRIPT.name), command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("command", ["part1", "part2", "rerun"])

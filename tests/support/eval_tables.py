@@ -36,7 +36,9 @@ def check_tables_against_generations(run_dir: Path, n_per_bench: int) -> dict[st
     ``n_per_bench`` questions each in the paper's order; returns the EM per benchmark."""
     rows = [json.loads(line) for line in (run_dir / "generations.jsonl").read_text().splitlines()]
     em = recompute_em(rows)
-    assert sorted(em) == sorted(PAPER_ORDER) and all(len([r for r in rows if r["benchmark"] == b]) == n_per_bench for b in em)
+    assert sorted(em) == sorted(PAPER_ORDER) and all(
+        len([r for r in rows if r["benchmark"] == b]) == n_per_bench for b in em
+    )
     results = json.loads((run_dir / "results.json").read_text())
     assert list(results["benchmarks"]) == list(PAPER_ORDER)
     for bench, value in em.items():
@@ -49,5 +51,8 @@ def check_tables_against_generations(run_dir: Path, n_per_bench: int) -> dict[st
     for r, bench in zip(table, PAPER_ORDER):
         assert float(r["EM"]) == pytest.approx(em[bench], abs=5e-4) and int(r["n"]) == n_per_bench
     assert float(table[7]["EM"]) == pytest.approx(average, abs=5e-4)
-    assert f"| EM | {' | '.join(f'{em[b]:.3f}' for b in PAPER_ORDER)} | {average:.3f} |" in (run_dir / "results.md").read_text()
+    assert (
+        f"| EM | {' | '.join(f'{em[b]:.3f}' for b in PAPER_ORDER)} | {average:.3f} |"
+        in (run_dir / "results.md").read_text()
+    )
     return em

@@ -9,12 +9,21 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+
 from tests.support.signature_checks import checked_against
 
 # torch's own functions, taken at import: a second install (another test, a forked rank) checks against these,
 # never against an earlier stand-in
-CUDA_FUNCTIONS = ("is_available", "current_device", "set_device", "get_device_properties", "current_stream",
-                  "synchronize", "ipc_collect", "empty_cache")
+CUDA_FUNCTIONS = (
+    "is_available",
+    "current_device",
+    "set_device",
+    "get_device_properties",
+    "current_stream",
+    "synchronize",
+    "ipc_collect",
+    "empty_cache",
+)
 REAL_CUDA = {name: getattr(torch.cuda, name) for name in CUDA_FUNCTIONS}
 REAL_ACCELERATOR = {name: getattr(torch.accelerator, name) for name in ("current_device_index", "synchronize")}
 
@@ -48,6 +57,7 @@ class HostCuda:
     def _logged(self, name: str) -> Callable:
         def body(*args, **kwargs):
             self.log.append(("cuda", name, self.device()))
+
         return body
 
     def install(self, set_attribute: Callable[[Any, str, Any], None]) -> None:
@@ -63,7 +73,13 @@ class HostCuda:
         }
         for name, body in stand_ins.items():
             set_attribute(torch.cuda, name, checked_against(REAL_CUDA[name])(body))
-        set_attribute(torch.accelerator, "current_device_index",
-                      checked_against(REAL_ACCELERATOR["current_device_index"])(self.device))
-        set_attribute(torch.accelerator, "synchronize",
-                      checked_against(REAL_ACCELERATOR["synchronize"])(lambda device=None, /: None))
+        set_attribute(
+            torch.accelerator,
+            "current_device_index",
+            checked_against(REAL_ACCELERATOR["current_device_index"])(self.device),
+        )
+        set_attribute(
+            torch.accelerator,
+            "synchronize",
+            checked_against(REAL_ACCELERATOR["synchronize"])(lambda device=None, /: None),
+        )

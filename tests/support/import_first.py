@@ -33,8 +33,9 @@ def third_party_names(root: Path) -> set[tuple[str, str | None]]:
     found: set[tuple[str, str | None]] = set()
     for path in sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text())
-        local = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 for n in ast.walk(f)}
+        local = {
+            id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)
+        }
         for node in ast.walk(tree):
             if id(node) in local:
                 continue
@@ -61,8 +62,9 @@ def main() -> None:
         preload(module, name)
     loaded = [m for m in sys.modules if m == "rlinf_ext" or m.startswith("rlinf_ext.")]
     assert not loaded, f"rlinf_ext modules loaded before the test: {loaded}"
-    with multiprocessing.get_context("fork").Pool(int(sys.argv[1]) if len(sys.argv) > 1 else 2,
-                                                  maxtasksperchild=1) as pool:
+    with multiprocessing.get_context("fork").Pool(
+        int(sys.argv[1]) if len(sys.argv) > 1 else 2, maxtasksperchild=1
+    ) as pool:
         results = pool.map(import_alone, sorted(modules), chunksize=1)
     print(json.dumps({"modules": len(results), "failures": {m: e for m, e in results if e}}))
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools
-from tests.support.scripted import ScriptedGenerator
 from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.tools.image_search import ImageSearch
 from rlinf_ext.tools.search import SearchTool
+from tests.support.scripted import ScriptedGenerator
 
 PX = 56 * 56
 
@@ -26,14 +26,18 @@ class ScriptedVLGenerator(ScriptedGenerator):
 
 
 def settings(**kw) -> LoopSettings:
-    base = dict(max_gen_round=3, image_search_limit=1, text_search_limit=1, response_length_total=2048,
-                max_obs_length=200)
+    base = dict(
+        max_gen_round=3, image_search_limit=1, text_search_limit=1, response_length_total=2048, max_obs_length=200
+    )
     base.update(kw)
     return LoopSettings(**base)
 
 
 def tools(cache_dir, topk: int = 3, text_topk: int = 2) -> SearchTools:
-    image = ImageSearch(ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache_dir), topk=topk,
-                                                  thumbnail_min_pixels=PX, thumbnail_max_pixels=PX))
+    image = ImageSearch(
+        ImageSearchToolConfig(
+            backend="cache_dir", cache_path=str(cache_dir), topk=topk, thumbnail_min_pixels=PX, thumbnail_max_pixels=PX
+        )
+    )
     text = SearchTool(SearchToolConfig(backend="dummy", topk=text_topk))
     return SearchTools(image, text)

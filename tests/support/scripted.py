@@ -58,9 +58,7 @@ class ScriptedGenerator:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         k = len(self.calls)
-        text = (
-            self.script(k, self.tokenizer.decode(prompt_ids)) if callable(self.script) else self.script[k]
-        )
+        text = self.script(k, self.tokenizer.decode(prompt_ids)) if callable(self.script) else self.script[k]
         result = self.emulate_engine(text, sampling_params)
         self.calls.append(GenerateCall(list(prompt_ids), sampling_params, result))
         return result
@@ -106,9 +104,11 @@ class ForcedActions:
 
         forced = scores.clone()
         for row, seq in enumerate(input_ids.tolist()):
-            assistant = seq[len(seq) - seq[::-1].index(self.marker):] if self.marker in seq else seq
+            assistant = seq[len(seq) - seq[::-1].index(self.marker) :] if self.marker in seq else seq
             observed = self.close_information in assistant
-            turn = assistant[len(assistant) - assistant[::-1].index(self.close_information):] if observed else assistant
+            turn = (
+                assistant[len(assistant) - assistant[::-1].index(self.close_information) :] if observed else assistant
+            )
             plan = self.plans["answer" if observed else "search"]
             if plan[-1] in turn:
                 continue  # this turn's action is complete: free sampling
@@ -140,7 +140,7 @@ class ForcedFirstTurn:
         for row, seq in enumerate(rows):
             if seq.count(self.marker) > self.prompt_markers:
                 continue  # a later turn: free
-            turn = seq[len(seq) - seq[::-1].index(self.marker):] if self.marker in seq else seq
+            turn = seq[len(seq) - seq[::-1].index(self.marker) :] if self.marker in seq else seq
             done = next((k for k in range(len(self.plan), -1, -1) if k == 0 or turn[-k:] == self.plan[:k]))
             if done == len(self.plan):
                 continue  # the call is out: free sampling (the engine's stop string ends the turn)

@@ -86,16 +86,19 @@ class RecordingTokenizerManager:
         return await self._control("begin_weight_update", "begin", *args, **kwargs)
 
     async def update_weights_from_tensor(self, *args, **kwargs):
-        return await self._control("update_weights_from_tensor",
-                                   lambda o: ("update", len(o.serialized_named_tensors)), *args, **kwargs)
+        return await self._control(
+            "update_weights_from_tensor", lambda o: ("update", len(o.serialized_named_tensors)), *args, **kwargs
+        )
 
     async def init_weights_update_group(self, *args, **kwargs):
-        return await self._control("init_weights_update_group",
-                                   lambda o: ("init_group", o.rank_offset, o.world_size), *args, **kwargs)
+        return await self._control(
+            "init_weights_update_group", lambda o: ("init_group", o.rank_offset, o.world_size), *args, **kwargs
+        )
 
     async def update_weights_from_distributed(self, *args, **kwargs):
-        return await self._control("update_weights_from_distributed", lambda o: ("update", tuple(o.names)),
-                                   *args, **kwargs)
+        return await self._control(
+            "update_weights_from_distributed", lambda o: ("update", tuple(o.names)), *args, **kwargs
+        )
 
     async def end_weight_update(self, *args, **kwargs):
         return await self._control("end_weight_update", "end", *args, **kwargs)

@@ -20,7 +20,9 @@ import sys
 
 def main() -> None:
     folder = sys.argv[1]
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's rlinf_ext
+    sys.path.insert(
+        0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    )  # this checkout's rlinf_ext
     sys.path.append(folder)
     request = json.load(sys.stdin)
     import sglang

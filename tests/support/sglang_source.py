@@ -34,9 +34,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tests.support.signature_checks import bind_like
-
 from rlinf_ext.protocol.engines import SGLANG_VERSION
+from tests.support.signature_checks import bind_like
 
 SGLANG_SOURCE_ENV = "RLINF_EXT_SGLANG_SOURCE"  # overrides the folder (a scratch install)
 SGLANG_SOURCE_DIR = "sglang-source"  # scripts/install.sh --dev: <venv>/sglang-source
@@ -90,13 +89,26 @@ def function_signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> inspect.
     a, P = node.args, inspect.Parameter
     positional = [*a.posonlyargs, *a.args]
     defaults = [inspect.Parameter.empty] * (len(positional) - len(a.defaults)) + [_default(d) for d in a.defaults]
-    params = [P(arg.arg, P.POSITIONAL_ONLY if k < len(a.posonlyargs) else P.POSITIONAL_OR_KEYWORD,
-                default=default, annotation=_annotation(arg.annotation))
-              for k, (arg, default) in enumerate(zip(positional, defaults))]
+    params = [
+        P(
+            arg.arg,
+            P.POSITIONAL_ONLY if k < len(a.posonlyargs) else P.POSITIONAL_OR_KEYWORD,
+            default=default,
+            annotation=_annotation(arg.annotation),
+        )
+        for k, (arg, default) in enumerate(zip(positional, defaults))
+    ]
     if a.vararg:
         params.append(P(a.vararg.arg, P.VAR_POSITIONAL, annotation=_annotation(a.vararg.annotation)))
-    params += [P(arg.arg, P.KEYWORD_ONLY, default=P.empty if d is None else _default(d),
-                 annotation=_annotation(arg.annotation)) for arg, d in zip(a.kwonlyargs, a.kw_defaults)]
+    params += [
+        P(
+            arg.arg,
+            P.KEYWORD_ONLY,
+            default=P.empty if d is None else _default(d),
+            annotation=_annotation(arg.annotation),
+        )
+        for arg, d in zip(a.kwonlyargs, a.kw_defaults)
+    ]
     if a.kwarg:
         params.append(P(a.kwarg.arg, P.VAR_KEYWORD, annotation=_annotation(a.kwarg.annotation)))
     return inspect.Signature(params, return_annotation=_annotation(node.returns))
@@ -210,8 +222,9 @@ class SGLangSource:
                     if ast.unparse(node.annotation).startswith(("ClassVar", "typing.ClassVar")):
                         continue
                     default = P.empty if node.value is None else _default(node.value)
-                    fields[node.target.id] = P(node.target.id, kind, default=default,
-                                               annotation=ast.unparse(node.annotation))
+                    fields[node.target.id] = P(
+                        node.target.id, kind, default=default, annotation=ast.unparse(node.annotation)
+                    )
         params = sorted(fields.values(), key=lambda p: p.kind)  # positional ones first, as msgspec orders them
         return inspect.Signature(params)
 
@@ -227,8 +240,13 @@ class SGLangSource:
     def probe(self, request: dict[str, Any]) -> dict[str, Any]:
         """``tests/support/sglang_probe.py``'s answer to ``request`` (it runs in a child: importing sglang patches
         transformers in place)."""
-        done = subprocess.run([sys.executable, str(PROBE), str(self.folder), SGLANG_VERSION], input=json.dumps(request),
-                              capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        done = subprocess.run(
+            [sys.executable, str(PROBE), str(self.folder), SGLANG_VERSION],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"tests/support/sglang_probe.py failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -260,8 +278,9 @@ def _struct_type(source: SGLangSource, module: str, name: str) -> type:
         for key, value in bound.arguments.items():
             setattr(self, key, value)
 
-    return type(name, (SourceStruct,), {"__init__": __init__, "sglang_name": name, "__module__": module,
-                                        "signature": signature})
+    return type(
+        name, (SourceStruct,), {"__init__": __init__, "sglang_name": name, "__module__": module, "signature": signature}
+    )
 
 
 class SourceModule:

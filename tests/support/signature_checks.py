@@ -23,8 +23,9 @@ def signature_of(real: Callable | inspect.Signature) -> inspect.Signature:
     return real if isinstance(real, inspect.Signature) else inspect.signature(real)
 
 
-def bind_like(real: Callable | inspect.Signature, *args: Any, label: str | None = None,
-              **kwargs: Any) -> inspect.BoundArguments:
+def bind_like(
+    real: Callable | inspect.Signature, *args: Any, label: str | None = None, **kwargs: Any
+) -> inspect.BoundArguments:
     """``args``/``kwargs`` bound to ``real``'s signature (defaults applied); the library's ``TypeError`` if it would
     refuse them."""
     name = label or getattr(real, "__qualname__", None) or "the real callable"
@@ -54,13 +55,16 @@ def checked_against(real: Callable | inspect.Signature, *, label: str | None = N
         name = label or getattr(real, "__qualname__", None) or fake.__qualname__
         own = inspect.signature(fake)
         # a method of the fake standing for a plain function: its own self is not the function's
-        skip = int(next(iter(own.parameters), None) == "self" and next(iter(signature_of(real).parameters), None)
-                   not in ("self", "cls"))
+        skip = int(
+            next(iter(own.parameters), None) == "self"
+            and next(iter(signature_of(real).parameters), None) not in ("self", "cls")
+        )
         kinds = {p.kind for p in own.parameters.values()}
         if not kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
             if _shape(own)[skip:] != _shape(signature_of(real)):
                 raise TypeError(f"the fake {fake.__qualname__}{own} is not spelled as {name}{signature_of(real)}")
         if inspect.iscoroutinefunction(fake):
+
             @functools.wraps(fake)
             async def checked_async(*args, **kwargs):
                 bind_like(real, *args[skip:], label=name, **kwargs)
@@ -83,8 +87,11 @@ def checked_against(real: Callable | inspect.Signature, *, label: str | None = N
 def attributes_of(real_cls: type, **attributes: Any) -> SimpleNamespace:
     """A stand-in holding ``attributes``, each one the real class has (an attribute, property or method of it):
     for a fake that is only read."""
-    missing = [name for name in attributes if inspect.getattr_static(real_cls, name, None) is None
-               and name not in getattr(real_cls, "__annotations__", {})]
+    missing = [
+        name
+        for name in attributes
+        if inspect.getattr_static(real_cls, name, None) is None and name not in getattr(real_cls, "__annotations__", {})
+    ]
     if missing:
         raise AttributeError(f"{real_cls.__qualname__} has no {missing}: the stand-in would offer what it lacks")
     return SimpleNamespace(**attributes)

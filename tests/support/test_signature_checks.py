@@ -9,6 +9,7 @@ import asyncio
 import inspect
 
 import pytest
+
 from tests.support.sglang_fakes import MANAGER, RecordingEngine, RecordingTokenizerManager, SourceSerializer
 from tests.support.sglang_source import SGLANG_SOURCE_ENV, SGLangSource, SGLangSourceMissing
 from tests.support.signature_checks import bind_like, checked_against
@@ -100,8 +101,11 @@ def test_the_recording_fakes_stand_for_sglangs_own_methods(sglang_source):
 
 def test_a_missing_release_names_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setenv(SGLANG_SOURCE_ENV, str(tmp_path))
-    with pytest.raises(SGLangSourceMissing, match=r"sglang 0.5.23's release is not in .*Fix: bash scripts/install.sh "
-                                                  r"--dev"):
+    with pytest.raises(
+        SGLangSourceMissing,
+        match=r"sglang 0.5.23's release is not in .*Fix: bash scripts/install.sh "
+        r"--dev",
+    ):
         SGLangSource.find()
     (tmp_path / "sglang").mkdir()
     (tmp_path / "sglang-0.5.22.dist-info").mkdir()
@@ -119,8 +123,12 @@ def test_the_keyword_ray_adds_to_an_actor_classs_methods_need_not_be_spelled():
             pass
 
     traced = inspect.signature(Library.send)
-    traced = traced.replace(parameters=[*traced.parameters.values(),
-                                        inspect.Parameter("_ray_trace_ctx", inspect.Parameter.KEYWORD_ONLY, default=None)])
+    traced = traced.replace(
+        parameters=[
+            *traced.parameters.values(),
+            inspect.Parameter("_ray_trace_ctx", inspect.Parameter.KEYWORD_ONLY, default=None),
+        ]
+    )
 
     class Fake:
         @checked_against(traced)
@@ -129,6 +137,7 @@ def test_the_keyword_ray_adds_to_an_actor_classs_methods_need_not_be_spelled():
 
     assert Fake().send("x", 1) == "x"
     with pytest.raises(TypeError, match="is not spelled as"):
+
         class Misspelled:
             @checked_against(traced)
             def send(self, object, dst, async_op=False):

@@ -241,10 +241,25 @@ class ServingEngine(RecordingEngine):
         spans = [WeightVersionSpan(labels[s], s, e) for s, e in zip(starts, starts[1:] + [len(labels)])]
         prompt = list(a["prompt"]["prompt_token_ids"])
         ids = [10 + (len(prompt) + k) % 50 for k in range(len(labels))]
-        yield RequestOutput(request_id=a["request_id"], prompt=None, prompt_token_ids=prompt, prompt_logprobs=None,
-                            outputs=[CompletionOutput(index=0, text="", token_ids=ids, cumulative_logprob=None,
-                                                      logprobs=None, finish_reason="length", stop_reason=None,
-                                                      weight_versions=spans)], finished=True)
+        yield RequestOutput(
+            request_id=a["request_id"],
+            prompt=None,
+            prompt_token_ids=prompt,
+            prompt_logprobs=None,
+            outputs=[
+                CompletionOutput(
+                    index=0,
+                    text="",
+                    token_ids=ids,
+                    cumulative_logprob=None,
+                    logprobs=None,
+                    finish_reason="length",
+                    stop_reason=None,
+                    weight_versions=spans,
+                )
+            ],
+            finished=True,
+        )
 
 
 # ------------------------------------------------------------------------------------------------ workers
@@ -289,7 +304,8 @@ def ipc_worker(model: LoadableModel, device_index: int, *, configured: bool = Tr
     if configured:
         record_metadata_for_reloading(model)
         worker.weight_transfer_engine = WeightTransferEngineFactory.create_engine(
-            WeightTransferConfig(backend="ipc"), worker.vllm_config, torch.device("cuda", device_index), model)
+            WeightTransferConfig(backend="ipc"), worker.vllm_config, torch.device("cuda", device_index), model
+        )
     return worker
 
 
@@ -327,9 +343,23 @@ def cuda_ipc_args(tensor: torch.Tensor, *, device: int, handle: bytes) -> tuple:
     values, ``device`` and ``handle`` are given; the storage is the whole allocation (offset 0); the
     reference-counter and event handles are bytes as CUDA's are."""
     storage = tensor._typed_storage()
-    return (type(tensor), tensor.size(), tensor.stride(), tensor.storage_offset(), type(storage), tensor.dtype,
-            device, handle, storage.nbytes(), 0, tensor.requires_grad, f"/rlinf_ext_ref_{os.getpid()}".encode(), 0,
-            bytes(64), True)
+    return (
+        type(tensor),
+        tensor.size(),
+        tensor.stride(),
+        tensor.storage_offset(),
+        type(storage),
+        tensor.dtype,
+        device,
+        handle,
+        storage.nbytes(),
+        0,
+        tensor.requires_grad,
+        f"/rlinf_ext_ref_{os.getpid()}".encode(),
+        0,
+        bytes(64),
+        True,
+    )
 
 
 class _HostAllocation(TorchFunctionMode):
@@ -375,16 +405,40 @@ class HostIpc:
         path, device = self.buffers[tensor.untyped_storage().data_ptr()]
         return REAL_REBUILD_CUDA_TENSOR, cuda_ipc_args(tensor, device=device, handle=str(path).encode())
 
-    def open(self, tensor_cls, tensor_size, tensor_stride, tensor_offset, storage_cls, dtype, storage_device,
-             storage_handle, storage_size_bytes, storage_offset_bytes, requires_grad, ref_counter_handle,
-             ref_counter_offset, event_handle, event_sync_required):
+    def open(
+        self,
+        tensor_cls,
+        tensor_size,
+        tensor_stride,
+        tensor_offset,
+        storage_cls,
+        dtype,
+        storage_device,
+        storage_handle,
+        storage_size_bytes,
+        storage_offset_bytes,
+        requires_grad,
+        ref_counter_handle,
+        ref_counter_offset,
+        event_handle,
+        event_sync_required,
+    ):
         # what torch's rebuild takes as it is, before its CUDA open (reductions.py: rebuild_cuda_tensor)
         assert isinstance(tensor_cls, type) and issubclass(tensor_cls, torch.Tensor), tensor_cls
         assert isinstance(storage_cls, type) and issubclass(storage_cls, torch.storage.TypedStorage), storage_cls
         assert isinstance(dtype, torch.dtype) and isinstance(storage_device, int), (dtype, storage_device)
         assert all(isinstance(h, bytes) for h in (storage_handle, ref_counter_handle, event_handle))
-        assert all(isinstance(n, int) for n in (tensor_offset, storage_size_bytes, storage_offset_bytes,
-                                                ref_counter_offset, *tensor_size, *tensor_stride))
+        assert all(
+            isinstance(n, int)
+            for n in (
+                tensor_offset,
+                storage_size_bytes,
+                storage_offset_bytes,
+                ref_counter_offset,
+                *tensor_size,
+                *tensor_stride,
+            )
+        )
         assert isinstance(requires_grad, bool) and isinstance(event_sync_required, bool)
         path = Path(storage_handle.decode())
         self.opened.append((path.name, storage_device))

@@ -39,9 +39,12 @@ def test_the_probe_tolerance_follows_the_engines_precision():
         probe_atol("float16")
 
     def cfg(precision):
-        return SimpleNamespace(rollout=SimpleNamespace(model=SimpleNamespace(precision=precision), tensor_parallel_size=1,
-                                                       return_logprobs=False),
-                               runner=SimpleNamespace(max_staleness=0, partial_rollout=False))
+        return SimpleNamespace(
+            rollout=SimpleNamespace(
+                model=SimpleNamespace(precision=precision), tensor_parallel_size=1, return_logprobs=False
+            ),
+            runner=SimpleNamespace(max_staleness=0, partial_rollout=False),
+        )
 
     # a bf16 engine on GPUs (the reference configs) against the actor's fp32 logits: rounding, not a failed sync
     for precision, atol in (("bf16", 0.5), ("fp16", 0.5), ("fp32", 1e-3)):

@@ -15,11 +15,9 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
-
-from tests.support.sglang_fakes import UTILS, RecordingEngine, RecordingTokenizerManager, SourceSerializer
 from rlinf.scheduler import Worker
-from tests.support.signature_checks import bind_like, checked_against
 from transfer_fakes import Done, Op, Pending  # noqa: E402
+
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.sync.engine_calls import EngineCall
 from rlinf_ext.sync.sglang_transfer import (
@@ -33,6 +31,8 @@ from rlinf_ext.sync.sglang_transfer import (
 )
 from rlinf_ext.sync.weight_sync import SYNC_END, SyncHeader, SyncRoutes, WeightSyncError
 from rlinf_ext.workers.rollout_sglang import SGLangControl, SGLangRolloutState
+from tests.support.sglang_fakes import UTILS, RecordingEngine, RecordingTokenizerManager, SourceSerializer
+from tests.support.signature_checks import bind_like, checked_against
 
 pytestmark = pytest.mark.timeout(120)
 WAIT_S = 60.0  # a thread of this test waits on the others; a loaded 2-core CI box once took over 20 s
@@ -40,8 +40,10 @@ WAIT_S = 60.0  # a thread of this test waits on the others; a loaded 2-core CI b
 
 # ------------------------------------------------------------------------------------------------ pure parts
 def cfg_of(placement, backend="sglang"):
-    return SimpleNamespace(rollout=SimpleNamespace(rollout_backend=backend),
-                           cluster=SimpleNamespace(num_nodes=1, num_gpus_per_node=8, component_placement=placement))
+    return SimpleNamespace(
+        rollout=SimpleNamespace(rollout_backend=backend),
+        cluster=SimpleNamespace(num_nodes=1, num_gpus_per_node=8, component_placement=placement),
+    )
 
 
 def test_only_disaggregated_sglang_on_gpus_takes_this_route():
@@ -59,8 +61,13 @@ def test_buckets_keep_the_order_and_the_size_bound():
 
 def test_the_update_request_names_sglang_dtypes_and_shapes():
     bucket = [("w", torch.zeros(2, 3, dtype=torch.bfloat16)), ("b", torch.zeros(3, dtype=torch.float32))]
-    assert update_request(bucket) == {"names": ["w", "b"], "dtypes": ["bfloat16", "float32"],
-                                      "shapes": [[2, 3], [3]], "group_name": GROUP_NAME, "flush_cache": False}
+    assert update_request(bucket) == {
+        "names": ["w", "b"],
+        "dtypes": ["bfloat16", "float32"],
+        "shapes": [[2, 3], [3]],
+        "group_name": GROUP_NAME,
+        "flush_cache": False,
+    }
     assert getattr(torch, update_request(bucket)["dtypes"][0]) is torch.bfloat16  # how SGLang reads it back
 
 
@@ -80,10 +87,17 @@ def test_the_actor_joins_with_sglangs_own_group_call(sglang_source, monkeypatch)
         monkeypatch.setitem(sys.modules, name, ModuleType(name))
     monkeypatch.setitem(sys.modules, UTILS, utils)
     for host, url in (("10.0.0.1", "tcp://10.0.0.1:29555"), ("fd00::1", "tcp://[fd00::1]:29555")):
-        assert sglang_init_group(master_address=host, master_port=29555, world_size=5, rank=0,
-                                 group_name=GROUP_NAME) == "group"
+        assert (
+            sglang_init_group(master_address=host, master_port=29555, world_size=5, rank=0, group_name=GROUP_NAME)
+            == "group"
+        )
         assert {k: calls[-1][k] for k in ("backend", "init_method", "world_size", "rank", "group_name")} == {
-            "backend": "nccl", "init_method": url, "world_size": 5, "rank": 0, "group_name": GROUP_NAME}
+            "backend": "nccl",
+            "init_method": url,
+            "world_size": 5,
+            "rank": 0,
+            "group_name": GROUP_NAME,
+        }
 
 
 # ------------------------------------------------------------------------------------------------ fakes
@@ -181,7 +195,6 @@ class CollectiveManager(RecordingTokenizerManager):
         await asyncio.to_thread(self.collective.meet.wait, WAIT_S)
         return True, ""
 
-
     async def on_flush_cache(self, obj):
         self.gate_closed_at_flush.append(self.gate.paused)
         return self.io.FlushCacheReqOutput(success=True)
@@ -198,10 +211,16 @@ def control_of(source, collective: Collective, tp: int, fail_update: bool = Fals
     return SGLangControl(NoProbeEngine(source, manager), source.io_struct, SourceSerializer(source))
 
 
-CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
-                      rollout=SimpleNamespace(group_name="RolloutGroup", tensor_parallel_size=2, return_logprobs=False,
-                                              model=SimpleNamespace(precision="bf16")),  # a GPU engine's dtype
-                      runner=SimpleNamespace(max_staleness=0))
+CFG = SimpleNamespace(
+    actor=SimpleNamespace(group_name="ActorGroup"),
+    rollout=SimpleNamespace(
+        group_name="RolloutGroup",
+        tensor_parallel_size=2,
+        return_logprobs=False,
+        model=SimpleNamespace(precision="bf16"),
+    ),  # a GPU engine's dtype
+    runner=SimpleNamespace(max_staleness=0),
+)
 
 
 class FakeRollout(SGLangRolloutState):
@@ -223,13 +242,17 @@ class FakeRollout(SGLangRolloutState):
         return Op()
 
 
-STATE = {"model.embed_tokens.weight": torch.arange(16.0).view(4, 4).bfloat16(), "lm_head.weight": torch.ones(4, 4),
-         "model.norm.weight": torch.full((4,), 2.0)}
+STATE = {
+    "model.embed_tokens.weight": torch.arange(16.0).view(4, 4).bfloat16(),
+    "lm_head.weight": torch.ones(4, 4),
+    "model.norm.weight": torch.full((4,), 2.0),
+}
 
 
 def start_rollouts(wire, controls, syncs, errors):
     """One thread per rollout rank receiving ``syncs`` transfers; what a rank raises goes to ``errors`` and breaks
     the rendezvous, so an actor still waiting there fails at once instead of waiting out its timeout."""
+
     def run(rank):
         worker = None
         try:
@@ -251,11 +274,16 @@ def start_rollouts(wire, controls, syncs, errors):
 
 
 def sender_of(wire, collective, engines, tp, timeout_s=WAIT_S, bucket_bytes=96):
-    return SGLangDistributedSender(FakeActor(wire), SyncRoutes("broadcast", actor_world=2, rollout_dp=engines,
-                                                               rollout_tp=tp),
-                                   rollout_group="RolloutGroup", bucket_bytes=bucket_bytes, timeout_s=timeout_s,
-                                   init_group=collective.init_group, broadcast=collective.broadcast,
-                                   rendezvous=lambda: ("10.0.0.1", 29555))
+    return SGLangDistributedSender(
+        FakeActor(wire),
+        SyncRoutes("broadcast", actor_world=2, rollout_dp=engines, rollout_tp=tp),
+        rollout_group="RolloutGroup",
+        bucket_bytes=bucket_bytes,
+        timeout_s=timeout_s,
+        init_group=collective.init_group,
+        broadcast=collective.broadcast,
+        rendezvous=lambda: ("10.0.0.1", 29555),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ call order
@@ -276,7 +304,10 @@ def test_two_engines_of_tp2_join_once_with_their_offsets_and_load_every_bucket_i
     assert not errors
     # one group of 1 + 2 x 2 ranks: the actor 0, engine 0 at 1-2, engine 1 at 3-4
     assert sorted((r, w) for who, r, w in collective.ranks if who in ("actor", "engine")) == [(i, 5) for i in range(5)]
-    buckets = [("model.embed_tokens.weight", "lm_head.weight"), ("model.norm.weight",)]  # 32 + 64 B fill 96 B; + 16 B would not
+    buckets = [
+        ("model.embed_tokens.weight", "lm_head.weight"),
+        ("model.norm.weight",),
+    ]  # 32 + 64 B fill 96 B; + 16 B would not
     managers = [c.engine.tokenizer_manager for c in controls]
     for manager in managers:
         sync = ["begin", *(("update", b) for b in buckets), "end", "flush"]
@@ -295,9 +326,13 @@ def test_the_other_actor_ranks_send_nothing():
     wire, collective = Wire(1), Collective(1)
     actor = FakeActor(wire)
     actor._rank = 1
-    sender = SGLangDistributedSender(actor, SyncRoutes("broadcast", actor_world=2, rollout_dp=1),
-                                     rollout_group="RolloutGroup", init_group=collective.init_group,
-                                     broadcast=collective.broadcast)
+    sender = SGLangDistributedSender(
+        actor,
+        SyncRoutes("broadcast", actor_world=2, rollout_dp=1),
+        rollout_group="RolloutGroup",
+        init_group=collective.init_group,
+        broadcast=collective.broadcast,
+    )
     sender.sync(SyncHeader(version=1, sender=1), lambda: iter(STATE.items()))
     assert wire.sent == [] and collective.ranks == []
 
@@ -319,12 +354,17 @@ def test_a_failed_engine_update_is_raised_on_the_actor_and_the_session_still_end
     threads = start_rollouts(wire, [control], syncs=1, errors=errors)
     collective.meet = threading.Barrier(1)  # the failed engine never receives: the actor's broadcast goes alone
     sender = sender_of(wire, collective, 1, 1)
-    with pytest.raises(WeightSyncError, match="SGLang refused update_weights_from_distributed: rank 0: .*shape mismatch"):
+    with pytest.raises(
+        WeightSyncError, match="SGLang refused update_weights_from_distributed: rank 0: .*shape mismatch"
+    ):
         sender.sync(SyncHeader(version=1, sender=0), lambda: iter(STATE.items()))
     for t in threads:
         t.join(WAIT_S)
     assert control.engine.tokenizer_manager.calls[1:] == [
-        "begin", ("update", ("model.embed_tokens.weight", "lm_head.weight")), "end"]
+        "begin",
+        ("update", ("model.embed_tokens.weight", "lm_head.weight")),
+        "end",
+    ]
     assert isinstance(errors[0], WeightSyncError)
 
 

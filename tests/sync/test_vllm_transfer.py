@@ -23,23 +23,10 @@ import torch
 pytest.importorskip("vllm")
 
 from rlinf.scheduler import Worker as RLinfWorker  # noqa: E402
+from transfer_fakes import Done, Op, Pending  # noqa: E402
 from vllm.distributed.weight_transfer.nccl_common import NCCLWeightTransferInitInfo, worker_init_payload  # noqa: E402
 from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerWeightTransferEngine  # noqa: E402
 
-from transfer_fakes import Done, Op, Pending  # noqa: E402
-from tests.support.host_cuda import HostCuda  # noqa: E402
-from tests.support.signature_checks import bind_like  # noqa: E402
-from tests.support.vllm_boundary import (  # noqa: E402
-    WAIT_S,
-    HostIpc,
-    HostIPCTrainer,
-    LoadableModel,
-    NCCLWorker,
-    RecordingEngine,
-    ServingEngine,
-    ipc_worker,
-    vllm_process_env,
-)
 from rlinf_ext.generation.vllm_wire import VLLMEngineOptions, engine_environment  # noqa: E402
 from rlinf_ext.sync.engine_calls import (  # noqa: E402
     EngineCall,
@@ -58,18 +45,34 @@ from rlinf_ext.sync.vllm_transfer import (  # noqa: E402
 )
 from rlinf_ext.sync.weight_sync import SyncHeader, SyncRoutes, WeightSyncError  # noqa: E402
 from rlinf_ext.workers.rollout_vllm import VLLMRolloutState  # noqa: E402
+from tests.support.host_cuda import HostCuda  # noqa: E402
+from tests.support.signature_checks import bind_like  # noqa: E402
+from tests.support.vllm_boundary import (  # noqa: E402
+    WAIT_S,
+    HostIpc,
+    HostIPCTrainer,
+    LoadableModel,
+    NCCLWorker,
+    RecordingEngine,
+    ServingEngine,
+    ipc_worker,
+    vllm_process_env,
+)
 
 pytestmark = pytest.mark.timeout(120)
 # the environment each backend's AsyncLLM starts with (generation/vllm_wire.py; start_engine sets it)
-ENGINE_ENV = {backend: engine_environment(VLLMEngineOptions(model_path="m", in_process=False,
-                                                            weight_transfer_backend=backend))
-              for backend in ("ipc", "nccl")}
+ENGINE_ENV = {
+    backend: engine_environment(VLLMEngineOptions(model_path="m", in_process=False, weight_transfer_backend=backend))
+    for backend in ("ipc", "nccl")
+}
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
 def cfg_of(placement, backend="vllm", gpus=8):
-    return SimpleNamespace(rollout=SimpleNamespace(rollout_backend=backend),
-                           cluster=SimpleNamespace(num_nodes=1, num_gpus_per_node=gpus, component_placement=placement))
+    return SimpleNamespace(
+        rollout=SimpleNamespace(rollout_backend=backend),
+        cluster=SimpleNamespace(num_nodes=1, num_gpus_per_node=gpus, component_placement=placement),
+    )
 
 
 def test_backend_follows_the_placement_and_the_engine():
@@ -87,8 +90,13 @@ def test_each_engine_gets_its_own_nccl_ranks():
     assert engine_init_info({"packed": True}, 3, 2) == {"packed": True}  # IPC: nothing to offset
     routes = SyncRoutes("broadcast", actor_world=4, rollout_dp=4, rollout_tp=2)
     nccl = trainer_init_info("nccl", routes, rank=0, bucket_bytes=1 << 20, rendezvous=lambda: ("10.0.0.1", 4242))
-    assert (nccl.world_size, nccl.master_address, nccl.master_port, nccl.packed, nccl.packed_buffer_size_bytes) == \
-        (9, "10.0.0.1", 4242, True, 1 << 20)
+    assert (nccl.world_size, nccl.master_address, nccl.master_port, nccl.packed, nccl.packed_buffer_size_bytes) == (
+        9,
+        "10.0.0.1",
+        4242,
+        True,
+        1 << 20,
+    )
     ipc = trainer_init_info("ipc", SyncRoutes("paired", 8, 8), rank=3, bucket_bytes=1 << 20)
     assert ipc.backend == "ipc" and ipc.rank == 3 and not ipc.is_sender and ipc.packed
 
@@ -100,7 +108,9 @@ class NeverDone:
 
 def test_every_wait_gives_up_after_its_timeout():
     t0 = time.monotonic()
-    with pytest.raises(WeightSyncError, match="rollout rank 1's answer to update_weights did not complete within 0.2 s"):
+    with pytest.raises(
+        WeightSyncError, match="rollout rank 1's answer to update_weights did not complete within 0.2 s"
+    ):
         wait_work(NeverDone(), 0.2, "rollout rank 1's answer to update_weights")
     with pytest.raises(WeightSyncError, match="the nccl weight transfer did not finish within 0.2 s"):
         run_with_timeout(lambda: time.sleep(30), 0.2, "the nccl weight transfer")
@@ -189,9 +199,11 @@ class FakeRollout(VLLMRolloutState):
         return Op()
 
 
-CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),  # a GPU engine's dtype: bf16
-                      rollout=SimpleNamespace(group_name="RolloutGroup", model=SimpleNamespace(precision="bf16")),
-                      runner=SimpleNamespace(partial_rollout=False))
+CFG = SimpleNamespace(
+    actor=SimpleNamespace(group_name="ActorGroup"),  # a GPU engine's dtype: bf16
+    rollout=SimpleNamespace(group_name="RolloutGroup", model=SimpleNamespace(precision="bf16")),
+    runner=SimpleNamespace(partial_rollout=False),
+)
 
 
 def rollout_side(wire, rank, engine, backend, syncs, errors, versions=None):
@@ -217,16 +229,20 @@ def rollout_side(wire, rank, engine, backend, syncs, errors, versions=None):
 
 def start_rollouts(wire, engines, backend, syncs=1, versions=None):
     errors: list = []
-    threads = [threading.Thread(target=rollout_side, args=(wire, r, e, backend, syncs, errors, versions), daemon=True)
-               for r, e in enumerate(engines)]
+    threads = [
+        threading.Thread(target=rollout_side, args=(wire, r, e, backend, syncs, errors, versions), daemon=True)
+        for r, e in enumerate(engines)
+    ]
     for t in threads:
         t.start()
     return threads, errors
 
 
-WEIGHTS = {"model.embed_tokens.weight": torch.arange(12.0).reshape(4, 3),
-           "model.layers.0.mlp.up_proj.weight": torch.ones(2, 3, dtype=torch.bfloat16),
-           "lm_head.weight": torch.zeros(4, 3)}
+WEIGHTS = {
+    "model.embed_tokens.weight": torch.arange(12.0).reshape(4, 3),
+    "model.layers.0.mlp.up_proj.weight": torch.ones(2, 3, dtype=torch.bfloat16),
+    "lm_head.weight": torch.zeros(4, 3),
+}
 # packed buffers of 64 bytes: the embedding and the MLP weight (48 + 12 bytes) in one chunk, the head in a second
 SMALL_BUFFER = 64
 
@@ -260,6 +276,7 @@ def run_actor_ranks(senders, version, passes_of=lambda rank: passes, device_of=l
             sender.sync(SyncHeader(version=version, sender=sender.rank), passes_of(sender.rank))
         except BaseException as exc:
             errors.append(exc)
+
     threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in senders]
     for t in threads:
         t.start()
@@ -270,7 +287,7 @@ def run_actor_ranks(senders, version, passes_of=lambda rank: passes, device_of=l
 
 def versioned(version, base: dict = WEIGHTS):
     """``passes_of`` for ``run_actor_ranks``: each rank's ``weights_of`` that version."""
-    return lambda rank: (lambda: iter(weights_of(rank, version, base).items()))
+    return lambda rank: lambda: iter(weights_of(rank, version, base).items())
 
 
 # ------------------------------------------------------------------------------------------------ NCCL route
@@ -285,9 +302,17 @@ class CPUNCCLTrainer(NCCLTrainerWeightTransferEngine):
     def trainer_init(cls, init_info, *, client, source=None):
         engine = cls(client=client, source=source, is_sender=init_info.is_sender, packed=init_info.packed)
         if engine.is_sender:
-            engine.client.init_weight_transfer_engine(worker_init_payload(NCCLWeightTransferInitInfo(
-                master_address=init_info.master_address, master_port=init_info.master_port, rank_offset=1,
-                world_size=init_info.world_size, packed=init_info.packed)))
+            engine.client.init_weight_transfer_engine(
+                worker_init_payload(
+                    NCCLWeightTransferInitInfo(
+                        master_address=init_info.master_address,
+                        master_port=init_info.master_port,
+                        rank_offset=1,
+                        world_size=init_info.world_size,
+                        packed=init_info.packed,
+                    )
+                )
+            )
         return engine
 
     def _broadcast(self, source, meta):
@@ -311,9 +336,18 @@ def test_cpu_nccl_trainer_keeps_vllms_signatures():
 
 def nccl_senders(wire, routes, barrier, broadcast, timeout_s=WAIT_S):
     CPUNCCLTrainer.barrier, CPUNCCLTrainer.broadcast = barrier, broadcast
-    return [VLLMTransferSender(FakeActor(wire, rank), "nccl", routes, rollout_group="RolloutGroup",
-                               timeout_s=timeout_s, trainer_init=CPUNCCLTrainer.trainer_init,
-                               rendezvous=lambda: ("10.0.0.1", 4242)) for rank in range(routes.actor_world)]
+    return [
+        VLLMTransferSender(
+            FakeActor(wire, rank),
+            "nccl",
+            routes,
+            rollout_group="RolloutGroup",
+            timeout_s=timeout_s,
+            trainer_init=CPUNCCLTrainer.trainer_init,
+            rendezvous=lambda: ("10.0.0.1", 4242),
+        )
+        for rank in range(routes.actor_world)
+    ]
 
 
 def test_nccl_route_call_order_on_both_sides():
@@ -332,12 +366,25 @@ def test_nccl_route_call_order_on_both_sides():
     for rank, engine in enumerate(engines):
         init, *updates = engine.worker.received
         # vLLM's worker init info: the rendezvous, 1 trainer + 2 engines x TP 2, this engine's first rank
-        assert (init.master_address, init.master_port, init.world_size, init.rank_offset, init.packed) == \
-            ("10.0.0.1", 4242, 5, 1 + 2 * rank, True)
-        assert [(u.names, u.dtype_names, u.shapes) for u in updates] == \
-            [(list(WEIGHTS), ["float32", "bfloat16", "float32"], [[4, 3], [2, 3], [4, 3]])] * 2
-        one_sync = ["pause_generation", "start_weight_update", "update_weights", "finish_weight_update",
-                    "reset_prefix_cache", "reset_encoder_cache", "resume_generation"]
+        assert (init.master_address, init.master_port, init.world_size, init.rank_offset, init.packed) == (
+            "10.0.0.1",
+            4242,
+            5,
+            1 + 2 * rank,
+            True,
+        )
+        assert [(u.names, u.dtype_names, u.shapes) for u in updates] == [
+            (list(WEIGHTS), ["float32", "bfloat16", "float32"], [[4, 3], [2, 3], [4, 3]])
+        ] * 2
+        one_sync = [
+            "pause_generation",
+            "start_weight_update",
+            "update_weights",
+            "finish_weight_update",
+            "reset_prefix_cache",
+            "reset_encoder_cache",
+            "resume_generation",
+        ]
         assert engine.names() == ["init_weight_transfer_engine"] + one_sync * 2  # no sleep: the engine owns its GPUs
         assert [a["weight_version"] for n, a in engine.calls if n == "finish_weight_update"] == ["5", "6"]
         assert [a["mode"] for n, a in engine.calls if n == "pause_generation"] == ["wait", "wait"]
@@ -416,8 +463,11 @@ def test_nccl_route_with_partial_rollout_cuts_the_running_turn_which_goes_on_und
     wire, barrier = Wire(1, 1), threading.Barrier(2)
     engine = ServingEngine(NCCLWorker(barrier))
     w = FakeRollout(wire, 0)
-    partial = SimpleNamespace(actor=CFG.actor, runner=SimpleNamespace(partial_rollout=True),
-                              rollout=SimpleNamespace(**vars(CFG.rollout), vllm=SimpleNamespace(sleep_level=2)))
+    partial = SimpleNamespace(
+        actor=CFG.actor,
+        runner=SimpleNamespace(partial_rollout=True),
+        rollout=SimpleNamespace(**vars(CFG.rollout), vllm=SimpleNamespace(sleep_level=2)),
+    )
     w._setup(partial, verify_sync=True)
     generator = VLLMGenerator(engine, CharTokenizer(), [0], in_process=False)
     generator.options = VLLMEngineOptions(model_path="m", in_process=False, weight_transfer_backend="nccl")
@@ -493,8 +543,12 @@ def test_a_start_that_times_out_mid_pause_resumes_the_engine():
     message, serving_after, reply = asyncio.run(go())
     assert START in message and "0.3 s" in message and "rank 0" in message, message
     assert serving_after, engine.names()  # not left paused
-    assert engine.names()[-4:] == ["pause_generation", "reset_prefix_cache", "reset_encoder_cache",
-                                   "resume_generation"]  # no start_weight_update: START broke off in its pause
+    assert engine.names()[-4:] == [
+        "pause_generation",
+        "reset_prefix_cache",
+        "reset_encoder_cache",
+        "resume_generation",
+    ]  # no start_weight_update: START broke off in its pause
     answer = wire.up[(0, 0)].get_nowait()
     assert isinstance(answer, EngineReply) and answer.method == START and "0.3 s" in answer.error
     assert reply["weight_version"] == 0 == w.weight_version and len(reply["output_ids"]) == 1000
@@ -513,8 +567,12 @@ def test_a_refused_update_reaches_the_actor_and_the_engine_serves_again():
     assert len(errors) == 1 and isinstance(errors[0], WeightSyncError)
     assert "illegal memory access" in str(errors[0]) or "did not finish within 3 s" in str(errors[0])
     assert rollout_errors and "illegal memory access" in str(rollout_errors[0])
-    assert engine.names()[-4:] == ["finish_weight_update", "reset_prefix_cache", "reset_encoder_cache",
-                                   "resume_generation"]
+    assert engine.names()[-4:] == [
+        "finish_weight_update",
+        "reset_prefix_cache",
+        "reset_encoder_cache",
+        "resume_generation",
+    ]
     assert engine.serving
 
 
@@ -542,8 +600,15 @@ def host_gpus(monkeypatch, tmp_path):
 
 
 def ipc_sender(wire, rank, routes, timeout_s=WAIT_S):
-    return VLLMTransferSender(FakeActor(wire, rank), "ipc", routes, rollout_group="RolloutGroup",
-                              bucket_bytes=SMALL_BUFFER, timeout_s=timeout_s, trainer_init=HostIPCTrainer.trainer_init)
+    return VLLMTransferSender(
+        FakeActor(wire, rank),
+        "ipc",
+        routes,
+        rollout_group="RolloutGroup",
+        bucket_bytes=SMALL_BUFFER,
+        timeout_s=timeout_s,
+        trainer_init=HostIPCTrainer.trainer_init,
+    )
 
 
 def test_ipc_route_packed_and_the_kv_cache_woken_after_the_actor_freed_its_memory(host_gpus):
@@ -562,8 +627,18 @@ def test_ipc_route_packed_and_the_kv_cache_woken_after_the_actor_freed_its_memor
     state, expected = model_state(engine), weights_of(0, 2)
     assert all(torch.equal(state[k], expected[k]) for k in WEIGHTS)  # the second sync's weights, in place
 
-    one_sync = ["sleep", "wake_up", "start_weight_update", "update_weights", "update_weights",
-                "finish_weight_update", "wake_up", "reset_prefix_cache", "reset_encoder_cache", "resume_generation"]
+    one_sync = [
+        "sleep",
+        "wake_up",
+        "start_weight_update",
+        "update_weights",
+        "update_weights",
+        "finish_weight_update",
+        "wake_up",
+        "reset_prefix_cache",
+        "reset_encoder_cache",
+        "resume_generation",
+    ]
     # init comes once, with the first sync, after the engine went to sleep
     assert engine.names() == one_sync[:1] + ["init_weight_transfer_engine"] + one_sync[1:] + one_sync
     wakes = [a["tags"] for n, a in engine.calls if n == "wake_up"]
@@ -677,8 +752,14 @@ def test_packed_ipc_across_two_actor_ranks_each_engine_opens_its_own_gpu(host_gp
     wire, versions = Wire(2, 2, make_queue=ctx.Queue), (1, 2)
     engines = [RecordingEngine(ipc_worker(loadable_model(), device_index=r)) for r in range(2)]
     results = ctx.Queue()
-    ranks = [ctx.Process(target=actor_rank_process, args=(r, 2, str(tmp_path / "pg"), str(tmp_path), wire, versions,
-                                                          results), daemon=True) for r in range(2)]
+    ranks = [
+        ctx.Process(
+            target=actor_rank_process,
+            args=(r, 2, str(tmp_path / "pg"), str(tmp_path), wire, versions, results),
+            daemon=True,
+        )
+        for r in range(2)
+    ]
     for p in ranks:
         p.start()
     threads, rollout_errors = start_rollouts(wire, engines, "ipc", syncs=len(versions))

@@ -11,7 +11,6 @@ import textwrap
 import pytest
 import torch
 from rlinf.scheduler import Worker
-from tests.support.signature_checks import checked_against
 from transfer_fakes import Done
 
 from rlinf_ext.convert.mapping import ConvertSpec
@@ -28,6 +27,7 @@ from rlinf_ext.sync.weight_sync import (
     share_bucket,
     sync_mode,
 )
+from tests.support.signature_checks import checked_against
 
 
 # ------------------------------------------------------------------------------------------------ routes
@@ -58,8 +58,14 @@ def test_mode_follows_the_placement_and_paired_needs_one_actor_rank_per_rollout_
 
 # ------------------------------------------------------------------------------------------------ buckets
 def test_buckets_bound_the_bytes_keep_the_order_and_split_dtypes():
-    state = {"a": torch.arange(10.0), "b": torch.arange(10.0) + 10, "c": torch.arange(30.0), "d": torch.arange(5.0),
-             "e": torch.arange(4, dtype=torch.float16), "f": torch.arange(3.0)}  # fp32: 40/40/120/20 B
+    state = {
+        "a": torch.arange(10.0),
+        "b": torch.arange(10.0) + 10,
+        "c": torch.arange(30.0),
+        "d": torch.arange(5.0),
+        "e": torch.arange(4, dtype=torch.float16),
+        "f": torch.arange(3.0),
+    }  # fp32: 40/40/120/20 B
     buckets = list(pack_buckets(state.items(), max_bytes=80))
     assert [b.names for b in buckets] == [["a", "b"], ["c"], ["d"], ["e"], ["f"]]  # c alone (over 80), e a new dtype
     assert [b.flat.dtype for b in buckets] == [torch.float32] * 3 + [torch.float16, torch.float32]
@@ -73,8 +79,9 @@ def test_handles_open_in_an_unrelated_process_without_copying_the_weights():
     """The CPU stand-in of CUDA IPC: a bucket in shared memory crosses as a few hundred bytes per tensor, and a
     fresh interpreter (not a child of this one: Ray's workers are not) maps the same memory."""
     prepare_handles(torch.device("cpu"))
-    bucket = next(pack_buckets([("w", torch.arange(2 * 1024 * 256.0).view(1024, 512)), ("b", torch.ones(7))],
-                               shared=True))
+    bucket = next(
+        pack_buckets([("w", torch.arange(2 * 1024 * 256.0).view(1024, 512)), ("b", torch.ones(7))], shared=True)
+    )
     message = share_bucket(bucket)
     assert isinstance(message, HandleBucket) and message.nbytes == bucket.nbytes == (1024 * 512 + 7) * 4
     assert message.wire_bytes < 2000 < bucket.nbytes
@@ -86,8 +93,13 @@ def test_handles_open_in_an_unrelated_process_without_copying_the_weights():
     """)
     import pickle
 
-    out = subprocess.run([sys.executable, "-c", script], input=pickle.dumps(message), capture_output=True,
-                         check=True, timeout=120).stdout.decode().split()
+    out = (
+        subprocess.run(
+            [sys.executable, "-c", script], input=pickle.dumps(message), capture_output=True, check=True, timeout=120
+        )
+        .stdout.decode()
+        .split()
+    )
     assert float(out[0]) == float(bucket.named_tensors()[0][1].sum()) and float(out[1]) == 7.0
     assert " ".join(out[2:]) == "(1024, 512)"
     opened = dict(named_tensors_of(message))  # in-process too: the same memory, not a copy
@@ -124,7 +136,7 @@ def test_hf_loader_refuses_unknown_names_and_incomplete_syncs(tiny_assets):
     loader.load(first)
     with pytest.raises(WeightSyncError, match="did not send"):
         loader.finish()
-    loader.load(list(state.items())[len(state) // 2:])
+    loader.load(list(state.items())[len(state) // 2 :])
     loader.finish()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
 
@@ -173,8 +185,9 @@ def test_an_engine_of_tp2_loads_slot_by_slot_after_the_probe_and_acknowledges_ea
     async def on_header():
         log.append(("on_header",))
 
-    headers, stats = asyncio.run(receive_weights(worker, routes, load, actor_group="A", rollout_group="R",
-                                                 on_header=on_header))
+    headers, stats = asyncio.run(
+        receive_weights(worker, routes, load, actor_group="A", rollout_group="R", on_header=on_header)
+    )
     assert [h.sender for h in headers] == [2, 3] and headers[0].version == 7
     assert log[:3] == [("recv", 2, "SyncHeader"), ("recv", 3, "SyncHeader"), ("on_header",)]
     assert ("load", [["a"], ["a"]]) in log and ("load", [["b"], ["b"]]) in log
@@ -190,9 +203,8 @@ def test_an_engine_of_tp2_loads_slot_by_slot_after_the_probe_and_acknowledges_ea
 def test_a_paired_actor_frees_its_transfer_memory_before_the_end_of_the_sync(monkeypatch):
     # paired = the engine shares this GPU (collocated SGLang/HF): it maps its KV cache again on SYNC_END, so the
     # actor's cached blocks (the buckets, shared over CUDA IPC) go back to the driver before that message
-    from tests.support.host_cuda import HostCuda
-
     from rlinf_ext.sync.weight_sync import SYNC_ACK, SYNC_END, SyncHeader, send_weights
+    from tests.support.host_cuda import HostCuda
 
     log: list = []
     HostCuda(log).install(monkeypatch.setattr)
@@ -211,10 +223,22 @@ def test_a_paired_actor_frees_its_transfer_memory_before_the_end_of_the_sync(mon
 
     state = {"a": torch.ones(4), "b": torch.ones(4) * 2}
     buckets = pack_buckets(state.items(), max_bytes=16, shared=True)
-    send_weights(Actor(), SyncRoutes("paired", actor_world=1, rollout_dp=1), SyncHeader(version=1, sender=0),
-                 buckets, actor_group="A", rollout_group="R")
-    assert log == [("send", "SyncHeader"), ("send", "HandleBucket"), ("send", "HandleBucket"),
-                   ("cuda", "ipc_collect", 0), ("cuda", "empty_cache", 0), ("send", SYNC_END)]
+    send_weights(
+        Actor(),
+        SyncRoutes("paired", actor_world=1, rollout_dp=1),
+        SyncHeader(version=1, sender=0),
+        buckets,
+        actor_group="A",
+        rollout_group="R",
+    )
+    assert log == [
+        ("send", "SyncHeader"),
+        ("send", "HandleBucket"),
+        ("send", "HandleBucket"),
+        ("cuda", "ipc_collect", 0),
+        ("cuda", "empty_cache", 0),
+        ("send", SYNC_END),
+    ]
 
 
 def test_a_late_answer_of_torchs_shared_memory_manager_is_retried(monkeypatch):

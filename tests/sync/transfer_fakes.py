@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 
 from rlinf.scheduler.collective.async_work import AsyncCollWork
+
 from tests.support.signature_checks import checked_against
 
 

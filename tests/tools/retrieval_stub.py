@@ -47,10 +47,17 @@ def make_app(behaviour: StubBehaviour) -> FastAPI:
         topk = request.topk or 3
         result = []
         for query in request.queries:
-            rows = [{"id": str(k), "contents": f'"Title {k}"\nPassage {k} about {query}.',
-                     "url": f"https://en.wikipedia.org/wiki/T{k}"} for k in range(topk)]
-            result.append([{"document": r, "score": 1.0 - k / 10} for k, r in enumerate(rows)]
-                          if request.return_scores else rows)
+            rows = [
+                {
+                    "id": str(k),
+                    "contents": f'"Title {k}"\nPassage {k} about {query}.',
+                    "url": f"https://en.wikipedia.org/wiki/T{k}",
+                }
+                for k in range(topk)
+            ]
+            result.append(
+                [{"document": r, "score": 1.0 - k / 10} for k, r in enumerate(rows)] if request.return_scores else rows
+            )
         return {"result": result}
 
     return app
@@ -66,8 +73,9 @@ class StubServer:
         self.sock.bind((host, 0))  # another loopback address (127.0.0.2) stands for another node's IP
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(make_app(self.behaviour), log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            make_app(self.behaviour), log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -10,7 +10,7 @@ from image_cache_helpers import cache_pickle_bytes, encoded, opened
 from PIL import Image
 
 from rlinf_ext.config.schema import ImageSearchToolConfig
-from rlinf_ext.tools.image_search import ImageSearchError, ImageSearch, UnsafeDataIdError, check_data_id
+from rlinf_ext.tools.image_search import ImageSearch, ImageSearchError, UnsafeDataIdError, check_data_id
 
 COLOURS = {"q-red": (220, 20, 20), "q-blue": (20, 20, 220), "q-green": (20, 200, 20)}
 
@@ -24,8 +24,9 @@ def _cfg(**kw) -> ImageSearchToolConfig:
 def _write_entry(root, data_id, titles, images, suffix=".png"):
     folder = root / data_id
     folder.mkdir(parents=True)
-    (folder / "meta.json").write_text(json.dumps({"title_list": titles,
-                                                  "image_urls": [f"https://x.invalid/{i}" for i in range(len(titles))]}))
+    (folder / "meta.json").write_text(
+        json.dumps({"title_list": titles, "image_urls": [f"https://x.invalid/{i}" for i in range(len(titles))]})
+    )
     for rank, image in enumerate(images):
         if image is not None:
             (folder / f"img_{rank:03d}{suffix}").write_bytes(encoded(image, "PNG" if suffix == ".png" else "JPEG"))
@@ -35,10 +36,14 @@ def _write_entry(root, data_id, titles, images, suffix=".png"):
 def cache_dir(tmp_path):
     root = tmp_path / "fvqa_test_cache"
     for data_id, colour in COLOURS.items():
-        _write_entry(root, data_id, [f"{data_id} page {k}" for k in range(4)],
-                     [Image.new("RGB", (70, 50), colour)] * 4)
-    _write_entry(root, "q-holes", ["has image", "lost image", "jpeg image"],
-                 [Image.new("RGB", (56, 56), (5, 5, 5)), None], suffix=".png")
+        _write_entry(root, data_id, [f"{data_id} page {k}" for k in range(4)], [Image.new("RGB", (70, 50), colour)] * 4)
+    _write_entry(
+        root,
+        "q-holes",
+        ["has image", "lost image", "jpeg image"],
+        [Image.new("RGB", (56, 56), (5, 5, 5)), None],
+        suffix=".png",
+    )
     (root / "q-holes" / "img_002.jpg").write_bytes(encoded(Image.new("RGB", (56, 56), (9, 9, 9)), "JPEG"))
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "meta.json").write_text(json.dumps({"title_list": ["secret"]}))
@@ -64,8 +69,10 @@ def test_image_search_is_a_registered_tool_whose_output_carries_the_thumbnails(c
 
     assert resolve_tool(IMAGE_SEARCH) is ImageSearch and issubclass(ImageSearch, Tool)
     assert ImageSearch.stops() == ("</search>",) and ImageSearch.metric_names().calls == "image_searches"
-    cfg = SimpleNamespace(tools=SimpleNamespace(image_search=_cfg(backend="cache_dir", cache_path=str(cache_dir))),
-                          runner=SimpleNamespace(seed=0))
+    cfg = SimpleNamespace(
+        tools=SimpleNamespace(image_search=_cfg(backend="cache_dir", cache_path=str(cache_dir))),
+        runner=SimpleNamespace(seed=0),
+    )
     (tool,) = build_tools([IMAGE_SEARCH], cfg, ToolContext())
     out = asyncio.run(tool.run("q-red"))
     assert out.ok and out.latency_s > 0 and tool.stats.calls == 1 and tool.stats.failures == 0
@@ -87,8 +94,9 @@ def test_data_id_travels_with_each_concurrent_call(cache_dir):
         assert r.hits[0].image.to_pil().getpixel((28, 28)) == pytest.approx(COLOURS[data_id], abs=3)
 
 
-@pytest.mark.parametrize("bad", ["../fvqa_test_cache/q-red", "..", "/etc", "a/b", "a\\b", ".hidden", "", " q-red",
-                                 "x\0y", None, 7])
+@pytest.mark.parametrize(
+    "bad", ["../fvqa_test_cache/q-red", "..", "/etc", "a/b", "a\\b", ".hidden", "", " q-red", "x\0y", None, 7]
+)
 def test_traversal_data_ids_are_refused(cache_dir, bad):
     tool = ImageSearch(_cfg(backend="cache_dir", cache_path=str(cache_dir)))
     with pytest.raises(UnsafeDataIdError):
@@ -121,8 +129,12 @@ def test_cache_dir_miss_and_missing_images_per_mode(cache_dir):
 
 def test_cache_pickle_backend_old_pillow_urls_and_miss(tmp_path):
     jpeg = opened(Image.new("RGB", (84, 56), (200, 100, 0)), "JPEG")
-    entries = {"fvqa_test_0": {"tool_returned_web_title_list": ["Emblem of Drelia", "A url-only page"],
-                               "tool_returned_images_urls": [jpeg, "https://gone.invalid/404.jpg"]}}
+    entries = {
+        "fvqa_test_0": {
+            "tool_returned_web_title_list": ["Emblem of Drelia", "A url-only page"],
+            "tool_returned_images_urls": [jpeg, "https://gone.invalid/404.jpg"],
+        }
+    }
     path = tmp_path / "fvqa_test_image_search_results_cache.pkl"
     path.write_bytes(cache_pickle_bytes(entries, old_pillow=True))
     tool = ImageSearch(_cfg(backend="cache_pickle", cache_path=str(path), thumbnail_max_pixels=12544))

@@ -45,7 +45,7 @@ class MergingTokenizer(CharTokenizer):
     def encode(self, text, add_special_tokens=False):
         ids, i = [], 0
         while i < len(text):
-            pair = self.MERGES.get(text[i:i + 2])
+            pair = self.MERGES.get(text[i : i + 2])
             ids.append(pair if pair else ord(text[i]) + 1)
             i += 2 if pair else 1
         return ids

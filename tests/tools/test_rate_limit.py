@@ -8,10 +8,10 @@ from retrieval_stub import StubServer
 
 from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.searchr1.loop import run_trajectory
-from tests.support.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.tools import SearchTool, SearchToolConfig, close_http_session
-from rlinf_ext.tools.search import TextSearch
 from rlinf_ext.tools.rate_limit import TokenBucket, shared_token_bucket
+from rlinf_ext.tools.search import TextSearch
+from tests.support.scripted import CharTokenizer, ScriptedGenerator
 
 
 def test_reservation_schedule_by_hand():
@@ -47,18 +47,26 @@ def test_100_concurrent_trajectories_stay_at_configured_rate():
     )
     agent_cfg = LoopSettings(max_turns=2, response_length_total=4000)
     with StubServer() as server:
-        cfg = SearchToolConfig(backend="local", server_addr=server.url, rate_limit=rate, num_workers=100,
-                               default_timeout=10.0, max_retries=0)
+        cfg = SearchToolConfig(
+            backend="local",
+            server_addr=server.url,
+            rate_limit=rate,
+            num_workers=100,
+            default_timeout=10.0,
+            max_retries=0,
+        )
 
         async def go():
             nonlocal started
             started = time.monotonic()  # the stub server stamps arrivals with the same clock
             tool = TextSearch(SearchTool(cfg))
             try:
-                return await asyncio.gather(*(
-                    run_trajectory(generator, tokenizer, tokenizer.encode(f"Q{i}?"), ["x"], agent_cfg, [tool])
-                    for i in range(100)
-                ))
+                return await asyncio.gather(
+                    *(
+                        run_trajectory(generator, tokenizer, tokenizer.encode(f"Q{i}?"), ["x"], agent_cfg, [tool])
+                        for i in range(100)
+                    )
+                )
             finally:
                 await close_http_session()
 

@@ -28,8 +28,9 @@ def _gradient(mode: str) -> Image.Image:
 
 def test_old_pillow_state_breaks_stock_pickle_but_not_ours(tmp_path):
     jpeg = opened(_gradient("RGB"), "JPEG")
-    old = cache_pickle_bytes({"q1": {"tool_returned_web_title_list": ["t"], "tool_returned_images_urls": [jpeg]}},
-                             old_pillow=True)
+    old = cache_pickle_bytes(
+        {"q1": {"tool_returned_web_title_list": ["t"], "tool_returned_images_urls": [jpeg]}}, old_pillow=True
+    )
     with pytest.raises(ValueError, match="not enough values to unpack"):
         pickle.loads(old)  # the reported failure (multimodal-search-r1 issues #9, #26)
     new = cache_pickle_bytes({"q1": {"tool_returned_web_title_list": ["t"], "tool_returned_images_urls": [jpeg]}})
@@ -64,8 +65,9 @@ class _RunsCode:
 def test_refuses_code_and_the_code_does_not_run(tmp_path):
     marker = tmp_path / "ran"
     path = tmp_path / "evil.pkl"
-    path.write_bytes(pickle.dumps({"q1": {"tool_returned_web_title_list": ["t"],
-                                          "tool_returned_images_urls": [_RunsCode(marker)]}}))
+    path.write_bytes(
+        pickle.dumps({"q1": {"tool_returned_web_title_list": ["t"], "tool_returned_images_urls": [_RunsCode(marker)]}})
+    )
     with pytest.raises(UnsafePickleError, match=r"refused global (posix|os|nt)\.system"):
         load_cache_pickle(path, max_bytes=1 << 20)
     assert not marker.exists()

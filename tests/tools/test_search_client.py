@@ -146,8 +146,9 @@ class _FakeDDGS:
 
     def text(self, query, max_results=10):
         self.queries.append((query, max_results, self.timeout))
-        return [{"title": f"Web {k}", "href": f"https://web.invalid/{k}", "body": f"About {query} ({k})."}
-                for k in range(5)][:max_results]
+        return [
+            {"title": f"Web {k}", "href": f"https://web.invalid/{k}", "body": f"About {query} ({k})."} for k in range(5)
+        ][:max_results]
 
 
 @pytest.mark.timeout(30)
@@ -175,15 +176,24 @@ def test_config_errors_name_the_key(tmp_path):
         resolve_server_urls(str(tmp_path))  # empty directory
 
 
-@pytest.mark.parametrize("key, value, says", [("topk", 0, ">= 1"), ("num_workers", 0, ">= 1"),
-                                             ("max_retries", -1, ">= 0"), ("rate_limit", -0.5, ">= 0"),
-                                             ("default_timeout", 0, "> 0"), ("backoff_base", -1, ">= 0")])
+@pytest.mark.parametrize(
+    "key, value, says",
+    [
+        ("topk", 0, ">= 1"),
+        ("num_workers", 0, ">= 1"),
+        ("max_retries", -1, ">= 0"),
+        ("rate_limit", -0.5, ">= 0"),
+        ("default_timeout", 0, "> 0"),
+        ("backoff_base", -1, ">= 0"),
+    ],
+)
 def test_range_checks_are_written_once_and_name_the_key(key, value, says):
     """``SearchToolConfig.problems`` is the one check: validate reports it by key, the client refuses it."""
     from rlinf_ext.config import check_config
 
-    (issue,) = [i for i in check_config("tiny-cpu", [f"tools.search.{key}={value}"]).issues
-                if i.key.startswith("tools.search.")]
+    (issue,) = [
+        i for i in check_config("tiny-cpu", [f"tools.search.{key}={value}"]).issues if i.key.startswith("tools.search.")
+    ]
     assert issue.key == f"tools.search.{key}" and says in issue.reason and f"tools.search.{key}" in issue.fix
     with pytest.raises(ValueError, match=rf"tools\.search\.{key}: must be {says}"):
         SearchTool(SearchToolConfig(backend="dummy", **{key: value}))
@@ -224,8 +234,11 @@ def test_a_worker_asks_its_own_nodes_server_first_and_fails_over():
 
 def test_a_worker_on_another_node_never_uses_the_launchers_loopback_address():
     loopback = SearchToolConfig(backend="local", server_addr=["127.0.0.1:8000", "localhost:8001"])
-    with pytest.raises(ValueError, match=r"loopback address of node 10\.1\.2\.1.*runs on node 10\.1\.2\.3.*"
-                                         r"retrieval\.per_node=true"):
+    with pytest.raises(
+        ValueError,
+        match=r"loopback address of node 10\.1\.2\.1.*runs on node 10\.1\.2\.3.*"
+        r"retrieval\.per_node=true",
+    ):
         SearchTool(loopback, node_ip="10.1.2.3", home_ip="10.1.2.1")
     mixed = SearchToolConfig(backend="local", server_addr=["127.0.0.1:8000", "10.1.2.4:8000", "10.1.2.3:8000"])
     tool = SearchTool(mixed, node_ip="10.1.2.3", home_ip="10.1.2.1")
@@ -233,6 +246,8 @@ def test_a_worker_on_another_node_never_uses_the_launchers_loopback_address():
     # on the launcher's node the loopback server is this node's; so on a one-machine cluster, and off a cluster
     tool = SearchTool(mixed, node_ip="10.1.2.1", home_ip="10.1.2.1")
     assert tool.local_urls == ["http://127.0.0.1:8000"] and len(tool.other_urls) == 2
-    assert SearchTool(loopback, node_ip="127.0.0.2", home_ip="10.1.2.1").urls == ["http://127.0.0.1:8000",
-                                                                                  "http://localhost:8001"]
+    assert SearchTool(loopback, node_ip="127.0.0.2", home_ip="10.1.2.1").urls == [
+        "http://127.0.0.1:8000",
+        "http://localhost:8001",
+    ]
     assert SearchTool(loopback).urls == ["http://127.0.0.1:8000", "http://localhost:8001"]

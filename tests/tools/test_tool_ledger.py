@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.tools.base import Tool, ToolOutput
+from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.tools.ledger import tool_ledger
 from rlinf_ext.tools.search import SearchTool, TextSearch
 from tests.support.latency_tool import Lookup
@@ -25,6 +25,7 @@ class Relay(Tool):
 
 def charged(make_calls) -> float:
     """The seconds a ledger opened around ``make_calls()`` was charged."""
+
     async def go():
         with tool_ledger() as ledger:
             await make_calls()

@@ -10,8 +10,8 @@ import pytest
 
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.tools.base import Tool, ToolContext, ToolOutput
-from rlinf_ext.tools.registry import ToolNameError, build_tools, check_tool_names, resolve_tool
 from rlinf_ext.tools.config import SearchToolConfig
+from rlinf_ext.tools.registry import ToolNameError, build_tools, check_tool_names, resolve_tool
 from rlinf_ext.tools.search import TextSearch
 
 
@@ -84,32 +84,47 @@ def test_tag_collisions(plugin_module):
     (reserved,) = check_tool_names(["my_tools:Thinks"])
     assert "<think>" in reserved.problem and "tag = '...' on Thinks" in reserved.fix
     assert [str(p) for p in check_tool_names(["my_tools:Echo", "my_tools:EchoTwin"])] == [
-        "tools 'my_tools:Echo' and 'my_tools:EchoTwin' share the name 'echo'"]
+        "tools 'my_tools:Echo' and 'my_tools:EchoTwin' share the name 'echo'"
+    ]
     assert [(p.problem, p.fix) for p in check_tool_names(["search", "search"])] == [
         ("tools 'search' and 'search' share the name 'search'", "give one of them another name (or list it once)."),
-        ("tools 'search' and 'search' share the tag <search>", "give one of them another tag.")]
+        ("tools 'search' and 'search' share the tag <search>", "give one of them another tag."),
+    ]
 
 
-@pytest.mark.parametrize("path, problem, fix", [
-    ("my_tools:Uncallable", "does not implement __call__", "async def __call__(self, content: str) -> ToolOutput` on Uncallable"),
-    ("my_tools:Blocking", "is not a coroutine function", "async def __call__"),
-    ("calculator", "neither a registered tool", "the import path of a Tool subclass"),
-    ("no_such_pkg.tools:Calc", "cannot import module", "PYTHONPATH"),
-    ("my_tools:not_a_tool", "not a subclass", "derive the class from rlinf_ext.tools.base.Tool"),
-])
+@pytest.mark.parametrize(
+    "path, problem, fix",
+    [
+        (
+            "my_tools:Uncallable",
+            "does not implement __call__",
+            "async def __call__(self, content: str) -> ToolOutput` on Uncallable",
+        ),
+        ("my_tools:Blocking", "is not a coroutine function", "async def __call__"),
+        ("calculator", "neither a registered tool", "the import path of a Tool subclass"),
+        ("no_such_pkg.tools:Calc", "cannot import module", "PYTHONPATH"),
+        ("my_tools:not_a_tool", "not a subclass", "derive the class from rlinf_ext.tools.base.Tool"),
+    ],
+)
 def test_each_refusal_states_its_own_fix_and_validate_refuses_it(plugin_module, path, problem, fix):
     from rlinf_ext.config import check_config
 
     (found,) = check_tool_names([path])
     assert problem in found.problem and fix in found.fix, found
-    issues = [i for i in check_config("tiny-cpu", [f"agentloop.searchr1.tools=[{path}]"]).issues
-              if i.key == "agentloop.searchr1.tools"]
+    issues = [
+        i
+        for i in check_config("tiny-cpu", [f"agentloop.searchr1.tools=[{path}]"]).issues
+        if i.key == "agentloop.searchr1.tools"
+    ]
     assert [(i.reason, i.fix) for i in issues] == [(found.problem, found.fix)]
 
 
 def test_defaults_derive_from_the_name(plugin_module):
     assert (Echo.open_tag(), Echo.close_tag(), Echo.stops()) == ("<echo>", "</echo>", ("</echo>",))
-    assert Echo.invalid_action_line() == "If I want to use the echo tool, I should put its input between <echo> and </echo>."
+    assert (
+        Echo.invalid_action_line()
+        == "If I want to use the echo tool, I should put its input between <echo> and </echo>."
+    )
     assert Echo.metric_names().calls == "echo_calls"
     assert TextSearch.metric_names().calls == "searches"  # Search-R1's metric names are kept
 

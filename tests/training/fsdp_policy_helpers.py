@@ -8,53 +8,74 @@ from pathlib import Path
 
 import torch
 
-from tests.support.scripted import ForcedFirstTurn
-from rlinf_ext.agent.mmsearch.protocol import STOPS
 from rlinf_ext.agent.mmsearch.loop import LoopSettings, SearchTools, run_group
+from rlinf_ext.agent.mmsearch.protocol import STOPS
 from rlinf_ext.agent.mmsearch.types import Task
 from rlinf_ext.config.schema import ImageSearchToolConfig
-from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import HFVLGenerator
 from rlinf_ext.protocol.generation import SamplingParams
+from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.tools.image_search import ImageSearch
 from rlinf_ext.tools.search import SearchTool
 from rlinf_ext.training.fsdp_policy import FSDPPolicy
 from rlinf_ext.training.grpo_policy import MMSample
 from rlinf_ext.training.settings import ActorSettings
+from tests.support.scripted import ForcedFirstTurn
 
 PX = 56 * 56
 TEMPERATURE = 1.3
 
 
-def mm_trajectories(mm, model_dir: Path, n_tasks: int = 3, group: int = 4, seed: int = 0, first_turn: str | None = None):
+def mm_trajectories(
+    mm, model_dir: Path, n_tasks: int = 3, group: int = 4, seed: int = 0, first_turn: str | None = None
+):
     """`group` sampled trajectories per task from the real MM loop, the CPU VL engine and the tiny image cache;
     ``first_turn``: every trajectory's first turn is forced to this text (`ForcedFirstTurn`), the rest sampled."""
     gen = HFVLGenerator.from_pretrained(model_dir, num_threads=None, return_logprobs=True, seed=seed)
     if first_turn is not None:
         gen.logits_processors = [ForcedFirstTurn(gen.processor.tokenizer, first_turn)]
-    tools = SearchTools(ImageSearch(ImageSearchToolConfig(backend="cache_dir", cache_path=str(mm.cache_train), topk=2,
-                                                          thumbnail_min_pixels=PX, thumbnail_max_pixels=PX)),
-                    SearchTool(SearchToolConfig(backend="dummy", topk=1)))
+    tools = SearchTools(
+        ImageSearch(
+            ImageSearchToolConfig(
+                backend="cache_dir",
+                cache_path=str(mm.cache_train),
+                topk=2,
+                thumbnail_min_pixels=PX,
+                thumbnail_max_pixels=PX,
+            )
+        ),
+        SearchTool(SearchToolConfig(backend="dummy", topk=1)),
+    )
     settings = LoopSettings.with_defaults(max_gen_round=3, response_length_total=1024, max_obs_length=64)
     params = SamplingParams(max_new_tokens=40, do_sample=True, temperature=TEMPERATURE, stop=list(STOPS))
     tasks = [Task.from_row(r) for r in read_fvqa(mm.fvqa_train, PX, PX, limit=n_tasks)]
 
     async def run():
-        return [t for task in tasks for t in await run_group(gen, gen.processor, tools, task, settings, group,
-                                                               sampling_params=params)]
+        return [
+            t
+            for task in tasks
+            for t in await run_group(gen, gen.processor, tools, task, settings, group, sampling_params=params)
+        ]
+
     return asyncio.run(run())
 
 
 def samples_of(trajectories, rewards=None) -> list[MMSample]:
-    return [MMSample(t.prompt_ids, t.response_ids, t.response_mask,
-                     reward=float(rewards[i]) if rewards is not None else 0.0, images=list(t.images))
-            for i, t in enumerate(trajectories)]
+    return [
+        MMSample(
+            t.prompt_ids,
+            t.response_ids,
+            t.response_mask,
+            reward=float(rewards[i]) if rewards is not None else 0.0,
+            images=list(t.images),
+        )
+        for i, t in enumerate(trajectories)
+    ]
 
 
 def settings(**kw) -> ActorSettings:
-    base = dict(group_size=2, optimizer="sgd", lr=1.0, clip_grad=0.0, temperature=TEMPERATURE, seed=3,
-                weight_decay=0.0)
+    base = dict(group_size=2, optimizer="sgd", lr=1.0, clip_grad=0.0, temperature=TEMPERATURE, seed=3, weight_decay=0.0)
     base.update(kw)
     return ActorSettings(**base)
 
@@ -83,9 +104,8 @@ def dp_worker(rank: int, world: int, port: int, model_dir: str, payload: str, ou
     """One gloo rank: FSDP2 policy, this rank's GRPO groups, one step; rank 0 writes the full weights, every rank
     its streamed weights (``save_streamed_weights``)."""
     from rlinf_ext.training.data_parallel import ShardLayout
-    from tests.support.gloo_dp import init_gloo_dp
-
     from rlinf_ext.training.fsdp_policy import FSDPStep
+    from tests.support.gloo_dp import init_gloo_dp
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)

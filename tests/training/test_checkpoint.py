@@ -1,8 +1,13 @@
 import pytest
 import torch
 
-from rlinf_ext.convert.mg_checkpoint import (discover_ranks, load_rank_file, resolve_iteration_dir, save_rank_file,
-                                             write_tracker)
+from rlinf_ext.convert.mg_checkpoint import (
+    discover_ranks,
+    load_rank_file,
+    resolve_iteration_dir,
+    save_rank_file,
+    write_tracker,
+)
 from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
 from rlinf_ext.training.checkpoint import actor_rank_file, load_actor_checkpoint, save_actor_checkpoint
 
@@ -19,11 +24,22 @@ def _write(root, step, payload=b"x" * 100):
 
 
 def _save_actor(actor_dir, step, scale=1.0):
-    model = {"embedding.word_embeddings.weight": torch.full((4, 2), scale), "decoder.final_layernorm.weight": torch.ones(2)}
-    optimizer = {"state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.zeros(4, 2)}},
-                 "param_groups": [{"lr": 1e-3, "params": [0]}]}
-    return save_actor_checkpoint(actor_dir, step, model, optimizer=optimizer,
-                                 opt_param_scheduler={"num_steps": 2 * step}, rng_state=[{"torch_rng_state": torch.get_rng_state()}])
+    model = {
+        "embedding.word_embeddings.weight": torch.full((4, 2), scale),
+        "decoder.final_layernorm.weight": torch.ones(2),
+    }
+    optimizer = {
+        "state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.zeros(4, 2)}},
+        "param_groups": [{"lr": 1e-3, "params": [0]}],
+    }
+    return save_actor_checkpoint(
+        actor_dir,
+        step,
+        model,
+        optimizer=optimizer,
+        opt_param_scheduler={"num_steps": 2 * step},
+        rng_state=[{"torch_rng_state": torch.get_rng_state()}],
+    )
 
 
 def test_latest_complete_and_truncation_skipped(tmp_path):

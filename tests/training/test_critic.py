@@ -22,9 +22,18 @@ def tiny_model(tiny_assets):
 
 
 def _critic_settings(model, **kw):
-    train = ActorSettings(group_size=2, n_minibatches=2, micro_batch_size=1, logprob_micro_batch_size=2,
-                          adv_type="gae", loss=LossConfig(), lr=1e-2, weight_decay=0.0, clip_grad=1.0,
-                          total_train_steps=3)
+    train = ActorSettings(
+        group_size=2,
+        n_minibatches=2,
+        micro_batch_size=1,
+        logprob_micro_batch_size=2,
+        adv_type="gae",
+        loss=LossConfig(),
+        lr=1e-2,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        total_train_steps=3,
+    )
     return CriticSettings(train=train, model_path=str(model), **kw)
 
 
@@ -48,7 +57,9 @@ def test_critic_values_gae_update_and_checkpoint(tiny_model, tmp_path, actor_sam
     s0 = samples[0]
     ids = torch.tensor([s0.prompt_ids + s0.response_ids])
     with torch.no_grad(), hidden_states_only(critic.model):
-        hidden = critic.model(ids, torch.arange(ids.shape[1])[None], critic._inputs(critic.model, critic._pack([s0]))[2])
+        hidden = critic.model(
+            ids, torch.arange(ids.shape[1])[None], critic._inputs(critic.model, critic._pack([s0]))[2]
+        )
     direct = critic.model.value_head(hidden).squeeze(-1)[:, 0]
     p = len(s0.prompt_ids)
     assert torch.allclose(values[0], direct[p - 1 : p - 1 + len(s0.response_ids)], atol=1e-6)
@@ -67,8 +78,10 @@ def test_critic_values_gae_update_and_checkpoint(tiny_model, tmp_path, actor_sam
 
     def loss_now():
         fresh = critic.compute_values(samples)
-        return sum(float(((f - s.returns)[torch.tensor(s.response_mask, dtype=torch.bool)] ** 2).sum())
-                   for f, s in zip(fresh, samples))
+        return sum(
+            float(((f - s.returns)[torch.tensor(s.response_mask, dtype=torch.bool)] ** 2).sum())
+            for f, s in zip(fresh, samples)
+        )
 
     before = loss_now()
     layout_mbs = policy.minibatches(_layout(len(samples)), step=0)

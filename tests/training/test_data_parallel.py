@@ -41,16 +41,32 @@ SCENARIOS = {
     # the first shards Adam's state over the ranks (ZeroRedundancyOptimizer), the second keeps it whole; the samples
     # carry engine log-probs: the first weights the loss by them (decoupled PPO, truncated), the second ignores them
     "interleaved_shuffled": ({"shuffle_rollout": True}, ["g3", "g0"], ["g2", "g1"]),
-    "one_minibatch_per_rank": ({"shuffle_rollout": False, "use_distributed_optimizer": False,
-                                "loss": dataclasses.replace(LOSS, behaviour_weight="none")},
-                               ["g0", "g1"], ["g3", "g2"]),
+    "one_minibatch_per_rank": (
+        {
+            "shuffle_rollout": False,
+            "use_distributed_optimizer": False,
+            "loss": dataclasses.replace(LOSS, behaviour_weight="none"),
+        },
+        ["g0", "g1"],
+        ["g3", "g2"],
+    ),
 }
 OPTIMIZER = {"interleaved_shuffled": "ZeroRedundancyOptimizer", "one_minibatch_per_rank": "AdamW"}
 
 
 def _settings(**kw) -> ActorSettings:
-    base = dict(group_size=GROUP, n_minibatches=2, micro_batch_size=1, logprob_micro_batch_size=2, loss=LOSS, lr=2e-3,
-                weight_decay=0.01, clip_grad=1.0, total_train_steps=STEPS, seed=7)
+    base = dict(
+        group_size=GROUP,
+        n_minibatches=2,
+        micro_batch_size=1,
+        logprob_micro_batch_size=2,
+        loss=LOSS,
+        lr=2e-3,
+        weight_decay=0.01,
+        clip_grad=1.0,
+        total_train_steps=STEPS,
+        seed=7,
+    )
     base.update(kw)
     return ActorSettings(**base)
 
@@ -71,9 +87,17 @@ def _groups(vocab: int) -> dict[str, list[Sample]]:
             old = -2.0 - 0.1 * torch.rand(len(r), generator=g)
             sampled = torch.tensor(m, dtype=torch.bool)
             behaviour = torch.where(sampled, old - 0.5 * torch.randn(len(r), generator=g), 0.0)
-            samples.append(Sample(p, r, m, reward=float((k + j) % 2) + 0.25 * k, old_logprobs=old,
-                                  ref_logprobs=-2.0 - 0.1 * torch.rand(len(r), generator=g),
-                                  behaviour_logprobs=behaviour))
+            samples.append(
+                Sample(
+                    p,
+                    r,
+                    m,
+                    reward=float((k + j) % 2) + 0.25 * k,
+                    old_logprobs=old,
+                    ref_logprobs=-2.0 - 0.1 * torch.rand(len(r), generator=g),
+                    behaviour_logprobs=behaviour,
+                )
+            )
         groups[f"g{k}"] = samples
     return groups
 
@@ -98,13 +122,18 @@ def _dp_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> 
     try:
         from megatron.core import parallel_state
 
-        results = {"dp_world_size": parallel_state.get_data_parallel_world_size(),
-                   "dp_rank": parallel_state.get_data_parallel_rank()}
+        results = {
+            "dp_world_size": parallel_state.get_data_parallel_world_size(),
+            "dp_rank": parallel_state.get_data_parallel_rank(),
+        }
         policies = {}
         for name, (overrides, rank0, rank1) in SCENARIOS.items():
             policies[name], metrics = _train(model_dir, _settings(**overrides), (rank0, rank1)[rank])
-            results[name] = {"state": policies[name].megatron_state_dict(), "metrics": metrics,
-                             "optimizer": type(policies[name].optimizer).__name__}
+            results[name] = {
+                "state": policies[name].megatron_state_dict(),
+                "metrics": metrics,
+                "optimizer": type(policies[name].optimizer).__name__,
+            }
         # checkpoint of the sharded (ZeRO) optimizer: every rank calls save (RNG states and Adam shards gathered),
         # rank 0 writes, every rank loads its part back
         policy, settings = policies["interleaved_shuffled"], _settings(**SCENARIOS["interleaved_shuffled"][0])
@@ -114,12 +143,14 @@ def _dp_rank(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> 
         torch.distributed.barrier()
         other = MegatronPolicy(model_dir, settings)
         other.load(ckpt)
-        results["loaded_equal"] = all(torch.equal(v, other.megatron_state_dict()[k])
-                                      for k, v in policy.megatron_state_dict().items())
+        results["loaded_equal"] = all(
+            torch.equal(v, other.megatron_state_dict()[k]) for k, v in policy.megatron_state_dict().items()
+        )
         mine, theirs = policy.step.state_dict(), other.step.state_dict()  # consolidated on rank 0 (collective)
         if rank == 0:
             results["optimizer_equal"] = mine["param_groups"] == theirs["param_groups"] and all(
-                torch.equal(mine["state"][i][k], theirs["state"][i][k]) for i in mine["state"] for k in mine["state"][i])
+                torch.equal(mine["state"][i][k], theirs["state"][i][k]) for i in mine["state"] for k in mine["state"][i]
+            )
         results["rng_states"] = len(torch.load(written, weights_only=False)["rng_state"]) if written else None
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -162,17 +193,29 @@ def test_two_ranks_give_the_update_of_one_rank_on_the_whole_batch(dp1_results, d
     for k, v in dp2_results[0][scenario]["state"].items():
         assert torch.equal(v, dp2_results[1][scenario]["state"][k]), k
     # metrics are global and the same on both ranks
-    for m1, m2a, m2b in zip(dp1_results[scenario]["metrics"], dp2_results[0][scenario]["metrics"],
-                            dp2_results[1][scenario]["metrics"]):
+    for m1, m2a, m2b in zip(
+        dp1_results[scenario]["metrics"], dp2_results[0][scenario]["metrics"], dp2_results[1][scenario]["metrics"]
+    ):
         for a, b, c in zip(m1, m2a, m2b):
             assert a.keys() == b.keys() == c.keys()
             assert b == c
             assert b["num_tokens"] == a["num_tokens"]
-            assert all((mk.actor_name(key) in a) == (scenario == "interleaved_shuffled")
-                       for key in mk.ACTOR_BEHAVIOUR_METRICS)
-            for key in ("loss", "policy_loss", "kl", "entropy", "grad_norm", "lr", "advantages_mean",
-                        "advantages_max", "advantages_min", "clip_fraction",
-                        *(mk.actor_name(k) for k in mk.ACTOR_BEHAVIOUR_METRICS)):
+            assert all(
+                (mk.actor_name(key) in a) == (scenario == "interleaved_shuffled") for key in mk.ACTOR_BEHAVIOUR_METRICS
+            )
+            for key in (
+                "loss",
+                "policy_loss",
+                "kl",
+                "entropy",
+                "grad_norm",
+                "lr",
+                "advantages_mean",
+                "advantages_max",
+                "advantages_min",
+                "clip_fraction",
+                *(mk.actor_name(k) for k in mk.ACTOR_BEHAVIOUR_METRICS),
+            ):
                 if key in a:
                     assert math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-6), (key, a[key], b[key])
 

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from megatron.core.optimizer.optimizer import ChainedOptimizer
-from tests.support.signature_checks import checked_against
 
 from rlinf_ext.training.optimizer import load_parameter_state_keeping_steps
+from tests.support.signature_checks import checked_against
 
 
 class MegatronLikeOptimizer:

@@ -45,8 +45,12 @@ def storages(policy: FSDPPolicy) -> tuple[set[int], list]:
     """Addresses of the storages of every parameter shard and optimizer state tensor, and the storages themselves:
     the caller holds them while it compares, so a freed block reused by a new tensor cannot look "left in place"."""
     held = [_local(p).untyped_storage() for p in policy.model.parameters()]
-    held += [_local(v).untyped_storage() for s in policy.optimizer.state.values() for v in s.values()
-             if torch.is_tensor(v) and v.dim() > 0]
+    held += [
+        _local(v).untyped_storage()
+        for s in policy.optimizer.state.values()
+        for v in s.values()
+        if torch.is_tensor(v) and v.dim() > 0
+    ]
     return {h.data_ptr() for h in held}, held
 
 
@@ -61,7 +65,9 @@ def round_trip(policy: FSDPPolicy) -> None:
     del held
     policy.onload()
     assert not policy.offloaded
-    assert [id(p) for p in policy.model.parameters()] == list(map(id, params)) and set(map(id, policy.optimizer.state)) == keyed
+    assert [id(p) for p in policy.model.parameters()] == list(map(id, params)) and set(
+        map(id, policy.optimizer.state)
+    ) == keyed
     after = snapshot(policy)
     assert after.keys() == before.keys() and any(k.startswith("optim:") for k in after)
     for key in before:
@@ -116,9 +122,8 @@ def dp_offload_worker(rank: int, world: int, port: int, model_dir: str, payload:
     from torch.distributed.tensor import DTensor
 
     from rlinf_ext.training.data_parallel import ShardLayout
-    from tests.support.gloo_dp import init_gloo_dp
-
     from rlinf_ext.training.fsdp_policy import FSDPSettings
+    from tests.support.gloo_dp import init_gloo_dp
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -128,8 +133,13 @@ def dp_offload_worker(rank: int, world: int, port: int, model_dir: str, payload:
     mine = list(range(rank * share, (rank + 1) * share))
     layout = ShardLayout(tuple(mine), len(samples))
     # activation checkpointing on, as in the 7B config: the streamed names must still be the state dict's
-    fsdp = FSDPSettings(freeze_vision_tower=False, gradient_checkpointing=True, reshard_after_forward=True,
-                        param_dtype="bf16", reduce_dtype="fp32")
+    fsdp = FSDPSettings(
+        freeze_vision_tower=False,
+        gradient_checkpointing=True,
+        reshard_after_forward=True,
+        param_dtype="bf16",
+        reduce_dtype="fp32",
+    )
     a, b = (FSDPPolicy(model_dir, settings(group_size=2, **ADAM), dp=dp, fsdp=fsdp) for _ in range(2))
     for policy in (a, b):
         policy.recompute([samples[i] for i in mine], compute_ref=False)
@@ -156,8 +166,9 @@ def test_fsdp2_round_trip_over_two_gloo_ranks(world, tmp_path):
     FSDPPolicy(mm.qwen2_5_vl_tiny, settings(**ADAM)).recompute(samples, compute_ref=False)
     payload, out = tmp_path / "samples.pt", tmp_path / "states.pt"
     torch.save(samples, payload)
-    mp.spawn(dp_offload_worker, args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(out)),
-             nprocs=2, join=True)
+    mp.spawn(
+        dp_offload_worker, args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(out)), nprocs=2, join=True
+    )
     sa, sb = torch.load(out)
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sb)
     check_every_rank_streams(out, {k: v.to(torch.bfloat16) for k, v in sa.items()}, 2)  # cast before the gather
@@ -197,8 +208,15 @@ def mlp_offload_worker(rank: int, world: int, port: int, out: str) -> None:
     (model, opt), (twin, twin_opt) = twins
     assert all(isinstance(p, DTensor) for p in model.parameters())
     params = list(model.parameters())
-    local = lambda: [p.to_local().clone() for p in params] + [v.to_local().clone() for s in opt.state.values()  # noqa: E731
-                                                              for v in s.values() if isinstance(v, DTensor)]
+
+    def local():
+        return [p.to_local().clone() for p in params] + [
+            v.to_local().clone()
+            for s in opt.state.values()  # noqa: E731
+            for v in s.values()
+            if isinstance(v, DTensor)
+        ]
+
     where = {p.to_local().untyped_storage().data_ptr() for p in params}
     before = local()
     offload = FSDPOffload(model, None, opt, torch.device("cpu"))

@@ -92,8 +92,12 @@ def _free_port() -> int:
 def _dp_run(mm, tmp_path, samples, scale_loss: bool) -> dict[str, torch.Tensor]:
     payload, out = tmp_path / "samples.pt", tmp_path / f"dp2-{scale_loss}.pt"
     torch.save((samples, 2), payload)
-    mp.spawn(dp_worker, args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(out), scale_loss),
-             nprocs=2, join=True)
+    mp.spawn(
+        dp_worker,
+        args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(out), scale_loss),
+        nprocs=2,
+        join=True,
+    )
     full = torch.load(out)
     check_every_rank_streams(out, full, 2)  # what a collocated sync sends from each rank
     return full
@@ -122,8 +126,13 @@ def test_freeze_vision_tower_freezes_exactly_the_vit(world):
     from rlinf_ext.training.fsdp_policy import FSDPSettings
 
     mm, _ = world
-    fsdp = FSDPSettings(freeze_vision_tower=True, gradient_checkpointing=False, reshard_after_forward=True,
-                        param_dtype="bf16", reduce_dtype="fp32")
+    fsdp = FSDPSettings(
+        freeze_vision_tower=True,
+        gradient_checkpointing=False,
+        reshard_after_forward=True,
+        param_dtype="bf16",
+        reduce_dtype="fp32",
+    )
     policy = FSDPPolicy(mm.qwen2_5_vl_tiny, settings(), fsdp=fsdp)
     frozen = {n for n, p in policy.model.named_parameters() if not p.requires_grad}
     assert frozen and all(".visual." in f".{n}" for n in frozen)

@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-
 from reference_logprobs import entropy_from_logits
 
 from rlinf_ext.training.batching import gather_logprobs
@@ -31,8 +30,9 @@ def _full(hidden, weight, ids, temperature):
 @pytest.mark.parametrize("chunk_tokens", [1, 3, 4, 1000])
 def test_chunked_values_and_gradients_equal_the_full_formula(chunk_tokens):
     hidden, weight, ids = _setup()
-    lp, ent = next_token_logprobs(lambda h: h @ weight.T, hidden, ids, temperature=0.7, chunk_tokens=chunk_tokens,
-                                  with_entropy=True)
+    lp, ent = next_token_logprobs(
+        lambda h: h @ weight.T, hidden, ids, temperature=0.7, chunk_tokens=chunk_tokens, with_entropy=True
+    )
     assert lp.shape == ent.shape == (B, S - 1)
     (lp.sum() + 0.3 * ent.sum()).backward()
     grads = hidden.grad.clone(), weight.grad.clone()
@@ -85,8 +85,13 @@ def test_policy_chunked_logprobs_and_gradients_do_not_depend_on_the_chunk(tiny_a
 
     out = []
     for chunk in (2, 4096):
-        settings = ActorSettings(group_size=2, logprob_micro_batch_size=4, logprob_chunk_tokens=chunk,
-                                 loss=LossConfig(kl_beta=0.1, entropy_bonus=0.01), temperature=0.8)
+        settings = ActorSettings(
+            group_size=2,
+            logprob_micro_batch_size=4,
+            logprob_chunk_tokens=chunk,
+            loss=LossConfig(kl_beta=0.1, entropy_bonus=0.01),
+            temperature=0.8,
+        )
         policy = MegatronPolicy(tiny_assets.qwen2_tiny, settings)
         samples = actor_samples(policy.model.hf_vocab_size)
         policy.recompute(samples, compute_ref=True)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from rlinf_ext.models import megatron as mg
-from rlinf_ext.training.optimizer import use_fused_adamw
 from rlinf_ext.training.grpo_policy import Sample
 from rlinf_ext.training.megatron_policy import MegatronPolicy
+from rlinf_ext.training.optimizer import use_fused_adamw
 from rlinf_ext.training.rl_math import LossConfig
 from rlinf_ext.training.settings import ActorSettings, transformer_overrides
 
@@ -19,8 +19,15 @@ FULL_UNIFORM = dict(recompute_granularity="full", recompute_method="uniform", re
 
 def _samples(vocab, n=4, length=40):
     g = torch.Generator().manual_seed(0)
-    return [Sample(torch.randint(3, vocab, (6,), generator=g).tolist(), torch.randint(3, vocab, (length,), generator=g).tolist(),
-                   [1] * length, reward=float(i % 2)) for i in range(n)]
+    return [
+        Sample(
+            torch.randint(3, vocab, (6,), generator=g).tolist(),
+            torch.randint(3, vocab, (length,), generator=g).tolist(),
+            [1] * length,
+            reward=float(i % 2),
+        )
+        for i in range(n)
+    ]
 
 
 def _saved_bytes_and_grads(model_dir, overrides):
@@ -45,8 +52,11 @@ def test_recompute_keys_reach_megatron_and_only_change_memory(tiny_assets):
     plain, plain_bytes, plain_loss, plain_grads = _saved_bytes_and_grads(tiny_assets.qwen2_tiny, {})
     full, full_bytes, full_loss, full_grads = _saved_bytes_and_grads(tiny_assets.qwen2_tiny, FULL_UNIFORM)
     assert plain.model.config.recompute_granularity is None
-    assert (full.model.config.recompute_granularity, full.model.config.recompute_method,
-            full.model.config.recompute_num_layers) == ("full", "uniform", 1)
+    assert (
+        full.model.config.recompute_granularity,
+        full.model.config.recompute_method,
+        full.model.config.recompute_num_layers,
+    ) == ("full", "uniform", 1)
     print(f"bytes kept for the backward: {plain_bytes} without recompute, {full_bytes} with full recompute")
     assert full_bytes < 0.5 * plain_bytes  # each layer keeps only its input
     assert full_loss == pytest.approx(plain_loss, abs=1e-7)
@@ -56,9 +66,17 @@ def test_recompute_keys_reach_megatron_and_only_change_memory(tiny_assets):
 def test_actor_model_keys_become_transformer_config_fields(tiny_assets):
     from rlinf_ext.config import load_config
 
-    cfg = load_config("tiny-cpu", ["actor.model.recompute_granularity=full", "actor.model.recompute_method=block",
-                                   "actor.model.recompute_num_layers=2", "actor.model.attention_softmax_in_fp32=false",
-                                   f"paths.tiny_assets={tiny_assets.root}"], strict=False)
+    cfg = load_config(
+        "tiny-cpu",
+        [
+            "actor.model.recompute_granularity=full",
+            "actor.model.recompute_method=block",
+            "actor.model.recompute_num_layers=2",
+            "actor.model.attention_softmax_in_fp32=false",
+            f"paths.tiny_assets={tiny_assets.root}",
+        ],
+        strict=False,
+    )
     overrides = transformer_overrides(cfg.actor.model)
     assert overrides["recompute_method"] == "block" and overrides["attention_softmax_in_fp32"] is False
     config = mg.transformer_config_from_hf(tiny_assets.qwen2_tiny, tp=1, pp=1, **overrides)

@@ -26,8 +26,12 @@ def tiny_model(tiny_assets):
 
 def _policy(model, mode: str) -> MegatronPolicy:
     loss = LossConfig(ratio_clip_eps=0.2, kl_beta=0.1, entropy_bonus=0.01, behaviour_weight=mode)
-    return MegatronPolicy(model, ActorSettings(group_size=2, n_minibatches=2, micro_batch_size=1, lr=1e-3,
-                                               weight_decay=0.0, loss=loss, total_train_steps=2))
+    return MegatronPolicy(
+        model,
+        ActorSettings(
+            group_size=2, n_minibatches=2, micro_batch_size=1, lr=1e-3, weight_decay=0.0, loss=loss, total_train_steps=2
+        ),
+    )
 
 
 def _with_behaviour(samples, offset: float | None, seed: int = 7):

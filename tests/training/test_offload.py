@@ -95,14 +95,19 @@ def test_policy_offload_bookkeeping_as_on_cuda(tiny_assets, monkeypatch):
     from rlinf_ext.training.rl_math import LossConfig
     from rlinf_ext.training.settings import ActorSettings
 
-    settings = ActorSettings(group_size=2, loss=LossConfig(kl_beta=0.1), offload_weight=True, offload_optimizer=False,
-                             offload_grad=True)
+    settings = ActorSettings(
+        group_size=2, loss=LossConfig(kl_beta=0.1), offload_weight=True, offload_optimizer=False, offload_grad=True
+    )
     policy = MegatronPolicy(tiny_assets.qwen2_tiny, settings)
     calls = []
-    monkeypatch.setattr(actor_mod, "offload_weights",
-                        lambda ddp, to_cpu, device: calls.append(("policy", "cpu" if to_cpu else device.type)))
-    monkeypatch.setattr(actor_mod, "move_module_",
-                        lambda m, d, pin_memory=False: calls.append(("reference", d.type, pin_memory)))
+    monkeypatch.setattr(
+        actor_mod,
+        "offload_weights",
+        lambda ddp, to_cpu, device: calls.append(("policy", "cpu" if to_cpu else device.type)),
+    )
+    monkeypatch.setattr(
+        actor_mod, "move_module_", lambda m, d, pin_memory=False: calls.append(("reference", d.type, pin_memory))
+    )
     monkeypatch.setattr(actor_mod, "release_device_memory", lambda d: calls.append(("release", d.type)))
     monkeypatch.setattr(policy.step, "offload", lambda optimizer, grads: calls.append(("step", optimizer, grads)))
     monkeypatch.setattr(policy.step, "onload", lambda: calls.append(("step-onload",)))

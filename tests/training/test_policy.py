@@ -16,17 +16,23 @@ LOGPROB_ATOL = 1e-5
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-6
 
 
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tiny_assets):
     return tiny_assets.qwen2_tiny
 
 
 def _settings(**kw):
-    base = dict(group_size=2, n_minibatches=2, micro_batch_size=1, logprob_micro_batch_size=2,
-                loss=LossConfig(ratio_clip_eps=0.2, kl_beta=0.1, entropy_bonus=0.01), lr=1e-3,
-                weight_decay=0.0, clip_grad=1.0, total_train_steps=3)
+    base = dict(
+        group_size=2,
+        n_minibatches=2,
+        micro_batch_size=1,
+        logprob_micro_batch_size=2,
+        loss=LossConfig(ratio_clip_eps=0.2, kl_beta=0.1, entropy_bonus=0.01),
+        lr=1e-3,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        total_train_steps=3,
+    )
     base.update(kw)
     return ActorSettings(**base)
 
@@ -41,8 +47,9 @@ def test_megatron_loss_and_grads_match_transformers(tiny_model, actor_samples):
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="eager")
     vocab = hf.config.vocab_size
     samples = actor_samples(vocab)
-    batch = pack_sequences([s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                           [s.response_mask for s in samples], 0)
+    batch = pack_sequences(
+        [s.prompt_ids for s in samples], [s.response_ids for s in samples], [s.response_mask for s in samples], 0
+    )
     # logprobs of exactly the trajectory ids
     mg_lp = policy.compute_logprobs(samples)
     with torch.no_grad():
@@ -69,8 +76,16 @@ def test_megatron_loss_and_grads_match_transformers(tiny_model, actor_samples):
     ref = response_scatter(torch.nn.utils.rnn.pad_sequence([s.ref_logprobs for s in samples], batch_first=True), batch)
     from reference_logprobs import entropy_from_logits
 
-    hf_loss, _ = grpo_actor_loss(lp, old, adv[:, None] * batch.loss_mask, batch.loss_mask, policy.settings.loss,
-                                 ref_logprobs=ref, entropy=entropy_from_logits(logits[:, :-1]), num_tokens=num_tokens)
+    hf_loss, _ = grpo_actor_loss(
+        lp,
+        old,
+        adv[:, None] * batch.loss_mask,
+        batch.loss_mask,
+        policy.settings.loss,
+        ref_logprobs=ref,
+        entropy=entropy_from_logits(logits[:, :-1]),
+        num_tokens=num_tokens,
+    )
     hf_loss.backward()
     assert math.isfinite(mg_loss.item())
     assert mg_loss.item() == pytest.approx(hf_loss.item(), abs=1e-5)
@@ -142,8 +157,9 @@ def test_hf_state_dict_roundtrip_names(tiny_model):
 def test_one_step_moves_logprobs_towards_rewarded_trajectories(tiny_model, actor_samples):
     """The sign of the whole GRPO chain (advantages, loss, optimizer step): after one small step the rewarded
     trajectory of each group is more likely and the unrewarded one less, relative to each other."""
-    policy = MegatronPolicy(tiny_model, _settings(n_minibatches=1, micro_batch_size=2, lr=1e-4,
-                                                  loss=LossConfig(ratio_clip_eps=0.2)))
+    policy = MegatronPolicy(
+        tiny_model, _settings(n_minibatches=1, micro_batch_size=2, lr=1e-4, loss=LossConfig(ratio_clip_eps=0.2))
+    )
     samples = actor_samples(500, n=8, seed=3)  # rewards 0,1,0,1,...: each group of 2 has one success
     policy.recompute(samples, compute_ref=False)
     before = [lp.clone() for lp in policy.compute_logprobs(samples)]
@@ -176,8 +192,9 @@ def test_logprobs_are_those_of_the_tempered_sampling_distribution(tiny_model, ac
     policy = MegatronPolicy(tiny_model, _settings(temperature=0.5))
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="eager")
     samples = actor_samples(hf.config.vocab_size)
-    batch = pack_sequences([s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                           [s.response_mask for s in samples], 0)
+    batch = pack_sequences(
+        [s.prompt_ids for s in samples], [s.response_ids for s in samples], [s.response_mask for s in samples], 0
+    )
     with torch.no_grad():
         hf_logits = hf(input_ids=batch.input_ids, attention_mask=(batch.input_ids != -1).long()).logits
     tempered, plain = gather_logprobs(hf_logits / 0.5, batch.input_ids), gather_logprobs(hf_logits, batch.input_ids)

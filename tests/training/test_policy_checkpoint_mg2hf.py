@@ -18,13 +18,28 @@ LOGIT_ATOL = 1e-4  # fp32 on CPU; Megatron and HF differ only in summation order
 
 
 def _train_one_step(model_dir) -> MegatronPolicy:
-    settings = ActorSettings(group_size=2, n_minibatches=1, micro_batch_size=2, logprob_micro_batch_size=2,
-                             loss=LossConfig(kl_beta=0.0), lr=1e-2, weight_decay=0.0, total_train_steps=2)
+    settings = ActorSettings(
+        group_size=2,
+        n_minibatches=1,
+        micro_batch_size=2,
+        logprob_micro_batch_size=2,
+        loss=LossConfig(kl_beta=0.0),
+        lr=1e-2,
+        weight_decay=0.0,
+        total_train_steps=2,
+    )
     policy = MegatronPolicy(model_dir, settings)
     g = torch.Generator().manual_seed(0)
     vocab = policy.model.hf_vocab_size
-    samples = [Sample(torch.randint(3, vocab, (4,), generator=g).tolist(), torch.randint(3, vocab, (6,), generator=g).tolist(),
-                      [1] * 6, reward=float(i % 2)) for i in range(4)]
+    samples = [
+        Sample(
+            torch.randint(3, vocab, (4,), generator=g).tolist(),
+            torch.randint(3, vocab, (6,), generator=g).tolist(),
+            [1] * 6,
+            reward=float(i % 2),
+        )
+        for i in range(4)
+    ]
     policy.recompute(samples, compute_ref=False)
     policy.train_step(samples, step=0)
     return policy
@@ -74,9 +89,11 @@ def test_actor_checkpoint_converts_as_is_to_the_trained_model(tiny_assets, tmp_p
     assert (template_logits - hf_logits).abs().max().item() > 100 * LOGIT_ATOL  # the training step shows
 
     # the launcher converts the same directory (no rewriting step) and gets the same files
-    cfg = SimpleNamespace(runner=SimpleNamespace(output_dir=str(tmp_path), experiment_name="run"),
-                          rollout=SimpleNamespace(model=SimpleNamespace(model_path=str(template))),
-                          actor=SimpleNamespace(training_backend="megatron"))
+    cfg = SimpleNamespace(
+        runner=SimpleNamespace(output_dir=str(tmp_path), experiment_name="run"),
+        rollout=SimpleNamespace(model=SimpleNamespace(model_path=str(template))),
+        actor=SimpleNamespace(training_backend="megatron"),
+    )
     found, hf_dir = convert_last_checkpoint_to_hf(cfg)
     assert found == ckpt and hf_dir == tmp_path / "run" / "hf_model" / "global_step_1"
     launched = read_weights_dir(hf_dir)

@@ -7,21 +7,27 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlinf_ext.sync.weight_sync import rollout_dtype
 from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.precision import MixedPrecision
 from rlinf_ext.training.rl_math import LossConfig
 from rlinf_ext.training.settings import ActorSettings
-from rlinf_ext.sync.weight_sync import rollout_dtype
 
 pytestmark = pytest.mark.timeout(300)
 
 
-
-
 def _settings(**kw):
-    base = dict(group_size=2, n_minibatches=1, micro_batch_size=2, logprob_micro_batch_size=2,
-                loss=LossConfig(ratio_clip_eps=0.2, kl_beta=0.1), lr=1e-6, weight_decay=0.0, clip_grad=1.0,
-                total_train_steps=4)
+    base = dict(
+        group_size=2,
+        n_minibatches=1,
+        micro_batch_size=2,
+        logprob_micro_batch_size=2,
+        loss=LossConfig(ratio_clip_eps=0.2, kl_beta=0.1),
+        lr=1e-6,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        total_train_steps=4,
+    )
     base.update(kw)
     return ActorSettings(**base)
 
@@ -112,8 +118,11 @@ def test_precision_settings_and_rollout_dtype():
         MixedPrecision("fp8", torch.device("cpu"))
 
     def cfg(backend, precision="bf16", hf_dtype="float32"):
-        return SimpleNamespace(rollout=SimpleNamespace(rollout_backend=backend, model=SimpleNamespace(precision=precision),
-                                                       hf=SimpleNamespace(dtype=hf_dtype)))
+        return SimpleNamespace(
+            rollout=SimpleNamespace(
+                rollout_backend=backend, model=SimpleNamespace(precision=precision), hf=SimpleNamespace(dtype=hf_dtype)
+            )
+        )
 
     assert rollout_dtype(cfg("sglang", "bf16")) == torch.bfloat16
     assert rollout_dtype(cfg("sglang", "fp16")) == torch.float16

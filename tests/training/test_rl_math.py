@@ -171,15 +171,19 @@ def test_behaviour_metric_names_are_the_protocol_keys():
     assert {f"actor/{k}" for k in m} == set(mk.ACTOR_BEHAVIOUR_METRICS)
 
 
-@pytest.mark.parametrize("mode, expected, grads", [
-    # per loss token -A * w * clip(r); (0, 1): max(-1.5, -1.2) = -1.2 (no gradient). Denominator: 6 loss tokens.
-    ("truncate", (-1.0 - 1.2 * 2.0 - 0.25 + 2 * (0.5 + 1.5 + 2.0)) / 6,
-     [[-1.0, 0.0, -0.25, 0.0], [2 * 0.5, 0.0, 2 * 1.5, 2 * 2.0]]),
-    ("mask", (-1.0 + 2 * (0.5 + 1.5 + 2.0)) / 6,
-     [[-1.0, 0.0, 0.0, 0.0], [2 * 0.5, 0.0, 2 * 1.5, 2 * 2.0]]),
-    ("none", (-1.0 - 1.2 - 1.0 + 2 * 3) / 6,
-     [[-1.0, 0.0, -1.0, 0.0], [2.0, 0.0, 2.0, 2.0]]),
-])
+@pytest.mark.parametrize(
+    "mode, expected, grads",
+    [
+        # per loss token -A * w * clip(r); (0, 1): max(-1.5, -1.2) = -1.2 (no gradient). Denominator: 6 loss tokens.
+        (
+            "truncate",
+            (-1.0 - 1.2 * 2.0 - 0.25 + 2 * (0.5 + 1.5 + 2.0)) / 6,
+            [[-1.0, 0.0, -0.25, 0.0], [2 * 0.5, 0.0, 2 * 1.5, 2 * 2.0]],
+        ),
+        ("mask", (-1.0 + 2 * (0.5 + 1.5 + 2.0)) / 6, [[-1.0, 0.0, 0.0, 0.0], [2 * 0.5, 0.0, 2 * 1.5, 2 * 2.0]]),
+        ("none", (-1.0 - 1.2 - 1.0 + 2 * 3) / 6, [[-1.0, 0.0, -1.0, 0.0], [2.0, 0.0, 2.0, 2.0]]),
+    ],
+)
 def test_decoupled_loss_hand_computed(mode, expected, grads):
     lp, prox, behav, adv = _toy()
     loss, metrics = grpo_actor_loss(lp, prox, adv, TOY_MASK, _off_policy(mode), behaviour_logprobs=behav)
@@ -207,12 +211,14 @@ def test_loss_equals_todays_when_behaviour_equals_proximal(mode):
     for bit (dual clip, KL and entropy terms on)."""
     base = dict(ratio_clip_eps=0.2, clip_ratio_c=3.0, kl_beta=0.1, entropy_bonus=0.01)
     lp, prox, adv, mask, ref, ent = _random_batch()
-    today, today_m = grpo_actor_loss(lp, prox, adv, mask, LossConfig(**base), ref_logprobs=ref, entropy=ent,
-                                     num_tokens=20)
+    today, today_m = grpo_actor_loss(
+        lp, prox, adv, mask, LossConfig(**base), ref_logprobs=ref, entropy=ent, num_tokens=20
+    )
     (g_today,) = torch.autograd.grad(today, lp)
     cfg = LossConfig(**base, behaviour_weight=mode)
-    got, got_m = grpo_actor_loss(lp, prox, adv, mask, cfg, ref_logprobs=ref, entropy=ent, num_tokens=20,
-                                 behaviour_logprobs=prox.clone())
+    got, got_m = grpo_actor_loss(
+        lp, prox, adv, mask, cfg, ref_logprobs=ref, entropy=ent, num_tokens=20, behaviour_logprobs=prox.clone()
+    )
     (g_got,) = torch.autograd.grad(got, lp)
     assert torch.equal(got, today) and torch.equal(g_got, g_today)
     assert {k: v for k, v in got_m.items() if f"actor/{k}" not in mk.ACTOR_BEHAVIOUR_METRICS} == today_m
@@ -228,8 +234,9 @@ def test_mode_none_ignores_behaviour_logprobs():
     plain = grpo_actor_loss(lp, prox, adv, mask, cfg, ref_logprobs=ref)
     with_behav = grpo_actor_loss(lp, prox, adv, mask, cfg, ref_logprobs=ref, behaviour_logprobs=behav)
     assert torch.equal(plain[0], with_behav[0]) and plain[1] == with_behav[1]
-    truncated = grpo_actor_loss(lp, prox, adv, mask, _off_policy("truncate", kl_beta=0.1), ref_logprobs=ref,
-                                behaviour_logprobs=behav)
+    truncated = grpo_actor_loss(
+        lp, prox, adv, mask, _off_policy("truncate", kl_beta=0.1), ref_logprobs=ref, behaviour_logprobs=behav
+    )
     assert truncated[0].item() != plain[0].item()
 
 
@@ -240,8 +247,9 @@ def test_weighting_the_loss_equals_weighting_the_advantages(mode):
     behav = prox + 0.8 * torch.randn(prox.shape, generator=torch.Generator().manual_seed(5))
     w, _ = behaviour_weights(prox, behav, mask, mode, cap=2.0, floor=0.5)
     assert (w[mask.bool()] == 0).any() or mode == "truncate"
-    weighted, _ = grpo_actor_loss(lp, prox, adv, mask, _off_policy(mode, clip_ratio_c=3.0), num_tokens=15,
-                                  behaviour_logprobs=behav)
+    weighted, _ = grpo_actor_loss(
+        lp, prox, adv, mask, _off_policy(mode, clip_ratio_c=3.0), num_tokens=15, behaviour_logprobs=behav
+    )
     (g1,) = torch.autograd.grad(weighted, lp)
     scaled, _ = grpo_actor_loss(lp, prox, adv * w, mask, _off_policy("none", clip_ratio_c=3.0), num_tokens=15)
     (g2,) = torch.autograd.grad(scaled, lp)

@@ -8,6 +8,7 @@ import asyncio
 
 from rlinf.scheduler import Channel as RLinfChannel
 from rlinf.scheduler.collective.async_work import AsyncChannelWork
+
 from tests.support.signature_checks import checked_against
 
 

@@ -78,11 +78,10 @@ class IPCEngineSender:
 
 
 def ipc_rank(rank: int, world: int, port: int, cfg, out: str) -> None:
-    from tests.support.gloo_dp import init_gloo_dp
-
     from rlinf_ext.training.fsdp_policy import FSDPPolicy
     from rlinf_ext.training.settings import ActorSettings
     from rlinf_ext.workers.actor import ActorWorker
+    from tests.support.gloo_dp import init_gloo_dp
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -109,10 +108,14 @@ def test_every_fsdp2_rank_streams_the_whole_model_into_vllms_ipc_trainer(tiny_mm
     from rlinf_ext.config.loader import load_config
 
     mm = tiny_mm_assets.mm
-    overrides = {"paths.tiny_assets": tiny_mm_assets.root, "rollout.model.model_path": mm.qwen2_5_vl_tiny,
-                 "cluster.component_placement": "{actor: 0-1, rollout: 0-1, reward: 0}",
-                 "rollout.model.precision": "bf16",  # the weights are cast before they are gathered
-                 "retrieval.launch": "false", "tools.search.server_addr": "127.0.0.1:1"}
+    overrides = {
+        "paths.tiny_assets": tiny_mm_assets.root,
+        "rollout.model.model_path": mm.qwen2_5_vl_tiny,
+        "cluster.component_placement": "{actor: 0-1, rollout: 0-1, reward: 0}",
+        "rollout.model.precision": "bf16",  # the weights are cast before they are gathered
+        "retrieval.launch": "false",
+        "tools.search.server_addr": "127.0.0.1:1",
+    }
     cfg = load_config("tiny-mm-cpu", [f"{k}={v}" for k, v in overrides.items()])
     out = tmp_path / "ipc"
     mp.spawn(ipc_rank, args=(2, _free_port(), cfg, str(out)), nprocs=2, join=True)
@@ -122,8 +125,12 @@ def test_every_fsdp2_rank_streams_the_whole_model_into_vllms_ipc_trainer(tiny_mm
     assert [r["result"] for r in ranks] == [{"mode": "ipc", "version": 0}] * 2
     assert ranks[1]["calls"] == []  # only the sender talks to the engines
     calls = ranks[0]["calls"]
-    assert [c[0] for c in calls] == ["init_weight_transfer_engine", "start_weight_update", "update_weights",
-                                     "finish_weight_update"]
+    assert [c[0] for c in calls] == [
+        "init_weight_transfer_engine",
+        "start_weight_update",
+        "update_weights",
+        "finish_weight_update",
+    ]
     info = calls[2][1][0]
     assert info["names"] == list(full)  # every weight, in the state dict's order
     assert info["shapes"] == [list(t.shape) for t in full.values()]

@@ -13,10 +13,19 @@ from rlinf_ext.workers.actor import samples_of
 def _result(**kw) -> AgentRolloutResult:
     # two trajectories of 3 and 2 response tokens; the first has an observation token (mask 0) in the middle
     return AgentRolloutResult(
-        num_sequence=2, group_size=2, prompt_lengths=[2, 2], prompt_ids=[[5, 6], [5, 6]], response_lengths=[3, 2],
-        response_ids=[[7, 8, 9], [7, 4]], response_mask=[[1, 0, 1], [1, 1]], is_end=[True, True],
-        rewards=torch.tensor([1.0, 0.0]), recomputed_logprobs=pad_rows([torch.tensor([-0.1, -0.2, -0.3]),
-                                                                        torch.tensor([-0.4, -0.5])]), uid="u", **kw)
+        num_sequence=2,
+        group_size=2,
+        prompt_lengths=[2, 2],
+        prompt_ids=[[5, 6], [5, 6]],
+        response_lengths=[3, 2],
+        response_ids=[[7, 8, 9], [7, 4]],
+        response_mask=[[1, 0, 1], [1, 1]],
+        is_end=[True, True],
+        rewards=torch.tensor([1.0, 0.0]),
+        recomputed_logprobs=pad_rows([torch.tensor([-0.1, -0.2, -0.3]), torch.tensor([-0.4, -0.5])]),
+        uid="u",
+        **kw,
+    )
 
 
 def test_engine_logprobs_and_versions_reach_the_samples():

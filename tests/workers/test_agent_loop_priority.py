@@ -58,9 +58,19 @@ def test_a_batch_priority_goes_with_every_generate_request():
     requests, replies = KeyedChannel(), KeyedChannel()
     worker.generate_input_channel, worker.generate_output_channel = requests, replies
     channel = Channel()
-    channel.queue.put_nowait(AgentRolloutRequest(n=1, input_ids=[[1]], image_data=[[]], answers=[["x"]],
-                                                 multi_modal_inputs=[None], uids=["s3-0"], seed=5, priority=3,
-                                                 tasks=["t"]))
+    channel.queue.put_nowait(
+        AgentRolloutRequest(
+            n=1,
+            input_ids=[[1]],
+            image_data=[[]],
+            answers=[["x"]],
+            multi_modal_inputs=[None],
+            uids=["s3-0"],
+            seed=5,
+            priority=3,
+            tasks=["t"],
+        )
+    )
     seen: list = []
 
     async def run():

@@ -15,14 +15,14 @@ from channel_fakes import Channel
 
 from rlinf_ext.agent.core.rollout import AgentRollout
 from rlinf_ext.config.schema import ImageSearchToolConfig
-from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.protocol.payloads import AgentRolloutRequest
+from rlinf_ext.tools.config import SearchToolConfig
 from rlinf_ext.tools.image_search import ImageSearch
 from rlinf_ext.tools.search import SearchTool, TextSearch
 from rlinf_ext.workers.agent_loop import AgentLoopWorker
 from rlinf_ext.workers.returns import AgentLoopOutput
-from tests.support.signature_checks import checked_against
 from tests.support.latency_tool import Lookup
+from tests.support.signature_checks import checked_against
 
 
 class BarrierAgent:
@@ -70,16 +70,29 @@ def request(tasks: list, batch: str) -> Channel:
     """A channel holding one request of ``tasks`` (one group each, group size 1)."""
     channel = Channel()
     uids = [f"{batch}-{i}" for i in range(len(tasks))]
-    channel.queue.put_nowait(AgentRolloutRequest(n=1, input_ids=[[1]] * len(tasks), image_data=[[]] * len(tasks),
-                                                 answers=[["x"]] * len(tasks), multi_modal_inputs=[None] * len(tasks),
-                                                 uids=uids, seed=0, tasks=tasks))
+    channel.queue.put_nowait(
+        AgentRolloutRequest(
+            n=1,
+            input_ids=[[1]] * len(tasks),
+            image_data=[[]] * len(tasks),
+            answers=[["x"]] * len(tasks),
+            multi_modal_inputs=[None] * len(tasks),
+            uids=uids,
+            seed=0,
+            tasks=tasks,
+        )
+    )
     return channel
 
 
 async def two_batches(worker, tasks_a: list, tasks_b: list) -> tuple[AgentLoopOutput, AgentLoopOutput]:
     """Both requests on the worker at once, as RLinf's async actor runs two calls of one method."""
-    return tuple(await asyncio.gather(worker.run_agentloop_rollout(request(tasks_a, "a"), Channel()),
-                                      worker.run_agentloop_rollout(request(tasks_b, "b"), Channel())))
+    return tuple(
+        await asyncio.gather(
+            worker.run_agentloop_rollout(request(tasks_a, "a"), Channel()),
+            worker.run_agentloop_rollout(request(tasks_b, "b"), Channel()),
+        )
+    )
 
 
 def test_each_batch_in_flight_is_charged_only_its_own_tool_calls():
@@ -99,8 +112,9 @@ def test_the_mmsearch_raw_searches_of_both_tools_are_charged_to_their_batch():
     """MMSearch-R1's loop calls ``TextSearch.search`` directly and ``ImageSearch`` through ``Tool.run``; its
     ``tools`` lists only the text search. Each batch is charged the latencies its own results report."""
     text = TextSearch(SearchTool(SearchToolConfig(backend="dummy", topk=2)))
-    image = ImageSearch(ImageSearchToolConfig(backend="dummy", topk=2, thumbnail_min_pixels=3136,
-                                                  thumbnail_max_pixels=3136))
+    image = ImageSearch(
+        ImageSearchToolConfig(backend="dummy", topk=2, thumbnail_min_pixels=3136, thumbnail_max_pixels=3136)
+    )
 
     async def call(item: tuple[str, str]):
         kind, query = item
@@ -109,8 +123,11 @@ def test_the_mmsearch_raw_searches_of_both_tools_are_charged_to_their_batch():
 
     agent = BarrierAgent([text], call, groups_in_all=2)
     worker = worker_with(agent)
-    out_a, out_b = asyncio.run(two_batches(worker, [[("image", "q-1"), ("text", "eiffel")]],
-                                           [[("text", "louvre"), ("image", "q-2"), ("image", "q-3")]]))
+    out_a, out_b = asyncio.run(
+        two_batches(
+            worker, [[("image", "q-1"), ("text", "eiffel")]], [[("text", "louvre"), ("image", "q-2"), ("image", "q-3")]]
+        )
+    )
     assert out_a.tool_time == sum(agent.latencies["a-0"])
     assert out_b.tool_time == sum(agent.latencies["b-0"])
     assert min(agent.latencies["a-0"] + agent.latencies["b-0"]) > 0.0  # every call took measurable time

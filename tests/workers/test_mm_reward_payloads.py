@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from rlinf_ext.agent.mmsearch.metrics import reward_metrics, reward_rows
+from rlinf_ext.agent.mmsearch.rollout import agent_metrics, group_result, result_records
 from rlinf_ext.agent.mmsearch.types import VLTrajectory, VLTurnRecord
 from rlinf_ext.config.schema import RewardConfig
-from rlinf_ext.protocol.images import ImageRef
-from rlinf_ext.agent.mmsearch.rollout import agent_metrics, group_result, result_records
-from rlinf_ext.agent.mmsearch.metrics import reward_metrics, reward_rows
 from rlinf_ext.protocol.agents import agent_spec
+from rlinf_ext.protocol.images import ImageRef
 from rlinf_ext.workers.reward import score_result_details
 
 IMG = ImageRef("ab" * 20, b"png", 56, 56)
@@ -18,12 +18,26 @@ ANSWER = "<reason> it is red </reason><answer> red </answer>"
 
 
 def _traj(turn_texts, image_searches, category):
-    turns = [VLTurnRecord(prompt_ids=[1], response_ids=[2], observation_ids=[], text=t, action="answer")
-             for t in turn_texts]
-    return VLTrajectory(uid="q1", prompt_ids=[1, 2], response_ids=[3, 4], response_mask=[1, 1], turns=turns,
-                        response_text="".join(turn_texts), answers=["red"], images=[IMG] * (1 + image_searches),
-                        category=category, metrics={"image_searches": float(image_searches), "text_searches": 0.0,
-                                                    "image_search_failures": 0.0, "text_search_failures": 0.0})
+    turns = [
+        VLTurnRecord(prompt_ids=[1], response_ids=[2], observation_ids=[], text=t, action="answer") for t in turn_texts
+    ]
+    return VLTrajectory(
+        uid="q1",
+        prompt_ids=[1, 2],
+        response_ids=[3, 4],
+        response_mask=[1, 1],
+        turns=turns,
+        response_text="".join(turn_texts),
+        answers=["red"],
+        images=[IMG] * (1 + image_searches),
+        category=category,
+        metrics={
+            "image_searches": float(image_searches),
+            "text_searches": 0.0,
+            "image_search_failures": 0.0,
+            "text_search_failures": 0.0,
+        },
+    )
 
 
 def test_turn_texts_and_categories_reach_the_reward_and_its_metrics():

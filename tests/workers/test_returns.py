@@ -13,8 +13,14 @@ from rlinf_ext.workers.returns import AgentLoopOutput, RewardOutput, scored_traj
 
 
 def agent_out(n: int, turns: float, wall: float, tool: float, tag: str) -> AgentLoopOutput:
-    return AgentLoopOutput(trajectories=[{"uid": f"{tag}{i}"} for i in range(n)], metrics={"agent/turns": turns},
-                           num_trajectories=n, tool_calls=n, tool_time=tool, wall_time=wall)
+    return AgentLoopOutput(
+        trajectories=[{"uid": f"{tag}{i}"} for i in range(n)],
+        metrics={"agent/turns": turns},
+        num_trajectories=n,
+        tool_calls=n,
+        tool_time=tool,
+        wall_time=wall,
+    )
 
 
 def test_merged_agent_outputs_sum_times_and_weight_metrics_by_trajectories():
@@ -28,24 +34,40 @@ def test_merged_agent_outputs_sum_times_and_weight_metrics_by_trajectories():
 
 
 def test_merged_reward_outputs_are_the_means_over_every_trajectory():
-    one = RewardOutput(rewards={"a": [0.0, 0.0], "b": [0.0, 1.0]},
-                       metrics={mk.REWARD_MEAN: 0.25, mk.REWARD_MAX: 1.0, mk.REWARD_MIN: 0.0,
-                                mk.REWARD_MIXED_GROUPS: 0.5})
-    two = RewardOutput(rewards={"c": [1.0, 1.0], "d": [1.0, 1.0], "e": [1.0, 1.0], "f": [1.0, 1.0]},
-                       metrics={mk.REWARD_MEAN: 1.0, mk.REWARD_MAX: 1.0, mk.REWARD_MIN: 1.0,
-                                mk.REWARD_MIXED_GROUPS: 0.0})
+    one = RewardOutput(
+        rewards={"a": [0.0, 0.0], "b": [0.0, 1.0]},
+        metrics={mk.REWARD_MEAN: 0.25, mk.REWARD_MAX: 1.0, mk.REWARD_MIN: 0.0, mk.REWARD_MIXED_GROUPS: 0.5},
+    )
+    two = RewardOutput(
+        rewards={"c": [1.0, 1.0], "d": [1.0, 1.0], "e": [1.0, 1.0], "f": [1.0, 1.0]},
+        metrics={mk.REWARD_MEAN: 1.0, mk.REWARD_MAX: 1.0, mk.REWARD_MIN: 1.0, mk.REWARD_MIXED_GROUPS: 0.0},
+    )
     merged = RewardOutput.merged([one, two])
     assert merged.rewards == {**one.rewards, **two.rewards}
-    assert merged.metrics == {mk.REWARD_MEAN: pytest.approx(9 / 12), mk.REWARD_MAX: 1.0, mk.REWARD_MIN: 0.0,
-                              mk.REWARD_MIXED_GROUPS: pytest.approx(1 / 6)}
+    assert merged.metrics == {
+        mk.REWARD_MEAN: pytest.approx(9 / 12),
+        mk.REWARD_MAX: 1.0,
+        mk.REWARD_MIN: 0.0,
+        mk.REWARD_MIXED_GROUPS: pytest.approx(1 / 6),
+    }
 
 
 def test_each_record_gets_its_own_reward_and_the_step():
-    outs = [AgentLoopOutput(trajectories=[{"uid": "a", "index": 1}, {"uid": "b", "index": 0}], metrics={},
-                            num_trajectories=2, tool_calls=0, tool_time=0.0, wall_time=0.0)]
+    outs = [
+        AgentLoopOutput(
+            trajectories=[{"uid": "a", "index": 1}, {"uid": "b", "index": 0}],
+            metrics={},
+            num_trajectories=2,
+            tool_calls=0,
+            tool_time=0.0,
+            wall_time=0.0,
+        )
+    ]
     records = scored_trajectories(outs, RewardOutput(rewards={"a": [0.0, 0.5], "b": [1.0]}, metrics={}), step=3)
-    assert records == [{"uid": "a", "index": 1, "reward": 0.5, "step": 3}, {"uid": "b", "index": 0, "reward": 1.0,
-                                                                            "step": 3}]
+    assert records == [
+        {"uid": "a", "index": 1, "reward": 0.5, "step": 3},
+        {"uid": "b", "index": 0, "reward": 1.0, "step": 3},
+    ]
 
 
 def test_the_returns_survive_pickling():

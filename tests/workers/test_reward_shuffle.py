@@ -29,9 +29,19 @@ class _Queue:
 
 def _group(uid: str, texts: list[str]) -> AgentRolloutResult:
     n = len(texts)
-    return AgentRolloutResult(num_sequence=n, group_size=n, prompt_lengths=[1] * n, prompt_ids=[[1]] * n,
-                              response_lengths=[1] * n, response_ids=[[2]] * n, is_end=[True] * n,
-                              answers=[["Trestias"]] * n, generated_texts=texts, num_searches=[1] * n, uid=uid)
+    return AgentRolloutResult(
+        num_sequence=n,
+        group_size=n,
+        prompt_lengths=[1] * n,
+        prompt_ids=[[1]] * n,
+        response_lengths=[1] * n,
+        response_ids=[[2]] * n,
+        is_end=[True] * n,
+        answers=[["Trestias"]] * n,
+        generated_texts=texts,
+        num_searches=[1] * n,
+        uid=uid,
+    )
 
 
 RIGHT, WRONG = "<answer> Trestias </answer>", "<answer> Brelok </answer>"
@@ -39,9 +49,12 @@ RIGHT, WRONG = "<answer> Trestias </answer>", "<answer> Brelok </answer>"
 
 def _run(shuffle: bool, step: int = 3):
     worker = RewardWorker.__new__(RewardWorker)  # no Ray actor: only what compute_rewards reads
-    worker.cfg = SimpleNamespace(reward=RewardConfig(scoring="em", shuffle_within_step=shuffle),
-                                 data=SimpleNamespace(seed=7), agentloop=SimpleNamespace(agent="searchr1"),
-                                 tools=None)
+    worker.cfg = SimpleNamespace(
+        reward=RewardConfig(scoring="em", shuffle_within_step=shuffle),
+        data=SimpleNamespace(seed=7),
+        agentloop=SimpleNamespace(agent="searchr1"),
+        tools=None,
+    )
     worker._timer_metrics = {}
     worker.reward_fn = searchr1_reward
     worker.reward_metrics, worker.tool_tags = None, None

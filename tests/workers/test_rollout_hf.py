@@ -12,10 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from channel_fakes import KeyedChannel, Op
 from rlinf.scheduler import Worker as RLinfWorker
 
-from channel_fakes import KeyedChannel, Op
-from tests.support.signature_checks import bind_like
 from rlinf_ext.agent.core.response import OBSERVATION_VERSION, check_mask_invariant
 from rlinf_ext.agent.core.results import result_from_group
 from rlinf_ext.agent.searchr1.config import LoopSettings
@@ -35,11 +34,15 @@ from rlinf_ext.workers.agent_loop import ChannelGenerator
 from rlinf_ext.workers.rollout_hf import HFRolloutState
 from rlinf_ext.workers.rollout_serving import INITIAL_WEIGHT_VERSION
 from tests.agent.searchr1.test_loop import RecordingSearch
+from tests.support.signature_checks import bind_like
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # slow: two tiny HF models and real generation
 
-CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"), rollout=SimpleNamespace(group_name="RolloutGroup"),
-                      runner=SimpleNamespace(partial_rollout=False))
+CFG = SimpleNamespace(
+    actor=SimpleNamespace(group_name="ActorGroup"),
+    rollout=SimpleNamespace(group_name="RolloutGroup"),
+    runner=SimpleNamespace(partial_rollout=False),
+)
 DRIVER_VERSION = 7  # the training steps behind the synced weights, as the driver passes them
 
 
@@ -145,8 +148,16 @@ def test_a_sync_between_two_turns_gives_each_turn_its_own_version(qwen2_head32_p
     async def go():
         generator, requests, loop = await serving(w, log)
         gen = SyncAfterFirstTurn(generator, lambda: w._receive_and_load(DRIVER_VERSION))
-        traj = await run_trajectory(gen, tok, prompt, ["city 1"], settings, [RecordingSearch()],
-                                    sampling_params=SamplingParams(max_new_tokens=8, do_sample=False), uid="u")
+        traj = await run_trajectory(
+            gen,
+            tok,
+            prompt,
+            ["city 1"],
+            settings,
+            [RecordingSearch()],
+            sampling_params=SamplingParams(max_new_tokens=8, do_sample=False),
+            uid="u",
+        )
         await stop(requests, loop)
         return traj
 
@@ -159,8 +170,9 @@ def test_a_sync_between_two_turns_gives_each_turn_its_own_version(qwen2_head32_p
     for turn in traj.turns:
         expected += [turn.weight_version] * len(turn.response_ids) + [OBSERVATION_VERSION] * len(turn.observation_ids)
     assert traj.rollout_versions == expected
-    assert [v for v, m in zip(traj.rollout_versions, traj.response_mask) if not m] == \
-        [OBSERVATION_VERSION] * traj.response_mask.count(0)
+    assert [v for v, m in zip(traj.rollout_versions, traj.response_mask) if not m] == [
+        OBSERVATION_VERSION
+    ] * traj.response_mask.count(0)
     check_mask_invariant(traj)
     assert w.weight_version == DRIVER_VERSION and w.last_sync_logit_diff < 1e-4  # the new weights, checked
 
@@ -232,8 +244,9 @@ def test_a_hung_generate_times_the_syncs_pause_out_naming_the_rank_and_the_reque
     async def go():
         requests, replies = KeyedChannel(log), KeyedChannel(log)
         loop = asyncio.get_running_loop().create_task(w.rollout_serverless(requests, replies))
-        await requests.put({"channel_key": "uid-stuck", "prompt_ids": [5, 9, 11], "sampling_params": {}},
-                           async_op=True).async_wait()
+        await requests.put(
+            {"channel_key": "uid-stuck", "prompt_ids": [5, 9, 11], "sampling_params": {}}, async_op=True
+        ).async_wait()
         await until(entered.is_set, "the generate to start")
         try:
             with pytest.raises(WeightSyncError) as raised:
@@ -275,7 +288,7 @@ def teacher_logprobs(model, prompt: list[int], ids: list[int]) -> torch.Tensor:
     """``model``'s log-prob of each of ``ids`` after ``prompt`` and the ids before it (one forward)."""
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt + ids])).logits.float()[0]
-    steps = torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)
+    steps = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
     return steps.gather(-1, torch.tensor(ids).unsqueeze(-1)).squeeze(-1)
 
 

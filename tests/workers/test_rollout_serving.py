@@ -76,6 +76,7 @@ def test_a_turn_that_fails_leaves_the_gate_idle():
 def test_a_pause_that_outlasts_its_timeout_names_the_engine_and_the_stuck_requests():
     """A generate that hangs would hold the sync (and the run) forever: the pause gives up after its timeout with
     the engine and the channel keys of the requests still in flight; a request that finished is not named."""
+
     async def go():
         gate = WeightGate()
         hang, done = asyncio.Event(), asyncio.Event()

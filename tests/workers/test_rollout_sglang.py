@@ -13,12 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from channel_fakes import Channel, Op  # noqa: E402
 from rlinf.scheduler import Worker
-from tests.support.sglang_fakes import MANAGER, RecordingEngine, RecordingTokenizerManager, SourceSerializer, forking_serialize
-from tests.support.sglang_source import check_call
-from tests.support.signature_checks import checked_against
+
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams
 from rlinf_ext.sync.weight_sync import (
     SYNC_ACK,
@@ -39,6 +36,15 @@ from rlinf_ext.workers.rollout_sglang import (
     rank_payloads,
     reduction_of,
 )
+from tests.support.sglang_fakes import (
+    MANAGER,
+    RecordingEngine,
+    RecordingTokenizerManager,
+    SourceSerializer,
+    forking_serialize,
+)
+from tests.support.sglang_source import check_call
+from tests.support.signature_checks import checked_against
 
 
 # ------------------------------------------------------------------------------------------------ payloads
@@ -117,13 +123,24 @@ class ProbingEngine(RecordingEngine):
             calls.append("probe")
             ids = torch.tensor(arguments["input_ids"])
             lp = torch.log_softmax(self.probe_logits[0, :-1].float(), -1).gather(-1, ids[1:, None]).squeeze(-1)
-            entries = [(None, int(ids[0]), None)] + [(float(v) + self.probe_gap, int(t), None) for v, t in zip(lp, ids[1:])]
-            return {"output_ids": [1], "meta_info": {"finish_reason": {"type": "length"}, "input_token_logprobs": entries}}
+            entries = [(None, int(ids[0]), None)] + [
+                (float(v) + self.probe_gap, int(t), None) for v, t in zip(lp, ids[1:])
+            ]
+            return {
+                "output_ids": [1],
+                "meta_info": {"finish_reason": {"type": "length"}, "input_token_logprobs": entries},
+            }
         calls.append(("generate", tuple(arguments["input_ids"])))
         if self.hold is not None:
             await self.hold.wait()
-        return {"text": "x", "output_ids": [4, 7], "meta_info": {"finish_reason": {"type": "stop", "matched": 7},
-                                                               "prompt_tokens": len(arguments["input_ids"])}}
+        return {
+            "text": "x",
+            "output_ids": [4, 7],
+            "meta_info": {
+                "finish_reason": {"type": "stop", "matched": 7},
+                "prompt_tokens": len(arguments["input_ids"]),
+            },
+        }
 
 
 @pytest.fixture
@@ -137,8 +154,11 @@ def engine_of(sglang_source):
     return make
 
 
-CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"), runner=SimpleNamespace(max_staleness=0),
-                      rollout=SimpleNamespace(group_name="RolloutGroup", tensor_parallel_size=1, return_logprobs=False))
+CFG = SimpleNamespace(
+    actor=SimpleNamespace(group_name="ActorGroup"),
+    runner=SimpleNamespace(max_staleness=0),
+    rollout=SimpleNamespace(group_name="RolloutGroup", tensor_parallel_size=1, return_logprobs=False),
+)
 
 
 class FakeWorker(SGLangRolloutState):
@@ -172,8 +192,11 @@ def sync_messages(state, version=3):
     return [header] + body + [SYNC_END], header, len(buckets)
 
 
-STATE = {"model.embed_tokens.weight": torch.arange(16.0).view(4, 4), "lm_head.weight": torch.ones(4, 4),
-         "model.norm.weight": torch.full((4,), 2.0)}
+STATE = {
+    "model.embed_tokens.weight": torch.arange(16.0).view(4, 4),
+    "lm_head.weight": torch.ones(4, 4),
+    "model.norm.weight": torch.full((4,), 2.0),
+}
 
 
 def run_sync(worker, route):
@@ -192,8 +215,11 @@ def test_collocated_order_release_then_weights_update_end_cache_flush_probe(engi
         asyncio.run(w._generate({"channel_key": "k", "prompt_ids": [1, 2]}))
     run_sync(w, SyncRoutes("paired", actor_world=1, rollout_dp=1))
     manager = engine.tokenizer_manager
-    assert manager.calls == ([("release", None), ("resume", tuple(WEIGHTS_TAGS)), "begin"] + [("update", 1)] * n
-                             + ["end", ("resume", tuple(CACHE_TAGS)), "flush", "probe"])  # tags None: release all
+    assert manager.calls == (
+        [("release", None), ("resume", tuple(WEIGHTS_TAGS)), "begin"]
+        + [("update", 1)] * n
+        + ["end", ("resume", tuple(CACHE_TAGS)), "flush", "probe"]
+    )  # tags None: release all
     assert WEIGHTS_TAGS == ["weights"] and CACHE_TAGS == ["kv_cache", "cuda_graph"]
     assert all(torch.equal(manager.loaded[k], v) for k, v in STATE.items()) and w.acks == n
     state = asyncio.run(w.get_state())
@@ -234,8 +260,14 @@ def test_a_failed_update_still_ends_the_session_and_resumes_the_cache(engine_of)
     asyncio.run(w._release())
     with pytest.raises(WeightSyncError, match="update_weights_from_tensor failed: shape mismatch"):
         run_sync(w, SyncRoutes("paired", actor_world=1, rollout_dp=1))
-    assert engine.tokenizer_manager.calls == [("release", None), ("resume", ("weights",)), "begin", ("update", 1), "end",
-                             ("resume", tuple(CACHE_TAGS))]  # no flush, no probe: the sync failed
+    assert engine.tokenizer_manager.calls == [
+        ("release", None),
+        ("resume", ("weights",)),
+        "begin",
+        ("update", 1),
+        "end",
+        ("resume", tuple(CACHE_TAGS)),
+    ]  # no flush, no probe: the sync failed
 
 
 def test_a_probe_mismatch_refuses_the_weights(engine_of):
@@ -253,16 +285,25 @@ def test_serving_loop_sends_the_shared_reply_and_merges_the_config(engine_of):
 
     async def go():
         inp, out = Channel(), Channel()
-        for r in ({"channel_key": "a", "prompt_ids": [1, 2], "sampling_params": {"stop": ["</search>"]}},
-                  {"channel_key": "b", "prompt_ids": [3], "sampling_params": {"temprature": 1.0}},
-                  {"channel_key": STOP_SERVING}):
+        for r in (
+            {"channel_key": "a", "prompt_ids": [1, 2], "sampling_params": {"stop": ["</search>"]}},
+            {"channel_key": "b", "prompt_ids": [3], "sampling_params": {"temprature": 1.0}},
+            {"channel_key": STOP_SERVING},
+        ):
             inp.queue.put_nowait(r)
         await w.rollout_serverless(inp, out)
         return out.items
 
     items = asyncio.run(go())
-    assert items["a"] == {"output_ids": [4, 7], "text": "<4><7>", "finish_reason": "eos", "matched_stop": None,
-                          "logprobs": None, "num_generated": 2, "weight_version": 0}  # the engine's first weights
+    assert items["a"] == {
+        "output_ids": [4, 7],
+        "text": "<4><7>",
+        "finish_reason": "eos",
+        "matched_stop": None,
+        "logprobs": None,
+        "num_generated": 2,
+        "weight_version": 0,
+    }  # the engine's first weights
     assert "unknown sampling params" in items["b"]["error"] and w.requests_served == 1
 
 
@@ -284,8 +325,10 @@ def test_a_request_carries_its_batch_priority_only_when_the_engine_schedules_by_
 
     async def go():
         inp, out = Channel(), Channel()
-        for r in ({"channel_key": "a", "prompt_ids": [1, 2], "sampling_params": {}, "priority": 4},
-                  {"channel_key": STOP_SERVING}):
+        for r in (
+            {"channel_key": "a", "prompt_ids": [1, 2], "sampling_params": {}, "priority": 4},
+            {"channel_key": STOP_SERVING},
+        ):
             inp.queue.put_nowait(r)
         await w.rollout_serverless(inp, out)
 
@@ -306,8 +349,9 @@ class FlushingManager(LoadingManager):
         self.flushes: list[tuple[bool, float | None]] = []
 
     async def flush_cache(self, *args, **kwargs):
-        timeout_s = check_call(self.source, MANAGER, "TokenizerManager.flush_cache", self, *args,
-                               **kwargs).arguments["timeout_s"]
+        timeout_s = check_call(self.source, MANAGER, "TokenizerManager.flush_cache", self, *args, **kwargs).arguments[
+            "timeout_s"
+        ]
         self.flushes.append((self.worker.gate.paused, timeout_s))
         return await super().flush_cache(*args, **kwargs)
 

@@ -15,8 +15,7 @@ pytest.importorskip("vllm")
 
 from channel_fakes import Channel, Op  # noqa: E402
 from rlinf.scheduler import Worker as RLinfWorker  # noqa: E402
-from tests.support.signature_checks import bind_like  # noqa: E402
-from tests.support.vllm_hold import HeldAfter  # noqa: E402
+
 from rlinf_ext.generation.vllm_engine import VLLMGenerator  # noqa: E402
 from rlinf_ext.generation.vllm_wire import VLLMEngineOptions  # noqa: E402
 from rlinf_ext.protocol.generation import STOP_SERVING, SamplingParams  # noqa: E402
@@ -31,6 +30,8 @@ from rlinf_ext.sync.weight_sync import (  # noqa: E402
     share_bucket,
 )
 from rlinf_ext.workers.rollout_vllm import VLLMRolloutState  # noqa: E402
+from tests.support.signature_checks import bind_like  # noqa: E402
+from tests.support.vllm_hold import HeldAfter  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # slow: a vLLM engine start
 
@@ -62,14 +63,20 @@ def model_dirs(qwen2_head32_dirs):
 
 @pytest.fixture(scope="module")
 def generator(model_dirs):
-    gen = VLLMGenerator.start(VLLMEngineOptions(model_path=str(model_dirs[0]), max_model_len=512,
-                                                kv_cache_memory_bytes=32 << 20, max_num_seqs=16))
+    gen = VLLMGenerator.start(
+        VLLMEngineOptions(
+            model_path=str(model_dirs[0]), max_model_len=512, kv_cache_memory_bytes=32 << 20, max_num_seqs=16
+        )
+    )
     yield gen
     gen.shutdown()
 
 
-CFG = SimpleNamespace(actor=SimpleNamespace(group_name="ActorGroup"),
-                      rollout=SimpleNamespace(group_name="RolloutGroup"), runner=SimpleNamespace(partial_rollout=False))
+CFG = SimpleNamespace(
+    actor=SimpleNamespace(group_name="ActorGroup"),
+    rollout=SimpleNamespace(group_name="RolloutGroup"),
+    runner=SimpleNamespace(partial_rollout=False),
+)
 
 
 def worker(generator, messages=()):
@@ -82,8 +89,15 @@ def worker(generator, messages=()):
 def test_serving_loop_answers_every_request_and_stops(generator):
     w = worker(generator)
     tok = generator.tokenizer
-    reqs = [{"channel_key": f"k{i}", "prompt_ids": tok.encode(f"Question {i}?\n", add_special_tokens=False),
-             "sampling_params": {"max_new_tokens": 3 + i}, "seed": i} for i in range(4)]
+    reqs = [
+        {
+            "channel_key": f"k{i}",
+            "prompt_ids": tok.encode(f"Question {i}?\n", add_special_tokens=False),
+            "sampling_params": {"max_new_tokens": 3 + i},
+            "seed": i,
+        }
+        for i in range(4)
+    ]
     reqs.append({"channel_key": "bad", "prompt_ids": [], "sampling_params": {}})
 
     async def go():
@@ -92,16 +106,25 @@ def test_serving_loop_answers_every_request_and_stops(generator):
         for r in reqs + [{"channel_key": STOP_SERVING}]:
             inp.queue.put_nowait(r)
         await w.rollout_serverless(inp, out)
-        alone = [await generator.generate(r["prompt_ids"], SamplingParams(max_new_tokens=3 + i, do_sample=False))
-                 for i, r in enumerate(reqs[:4])]
+        alone = [
+            await generator.generate(r["prompt_ids"], SamplingParams(max_new_tokens=3 + i, do_sample=False))
+            for i, r in enumerate(reqs[:4])
+        ]
         return out.items, alone
 
     items, alone = asyncio.run(go())
     for i, ref in enumerate(alone):
         reply = items[f"k{i}"]
         assert reply["output_ids"] == ref.output_ids and reply["finish_reason"] == ref.finish_reason
-        assert set(reply) == {"output_ids", "text", "finish_reason", "matched_stop", "logprobs", "num_generated",
-                              "weight_version"}
+        assert set(reply) == {
+            "output_ids",
+            "text",
+            "finish_reason",
+            "matched_stop",
+            "logprobs",
+            "num_generated",
+            "weight_version",
+        }
     assert "error" in items["bad"] and w.requests_served == 4
 
 
@@ -190,8 +213,12 @@ def test_a_hung_turn_times_the_syncs_pause_out_and_vllm_serves_again(generator, 
     w = worker(generator, messages)
     w.sync_timeout_s = 0.5
     asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
-    request = {"channel_key": "uid-stuck", "prompt_ids": [5, 9, 11, 13, 17], "sampling_params": {"max_new_tokens": 200},
-               "seed": 1}
+    request = {
+        "channel_key": "uid-stuck",
+        "prompt_ids": [5, 9, 11, 13, 17],
+        "sampling_params": {"max_new_tokens": 200},
+        "seed": 1,
+    }
     engine = generator.engine
 
     async def go():
@@ -218,8 +245,7 @@ def test_a_hung_turn_times_the_syncs_pause_out_and_vllm_serves_again(generator, 
     assert reply["weight_version"] == 0 and len(reply["output_ids"]) >= 1
 
 
-def test_with_partial_rollout_a_sync_cuts_the_turn_in_flight_which_goes_on_under_the_new_version(generator,
-                                                                                                   model_dirs):
+def test_with_partial_rollout_a_sync_cuts_the_turn_in_flight_which_goes_on_under_the_new_version(generator, model_dirs):
     """``runner.partial_rollout``: the sync does not wait for the turn in flight; vLLM's keep pause stops it after its
     4th token, the weights are loaded and checked by the probe, and the turn goes on: its reply carries version 0 for
     the 4 tokens the old weights sampled (the ids of the turn without a sync), the driver's version 5 for the rest."""
@@ -230,8 +256,12 @@ def test_with_partial_rollout_a_sync_cuts_the_turn_in_flight_which_goes_on_under
     w = worker(generator, messages)
     w.partial = True
     asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
-    request = {"channel_key": "k", "prompt_ids": [5, 9, 11, 13, 17], "sampling_params": {"max_new_tokens": 24},
-               "seed": 1}
+    request = {
+        "channel_key": "k",
+        "prompt_ids": [5, 9, 11, 13, 17],
+        "sampling_params": {"max_new_tokens": 24},
+        "seed": 1,
+    }
     n = 4
 
     async def go():
@@ -268,8 +298,12 @@ def test_a_keep_pause_cut_short_by_the_timeout_still_leaves_vllm_serving(generat
     w = worker(generator, messages)
     w.partial, w.sync_timeout_s = True, 0.3
     asyncio.run(w.set_weight_sync(SyncRoutes("paired", actor_world=1, rollout_dp=1)))
-    request = {"channel_key": "uid-stuck", "prompt_ids": [5, 9, 11, 13, 17], "sampling_params": {"max_new_tokens": 64},
-               "seed": 1}
+    request = {
+        "channel_key": "uid-stuck",
+        "prompt_ids": [5, 9, 11, 13, 17],
+        "sampling_params": {"max_new_tokens": 64},
+        "seed": 1,
+    }
     engine = generator.engine
     held, release = threading.Event(), threading.Event()
 
@@ -302,8 +336,13 @@ def test_gpu_engine_options_follow_the_placement(qwen2_head32_dirs):
     """GPU engines: sleep mode and vLLM's ipc transfer when collocated, nccl without sleep mode when apart; the
     CPU engine needs neither (in-place reload). Log-probs after temperature on every engine; helper ops eager on CPU."""
     from rlinf_ext.config import load_config
-    from rlinf_ext.generation.vllm_wire import (ALLOW_PICKLED_CALLS_ENV, LOGPROBS_MODE, engine_args,
-                                                engine_environment, options_from_config)
+    from rlinf_ext.generation.vllm_wire import (
+        ALLOW_PICKLED_CALLS_ENV,
+        LOGPROBS_MODE,
+        engine_args,
+        engine_environment,
+        options_from_config,
+    )
 
     path = f"rollout.model.model_path={qwen2_head32_dirs[0]}"
     collocated = load_config("tiny-cpu", [path, "rollout.rollout_backend=vllm"], strict=False)
@@ -333,8 +372,10 @@ def test_processes_that_start_vllm_do_not_load_numba():
     import subprocess
     import sys
 
-    code = ("import sys, rlinf_ext.workers.rollout_vllm, rlinf_ext.runner.launch, rlinf_ext.eval.searchr1.runner; "
-            "print(sorted(m for m in ('numba', 'llvmlite', 'bm25s') if m in sys.modules))")
+    code = (
+        "import sys, rlinf_ext.workers.rollout_vllm, rlinf_ext.runner.launch, rlinf_ext.eval.searchr1.runner; "
+        "print(sorted(m for m in ('numba', 'llvmlite', 'bm25s') if m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"

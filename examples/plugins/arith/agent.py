@@ -52,7 +52,11 @@ def arith_reward(response: str, golden_answers: Any, cfg: Any = None, num_search
 
 
 SPEC = AgentSpec(
-    name="arith", title="Arithmetic QA", stops=("</answer>",), vision=False, reward_scorings=("em",),
+    name="arith",
+    title="Arithmetic QA",
+    stops=("</answer>",),
+    vision=False,
+    reward_scorings=("em",),
     rollout="rlinf_ext.agent.searchr1.rollout:SearchR1Rollout",
     dataset="rlinf_ext.data.prompts:build_prompt_datasets",
     reward="examples.plugins.arith.agent:arith_reward",

@@ -62,8 +62,9 @@ class CalculatorSettings:
 
     def problems(self) -> Iterator[SettingProblem]:
         if self.max_digits < 1:
-            yield SettingProblem("max_digits", f"must be >= 1, got {self.max_digits}.",
-                                 "set tools.calculator.max_digits=12.")
+            yield SettingProblem(
+                "max_digits", f"must be >= 1, got {self.max_digits}.", "set tools.calculator.max_digits=12."
+            )
 
 
 class Calculator(Tool):

@@ -50,8 +50,11 @@ class ResponseBuffer:
 
     def length_metrics(self) -> dict[str, float]:
         kept = sum(self.response_mask)
-        return {"kept_tokens": float(kept), "observation_tokens": float(len(self.response_ids) - kept),
-                "response_length": float(len(self.response_ids))}
+        return {
+            "kept_tokens": float(kept),
+            "observation_tokens": float(len(self.response_ids) - kept),
+            "response_length": float(len(self.response_ids)),
+        }
 
 
 def check_mask_invariant(trajectory: Trajectory) -> None:
@@ -70,9 +73,14 @@ def check_mask_invariant(trajectory: Trajectory) -> None:
     if trajectory.rollout_logprobs is not None and len(trajectory.rollout_logprobs) != n:
         raise AssertionError(f"log-prob invariant broken: {len(trajectory.rollout_logprobs)} log-probs for {n} ids")
     if trajectory.rollout_versions is not None:
-        expected = [v for turn in trajectory.turns
-                    for v in (token_versions(turn.weight_version, len(turn.response_ids)) or [])
-                    + [OBSERVATION_VERSION] * len(turn.observation_ids)]
+        expected = [
+            v
+            for turn in trajectory.turns
+            for v in (token_versions(turn.weight_version, len(turn.response_ids)) or [])
+            + [OBSERVATION_VERSION] * len(turn.observation_ids)
+        ]
         if trajectory.rollout_versions != expected:
-            raise AssertionError("version invariant broken: token versions differ from the turns' versions "
-                                 f"(-1 on observations): {len(trajectory.rollout_versions)} versions for {n} ids")
+            raise AssertionError(
+                "version invariant broken: token versions differ from the turns' versions "
+                f"(-1 on observations): {len(trajectory.rollout_versions)} versions for {n} ids"
+            )

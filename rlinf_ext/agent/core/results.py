@@ -61,7 +61,11 @@ def result_from_group(trajectories: list[Trajectory], prompt_text: str | None = 
 
 def trajectory_records(result: AgentRolloutResult) -> list[dict[str, Any]]:
     """Plain dicts (JSON-friendly) of a result's trajectories, for ``on_step`` and the rollout dumps."""
-    rewards = result.rewards.tolist() if torch.is_tensor(result.rewards) else list(result.rewards or [None] * result.num_sequence)
+    rewards = (
+        result.rewards.tolist()
+        if torch.is_tensor(result.rewards)
+        else list(result.rewards or [None] * result.num_sequence)
+    )
     return [
         {
             "uid": result.uid,

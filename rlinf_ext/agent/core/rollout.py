@@ -23,8 +23,9 @@ class AgentRollout(Protocol):
     def groups(self, request: AgentRolloutRequest) -> list[tuple[Any, str]]:
         """(task, uid) of every prompt group in the request."""
 
-    async def run_group(self, generator: Generator, task: Any, group_size: int,
-                        uid: str) -> tuple[AgentRolloutResult, list[Trajectory]]:
+    async def run_group(
+        self, generator: Generator, task: Any, group_size: int, uid: str
+    ) -> tuple[AgentRolloutResult, list[Trajectory]]:
         """Roll out one group: its result for the trainer and its trajectories."""
 
     def metrics(self, trajectories: list[Trajectory]) -> dict[str, float]:

@@ -35,7 +35,9 @@ class TaskDataset(torch.utils.data.Dataset):
                     continue
                 self.items.append({"uid": task.data_id, "answers": list(task.answers), "prompt_ids": ids, "task": task})
         if not self.items:
-            raise ValueError(f"no question fits data.max_prompt_length={data.max_prompt_length} ({self.dropped} dropped).")
+            raise ValueError(
+                f"no question fits data.max_prompt_length={data.max_prompt_length} ({self.dropped} dropped)."
+            )
 
     def __len__(self) -> int:
         return len(self.items)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlinf_ext.agent.mmsearch.types import VLTrajectory
 from rlinf_ext.agent.mmsearch.reward import mmsearch_score
+from rlinf_ext.agent.mmsearch.types import VLTrajectory
 from rlinf_ext.protocol import metric_keys as mk
 
 ACCURACY, REWARD = "accuracy", "reward"
@@ -15,8 +15,16 @@ ANY_SEARCH_RATIO = "search_ratio_any"
 IMAGE_FAILURE_RATIO, TEXT_FAILURE_RATIO = "image_search_failure_ratio", "text_search_failure_ratio"
 CATEGORIES = ("search_required", "search_free")  # FVQA's split: does the question need a search?
 ALL = "all"
-TABLE_COLUMNS = (ACCURACY, REWARD, IMAGE_SEARCH_RATIO, TEXT_SEARCH_RATIO, MIX_SEARCH_RATIO, ANY_SEARCH_RATIO,
-                 IMAGE_FAILURE_RATIO, TEXT_FAILURE_RATIO)
+TABLE_COLUMNS = (
+    ACCURACY,
+    REWARD,
+    IMAGE_SEARCH_RATIO,
+    TEXT_SEARCH_RATIO,
+    MIX_SEARCH_RATIO,
+    ANY_SEARCH_RATIO,
+    IMAGE_FAILURE_RATIO,
+    TEXT_FAILURE_RATIO,
+)
 
 
 def reward_fn(reward_cfg: Any, step: int = 0, shaping: Any = None) -> Callable[[VLTrajectory], float]:
@@ -24,8 +32,9 @@ def reward_fn(reward_cfg: Any, step: int = 0, shaping: Any = None) -> Callable[[
     details stay on the trajectory."""
 
     def score(trajectory: VLTrajectory) -> float:
-        result = mmsearch_score([t.text for t in trajectory.turns], trajectory.answers, reward_cfg, step=step,
-                                shaping=shaping)
+        result = mmsearch_score(
+            [t.text for t in trajectory.turns], trajectory.answers, reward_cfg, step=step, shaping=shaping
+        )
         trajectory.reward_details = result
         return result.score
 
@@ -78,9 +87,17 @@ def reward_rows(result: Any, details: Sequence[Any]) -> list[dict]:
     rows = []
     for i, res in enumerate(details):
         m = result.trajectory_metrics[i]
-        rows.append({"category": result.categories[i], "correct": float(res.correct), "reward": float(res.score),
-                     **{k: float(m.get(k, 0.0)) for k in ("image_searches", "text_searches", "image_search_failures",
-                                                           "text_search_failures")}})
+        rows.append(
+            {
+                "category": result.categories[i],
+                "correct": float(res.correct),
+                "reward": float(res.score),
+                **{
+                    k: float(m.get(k, 0.0))
+                    for k in ("image_searches", "text_searches", "image_search_failures", "text_search_failures")
+                },
+            }
+        )
     return rows
 
 

@@ -40,12 +40,23 @@ def failure_body(prompts: Prompts, error: str) -> str:
     return prompts.search_failed.replace("{error}", error)
 
 
-def build_observation(processor: Any, prompts: Prompts, body: str, images: list[ImageRef], question: str,
-                         instruction: str, after_im_end: bool, truncated: bool = False) -> Observation:
+def build_observation(
+    processor: Any,
+    prompts: Prompts,
+    body: str,
+    images: list[ImageRef],
+    question: str,
+    instruction: str,
+    after_im_end: bool,
+    truncated: bool = False,
+) -> Observation:
     """The observation ids (mask 0). `after_im_end`: the turn already ended with `<|im_end|>`."""
-    user = (prompts.observation.replace("{results}", body).replace("{question}", question)
-            .replace("{instruction}", instruction))
-    text = (TURN_OPEN[len("<|im_end|>"):] if after_im_end else TURN_OPEN) + user + TURN_CLOSE
+    user = (
+        prompts.observation.replace("{results}", body)
+        .replace("{question}", question)
+        .replace("{instruction}", instruction)
+    )
+    text = (TURN_OPEN[len("<|im_end|>") :] if after_im_end else TURN_OPEN) + user + TURN_CLOSE
     raw = processor.tokenizer.encode(text, add_special_tokens=False)
     pads = [image_pad_count(processor.image_processor, ref) for ref in images]
     ids = expand_image_pads(raw, token_id(processor.tokenizer, IMAGE_PAD), pads)

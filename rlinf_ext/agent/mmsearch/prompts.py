@@ -67,7 +67,6 @@ def read_prompt(value: str, key: str) -> str:
     if "\n" in value or len(value) > 4096 or not path.is_file():
         return value
     if path.suffix == ".pkl":
-
         text = CacheUnpickler(io.BytesIO(path.read_bytes())).load()
         if not isinstance(text, str):
             raise ValueError(f"{key}: {path} must hold one pickled string, got {type(text).__name__}")

@@ -59,8 +59,9 @@ def actor_ids(processor: Any, ids: Sequence[int], images: Sequence[Any]) -> list
     """The ids the processor produces for the conversation `ids` stands for (decoded with its pad runs collapsed)
     with `images` (`ImageRef`s in order); None when it refuses it (placeholders and images do not pair up)."""
     tok = processor.tokenizer
-    text = tok.decode(collapse_pad_runs(ids, token_id(tok, IMAGE_PAD)), skip_special_tokens=False,
-                      clean_up_tokenization_spaces=False)
+    text = tok.decode(
+        collapse_pad_runs(ids, token_id(tok, IMAGE_PAD)), skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
     try:
         out = processor(text=[text], images=[ref.to_pil() for ref in images] or None, return_tensors="pt")
     except ValueError:  # transformers: "Mismatch in `image` token count between text and `input_ids`" and kin

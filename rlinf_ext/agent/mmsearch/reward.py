@@ -39,21 +39,39 @@ def _one_reason(turn: str) -> bool:
 
 
 def is_direct_answer(turn: str) -> bool:
-    return (bool(_DIRECT_ANSWER.match(turn)) and _one_reason(turn)
-            and turn.count("<answer>") == 1 and turn.count("</answer>") == 1
-            and IMAGE_CALL not in turn and "<text_search>" not in turn and "</text_search>" not in turn)
+    return (
+        bool(_DIRECT_ANSWER.match(turn))
+        and _one_reason(turn)
+        and turn.count("<answer>") == 1
+        and turn.count("</answer>") == 1
+        and IMAGE_CALL not in turn
+        and "<text_search>" not in turn
+        and "</text_search>" not in turn
+    )
 
 
 def is_image_search(turn: str) -> bool:
-    return (bool(_IMAGE_SEARCH.match(turn)) and _one_reason(turn) and turn.count(IMAGE_CALL) == 1
-            and "<answer>" not in turn and "</answer>" not in turn
-            and "<text_search>" not in turn and "</text_search>" not in turn)
+    return (
+        bool(_IMAGE_SEARCH.match(turn))
+        and _one_reason(turn)
+        and turn.count(IMAGE_CALL) == 1
+        and "<answer>" not in turn
+        and "</answer>" not in turn
+        and "<text_search>" not in turn
+        and "</text_search>" not in turn
+    )
 
 
 def is_text_search(turn: str) -> bool:
-    return (bool(_TEXT_SEARCH.match(turn)) and _one_reason(turn)
-            and turn.count("<text_search>") == 1 and turn.count("</text_search>") == 1
-            and "<answer>" not in turn and "</answer>" not in turn and IMAGE_CALL not in turn)
+    return (
+        bool(_TEXT_SEARCH.match(turn))
+        and _one_reason(turn)
+        and turn.count("<text_search>") == 1
+        and turn.count("</text_search>") == 1
+        and "<answer>" not in turn
+        and "</answer>" not in turn
+        and IMAGE_CALL not in turn
+    )
 
 
 def format_score(turns: Sequence[str]) -> float:
@@ -104,8 +122,9 @@ class RewardResult:
     penalty: float  # the search penalty applied (0 when none)
 
 
-def mmsearch_score(turns: Sequence[str], golden_answers: Any, cfg: Any, step: int = 0,
-                   shaping: RewardShapingConfig | None = None) -> RewardResult:
+def mmsearch_score(
+    turns: Sequence[str], golden_answers: Any, cfg: Any, step: int = 0, shaping: RewardShapingConfig | None = None
+) -> RewardResult:
     """Score one trajectory's turns (see the module docstring); `cfg` is the `reward` section, `shaping` the
     agent's `agentloop.mmsearch.reward` (None: its defaults)."""
     shaping = shaping if shaping is not None else RewardShapingConfig()
@@ -130,13 +149,23 @@ def mmsearch_score(turns: Sequence[str], golden_answers: Any, cfg: Any, step: in
     return RewardResult(total, answer, correct, em, subem, fmt, n_image, n_text, applied)
 
 
-def mmsearch_reward(response: str, golden_answers: Any, cfg: Any = None, num_searches: int = 0, *,
-                    turns: Sequence[str] | None = None, step: int = 0, agent_cfg: Any = None) -> RewardResult:
+def mmsearch_reward(
+    response: str,
+    golden_answers: Any,
+    cfg: Any = None,
+    num_searches: int = 0,
+    *,
+    turns: Sequence[str] | None = None,
+    step: int = 0,
+    agent_cfg: Any = None,
+) -> RewardResult:
     """MMSearch-R1's reward (``AgentSpec.reward``); the format rule needs the per-turn texts, its own terms the
     agent's section (``agent_cfg``: ``agentloop.mmsearch``; None: its defaults)."""
     if turns is None:
-        raise ValueError("the MMSearch-R1 reward judges each turn on its own: call it with turns=[...] (the MMSearch "
-                         "agent loop does); a single response string is not enough")
+        raise ValueError(
+            "the MMSearch-R1 reward judges each turn on its own: call it with turns=[...] (the MMSearch "
+            "agent loop does); a single response string is not enough"
+        )
     if cfg is None:
         cfg = RewardConfig()
     shaping = None if agent_cfg is None else agent_cfg.reward

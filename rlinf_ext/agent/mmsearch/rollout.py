@@ -24,8 +24,9 @@ def group_result(group: list[VLTrajectory], prompt_text: str) -> AgentRolloutRes
     """``result_from_group`` plus the trajectories' images, turn texts and category."""
     for t in group:  # the shared result's search count: both tools
         t.metrics.setdefault("searches", t.metrics.get("image_searches", 0.0) + t.metrics.get("text_searches", 0.0))
-        t.metrics.setdefault("search_failures", t.metrics.get("image_search_failures", 0.0)
-                             + t.metrics.get("text_search_failures", 0.0))
+        t.metrics.setdefault(
+            "search_failures", t.metrics.get("image_search_failures", 0.0) + t.metrics.get("text_search_failures", 0.0)
+        )
     result = result_from_group(group, prompt_text)
     result.trajectory_images = [list(t.images) for t in group]
     result.turn_texts = [[turn.text for turn in t.turns] for t in group]
@@ -62,14 +63,26 @@ class MMSearchRollout:
 
     def groups(self, request: AgentRolloutRequest) -> list[tuple[Any, str]]:
         if len(request.tasks) != len(request.uids):
-            raise ValueError(f"an MMSearch-R1 request needs one task per uid, got {len(request.tasks)} tasks for "
-                             f"{len(request.uids)} uids (is data.type mmsearch?)")
+            raise ValueError(
+                f"an MMSearch-R1 request needs one task per uid, got {len(request.tasks)} tasks for "
+                f"{len(request.uids)} uids (is data.type mmsearch?)"
+            )
         return list(zip(request.tasks, request.uids))
 
-    async def run_group(self, generator: Generator, task: Any, group_size: int,
-                        uid: str) -> tuple[AgentRolloutResult, list[VLTrajectory]]:
-        group = await run_group(generator, self.processor, self.search_tools, task, self.settings, group_size,
-                                   prompts=self.prompts, sampling_params=self.sampling_params, uid=uid)
+    async def run_group(
+        self, generator: Generator, task: Any, group_size: int, uid: str
+    ) -> tuple[AgentRolloutResult, list[VLTrajectory]]:
+        group = await run_group(
+            generator,
+            self.processor,
+            self.search_tools,
+            task,
+            self.settings,
+            group_size,
+            prompts=self.prompts,
+            sampling_params=self.sampling_params,
+            uid=uid,
+        )
         group = canonical_order(group)
         mark_retokenize_mismatches(self.processor, group)  # training only: agent/retokenize_mismatch per step
         return group_result(group, self.processor.tokenizer.decode(group[0].prompt_ids)), group

@@ -39,9 +39,14 @@ def validation_trend(rows: Sequence[dict]) -> list[ValidationPoint]:
         found = {k.split("/")[1] for k in row if k.startswith(f"{mk.VAL_PREFIX}/") and k.endswith(f"/{ACCURACY}")}
         categories = sorted(found, key=lambda c: (c != ALL, c))
         if categories:
-            points.append(ValidationPoint(int(row["step"]), _category_values(row, categories, ACCURACY),
-                                          _category_values(row, categories, IMAGE_SEARCH_RATIO),
-                                          int(row.get(mk.VAL_N, 0))))
+            points.append(
+                ValidationPoint(
+                    int(row["step"]),
+                    _category_values(row, categories, ACCURACY),
+                    _category_values(row, categories, IMAGE_SEARCH_RATIO),
+                    int(row.get(mk.VAL_N, 0)),
+                )
+            )
     return points
 
 
@@ -50,5 +55,7 @@ def summary_lines(rows: Sequence[dict]) -> list[str]:
     points = validation_trend(rows)
     if not points:
         return []
-    return [f"validation accuracy per category (greedy, {points[-1].n} test questions):",
-            *(f"  {point.format()}" for point in points)]
+    return [
+        f"validation accuracy per category (greedy, {points[-1].n} test questions):",
+        *(f"  {point.format()}" for point in points),
+    ]

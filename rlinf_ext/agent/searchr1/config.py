@@ -14,7 +14,6 @@ from typing import Any, Literal
 from rlinf_ext.config.schema import AgentLoopConfig, fld
 from rlinf_ext.protocol.agents import agent_section
 
-
 RETRY, END = "retry", "end"  # agentloop.<agent>.on_no_action
 ON_NO_ACTION = (RETRY, END)
 
@@ -24,13 +23,15 @@ class SearchR1Config:
     max_turns: int = fld(2, "Tool-calling rounds before the answer is forced.")
     force_final_answer: bool = fld(True, "After max_turns, one more turn with tool calls disabled.")
     on_no_action: Literal["retry", "end"] = fld(
-        "retry", "A turn that ends on EOS with no action: retry = Search-R1's rule in training and evaluation "
+        "retry",
+        "A turn that ends on EOS with no action: retry = Search-R1's rule in training and evaluation "
         "(search_r1/llm_agent/generation.py): the EOS is dropped, the invalid-action message appended and the model "
-        "goes on within max_turns; end = the trajectory ends on that EOS."
+        "goes on within max_turns; end = the trajectory ends on that EOS.",
     )
     tools: list[str] = fld(
-        ["search"], "The agent's tools: registered names (search) or import paths pkg.module:Class of Tool "
-        "subclasses (tools/base.py); their tags, stops and invalid-action lines follow the list."
+        ["search"],
+        "The agent's tools: registered names (search) or import paths pkg.module:Class of Tool "
+        "subclasses (tools/base.py); their tags, stops and invalid-action lines follow the list.",
     )
 
 
@@ -58,8 +59,9 @@ class LoopSettings:
         if int(self.max_obs_length) < 1:
             raise ValueError(f"agentloop.max_obs_length must be >= 1, got {self.max_obs_length}")
         if self.on_no_action not in ON_NO_ACTION:
-            raise ValueError(f"agentloop.<agent>.on_no_action must be one of {', '.join(ON_NO_ACTION)}, "
-                             f"got {self.on_no_action!r}")
+            raise ValueError(
+                f"agentloop.<agent>.on_no_action must be one of {', '.join(ON_NO_ACTION)}, got {self.on_no_action!r}"
+            )
         if int(self.max_turns) == 0 and not self.force_final_answer:
             raise ValueError("agentloop.<agent>.max_turns=0 with force_final_answer=false allows no generation at all")
 
@@ -67,10 +69,14 @@ class LoopSettings:
     def from_config(cls, cfg: Any) -> "LoopSettings":
         """From an experiment config: the shared ``agentloop`` keys and the chosen agent's own section."""
         section, shared = loop_section(cfg), cfg.agentloop
-        return cls(max_turns=int(section.max_turns), force_final_answer=bool(section.force_final_answer),
-                   on_no_action=str(section.on_no_action),
-                   response_length_total=int(shared.response_length_total), max_obs_length=int(shared.max_obs_length),
-                   print_outputs=bool(shared.print_outputs))
+        return cls(
+            max_turns=int(section.max_turns),
+            force_final_answer=bool(section.force_final_answer),
+            on_no_action=str(section.on_no_action),
+            response_length_total=int(shared.response_length_total),
+            max_obs_length=int(shared.max_obs_length),
+            print_outputs=bool(shared.print_outputs),
+        )
 
 
 def loop_section(cfg: Any) -> SearchR1Config:

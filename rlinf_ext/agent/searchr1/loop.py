@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rlinf_ext.agent.searchr1.config import RETRY, LoopSettings
 from rlinf_ext.agent.core.response import ResponseBuffer, check_mask_invariant
 from rlinf_ext.agent.core.types import EOS, INVALID, TOOL_DISABLED, Trajectory, TurnRecord
+from rlinf_ext.agent.searchr1.config import RETRY, LoopSettings
 from rlinf_ext.agent.searchr1.protocol import TurnProtocol
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import GenerationResult, Generator, SamplingParams
@@ -54,8 +54,14 @@ class _Rollout(ResponseBuffer):
     counts: dict[str, float] = field(default_factory=dict)
     end_reason: str = ""
 
-    def append(self, context: list[int], result: GenerationResult, action: str, call: _Call | None,
-               observation: Observation | None) -> None:
+    def append(
+        self,
+        context: list[int],
+        result: GenerationResult,
+        action: str,
+        call: _Call | None,
+        observation: Observation | None,
+    ) -> None:
         """Add one turn: the sampled ids (mask 1), then the observation (mask 0) if a token still fits after it."""
         sampled = list(result.output_ids)
         self.add_sampled(sampled, result.logprobs, result.weight_version)
@@ -67,14 +73,23 @@ class _Rollout(ResponseBuffer):
             else:
                 observation_ids = observation.ids
                 self.add_observation(observation_ids)
-        self.turns.append(TurnRecord(
-            prompt_ids=context, response_ids=sampled, observation_ids=observation_ids, text=result.text,
-            action=action, finish_reason=result.finish_reason, matched_stop=result.matched_stop,
-            tool=call.tool if call else None, query=call.content if call else None,
-            tool_ok=call.ok if call else None,
-            logprobs=None if result.logprobs is None else list(result.logprobs),
-            generated_tokens=result.generated_tokens, weight_version=result.weight_version,
-        ))
+        self.turns.append(
+            TurnRecord(
+                prompt_ids=context,
+                response_ids=sampled,
+                observation_ids=observation_ids,
+                text=result.text,
+                action=action,
+                finish_reason=result.finish_reason,
+                matched_stop=result.matched_stop,
+                tool=call.tool if call else None,
+                query=call.content if call else None,
+                tool_ok=call.ok if call else None,
+                logprobs=None if result.logprobs is None else list(result.logprobs),
+                generated_tokens=result.generated_tokens,
+                weight_version=result.weight_version,
+            )
+        )
 
 
 def _without_eos(result: GenerationResult, tokenizer: Any) -> GenerationResult:
@@ -85,7 +100,10 @@ def _without_eos(result: GenerationResult, tokenizer: Any) -> GenerationResult:
     ids = list(result.output_ids[:-1])
     version = result.weight_version
     return replace(
-        result, output_ids=ids, text=tokenizer.decode(ids), num_generated=result.generated_tokens,
+        result,
+        output_ids=ids,
+        text=tokenizer.decode(ids),
+        num_generated=result.generated_tokens,
         logprobs=None if result.logprobs is None else list(result.logprobs[:-1]),
         weight_version=version[:-1] if isinstance(version, list) else version,
     )
@@ -108,9 +126,16 @@ def initial_counts(tools: Sequence[Tool]) -> dict[str, float]:
     return counts
 
 
-async def _act(action: str, content: str | None, final_turn: bool, cfg: LoopSettings, tokenizer: Any,
-               tools: dict[str, Tool], protocol: TurnProtocol,
-               state: _Rollout) -> tuple[str, Observation | None, _Call | None]:
+async def _act(
+    action: str,
+    content: str | None,
+    final_turn: bool,
+    cfg: LoopSettings,
+    tokenizer: Any,
+    tools: dict[str, Tool],
+    protocol: TurnProtocol,
+    state: _Rollout,
+) -> tuple[str, Observation | None, _Call | None]:
     """Carry out a parsed action: ``(action as recorded, observation to append or None, the tool call or None)``.
 
     Sets ``state.end_reason`` when the action ends the trajectory (answer, EOS, a tool call or an invalid turn in
@@ -232,8 +257,15 @@ async def run_group(
         await asyncio.gather(
             *(
                 run_trajectory(
-                    generator, tokenizer, prompt_ids, answers, cfg, tools,
-                    sampling_params=sampling_params, uid=uid, reward_fn=reward_fn,
+                    generator,
+                    tokenizer,
+                    prompt_ids,
+                    answers,
+                    cfg,
+                    tools,
+                    sampling_params=sampling_params,
+                    uid=uid,
+                    reward_fn=reward_fn,
                 )
                 for _ in range(group_size)
             )

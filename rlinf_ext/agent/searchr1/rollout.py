@@ -9,12 +9,12 @@ from transformers import AutoTokenizer
 
 from rlinf_ext.agent.core.results import canonical_order, result_from_group, trajectory_records
 from rlinf_ext.agent.core.types import Trajectory
+from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.searchr1.loop import run_group, summarize_metrics
 from rlinf_ext.protocol.generation import Generator, SamplingParams
 from rlinf_ext.protocol.payloads import AgentRolloutRequest, AgentRolloutResult
-from rlinf_ext.agent.searchr1.config import LoopSettings
-from rlinf_ext.tools.registry import build_agent_tools
 from rlinf_ext.tools.base import ToolContext
+from rlinf_ext.tools.registry import build_agent_tools
 
 
 class SearchR1Rollout:
@@ -26,13 +26,25 @@ class SearchR1Rollout:
         self.sampling_params = SamplingParams.from_config(cfg.algorithm.sampling_params)
 
     def groups(self, request: AgentRolloutRequest) -> list[tuple[Any, str]]:
-        return [((list(ids), answers), uid) for ids, answers, uid in zip(request.input_ids, request.answers, request.uids)]
+        return [
+            ((list(ids), answers), uid) for ids, answers, uid in zip(request.input_ids, request.answers, request.uids)
+        ]
 
-    async def run_group(self, generator: Generator, task: Any, group_size: int,
-                        uid: str) -> tuple[AgentRolloutResult, list[Trajectory]]:
+    async def run_group(
+        self, generator: Generator, task: Any, group_size: int, uid: str
+    ) -> tuple[AgentRolloutResult, list[Trajectory]]:
         prompt_ids, answers = task
-        group = await run_group(generator, self.tokenizer, prompt_ids, answers, self.loop_cfg, self.tools,
-                                group_size, sampling_params=self.sampling_params, uid=uid)
+        group = await run_group(
+            generator,
+            self.tokenizer,
+            prompt_ids,
+            answers,
+            self.loop_cfg,
+            self.tools,
+            group_size,
+            sampling_params=self.sampling_params,
+            uid=uid,
+        )
         group = canonical_order(group)
         return result_from_group(group, self.tokenizer.decode(prompt_ids)), group
 

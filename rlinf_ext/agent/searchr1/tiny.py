@@ -16,7 +16,10 @@ def tiny_parts(cfg: Any) -> Parts:
     model = Path(str(cfg.rollout.model.model_path))
     registry = Path(str(cfg.paths.tiny_assets)) / REGISTRY_DIR
     data = getattr(cfg, "data", None)
-    read = [*(getattr(data, "train_data_paths", None) or []), *(getattr(data, "val_data_paths", None) or []),
-            getattr(getattr(cfg, "retrieval", None), "corpus_path", None)]
+    read = [
+        *(getattr(data, "train_data_paths", None) or []),
+        *(getattr(data, "val_data_paths", None) or []),
+        getattr(getattr(cfg, "retrieval", None), "corpus_path", None),
+    ]
     reads_registry = any(p and Path(str(p)).is_relative_to(registry) for p in read)
     return Parts.of(sft_search=model.name == SEARCH_DIR, registry=model.name == READER_MODEL or reads_registry)

@@ -34,8 +34,15 @@ from pathlib import Path
 from typing import Callable
 
 from rlinf_ext.assets.core.lock import HOLDER_SUFFIX, held_lock
-from rlinf_ext.assets.core.tiny import (MANIFEST, Parts, TinyAssets, complete_assets, make_tiny_assets,
-                                        part_of_file, read_manifest)
+from rlinf_ext.assets.core.tiny import (
+    MANIFEST,
+    Parts,
+    TinyAssets,
+    complete_assets,
+    make_tiny_assets,
+    part_of_file,
+    read_manifest,
+)
 
 CACHE_ENV = "RLINF_EXT_ASSET_CACHE"
 PACKAGE = "rlinf_ext"
@@ -123,11 +130,19 @@ def key_inputs() -> dict:
     pkg = _package_dir()
     files, external = source_closure()
     assets_dir = pkg / "assets"
-    files = sorted(set(files) | {p for p in assets_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                                 and p.suffix not in (".pyc",)})
-    return {"files": {str(p.relative_to(pkg.parent)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files},
-            "distributions": _distribution_versions(external),
-            "python": f"{platform.python_implementation()} {sys.version_info[0]}.{sys.version_info[1]}"}
+    files = sorted(
+        set(files)
+        | {
+            p
+            for p in assets_dir.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc",)
+        }
+    )
+    return {
+        "files": {str(p.relative_to(pkg.parent)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files},
+        "distributions": _distribution_versions(external),
+        "python": f"{platform.python_implementation()} {sys.version_info[0]}.{sys.version_info[1]}",
+    }
 
 
 def cache_key() -> str:

@@ -43,19 +43,42 @@ def build_passages(world: World, seed: int) -> list[Passage]:
     out: list[Passage] = []
     for c in world.countries.values():
         others = ", ".join(x for x in c.cities if x != c.capital)
-        out.append(Passage(c.name, " ".join([
-            f"The Republic of {c.name} is a country.", F.capital(c.name, c.capital).sentence,
-            F.language(c.name, c.language).sentence, F.currency(c.name, c.currency).sentence,
-            f"Other cities of {c.name} include {others}."])))
+        out.append(
+            Passage(
+                c.name,
+                " ".join(
+                    [
+                        f"The Republic of {c.name} is a country.",
+                        F.capital(c.name, c.capital).sentence,
+                        F.language(c.name, c.language).sentence,
+                        F.currency(c.name, c.currency).sentence,
+                        f"Other cities of {c.name} include {others}.",
+                    ]
+                ),
+            )
+        )
     for city in world.cities.values():
-        out.append(Passage(city.name, " ".join([
-            F.city_country(city.name, city.country).sentence, F.city_founder(city.name, city.founder).sentence,
-            F.city_year(city.name, city.founded).sentence,
-            F.city_river(city.name, world.rivers[city.river].title).sentence, _filler(rng)])))
+        out.append(
+            Passage(
+                city.name,
+                " ".join(
+                    [
+                        F.city_country(city.name, city.country).sentence,
+                        F.city_founder(city.name, city.founder).sentence,
+                        F.city_year(city.name, city.founded).sentence,
+                        F.city_river(city.name, world.rivers[city.river].title).sentence,
+                        _filler(rng),
+                    ]
+                ),
+            )
+        )
     for p in world.people.values():
         article = "an" if p.occupation[0] in "aeiou" else "a"
-        bits = [f"{p.name} was {article} {p.occupation}.", F.birthplace(p.name, p.birthplace).sentence,
-                F.birth_year(p.name, p.born).sentence]
+        bits = [
+            f"{p.name} was {article} {p.occupation}.",
+            F.birthplace(p.name, p.birthplace).sentence,
+            F.birth_year(p.name, p.born).sentence,
+        ]
         if p.founded:
             bits.append(f"{p.name} founded the city of {p.founded}.")
         for w in p.works:
@@ -63,14 +86,22 @@ def build_passages(world: World, seed: int) -> list[Passage]:
         out.append(Passage(p.name, " ".join(bits)))
     for r in world.rivers.values():
         through = " and ".join(r.cities) if r.cities else "no large city"
-        out.append(Passage(r.title, f"The {r.name} River is a river that flows through {through}. "
-                                    + F.river_sea(r.name, r.sea).sentence))
+        out.append(
+            Passage(
+                r.title,
+                f"The {r.name} River is a river that flows through {through}. " + F.river_sea(r.name, r.sea).sentence,
+            )
+        )
     for sea in world.seas:
         feeders = [r.title for r in world.rivers.values() if r.sea == sea][:4]
-        text = f"The {sea} is a sea." + (f" Rivers flowing into it include the {', '.join(feeders)}." if feeders else "")
+        text = f"The {sea} is a sea." + (
+            f" Rivers flowing into it include the {', '.join(feeders)}." if feeders else ""
+        )
         out.append(Passage(sea, text))
     for w in world.works.values():
-        out.append(Passage(w.title, f"{w.title} is a {w.genre} written in {w.year}. " + F.author(w.title, w.author).sentence))
+        out.append(
+            Passage(w.title, f"{w.title} is a {w.genre} written in {w.year}. " + F.author(w.title, w.author).sentence)
+        )
     rng.shuffle(out)
     return out
 

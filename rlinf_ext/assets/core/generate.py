@@ -42,8 +42,9 @@ def generate_base(root: Path, seed: int, log: Callable[..., None]) -> dict[str, 
         segs = trajectories.trajectory_segments(q, trajectories.gold_observations(q, retriever))
         turns.append("".join(s.text for s in segs).replace(tokenizer.IM_END, ""))
     all_questions = [q.question for _, q in splits.train] + [q.question for qs in splits.test.values() for q in qs]
-    texts = tokenizer.tokenizer_training_texts([r["contents"] for r in wiki], all_questions,
-                                               rows.searchr1_prompt(all_questions[0]), turns)
+    texts = tokenizer.tokenizer_training_texts(
+        [r["contents"] for r in wiki], all_questions, rows.searchr1_prompt(all_questions[0]), turns
+    )
     tok = tokenizer.train_tokenizer(texts)
     tokenizer.save_tokenizer(tok, root / "tokenizer")
     log(f"tokenizer: {len(tok)} tokens -> {root / 'tokenizer'}")
@@ -54,10 +55,14 @@ def generate_base(root: Path, seed: int, log: Callable[..., None]) -> dict[str, 
     formats.write_parquet(train_sr1, root / "data" / "searchr1" / "train.parquet")
     formats.write_jsonl(train_rl, root / "data" / "rlinf" / "train.jsonl")
     for bench, qs in splits.test.items():
-        formats.write_parquet([rows.searchr1_row(q, bench, "test", i) for i, q in enumerate(qs)],
-                              root / "data" / "searchr1" / "test" / f"{bench}.parquet")
-        formats.write_jsonl([rows.rlinf_row(q, bench, f"test-{bench}-{i}", tok) for i, q in enumerate(qs)],
-                            root / "data" / "rlinf" / "test" / f"{bench}.jsonl")
+        formats.write_parquet(
+            [rows.searchr1_row(q, bench, "test", i) for i, q in enumerate(qs)],
+            root / "data" / "searchr1" / "test" / f"{bench}.parquet",
+        )
+        formats.write_jsonl(
+            [rows.rlinf_row(q, bench, f"test-{bench}-{i}", tok) for i, q in enumerate(qs)],
+            root / "data" / "rlinf" / "test" / f"{bench}.jsonl",
+        )
     log(f"qa: {len(train_sr1)} train questions, test {', '.join(f'{b}={len(v)}' for b, v in splits.test.items())}")
     lap("qa")
 
@@ -69,7 +74,9 @@ def generate_base(root: Path, seed: int, log: Callable[..., None]) -> dict[str, 
     bert = models.make_bert_encoder(wp, seed)
     models.save_hf_model(bert, wp, root / "models" / "bert-tiny-encoder")
     n_params = sum(p.numel() for p in tied.parameters())
-    log(f"models: qwen2-tiny ({n_params:,} params, vocab {tied.config.vocab_size}), qwen2-tiny-untied, "
-        f"bert-tiny-encoder (vocab {len(wp)}) -> {root / 'models'}")
+    log(
+        f"models: qwen2-tiny ({n_params:,} params, vocab {tied.config.vocab_size}), qwen2-tiny-untied, "
+        f"bert-tiny-encoder (vocab {len(wp)}) -> {root / 'models'}"
+    )
     lap("models")
     return timings

@@ -25,8 +25,10 @@ def describe_holder(note: dict | None, now: float) -> str:
     if not note:
         return "a process that has not said what it builds yet"
     since = float(note.get("since", now))
-    return (f"pid {note.get('pid', '?')} on {note.get('host', '?')}, building {note.get('building', '?')} "
-            f"for {max(0.0, now - since):.0f} s")
+    return (
+        f"pid {note.get('pid', '?')} on {note.get('host', '?')}, building {note.get('building', '?')} "
+        f"for {max(0.0, now - since):.0f} s"
+    )
 
 
 def _read_note(path: Path) -> dict | None:
@@ -46,14 +48,19 @@ def held_lock(lock_path: Path, building: str) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             started = time.time()
-            print(f"[assets] waiting for the lock {lock_path}, held by "
-                  f"{describe_holder(_read_note(holder_path(lock_path)), started)} "
-                  "(a second build of the same assets would redo that work)", file=sys.stderr, flush=True)
+            print(
+                f"[assets] waiting for the lock {lock_path}, held by "
+                f"{describe_holder(_read_note(holder_path(lock_path)), started)} "
+                "(a second build of the same assets would redo that work)",
+                file=sys.stderr,
+                flush=True,
+            )
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             print(f"[assets] got the lock {lock_path} after {time.time() - started:.0f} s", file=sys.stderr, flush=True)
         note = holder_path(lock_path)
         tmp = note.with_name(f".{note.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "building": building,
-                                   "since": time.time()}))
+        tmp.write_text(
+            json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "building": building, "since": time.time()})
+        )
         os.replace(tmp, note)
         yield

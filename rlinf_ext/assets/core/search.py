@@ -22,8 +22,9 @@ class LexicalRetriever:
     def search(self, queries: list[str], topk: int = 3) -> list[list[str]]:
         import bm25s
 
-        ids, _ = self._bm25.retrieve(bm25s.tokenize(queries, stopwords="en", show_progress=False),
-                                     k=topk, show_progress=False, n_threads=1)
+        ids, _ = self._bm25.retrieve(
+            bm25s.tokenize(queries, stopwords="en", show_progress=False), k=topk, show_progress=False, n_threads=1
+        )
         return [[self.contents[int(i)] for i in row] for row in ids]
 
 

@@ -35,8 +35,12 @@ class SFTExample:
             raise ValueError(f"{len(weights)} weights for {len(trajectory.response_ids)} response ids")
         if any(w and not m for w, m in zip(weights, trajectory.response_mask)):
             raise ValueError("a loss weight on a token the model did not generate (response_mask 0)")
-        return cls(list(trajectory.prompt_ids), list(trajectory.response_ids), weights,
-                   tuple(getattr(trajectory, "images", ()) or ()))
+        return cls(
+            list(trajectory.prompt_ids),
+            list(trajectory.response_ids),
+            weights,
+            tuple(getattr(trajectory, "images", ()) or ()),
+        )
 
     @property
     def input_ids(self) -> list[int]:
@@ -130,10 +134,19 @@ class _Sampler:
         return picked
 
 
-def train(model, streams: list[Stream], cfg: LoopSettings, pad_id: int, *,
-          vision_inputs: Callable[[torch.Tensor, list], dict[str, torch.Tensor]] | None = None, progress: bool = True,
-          desc: str = "warm-start SFT", logits_on_targets: bool = False,
-          check: Callable[[int], bool] | None = None, check_every: int = 0) -> list[float]:
+def train(
+    model,
+    streams: list[Stream],
+    cfg: LoopSettings,
+    pad_id: int,
+    *,
+    vision_inputs: Callable[[torch.Tensor, list], dict[str, torch.Tensor]] | None = None,
+    progress: bool = True,
+    desc: str = "warm-start SFT",
+    logits_on_targets: bool = False,
+    check: Callable[[int], bool] | None = None,
+    check_every: int = 0,
+) -> list[float]:
     """`cfg.steps` optimizer steps on one batch of every (non-empty) stream each; returns every step's loss.
 
     `vision_inputs(input_ids, images)` -> the extra model inputs of a batch (pixel values, grid sizes, modality ids), for
@@ -151,8 +164,11 @@ def train(model, streams: list[Stream], cfg: LoopSettings, pad_id: int, *,
         samplers = [_Sampler(len(s.examples), torch.Generator().manual_seed(s.seed)) for s in active]
         decay = [p for p in model.parameters() if p.ndim >= 2]
         no_decay = [p for p in model.parameters() if p.ndim < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr,
+            betas=(0.9, 0.98),
+        )
         model.train()
         losses: list[float] = []
         bar = tqdm(range(cfg.steps), desc=desc, disable=not progress)
@@ -167,8 +183,11 @@ def train(model, streams: list[Stream], cfg: LoopSettings, pad_id: int, *,
                 images = [img for e in batch for img in e.images]
                 extra = vision_inputs(ids, images) if vision_inputs and images else {}  # a text-only batch: none
                 inputs = {"input_ids": ids, "attention_mask": attn, **extra}
-                part = (weighted_target_loss(model, inputs, ids, weights) if logits_on_targets
-                        else weighted_lm_loss(model(**inputs).logits, ids, weights))
+                part = (
+                    weighted_target_loss(model, inputs, ids, weights)
+                    if logits_on_targets
+                    else weighted_lm_loss(model(**inputs).logits, ids, weights)
+                )
                 total = total + part * weights[:, 1:].sum()
                 weight_sum += float(weights[:, 1:].sum())
             loss = total / max(weight_sum, 1e-8)

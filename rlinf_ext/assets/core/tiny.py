@@ -56,8 +56,12 @@ class Parts:
         if not manifest:
             return Parts()
         mm = manifest.get("mm_version") == MM_GENERATOR_VERSION
-        return Parts.of(sft_search=bool(manifest.get("with_sft_search")), registry=bool(manifest.get("with_registry")),
-                        mm=mm, mm_sft=mm and bool(manifest.get("with_mm_sft")))
+        return Parts.of(
+            sft_search=bool(manifest.get("with_sft_search")),
+            registry=bool(manifest.get("with_registry")),
+            mm=mm,
+            mm_sft=mm and bool(manifest.get("with_mm_sft")),
+        )
 
     def union(self, other: "Parts") -> "Parts":
         return Parts.of(*(a or b for a, b in zip(astuple(self), astuple(other))))
@@ -94,8 +98,12 @@ MM_SFT_DIR = "mm/models/qwen2.5-vl-tiny-sft/"
 
 def part_of_file(rel: str) -> str:
     """The part (a `Parts` field, or "base") a file of an asset directory belongs to, by its relative path."""
-    for prefix, part in ((SFT_SEARCH_DIR, "sft_search"), (REGISTRY_DIR, "registry"), (MM_SFT_DIR, "mm_sft"),
-                         ("mm/", "mm")):
+    for prefix, part in (
+        (SFT_SEARCH_DIR, "sft_search"),
+        (REGISTRY_DIR, "registry"),
+        (MM_SFT_DIR, "mm_sft"),
+        ("mm/", "mm"),
+    ):
         if rel.startswith(prefix):
             return part
     return "base"
@@ -157,8 +165,11 @@ def sha256_file(path: Path) -> str:
 
 
 def _file_hashes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in (MANIFEST, ".lock", ".lock" + HOLDER_SUFFIX)}
+    return {
+        str(p.relative_to(root)): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in (MANIFEST, ".lock", ".lock" + HOLDER_SUFFIX)
+    }
 
 
 def read_manifest(root: Path) -> dict | None:
@@ -197,9 +208,17 @@ def complete_assets(root: Path, seed: int, parts: Parts) -> TinyAssets | None:
     return _layout(root, seed, have) if have is not None and have.covers(parts) else None
 
 
-def make_tiny_assets(out_dir, seed: int = 0, verbose: bool = False, with_sft_search: bool = False,
-                     with_registry: bool = False, with_mm: bool = False, with_mm_sft: bool = False,
-                     parts: Parts | None = None, code_key: str | None = None) -> TinyAssets:
+def make_tiny_assets(
+    out_dir,
+    seed: int = 0,
+    verbose: bool = False,
+    with_sft_search: bool = False,
+    with_registry: bool = False,
+    with_mm: bool = False,
+    with_mm_sft: bool = False,
+    parts: Parts | None = None,
+    code_key: str | None = None,
+) -> TinyAssets:
     """Generate (or reuse) the tiny assets under `out_dir` with the optional ``parts`` (or the ``with_*`` flags);
     see the module docstring and docs/contracts.md, "Data and tiny assets".
 
@@ -209,8 +228,9 @@ def make_tiny_assets(out_dir, seed: int = 0, verbose: bool = False, with_sft_sea
     ``code_key`` (`make-tiny-assets --out`: the cache key of this code, `cache.cache_key`): a directory of another key,
     or of none, is regenerated, and the MANIFEST records the key and `OUT_DIR_MARK` (the launcher then uses the
     directory as it is, or says what it lacks)."""
-    want = (parts or Parts()).union(Parts.of(sft_search=with_sft_search, registry=with_registry, mm=with_mm,
-                                             mm_sft=with_mm_sft))
+    want = (parts or Parts()).union(
+        Parts.of(sft_search=with_sft_search, registry=with_registry, mm=with_mm, mm_sft=with_mm_sft)
+    )
     root = Path(out_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     log = print if verbose else (lambda *a, **k: None)
@@ -251,9 +271,15 @@ def make_tiny_assets(out_dir, seed: int = 0, verbose: bool = False, with_sft_sea
             t0 = time.perf_counter()
             build_mm_sft_model(root, seed, log)
             timings["mm_sft"] = round(time.perf_counter() - t0, 2)
-        new_manifest = {"seed": seed, "version": GENERATOR_VERSION, **done.manifest_fields(),
-                        **({"registry": manifest_entry(root)} if done.registry else {}),
-                        **({"mm_sft": mm_sft_manifest_entry(root)} if done.mm_sft else {}),
-                        "timings_s": timings, "files": _file_hashes(root), **mark}
+        new_manifest = {
+            "seed": seed,
+            "version": GENERATOR_VERSION,
+            **done.manifest_fields(),
+            **({"registry": manifest_entry(root)} if done.registry else {}),
+            **({"mm_sft": mm_sft_manifest_entry(root)} if done.mm_sft else {}),
+            "timings_s": timings,
+            "files": _file_hashes(root),
+            **mark,
+        }
         (root / MANIFEST).write_text(json.dumps(new_manifest, indent=1, sort_keys=True) + "\n")
         return assets

@@ -21,7 +21,16 @@ ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
-TAG_TOKENS = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>")
+TAG_TOKENS = (
+    "<think>",
+    "</think>",
+    "<search>",
+    "</search>",
+    "<answer>",
+    "</answer>",
+    "<information>",
+    "</information>",
+)
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 
@@ -29,9 +38,15 @@ def qwen2_5_chat_template() -> str:
     return resources.files("rlinf_ext.assets.core").joinpath("qwen2_5_chat_template.jinja").read_text(encoding="utf-8")
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 2000, tags: tuple[str, ...] = TAG_TOKENS,
-                    specials: tuple[str, ...] = SPECIAL_TOKENS, chat_template: str | None = None,
-                    tokenizer_class=None, **wrapper_kwargs):
+def train_tokenizer(
+    texts: list[str],
+    vocab_size: int = 2000,
+    tags: tuple[str, ...] = TAG_TOKENS,
+    specials: tuple[str, ...] = SPECIAL_TOKENS,
+    chat_template: str | None = None,
+    tokenizer_class=None,
+    **wrapper_kwargs,
+):
     """Train the BPE on `texts` and wrap it as a `PreTrainedTokenizerFast` (vocab_size counts learned tokens).
 
     `tags` become non-special added tokens, `specials` special ones (the first is EOS and pad); the VL tokenizer
@@ -40,16 +55,25 @@ def train_tokenizer(texts: list[str], vocab_size: int = 2000, tags: tuple[str, .
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     # added after training so that, as in Qwen2.5, they follow the learned vocabulary
-    tok.add_tokens([AddedToken(t, special=False, normalized=False, single_word=False, lstrip=False, rstrip=False) for t in tags])
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False, single_word=False, lstrip=False, rstrip=False) for t in tags]
+    )
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return (tokenizer_class or PreTrainedTokenizerFast)(
         tokenizer_object=tok,
@@ -72,8 +96,12 @@ def word_token(word: str) -> str:
 def add_word_tokens(tokenizer, words: list[str]) -> None:
     """Make every word of ``words`` one non-special token (its leading space included: `word_token`), after the
     vocabulary: a copy of a name is then a one-token decision, and the name decodes to exactly its text."""
-    tokenizer.add_tokens([AddedToken(word_token(w), special=False, normalized=False, single_word=False, lstrip=False,
-                                     rstrip=False) for w in words])
+    tokenizer.add_tokens(
+        [
+            AddedToken(word_token(w), special=False, normalized=False, single_word=False, lstrip=False, rstrip=False)
+            for w in words
+        ]
+    )
     check_single_tokens(tokenizer, words)
 
 
@@ -86,12 +114,15 @@ def word_ids(tokenizer, words: list[str]) -> dict[str, int]:
 def check_single_tokens(tokenizer, words: list[str]) -> None:
     bad = [w for w in words if len(tokenizer.encode(word_token(w), add_special_tokens=False)) != 1]
     if bad:
-        raise ValueError(f"{len(bad)} word(s) are not one token of this tokenizer, e.g. {bad[:3]}: add them with "
-                         "assets/core/tokenizer.add_word_tokens")
+        raise ValueError(
+            f"{len(bad)} word(s) are not one token of this tokenizer, e.g. {bad[:3]}: add them with "
+            "assets/core/tokenizer.add_word_tokens"
+        )
 
 
-def tokenizer_training_texts(corpus_contents: list[str], questions: list[str], prompt_example: str,
-                             extra: list[str]) -> list[str]:
+def tokenizer_training_texts(
+    corpus_contents: list[str], questions: list[str], prompt_example: str, extra: list[str]
+) -> list[str]:
     """What the BPE learns from: the corpus, the questions, the prompt and chat scaffolding, the agent turns."""
     # special tokens are left out: they are whole tokens anyway and would only waste merges
     scaffold = f"system\n{DEFAULT_SYSTEM}\nuser\n{prompt_example}\nassistant\n"

@@ -9,10 +9,43 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-_ONSETS = ["b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "r", "s", "st", "t", "tr", "v", "z"]
+_ONSETS = [
+    "b",
+    "br",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gr",
+    "h",
+    "k",
+    "kr",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "st",
+    "t",
+    "tr",
+    "v",
+    "z",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ia", "ou"]
 _CODAS = ["", "", "", "n", "r", "l", "s", "th", "m", "k"]
-OCCUPATIONS = ["painter", "astronomer", "merchant", "poet", "general", "architect", "physician", "composer", "sculptor", "explorer"]
+OCCUPATIONS = [
+    "painter",
+    "astronomer",
+    "merchant",
+    "poet",
+    "general",
+    "architect",
+    "physician",
+    "composer",
+    "sculptor",
+    "explorer",
+]
 GENRES = ["novel", "poem", "play", "chronicle", "treatise"]
 
 
@@ -94,8 +127,15 @@ class NameMaker:
         raise RuntimeError("name space exhausted; lower the entity counts")
 
 
-def build_world(seed: int, n_countries: int = 24, cities_per_country: int = 3, n_rivers: int = 30,
-                n_seas: int = 8, n_authors: int = 50, distractor_fraction: float = 0.2) -> World:
+def build_world(
+    seed: int,
+    n_countries: int = 24,
+    cities_per_country: int = 3,
+    n_rivers: int = 30,
+    n_seas: int = 8,
+    n_authors: int = 50,
+    distractor_fraction: float = 0.2,
+) -> World:
     rng = random.Random(seed)
     names = NameMaker(rng)
     seas = [f"Sea of {names.word()}" for _ in range(n_seas)]
@@ -136,6 +176,8 @@ def build_world(seed: int, n_countries: int = 24, cities_per_country: int = 3, n
             works[title] = Work(title, author.name, rng.choice(GENRES), author.born + rng.randint(20, 60))
             author.works.append(title)
     n_dc = int(len(cities) * distractor_fraction)
-    distractor_cities = set(rng.sample([c for c in city_names if cities[c].country and countries[cities[c].country].capital != c], n_dc))
+    distractor_cities = set(
+        rng.sample([c for c in city_names if cities[c].country and countries[cities[c].country].capital != c], n_dc)
+    )
     distractor_people = set(rng.sample(sorted(people), int(len(people) * distractor_fraction)))
     return World(countries, cities, people, rivers, seas, works, distractor_cities, distractor_people)

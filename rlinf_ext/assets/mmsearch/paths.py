@@ -37,10 +37,17 @@ class Assets:
 
 def layout(root: Path) -> Assets:
     mm = root / "mm"
-    return Assets(root=mm, emblems=mm / "emblems.json", fvqa_train=mm / "data" / "train.parquet",
-                    fvqa_test=mm / "data" / "test.parquet", train_paths=mm / "data" / "train_paths.jsonl",
-                    test_paths=mm / "data" / "test_paths.jsonl", cache_train=mm / "image_search" / "tinymm_train_cache",
-                    cache_test=mm / "image_search" / "tinymm_test_cache",
-                    cache_test_pickle=mm / "image_search" / "tinymm_test_image_search_results_cache.pkl",
-                    processor_dir=mm / "processor", qwen2_5_vl_tiny=mm / "models" / "qwen2.5-vl-tiny",
-                    qwen2_5_vl_tiny_sft=mm / "models" / "qwen2.5-vl-tiny-sft")
+    return Assets(
+        root=mm,
+        emblems=mm / "emblems.json",
+        fvqa_train=mm / "data" / "train.parquet",
+        fvqa_test=mm / "data" / "test.parquet",
+        train_paths=mm / "data" / "train_paths.jsonl",
+        test_paths=mm / "data" / "test_paths.jsonl",
+        cache_train=mm / "image_search" / "tinymm_train_cache",
+        cache_test=mm / "image_search" / "tinymm_test_cache",
+        cache_test_pickle=mm / "image_search" / "tinymm_test_image_search_results_cache.pkl",
+        processor_dir=mm / "processor",
+        qwen2_5_vl_tiny=mm / "models" / "qwen2.5-vl-tiny",
+        qwen2_5_vl_tiny_sft=mm / "models" / "qwen2.5-vl-tiny-sft",
+    )

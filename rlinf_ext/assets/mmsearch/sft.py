@@ -49,10 +49,26 @@ from rlinf_ext.assets.core.sft import SFTExample, Stream
 from rlinf_ext.assets.core.tokenizer import word_ids
 from rlinf_ext.assets.mmsearch import models as vl_models
 from rlinf_ext.assets.mmsearch.paths import layout
-from rlinf_ext.assets.mmsearch.trajectories import (IMAGE_SEARCH_TURN, city_answer_turn, colour_answer_turn,
-                                                    give_up_turn, scripted_turns)
-from rlinf_ext.assets.mmsearch.world import (CITY_QUESTION, KIND_CITY, KIND_COLOUR, PALETTE, PATTERNS, SHAPES,
-                                             EmblemSpec, Question, draw_emblem, parse_title, title_of)
+from rlinf_ext.assets.mmsearch.trajectories import (
+    IMAGE_SEARCH_TURN,
+    city_answer_turn,
+    colour_answer_turn,
+    give_up_turn,
+    scripted_turns,
+)
+from rlinf_ext.assets.mmsearch.world import (
+    CITY_QUESTION,
+    KIND_CITY,
+    KIND_COLOUR,
+    PALETTE,
+    PATTERNS,
+    SHAPES,
+    EmblemSpec,
+    Question,
+    draw_emblem,
+    parse_title,
+    title_of,
+)
 from rlinf_ext.assets.registry.reading import induction_example
 from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
@@ -69,8 +85,9 @@ READING_SOURCE = "tinymm_reading"
 
 @dataclass(frozen=True)
 class SFTConfig:
-    shape: vl_models.TinyVLShape = vl_models.TinyVLShape(hidden_size=128, intermediate_size=352,
-                                                          vision_hidden_size=64, vision_intermediate_size=128)
+    shape: vl_models.TinyVLShape = vl_models.TinyVLShape(
+        hidden_size=128, intermediate_size=352, vision_hidden_size=64, vision_intermediate_size=128
+    )
     steps: int = 400  # phase 4
     batch_size: int = 8
     lr: float = 3e-3
@@ -140,8 +157,15 @@ class Plan:
     kind: str  # colour_direct | colour_search | city_right | city_other | city_give_up | reading
 
 
-def demonstration_plans(tasks: list[Task], scripted: dict[str, dict], cache_dir: Path, specs: dict[str, EmblemSpec],
-                        heldout: set[str], cfg: SFTConfig, seed: int) -> list[Plan]:
+def demonstration_plans(
+    tasks: list[Task],
+    scripted: dict[str, dict],
+    cache_dir: Path,
+    specs: dict[str, EmblemSpec],
+    heldout: set[str],
+    cfg: SFTConfig,
+    seed: int,
+) -> list[Plan]:
     """The phase-4 plans: one per colour question (searching first on exactly `over_search` of them), and
     `city_demonstrations` per city question with the same mix for each (exact counts): the model cannot tie a
     choice to a question, so its probabilities are the shares, the same on held-out cities."""
@@ -155,10 +179,15 @@ def demonstration_plans(tasks: list[Task], scripted: dict[str, dict], cache_dir:
         q = Question(path["kind"], path["city"], t.question, tuple(t.answers))
         if q.kind == KIND_COLOUR:
             search = t.data_id in searching
-            plans.append(Plan(t, scripted_turns(q, search_colour=search), "colour_search" if search else "colour_direct"))
+            plans.append(
+                Plan(t, scripted_turns(q, search_colour=search), "colour_search" if search else "colour_direct")
+            )
             continue
-        others = [EmblemSpec(city, "", colour, "", "") for colour, city in cached_results(cache_dir, t.data_id)
-                  if city != q.city and city not in heldout]
+        others = [
+            EmblemSpec(city, "", colour, "", "")
+            for colour, city in cached_results(cache_dir, t.data_id)
+            if city != q.city and city not in heldout
+        ]
         plans += [Plan(t, scripted_turns(q, give_up=True), "city_give_up")] * n_give_up
         plans += [Plan(t, scripted_turns(q, restated=specs[q.city]), "city_right")] * n_right
         for _ in range(cfg.city_demonstrations - n_give_up - n_right):
@@ -172,11 +201,19 @@ def demonstration_plans(tasks: list[Task], scripted: dict[str, dict], cache_dir:
 def play_back(processor, plans: list[Plan], cache_dir: Path, corpus_path: Path, cfg: SFTConfig) -> list[VLTrajectory]:
     """The loop's own trajectories for the planned turns (one task at a time: the playback is sequential)."""
     gen = PlaybackGenerator(processor.tokenizer)
-    image = ImageSearch(ImageSearchToolConfig(backend="cache_dir", cache_path=str(cache_dir), topk=cfg.topk,
-                                                  thumbnail_min_pixels=PX, thumbnail_max_pixels=PX))
+    image = ImageSearch(
+        ImageSearchToolConfig(
+            backend="cache_dir",
+            cache_path=str(cache_dir),
+            topk=cfg.topk,
+            thumbnail_min_pixels=PX,
+            thumbnail_max_pixels=PX,
+        )
+    )
     tools = SearchTools(image, CorpusTextSearch(corpus_retriever(corpus_path), cfg.topk))
-    settings = LoopSettings(max_gen_round=3, image_search_limit=1, text_search_limit=1,
-                            response_length_total=4096, max_obs_length=320)
+    settings = LoopSettings(
+        max_gen_round=3, image_search_limit=1, text_search_limit=1, response_length_total=4096, max_obs_length=320
+    )
 
     async def all_of_them():
         out = []
@@ -188,8 +225,9 @@ def play_back(processor, plans: list[Plan], cache_dir: Path, corpus_path: Path, 
     return asyncio.run(all_of_them())
 
 
-def colour_examples(processor, specs: dict[str, EmblemSpec], cities: list[str], per_city: int,
-                    seed: int) -> list[VLTrajectory]:
+def colour_examples(
+    processor, specs: dict[str, EmblemSpec], cities: list[str], per_city: int, seed: int
+) -> list[VLTrajectory]:
     """One-turn colour trajectories (prompt + the direct answer, mask 1) on new jitters of each city's emblem."""
     rng, prompts, out = random.Random(seed), Prompts(), []
     question = "What colour is the emblem in the image?"
@@ -198,14 +236,24 @@ def colour_examples(processor, specs: dict[str, EmblemSpec], cities: list[str], 
             image = canonicalize(draw_emblem(specs[city], rng), PX, PX)
             task = Task(f"colour-{city}", question, (image,), (specs[city].colour,), "search_free", COLOUR_SOURCE)
             ids = processor.tokenizer.encode(colour_answer_turn(specs[city].colour), add_special_tokens=False)
-            out.append(VLTrajectory(uid=task.data_id, prompt_ids=first_prompt_ids(processor, prompts, task),
-                                    response_ids=ids, response_mask=[1] * len(ids), turns=[], response_text="",
-                                    answers=list(task.answers), images=[image]))
+            out.append(
+                VLTrajectory(
+                    uid=task.data_id,
+                    prompt_ids=first_prompt_ids(processor, prompts, task),
+                    response_ids=ids,
+                    response_mask=[1] * len(ids),
+                    turns=[],
+                    response_text="",
+                    answers=list(task.answers),
+                    images=[image],
+                )
+            )
     return out
 
 
-def reading_plans(names: list[str], n: int, specs: dict[str, EmblemSpec], heldout: set[str], cache_dir: Path,
-                  seed: int) -> tuple[list[Plan], int]:
+def reading_plans(
+    names: list[str], n: int, specs: dict[str, EmblemSpec], heldout: set[str], cache_dir: Path, seed: int
+) -> tuple[list[Plan], int]:
     """`n` city questions on fresh pairings, their search results written to ``cache_dir``: three fresh names with
     three distinct colours and random shapes and patterns, the first the question's emblem, shown at a random rank.
     A world city gets an emblem that is not its own. Returns (plans, held-out cities shown with their own emblem:
@@ -214,8 +262,10 @@ def reading_plans(names: list[str], n: int, specs: dict[str, EmblemSpec], heldou
     plans, overlap = [], 0
     for i in range(n):
         while True:
-            hits = [EmblemSpec(city, "", colour, rng.choice(SHAPES), rng.choice(PATTERNS))
-                    for city, colour in zip(rng.sample(names, 3), rng.sample(list(PALETTE), 3))]
+            hits = [
+                EmblemSpec(city, "", colour, rng.choice(SHAPES), rng.choice(PATTERNS))
+                for city, colour in zip(rng.sample(names, 3), rng.sample(list(PALETTE), 3))
+            ]
             own = [h for h in hits if h.city in specs and _same_emblem(h, specs[h.city])]
             if not own:
                 break
@@ -225,8 +275,10 @@ def reading_plans(names: list[str], n: int, specs: dict[str, EmblemSpec], heldou
         data_id = f"reading_{i:05d}"
         folder = cache_dir / data_id
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "meta.json").write_text(json.dumps({"title_list": [title_of(h.colour, h.city) for h in shown],
-                                                      "image_urls": [None] * len(shown)}) + "\n")
+        (folder / "meta.json").write_text(
+            json.dumps({"title_list": [title_of(h.colour, h.city) for h in shown], "image_urls": [None] * len(shown)})
+            + "\n"
+        )
         for rank, h in enumerate(shown):
             (folder / f"img_{rank:03d}.png").write_bytes(encode_png(draw_emblem(h, rng)))
         image = canonicalize(draw_emblem(true, rng), PX, PX)
@@ -269,8 +321,14 @@ class Scorer:
         import torch
 
         tensor = torch.tensor([ids])
-        extra = ({**self.images.batch(images), "mm_token_type_ids": mm_token_type_ids(tensor, self.model.config.image_token_id)}
-                 if images else {})
+        extra = (
+            {
+                **self.images.batch(images),
+                "mm_token_type_ids": mm_token_type_ids(tensor, self.model.config.image_token_id),
+            }
+            if images
+            else {}
+        )
         with torch.no_grad():
             logits = self.model(input_ids=tensor, attention_mask=torch.ones_like(tensor), **extra).logits[0]
         return [logits[p - 1].float().softmax(-1) for p in positions]
@@ -283,7 +341,7 @@ def reading_probability(scorer: Scorer, processor, trajectories: list[VLTrajecto
     for t in trajectories:
         ids = t.prompt_ids + t.response_ids
         colour_at, city_at = restated_positions(processor, t)
-        [p] = scorer.probs(ids[:city_at + 1], list(t.images), [city_at])
+        [p] = scorer.probs(ids[: city_at + 1], list(t.images), [city_at])
         total += float(p[ids[city_at]])
     return total / max(1, len(trajectories))
 
@@ -305,7 +363,9 @@ def prompt_prefixes(processor, specs: dict[str, EmblemSpec], seed: int, n: int =
     rng, out = random.Random(seed), []
     for i in range(n):
         image = canonicalize(draw_emblem(rng.choice(sorted(specs.values(), key=lambda s: s.city)), rng), PX, PX)
-        task = Task(f"prefix-{i}", rng.choice([CITY_QUESTION, "What colour is the emblem in the image?"]), (image,), ("",))
+        task = Task(
+            f"prefix-{i}", rng.choice([CITY_QUESTION, "What colour is the emblem in the image?"]), (image,), ("",)
+        )
         out.append((first_prompt_ids(processor, Prompts(), task), image))
     return out
 
@@ -316,16 +376,25 @@ def in_prompt(example: SFTExample, rng: random.Random, prefixes: list[tuple[list
     return SFTExample(ids + example.prompt_ids, example.response_ids, example.weights, (image,))
 
 
-def probe_city_questions(scorer: Scorer, processor, tasks: list[Task], scripted: dict[str, dict], cache_dir: Path,
-                         corpus_path: Path, specs: dict[str, EmblemSpec], cfg: SFTConfig) -> dict[str, float]:
+def probe_city_questions(
+    scorer: Scorer,
+    processor,
+    tasks: list[Task],
+    scripted: dict[str, dict],
+    cache_dir: Path,
+    corpus_path: Path,
+    specs: dict[str, EmblemSpec],
+    cfg: SFTConfig,
+) -> dict[str, float]:
     """Teacher-forced on the held-out questions. City questions: P(image search first) against the give-up turn,
     the share where searching is the likelier opening (greedy), P(right colour) and P(right city | right colour)
     after the real loop's search, the share of the wrong-colour mass on another result's colour, and the expected
     sampled accuracy P(search) x P(colour) x P(city | colour). Colour questions: P(image search first) against the
     right direct answer, and the share where searching is likelier (greedy over-search: the search penalty's lesson)."""
     city_tasks = [t for t in tasks if scripted[t.data_id]["kind"] == KIND_CITY]
-    plans = [Plan(t, [IMAGE_SEARCH_TURN, city_answer_turn(specs[scripted[t.data_id]["city"]])], "probe")
-             for t in city_tasks]
+    plans = [
+        Plan(t, [IMAGE_SEARCH_TURN, city_answer_turn(specs[scripted[t.data_id]["city"]])], "probe") for t in city_tasks
+    ]
     trajectories = play_back(processor, plans, cache_dir, corpus_path, cfg)
     tok = processor.tokenizer
     search_ids = tok.encode(IMAGE_SEARCH_TURN, add_special_tokens=False)
@@ -334,31 +403,49 @@ def probe_city_questions(scorer: Scorer, processor, tasks: list[Task], scripted:
     rows = []
     for t, traj in zip(city_tasks, trajectories):
         prompt = first_prompt_ids(processor, Prompts(), t)
-        p_search = 1.0 / (1.0 + math.exp(_logprob(scorer, prompt, give_up_ids, list(t.images))
-                                          - _logprob(scorer, prompt, search_ids, list(t.images))))
+        p_search = 1.0 / (
+            1.0
+            + math.exp(
+                _logprob(scorer, prompt, give_up_ids, list(t.images))
+                - _logprob(scorer, prompt, search_ids, list(t.images))
+            )
+        )
         ids = traj.prompt_ids + traj.response_ids
         colour_at, city_at = restated_positions(processor, traj)
-        p_colour, p_city = scorer.probs(ids[:city_at + 1], list(traj.images), [colour_at, city_at])
+        p_colour, p_city = scorer.probs(ids[: city_at + 1], list(traj.images), [colour_at, city_at])
         shown = {c for c, _ in cached_results(cache_dir, t.data_id)}
         right_colour = ids[colour_at]
         other_mass = sum(float(p_colour[colour_ids[c]]) for c in shown if colour_ids[c] != right_colour)
-        rows.append((p_search, float(p_colour[right_colour]), float(p_city[ids[city_at]]),
-                     other_mass / max(1e-9, 1.0 - float(p_colour[right_colour]))))
+        rows.append(
+            (
+                p_search,
+                float(p_colour[right_colour]),
+                float(p_city[ids[city_at]]),
+                other_mass / max(1e-9, 1.0 - float(p_colour[right_colour])),
+            )
+        )
     colour_rows = []
     for t in tasks:
         if scripted[t.data_id]["kind"] != KIND_COLOUR:
             continue
         prompt, images = first_prompt_ids(processor, Prompts(), t), list(t.images)
         answer = tok.encode(colour_answer_turn(t.answers[0]), add_special_tokens=False)
-        colour_rows.append(1.0 / (1.0 + math.exp(_logprob(scorer, prompt, answer, images)
-                                                 - _logprob(scorer, prompt, search_ids, images))))
+        colour_rows.append(
+            1.0
+            / (1.0 + math.exp(_logprob(scorer, prompt, answer, images) - _logprob(scorer, prompt, search_ids, images)))
+        )
     n, m = max(1, len(rows)), max(1, len(colour_rows))
-    return {"colour_p_search": sum(colour_rows) / m, "colour_greedy_search": sum(p > 0.5 for p in colour_rows) / m,
-            "questions": float(len(rows)), "p_search": sum(r[0] for r in rows) / n,
-            "greedy_search": sum(r[0] > 0.5 for r in rows) / n, "p_right_colour": sum(r[1] for r in rows) / n,
-            "p_city_given_colour": sum(r[2] for r in rows) / n,
-            "wrong_colour_mass_on_shown_results": sum(r[3] for r in rows) / n,
-            "expected_sampled_accuracy": sum(r[0] * r[1] * r[2] for r in rows) / n}
+    return {
+        "colour_p_search": sum(colour_rows) / m,
+        "colour_greedy_search": sum(p > 0.5 for p in colour_rows) / m,
+        "questions": float(len(rows)),
+        "p_search": sum(r[0] for r in rows) / n,
+        "greedy_search": sum(r[0] > 0.5 for r in rows) / n,
+        "p_right_colour": sum(r[1] for r in rows) / n,
+        "p_city_given_colour": sum(r[2] for r in rows) / n,
+        "wrong_colour_mass_on_shown_results": sum(r[3] for r in rows) / n,
+        "expected_sampled_accuracy": sum(r[0] * r[1] * r[2] for r in rows) / n,
+    }
 
 
 def _logprob(scorer: Scorer, prefix: list[int], continuation: list[int], images: list) -> float:
@@ -367,19 +454,39 @@ def _logprob(scorer: Scorer, prefix: list[int], continuation: list[int], images:
     return sum(math.log(max(1e-30, float(p[t]))) for p, t in zip(probs, continuation))
 
 
-def train(model, image_inputs, streams: list[tuple[list, int]], cfg, seed: int, pad_id: int,
-          check: Callable[[int], bool] | None = None, check_every: int = 0) -> list[float]:
+def train(
+    model,
+    image_inputs,
+    streams: list[tuple[list, int]],
+    cfg,
+    seed: int,
+    pad_id: int,
+    check: Callable[[int], bool] | None = None,
+    check_every: int = 0,
+) -> list[float]:
     """The shared warm-start loop (`assets/core/sft.py`): `cfg.steps` steps on one batch of each (trajectories or
     examples, batch size) stream (stream i shuffled with seed + i), loss on their mask-1 tokens, images through the
     processor's `image_inputs` (a batch without images is text only)."""
-    built = [Stream([e if isinstance(e, SFTExample) else SFTExample.from_trajectory(e) for e in items], size, seed + i)
-             for i, (items, size) in enumerate(streams)]
+    built = [
+        Stream([e if isinstance(e, SFTExample) else SFTExample.from_trajectory(e) for e in items], size, seed + i)
+        for i, (items, size) in enumerate(streams)
+    ]
 
     def vision_inputs(ids, images):  # transformers 5: without modality ids the positions are text-only
         return {**image_inputs.batch(images), "mm_token_type_ids": mm_token_type_ids(ids, model.config.image_token_id)}
 
-    return sft_loop.train(model, built, cfg, pad_id, vision_inputs=vision_inputs, progress=False,
-                          desc="mm warm-start SFT", logits_on_targets=True, check=check, check_every=check_every)
+    return sft_loop.train(
+        model,
+        built,
+        cfg,
+        pad_id,
+        vision_inputs=vision_inputs,
+        progress=False,
+        desc="mm warm-start SFT",
+        logits_on_targets=True,
+        check=check,
+        check_every=check_every,
+    )
 
 
 @dataclass
@@ -400,21 +507,40 @@ def _phase(model, images, streams, cfg, seed, pad, log, name, gate=None, measure
         log(f"mm warm start, {name}: step {steps}, gate figure {figure:.3f} (gate {gate})")
         return figure >= gate
 
-    losses = train(model, images, streams, cfg, seed, pad, check=check if measure else None,
-                   check_every=cfg.check_every if measure else 0)
+    losses = train(
+        model,
+        images,
+        streams,
+        cfg,
+        seed,
+        pad,
+        check=check if measure else None,
+        check_every=cfg.check_every if measure else 0,
+    )
     if measure is not None and (not curve or curve[-1][1] < gate):
-        raise RuntimeError(f"the mm warm start's {name} phase missed its gate ({gate}) within {cfg.steps} steps: "
-                           f"gate curve {curve}. Grow the model (SFTConfig.shape) or the phase's budget.")
-    return PhaseRecord(len(losses), round(time.process_time() - cpu0, 1), curve,
-                       round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4))
+        raise RuntimeError(
+            f"the mm warm start's {name} phase missed its gate ({gate}) within {cfg.steps} steps: "
+            f"gate curve {curve}. Grow the model (SFTConfig.shape) or the phase's budget."
+        )
+    return PhaseRecord(
+        len(losses),
+        round(time.process_time() - cpu0, 1),
+        curve,
+        round(sum(losses[-10:]) / max(1, len(losses[-10:])), 4),
+    )
 
 
 # The warm-start gate on the held-out questions (`probe_city_questions`): (figure, lowest, highest). City questions:
 # greedy decoding gives up (search_required starts low), sampling searches often enough for GRPO to see mixed
 # groups, and after a search the title is read. Colour questions: greedy decoding still over-searches, so the
 # search penalty has a lesson to teach (search_free).
-GATE = (("greedy_search", 0.0, 0.35), ("p_search", 0.10, 0.45), ("p_city_given_colour", 0.8, 1.0),
-        ("expected_sampled_accuracy", 0.05, 0.45), ("colour_greedy_search", 0.3, 1.0))
+GATE = (
+    ("greedy_search", 0.0, 0.35),
+    ("p_search", 0.10, 0.45),
+    ("p_city_given_colour", 0.8, 1.0),
+    ("expected_sampled_accuracy", 0.05, 0.45),
+    ("colour_greedy_search", 0.3, 1.0),
+)
 
 
 def gate_verdict(figures: dict[str, float]) -> dict[str, bool]:
@@ -448,57 +574,114 @@ def build_mm_sft_model(root: Path, seed: int, log: Callable[..., None], cfg: SFT
     prefixes = prompt_prefixes(processor, specs, seed + 30)
     rng = random.Random(seed + 25)
     induction = [induction_example(rng, name_ids, set()) for _ in range(cfg.induction_batch_size * 400)]
-    in_context = [in_prompt(induction_example(rng, name_ids, set()), rng, prefixes)
-                  for _ in range(cfg.induction_batch_size * 200)]
+    in_context = [
+        in_prompt(induction_example(rng, name_ids, set()), rng, prefixes) for _ in range(cfg.induction_batch_size * 200)
+    ]
     probe_rng = random.Random(seed + 26)
     induction_probe = [induction_example(probe_rng, name_ids, set()) for _ in range(64)]
-    in_context_probe = [in_prompt(induction_example(probe_rng, name_ids, set()), probe_rng, prefixes) for _ in range(32)]
+    in_context_probe = [
+        in_prompt(induction_example(probe_rng, name_ids, set()), probe_rng, prefixes) for _ in range(32)
+    ]
     with tempfile.TemporaryDirectory(prefix="mm-reading-") as tmp:
         reading, overlap = reading_plans(names, cfg.reading_examples + 100, specs, heldout, Path(tmp), seed + 27)
         reading_trajs = play_back(processor, reading, Path(tmp), corpus, cfg)
-    reading_train, reading_probe = reading_trajs[:cfg.reading_examples], reading_trajs[cfg.reading_examples:]
+    reading_train, reading_probe = reading_trajs[: cfg.reading_examples], reading_trajs[cfg.reading_examples :]
     scorer = Scorer(model, processor)
     gated = replace(cfg, lr=cfg.induction_lr, schedule="constant")
     # induction first, on bare runs and the random model (after the colour phase, or inside the loop's long
     # prompts, the head had not formed in 1,400 steps), then inside a question's prompt and image
-    phases = {"induction": _phase(model, images, [(induction, cfg.induction_batch_size)],
-                                  replace(gated, steps=cfg.induction_max_steps), seed + 28, pad, log, "induction",
-                                  cfg.induction_gate, lambda: induction_accuracy(scorer, induction_probe))}
+    phases = {
+        "induction": _phase(
+            model,
+            images,
+            [(induction, cfg.induction_batch_size)],
+            replace(gated, steps=cfg.induction_max_steps),
+            seed + 28,
+            pad,
+            log,
+            "induction",
+            cfg.induction_gate,
+            lambda: induction_accuracy(scorer, induction_probe),
+        )
+    }
     phases["induction_in_prompts"] = _phase(
-        model, images, [(in_context, cfg.induction_batch_size - cfg.induction_replay), (induction, cfg.induction_replay)],
-        replace(gated, steps=cfg.induction_max_steps), seed + 31, pad, log, "induction in prompts", cfg.induction_gate,
-        lambda: induction_accuracy(scorer, in_context_probe))
-    phases["colour"] = _phase(model, images, [(colour, cfg.colour_batch_size), (in_context, cfg.induction_replay)],
-                              replace(cfg, steps=cfg.colour_steps), seed + 24, pad, log, "colour")
-    phases["reading"] = _phase(model, images, [(reading_train, cfg.reading_batch_size), (in_context, cfg.induction_replay),
-                                               (colour, cfg.colour_replay)],
-                               replace(gated, steps=cfg.reading_max_steps), seed + 29, pad, log, "reading",
-                               cfg.reading_gate, lambda: reading_probability(scorer, processor, reading_probe))
+        model,
+        images,
+        [(in_context, cfg.induction_batch_size - cfg.induction_replay), (induction, cfg.induction_replay)],
+        replace(gated, steps=cfg.induction_max_steps),
+        seed + 31,
+        pad,
+        log,
+        "induction in prompts",
+        cfg.induction_gate,
+        lambda: induction_accuracy(scorer, in_context_probe),
+    )
+    phases["colour"] = _phase(
+        model,
+        images,
+        [(colour, cfg.colour_batch_size), (in_context, cfg.induction_replay)],
+        replace(cfg, steps=cfg.colour_steps),
+        seed + 24,
+        pad,
+        log,
+        "colour",
+    )
+    phases["reading"] = _phase(
+        model,
+        images,
+        [(reading_train, cfg.reading_batch_size), (in_context, cfg.induction_replay), (colour, cfg.colour_replay)],
+        replace(gated, steps=cfg.reading_max_steps),
+        seed + 29,
+        pad,
+        log,
+        "reading",
+        cfg.reading_gate,
+        lambda: reading_probability(scorer, processor, reading_probe),
+    )
     colour_trajs = [t for t, p in zip(trajs, plans) if p.kind.startswith("colour")]
     city_trajs = [t for t, p in zip(trajs, plans) if not p.kind.startswith("colour")]
-    phases["trajectories"] = _phase(model, images, [(city_trajs, cfg.batch_size),
-                                                    (colour_trajs, cfg.colour_trajectory_batch_size),
-                                                    (colour, cfg.colour_replay),
-                                                    ([final_turn_only(t) for t in reading_train], cfg.reading_replay),
-                                                    (in_context, 2)],
-                                    cfg, seed + 22, pad, log, "trajectories")
+    phases["trajectories"] = _phase(
+        model,
+        images,
+        [
+            (city_trajs, cfg.batch_size),
+            (colour_trajs, cfg.colour_trajectory_batch_size),
+            (colour, cfg.colour_replay),
+            ([final_turn_only(t) for t in reading_train], cfg.reading_replay),
+            (in_context, 2),
+        ],
+        cfg,
+        seed + 22,
+        pad,
+        log,
+        "trajectories",
+    )
     out = paths.qwen2_5_vl_tiny_sft
     vl_models.save_vl_model(model, processor, out)
     test_tasks = [Task.from_row(r) for r in read_fvqa(paths.fvqa_test, PX, PX)]
     probe = probe_city_questions(scorer, processor, test_tasks, test_scripted, paths.cache_test, corpus, specs, cfg)
     kinds = {k: sum(p.kind == k for p in plans) for k in sorted({p.kind for p in plans})}
     verdict = gate_verdict(probe)
-    report = {"config": {**asdict(cfg), "shape": asdict(cfg.shape)}, "trajectories": len(trajs), "plans": kinds,
-              "phases": {k: asdict(v) for k, v in phases.items()}, "heldout_emblem_overlap": overlap,
-              "heldout_city_probe": probe, "gate": verdict, "gate_passed": all(verdict.values()),
-              "train_seconds": round(time.perf_counter() - t0, 1),
-              "train_cpu_seconds": round(sum(p.cpu_seconds for p in phases.values()), 1)}
+    report = {
+        "config": {**asdict(cfg), "shape": asdict(cfg.shape)},
+        "trajectories": len(trajs),
+        "plans": kinds,
+        "phases": {k: asdict(v) for k, v in phases.items()},
+        "heldout_emblem_overlap": overlap,
+        "heldout_city_probe": probe,
+        "gate": verdict,
+        "gate_passed": all(verdict.values()),
+        "train_seconds": round(time.perf_counter() - t0, 1),
+        "train_cpu_seconds": round(sum(p.cpu_seconds for p in phases.values()), 1),
+    }
     (out / "sft_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    log(f"mm sft: {len(trajs)} trajectories {kinds}, phases " + ", ".join(
-        f"{k} {v.steps} steps ({v.cpu_seconds} CPU s)" for k, v in phases.items())
+    log(
+        f"mm sft: {len(trajs)} trajectories {kinds}, phases "
+        + ", ".join(f"{k} {v.steps} steps ({v.cpu_seconds} CPU s)" for k, v in phases.items())
         + f" in {report['train_seconds']}s; held-out city probe: "
         + ", ".join(f"{k} {v:.3f}" for k, v in probe.items())
-        + f"; gate {'passed' if report['gate_passed'] else 'MISSED: ' + str(verdict)} -> {out}")
+        + f"; gate {'passed' if report['gate_passed'] else 'MISSED: ' + str(verdict)} -> {out}"
+    )
     return report
 
 
@@ -510,6 +693,8 @@ def _name_words(tokenizer) -> list[str]:
 def manifest_entry(root: Path) -> dict:
     """What MANIFEST.json records of the VL warm start: the split check and the gate on the held-out questions."""
     report = json.loads((layout(root).qwen2_5_vl_tiny_sft / "sft_report.json").read_text())
-    return {"heldout_emblem_overlap": report["heldout_emblem_overlap"],
-            "warm_start_gate": {k: report["heldout_city_probe"][k] for k, _, _ in GATE},
-            "warm_start_gate_passed": report["gate_passed"]}
+    return {
+        "heldout_emblem_overlap": report["heldout_emblem_overlap"],
+        "warm_start_gate": {k: report["heldout_city_probe"][k] for k, _, _ in GATE},
+        "warm_start_gate_passed": report["gate_passed"],
+    }

@@ -74,17 +74,25 @@ def _write_cache(folder: Path, titles: list[str], thumbs: list) -> None:
         (folder / f"img_{rank:03d}.png").write_bytes(encode_png(thumb))
 
 
-def _write_split(name: str, questions: list[Question], specs: dict[str, EmblemSpec], rng: random.Random,
-                 fvqa_path: Path, cache_root: Path, controls: dict[str, Path],
-                 paths_file: Path) -> tuple[list[FVQARow], dict]:
+def _write_split(
+    name: str,
+    questions: list[Question],
+    specs: dict[str, EmblemSpec],
+    rng: random.Random,
+    fvqa_path: Path,
+    cache_root: Path,
+    controls: dict[str, Path],
+    paths_file: Path,
+) -> tuple[list[FVQARow], dict]:
     """FVQA rows plus each question's cached image search (directory layout; ``controls``: the control runs'
     caches) and scripted path (jsonl); returns rows and pickle entries."""
     rows, entries, scripted = [], {}, []
     for i, q in enumerate(questions):
         data_id = f"tinymm_{name}_{i:04d}"
         image = _canonical(draw_emblem(specs[q.city], rng))
-        rows.append(FVQARow(data_id, q.question, [image], q.answers[0], list(q.answers[1:]), q.category,
-                            f"tinymm_{q.kind}"))
+        rows.append(
+            FVQARow(data_id, q.question, [image], q.answers[0], list(q.answers[1:]), q.category, f"tinymm_{q.kind}")
+        )
         hits = search_hits(specs, q.city, rng, SEARCH_TOPK)
         thumbs = [draw_emblem(h, rng) for h in hits]
         _write_cache(cache_root / data_id, [h.title for h in hits], thumbs)
@@ -116,10 +124,24 @@ def _tokenizer_texts(world, seed: int, questions: list[Question], specs) -> list
     prompts = Prompts()
     passages = [p.contents for p in corpus_mod.build_passages(world, seed)]
     turns = ["".join(scripted_turns(q, search_colour=True, restated=specs[q.city])) for q in questions]
-    frames = [prompts.round_1, prompts.after_image_search, prompts.after_text_search, prompts.image_results_header,
-              prompts.text_results_header, prompts.search_failed, give_up_turn()] * 20
+    frames = [
+        prompts.round_1,
+        prompts.after_image_search,
+        prompts.after_text_search,
+        prompts.image_results_header,
+        prompts.text_results_header,
+        prompts.search_failed,
+        give_up_turn(),
+    ] * 20
     titles = [s.title for s in specs.values()]
-    return passages + [q.question for q in questions] + turns + frames + titles * 3 + ["system\nYou are a helpful assistant.\nuser\nassistant\n"] * 20
+    return (
+        passages
+        + [q.question for q in questions]
+        + turns
+        + frames
+        + titles * 3
+        + ["system\nYou are a helpful assistant.\nuser\nassistant\n"] * 20
+    )
 
 
 def generate_mm(root: Path, seed: int, log: Callable[..., None]) -> dict[str, float]:
@@ -134,14 +156,31 @@ def generate_mm(root: Path, seed: int, log: Callable[..., None]) -> dict[str, fl
     test_q = _questions(specs, test_cities, TEST_PASSES, rng)
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.emblems.write_text(json.dumps({c: asdict(s) for c, s in specs.items()}, indent=1, sort_keys=True) + "\n")
-    _write_split("train", train_q, specs, rng, paths.fvqa_train, paths.cache_train,
-                 {c: paths.control_cache("train", c) for c in (ABLATED, TITLES_PERMUTED)}, paths.train_paths)
-    _, test_entries = _write_split("test", test_q, specs, rng, paths.fvqa_test, paths.cache_test,
-                                   {c: paths.control_cache("test", c) for c in (ABLATED, TITLES_PERMUTED)},
-                                   paths.test_paths)
+    _write_split(
+        "train",
+        train_q,
+        specs,
+        rng,
+        paths.fvqa_train,
+        paths.cache_train,
+        {c: paths.control_cache("train", c) for c in (ABLATED, TITLES_PERMUTED)},
+        paths.train_paths,
+    )
+    _, test_entries = _write_split(
+        "test",
+        test_q,
+        specs,
+        rng,
+        paths.fvqa_test,
+        paths.cache_test,
+        {c: paths.control_cache("test", c) for c in (ABLATED, TITLES_PERMUTED)},
+        paths.test_paths,
+    )
     write_cache_pickle(test_entries, paths.cache_test_pickle)
-    log(f"mm data: {len(train_q)} train / {len(test_q)} test questions ({len(train_cities)} / {len(test_cities)} "
-        f"cities), image-search caches -> {paths.root}")
+    log(
+        f"mm data: {len(train_q)} train / {len(test_q)} test questions ({len(train_cities)} / {len(test_cities)} "
+        f"cities), image-search caches -> {paths.root}"
+    )
     t1 = time.perf_counter()
     tokenizer = vl_models.train_vl_tokenizer(_tokenizer_texts(world, seed, train_q + test_q, specs))
     # city names, reading-phase names and colour words one token each: reading a title is copying the one token
@@ -152,6 +191,8 @@ def generate_mm(root: Path, seed: int, log: Callable[..., None]) -> dict[str, fl
     model = vl_models.make_qwen2_5_vl(tokenizer, vl_models.TinyVLShape(), seed)
     vl_models.save_vl_model(model, processor, paths.qwen2_5_vl_tiny)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"mm model: qwen2.5-vl-tiny ({n_params:,} params, vocab {model.config.text_config.vocab_size}, tokenizer {len(tokenizer)})")
+    log(
+        f"mm model: qwen2.5-vl-tiny ({n_params:,} params, vocab {model.config.text_config.vocab_size}, tokenizer {len(tokenizer)})"
+    )
     t2 = time.perf_counter()
     return {"mm_data": round(t1 - t0, 2), "mm_models": round(t2 - t1, 2)}

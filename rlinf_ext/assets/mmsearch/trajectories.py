@@ -37,8 +37,9 @@ def give_up_turn() -> str:
     return answer_turn("Not a city I know.", GIVE_UP_ANSWER)
 
 
-def scripted_turns(q: Question, search_colour: bool = False, restated: EmblemSpec | None = None,
-                   give_up: bool = False) -> list[str]:
+def scripted_turns(
+    q: Question, search_colour: bool = False, restated: EmblemSpec | None = None, give_up: bool = False
+) -> list[str]:
     """The turns of a path for `q`: a colour question answered directly (or, `search_colour=True`, the
     over-searching variant: an image search first, then the same answer); a city question answered by
     `give_up_turn` without searching (`give_up=True`), or searched and answered by restating the result

@@ -18,8 +18,14 @@ from dataclasses import dataclass
 
 from rlinf_ext.assets.core.world import World
 
-PALETTE = {"red": (215, 45, 45), "green": (45, 165, 70), "blue": (50, 85, 215),
-           "yellow": (230, 205, 40), "purple": (140, 60, 180), "orange": (240, 140, 30)}
+PALETTE = {
+    "red": (215, 45, 45),
+    "green": (45, 165, 70),
+    "blue": (50, 85, 215),
+    "yellow": (230, 205, 40),
+    "purple": (140, 60, 180),
+    "orange": (240, 140, 30),
+}
 SHAPES = ("circle", "square", "triangle")
 PATTERNS = ("plain", "stripes", "border")
 EMBLEM_SIDE = 56  # canonical: 2x2 blocks of 28 pixels = 4 language-model tokens
@@ -57,8 +63,10 @@ def emblem_specs(world: World, seed: int) -> dict[str, EmblemSpec]:
     cities = sorted(world.cities)
     colours = [list(PALETTE)[i % len(PALETTE)] for i in range(len(cities))]
     rng.shuffle(colours)
-    return {c: EmblemSpec(c, world.cities[c].country, colours[i], rng.choice(SHAPES), rng.choice(PATTERNS))
-            for i, c in enumerate(cities)}
+    return {
+        c: EmblemSpec(c, world.cities[c].country, colours[i], rng.choice(SHAPES), rng.choice(PATTERNS))
+        for i, c in enumerate(cities)
+    }
 
 
 def draw_emblem(spec: EmblemSpec, rng: random.Random, side: int = EMBLEM_SIDE):
@@ -108,8 +116,10 @@ CITY_QUESTION = "Which city has this emblem?"
 
 def questions_for(specs: dict[str, EmblemSpec], city: str) -> list[Question]:
     """The two kinds for one city: colour (no search needed), city (image search, then read the titles)."""
-    return [Question(KIND_COLOUR, city, COLOUR_QUESTION, (specs[city].colour,)),
-            Question(KIND_CITY, city, CITY_QUESTION, (city,))]
+    return [
+        Question(KIND_COLOUR, city, COLOUR_QUESTION, (specs[city].colour,)),
+        Question(KIND_CITY, city, CITY_QUESTION, (city,)),
+    ]
 
 
 def split_cities(world: World, seed: int, n_test: int = 20) -> tuple[list[str], list[str]]:

@@ -43,9 +43,15 @@ class RegistryPaths:
 
 def registry_paths(assets_root: Path) -> RegistryPaths:
     root = Path(assets_root) / REGISTRY_DIR
-    return RegistryPaths(root, root / "corpus" / "wiki.jsonl", root / "corpus" / "wiki_ablated.jsonl",
-                         root / "data" / "train.jsonl", root / "data" / "heldout.jsonl",
-                         root / "models" / READER_MODEL, root / "report.json")
+    return RegistryPaths(
+        root,
+        root / "corpus" / "wiki.jsonl",
+        root / "corpus" / "wiki_ablated.jsonl",
+        root / "data" / "train.jsonl",
+        root / "data" / "heldout.jsonl",
+        root / "models" / READER_MODEL,
+        root / "report.json",
+    )
 
 
 def corpus_rows(pages) -> list[dict]:
@@ -64,22 +70,34 @@ def ablated_pages(world: RegistryWorld):
 
 def question_rows(questions, split: str, tokenizer) -> list[dict]:
     prompt = tokenizer.apply_chat_template
-    return [{"prompt": prompt([{"role": "user", "content": searchr1_prompt(q.question)}], tokenize=False,
-                              add_generation_prompt=True),
-             "solutions": [q.answer], "data_source": q.relation, "uid": f"registry-{split}-{i}"}
-            for i, q in enumerate(questions)]
+    return [
+        {
+            "prompt": prompt(
+                [{"role": "user", "content": searchr1_prompt(q.question)}], tokenize=False, add_generation_prompt=True
+            ),
+            "solutions": [q.answer],
+            "data_source": q.relation,
+            "uid": f"registry-{split}-{i}",
+        }
+        for i, q in enumerate(questions)
+    ]
 
 
 def world_stats(world: RegistryWorld) -> dict:
     train, heldout = world.questions(TRAIN), world.questions(HELDOUT)
     train_subjects, heldout_subjects = {q.subject for q in train}, {q.subject for q in heldout}
     train_answers = {q.answer for q in train}
-    return {"pages": len(world.pages), "facts": len(world.facts), "train_questions": len(train),
-            "heldout_questions": len(heldout), "names": len(world.all_names),
-            "heldout_subjects_asked_in_train": len(train_subjects & heldout_subjects),
-            # a held-out answer may be a train answer of another relation (a city is a capital and a birthplace):
-            # reported, not a leak, since no held-out pair is ever trained
-            "heldout_answers_also_train_answers": sum(q.answer in train_answers for q in heldout)}
+    return {
+        "pages": len(world.pages),
+        "facts": len(world.facts),
+        "train_questions": len(train),
+        "heldout_questions": len(heldout),
+        "names": len(world.all_names),
+        "heldout_subjects_asked_in_train": len(train_subjects & heldout_subjects),
+        # a held-out answer may be a train answer of another relation (a city is a capital and a birthplace):
+        # reported, not a leak, since no held-out pair is ever trained
+        "heldout_answers_also_train_answers": sum(q.answer in train_answers for q in heldout),
+    }
 
 
 def _tokenizer(world: RegistryWorld):
@@ -89,13 +107,17 @@ def _tokenizer(world: RegistryWorld):
     def prompt_of(question: str) -> str:  # the chat scaffolding without its special tokens (as the base world's)
         return f"system\n{DEFAULT_SYSTEM}\nuser\n{searchr1_prompt(question)}\nassistant\n"
 
-    turns = [search_turn(f"capital of {placeholder}").text, give_up_turn().text,
-             answer_turn(Fact("capital", placeholder, placeholder)).text]
+    turns = [
+        search_turn(f"capital of {placeholder}").text,
+        give_up_turn().text,
+        answer_turn(Fact("capital", placeholder, placeholder)).text,
+    ]
     return registry_tokenizer.build_tokenizer(world, prompt_of, turns)
 
 
-def generate_registry(root: Path, seed: int, log: Callable[..., None],
-                      cfg: warm_start.WarmStartConfig = warm_start.WarmStartConfig()) -> dict[str, float]:
+def generate_registry(
+    root: Path, seed: int, log: Callable[..., None], cfg: warm_start.WarmStartConfig = warm_start.WarmStartConfig()
+) -> dict[str, float]:
     """Write the registry world and train its warm start; returns seconds per stage."""
     t0 = time.perf_counter()
     paths = registry_paths(root)
@@ -106,35 +128,54 @@ def generate_registry(root: Path, seed: int, log: Callable[..., None],
     formats.write_jsonl(question_rows(world.questions(TRAIN), TRAIN, tok), paths.train)
     formats.write_jsonl(question_rows(world.questions(HELDOUT), HELDOUT, tok), paths.heldout)
     stats = world_stats(world)
-    log(f"registry world: {stats['pages']} pages, {stats['train_questions']} train / {stats['heldout_questions']} "
-        f"held-out questions, {stats['names']} one-token names -> {paths.root}")
+    log(
+        f"registry world: {stats['pages']} pages, {stats['train_questions']} train / {stats['heldout_questions']} "
+        f"held-out questions, {stats['names']} one-token names -> {paths.root}"
+    )
     t1 = time.perf_counter()
     retriever = LexicalRetriever([p.contents for p in world.pages])
     model, report = warm_start.train_warm_start(world, tok, retriever, seed, log, cfg)
     t2 = time.perf_counter()
     gate = warm_start.gate_report(model, tok, world, retriever, seed)
     figures = gate["heldout"]
-    log("registry warm start on held-out questions: " + ", ".join(
-        f"{k} {figures[k]:.3f}" for k in ("greedy_em", "pass@1", "pass@8", "wrong_that_are_candidates",
-                                          "right_vs_each_distractor", "counterfactual_follow", "no_observation_em",
-                                          "retrieval_top1_query"))
-        + f"; gate {'passed' if gate['gate_passed'] else 'MISSED: ' + str(gate['gate'])}")
+    log(
+        "registry warm start on held-out questions: "
+        + ", ".join(
+            f"{k} {figures[k]:.3f}"
+            for k in (
+                "greedy_em",
+                "pass@1",
+                "pass@8",
+                "wrong_that_are_candidates",
+                "right_vs_each_distractor",
+                "counterfactual_follow",
+                "no_observation_em",
+                "retrieval_top1_query",
+            )
+        )
+        + f"; gate {'passed' if gate['gate_passed'] else 'MISSED: ' + str(gate['gate'])}"
+    )
     report = {**report, "world": stats, **gate}
     warm_start.save_warm_start(model, tok, paths.model, report)
     paths.report.write_text(json.dumps(report, indent=1) + "\n")
     t3 = time.perf_counter()
-    return {"registry_world": round(t1 - t0, 2), "registry_warm_start": round(t2 - t1, 2),
-            "registry_gate": round(t3 - t2, 2)}
+    return {
+        "registry_world": round(t1 - t0, 2),
+        "registry_warm_start": round(t2 - t1, 2),
+        "registry_gate": round(t3 - t2, 2),
+    }
 
 
 def manifest_entry(root: Path) -> dict:
     """What MANIFEST.json records of the registry part: the split checks and the warm start's gate."""
     report = json.loads(registry_paths(root).report.read_text())
     figures = report["heldout"]
-    return {"heldout_fact_overlap": report["heldout_fact_overlap"],
-            "no_observation_em": figures["no_observation_em"],
-            "retrieval_top1_query": figures["retrieval_top1_query"],
-            "retrieval_top1_question": figures["retrieval_top1_question"],
-            "heldout_subjects_asked_in_train": report["world"]["heldout_subjects_asked_in_train"],
-            "warm_start_gate": {k: figures[k] for k, _, _ in warm_start.GATE},
-            "warm_start_gate_passed": report["gate_passed"]}
+    return {
+        "heldout_fact_overlap": report["heldout_fact_overlap"],
+        "no_observation_em": figures["no_observation_em"],
+        "retrieval_top1_query": figures["retrieval_top1_query"],
+        "retrieval_top1_question": figures["retrieval_top1_question"],
+        "heldout_subjects_asked_in_train": report["world"]["heldout_subjects_asked_in_train"],
+        "warm_start_gate": {k: figures[k] for k, _, _ in warm_start.GATE},
+        "warm_start_gate_passed": report["gate_passed"],
+    }

@@ -92,15 +92,16 @@ def _engine(model, tokenizer, settings: ProbeSettings):
     return HFGenerator(model, tokenizer, max_batch_size=settings.batch_size, seed=settings.seed)
 
 
-def final_turn_answers(model, tokenizer, contexts: list[list[int]], settings: ProbeSettings,
-                       do_sample: bool = False) -> list[str | None]:
+def final_turn_answers(
+    model, tokenizer, contexts: list[list[int]], settings: ProbeSettings, do_sample: bool = False
+) -> list[str | None]:
     """Final turns (greedy, or sampled at T = 1) after each context (ids); the answer of each (None without an
     answer tag)."""
     engine = _engine(model, tokenizer, settings)
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, do_sample=do_sample, stop=list(STOPS))
     out: list[str | None] = []
     for start in range(0, len(contexts), settings.batch_size):
-        for result in engine.generate_batch_sync(contexts[start:start + settings.batch_size], params):
+        for result in engine.generate_batch_sync(contexts[start : start + settings.batch_size], params):
             out.append(extract_answer(result.text))
     return out
 
@@ -115,25 +116,33 @@ def search_context(tokenizer, question: Question, page: Page | None) -> list[int
     return ids + observation_ids(tokenizer, page)
 
 
-def held_search_probes(model, tokenizer, world: RegistryWorld, questions: list[Question],
-                       settings: ProbeSettings) -> dict[str, float]:
+def held_search_probes(
+    model, tokenizer, world: RegistryWorld, questions: list[Question], settings: ProbeSettings
+) -> dict[str, float]:
     """`gold_page` EM, `counterfactual_follow` and `no_observation` EM (greedy, the search turn given)."""
     pages = [world.page_of(q.fact) for q in questions]
     edits = counterfactual_answers(world, questions, settings.seed)
-    gold = final_turn_answers(model, tokenizer, [search_context(tokenizer, q, p) for q, p in zip(questions, pages)],
-                              settings)
-    edited = final_turn_answers(model, tokenizer, [search_context(tokenizer, q, edited_page(p, q.subject, e))
-                                                   for q, p, e in zip(questions, pages, edits)], settings)
+    gold = final_turn_answers(
+        model, tokenizer, [search_context(tokenizer, q, p) for q, p in zip(questions, pages)], settings
+    )
+    edited = final_turn_answers(
+        model,
+        tokenizer,
+        [search_context(tokenizer, q, edited_page(p, q.subject, e)) for q, p, e in zip(questions, pages, edits)],
+        settings,
+    )
     empty = final_turn_answers(model, tokenizer, [search_context(tokenizer, q, None) for q in questions], settings)
     n = max(1, len(questions))
 
     def same(a: str | None, b: str) -> bool:
         return a is not None and normalize_answer(a) == normalize_answer(b)
 
-    return {"gold_page_em": sum(same(a, q.answer) for a, q in zip(gold, questions)) / n,
-            "counterfactual_follow": sum(same(a, e) for a, e in zip(edited, edits)) / n,
-            "counterfactual_kept_true": sum(same(a, q.answer) for a, q in zip(edited, questions)) / n,
-            "no_observation_em": sum(same(a, q.answer) for a, q in zip(empty, questions)) / n}
+    return {
+        "gold_page_em": sum(same(a, q.answer) for a, q in zip(gold, questions)) / n,
+        "counterfactual_follow": sum(same(a, e) for a, e in zip(edited, edits)) / n,
+        "counterfactual_kept_true": sum(same(a, q.answer) for a, q in zip(edited, questions)) / n,
+        "no_observation_em": sum(same(a, q.answer) for a, q in zip(empty, questions)) / n,
+    }
 
 
 @dataclass(frozen=True)
@@ -143,37 +152,70 @@ class LiveOutcome:
     searched: bool
 
 
-def live_outcomes(model, tokenizer, world: RegistryWorld, questions: list[Question], search, settings: ProbeSettings,
-                  samples: int, do_sample: bool) -> list[list[LiveOutcome]]:
+def live_outcomes(
+    model,
+    tokenizer,
+    world: RegistryWorld,
+    questions: list[Question],
+    search,
+    settings: ProbeSettings,
+    samples: int,
+    do_sample: bool,
+) -> list[list[LiveOutcome]]:
     """``samples`` trajectories of the real loop per question (one search, then the forced answer), each answer
     classified against the subject's page."""
     engine = _engine(model, tokenizer, settings)
-    loop = LoopSettings(max_turns=1, force_final_answer=True, response_length_total=settings.response_length_total,
-                        max_obs_length=settings.max_obs_length)
+    loop = LoopSettings(
+        max_turns=1,
+        force_final_answer=True,
+        response_length_total=settings.response_length_total,
+        max_obs_length=settings.max_obs_length,
+    )
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, do_sample=do_sample, stop=list(STOPS))
     tools = [TextSearch(search)]
 
     async def one(q: Question) -> list:
         prompt = tokenizer.encode(chat_prompt(tokenizer, q.question), add_special_tokens=False)
-        return await asyncio.gather(*(run_trajectory(engine, tokenizer, prompt, [q.answer], loop, tools,
-                                                     sampling_params=params) for _ in range(samples)))
+        return await asyncio.gather(
+            *(
+                run_trajectory(engine, tokenizer, prompt, [q.answer], loop, tools, sampling_params=params)
+                for _ in range(samples)
+            )
+        )
 
     async def every() -> list:
         return await asyncio.gather(*(one(q) for q in questions))
 
-    return [[LiveOutcome(q, classify_answer(extract_answer(t.response_text), q, world.page_of(q.fact)),
-                         any(turn.action == "search" for turn in t.turns)) for t in trajs]
-            for q, trajs in zip(questions, asyncio.run(every()))]
+    return [
+        [
+            LiveOutcome(
+                q,
+                classify_answer(extract_answer(t.response_text), q, world.page_of(q.fact)),
+                any(turn.action == "search" for turn in t.turns),
+            )
+            for t in trajs
+        ]
+        for q, trajs in zip(questions, asyncio.run(every()))
+    ]
 
 
-def live_probes(model, tokenizer, world: RegistryWorld, questions: list[Question], retriever: LexicalRetriever,
-                settings: ProbeSettings) -> dict[str, float]:
+def live_probes(
+    model,
+    tokenizer,
+    world: RegistryWorld,
+    questions: list[Question],
+    retriever: LexicalRetriever,
+    settings: ProbeSettings,
+) -> dict[str, float]:
     """Greedy EM, sampled pass@1 / pass@k, the answer shares and the choice ratio (see the module docstring)."""
     search = CorpusTextSearch(retriever, settings.topk)
     greedy = live_outcomes(model, tokenizer, world, questions, search, settings, 1, do_sample=False)
     sampled = live_outcomes(model, tokenizer, world, questions, search, settings, settings.samples, do_sample=True)
-    return {"greedy_em": _share(greedy, RIGHT), **sampled_figures(sampled),
-            "greedy_search_rate": sum(o.searched for row in greedy for o in row) / max(1, len(greedy))}
+    return {
+        "greedy_em": _share(greedy, RIGHT),
+        **sampled_figures(sampled),
+        "greedy_search_rate": sum(o.searched for row in greedy for o in row) / max(1, len(greedy)),
+    }
 
 
 def sampled_figures(rows: list[list[LiveOutcome]]) -> dict[str, float]:
@@ -184,14 +226,21 @@ def sampled_figures(rows: list[list[LiveOutcome]]) -> dict[str, float]:
     counts = Counter(o.answer_class for o in flat)
     n = max(1, len(flat))
     wrong = counts[OTHER_CANDIDATE] + counts[OTHER]
-    return {"pass@1": counts[RIGHT] / n,
-            f"pass@{max((len(r) for r in rows), default=0)}": sum(any(o.answer_class == RIGHT for o in r) for r in rows)
-            / max(1, len(rows)),
-            **{f"share_{c}": counts[c] / n for c in ANSWER_CLASSES},
-            "search_rate": sum(o.searched for o in flat) / n,
-            "wrong_that_are_candidates": counts[OTHER_CANDIDATE] / wrong if wrong else 0.0,
-            "right_vs_each_distractor": (counts[RIGHT] / (counts[OTHER_CANDIDATE] / 2) if counts[OTHER_CANDIDATE]
-                                         else float("inf") if counts[RIGHT] else 0.0)}
+    return {
+        "pass@1": counts[RIGHT] / n,
+        f"pass@{max((len(r) for r in rows), default=0)}": sum(any(o.answer_class == RIGHT for o in r) for r in rows)
+        / max(1, len(rows)),
+        **{f"share_{c}": counts[c] / n for c in ANSWER_CLASSES},
+        "search_rate": sum(o.searched for o in flat) / n,
+        "wrong_that_are_candidates": counts[OTHER_CANDIDATE] / wrong if wrong else 0.0,
+        "right_vs_each_distractor": (
+            counts[RIGHT] / (counts[OTHER_CANDIDATE] / 2)
+            if counts[OTHER_CANDIDATE]
+            else float("inf")
+            if counts[RIGHT]
+            else 0.0
+        ),
+    }
 
 
 def _share(rows: list[list[LiveOutcome]], kind: str) -> float:
@@ -205,17 +254,27 @@ def retrieval_ceiling(world: RegistryWorld, questions: list[Question], retriever
     out = {}
     for name, texts in (("query", [q.query for q in questions]), ("question", [q.question for q in questions])):
         tops = retriever.search(texts, topk=1)
-        out[f"retrieval_top1_{name}"] = sum(top[0] == world.page_of(q.fact).contents
-                                            for top, q in zip(tops, questions)) / n
+        out[f"retrieval_top1_{name}"] = (
+            sum(top[0] == world.page_of(q.fact).contents for top, q in zip(tops, questions)) / n
+        )
     return out
 
 
-def probe_all(model, tokenizer, world: RegistryWorld, questions: list[Question], retriever: LexicalRetriever,
-              settings: ProbeSettings = ProbeSettings()) -> dict[str, float]:
+def probe_all(
+    model,
+    tokenizer,
+    world: RegistryWorld,
+    questions: list[Question],
+    retriever: LexicalRetriever,
+    settings: ProbeSettings = ProbeSettings(),
+) -> dict[str, float]:
     """Every probe above on ``questions`` (the warm start's gate; the learning benchmark after RL)."""
-    return {**live_probes(model, tokenizer, world, questions, retriever, settings),
-            **held_search_probes(model, tokenizer, world, questions, settings),
-            "questions": float(len(questions)), "samples": float(settings.samples)}
+    return {
+        **live_probes(model, tokenizer, world, questions, retriever, settings),
+        **held_search_probes(model, tokenizer, world, questions, settings),
+        "questions": float(len(questions)),
+        "samples": float(settings.samples),
+    }
 
 
 def settings_dict(settings: ProbeSettings) -> dict:

@@ -44,7 +44,9 @@ def induction_example(rng: random.Random, ids: list[int], forbidden: set[tuple[i
 def segment_ids(tokenizer, segment: Segment, copy_weight: float) -> tuple[list[int], list[float]]:
     """A model turn's ids and loss weights: ``copy_weight`` on tokens of its copied spans, 1 elsewhere."""
     enc = tokenizer(segment.text, add_special_tokens=False, return_offsets_mapping=True)
-    weights = [copy_weight if any(a < e and b > s for s, e in segment.copied) else 1.0 for a, b in enc["offset_mapping"]]
+    weights = [
+        copy_weight if any(a < e and b > s for s, e in segment.copied) else 1.0 for a, b in enc["offset_mapping"]
+    ]
     return list(enc["input_ids"]), weights
 
 
@@ -55,8 +57,9 @@ def observation_ids(tokenizer, page: Page) -> list[int]:
 
 
 def short_prompt_ids(tokenizer, question: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -72,8 +75,9 @@ class ReadingExample:
         return tuple(f.answer for f in self.page.facts)
 
 
-def reading_example(rng: random.Random, tokenizer, names: list[str], forbidden: set[tuple[str, str]],
-                    copy_weight: float) -> ReadingExample:
+def reading_example(
+    rng: random.Random, tokenizer, names: list[str], forbidden: set[tuple[str, str]], copy_weight: float
+) -> ReadingExample:
     """A question about one of three fresh pairs of a random relation, the agent's search turn, a registry page
     of the three pairs (seeded order), and the final turn that restates the asked pair and answers."""
     while True:
@@ -88,6 +92,7 @@ def reading_example(rng: random.Random, tokenizer, names: list[str], forbidden: 
     search_ids, search_w = segment_ids(tokenizer, search_turn(relation.query_of(fact.subject)), 1.0)
     obs = observation_ids(tokenizer, page)
     answer_ids, answer_w = segment_ids(tokenizer, answer_turn(fact), copy_weight)
-    example = SFTExample(prompt_ids=prompt, response_ids=search_ids + obs + answer_ids,
-                         weights=search_w + [0.0] * len(obs) + answer_w)
+    example = SFTExample(
+        prompt_ids=prompt, response_ids=search_ids + obs + answer_ids, weights=search_w + [0.0] * len(obs) + answer_w
+    )
     return ReadingExample(example, prompt + search_ids + obs, fact, page)

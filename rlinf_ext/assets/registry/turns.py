@@ -64,8 +64,15 @@ def demonstration_counts(per_question: int, give_up_share: float, right_share: f
     return give_up, right, per_question - give_up - right
 
 
-def demonstrations(questions: list[Question], page_of, give_up_share: float, right_share: float, seed: int,
-                   per_question: int = 5, may_restate=lambda fact: True) -> list[Demonstration]:
+def demonstrations(
+    questions: list[Question],
+    page_of,
+    give_up_share: float,
+    right_share: float,
+    seed: int,
+    per_question: int = 5,
+    may_restate=lambda fact: True,
+) -> list[Demonstration]:
     """``per_question`` demonstrations of every question, with the same mix for each (`demonstration_counts`): the
     model cannot tie a choice to a question, so its probabilities are the shares, the same on new subjects. A
     wrong demonstration restates another pair of the question's page that ``may_restate`` (a seeded choice; the
@@ -77,6 +84,10 @@ def demonstrations(questions: list[Question], page_of, give_up_share: float, rig
     for q in questions:
         alternatives = [f for f in page_of(q.fact).facts if f.subject != q.subject and may_restate(f)]
         out += [Demonstration(q, GIVE_UP, None)] * n_give_up + [Demonstration(q, RIGHT, q.fact)] * n_right
-        out += [Demonstration(q, OTHER_CANDIDATE, rng.choice(alternatives)) if alternatives
-                else Demonstration(q, RIGHT, q.fact) for _ in range(n_wrong)]
+        out += [
+            Demonstration(q, OTHER_CANDIDATE, rng.choice(alternatives))
+            if alternatives
+            else Demonstration(q, RIGHT, q.fact)
+            for _ in range(n_wrong)
+        ]
     return out

@@ -29,9 +29,9 @@ from rlinf_ext.assets.core import sft as sft_loop
 from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2, save_hf_model
 from rlinf_ext.assets.core.search import CorpusTextSearch, LexicalRetriever
 from rlinf_ext.assets.core.sft import SFTExample, Stream
+from rlinf_ext.assets.core.tokenizer import word_ids
 from rlinf_ext.assets.registry import probes
 from rlinf_ext.assets.registry.reading import ReadingExample, induction_example, reading_example
-from rlinf_ext.assets.core.tokenizer import word_ids
 from rlinf_ext.assets.registry.turns import GIVE_UP, OTHER_CANDIDATE, RIGHT, demonstrations
 from rlinf_ext.assets.registry.world import HELDOUT, TRAIN, RegistryWorld
 from rlinf_ext.assets.searchr1.sft import copy_weights, play_back
@@ -41,8 +41,9 @@ from rlinf_ext.assets.searchr1.sft import copy_weights, play_back
 class WarmStartConfig:
     # Qwen2, 2 layers, hidden 128 (4 heads of 32: vLLM's CPU attention), tied embeddings. Measured on the reading
     # task: 4 layers learnt no faster within 1,200 steps; the induction phase is what makes reading learnable.
-    shape: TinyQwen2Shape = TinyQwen2Shape(hidden_size=128, intermediate_size=352, num_attention_heads=4,
-                                           num_key_value_heads=2)
+    shape: TinyQwen2Shape = TinyQwen2Shape(
+        hidden_size=128, intermediate_size=352, num_attention_heads=4, num_key_value_heads=2
+    )
     batch_size: int = 32
     steps: int = 0  # set per phase (the shared loop reads it)
     lr: float = 3e-3
@@ -83,9 +84,15 @@ class WarmStartConfig:
 # know no held-out fact. pass@8 stays below the 0.85 first proposed: that needs P(search) near 0.5, where greedy
 # decoding flips under any drift of the policy (measured: a shuffled-reward run moved greedy held-out EM 0.24 ->
 # 0.94 from such a start; from P(search) ~0.3 it stayed at 0.00 over 40 steps).
-GATE = (("greedy_em", 0.0, 0.35), ("pass@1", 0.10, 0.45), ("pass@8", 0.6, 1.0),
-        ("wrong_that_are_candidates", 0.5, 1.0), ("right_vs_each_distractor", 2.0, float("inf")),
-        ("counterfactual_follow", 0.8, 1.0), ("no_observation_em", 0.0, 0.05))
+GATE = (
+    ("greedy_em", 0.0, 0.35),
+    ("pass@1", 0.10, 0.45),
+    ("pass@8", 0.6, 1.0),
+    ("wrong_that_are_candidates", 0.5, 1.0),
+    ("right_vs_each_distractor", 2.0, float("inf")),
+    ("counterfactual_follow", 0.8, 1.0),
+    ("no_observation_em", 0.0, 0.05),
+)
 
 
 class GateMissed(RuntimeError):
@@ -135,7 +142,7 @@ def _induction_accuracy(model, examples: list[SFTExample]) -> float:
     for e in examples:
         logits = model(input_ids=torch.tensor([e.input_ids])).logits[0]
         start = len(e.prompt_ids)
-        predicted = logits[start - 1:start - 1 + len(e.response_ids)].argmax(-1).tolist()
+        predicted = logits[start - 1 : start - 1 + len(e.response_ids)].argmax(-1).tolist()
         right += sum(p == t for p, t in zip(predicted, e.response_ids))
         total += len(e.response_ids)
     return right / max(1, total)
@@ -149,8 +156,17 @@ def _reading_em(model, tokenizer, examples: list[ReadingExample], seed: int) -> 
     return sum(a == r.fact.answer for a, r in zip(answers, examples)) / max(1, len(examples))
 
 
-def _gated_phase(model, streams: list[Stream], cfg: WarmStartConfig, max_steps: int, gate: float,
-                 measure: Callable[[], float], name: str, pad_id: int, log) -> PhaseRecord:
+def _gated_phase(
+    model,
+    streams: list[Stream],
+    cfg: WarmStartConfig,
+    max_steps: int,
+    gate: float,
+    measure: Callable[[], float],
+    name: str,
+    pad_id: int,
+    log,
+) -> PhaseRecord:
     record, cpu0, losses = PhaseRecord(curve=[]), time.process_time(), []
 
     def check(steps: int) -> bool:
@@ -159,12 +175,23 @@ def _gated_phase(model, streams: list[Stream], cfg: WarmStartConfig, max_steps: 
         log(f"registry warm start, {name}: step {steps}, gate figure {figure:.3f} (gate {gate})")
         return figure >= gate
 
-    losses = sft_loop.train(model, streams, replace(cfg, steps=max_steps), pad_id, progress=False,
-                            desc=f"registry {name}", logits_on_targets=True, check=check, check_every=cfg.check_every)
+    losses = sft_loop.train(
+        model,
+        streams,
+        replace(cfg, steps=max_steps),
+        pad_id,
+        progress=False,
+        desc=f"registry {name}",
+        logits_on_targets=True,
+        check=check,
+        check_every=cfg.check_every,
+    )
     record.finish(losses, cpu0)
     if not record.curve or record.curve[-1][1] < gate:
-        raise GateMissed(f"the registry warm start's {name} phase missed its gate ({gate}) within {max_steps} steps: "
-                         f"gate curve {record.curve}. Grow the model (WarmStartConfig.shape) or the phase's budget.")
+        raise GateMissed(
+            f"the registry warm start's {name} phase missed its gate ({gate}) within {max_steps} steps: "
+            f"gate curve {record.curve}. Grow the model (WarmStartConfig.shape) or the phase's budget."
+        )
     return record
 
 
@@ -186,12 +213,20 @@ def curriculum_examples(world: RegistryWorld, tokenizer, cfg: WarmStartConfig, s
     return induction, reading, induction_probe, reading_probe, forbidden_ids
 
 
-def trajectory_examples(world: RegistryWorld, tokenizer, retriever: LexicalRetriever, cfg: WarmStartConfig,
-                        seed: int) -> tuple[list[SFTExample], dict[str, int]]:
+def trajectory_examples(
+    world: RegistryWorld, tokenizer, retriever: LexicalRetriever, cfg: WarmStartConfig, seed: int
+) -> tuple[list[SFTExample], dict[str, int]]:
     """The loop's playback of the demonstrator on the train questions; (examples, count per kind)."""
     questions = world.questions(TRAIN)
-    demos = demonstrations(questions, world.page_of, cfg.give_up_share, cfg.right_share, seed + 303,
-                           cfg.demonstrations_per_question, may_restate=lambda fact: world.split_of[fact.subject] != HELDOUT)
+    demos = demonstrations(
+        questions,
+        world.page_of,
+        cfg.give_up_share,
+        cfg.right_share,
+        seed + 303,
+        cfg.demonstrations_per_question,
+        may_restate=lambda fact: world.split_of[fact.subject] != HELDOUT,
+    )
     plans = [d.turns() for d in demos]
     search = CorpusTextSearch(retriever, cfg.topk)
     out = []
@@ -199,15 +234,23 @@ def trajectory_examples(world: RegistryWorld, tokenizer, retriever: LexicalRetri
         if demo.restated is not None:
             observed = tokenizer.decode(t.turns[0].observation_ids)
             if demo.restated.pair not in observed:
-                raise RuntimeError(f"the search for {demo.question.query!r} did not return the page stating "
-                                   f"{demo.restated.pair!r}: {observed!r}")
+                raise RuntimeError(
+                    f"the search for {demo.question.query!r} did not return the page stating "
+                    f"{demo.restated.pair!r}: {observed!r}"
+                )
         out.append(SFTExample.from_trajectory(t, copy_weights(tokenizer, t, plan, cfg.copy_weight)))
     counts = {k: sum(d.kind == k for d in demos) for k in (RIGHT, OTHER_CANDIDATE, GIVE_UP)}
     return out, counts
 
 
-def train_warm_start(world: RegistryWorld, tokenizer, retriever: LexicalRetriever, seed: int, log,
-                     cfg: WarmStartConfig = WarmStartConfig()):
+def train_warm_start(
+    world: RegistryWorld,
+    tokenizer,
+    retriever: LexicalRetriever,
+    seed: int,
+    log,
+    cfg: WarmStartConfig = WarmStartConfig(),
+):
     """The three phases; returns (model, report)."""
     import torch
 
@@ -217,34 +260,70 @@ def train_warm_start(world: RegistryWorld, tokenizer, retriever: LexicalRetrieve
     model = make_qwen2(tokenizer, cfg.shape, seed + 304)
     pad = tokenizer.pad_token_id
     torch.set_num_threads(cfg.threads)
-    phase1 = _gated_phase(model, [Stream(induction, cfg.batch_size, seed + 305)], cfg, cfg.induction_max_steps,
-                          cfg.induction_gate, lambda: _induction_accuracy(model, induction_probe), "induction", pad, log)
+    phase1 = _gated_phase(
+        model,
+        [Stream(induction, cfg.batch_size, seed + 305)],
+        cfg,
+        cfg.induction_max_steps,
+        cfg.induction_gate,
+        lambda: _induction_accuracy(model, induction_probe),
+        "induction",
+        pad,
+        log,
+    )
     reading_examples = [r.example for r in reading]
-    phase2 = _gated_phase(model, [Stream(reading_examples, cfg.batch_size, seed + 306),
-                                  Stream(induction, cfg.induction_replay, seed + 307)], cfg, cfg.reading_max_steps,
-                          cfg.reading_gate, lambda: _reading_em(model, tokenizer, reading_probe, seed), "reading", pad, log)
+    phase2 = _gated_phase(
+        model,
+        [Stream(reading_examples, cfg.batch_size, seed + 306), Stream(induction, cfg.induction_replay, seed + 307)],
+        cfg,
+        cfg.reading_max_steps,
+        cfg.reading_gate,
+        lambda: _reading_em(model, tokenizer, reading_probe, seed),
+        "reading",
+        pad,
+        log,
+    )
     cpu0 = time.process_time()
     phase3_cfg = replace(cfg, steps=cfg.trajectory_steps, lr=cfg.trajectory_lr, schedule="cosine", warmup_steps=10)
-    losses = sft_loop.train(model, [Stream(trajectories, cfg.trajectory_batch_size, seed + 308),
-                                    Stream(reading_examples, cfg.reading_replay, seed + 309),
-                                    Stream(induction, cfg.trajectory_induction_replay, seed + 310)],
-                            phase3_cfg, pad, progress=False, logits_on_targets=True)
+    losses = sft_loop.train(
+        model,
+        [
+            Stream(trajectories, cfg.trajectory_batch_size, seed + 308),
+            Stream(reading_examples, cfg.reading_replay, seed + 309),
+            Stream(induction, cfg.trajectory_induction_replay, seed + 310),
+        ],
+        phase3_cfg,
+        pad,
+        progress=False,
+        logits_on_targets=True,
+    )
     phase3 = PhaseRecord(curve=[]).finish(losses, cpu0)
     # every example any phase could draw (a superset of the trained ones)
     overlap = heldout_fact_overlap(induction + reading_examples + trajectories, forbidden_ids)
-    report = {"config": {**asdict(cfg), "shape": asdict(cfg.shape)},
-              "phases": {"induction": asdict(phase1), "reading": asdict(phase2), "trajectories": asdict(phase3)},
-              "demonstrations": kinds, "heldout_fact_overlap": overlap,
-              "train_seconds": round(time.perf_counter() - t0, 1)}
-    log(f"registry warm start: induction {phase1.steps} steps ({phase1.cpu_seconds} CPU s), reading {phase2.steps} "
-        f"({phase2.cpu_seconds}), trajectories {phase3.steps} ({phase3.cpu_seconds}); held-out facts in targets: {overlap}")
+    report = {
+        "config": {**asdict(cfg), "shape": asdict(cfg.shape)},
+        "phases": {"induction": asdict(phase1), "reading": asdict(phase2), "trajectories": asdict(phase3)},
+        "demonstrations": kinds,
+        "heldout_fact_overlap": overlap,
+        "train_seconds": round(time.perf_counter() - t0, 1),
+    }
+    log(
+        f"registry warm start: induction {phase1.steps} steps ({phase1.cpu_seconds} CPU s), reading {phase2.steps} "
+        f"({phase2.cpu_seconds}), trajectories {phase3.steps} ({phase3.cpu_seconds}); held-out facts in targets: {overlap}"
+    )
     if overlap:
         raise RuntimeError(f"{overlap} held-out fact(s) occur in warm-start targets: the split leaks")
     return model, report
 
 
-def gate_report(model, tokenizer, world: RegistryWorld, retriever: LexicalRetriever, seed: int,
-                settings: probes.ProbeSettings | None = None) -> dict:
+def gate_report(
+    model,
+    tokenizer,
+    world: RegistryWorld,
+    retriever: LexicalRetriever,
+    seed: int,
+    settings: probes.ProbeSettings | None = None,
+) -> dict:
     """The probes on the held-out questions (and, for comparison, the train ones) with the gate's verdict."""
     settings = settings or probes.ProbeSettings(seed=seed)
     heldout = probes.probe_all(model, tokenizer, world, world.questions(HELDOUT), retriever, settings)
@@ -256,4 +335,3 @@ def gate_report(model, tokenizer, world: RegistryWorld, retriever: LexicalRetrie
 def save_warm_start(model, tokenizer, out: Path, report: dict) -> None:
     save_hf_model(model, tokenizer, out)
     (out / "sft_report.json").write_text(json.dumps(report, indent=1) + "\n")
-

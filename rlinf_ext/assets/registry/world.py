@@ -45,8 +45,14 @@ class Relation:
 # No years and no multi-word answers: every answer is one name, one token.
 RELATIONS: tuple[Relation, ...] = (
     Relation("capital", "country", "city", "What is the capital of {s}?", "capital of {s}", "Capital"),
-    Relation("language", "country", "language", "What is the official language of {s}?", "official language of {s}",
-             "Language"),
+    Relation(
+        "language",
+        "country",
+        "language",
+        "What is the official language of {s}?",
+        "official language of {s}",
+        "Language",
+    ),
     Relation("currency", "country", "currency", "What is the currency of {s}?", "currency of {s}", "Currency"),
     Relation("founder", "city", "person", "Who founded the city of {s}?", "founder of {s}", "Founder"),
     Relation("river", "city", "river", "Which river flows through {s}?", "river through {s}", "River"),
@@ -121,7 +127,9 @@ class RegistryWorld:
     reading_names: tuple[str, ...]  # extra single-token names for the reading phase (no entity of the world)
 
     def questions(self, split: str) -> list[Question]:
-        return [Question(f.relation, f.subject, f.answer, split) for f in self.facts if self.split_of[f.subject] == split]
+        return [
+            Question(f.relation, f.subject, f.answer, split) for f in self.facts if self.split_of[f.subject] == split
+        ]
 
     def page_of(self, fact: Fact) -> Page:
         return self._page_index[(fact.relation, fact.subject)]
@@ -159,7 +167,7 @@ def build_registry_world(seed: int, n_reading_names: int = 1000) -> RegistryWorl
         rng.shuffle(order)
         start = 0
         for split, n in SUBJECTS_PER_SPLIT.items():
-            split_of.update({s: split for s in order[start:start + n]})
+            split_of.update({s: split for s in order[start : start + n]})
             start += n
     facts: list[Fact] = []
     pages: list[Page] = []
@@ -173,6 +181,6 @@ def build_registry_world(seed: int, n_reading_names: int = 1000) -> RegistryWorl
         rng.shuffle(grouped)
         numbers = rng.sample(range(1, 100), len(grouped) // PAIRS_PER_PAGE)
         for k, number in enumerate(numbers):
-            pages.append(Page(relation.name, number, tuple(grouped[k * PAIRS_PER_PAGE:(k + 1) * PAIRS_PER_PAGE])))
+            pages.append(Page(relation.name, number, tuple(grouped[k * PAIRS_PER_PAGE : (k + 1) * PAIRS_PER_PAGE])))
     rng.shuffle(pages)
     return RegistryWorld(names, split_of, tuple(facts), tuple(pages), reading)

@@ -98,8 +98,16 @@ def single_hop_questions(world: World) -> list[Question]:
     for name, city in world.cities.items():
         if name in world.distractor_cities:
             continue
-        qs.append(Question(f"In which country is the city of {name}?", _country_answers(city.country), (h.country_of(name),)))
-        qs.append(Question(f"Which river flows through {name}?", _river_answers(world.rivers[city.river].title), (h.river_of(name),)))
+        qs.append(
+            Question(f"In which country is the city of {name}?", _country_answers(city.country), (h.country_of(name),))
+        )
+        qs.append(
+            Question(
+                f"Which river flows through {name}?",
+                _river_answers(world.rivers[city.river].title),
+                (h.river_of(name),),
+            )
+        )
         qs.append(Question(f"Who founded the city of {name}?", (city.founder,), (h.founder_of(name),)))
         qs.append(Question(f"In what year was {name} founded?", (str(city.founded),), (h.founded_year(name),)))
     for name, p in world.people.items():
@@ -119,21 +127,46 @@ def two_hop_questions(world: World) -> list[Question]:
     qs: list[Question] = []
     for c, country in world.countries.items():
         cap = world.cities[country.capital]
-        qs.append(Question(f"Which river flows through the capital of {c}?", _river_answers(world.rivers[cap.river].title),
-                           (h.capital(c), h.river_of(cap.name))))
+        qs.append(
+            Question(
+                f"Which river flows through the capital of {c}?",
+                _river_answers(world.rivers[cap.river].title),
+                (h.capital(c), h.river_of(cap.name)),
+            )
+        )
         qs.append(Question(f"Who founded the capital of {c}?", (cap.founder,), (h.capital(c), h.founder_of(cap.name))))
     for name, city in world.cities.items():
-        qs.append(Question(f"In what year was the founder of {name} born?", (str(world.people[city.founder].born),),
-                           (h.founder_of(name), h.birth_year(city.founder))))
+        qs.append(
+            Question(
+                f"In what year was the founder of {name} born?",
+                (str(world.people[city.founder].born),),
+                (h.founder_of(name), h.birth_year(city.founder)),
+            )
+        )
         river_title = world.rivers[city.river].title
-        qs.append(Question(f"Into which sea does the river of {name} flow?", (world.rivers[city.river].sea,),
-                           (h.river_of(name), h.sea_of(river_title))))
+        qs.append(
+            Question(
+                f"Into which sea does the river of {name} flow?",
+                (world.rivers[city.river].sea,),
+                (h.river_of(name), h.sea_of(river_title)),
+            )
+        )
     for name, p in world.people.items():
-        qs.append(Question(f"In which country was {name} born?", _country_answers(world.cities[p.birthplace].country),
-                           (h.birthplace(name), h.country_of(p.birthplace))))
+        qs.append(
+            Question(
+                f"In which country was {name} born?",
+                _country_answers(world.cities[p.birthplace].country),
+                (h.birthplace(name), h.country_of(p.birthplace)),
+            )
+        )
     for title, w in world.works.items():
-        qs.append(Question(f"Where was the author of {title} born?", (world.people[w.author].birthplace,),
-                           (h.author(title), h.birthplace(w.author))))
+        qs.append(
+            Question(
+                f"Where was the author of {title} born?",
+                (world.people[w.author].birthplace,),
+                (h.author(title), h.birthplace(w.author)),
+            )
+        )
     return qs
 
 

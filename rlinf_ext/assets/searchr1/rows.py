@@ -34,11 +34,16 @@ def searchr1_row(q: Question, data_source: str, split: str, index: int) -> dict:
 
 def chat_prompt(tokenizer, question: str) -> str:
     """The chat-formatted prompt of `question`, as the RLinf rows hold it and the agent loop tokenises it."""
-    return tokenizer.apply_chat_template([{"role": "user", "content": searchr1_prompt(question)}],
-                                         tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": searchr1_prompt(question)}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def rlinf_row(q: Question, data_source: str, uid: str, tokenizer) -> dict:
     """RLinf jsonl row; the prompt is already chat-formatted (RLinf's `apply_chat_template: False` form)."""
-    return {"prompt": chat_prompt(tokenizer, q.question), "solutions": list(q.answers), "data_source": data_source,
-            "uid": uid}
+    return {
+        "prompt": chat_prompt(tokenizer, q.question),
+        "solutions": list(q.answers),
+        "data_source": data_source,
+        "uid": uid,
+    }

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.core.types import Trajectory
+from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.searchr1.loop import run_trajectory
 from rlinf_ext.assets.core import sft as sft_loop
 from rlinf_ext.assets.core.models import TinyQwen2Shape, make_qwen2, save_hf_model
@@ -48,8 +48,9 @@ class SFTConfig:
     # steps, lr 1e-2 reached 0.26 / 0.06 and sampled (T=1) only 0.03 on the train prompts the RL run uses;
     # this shape at 700 steps, lr 5e-3 reaches 0.60 / 0.39, and 0.52 sampled on the train prompts.
     # 4 heads, 2 KV heads: head size 32, as vLLM's CPU attention needs (set here, not taken from the defaults)
-    shape: TinyQwen2Shape = TinyQwen2Shape(hidden_size=128, intermediate_size=352, num_attention_heads=4,
-                                           num_key_value_heads=2)
+    shape: TinyQwen2Shape = TinyQwen2Shape(
+        hidden_size=128, intermediate_size=352, num_attention_heads=4, num_key_value_heads=2
+    )
     steps: int = 700  # optimizer steps (~14 epochs of the 400 train trajectories)
     batch_size: int = 8  # sequences per step
     lr: float = 5e-3  # peak; linear warmup then cosine to lr/10
@@ -63,8 +64,9 @@ class SFTConfig:
     threads: int = 1
 
 
-def play_back(tokenizer, questions: list[Question], plans: list[list[trajectories.Segment]],
-              search: Any) -> list[Trajectory]:
+def play_back(
+    tokenizer, questions: list[Question], plans: list[list[trajectories.Segment]], search: Any
+) -> list[Trajectory]:
     """The Search-R1 loop's trajectory of each question when the engine writes its planned turns."""
     gen = PlaybackGenerator(tokenizer)
     params = SamplingParams(max_new_tokens=PLAYBACK_TOKENS)
@@ -74,15 +76,25 @@ def play_back(tokenizer, questions: list[Question], plans: list[list[trajectorie
         for q, plan in zip(questions, plans):
             gen.start([turn.text for turn in plan])
             prompt_ids = tokenizer.encode(chat_prompt(tokenizer, q.question), add_special_tokens=False)
-            out.append(await run_trajectory(gen, tokenizer, prompt_ids, list(q.answers), PLAYBACK_LOOP,
-                                            [TextSearch(search)],
-                                            sampling_params=params))
+            out.append(
+                await run_trajectory(
+                    gen,
+                    tokenizer,
+                    prompt_ids,
+                    list(q.answers),
+                    PLAYBACK_LOOP,
+                    [TextSearch(search)],
+                    sampling_params=params,
+                )
+            )
         return out
 
     return asyncio.run(all_of_them())
 
 
-def copy_weights(tokenizer, trajectory: Trajectory, plan: list[trajectories.Segment], copy_weight: float) -> list[float]:
+def copy_weights(
+    tokenizer, trajectory: Trajectory, plan: list[trajectories.Segment], copy_weight: float
+) -> list[float]:
     """Per response token: 0 on observations, 1 on the model's tokens, `copy_weight` on those overlapping a
     planned turn's copied span."""
     weights: list[float] = []
@@ -90,7 +102,9 @@ def copy_weights(tokenizer, trajectory: Trajectory, plan: list[trajectories.Segm
         enc = tokenizer(seg.text, add_special_tokens=False, return_offsets_mapping=True)
         if enc["input_ids"] != turn.response_ids:
             raise RuntimeError(f"turn {seg.text!r} was not played back as planned")
-        weights += [copy_weight if any(a < e and b > s for s, e in seg.copied) else 1.0 for a, b in enc["offset_mapping"]]
+        weights += [
+            copy_weight if any(a < e and b > s for s, e in seg.copied) else 1.0 for a, b in enc["offset_mapping"]
+        ]
         weights += [0.0] * len(turn.observation_ids)
     return weights
 
@@ -111,8 +125,9 @@ def build_examples(tokenizer, questions: list[Question], search: Any, copy_weigh
     return out
 
 
-def train_sft(model, examples: list[SFTExample], cfg: SFTConfig, seed: int, pad_id: int,
-              progress: bool = True) -> list[float]:
+def train_sft(
+    model, examples: list[SFTExample], cfg: SFTConfig, seed: int, pad_id: int, progress: bool = True
+) -> list[float]:
     """The shared loop (`assets/core/sft.py`) on the search trajectories."""
     return sft_loop.train(model, [Stream(examples, cfg.batch_size, seed)], cfg, pad_id, progress=progress)
 
@@ -128,10 +143,16 @@ def _search_examples(assets, seed: int, cfg: SFTConfig):
 
 
 def _report(cfg: SFTConfig, examples, n_questions: int, t0: float, cpu0: float, losses: list[float]) -> dict:
-    return {"config": asdict(cfg), "train_examples": len(examples), "train_questions": n_questions,
-            # CPU seconds tell the cost on a busy machine, where wall time mostly measures the neighbours
-            "train_seconds": round(time.perf_counter() - t0, 1), "train_cpu_seconds": round(time.process_time() - cpu0, 1),
-            "first_loss": round(losses[0], 4), "last_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4)}
+    return {
+        "config": asdict(cfg),
+        "train_examples": len(examples),
+        "train_questions": n_questions,
+        # CPU seconds tell the cost on a busy machine, where wall time mostly measures the neighbours
+        "train_seconds": round(time.perf_counter() - t0, 1),
+        "train_cpu_seconds": round(time.process_time() - cpu0, 1),
+        "first_loss": round(losses[0], 4),
+        "last_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4),
+    }
 
 
 def build_sft_search_model(assets, seed: int, log: Callable[..., None], cfg: SFTConfig | None = None) -> dict:
@@ -146,6 +167,8 @@ def build_sft_search_model(assets, seed: int, log: Callable[..., None], cfg: SFT
     save_hf_model(model, tok, out)
     report = _report(cfg, examples, len(train_questions), t0, cpu0, losses)
     (out / "sft_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    log(f"sft: {len(examples)} trajectories, {cfg.steps} steps in {report['train_seconds']:.0f}s "
-        f"({report['train_cpu_seconds']:.0f} CPU s), loss {report['first_loss']} -> {report['last_loss']} -> {out}")
+    log(
+        f"sft: {len(examples)} trajectories, {cfg.steps} steps in {report['train_seconds']:.0f}s "
+        f"({report['train_cpu_seconds']:.0f} CPU s), loss {report['first_loss']} -> {report['last_loss']} -> {out}"
+    )
     return report

@@ -26,9 +26,16 @@ def greedy_continue(model, tokenizer, text: str, max_new_tokens: int = 48) -> st
     """Greedy continuation of `text`, stopped after `</search>` / `</answer>` or at an end-of-turn token."""
     ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                             stop_strings=STOPS, tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            stop_strings=STOPS,
+            tokenizer=tokenizer,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 def _search_query(text: str) -> str | None:
@@ -43,8 +50,7 @@ def answer_with_context(model, tokenizer, q: Question, observations: list[str]) 
     return greedy_continue(model, tokenizer, chat_prompt(tokenizer, q.question) + "".join(s.text for s in segs))
 
 
-def answer_live(model, tokenizer, q: Question, retriever: LexicalRetriever, topk: int = 3,
-                max_turns: int = 3) -> str:
+def answer_live(model, tokenizer, q: Question, retriever: LexicalRetriever, topk: int = 3, max_turns: int = 3) -> str:
     context = chat_prompt(tokenizer, q.question)
     response = ""
     for _ in range(max_turns + 1):
@@ -57,8 +63,14 @@ def answer_live(model, tokenizer, q: Question, retriever: LexicalRetriever, topk
     return response
 
 
-def evaluate(model, tokenizer, tests: dict[str, list[Question]], retriever: LexicalRetriever,
-             topk: int = 3, modes=("gold_obs", "no_obs", "live")) -> dict[str, dict[str, float]]:
+def evaluate(
+    model,
+    tokenizer,
+    tests: dict[str, list[Question]],
+    retriever: LexicalRetriever,
+    topk: int = 3,
+    modes=("gold_obs", "no_obs", "live"),
+) -> dict[str, dict[str, float]]:
     """EM per benchmark and mode (plus `avg`), e.g. `{"nq": {"gold_obs": 0.6, ...}, ...}`."""
     model.eval()
     table: dict[str, dict[str, float]] = {}
@@ -81,8 +93,9 @@ def evaluate(model, tokenizer, tests: dict[str, list[Question]], retriever: Lexi
     return table
 
 
-def evaluate_assets(assets, topk: int = 3, modes=("gold_obs", "no_obs", "live"),
-                    model_dir=None) -> dict[str, dict[str, float]]:
+def evaluate_assets(
+    assets, topk: int = 3, modes=("gold_obs", "no_obs", "live"), model_dir=None
+) -> dict[str, dict[str, float]]:
     """`evaluate` on a generated asset directory's warm start (or ``model_dir``) and its seven test files."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -50,8 +50,11 @@ def planned_turns(q: Question) -> list[Segment]:
         turns.append(_think_fact_segment(text, q.hops[k - 1].fact) if k else Segment(text, True))
         if k + 1 < len(q.hops):
             lead = f"<think> {hop.fact.sentence} Now I need to search for {q.hops[k + 1].query}. </think>\n"
-    turns.append(_think_fact_segment(f"<think> {q.hops[-1].fact.sentence} </think>\n<answer> {q.answers[0]} </answer><|im_end|>",
-                                     q.hops[-1].fact))
+    turns.append(
+        _think_fact_segment(
+            f"<think> {q.hops[-1].fact.sentence} </think>\n<answer> {q.answers[0]} </answer><|im_end|>", q.hops[-1].fact
+        )
+    )
     return turns
 
 

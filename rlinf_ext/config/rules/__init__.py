@@ -13,7 +13,18 @@ import importlib
 from rlinf_ext.config import memory_plan  # noqa: F401
 from rlinf_ext.config.rule_registry import registered_rules
 from rlinf_ext.config.rules import (  # noqa: F401
-    actor, agents, async_rollout, batch, critic, data, dynamic_sampling, generation, hardware, placement, tools)
+    actor,
+    agents,
+    async_rollout,
+    batch,
+    critic,
+    data,
+    dynamic_sampling,
+    generation,
+    hardware,
+    placement,
+    tools,
+)
 from rlinf_ext.config.rules.paths import path_issues
 from rlinf_ext.config.schema import ExperimentConfig
 from rlinf_ext.config.structure import ConfigIssue

@@ -21,21 +21,37 @@ def vl_model_needs_fsdp(cfg):
     """Megatron-core 0.16.1 has no Qwen2.5-VL; the HF actor loads only Qwen2.5-VL."""
     vl, fsdp = cfg.rollout.model.model_type == "qwen2.5_vl", cfg.actor.training_backend == "fsdp"
     if vl and not fsdp and is_training(cfg):
-        yield ConfigIssue("actor.training_backend", "rollout.model.model_type=qwen2.5_vl trains with the FSDP2 actor "
-                          "(Megatron-core 0.16.1 has no Qwen2.5-VL model).", "set actor.training_backend=fsdp.")
+        yield ConfigIssue(
+            "actor.training_backend",
+            "rollout.model.model_type=qwen2.5_vl trains with the FSDP2 actor "
+            "(Megatron-core 0.16.1 has no Qwen2.5-VL model).",
+            "set actor.training_backend=fsdp.",
+        )
     if fsdp and not vl:
-        yield ConfigIssue("actor.training_backend", f"the fsdp actor trains Qwen2.5-VL models only, but "
-                          f"rollout.model.model_type={cfg.rollout.model.model_type}.",
-                          "set actor.training_backend=megatron for text models (or model_type=qwen2.5_vl).")
+        yield ConfigIssue(
+            "actor.training_backend",
+            f"the fsdp actor trains Qwen2.5-VL models only, but "
+            f"rollout.model.model_type={cfg.rollout.model.model_type}.",
+            "set actor.training_backend=megatron for text models (or model_type=qwen2.5_vl).",
+        )
     if fsdp and cfg.actor.fsdp_config.cpu_offload:
-        yield ConfigIssue("actor.fsdp_config.cpu_offload", "FSDP2's CPUOffloadPolicy (parameters kept on CPU, the "
-                          "optimizer step on CPU) is not implemented for the FSDP2 actor.",
-                          "set actor.fsdp_config.cpu_offload=false; actor.offload_weight / offload_optimizer free "
-                          "the GPUs for a collocated rollout between phases.")
+        yield ConfigIssue(
+            "actor.fsdp_config.cpu_offload",
+            "FSDP2's CPUOffloadPolicy (parameters kept on CPU, the "
+            "optimizer step on CPU) is not implemented for the FSDP2 actor.",
+            "set actor.fsdp_config.cpu_offload=false; actor.offload_weight / offload_optimizer free "
+            "the GPUs for a collocated rollout between phases.",
+        )
 
 
-@rule("runner.task_type", "cluster.num_nodes", "cluster.num_gpus_per_node", "cluster.component_placement",
-      "actor.offload_weight", "actor.offload_optimizer")
+@rule(
+    "runner.task_type",
+    "cluster.num_nodes",
+    "cluster.num_gpus_per_node",
+    "cluster.component_placement",
+    "actor.offload_weight",
+    "actor.offload_optimizer",
+)
 def collocated_needs_offload(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """Collocated GPUs: the rollout engine takes rollout.gpu_memory_utilization of each GPU back at every rollout
     while the actor still holds whatever it did not offload (fp32 weights, optimizer state: tens of GB for 3B).
@@ -59,8 +75,16 @@ def collocated_needs_offload(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("runner.task_type", "cluster.num_nodes", "cluster.num_gpus_per_node", "cluster.component_placement",
-      "actor.training_backend", "actor.offload_weight", "actor.offload_optimizer", "actor.offload_grad")
+@rule(
+    "runner.task_type",
+    "cluster.num_nodes",
+    "cluster.num_gpus_per_node",
+    "cluster.component_placement",
+    "actor.training_backend",
+    "actor.offload_weight",
+    "actor.offload_optimizer",
+    "actor.offload_grad",
+)
 def offload_has_something_to_free(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """actor.offload_* moves actor state off the GPUs it shares with the rollout; elsewhere it would do nothing."""
     flags = [f"actor.{k}" for k in ("offload_weight", "offload_optimizer", "offload_grad") if getattr(cfg.actor, k)]
@@ -69,17 +93,25 @@ def offload_has_something_to_free(cfg: ExperimentConfig) -> Iterator[ConfigIssue
         return
     fix = f"set {' '.join(k + '=false' for k in flags)}"
     if gpn < 1:
-        yield ConfigIssue(flags[0], f"{', '.join(flags)} true on a CPU cluster (cluster.num_gpus_per_node=0): there is "
-                          "no GPU memory to free, so nothing would be offloaded.", fix + ".")
+        yield ConfigIssue(
+            flags[0],
+            f"{', '.join(flags)} true on a CPU cluster (cluster.num_gpus_per_node=0): there is "
+            "no GPU memory to free, so nothing would be offloaded.",
+            fix + ".",
+        )
         return
     try:
         mode = placement_mode(cfg)
     except PlacementError:  # reported by the placement rule
         return
     if mode == DISAGGREGATED:
-        yield ConfigIssue(flags[0], f"{', '.join(flags)} true with the actor and the rollout on disjoint GPUs "
-                          "(disaggregated): the runner offloads only for a rollout on the actor's GPUs, so nothing "
-                          "would be offloaded.", fix + " (or collocate actor and rollout).")
+        yield ConfigIssue(
+            flags[0],
+            f"{', '.join(flags)} true with the actor and the rollout on disjoint GPUs "
+            "(disaggregated): the runner offloads only for a rollout on the actor's GPUs, so nothing "
+            "would be offloaded.",
+            fix + " (or collocate actor and rollout).",
+        )
 
 
 _RECOMPUTE = ("actor.model.recompute_granularity", "actor.model.recompute_method", "actor.model.recompute_num_layers")
@@ -99,19 +131,26 @@ def recompute_settings_are_consistent(cfg):
             )
     elif granularity == "full":
         if method is None:
-            yield ConfigIssue("actor.model.recompute_method", "recompute_granularity=full needs a method.",
-                              "set actor.model.recompute_method=block (first N layers) or uniform (every layer, "
-                              "in units of N).")
+            yield ConfigIssue(
+                "actor.model.recompute_method",
+                "recompute_granularity=full needs a method.",
+                "set actor.model.recompute_method=block (first N layers) or uniform (every layer, in units of N).",
+            )
         if layers is None or layers < 1 or (total is not None and layers > total):
             bound = f"1..{total}" if total is not None else ">= 1"
-            yield ConfigIssue("actor.model.recompute_num_layers",
-                              f"recompute_granularity=full needs recompute_num_layers in {bound}, got {layers!r}.",
-                              f"set actor.model.recompute_num_layers={total or 1} (block: every layer) or 1 "
-                              "(uniform: one layer per unit).")
+            yield ConfigIssue(
+                "actor.model.recompute_num_layers",
+                f"recompute_granularity=full needs recompute_num_layers in {bound}, got {layers!r}.",
+                f"set actor.model.recompute_num_layers={total or 1} (block: every layer) or 1 "
+                "(uniform: one layer per unit).",
+            )
     elif granularity == "selective" and layers is not None:
-        yield ConfigIssue("actor.model.recompute_num_layers",
-                          "recompute_granularity=selective recomputes the core attention of every layer; Megatron "
-                          "refuses a layer count with it.", "remove actor.model.recompute_num_layers.")
+        yield ConfigIssue(
+            "actor.model.recompute_num_layers",
+            "recompute_granularity=selective recomputes the core attention of every layer; Megatron "
+            "refuses a layer count with it.",
+            "remove actor.model.recompute_num_layers.",
+        )
 
 
 @rule("actor.optim.optimizer", "actor.optim.use_distributed_optimizer", "cluster.num_gpus_per_node", "runner.task_type")

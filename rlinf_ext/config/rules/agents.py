@@ -3,7 +3,6 @@ scorings, its stop strings, its validation pass. An agent's own rules live with 
 
 from __future__ import annotations
 
-
 from rlinf_ext.config.rule_registry import rule
 from rlinf_ext.config.structure import ConfigIssue
 from rlinf_ext.protocol.agents import agent_spec
@@ -16,14 +15,19 @@ def agent_reward_and_model_fit(cfg):
     scorings its reward accepts and the kind of model it runs on."""
     spec = agent_spec(cfg)
     if cfg.reward.scoring not in spec.reward_scorings:
-        yield ConfigIssue("reward.scoring", f"the {spec.title} reward scores {list(spec.reward_scorings)}, got "
-                          f"{cfg.reward.scoring}.", f"set reward.scoring to one of {list(spec.reward_scorings)}.")
+        yield ConfigIssue(
+            "reward.scoring",
+            f"the {spec.title} reward scores {list(spec.reward_scorings)}, got {cfg.reward.scoring}.",
+            f"set reward.scoring to one of {list(spec.reward_scorings)}.",
+        )
     vl = cfg.rollout.model.model_type == "qwen2.5_vl"
     if spec.vision != vl:
         need = "a vision-language model (qwen2.5_vl)" if spec.vision else "a text model"
-        yield ConfigIssue("rollout.model.model_type", f"{spec.title} runs on {need}, but rollout.model.model_type="
-                          f"{cfg.rollout.model.model_type}.", "use a model of the agent's kind, or choose the other "
-                          "agent.")
+        yield ConfigIssue(
+            "rollout.model.model_type",
+            f"{spec.title} runs on {need}, but rollout.model.model_type={cfg.rollout.model.model_type}.",
+            "use a model of the agent's kind, or choose the other agent.",
+        )
 
 
 @rule("agentloop.agent", "algorithm.sampling_params.stop")
@@ -39,9 +43,12 @@ def stops_hold_the_action_tags(cfg):
         return
     missing = [t for t in stops if t not in configured]
     if configured and missing:
-        yield ConfigIssue("algorithm.sampling_params.stop", f"{spec.title} turns with these tools end at "
-                          f"{list(stops)}; missing {missing}.", f"add {missing} to algorithm.sampling_params.stop, "
-                          "or leave it empty (the loop adds its stops).", warning=True)
+        yield ConfigIssue(
+            "algorithm.sampling_params.stop",
+            f"{spec.title} turns with these tools end at {list(stops)}; missing {missing}.",
+            f"add {missing} to algorithm.sampling_params.stop, or leave it empty (the loop adds its stops).",
+            warning=True,
+        )
 
 
 @rule("agentloop.agent", "runner.val_before_train", "runner.val_check_interval", "data.val_data_paths")
@@ -51,7 +58,10 @@ def validation_needs_the_agents_pass(cfg):
     runner = cfg.runner
     wanted = (runner.val_before_train or runner.val_check_interval > 0) and bool(cfg.data.val_data_paths)
     if wanted and not spec.has("validation"):
-        yield ConfigIssue("runner.val_check_interval", f"agent {spec.name} ({spec.title}) brings no validation pass "
-                          "(AgentSpec.validation), so nothing can validate during training.",
-                          "set runner.val_before_train=false and runner.val_check_interval=0, or give the agent a "
-                          "validation component.")
+        yield ConfigIssue(
+            "runner.val_check_interval",
+            f"agent {spec.name} ({spec.title}) brings no validation pass "
+            "(AgentSpec.validation), so nothing can validate during training.",
+            "set runner.val_before_train=false and runner.val_check_interval=0, or give the agent a "
+            "validation component.",
+        )

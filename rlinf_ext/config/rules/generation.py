@@ -23,16 +23,28 @@ def stop_needs_detokenize(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         )
 
 
-@rule("rollout.return_logprobs", ENGINE_KEY, "algorithm.sampling_params.top_p",
-      "algorithm.sampling_params.top_k", "algorithm.sampling_params.repetition_penalty")
+@rule(
+    "rollout.return_logprobs",
+    ENGINE_KEY,
+    "algorithm.sampling_params.top_p",
+    "algorithm.sampling_params.top_k",
+    "algorithm.sampling_params.repetition_penalty",
+)
 def engine_logprobs_mean_the_actors(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
     """The engine's log-probs are pi_behav of the behaviour weight pi_prox / pi_behav: the log-prob of the
     distribution the token was sampled from, comparable with the actor's log-softmax(logits / temperature). With
     top-k / top-p / a repetition penalty on, no engine returns that (``EngineSpec.logprobs``), so the weight would be
     off on every token; temperature alone is what the actor divides by."""
     sp = cfg.algorithm.sampling_params
-    on = [k for k, off in (("top_p", sp.top_p >= 1.0), ("top_k", sp.top_k is None or sp.top_k <= 0),
-                           ("repetition_penalty", sp.repetition_penalty == 1.0)) if not off]
+    on = [
+        k
+        for k, off in (
+            ("top_p", sp.top_p >= 1.0),
+            ("top_k", sp.top_k is None or sp.top_k <= 0),
+            ("repetition_penalty", sp.repetition_penalty == 1.0),
+        )
+        if not off
+    ]
     engine = engine_spec(cfg)
     if cfg.rollout.return_logprobs and sp.do_sample and on:
         yield ConfigIssue(
@@ -41,7 +53,8 @@ def engine_logprobs_mean_the_actors(cfg: ExperimentConfig) -> Iterator[ConfigIss
             f"returns {engine.logprobs}; the kept engine log-probs would not be the behaviour policy the "
             "actor's log-probs are compared with.",
             "set rollout.return_logprobs=false (training uses the actor's recomputed log-probs), or turn "
-            + " and ".join(on) + " off.",
+            + " and ".join(on)
+            + " off.",
         )
 
 

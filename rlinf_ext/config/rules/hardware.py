@@ -40,18 +40,27 @@ def engine_fits_hardware(cfg: ExperimentConfig) -> Iterator[ConfigIssue]:
         return
     if gpus == 0:
         cpu = [n for n, s in ENGINES.items() if s.runs_on(gpu=False)]
-        yield ConfigIssue(ENGINE_KEY, f"{spec.name} needs GPUs but the cluster has none (cluster.num_gpus_per_node=0).",
-                          f"set {ENGINE_KEY}={cpu[0]} for a CPU run, or use a GPU cluster profile.")
+        yield ConfigIssue(
+            ENGINE_KEY,
+            f"{spec.name} needs GPUs but the cluster has none (cluster.num_gpus_per_node=0).",
+            f"set {ENGINE_KEY}={cpu[0]} for a CPU run, or use a GPU cluster profile.",
+        )
     else:
         gpu = [n for n, s in ENGINES.items() if s.runs_on(gpu=True)]
-        yield ConfigIssue(ENGINE_KEY, f"{spec.name} runs on CPU only but the cluster has GPUs "
-                          f"(cluster.num_gpus_per_node={gpus}).",
-                          f"set {ENGINE_KEY}={gpu[0]} for a GPU run, or use the CPU profile "
-                          "(cluster.num_gpus_per_node=0).")
+        yield ConfigIssue(
+            ENGINE_KEY,
+            f"{spec.name} runs on CPU only but the cluster has GPUs (cluster.num_gpus_per_node={gpus}).",
+            f"set {ENGINE_KEY}={gpu[0]} for a GPU run, or use the CPU profile (cluster.num_gpus_per_node=0).",
+        )
 
 
-FUSED_KERNEL_SWITCHES = ("apply_rope_fusion", "bias_dropout_fusion", "bias_activation_fusion", "persist_layer_norm",
-                         "gradient_accumulation_fusion")
+FUSED_KERNEL_SWITCHES = (
+    "apply_rope_fusion",
+    "bias_dropout_fusion",
+    "bias_activation_fusion",
+    "persist_layer_norm",
+    "gradient_accumulation_fusion",
+)
 
 
 @rule(*(f"actor.model.{key}" for key in FUSED_KERNEL_SWITCHES), "cluster.num_gpus_per_node")

@@ -74,8 +74,9 @@ async def evaluate_items(
     new_records: list[R] = []
     for label, bar_items in evaluator.bars(list(items)):
         todo = [it for it in bar_items if evaluator.key(it) not in skip]
-        bar = tqdm(total=len(bar_items), initial=len(bar_items) - len(todo), desc=label, unit="q",
-                   disable=not show_progress)
+        bar = tqdm(
+            total=len(bar_items), initial=len(bar_items) - len(todo), desc=label, unit="q", disable=not show_progress
+        )
         tasks = [asyncio.ensure_future(evaluator.evaluate_one(it, semaphore)) for it in todo]
         bar_records: list[R] = []
         try:
@@ -116,8 +117,9 @@ async def evaluate_run(
     wanted = {evaluator.key(it) for it in items}
     resumed = len(skip & wanted)
     with GenerationsWriter(gen_path) as writer:
-        new = await evaluate_items(items, evaluator, writer, skip=skip, concurrency=concurrency,
-                                   show_progress=show_progress)
+        new = await evaluate_items(
+            items, evaluator, writer, skip=skip, concurrency=concurrency, show_progress=show_progress
+        )
     # The file is the source of truth: score every saved generation of this question set, old and new.
     records = [r for r in read_generations(gen_path, evaluator.record_type) if r.key in wanted]
     table, paths, table_md = tabulate(run_dir, records, {**meta, "questions": len(items), "resumed": resumed})

@@ -36,7 +36,8 @@ class EvalRecord:
         row = dict(row)
         missing = [k for k in cls.REQUIRED if k not in row]
         if missing:
-            raise ValueError(f"generation record lacks {missing}; was it written by this agent's evaluation "
-                             f"({cls.__name__})?")
+            raise ValueError(
+                f"generation record lacks {missing}; was it written by this agent's evaluation ({cls.__name__})?"
+            )
         row["turns"] = [cls.TURN(**t) for t in row.get("turns", [])]
         return cls(**row)

@@ -22,8 +22,13 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def write_result_files(run_dir: str | Path, payload: dict[str, Any], markdown: str, csv_header: Sequence[str],
-                       csv_rows: Iterable[Sequence[Any]]) -> dict[str, Path]:
+def write_result_files(
+    run_dir: str | Path,
+    payload: dict[str, Any],
+    markdown: str,
+    csv_header: Sequence[str],
+    csv_rows: Iterable[Sequence[Any]],
+) -> dict[str, Path]:
     """results.json (`payload`, whose "meta" holds the run's settings), results.md and results.csv; their paths
     by file name."""
     run_dir = Path(run_dir)

@@ -47,8 +47,10 @@ def build_generator(cfg: Any, vision: bool) -> Any:
     subprocesses need a shutdown this call could not promise: the launcher's `rlinf-ext eval` passes it in)."""
     spec = engine_spec(cfg)
     if spec.started_by_launcher and spec.evaluates(vision):
-        raise EvalError(f"{ENGINE_KEY}={spec.name!r}: run_evaluation starts in-process engines only; pass a started "
-                        f"{spec.title} generator (the launcher's `rlinf-ext eval` does)")
+        raise EvalError(
+            f"{ENGINE_KEY}={spec.name!r}: run_evaluation starts in-process engines only; pass a started "
+            f"{spec.title} generator (the launcher's `rlinf-ext eval` does)"
+        )
     try:
         return make_generator(cfg, vision)
     except EngineError as exc:
@@ -96,6 +98,7 @@ def needs_rollouts(run_dir: Path, record_type: type[EvalRecord], keys: Iterable[
 
 def run_with_http_session(main: Callable[[], Awaitable[T]]) -> T:
     """`asyncio.run(main())`, closing the tools' HTTP session at the end. Call from synchronous code."""
+
     async def wrapped() -> T:
         try:
             return await main()

@@ -30,8 +30,12 @@ def should_validate(cfg: Any, step: int) -> bool:
     return interval > 0 and step % interval == 0 and bool(list(cfg.data.val_data_paths))
 
 
-def sample_items(items: Sequence[Item], per_benchmark: int | None, seed: int,
-                 benchmark: Callable[[Item], str] = lambda item: item.benchmark) -> list[Item]:
+def sample_items(
+    items: Sequence[Item],
+    per_benchmark: int | None,
+    seed: int,
+    benchmark: Callable[[Item], str] = lambda item: item.benchmark,
+) -> list[Item]:
     """Up to `per_benchmark` questions of each benchmark (`benchmark(item)`), drawn with `seed`, kept in file
     order; None or < 0: all of them."""
     if per_benchmark is None or per_benchmark < 0:
@@ -47,8 +51,14 @@ def sample_items(items: Sequence[Item], per_benchmark: int | None, seed: int,
     return [items[pos] for pos in sorted(chosen)]
 
 
-async def validation_records(items: Sequence[Item], evaluator: Evaluator, out_dir: Path | None, step: int,
-                             concurrency: int, show_progress: bool = False) -> list[EvalRecord]:
+async def validation_records(
+    items: Sequence[Item],
+    evaluator: Evaluator,
+    out_dir: Path | None,
+    step: int,
+    concurrency: int,
+    show_progress: bool = False,
+) -> list[EvalRecord]:
     """Evaluate every item once with the current weights; the records also go to
     `out_dir/global_step_<step>/generations.jsonl` (a temporary file when `out_dir` is None). A pass is one
     measurement, never resumed: an old file of the same step is replaced."""

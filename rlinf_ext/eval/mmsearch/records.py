@@ -52,29 +52,61 @@ class GenerationRecord(EvalRecord):
 
     def table_row(self) -> dict[str, float]:
         """The per-question numbers the results table averages (`agent.mmsearch.metrics.table_summary`)."""
-        return {"correct": self.scores.get("correct", 0.0), "reward": self.scores.get("reward", 0.0),
-                "image_searches": self.image_searches, "text_searches": self.text_searches,
-                "image_search_failures": self.image_search_failures, "text_search_failures": self.text_search_failures}
+        return {
+            "correct": self.scores.get("correct", 0.0),
+            "reward": self.scores.get("reward", 0.0),
+            "image_searches": self.image_searches,
+            "text_searches": self.text_searches,
+            "image_search_failures": self.image_search_failures,
+            "text_search_failures": self.text_search_failures,
+        }
 
 
 def record_of(benchmark: str, task: Task, traj: VLTrajectory, decode: Callable[[list[int]], str]) -> GenerationRecord:
-    turns = [TurnLog(action=t.action, output=t.text, tool=t.tool, query=t.query, titles=list(t.titles),
-                       image_sha1s=[i.sha1 for i in t.observation_images], search_ok=t.tool_ok,
-                       observation=_PAD_RUN.sub("<|image_pad|>", decode(t.observation_ids)) if t.observation_ids else None)
-             for t in traj.turns]
+    turns = [
+        TurnLog(
+            action=t.action,
+            output=t.text,
+            tool=t.tool,
+            query=t.query,
+            titles=list(t.titles),
+            image_sha1s=[i.sha1 for i in t.observation_images],
+            search_ok=t.tool_ok,
+            observation=_PAD_RUN.sub("<|image_pad|>", decode(t.observation_ids)) if t.observation_ids else None,
+        )
+        for t in traj.turns
+    ]
     r, m = traj.reward_details, traj.metrics
     return GenerationRecord(
-        benchmark=benchmark, item_id=task.data_id, question=task.question, data_source=task.data_source,
-        category=task.category, golden_answers=list(task.answers), image_sha1s=[i.sha1 for i in task.images],
-        turns=turns, final_answer=r.answer,
+        benchmark=benchmark,
+        item_id=task.data_id,
+        question=task.question,
+        data_source=task.data_source,
+        category=task.category,
+        golden_answers=list(task.answers),
+        image_sha1s=[i.sha1 for i in task.images],
+        turns=turns,
+        final_answer=r.answer,
         scores={"correct": float(r.correct), "em": r.em, "subem": r.subem, "format": r.format_score, "reward": r.score},
-        image_searches=int(m["image_searches"]), text_searches=int(m["text_searches"]),
-        image_search_failures=int(m["image_search_failures"]), text_search_failures=int(m["text_search_failures"]),
-        missing_images=int(m["missing_images"]), num_turns=len(traj.turns), response_length=len(traj.response_ids),
-        end_reason=traj.end_reason)
+        image_searches=int(m["image_searches"]),
+        text_searches=int(m["text_searches"]),
+        image_search_failures=int(m["image_search_failures"]),
+        text_search_failures=int(m["text_search_failures"]),
+        missing_images=int(m["missing_images"]),
+        num_turns=len(traj.turns),
+        response_length=len(traj.response_ids),
+        end_reason=traj.end_reason,
+    )
 
 
 def error_record(benchmark: str, task: Task, exc: BaseException) -> GenerationRecord:
-    return GenerationRecord(benchmark=benchmark, item_id=task.data_id, question=task.question,
-                              data_source=task.data_source, category=task.category, golden_answers=list(task.answers),
-                              image_sha1s=[i.sha1 for i in task.images], error=f"{type(exc).__name__}: {exc}")
+    return GenerationRecord(
+        benchmark=benchmark,
+        item_id=task.data_id,
+        question=task.question,
+        data_source=task.data_source,
+        category=task.category,
+        golden_answers=list(task.answers),
+        image_sha1s=[i.sha1 for i in task.images],
+        error=f"{type(exc).__name__}: {exc}",
+    )

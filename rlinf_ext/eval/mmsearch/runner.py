@@ -70,8 +70,18 @@ def make_rollout_fn(cfg: Any, generator, processor, tools: SearchTools, params: 
 
     async def rollout(task: Task) -> VLTrajectory:
         ids = first_prompt_ids(processor, prompts, task)
-        return await run_trajectory(generator, processor, tools, task, settings, prompts=prompts,
-                                       sampling_params=params, uid=task.data_id, prompt_ids=ids, reward_fn=reward)
+        return await run_trajectory(
+            generator,
+            processor,
+            tools,
+            task,
+            settings,
+            prompts=prompts,
+            sampling_params=params,
+            uid=task.data_id,
+            prompt_ids=ids,
+            reward_fn=reward,
+        )
 
     return rollout
 
@@ -88,14 +98,24 @@ def evaluator(rollout: Callable[[Task], Awaitable[VLTrajectory]], decode: Callab
     )
 
 
-def run_evaluation(cfg: Any, generator=None, *, run_dir: str | Path | None = None, do_sample: bool | None = None,
-                      tools: SearchTools | None = None, show_progress: bool = True, print_table: bool = True) -> EvalSummary:
+def run_evaluation(
+    cfg: Any,
+    generator=None,
+    *,
+    run_dir: str | Path | None = None,
+    do_sample: bool | None = None,
+    tools: SearchTools | None = None,
+    show_progress: bool = True,
+    print_table: bool = True,
+) -> EvalSummary:
     """Evaluate `rollout.model.model_path` on the FVQA files of `data.val_data_paths` (module docstring)."""
     model_path = str(cfg.rollout.model.model_path)
     try:
         processor = load_vl_processor(model_path)
     except (OSError, ValueError) as exc:
-        raise EvalError(f"rollout.model.model_path={model_path!r}: no Qwen2.5-VL processor could be loaded ({exc})") from exc
+        raise EvalError(
+            f"rollout.model.model_path={model_path!r}: no Qwen2.5-VL processor could be loaded ({exc})"
+        ) from exc
     tasks = load_tasks(cfg)
     params = sampling_params_from_config(cfg, do_sample)
     out = Path(run_dir) if run_dir is not None else eval_run_dir(cfg)
@@ -104,14 +124,30 @@ def run_evaluation(cfg: Any, generator=None, *, run_dir: str | Path | None = Non
         generator = build_generator(cfg, vision=True)  # not loaded at all when a rerun finds every question done
     tools = tools or search_tools(cfg)
     rollout = make_rollout_fn(cfg, generator, processor, tools, params)
-    meta = {"experiment_name": str(cfg.runner.experiment_name), "model_path": model_path, "do_sample": params.do_sample,
-            "temperature": params.temperature, "image_search": tools.image_search.metadata(),
-            "text_search_backend": str(cfg.tools.search.backend), "max_gen_round": int(cfg.agentloop.mmsearch.max_gen_round)}
-    summary = run_with_http_session(lambda: evaluate_run(
-        tasks, evaluator(rollout, lambda ids: processor.tokenizer.decode(ids)), tabulate, out, meta,
-        concurrency=eval_concurrency(cfg), show_progress=show_progress))
+    meta = {
+        "experiment_name": str(cfg.runner.experiment_name),
+        "model_path": model_path,
+        "do_sample": params.do_sample,
+        "temperature": params.temperature,
+        "image_search": tools.image_search.metadata(),
+        "text_search_backend": str(cfg.tools.search.backend),
+        "max_gen_round": int(cfg.agentloop.mmsearch.max_gen_round),
+    }
+    summary = run_with_http_session(
+        lambda: evaluate_run(
+            tasks,
+            evaluator(rollout, lambda ids: processor.tokenizer.decode(ids)),
+            tabulate,
+            out,
+            meta,
+            concurrency=eval_concurrency(cfg),
+            show_progress=show_progress,
+        )
+    )
     if print_table:
-        print("\n" + summary.table_md + f"[eval] {summary.evaluated} question(s) evaluated, {summary.resumed} resumed, "
-              f"{summary.errors} failed; table {summary.result_files[RESULTS_MD]}; generations {summary.generations_path}",
-              flush=True)
+        print(
+            "\n" + summary.table_md + f"[eval] {summary.evaluated} question(s) evaluated, {summary.resumed} resumed, "
+            f"{summary.errors} failed; table {summary.result_files[RESULTS_MD]}; generations {summary.generations_path}",
+            flush=True,
+        )
     return summary

@@ -46,13 +46,22 @@ def validation_metrics(records: list[GenerationRecord], prefix: str = mk.VAL_PRE
 class ValidationPass:
     """Built once by the trainer (the agent registry's ``validation``); ``run(step)`` evaluates the subset."""
 
-    def __init__(self, cfg: Any, generator, processor=None, tools=None,
-                 samples_per_benchmark: int | None = DEFAULT_SAMPLES_PER_BENCHMARK, do_sample: bool = False,
-                 out_dir: str | Path | None = None, show_progress: bool = False):
+    def __init__(
+        self,
+        cfg: Any,
+        generator,
+        processor=None,
+        tools=None,
+        samples_per_benchmark: int | None = DEFAULT_SAMPLES_PER_BENCHMARK,
+        do_sample: bool = False,
+        out_dir: str | Path | None = None,
+        show_progress: bool = False,
+    ):
         self.cfg = cfg
         self.processor = processor if processor is not None else load_vl_processor(str(cfg.rollout.model.model_path))
-        self.items = sample_items(load_tasks(cfg), samples_per_benchmark, seed=int(cfg.data.seed),
-                                  benchmark=lambda item: item[0])
+        self.items = sample_items(
+            load_tasks(cfg), samples_per_benchmark, seed=int(cfg.data.seed), benchmark=lambda item: item[0]
+        )
         tools = tools if tools is not None else search_tools(cfg, validation_image_search(cfg.tools.image_search))
         params = sampling_params_from_config(cfg, do_sample=do_sample)
         self.rollout = make_rollout_fn(cfg, generator, self.processor, tools, params)
@@ -62,8 +71,13 @@ class ValidationPass:
 
     async def arun(self, step: int) -> dict[str, float]:
         records = await validation_records(
-            self.items, evaluator(self.rollout, self.processor.tokenizer.decode), self.out_dir, step,
-            concurrency=eval_concurrency(self.cfg), show_progress=self.show_progress)
+            self.items,
+            evaluator(self.rollout, self.processor.tokenizer.decode),
+            self.out_dir,
+            step,
+            concurrency=eval_concurrency(self.cfg),
+            show_progress=self.show_progress,
+        )
         self.table_md = markdown(table(records))
         return validation_metrics(records)
 
@@ -74,9 +88,13 @@ class ValidationPass:
     def summary(self, metrics: dict[str, float]) -> str:
         """The trainer's report of a pass: accuracy and image-search ratio per category, then the table."""
         categories = sorted({k.split("/")[1] for k in metrics if k.endswith(f"/{ACCURACY}")})
-        parts = [f"{c} accuracy {metrics[mk.mm_category_metric(c, ACCURACY, mk.VAL_PREFIX)]:.3f} image-search "
-                 f"{metrics.get(mk.mm_category_metric(c, IMAGE_SEARCH_RATIO, mk.VAL_PREFIX), float('nan')):.3f}"
-                 for c in categories]
-        head = (f"{'; '.join(parts)} over {int(metrics.get(mk.VAL_N, 0))} questions "
-                f"({int(metrics.get(mk.VAL_ERRORS, 0))} errors)")
+        parts = [
+            f"{c} accuracy {metrics[mk.mm_category_metric(c, ACCURACY, mk.VAL_PREFIX)]:.3f} image-search "
+            f"{metrics.get(mk.mm_category_metric(c, IMAGE_SEARCH_RATIO, mk.VAL_PREFIX), float('nan')):.3f}"
+            for c in categories
+        ]
+        head = (
+            f"{'; '.join(parts)} over {int(metrics.get(mk.VAL_N, 0))} questions "
+            f"({int(metrics.get(mk.VAL_ERRORS, 0))} errors)"
+        )
         return head + ("\n" + self.table_md if self.table_md else "")

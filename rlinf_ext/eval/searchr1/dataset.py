@@ -101,9 +101,11 @@ def load_eval_items(
 ) -> list[EvalItem]:
     """All questions of the benchmark files, in file order; `render_chat(messages) -> str` applies the template."""
     if not paths:
-        raise ValueError("data.val_data_paths is empty; list the test file(s) to evaluate: one merged file with a "
-                         "data_source column (Search-R1's test.parquet, or the test.jsonl preprocessed from it), or one "
-                         "file per benchmark")
+        raise ValueError(
+            "data.val_data_paths is empty; list the test file(s) to evaluate: one merged file with a "
+            "data_source column (Search-R1's test.parquet, or the test.jsonl preprocessed from it), or one "
+            "file per benchmark"
+        )
     items: list[EvalItem] = []
     seen: set[tuple[str, str]] = set()
     for file in paths:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 # Search-R1's evaluation settings (its evaluate.sh: max_turns=4, retriever.topk=3; vLLM in bf16 by its PPO trainer
 # config; its generation loop retries an EOS without an action; docs/searchr1-facts.md §11), in results.SETTINGS' keys
 SEARCHR1_EVAL_SETTINGS = {"max_turns": 4, "precision": "bf16", "on_no_action": "retry", "topk": 3}

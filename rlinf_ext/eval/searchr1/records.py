@@ -48,8 +48,13 @@ class GenerationRecord(EvalRecord):
     error: str | None = None  # set when the rollout raised; the question scores 0 and is retried on resume
 
 
-def record_from_trajectory(item: EvalItem, traj: Trajectory, decode: Decode, reward_cfg: RewardConfig | None = None,
-                           tool_tags: Sequence[str] | None = None) -> GenerationRecord:
+def record_from_trajectory(
+    item: EvalItem,
+    traj: Trajectory,
+    decode: Decode,
+    reward_cfg: RewardConfig | None = None,
+    tool_tags: Sequence[str] | None = None,
+) -> GenerationRecord:
     """Everything a reader needs about one question: turns with their observations, answer, scores (the format
     score accepts ``tool_tags``; None = Search-R1's)."""
     turns = [
@@ -62,8 +67,13 @@ def record_from_trajectory(item: EvalItem, traj: Trajectory, decode: Decode, rew
     ]
     searches = [t for t in traj.turns if t.action == TextSearch.name]
     num_searches = len(searches)
-    result = searchr1_reward(traj.generated_text, item.golden_answers, reward_cfg, num_searches=num_searches,
-                             tool_tags=DEFAULT_TOOL_TAGS if tool_tags is None else tuple(tool_tags))
+    result = searchr1_reward(
+        traj.generated_text,
+        item.golden_answers,
+        reward_cfg,
+        num_searches=num_searches,
+        tool_tags=DEFAULT_TOOL_TAGS if tool_tags is None else tuple(tool_tags),
+    )
     return GenerationRecord(
         **_question_fields(item),
         turns=turns,
@@ -83,5 +93,10 @@ def error_record(item: EvalItem, exc: BaseException) -> GenerationRecord:
 
 def _question_fields(item: EvalItem) -> dict:
     """The fields every record of a question carries, rolled out or not."""
-    return dict(benchmark=item.benchmark, item_id=item.item_id, question=item.question, prompt=item.prompt,
-                golden_answers=list(item.golden_answers))
+    return dict(
+        benchmark=item.benchmark,
+        item_id=item.item_id,
+        question=item.question,
+        prompt=item.prompt,
+        golden_answers=list(item.golden_answers),
+    )

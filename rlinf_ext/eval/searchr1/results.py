@@ -25,15 +25,18 @@ DETAIL_COLUMNS: tuple[tuple[str, str, str], ...] = (
 SCORE_ROWS: tuple[tuple[str, str], ...] = (("EM", "em"), ("subEM", "subem"), ("F1", "f1"))
 # (meta key, label) of the evaluation settings that move EM, stated with every score table
 SETTINGS: tuple[tuple[str, str], ...] = (
-    ("max_turns", "{} search turns"), ("precision", "{}"), ("on_no_action", "EOS without action: {}"),
+    ("max_turns", "{} search turns"),
+    ("precision", "{}"),
+    ("on_no_action", "EOS without action: {}"),
     ("topk", "top-{}"),
 )
 
 
 def settings_label(meta: dict[str, Any]) -> str:
     """The run's settings that move EM in one line; ``?`` for one a run did not record (written before it was)."""
-    return ", ".join(label.format(meta[key]) if meta.get(key) is not None else label.format("?")
-                     for key, label in SETTINGS)
+    return ", ".join(
+        label.format(meta[key]) if meta.get(key) is not None else label.format("?") for key, label in SETTINGS
+    )
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -60,7 +63,9 @@ def paper_table_rows(agg: Aggregate) -> tuple[list[str], list[list[str]]]:
     header = ["metric"] + [display_name(b) for b in agg.benchmarks] + ["Avg"]
     rows = []
     for label, field in SCORE_ROWS:
-        rows.append([label] + [f"{getattr(r, field):.3f}" for r in agg.benchmarks.values()] + [f"{agg.average[field]:.3f}"])
+        rows.append(
+            [label] + [f"{getattr(r, field):.3f}" for r in agg.benchmarks.values()] + [f"{agg.average[field]:.3f}"]
+        )
     return header, rows
 
 
@@ -71,13 +76,19 @@ def write_results(run_dir: str | Path, agg: Aggregate, meta: dict[str, Any]) -> 
     header, rows = paper_table_rows(agg)
     md = [f"# Evaluation: {meta.get('experiment_name', run_dir.name)}", ""]
     md += [f"- {k}: `{v}`" for k, v in meta.items() if not isinstance(v, (dict, list))]
-    md += ["", f"## Scores (paper layout; Avg = mean over benchmarks; {settings_label(meta)})", "",
-           markdown_table(header, rows)]
+    md += [
+        "",
+        f"## Scores (paper layout; Avg = mean over benchmarks; {settings_label(meta)})",
+        "",
+        markdown_table(header, rows),
+    ]
     md += ["", "## Per benchmark", "", markdown_table(detail_header, detail_rows(agg)), ""]
     return write_result_files(run_dir, {"meta": meta, **agg.to_json()}, "\n".join(md), detail_header, detail_rows(agg))
 
 
-def tabulate(run_dir: Path, records: list[GenerationRecord], meta: dict[str, Any]) -> tuple[Aggregate, dict[str, Path], str]:
+def tabulate(
+    run_dir: Path, records: list[GenerationRecord], meta: dict[str, Any]
+) -> tuple[Aggregate, dict[str, Path], str]:
     """The run's `Tabulate` (``eval.core.loop``): aggregate, result files, and results.md as the table."""
     agg = aggregate(records)
     paths = write_results(run_dir, agg, meta)

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from rlinf_ext.agent.core.types import Trajectory
-from rlinf_ext.agent.searchr1.loop import run_trajectory
 from rlinf_ext.agent.searchr1.config import LoopSettings, loop_section
-from rlinf_ext.tools.registry import build_agent_tools
+from rlinf_ext.agent.searchr1.loop import run_trajectory
 from rlinf_ext.config.schema import ExperimentConfig, RewardConfig
 from rlinf_ext.eval.core.loop import Evaluator, evaluate_run
 from rlinf_ext.eval.core.results import RESULTS_MD, markdown_table
@@ -36,6 +35,7 @@ from rlinf_ext.eval.searchr1.records import Decode, GenerationRecord, error_reco
 from rlinf_ext.eval.searchr1.results import paper_table_rows, tabulate
 from rlinf_ext.protocol.engines import engine_dtype
 from rlinf_ext.tools.base import Tool
+from rlinf_ext.tools.registry import build_agent_tools
 
 
 def load_tokenizer(model_path: str):
@@ -86,6 +86,7 @@ RolloutFn = Callable[[EvalItem], Awaitable[Trajectory]]
 
 def make_rollout_fn(cfg: Any, generator, tokenizer, tools: list[Tool], sampling_params) -> RolloutFn:
     """item -> Trajectory through the same agent loop and tools as training (group of one per question)."""
+
     async def rollout(item: EvalItem) -> Trajectory:
         prompt_ids = tokenizer(item.prompt, add_special_tokens=False)["input_ids"]
         return await run_trajectory(
@@ -115,8 +116,9 @@ def _running_em(records: list[GenerationRecord]) -> dict[str, str]:
     return {"em": f"{sum(em) / len(em) if em else 0.0:.3f}"}
 
 
-def evaluator(rollout_fn: RolloutFn, decode: Decode, reward_cfg: RewardConfig | None = None,
-              tool_tags: list[str] | None = None) -> Evaluator:
+def evaluator(
+    rollout_fn: RolloutFn, decode: Decode, reward_cfg: RewardConfig | None = None, tool_tags: list[str] | None = None
+) -> Evaluator:
     """The Search-R1 part of the evaluation loop: items keyed by (benchmark, item_id), scored with the reward
     (``tool_tags``: the configured tools' tags the format score accepts; None = Search-R1's)."""
     return Evaluator(
@@ -142,8 +144,15 @@ async def evaluate_async(
 ) -> EvalSummary:
     """Resume-aware evaluation of `items` into `run_dir` with any rollout function (the testable core);
     `tool_tags`: the tags of the tools the rollouts call (None = Search-R1's)."""
-    return await evaluate_run(items, evaluator(rollout_fn, decode, cfg.reward, tool_tags), tabulate, run_dir, meta,
-                              concurrency=eval_concurrency(cfg), show_progress=show_progress)
+    return await evaluate_run(
+        items,
+        evaluator(rollout_fn, decode, cfg.reward, tool_tags),
+        tabulate,
+        run_dir,
+        meta,
+        concurrency=eval_concurrency(cfg),
+        show_progress=show_progress,
+    )
 
 
 def run_evaluation(
@@ -168,8 +177,9 @@ def run_evaluation(
     params = sampling_params_from_config(cfg, do_sample)
     out = Path(run_dir) if run_dir is not None else eval_run_dir(cfg)
     settings = eval_settings(cfg)
-    check_same_setup(out, {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature,
-                           **settings})
+    check_same_setup(
+        out, {"model_path": model_path, "do_sample": params.do_sample, "temperature": params.temperature, **settings}
+    )
     if generator is None and needs_rollouts(out, GenerationRecord, ((it.benchmark, it.item_id) for it in items)):
         generator = build_generator(cfg, vision=False)  # not loaded at all when a rerun finds every question done
     tools = tools if tools is not None else build_agent_tools(cfg)
@@ -183,8 +193,10 @@ def run_evaluation(
     }
     rollout = make_rollout_fn(cfg, generator, tokenizer, tools, params)
     summary = run_with_http_session(
-        lambda: evaluate_async(cfg, items, rollout, tokenizer.decode, out, meta, show_progress,
-                               [tool.tag_name() for tool in tools]))
+        lambda: evaluate_async(
+            cfg, items, rollout, tokenizer.decode, out, meta, show_progress, [tool.tag_name() for tool in tools]
+        )
+    )
     if print_table:
         print(format_summary(summary), flush=True)
     return summary

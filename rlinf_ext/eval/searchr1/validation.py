@@ -13,16 +13,22 @@ from typing import Any
 
 from rlinf_ext.eval.core.runner import eval_concurrency, run_with_http_session, sampling_params_from_config
 from rlinf_ext.eval.core.validation import sample_items, validation_records
-from rlinf_ext.tools.registry import build_agent_tools
 from rlinf_ext.eval.searchr1.runner import evaluator, items_from_config, load_tokenizer, make_rollout_fn
 from rlinf_ext.eval.searchr1.scoring import AVERAGED_FIELDS, Aggregate, aggregate
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.tools.base import Tool
+from rlinf_ext.tools.registry import build_agent_tools
 
 DEFAULT_SAMPLES_PER_BENCHMARK = 64
 # metric name in the logs -> BenchmarkResult field
-_LOGGED = {"em": "em", "subem": "subem", "f1": "f1", "searches": "mean_searches", "turns": "mean_turns",
-           "response_length": "mean_response_length"}
+_LOGGED = {
+    "em": "em",
+    "subem": "subem",
+    "f1": "f1",
+    "searches": "mean_searches",
+    "turns": "mean_turns",
+    "response_length": "mean_response_length",
+}
 
 
 def validation_metrics(agg: Aggregate, prefix: str = mk.VAL_PREFIX) -> dict[str, float]:
@@ -70,8 +76,13 @@ class ValidationPass:
 
     async def arun(self, step: int) -> dict[str, float]:
         records = await validation_records(
-            self.items, evaluator(self.rollout, self.tokenizer.decode, self.cfg.reward, self.tool_tags), self.out_dir, step,
-            concurrency=eval_concurrency(self.cfg), show_progress=self.show_progress)
+            self.items,
+            evaluator(self.rollout, self.tokenizer.decode, self.cfg.reward, self.tool_tags),
+            self.out_dir,
+            step,
+            concurrency=eval_concurrency(self.cfg),
+            show_progress=self.show_progress,
+        )
         return validation_metrics(aggregate(records))
 
     def run(self, step: int) -> dict[str, float]:
@@ -81,5 +92,7 @@ class ValidationPass:
     @staticmethod
     def summary(metrics: dict[str, float]) -> str:
         """The trainer's one-line report of a pass."""
-        return (f"EM avg {metrics.get(mk.VAL_AVG_EM, float('nan')):.3f}, pooled {metrics.get(mk.VAL_ALL_EM, float('nan')):.3f} "
-                f"over {int(metrics.get(mk.VAL_N, 0))} questions ({int(metrics.get(mk.VAL_ERRORS, 0))} errors)")
+        return (
+            f"EM avg {metrics.get(mk.VAL_AVG_EM, float('nan')):.3f}, pooled {metrics.get(mk.VAL_ALL_EM, float('nan')):.3f} "
+            f"over {int(metrics.get(mk.VAL_N, 0))} questions ({int(metrics.get(mk.VAL_ERRORS, 0))} errors)"
+        )

@@ -34,8 +34,9 @@ class VersionedGenerator(ScriptedGenerator):
 
 def rollout(versions, script=SEARCH_THEN_ANSWER):
     gen = VersionedGenerator(script, versions=versions)
-    return asyncio.run(run_trajectory(gen, TOK, PROMPT, ["Paris"], CFG, [RecordingSearch()],
-                                      sampling_params=SamplingParams()))
+    return asyncio.run(
+        run_trajectory(gen, TOK, PROMPT, ["Paris"], CFG, [RecordingSearch()], sampling_params=SamplingParams())
+    )
 
 
 def test_the_buffer_keeps_one_version_per_token_beside_the_logprobs():
@@ -55,8 +56,9 @@ def test_a_sync_between_the_loops_turns_splits_the_versions():
     traj = rollout([2, 3])
     first, second = traj.turns
     assert (first.weight_version, second.weight_version) == (2, 3)
-    assert traj.rollout_versions == ([2] * len(first.response_ids) + [-1] * len(first.observation_ids)
-                                     + [3] * len(second.response_ids))
+    assert traj.rollout_versions == (
+        [2] * len(first.response_ids) + [-1] * len(first.observation_ids) + [3] * len(second.response_ids)
+    )
     assert len(traj.rollout_versions) == len(traj.rollout_logprobs) == len(traj.response_ids)
     check_mask_invariant(traj)
 
@@ -114,8 +116,16 @@ class PreemptedVLLMGenerator(ScriptedGenerator):
             start = end
         finish = {"stop": ("stop", scripted.matched_stop), "eos": ("stop", None), "length": ("length", None)}
         reason, stop = finish[scripted.finish_reason]
-        out = CompletionOutput(index=0, text="", token_ids=ids, cumulative_logprob=None, logprobs=None,
-                               finish_reason=reason, stop_reason=stop, weight_versions=version_spans)
+        out = CompletionOutput(
+            index=0,
+            text="",
+            token_ids=ids,
+            cumulative_logprob=None,
+            logprobs=None,
+            finish_reason=reason,
+            stop_reason=stop,
+            weight_versions=version_spans,
+        )
         result = result_of_output(out, self.tokenizer.decode, sampling_params, [self.tokenizer.eos_token_id])
         return result_of(reply_of(replace(result, logprobs=scripted.logprobs)))
 
@@ -124,30 +134,57 @@ def test_a_turn_sampled_by_two_versions_gives_its_tokens_each_their_own_and_coun
     """A sync landed while vLLM held the first turn preempted (issue 42): its first 3 tokens were sampled at version
     2, the rest at 3. The turn keeps both, token by token, into the records and the step's staleness metrics."""
     pytest.importorskip("vllm")
-    spanned = asyncio.run(run_trajectory(
-        PreemptedVLLMGenerator(SEARCH_THEN_ANSWER, spans=[[(3, "2"), (None, "3")], [(None, "3")]]), TOK, PROMPT,
-        ["Paris"], CFG, [RecordingSearch()], sampling_params=SamplingParams()))
+    spanned = asyncio.run(
+        run_trajectory(
+            PreemptedVLLMGenerator(SEARCH_THEN_ANSWER, spans=[[(3, "2"), (None, "3")], [(None, "3")]]),
+            TOK,
+            PROMPT,
+            ["Paris"],
+            CFG,
+            [RecordingSearch()],
+            sampling_params=SamplingParams(),
+        )
+    )
     first, second = spanned.turns
     # "<search> capital of france </search>" is 36 ids, "<answer> Paris </answer>" 24 (one id per character)
     assert (len(first.response_ids), len(second.response_ids)) == (36, 24)
     assert first.weight_version == [2, 2, 2] + [3] * 33 and second.weight_version == 3
     assert spanned.rollout_versions == [2, 2, 2] + [3] * 33 + [-1] * len(first.observation_ids) + [3] * 24
     check_mask_invariant(spanned)
-    uniform = asyncio.run(run_trajectory(
-        PreemptedVLLMGenerator(SEARCH_THEN_ANSWER, spans=[[(None, "3")], [(None, "3")]]), TOK, PROMPT, ["Paris"], CFG,
-        [RecordingSearch()], sampling_params=SamplingParams()))
+    uniform = asyncio.run(
+        run_trajectory(
+            PreemptedVLLMGenerator(SEARCH_THEN_ANSWER, spans=[[(None, "3")], [(None, "3")]]),
+            TOK,
+            PROMPT,
+            ["Paris"],
+            CFG,
+            [RecordingSearch()],
+            sampling_params=SamplingParams(),
+        )
+    )
     result = result_from_group([spanned, uniform])
     assert [r["versions"] for r in trajectory_records(result)] == [spanned.rollout_versions, uniform.rollout_versions]
     # trained at version 3, k = 1: 3 of the 120 sampled tokens are 1 step stale; 1 of the 2 trajectories has two
     assert token_staleness_metrics(3, result.versions, 1) == {
-        mk.token_staleness(0): 117 / 120, mk.token_staleness(1): 3 / 120, mk.TRAJECTORIES_TWO_VERSIONS: 1 / 2,
-        mk.STALENESS_TOKEN_MAX: 1.0}
+        mk.token_staleness(0): 117 / 120,
+        mk.token_staleness(1): 3 / 120,
+        mk.TRAJECTORIES_TWO_VERSIONS: 1 / 2,
+        mk.STALENESS_TOKEN_MAX: 1.0,
+    }
 
 
 def test_the_mask_invariant_follows_a_turns_per_token_versions():
-    traj = asyncio.run(run_trajectory(
-        VersionedGenerator(SEARCH_THEN_ANSWER, versions=[[2] * 10 + [3] * 26, 3]), TOK, PROMPT, ["Paris"], CFG,
-        [RecordingSearch()], sampling_params=SamplingParams()))
+    traj = asyncio.run(
+        run_trajectory(
+            VersionedGenerator(SEARCH_THEN_ANSWER, versions=[[2] * 10 + [3] * 26, 3]),
+            TOK,
+            PROMPT,
+            ["Paris"],
+            CFG,
+            [RecordingSearch()],
+            sampling_params=SamplingParams(),
+        )
+    )
     assert traj.rollout_versions[:36] == [2] * 10 + [3] * 26
     check_mask_invariant(traj)
     shifted = [2] * 11 + traj.rollout_versions[11:]  # one token credited to the wrong version

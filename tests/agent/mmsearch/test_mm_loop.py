@@ -7,20 +7,19 @@ import pickle
 from dataclasses import replace
 
 import pytest
-from tests.support.mm_helpers import PX, ScriptedVLGenerator, settings, tools
 
-from rlinf_ext.agent.mmsearch.protocol import parse_action
+from rlinf_ext.agent.mmsearch.config import MMSearchConfig, RewardShapingConfig
 from rlinf_ext.agent.mmsearch.loop import check_invariants, first_prompt_ids, run_group, run_trajectory
-from rlinf_ext.agent.mmsearch.config import RewardShapingConfig
 from rlinf_ext.agent.mmsearch.metrics import reward_fn
 from rlinf_ext.agent.mmsearch.observation import build_observation
-from rlinf_ext.agent.mmsearch.config import MMSearchConfig
 from rlinf_ext.agent.mmsearch.prompts import Prompts, read_prompt
+from rlinf_ext.agent.mmsearch.protocol import parse_action
 from rlinf_ext.agent.mmsearch.types import Task
-from rlinf_ext.config.schema import AgentLoopConfig, RewardConfig
+from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD
+from tests.support.mm_helpers import PX, ScriptedVLGenerator, settings, tools
 
 IMG = "<reason> I look the emblem up. </reason><search><img></search>"
 TXT = "<reason> It is {city}. </reason><text_search> {city} founded year </text_search>"
@@ -45,14 +44,19 @@ def _run(processor, task, script, cache_dir, **kw):
 def test_invariants_with_0_1_2_image_observations(world, n_image_obs):
     mm, processor, tasks = world
     task = tasks["tinymm_city"]
-    script = {0: [ANS.format(a="x")], 1: [IMG, TXT.format(city="Drelia"), ANS.format(a="x")],
-              2: [IMG, IMG, ANS.format(a="x")]}[n_image_obs]
+    script = {
+        0: [ANS.format(a="x")],
+        1: [IMG, TXT.format(city="Drelia"), ANS.format(a="x")],
+        2: [IMG, IMG, ANS.format(a="x")],
+    }[n_image_obs]
     gen, traj = _run(processor, task, script, mm.cache_test, s={"image_search_limit": 2})
     check_invariants(traj, processor)  # also checked inside the loop
     pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
     assert len(traj.images) == 1 + 3 * n_image_obs and traj.images[0] == task.images[0]
     obs_pads = [t for t, m in zip(traj.response_ids, traj.response_mask) if t == pad]
-    assert len(obs_pads) == 4 * 3 * n_image_obs and all(m == 0 for t, m in zip(traj.response_ids, traj.response_mask) if t == pad)
+    assert len(obs_pads) == 4 * 3 * n_image_obs and all(
+        m == 0 for t, m in zip(traj.response_ids, traj.response_mask) if t == pad
+    )
     assert sum(traj.response_mask) == sum(len(t.response_ids) for t in traj.turns)
     # every call saw the whole context and every image so far, in order
     for k, (call, images) in enumerate(zip(gen.calls, gen.images_seen)):
@@ -68,12 +72,16 @@ def test_observation_ids_equal_a_processor_re_encode(world):
     prompts = Prompts()
     body, images = prompts.image_results_header + found.body, found.images
     obs = build_observation(processor, prompts, body, images, task.question, prompts.after_image_search, False)
-    reference = processor(text=[obs.text], images=[r.to_pil() for r in images], return_tensors="pt").input_ids[0].tolist()
+    reference = (
+        processor(text=[obs.text], images=[r.to_pil() for r in images], return_tensors="pt").input_ids[0].tolist()
+    )
     assert obs.ids == reference and obs.image_tokens == 12
     # incremental context == a full re-encode of prompt + sampled + observation
     prompt_ids = first_prompt_ids(processor, prompts, task)
     sampled = processor.tokenizer.encode(IMG, add_special_tokens=False)
-    full_text = processor.tokenizer.decode(prompt_ids + sampled).replace("<|image_pad|>" * 4, "<|image_pad|>") + obs.text
+    full_text = (
+        processor.tokenizer.decode(prompt_ids + sampled).replace("<|image_pad|>" * 4, "<|image_pad|>") + obs.text
+    )
     full = processor(text=[full_text], images=[r.to_pil() for r in [*task.images, *images]], return_tensors="pt")
     assert prompt_ids + sampled + obs.ids == full.input_ids[0].tolist()
 
@@ -105,8 +113,9 @@ def test_limits_last_round_and_budget(world):
     _, twice = _run(processor, task, [IMG, IMG], mm.cache_test)
     assert [t.action for t in twice.turns] == ["image_search", "search_limit"] and twice.end_reason == "search_limit"
     assert twice.metrics["image_searches"] == 1 and twice.metrics["search_limit_hits"] == 1
-    _, last = _run(processor, task, [IMG, TXT.format(city="A"), TXT.format(city="B")], mm.cache_test,
-                   s={"text_search_limit": 5})
+    _, last = _run(
+        processor, task, [IMG, TXT.format(city="A"), TXT.format(city="B")], mm.cache_test, s={"text_search_limit": 5}
+    )
     assert last.turns[-1].action == "search_limit" and last.metrics["text_searches"] == 1
     _, short = _run(processor, task, [IMG, ANS.format(a="z")], mm.cache_test, s={"response_length_total": 40})
     assert short.end_reason == "response_budget" and len(short.response_ids) <= 40
@@ -117,8 +126,9 @@ def test_text_search_observation_is_cut_by_tokens(world):
     mm, processor, tasks = world
     task = tasks["tinymm_city"]
     _, full = _run(processor, task, [TXT.format(city="Drelia"), ANS.format(a="z")], mm.cache_test)
-    _, cut = _run(processor, task, [TXT.format(city="Drelia"), ANS.format(a="z")], mm.cache_test,
-                  s={"max_obs_length": 5})
+    _, cut = _run(
+        processor, task, [TXT.format(city="Drelia"), ANS.format(a="z")], mm.cache_test, s={"max_obs_length": 5}
+    )
     assert cut.metrics["truncated_observations"] == 1 and full.metrics["truncated_observations"] == 0
     assert len(cut.turns[0].observation_ids) < len(full.turns[0].observation_ids)
     assert cut.turns[0].query == "Drelia founded year" and cut.turns[0].tool == "text"
@@ -151,7 +161,7 @@ def test_banned_ids_from_an_engine_are_dropped_and_invariants_catch_breakage(wor
     assert pad not in traj.response_ids
     _, good = _run(processor, task, [IMG, ANS.format(a="red")], mm.cache_test)
     k = good.response_ids.index(pad)
-    flipped = replace(good, response_mask=good.response_mask[:k] + [1] + good.response_mask[k + 1:])
+    flipped = replace(good, response_mask=good.response_mask[:k] + [1] + good.response_mask[k + 1 :])
     with pytest.raises(AssertionError, match="loss-mask invariant"):
         check_invariants(flipped, processor)
     with pytest.raises(AssertionError, match="image-pad invariant"):
@@ -168,15 +178,17 @@ def test_token_versions_follow_the_turns_through_an_image_observation_and_a_drop
     versions = iter([4, 5])
 
     async def versioned(prompt_ids, sampling_params, images=None):
-        return replace(await ScriptedVLGenerator.generate(gen, prompt_ids, sampling_params, images),
-                       weight_version=next(versions))
+        return replace(
+            await ScriptedVLGenerator.generate(gen, prompt_ids, sampling_params, images), weight_version=next(versions)
+        )
 
     gen.generate = versioned
     traj = asyncio.run(run_trajectory(gen, processor, tools(mm.cache_test), task, settings()))
     first, second = traj.turns
     assert second.banned_dropped == 1 and (first.weight_version, second.weight_version) == (4, 5)
-    assert traj.rollout_versions == ([4] * len(first.response_ids) + [-1] * len(first.observation_ids)
-                                     + [5] * len(second.response_ids))
+    assert traj.rollout_versions == (
+        [4] * len(first.response_ids) + [-1] * len(first.observation_ids) + [5] * len(second.response_ids)
+    )
     assert len(traj.rollout_logprobs) == len(traj.rollout_versions) == len(traj.response_ids)
 
 
@@ -185,8 +197,9 @@ def test_a_turn_sampled_by_two_versions_keeps_them_per_token_after_a_dropped_id(
     banned take their versions with them."""
     mm, processor, tasks = world
     task = tasks["tinymm_colour"]
-    gen = ScriptedVLGenerator(["<reason> hm <|image_pad|> </reason><answer> red </answer>"],
-                              tokenizer=processor.tokenizer)
+    gen = ScriptedVLGenerator(
+        ["<reason> hm <|image_pad|> </reason><answer> red </answer>"], tokenizer=processor.tokenizer
+    )
     sampled = {}
 
     async def preempted(prompt_ids, sampling_params, images=None):
@@ -217,8 +230,9 @@ def test_dropping_banned_ids_drops_their_per_token_versions():
         def decode(self, ids):
             return " ".join(map(str, ids))
 
-    result = GenerationResult([1, 9, 2, 70, 3], "", "stop", None, [-0.1, -0.2, -0.3, -0.4, -0.5],
-                              weight_version=[4, 4, 5, 5, 5])
+    result = GenerationResult(
+        [1, 9, 2, 70, 3], "", "stop", None, [-0.1, -0.2, -0.3, -0.4, -0.5], weight_version=[4, 4, 5, 5, 5]
+    )
     kept, dropped = _drop_banned(result, Vocab64(), {9})
     assert dropped == 2 and kept.output_ids == [1, 2, 3] and kept.text == "1 2 3"
     assert kept.weight_version == [4, 5, 5] and kept.logprobs == [-0.1, -0.3, -0.5]
@@ -235,7 +249,9 @@ def test_actions_and_reward_on_a_scripted_three_turn_trajectory(world):
     assert [t.action for t in traj.turns] == ["image_search", "text_search", "answer"]
     assert traj.reward == pytest.approx(0.91) and traj.reward_details.correct
     assert parse_action("<reason> a </reason><search><img></search> then", "length") == ("invalid", None)
-    assert parse_action("x <text_search> a </text_search> <text_search> b </text_search><|im_end|>", "eos") == \
-        ("text_search", "b")
+    assert parse_action("x <text_search> a </text_search> <text_search> b </text_search><|im_end|>", "eos") == (
+        "text_search",
+        "b",
+    )
     assert parse_action("<text_search>  </text_search>", "stop") == ("invalid", None)
     assert parse_action("no tags", "eos") == ("eos", None)

@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 
 import pytest
-from tests.support.mm_helpers import PX, ScriptedVLGenerator, settings, tools
 
 from rlinf_ext.agent.mmsearch.loop import run_trajectory
 from rlinf_ext.agent.mmsearch.retokenize import (
@@ -27,6 +26,7 @@ from rlinf_ext.generation.hf_vl import load_vl_processor
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.protocol.generation import GenerationResult
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD
+from tests.support.mm_helpers import PX, ScriptedVLGenerator, settings, tools
 
 P = 9  # the pad id of the hand-made rows
 
@@ -101,9 +101,12 @@ def test_real_trajectories_canonical_and_deliberately_broken(world):
     # a thumbnail's pad run one short (what an observation built for another image size would hold)
     pad = tok.convert_tokens_to_ids(IMAGE_PAD)
     cut = canonical.response_ids.index(pad)
-    short = dataclasses.replace(canonical, response_ids=canonical.response_ids[:cut] + canonical.response_ids[cut + 1:],
-                                response_mask=canonical.response_mask[:cut] + canonical.response_mask[cut + 1:],
-                                metrics=dict(canonical.metrics))
+    short = dataclasses.replace(
+        canonical,
+        response_ids=canonical.response_ids[:cut] + canonical.response_ids[cut + 1 :],
+        response_mask=canonical.response_mask[:cut] + canonical.response_mask[cut + 1 :],
+        metrics=dict(canonical.metrics),
+    )
 
     group = [canonical, split, short]
     mark_retokenize_mismatches(processor, group)

@@ -8,10 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlinf_ext.protocol.agents import agent_spec
-
 from rlinf_ext.agent.mmsearch.config import RewardShapingConfig
-from rlinf_ext.config.schema import RewardConfig
 from rlinf_ext.agent.mmsearch.reward import (
     clean_turn,
     format_score,
@@ -20,6 +17,8 @@ from rlinf_ext.agent.mmsearch.reward import (
     penalty_at,
     search_counts,
 )
+from rlinf_ext.config.schema import RewardConfig
+from rlinf_ext.protocol.agents import agent_spec
 
 IMG = "<reason> I need to look this emblem up. </reason><search><img></search>"
 TXT = "<reason> The emblem is Drelia's. </reason><text_search> Drelia founded </text_search>"
@@ -56,28 +55,64 @@ CASES = [
     ("image-then-correct", [IMG, ANS.format("Drelia")], GOLDS, {}, 0.9 * 0.9 + 0.1, 1.0),
     ("text-then-wrong", [TXT, ANS.format("Kroun")], GOLDS, {}, 0.1, 1.0),
     ("image-text-correct-once", [IMG, TXT, ANS.format("Drelia")], GOLDS, {}, 0.9 * 0.9 + 0.1, 1.0),
-    ("image-text-correct-per-search", [IMG, TXT, ANS.format("Drelia")], GOLDS,
-     {"use_search_count_penalty": True}, 0.9 * 0.81 + 0.1, 1.0),
+    (
+        "image-text-correct-per-search",
+        [IMG, TXT, ANS.format("Drelia")],
+        GOLDS,
+        {"use_search_count_penalty": True},
+        0.9 * 0.81 + 0.1,
+        1.0,
+    ),
     ("text-image-wrong-order", [TXT, IMG, ANS.format("Drelia")], GOLDS, {}, 0.9 * 0.9, 0.0),
     ("two-image-searches", [IMG, IMG, ANS.format("Drelia")], GOLDS, {}, 0.9 * 0.9, 0.0),
     ("im-end-stripped", [IMG + "<|im_end|>", ANS.format("Drelia") + "<|im_end|>\n"], GOLDS, {}, 0.91, 1.0),
     ("answer-not-in-last-turn", [ANS.format("Drelia"), IMG], GOLDS, {}, 0.0, 0.0),
     ("two-reasons", ["<reason> a </reason><reason> b </reason><answer> Drelia </answer>"], GOLDS, {}, 0.9, 0.0),
-    ("two-answers-last-wins", ["<reason> a </reason><answer> Kroun </answer><answer> Drelia </answer>"], GOLDS,
-     {}, 0.9, 0.0),
-    ("text-after-image-call", ["<reason> a </reason><search><img></search> and more", ANS.format("Drelia")],
-     GOLDS, {}, 0.9 * 0.9, 0.0),
-    ("search-and-answer-in-one-turn", ["<reason> a </reason><search><img></search><answer> Drelia </answer>"],
-     GOLDS, {}, 0.9 * 0.9, 0.0),
-    ("empty-text-search-query-still-format", ["<reason> a </reason><text_search></text_search>",
-                                             ANS.format("Drelia")], GOLDS, {}, 0.91, 1.0),
+    (
+        "two-answers-last-wins",
+        ["<reason> a </reason><answer> Kroun </answer><answer> Drelia </answer>"],
+        GOLDS,
+        {},
+        0.9,
+        0.0,
+    ),
+    (
+        "text-after-image-call",
+        ["<reason> a </reason><search><img></search> and more", ANS.format("Drelia")],
+        GOLDS,
+        {},
+        0.9 * 0.9,
+        0.0,
+    ),
+    (
+        "search-and-answer-in-one-turn",
+        ["<reason> a </reason><search><img></search><answer> Drelia </answer>"],
+        GOLDS,
+        {},
+        0.9 * 0.9,
+        0.0,
+    ),
+    (
+        "empty-text-search-query-still-format",
+        ["<reason> a </reason><text_search></text_search>", ANS.format("Drelia")],
+        GOLDS,
+        {},
+        0.91,
+        1.0,
+    ),
     ("four-turns", [IMG, TXT, TXT, ANS.format("Drelia")], GOLDS, {}, 0.9 * 0.9, 0.0),
     ("subem-scoring", [ANS.format("it is Drelia town")], ["Drelia"], {"scoring": "subem"}, 1.0, 1.0),
     ("em-scoring-rejects-substring", [ANS.format("it is Drelia town")], ["Drelia"], {}, 0.1, 1.0),
     ("no-format-penalty", [IMG, ANS.format("Drelia")], GOLDS, {"format_penalty": 0.0}, 0.9, 1.0),
     ("reward-scale", [ANS.format("Drelia")], GOLDS, {"reward_scale": 2.0}, 2.0, 1.0),
-    ("warmup-start-rewards-search", [IMG, ANS.format("Drelia")], GOLDS,
-     {"search_penalty_warmup_steps": 10}, 0.9 * 1.1 + 0.1, 1.0),
+    (
+        "warmup-start-rewards-search",
+        [IMG, ANS.format("Drelia")],
+        GOLDS,
+        {"search_penalty_warmup_steps": 10},
+        0.9 * 1.1 + 0.1,
+        1.0,
+    ),
 ]
 
 

@@ -11,15 +11,15 @@ import json
 
 import pytest
 
-from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.core.response import check_mask_invariant
+from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.searchr1.loop import run_group
-from tests.support.scripted import ForcedActions
 from rlinf_ext.generation.hf import HFGenerator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.rewards import searchr1_reward
 from rlinf_ext.tools import SearchTool, SearchToolConfig, close_http_session
 from rlinf_ext.tools.search import TextSearch
+from tests.support.scripted import ForcedActions
 
 
 @pytest.mark.timeout(240)
@@ -28,8 +28,9 @@ def test_tiny_model_searches_real_server_and_answers(tiny_assets, retrieval_url)
     first_doc = json.loads(tiny_assets.corpus_path.read_text().splitlines()[0])
     title = first_doc["contents"].split("\n")[0].strip('"')
 
-    generator = HFGenerator.from_pretrained(tiny_assets.qwen2_tiny, tiny_assets.tokenizer_dir, seed=0,
-                                            return_logprobs=True, max_batch_size=4)
+    generator = HFGenerator.from_pretrained(
+        tiny_assets.qwen2_tiny, tiny_assets.tokenizer_dir, seed=0, return_logprobs=True, max_batch_size=4
+    )
     tokenizer = generator.tokenizer
     script = ForcedActions(tokenizer, query=title, answer=title)
     prompt_ids = tokenizer.encode(row["prompt"], add_special_tokens=False)
@@ -42,9 +43,18 @@ def test_tiny_model_searches_real_server_and_answers(tiny_assets, retrieval_url)
     async def go():
         tool = SearchTool(search_cfg)
         try:
-            return tool, await run_group(generator, tokenizer, prompt_ids, [title], agent_cfg, [TextSearch(tool)], group_size=3,
-                                         sampling_params=params, uid="it",
-                                         reward_fn=lambda t: searchr1_reward(t.response_text, t.answers).score)
+            return tool, await run_group(
+                generator,
+                tokenizer,
+                prompt_ids,
+                [title],
+                agent_cfg,
+                [TextSearch(tool)],
+                group_size=3,
+                sampling_params=params,
+                uid="it",
+                reward_fn=lambda t: searchr1_reward(t.response_text, t.answers).score,
+            )
         finally:
             await close_http_session()
 
@@ -63,7 +73,8 @@ def test_tiny_model_searches_real_server_and_answers(tiny_assets, retrieval_url)
         assert f'Doc 1(Title: "{title}")' in observation  # BM25 put the titled passage first
         assert observation.rstrip("\n").endswith("</information>")
         check_mask_invariant(traj)
-        assert [i for i, m in zip(traj.response_ids, traj.response_mask) if m] == \
-            first.response_ids + second.response_ids
+        assert [
+            i for i, m in zip(traj.response_ids, traj.response_mask) if m
+        ] == first.response_ids + second.response_ids
         assert len(traj.rollout_logprobs) == len(traj.response_ids)
         assert traj.reward == 1.0 and traj.end_reason == "answer"

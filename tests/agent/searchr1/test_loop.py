@@ -5,15 +5,15 @@ from dataclasses import replace
 
 import pytest
 
-from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.core.response import check_mask_invariant
+from rlinf_ext.agent.searchr1.config import LoopSettings
 from rlinf_ext.agent.searchr1.loop import run_group, run_trajectory
 from rlinf_ext.agent.searchr1.protocol import SEARCHR1_STOPS, TurnProtocol
-from tests.support.scripted import CharTokenizer, ScriptedGenerator
 from rlinf_ext.protocol.generation import SamplingParams
 from rlinf_ext.tools import SearchTool, SearchToolConfig
 from rlinf_ext.tools.formatting import CLOSE_TAG, OPEN_TAG
 from rlinf_ext.tools.search import TextSearch
+from tests.support.scripted import CharTokenizer, ScriptedGenerator
 
 TOK = CharTokenizer()
 PROMPT = TOK.encode("Question: capital of France?\n")
@@ -97,10 +97,12 @@ def test_without_tools_a_search_block_is_no_action():
 
 
 def test_search_then_answer_stops_in_engine_and_masks_observation():
-    gen = ScriptedGenerator([
-        "<think>need info</think><search> capital of france </search>SHOULD NOT APPEAR",
-        "<think>got it</think><answer> Paris </answer>TRAILING",
-    ])
+    gen = ScriptedGenerator(
+        [
+            "<think>need info</think><search> capital of france </search>SHOULD NOT APPEAR",
+            "<think>got it</think><answer> Paris </answer>TRAILING",
+        ]
+    )
     traj, search = run(gen)
     assert search.queries == ["capital of france"]
     # the engine was asked to stop at both closing tags, and stopped there
@@ -276,8 +278,17 @@ def test_run_group_concurrent_shared_uid_and_reward():
     from rlinf_ext.rewards import searchr1_reward
 
     trajs = asyncio.run(
-        run_group(gen, TOK, PROMPT, ["Paris"], CFG, [RecordingSearch()], group_size=5, uid="g1",
-                  reward_fn=lambda t: searchr1_reward(t.response_text, t.answers).score)
+        run_group(
+            gen,
+            TOK,
+            PROMPT,
+            ["Paris"],
+            CFG,
+            [RecordingSearch()],
+            group_size=5,
+            uid="g1",
+            reward_fn=lambda t: searchr1_reward(t.response_text, t.answers).score,
+        )
     )
     assert len(trajs) == 5 and {t.uid for t in trajs} == {"g1"}
     assert all(t.reward == 1.0 and t.end_reason == "answer" for t in trajs)

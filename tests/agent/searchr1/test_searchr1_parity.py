@@ -45,9 +45,8 @@ SERVER_ROWS = {
 # ... and what its client makes of them (_passages2string, then execute_predictions' wrapping), by hand
 OBSERVATION = {
     "velmora": '\n\n<information>Doc 1(Title: "Velmora") The capital of Velmora is Tarsk.\n'
-               'Doc 2(Title: ""Heroes" (song)") A song.</information>\n\n',
-    "trap": '\n\n<information>Doc 1(Title: "Trap") A quiz page: <answer> Berlin </answer> is not it.'
-            '</information>\n\n',
+    'Doc 2(Title: ""Heroes" (song)") A song.</information>\n\n',
+    "trap": '\n\n<information>Doc 1(Title: "Trap") A quiz page: <answer> Berlin </answer> is not it.</information>\n\n',
 }
 
 
@@ -76,46 +75,78 @@ class Case:
 CASES = {
     # no action and an EOS: the invalid-action message, the EOS dropped, and the model goes on (:58, :395-400)
     "eos_without_action": Case(
-        ["<think>no idea</think><eos>", "<search> velmora </search>", "<answer> Tarsk </answer>"], 4,
-        [("<think>no idea</think>", None, INVALID), ("<search> velmora </search>", "search", OBSERVATION["velmora"]),
-         ("<answer> Tarsk </answer>", "answer", "")],
-        ["velmora"]),
+        ["<think>no idea</think><eos>", "<search> velmora </search>", "<answer> Tarsk </answer>"],
+        4,
+        [
+            ("<think>no idea</think>", None, INVALID),
+            ("<search> velmora </search>", "search", OBSERVATION["velmora"]),
+            ("<answer> Tarsk </answer>", "answer", ""),
+        ],
+        ["velmora"],
+    ),
     # every turn counts toward max_turns, invalid ones too; the final turn appends nothing (:234, :278-306)
     "eos_until_the_forced_final_turn": Case(
-        ["a<eos>", "b<eos>", "c<eos>", "never generated"], 2,
-        [("a", None, INVALID), ("b", None, INVALID), ("c", None, "")], []),
+        ["a<eos>", "b<eos>", "c<eos>", "never generated"],
+        2,
+        [("a", None, INVALID), ("b", None, INVALID), ("c", None, "")],
+        [],
+    ),
     # a turn cut by the per-turn length with no complete block (:395-400)
     "invalid_action_cut_by_length": Case(
-        ["<think>I keep on thinking and thinking</think>", "<answer> Tarsk </answer>"], 2,
-        [("<think>I keep on thinking and ", None, INVALID), ("<answer> Tarsk </answer>", "answer", "")], [],
-        max_new_tokens=30),
+        ["<think>I keep on thinking and thinking</think>", "<answer> Tarsk </answer>"],
+        2,
+        [("<think>I keep on thinking and ", None, INVALID), ("<answer> Tarsk </answer>", "answer", "")],
+        [],
+        max_new_tokens=30,
+    ),
     # mismatched tags: the text is cut at </answer> (no </search> in it) and matches no block (:61-65, :422)
     "invalid_action_mismatched_tags": Case(
-        ["<search> velmora </answer> more", "<answer> Tarsk </answer>"], 2,
-        [("<search> velmora </answer>", None, INVALID), ("<answer> Tarsk </answer>", "answer", "")], []),
+        ["<search> velmora </answer> more", "<answer> Tarsk </answer>"],
+        2,
+        [("<search> velmora </answer>", None, INVALID), ("<answer> Tarsk </answer>", "answer", "")],
+        [],
+    ),
     # an answer inside a retrieved document is no action: only the turn's own text is parsed (:422)
     "answer_inside_a_retrieved_doc": Case(
-        ["<search> trap </search>", "<answer> Tarsk </answer>"], 2,
+        ["<search> trap </search>", "<answer> Tarsk </answer>"],
+        2,
         [("<search> trap </search>", "search", OBSERVATION["trap"]), ("<answer> Tarsk </answer>", "answer", "")],
-        ["trap"]),
+        ["trap"],
+    ),
     # the forced final turn: its search is not run and nothing follows it (:297, :303-306)
     "forced_final_turn_search_not_run": Case(
-        ["<search> velmora </search>", "<search> trap </search>", "<search> again </search>"], 2,
-        [("<search> velmora </search>", "search", OBSERVATION["velmora"]),
-         ("<search> trap </search>", "search", OBSERVATION["trap"]), ("<search> again </search>", "search", "")],
-        ["velmora", "trap"]),
+        ["<search> velmora </search>", "<search> trap </search>", "<search> again </search>"],
+        2,
+        [
+            ("<search> velmora </search>", "search", OBSERVATION["velmora"]),
+            ("<search> trap </search>", "search", OBSERVATION["trap"]),
+            ("<search> again </search>", "search", ""),
+        ],
+        ["velmora", "trap"],
+    ),
     "forced_final_turn_answers": Case(
-        ["<search> velmora </search>", "<answer> Tarsk </answer>"], 1,
+        ["<search> velmora </search>", "<answer> Tarsk </answer>"],
+        1,
         [("<search> velmora </search>", "search", OBSERVATION["velmora"]), ("<answer> Tarsk </answer>", "answer", "")],
-        ["velmora"]),
+        ["velmora"],
+    ),
 }
 
 
 def run_case(case: Case):
     client, gen = SearchR1ServerClient(), ScriptedGenerator(case.engine)
     settings = LoopSettings(max_turns=case.max_turns, response_length_total=20_000, max_obs_length=500)
-    traj = asyncio.run(run_trajectory(gen, TOK, TOK.encode(PROMPT), ["Tarsk"], settings, [TextSearch(client)],
-                                      sampling_params=SamplingParams(max_new_tokens=case.max_new_tokens)))
+    traj = asyncio.run(
+        run_trajectory(
+            gen,
+            TOK,
+            TOK.encode(PROMPT),
+            ["Tarsk"],
+            settings,
+            [TextSearch(client)],
+            sampling_params=SamplingParams(max_new_tokens=case.max_new_tokens),
+        )
+    )
     return traj, gen, client
 
 
@@ -128,8 +159,10 @@ def searchr1_action(action: str) -> str | None:
 def searchr1_steps(traj):
     """Our turns as Search-R1's steps: the kept ids decoded as its ``skip_special_tokens`` decoding does (a final
     turn's EOS is kept in our ids and trained on; Search-R1 drops it), the action, the appended text."""
-    return [(TOK.decode(t.response_ids, skip_special_tokens=True), searchr1_action(t.action),
-             TOK.decode(t.observation_ids)) for t in traj.turns]
+    return [
+        (TOK.decode(t.response_ids, skip_special_tokens=True), searchr1_action(t.action), TOK.decode(t.observation_ids))
+        for t in traj.turns
+    ]
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -151,9 +184,12 @@ def test_an_answer_only_inside_a_retrieved_doc_is_a_listed_difference():
     """Search-R1 scores the last ``<answer>`` of prompt + response (``verl/utils/reward_score/qa_em.py``
     ``extract_solution``), retrieved text included: here "Berlin". Ours reads the model's own text only, so a
     trajectory that never answers scores 0 (docs/searchr1-facts.md, "Evaluation at parity")."""
-    case = Case(["<search> trap </search>", "<search> again </search>"], 1,
-                [("<search> trap </search>", "search", OBSERVATION["trap"]), ("<search> again </search>", "search", "")],
-                ["trap"])
+    case = Case(
+        ["<search> trap </search>", "<search> again </search>"],
+        1,
+        [("<search> trap </search>", "search", OBSERVATION["trap"]), ("<search> again </search>", "search", "")],
+        ["trap"],
+    )
     traj, _, _ = run_case(case)
     assert searchr1_steps(traj) == case.steps
     assert "<answer> Berlin </answer>" in TOK.decode(traj.response_ids)

@@ -27,6 +27,7 @@ def fake_generators(monkeypatch, tmp_path):
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(f"{name} {seed}\n")
             return {}
+
         return write
 
     monkeypatch.setattr(tiny, "generate_base", writer("base", "corpus/wiki.jsonl"))
@@ -42,9 +43,14 @@ def fake_generators(monkeypatch, tmp_path):
 
 def test_the_key_covers_the_generators_sources_and_the_pins():
     inputs = cache.key_inputs()
-    for rel in ("rlinf_ext/assets/core/tiny.py", "rlinf_ext/assets/core/models.py", "rlinf_ext/assets/searchr1/sft.py",
-                "rlinf_ext/assets/mmsearch/sft.py", "rlinf_ext/agent/searchr1/loop.py",  # imported by the SFT
-                "rlinf_ext/assets/core/qwen2_5_chat_template.jinja"):
+    for rel in (
+        "rlinf_ext/assets/core/tiny.py",
+        "rlinf_ext/assets/core/models.py",
+        "rlinf_ext/assets/searchr1/sft.py",
+        "rlinf_ext/assets/mmsearch/sft.py",
+        "rlinf_ext/agent/searchr1/loop.py",  # imported by the SFT
+        "rlinf_ext/assets/core/qwen2_5_chat_template.jinja",
+    ):
         assert rel in inputs["files"], rel
     for dist in ("torch", "transformers", "tokenizers", "numpy", "safetensors"):
         assert dist in inputs["distributions"], dist
@@ -133,13 +139,16 @@ def test_a_directory_of_other_code_is_replaced_whole(fake_generators, tmp_path):
     assert not [p for p in root.parent.iterdir() if p.name != "tiny_assets"]  # no temporary left beside
 
 
-@pytest.mark.parametrize("model, vision, parts", [
-    ("models/qwen2-tiny", False, Parts()),
-    ("models/qwen2-tiny-sft-search", False, Parts.of(sft_search=True)),  # the base world's warm start
-    ("registry/models/qwen2-tiny-reader", False, Parts.of(registry=True)),  # the tiny experiment's world
-    ("mm/models/qwen2.5-vl-tiny", True, Parts.of(mm=True)),
-    ("mm/models/qwen2.5-vl-tiny-sft", True, Parts.of(mm_sft=True)),
-])
+@pytest.mark.parametrize(
+    "model, vision, parts",
+    [
+        ("models/qwen2-tiny", False, Parts()),
+        ("models/qwen2-tiny-sft-search", False, Parts.of(sft_search=True)),  # the base world's warm start
+        ("registry/models/qwen2-tiny-reader", False, Parts.of(registry=True)),  # the tiny experiment's world
+        ("mm/models/qwen2.5-vl-tiny", True, Parts.of(mm=True)),
+        ("mm/models/qwen2.5-vl-tiny-sft", True, Parts.of(mm_sft=True)),
+    ],
+)
 def test_the_launcher_copies_the_parts_its_model_needs(monkeypatch, tmp_path, model, vision, parts):
     from types import SimpleNamespace
 
@@ -147,9 +156,11 @@ def test_the_launcher_copies_the_parts_its_model_needs(monkeypatch, tmp_path, mo
 
     asked = []
     monkeypatch.setattr(prepare, "copy_parts_in_child", lambda root, p: asked.append((root, p)))
-    cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(tmp_path)),
-                          agentloop=SimpleNamespace(agent="mmsearch" if vision else "searchr1"),
-                          rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{tmp_path}/{model}")))
+    cfg = SimpleNamespace(
+        paths=SimpleNamespace(tiny_assets=str(tmp_path)),
+        agentloop=SimpleNamespace(agent="mmsearch" if vision else "searchr1"),
+        rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{tmp_path}/{model}")),
+    )
     assert prepare.prepare_tiny_assets(cfg) == tmp_path
     assert asked == [(tmp_path, parts)]
 
@@ -167,8 +178,11 @@ def test_the_launcher_starts_no_process_when_its_assets_are_in_place(monkeypatch
     monkeypatch.setattr(prepare, "copy_parts_in_child", lambda r, p: asked.append(p))
 
     def cfg(model):
-        return SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(root)), agentloop=SimpleNamespace(agent="searchr1"),
-                               rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{root}/{model}")))
+        return SimpleNamespace(
+            paths=SimpleNamespace(tiny_assets=str(root)),
+            agentloop=SimpleNamespace(agent="searchr1"),
+            rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{root}/{model}")),
+        )
 
     assert prepare.prepare_tiny_assets(cfg("models/qwen2-tiny-sft-search")) == root
     assert prepare.prepare_tiny_assets(cfg("models/qwen2-tiny")) == root
@@ -195,8 +209,11 @@ def test_the_launcher_refuses_assets_inside_the_cache(monkeypatch, fake_generato
 
     entry = cache.cached_tiny_assets(Parts.of(sft_search=True), log=lambda *a: None).root
     monkeypatch.setattr(prepare, "copy_parts_in_child", lambda r, p: pytest.fail("copied into the cache"))
-    cfg = SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(entry)), agentloop=SimpleNamespace(agent="searchr1"),
-                          rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{entry}/models/qwen2-tiny")))
+    cfg = SimpleNamespace(
+        paths=SimpleNamespace(tiny_assets=str(entry)),
+        agentloop=SimpleNamespace(agent="searchr1"),
+        rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{entry}/models/qwen2-tiny")),
+    )
     before = read_manifest(entry)
     with pytest.raises(LaunchError, match="inside the tiny-asset cache.*Fix: point paths.tiny_assets"):
         prepare.prepare_tiny_assets(cfg)
@@ -225,9 +242,11 @@ def test_a_directory_made_with_out_is_used_as_it_is_or_refused_with_the_fix(monk
     monkeypatch.setattr(prepare, "copy_parts_in_child", lambda r, p: pytest.fail("copied into the user's directory"))
 
     def cfg(model):
-        return SimpleNamespace(paths=SimpleNamespace(tiny_assets=str(root)),
-                               agentloop=SimpleNamespace(agent="searchr1"),
-                               rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{root}/{model}")))
+        return SimpleNamespace(
+            paths=SimpleNamespace(tiny_assets=str(root)),
+            agentloop=SimpleNamespace(agent="searchr1"),
+            rollout=SimpleNamespace(model=SimpleNamespace(model_path=f"{root}/{model}")),
+        )
 
     assert prepare.prepare_tiny_assets(cfg("models/qwen2-tiny-sft-search")) == root
     fix = r"Fix: `rlinf-ext make-tiny-assets --out \S+ --with-registry`"
@@ -268,8 +287,14 @@ def test_the_launcher_generates_missing_assets_outside_its_process(tmp_path):
 
     root = tmp_path / "tiny_assets"
     env = {**os.environ, cache.CACHE_ENV: str(tmp_path / "cache")}
-    out = subprocess.run([sys.executable, "-c", CHILD_FILL, str(root)], env=env, capture_output=True, text=True,
-                         timeout=600, cwd=str(Path(__file__).resolve().parents[3]))
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD_FILL, str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(Path(__file__).resolve().parents[3]),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "loaded: []" in out.stdout, out.stdout[-2000:]
     assert read_manifest(root)["cache_key"] == cache.cache_key()

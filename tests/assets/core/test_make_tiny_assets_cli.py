@@ -45,6 +45,8 @@ def test_the_launch_line_names_the_experiments_a_directory_serves(tmp_path):
     (tmp_path / "MANIFEST.json").write_text(json.dumps({"seed": 0, "with_registry": True}))
     lines = launch_lines(tmp_path, 0)
     assert f"  rlinf-ext train tiny-cpu paths.tiny_assets={tmp_path}" in lines
-    assert f"  rlinf-ext train tiny-mm-cpu paths.tiny_assets={tmp_path}   (first: rlinf-ext make-tiny-assets --out " \
-           f"{tmp_path} --with-registry --with-mm --with-mm-sft)" in lines
+    assert (
+        f"  rlinf-ext train tiny-mm-cpu paths.tiny_assets={tmp_path}   (first: rlinf-ext make-tiny-assets --out "
+        f"{tmp_path} --with-registry --with-mm --with-mm-sft)" in lines
+    )
     assert "seed 0" in launch_lines(tmp_path, 5)[0]

@@ -31,11 +31,22 @@ def _content_files(assets) -> dict[str, str]:
 
 def test_layout_matches_contract(tiny_assets):
     a = tiny_assets
-    for p in [a.corpus_path, a.pages_path, a.searchr1_train, a.rlinf_train, a.manifest_path,
-              *a.searchr1_test.values(), *a.rlinf_test.values()]:
+    for p in [
+        a.corpus_path,
+        a.pages_path,
+        a.searchr1_train,
+        a.rlinf_train,
+        a.manifest_path,
+        *a.searchr1_test.values(),
+        *a.rlinf_test.values(),
+    ]:
         assert p.is_file(), p
     assert a.corpus_path == a.root / "corpus" / "wiki.jsonl"
-    assert list(a.searchr1_test) == list(BENCHMARKS) == ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
+    assert (
+        list(a.searchr1_test)
+        == list(BENCHMARKS)
+        == ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
+    )
     for d in [a.tokenizer_dir, a.qwen2_tiny, a.qwen2_tiny_untied, a.bert_encoder]:
         assert (d / "tokenizer_config.json").is_file(), d
     for d in [a.qwen2_tiny, a.qwen2_tiny_untied, a.bert_encoder]:
@@ -58,8 +69,13 @@ def test_same_seed_same_bytes_different_seed_differs(tiny_assets, regenerated):
     fresh = _content_files(same)
     assert {k: base.get(k) for k in fresh} == fresh
     differing = {k for k, v in _content_files(other).items() if base.get(k) != v}
-    for rel in ["corpus/wiki.jsonl", "data/searchr1/train.parquet", "data/rlinf/test/nq.jsonl",
-                "models/qwen2-tiny/model.safetensors", "models/bert-tiny-encoder/model.safetensors"]:
+    for rel in [
+        "corpus/wiki.jsonl",
+        "data/searchr1/train.parquet",
+        "data/rlinf/test/nq.jsonl",
+        "models/qwen2-tiny/model.safetensors",
+        "models/bert-tiny-encoder/model.safetensors",
+    ]:
         assert rel in differing, rel
 
 
@@ -82,9 +98,16 @@ def test_corpus_rows_are_searchr1_and_pages_match(tiny_assets):
 def _searchr1(path):
     df = pd.read_parquet(path)
     return [
-        {"source": r.data_source, "content": r.prompt[0]["content"], "role": r.prompt[0]["role"],
-         "target": list(r.reward_model["ground_truth"]["target"]), "style": r.reward_model["style"],
-         "split": r.extra_info["split"], "index": int(r.extra_info["index"]), "ability": r.ability}
+        {
+            "source": r.data_source,
+            "content": r.prompt[0]["content"],
+            "role": r.prompt[0]["role"],
+            "target": list(r.reward_model["ground_truth"]["target"]),
+            "style": r.reward_model["style"],
+            "split": r.extra_info["split"],
+            "index": int(r.extra_info["index"]),
+            "ability": r.ability,
+        }
         for r in df.itertuples()
     ]
 
@@ -112,7 +135,9 @@ def test_qa_files_parse_and_the_two_formats_agree(tiny_assets):
             assert a["target"] == b["solutions"] and a["target"]
             question = a["content"].rsplit("Question: ", 1)[1].rstrip("\n")
             assert a["content"] == searchr1_prompt(question)
-            expected = tok.apply_chat_template([{"role": "user", "content": a["content"]}], tokenize=False, add_generation_prompt=True)
+            expected = tok.apply_chat_template(
+                [{"role": "user", "content": a["content"]}], tokenize=False, add_generation_prompt=True
+            )
             assert b["prompt"] == expected
             assert b["uid"] not in uids
             uids.add(b["uid"])
@@ -144,8 +169,10 @@ def test_tokenizer_roundtrip_tags_and_specials(tiny_assets):
     assert tok.eos_token == tok.pad_token == "<|endoftext|>" and tok.bos_token is None
     for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
         assert len(tok.encode(t)) == 1 and tok.convert_ids_to_tokens(tok.encode(t))[0] == t
-    text = ('<think> I need the capital. </think>\n<search> capital of Zorvia </search>\n\n<information>Doc 1(Title: '
-            '"Zorvia") Zorvia is a country. Ünïcödé 1234</information>\n\n<answer> Brelk </answer>')
+    text = (
+        "<think> I need the capital. </think>\n<search> capital of Zorvia </search>\n\n<information>Doc 1(Title: "
+        '"Zorvia") Zorvia is a country. Ünïcödé 1234</information>\n\n<answer> Brelk </answer>'
+    )
     ids = tok.encode(text)
     assert tok.decode(ids) == text
     # tags are single, non-special tokens: still there after skip_special_tokens (stop strings need them)
@@ -160,10 +187,14 @@ def test_chat_template_is_qwen2_5_layout(tiny_assets):
 
     tok = AutoTokenizer.from_pretrained(tiny_assets.tokenizer_dir)
     out = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
-    assert out == ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-                   "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
-    out = tok.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "q"},
-                                   {"role": "assistant", "content": "a"}], tokenize=False)
+    assert out == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    out = tok.apply_chat_template(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+        tokenize=False,
+    )
     assert out == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n"
 
 
@@ -214,7 +245,9 @@ def test_manifest_reuse_does_not_regenerate_or_rewrite(tiny_assets, monkeypatch)
     # the session's directory may have gained optional parts (warm starts, the multimodal world) since the
     # fixture ran: every part the fixture saw is found again, the same
     seen = {f.name: getattr(tiny_assets, f.name) for f in dataclasses.fields(tiny_assets)}
-    assert {k: getattr(again, k) for k, v in seen.items() if v is not None} == {k: v for k, v in seen.items() if v is not None}
+    assert {k: getattr(again, k) for k, v in seen.items() if v is not None} == {
+        k: v for k, v in seen.items() if v is not None
+    }
     after = {p: p.stat().st_mtime_ns for p in tiny_assets.root.rglob("*") if p.is_file() and p.name not in lock_files}
     assert after == before
 

@@ -47,7 +47,10 @@ def test_tiny_shape_has_head_size_32_and_the_old_shapes_parameter_count(tiny_ass
     assert count(new) == count(old) == 2 * per_layer + 64 + padded_vocab_size(len(tok)) * 64
     attn = new.model.layers[0].self_attn
     assert (attn.q_proj.weight.shape, attn.k_proj.weight.shape, attn.v_proj.weight.shape) == (
-        torch.Size([64, 64]), torch.Size([32, 64]), torch.Size([32, 64]))
+        torch.Size([64, 64]),
+        torch.Size([32, 64]),
+        torch.Size([32, 64]),
+    )
 
 
 @pytest.mark.slow
@@ -59,8 +62,13 @@ def test_vllm_cpu_engine_starts_on_the_generated_tiny_model_and_matches_hf_greed
 
     hf = HFGenerator.from_pretrained(tiny_assets.qwen2_tiny)
     prompt = hf.tokenizer.encode("Question: who founded the city?\n", add_special_tokens=False)
-    res = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(tiny_assets.qwen2_tiny), json.dumps(prompt)],
-                         capture_output=True, text=True, timeout=280, cwd=str(REPO))
+    res = subprocess.run(
+        [sys.executable, "-c", ENGINE_SCRIPT, str(tiny_assets.qwen2_tiny), json.dumps(prompt)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=str(REPO),
+    )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     ours = json.loads(next(line for line in res.stdout.splitlines() if line.startswith("RESULT "))[7:])

@@ -15,8 +15,17 @@ from rlinf_ext.assets.core.world import build_world
 from rlinf_ext.assets.mmsearch.paths import ABLATED, TITLES_PERMUTED
 from rlinf_ext.assets.mmsearch.sft import SFTConfig, demonstration_plans, searching_colour_ids
 from rlinf_ext.assets.mmsearch.trajectories import IMAGE_SEARCH_TURN, answer_turn, city_answer_turn, give_up_turn
-from rlinf_ext.assets.mmsearch.world import (PALETTE, ablated_hits, draw_emblem, emblem_specs, parse_title,
-                                             permuted_titles, search_hits, split_cities, title_of)
+from rlinf_ext.assets.mmsearch.world import (
+    PALETTE,
+    ablated_hits,
+    draw_emblem,
+    emblem_specs,
+    parse_title,
+    permuted_titles,
+    search_hits,
+    split_cities,
+    title_of,
+)
 from rlinf_ext.config.schema import ImageSearchToolConfig
 from rlinf_ext.data.fvqa import read_fvqa
 from rlinf_ext.tools.image_search import ImageSearch
@@ -47,7 +56,10 @@ def test_world_emblems_questions_and_hits():
 
 
 def test_titles_put_the_city_right_after_the_colour_and_the_permutation_keeps_colours():
-    assert title_of("red", "Trestias") == "red Trestias emblem" and parse_title("red Trestias emblem") == ("red", "Trestias")
+    assert title_of("red", "Trestias") == "red Trestias emblem" and parse_title("red Trestias emblem") == (
+        "red",
+        "Trestias",
+    )
     specs = emblem_specs(build_world(0), 0)
     hits = search_hits(specs, sorted(specs)[0], random.Random(2))
     kept = Counter()
@@ -71,7 +83,11 @@ def test_warm_start_demonstrations_have_the_same_mix_for_every_question(tmp_path
     for i in range(4):
         scripted[f"colour{i}"] = {"kind": "colour", "city": cities[0]}
         tasks.append(Task(f"colour{i}", "What colour?", (), (specs[cities[0]].colour,)))
-    results = {"city0": cities[0:3], "city1": [cities[1], cities[3], cities[4]], "city2": [cities[2], cities[3], cities[4]]}
+    results = {
+        "city0": cities[0:3],
+        "city1": [cities[1], cities[3], cities[4]],
+        "city2": [cities[2], cities[3], cities[4]],
+    }
     for data_id, shown in results.items():
         scripted[data_id] = {"kind": "city", "city": shown[0]}
         tasks.append(Task(data_id, "Which city?", (), (shown[0],)))
@@ -92,8 +108,9 @@ def test_warm_start_demonstrations_have_the_same_mix_for_every_question(tmp_path
         elif p.kind == "city_right":
             assert p.turns == [IMAGE_SEARCH_TURN, city_answer_turn(specs[scripted[p.task.data_id]["city"]])]
         elif p.kind == "city_other":
-            assert p.turns[1] == answer_turn(f"{specs[cities[1]].colour} {cities[1]}", cities[1]) or \
-                p.turns[1] == answer_turn(f"{specs[cities[2]].colour} {cities[2]}", cities[2])
+            assert p.turns[1] == answer_turn(f"{specs[cities[1]].colour} {cities[1]}", cities[1]) or p.turns[
+                1
+            ] == answer_turn(f"{specs[cities[2]].colour} {cities[2]}", cities[2])
     assert searching_colour_ids(scripted, 0.5, seed=0) == {p.task.data_id for p in plans if p.kind == "colour_search"}
     with pytest.raises(ValueError, match="over_search must be a share"):
         searching_colour_ids(scripted, 1.5, seed=3)
@@ -124,7 +141,10 @@ def test_caches_agree_between_directory_and_pickle_and_the_controls(tiny_mm_asse
         return ImageSearch(ImageSearchToolConfig(backend=backend, cache_path=str(path), **common))
 
     by_dir, by_pkl = tool("cache_dir", mm.cache_test), tool("cache_pickle", mm.cache_test_pickle)
-    ablated, permuted = tool("cache_dir", mm.control_cache("test", ABLATED)), tool("cache_dir", mm.control_cache("test", TITLES_PERMUTED))
+    ablated, permuted = (
+        tool("cache_dir", mm.control_cache("test", ABLATED)),
+        tool("cache_dir", mm.control_cache("test", TITLES_PERMUTED)),
+    )
 
     async def every():
         return [[await t.run(r.data_id) for t in (by_dir, by_pkl, ablated, permuted)] for r in test]
@@ -165,7 +185,9 @@ def test_vl_stack_builds_saves_reloads_and_generates(tiny_mm_assets):
     config = json.loads((mm.qwen2_5_vl_tiny / "config.json").read_text())
     rope = config["text_config"]["rope_parameters"]  # transformers 5: rope_scaling folded into rope_parameters
     assert rope["mrope_section"] == [2, 3, 3] and rope["rope_type"] == "default"
-    assert config["text_config"]["vocab_size"] > len(processor.tokenizer)  # padded rows exist (and are banned at sampling)
+    assert config["text_config"]["vocab_size"] > len(
+        processor.tokenizer
+    )  # padded rows exist (and are banned at sampling)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(mm.qwen2_5_vl_tiny, dtype=torch.float32)
     assert type(AutoModelForImageTextToText.from_pretrained(mm.qwen2_5_vl_tiny)).__name__ == type(model).__name__
     row = read_fvqa(mm.fvqa_test, PX, PX)[0]
@@ -199,8 +221,13 @@ def test_mm_world_is_added_to_an_existing_directory_and_is_deterministic(tiny_mm
 def test_vl_gate_verdict_reads_each_bound():
     from rlinf_ext.assets.mmsearch.sft import gate_verdict
 
-    good = {"greedy_search": 0.0, "p_search": 0.3, "p_city_given_colour": 0.9, "expected_sampled_accuracy": 0.25,
-            "colour_greedy_search": 0.6}
+    good = {
+        "greedy_search": 0.0,
+        "p_search": 0.3,
+        "p_city_given_colour": 0.9,
+        "expected_sampled_accuracy": 0.25,
+        "colour_greedy_search": 0.6,
+    }
     assert all(gate_verdict(good).values())
     assert gate_verdict({**good, "greedy_search": 0.5})["greedy_search"] is False  # greedy would already search
     assert gate_verdict({**good, "p_search": 0.05})["p_search"] is False  # too few mixed groups for GRPO
@@ -213,8 +240,9 @@ def test_a_reading_example_carries_loss_on_its_answer_turn_only():
     from rlinf_ext.assets.mmsearch.sft import final_turn_only
 
     # search turn (3 model tokens), observation (2 inserted), answer turn (2 model tokens)
-    t = SimpleNamespace(prompt_ids=[1, 2], response_ids=[10, 11, 12, 20, 21, 30, 31],
-                        response_mask=[1, 1, 1, 0, 0, 1, 1], images=())
+    t = SimpleNamespace(
+        prompt_ids=[1, 2], response_ids=[10, 11, 12, 20, 21, 30, 31], response_mask=[1, 1, 1, 0, 0, 1, 1], images=()
+    )
     assert final_turn_only(t).weights == [0, 0, 0, 0, 0, 1, 1]
     one_turn = SimpleNamespace(prompt_ids=[1], response_ids=[5, 6], response_mask=[1, 1], images=())
     assert final_turn_only(one_turn).weights == [0, 0]  # no observation: nothing after the search to learn

@@ -7,10 +7,10 @@ import random
 import pytest
 
 from rlinf_ext.assets.core.search import CorpusTextSearch, LexicalRetriever
+from rlinf_ext.assets.core.tokenizer import word_ids
 from rlinf_ext.assets.registry import probes, reading
 from rlinf_ext.assets.registry.generate import _tokenizer
-from rlinf_ext.assets.core.tokenizer import word_ids
-from rlinf_ext.assets.registry.turns import Demonstration, RIGHT
+from rlinf_ext.assets.registry.turns import RIGHT, Demonstration
 from rlinf_ext.assets.registry.world import HELDOUT, TRAIN, Fact, Page, Question, build_registry_world
 from rlinf_ext.assets.searchr1.sft import play_back
 
@@ -51,15 +51,20 @@ def test_reading_example_is_the_loops_trajectory_of_the_same_turns(world, tok):
     """The short-layout example's response ids are what the Search-R1 loop builds for its turns and page."""
     ex = reading.reading_example(random.Random(1), tok, world.all_names, set(), copy_weight=5.0)
     q = Question(ex.fact.relation, ex.fact.subject, ex.fact.answer, TRAIN)
-    [trajectory] = play_back(tok, [q], [Demonstration(q, RIGHT, ex.fact).turns()],
-                             CorpusTextSearch(LexicalRetriever([ex.page.contents]), 1))
+    [trajectory] = play_back(
+        tok, [q], [Demonstration(q, RIGHT, ex.fact).turns()], CorpusTextSearch(LexicalRetriever([ex.page.contents]), 1)
+    )
     assert ex.example.response_ids == trajectory.response_ids
     # loss: 0 on the observation, the copy weight on the restated answer only
     weighted = [(t, w) for t, w in zip(ex.example.response_ids, ex.example.weights) if w == 5.0]
     assert [tok.decode([t]) for t, _ in weighted] == [f" {ex.fact.answer}"]
     assert [w for w, m in zip(ex.example.weights, trajectory.response_mask) if not m] == [0.0] * (
-        len(trajectory.response_mask) - sum(trajectory.response_mask))
-    assert ex.context_ids == ex.example.prompt_ids + ex.example.response_ids[:len(ex.context_ids) - len(ex.example.prompt_ids)]
+        len(trajectory.response_mask) - sum(trajectory.response_mask)
+    )
+    assert (
+        ex.context_ids
+        == ex.example.prompt_ids + ex.example.response_ids[: len(ex.context_ids) - len(ex.example.prompt_ids)]
+    )
     assert ex.fact in ex.page.facts and ex.candidates == tuple(f.answer for f in ex.page.facts)
 
 
@@ -75,10 +80,11 @@ def test_reading_example_skips_forbidden_pairs(world, tok):
 def test_search_context_is_the_loops_prefix(world, tok):
     q = world.questions(HELDOUT)[5]
     page = world.page_of(q.fact)
-    [trajectory] = play_back(tok, [q], [Demonstration(q, RIGHT, q.fact).turns()],
-                             CorpusTextSearch(LexicalRetriever([page.contents]), 1))
+    [trajectory] = play_back(
+        tok, [q], [Demonstration(q, RIGHT, q.fact).turns()], CorpusTextSearch(LexicalRetriever([page.contents]), 1)
+    )
     context = probes.search_context(tok, q, page)
-    assert context == trajectory.prompt_ids + trajectory.response_ids[:len(context) - len(trajectory.prompt_ids)]
+    assert context == trajectory.prompt_ids + trajectory.response_ids[: len(context) - len(trajectory.prompt_ids)]
 
 
 def test_classify_answer():
@@ -97,7 +103,12 @@ def test_sampled_figures_hand_computed():
     rows = [[probes.LiveOutcome(q, k, k != G) for k in kinds] for kinds in ([R, C, G, G], [C, OT, G, G])]
     f = probes.sampled_figures(rows)
     assert f["pass@1"] == 1 / 8 and f["pass@4"] == 1 / 2
-    assert (f["share_right"], f["share_other_candidate"], f["share_other"], f["share_gave_up"]) == (1 / 8, 2 / 8, 1 / 8, 4 / 8)
+    assert (f["share_right"], f["share_other_candidate"], f["share_other"], f["share_gave_up"]) == (
+        1 / 8,
+        2 / 8,
+        1 / 8,
+        4 / 8,
+    )
     assert f["search_rate"] == 4 / 8
     assert f["wrong_that_are_candidates"] == 2 / 3  # give-ups are the other choice, not errors of reading
     assert f["right_vs_each_distractor"] == 1 / (2 / 2)

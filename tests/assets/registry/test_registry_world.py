@@ -12,8 +12,17 @@ from rlinf_ext.assets.core.sft import SFTExample
 from rlinf_ext.assets.registry import turns
 from rlinf_ext.assets.registry.generate import ablated_pages, world_stats
 from rlinf_ext.assets.registry.warm_start import gate_verdict, heldout_fact_overlap
-from rlinf_ext.assets.registry.world import (HELDOUT, PAGE_ONLY, RELATIONS, SUBJECTS_PER_SPLIT, TRAIN, Fact, Page,
-                                             Question, build_registry_world)
+from rlinf_ext.assets.registry.world import (
+    HELDOUT,
+    PAGE_ONLY,
+    RELATIONS,
+    SUBJECTS_PER_SPLIT,
+    TRAIN,
+    Fact,
+    Page,
+    Question,
+    build_registry_world,
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +36,8 @@ def test_relations_are_one_to_one_and_pages_hold_three_pairs_of_one_relation(wor
         assert len({f.subject for f in facts}) == len(facts) == len({f.answer for f in facts})
     assert all(len(p.facts) == 3 and {f.relation for f in p.facts} == {p.relation} for p in world.pages)
     assert Counter((f.relation, f.subject) for p in world.pages for f in p.facts) == Counter(
-        (f.relation, f.subject) for f in world.facts)  # every fact on exactly one page
+        (f.relation, f.subject) for f in world.facts
+    )  # every fact on exactly one page
 
 
 def test_split_is_by_entity(world):
@@ -42,8 +52,15 @@ def test_split_is_by_entity(world):
 
 
 def test_page_text_puts_each_answer_right_after_its_subject():
-    page = Page("capital", 12, (Fact("capital", "Traril", "Trestias"), Fact("capital", "Brute", "Fiagrouk"),
-                                Fact("capital", "Velmo", "Nugret")))
+    page = Page(
+        "capital",
+        12,
+        (
+            Fact("capital", "Traril", "Trestias"),
+            Fact("capital", "Brute", "Fiagrouk"),
+            Fact("capital", "Velmo", "Nugret"),
+        ),
+    )
     assert page.contents == '"Capital registry 12"\nTraril Trestias; Brute Fiagrouk; Velmo Nugret.'
 
 
@@ -71,12 +88,15 @@ def test_demonstrations_give_every_question_the_same_exact_mix(world):
         kinds = Counter(d.kind for d in mine)
         wrong = [d for d in mine if d.kind == turns.OTHER_CANDIDATE]
         assert kinds[turns.GIVE_UP] == 3 and len(mine) == 6
-        assert all(d.restated in world.page_of(q.fact).facts and d.restated.subject != q.subject
-                   and no_heldout(d.restated) for d in wrong)
+        assert all(
+            d.restated in world.page_of(q.fact).facts and d.restated.subject != q.subject and no_heldout(d.restated)
+            for d in wrong
+        )
         # a page whose other pairs are all held out gets a right demonstration instead
         assert kinds[turns.RIGHT] + kinds[turns.OTHER_CANDIDATE] == 3
-    assert demos == turns.demonstrations(questions, world.page_of, 0.5, 2 / 3, seed=3, per_question=6,
-                                         may_restate=no_heldout)  # seeded
+    assert demos == turns.demonstrations(
+        questions, world.page_of, 0.5, 2 / 3, seed=3, per_question=6, may_restate=no_heldout
+    )  # seeded
     with pytest.raises(ValueError, match="give_up_share"):
         turns.demonstration_counts(6, 1.5, 0.5)
 
@@ -85,8 +105,9 @@ def test_demonstration_turns():
     fact = Fact("capital", "Traril", "Trestias")
     demo = turns.Demonstration(Question("capital", "Traril", "Trestias", TRAIN), turns.RIGHT, fact)
     search, answer = demo.turns()
-    assert search.text == ("<think> I need to search for capital of Traril. </think>\n"
-                           "<search> capital of Traril </search>")
+    assert search.text == (
+        "<think> I need to search for capital of Traril. </think>\n<search> capital of Traril </search>"
+    )
     assert answer.text == "<think> Traril Trestias </think>\n<answer> Trestias </answer><|im_end|>"
     assert [answer.text[a:b] for a, b in answer.copied] == ["Trestias"]
     give_up = turns.Demonstration(demo.question, turns.GIVE_UP, None).turns()
@@ -104,8 +125,15 @@ def test_heldout_fact_overlap_counts_a_pair_trained_as_subject_then_answer():
 
 
 def test_gate_verdict_reads_each_bound():
-    good = {"greedy_em": 0.0, "pass@1": 0.3, "pass@8": 0.9, "wrong_that_are_candidates": 0.6, "right_vs_each_distractor": 2.5,
-            "counterfactual_follow": 0.85, "no_observation_em": 0.0}
+    good = {
+        "greedy_em": 0.0,
+        "pass@1": 0.3,
+        "pass@8": 0.9,
+        "wrong_that_are_candidates": 0.6,
+        "right_vs_each_distractor": 2.5,
+        "counterfactual_follow": 0.85,
+        "no_observation_em": 0.0,
+    }
     assert all(gate_verdict(good).values())
     assert gate_verdict({**good, "pass@1": 0.5})["pass@1"] is False  # too strong a start leaves RL nothing
     assert gate_verdict({**good, "no_observation_em": 0.06})["no_observation_em"] is False

@@ -24,23 +24,38 @@ def test_format_observation_is_searchr1_layout():
     docs = ['"Zorvia"\nZorvia is a country.', '"Brelk"\nBrelk is a city.\nSecond line.']
     assert trajectories.format_observation(docs) == (
         '\n\n<information>Doc 1(Title: "Zorvia") Zorvia is a country.\n'
-        'Doc 2(Title: "Brelk") Brelk is a city.\nSecond line.</information>\n\n')
+        'Doc 2(Title: "Brelk") Brelk is a city.\nSecond line.</information>\n\n'
+    )
 
 
 def test_two_hop_trajectory_turns():
-    q = Question("Who founded the capital of Zorvia?", ("Ana Vel",),
-                 (Hop("capital of Zorvia", Fact("The capital of Zorvia is", "Brelk")),
-                  Hop("founder of Brelk", Fact("The city of Brelk was founded by", "Ana Vel"))))
+    q = Question(
+        "Who founded the capital of Zorvia?",
+        ("Ana Vel",),
+        (
+            Hop("capital of Zorvia", Fact("The capital of Zorvia is", "Brelk")),
+            Hop("founder of Brelk", Fact("The city of Brelk was founded by", "Ana Vel")),
+        ),
+    )
     segs = trajectories.trajectory_segments(q, ["<O1>", "<O2>"])
     assert [s.trainable for s in segs] == [True, False, True, False, True]
-    assert segs[0].text == "<think> I need to search for capital of Zorvia. </think>\n<search> capital of Zorvia </search>"
-    assert segs[2].text == ("<think> The capital of Zorvia is Brelk. Now I need to search for founder of Brelk. </think>\n"
-                            "<search> founder of Brelk </search>")
-    assert segs[4].text == "<think> The city of Brelk was founded by Ana Vel. </think>\n<answer> Ana Vel </answer><|im_end|>"
+    assert (
+        segs[0].text == "<think> I need to search for capital of Zorvia. </think>\n<search> capital of Zorvia </search>"
+    )
+    assert segs[2].text == (
+        "<think> The capital of Zorvia is Brelk. Now I need to search for founder of Brelk. </think>\n"
+        "<search> founder of Brelk </search>"
+    )
+    assert (
+        segs[4].text
+        == "<think> The city of Brelk was founded by Ana Vel. </think>\n<answer> Ana Vel </answer><|im_end|>"
+    )
     # the copied spans are the facts' answers where the think step restates them (not the query, not <answer>)
     assert segs[0].copied == ()
     assert [segs[2].text[a:b] for a, b in segs[2].copied] == ["Brelk"]
-    assert [segs[4].text[a:b] for a, b in segs[4].copied] == ["Ana Vel"] and segs[4].copied[0][1] < segs[4].text.index("<answer>")
+    assert [segs[4].text[a:b] for a, b in segs[4].copied] == ["Ana Vel"] and segs[4].copied[0][1] < segs[4].text.index(
+        "<answer>"
+    )
     with pytest.raises(ValueError, match="one observation per hop"):
         trajectories.trajectory_segments(q, ["<O1>"])
 
@@ -50,7 +65,11 @@ def test_loss_mask_covers_exactly_the_generated_text(tiny_assets):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_assets.tokenizer_dir)
-    q = Question("What is the capital of Zorvia?", ("Brelk",), (Hop("capital of Zorvia", Fact("The capital of Zorvia is", "Brelk")),))
+    q = Question(
+        "What is the capital of Zorvia?",
+        ("Brelk",),
+        (Hop("capital of Zorvia", Fact("The capital of Zorvia is", "Brelk")),),
+    )
     doc = '"Zorvia"\nZorvia is a country. The capital of Zorvia is Brelk.'
     obs = trajectories.format_observation([doc])
     segs = trajectories.trajectory_segments(q, [obs])
@@ -86,12 +105,18 @@ def test_weighted_lm_loss_by_hand():
     # vocab 2, uniform logits: every target costs ln 2, whatever the weights
     logits = torch.zeros(1, 3, 2)
     ids = torch.tensor([[0, 1, 0]])
-    assert sft_loop.weighted_lm_loss(logits, ids, torch.tensor([[0.0, 1.0, 5.0]])).item() == pytest.approx(0.6931, abs=1e-4)
+    assert sft_loop.weighted_lm_loss(logits, ids, torch.tensor([[0.0, 1.0, 5.0]])).item() == pytest.approx(
+        0.6931, abs=1e-4
+    )
     # position 1 predicted perfectly (loss ~0), position 2 uniform: weights 1 and 3 -> 3*ln2/4
     logits = torch.tensor([[[0.0, 50.0], [0.0, 0.0], [0.0, 0.0]]])
-    assert sft_loop.weighted_lm_loss(logits, ids, torch.tensor([[0.0, 1.0, 3.0]])).item() == pytest.approx(3 * 0.693147 / 4, abs=1e-4)
+    assert sft_loop.weighted_lm_loss(logits, ids, torch.tensor([[0.0, 1.0, 3.0]])).item() == pytest.approx(
+        3 * 0.693147 / 4, abs=1e-4
+    )
     # the first position is never a target
-    assert sft_loop.weighted_lm_loss(logits, ids, torch.tensor([[100.0, 0.0, 1.0]])).item() == pytest.approx(0.693147, abs=1e-4)
+    assert sft_loop.weighted_lm_loss(logits, ids, torch.tensor([[100.0, 0.0, 1.0]])).item() == pytest.approx(
+        0.693147, abs=1e-4
+    )
 
 
 def test_lr_schedule_warmup_then_cosine_to_a_tenth():
@@ -145,8 +170,10 @@ def test_loss_on_targets_only_equals_the_full_logits_loss(tiny_assets):
 
     tok = AutoTokenizer.from_pretrained(tiny_assets.tokenizer_dir)
     model = make_qwen2(tok, TinyQwen2Shape(), 0)
-    examples = [sft_loop.SFTExample([5, 6, 7], [8, 9, 10, 11], [1.0, 0.0, 2.0, 1.0]),
-                sft_loop.SFTExample([5], [12, 13], [3.0, 1.0])]
+    examples = [
+        sft_loop.SFTExample([5, 6, 7], [8, 9, 10, 11], [1.0, 0.0, 2.0, 1.0]),
+        sft_loop.SFTExample([5], [12, 13], [3.0, 1.0]),
+    ]
     ids, attn, weights = sft_loop.collate(examples, pad_id=0)
     full = sft_loop.weighted_lm_loss(model(input_ids=ids, attention_mask=attn).logits, ids, weights)
     full.backward()
@@ -169,9 +196,15 @@ def test_check_ends_a_phase_at_its_gate(tiny_assets):
     model = make_qwen2(tok, TinyQwen2Shape(), 0)
     seen = []
     cfg = replace(sft.SFTConfig(shape=TinyQwen2Shape(), steps=20, batch_size=1, warmup_steps=1, lr=1e-3))
-    losses = sft_loop.train(model, [sft_loop.Stream([sft_loop.SFTExample([5], [6, 7], [1.0, 1.0])], 1, 0)], cfg, 0,
-                            progress=False, check=lambda steps: seen.append((steps, model.training)) or steps >= 6,
-                            check_every=3)
+    losses = sft_loop.train(
+        model,
+        [sft_loop.Stream([sft_loop.SFTExample([5], [6, 7], [1.0, 1.0])], 1, 0)],
+        cfg,
+        0,
+        progress=False,
+        check=lambda steps: seen.append((steps, model.training)) or steps >= 6,
+        check_every=3,
+    )
     assert len(losses) == 6 and seen == [(3, False), (6, False)]  # checked in eval mode, every 3 steps, ended at 6
 
 

@@ -69,8 +69,9 @@ def toy_evaluator(calls: list[str], fail=frozenset(), kill_at=None, started=None
 def tabulate(run_dir: Path, records: list[ToyRecord], meta: dict):
     n_ok = sum(r.scores.get("ok", 0.0) for r in records)
     md = markdown_table(["n", "ok"], [[str(len(records)), f"{n_ok:.0f}"]])
-    paths = write_result_files(run_dir, {"meta": meta, "n": len(records), "ok": n_ok}, md, ["n", "ok"],
-                               [[len(records), n_ok]])
+    paths = write_result_files(
+        run_dir, {"meta": meta, "n": len(records), "ok": n_ok}, md, ["n", "ok"], [[len(records), n_ok]]
+    )
     return n_ok, paths, md
 
 

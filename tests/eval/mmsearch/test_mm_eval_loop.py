@@ -16,20 +16,42 @@ from rlinf_ext.eval.mmsearch.records import GenerationRecord
 from rlinf_ext.eval.mmsearch.results import tabulate
 from rlinf_ext.eval.mmsearch.runner import evaluator
 
-TASKS = [("test", Task(str(i), f"q{i}", (), ("a",), "search_required" if i % 2 else "search_free", "tinymm"))
-         for i in range(4)]
+TASKS = [
+    ("test", Task(str(i), f"q{i}", (), ("a",), "search_required" if i % 2 else "search_free", "tinymm"))
+    for i in range(4)
+]
 
 
 def _trajectory(task: Task):
     correct = int(task.data_id) % 2 == 0
-    turn = SimpleNamespace(action="image_search", text="<search><img></search>", tool="image", query=None, titles=[],
-                           observation_images=[], tool_ok=True, observation_ids=[7, 7, 8])
-    metrics = {"image_searches": 1, "text_searches": 0, "image_search_failures": 0, "text_search_failures": 0,
-               "missing_images": 0}
-    reward = SimpleNamespace(answer="a" if correct else "b", correct=correct, em=float(correct), subem=float(correct),
-                             format_score=1.0, score=float(correct))
-    return SimpleNamespace(turns=[turn], reward_details=reward, metrics=metrics, response_ids=[1, 2, 3],
-                           end_reason="answer")
+    turn = SimpleNamespace(
+        action="image_search",
+        text="<search><img></search>",
+        tool="image",
+        query=None,
+        titles=[],
+        observation_images=[],
+        tool_ok=True,
+        observation_ids=[7, 7, 8],
+    )
+    metrics = {
+        "image_searches": 1,
+        "text_searches": 0,
+        "image_search_failures": 0,
+        "text_search_failures": 0,
+        "missing_images": 0,
+    }
+    reward = SimpleNamespace(
+        answer="a" if correct else "b",
+        correct=correct,
+        em=float(correct),
+        subem=float(correct),
+        format_score=1.0,
+        score=float(correct),
+    )
+    return SimpleNamespace(
+        turns=[turn], reward_details=reward, metrics=metrics, response_ids=[1, 2, 3], end_reason="answer"
+    )
 
 
 @pytest.mark.timeout(60)
@@ -43,8 +65,20 @@ def test_mm_evaluator_runs_resumes_and_tabulates(tmp_path):
         return _trajectory(task)
 
     decode = lambda ids: "".join("<|image_pad|>" if i == 7 else "x" for i in ids)  # noqa: E731
-    run = lambda: asyncio.run(evaluate_run(TASKS, evaluator(rollout, decode), tabulate, tmp_path, {"model_path": "m"},  # noqa: E731
-                                           concurrency=2, show_progress=False))
+
+    def run():
+        return asyncio.run(
+            evaluate_run(
+                TASKS,
+                evaluator(rollout, decode),
+                tabulate,
+                tmp_path,
+                {"model_path": "m"},  # noqa: E731
+                concurrency=2,
+                show_progress=False,
+            )
+        )
+
     first = run()
     assert (first.evaluated, first.resumed, first.errors) == (4, 0, 1)
     second = run()

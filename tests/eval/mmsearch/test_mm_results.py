@@ -12,11 +12,23 @@ from rlinf_ext.eval.mmsearch.results import table, write_results
 
 
 def rec(item, source, category, correct, reward, image=0, text=0, image_fail=0, error=None):
-    turns = [TurnLog("image_search", "x", tool="image", search_ok=not image_fail)] * image + \
-            [TurnLog("text_search", "y", tool="text", query="q", search_ok=True)] * text
-    return GenerationRecord("test", item, "q?", source, category, ["a"], turns=turns,
-                              scores={"correct": correct, "reward": reward}, image_searches=image, text_searches=text,
-                              image_search_failures=image_fail, error=error)
+    turns = [TurnLog("image_search", "x", tool="image", search_ok=not image_fail)] * image + [
+        TurnLog("text_search", "y", tool="text", query="q", search_ok=True)
+    ] * text
+    return GenerationRecord(
+        "test",
+        item,
+        "q?",
+        source,
+        category,
+        ["a"],
+        turns=turns,
+        scores={"correct": correct, "reward": reward},
+        image_searches=image,
+        text_searches=text,
+        image_search_failures=image_fail,
+        error=error,
+    )
 
 
 RECORDS = [
@@ -34,7 +46,11 @@ def test_table_rows_by_hand():
     assert colour["search_ratio_image"] == 0.5 and colour["search_ratio_any"] == 0.5
     overall = rows[("all", "all")]
     assert overall["n"] == 4 and overall["accuracy"] == 0.75 and overall["reward"] == pytest.approx(2.92 / 4)
-    assert (overall["search_ratio_image"], overall["search_ratio_text"], overall["search_ratio_mix"]) == (0.5, 0.0, 0.25)
+    assert (overall["search_ratio_image"], overall["search_ratio_text"], overall["search_ratio_mix"]) == (
+        0.5,
+        0.0,
+        0.25,
+    )
     assert overall["image_search_failure_ratio"] == pytest.approx(1 / 3) and overall["text_search_failure_ratio"] == 0.0
     assert list(rows)[-1] == ("all", "all") and ("tinymm_city", "all") in rows
 

@@ -17,9 +17,9 @@ import re
 from pathlib import Path
 
 import pytest
-from tests.support.eval_tables import check_tables_against_generations, recompute_em
 
 from rlinf_ext.protocol.generation import GenerationResult
+from tests.support.eval_tables import check_tables_against_generations, recompute_em
 
 ASSISTANT = "<|im_start|>assistant\n"
 
@@ -97,7 +97,9 @@ def test_tiny_eval_in_process_real_server_with_resume(tiny_assets, retrieval_url
     check_tables_against_generations(first.run_dir, 2)
 
     reader.questions_started = 0
-    second = run_evaluation(_eval_config(tiny_assets, retrieval_url, tmp_path, 4), generator=reader, show_progress=False)
+    second = run_evaluation(
+        _eval_config(tiny_assets, retrieval_url, tmp_path, 4), generator=reader, show_progress=False
+    )
     assert (second.evaluated, second.resumed) == (14, 14) and reader.questions_started == 14  # only the new ones
     em = check_tables_against_generations(second.run_dir, 4)
     assert 0.0 < sum(em.values()) / len(em) < 1.0  # the real server found some answers and missed others
@@ -114,18 +116,31 @@ def test_tiny_eval_in_process_real_server_with_resume(tiny_assets, retrieval_url
     assert results["overall"]["mean_searches"] == 1.0 and results["meta"]["do_sample"] is False
     # the settings that move EM are recorded and stated above the score table
     assert {k: results["meta"][k] for k in ("max_turns", "precision", "on_no_action", "topk")} == {
-        "max_turns": 2, "precision": "fp32", "on_no_action": "retry", "topk": 1}
+        "max_turns": 2,
+        "precision": "fp32",
+        "on_no_action": "retry",
+        "topk": 1,
+    }
     assert "2 search turns, fp32, EOS without action: retry, top-1)" in (second.run_dir / "results.md").read_text()
 
     # switching to sampling in the same run directory would mix two decodings in one table: refused
-    sampled = _eval_config(tiny_assets, retrieval_url, tmp_path, 4, "algorithm.sampling_params.do_sample=true",
-                           "algorithm.sampling_params.temperature=1.0")
+    sampled = _eval_config(
+        tiny_assets,
+        retrieval_url,
+        tmp_path,
+        4,
+        "algorithm.sampling_params.do_sample=true",
+        "algorithm.sampling_params.temperature=1.0",
+    )
     with pytest.raises(EvalError, match="do_sample"):
         run_evaluation(sampled, generator=reader, show_progress=False)
     # so would a different number of turns
     with pytest.raises(EvalError, match="max_turns: 2 -> 4"):
-        run_evaluation(_eval_config(tiny_assets, retrieval_url, tmp_path, 4, "agentloop.searchr1.max_turns=4"),
-                       generator=reader, show_progress=False)
+        run_evaluation(
+            _eval_config(tiny_assets, retrieval_url, tmp_path, 4, "agentloop.searchr1.max_turns=4"),
+            generator=reader,
+            show_progress=False,
+        )
 
 
 @pytest.mark.timeout(120)

@@ -95,8 +95,10 @@ def test_eval_report_side_by_side_with_paper(tmp_path, capsys):
     grpo = rows[2]
     assert grpo[1:8] == ["0.397", "0.565", "0.391", "0.331", "0.310", "0.124", "0.232"] and grpo[8] == "0.336"
     assert grpo[-1] == rows[0][-1] and rows[-1][-1] == "-"  # Search-o1: not Search-R1's pipeline
-    assert "## Scores (paper layout; Avg = mean over benchmarks; 4 search turns, bf16, EOS without action: retry, " \
-           "top-3)" in (run_a / "results.md").read_text()
+    assert (
+        "## Scores (paper layout; Avg = mean over benchmarks; 4 search turns, bf16, EOS without action: retry, "
+        "top-3)" in (run_a / "results.md").read_text()
+    )
 
     assert cli_main(["eval-report", str(run_a), str(run_b), "--with-paper"]) == 0
     out = capsys.readouterr().out
@@ -129,15 +131,23 @@ def test_load_items_from_both_formats_with_data_size(tmp_path):
     ]
     pq.write_table(pa.Table.from_pylist(parquet_rows), tmp_path / "test.parquet")
     (tmp_path / "bamboogle.jsonl").write_text(
-        "\n".join(json.dumps({"prompt": f"<chat>Question: b{i}?\n", "solutions": [f"s{i}"], "uid": f"b-{i}"}) for i in range(3))
+        "\n".join(
+            json.dumps({"prompt": f"<chat>Question: b{i}?\n", "solutions": [f"s{i}"], "uid": f"b-{i}"})
+            for i in range(3)
+        )
     )
+
     def render(msgs):
         return "<chat>" + msgs[0]["content"]
 
     items = load_eval_items([str(tmp_path / "test.parquet"), str(tmp_path / "bamboogle.jsonl")], render, data_size=2)
     assert [(i.benchmark, i.item_id) for i in items] == [
-        ("nq", "test.parquet#0"), ("nq", "test.parquet#1"), ("popqa", "test.parquet#3"),
-        ("popqa", "test.parquet#4"), ("bamboogle", "b-0"), ("bamboogle", "b-1"),
+        ("nq", "test.parquet#0"),
+        ("nq", "test.parquet#1"),
+        ("popqa", "test.parquet#3"),
+        ("popqa", "test.parquet#4"),
+        ("bamboogle", "b-0"),
+        ("bamboogle", "b-1"),
     ]
     assert items[0].prompt == "<chat>Question: q0?\n" and items[0].question == "q0?"
     assert items[4].golden_answers == ["s0"] and items[4].question == "b0?"
@@ -150,8 +160,10 @@ def test_load_items_from_both_formats_with_data_size(tmp_path):
 
 def test_rows_are_grouped_by_their_data_source_even_outside_the_seven(tmp_path):
     # one merged file: a data_source that is not one of the seven is its own benchmark, not the file's name
-    rows = [{"prompt": f"Question: q{i}?\n", "solutions": ["a"], "data_source": src, "uid": f"u{i}"}
-            for i, src in enumerate(["nq", "strategyqa", "natural_questions", "strategyqa", ""])]
+    rows = [
+        {"prompt": f"Question: q{i}?\n", "solutions": ["a"], "data_source": src, "uid": f"u{i}"}
+        for i, src in enumerate(["nq", "strategyqa", "natural_questions", "strategyqa", ""])
+    ]
     (tmp_path / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     items = load_eval_items([str(tmp_path / "test.jsonl")], lambda msgs: msgs[0]["content"])
     assert [i.benchmark for i in items] == ["nq", "strategyqa", "nq", "strategyqa", "test"]

@@ -51,7 +51,9 @@ def _scripted_rollout(calls: list[str], kill_at: int | None = None, fail: set[st
 
 def _run(items, rollout, run_dir, concurrency=1):
     return asyncio.run(
-        evaluate_async(_cfg(concurrency), items, rollout, decode_stub, run_dir, {"experiment_name": "t"}, show_progress=False)
+        evaluate_async(
+            _cfg(concurrency), items, rollout, decode_stub, run_dir, {"experiment_name": "t"}, show_progress=False
+        )
     )
 
 

@@ -22,9 +22,15 @@ def hand_made_records():
     # Written hotpotqa first: the aggregate must still come out in the paper's order (NQ before HotpotQA).
     cases = [
         # HotpotQA 1: articles and case are normalised away -> EM 1, subEM 1, F1 1
-        (_item("hotpotqa", 1, ["eiffel tower"]), make_trajectory(["<search>x</search>", "<answer> The Eiffel Tower </answer>"], [True])),
+        (
+            _item("hotpotqa", 1, ["eiffel tower"]),
+            make_trajectory(["<search>x</search>", "<answer> The Eiffel Tower </answer>"], [True]),
+        ),
         # HotpotQA 2: "tower" vs "eiffel tower": EM 0, subEM 0, F1 = 2*(1*1/2)/(1+1/2) = 2/3; a failed search
-        (_item("hotpotqa", 2, ["eiffel tower", "x"]), make_trajectory(["<search>a</search>", "<search>b</search>", "<answer>tower</answer>"], [False, True])),
+        (
+            _item("hotpotqa", 2, ["eiffel tower", "x"]),
+            make_trajectory(["<search>a</search>", "<search>b</search>", "<answer>tower</answer>"], [False, True]),
+        ),
         # NQ 1: exact -> 1, 1, 1
         (_item("nq", 1, ["Paris"]), make_trajectory(["<answer>Paris</answer>"])),
         # NQ 2: "Paris France" vs "Paris": EM 0, subEM 1, F1 = 2*(1/2*1)/(1/2+1) = 2/3

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 from test_scoring import hand_made_records
 
+from rlinf_ext.eval.core.validation import sample_items, should_validate
 from rlinf_ext.eval.searchr1.dataset import EvalItem
 from rlinf_ext.eval.searchr1.scoring import aggregate
-from rlinf_ext.eval.core.validation import sample_items, should_validate
 from rlinf_ext.eval.searchr1.validation import validation_metrics
 
 
@@ -29,7 +29,9 @@ def test_should_validate():
 
 
 def test_sample_is_fixed_per_seed_capped_per_benchmark_and_in_file_order():
-    items = [EvalItem("nq", str(i), "", "", ["a"]) for i in range(20)] + [EvalItem("bamboogle", str(i), "", "", ["a"]) for i in range(3)]
+    items = [EvalItem("nq", str(i), "", "", ["a"]) for i in range(20)] + [
+        EvalItem("bamboogle", str(i), "", "", ["a"]) for i in range(3)
+    ]
     a = sample_items(items, 5, seed=7)
     assert a == sample_items(items, 5, seed=7)
     assert sum(1 for it in a if it.benchmark == "nq") == 5

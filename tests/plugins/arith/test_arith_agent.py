@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rlinf_ext.config import check_config
 from examples.plugins.arith.agent import SPEC, arith_reward
+from rlinf_ext.config import check_config
 
 REPO = Path(__file__).resolve().parents[3]
 YAML = REPO / "examples" / "plugins" / "arith" / "arith-tiny.yaml"
@@ -23,9 +23,14 @@ QUESTIONS = [("2*(3+4)", 14), ("10-7", 3), ("6/4", 1.5), ("5+5*2", 15)]
 
 def write_questions(path: Path) -> Path:
     """RLinf jsonl rows ({prompt, solutions}), the prompt already formatted (data.apply_chat_template=false)."""
-    rows = [{"prompt": f"<|im_start|>user\nWhat is {q}? Use <calculate> expression </calculate>, then give "
-                       f"<answer> number </answer>.<|im_end|>\n<|im_start|>assistant\n", "solutions": [str(a)]}
-            for q, a in QUESTIONS]
+    rows = [
+        {
+            "prompt": f"<|im_start|>user\nWhat is {q}? Use <calculate> expression </calculate>, then give "
+            f"<answer> number </answer>.<|im_end|>\n<|im_start|>assistant\n",
+            "solutions": [str(a)],
+        }
+        for q, a in QUESTIONS
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -55,12 +60,28 @@ def test_two_steps_of_the_tiny_experiment(tiny_assets, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)  # the Ray workers
     proc = subprocess.run(
-        [sys.executable, "-m", "rlinf_ext.cli", "train", str(YAML), "--no-progress", f"data.train_data_paths=[{data}]",
-         f"paths.tiny_assets={tiny_assets.root}", f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
-         f"runner.output_dir={tmp_path / 'runs'}"],
-        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=420)
+        [
+            sys.executable,
+            "-m",
+            "rlinf_ext.cli",
+            "train",
+            str(YAML),
+            "--no-progress",
+            f"data.train_data_paths=[{data}]",
+            f"paths.tiny_assets={tiny_assets.root}",
+            f"rollout.model.model_path={tiny_assets.qwen2_tiny}",
+            f"runner.output_dir={tmp_path / 'runs'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=420,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    rows = [json.loads(line) for line in (tmp_path / "runs" / "arith-grpo-tiny" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "runs" / "arith-grpo-tiny" / "metrics.jsonl").read_text().splitlines()
+    ]
     steps = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in steps] == [0, 1] or [r["step"] for r in steps] == [1, 2]
     for row in steps:

@@ -11,23 +11,22 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
+from examples.plugins.calculator.tool import Calculator, CalculatorError, CalculatorSettings, evaluate
 from rlinf_ext.agent.core.results import result_from_group
-from tests.support.scripted import CharTokenizer, ScriptedGenerator
+from rlinf_ext.agent.searchr1.config import LoopSettings, loop_section
 from rlinf_ext.agent.searchr1.loop import run_trajectory, summarize_metrics
 from rlinf_ext.agent.searchr1.protocol import TurnProtocol
-from rlinf_ext.agent.searchr1.config import LoopSettings, loop_section
-from rlinf_ext.protocol.agents import agent_tools
-from rlinf_ext.tools.registry import build_agent_tools, tool_tags
+from rlinf_ext.cli import main
 from rlinf_ext.config import check_config
 from rlinf_ext.config.schema import RewardConfig
+from rlinf_ext.protocol.agents import agent_tools
 from rlinf_ext.protocol.generation import SamplingParams
-from rlinf_ext.tools.base import ToolContext
-from rlinf_ext.tools.registry import check_tool_names
-from rlinf_ext.tools.search import TextSearch
 from rlinf_ext.rewards.searchr1 import searchr1_reward
+from rlinf_ext.tools.base import ToolContext
+from rlinf_ext.tools.registry import build_agent_tools, check_tool_names, tool_tags
+from rlinf_ext.tools.search import TextSearch
 from rlinf_ext.workers.reward import score_result_details
-from examples.plugins.calculator.tool import Calculator, CalculatorError, CalculatorSettings, evaluate
-from rlinf_ext.cli import main
+from tests.support.scripted import CharTokenizer, ScriptedGenerator
 
 CALCULATOR = "examples.plugins.calculator.tool:Calculator"
 TOK = CharTokenizer()
@@ -40,9 +39,16 @@ ANSWER_TURN = "<think> The tool says 14. </think>\n<answer> 14 </answer>"
 def cfg():
     """The tiny Search-R1 experiment with the calculator configured by import path, checked like any run; two turns
     and room for the invalid-action text (tiny-cpu itself allows one short search turn)."""
-    checked = check_config("tiny-cpu", [f"agentloop.searchr1.tools=[search,{CALCULATOR}]", "agentloop.searchr1.max_turns=2",
-                                        "runner.seq_length=1024", "agentloop.response_length_total=768",
-                                        "agentloop.max_obs_length=320"])
+    checked = check_config(
+        "tiny-cpu",
+        [
+            f"agentloop.searchr1.tools=[search,{CALCULATOR}]",
+            "agentloop.searchr1.max_turns=2",
+            "runner.seq_length=1024",
+            "agentloop.response_length_total=768",
+            "agentloop.max_obs_length=320",
+        ],
+    )
     assert checked.ok, checked.issues
     return checked.cfg
 
@@ -57,28 +63,51 @@ def test_its_settings_validate_by_key_and_reach_the_tool(capsys):
     assert "valid" in capsys.readouterr().out
     cfg = check_config("tiny-cpu", [WITH_CALCULATOR, "tools.calculator.max_digits=3"]).cfg
     assert cfg.tools.calculator == CalculatorSettings(max_digits=3)
-    (calculator,) = [t for t in build_agent_tools(cfg, ToolContext(search_server_addr="127.0.0.1:8000"))
-                     if isinstance(t, Calculator)]
+    (calculator,) = [
+        t for t in build_agent_tools(cfg, ToolContext(search_server_addr="127.0.0.1:8000")) if isinstance(t, Calculator)
+    ]
     assert asyncio.run(calculator("1/3")).body == "0.333"
-    assert main(["validate", "tiny-cpu", WITH_CALCULATOR, "tools.calculator.max_digits=abc",
-                 "tools.calculator.nope=1"]) == 1
+    assert (
+        main(["validate", "tiny-cpu", WITH_CALCULATOR, "tools.calculator.max_digits=abc", "tools.calculator.nope=1"])
+        == 1
+    )
     err = capsys.readouterr().err
     assert "tools.calculator.max_digits: expected int, got str 'abc'" in err and "tools.calculator.max_digits=4" in err
     assert "tools.calculator.nope: unknown key" in err and "tools.calculator.max_digits" in err.split("nope")[1]
 
 
-@pytest.mark.parametrize("overrides, key, reason, fix", [
-    ([WITH_CALCULATOR, "tools.calculator.max_digits=0"], "tools.calculator.max_digits", "must be >= 1, got 0",
-     "tools.calculator.max_digits=12"),  # the settings' own problems(), run by validate
-    (["tools.calculator.max_digits=5"], "tools.calculator", "no configured tool is named 'calculator'",
-     "add the tool to agentloop.searchr1.tools"),
-    ([WITH_CALCULATOR.replace("calculator.tool:Calculator", "calculator.tool:Nope"), "tools.calculator.max_digits=5"],
-     "tools.calculator", "configured tools: search", f"fix agentloop.searchr1.tools first: "
-     f"{CALCULATOR.replace('Calculator', 'Nope')} does not resolve"),
-    ([WITH_CALCULATOR, "tools.Calculator.max_digits=5"], "tools.Calculator",  # keyed by the tool's name
-     "no configured tool is named 'Calculator'; its settings have no section (configured tools: calculator, search;",
-     "or remove tools.Calculator"),
-])
+@pytest.mark.parametrize(
+    "overrides, key, reason, fix",
+    [
+        (
+            [WITH_CALCULATOR, "tools.calculator.max_digits=0"],
+            "tools.calculator.max_digits",
+            "must be >= 1, got 0",
+            "tools.calculator.max_digits=12",
+        ),  # the settings' own problems(), run by validate
+        (
+            ["tools.calculator.max_digits=5"],
+            "tools.calculator",
+            "no configured tool is named 'calculator'",
+            "add the tool to agentloop.searchr1.tools",
+        ),
+        (
+            [
+                WITH_CALCULATOR.replace("calculator.tool:Calculator", "calculator.tool:Nope"),
+                "tools.calculator.max_digits=5",
+            ],
+            "tools.calculator",
+            "configured tools: search",
+            f"fix agentloop.searchr1.tools first: {CALCULATOR.replace('Calculator', 'Nope')} does not resolve",
+        ),
+        (
+            [WITH_CALCULATOR, "tools.Calculator.max_digits=5"],
+            "tools.Calculator",  # keyed by the tool's name
+            "no configured tool is named 'Calculator'; its settings have no section (configured tools: calculator, search;",
+            "or remove tools.Calculator",
+        ),
+    ],
+)
 def test_tool_settings_refused_by_name(overrides, key, reason, fix):
     issues = [i for i in check_config("tiny-cpu", overrides).issues if i.key == key]
     assert len(issues) == 1 and reason in issues[0].reason and fix in issues[0].fix, issues
@@ -118,8 +147,17 @@ def test_configured_by_import_path_and_built_like_the_worker_does(cfg):
 def _trajectory(cfg, script, with_tools=False):
     gen = ScriptedGenerator(script)
     tools = build_agent_tools(cfg, ToolContext(search_server_addr="127.0.0.1:8000"))
-    traj = asyncio.run(run_trajectory(gen, TOK, PROMPT, ["14"], LoopSettings.from_config(cfg), tools,
-                                      sampling_params=SamplingParams(stop=["<|im_end|>"])))
+    traj = asyncio.run(
+        run_trajectory(
+            gen,
+            TOK,
+            PROMPT,
+            ["14"],
+            LoopSettings.from_config(cfg),
+            tools,
+            sampling_params=SamplingParams(stop=["<|im_end|>"]),
+        )
+    )
     return (gen, traj, tools) if with_tools else (gen, traj)
 
 
@@ -130,7 +168,7 @@ def test_a_calculator_trajectory_is_stopped_observed_masked_and_scored_well_form
     assert (call.action, call.tool, call.query, call.tool_ok) == ("calculator", "calculator", "2*(3+4)", True)
     assert TOK.decode(call.observation_ids) == "\n\n<information>14</information>\n\n"
     n_call = len(call.response_ids)
-    assert traj.response_mask[n_call:n_call + len(call.observation_ids)] == [0] * len(call.observation_ids)
+    assert traj.response_mask[n_call : n_call + len(call.observation_ids)] == [0] * len(call.observation_ids)
     assert traj.end_reason == "answer" and answer.action == "answer"
     assert traj.metrics["calculator_calls"] == 1 and traj.metrics["searches"] == 0
     step = summarize_metrics([traj], tools)  # the step's agent/<name> metrics: per tool, Search-R1's names kept
@@ -148,9 +186,10 @@ def test_a_calculator_trajectory_is_stopped_observed_masked_and_scored_well_form
 
 def test_the_invalid_action_text_names_the_calculator(cfg):
     protocol = TurnProtocol.of(build_agent_tools(cfg, ToolContext(search_server_addr="127.0.0.1:8000")))
-    assert ("If I want to search, I should put the query between <search> and </search>. If I want to calculate, "
-            "I should put the expression between <calculate> and </calculate>. If I want to give the final answer"
-            ) in protocol.invalid_action_message
+    assert (
+        "If I want to search, I should put the query between <search> and </search>. If I want to calculate, "
+        "I should put the expression between <calculate> and </calculate>. If I want to give the final answer"
+    ) in protocol.invalid_action_message
     _, traj = _trajectory(cfg, ["<think> hmm </think> 2*(3+4) is 14", ANSWER_TURN])  # no tag: invalid
     assert TOK.decode(traj.turns[0].observation_ids) == protocol.invalid_action_message
 
@@ -166,8 +205,9 @@ def test_evaluate_arithmetic(expression, value):
     assert evaluate(expression) == value
 
 
-@pytest.mark.parametrize("expression", ["__import__('os').system('true')", "x + 1", "2 ** 100000", "True + 1",
-                                        "abs(-1)", "1 +", "9" * 300])
+@pytest.mark.parametrize(
+    "expression", ["__import__('os').system('true')", "x + 1", "2 ** 100000", "True + 1", "abs(-1)", "1 +", "9" * 300]
+)
 def test_evaluate_refuses_anything_else(expression):
     with pytest.raises(CalculatorError):
         evaluate(expression)
