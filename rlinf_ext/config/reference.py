@@ -1,7 +1,7 @@
 """The key reference of ``docs/contracts.md``, generated from the schema and the compatibility table.
 
 ``python -m rlinf_ext.config.reference`` rewrites the marked blocks of ``docs/contracts.md`` (key, type and default
-per key; the compatibility table); ``--check`` exits 1 when they differ from the schema. The help texts stay out of
+per key; the engine table; the compatibility table); ``--check`` exits 1 when they differ from the schema. The help texts stay out of
 the doc, so it reads in one sitting: ``rlinf-ext keys [PREFIX]`` prints them. ``SCHEMA`` holds the central schema,
 every registered agent's section and every built-in tool's (one more ``(prefix, dataclass)`` pair each).
 """
@@ -22,6 +22,7 @@ from rlinf_ext.config.compat import COMPAT
 from rlinf_ext.config.schema import REQUIRED, ExperimentConfig
 from rlinf_ext.config.structure import type_name
 from rlinf_ext.protocol.agents import AGENTS
+from rlinf_ext.protocol.engines import ENGINES
 
 Section = tuple[str, type]  # (dotted prefix, "" for the root; a dataclass)
 SCHEMA: tuple[Section, ...] = (
@@ -30,7 +31,7 @@ SCHEMA: tuple[Section, ...] = (
     *builtin_tool_sections(),
 )
 DOC = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
-KEYS_BLOCK, COMPAT_BLOCK = "keys", "compat"
+KEYS_BLOCK, COMPAT_BLOCK, ENGINES_BLOCK = "keys", "compat", "engines"
 REGENERATE = "python -m rlinf_ext.config.reference"
 
 
@@ -122,6 +123,21 @@ def compat_markdown() -> str:
     return "\n".join(out)
 
 
+def engines_markdown() -> str:
+    """One row per entry of the engine table (``protocol/engines.py``)."""
+    out = [
+        "| `rollout_backend` | runs on | GPU weight sync: collocated / disaggregated | partial rollout | evaluates | GPU install |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in ENGINES.values():
+        evaluates = ", ".join(kind for kind, vision in (("text", False), ("VL", True)) if e.evaluates(vision))
+        out.append(
+            f"| `{e.name}` | {', '.join(e.devices)} | {e.collocated_route} / {e.disaggregated_route} | "
+            f"{'yes' if e.partial_rollout else 'no'} | {evaluates or 'no'} | {_cell(e.install or 'the CPU install')} |"
+        )
+    return "\n".join(out)
+
+
 def _replace_block(text: str, name: str, body: str) -> str:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
@@ -134,6 +150,7 @@ def _replace_block(text: str, name: str, body: str) -> str:
 def render(text: str, sections: Sequence[Section] = SCHEMA) -> str:
     """``text`` (docs/contracts.md) with its generated blocks rewritten."""
     text = _replace_block(text, KEYS_BLOCK, keys_markdown(sections))
+    text = _replace_block(text, ENGINES_BLOCK, engines_markdown())
     return _replace_block(text, COMPAT_BLOCK, compat_markdown())
 
 
