@@ -35,10 +35,14 @@ def test_a_mounted_section_is_one_more_pair(tmp_path):
     assert table.count("`agentloop`\n") == 1
     assert "| `agentloop.calculator.budget` | int | `3` |" in agentloop
     stale = tmp_path / "contracts.md"
-    stale.write_text("x\n<!-- keys:begin -->\nold\n<!-- keys:end -->\n<!-- compat:begin -->\n<!-- compat:end -->\n")
+    stale.write_text(
+        "x\n<!-- keys:begin -->\nold\n<!-- keys:end -->\n<!-- engines:begin -->\n<!-- engines:end -->\n"
+        "<!-- compat:begin -->\n<!-- compat:end -->\n"
+    )
     assert main(["--check", "--doc", str(stale)]) == 1
     assert main(["--doc", str(stale)]) == 0 and main(["--check", "--doc", str(stale)]) == 0
     assert "| `runner.max_steps` |" in stale.read_text()
+    assert "| `vllm` | cpu, gpu | ipc / nccl | yes |" in stale.read_text()  # the engine table, from its entries
 
 
 def test_a_changed_default_makes_the_doc_stale():
