@@ -254,11 +254,10 @@ class MegatronStep:
 def load_parameter_state_keeping_steps(optimizer: Any, path: Path) -> None:
     """Megatron's ``load_parameter_state`` with torch's per-parameter ``step`` set aside.
 
-    Megatron-core 0.16.1 (``distrib_optimizer.py:_set_main_param_and_optimizer_states``) copies every key of each
-    main parameter's optimizer state from the file, which holds param / exp_avg / exp_avg_sq only. Torch's AdamW
-    (Megatron's optimizer when neither TE nor Apex is installed) also keeps a per-parameter ``step``, restored by
-    ``load_state_dict`` from the common step just before: the load raised ``KeyError: 'step'`` on an H100
-    (scripts/gpu_smoke.py S3). TE's FusedAdam keeps the step per group, so nothing is set aside there."""
+    Megatron-core 0.16.1 (``distrib_optimizer.py:_set_main_param_and_optimizer_states``) copies every state key
+    from the file (param / exp_avg / exp_avg_sq only), so torch's AdamW (Megatron's without TE or Apex) raised
+    ``KeyError: 'step'`` on its per-parameter ``step``, already restored by ``load_state_dict``. TE's FusedAdam
+    keeps the step per group: nothing to set aside there."""
     held = [
         (state, state.pop("step"))
         for inner in optimizer.chained_optimizers

@@ -104,9 +104,8 @@ def behaviour_weights(
     """Per-token weight ``w = exp(prox - behav)`` of decoupled PPO, detached, 0 off the loss tokens, and its metrics.
 
     ``truncate``: ``min(w, cap)``; ``mask``: ``w`` inside ``[floor, cap]``, else 0; ``none``: 1. Metrics over the
-    loss tokens (the actor's names, which the trainer prefixes with ``actor/``): the mean applied weight, the
-    fraction of tokens truncated or masked, and the k3 estimate of KL(behav || prox) (``low_var_kl``: the tokens
-    are samples of the behaviour policy, so ``w - 1 - log w`` averages to that KL with low variance; >= 0).
+    loss tokens: mean applied weight, fraction truncated or masked, and KL(behav || prox) by k3 (``w - 1 - log w``,
+    >= 0, low variance since the tokens are the behaviour policy's samples).
     """
     if mode not in BEHAVIOUR_WEIGHT_MODES:
         raise ValueError(f"algorithm.off_policy.behaviour_weight={mode!r}; use one of {BEHAVIOUR_WEIGHT_MODES}.")
@@ -146,11 +145,9 @@ def grpo_actor_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy loss (+ ``kl_beta`` * low_var_kl, - ``entropy_bonus`` * entropy), token-mean.
 
-    Returns the scalar loss to back-propagate and float metrics. ``num_tokens`` is the loss-token count of
-    the mini-batch (see ``token_mean``). With ``behaviour_logprobs`` (the engine's, aligned like the others) and
-    ``cfg.behaviour_weight`` other than ``none``, ``old_logprobs`` is the proximal policy and each token's
-    clipped surrogate is weighted by ``behaviour_weights`` (decoupled PPO; the KL and entropy terms are not
-    weighted); without them the loss is the plain clipped one, bit for bit.
+    Returns the loss and float metrics; ``num_tokens``: the mini-batch's loss-token count (``token_mean``). With
+    ``behaviour_logprobs`` and ``cfg.behaviour_weight`` not ``none``, each clipped surrogate (not the KL or entropy
+    term) is weighted by ``behaviour_weights`` (decoupled PPO); without them, bit for bit the plain clipped loss.
     """
     mask = loss_mask.bool()
     denom = float(mask.sum().item()) if num_tokens is None else float(num_tokens)
