@@ -1,21 +1,12 @@
-"""Admission by group (``runner.admission: group``): a step trains the first ``data.rollout_batch_size`` prompt
-groups to complete among the batches in flight, whichever batch they came from, within the staleness bound k.
+"""Admission by group (``runner.admission: group``): a step trains the first ``data.rollout_batch_size`` groups to
+finish among the batches in flight, within the staleness bound k.
 
-Every group dispatched is trained exactly once, never later than k steps after the weights it started on (its
-*deadline*: dispatch version + k). A step may not simply take the first groups to complete: a slow group overtaken
-step after step would pass its deadline. So ``admit`` keeps every future step feasible: for each deadline d from this
-step on, the groups due by d that this step leaves must fit into the steps after it up to d (``(d - step) x size``
-groups), and it waits for the groups that this forces it to take (at the last chance, all of them). The rest of the
-step is the groups that completed first. With k = 0 every group in flight is due now: the step waits for the whole
-batch, which is batch admission.
-
-The pipeline dispatches whole batches of the run's order at the start of a step, while at most
-``runner.in_flight_batches`` (default k + 1, the cap the memory plan prints, ``config/memory_plan.py:format_in_flight``)
-batches of groups are untrained, so the deadlines always fit. At the default cap they are tight: once the pipeline is
-full, exactly one batch of groups is due at each step, so the step must train that batch, as batch admission would
-(only the first k steps choose). Each batch below k + 1 gives every group one step of slack to finish late in. ``GroupStream`` holds the groups in flight, reads the finished ones off the one Rollout
-sub-queue all batches share (``protocol/channels.py:STREAM``) and hands a step its admitted groups.
-"""
+Every group is trained exactly once by its deadline (dispatch version + k). Taking the first finishers could let a
+slow group pass its deadline, so ``admit`` keeps every later step feasible: for each deadline d, the groups due by d
+that it leaves must fit in ``(d - step) x size``; it waits for the groups that forces (k = 0: the whole batch, i.e.
+batch admission). At most ``runner.in_flight_batches`` (default k + 1) batches are untrained, so deadlines always fit;
+at the default, once full, each step must train the batch due; each batch below k + 1 adds a step of slack.
+``GroupStream`` reads finished groups off the shared Rollout sub-queue (``protocol/channels.py:STREAM``)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
-"""The Ray cluster a run joins: which address, waiting for the nodes before anything starts, a stable node order,
-checking that the placement fits the nodes, pinning every worker to this cluster, and naming lost nodes.
+"""The Ray cluster a run joins: its address, waiting for the nodes, a stable node order, checking that the placement
+fits, pinning every worker to this cluster, and naming lost nodes.
 
-Node order: RLinf numbers the nodes head first, then by IP string (``rlinf/scheduler/cluster/node.py``), so a
-node's rank depends on where the driver runs and ties between nodes on one IP fall in Ray's listing order. The
-run's own order is stable: sorted by IP (numerically), then Ray node id. Placement node ``k`` of
-``cluster.component_placement`` is the k-th node of that order, translated to RLinf's rank for
-``NodePlacementStrategy`` (``NodeOrder.rlinf_rank``). GPU placement keeps RLinf's global GPU ranks, so on a GPU
-cluster node ``k`` is RLinf's rank ``k`` (the driver's node first, then by IP; the launcher runs on the head).
-
-Workers and ``RAY_ADDRESS``: every RLinf worker gets ``RAY_ADDRESS`` = this cluster's GCS address through RLinf's
-per-node environment (``NodeInfo.env_vars``, what ``Cluster.allocate`` gives each worker). A process a worker
-starts that calls ``ray.init(address="auto")`` (RLinf's non-actor ``Worker`` inside SGLang's scheduler
-processes) then joins this cluster, never a new one (``RAY_ADDRESS=local``, the one-node launcher's private
-instance) and never another Ray found on the machine.
-"""
+RLinf orders nodes head first, then by IP string (``rlinf/scheduler/cluster/node.py``), which depends on where the
+driver runs; the run's order is by IP (numerically), then Ray node id, and ``NodeOrder.rlinf_rank`` translates
+placement node ``k`` for ``NodePlacementStrategy``. GPU placement keeps RLinf's ranks (the launcher runs on the head).
+Every RLinf worker gets ``RAY_ADDRESS`` = this cluster's GCS through ``NodeInfo.env_vars``, so a process it starts
+with ``ray.init(address="auto")`` (RLinf's ``Worker`` inside SGLang's schedulers) joins this cluster, never a new one
+(``RAY_ADDRESS=local``) or another Ray on the machine."""
 
 from __future__ import annotations
 

@@ -1,22 +1,12 @@
 """Dynamic sampling (DAPO's refill; ``algorithm.adv_type: grpo_dynamic``): the pure part of the step.
 
-A group whose rewards are all equal has a zero GRPO advantage on every token: it costs a forward and a backward and
-only dilutes the token mean. A ``grpo_dynamic`` step therefore scores each generated batch, drops those groups, and
-reads the run's next batch (from the data order, so the data position counts it) until ``data.rollout_batch_size``
-groups are kept or ``algorithm.max_num_gen_batches`` batches were generated (or the run's data ran out).
-
-What the step trains (``select_groups``):
-
-- enough kept groups: the first ``data.rollout_batch_size`` of them in generation order; the surplus of the last
-  batch is discarded (as verl's DAPO trainer truncates);
-- fewer: every kept group, completed with dropped groups (zero advantage) to the next whole *share unit*, the
-  smallest number of groups the actor's data-parallel ranks and ``algorithm.n_minibatches`` can split evenly
-  (``share_unit``); with no kept group at all, one unit of dropped groups. verl raises instead, which ends a run
-  hours in on a hard stretch of data; training on the kept groups keeps each informative group's gradient weight
-  (token mean over fewer tokens) and the step count, and at worst (nothing kept) is the plain GRPO step on a unit
-  of the batch: its policy gradient is zero and only the KL or entropy terms move the weights. The padding is
-  logged (``dynamic/padded_groups``), so a run starved of mixed groups shows it.
-"""
+A group with all-equal rewards has zero GRPO advantage: it only costs compute and dilutes the token mean. The step
+drops such groups and reads the next batches (from the data order, so the position counts them) until
+``data.rollout_batch_size`` groups are kept, ``algorithm.max_num_gen_batches`` batches were generated or the data
+ran out. ``select_groups``: enough kept: the first ``rollout_batch_size`` in generation order (the surplus dropped,
+as verl's DAPO trainer does); fewer: all kept, padded with dropped groups to a whole ``share_unit`` (what the DP
+ranks and ``algorithm.n_minibatches`` split evenly; none kept: one unit). verl raises there, ending a run on a hard
+stretch of data; padding keeps the step and is logged (``dynamic/padded_groups``)."""
 
 from __future__ import annotations
 

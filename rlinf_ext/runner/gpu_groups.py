@@ -1,18 +1,13 @@
 """Worker groups on a GPU cluster (written, NOT GPU-verified).
 
-- rollout: the chosen engine's worker (``protocol/engines.py``: ``workers/rollout_vllm.py`` or
-  ``workers/rollout_sglang.py``) on the rollout GPUs, placed by RLinf's
-  ``ModelParallelComponentPlacement`` exactly as RLinf's runners place it (one engine per
-  ``rollout.tensor_parallel_size`` GPUs; collocated with the actor or disaggregated, as
-  ``config/placement.py:mode_of_ranks`` says);
-- actor: our Megatron-core ``ActorWorker`` on CUDA, one data-parallel process per actor GPU
-  (``PackedPlacementStrategy`` over the actor GPUs; TP=PP=1 each, DP = number of actor GPUs, nccl gradient
-  all-reduce — ``training/data_parallel.py``, tested with gloo on CPU only);
-- reward and agent-loop workers: CPU processes on node 0 (``NodePlacementStrategy``), as on a CPU cluster.
+- rollout: the engine's worker (``protocol/engines.py``), one engine per ``rollout.tensor_parallel_size`` GPUs,
+  placed by RLinf's ``ModelParallelComponentPlacement`` as RLinf's runners do (``config/placement.py:mode_of_ranks``);
+- actor: our Megatron-core ``ActorWorker``, one data-parallel process per actor GPU (``PackedPlacementStrategy``,
+  TP=PP=1, nccl all-reduce: ``training/data_parallel.py``, tested with gloo on CPU only);
+- reward and agent-loop workers: CPU processes on node 0 (``NodePlacementStrategy``).
 
-``gpu_layout`` is the pure arithmetic (which GPUs each process gets), unit-tested on CPU; it mirrors RLinf's
-mode rules and ``PackedPlacementStrategy`` packing and refuses what this composition cannot run.
-"""
+``gpu_layout`` is the pure arithmetic (which GPUs each process gets), unit-tested on CPU; it mirrors RLinf's mode
+rules and packing and refuses what this composition cannot run."""
 
 from __future__ import annotations
 

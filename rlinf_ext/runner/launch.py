@@ -1,28 +1,13 @@
-"""One run from one YAML, as a recipe: ``run_training`` (``rlinf-ext train``,
-``examples/searchr1/run_main_searchr1_single.sh``) and ``run_evaluation_only`` (``rlinf-ext eval``).
+"""One run from one YAML, as a recipe: ``run_training`` (``rlinf-ext train``) and ``run_evaluation_only`` (``eval``).
 
-``run_training`` in order:
-
-1. load + validate the config (every error at once) and check the GPU extra on a GPU cluster before anything
-   starts; print the plan;
-2. tiny experiment only: generate the offline assets if missing; build the BM25 index if missing;
-3. re-validate with path checks (paths now exist or are a real error);
-4. start the retrieval server on a free loopback port when ``retrieval.launch`` (its address goes into
-   ``tools.search.server_addr``); with ``retrieval.per_node`` one per node once Ray is up (``retrievers.py``);
-5. join or start the Ray cluster through RLinf's ``Cluster`` (several nodes: wait for them, check the placement
-   fits, ``cluster.py``), launch the worker groups, run the trainer with the metrics sink (the actor reads
-   the HF checkpoint itself: no HF -> Megatron conversion on disk before training);
-6. convert the last checkpoint to HF (mg2hf) and evaluate it into ``RUN_DIR/eval/global_step_N/`` when an eval
-   config is given;
-7. print where everything is, where the run resumed from and the whole run's reward trend.
-
-The steps live in ``prepare.py`` (config, assets, index, data, conversions), ``services.py`` (signals, Ray,
-retrieval server, SGLang evaluation engine), ``cluster.py`` (nodes), ``retrievers.py`` and ``summary.py``. Every
-resource started here is stopped on the way out, on success, on error and on Ctrl-C / SIGTERM. SIGTERM while
-training finishes the step, writes a checkpoint, cancels the batches dispatched ahead (``runner.max_staleness``)
-at the turn in progress and discards them, whatever they end with, and ends the run with ``RunPreempted`` (exit code 75); a node lost
-mid-run ends it with an error naming the node and the checkpoint to resume from.
-"""
+``run_training``: validate the config (every error at once, the GPU extra on a GPU cluster) and print the plan; tiny
+experiment: make missing assets and BM25 index; re-validate with path checks; start the retrieval server
+(``retrieval.launch``; per node with ``retrieval.per_node``); join or start Ray through RLinf's ``Cluster``, launch
+the groups and run the trainer (the actor reads the HF checkpoint itself); mg2hf of the last checkpoint and its eval
+into ``RUN_DIR/eval/global_step_N/``; print the summary. The steps live in ``prepare.py``, ``services.py``,
+``cluster.py``, ``retrievers.py`` and ``summary.py``. Every resource started here is stopped on success, error,
+Ctrl-C and SIGTERM; SIGTERM while training checkpoints after the step, discards the batches in flight and raises
+``RunPreempted`` (exit 75); a lost node ends the run naming it and the checkpoint to resume from."""
 
 from __future__ import annotations
 

@@ -1,32 +1,13 @@
 """The batch pipeline: which prompts each step trains, and the agent-loop rollouts running ahead of the step.
 
-Batches are dispatched ahead (``runner.max_staleness = k``; CPU and disaggregated placements only, a config rule):
-batch b goes on DataLoader and Rollout sub-queues of its own (``protocol/channels.py:batch_key``) and its rollout
-starts at step b - k, right after that step's weight sync, so up to k + 1 batches are in flight and every group's
-head staleness is min(b, k) (fewer after a resume: the pipeline refills at the resumed version). The syncs land
-while later batches are mid-trajectory (the engines take the weights between turns). The request seed and the uids
-follow the batch index, so a batch samples the same prompts with the same seeds whatever k is; k = 0 is the
-synchronous order.
-
-Admission is by batch (``runner.admission: batch``): step b trains exactly batch b, or, under dynamic sampling
-(``runner/dynamic_sampling.py``), the groups selected from batch b and the refills it read. By group
-(``runner.admission: group``, ``runner/admission.py``): the batches are dispatched the same way, but their agent loops
-put finished groups on one shared Rollout sub-queue, and step s trains the first groups to finish that keep every
-group within k steps of its head version; a batch leaves the flight once all its groups are trained. What the trainer gets is a ``RolledOutBatch``: a count of
-groups, where they wait, the agent-loop returns and one head version per group, so an admission that takes groups
-from several batches can hand over the same thing.
-
-The order of batches is a pure function of the data position (``runner/data_order.py``); ``position()`` counts the
-batches admitted to a step, never those read ahead, and the trainer checkpoints only after a step trained its
-batch, so a resume trains exactly what the uninterrupted run trains. ``drain()`` cancels the batches in flight and
-discards them (a stop; a resume rolls them out again).
-
-Under group admission the position is the batches *dispatched*, and ``in_flight_prompts()`` names the prompts of
-those batches no step trained yet, by (batch, slot): a resume dispatches them first, each with its batch's seed and
-uid, then reads on from the position. Which step trains a prompt depends on when its group finishes, so "the same
-order" means: the same prompts dispatched in the same order with the same seeds and uids, each trained exactly once
-within k steps of its dispatch; the step that trains it may differ between an uninterrupted run and a resumed one.
-"""
+``runner.max_staleness = k`` (not collocated: a config rule): batch b gets its own sub-queues
+(``protocol/channels.py:batch_key``) and starts at step b - k after that step's sync, so up to k + 1 batches are in
+flight. Seeds and uids follow the batch index: every k samples the same prompts with the same seeds (k = 0:
+synchronous). Admission ``batch``: step b trains batch b (or ``runner/dynamic_sampling.py``'s selection); ``group``:
+``runner/admission.py``; both hand over a ``RolledOutBatch`` (one head version per group). ``position()`` counts the
+batches admitted (group admission: dispatched), never those read ahead, so a resume trains the uninterrupted run's
+prompts; under group admission ``in_flight_prompts()`` names the untrained ones by (batch, slot), dispatched first
+on resume (the step that trains each may differ). ``drain()`` cancels the batches in flight and discards them."""
 
 from __future__ import annotations
 

@@ -191,10 +191,9 @@ def rlinf_cluster(cfg: ExperimentConfig) -> Iterator[JoinedCluster]:
 def join_rlinf_wait_threads(timeout_s: float) -> None:
     """Let RLinf's result-wait threads finish before Ray goes down.
 
-    Every RLinf ``WorkerGroupFuncResult`` parks a daemon thread in ``ray.get``. Shutting Ray down while one is
-    still inside ``ray.get`` makes Ray's core worker end the whole process with exit code 1 ("The core worker
-    has already been shutdown"), which turns a clean Ctrl-C into a crash. Once the workers are killed those
-    ``ray.get`` calls fail quickly, so a bounded join is enough.
+    Every RLinf ``WorkerGroupFuncResult`` parks a daemon thread in ``ray.get``; Ray shut down under one ends the
+    process with exit code 1 ("The core worker has already been shutdown"), a clean Ctrl-C turned crash. With the
+    workers killed those calls fail fast, so a bounded join is enough.
     """
     deadline = time.monotonic() + timeout_s
     for thread in threading.enumerate():

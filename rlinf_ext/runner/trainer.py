@@ -1,20 +1,12 @@
-"""The GRPO runner on RLinf's scheduler, for both agents (Search-R1 text, MMSearch-R1 vision-language), as a recipe
-over the batch pipeline (``runner/pipeline.py``): each step syncs the weights actor -> rollout, takes the batch the
-pipeline admits, then rewards, old/reference log-probs and the update, and checkpoints when due.
+"""The GRPO runner on RLinf's scheduler for both agents, a recipe over ``runner/pipeline.py``: each step syncs weights,
+takes the admitted batch, then rewards, old/reference log-probs, the update, a checkpoint when due (contracts §7).
 
-It follows RLinf's ``AgentRunner`` but is our own code, because RLinf 0.3.0's ``rlinf.runners.agent_runner``
-imports Megatron-LM's ``megatron.training`` at load time, which is not on PyPI (only megatron-core is). Worker
-method names and channel payloads are RLinf's, so the same runner drives the CPU and the GPU workers.
-
-Validation (``rlinf_ext.eval.core.validation``; the agent's pass is the registry's ``validation``) runs before the
-first step (``runner.val_before_train``) and after every ``runner.val_check_interval`` steps: a sync, then a greedy
-pass from the driver through the rollout group; its ``val/...`` metrics join that step's (step 0: a call of its own).
-
-Collocated GPU runs (``config/placement.py:is_collocated``) follow RLinf's non-pipelined order so actor and rollout
-never hold the GPU at once: the rollout initialises (and releases its memory) before the actor; each step waits for
-the whole rollout, offloads the engine, onloads the actor, trains, and offloads the actor again. A stop (SIGTERM)
-finishes the step, checkpoints, then drains the batches in flight.
-"""
+Our own code after RLinf's ``AgentRunner``: RLinf 0.3.0's ``rlinf.runners.agent_runner`` imports Megatron-LM's
+``megatron.training``, not on PyPI. RLinf's worker method names and payloads let one runner drive CPU and GPU workers.
+Validation (``rlinf_ext.eval.core.validation``) runs before the first step (``runner.val_before_train``) and every
+``runner.val_check_interval`` steps: a sync, then a greedy pass; its ``val/...`` metrics join that step's. Collocated
+GPUs follow RLinf's non-pipelined order (rollout, offload, onload actor, train, offload): never both on the GPU.
+SIGTERM finishes the step, checkpoints, then drains the batches in flight."""
 
 from __future__ import annotations
 

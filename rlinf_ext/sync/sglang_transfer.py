@@ -1,21 +1,12 @@
-"""Actor -> SGLang weight sync for disaggregated engines through sglang 0.5.23's own
-``init_weights_update_group`` + ``update_weights_from_distributed`` (read from its sources:
-``sglang/srt/model_executor/model_runner_components/weight_updater.py``, the TP workers' side). NOT GPU-verified: the call order is tested on CPU
-with recording fakes for the process group and the broadcast (tests/sync/test_sglang_transfer.py).
+"""Actor -> SGLang weight sync for disaggregated engines through sglang 0.5.23's ``init_weights_update_group`` and
+``update_weights_from_distributed`` (NOT GPU-verified; call order tested on CPU, tests/sync/test_sglang_transfer.py).
 
-SGLang's side: each engine's TP worker joins a process group of ``world_size`` ranks as ``rank_offset + tp_rank``
-(``sglang.srt.utils.init_custom_process_group``, TCP rendezvous at ``master_address:master_port``, store prefixed
-by the group name); per ``update_weights_from_distributed`` call it allocates one tensor per (name, dtype, shape)
-and receives each by ``broadcast(src=0)`` in that order, then loads them (inside a ``begin_weight_update`` /
-``end_weight_update`` session).
-
-This side: actor rank 0 is rank 0 of that group (``1 + engines x TP`` ranks, engine ``e`` at offset ``1 + e x TP``)
-and creates it with the same ``init_custom_process_group``, so both ends rendezvous on one store. Per sync: the
-header to every rollout rank; at the first sync the ``init_weights_update_group`` call to every engine while this
-rank joins; then per bucket of at most ``BUCKET_BYTES`` the names, dtypes and shapes as the call while this rank
-broadcasts the tensors in the same order; then ``SYNC_END``. The other actor ranks hold the same weights and send
-nothing. Every wait is bounded (``sync/engine_calls.py``); a timeout leaves the group unusable: restart the run.
-"""
+SGLang's TP workers join a group of ``world_size`` ranks as ``rank_offset + tp_rank`` (``init_custom_process_group``,
+TCP rendezvous); per update call they allocate one tensor per (name, dtype, shape) and receive each by
+``broadcast(src=0)`` in that order. Actor rank 0 is rank 0 of ``1 + engines x TP`` (engine ``e`` at ``1 + e x TP``),
+made with the same ``init_custom_process_group``. Per sync: the header; at the first sync ``init_weights_update_group``
+while it joins; per bucket the metadata as the call while it broadcasts; ``SYNC_END``. Other actor ranks send nothing.
+Every wait is bounded (``sync/engine_calls.py``); a timeout leaves the group unusable: restart the run."""
 
 from __future__ import annotations
 

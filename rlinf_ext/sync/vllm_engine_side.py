@@ -1,31 +1,13 @@
-"""The engine side of vLLM's weight transfer (vllm 0.32.0, ``vllm/distributed/weight_transfer/``) on an ``AsyncLLM``
-(NOT GPU-verified; the call order is tested on CPU with recording engines that run vLLM's own serialization and
-worker-side IPC engine, tests/sync/test_vllm_transfer.py): ``VLLMGpuSync`` answers the control calls of the actor's
-vLLM trainer engine (``sync/vllm_transfer.py``), which the rollout worker receives with
-``sync/engine_calls.py:serve_engine_calls``, then leaves the engine serving.
+"""The engine side of vllm 0.32.0's weight transfer on an ``AsyncLLM``: ``VLLMGpuSync`` answers the actor's trainer
+engine (``sync/vllm_transfer.py``), then leaves the engine serving. NOT GPU-verified (tests/sync/test_vllm_transfer.py).
 
-- collocated (``ipc``): after each rollout ``sleep(level=rollout.vllm.sleep_level, mode="wait")`` (requests in flight
-  finish first, vLLM #28714; weights and KV cache leave the GPU for training; vLLM's sleep also pauses the
-  scheduler); INIT once (``init_weight_transfer_engine``); START = ``wake_up(["weights"])`` (the update writes into
-  them; the KV cache stays asleep, so the scheduler stays paused) + ``start_weight_update``; UPDATE = the trainer's
-  CUDA IPC handles; FINISH = ``finish_weight_update`` (vLLM lets go of the actor's packed buffer). Then, after
-  ``SYNC_END`` (``serve``): ``wake_up`` of the KV cache, prefix- and encoder-cache reset, resume. The actor sends
-  ``SYNC_END`` once every actor rank has freed its transfer memory, so the KV cache is mapped again only after the
-  actor's share of the GPU is back.
-- disaggregated (``nccl``): the engine never sleeps and serves the later batches' turns (``runner.max_staleness``)
-  until START pauses generation with ``mode="wait"`` (the turns in flight finish on the old weights, new ones queue
-  in the engine: one version per turn, except a turn vLLM preempted for KV space, which the pause does not wait for
-  and which resumes on the new weights, its reply carrying per-token versions), each UPDATE receives the trainer's
-  broadcast, FINISH finishes; ``serve`` resets the caches and resumes. With ``keep`` (``runner.partial_rollout``)
-  START pauses with ``mode="keep"``: the turns in flight stop where they are (the pause's cache reset preempts them)
-  and go on after ``serve`` on the new weights, their KV computed again, each token labelled by its weights.
-- FINISH labels the weights with ``next_version`` (the rollout worker's, from the driver), vLLM's own weight version
-  that it stamps on every token sampled from then on (``CompletionOutput.weight_versions``).
-- A broken transfer (a refused INIT, START or UPDATE, a timeout, START's pause cut short included): ``serve``
-  leaves the engine serving all the same: the update finished, every memory tag still asleep woken (after a
-  level-2 sleep the weights are then unloaded until the next sync: the sync's error stops the run first),
-  generation resumed.
-"""
+``ipc``: after each rollout ``sleep(level=rollout.vllm.sleep_level, mode="wait")`` (in-flight requests finish first);
+START wakes only the weights (the KV stays asleep, so vLLM's scheduler stays paused); after ``SYNC_END``, sent once
+every actor rank freed its transfer memory, the KV wakes, prefix and encoder caches reset, generation resumes.
+``nccl``: no sleep; START pauses ``mode="wait"`` (``keep`` under ``runner.partial_rollout``: the turns go on after
+``serve`` with the new weights, KV recomputed, tokens labelled by version). FINISH labels the weights
+``next_version`` (vLLM's per-token ``weight_versions``). A broken transfer still leaves the engine serving (update
+finished, tags woken, resumed; after a level-2 sleep without weights until the next sync, which the error prevents)."""
 
 from __future__ import annotations
 

@@ -1,31 +1,13 @@
-"""Actor -> vLLM weight sync on GPUs through vLLM's own weight-transfer API (vllm 0.32.0,
-``vllm/distributed/weight_transfer/``), driven across RLinf workers. NOT GPU-verified: the call order is tested on
-CPU with recording engines and vLLM's own NCCL trainer engine (its GPU broadcast replaced).
+"""Actor -> vLLM weight sync on GPUs through vllm 0.32.0's weight-transfer API (``vllm/distributed/weight_transfer/``),
+NOT GPU-verified: the call order is tested on CPU with recording engines and vLLM's own NCCL trainer engine.
 
-vLLM splits a transfer in two: a *trainer engine* (``WeightTransferTrainerFactory.trainer_init``) in the training
-process and a *worker engine* inside every vLLM worker, joined by a four-call control plane (the
-``VLLMWeightSyncClient`` protocol: ``init_weight_transfer_engine``, ``start_weight_update``, ``update_weights``,
-``finish_weight_update``). Here the engines live in the rollout workers, so the client (``RolloutEngineClient``)
-carries each call from actor rank 0 to every rollout rank as an ``EngineCall`` over RLinf's point-to-point
-messages and waits for each rank's ``EngineReply``; the rollout worker answers them with
-``serve_engine_calls`` (``sync/vllm_engine_side.py:VLLMGpuSync`` does the engine side: wake-up, start, update,
-finish, then after ``SYNC_END`` the KV wake-up, cache resets and resume).
-
-- collocated (``ipc``, actor rank r on the GPU of engine r // tp): every actor rank iterates its weights, vLLM's
-  IPC trainer all-gathers the CUDA IPC handles over the actor's process group and rank 0 ships them, packed in a
-  buffer of ``BUCKET_BYTES`` (or of the largest tensor: ``ipc_buffer_bytes``); each vLLM worker opens the handle of
-  its own GPU. vLLM's trainer allocates that buffer anew in every ``send_weights`` and drops it at its end
-  (``packed_tensor.py:packed_ipc_producer``); its ``_post_send_sync`` collects it once the engines have let go of
-  it. Then every actor rank returns its cached CUDA blocks to the driver and the actor ranks meet at a barrier
-  before rank 0 sends ``SYNC_END``, after which the engines map their KV cache again.
-- disaggregated (``nccl``): actor rank 0 opens an NCCL group with every engine GPU (``1 + engines x TP`` ranks;
-  the engines' ranks are offset per engine, since each ``AsyncLLM`` numbers its workers from 0); it sends the
-  names, dtypes and shapes by ``update_weights`` while it broadcasts the tensors, packed in buffers of
-  ``BUCKET_BYTES``. The other actor ranks hold the same weights and send nothing.
-
-Every wait is bounded (NCCL waits have no timeout of their own): each control call's send and reply, and the
-trainer engine's rendezvous and send in a watchdog thread; a timeout raises ``WeightSyncError`` naming the step.
-"""
+vLLM joins a trainer engine (here in actor rank 0) and a worker engine per vLLM worker by four control calls; the
+engines live in the rollout workers, so ``RolloutEngineClient`` carries each as an ``EngineCall`` over RLinf messages
+and waits for every rank's reply (``sync/vllm_engine_side.py:VLLMGpuSync``). ``ipc`` (collocated): all actor ranks'
+CUDA IPC handles, shipped by rank 0 in one buffer (``ipc_buffer_bytes``) that vLLM allocates per send; every rank
+then empties its CUDA cache and they meet at a barrier before ``SYNC_END`` wakes the engines' KV. ``nccl``
+(disaggregated): rank 0 broadcasts to ``1 + engines x TP`` ranks (offset per engine: each ``AsyncLLM`` numbers its
+workers from 0). NCCL waits have no timeout, so a watchdog bounds each; a timeout raises ``WeightSyncError``."""
 
 from __future__ import annotations
 

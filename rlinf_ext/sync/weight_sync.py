@@ -1,26 +1,12 @@
-"""Actor -> rollout weight sync: who sends to whom, the messages, the transport, and the check run after every sync.
+"""Actor -> rollout weight sync (docs/contracts.md §6): routes, messages, transport and the probe check.
 
-The actor converts its Megatron weights to HF names unit by unit (``convert/mapping.py:iter_megatron_to_hf``),
-cast to the rollout's dtype on the actor's own device, and packs them into buckets of at most ``BUCKET_BYTES``
-(one contiguous buffer each). Two routes (``SyncRoutes``), chosen from the placement:
-
-- ``paired`` (actor and rollout on the same ranks: collocated GPUs, or the same CPU process indices): every actor
-  rank hands its own buckets to the rollout engine on its own GPU, all ranks in parallel. Only *handles* cross
-  the process boundary: each tensor of a bucket is pickled with torch's ``ForkingPickler`` (CUDA IPC handles on
-  GPU, exactly what SGLang's ``MultiprocessingSerializer`` sends into ``update_weights_from_tensor``; shared
-  memory on CPU), so the weights are never copied through the host or a socket. Actor rank ``r`` feeds rollout
-  rank ``r // tp`` as its TP slot ``r % tp`` (RLinf's ``CollocateRankMapper`` for an actor with TP=1): each TP
-  scheduler of an engine opens handles to memory on its own GPU. The rollout acknowledges each bucket, and the
-  actor frees it only then (the producer must outlive the consumer's use of a handle).
-- ``broadcast`` (disjoint ranks: disaggregated GPUs): actor rank 0 broadcasts each bucket to every rollout rank
-  with RLinf's ``Worker.broadcast`` (NCCL ring on GPU, parallel gloo sends on CPU); the other actor ranks hold the
-  same weights and send nothing.
-
-Every sync starts with a ``SyncHeader`` (the actor's version and its fp32 logits on a fixed probe sequence) and
-ends with ``SYNC_END``. The rollout runs the probe through its own engine after the last bucket and refuses a
-mismatch: a wrong mapping or a partial load fails loudly at the first step instead of silently training one
-model and sampling another.
-"""
+The actor converts its weights to HF names unit by unit (``convert/mapping.py:iter_megatron_to_hf``) in the
+rollout's dtype on its own device, packed into buckets of at most ``BUCKET_BYTES``. ``paired`` (same ranks): actor
+rank ``r`` feeds rollout rank ``r // tp`` as TP slot ``r % tp`` (RLinf's ``CollocateRankMapper``), sending only
+handles pickled by torch's ``ForkingPickler`` (CUDA IPC on GPU, what SGLang's ``update_weights_from_tensor`` takes;
+shared memory on CPU); a bucket is freed only once the rollout acknowledged it (the producer must outlive the
+handle's use). ``broadcast`` (disjoint ranks): actor rank 0 sends each bucket with RLinf's ``Worker.broadcast``.
+The rollout runs the header's probe after the last bucket and refuses a mismatch: bad mappings or loads fail at once."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
 """PPO's critic on Megatron-core: the policy's backbone with a scalar value head, in the actor's processes.
 
-It is ``MegatronPolicy``'s model construction, precision, DDP, optimizer, offload and checkpoint code, reused as
-they are: the backbone is built and loaded from ``critic.model_path`` (the policy's HF checkpoint by default) the
-way the policy's is, and ``value_head`` (hidden -> 1, a child of the Megatron model, so Megatron's DDP, optimizer,
-offload and checkpoint carry it) replaces the vocabulary projection, whose weight is frozen (the values never
-read it). The head starts at N(0, 0.02) from the actor's seed, as an HF token-classification head does (verl's
-critic, which Search-R1 uses), so the first values are near 0.
-
-The value of response token j is read from the hidden state of the token before it (the state in which token j
-is generated), the same predicted-token layout as the log-probs (``training/batching.py``). The critic trains on
-the policy's mini-batches (``GRPOPolicy.minibatches``), with the clipped value loss of ``training/ppo_math.py``
-token-mean over each global mini-batch's generated tokens, one optimizer step per mini-batch; the LR schedule is
-the actor's, at the critic's own peak LR. The GRPO steps this class inherits (log-probs, ``GRPOPolicy.train_step``)
-are not used on it. NOT GPU-verified.
-"""
+It reuses ``MegatronPolicy``'s construction, precision, DDP, optimizer, offload and checkpoint code, loading
+``critic.model_path`` (default: the policy's checkpoint). ``value_head`` (hidden -> 1, a child of the Megatron model
+so all of those carry it) replaces the frozen, unread vocabulary projection; it starts at N(0, 0.02) from the actor's
+seed like an HF token-classification head (verl's critic, Search-R1's), so first values are near 0. Token j's value
+is read from the hidden state before it (``training/batching.py``'s layout). It trains on the policy's mini-batches
+with ``training/ppo_math.py``'s clipped value loss, one step each, on the actor's schedule at its own peak LR; the
+inherited GRPO steps are unused. NOT GPU-verified."""
 
 from __future__ import annotations
 

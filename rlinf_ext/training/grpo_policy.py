@@ -198,11 +198,9 @@ class GRPOPolicy:
     ) -> list[dict[str, float]]:
         """One rollout step: ``n_minibatches`` optimizer steps; returns one metrics dict per mini-batch.
 
-        With data parallelism (``self.dp.size > 1``) ``samples`` are this rank's share (whole GRPO groups) and
-        ``layout`` places them in the step's global order: mini-batch m is the same global set of samples as in
-        a one-process run; each rank back-propagates the part it holds, the loss-token count is summed over
-        the ranks before the backward and the gradients (Megatron's DDP) after it. Metrics are global on every
-        rank.
+        With ``self.dp.size > 1``, ``samples`` are this rank's whole GRPO groups and ``layout`` their global order,
+        so mini-batch m holds a one-process run's samples; loss-token counts are summed over ranks before the
+        backward, gradients (Megatron's DDP) after it. Metrics are global on every rank.
         """
         s = self.settings
         layout = self._check_layout(samples, layout)

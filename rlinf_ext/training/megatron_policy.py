@@ -1,21 +1,12 @@
-"""The GRPO policy on Megatron-core, in-process (the Ray worker in ``workers/actor.py`` wraps it): the Megatron
-model under ``training/grpo_policy.py:GRPOPolicy``'s steps.
+"""The GRPO policy on Megatron-core, in-process (wrapped by ``workers/actor.py``): the Megatron model under
+``training/grpo_policy.py:GRPOPolicy``'s steps, following RLinf's ``MegatronActor``.
 
-It follows RLinf's ``MegatronActor`` step by step: weights come from the HF checkpoint through the
-conversion mapping (``use_hf_ckpt``: HF -> Megatron at start), old and reference log-probs are recomputed
-on exactly the trajectory ids (the reference copy is frozen), and one rollout batch gives
-``algorithm.n_minibatches`` optimizer steps, each accumulated over micro-batches of
-``actor.micro_batch_size`` with a token-mean loss, gradient clipping and the LR schedule.
-
-The model is built with the ``actor.model`` Megatron knobs (recompute, fusions, ``actor.spec_name``); log-probs
-are computed from the decoder's hidden states in chunks (``training/logprobs.py``); gradients are reduced by
-Megatron's DDP and stepped by Megatron's optimizer on CUDA or torch's on CPU (``training/optimizer.py``).
-Precision (``actor.model.precision``): on CUDA Megatron's own mixed precision (16-bit parameters, fp32 main
-parameters in the optimizer, its loss scaler for fp16; NOT GPU-verified); on CPU fp32 master parameters with
-autocast and torch's loss scaler (``training/precision.py``). Collocated GPU runs move weights, optimizer
-state and gradients off the GPU between phases (``offload`` / ``onload``; no-ops on CPU). Data parallelism:
-``training/data_parallel.py``; checkpoints: ``training/policy_io.py``; config: ``training/settings.py``.
-"""
+Weights come from the HF checkpoint through the conversion mapping in memory; old and reference (frozen copy)
+log-probs are recomputed on the trajectory ids, chunked from hidden states (``training/logprobs.py``); a rollout
+batch gives ``algorithm.n_minibatches`` optimizer steps over ``actor.micro_batch_size`` micro-batches. Gradients and
+the step: ``training/optimizer.py``; precision: ``training/precision.py`` (Megatron's mixed precision on CUDA, NOT
+GPU-verified; fp32 masters with autocast on CPU). Collocated GPU runs ``offload``/``onload`` between phases (no-ops
+on CPU). Also: ``training/data_parallel.py``, ``training/policy_io.py`` (checkpoints), ``training/settings.py``."""
 
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
 """Gradient reduction and the optimizer step of one data-parallel rank of the Megatron-core actor.
 
-Gradients always go through Megatron-core's own ``DistributedDataParallel`` (``megatron/core/distributed``):
-backward hooks accumulate every gradient into one contiguous fp32 buffer (``param.main_grad``) and
-``finish_grad_sync`` reduces that buffer in place over the data-parallel group (all-reduce; reduce-scatter
-with the distributed optimizer): no flat copy of the gradients is ever made. The loss is already divided by
-the GLOBAL loss-token count (``training/data_parallel.py``), so the reduction must be a sum, not Megatron's
-default mean: the model's ``TransformerConfig.calculate_per_token_loss=True`` sets DDP's gradient scaling
-factor to 1 (``distributed_data_parallel.py``), which ``wrap_ddp`` checks.
-
-The optimizer depends on the device:
-
-* CUDA, ``MegatronStep`` (written, NOT GPU-verified): Megatron-core's optimizer (``get_megatron_optimizer``):
-  16-bit model parameters with fp32 main parameters, Megatron's grad scaler (fp16), clipping on the global
-  norm, and with ``actor.optim.use_distributed_optimizer`` its ``DistributedOptimizer``: fp32 main parameters
-  and Adam moments sharded over the data-parallel ranks, parameters all-gathered after the step. When
-  Megatron falls back to torch's AdamW (no TE/apex), it runs ``fused``.
-* CPU, ``TorchStep``: Megatron's optimizers need CUDA: the grad scalers and ``MixedPrecisionOptimizer``
-  allocate ``device='cuda'`` tensors (``megatron/core/optimizer/grad_scaler.py:15``,
-  ``megatron/core/optimizer/optimizer.py:473-485, 907``) and ``DistributedOptimizer`` accepts only
-  ``torch.cuda.*Tensor`` parameters (``megatron/core/optimizer/distrib_optimizer.py:361, 420-436``). The CPU
-  actor therefore keeps fp32 master parameters and steps them with torch: AdamW, its moments sharded over the
-  ranks by ``ZeroRedundancyOptimizer`` when ``use_distributed_optimizer`` and DP > 1 (gloo), and
-  ``torch.amp.GradScaler`` for fp16 autocast (``training/precision.py``).
-"""
+Gradients go through Megatron-core's ``DistributedDataParallel``: one contiguous fp32 ``main_grad`` buffer, reduced
+in place by ``finish_grad_sync``. The loss is already divided by the global loss-token count
+(``training/data_parallel.py``), so the reduction must sum: ``calculate_per_token_loss=True`` sets DDP's scaling to
+1, which ``wrap_ddp`` checks. CUDA, ``MegatronStep`` (NOT GPU-verified): ``get_megatron_optimizer`` (fp32 main
+parameters, fp16 grad scaler, global-norm clipping, optional ``DistributedOptimizer``). CPU, ``TorchStep``:
+Megatron's optimizers and grad scalers allocate CUDA tensors, so fp32 master parameters step with torch's AdamW
+(``ZeroRedundancyOptimizer`` if ``use_distributed_optimizer`` and DP > 1) and ``torch.amp.GradScaler`` for fp16."""
 
 from __future__ import annotations
 
@@ -270,11 +254,10 @@ class MegatronStep:
 def load_parameter_state_keeping_steps(optimizer: Any, path: Path) -> None:
     """Megatron's ``load_parameter_state`` with torch's per-parameter ``step`` set aside.
 
-    Megatron-core 0.16.1 (``distrib_optimizer.py:_set_main_param_and_optimizer_states``) copies every key of each
-    main parameter's optimizer state from the file, which holds param / exp_avg / exp_avg_sq only. Torch's AdamW
-    (Megatron's optimizer when neither TE nor Apex is installed) also keeps a per-parameter ``step``, restored by
-    ``load_state_dict`` from the common step just before: the load raised ``KeyError: 'step'`` on an H100
-    (scripts/gpu_smoke.py S3). TE's FusedAdam keeps the step per group, so nothing is set aside there."""
+    Megatron-core 0.16.1 (``distrib_optimizer.py:_set_main_param_and_optimizer_states``) copies every state key
+    from the file (param / exp_avg / exp_avg_sq only), so torch's AdamW (Megatron's without TE or Apex) raised
+    ``KeyError: 'step'`` on its per-parameter ``step``, already restored by ``load_state_dict``. TE's FusedAdam
+    keeps the step per group: nothing to set aside there."""
     held = [
         (state, state.pop("step"))
         for inner in optimizer.chained_optimizers

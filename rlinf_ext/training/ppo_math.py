@@ -1,23 +1,11 @@
 """PPO-with-a-critic math as pure tensor functions: GAE over masked multi-turn responses and the clipped value loss.
 
-Shapes: ``[B, R]`` tensors are per *response token* (row i, column j = response token j of trajectory i, 0-padded),
-as ``batching.response_slice`` gives them; ``mask`` is the trajectory's ``response_mask``: 1 on tokens the policy
-generated, 0 on observation (tool output) and padding tokens, exactly the policy loss's mask. The value of response
-token j is the critic's estimate of the return before that token is generated (the same predicted-token alignment
-as its log-prob).
-
-Observation spans. A multi-turn response interleaves generated tokens with tool output the policy did not choose.
-GAE here runs over the generated tokens only: an observation token has no value, no reward and no TD error, and the
-recursion carries the next generated token's value and the running advantage across the span unchanged (as verl's
-current ``compute_gae_advantage_return`` does for multi-turn responses), so an observation costs no discount step.
-Search-R1's own GAE (verl 0.1) runs over every response token, observations included, and masks only the losses;
-with its defaults gamma = lambda = 1 both give ``A_t = R - V_t`` on every generated token (the TD errors telescope),
-so the two agree at Search-R1's settings and differ only for gamma or lambda < 1, where skipping keeps a tool reply
-of 500 tokens from discounting the answer that follows it 500 times.
-
-Advantages are whitened over the batch's loss tokens (mean 0, variance 1) as verl's GAE does, which Search-R1 uses;
-returns (the critic's targets) are the raw ``advantages + values``.
-"""
+``[B, R]`` tensors are per response token (``batching.response_slice``); ``mask`` is the ``response_mask`` (1 on
+generated tokens, 0 on tool output and padding). The value of token j estimates the return before j is generated.
+GAE runs over generated tokens only: an observation has no value, reward or TD error and carries the next value and
+the running advantage across unchanged (as verl's multi-turn ``compute_gae_advantage_return``), so a tool reply costs
+no discount step. Search-R1 (verl 0.1) runs over every token; at its gamma = lambda = 1 both give ``A_t = R - V_t``.
+Advantages are whitened over the loss tokens (as verl's GAE); returns are the raw ``advantages + values``."""
 
 from __future__ import annotations
 

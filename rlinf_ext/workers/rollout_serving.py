@@ -1,19 +1,12 @@
 """The rollout workers' serving loop, shared by every engine (``workers/rollout_hf.py``, ``workers/rollout_vllm.py``,
 ``workers/rollout_sglang.py``), and the weight versions they stamp on replies.
 
-``serve_requests`` takes ``GenerateRequest`` dicts from the input channel and puts each ``GenerateReply`` under
-``key=channel_key`` on the output channel (``protocol/generation.py``), until a ``STOP_SERVING`` request
-arrives; a failed request is answered with ``{"error": ...}`` instead of leaving the agent loop waiting.
-
-A weight sync may land while requests are being generated (the rollout workers are async actors: Ray runs
-``sync_model_from_actor`` between the awaits of the serving loop). ``WeightGate`` is the pause in wait mode of an
-engine that has none of its own (HF, and SGLang's worker): a sync stops admitting requests, waits for those in
-flight, loads, takes the new version and admits again, so every reply was sampled by exactly one version.
-
-A pause waits at most the sync's timeout (``sync/engine_calls.py:SYNC_TIMEOUT_S``, the GPU routes' bound): a generate
-that hangs would otherwise hold the sync, and the run with it, silently. ``InFlight`` keeps the channel keys of the
-requests being generated, so the timeout names the engine and the requests it was still waiting for.
-"""
+``serve_requests`` answers each ``GenerateRequest`` with a ``GenerateReply`` under its ``channel_key`` until
+``STOP_SERVING``; a failed request gets ``{"error": ...}`` so the agent loop never waits forever. Ray runs
+``sync_model_from_actor`` between the loop's awaits, so a sync can land mid-generation: ``WeightGate`` is the wait-mode
+pause for engines without one (HF, SGLang's worker): stop admitting, wait for those in flight, load, admit again, so
+each reply has one version. The wait is bounded by ``sync/engine_calls.py:SYNC_TIMEOUT_S`` (a hung generate would
+stall the run silently); ``InFlight`` keeps the requests' channel keys so the timeout names them."""
 
 from __future__ import annotations
 

@@ -1,34 +1,13 @@
 """SGLang rollout worker on sglang 0.5.23's own ``Engine`` (written against its sources, NOT GPU-verified).
 
-Same protocol as ``workers/rollout_hf.py`` and ``workers/rollout_vllm.py``: ``rollout_serverless`` is
-``workers/rollout_serving.py``'s loop, replies are ``protocol/generation.py:reply_of`` of the shared
-``GenerationResult`` (``generation/sglang_wire.py:result_of_sglang``), and the weight-sync receive side is
-``sync/weight_sync.py:receive_weights`` followed by the probe check (``sync/probe.py:probe_logprob_gap``).
-
-One engine per worker = per TP group (``generation/sglang_engine.py:server_kwargs``, ``dp_size=1``,
-``load_format="dummy"``: the first sync overwrites every weight). What the worker asks of the engine, in order
-(``SGLangControl``: 0.5.23's ``TokenizerManager`` calls; tested on CPU over a recording engine checked against
-sglang's signatures):
-- collocated, after the rollout: ``release_memory_occupation`` (weights, KV cache, CUDA graphs), refused while
-  requests are in flight (SGLang's scheduler asserts it is idle);
-- each sync, once the actor's headers are in (the actor has finished its probe): ``resume_memory_occupation``
-  of the weights, ``begin_weight_update``, one ``update_weights_from_tensor`` per bucket (no flush per bucket),
-  ``end_weight_update``, resume of the KV cache and CUDA graphs, ``flush_cache`` (cached prefixes hold the old
-  weights' KV) while the gate below still holds new requests back (SGLang refuses a flush while its scheduler holds
-  a request; a refused flush is retried, ``FLUSH_ATTEMPTS``), then the gate reopens and the probe runs.
-- the buckets: collocated, each TP rank of the engine gets its own payload (SGLang's per-rank
-  ``serialized_named_tensors``) made of the handles the actor rank on its GPU sent; the handles are re-pickled
-  without being opened here (``reduction_of``), so no GPU memory of the actor is mapped into this process.
-- weight versions: a sync may land while requests are being generated (an async actor; ``runner.max_staleness``);
-  ``workers/rollout_serving.py:WeightGate`` holds new requests back from the update's start and waits for those in
-  flight, so every reply carries the one version that sampled it (hand-written rather than SGLang's own
-  ``pause_generation``, which cannot run on the CPU lane: the HF worker's gate, tested there). The pause and each
-  flush wait at most ``sync_timeout_s`` (``sync/engine_calls.py:SYNC_TIMEOUT_S``).
-- disaggregated on GPUs (``sync/sglang_transfer.py``): actor rank 0 joins the engine's own weight-update group;
-  this worker answers its control calls (``sync/engine_calls.py:serve_engine_calls``): ``init_weights_update_group``
-  once, then per bucket ``update_weights_from_distributed`` (no flush per bucket), the first one after
-  ``begin_weight_update``; then ``end_weight_update``, ``flush_cache``, the gate reopened and the probe, as above.
-"""
+Same serving loop, replies and receive side as ``workers/rollout_hf.py``. One engine per TP group, started with
+``load_format="dummy"`` (the first sync overwrites every weight). ``SGLangControl`` makes 0.5.23's
+``TokenizerManager`` calls (tested on CPU against a recording engine checked with sglang's signatures): collocated,
+``release_memory_occupation`` after the rollout (SGLang asserts an idle scheduler); per sync, weights resumed,
+``begin_weight_update``, the buckets (collocated: each TP rank's handles re-pickled unopened, ``reduction_of``;
+disaggregated: ``sync/sglang_transfer.py``), ``end_weight_update``, KV resumed, ``flush_cache`` (retried while a
+request is held, ``FLUSH_ATTEMPTS``), then the gate reopens and the probe runs. The gate is ``WeightGate``, not
+SGLang's ``pause_generation``, so the CPU lane tests it; every wait is bounded by ``SYNC_TIMEOUT_S``."""
 
 from __future__ import annotations
 

@@ -1,36 +1,13 @@
-"""vLLM rollout worker: serves the agent loop's generate requests with ``generation/vllm_engine.py:VLLMGenerator``.
+"""vLLM rollout worker: serves the agent loop's generate requests with ``generation/vllm_engine.py:VLLMGenerator``
+(Qwen2.5-VL: ``generation/vllm_vl.py:VLLMVLGenerator``, images with every request and the probe).
 
-Same protocol as ``workers/rollout_hf.py`` (``rollout_serverless`` = ``workers/rollout_serving.py``, the same
-``GenerateReply``), same weight-sync receive side (``sync/weight_sync.py:receive_weights``: shared-memory handles
-from the paired actor rank, or actor rank 0's broadcast), then a probe check: vLLM returns no logits, so the
-probe's prompt log-probs are compared with the actor's logits (``sync/probe.py:probe_logprob_gap``).
-Qwen2.5-VL (``rollout.model.model_type: qwen2.5_vl``): ``generation/vllm_vl.py:VLLMVLGenerator`` (images with every
-request and with the multimodal probe; the rate of prompts whose image expansion differed is in ``get_state``).
-
-Weight versions: every reply carries the version of the weights that sampled it, vLLM's own label
-(``CompletionOutput.weight_versions``, read by ``generation/vllm_wire.py:weight_version_of``); the worker labels the
-engine's weights ``0`` at start and ``sync_model_from_actor(version)``'s version (None: one more) at each sync, while
-generation is paused. A sync lands between turns: it may come while requests are being generated (an async actor),
-and the pause waits for them, so a reply is sampled by one version; but not for a request vLLM preempted for KV
-space, which resumes on the new weights: that reply carries one version per token (``weight_version_of``).
-With ``runner.partial_rollout`` (``partial``) the sync no longer waits for the turns: vLLM's own keep pause stops
-them after the step in progress, and after the load each goes on from its prompt and tokens so far, its KV computed
-again on the new weights (the pause preempts them); the reply carries one version per token, each token's log-prob
-that of the weights that sampled it, and the engine finds stop strings on the whole turn.
-
-CPU (in process): generation pauses once the sync's headers are in (running requests finish on the old weights; the
-pause waits at most ``sync_timeout_s``, then names the requests still in flight and resumes), every bucket goes into
-vLLM's layerwise in-place reload, then the prefix cache is reset, the weights labelled, and generation resumes.
-GPU (``AsyncLLM``, NOT GPU-verified): vLLM's weight-transfer API, driven by the actor's vLLM trainer engine
-(``sync/vllm_transfer.py``): this worker answers its control calls (``serve_engine_calls``) with
-``sync/vllm_engine_side.py:VLLMGpuSync`` (``ipc`` collocated: the engine sleeps at ``rollout.vllm.sleep_level`` at
-the end of its start and after each rollout, requests in flight finishing first; ``nccl`` disaggregated: the engine
-keeps serving the later batches' turns until the transfer starts, pauses with ``mode="wait"`` (turns in flight
-finish on the old weights, new ones queue), takes the broadcast, labels the weights at ``finish_weight_update``);
-after the actor's ``SYNC_END`` (or a broken transfer) the engine serves again (KV cache woken, caches reset,
-resumed), then the probe runs. Each request's ``seed`` is vLLM's per-request seed, so sampling is reproducible without serving
-requests one at a time.
-"""
+Same serving loop, replies and receive side as ``workers/rollout_hf.py``; vLLM returns no logits, so the probe
+compares prompt log-probs with the actor's logits (``sync/probe.py:probe_logprob_gap``). Weight versions: vLLM's own
+labels (``CompletionOutput.weight_versions``), 0 at start and the sync's version (None: one more) at each sync; the
+wait and its exception: docs/contracts.md §3. ``runner.partial_rollout``: vLLM's keep pause stops the turns after
+the step in progress; they go on with the new weights (KV recomputed), one version per token, stop strings found on
+the whole turn. CPU (in process): pause (at most ``sync_timeout_s``, then names the stuck requests), layerwise
+in-place reload per bucket, prefix-cache reset, label, resume; GPU (``AsyncLLM``): ``sync/vllm_engine_side.py``."""
 
 from __future__ import annotations
 
@@ -101,7 +78,7 @@ class VLLMRolloutState:
 
     async def _generate(self, request: GenerateRequest) -> GenerateReply:
         params = sampling_params_from_request(self.defaults, request.get("sampling_params"))
-        seed = request.get("seed")
+        seed = request.get("seed")  # vLLM's per-request seed: reproducible without serving one request at a time
         with self.requests.track(request["channel_key"]):
             result = await self.generator.generate(
                 request["prompt_ids"],
