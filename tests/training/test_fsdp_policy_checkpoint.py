@@ -102,7 +102,8 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 @pytest.mark.timeout(600)
 def test_a_checkpoint_resumes_on_another_number_of_ranks(vl_world, tmp_path):
     """1 -> 2 and 2 -> 1 FSDP2 ranks: weights and Adam moments come back, the step after the resume equals the
-    third step of an uninterrupted one-process run (gradient norm and weights), and both checkpoints name the same keys."""
+    third step of an uninterrupted one-process run (gradient norm and weights), and both checkpoints name the
+    same keys."""
     from safetensors import safe_open
 
     mm, trajs = vl_world
