@@ -8,8 +8,10 @@ the atomic rename, is ``runner/checkpoints.py``)::
     training_state.pt   {"iteration", "optimizer", "opt_param_scheduler", "rng_state"[per DP rank]}
     hf_actor.json       {"format", "iteration"}: written last; a directory without it is refused
 
-Every data-parallel rank calls both functions (the FSDP2 gathers are collective); rank 0 writes. Files are
-written to a temporary name and renamed, so a crash never leaves a half-written file under its final name.
+Every data-parallel rank calls both functions (the FSDP2 gathers are collective); rank 0 writes. Weights and
+optimizer state are whole tensors, so a checkpoint resumes on any number of ranks (torch's full-state-dict load
+shards them). Files are written to a temporary name and renamed, so a crash never leaves a half-written file
+under its final name.
 """
 
 from __future__ import annotations

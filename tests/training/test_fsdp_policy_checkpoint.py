@@ -34,26 +34,38 @@ def _save(policy, root, step):
     return finalize(tmp, step)
 
 
-@pytest.mark.slow
-def test_resume_two_plus_one_equals_three(vl_world, tmp_path):
+@pytest.fixture(scope="module")
+def one_process(vl_world, tmp_path_factory):
+    """An uninterrupted 3-step run (its step-2 gradient norm, its weights) and a 2-step run checkpointed at step 2
+    (the policy, the checkpoint's directory), in one process: what the resumes are compared with."""
     mm, trajs = vl_world
-    samples = samples_of(trajs[:4], rewards=[1.0, 0.0, 0.0, 1.0])
+    samples = samples_of(trajs[:4], rewards=[1.0, 0.0, 0.0, 1.0])  # two GRPO groups of 2: one per rank below
     straight = FSDPPolicy(mm.qwen2_5_vl_tiny, _settings())
-    for step in range(3):
-        _step(straight, samples, step)
+    norms = [_step(straight, samples, step) for step in range(3)]
     first = FSDPPolicy(mm.qwen2_5_vl_tiny, _settings())
     for step in range(2):
         _step(first, samples, step)
-    ckpt = _save(first, tmp_path / "checkpoints", 2)
+    ckpt = _save(first, tmp_path_factory.mktemp("one-process") / "checkpoints", 2)
+    return samples, norms[2], straight.hf_state_dict(), first, ckpt / "actor"
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.mark.slow
+def test_resume_two_plus_one_equals_three(vl_world, one_process):
+    mm, _ = vl_world
+    samples, norm, expected, first, ckpt = one_process
     resumed = FSDPPolicy(mm.qwen2_5_vl_tiny, _settings())
-    assert resumed.load(ckpt / "actor") == 2 and resumed.optimizer_steps == 2
-    _step(resumed, samples, 2)
-    a, b = straight.hf_state_dict(), resumed.hf_state_dict()
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+    assert resumed.load(ckpt) == 2 and resumed.optimizer_steps == 2
+    assert _step(resumed, samples, 2) == pytest.approx(norm, rel=1e-6)
+    assert _max_diff(resumed.hf_state_dict(), expected) < 1e-6
     # the directory is a plain HF model: transformers loads it and it matches the policy
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    loaded = Qwen2_5_VLForConditionalGeneration.from_pretrained(ckpt / "actor")
+    loaded = Qwen2_5_VLForConditionalGeneration.from_pretrained(ckpt)
     assert type(loaded).__name__ == "Qwen2_5_VLForConditionalGeneration"
     mid = first.hf_state_dict()
     assert all(torch.equal(v, mid[k]) for k, v in loaded.state_dict().items())
@@ -93,38 +105,26 @@ def resharding_worker(rank: int, world: int, port: int, model_dir: str, payload:
     torch.distributed.destroy_process_group()
 
 
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
 @pytest.mark.slow  # ~1 min on 2 busy cores: one spawn of two gloo ranks
 @pytest.mark.timeout(600)
-def test_a_checkpoint_resumes_on_another_number_of_ranks(vl_world, tmp_path):
+def test_a_checkpoint_resumes_on_another_number_of_ranks(vl_world, one_process, tmp_path):
     """1 -> 2 and 2 -> 1 FSDP2 ranks: weights and Adam moments come back, the step after the resume equals the
     third step of an uninterrupted one-process run (gradient norm and weights), and both checkpoints name the
     same keys."""
     from safetensors import safe_open
 
-    mm, trajs = vl_world
-    samples = samples_of(trajs[:4], rewards=[1.0, 0.0, 0.0, 1.0])  # two GRPO groups of 2: one per rank
-    straight = FSDPPolicy(mm.qwen2_5_vl_tiny, _settings())
-    norms = [_step(straight, samples, step) for step in range(3)]
-    expected = straight.hf_state_dict()
-    first = FSDPPolicy(mm.qwen2_5_vl_tiny, _settings())
-    for step in range(2):
-        _step(first, samples, step)
-    one_rank = _save(first, tmp_path / "checkpoints", 2) / "actor"
+    mm, _ = vl_world
+    samples, expected_norm, expected, _, one_rank = one_process
     payload, out = tmp_path / "samples.pt", tmp_path / "two-ranks.pt"
     torch.save(samples, payload)
     mp.spawn(resharding_worker, args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(one_rank), str(out)),
              nprocs=2, join=True)
     weights, norm = torch.load(out)
-    assert norm == pytest.approx(norms[2], rel=1e-5) and _max_diff(weights, expected) < 1e-5  # 1 -> 2
+    assert norm == pytest.approx(expected_norm, rel=1e-5) and _max_diff(weights, expected) < 1e-5  # 1 -> 2
     two_ranks = tmp_path / "two-ranks.pt.ckpt" / "actor"
     resumed = FSDPPolicy(mm.qwen2_5_vl_tiny, _settings())
     assert resumed.load(two_ranks) == 2 and resumed.optimizer_steps == 2
-    assert _step(resumed, samples, 2) == pytest.approx(norms[2], rel=1e-5)  # 2 -> 1
+    assert _step(resumed, samples, 2) == pytest.approx(expected_norm, rel=1e-5)  # 2 -> 1
     assert _max_diff(resumed.hf_state_dict(), expected) < 1e-5
 
     def names(directory):
