@@ -8,8 +8,10 @@ the atomic rename, is ``runner/checkpoints.py``)::
     training_state.pt   {"iteration", "optimizer", "opt_param_scheduler", "rng_state"[per DP rank]}
     hf_actor.json       {"format", "iteration"}: written last; a directory without it is refused
 
-Every data-parallel rank calls both functions (the FSDP2 gathers are collective); rank 0 writes. Files are
-written to a temporary name and renamed, so a crash never leaves a half-written file under its final name.
+Every data-parallel rank calls both functions (the FSDP2 gathers are collective); rank 0 writes. Weights and
+optimizer state are whole tensors, so a checkpoint resumes on any number of ranks (torch's full-state-dict load
+shards them). Files are written to a temporary name and renamed, so a crash never leaves a half-written file
+under its final name.
 """
 
 from __future__ import annotations
@@ -112,12 +114,19 @@ def _check_dir(directory: Path) -> dict[str, Any]:
 def to_module_names(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Checkpoint names -> the model's parameter names. transformers 5's ``save_pretrained`` writes Qwen2.5-VL in
     the checkpoint layout (``visual.*``, ``model.layers.*``) while the module holds ``model.visual.*`` and
-    ``model.language_model.*``; ``from_pretrained`` renames on load with the model's own conversion mapping, and
-    so does this (renamings only: a mapping that also transforms tensors is refused)."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
+    ``model.language_model.*``. The renamings are the ones ``from_pretrained`` applied when it built this model
+    (kept on it as ``_weight_conversions``, which ``save_pretrained`` reverts): looking them up again by class
+    would find none under FSDP2, whose ``fully_shard`` swaps the class for a generated ``FSDP<Name>`` that
+    transformers takes for custom code, so a checkpoint saved unsharded would not load sharded. Renamings only:
+    a conversion that also transforms tensors is refused."""
     from transformers.core_model_loading import WeightRenaming, rename_source_key
 
-    transforms = get_model_conversion_mapping(model)
+    transforms = getattr(model, "_weight_conversions", None)
+    if transforms is None:
+        raise ValueError(
+            f"{type(model).__name__} has no _weight_conversions: the actor's model is built with "
+            "from_pretrained (training/fsdp_policy.py:load_vl_model), which records them"
+        )
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     if len(renamings) != len(transforms):
         raise NotImplementedError(

@@ -5,9 +5,12 @@ cache, tiny-mm-cpu.yaml's engine (vLLM, in the rollout worker's process: the act
 checked by the multimodal probe) and the HF actor, validating (greedy, 4 test questions, their own image cache)
 before training and after step 2, then evaluates the trained model on vLLM in the launcher's process (2 test
 questions; the whole evaluation and its resume: tests/e2e/test_mm_eval.py). Launch 2 resumes the finished run
-(``resume_dir=auto``) for one more step. The last checkpoint's ``actor/`` is an HF model directory that
-transformers loads and generates with from an image. The transformers engine (``rollout.rollout_backend=hf``)
-runs the two-rank FSDP2 test below.
+(``resume_dir=auto``) for one more step on another placement: ``actor: 0-1``, two actor processes of RLinf's
+group sharding the HF model with FSDP2 over gloo (the one-process checkpoint loads on two ranks, every rank joins
+the sync's gathers, rank 0 sends and writes the checkpoint), on the transformers engine
+(``rollout.rollout_backend=hf``: the one MM launch that keeps the fallback's path honest, its sync checked by the
+multimodal probe on HF logits). The last checkpoint's ``actor/`` is an HF model directory that transformers loads
+and generates with from an image.
 """
 
 from __future__ import annotations
@@ -108,48 +111,30 @@ def test_tiny_mm_experiment_trains_checkpoints_resumes_and_exports_an_hf_model(t
     assert sum(r["agent/image_searches"] for r in rows) > 0, "the over-searching warm start never searched images"
     assert all(len(d["image_sha1s"]) >= 1 and d["category"] for step in dumped.values() for d in step)
 
-    code, log2 = launch([*common, "--no-eval", "runner.max_steps=3", "runner.resume_dir=auto"], config="tiny-mm-cpu")
+    code, log2 = launch(
+        [
+            *common,
+            "--no-eval",
+            "runner.max_steps=3",
+            "runner.resume_dir=auto",
+            "cluster.component_placement={actor: 0-1, rollout: 0, reward: 0}",
+            "rollout.rollout_backend=hf",
+        ],
+        config="tiny-mm-cpu",
+    )
     assert code == 0, log2[-4000:]
     assert "resumed from" in log2 and "global_step_2" in log2
-    assert [r["step"] for r in metrics_rows(run_dir)][-1] == 3
+    assert "actor rank 1/2 ready on cpu" in log2 and "data-parallel size 2" in log2
+    rows = metrics_rows(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[-1]["time/sync"] > 0  # the resumed weights synced
+    assert VLLM_SYNC_LINE not in log2 and "rollout/retokenize_mismatch" not in rows[-1]  # no vLLM engine this time
     state = torch.load(run_dir / "checkpoints" / "global_step_3" / "actor" / "training_state.pt", weights_only=False)
     assert state["iteration"] == 3 and state["opt_param_scheduler"]["num_steps"] == 3
 
     from transformers import Qwen2_5_VLForConditionalGeneration
     from vl_helpers_e2e import generate_from_image
 
-    model_dir = run_dir / "checkpoints" / "global_step_3" / "actor"
+    model_dir = run_dir / "checkpoints" / "global_step_3" / "actor"  # written by rank 0 of the two
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(model_dir)
-    assert generate_from_image(model, model_dir, tiny_mm_assets_sft.mm)
-
-
-@pytest.mark.timeout(600)
-def test_tiny_mm_experiment_with_a_two_rank_fsdp2_actor(tiny_mm_assets_sft, tmp_path):
-    """``actor: 0-1``: two actor processes of RLinf's group shard the HF model with FSDP2 over gloo; the weight
-    sync (every rank joins the gathers, rank 0 sends) and the checkpoint (rank 0 writes the full model) work.
-    On the transformers engine (``rollout.rollout_backend=hf``): the one MM launch that keeps the fallback's
-    path honest (rollout worker, sync with the multimodal probe on HF logits)."""
-    out = tmp_path / "runs"
-    code, log = launch(
-        [
-            f"paths.tiny_assets={tiny_mm_assets_sft.root}",
-            f"runner.output_dir={out}",
-            "--no-eval",
-            "cluster.component_placement={actor: 0-1, rollout: 0, reward: 0}",
-            *CI_SIZE,
-            "runner.max_steps=1",
-            "runner.val_before_train=false",
-            "rollout.rollout_backend=hf",
-        ],
-        config="tiny-mm-cpu",
-    )
-    assert code == 0, log[-4000:]
-    assert "actor rank 1/2 ready on cpu" in log and "data-parallel size 2" in log
-    run_dir = out / "mmsearch-r1-grpo-tiny-cpu"
-    rows = metrics_rows(run_dir)
-    assert [r["step"] for r in rows] == [1] and rows[0]["time/sync"] > 0
-    assert VLLM_SYNC_LINE not in log and "rollout/retokenize_mismatch" not in rows[0]  # no vLLM engine in this run
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(run_dir / "checkpoints" / "global_step_1" / "actor")
     assert sum(p.numel() for p in model.parameters()) > 0
+    assert generate_from_image(model, model_dir, tiny_mm_assets_sft.mm)
