@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from rlinf_ext.assets.core.formats import read_jsonl
-from rlinf_ext.assets.core.tiny import GENERATOR_VERSION, make_tiny_assets, read_manifest, sha256_file
+from rlinf_ext.assets.core.tiny import (
+    GENERATOR_VERSION,
+    Parts,
+    complete_assets,
+    make_tiny_assets,
+    read_manifest,
+    sha256_file,
+)
 from rlinf_ext.assets.core.tokenizer import TAG_TOKENS
 from rlinf_ext.assets.searchr1.qa import BENCHMARKS
 from rlinf_ext.assets.searchr1.rows import searchr1_prompt
@@ -52,7 +59,9 @@ def test_layout_matches_contract(tiny_assets):
     for d in [a.qwen2_tiny, a.qwen2_tiny_untied, a.bert_encoder]:
         assert (d / "model.safetensors").is_file() and (d / "config.json").is_file()
     manifest = read_manifest(a.root)
-    # without --with-sft-search / --with-registry those parts are absent, unless a reused directory has them
+    # the session's directory as it is now (a test before may have added a part to it); without --with-sft-search /
+    # --with-registry those parts are absent, unless a reused directory has them
+    a = complete_assets(a.root, 0, Parts.of_manifest(manifest))
     assert (a.qwen2_tiny_sft_search is None) == (not manifest.get("with_sft_search"))
     assert (a.registry is None) == (not manifest.get("with_registry"))
     assert manifest["seed"] == 0 and manifest["version"] == GENERATOR_VERSION
