@@ -1,12 +1,8 @@
 """The GRPO runner on RLinf's scheduler for both agents, a recipe over ``runner/pipeline.py``: each step syncs weights,
 takes the admitted batch, then rewards, old/reference log-probs, the update, a checkpoint when due (contracts §7).
-
-Our own code after RLinf's ``AgentRunner``: RLinf 0.3.0's ``rlinf.runners.agent_runner`` imports Megatron-LM's
-``megatron.training``, not on PyPI. RLinf's worker method names and payloads let one runner drive CPU and GPU workers.
-Validation (``rlinf_ext.eval.core.validation``) runs before the first step (``runner.val_before_train``) and every
-``runner.val_check_interval`` steps: a sync, then a greedy pass; its ``val/...`` metrics join that step's. Collocated
-GPUs follow RLinf's non-pipelined order (rollout, offload, onload actor, train, offload): never both on the GPU.
-SIGTERM finishes the step, checkpoints, then drains the batches in flight."""
+Our own code, after RLinf 0.3.0's ``AgentRunner`` (which imports Megatron-LM's ``megatron.training``, not on PyPI).
+Validation runs before the first step and every ``runner.val_check_interval`` steps (a sync, then a greedy pass).
+Collocated GPUs follow RLinf's non-pipelined order. SIGTERM finishes the step, checkpoints, drains the batches."""
 
 from __future__ import annotations
 
@@ -23,10 +19,9 @@ from tqdm import tqdm
 
 from rlinf_ext.config.placement import is_collocated
 from rlinf_ext.config.schema import ExperimentConfig
-from rlinf_ext.eval.core.validation import should_validate
+from rlinf_ext.eval.core.validation import build_validation_pass, should_validate, validation_enabled
 from rlinf_ext.protocol import channels as ch
 from rlinf_ext.protocol import metric_keys as mk
-from rlinf_ext.protocol.agents import agent_spec
 from rlinf_ext.protocol.channels import KeyedChannel
 from rlinf_ext.protocol.generation import STOP_SERVING, GenerateRequest
 from rlinf_ext.runner.checkpoints import check_complete, finalize, latest_complete_checkpoint, staging_dir, step_of
@@ -44,20 +39,6 @@ from rlinf_ext.workers.agent_loop import ChannelGenerator
 from rlinf_ext.workers.returns import scored_trajectories
 
 StepCallback = Callable[[int, dict, list], None]
-VALIDATION_DIR = "validation"  # <run_dir>/validation/global_step_<N>/generations.jsonl
-
-
-def validation_enabled(cfg: ExperimentConfig) -> bool:
-    """Whether any step of this run can validate (``rlinf_ext.eval.core.validation.should_validate`` is true
-    for some step): ``runner.val_before_train`` or ``runner.val_check_interval > 0``, with ``data.val_data_paths`` set."""
-    runner = cfg.runner
-    wanted = runner.val_before_train or runner.val_check_interval > 0
-    return wanted and bool(cfg.data.val_data_paths)
-
-
-def validation_pass_class(cfg: ExperimentConfig) -> type:
-    """The agent's validation pass (``protocol/agents.py``: ``validation``)."""
-    return agent_spec(cfg).load("validation")
 
 
 def part_metrics(rank_results: list, prefix: str) -> dict[str, float]:
@@ -281,28 +262,13 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ validation
     def validation_pass(self):
-        """The run's one validation pass (the agent's, built on first call), or None when this run never validates.
-
-        It generates through the rollout group's serving loop from the driver (a ``ChannelGenerator`` on the
-        GenerateInput/GenerateOutput channels; replies are keyed by a fresh uuid per request, so they cannot
-        mix with the agent loop's), so it needs ``init_workers()`` first.
-        """
+        """The run's one validation pass (built on first call; None when the run never validates). It generates
+        through the rollout group's serving loop from the driver (replies keyed by a fresh uuid per request), so
+        it needs ``init_workers()`` first."""
         if self._validation is None and validation_enabled(self.cfg):
             if self._serving is None:
                 raise RuntimeError("validation needs the rollout group's serving loop: call init_workers() first.")
-            per_benchmark = self.cfg.runner.val_samples_per_benchmark
-            if per_benchmark == 0:
-                raise ValueError(
-                    "runner.val_samples_per_benchmark=0 leaves nothing to validate; "
-                    "use N > 0 questions per benchmark, or -1 for all of them."
-                )
-            self._validation = validation_pass_class(self.cfg)(
-                self.cfg,
-                ChannelGenerator(*self.generate_channels),
-                samples_per_benchmark=per_benchmark,
-                do_sample=False,
-                out_dir=self.run_dir / VALIDATION_DIR,
-            )
+            self._validation = build_validation_pass(self.cfg, ChannelGenerator(*self.generate_channels), self.run_dir)
         return self._validation
 
     def validate(self, step: int) -> dict[str, float]:

@@ -47,8 +47,7 @@ def _bare_trainer(cfg, tmp_path):
 
 
 def test_validation_enabled_matches_should_validate():
-    from rlinf_ext.eval.core.validation import should_validate
-    from rlinf_ext.runner.trainer import validation_enabled
+    from rlinf_ext.eval.core.validation import should_validate, validation_enabled
 
     for interval in (-1, 0, 1, 3):
         for before in (False, True):
@@ -59,10 +58,10 @@ def test_validation_enabled_matches_should_validate():
 
 
 def test_no_validation_pass_without_validation(monkeypatch, tmp_path):
-    from rlinf_ext.runner import trainer
+    from rlinf_ext.eval.core import validation
     from rlinf_ext.workers.agent_loop import ChannelGenerator
 
-    monkeypatch.setattr(trainer, "validation_pass_class", lambda cfg: _FakePass)
+    monkeypatch.setattr(validation, "validation_pass_class", lambda cfg: _FakePass)
     _FakePass.built.clear()
     off = _bare_trainer(_cfg(-1, False), tmp_path)
     assert off.validation_pass() is None

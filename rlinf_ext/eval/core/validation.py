@@ -17,8 +17,38 @@ from typing import Any, TypeVar
 from rlinf_ext.eval.core.generations import GENERATIONS_FILE, GenerationsWriter
 from rlinf_ext.eval.core.loop import Evaluator, evaluate_items
 from rlinf_ext.eval.core.records import EvalRecord
+from rlinf_ext.protocol.agents import agent_spec
 
 Item = TypeVar("Item")
+
+
+VALIDATION_DIR = "validation"  # <run_dir>/validation/global_step_<N>/generations.jsonl
+
+
+def validation_enabled(cfg: Any) -> bool:
+    """Whether any step of the run validates (``should_validate`` true for some step): ``runner.val_before_train``
+    or ``runner.val_check_interval > 0``, with ``data.val_data_paths`` set."""
+    wanted = cfg.runner.val_before_train or cfg.runner.val_check_interval > 0
+    return wanted and bool(cfg.data.val_data_paths)
+
+
+def validation_pass_class(cfg: Any) -> type:
+    """The agent's validation pass (``protocol/agents.py``: ``validation``)."""
+    return agent_spec(cfg).load("validation")
+
+
+def build_validation_pass(cfg: Any, generator: Any, run_dir: Path):
+    """The agent's greedy validation pass over ``runner.val_samples_per_benchmark`` questions per benchmark,
+    writing ``<run_dir>/validation/global_step_<N>/generations.jsonl``."""
+    per_benchmark = cfg.runner.val_samples_per_benchmark
+    if per_benchmark == 0:
+        raise ValueError(
+            "runner.val_samples_per_benchmark=0 leaves nothing to validate; "
+            "use N > 0 questions per benchmark, or -1 for all of them."
+        )
+    return validation_pass_class(cfg)(
+        cfg, generator, samples_per_benchmark=per_benchmark, do_sample=False, out_dir=run_dir / VALIDATION_DIR
+    )
 
 
 def should_validate(cfg: Any, step: int) -> bool:
