@@ -475,3 +475,9 @@ def test_tests_mirror_the_package():
                 "the sub-package's folder"
             )
     assert not bad, "\n".join(bad)
+
+
+def test_the_trainer_stays_a_recipe():
+    """The pipeline, admission, metrics and validation live in their own modules; the trainer only orders them."""
+    lines = (PACKAGE_ROOT / "runner" / "trainer.py").read_text().count("\n")
+    assert lines <= 400, f"rlinf_ext/runner/trainer.py has {lines} lines (<= 400): move a concern to its own module"
