@@ -24,6 +24,9 @@ import psutil
 RAY_BIN = Path(sys.executable).with_name("ray")
 
 
+RAY_START_TIMED_OUT = "timed out during startup"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -46,6 +49,17 @@ class LocalRayCluster:
         self.temp_dirs: dict[str, Path] = {}  # name -> the temp dir of its current start
 
     def _start(self, name: str, args: list[str], timeout_s: float = 240) -> None:
+        """`ray start`, tried twice when Ray gave up on its raylet registering within its fixed 30 s
+        (``ray/_private/node.py``: "timed out during startup"), which a loaded 2-core box can exceed."""
+        try:
+            self._start_once(name, args, timeout_s)
+        except RuntimeError as exc:
+            if RAY_START_TIMED_OUT not in str(exc):
+                raise
+            self.stop_node(name, grace_s=2.0)  # the attempt's processes (by its temp dir); then a fresh temp dir
+            self._start_once(name, args, timeout_s)
+
+    def _start_once(self, name: str, args: list[str], timeout_s: float) -> None:
         # a node started again under a name gets a fresh temp dir: the stopped node's session files stay behind
         temp_dir, n = self.root / name, 1
         while temp_dir.exists():
@@ -77,7 +91,7 @@ class LocalRayCluster:
                 f"--ray-client-server-port={free_port()}",
             ],
         )
-        self.address = (self.root / "head" / "ray_current_cluster").read_text().strip()
+        self.address = (self.temp_dirs["head"] / "ray_current_cluster").read_text().strip()
         self.nodes["head"] = self.address.rpartition(":")[0]
         self.env["RAY_ADDRESS"] = self.address
         return self.address
