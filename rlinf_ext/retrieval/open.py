@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from .bm25 import BM25Searcher
-from .dense import DenseSearcher
 from .metadata import IndexMetadata
 from .searcher import Searcher
 
@@ -32,6 +31,8 @@ def open_searcher(
                 f"search parameters {sorted(search_params)} apply to dense (faiss) indexes; {index_dir} is a BM25 index"
             )
         return BM25Searcher.load(index_dir, meta, in_ram=in_ram, threads=threads), meta
+    from .dense import DenseSearcher  # lazy: torch and the encoder, which a BM25 server starts without
+
     return DenseSearcher.load(
         index_dir,
         meta,

@@ -24,6 +24,9 @@ from rlinf_ext.runner.errors import LaunchError
 
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 PRIVATE_INSTANCE = "local"  # Ray's address for "start a new instance owned by this driver"
+# Ray starts one idle worker per CPU for the first driver; every RLinf worker carries a runtime_env, which those
+# idle workers lack, so none is ever used: a private instance starts without them (the user's setting wins)
+PRIVATE_INSTANCE_ENV = {"RAY_prestart_worker_first_driver": "0"}
 JOIN_FIX = (
     "start Ray on every node first: `ray start --head --port=6379` on the first node, "
     "`ray start --address=HEAD_IP:6379` on the others (examples/searchr1/multinode/), then launch on the head"

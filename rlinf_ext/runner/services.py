@@ -36,6 +36,7 @@ from rlinf_ext.retrieval.launch import RetrievalServerError, RetrievalServerProc
 from rlinf_ext.runner.cluster import (
     JOIN_FIX,
     PRIVATE_INSTANCE,
+    PRIVATE_INSTANCE_ENV,
     RAY_ADDRESS_ENV,
     NodeOrder,
     check_placement_fits,
@@ -156,6 +157,19 @@ def start_rlinf_cluster(cfg: ExperimentConfig, address: str | None) -> Cluster:
 
 
 @contextlib.contextmanager
+def ray_settings(defaults: dict[str, str]) -> Iterator[None]:
+    """Ray settings (``RAY_<name>`` environment variables, read by the processes a starting instance spawns) set
+    while the block runs, each unless the user set it; the environment is as it was afterwards."""
+    added = [name for name in defaults if name not in os.environ]
+    os.environ.update({name: defaults[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
+@contextlib.contextmanager
 def rlinf_cluster(cfg: ExperimentConfig) -> Iterator[JoinedCluster]:
     """Join (several nodes: after they are all there) or start (one node) the run's Ray cluster through RLinf's
     ``Cluster``, pin its workers to it, check that the placement fits; on exit the workers are killed and Ray is
@@ -169,7 +183,8 @@ def rlinf_cluster(cfg: ExperimentConfig) -> Iterator[JoinedCluster]:
             wait_for_nodes(address, num_nodes, cfg.cluster.join_timeout_s)
         if address is not None:
             os.environ[RAY_ADDRESS_ENV] = address
-        cluster = start_rlinf_cluster(cfg, address)
+        with ray_settings(PRIVATE_INSTANCE_ENV if address == PRIVATE_INSTANCE else {}):
+            cluster = start_rlinf_cluster(cfg, address)
         reinstall_signal_handlers()
         gcs_address = ray.get_runtime_context().gcs_address
         pin_workers_to_cluster(cluster, gcs_address)

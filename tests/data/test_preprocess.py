@@ -172,41 +172,16 @@ def test_the_tools_instructions_fill_their_placeholder(tiny_assets, tmp_path, ca
     own = tmp_path / "prompt.yaml"
     own.write_text('template: "{tool_instructions} Question: {question}\\n"\napply_chat_template: false\n')
     out = tmp_path / "tools.jsonl"
-    rc = main(
-        [
-            "preprocess",
-            "--config",
-            str(own),
-            "--tools",
-            f"search,{CALCULATOR}",
-            "--input",
-            str(tiny_assets.searchr1_test["nq"]),
-            "--output",
-            str(out),
-            "--tokenizer",
-            str(tiny_assets.tokenizer_dir),
-            "--no-progress",
-        ]
-    )
-    assert rc == 0, capsys.readouterr().err
-    prompt = read_jsonl(out)[0]["prompt"]
+
+    def first_prompt(*tools_args: str) -> str:
+        cli = ["preprocess", "--config", str(own), *tools_args, "--input", str(tiny_assets.searchr1_test["nq"])]
+        rc = main([*cli, "--output", str(out), "--tokenizer", str(tiny_assets.tokenizer_dir), "--no-progress"])
+        assert rc == 0, capsys.readouterr().err
+        return read_jsonl(out)[0]["prompt"]
+
+    prompt = first_prompt("--tools", f"search,{CALCULATOR}")
     assert prompt.startswith("If I want to search,") and "<calculate> and </calculate>. Question: " in prompt
     # or the tools an experiment configures (the arithmetic agent's: the calculator alone)
-    rc = main(
-        [
-            "preprocess",
-            "--config",
-            str(own),
-            "--experiment",
-            str(ARITH_YAML),
-            "--input",
-            str(tiny_assets.searchr1_test["nq"]),
-            "--output",
-            str(out),
-            "--tokenizer",
-            str(tiny_assets.tokenizer_dir),
-            "--no-progress",
-        ]
+    assert first_prompt("--experiment", str(ARITH_YAML)).startswith(
+        "If I want to calculate, I should put the expression between"
     )
-    assert rc == 0, capsys.readouterr().err
-    assert read_jsonl(out)[0]["prompt"].startswith("If I want to calculate, I should put the expression between")

@@ -84,31 +84,20 @@ def bm25_index(retrieval_assets, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def dense_index(retrieval_assets, tmp_path_factory) -> Path:
-    from rlinf_ext.retrieval.build import build_index
-    from rlinf_ext.retrieval.config import BuildConfig
-
-    out = tmp_path_factory.mktemp("dense_index")
-    build_index(
-        BuildConfig(
-            corpus=str(retrieval_assets.corpus),
-            out=str(out),
-            retriever="e5",
-            model=str(retrieval_assets.encoder),
-            batch_size=16,
-            device="cpu",
-            threads=1,
-        )
-    )
-    return out
+    return build_e5(retrieval_assets, tmp_path_factory.mktemp("dense_index"))
 
 
 @pytest.fixture(scope="session")
 def dense_embeddings(retrieval_assets, tmp_path_factory) -> Path:
     """A directory holding the tiny corpus's finished embedding memmap (+ progress record) for the e5 spec."""
+    return build_e5(retrieval_assets, tmp_path_factory.mktemp("dense_embeddings"), keep_embeddings=True)
+
+
+def build_e5(retrieval_assets, out: Path, keep_embeddings: bool = False) -> Path:
+    """The tiny corpus's e5 index (one CPU thread, batches of 16) built into ``out``."""
     from rlinf_ext.retrieval.build import build_index
     from rlinf_ext.retrieval.config import BuildConfig
 
-    out = tmp_path_factory.mktemp("dense_embeddings")
     build_index(
         BuildConfig(
             corpus=str(retrieval_assets.corpus),
@@ -118,7 +107,7 @@ def dense_embeddings(retrieval_assets, tmp_path_factory) -> Path:
             batch_size=16,
             device="cpu",
             threads=1,
-            keep_embeddings=True,
+            keep_embeddings=keep_embeddings,
         )
     )
     return out

@@ -26,10 +26,12 @@ class SharedRay:
         import ray
         from rlinf.scheduler import Cluster
 
-        from rlinf_ext.runner.cluster import pin_workers_to_cluster
+        from rlinf_ext.runner.cluster import PRIVATE_INSTANCE_ENV, pin_workers_to_cluster
+        from rlinf_ext.runner.services import ray_settings
 
         if self.cluster is None or not ray.is_initialized():
-            self.cluster = Cluster(num_nodes=1)
+            with ray_settings(PRIVATE_INSTANCE_ENV):
+                self.cluster = Cluster(num_nodes=1)
             pin_workers_to_cluster(self.cluster, ray.get_runtime_context().gcs_address)
         return self.cluster
 

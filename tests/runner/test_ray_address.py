@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from rlinf_ext.runner.cluster import ray_address_for
+from rlinf_ext.runner.cluster import PRIVATE_INSTANCE_ENV, ray_address_for
+from rlinf_ext.runner.services import ray_settings
 
 # what rlinf/hybrid_engines/sglang/common/sgl_scheduler.py does in each scheduler process (a child of the actor)
 NON_ACTOR_WORKER = """
@@ -66,6 +67,19 @@ def make_probe_worker():
             return code, out, time.monotonic() - started
 
     return SpawningWorker
+
+
+def test_ray_settings_default_while_the_instance_starts_and_the_users_own_win(monkeypatch):
+    name = "RAY_prestart_worker_first_driver"
+    assert PRIVATE_INSTANCE_ENV == {name: "0"}  # no idle workers: RLinf's all carry a runtime_env
+    monkeypatch.delenv(name, raising=False)
+    with ray_settings(PRIVATE_INSTANCE_ENV):
+        assert os.environ[name] == "0"
+    assert name not in os.environ
+    monkeypatch.setenv(name, "1")
+    with ray_settings(PRIVATE_INSTANCE_ENV):
+        assert os.environ[name] == "1"
+    assert os.environ[name] == "1"
 
 
 @pytest.mark.slow

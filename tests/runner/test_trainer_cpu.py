@@ -35,9 +35,16 @@ def check_step(metrics, trajectories, group_size=2, batch=2):
     assert any(0 in t["response_mask"] for t in trajectories) == (metrics["agent/searches"] > 0)
 
 
+# PPO with the Megatron critic (collocated in the actor's processes): the resume restores the critic beside the
+# policy, so step 3's value loss after the resume equals the uninterrupted run's
+PPO = {"algorithm.adv_type": "gae", "critic.use_critic_model": True, "critic.critic_warmup": 0, "critic.optim.lr": 1e-3}
+
+
 def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cluster, retrieval_url):
-    """RLinf-scheduler runner on CPU: steps train (params and logprobs change, loss finite, sync checked);
-    3 uninterrupted steps == (2 steps, checkpoint, resume, 1 step); a truncated newest checkpoint is skipped."""
+    """RLinf-scheduler runner on CPU, PPO with the critic: steps train (params and logprobs change, loss finite,
+    sync checked); 3 uninterrupted steps == (2 steps, checkpoint, resume, 1 step), the critic's value loss
+    included; a truncated newest checkpoint is skipped."""
+    from rlinf_ext.protocol import metric_keys as mk
     from rlinf_ext.runner.trainer import GRPOTrainer
 
     cfg = make_cfg(
@@ -49,6 +56,7 @@ def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cl
             "runner.save_interval": 1,
             "algorithm.n_minibatches": 1,
             "algorithm.training_batch_size_per_gpu": 2,
+            **PPO,
         },
     )
     metrics_a, trajs_a = {}, {}
@@ -64,6 +72,8 @@ def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cl
         assert summary["steps"] == 3 and summary["checkpoint_dir"]
         for step in (1, 2, 3):
             check_step(metrics_a[step], trajs_a[step])
+            assert set(mk.CRITIC_METRICS) <= set(metrics_a[step]), metrics_a[step]
+            assert math.isfinite(metrics_a[step][mk.CRITIC_VALUE_LOSS]), metrics_a[step]
         print(
             "searches per step:",
             [metrics_a[s]["agent/searches"] for s in (1, 2, 3)],
@@ -102,6 +112,7 @@ def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cl
                 "algorithm.n_minibatches": 1,
                 "algorithm.training_batch_size_per_gpu": 2,
                 "runner.resume_dir": "auto",
+                **PPO,
             },
         )
         metrics_b = {}
@@ -114,6 +125,8 @@ def test_runner_steps_then_resume_equals_uninterrupted(tiny_assets, tmp_path, cl
         assert set(metrics_b) == {3}
         assert metrics_b[3]["reward/mean"] == metrics_a[3]["reward/mean"]
         assert metrics_b[3]["actor/loss"] == pytest.approx(metrics_a[3]["actor/loss"], abs=1e-6)
+        for key in (mk.CRITIC_VALUE_LOSS, mk.CRITIC_VALUES_MEAN):  # the values before step 3's update: the critic's
+            assert metrics_b[3][key] == pytest.approx(metrics_a[3][key], abs=1e-6), key  # restored weights
         checksum_b = groups.actor.parameter_checksum().wait()[0]
         assert checksum_b == pytest.approx(checksum_a, rel=1e-7)
         resumed.shutdown()

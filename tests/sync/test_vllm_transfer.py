@@ -749,6 +749,10 @@ def test_packed_ipc_across_two_actor_ranks_each_engine_opens_its_own_gpu(host_gp
     # forked before any thread of this test starts: the ranks share this process's imports (a spawned rank
     # imports vLLM again, ~20 s on 2 cores) and its CUDA stand-ins, then install their own
     ctx = multiprocessing.get_context("fork")
+    if torch.distributed.is_initialized():  # an earlier test's Megatron state in this worker: a fork would inherit
+        from rlinf_ext.models.cpu_shims import destroy_parallel_state  # its default group, and the ranks need their own
+
+        destroy_parallel_state()
     wire, versions = Wire(2, 2, make_queue=ctx.Queue), (1, 2)
     engines = [RecordingEngine(ipc_worker(loadable_model(), device_index=r)) for r in range(2)]
     results = ctx.Queue()
