@@ -97,12 +97,33 @@ class LocalRayCluster:
         return self.address
 
     def add_node(self, name: str, ip: str, num_cpus: int) -> None:
-        env_address = self.env.pop("RAY_ADDRESS")  # `ray start --address` names it; the env var would win
-        try:
-            self._start(name, [f"--address={self.address}", f"--node-ip-address={ip}", f"--num-cpus={num_cpus}"])
-        finally:
-            self.env["RAY_ADDRESS"] = env_address
-        self.nodes[name] = ip
+        """`ray start --address` for ``name``, then wait until the GCS counts it alive: a node started again on the
+        address of one just stopped has been seen to start and then not be counted (a loaded box, the stopped
+        node's death still pending); it is started once more then."""
+        for attempt in (1, 2):
+            env_address = self.env.pop("RAY_ADDRESS")  # `ray start --address` names it; the env var would win
+            try:
+                self._start(name, [f"--address={self.address}", f"--node-ip-address={ip}", f"--num-cpus={num_cpus}"])
+            finally:
+                self.env["RAY_ADDRESS"] = env_address
+            self.nodes[name] = ip
+            missing = self._nodes_missing(timeout_s=60)
+            if missing is None:
+                return
+            self.stop_node(name, grace_s=2.0)
+        raylet = self.temp_dirs[name] / "session_latest" / "logs" / "raylet.out"
+        tail = raylet.read_text()[-3000:] if raylet.is_file() else f"({raylet} missing)"
+        raise RuntimeError(f"node {name} ({ip}) started twice but never counted alive: {missing}\n{tail}")
+
+    def _nodes_missing(self, timeout_s: float) -> str | None:
+        """None once every node of this cluster is alive in the GCS, else the launcher's own wait error."""
+        probe = (
+            f"from rlinf_ext.runner.cluster import wait_for_nodes\nwait_for_nodes(None, {len(self.nodes)}, {timeout_s})"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe], env=self.env, capture_output=True, text=True, timeout=timeout_s + 120
+        )
+        return None if done.returncode == 0 else done.stderr[-2000:]
 
     def processes(self, name: str) -> list[psutil.Process]:
         """Every process of node ``name``: those started with its temp dir, and their descendants."""
