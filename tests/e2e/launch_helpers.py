@@ -74,17 +74,30 @@ def metrics_rows(run_dir: Path) -> list[dict]:
     return rows
 
 
-def when_step_logged(run_dir: Path, step: int, action: Callable[[], None]) -> threading.Event:
-    """Run ``action`` (in a thread) as soon as metrics.jsonl has ``step``; set the returned event to give up.
-    The launcher prints nothing between steps, so the file is polled."""
-    done = threading.Event()
+class StepWatch:
+    """Runs an action (in a thread) once metrics.jsonl has a step; ``finish()`` stops watching and returns only
+    after an action already started has ended (the launcher can exit while the action still runs: a node being
+    stopped is still in ``LocalRayCluster.nodes`` until ``stop_node`` returns)."""
 
-    def watch():
-        while not done.is_set():
+    def __init__(self, run_dir: Path, step: int, action: Callable[[], None]) -> None:
+        self._given_up = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(run_dir, step, action), daemon=True)
+        self._thread.start()
+
+    def _watch(self, run_dir: Path, step: int, action: Callable[[], None]) -> None:
+        while not self._given_up.is_set():
             if any(r.get("step") == step for r in metrics_rows(run_dir)):
                 action()
                 return
             time.sleep(0.2)
 
-    threading.Thread(target=watch, daemon=True).start()
-    return done
+    def finish(self, timeout: float = 120) -> None:
+        self._given_up.set()
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"the action on a logged step still runs after {timeout} s"
+
+
+def when_step_logged(run_dir: Path, step: int, action: Callable[[], None]) -> StepWatch:
+    """Run ``action`` as soon as metrics.jsonl has ``step`` (the launcher prints nothing between steps, so the file
+    is polled); call ``finish()`` on what this returns once the launch is over."""
+    return StepWatch(run_dir, step, action)

@@ -78,11 +78,11 @@ def test_two_nodes_place_each_worker_and_a_lost_node_stops_the_run_naming_it_and
 ):
     run_dir = tmp_path / "searchr1-grpo-tiny-cpu"
     args = [*two_node_args(two_nodes, tiny_assets_sft, tmp_path, "TwoNode"), "runner.max_steps=3"]
-    done = when_step_logged(run_dir, 1, lambda: two_nodes.stop_node("w1"))
+    watch = when_step_logged(run_dir, 1, lambda: two_nodes.stop_node("w1"))
     try:
         code, log = launch(args, env=two_nodes.env, timeout=420)
     finally:
-        done.set()
+        watch.finish()  # the launcher sees the node gone before stop_node returns
         if "w1" not in two_nodes.nodes:  # the node comes back for the resume (and the module's other tests)
             two_nodes.add_node("w1", WORKER_IP, num_cpus=2)
     assert code == 1, log[-4000:]

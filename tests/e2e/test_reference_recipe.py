@@ -215,7 +215,7 @@ def test_extending_the_recipes_run_survives_a_dead_server_and_evaluates_each_mod
         os.kill(server["pid"], signal.SIGKILL)  # the pid line comes long before step 3
         server["killed"] = True
 
-    done = when_step_logged(run_dir, 3, kill_server)
+    watch = when_step_logged(run_dir, 3, kill_server)
     # the evaluation of the new model (one question per benchmark) then runs against the dead server too
     code, log = launch(
         [
@@ -232,7 +232,7 @@ def test_extending_the_recipes_run_survives_a_dead_server_and_evaluates_each_mod
         env=env,
         config=CONFIG,
     )
-    done.set()
+    watch.finish()
     assert code == 0, log[-4000:]
     assert server.get("killed"), "the test never saw step 3 and did not kill the server"
     rows = {r["step"]: r for r in metrics_rows(run_dir)}

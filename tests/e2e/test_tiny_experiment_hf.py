@@ -102,9 +102,9 @@ def preempted_run(tiny_assets_registry, tmp_path_factory) -> PreemptedRun:
         launcher["proc"] = proc
 
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | SLOW_SEARCH_ENV
-    done = when_step_logged(run_dir, 1, lambda: launcher["proc"].send_signal(signal.SIGTERM))
+    watch = when_step_logged(run_dir, 1, lambda: launcher["proc"].send_signal(signal.SIGTERM))
     code, log = launch(args, on_line=keep_proc, timeout=420, env=env)
-    done.set()
+    watch.finish()
     checkpoint = latest_complete_checkpoint(run_dir / "checkpoints")
     steps = [r["step"] for r in metrics_rows(run_dir)]
     converted = (run_dir / "hf_model").exists()
