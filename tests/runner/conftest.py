@@ -1,63 +1,82 @@
 """The runner tests' Ray instance: one private one-node Ray for every test of this directory that asks for
-``cluster`` (starting one takes ~25 s on a busy 2-core box; it used to start once per module). The tests only
-launch worker groups on it and kill them afterwards, as they did inside a module. It is stopped after the last
-test of this directory (``pytest_runtest_teardown``), and before a test that starts a Ray instance of its own in
-this process (``no_shared_ray``). Under ``-n 2`` each worker process that runs these tests has its own instance
-(RAY_ADDRESS=local: a private one), so two may run at once."""
+``cluster`` or ``joined_cluster`` (starting one, with RLinf's managers, costs ~20 CPU-s: ~25 s on a busy 2-core
+box), started as the launcher starts a run's. The tests only launch worker groups on it and kill them afterwards.
+It is stopped after the last test of this directory (``pytest_runtest_teardown``). Under ``-n 2`` each worker
+process that runs these tests has its own instance (a private one), so two may run at once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
 
 RUNNER_DIR = os.path.dirname(os.path.abspath(__file__))
+RAY_ADDRESS = "RAY_ADDRESS"
+TINY_CONFIG = "tiny-cpu"  # its cluster section: one node, no accelerator
 
 
 class SharedRay:
-    """Starts the instance on first use, as the launcher does (``RAY_ADDRESS=local`` while RLinf's Cluster starts
-    it: its ``address="auto"`` would join any Ray running on the machine; then the workers are pinned to it,
-    ``runner/cluster.py``), and again after a stop."""
+    """Started on first use through the launcher's own code path (``runner/services.py:rlinf_cluster`` for the
+    tiny config: ``RAY_ADDRESS=local`` while RLinf's Cluster starts it, no idle workers, the workers pinned to it,
+    the placement checked), and again after a stop; stopped by leaving that context (workers killed, Ray down,
+    ``RAY_ADDRESS`` as it was)."""
 
     def __init__(self) -> None:
-        self.cluster = None
+        self.joined = None
+        self._context: contextlib.ExitStack | None = None
+        self._users_address: str | None = None
 
     def get(self):
+        """The running instance's ``JoinedCluster``."""
         import ray
-        from rlinf.scheduler import Cluster
 
-        from rlinf_ext.runner.cluster import PRIVATE_INSTANCE_ENV, pin_workers_to_cluster
-        from rlinf_ext.runner.services import ray_settings
+        if self.joined is None or not ray.is_initialized():
+            self.stop()
+            from rlinf_ext.config.loader import load_config
+            from rlinf_ext.runner.services import rlinf_cluster
 
-        if self.cluster is None or not ray.is_initialized():
-            with ray_settings(PRIVATE_INSTANCE_ENV):
-                self.cluster = Cluster(num_nodes=1)
-            pin_workers_to_cluster(self.cluster, ray.get_runtime_context().gcs_address)
-        return self.cluster
+            # unset while it starts: the one-node default ("local", a private instance), as for a user's launch
+            self._users_address = os.environ.pop(RAY_ADDRESS, None)
+            context = contextlib.ExitStack()
+            try:
+                self.joined = context.enter_context(rlinf_cluster(load_config(TINY_CONFIG, [])))
+            except BaseException:
+                context.close()
+                self._put_back_users_address()
+                raise
+            self._context = context
+        return self.joined
 
     def stop(self) -> None:
-        if self.cluster is None:
+        if self._context is None:
             return
-        from rlinf_ext.runner.services import shutdown_ray
+        context, self._context, self.joined = self._context, None, None
+        context.close()
+        # the launcher puts the driver's environment back (its RAY_ADDRESS was unset when the instance started)
+        assert os.environ.get(RAY_ADDRESS) is None, f"RAY_ADDRESS={os.environ.get(RAY_ADDRESS)} after Ray went down"
+        self._put_back_users_address()
 
-        self.cluster = None
-        shutdown_ray()  # also forgets RLinf's Cluster singleton, so a later start gets a fresh Ray instance
+    def _put_back_users_address(self) -> None:
+        if self._users_address is not None:
+            os.environ[RAY_ADDRESS] = self._users_address
+            self._users_address = None
 
 
 SHARED_RAY = SharedRay()
 
 
 @pytest.fixture
-def cluster(monkeypatch):
-    """The shared private Ray instance's RLinf ``Cluster`` (``RAY_ADDRESS=local`` during the test, as before)."""
-    monkeypatch.setenv("RAY_ADDRESS", "local")
+def joined_cluster():
+    """The shared private Ray instance as the launcher holds it (``runner/services.py:JoinedCluster``; its
+    ``RAY_ADDRESS=local`` is set while it runs)."""
     return SHARED_RAY.get()
 
 
 @pytest.fixture
-def no_shared_ray():
-    """For a test that starts its own Ray instance in this process: the shared one is stopped first."""
-    SHARED_RAY.stop()
+def cluster(joined_cluster):
+    """The shared private Ray instance's RLinf ``Cluster``."""
+    return joined_cluster.cluster
 
 
 def pytest_runtest_teardown(item, nextitem):

@@ -35,15 +35,13 @@ def find_spec_answering(answer):
     return find_spec
 
 
-def test_invalid_config_reports_every_problem_and_starts_nothing(tmp_path, monkeypatch, no_shared_ray):
-    # no_shared_ray: another runner test of this worker may have left the shared instance up; this one starts none
-    import ray
-
+def test_invalid_config_reports_every_problem_and_starts_nothing(tmp_path, monkeypatch):
     def must_not_run(*_a, **_k):
         raise AssertionError("the launcher went past validation")
 
     for name in ("prepare_tiny_assets", "ensure_index", "retrieval_server", "rlinf_cluster"):
         monkeypatch.setattr(f"rlinf_ext.runner.launch.{name}", must_not_run)
+    monkeypatch.setattr("ray.init", must_not_run)  # nor Ray by another path (the runner tests' own may be up)
     out = tmp_path / "out"
     with pytest.raises(LaunchError) as info:
         run_training("tiny-cpu", [*BAD, f"runner.output_dir={out}", f"paths.tiny_assets={tmp_path / 'assets'}"])
@@ -51,7 +49,6 @@ def test_invalid_config_reports_every_problem_and_starts_nothing(tmp_path, monke
     assert "3 problem(s)" in text and "nothing was started" in text
     assert "runner.max_stepz" in text and "runner.max_steps" in text  # the suggestion
     assert "algorithm.group_size" in text
-    assert not ray.is_initialized()
     assert not out.exists() and not (tmp_path / "assets").exists()
 
 
@@ -121,16 +118,15 @@ def _reference_overrides(tmp_path) -> list[str]:
     ]
 
 
-def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(tmp_path, monkeypatch, no_shared_ray):
+def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(tmp_path, monkeypatch):
     import importlib.util
-
-    import ray
 
     def must_not_run(*_a, **_k):
         raise AssertionError("the launcher went past the GPU-extra check")
 
     for name in ("prepare_tiny_assets", "ensure_index", "retrieval_server", "rlinf_cluster", "print_plan"):
         monkeypatch.setattr(f"rlinf_ext.runner.launch.{name}", must_not_run)
+    monkeypatch.setattr("ray.init", must_not_run)
     found = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util,
@@ -143,7 +139,7 @@ def test_a_gpu_cluster_without_the_gpu_extra_is_refused_before_anything_starts(t
     assert "cluster.num_gpus_per_node=8" in text and "rollout_backend=vllm" in text
     assert "vllm cannot be imported" in text
     assert "bash scripts/install.sh --gpu" in text
-    assert not ray.is_initialized() and not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_gpu_extra_check_names_only_what_is_missing(tmp_path, monkeypatch):

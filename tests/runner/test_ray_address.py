@@ -84,23 +84,22 @@ def test_ray_settings_default_while_the_instance_starts_and_the_users_own_win(mo
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_process_started_by_a_worker_joins_the_launchers_cluster(tiny_assets, tmp_path, monkeypatch, no_shared_ray):
+def test_a_process_started_by_a_worker_joins_the_launchers_cluster(joined_cluster):
+    """On the runner tests' instance, started by the launcher's ``rlinf_cluster`` (tests/runner/conftest.py)."""
     from rlinf.scheduler.placement import NodePlacementStrategy
+    from trainer_helpers import kill_group
 
-    from rlinf_ext.config.loader import load_config
-    from rlinf_ext.runner.services import rlinf_cluster
-
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    cfg = load_config("tiny-cpu", [f"paths.tiny_assets={tiny_assets.root}", f"runner.output_dir={tmp_path}"])
-    with rlinf_cluster(cfg) as joined:
-        group = (
-            make_probe_worker()
-            .create_group()
-            .launch(joined.cluster, placement_strategy=NodePlacementStrategy([0]), name="d1_probe")
-        )
+    joined = joined_cluster
+    group = (
+        make_probe_worker()
+        .create_group()
+        .launch(joined.cluster, placement_strategy=NodePlacementStrategy([0]), name="d1_probe")
+    )
+    try:
         assert group.environment().wait() == [joined.gcs_address]  # not "local"
         code, out, seconds = group.spawn_nested_worker(JOIN_TIMEOUT_S).wait()[0]
+    finally:
+        kill_group(group)
     assert code == 0, out[-3000:]
     assert f"GCS={joined.gcs_address}" in out, out[-3000:]
     print(f"nested RLinf Worker joined the launcher's cluster in {seconds:.1f} s: {out.strip().splitlines()[-1]}")
-    assert os.environ.get("RAY_ADDRESS") is None  # the launcher put the driver's environment back

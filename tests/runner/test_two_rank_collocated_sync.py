@@ -15,9 +15,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import ray
 import torch
-from trainer_helpers import make_cfg
+from trainer_helpers import kill_group, make_cfg
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 COLLOCATED = "{actor: 0-1, rollout: 0-1, reward: 0}"
@@ -67,9 +66,7 @@ def sync_two_ranks(actor_cfg, rollout_cfg, cluster) -> tuple[list[dict], list[di
         )
         return sent, rollout.get_state().wait()
     finally:
-        for group in (actor, rollout):
-            for rank in group._workers:
-                ray.kill(rank.worker, no_restart=True)
+        kill_group(actor, rollout)
 
 
 def check_each_engine_has_its_ranks_weights(sent: list[dict], states: list[dict]) -> None:

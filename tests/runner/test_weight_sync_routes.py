@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 import ray
-from trainer_helpers import make_cfg, model_path
+from trainer_helpers import kill_group, make_cfg, model_path
 
 pytestmark = pytest.mark.timeout(600)
 BUCKET = 64 << 10
@@ -106,9 +106,7 @@ def test_each_engine_gets_the_actor_weights_along_its_route(tiny_assets, tmp_pat
         check(*sync(actor, rollout, paired), "paired")
         check(*sync(actor, rollout, SyncRoutes("broadcast", 2, 2)), "broadcast")
     finally:
-        for group in (actor, rollout):
-            for rank in group._workers:
-                ray.kill(rank.worker, no_restart=True)
+        kill_group(actor, rollout)
 
 
 @pytest.mark.slow

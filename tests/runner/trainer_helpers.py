@@ -73,3 +73,12 @@ def kill_groups(groups):
     from rlinf_ext.runner.groups import stop_worker_groups
 
     stop_worker_groups(groups)
+
+
+def kill_group(*groups) -> None:
+    """Kill the processes of RLinf worker groups a test launched itself (the shared Ray instance stays up)."""
+    import ray
+
+    for group in groups:
+        for rank in group._workers:
+            ray.kill(rank.worker, no_restart=True)
