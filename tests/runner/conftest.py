@@ -79,6 +79,12 @@ def cluster(joined_cluster):
     return joined_cluster.cluster
 
 
+@pytest.fixture(scope="module")
+def module_cluster():
+    """``cluster`` for a module-scoped fixture (the instance stays up until the directory's last test)."""
+    return SHARED_RAY.get().cluster
+
+
 def pytest_runtest_teardown(item, nextitem):
     # the last test of this directory: nothing after it reuses the instance, so it goes down now
     if nextitem is None or not os.path.abspath(str(nextitem.path)).startswith(RUNNER_DIR + os.sep):

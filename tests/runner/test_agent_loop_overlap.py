@@ -66,8 +66,10 @@ class AgentLoop:
         return self.group.run_agentloop_rollout(requests, results)
 
 
-@pytest.fixture
-def agent_loop(tiny_assets, tmp_path, cluster, request):
+@pytest.fixture(scope="module")
+def agent_loops(tiny_assets, tmp_path_factory, module_cluster):
+    """``agent_loops(admission)``: the module's agent-loop worker for ``runner.admission`` (launched on first use,
+    ~10 s on a busy box, so the tests of one admission share it: a worker serves on after each test's calls)."""
     from rlinf.scheduler import Channel
 
     from rlinf_ext.protocol import channels as ch
@@ -75,21 +77,36 @@ def agent_loop(tiny_assets, tmp_path, cluster, request):
     from rlinf_ext.runner.groups import WorkerGroups, cpu_strategy
     from rlinf_ext.workers.agent_loop import AgentLoopWorker
 
-    name = "AgentLoop" + request.node.name.split("_")[1].capitalize()  # a group and channel of this test's own
-    admission = getattr(request, "param", "batch")  # runner.admission, for the test that asks for it
-    cfg = make_cfg(
-        tiny_assets, tmp_path, "http://127.0.0.1:9", **{"algorithm.group_size": GROUP, "runner.admission": admission}
-    )
-    group = AgentLoopWorker.create_group(cfg, search_server_addr="127.0.0.1:9").launch(
-        cluster, placement_strategy=cpu_strategy(1), name=name
-    )
-    channel = Channel.create(f"{name.lower()}-channel")
-    q = {key: KeyedChannel(channel, key) for key in ch.STEP_CHANNELS}
+    launched: dict[str, AgentLoop] = {}
+
+    def get(admission: str) -> AgentLoop:
+        if admission not in launched:
+            name = f"AgentLoop{admission.capitalize()}"  # a group and channel of this module's own
+            cfg = make_cfg(
+                tiny_assets,
+                tmp_path_factory.mktemp(name),
+                "http://127.0.0.1:9",
+                **{"algorithm.group_size": GROUP, "runner.admission": admission},
+            )
+            group = AgentLoopWorker.create_group(cfg, search_server_addr="127.0.0.1:9").launch(
+                module_cluster, placement_strategy=cpu_strategy(1), name=name
+            )
+            channel = Channel.create(f"{name.lower()}-channel")
+            q = {key: KeyedChannel(channel, key) for key in ch.STEP_CHANNELS}
+            launched[admission] = AgentLoop(cfg, group, q)
+            group.init_worker(q[ch.GENERATE_INPUT], q[ch.GENERATE_OUTPUT]).wait()
+        return launched[admission]
+
     try:
-        group.init_worker(q[ch.GENERATE_INPUT], q[ch.GENERATE_OUTPUT]).wait()
-        yield AgentLoop(cfg, group, q)
+        yield get
     finally:
-        kill_groups(WorkerGroups(rollout=None, actor=None, reward=None, agent_loop=group, placement=None))
+        for loop in launched.values():
+            kill_groups(WorkerGroups(rollout=None, actor=None, reward=None, agent_loop=loop.group, placement=None))
+
+
+@pytest.fixture
+def agent_loop(agent_loops, request):
+    return agent_loops(getattr(request, "param", "batch"))  # runner.admission, for the test that asks for it
 
 
 def answer(q, by_batch: dict, ids: list[int]) -> None:
