@@ -20,7 +20,6 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.training.data_parallel import DataParallel, DataParallelError, ShardLayout, shard_layout, share_of
@@ -28,6 +27,7 @@ from rlinf_ext.training.grpo_policy import Sample
 from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.rl_math import LossConfig
 from rlinf_ext.training.settings import ActorSettings
+from tests.support.spawn_ranks import spawn_ranks
 
 GROUP = 2
 STEPS = 2  # rollout steps (each = 2 optimizer steps): the second one runs on Adam moments built with DP
@@ -162,7 +162,7 @@ def dp2_results(tiny_assets, tmp_path_factory):
     from rlinf_ext.models.cpu_shims import free_port
 
     out = tmp_path_factory.mktemp("dp2")
-    mp.spawn(_dp_rank, args=(2, free_port(), str(tiny_assets.qwen2_tiny), str(out)), nprocs=2, join=True)
+    spawn_ranks(_dp_rank, args=(2, free_port(), str(tiny_assets.qwen2_tiny), str(out)), nprocs=2)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 

@@ -12,10 +12,10 @@ import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from fsdp_policy_helpers import check_every_rank_streams, samples_of, save_streamed_weights, settings
 
 from rlinf_ext.training.fsdp_policy import FSDPPolicy
+from tests.support.spawn_ranks import spawn_ranks
 
 ADAM = dict(optimizer="adam", lr=1e-3, clip_grad=1.0)
 REWARDS = [1.0, 0.0, 0.0, 1.0]  # two GRPO groups of 2
@@ -166,9 +166,7 @@ def test_fsdp2_round_trip_over_two_gloo_ranks(world, tmp_path):
     FSDPPolicy(mm.qwen2_5_vl_tiny, settings(**ADAM)).recompute(samples, compute_ref=False)
     payload, out = tmp_path / "samples.pt", tmp_path / "states.pt"
     torch.save(samples, payload)
-    mp.spawn(
-        dp_offload_worker, args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(out)), nprocs=2, join=True
-    )
+    spawn_ranks(dp_offload_worker, args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(out)), nprocs=2)
     sa, sb = torch.load(out)
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sb)
     check_every_rank_streams(out, {k: v.to(torch.bfloat16) for k, v in sa.items()}, 2)  # cast before the gather
@@ -238,6 +236,6 @@ def mlp_offload_worker(rank: int, world: int, port: int, out: str) -> None:
 @pytest.mark.timeout(600)
 def test_offload_of_fully_sharded_dtensors_over_two_gloo_ranks(tmp_path):
     out = tmp_path / "full.pt"
-    mp.spawn(mlp_offload_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    spawn_ranks(mlp_offload_worker, args=(2, _free_port(), str(out)), nprocs=2)
     a, b = torch.load(out)
     assert len(a) == 4 and all(torch.equal(x, y) for x, y in zip(a, b))

@@ -6,11 +6,11 @@ import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from fsdp_policy_helpers import check_every_rank_streams, dp_worker, samples_of, settings
 
 from rlinf_ext.protocol.vl_tokens import IMAGE_PAD
 from rlinf_ext.training.fsdp_policy import FSDPPolicy
+from tests.support.spawn_ranks import spawn_ranks
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +92,10 @@ def _free_port() -> int:
 def _dp_run(mm, tmp_path, samples, scale_loss: bool) -> dict[str, torch.Tensor]:
     payload, out = tmp_path / "samples.pt", tmp_path / f"dp2-{scale_loss}.pt"
     torch.save((samples, 2), payload)
-    mp.spawn(
+    spawn_ranks(
         dp_worker,
         args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(out), scale_loss),
         nprocs=2,
-        join=True,
     )
     full = torch.load(out)
     check_every_rank_streams(out, full, 2)  # what a collocated sync sends from each rank

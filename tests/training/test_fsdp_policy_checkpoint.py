@@ -9,12 +9,12 @@ import warnings
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from fsdp_policy_helpers import samples_of, settings
 
 from rlinf_ext.runner.checkpoints import finalize, latest_complete_checkpoint, staging_dir
 from rlinf_ext.training.fsdp_policy import FSDPPolicy
 from rlinf_ext.training.fsdp_policy_io import MARKER
+from tests.support.spawn_ranks import spawn_ranks
 
 
 def _settings():
@@ -118,11 +118,10 @@ def test_a_checkpoint_resumes_on_another_number_of_ranks(vl_world, one_process, 
     samples, expected_norm, expected, _, one_rank = one_process
     payload, out = tmp_path / "samples.pt", tmp_path / "two-ranks.pt"
     torch.save(samples, payload)
-    mp.spawn(
+    spawn_ranks(
         resharding_worker,
         args=(2, _free_port(), str(mm.qwen2_5_vl_tiny), str(payload), str(one_rank), str(out)),
         nprocs=2,
-        join=True,
     )
     weights, norm = torch.load(out)
     assert norm == pytest.approx(expected_norm, rel=1e-5) and _max_diff(weights, expected) < 1e-5  # 1 -> 2

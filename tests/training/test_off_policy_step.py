@@ -8,13 +8,13 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.training.grpo_policy import GRPOPolicy, Sample
 from rlinf_ext.training.megatron_policy import MegatronPolicy
 from rlinf_ext.training.rl_math import LossConfig, behaviour_weights
 from rlinf_ext.training.settings import ActorSettings
+from tests.support.spawn_ranks import spawn_ranks
 
 BEHAVIOUR_NAMES = {mk.actor_name(k) for k in mk.ACTOR_BEHAVIOUR_METRICS}
 
@@ -180,7 +180,7 @@ def test_every_data_parallel_rank_refuses_a_non_finite_engine_logprob_together(t
     holding the trajectory names it."""
     from rlinf_ext.models.cpu_shims import free_port
 
-    mp.spawn(_refusing_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_refusing_rank, args=(free_port(), str(tmp_path)), nprocs=2)
     mine, theirs = ((tmp_path / f"rank{r}.txt").read_text() for r in (1, 0))
     assert mine.startswith("trajectory r1#0 has a non-finite engine log-prob (nan) at response token 1")
     assert theirs.startswith("1 other data-parallel rank(s) hold a trajectory with a non-finite engine log-prob")

@@ -17,7 +17,8 @@ import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from tests.support.spawn_ranks import spawn_ranks
 
 pytest.importorskip("vllm")
 
@@ -118,7 +119,7 @@ def test_every_fsdp2_rank_streams_the_whole_model_into_vllms_ipc_trainer(tiny_mm
     }
     cfg = load_config("tiny-mm-cpu", [f"{k}={v}" for k, v in overrides.items()])
     out = tmp_path / "ipc"
-    mp.spawn(ipc_rank, args=(2, _free_port(), cfg, str(out)), nprocs=2, join=True)
+    spawn_ranks(ipc_rank, args=(2, _free_port(), cfg, str(out)), nprocs=2)
     ranks = [torch.load(f"{out}.rank{r}", weights_only=False) for r in range(2)]
     full = ranks[0]["full"]
     assert ranks[1]["full"] == {} and len(full) > 50  # torch's full state dict reaches rank 0 only
