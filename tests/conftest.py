@@ -7,8 +7,16 @@ import os
 from collections import Counter
 from pathlib import Path
 
-import pytest
-import torch
+# One intra-op thread per test process unless the caller set OMP_NUM_THREADS: two xdist workers share the CI's 2
+# cores, and a thread per core in every process (pytest's, a spawned rank, a launcher, a CLI) oversubscribes them
+# (Ray gives its workers one already; the training and FSDP tests with -n 2: 90.8 s against 100.9 s). Set before
+# torch loads, which reads it once: set later (torch.set_num_threads), an in-process vLLM CPU engine of a -n 0 run
+# failed its attention check ("thread_num 2 vs. 1").
+THREADS_ENV = "OMP_NUM_THREADS"
+os.environ.setdefault(THREADS_ENV, "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 def _session_assets(tmp_path_factory, **parts):
@@ -226,16 +234,7 @@ def xdist_scope(nodeid: str) -> str:
     return VLLM_IN_PROCESS_UNIT if path in VLLM_IN_PROCESS_FILES else path
 
 
-THREADS_ENV = "OMP_NUM_THREADS"
-
-
 def pytest_configure(config):
-    # One intra-op thread per test process unless the caller set OMP_NUM_THREADS: two xdist workers share the
-    # CI's 2 cores, and a thread per core in every process (pytest's, a spawned rank, a launcher, a CLI)
-    # oversubscribes them. Ray gives its workers one already. The training and FSDP tests with -n 2: 90.8 s
-    # against 100.9 s (two runs each).
-    os.environ.setdefault(THREADS_ENV, "1")  # the processes the tests start
-    torch.set_num_threads(int(os.environ[THREADS_ENV]))  # this one: torch read the variable at its import
     if getattr(config.option, "numprocesses", None) and config.option.dist != XDIST_DIST:
         raise pytest.UsageError(
             f"--dist {config.option.dist}: the tests are handed out for `--dist {XDIST_DIST}` "

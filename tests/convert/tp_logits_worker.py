@@ -4,6 +4,7 @@ Run by test_convert_logits.py as
 ``python tp_logits_worker.py RANK WORLD PORT BATCH MG_DIR HF_DIR OUT [MG_DIR HF_DIR OUT ...]``.
 """
 
+import os
 import sys
 
 import torch
@@ -31,3 +32,5 @@ def main(rank: int, world: int, port: int, batch_path: str, cases: list[str]) ->
 if __name__ == "__main__":
     a = sys.argv[1:]
     main(int(a[0]), int(a[1]), int(a[2]), a[3], a[4:])
+    sys.stdout.flush()
+    os._exit(0)  # no teardown of the Megatron/transformers stack

@@ -374,7 +374,8 @@ def test_processes_that_start_vllm_do_not_load_numba():
 
     code = (
         "import sys, rlinf_ext.workers.rollout_vllm, rlinf_ext.runner.launch, rlinf_ext.eval.searchr1.runner; "
-        "print(sorted(m for m in ('numba', 'llvmlite', 'bm25s') if m in sys.modules))"
+        "print(sorted(m for m in ('numba', 'llvmlite', 'bm25s') if m in sys.modules), flush=True); "
+        "import os; os._exit(0)"  # no teardown of what it loaded
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

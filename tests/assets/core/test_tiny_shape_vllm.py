@@ -26,7 +26,8 @@ gen = VLLMGenerator.start(VLLMEngineOptions(model_path=sys.argv[1], dtype="float
 prompt = json.loads(sys.argv[2])
 out = asyncio.run(gen.generate(prompt, SamplingParams(max_new_tokens=12, stop=[], do_sample=False)))
 gen.shutdown()
-print("RESULT " + json.dumps(out.output_ids))
+print("RESULT " + json.dumps(out.output_ids), flush=True)
+import os; os._exit(0)  # no teardown of the vLLM stack
 """
 
 
