@@ -209,29 +209,34 @@ def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-# directories whose files share a per-process resource: tests/runner/'s Ray instance (tests/runner/conftest.py) goes
-# down after the directory's last test, so its files stay together (placed by their longest file)
+# directories whose files share a per-process resource: tests/runner/'s Ray instance (tests/runner/conftest.py, ~20
+# CPU-s to start) goes down after the directory's last test, so its files are one unit of work (one worker, one
+# instance), placed by their total
 SHARED_PROCESS_DIRS = ("tests/runner/",)
 
 
 def file_order_key(seconds: dict[str, float]):
     """The sort key of a test file's path: longest first by ``seconds``; a SHARED_PROCESS_DIRS directory as one
-    block. Unlisted files sort as 0 (a stable sort keeps their collection order)."""
-
-    def group(path: str) -> str:  # "" for a file on its own: equal keys keep collection order
-        return next((d for d in SHARED_PROCESS_DIRS if path.startswith(d)), "")
+    block at its files' total, longest file first. Unlisted files sort as 0 (a stable sort keeps their collection
+    order)."""
 
     group_seconds: dict[str, float] = {}
     for path, s in seconds.items():
-        key = group(path) or path
-        group_seconds[key] = max(s, group_seconds.get(key, 0.0))
-    return lambda path: (-group_seconds.get(group(path) or path, 0.0), group(path), -seconds.get(path, 0.0))
+        key = shared_dir(path) or path
+        group_seconds[key] = s + group_seconds.get(key, 0.0)
+    return lambda path: (-group_seconds.get(shared_dir(path) or path, 0.0), shared_dir(path), -seconds.get(path, 0.0))
+
+
+def shared_dir(path: str) -> str:
+    """The SHARED_PROCESS_DIRS directory of a test file, "" for a file on its own."""
+    return next((d for d in SHARED_PROCESS_DIRS if path.startswith(d)), "")
 
 
 def xdist_scope(nodeid: str) -> str:
-    """The unit of work a test is handed out in: its file, or VLLM_IN_PROCESS_UNIT."""
+    """The unit of work a test is handed out in: its file, its SHARED_PROCESS_DIRS directory, or
+    VLLM_IN_PROCESS_UNIT."""
     path = _file_of(nodeid)
-    return VLLM_IN_PROCESS_UNIT if path in VLLM_IN_PROCESS_FILES else path
+    return VLLM_IN_PROCESS_UNIT if path in VLLM_IN_PROCESS_FILES else shared_dir(path) or path
 
 
 def pytest_configure(config):

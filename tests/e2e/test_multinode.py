@@ -2,11 +2,18 @@
 127.0.0.2, each with its own CPUs): the tiny experiment with the actor and reward on one node and the rollout and
 agent loop on the other, one retrieval server per node; which node each worker ran on is read from Ray's own
 actor table. Then a node is stopped mid-run: the launcher stops with an error naming the node and the checkpoint,
-and once the node is back a resume finishes the run."""
+and once the node is back a resume finishes the run.
+
+The run is PPO with the Megatron critic (``algorithm.adv_type=gae critic.use_critic_model=true``, collocated in the
+actor's processes), four steps, the first the critic's warm-up: every step logs the critic's metrics, the warm-up
+step leaves the policy alone, the resume restores the critic from the checkpoint the lost node left (its exactness:
+tests/runner/test_trainer_cpu.py, 3 steps == 2 steps + resume + 1, value loss included), and the final checkpoint
+holds the critic beside the actor. One run for all of it: a launch costs ~45 CPU-s of start-up."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -15,8 +22,10 @@ import pytest
 from launch_helpers import launch, metrics_rows, when_step_logged
 from ray_nodes import LocalRayCluster
 
+from rlinf_ext.protocol import metric_keys as mk
 from rlinf_ext.runner.checkpoints import latest_complete_checkpoint
 from rlinf_ext.runner.cluster import NodeView, stable_order
+from rlinf_ext.workers.actor import CRITIC_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +40,13 @@ SMALL = [  # the smallest run that still searches and trains: one prompt, a grou
     "runner.val_before_train=false",
     "runner.save_interval=1",
     "--no-eval",
+]
+STEPS = 4
+PPO = [  # the critic's warm-up is step 1: no policy update then, one per step after
+    "algorithm.adv_type=gae",
+    "critic.use_critic_model=true",
+    "critic.critic_warmup=1",
+    "critic.optim.lr=1e-3",
 ]
 # Ray's actor table from the GCS (ray.util.state needs the dashboard, which the test cluster does not run)
 ACTOR_TABLE = """
@@ -71,13 +87,14 @@ def two_node_args(cluster: LocalRayCluster, tiny_assets, out, tag: str) -> list[
     ]
 
 
-# One run for both checks (a launch on two nodes costs ~80 s on 2 cores): where each worker ran, then a lost node.
+# One run for the three checks (a launch on two nodes costs ~80 s on 2 cores): where each worker ran, a lost node,
+# PPO's critic through it.
 @pytest.mark.timeout(900)
-def test_two_nodes_place_each_worker_and_a_lost_node_stops_the_run_naming_it_and_a_resume_finishes(
+def test_ppo_on_two_nodes_places_each_worker_and_a_lost_node_stops_the_run_naming_it_and_a_resume_finishes(
     two_nodes, tiny_assets_sft, tmp_path
 ):
     run_dir = tmp_path / "searchr1-grpo-tiny-cpu"
-    args = [*two_node_args(two_nodes, tiny_assets_sft, tmp_path, "TwoNode"), "runner.max_steps=3"]
+    args = [*two_node_args(two_nodes, tiny_assets_sft, tmp_path, "TwoNode"), f"runner.max_steps={STEPS}", *PPO]
     watch = when_step_logged(run_dir, 1, lambda: two_nodes.stop_node("w1"))
     try:
         code, log = launch(args, env=two_nodes.env, timeout=420)
@@ -92,7 +109,7 @@ def test_two_nodes_place_each_worker_and_a_lost_node_stops_the_run_naming_it_and
     servers = dict(re.findall(r"retrieval server of node (\d): http://([\d.]+):\d+", log))
     assert servers == {str(head): head_ip, str(worker): WORKER_IP}, log[-4000:]
     checkpoint = latest_complete_checkpoint(run_dir / "checkpoints")
-    assert checkpoint is not None and checkpoint.name != "global_step_3", "the run finished before the node stopped"
+    assert checkpoint is not None and checkpoint.name != f"global_step_{STEPS}", "the run ended before the node stopped"
     message = log[log.index("rlinf-ext train: ") :]
     assert f"node {worker} ({WORKER_IP}, Ray node" in message and "left the Ray cluster" in message, message
     assert f"resume from {checkpoint} with runner.resume_dir=auto" in message, message
@@ -101,9 +118,18 @@ def test_two_nodes_place_each_worker_and_a_lost_node_stops_the_run_naming_it_and
     assert code == 0, log[-4000:]
     assert f"resumed from {checkpoint}" in log
     rows = metrics_rows(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert sum(r["agent/searches"] for r in rows) > 0 and all(r["agent/search_failures"] == 0 for r in rows), rows
-    assert latest_complete_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "global_step_3"
+    final = latest_complete_checkpoint(run_dir / "checkpoints")
+    assert final == run_dir / "checkpoints" / f"global_step_{STEPS}"
+    assert (final / "actor").is_dir() and (final / CRITIC_DIR).is_dir()
+    # PPO: the critic's metrics at every step; the warm-up step (1) leaves the policy alone, each later step (the
+    # resumed ones included: the warm-up is not repeated) makes one policy update
+    for row in rows:
+        assert set(mk.CRITIC_METRICS) <= set(row), sorted(row)
+        assert math.isfinite(row[mk.CRITIC_VALUE_LOSS]) and 0.0 <= row[mk.CRITIC_VALUE_CLIP_FRAC] <= 1.0, row
+    assert rows[0][mk.ACTOR_OPTIMIZER_STEPS] == 0 and mk.ACTOR_LOSS not in rows[0], rows[0]
+    assert all(r[mk.ACTOR_OPTIMIZER_STEPS] == 1 and math.isfinite(r[mk.ACTOR_LOSS]) for r in rows[1:]), rows
 
     # both launches' workers (the first's died with their node) ran where the placement says
     table = subprocess.run(

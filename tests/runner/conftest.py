@@ -1,8 +1,8 @@
 """The runner tests' Ray instance: one private one-node Ray for every test of this directory that asks for
 ``cluster`` or ``joined_cluster`` (starting one, with RLinf's managers, costs ~20 CPU-s: ~25 s on a busy 2-core
 box), started as the launcher starts a run's. The tests only launch worker groups on it and kill them afterwards.
-It is stopped after the last test of this directory (``pytest_runtest_teardown``). Under ``-n 2`` each worker
-process that runs these tests has its own instance (a private one), so two may run at once."""
+It is stopped after the last test of this directory (``pytest_runtest_teardown``). Under ``-n 2`` the directory is
+one unit of work (tests/conftest.py, SHARED_PROCESS_DIRS): one worker runs all of it on one instance."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Launcher plumbing: signal handling, reward summary (the Ray address: test_ray_address.py). (Ray and every other process being
-stopped on Ctrl-C is checked end to end in tests/e2e/test_launcher_interrupt.py.)"""
+stopped on Ctrl-C is checked end to end in tests/e2e/test_dynamic_sampling_run.py.)"""
 
 from __future__ import annotations
 
