@@ -216,12 +216,17 @@ def test_extending_the_recipes_run_survives_a_dead_server_and_evaluates_each_mod
         server["killed"] = True
 
     watch = when_step_logged(run_dir, 3, kill_server)
-    # the evaluation of the new model (one question per benchmark) then runs against the dead server too
+    # the evaluation of the new model (one question per benchmark) then runs against the dead server too; every
+    # search there still makes its retries, with short backoffs (the default's 0.5-2 s waits are idle CI time)
+    short_backoff = "tools.search.backoff_base=0.05"
     code, log = launch(
         [
             "--eval",
             "--eval-override",
             "data.data_size=1",
+            "--eval-override",
+            short_backoff,
+            short_backoff,
             f"rollout.model.model_path={work / 'models' / 'qwen2-tiny-sft-search'}",
             f"runner.output_dir={work / 'runs'}",
             *served_by_launcher,
